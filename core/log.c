@@ -1,0 +1,123 @@
+/*
+ * The logger. Lines are formatted into a stack buffer and written with one
+ * fwrite under a mutex, so lines from the heartbeat thread and the training
+ * thread never interleave. Expected volume: a few lines per second at info.
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static atomic_int level = -1; /* -1: not yet read from TIDE_LOG */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static tide_log_sink_fn sink_fn;
+static void *sink_ctx;
+
+static const char *const names[] = {"error", "warn", "info", "debug"};
+
+tide_status tide_log_parse_level(const char *text, tide_log_level *out)
+{
+    if (text == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "log level missing");
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(text, names[i]) == 0) {
+            *out = (tide_log_level)i;
+            return TIDE_OK;
+        }
+    }
+    if (strcasecmp(text, "warning") == 0) {
+        *out = TIDE_LOG_WARN;
+        return TIDE_OK;
+    }
+    return tide_errorf(TIDE_ERR_INVALID,
+                       "unknown log level '%s' (use error, warn, info or debug)", text);
+}
+
+void tide_log_set_level(tide_log_level l)
+{
+    atomic_store(&level, (int)l);
+}
+
+tide_log_level tide_log_get_level(void)
+{
+    int l = atomic_load_explicit(&level, memory_order_relaxed);
+    if (l >= 0)
+        return (tide_log_level)l;
+    tide_log_level parsed = TIDE_LOG_WARN;
+    const char *env = getenv("TIDE_LOG");
+    if (env != NULL && env[0] != '\0' && tide_log_parse_level(env, &parsed) != TIDE_OK) {
+        fprintf(stderr, "tide: ignoring TIDE_LOG=%s (use error, warn, info or debug)\n", env);
+        parsed = TIDE_LOG_WARN;
+    }
+    int expected = -1;
+    atomic_compare_exchange_strong(&level, &expected, (int)parsed);
+    return (tide_log_level)atomic_load(&level);
+}
+
+const char *tide_log_level_name(tide_log_level l)
+{
+    if ((int)l < 0 || (int)l > 3)
+        return "?";
+    return names[l];
+}
+
+void tide_log_set_sink(tide_log_sink_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&lock);
+    sink_fn = fn;
+    sink_ctx = ctx;
+    pthread_mutex_unlock(&lock);
+}
+
+static const char *basename_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+void tide_log_write(tide_log_level l, const char *subsys, const char *file, int line,
+                    const char *fmt, ...)
+{
+    char buf[1024];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c [%s] ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000L, toupper((unsigned char)names[l][0]),
+                     subsys ? subsys : "tide");
+    if (n < 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (m > 0)
+        n += m;
+    if ((size_t)n >= sizeof buf - 1)
+        n = (int)sizeof buf - 2;
+    /* Where it came from matters only when debugging. */
+    if (l == TIDE_LOG_DEBUG && file != NULL && (size_t)n < sizeof buf - 2) {
+        m = snprintf(buf + n, sizeof buf - (size_t)n, " (%s:%d)", basename_of(file), line);
+        if (m > 0)
+            n += m;
+        if ((size_t)n >= sizeof buf - 1)
+            n = (int)sizeof buf - 2;
+    }
+    pthread_mutex_lock(&lock);
+    if (sink_fn != NULL) {
+        buf[n] = '\0';
+        sink_fn(sink_ctx, l, buf);
+    } else {
+        buf[n] = '\n';
+        fwrite(buf, 1, (size_t)n + 1, stderr);
+    }
+    pthread_mutex_unlock(&lock);
+}

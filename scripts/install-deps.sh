@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package that tide's build, tests, benchmarks and demo
+# need. Idempotent and quiet when everything is already there.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config clang libclang-rt-14-dev
+  openmpi-bin libopenmpi-dev
+  libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
+  libcriterion-dev libopenblas-dev
+  procps curl
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

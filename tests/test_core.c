@@ -1,0 +1,316 @@
+/*
+ * Unit tests for core/: status messages, error details, the check macros, the
+ * logger, the allocation failure hook and option parsing.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/opts.h"
+
+/* ---- status ---------------------------------------------------------------- */
+
+Test(core_status, every_code_has_a_message_and_a_name)
+{
+#define CHECK_ONE(name, value, msg)                                                                \
+    cr_expect_str_eq(tide_strerror(TIDE_##name), msg);                                             \
+    cr_expect_str_eq(tide_status_name(TIDE_##name), "TIDE_" #name);                                \
+    cr_expect(value <= 0);
+    TIDE_STATUS_MAP(CHECK_ONE)
+#undef CHECK_ONE
+    cr_expect_str_eq(tide_strerror((tide_status)-9999), "unknown tide status");
+}
+
+Test(core_status, error_detail_is_per_thread_and_clearable)
+{
+    tide_status rc = tide_errorf(TIDE_ERR_RANGE, "tp=%d does not divide %d", 3, 4096);
+    cr_expect_eq(rc, TIDE_ERR_RANGE);
+    cr_expect_str_eq(tide_last_error(), "tp=3 does not divide 4096");
+    tide_error_clear();
+    cr_expect_str_eq(tide_last_error(), "");
+}
+
+/* ---- check macros ------------------------------------------------------------ */
+
+struct captured {
+    int n;
+    char lines[16][1024];
+};
+
+static void capture(void *ctx, tide_log_level level, const char *line)
+{
+    struct captured *c = ctx;
+    (void)level;
+    if (c->n < 16)
+        snprintf(c->lines[c->n++], sizeof c->lines[0], "%s", line);
+}
+
+static int calls_after_failure;
+
+static tide_status innermost(int fail)
+{
+    if (fail)
+        return tide_errorf(TIDE_ERR_IO, "disk full writing state");
+    return TIDE_OK;
+}
+
+static tide_status never_reached(void)
+{
+    calls_after_failure++;
+    return TIDE_ERR_INTERNAL;
+}
+
+static tide_status middle(int fail)
+{
+    TIDE_CHECK(innermost(fail));
+    TIDE_CHECK(never_reached());
+    return TIDE_OK;
+}
+
+static int cleaned_up;
+
+static tide_status outer(int fail)
+{
+    tide_status rc = TIDE_OK;
+    char *scratch = tide_malloc(64);
+    TIDE_CHECK_ALLOC_GOTO(scratch, rc, out);
+    TIDE_CHECK_GOTO(middle(fail), rc, out);
+    TIDE_CHECK_GOTO(never_reached(), rc, out);
+out:
+    tide_free(scratch);
+    cleaned_up++;
+    return rc;
+}
+
+Test(core_check, macros_propagate_the_first_error_and_log_each_hop)
+{
+    struct captured cap = {0};
+    tide_log_set_level(TIDE_LOG_DEBUG);
+    tide_log_set_sink(capture, &cap);
+    calls_after_failure = 0;
+    cleaned_up = 0;
+
+    tide_status rc = outer(1);
+
+    tide_log_set_sink(NULL, NULL);
+    tide_log_set_level(TIDE_LOG_WARN);
+    cr_expect_eq(rc, TIDE_ERR_IO, "got %s", tide_status_name(rc));
+    cr_expect_eq(calls_after_failure, 0, "code after the failing call ran");
+    cr_expect_eq(cleaned_up, 1, "cleanup path not taken exactly once");
+    cr_expect_str_eq(tide_last_error(), "disk full writing state");
+    cr_assert_eq(cap.n, 2, "expected one log line per hop, got %d", cap.n);
+    cr_expect(strstr(cap.lines[0], "innermost(fail) failed") != NULL, "%s", cap.lines[0]);
+    cr_expect(strstr(cap.lines[0], "test_core.c:") != NULL, "%s", cap.lines[0]);
+    cr_expect(strstr(cap.lines[1], "middle(fail) failed") != NULL, "%s", cap.lines[1]);
+    cr_expect(strstr(cap.lines[1], "disk full writing state") != NULL, "%s", cap.lines[1]);
+}
+
+Test(core_check, success_path_logs_nothing)
+{
+    struct captured cap = {0};
+    tide_log_set_level(TIDE_LOG_DEBUG);
+    tide_log_set_sink(capture, &cap);
+    calls_after_failure = 0;
+    tide_status rc = middle(0);
+    tide_log_set_sink(NULL, NULL);
+    tide_log_set_level(TIDE_LOG_WARN);
+    /* middle() goes on to never_reached(), which fails with ERR_INTERNAL. */
+    cr_expect_eq(rc, TIDE_ERR_INTERNAL);
+    cr_expect_eq(calls_after_failure, 1);
+    cr_expect_eq(cap.n, 1);
+}
+
+/* ---- allocation hook ----------------------------------------------------- */
+
+Test(core_alloc, nth_allocation_fails_once)
+{
+    tide_alloc_fail_at(3, 0);
+    void *a = tide_malloc(8);
+    void *b = tide_calloc(2, 8);
+    void *c = tide_malloc(8);
+    void *d = tide_strdup("x");
+    cr_expect_not_null(a);
+    cr_expect_not_null(b);
+    cr_expect_null(c);
+    cr_expect_not_null(d);
+    cr_expect_eq(tide_alloc_failures(), 1);
+    tide_free(a);
+    tide_free(b);
+    tide_free(d);
+}
+
+Test(core_alloc, sticky_failure_keeps_failing_until_disabled)
+{
+    tide_alloc_fail_at(1, 1);
+    cr_expect_null(tide_malloc(1));
+    cr_expect_null(tide_strdup("abc"));
+    void *p = tide_malloc(1);
+    cr_expect_null(p);
+    void *orig = malloc(4);
+    cr_expect_null(tide_realloc(orig, 64), "realloc must fail and leave orig alone");
+    free(orig);
+    cr_expect_eq(tide_alloc_failures(), 4);
+    tide_alloc_fail_at(0, 0);
+    p = tide_malloc(1);
+    cr_expect_not_null(p);
+    tide_free(p);
+}
+
+Test(core_alloc, overflowing_array_sizes_fail_cleanly)
+{
+    cr_expect_null(tide_calloc(SIZE_MAX / 2, 4));
+    cr_expect_null(tide_reallocarray(NULL, SIZE_MAX / 2, 4));
+}
+
+/* A function that makes several allocations and must give all back on failure. */
+static tide_status build_names(int n, char ***out)
+{
+    tide_status rc = TIDE_OK;
+    char **names = tide_calloc((size_t)n, sizeof *names);
+    TIDE_CHECK_ALLOC_GOTO(names, rc, fail);
+    for (int i = 0; i < n; i++) {
+        names[i] = tide_strdup("layer.weight");
+        TIDE_CHECK_ALLOC_GOTO(names[i], rc, fail);
+    }
+    *out = names;
+    return TIDE_OK;
+fail:
+    if (names != NULL)
+        for (int i = 0; i < n; i++)
+            tide_free(names[i]);
+    tide_free(names);
+    return rc;
+}
+
+Test(core_alloc, every_failure_point_reports_nomem_without_leaking)
+{
+    /* Fail the 1st, 2nd, ... allocation in turn until the call succeeds;
+     * LeakSanitizer (TIDE_SANITIZE=ON) catches anything not given back. */
+    int failures_seen = 0;
+    for (long n = 1;; n++) {
+        char **names = NULL;
+        tide_alloc_fail_at(n, 0);
+        tide_status rc = build_names(5, &names);
+        tide_alloc_fail_at(0, 0);
+        if (rc == TIDE_OK) {
+            for (int i = 0; i < 5; i++)
+                tide_free(names[i]);
+            tide_free(names);
+            break;
+        }
+        cr_assert_eq(rc, TIDE_ERR_NOMEM, "failure point %ld gave %s", n, tide_status_name(rc));
+        failures_seen++;
+    }
+    cr_expect_eq(failures_seen, 6, "one failure point per allocation");
+}
+
+/* ---- logger -------------------------------------------------------------------- */
+
+Test(core_log, levels_parse_and_filter)
+{
+    tide_log_level l;
+    cr_expect_eq(tide_log_parse_level("DEBUG", &l), TIDE_OK);
+    cr_expect_eq(l, TIDE_LOG_DEBUG);
+    cr_expect_eq(tide_log_parse_level("warning", &l), TIDE_OK);
+    cr_expect_eq(l, TIDE_LOG_WARN);
+    cr_expect_eq(tide_log_parse_level("verbose", &l), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "verbose") != NULL);
+
+    struct captured cap = {0};
+    tide_log_set_sink(capture, &cap);
+    tide_log_set_level(TIDE_LOG_WARN);
+    TIDE_INFO("test", "hidden %d", 1);
+    TIDE_WARN("test", "shown %d", 2);
+    TIDE_ERROR("reshard", "also shown");
+    tide_log_set_sink(NULL, NULL);
+    cr_assert_eq(cap.n, 2);
+    cr_expect(strstr(cap.lines[0], " W [test] shown 2") != NULL, "%s", cap.lines[0]);
+    cr_expect(strstr(cap.lines[1], " E [reshard] also shown") != NULL, "%s", cap.lines[1]);
+}
+
+Test(core_log, level_comes_from_environment)
+{
+    /* Criterion runs each test in its own process, so the level is unread here. */
+    setenv("TIDE_LOG", "info", 1);
+    cr_expect_eq(tide_log_get_level(), TIDE_LOG_INFO);
+}
+
+/* ---- clock --------------------------------------------------------------------- */
+
+Test(core_clock, monotonic_clock_advances)
+{
+    uint64_t a = tide_now_ns();
+    tide_sleep_ms(2);
+    uint64_t b = tide_now_ns();
+    cr_expect_geq(b - a, 2000000ull);
+    cr_expect_gt(tide_wall_ms(), 1700000000000ll);
+}
+
+/* ---- options ------------------------------------------------------------------- */
+
+struct settings {
+    const char *endpoint;
+    long long port;
+    double ratio;
+    int verbose;
+};
+
+static void opts_for(struct settings *s, tide_opt *opts)
+{
+    tide_opt table[] = {
+        {"endpoint", "TIDE_TEST_ENDPOINT", TIDE_OPT_STRING, &s->endpoint, "tcp://127.0.0.1:5555",
+         "coordinator endpoint", 0, 0},
+        {"port", NULL, TIDE_OPT_INT, &s->port, "10", "a port", 1, 65535},
+        {"ratio", NULL, TIDE_OPT_DOUBLE, &s->ratio, "0.5", "a ratio", 0, 0},
+        {"verbose", "TIDE_TEST_VERBOSE", TIDE_OPT_BOOL, &s->verbose, "0", "chatty", 0, 0},
+        {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    memcpy(opts, table, sizeof table);
+}
+
+Test(core_opts, defaults_env_then_flags_and_positionals)
+{
+    struct settings s = {0};
+    tide_opt opts[5];
+    opts_for(&s, opts);
+    setenv("TIDE_TEST_ENDPOINT", "tcp://127.0.0.1:7000", 1);
+    setenv("TIDE_TEST_VERBOSE", "true", 1);
+    char *argv[] = {"prog", "resize", "--port=99", "job1", "--ratio", "0.25", "--no-verbose",
+                    NULL};
+    int npos = 0, help = 0;
+    cr_assert_eq(tide_opts_parse(opts, 7, argv, &npos, &help), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(s.endpoint, "tcp://127.0.0.1:7000");
+    cr_expect_eq(s.port, 99);
+    cr_expect_float_eq(s.ratio, 0.25, 1e-12);
+    cr_expect_eq(s.verbose, 0);
+    cr_expect_eq(npos, 2);
+    cr_expect_str_eq(argv[1], "resize");
+    cr_expect_str_eq(argv[2], "job1");
+    cr_expect_eq(help, 0);
+}
+
+Test(core_opts, bad_flags_are_refused_with_the_flag_named)
+{
+    struct settings s = {0};
+    tide_opt opts[5];
+    opts_for(&s, opts);
+    char *unknown[] = {"prog", "--prot", "5", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 3, unknown, NULL, NULL), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "--prot") != NULL, "%s", tide_last_error());
+    char *range[] = {"prog", "--port", "70000", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 3, range, NULL, NULL), TIDE_ERR_RANGE);
+    cr_expect(strstr(tide_last_error(), "70000") != NULL, "%s", tide_last_error());
+    char *notint[] = {"prog", "--port", "12x", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 3, notint, NULL, NULL), TIDE_ERR_INVALID);
+    char *missing[] = {"prog", "--ratio", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 2, missing, NULL, NULL), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "needs a value") != NULL, "%s", tide_last_error());
+    int help = 0;
+    char *h[] = {"prog", "--help", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 2, h, NULL, &help), TIDE_OK);
+    cr_expect_eq(help, 1);
+}

@@ -22,7 +22,7 @@ set(TIDE_MPIEXEC ${MPIEXEC_EXECUTABLE} CACHE STRING "mpirun used by tests")
 set(TIDE_TEST_ENV
     "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1"
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
-    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0"
+    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0"
     "OMPI_MCA_btl=self,vader,tcp" "OMPI_MCA_btl_vader_single_copy_mechanism=none"
     "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_mpi_yield_when_idle=1"
     "TIDE_TEST_SKIP_RC=${TIDE_SKIP_RC}")

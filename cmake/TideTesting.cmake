@@ -28,8 +28,11 @@ set(TIDE_TEST_ENV
     "TIDE_TEST_SKIP_RC=${TIDE_SKIP_RC}")
 
 function(_tide_test_props name labels timeout)
+  # Criterion ignores LeakSanitizer's exit code in its test children, so a
+  # sanitizer report fails the test by its text.
   set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout}
-                       ENVIRONMENT "${TIDE_TEST_ENV}" SKIP_RETURN_CODE ${TIDE_SKIP_RC})
+                       ENVIRONMENT "${TIDE_TEST_ENV}" SKIP_RETURN_CODE ${TIDE_SKIP_RC}
+                       FAIL_REGULAR_EXPRESSION "ERROR: (Address|Leak)Sanitizer|runtime error:")
 endfunction()
 
 # tide_add_unit_test(NAME SOURCES a.c... LIBS x... [TIMEOUT s] [SLOW])

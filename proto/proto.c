@@ -1,0 +1,1229 @@
+/*
+ * proto: the message catalogue (schemas), names, validation, encoding and the
+ * byte buffer. Encoding walks the schema tables and packs with msgpack-c's
+ * packer into a tide_proto_buf_t grown with tide_realloc (so allocation
+ * failures are injectable). Workload: one small message per heartbeat on each
+ * worker, ~10^4 encodes/s of replies at most in tided.
+ */
+#include <math.h>
+#include <msgpack.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "proto/proto_int.h"
+
+_Static_assert(sizeof(int) == 4, "proto stores int fields as 4 bytes");
+_Static_assert(sizeof(tide_proto_job_state_t) == sizeof(int), "enums are stored as int");
+
+/* ---- enum names -------------------------------------------------------------------------- */
+
+static const char *const device_kind_names[] = {"cpu", "gpu"};
+static const char *const worker_state_names[] = {"idle", "online", "offline", "failed", "draining"};
+static const char *const job_kind_names[] = {"online", "command", "plugin"};
+static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
+                                              "preempted", "done",    "failed",   "cancelled"};
+static const char *const placement_names[] = {"default", "optimal"};
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *enum_name(const char *const *names, int n, int v)
+{
+    return (v >= 0 && v < n) ? names[v] : "?";
+}
+
+const char *tide_proto_device_kind_name(tide_proto_device_kind_t v)
+{
+    return enum_name(device_kind_names, NELEM(device_kind_names), (int)v);
+}
+
+const char *tide_proto_worker_state_name(tide_proto_worker_state_t v)
+{
+    return enum_name(worker_state_names, NELEM(worker_state_names), (int)v);
+}
+
+const char *tide_proto_job_kind_name(tide_proto_job_kind_t v)
+{
+    return enum_name(job_kind_names, NELEM(job_kind_names), (int)v);
+}
+
+const char *tide_proto_job_state_name(tide_proto_job_state_t v)
+{
+    return enum_name(job_state_names, NELEM(job_state_names), (int)v);
+}
+
+const char *tide_proto_placement_name(tide_proto_placement_t v)
+{
+    return enum_name(placement_names, NELEM(placement_names), (int)v);
+}
+
+tide_status tide_proto_placement_parse(const char *s, tide_proto_placement_t *out)
+{
+    for (int i = 0; s && i < NELEM(placement_names); i++) {
+        if (strcmp(s, placement_names[i]) == 0) {
+            *out = (tide_proto_placement_t)i;
+            return TIDE_OK;
+        }
+    }
+    return tide_errorf(TIDE_ERR_NOT_FOUND, "placement '%s' is not one of: default, optimal",
+                       s ? s : "(null)");
+}
+
+/* ---- field constructors -------------------------------------------------------------------- */
+
+#define MEMBER(T, m) (((T *)0)->m)
+#define IS_UNSIGNED(T, m)                                                                          \
+    _Generic(MEMBER(T, m), uint32_t : TIDE__F_UNSIGNED, uint64_t : TIDE__F_UNSIGNED, default : 0u)
+
+#define F_INT(T, m, k, lo, hi)                                                                     \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m), .off = offsetof(T, m),        \
+        .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi), .count_off = TIDE__NO_OFF          \
+    }
+#define F_U64(T, m, k)    F_INT(T, m, k, 0, UINT64_MAX)
+#define F_WORKER(T, m)    F_INT(T, m, "worker", 0, INT32_MAX)
+#define F_GEN(T, m)       F_U64(T, m, "gen")
+#define F_DEGREE(T, m, k) F_INT(T, m, k, 1, TIDE_PROTO_DEGREE_MAX)
+#define F_DBL(T, m, k, lo, hi)                                                                     \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_DOUBLE, .off = offsetof(T, m), .dmin = (lo), .dmax = (hi),     \
+        .count_off = TIDE__NO_OFF                                                                  \
+    }
+#define F_MS(T, m, k) F_DBL(T, m, k, 0.0, TIDE_PROTO_MS_MAX)
+#define F_BOOL(T, m, k)                                                                            \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_BOOL, .off = offsetof(T, m), .count_off = TIDE__NO_OFF         \
+    }
+#define F_STR(T, m, k, cs, minlen)                                                                 \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_STR, .off = offsetof(T, m), .size = sizeof(MEMBER(T, m)),      \
+        .min = (minlen), .charset = (cs), .count_off = TIDE__NO_OFF                                \
+    }
+#define F_JOB(T, m)       F_STR(T, m, "job", TIDE__CS_NAME, 1)
+#define F_JOB_EMPTY(T, m) F_STR(T, m, "job", TIDE__CS_NAME, 0)
+#define F_TEXT(T, m, k)   F_STR(T, m, k, TIDE__CS_TEXT, 0)
+#define F_ENUM(T, m, k, tbl)                                                                       \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_ENUM, .off = offsetof(T, m), .names = (tbl),                   \
+        .n_names = NELEM(tbl), .count_off = TIDE__NO_OFF                                           \
+    }
+
+/* ---- cross-field rules ---------------------------------------------------------------------- */
+
+static tide_status check_degrees(tide__ctx *c, int dp, int tp, int pp)
+{
+    uint64_t n = (uint64_t)dp * (uint64_t)tp * (uint64_t)pp;
+    if (n > TIDE_PROTO_WORKERS_MAX)
+        return tide__fail(c, "%sdp*tp*pp = %d*%d*%d = %llu exceeds %u workers", c->path, dp, tp, pp,
+                          (unsigned long long)n, TIDE_PROTO_WORKERS_MAX);
+    return TIDE_OK;
+}
+
+/* Stage boundaries: starts[0] = 0 and strictly increasing (each stage >= 1 layer). */
+static tide_status check_stages(tide__ctx *c, const int *s, uint32_t n)
+{
+    char fn[160];
+    if (n == 0)
+        return TIDE_OK;
+    if (s == NULL)
+        return tide__fail(c, "%s is NULL but needs %u entries",
+                          tide__field_name(c, "stages", fn, sizeof fn), n);
+    if (s[0] != 0)
+        return tide__fail(c, "%s must start at layer 0, got %d",
+                          tide__field_name(c, "stages", fn, sizeof fn), s[0]);
+    for (uint32_t i = 1; i < n; i++)
+        if (s[i] <= s[i - 1])
+            return tide__fail(c,
+                              "%s must be strictly increasing: stage %u has no layers (%d then %d)",
+                              tide__field_name(c, "stages", fn, sizeof fn), i - 1, s[i - 1], s[i]);
+    return TIDE_OK;
+}
+
+static tide_status expect_stages(const void *base, tide__ctx *c, uint32_t *n)
+{
+    const tide_proto_layout_t *l = base;
+    *n = (uint32_t)l->pp + 1;
+    return TIDE_OK;
+}
+
+static tide_status expect_workers(const void *base, tide__ctx *c, uint32_t *n)
+{
+    const tide_proto_layout_t *l = base;
+    TIDE_CHECK(check_degrees(c, l->dp, l->tp, l->pp));
+    *n = (uint32_t)l->dp * (uint32_t)l->tp * (uint32_t)l->pp;
+    return TIDE_OK;
+}
+
+static tide_status check_layout(const void *base, tide__ctx *c)
+{
+    const tide_proto_layout_t *l = base;
+    char fn[160];
+    TIDE_CHECK(check_degrees(c, l->dp, l->tp, l->pp));
+    if (l->num_layers < l->pp)
+        return tide__fail(c, "%s = %d is fewer than pp = %d stages",
+                          tide__field_name(c, "layers", fn, sizeof fn), l->num_layers, l->pp);
+    TIDE_CHECK(check_stages(c, l->stage_start, (uint32_t)l->pp + 1));
+    if (l->stage_start[l->pp] != l->num_layers)
+        return tide__fail(c, "%s must end at layers = %d, got %d",
+                          tide__field_name(c, "stages", fn, sizeof fn), l->num_layers,
+                          l->stage_start[l->pp]);
+    return TIDE_OK;
+}
+
+static const tide__field layout_fields[] = {
+    F_GEN(tide_proto_layout_t, gen),
+    F_DEGREE(tide_proto_layout_t, dp, "dp"),
+    F_DEGREE(tide_proto_layout_t, tp, "tp"),
+    F_DEGREE(tide_proto_layout_t, pp, "pp"),
+    F_INT(tide_proto_layout_t, num_layers, "layers", 1, TIDE_PROTO_LAYERS_MAX),
+    F_INT(tide_proto_layout_t, micro_batches, "micro", 1, TIDE_PROTO_MICRO_MAX),
+    {.key = "stages",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_t, stage_start),
+     .min = 0,
+     .max = TIDE_PROTO_LAYERS_MAX,
+     .count_off = TIDE__NO_OFF,
+     .expect = expect_stages},
+    {.key = "workers",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_t, worker),
+     .min = 0,
+     .max = INT32_MAX,
+     .count_off = TIDE__NO_OFF,
+     .expect = expect_workers},
+};
+static const tide__schema layout_schema = {layout_fields, NELEM(layout_fields),
+                                           sizeof(tide_proto_layout_t), 1, check_layout};
+
+static tide_status check_tensor(const void *base, tide__ctx *c)
+{
+    const tide_proto_tensor_t *t = base;
+    char fn[160];
+    if (t->tp_dim >= t->ndim)
+        return tide__fail(c, "%s = %d must be below the tensor's %d dimensions",
+                          tide__field_name(c, "tp_dim", fn, sizeof fn), t->tp_dim, t->ndim);
+    return TIDE_OK;
+}
+
+static const tide__field tensor_fields[] = {
+    F_STR(tide_proto_tensor_t, name, "name", TIDE__CS_HOST, 1),
+    F_INT(tide_proto_tensor_t, dtype, "dtype", 0, 6),
+    {.key = "shape",
+     .kind = TIDE__K_I64_FIXED,
+     .off = offsetof(tide_proto_tensor_t, shape),
+     .size = TIDE_PROTO_DIMS_MAX,
+     .min = 1,
+     .max = INT64_MAX,
+     .count_off = offsetof(tide_proto_tensor_t, ndim),
+     .cmin = 1,
+     .cmax = TIDE_PROTO_DIMS_MAX},
+    F_INT(tide_proto_tensor_t, layer, "layer", -3, TIDE_PROTO_LAYERS_MAX - 1),
+    F_INT(tide_proto_tensor_t, tp, "tp", 0, 1),
+    F_INT(tide_proto_tensor_t, tp_dim, "tp_dim", 0, TIDE_PROTO_DIMS_MAX - 1),
+    F_INT(tide_proto_tensor_t, tp_segments, "seg", 1, 64),
+    F_INT(tide_proto_tensor_t, dp, "dp", 0, 1),
+};
+static const tide__schema tensor_schema = {tensor_fields, NELEM(tensor_fields),
+                                           sizeof(tide_proto_tensor_t), 0, check_tensor};
+
+/* ---- worker <-> tided schemas ------------------------------------------------------------------
+ */
+
+static tide_status check_register(const void *base, tide__ctx *c)
+{
+    const tide_proto_register_t *m = base;
+    if (m->rank >= m->size)
+        return tide__fail(c, "field 'rank' = %d must be below field 'size' = %d", m->rank, m->size);
+    return TIDE_OK;
+}
+
+static const tide__field register_fields[] = {
+    F_STR(tide_proto_register_t, pool, "pool", TIDE__CS_NAME, 1),
+    F_INT(tide_proto_register_t, rank, "rank", 0, TIDE_PROTO_WORKERS_MAX - 1),
+    F_INT(tide_proto_register_t, size, "size", 1, TIDE_PROTO_WORKERS_MAX),
+    F_STR(tide_proto_register_t, host, "host", TIDE__CS_HOST, 1),
+    F_INT(tide_proto_register_t, device, "device", 0, TIDE_PROTO_DEVICE_MAX),
+    F_U64(tide_proto_register_t, mem_bytes, "mem"),
+    F_ENUM(tide_proto_register_t, kind, "kind", device_kind_names),
+    F_INT(tide_proto_register_t, pid, "pid", 1, INT32_MAX),
+};
+
+static const tide__field register_ok_fields[] = {
+    F_WORKER(tide_proto_register_ok_t, worker),
+    F_INT(tide_proto_register_ok_t, heartbeat_ms, "heartbeat_ms", 10, 600000),
+};
+
+static const tide__field heartbeat_fields[] = {
+    F_WORKER(tide_proto_heartbeat_t, worker),
+    F_U64(tide_proto_heartbeat_t, step, "step"),
+    F_GEN(tide_proto_heartbeat_t, gen),
+    F_MS(tide_proto_heartbeat_t, idle_ms, "idle_ms"),
+    F_MS(tide_proto_heartbeat_t, bubble_ms, "bubble_ms"),
+    F_MS(tide_proto_heartbeat_t, step_ms, "step_ms"),
+};
+
+static const tide__field bye_fields[] = {F_WORKER(tide_proto_bye_t, worker)};
+
+static tide_status check_join(const void *base, tide__ctx *c)
+{
+    const tide_proto_join_t *m = base;
+    TIDE_CHECK(check_degrees(c, m->dp, m->tp, m->pp));
+    if (m->pp > m->num_layers)
+        return tide__fail(c, "field 'pp' = %d exceeds field 'layers' = %d", m->pp, m->num_layers);
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].layer >= m->num_layers)
+            return tide__fail(c, "field 'tensors[%u].layer' = %d must be below layers = %d", i,
+                              m->tensors[i].layer, m->num_layers);
+    return TIDE_OK;
+}
+
+static const tide__field join_fields[] = {
+    F_WORKER(tide_proto_join_t, worker),
+    F_JOB(tide_proto_join_t, job),
+    F_U64(tide_proto_join_t, total_bytes, "total_bytes"),
+    F_INT(tide_proto_join_t, num_layers, "layers", 1, TIDE_PROTO_LAYERS_MAX),
+    F_DEGREE(tide_proto_join_t, dp, "dp"),
+    F_DEGREE(tide_proto_join_t, tp, "tp"),
+    F_DEGREE(tide_proto_join_t, pp, "pp"),
+    F_INT(tide_proto_join_t, micro_batches, "micro", 1, TIDE_PROTO_MICRO_MAX),
+    {.key = "tensors",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_join_t, tensors),
+     .count_off = offsetof(tide_proto_join_t, n_tensors),
+     .cmax = TIDE_PROTO_TENSORS_MAX,
+     .sub = &tensor_schema},
+};
+
+static tide_status check_layout_msg(const void *base, tide__ctx *c)
+{
+    const tide_proto_layout_msg_t *m = base;
+    if (!m->has_prev)
+        return TIDE_OK;
+    if (m->prev.gen >= m->layout.gen)
+        return tide__fail(c, "field 'prev.gen' = %llu must be below field 'layout.gen' = %llu",
+                          (unsigned long long)m->prev.gen, (unsigned long long)m->layout.gen);
+    if (m->prev.num_layers != m->layout.num_layers)
+        return tide__fail(c, "field 'prev.layers' = %d differs from field 'layout.layers' = %d",
+                          m->prev.num_layers, m->layout.num_layers);
+    return TIDE_OK;
+}
+
+static const tide__field layout_msg_fields[] = {
+    F_JOB(tide_proto_layout_msg_t, job),
+    {.key = "layout",
+     .kind = TIDE__K_STRUCT,
+     .off = offsetof(tide_proto_layout_msg_t, layout),
+     .count_off = TIDE__NO_OFF,
+     .sub = &layout_schema},
+    {.key = "prev",
+     .kind = TIDE__K_STRUCT,
+     .flags = TIDE__F_NULLABLE,
+     .off = offsetof(tide_proto_layout_msg_t, prev),
+     .count_off = TIDE__NO_OFF,
+     .sub = &layout_schema,
+     .has_off = offsetof(tide_proto_layout_msg_t, has_prev)},
+};
+
+static const tide__field prepare_fields[] = {
+    F_JOB(tide_proto_prepare_t, job),
+    F_GEN(tide_proto_prepare_t, gen),
+    F_U64(tide_proto_prepare_t, step, "step"),
+};
+
+static const tide__field prepare_ack_fields[] = {
+    F_WORKER(tide_proto_prepare_ack_t, worker),
+    F_JOB(tide_proto_prepare_ack_t, job),
+    F_GEN(tide_proto_prepare_ack_t, gen),
+    F_U64(tide_proto_prepare_ack_t, step, "step"),
+};
+
+static const tide__field commit_fields[] = {
+    F_JOB(tide_proto_commit_t, job),
+    F_GEN(tide_proto_commit_t, gen),
+    F_U64(tide_proto_commit_t, step, "step"),
+};
+
+static const tide__field abort_fields[] = {
+    F_JOB(tide_proto_abort_t, job),
+    F_GEN(tide_proto_abort_t, gen),
+    F_TEXT(tide_proto_abort_t, reason, "reason"),
+};
+
+static const tide__field done_fields[] = {
+    F_WORKER(tide_proto_done_t, worker),
+    F_JOB(tide_proto_done_t, job),
+    F_GEN(tide_proto_done_t, gen),
+    F_INT(tide_proto_done_t, status, "status", -1000, 0),
+    F_U64(tide_proto_done_t, bytes_moved, "bytes"),
+    F_MS(tide_proto_done_t, ms, "ms"),
+};
+
+static const tide__field failure_fields[] = {
+    F_WORKER(tide_proto_failure_t, worker),
+    F_JOB_EMPTY(tide_proto_failure_t, job),
+    F_GEN(tide_proto_failure_t, gen),
+    F_INT(tide_proto_failure_t, code, "code", -1000, 0),
+    F_TEXT(tide_proto_failure_t, reason, "reason"),
+};
+
+/* Offline work: command jobs carry argv and no plugin; plugin jobs carry a plugin name. */
+static tide_status check_offline(tide__ctx *c, tide_proto_job_kind_t kind, const char *plugin,
+                                 uint32_t argc)
+{
+    if (kind == TIDE_JOB_ONLINE)
+        return tide__fail(c, "field 'kind' must be \"command\" or \"plugin\", got \"online\"");
+    if (kind == TIDE_JOB_COMMAND && argc == 0)
+        return tide__fail(c, "field 'argv' must hold the command to run (at least 1 entry)");
+    if (kind == TIDE_JOB_COMMAND && plugin[0] != '\0')
+        return tide__fail(c, "field 'plugin' must be \"\" for a command job");
+    if (kind == TIDE_JOB_PLUGIN && plugin[0] == '\0')
+        return tide__fail(c, "field 'plugin' must name the task plugin of a plugin job");
+    return TIDE_OK;
+}
+
+static tide_status check_offline_assign(const void *base, tide__ctx *c)
+{
+    const tide_proto_offline_assign_t *m = base;
+    return check_offline(c, m->kind, m->plugin, m->argc);
+}
+
+#define ARGV_FIELD(T)                                                                              \
+    {                                                                                              \
+        .key = "argv", .kind = TIDE__K_STR_ARRAY, .off = offsetof(T, argv),                        \
+        .size = TIDE_PROTO_ARG_MAX, .min = 0, .charset = TIDE__CS_TEXT,                            \
+        .count_off = offsetof(T, argc), .cmax = TIDE_PROTO_ARGV_MAX                                \
+    }
+
+static const tide__field offline_assign_fields[] = {
+    F_JOB(tide_proto_offline_assign_t, job),
+    F_ENUM(tide_proto_offline_assign_t, kind, "kind", job_kind_names),
+    F_STR(tide_proto_offline_assign_t, plugin, "plugin", TIDE__CS_NAME, 0),
+    ARGV_FIELD(tide_proto_offline_assign_t),
+    F_INT(tide_proto_offline_assign_t, priority, "priority", -1000, 1000),
+    F_U64(tide_proto_offline_assign_t, mem_cap, "mem_cap"),
+    F_BOOL(tide_proto_offline_assign_t, bubbles, "bubbles"),
+    F_INT(tide_proto_offline_assign_t, attempt, "attempt", 1, UINT32_MAX),
+};
+
+static const tide__field preempt_fields[] = {
+    F_JOB(tide_proto_preempt_t, job),
+    F_INT(tide_proto_preempt_t, grace_ms, "grace_ms", 0, 600000),
+};
+
+static const tide__field offline_status_fields[] = {
+    F_WORKER(tide_proto_offline_status_t, worker),
+    F_JOB(tide_proto_offline_status_t, job),
+    F_ENUM(tide_proto_offline_status_t, state, "state", job_state_names),
+    F_INT(tide_proto_offline_status_t, exit_code, "exit_code", -255, 255),
+    F_DBL(tide_proto_offline_status_t, progress, "progress", 0.0, 1.0),
+};
+
+static const tide__field bubble_fields[] = {
+    F_WORKER(tide_proto_bubble_t, worker),
+    F_JOB(tide_proto_bubble_t, job),
+    F_GEN(tide_proto_bubble_t, gen),
+    F_INT(tide_proto_bubble_t, steps, "steps", 1, UINT32_MAX),
+    F_INT(tide_proto_bubble_t, windows, "windows", 0, UINT32_MAX),
+    F_MS(tide_proto_bubble_t, total_ms, "total_ms"),
+    F_MS(tide_proto_bubble_t, mean_ms, "mean_ms"),
+    F_MS(tide_proto_bubble_t, max_ms, "max_ms"),
+};
+
+/* ---- tidectl <-> tided schemas -----------------------------------------------------------------
+ */
+
+static const tide__field gpu_row_fields[] = {
+    F_WORKER(tide_proto_gpu_row_t, worker),
+    F_STR(tide_proto_gpu_row_t, host, "host", TIDE__CS_HOST, 1),
+    F_INT(tide_proto_gpu_row_t, device, "device", 0, TIDE_PROTO_DEVICE_MAX),
+    F_ENUM(tide_proto_gpu_row_t, kind, "kind", device_kind_names),
+    F_ENUM(tide_proto_gpu_row_t, state, "state", worker_state_names),
+    F_U64(tide_proto_gpu_row_t, mem_bytes, "mem"),
+    F_JOB_EMPTY(tide_proto_gpu_row_t, job),
+    F_INT(tide_proto_gpu_row_t, stage, "stage", -1, TIDE_PROTO_DEGREE_MAX - 1),
+    F_INT(tide_proto_gpu_row_t, dp_rank, "dp_rank", -1, TIDE_PROTO_DEGREE_MAX - 1),
+    F_INT(tide_proto_gpu_row_t, tp_rank, "tp_rank", -1, TIDE_PROTO_DEGREE_MAX - 1),
+    F_U64(tide_proto_gpu_row_t, step, "step"),
+    F_DBL(tide_proto_gpu_row_t, bubble_pct, "bubble_pct", 0.0, 100.0),
+    F_STR(tide_proto_gpu_row_t, offline, "offline", TIDE__CS_NAME, 0),
+    F_INT(tide_proto_gpu_row_t, last_seen_ms, "last_seen_ms", 0, INT64_MAX),
+};
+static const tide__schema gpu_row_schema = {gpu_row_fields, NELEM(gpu_row_fields),
+                                            sizeof(tide_proto_gpu_row_t), 0, NULL};
+
+static const tide__field status_reply_fields[] = {
+    F_INT(tide_proto_status_reply_t, time_ms, "time_ms", 0, INT64_MAX),
+    {.key = "rows",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_status_reply_t, rows),
+     .count_off = offsetof(tide_proto_status_reply_t, n_rows),
+     .cmax = TIDE_PROTO_ROWS_MAX,
+     .sub = &gpu_row_schema},
+};
+
+static const tide__field job_row_fields[] = {
+    F_STR(tide_proto_job_row_t, name, "name", TIDE__CS_NAME, 1),
+    F_ENUM(tide_proto_job_row_t, kind, "kind", job_kind_names),
+    F_ENUM(tide_proto_job_row_t, state, "state", job_state_names),
+    F_GEN(tide_proto_job_row_t, gen),
+    F_INT(tide_proto_job_row_t, dp, "dp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_job_row_t, tp, "tp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_job_row_t, pp, "pp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_job_row_t, workers, "workers", 0, TIDE_PROTO_WORKERS_MAX),
+    F_U64(tide_proto_job_row_t, step, "step"),
+    F_DBL(tide_proto_job_row_t, throughput, "throughput", 0.0, 1e12),
+    F_INT(tide_proto_job_row_t, priority, "priority", -1000, 1000),
+    F_INT(tide_proto_job_row_t, attempts, "attempts", 0, UINT32_MAX),
+};
+static const tide__schema job_row_schema = {job_row_fields, NELEM(job_row_fields),
+                                            sizeof(tide_proto_job_row_t), 0, NULL};
+
+static const tide__field jobs_reply_fields[] = {
+    {.key = "rows",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_jobs_reply_t, rows),
+     .count_off = offsetof(tide_proto_jobs_reply_t, n_rows),
+     .cmax = TIDE_PROTO_ROWS_MAX,
+     .sub = &job_row_schema},
+};
+
+static tide_status check_resize(const void *base, tide__ctx *c)
+{
+    const tide_proto_resize_t *m = base;
+    TIDE_CHECK(check_degrees(c, m->dp, m->tp, m->pp));
+    if (m->n_stages != 0 && m->n_stages != (uint32_t)m->pp + 1)
+        return tide__fail(c, "field 'stages' must be empty or hold pp + 1 = %d boundaries, got %u",
+                          m->pp + 1, m->n_stages);
+    return check_stages(c, m->stage_start, m->n_stages);
+}
+
+static const tide__field resize_fields[] = {
+    F_JOB(tide_proto_resize_t, job),
+    F_DEGREE(tide_proto_resize_t, dp, "dp"),
+    F_DEGREE(tide_proto_resize_t, tp, "tp"),
+    F_DEGREE(tide_proto_resize_t, pp, "pp"),
+    {.key = "stages",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_resize_t, stage_start),
+     .min = 0,
+     .max = TIDE_PROTO_LAYERS_MAX,
+     .count_off = offsetof(tide_proto_resize_t, n_stages),
+     .cmax = TIDE_PROTO_DEGREE_MAX + 1},
+    F_BOOL(tide_proto_resize_t, dry_run, "dry_run"),
+    F_ENUM(tide_proto_resize_t, placement, "placement", placement_names),
+};
+
+static const tide__field resize_reply_fields[] = {
+    F_JOB(tide_proto_resize_reply_t, job),
+    F_BOOL(tide_proto_resize_reply_t, dry_run, "dry_run"),
+    {.key = "layout",
+     .kind = TIDE__K_STRUCT,
+     .off = offsetof(tide_proto_resize_reply_t, layout),
+     .count_off = TIDE__NO_OFF,
+     .sub = &layout_schema},
+    F_U64(tide_proto_resize_reply_t, bytes_sent, "bytes_sent"),
+    F_U64(tide_proto_resize_reply_t, bytes_local, "bytes_local"),
+    F_U64(tide_proto_resize_reply_t, max_send, "max_send"),
+    F_U64(tide_proto_resize_reply_t, messages, "messages"),
+    F_MS(tide_proto_resize_reply_t, est_ms, "est_ms"),
+    F_INT(tide_proto_resize_reply_t, preempted, "preempted", 0, UINT32_MAX),
+};
+
+static tide_status check_submit(const void *base, tide__ctx *c)
+{
+    const tide_proto_submit_t *m = base;
+    return check_offline(c, m->kind, m->plugin, m->argc);
+}
+
+static const tide__field submit_fields[] = {
+    F_STR(tide_proto_submit_t, name, "name", TIDE__CS_NAME, 1),
+    F_ENUM(tide_proto_submit_t, kind, "kind", job_kind_names),
+    F_STR(tide_proto_submit_t, plugin, "plugin", TIDE__CS_NAME, 0),
+    ARGV_FIELD(tide_proto_submit_t),
+    F_INT(tide_proto_submit_t, priority, "priority", -1000, 1000),
+    F_U64(tide_proto_submit_t, mem_cap, "mem_cap"),
+    F_BOOL(tide_proto_submit_t, bubbles, "bubbles"),
+};
+
+static const tide__field cancel_fields[] = {F_JOB(tide_proto_cancel_t, job)};
+static const tide__field drain_fields[] = {F_WORKER(tide_proto_drain_t, worker)};
+
+static const tide__field events_fields[] = {
+    F_U64(tide_proto_events_t, since_id, "since_id"),
+    F_INT(tide_proto_events_t, since_ms, "since_ms", 0, INT64_MAX),
+    F_INT(tide_proto_events_t, limit, "limit", 1, TIDE_PROTO_EVENTS_MAX),
+};
+
+static const tide__field event_row_fields[] = {
+    F_U64(tide_proto_event_row_t, id, "id"),
+    F_INT(tide_proto_event_row_t, time_ms, "time_ms", 0, INT64_MAX),
+    F_JOB_EMPTY(tide_proto_event_row_t, job),
+    F_STR(tide_proto_event_row_t, kind, "kind", TIDE__CS_NAME, 1),
+    F_TEXT(tide_proto_event_row_t, detail, "detail"),
+};
+static const tide__schema event_row_schema = {event_row_fields, NELEM(event_row_fields),
+                                              sizeof(tide_proto_event_row_t), 0, NULL};
+
+static const tide__field events_reply_fields[] = {
+    {.key = "rows",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_events_reply_t, rows),
+     .count_off = offsetof(tide_proto_events_reply_t, n_rows),
+     .cmax = TIDE_PROTO_EVENTS_MAX,
+     .sub = &event_row_schema},
+};
+
+static const tide__field ok_fields[] = {
+    F_JOB_EMPTY(tide_proto_ok_t, job),
+    F_TEXT(tide_proto_ok_t, message, "message"),
+};
+
+static const tide__field error_fields[] = {
+    F_INT(tide_proto_error_t, code, "code", -1000, -1),
+    F_TEXT(tide_proto_error_t, message, "message"),
+};
+
+/* ---- the catalogue ----------------------------------------------------------------------------
+ */
+
+#define SCHEMA(fields, T, owns, check)                                                             \
+    {                                                                                              \
+        fields, NELEM(fields), sizeof(T), owns, check                                              \
+    }
+
+static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
+    [TIDE_MSG_REGISTER] = SCHEMA(register_fields, tide_proto_register_t, 0, check_register),
+    [TIDE_MSG_REGISTER_OK] = SCHEMA(register_ok_fields, tide_proto_register_ok_t, 0, NULL),
+    [TIDE_MSG_HEARTBEAT] = SCHEMA(heartbeat_fields, tide_proto_heartbeat_t, 0, NULL),
+    [TIDE_MSG_BYE] = SCHEMA(bye_fields, tide_proto_bye_t, 0, NULL),
+    [TIDE_MSG_JOIN] = SCHEMA(join_fields, tide_proto_join_t, 1, check_join),
+    [TIDE_MSG_LAYOUT] = SCHEMA(layout_msg_fields, tide_proto_layout_msg_t, 1, check_layout_msg),
+    [TIDE_MSG_PREPARE] = SCHEMA(prepare_fields, tide_proto_prepare_t, 0, NULL),
+    [TIDE_MSG_PREPARE_ACK] = SCHEMA(prepare_ack_fields, tide_proto_prepare_ack_t, 0, NULL),
+    [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),
+    [TIDE_MSG_ABORT] = SCHEMA(abort_fields, tide_proto_abort_t, 0, NULL),
+    [TIDE_MSG_DONE] = SCHEMA(done_fields, tide_proto_done_t, 0, NULL),
+    [TIDE_MSG_FAILURE] = SCHEMA(failure_fields, tide_proto_failure_t, 0, NULL),
+    [TIDE_MSG_OFFLINE_ASSIGN] =
+        SCHEMA(offline_assign_fields, tide_proto_offline_assign_t, 1, check_offline_assign),
+    [TIDE_MSG_PREEMPT] = SCHEMA(preempt_fields, tide_proto_preempt_t, 0, NULL),
+    [TIDE_MSG_OFFLINE_STATUS] = SCHEMA(offline_status_fields, tide_proto_offline_status_t, 0, NULL),
+    [TIDE_MSG_BUBBLE] = SCHEMA(bubble_fields, tide_proto_bubble_t, 0, NULL),
+    [TIDE_MSG_STATUS] = {NULL, 0, sizeof(tide_proto_empty_t), 0, NULL},
+    [TIDE_MSG_STATUS_REPLY] = SCHEMA(status_reply_fields, tide_proto_status_reply_t, 1, NULL),
+    [TIDE_MSG_JOBS] = {NULL, 0, sizeof(tide_proto_empty_t), 0, NULL},
+    [TIDE_MSG_JOBS_REPLY] = SCHEMA(jobs_reply_fields, tide_proto_jobs_reply_t, 1, NULL),
+    [TIDE_MSG_RESIZE] = SCHEMA(resize_fields, tide_proto_resize_t, 1, check_resize),
+    [TIDE_MSG_RESIZE_REPLY] = SCHEMA(resize_reply_fields, tide_proto_resize_reply_t, 1, NULL),
+    [TIDE_MSG_SUBMIT] = SCHEMA(submit_fields, tide_proto_submit_t, 1, check_submit),
+    [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
+    [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
+    [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, NULL),
+    [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
+    [TIDE_MSG_OK] = SCHEMA(ok_fields, tide_proto_ok_t, 0, NULL),
+    [TIDE_MSG_ERROR] = SCHEMA(error_fields, tide_proto_error_t, 0, NULL),
+};
+
+const tide__schema *tide__msg_schema(tide_msg_type_t type)
+{
+    if ((int)type <= (int)TIDE_MSG_NONE || (int)type >= (int)TIDE_MSG__COUNT)
+        return NULL;
+    return &msg_schemas[type];
+}
+
+static const char *const msg_names[TIDE_MSG__COUNT] = {[TIDE_MSG_NONE] = "none",
+#define TIDE__MSG_NAME(e, name, member) [TIDE_MSG_##e] = name,
+                                                       TIDE_MSG_TYPE_MAP(TIDE__MSG_NAME)
+#undef TIDE__MSG_NAME
+};
+
+const char *tide_msg_type_name(tide_msg_type_t type)
+{
+    if ((int)type < 0 || (int)type >= (int)TIDE_MSG__COUNT)
+        return "?";
+    return msg_names[type];
+}
+
+tide_status tide_msg_type_parse(const char *name, tide_msg_type_t *out)
+{
+    for (int t = TIDE_MSG_NONE + 1; name && t < TIDE_MSG__COUNT; t++) {
+        if (strcmp(name, msg_names[t]) == 0) {
+            *out = (tide_msg_type_t)t;
+            return TIDE_OK;
+        }
+    }
+    return tide_errorf(TIDE_ERR_NOT_FOUND, "unknown message type '%s'", name ? name : "(null)");
+}
+
+tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
+{
+    switch (type) {
+    case TIDE_MSG_REGISTER:
+    case TIDE_MSG_HEARTBEAT:
+    case TIDE_MSG_BYE:
+    case TIDE_MSG_JOIN:
+    case TIDE_MSG_PREPARE_ACK:
+    case TIDE_MSG_DONE:
+    case TIDE_MSG_FAILURE:
+    case TIDE_MSG_OFFLINE_STATUS:
+    case TIDE_MSG_BUBBLE:
+        return TIDE_ROLE_WORKER;
+    case TIDE_MSG_STATUS:
+    case TIDE_MSG_JOBS:
+    case TIDE_MSG_RESIZE:
+    case TIDE_MSG_SUBMIT:
+    case TIDE_MSG_CANCEL:
+    case TIDE_MSG_DRAIN:
+    case TIDE_MSG_EVENTS:
+        return TIDE_ROLE_ADMIN;
+    default:
+        return TIDE_ROLE_COORDINATOR;
+    }
+}
+
+/* ---- shared check helpers ----------------------------------------------------------------------
+ */
+
+tide_status tide__fail(tide__ctx *c, const char *fmt, ...)
+{
+    char text[448];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    return tide_errorf(c->code, "%s: %s", c->msg, text);
+}
+
+const char *tide__field_name(const tide__ctx *c, const char *key, char *buf, size_t len)
+{
+    snprintf(buf, len, "field '%s%s'", c->path, key);
+    return buf;
+}
+
+int tide__int_in_range(const tide__field *f, int neg, int64_t i, uint64_t u)
+{
+    if (f->flags & TIDE__F_UNSIGNED) /* bounds are [min >= 0, max] as uint64 */
+        return !neg && u >= (uint64_t)f->min && u <= f->max;
+    int64_t max = (int64_t)f->max; /* signed fields keep an int64 upper bound in max */
+    if (neg)
+        return i >= f->min && i <= max;
+    return max >= 0 && u <= (uint64_t)max && (f->min <= 0 || u >= (uint64_t)f->min);
+}
+
+const char *tide__int_expect(const tide__field *f, char *buf, size_t len)
+{
+    int is_unsigned = (f->flags & TIDE__F_UNSIGNED) != 0;
+    if (f->min == 0 &&
+        ((is_unsigned && f->max == UINT64_MAX) || (!is_unsigned && f->max == INT64_MAX)))
+        snprintf(buf, len, "a non-negative integer");
+    else if (is_unsigned && f->max == UINT64_MAX)
+        snprintf(buf, len, "an integer >= %lld", (long long)f->min);
+    else if (is_unsigned)
+        snprintf(buf, len, "an integer in [%lld, %llu]", (long long)f->min,
+                 (unsigned long long)f->max);
+    else
+        snprintf(buf, len, "an integer in [%lld, %lld]", (long long)f->min, (long long)f->max);
+    return buf;
+}
+
+void tide__int_store(const tide__field *f, void *base, int neg, int64_t i, uint64_t u)
+{
+    char *p = (char *)base + f->off;
+    int64_t sv = neg ? i : (int64_t)u; /* in range, so it fits the storage */
+    if (f->size == 8) {
+        if (f->flags & TIDE__F_UNSIGNED)
+            memcpy(p, &u, 8);
+        else
+            memcpy(p, &sv, 8);
+    } else {
+        if (f->flags & TIDE__F_UNSIGNED) {
+            uint32_t v = (uint32_t)u;
+            memcpy(p, &v, 4);
+        } else {
+            int32_t v = (int32_t)sv;
+            memcpy(p, &v, 4);
+        }
+    }
+}
+
+/* Reads a stored integer back as (neg, i, u). */
+static void int_load(const tide__field *f, const void *base, int *neg, int64_t *i, uint64_t *u)
+{
+    const char *p = (const char *)base + f->off;
+    int64_t sv = 0;
+    uint64_t uv = 0;
+    if (f->size == 8) {
+        if (f->flags & TIDE__F_UNSIGNED)
+            memcpy(&uv, p, 8);
+        else
+            memcpy(&sv, p, 8);
+    } else {
+        if (f->flags & TIDE__F_UNSIGNED) {
+            uint32_t v;
+            memcpy(&v, p, 4);
+            uv = v;
+        } else {
+            int32_t v;
+            memcpy(&v, p, 4);
+            sv = v;
+        }
+    }
+    if (f->flags & TIDE__F_UNSIGNED) {
+        *neg = 0;
+        *u = uv;
+        *i = 0;
+    } else {
+        *neg = sv < 0;
+        *i = sv;
+        *u = sv < 0 ? 0 : (uint64_t)sv;
+    }
+}
+
+static int name_char(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '.' || ch == '_' || ch == '-' || ch == ':';
+}
+
+tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, size_t n,
+                            size_t max_len, const char *key)
+{
+    char fn[160];
+    tide__field_name(c, key, fn, sizeof fn);
+    if (n > max_len)
+        return tide__fail(c, "%s is %zu bytes, longer than the limit of %zu", fn, n, max_len);
+    if (n < (size_t)f->min)
+        return tide__fail(c, "%s must not be empty", fn);
+    if (memchr(s, '\0', n) != NULL)
+        return tide__fail(c, "%s must not contain a NUL byte", fn);
+    for (size_t k = 0; k < n && f->charset != TIDE__CS_TEXT; k++) {
+        unsigned char ch = (unsigned char)s[k];
+        if (f->charset == TIDE__CS_NAME && !name_char(ch))
+            return tide__fail(
+                c, "%s may hold only letters, digits and . _ - : (byte %zu is 0x%02x)", fn, k, ch);
+        if (f->charset == TIDE__CS_HOST && (ch <= 0x20 || ch >= 0x7f))
+            return tide__fail(
+                c, "%s may hold only printable ASCII without spaces (byte %zu is 0x%02x)", fn, k,
+                ch);
+    }
+    return TIDE_OK;
+}
+
+/* ---- validate (encode side) --------------------------------------------------------------------
+ */
+
+static tide_status validate_field(const tide__field *f, const void *base, tide__ctx *c)
+{
+    char fn[160], want[96];
+    const char *p = (const char *)base + f->off;
+    tide__field_name(c, f->key, fn, sizeof fn);
+    switch (f->kind) {
+    case TIDE__K_INT: {
+        int neg;
+        int64_t i;
+        uint64_t u;
+        int_load(f, base, &neg, &i, &u);
+        if (!tide__int_in_range(f, neg, i, u))
+            return tide__fail(c, "%s must be %s, got %s%llu", fn,
+                              tide__int_expect(f, want, sizeof want), neg ? "-" : "",
+                              neg ? (unsigned long long)(-(i + 1)) + 1ull : (unsigned long long)u);
+        return TIDE_OK;
+    }
+    case TIDE__K_DOUBLE: {
+        double d;
+        memcpy(&d, p, sizeof d);
+        if (!isfinite(d) || d < f->dmin || d > f->dmax)
+            return tide__fail(c, "%s must be a finite number in [%g, %g], got %g", fn, f->dmin,
+                              f->dmax, d);
+        return TIDE_OK;
+    }
+    case TIDE__K_BOOL: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        if (v != 0 && v != 1)
+            return tide__fail(c, "%s must be a boolean (0 or 1), got %d", fn, v);
+        return TIDE_OK;
+    }
+    case TIDE__K_STR: {
+        size_t n = strnlen(p, f->size);
+        if (n == f->size)
+            return tide__fail(c, "%s is not NUL-terminated within %zu bytes", fn, f->size);
+        return tide__check_str(c, f, p, n, f->size - 1, f->key);
+    }
+    case TIDE__K_ENUM: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        if (v < 0 || v >= f->n_names)
+            return tide__fail(c, "%s has no wire name for value %d", fn, v);
+        return TIDE_OK;
+    }
+    case TIDE__K_I32_ARRAY: {
+        uint32_t n;
+        if (f->expect)
+            TIDE_CHECK(f->expect(base, c, &n));
+        else
+            n = tide__load_count(base, f->count_off);
+        if (f->count_off != TIDE__NO_OFF && n > f->cmax)
+            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+        const int32_t *a;
+        memcpy(&a, p, sizeof a);
+        if (n > 0 && a == NULL)
+            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+        for (uint32_t k = 0; k < n; k++) {
+            if (!tide__int_in_range(f, a[k] < 0, a[k], a[k] < 0 ? 0 : (uint64_t)a[k]))
+                return tide__fail(c, "%s[%u] must be %s, got %d", fn, k,
+                                  tide__int_expect(f, want, sizeof want), a[k]);
+        }
+        return TIDE_OK;
+    }
+    case TIDE__K_I64_FIXED: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        if (n < f->cmin || n > f->cmax)
+            return tide__fail(c, "%s must have %u to %u entries, got %u", fn, f->cmin, f->cmax, n);
+        const int64_t *a = (const int64_t *)(const void *)p;
+        for (uint32_t k = 0; k < n; k++)
+            if (a[k] < f->min)
+                return tide__fail(c, "%s[%u] must be %s, got %lld", fn, k,
+                                  tide__int_expect(f, want, sizeof want), (long long)a[k]);
+        return TIDE_OK;
+    }
+    case TIDE__K_STR_ARRAY: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        char *const *a;
+        memcpy(&a, p, sizeof a);
+        if (n > f->cmax)
+            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+        if (n > 0 && a == NULL)
+            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+        for (uint32_t k = 0; k < n; k++) {
+            char key[48];
+            snprintf(key, sizeof key, "%s[%u]", f->key, k);
+            if (a[k] == NULL)
+                return tide__fail(c, "field '%s%s' is NULL", c->path, key);
+            TIDE_CHECK(tide__check_str(c, f, a[k], strnlen(a[k], f->size + 1), f->size, key));
+        }
+        return TIDE_OK;
+    }
+    case TIDE__K_STRUCT: {
+        if (f->flags & TIDE__F_NULLABLE) {
+            int has;
+            memcpy(&has, (const char *)base + f->has_off, sizeof has);
+            if (!has)
+                return TIDE_OK;
+        }
+        size_t plen = strlen(c->path);
+        snprintf(c->path + plen, sizeof c->path - plen, "%s.", f->key);
+        tide_status rc = tide__validate_struct(f->sub, p, c);
+        c->path[plen] = '\0';
+        return rc;
+    }
+    case TIDE__K_STRUCT_ARRAY: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        const char *a;
+        memcpy(&a, p, sizeof a);
+        if (n > f->cmax)
+            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+        if (n > 0 && a == NULL)
+            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+        size_t plen = strlen(c->path);
+        for (uint32_t k = 0; k < n; k++) {
+            snprintf(c->path + plen, sizeof c->path - plen, "%s[%u].", f->key, k);
+            tide_status rc = tide__validate_struct(f->sub, a + (size_t)k * f->sub->size, c);
+            if (rc != TIDE_OK) {
+                c->path[plen] = '\0';
+                return rc;
+            }
+        }
+        c->path[plen] = '\0';
+        return TIDE_OK;
+    }
+    }
+    return tide__fail(c, "%s has an unknown kind", fn);
+}
+
+tide_status tide__validate_struct(const tide__schema *s, const void *base, tide__ctx *c)
+{
+    for (size_t k = 0; k < s->n_fields; k++)
+        TIDE_CHECK(validate_field(&s->fields[k], base, c));
+    if (s->check)
+        TIDE_CHECK(s->check(base, c));
+    return TIDE_OK;
+}
+
+tide_status tide_msg_validate(const tide_msg_t *msg)
+{
+    if (msg == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "message is NULL");
+    const tide__schema *s = tide__msg_schema(msg->type);
+    if (s == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "message has no valid type (%d)", (int)msg->type);
+    tide__ctx c = {TIDE_ERR_INVALID, tide_msg_type_name(msg->type), ""};
+    return tide__validate_struct(s, &msg->u, &c);
+}
+
+/* ---- init / clear -------------------------------------------------------------------------------
+ */
+
+void tide__free_struct(const tide__schema *s, void *base)
+{
+    if (!s->owns)
+        return;
+    for (size_t k = 0; k < s->n_fields; k++) {
+        const tide__field *f = &s->fields[k];
+        char *p = (char *)base + f->off;
+        switch (f->kind) {
+        case TIDE__K_I32_ARRAY: {
+            void *a;
+            memcpy(&a, p, sizeof a);
+            tide_free(a);
+            a = NULL;
+            memcpy(p, &a, sizeof a);
+            if (f->count_off != TIDE__NO_OFF)
+                tide__store_count(base, f->count_off, 0);
+            break;
+        }
+        case TIDE__K_STR_ARRAY: {
+            char **a;
+            memcpy(&a, p, sizeof a);
+            uint32_t n = tide__load_count(base, f->count_off);
+            for (uint32_t i = 0; a && i < n; i++)
+                tide_free(a[i]);
+            tide_free(a);
+            a = NULL;
+            memcpy(p, &a, sizeof a);
+            tide__store_count(base, f->count_off, 0);
+            break;
+        }
+        case TIDE__K_STRUCT:
+            tide__free_struct(f->sub, p);
+            break;
+        case TIDE__K_STRUCT_ARRAY: {
+            char *a;
+            memcpy(&a, p, sizeof a);
+            uint32_t n = tide__load_count(base, f->count_off);
+            for (uint32_t i = 0; a && f->sub->owns && i < n; i++)
+                tide__free_struct(f->sub, a + (size_t)i * f->sub->size);
+            tide_free(a);
+            a = NULL;
+            memcpy(p, &a, sizeof a);
+            tide__store_count(base, f->count_off, 0);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+void tide_msg_init(tide_msg_t *msg, tide_msg_type_t type)
+{
+    memset(msg, 0, sizeof *msg);
+    msg->type = type;
+}
+
+void tide_msg_clear(tide_msg_t *msg)
+{
+    if (msg == NULL)
+        return;
+    const tide__schema *s = tide__msg_schema(msg->type);
+    if (s)
+        tide__free_struct(s, &msg->u);
+    tide_msg_init(msg, TIDE_MSG_NONE);
+}
+
+/* ---- buffer ------------------------------------------------------------------------------------
+ */
+
+void tide_proto_buf_init(tide_proto_buf_t *buf)
+{
+    buf->data = NULL;
+    buf->len = 0;
+    buf->cap = 0;
+}
+
+void tide_proto_buf_destroy(tide_proto_buf_t *buf)
+{
+    if (buf == NULL)
+        return;
+    tide_free(buf->data);
+    tide_proto_buf_init(buf);
+}
+
+uint8_t *tide_proto_buf_release(tide_proto_buf_t *buf, size_t *len)
+{
+    uint8_t *d = buf->data;
+    if (len)
+        *len = buf->len;
+    tide_proto_buf_init(buf);
+    return d;
+}
+
+/* msgpack_packer write callback: appends, doubling capacity; -1 on allocation failure. */
+static int buf_write(void *data, const char *src, size_t n)
+{
+    tide_proto_buf_t *b = data;
+    if (n > SIZE_MAX - b->len)
+        return -1;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n)
+            cap = cap > SIZE_MAX / 2 ? b->len + n : cap * 2;
+        uint8_t *d = tide_realloc(b->data, cap);
+        if (d == NULL)
+            return -1;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* ---- encode ------------------------------------------------------------------------------------
+ */
+
+static int pack_str(msgpack_packer *pk, const char *s, size_t n)
+{
+    if (msgpack_pack_str(pk, n) != 0)
+        return -1;
+    return msgpack_pack_str_body(pk, s, n);
+}
+
+static int pack_key(msgpack_packer *pk, const char *key)
+{
+    return pack_str(pk, key, strlen(key));
+}
+
+static int encode_struct(const tide__schema *s, const void *base, msgpack_packer *pk, int top,
+                         const char *type_name);
+
+static int encode_field(const tide__field *f, const void *base, msgpack_packer *pk)
+{
+    const char *p = (const char *)base + f->off;
+    switch (f->kind) {
+    case TIDE__K_INT: {
+        int neg;
+        int64_t i;
+        uint64_t u;
+        int_load(f, base, &neg, &i, &u);
+        return neg ? msgpack_pack_int64(pk, i) : msgpack_pack_uint64(pk, u);
+    }
+    case TIDE__K_DOUBLE: {
+        double d;
+        memcpy(&d, p, sizeof d);
+        return msgpack_pack_double(pk, d);
+    }
+    case TIDE__K_BOOL: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        return v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    }
+    case TIDE__K_STR:
+        return pack_str(pk, p, strlen(p));
+    case TIDE__K_ENUM: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        return pack_key(pk, f->names[v]);
+    }
+    case TIDE__K_I32_ARRAY: {
+        uint32_t n;
+        if (f->expect) {
+            tide__ctx c = {TIDE_ERR_INVALID, "", ""};
+            if (f->expect(base, &c, &n) != TIDE_OK) /* validated before: cannot fail */
+                return -1;
+        } else {
+            n = tide__load_count(base, f->count_off);
+        }
+        const int32_t *a;
+        memcpy(&a, p, sizeof a);
+        if (msgpack_pack_array(pk, n) != 0)
+            return -1;
+        for (uint32_t k = 0; k < n; k++)
+            if (msgpack_pack_int32(pk, a[k]) != 0)
+                return -1;
+        return 0;
+    }
+    case TIDE__K_I64_FIXED: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        const int64_t *a = (const int64_t *)(const void *)p;
+        if (msgpack_pack_array(pk, n) != 0)
+            return -1;
+        for (uint32_t k = 0; k < n; k++)
+            if (msgpack_pack_int64(pk, a[k]) != 0)
+                return -1;
+        return 0;
+    }
+    case TIDE__K_STR_ARRAY: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        char *const *a;
+        memcpy(&a, p, sizeof a);
+        if (msgpack_pack_array(pk, n) != 0)
+            return -1;
+        for (uint32_t k = 0; k < n; k++)
+            if (pack_str(pk, a[k], strlen(a[k])) != 0)
+                return -1;
+        return 0;
+    }
+    case TIDE__K_STRUCT:
+        if (f->flags & TIDE__F_NULLABLE) {
+            int has;
+            memcpy(&has, (const char *)base + f->has_off, sizeof has);
+            if (!has)
+                return msgpack_pack_nil(pk);
+        }
+        return encode_struct(f->sub, p, pk, 0, NULL);
+    case TIDE__K_STRUCT_ARRAY: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        const char *a;
+        memcpy(&a, p, sizeof a);
+        if (msgpack_pack_array(pk, n) != 0)
+            return -1;
+        for (uint32_t k = 0; k < n; k++)
+            if (encode_struct(f->sub, a + (size_t)k * f->sub->size, pk, 0, NULL) != 0)
+                return -1;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static int encode_struct(const tide__schema *s, const void *base, msgpack_packer *pk, int top,
+                         const char *type_name)
+{
+    if (msgpack_pack_map(pk, s->n_fields + (top ? 2 : 0)) != 0)
+        return -1;
+    if (top) {
+        if (pack_key(pk, "v") != 0 || msgpack_pack_uint64(pk, TIDE_PROTO_VERSION) != 0 ||
+            pack_key(pk, "type") != 0 || pack_key(pk, type_name) != 0)
+            return -1;
+    }
+    for (size_t k = 0; k < s->n_fields; k++) {
+        if (pack_key(pk, s->fields[k].key) != 0 || encode_field(&s->fields[k], base, pk) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf)
+{
+    buf->len = 0;
+    TIDE_CHECK(tide_msg_validate(msg));
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, buf_write);
+    if (encode_struct(tide__msg_schema(msg->type), &msg->u, &pk, 1,
+                      tide_msg_type_name(msg->type)) != 0) {
+        buf->len = 0;
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory encoding a %s message",
+                           tide_msg_type_name(msg->type));
+    }
+    if (buf->len > TIDE_PROTO_MAX_MSG_BYTES) {
+        size_t n = buf->len;
+        buf->len = 0;
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "%s: encoded message is %zu bytes, over the %u-byte limit",
+                           tide_msg_type_name(msg->type), n, TIDE_PROTO_MAX_MSG_BYTES);
+    }
+    return TIDE_OK;
+}

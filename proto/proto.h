@@ -1,0 +1,607 @@
+/*
+ * proto: every tide control-plane message, with msgpack encode and strict decode.
+ *
+ * Wire format: one message = one msgpack map holding exactly
+ *   "v"    : 1 (TIDE_PROTO_VERSION; any other value is refused),
+ *   "type" : the message type name ("heartbeat", "layout", ...),
+ *   and the typed fields listed beside each struct below, nothing else.
+ * Map keys are strings. Field order on the wire is free; a key may appear once.
+ *
+ * Strictness wins: the decoder refuses unknown types, a wrong or missing "v",
+ * missing fields, unknown extra fields, duplicated keys, values of the wrong
+ * msgpack type, out-of-range numbers, oversize arrays and strings, NUL bytes
+ * inside strings, truncated input and trailing bytes after the map. Each refusal
+ * is TIDE_ERR_PROTOCOL with a detail naming the message and field, e.g.
+ * "heartbeat: field 'step' must be a non-negative integer". A peer that wants a
+ * new field needs a new schema version; there are no optional fields, only
+ * fields whose value may be empty ("" / [] / nil where stated).
+ *
+ * Number rules: integer fields accept msgpack integers only; "double" fields
+ * accept float32/float64 and integers, must be finite and within their range.
+ * Worker ids are int32 >= 0 (the reshard/ layout's worker ids). All byte counts
+ * are uint64 bytes, all durations are ms, all wall-clock times are ms since the
+ * Unix epoch.
+ *
+ * Workload: tided decodes ~10^4 heartbeats per second (a few hundred bytes
+ * each) plus rare large messages (a layout of up to 2^20 workers, a status reply
+ * with one row per GPU). Encode and decode are reentrant and thread-safe on
+ * distinct buffers and messages; no global state.
+ */
+#ifndef TIDE_PROTO_H
+#define TIDE_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_PROTO_VERSION 1
+
+/* ---- limits (decode refuses anything larger; encode too) ------------------------ */
+
+#define TIDE_PROTO_MAX_MSG_BYTES   (32u << 20) /* bytes of one encoded message */
+#define TIDE_PROTO_MAX_OBJECTS     (1u << 22)  /* msgpack objects (values, keys) in one message */
+#define TIDE_PROTO_MAX_DEPTH       8           /* nesting of maps and arrays */
+#define TIDE_PROTO_NAME_MAX        127         /* job, pool and plugin names (chars) */
+#define TIDE_PROTO_HOST_MAX        255         /* host names (chars) */
+#define TIDE_PROTO_TEXT_MAX        1023        /* reasons, messages, event details (chars) */
+#define TIDE_PROTO_TENSOR_NAME_MAX 95          /* = reshard's TIDE_NAME_MAX - 1 */
+#define TIDE_PROTO_DEGREE_MAX      65536       /* each of dp, tp, pp */
+#define TIDE_PROTO_WORKERS_MAX     (1u << 20)  /* dp * tp * pp, pool size */
+#define TIDE_PROTO_LAYERS_MAX      (1u << 20)  /* layers of a model */
+#define TIDE_PROTO_MICRO_MAX       65536       /* micro-batches per step */
+#define TIDE_PROTO_TENSORS_MAX     (1u << 17)  /* tensors in a join's collection */
+#define TIDE_PROTO_DIMS_MAX        4           /* tensor rank */
+#define TIDE_PROTO_ARGV_MAX        256         /* argv entries of an offline command */
+#define TIDE_PROTO_ARG_MAX         4095        /* bytes of one argv entry */
+#define TIDE_PROTO_ROWS_MAX        (1u << 16)  /* rows of a status or jobs reply */
+#define TIDE_PROTO_EVENTS_MAX      10000       /* rows of an events reply, and events limit */
+#define TIDE_PROTO_DEVICE_MAX      1023        /* local device index */
+#define TIDE_PROTO_MS_MAX          1e12        /* any duration in ms (~31 years) */
+
+/* Job names: 1..NAME_MAX chars of [A-Za-z0-9._:-]. Hosts: 1..HOST_MAX chars,
+ * printable ASCII without spaces. Pool ids and plugin names: like job names.
+ * Texts: 0..TEXT_MAX bytes, any byte but NUL. */
+
+/* ---- enums carried as strings on the wire ------------------------------------------ */
+
+typedef enum tide_proto_device_kind {
+    TIDE_DEVICE_CPU = 0, /* "cpu": host-memory worker */
+    TIDE_DEVICE_GPU = 1, /* "gpu" */
+} tide_proto_device_kind_t;
+
+typedef enum tide_proto_worker_state {
+    TIDE_WORKER_IDLE = 0,     /* "idle": registered, holds no job */
+    TIDE_WORKER_ONLINE = 1,   /* "online": in an online job's layout */
+    TIDE_WORKER_OFFLINE = 2,  /* "offline": running offline work */
+    TIDE_WORKER_FAILED = 3,   /* "failed": missed heartbeats or reported failure */
+    TIDE_WORKER_DRAINING = 4, /* "draining": leaves its job, takes no new work */
+} tide_proto_worker_state_t;
+
+typedef enum tide_proto_job_kind {
+    TIDE_JOB_ONLINE = 0,  /* "online": a training job holding a layout */
+    TIDE_JOB_COMMAND = 1, /* "command": offline child process */
+    TIDE_JOB_PLUGIN = 2,  /* "plugin": offline in-process task plugin (tide_task.h) */
+} tide_proto_job_kind_t;
+
+typedef enum tide_proto_job_state {
+    TIDE_JOB_QUEUED = 0,     /* "queued" */
+    TIDE_JOB_RUNNING = 1,    /* "running" */
+    TIDE_JOB_RESIZING = 2,   /* "resizing": a generation switch is in flight */
+    TIDE_JOB_RECOVERING = 3, /* "recovering": after a worker loss */
+    TIDE_JOB_PREEMPTED = 4,  /* "preempted": offline work gave its GPU back, requeued */
+    TIDE_JOB_DONE = 5,       /* "done" */
+    TIDE_JOB_FAILED = 6,     /* "failed" */
+    TIDE_JOB_CANCELLED = 7,  /* "cancelled" */
+} tide_proto_job_state_t;
+
+typedef enum tide_proto_placement {
+    TIDE_PLACEMENT_DEFAULT = 0, /* "default": rank order */
+    TIDE_PLACEMENT_OPTIMAL = 1, /* "optimal": minimise planned bytes, TP inside a host */
+} tide_proto_placement_t;
+
+/* ---- shared sub-structures ------------------------------------------------------------ */
+
+/*
+ * A parallel layout, the same shape as reshard/'s tide_layout_t (copy the arrays
+ * across). Wire: map {"gen","dp","tp","pp","layers","micro","stages","workers"}.
+ * Checks: dp, tp, pp in [1, 65536] with dp*tp*pp <= 2^20; layers in
+ * [pp, 2^20]; micro in [1, 65536]; stages has pp + 1 entries, stages[0] = 0,
+ * strictly increasing, stages[pp] = layers; workers has dp*tp*pp entries, each
+ * in [0, INT32_MAX] (uniqueness is reshard's tide_layout_validate's job).
+ */
+typedef struct tide_proto_layout {
+    uint64_t gen; /* generation this layout belongs to */
+    int dp, tp, pp;
+    int num_layers;    /* "layers" */
+    int micro_batches; /* "micro" */
+    int *stage_start;  /* "stages": pp + 1 entries; owned (see tide_msg_clear) */
+    int32_t *worker;   /* "workers": index ((p * dp) + d) * tp + t; owned */
+} tide_proto_layout_t;
+
+/*
+ * One tensor of a job's collection (reshard/'s tide_tensor_desc). Wire: map
+ * {"name","dtype","shape","layer","tp","tp_dim","seg","dp"}. dtype: a
+ * tide_dtype value in [0, 6]; shape: 1..4 entries >= 1; layer: >= -3 (PRE -1,
+ * POST -2, ALL -3) and < the join's num_layers; tp: 0 replicated / 1 split;
+ * tp_dim in [0, ndim) (0 when replicated); seg in [1, 64]; dp: 0 replicated / 1 sharded.
+ */
+typedef struct tide_proto_tensor {
+    char name[TIDE_PROTO_TENSOR_NAME_MAX + 1];
+    int dtype;
+    int ndim;
+    int64_t shape[TIDE_PROTO_DIMS_MAX];
+    int layer;
+    int tp;
+    int tp_dim;
+    int tp_segments; /* "seg" */
+    int dp;
+} tide_proto_tensor_t;
+
+/* ---- worker <-> tided ------------------------------------------------------------------- */
+
+/* "register" worker -> tided: a pool process announces its device. */
+typedef struct tide_proto_register {
+    char pool[TIDE_PROTO_NAME_MAX + 1]; /* "pool": id shared by one mpirun launch */
+    int rank;                           /* "rank": MPI rank, [0, size) */
+    int size;                           /* "size": pool size, [1, 2^20] */
+    char host[TIDE_PROTO_HOST_MAX + 1]; /* "host" */
+    int device;                         /* "device": local index, [0, 1023] */
+    uint64_t mem_bytes;                 /* "mem": device memory, bytes */
+    tide_proto_device_kind_t kind;      /* "kind": "cpu" | "gpu" */
+    int pid;                            /* "pid": [1, INT32_MAX] */
+} tide_proto_register_t;
+
+/* "register_ok" tided -> worker. */
+typedef struct tide_proto_register_ok {
+    int32_t worker;   /* "worker": id assigned by tided */
+    int heartbeat_ms; /* "heartbeat_ms": [10, 600000] */
+} tide_proto_register_ok_t;
+
+/* "heartbeat" worker -> tided, every heartbeat_ms. Durations cover the last interval. */
+typedef struct tide_proto_heartbeat {
+    int32_t worker;   /* "worker" */
+    uint64_t step;    /* "step": training step (0 when no job) */
+    uint64_t gen;     /* "gen": generation the worker runs (0 when none) */
+    double idle_ms;   /* "idle_ms": time with no work at all, ms */
+    double bubble_ms; /* "bubble_ms": pipeline idle windows inside steps, ms */
+    double step_ms;   /* "step_ms": mean step time, ms (0 when no step ran) */
+} tide_proto_heartbeat_t;
+
+/* "bye" worker -> tided: orderly exit, no failure handling. */
+typedef struct tide_proto_bye {
+    int32_t worker; /* "worker" */
+} tide_proto_bye_t;
+
+/*
+ * "join" worker -> tided: the worker runs online job `job` and describes its state.
+ * Every worker of the job sends it; tided creates the job on the first one. tensors may
+ * be empty (tided can then estimate moves only from total_bytes). Requested initial
+ * degrees: dp*tp*pp <= 2^20, pp <= num_layers.
+ */
+typedef struct tide_proto_join {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t total_bytes;              /* "total_bytes": one replica of the state, bytes */
+    int num_layers;                    /* "layers": [1, 2^20] */
+    int dp, tp, pp;                    /* "dp","tp","pp": requested initial layout */
+    int micro_batches;                 /* "micro": [1, 65536] */
+    tide_proto_tensor_t *tensors;      /* "tensors": array of tensor maps; owned */
+    uint32_t n_tensors;                /* <= TIDE_PROTO_TENSORS_MAX */
+} tide_proto_join_t;
+
+/*
+ * "layout" tided -> worker: the job's layout for generation layout.gen, and the
+ * previous generation's layout to reshard from ("prev": nil for a job's first
+ * layout, has_prev = 0; else prev.gen < layout.gen).
+ */
+typedef struct tide_proto_layout_msg {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    tide_proto_layout_t layout;        /* "layout" */
+    int has_prev;
+    tide_proto_layout_t prev; /* "prev": map or nil */
+} tide_proto_layout_msg_t;
+
+/* "prepare" tided -> workers: stop at the proposed step boundary for generation gen. */
+typedef struct tide_proto_prepare {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen": the new generation */
+    uint64_t step;                     /* "step": proposed switch step */
+} tide_proto_prepare_t;
+
+/* "prepare_ack" worker -> tided: where the worker is now (tided takes the max). */
+typedef struct tide_proto_prepare_ack {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen" */
+    uint64_t step;                     /* "step": the worker's current step */
+} tide_proto_prepare_ack_t;
+
+/* "commit" tided -> workers: switch to generation gen after finishing step `step`. */
+typedef struct tide_proto_commit {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen" */
+    uint64_t step;                     /* "step": the agreed switch step */
+} tide_proto_commit_t;
+
+/* "abort" tided -> workers: give up generation gen, keep/restore the old layout. */
+typedef struct tide_proto_abort {
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
+    uint64_t gen;                         /* "gen": the generation abandoned */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
+} tide_proto_abort_t;
+
+/* "done" worker -> tided: the worker finished (or failed) switching to gen. */
+typedef struct tide_proto_done {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen" */
+    int status;                        /* "status": a tide_status, 0 ok, [-1000, 0] */
+    uint64_t bytes_moved;              /* "bytes": bytes this worker sent, bytes */
+    double ms;                         /* "ms": switch duration, ms */
+} tide_proto_done_t;
+
+/* "failure" worker -> tided: the worker hit an error it cannot recover from. */
+typedef struct tide_proto_failure {
+    int32_t worker;                       /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job": "" when none */
+    uint64_t gen;                         /* "gen": 0 when none */
+    int code;                             /* "code": a tide_status, [-1000, 0] */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
+} tide_proto_failure_t;
+
+/*
+ * "offline_assign" tided -> worker: run offline job `job` on this worker. Command jobs
+ * carry argv (1..256 entries, each 1..4095 bytes, no NUL) and an empty plugin; plugin
+ * jobs carry plugin (a name) and argv as its arguments (may be empty).
+ */
+typedef struct tide_proto_offline_assign {
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
+    tide_proto_job_kind_t kind;           /* "kind": "command" | "plugin" */
+    char plugin[TIDE_PROTO_NAME_MAX + 1]; /* "plugin": "" for commands */
+    char **argv;                          /* "argv": owned, each entry owned */
+    uint32_t argc;
+    int priority;     /* "priority": [-1000, 1000], higher first */
+    uint64_t mem_cap; /* "mem_cap": bytes, 0 = no cap */
+    int bubbles;      /* "bubbles": bool, run inside pipeline bubbles */
+    uint32_t attempt; /* "attempt": 1 for the first run */
+} tide_proto_offline_assign_t;
+
+/* "preempt" tided -> worker: stop offline job `job` within grace_ms. */
+typedef struct tide_proto_preempt {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int grace_ms;                      /* "grace_ms": [0, 600000] */
+} tide_proto_preempt_t;
+
+/* "offline_status" worker -> tided. */
+typedef struct tide_proto_offline_status {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    tide_proto_job_state_t state;      /* "state" */
+    int exit_code;                     /* "exit_code": [-255, 255]; -N = killed by signal N */
+    double progress;                   /* "progress": [0, 1] */
+} tide_proto_offline_status_t;
+
+/* "bubble" worker -> tided: summary of pipeline idle windows over `steps` steps. */
+typedef struct tide_proto_bubble {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen" */
+    uint32_t steps;                    /* "steps": steps summarised, >= 1 */
+    uint32_t windows;                  /* "windows": idle windows per step */
+    double total_ms;                   /* "total_ms": idle time in windows, all steps, ms */
+    double mean_ms;                    /* "mean_ms": mean window length, ms */
+    double max_ms;                     /* "max_ms": longest window, ms */
+} tide_proto_bubble_t;
+
+/* ---- tidectl <-> tided --------------------------------------------------------------------- */
+
+/* "status" tidectl -> tided: no fields. "jobs": no fields. */
+
+/* One GPU (worker) row of a status reply. */
+typedef struct tide_proto_gpu_row {
+    int32_t worker;                        /* "worker" */
+    char host[TIDE_PROTO_HOST_MAX + 1];    /* "host" */
+    int device;                            /* "device" */
+    tide_proto_device_kind_t kind;         /* "kind" */
+    tide_proto_worker_state_t state;       /* "state" */
+    uint64_t mem_bytes;                    /* "mem" */
+    char job[TIDE_PROTO_NAME_MAX + 1];     /* "job": online job, "" when none */
+    int stage, dp_rank, tp_rank;           /* "stage","dp_rank","tp_rank": -1 when none */
+    uint64_t step;                         /* "step" */
+    double bubble_pct;                     /* "bubble_pct": [0, 100] */
+    char offline[TIDE_PROTO_NAME_MAX + 1]; /* "offline": offline job, "" when none */
+    int64_t last_seen_ms;                  /* "last_seen_ms": wall clock of last heartbeat */
+} tide_proto_gpu_row_t;
+
+/* "status_reply": "time_ms" (tided's wall clock) and "rows" (array of row maps). */
+typedef struct tide_proto_status_reply {
+    int64_t time_ms;
+    tide_proto_gpu_row_t *rows; /* owned */
+    uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
+} tide_proto_status_reply_t;
+
+/* One job row of a jobs reply. Online-only fields are 0 for offline jobs and vice versa. */
+typedef struct tide_proto_job_row {
+    char name[TIDE_PROTO_NAME_MAX + 1]; /* "name" */
+    tide_proto_job_kind_t kind;         /* "kind" */
+    tide_proto_job_state_t state;       /* "state" */
+    uint64_t gen;                       /* "gen" */
+    int dp, tp, pp;                     /* "dp","tp","pp": [0, 65536] (0 for offline) */
+    uint32_t workers;                   /* "workers": workers held */
+    uint64_t step;                      /* "step" */
+    double throughput;                  /* "throughput": steps/s, >= 0 */
+    int priority;                       /* "priority": [-1000, 1000] */
+    uint32_t attempts;                  /* "attempts" */
+} tide_proto_job_row_t;
+
+/* "jobs_reply": "rows" (array of job row maps). */
+typedef struct tide_proto_jobs_reply {
+    tide_proto_job_row_t *rows; /* owned */
+    uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
+} tide_proto_jobs_reply_t;
+
+/*
+ * "resize" tidectl -> tided. stages: empty (tided splits layers evenly) or pp + 1
+ * boundaries (stages[0] = 0, strictly increasing; tided checks the last = layers).
+ */
+typedef struct tide_proto_resize {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int dp, tp, pp;                    /* "dp","tp","pp" */
+    int *stage_start;                  /* "stages": owned */
+    uint32_t n_stages;                 /* 0 or pp + 1 */
+    int dry_run;                       /* "dry_run": bool */
+    tide_proto_placement_t placement;  /* "placement": "default" | "optimal" */
+} tide_proto_resize_t;
+
+/*
+ * "resize_reply" tided -> tidectl: the planned (dry run) or started resize, with the
+ * reshard plan summary from reshard/'s tide_plan_summary.
+ */
+typedef struct tide_proto_resize_reply {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int dry_run;                       /* "dry_run": bool */
+    tide_proto_layout_t layout;        /* "layout": the new layout (gen = new generation) */
+    uint64_t bytes_sent;               /* "bytes_sent": over the network, bytes */
+    uint64_t bytes_local;              /* "bytes_local": copied on-device, bytes */
+    uint64_t max_send;                 /* "max_send": largest per-worker send, bytes */
+    uint64_t messages;                 /* "messages": (src, dst) pairs */
+    double est_ms;                     /* "est_ms": estimated switch time, ms */
+    uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
+} tide_proto_resize_reply_t;
+
+/* "submit" tidectl -> tided: queue an offline job (same argv/plugin rules as assign). */
+typedef struct tide_proto_submit {
+    char name[TIDE_PROTO_NAME_MAX + 1];   /* "name" */
+    tide_proto_job_kind_t kind;           /* "kind": "command" | "plugin" */
+    char plugin[TIDE_PROTO_NAME_MAX + 1]; /* "plugin" */
+    char **argv;                          /* "argv": owned */
+    uint32_t argc;
+    int priority;     /* "priority": [-1000, 1000] */
+    uint64_t mem_cap; /* "mem_cap": bytes, 0 = no cap */
+    int bubbles;      /* "bubbles": bool */
+} tide_proto_submit_t;
+
+/* "cancel" tidectl -> tided: cancel a job (offline: stop it; online: refused by policy). */
+typedef struct tide_proto_cancel {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+} tide_proto_cancel_t;
+
+/* "drain" tidectl -> tided: move work off a worker and give it no more. */
+typedef struct tide_proto_drain {
+    int32_t worker; /* "worker" */
+} tide_proto_drain_t;
+
+/* "events" tidectl -> tided: events with id > since_id and time >= since_ms, oldest first. */
+typedef struct tide_proto_events {
+    uint64_t since_id; /* "since_id" */
+    int64_t since_ms;  /* "since_ms": >= 0 */
+    uint32_t limit;    /* "limit": [1, 10000] */
+} tide_proto_events_t;
+
+typedef struct tide_proto_event_row {
+    uint64_t id;                          /* "id": increasing */
+    int64_t time_ms;                      /* "time_ms" */
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job": "" for cluster events */
+    char kind[TIDE_PROTO_NAME_MAX + 1];   /* "kind": like a job name ("resize", "worker_failed") */
+    char detail[TIDE_PROTO_TEXT_MAX + 1]; /* "detail" */
+} tide_proto_event_row_t;
+
+/* "events_reply": "rows" (array of event row maps). */
+typedef struct tide_proto_events_reply {
+    tide_proto_event_row_t *rows; /* owned */
+    uint32_t n_rows;              /* <= TIDE_PROTO_EVENTS_MAX */
+} tide_proto_events_reply_t;
+
+/* "ok" tided -> anyone: a request succeeded. */
+typedef struct tide_proto_ok {
+    char job[TIDE_PROTO_NAME_MAX + 1];     /* "job": the job concerned, "" when none */
+    char message[TIDE_PROTO_TEXT_MAX + 1]; /* "message": for humans, may be "" */
+} tide_proto_ok_t;
+
+/* "error" tided -> anyone: a request was refused. */
+typedef struct tide_proto_error {
+    int code;                              /* "code": a tide_status, [-1000, -1] */
+    char message[TIDE_PROTO_TEXT_MAX + 1]; /* "message": says what to do */
+} tide_proto_error_t;
+
+/* ---- the tagged union ---------------------------------------------------------------------- */
+
+/* X(ENUM, "wire name", union member or none) -- the message catalogue. */
+#define TIDE_MSG_TYPE_MAP(X)                                                                       \
+    X(REGISTER, "register", reg)                                                                   \
+    X(REGISTER_OK, "register_ok", register_ok)                                                     \
+    X(HEARTBEAT, "heartbeat", heartbeat)                                                           \
+    X(BYE, "bye", bye)                                                                             \
+    X(JOIN, "join", join)                                                                          \
+    X(LAYOUT, "layout", layout)                                                                    \
+    X(PREPARE, "prepare", prepare)                                                                 \
+    X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
+    X(COMMIT, "commit", commit)                                                                    \
+    X(ABORT, "abort", abort_)                                                                      \
+    X(DONE, "done", done)                                                                          \
+    X(FAILURE, "failure", failure)                                                                 \
+    X(OFFLINE_ASSIGN, "offline_assign", offline_assign)                                            \
+    X(PREEMPT, "preempt", preempt)                                                                 \
+    X(OFFLINE_STATUS, "offline_status", offline_status)                                            \
+    X(BUBBLE, "bubble", bubble)                                                                    \
+    X(STATUS, "status", status)                                                                    \
+    X(STATUS_REPLY, "status_reply", status_reply)                                                  \
+    X(JOBS, "jobs", jobs)                                                                          \
+    X(JOBS_REPLY, "jobs_reply", jobs_reply)                                                        \
+    X(RESIZE, "resize", resize)                                                                    \
+    X(RESIZE_REPLY, "resize_reply", resize_reply)                                                  \
+    X(SUBMIT, "submit", submit)                                                                    \
+    X(CANCEL, "cancel", cancel)                                                                    \
+    X(DRAIN, "drain", drain)                                                                       \
+    X(EVENTS, "events", events)                                                                    \
+    X(EVENTS_REPLY, "events_reply", events_reply)                                                  \
+    X(OK, "ok", ok)                                                                                \
+    X(ERROR, "error", error)
+
+typedef enum tide_msg_type {
+    TIDE_MSG_NONE = 0, /* a cleared message; never on the wire */
+#define TIDE__MSG_ENUM(e, name, member) TIDE_MSG_##e,
+    TIDE_MSG_TYPE_MAP(TIDE__MSG_ENUM)
+#undef TIDE__MSG_ENUM
+        TIDE_MSG__COUNT
+} tide_msg_type_t;
+
+/* Who may send a message type: tided enforces it against the sender's key role. */
+typedef enum tide_msg_role {
+    TIDE_ROLE_COORDINATOR = 0, /* only tided sends it (replies, layout, prepare, ...) */
+    TIDE_ROLE_WORKER = 1,      /* a worker key may send it (register and reports) */
+    TIDE_ROLE_ADMIN = 2,       /* an admin key may send it (tidectl requests) */
+} tide_msg_role_t;
+
+/* An empty struct for the field-less requests (status, jobs). */
+typedef struct tide_proto_empty {
+    char unused_;
+} tide_proto_empty_t;
+
+/*
+ * One message. Arrays inside are owned by the message once decoded: tide_msg_clear
+ * frees them with tide_free. A message built by hand for encoding may point at the
+ * caller's arrays; then the caller must not tide_msg_clear it (or must have allocated
+ * those arrays with tide_malloc/tide_strdup).
+ */
+typedef struct tide_msg {
+    tide_msg_type_t type;
+    union {
+        tide_proto_register_t reg;
+        tide_proto_register_ok_t register_ok;
+        tide_proto_heartbeat_t heartbeat;
+        tide_proto_bye_t bye;
+        tide_proto_join_t join;
+        tide_proto_layout_msg_t layout;
+        tide_proto_prepare_t prepare;
+        tide_proto_prepare_ack_t prepare_ack;
+        tide_proto_commit_t commit;
+        tide_proto_abort_t abort_;
+        tide_proto_done_t done;
+        tide_proto_failure_t failure;
+        tide_proto_offline_assign_t offline_assign;
+        tide_proto_preempt_t preempt;
+        tide_proto_offline_status_t offline_status;
+        tide_proto_bubble_t bubble;
+        tide_proto_empty_t status;
+        tide_proto_status_reply_t status_reply;
+        tide_proto_empty_t jobs;
+        tide_proto_jobs_reply_t jobs_reply;
+        tide_proto_resize_t resize;
+        tide_proto_resize_reply_t resize_reply;
+        tide_proto_submit_t submit;
+        tide_proto_cancel_t cancel;
+        tide_proto_drain_t drain;
+        tide_proto_events_t events;
+        tide_proto_events_reply_t events_reply;
+        tide_proto_ok_t ok;
+        tide_proto_error_t error;
+    } u;
+} tide_msg_t;
+
+/* ---- byte buffer (caller-owned storage, msgpack sbuffer style) ------------------------------ */
+
+typedef struct tide_proto_buf {
+    uint8_t *data; /* len valid bytes; owned; grown with tide_realloc */
+    size_t len;
+    size_t cap;
+} tide_proto_buf_t;
+
+/* Makes buf empty with no storage; never fails. */
+void tide_proto_buf_init(tide_proto_buf_t *buf);
+
+/* Frees buf's storage and re-inits it; safe on an inited or destroyed buf. */
+void tide_proto_buf_destroy(tide_proto_buf_t *buf);
+
+/* Hands buf's bytes to the caller (free with tide_free) and re-inits buf. */
+uint8_t *tide_proto_buf_release(tide_proto_buf_t *buf, size_t *len);
+
+/* ---- messages ----------------------------------------------------------------------------- */
+
+/* Zeroes msg and sets its type; never fails; msg owns nothing afterwards. */
+void tide_msg_init(tide_msg_t *msg, tide_msg_type_t type);
+
+/* Frees every array msg owns (tide_free) and re-inits it as TIDE_MSG_NONE; NULL is fine. */
+void tide_msg_clear(tide_msg_t *msg);
+
+/* Static wire name of type ("heartbeat"), "?" when out of range; any thread. */
+const char *tide_msg_type_name(tide_msg_type_t type);
+
+/* Parses a wire name into *out; TIDE_ERR_NOT_FOUND when unknown; any thread. */
+tide_status tide_msg_type_parse(const char *name, tide_msg_type_t *out);
+
+/* Who may send type; tided checks a request's role before acting on it. */
+tide_msg_role_t tide_msg_type_role(tide_msg_type_t type);
+
+/*
+ * Checks msg against every rule decode enforces (ranges, lengths, array sizes,
+ * layout shape). TIDE_ERR_INVALID with a detail like decode's; any thread.
+ */
+tide_status tide_msg_validate(const tide_msg_t *msg);
+
+/*
+ * Encodes msg into buf: buf's previous contents are replaced by exactly one
+ * message. Validates first (TIDE_ERR_INVALID + detail, buf emptied). Allocation
+ * failure: TIDE_ERR_NOMEM. Never blocks; any thread on distinct bufs.
+ */
+tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf);
+
+/*
+ * Decodes exactly one message from data[0, len) into *out (which need not be
+ * initialised; any previous content is NOT freed). On success the caller owns
+ * out's arrays (tide_msg_clear). On failure *out holds nothing to free
+ * (TIDE_MSG_NONE) and the detail says what was wrong: TIDE_ERR_PROTOCOL for bad
+ * input, TIDE_ERR_NOMEM for allocation failure. Any thread.
+ */
+tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out);
+
+/*
+ * Fills *out with a random valid message of `type` (every field set, arrays small,
+ * values often at their limits), drawing from the xorshift state *rng (any nonzero
+ * value; advanced). For property tests, fuzz seed corpora and load generators. The
+ * message owns its arrays: tide_msg_clear it. TIDE_ERR_NOMEM on allocation failure
+ * (out cleared); TIDE_ERR_INVALID for TIDE_MSG_NONE or an unknown type.
+ */
+tide_status tide_proto_sample(tide_msg_t *out, tide_msg_type_t type, uint64_t *rng);
+
+/* ---- enum names (wire strings), "?" when out of range ------------------------------------- */
+
+const char *tide_proto_device_kind_name(tide_proto_device_kind_t v);
+const char *tide_proto_worker_state_name(tide_proto_worker_state_t v);
+const char *tide_proto_job_kind_name(tide_proto_job_kind_t v);
+const char *tide_proto_job_state_name(tide_proto_job_state_t v);
+const char *tide_proto_placement_name(tide_proto_placement_t v);
+
+/* Parses the wire strings above; TIDE_ERR_NOT_FOUND when unknown; any thread. */
+tide_status tide_proto_placement_parse(const char *s, tide_proto_placement_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_PROTO_H */

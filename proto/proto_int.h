@@ -1,0 +1,120 @@
+/*
+ * proto internals: the message catalogue as data. Each message type has a
+ * schema (a table of fields: wire key, kind, offset in its C struct, range);
+ * encode, decode, validate and free all walk the same tables, so the wire
+ * format, the checks and the ownership rules cannot drift apart.
+ */
+#ifndef TIDE_PROTO_INT_H
+#define TIDE_PROTO_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "proto/proto.h"
+
+typedef enum tide__kind {
+    TIDE__K_INT,          /* integer stored in 4 or 8 bytes, signed or not: [min, max] */
+    TIDE__K_DOUBLE,       /* double, finite, [dmin, dmax] */
+    TIDE__K_BOOL,         /* int 0/1 */
+    TIDE__K_STR,          /* char[size], length [min, size - 1], charset */
+    TIDE__K_ENUM,         /* int enum value, wire: one of names[] */
+    TIDE__K_I32_ARRAY,    /* int32 *: owned; count at count_off, or implied by expect() */
+    TIDE__K_I64_FIXED,    /* int64[size] inline; count (int) at count_off in [cmin, cmax] */
+    TIDE__K_STR_ARRAY,    /* char **: owned entries of length [min, size]; count at count_off */
+    TIDE__K_STRUCT,       /* inline sub-struct (map); F_NULLABLE: nil allowed, has at has_off */
+    TIDE__K_STRUCT_ARRAY, /* sub-struct array: owned; count at count_off in [cmin, cmax] */
+} tide__kind;
+
+enum {
+    TIDE__CS_NAME = 0, /* [A-Za-z0-9._:-] */
+    TIDE__CS_HOST = 1, /* printable ASCII without space */
+    TIDE__CS_TEXT = 2, /* any byte but NUL */
+};
+
+#define TIDE__F_UNSIGNED 1u
+#define TIDE__F_NULLABLE 2u
+#define TIDE__NO_OFF     ((size_t)-1)
+
+typedef struct tide__ctx tide__ctx;
+typedef struct tide__schema tide__schema;
+typedef struct tide__field tide__field;
+
+struct tide__field {
+    const char *key;
+    tide__kind kind;
+    unsigned flags;
+    size_t off;
+    size_t size;  /* INT: 4/8 bytes; STR: array size; STR_ARRAY: max entry length; I64_FIXED: cap */
+    int64_t min;  /* INT / array elements: lower bound; STR / STR_ARRAY entries: min length */
+    uint64_t max; /* INT / array elements: upper bound */
+    double dmin, dmax;
+    const char *const *names; /* ENUM: wire names indexed by value */
+    int n_names;
+    int charset;
+    size_t count_off;    /* uint32/int count, or NO_OFF */
+    uint32_t cmin, cmax; /* array count bounds */
+    tide_status (*expect)(const void *base, tide__ctx *c, uint32_t *n); /* implied count */
+    const tide__schema *sub;                                            /* STRUCT, STRUCT_ARRAY */
+    size_t has_off; /* STRUCT + F_NULLABLE: int has */
+};
+
+struct tide__schema {
+    const tide__field *fields;
+    size_t n_fields;
+    size_t size; /* sizeof the C struct (array elements) */
+    int owns;    /* 1 when the struct (or a sub-struct) holds owned pointers */
+    tide_status (*check)(const void *base, tide__ctx *c); /* cross-field rules, or NULL */
+};
+
+/* Error context: which message, which nested field, which status to fail with. */
+struct tide__ctx {
+    tide_status code; /* TIDE_ERR_PROTOCOL decoding, TIDE_ERR_INVALID encoding */
+    const char *msg;  /* wire type name */
+    char path[96];    /* prefix of the current nested field: "rows[3]." */
+};
+
+/* Per-type schema (NULL for TIDE_MSG_NONE); type in [0, TIDE_MSG__COUNT). */
+const tide__schema *tide__msg_schema(tide_msg_type_t type);
+
+/* Formats "<msg>: <text>" with ctx->code; returns ctx->code. */
+tide_status tide__fail(tide__ctx *c, const char *fmt, ...) TIDE_PRINTF(2, 3);
+
+/* "field 'rows[3].host'" text for key under the context's path, into buf. */
+const char *tide__field_name(const tide__ctx *c, const char *key, char *buf, size_t len);
+
+/* Range check shared by decode and validate: value is (neg ? i : u). */
+int tide__int_in_range(const tide__field *f, int neg, int64_t i, uint64_t u);
+
+/* "a non-negative integer" / "an integer in [1, 65536]" into buf. */
+const char *tide__int_expect(const tide__field *f, char *buf, size_t len);
+
+/* Stores an in-range integer into the field at base + f->off (by size and sign). */
+void tide__int_store(const tide__field *f, void *base, int neg, int64_t i, uint64_t u);
+
+/* Checks bytes [0, n) against a charset and length rules; 0 ok, else fails via c. */
+tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, size_t n,
+                            size_t max_len, const char *key);
+
+/* Runs the schema's field checks on stored values (encode side) and its check(). */
+tide_status tide__validate_struct(const tide__schema *s, const void *base, tide__ctx *c);
+
+/* Frees what the struct owns; pointers become NULL and counts 0. */
+void tide__free_struct(const tide__schema *s, void *base);
+
+/* Loads a uint32 array count stored at base + off. */
+static inline uint32_t tide__load_count(const void *base, size_t off)
+{
+    uint32_t n;
+    memcpy(&n, (const char *)base + off, sizeof n);
+    return n;
+}
+
+/* Stores a uint32 array count at base + off (the field may be an int: same size). */
+static inline void tide__store_count(void *base, size_t off, uint32_t n)
+{
+    memcpy((char *)base + off, &n, sizeof n);
+}
+
+#endif /* TIDE_PROTO_INT_H */

@@ -1,0 +1,448 @@
+/*
+ * proto: random valid messages for property tests, fuzz seed corpora and load
+ * generators. Every struct field is set explicitly (not through the schema
+ * tables), so a round trip through encode/decode checks the tables too.
+ * Values hit their limits often (0, maxima, longest strings) because that is
+ * where encoders and decoders break. Arrays stay small to keep tests fast.
+ */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "proto/proto.h"
+
+typedef struct rng {
+    uint64_t *s;
+} rng_t;
+
+static uint64_t next(rng_t *r)
+{
+    uint64_t x = *r->s ? *r->s : 0x9e3779b97f4a7c15ull;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *r->s = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+/* Uniform-ish in [lo, hi], with lo and hi themselves one time in four. */
+static uint64_t urange(rng_t *r, uint64_t lo, uint64_t hi)
+{
+    uint64_t k = next(r);
+    if ((k & 7) == 0)
+        return lo;
+    if ((k & 7) == 1)
+        return hi;
+    uint64_t span = hi - lo;
+    if (span == UINT64_MAX)
+        return next(r);
+    return lo + next(r) % (span + 1);
+}
+
+static int64_t irange(rng_t *r, int64_t lo, int64_t hi)
+{
+    return (int64_t)((uint64_t)lo + urange(r, 0, (uint64_t)hi - (uint64_t)lo));
+}
+
+static double drange(rng_t *r, double lo, double hi)
+{
+    uint64_t k = next(r) & 7;
+    if (k == 0)
+        return lo;
+    if (k == 1)
+        return hi;
+    return lo + (hi - lo) * ((double)(next(r) >> 11) / 9007199254740992.0);
+}
+
+static const char name_chars[] =
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:";
+
+/* Random string into dst (capacity cap incl. NUL), length [minlen, maxlen]. */
+static void rstr(rng_t *r, char *dst, size_t minlen, size_t maxlen, int cls)
+{
+    size_t n = (size_t)urange(r, minlen, maxlen);
+    for (size_t i = 0; i < n; i++) {
+        if (cls == 0)
+            dst[i] = name_chars[next(r) % (sizeof name_chars - 1)];
+        else if (cls == 1)
+            dst[i] = (char)(0x21 + next(r) % 94); /* printable, no space */
+        else
+            dst[i] = (char)(1 + next(r) % 255); /* any byte but NUL */
+    }
+    dst[n] = '\0';
+}
+
+#define NAME(r, dst)  rstr(r, dst, 1, TIDE_PROTO_NAME_MAX, 0)
+#define NAME0(r, dst) rstr(r, dst, 0, TIDE_PROTO_NAME_MAX, 0)
+#define HOST(r, dst)  rstr(r, dst, 1, TIDE_PROTO_HOST_MAX, 1)
+#define TEXT(r, dst)  rstr(r, dst, 0, TIDE_PROTO_TEXT_MAX, 2)
+
+static int32_t worker_id(rng_t *r)
+{
+    return (int32_t)urange(r, 0, INT32_MAX);
+}
+
+/* A layout of at most 64 workers with random uneven stages. */
+static tide_status layout(rng_t *r, tide_proto_layout_t *l, uint64_t gen)
+{
+    l->gen = gen;
+    l->dp = (int)urange(r, 1, 4);
+    l->tp = (int)urange(r, 1, 4);
+    l->pp = (int)urange(r, 1, 4);
+    l->num_layers = l->pp + (int)urange(r, 0, 20);
+    l->micro_batches = (int)urange(r, 1, TIDE_PROTO_MICRO_MAX);
+    size_t n = (size_t)l->dp * (size_t)l->tp * (size_t)l->pp;
+    l->stage_start = tide_malloc(((size_t)l->pp + 1) * sizeof(int));
+    l->worker = tide_malloc(n * sizeof(int32_t));
+    if (l->stage_start == NULL || l->worker == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling a layout");
+    /* every stage gets one layer, the extra layers go to random stages */
+    int extra = l->num_layers - l->pp;
+    l->stage_start[0] = 0;
+    for (int s = 1; s <= l->pp; s++) {
+        int take = s == l->pp ? extra : (int)urange(r, 0, (uint64_t)extra);
+        extra -= take;
+        l->stage_start[s] = l->stage_start[s - 1] + 1 + take;
+    }
+    for (size_t i = 0; i < n; i++)
+        l->worker[i] = (next(r) & 1) ? (int32_t)i : worker_id(r);
+    return TIDE_OK;
+}
+
+static tide_status argv_fill(rng_t *r, char ***argv, uint32_t *argc, uint32_t min)
+{
+    uint32_t n = (uint32_t)urange(r, min, 5);
+    *argc = 0;
+    *argv = n ? tide_calloc(n, sizeof(char *)) : NULL;
+    if (n && *argv == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling argv");
+    *argc = n;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = (size_t)urange(r, 0, (next(r) & 15) == 0 ? TIDE_PROTO_ARG_MAX : 16);
+        (*argv)[i] = tide_malloc(len + 1);
+        if ((*argv)[i] == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling argv");
+        rstr(r, (*argv)[i], len, len, 2);
+    }
+    return TIDE_OK;
+}
+
+static void *rows(size_t n, size_t size)
+{
+    return n ? tide_calloc(n, size) : NULL;
+}
+
+static tide_status fill(rng_t *r, tide_msg_t *m)
+{
+    switch (m->type) {
+    case TIDE_MSG_REGISTER: {
+        tide_proto_register_t *x = &m->u.reg;
+        NAME(r, x->pool);
+        x->size = (int)urange(r, 1, TIDE_PROTO_WORKERS_MAX);
+        x->rank = (int)urange(r, 0, (uint64_t)x->size - 1);
+        HOST(r, x->host);
+        x->device = (int)urange(r, 0, TIDE_PROTO_DEVICE_MAX);
+        x->mem_bytes = urange(r, 0, UINT64_MAX);
+        x->kind = (tide_proto_device_kind_t)urange(r, 0, 1);
+        x->pid = (int)urange(r, 1, INT32_MAX);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_REGISTER_OK:
+        m->u.register_ok.worker = worker_id(r);
+        m->u.register_ok.heartbeat_ms = (int)urange(r, 10, 600000);
+        return TIDE_OK;
+    case TIDE_MSG_HEARTBEAT: {
+        tide_proto_heartbeat_t *x = &m->u.heartbeat;
+        x->worker = worker_id(r);
+        x->step = urange(r, 0, UINT64_MAX);
+        x->gen = urange(r, 0, UINT64_MAX);
+        x->idle_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
+        x->bubble_ms = drange(r, 0, 1000);
+        x->step_ms = drange(r, 0, 1e4);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_BYE:
+        m->u.bye.worker = worker_id(r);
+        return TIDE_OK;
+    case TIDE_MSG_JOIN: {
+        tide_proto_join_t *x = &m->u.join;
+        x->worker = worker_id(r);
+        NAME(r, x->job);
+        x->total_bytes = urange(r, 0, UINT64_MAX);
+        x->num_layers = (int)urange(r, 4, TIDE_PROTO_LAYERS_MAX);
+        x->dp = (int)urange(r, 1, 8);
+        x->tp = (int)urange(r, 1, 8);
+        x->pp = (int)urange(r, 1, 4);
+        x->micro_batches = (int)urange(r, 1, TIDE_PROTO_MICRO_MAX);
+        uint32_t n = (uint32_t)urange(r, 0, 6);
+        x->tensors = rows(n, sizeof *x->tensors);
+        if (n && x->tensors == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling tensors");
+        x->n_tensors = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_tensor_t *t = &x->tensors[i];
+            rstr(r, t->name, 1, TIDE_PROTO_TENSOR_NAME_MAX, 1);
+            t->dtype = (int)urange(r, 0, 6);
+            t->ndim = (int)urange(r, 1, TIDE_PROTO_DIMS_MAX);
+            for (int d = 0; d < t->ndim; d++)
+                t->shape[d] = irange(r, 1, INT64_MAX);
+            t->layer = (int)irange(r, -3, x->num_layers - 1);
+            t->tp = (int)urange(r, 0, 1);
+            t->tp_dim = (int)urange(r, 0, (uint64_t)t->ndim - 1);
+            t->tp_segments = (int)urange(r, 1, 64);
+            t->dp = (int)urange(r, 0, 1);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_LAYOUT: {
+        tide_proto_layout_msg_t *x = &m->u.layout;
+        NAME(r, x->job);
+        uint64_t gen = urange(r, 1, UINT64_MAX);
+        TIDE_CHECK(layout(r, &x->layout, gen));
+        x->has_prev = (int)(next(r) & 1);
+        if (x->has_prev) {
+            TIDE_CHECK(layout(r, &x->prev, urange(r, 0, gen - 1)));
+            /* the same model: adopt the new layout's layer count, re-spread the stages */
+            x->prev.num_layers = x->layout.num_layers;
+            if (x->prev.pp > x->prev.num_layers)
+                x->prev.pp = x->prev.num_layers; /* still <= 4 entries allocated */
+            for (int s = 0; s < x->prev.pp; s++)
+                x->prev.stage_start[s] = s;
+            x->prev.stage_start[x->prev.pp] = x->prev.num_layers;
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_PREPARE:
+        NAME(r, m->u.prepare.job);
+        m->u.prepare.gen = urange(r, 0, UINT64_MAX);
+        m->u.prepare.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_PREPARE_ACK:
+        m->u.prepare_ack.worker = worker_id(r);
+        NAME(r, m->u.prepare_ack.job);
+        m->u.prepare_ack.gen = urange(r, 0, UINT64_MAX);
+        m->u.prepare_ack.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_COMMIT:
+        NAME(r, m->u.commit.job);
+        m->u.commit.gen = urange(r, 0, UINT64_MAX);
+        m->u.commit.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_ABORT:
+        NAME(r, m->u.abort_.job);
+        m->u.abort_.gen = urange(r, 0, UINT64_MAX);
+        TEXT(r, m->u.abort_.reason);
+        return TIDE_OK;
+    case TIDE_MSG_DONE: {
+        tide_proto_done_t *x = &m->u.done;
+        x->worker = worker_id(r);
+        NAME(r, x->job);
+        x->gen = urange(r, 0, UINT64_MAX);
+        x->status = (int)irange(r, -1000, 0);
+        x->bytes_moved = urange(r, 0, UINT64_MAX);
+        x->ms = drange(r, 0, TIDE_PROTO_MS_MAX);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_FAILURE: {
+        tide_proto_failure_t *x = &m->u.failure;
+        x->worker = worker_id(r);
+        NAME0(r, x->job);
+        x->gen = urange(r, 0, UINT64_MAX);
+        x->code = (int)irange(r, -1000, 0);
+        TEXT(r, x->reason);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_OFFLINE_ASSIGN: {
+        tide_proto_offline_assign_t *x = &m->u.offline_assign;
+        NAME(r, x->job);
+        x->kind = (next(r) & 1) ? TIDE_JOB_COMMAND : TIDE_JOB_PLUGIN;
+        if (x->kind == TIDE_JOB_PLUGIN)
+            NAME(r, x->plugin);
+        TIDE_CHECK(argv_fill(r, &x->argv, &x->argc, x->kind == TIDE_JOB_COMMAND ? 1 : 0));
+        x->priority = (int)irange(r, -1000, 1000);
+        x->mem_cap = urange(r, 0, UINT64_MAX);
+        x->bubbles = (int)(next(r) & 1);
+        x->attempt = (uint32_t)urange(r, 1, UINT32_MAX);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_PREEMPT:
+        NAME(r, m->u.preempt.job);
+        m->u.preempt.grace_ms = (int)urange(r, 0, 600000);
+        return TIDE_OK;
+    case TIDE_MSG_OFFLINE_STATUS: {
+        tide_proto_offline_status_t *x = &m->u.offline_status;
+        x->worker = worker_id(r);
+        NAME(r, x->job);
+        x->state = (tide_proto_job_state_t)urange(r, 0, TIDE_JOB_CANCELLED);
+        x->exit_code = (int)irange(r, -255, 255);
+        x->progress = drange(r, 0, 1);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_BUBBLE: {
+        tide_proto_bubble_t *x = &m->u.bubble;
+        x->worker = worker_id(r);
+        NAME(r, x->job);
+        x->gen = urange(r, 0, UINT64_MAX);
+        x->steps = (uint32_t)urange(r, 1, UINT32_MAX);
+        x->windows = (uint32_t)urange(r, 0, UINT32_MAX);
+        x->total_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
+        x->mean_ms = drange(r, 0, 100);
+        x->max_ms = drange(r, 0, 1000);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_STATUS:
+    case TIDE_MSG_JOBS:
+        return TIDE_OK;
+    case TIDE_MSG_STATUS_REPLY: {
+        tide_proto_status_reply_t *x = &m->u.status_reply;
+        x->time_ms = irange(r, 0, INT64_MAX);
+        uint32_t n = (uint32_t)urange(r, 0, 8);
+        x->rows = rows(n, sizeof *x->rows);
+        if (n && x->rows == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling rows");
+        x->n_rows = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_gpu_row_t *g = &x->rows[i];
+            g->worker = worker_id(r);
+            HOST(r, g->host);
+            g->device = (int)urange(r, 0, TIDE_PROTO_DEVICE_MAX);
+            g->kind = (tide_proto_device_kind_t)urange(r, 0, 1);
+            g->state = (tide_proto_worker_state_t)urange(r, 0, TIDE_WORKER_DRAINING);
+            g->mem_bytes = urange(r, 0, UINT64_MAX);
+            NAME0(r, g->job);
+            g->stage = (int)irange(r, -1, TIDE_PROTO_DEGREE_MAX - 1);
+            g->dp_rank = (int)irange(r, -1, TIDE_PROTO_DEGREE_MAX - 1);
+            g->tp_rank = (int)irange(r, -1, TIDE_PROTO_DEGREE_MAX - 1);
+            g->step = urange(r, 0, UINT64_MAX);
+            g->bubble_pct = drange(r, 0, 100);
+            NAME0(r, g->offline);
+            g->last_seen_ms = irange(r, 0, INT64_MAX);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_JOBS_REPLY: {
+        tide_proto_jobs_reply_t *x = &m->u.jobs_reply;
+        uint32_t n = (uint32_t)urange(r, 0, 8);
+        x->rows = rows(n, sizeof *x->rows);
+        if (n && x->rows == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling rows");
+        x->n_rows = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_job_row_t *j = &x->rows[i];
+            NAME(r, j->name);
+            j->kind = (tide_proto_job_kind_t)urange(r, 0, TIDE_JOB_PLUGIN);
+            j->state = (tide_proto_job_state_t)urange(r, 0, TIDE_JOB_CANCELLED);
+            j->gen = urange(r, 0, UINT64_MAX);
+            j->dp = (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX);
+            j->tp = (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX);
+            j->pp = (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX);
+            j->workers = (uint32_t)urange(r, 0, TIDE_PROTO_WORKERS_MAX);
+            j->step = urange(r, 0, UINT64_MAX);
+            j->throughput = drange(r, 0, 1e6);
+            j->priority = (int)irange(r, -1000, 1000);
+            j->attempts = (uint32_t)urange(r, 0, UINT32_MAX);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_RESIZE: {
+        tide_proto_resize_t *x = &m->u.resize;
+        NAME(r, x->job);
+        x->dp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+        x->tp = (int)urange(r, 1, 16);
+        x->pp = (int)urange(r, 1, 8);
+        while ((uint64_t)x->dp * (uint64_t)x->tp * (uint64_t)x->pp > TIDE_PROTO_WORKERS_MAX)
+            x->dp /= 2;
+        if (next(r) & 1) {
+            x->n_stages = (uint32_t)x->pp + 1;
+            x->stage_start = tide_malloc(x->n_stages * sizeof(int));
+            if (x->stage_start == NULL) {
+                x->n_stages = 0;
+                return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling stages");
+            }
+            x->stage_start[0] = 0;
+            for (uint32_t s = 1; s < x->n_stages; s++)
+                x->stage_start[s] = x->stage_start[s - 1] + 1 + (int)urange(r, 0, 10);
+        }
+        x->dry_run = (int)(next(r) & 1);
+        x->placement = (tide_proto_placement_t)urange(r, 0, 1);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_RESIZE_REPLY: {
+        tide_proto_resize_reply_t *x = &m->u.resize_reply;
+        NAME(r, x->job);
+        x->dry_run = (int)(next(r) & 1);
+        TIDE_CHECK(layout(r, &x->layout, urange(r, 0, UINT64_MAX)));
+        x->bytes_sent = urange(r, 0, UINT64_MAX);
+        x->bytes_local = urange(r, 0, UINT64_MAX);
+        x->max_send = urange(r, 0, UINT64_MAX);
+        x->messages = urange(r, 0, UINT64_MAX);
+        x->est_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
+        x->preempted = (uint32_t)urange(r, 0, UINT32_MAX);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_SUBMIT: {
+        tide_proto_submit_t *x = &m->u.submit;
+        NAME(r, x->name);
+        x->kind = (next(r) & 1) ? TIDE_JOB_COMMAND : TIDE_JOB_PLUGIN;
+        if (x->kind == TIDE_JOB_PLUGIN)
+            NAME(r, x->plugin);
+        TIDE_CHECK(argv_fill(r, &x->argv, &x->argc, x->kind == TIDE_JOB_COMMAND ? 1 : 0));
+        x->priority = (int)irange(r, -1000, 1000);
+        x->mem_cap = urange(r, 0, UINT64_MAX);
+        x->bubbles = (int)(next(r) & 1);
+        return TIDE_OK;
+    }
+    case TIDE_MSG_CANCEL:
+        NAME(r, m->u.cancel.job);
+        return TIDE_OK;
+    case TIDE_MSG_DRAIN:
+        m->u.drain.worker = worker_id(r);
+        return TIDE_OK;
+    case TIDE_MSG_EVENTS:
+        m->u.events.since_id = urange(r, 0, UINT64_MAX);
+        m->u.events.since_ms = irange(r, 0, INT64_MAX);
+        m->u.events.limit = (uint32_t)urange(r, 1, TIDE_PROTO_EVENTS_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_EVENTS_REPLY: {
+        tide_proto_events_reply_t *x = &m->u.events_reply;
+        uint32_t n = (uint32_t)urange(r, 0, 8);
+        x->rows = rows(n, sizeof *x->rows);
+        if (n && x->rows == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling rows");
+        x->n_rows = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_event_row_t *e = &x->rows[i];
+            e->id = urange(r, 0, UINT64_MAX);
+            e->time_ms = irange(r, 0, INT64_MAX);
+            NAME0(r, e->job);
+            NAME(r, e->kind);
+            TEXT(r, e->detail);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_OK:
+        NAME0(r, m->u.ok.job);
+        TEXT(r, m->u.ok.message);
+        return TIDE_OK;
+    case TIDE_MSG_ERROR:
+        m->u.error.code = (int)irange(r, -1000, -1);
+        TEXT(r, m->u.error.message);
+        return TIDE_OK;
+    default:
+        return tide_errorf(TIDE_ERR_INVALID, "cannot sample message type %d", (int)m->type);
+    }
+}
+
+tide_status tide_proto_sample(tide_msg_t *out, tide_msg_type_t type, uint64_t *rng)
+{
+    rng_t r = {rng};
+    tide_msg_init(out, type);
+    if ((int)type <= (int)TIDE_MSG_NONE || (int)type >= (int)TIDE_MSG__COUNT) {
+        tide_msg_init(out, TIDE_MSG_NONE);
+        return tide_errorf(TIDE_ERR_INVALID, "cannot sample message type %d", (int)type);
+    }
+    tide_status rc = fill(&r, out);
+    if (rc != TIDE_OK)
+        tide_msg_clear(out);
+    return rc;
+}

@@ -1,0 +1,16 @@
+# proto/: message round trips, every refusal class, allocation-failure injection.
+tide_add_unit_test(test_proto SOURCES test_proto.c LIBS tide_proto TIMEOUT 60)
+# Criterion runs each test in a child whose LeakSanitizer exit code it ignores, so a
+# leak report alone would pass: fail on the report text instead.
+set_tests_properties(test_proto PROPERTIES FAIL_REGULAR_EXPRESSION
+                     "ERROR: (Address|Leak)Sanitizer|runtime error:")
+
+# tidectl (coordinator/tidectl.c, owned with proto): parsing, formatting and the whole CLI
+# against a fake tided; the file is compiled in directly without its main().
+if(EXISTS ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c)
+  tide_add_unit_test(test_tidectl SOURCES test_tidectl.c ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c
+                     LIBS tide_proto PkgConfig::ZMQ Threads::Threads TIMEOUT 60)
+  target_compile_definitions(test_tidectl PRIVATE TIDECTL_NO_MAIN=1)
+  set_tests_properties(test_tidectl PROPERTIES FAIL_REGULAR_EXPRESSION
+                       "ERROR: (Address|Leak)Sanitizer|runtime error:")
+endif()

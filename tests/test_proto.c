@@ -1,0 +1,966 @@
+/*
+ * Unit tests for proto/: every message type round-trips (property test over
+ * random values, seed printed and settable with TIDE_TEST_SEED), every class
+ * of bad input is refused with TIDE_ERR_PROTOCOL and a detail naming the
+ * field, allocation failures during decode/encode leak nothing, and the
+ * limits (2^20 workers, string lengths) hold exactly at their edges.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "proto/proto.h"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static uint64_t test_seed(void)
+{
+    const char *env = getenv("TIDE_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) * 2654435761u;
+    return seed ? seed : 1;
+}
+
+/* Deep equality of two messages; writes the first difference into why. */
+static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t len)
+{
+    tide_msg_t x = *a, y = *b;
+    if (a->type != b->type) {
+        snprintf(why, len, "type %d vs %d", a->type, b->type);
+        return 0;
+    }
+#define SAME_ARR(pa, pb, n, what)                                                                  \
+    do {                                                                                           \
+        if ((n) > 0 && memcmp((pa), (pb), (size_t)(n) * sizeof *(pa)) != 0) {                      \
+            snprintf(why, len, "%s differ", what);                                                 \
+            return 0;                                                                              \
+        }                                                                                          \
+    } while (0)
+#define SAME_LAYOUT(la, lb, lx, ly)                                                                \
+    do {                                                                                           \
+        SAME_ARR((la).stage_start, (lb).stage_start, (la).pp + 1, "stages");                       \
+        SAME_ARR((la).worker, (lb).worker, (la).dp *(la).tp *(la).pp, "workers");                  \
+        (lx).stage_start = (ly).stage_start = NULL;                                                \
+        (lx).worker = (ly).worker = NULL;                                                          \
+    } while (0)
+    switch (a->type) {
+    case TIDE_MSG_JOIN:
+        if (a->u.join.n_tensors != b->u.join.n_tensors)
+            return snprintf(why, len, "tensor counts differ"), 0;
+        SAME_ARR(a->u.join.tensors, b->u.join.tensors, a->u.join.n_tensors, "tensors");
+        x.u.join.tensors = y.u.join.tensors = NULL;
+        break;
+    case TIDE_MSG_LAYOUT:
+        if (a->u.layout.layout.pp != b->u.layout.layout.pp ||
+            a->u.layout.layout.dp != b->u.layout.layout.dp ||
+            a->u.layout.layout.tp != b->u.layout.layout.tp)
+            return snprintf(why, len, "degrees differ"), 0;
+        SAME_LAYOUT(a->u.layout.layout, b->u.layout.layout, x.u.layout.layout, y.u.layout.layout);
+        if (a->u.layout.has_prev != b->u.layout.has_prev)
+            return snprintf(why, len, "has_prev differs"), 0;
+        if (a->u.layout.has_prev) {
+            if (a->u.layout.prev.pp != b->u.layout.prev.pp ||
+                a->u.layout.prev.dp != b->u.layout.prev.dp ||
+                a->u.layout.prev.tp != b->u.layout.prev.tp)
+                return snprintf(why, len, "prev degrees differ"), 0;
+            SAME_LAYOUT(a->u.layout.prev, b->u.layout.prev, x.u.layout.prev, y.u.layout.prev);
+        }
+        break;
+    case TIDE_MSG_RESIZE_REPLY:
+        if (a->u.resize_reply.layout.pp != b->u.resize_reply.layout.pp ||
+            a->u.resize_reply.layout.dp != b->u.resize_reply.layout.dp ||
+            a->u.resize_reply.layout.tp != b->u.resize_reply.layout.tp)
+            return snprintf(why, len, "degrees differ"), 0;
+        SAME_LAYOUT(a->u.resize_reply.layout, b->u.resize_reply.layout, x.u.resize_reply.layout,
+                    y.u.resize_reply.layout);
+        break;
+    case TIDE_MSG_OFFLINE_ASSIGN:
+    case TIDE_MSG_SUBMIT: {
+        char **av = a->type == TIDE_MSG_SUBMIT ? a->u.submit.argv : a->u.offline_assign.argv;
+        char **bv = b->type == TIDE_MSG_SUBMIT ? b->u.submit.argv : b->u.offline_assign.argv;
+        uint32_t an = a->type == TIDE_MSG_SUBMIT ? a->u.submit.argc : a->u.offline_assign.argc;
+        uint32_t bn = b->type == TIDE_MSG_SUBMIT ? b->u.submit.argc : b->u.offline_assign.argc;
+        if (an != bn)
+            return snprintf(why, len, "argc %u vs %u", an, bn), 0;
+        for (uint32_t i = 0; i < an; i++)
+            if (strcmp(av[i], bv[i]) != 0)
+                return snprintf(why, len, "argv[%u] differs", i), 0;
+        if (a->type == TIDE_MSG_SUBMIT)
+            x.u.submit.argv = y.u.submit.argv = NULL;
+        else
+            x.u.offline_assign.argv = y.u.offline_assign.argv = NULL;
+        break;
+    }
+    case TIDE_MSG_STATUS_REPLY:
+        if (a->u.status_reply.n_rows != b->u.status_reply.n_rows)
+            return snprintf(why, len, "row counts differ"), 0;
+        SAME_ARR(a->u.status_reply.rows, b->u.status_reply.rows, a->u.status_reply.n_rows,
+                 "status rows");
+        x.u.status_reply.rows = y.u.status_reply.rows = NULL;
+        break;
+    case TIDE_MSG_JOBS_REPLY:
+        if (a->u.jobs_reply.n_rows != b->u.jobs_reply.n_rows)
+            return snprintf(why, len, "row counts differ"), 0;
+        SAME_ARR(a->u.jobs_reply.rows, b->u.jobs_reply.rows, a->u.jobs_reply.n_rows, "job rows");
+        x.u.jobs_reply.rows = y.u.jobs_reply.rows = NULL;
+        break;
+    case TIDE_MSG_EVENTS_REPLY:
+        if (a->u.events_reply.n_rows != b->u.events_reply.n_rows)
+            return snprintf(why, len, "row counts differ"), 0;
+        SAME_ARR(a->u.events_reply.rows, b->u.events_reply.rows, a->u.events_reply.n_rows,
+                 "event rows");
+        x.u.events_reply.rows = y.u.events_reply.rows = NULL;
+        break;
+    case TIDE_MSG_RESIZE:
+        if (a->u.resize.n_stages != b->u.resize.n_stages)
+            return snprintf(why, len, "stage counts differ"), 0;
+        SAME_ARR(a->u.resize.stage_start, b->u.resize.stage_start, a->u.resize.n_stages, "stages");
+        x.u.resize.stage_start = y.u.resize.stage_start = NULL;
+        break;
+    default:
+        break;
+    }
+#undef SAME_ARR
+#undef SAME_LAYOUT
+    if (memcmp(&x, &y, sizeof x) != 0) {
+        snprintf(why, len, "scalar fields differ");
+        return 0;
+    }
+    return 1;
+}
+
+/* Encodes m into a fresh heap copy (the caller frees); asserts success. */
+static uint8_t *encode_copy(const tide_msg_t *m, size_t *len)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_status rc = tide_proto_encode(m, &b);
+    cr_assert_eq(rc, TIDE_OK, "encode %s: %s", tide_msg_type_name(m->type), tide_last_error());
+    return tide_proto_buf_release(&b, len);
+}
+
+/* Decodes and expects a protocol error whose detail contains want. */
+static void expect_refused(const void *data, size_t len, const char *want)
+{
+    tide_msg_t m;
+    memset(&m, 0xab, sizeof m); /* decode must not rely on an initialised out */
+    tide_status rc = tide_proto_decode(data, len, &m);
+    cr_assert_eq(rc, TIDE_ERR_PROTOCOL, "expected refusal containing \"%s\", got rc=%d (%s)", want,
+                 rc, tide_last_error());
+    cr_assert_eq(m.type, TIDE_MSG_NONE, "a refused message must hold nothing");
+    cr_assert(strstr(tide_last_error(), want) != NULL, "detail \"%s\" lacks \"%s\"",
+              tide_last_error(), want);
+}
+
+/* ---- raw msgpack editing: build invalid variants of a valid message ------------------------- */
+
+typedef enum { V_STR, V_UINT, V_INT, V_DBL, V_NIL, V_BOOL, V_BIN, V_IARR } vkind;
+typedef struct val {
+    vkind k;
+    const char *s;
+    size_t slen;
+    uint64_t u;
+    int64_t i;
+    double d;
+    const int64_t *arr;
+    size_t n;
+} val_t;
+
+#define VSTR(x)       ((val_t){.k = V_STR, .s = (x), .slen = strlen(x)})
+#define VSTRN(x, len) ((val_t){.k = V_STR, .s = (x), .slen = (len)})
+#define VUINT(x)      ((val_t){.k = V_UINT, .u = (x)})
+#define VINT(x)       ((val_t){.k = V_INT, .i = (x)})
+#define VDBL(x)       ((val_t){.k = V_DBL, .d = (x)})
+#define VNIL          ((val_t){.k = V_NIL})
+#define VBOOL(x)      ((val_t){.k = V_BOOL, .u = (x)})
+#define VBIN(x)       ((val_t){.k = V_BIN, .s = (x), .slen = strlen(x)})
+#define VIARR(a, cnt) ((val_t){.k = V_IARR, .arr = (a), .n = (cnt)})
+
+typedef enum { OP_SET, OP_DROP, OP_ADD, OP_DUP } op_t;
+
+static void pack_val(msgpack_packer *pk, const val_t *v)
+{
+    switch (v->k) {
+    case V_STR:
+        msgpack_pack_str(pk, v->slen);
+        msgpack_pack_str_body(pk, v->s, v->slen);
+        break;
+    case V_BIN:
+        msgpack_pack_bin(pk, v->slen);
+        msgpack_pack_bin_body(pk, v->s, v->slen);
+        break;
+    case V_UINT:
+        msgpack_pack_uint64(pk, v->u);
+        break;
+    case V_INT:
+        msgpack_pack_int64(pk, v->i);
+        break;
+    case V_DBL:
+        msgpack_pack_double(pk, v->d);
+        break;
+    case V_NIL:
+        msgpack_pack_nil(pk);
+        break;
+    case V_BOOL:
+        v->u ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+        break;
+    case V_IARR:
+        msgpack_pack_array(pk, v->n);
+        for (size_t k = 0; k < v->n; k++)
+            msgpack_pack_int64(pk, v->arr[k]);
+        break;
+    }
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *s)
+{
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* Copies o, applying op at path ("layout.stages", "rows.2.host"). */
+static void repack(msgpack_packer *pk, const msgpack_object *o, const char *path, op_t op,
+                   const val_t *v)
+{
+    char head[64];
+    const char *dot = strchr(path, '.');
+    size_t hl = dot ? (size_t)(dot - path) : strlen(path);
+    memcpy(head, path, hl);
+    head[hl] = '\0';
+    const char *rest = dot ? dot + 1 : "";
+    int here = *rest == '\0';
+    if (o->type == MSGPACK_OBJECT_MAP) {
+        uint32_t n = o->via.map.size;
+        if (here && op == OP_DROP)
+            n--;
+        if (here && (op == OP_ADD || op == OP_DUP))
+            n++;
+        msgpack_pack_map(pk, n);
+        for (uint32_t k = 0; k < o->via.map.size; k++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[k];
+            int match = kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == hl &&
+                        memcmp(kv->key.via.str.ptr, head, hl) == 0;
+            if (match && !here) {
+                msgpack_pack_object(pk, kv->key);
+                repack(pk, &kv->val, rest, op, v);
+            } else if (match && op == OP_SET) {
+                msgpack_pack_object(pk, kv->key);
+                pack_val(pk, v);
+            } else if (match && op == OP_DROP) {
+                /* left out */
+            } else if (match && op == OP_DUP) {
+                msgpack_pack_object(pk, kv->key);
+                msgpack_pack_object(pk, kv->val);
+                msgpack_pack_object(pk, kv->key);
+                msgpack_pack_object(pk, kv->val);
+            } else {
+                msgpack_pack_object(pk, kv->key);
+                msgpack_pack_object(pk, kv->val);
+            }
+        }
+        if (here && op == OP_ADD) {
+            pack_cstr(pk, head);
+            pack_val(pk, v);
+        }
+    } else if (o->type == MSGPACK_OBJECT_ARRAY) {
+        uint32_t idx = (uint32_t)atoi(head);
+        msgpack_pack_array(pk, o->via.array.size);
+        for (uint32_t k = 0; k < o->via.array.size; k++) {
+            if (k == idx && here)
+                pack_val(pk, v);
+            else if (k == idx)
+                repack(pk, &o->via.array.ptr[k], rest, op, v);
+            else
+                msgpack_pack_object(pk, o->via.array.ptr[k]);
+        }
+    } else {
+        msgpack_pack_object(pk, *o);
+    }
+}
+
+/* Encodes m, edits it and expects the decoder to refuse it with want in the detail. */
+static void refuse_edit(const tide_msg_t *m, op_t op, const char *path, val_t v, const char *want)
+{
+    size_t len;
+    uint8_t *bytes = encode_copy(m, &len);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)bytes, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    repack(&pk, &u.data, path, op, &v);
+    expect_refused(sb.data, sb.size, want);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_free(bytes);
+}
+
+/* ---- fixed valid messages -----------------------------------------------------------------------
+ */
+
+static tide_msg_t heartbeat(void)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HEARTBEAT);
+    m.u.heartbeat.worker = 7;
+    m.u.heartbeat.step = 1234;
+    m.u.heartbeat.gen = 3;
+    m.u.heartbeat.idle_ms = 1.5;
+    m.u.heartbeat.bubble_ms = 20.25;
+    m.u.heartbeat.step_ms = 310.0;
+    return m;
+}
+
+static int stages4[3] = {0, 12, 24};
+static int32_t workers4[4] = {10, 11, 12, 13};
+
+/* layout job "llm", gen 5: dp 2, tp 1, pp 2 over 24 layers; caller's arrays (no clear). */
+static tide_msg_t layout_msg(void)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_LAYOUT);
+    strcpy(m.u.layout.job, "llm");
+    tide_proto_layout_t *l = &m.u.layout.layout;
+    l->gen = 5;
+    l->dp = 2;
+    l->tp = 1;
+    l->pp = 2;
+    l->num_layers = 24;
+    l->micro_batches = 8;
+    l->stage_start = stages4;
+    l->worker = workers4;
+    m.u.layout.has_prev = 0;
+    return m;
+}
+
+/* ---- round trips --------------------------------------------------------------------------------
+ */
+
+Test(proto_roundtrip, every_type_with_random_values)
+{
+    uint64_t seed = test_seed();
+    fprintf(stderr, "proto_roundtrip: seed=%llu (TIDE_TEST_SEED=%llu reproduces)\n",
+            (unsigned long long)seed, (unsigned long long)seed);
+    uint64_t rng = seed;
+    tide_proto_buf_t b1, b2;
+    tide_proto_buf_init(&b1);
+    tide_proto_buf_init(&b2);
+    for (int t = TIDE_MSG_NONE + 1; t < TIDE_MSG__COUNT; t++) {
+        for (int it = 0; it < 150; it++) {
+            uint64_t case_seed = rng;
+            tide_msg_t m, d;
+            cr_assert_eq(tide_proto_sample(&m, (tide_msg_type_t)t, &rng), TIDE_OK, "%s",
+                         tide_last_error());
+            tide_status rc = tide_proto_encode(&m, &b1);
+            cr_assert_eq(rc, TIDE_OK, "seed %llu type %s it %d: encode: %s",
+                         (unsigned long long)seed, tide_msg_type_name(t), it, tide_last_error());
+            rc = tide_proto_decode(b1.data, b1.len, &d);
+            cr_assert_eq(rc, TIDE_OK, "seed %llu (case %llu) type %s it %d: decode: %s",
+                         (unsigned long long)seed, (unsigned long long)case_seed,
+                         tide_msg_type_name(t), it, tide_last_error());
+            char why[128];
+            cr_assert(same_msg(&m, &d, why, sizeof why),
+                      "seed %llu (case %llu) type %s it %d: round trip changed the message: %s",
+                      (unsigned long long)seed, (unsigned long long)case_seed,
+                      tide_msg_type_name(t), it, why);
+            /* the encoding is canonical: re-encoding the decoded message gives the same bytes */
+            cr_assert_eq(tide_proto_encode(&d, &b2), TIDE_OK);
+            cr_assert(b1.len == b2.len && memcmp(b1.data, b2.data, b1.len) == 0,
+                      "seed %llu type %s: re-encoding differs", (unsigned long long)seed,
+                      tide_msg_type_name(t));
+            tide_msg_clear(&m);
+            tide_msg_clear(&d);
+            cr_assert_eq(d.type, TIDE_MSG_NONE);
+        }
+    }
+    tide_proto_buf_destroy(&b1);
+    tide_proto_buf_destroy(&b2);
+}
+
+Test(proto_roundtrip, heartbeat_is_small_and_exact)
+{
+    tide_msg_t m = heartbeat(), d;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_expect_lt(len, 128u, "a heartbeat should stay small on the wire (%zu bytes)", len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.type, TIDE_MSG_HEARTBEAT);
+    cr_expect_eq(d.u.heartbeat.worker, 7);
+    cr_expect_eq(d.u.heartbeat.step, 1234u);
+    cr_expect_eq(d.u.heartbeat.gen, 3u);
+    cr_expect_eq(d.u.heartbeat.bubble_ms, 20.25);
+    tide_free(bytes);
+}
+
+Test(proto_roundtrip, layout_with_previous_generation)
+{
+    tide_msg_t m = layout_msg(), d;
+    int prev_stages[2] = {0, 24};
+    int32_t prev_workers[2] = {10, 11};
+    m.u.layout.has_prev = 1;
+    m.u.layout.prev = (tide_proto_layout_t){.gen = 4,
+                                            .dp = 2,
+                                            .tp = 1,
+                                            .pp = 1,
+                                            .num_layers = 24,
+                                            .micro_batches = 8,
+                                            .stage_start = prev_stages,
+                                            .worker = prev_workers};
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.layout.has_prev, 1);
+    cr_expect_eq(d.u.layout.prev.gen, 4u);
+    cr_expect_eq(d.u.layout.prev.worker[1], 11);
+    cr_expect_eq(d.u.layout.layout.stage_start[1], 12);
+    cr_expect_eq(d.u.layout.layout.worker[3], 13);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+}
+
+Test(proto_roundtrip, largest_layout_is_accepted_and_one_more_worker_is_not)
+{
+    /* dp * tp * pp = 2^20 exactly */
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_RESIZE_REPLY);
+    strcpy(m.u.resize_reply.job, "big");
+    tide_proto_layout_t *l = &m.u.resize_reply.layout;
+    l->gen = 1;
+    l->dp = 65536;
+    l->tp = 16;
+    l->pp = 1;
+    l->num_layers = 1;
+    l->micro_batches = 1;
+    int st[2] = {0, 1};
+    l->stage_start = st;
+    size_t n = (size_t)1 << 20;
+    l->worker = malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++)
+        l->worker[i] = (int32_t)i;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.resize_reply.layout.worker[n - 1], (int32_t)(n - 1));
+    tide_msg_clear(&d);
+    tide_free(bytes);
+
+    l->tp = 32; /* 2^21 workers */
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "exceeds 1048576 workers") != NULL, "%s",
+              tide_last_error());
+    cr_expect_eq(b.len, 0u);
+    tide_proto_buf_destroy(&b);
+    free(l->worker);
+}
+
+Test(proto_roundtrip, integers_may_be_sent_for_doubles)
+{
+    tide_msg_t m = heartbeat();
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    msgpack_unpack_next(&u, (const char *)bytes, len, &off);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    val_t v = VUINT(42);
+    repack(&pk, &u.data, "step_ms", OP_SET, &v);
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(sb.data, sb.size, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.heartbeat.step_ms, 42.0);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_free(bytes);
+}
+
+/* ---- refusals: envelope ---------------------------------------------------------------------- */
+
+Test(proto_refuse, the_example_from_the_issue)
+{
+    tide_msg_t m = heartbeat();
+    refuse_edit(&m, OP_SET, "step", VSTR("12"),
+                "heartbeat: field 'step' must be a non-negative integer (got a string)");
+    refuse_edit(&m, OP_SET, "step", VINT(-1),
+                "heartbeat: field 'step' must be a non-negative integer, got -1");
+}
+
+Test(proto_refuse, version_and_type)
+{
+    tide_msg_t m = heartbeat();
+    refuse_edit(&m, OP_SET, "v", VUINT(2),
+                "unsupported schema version v=2 (this build speaks v=1)");
+    refuse_edit(&m, OP_SET, "v", VSTR("1"), "field 'v' must be the integer 1 (got a string)");
+    refuse_edit(&m, OP_DROP, "v", VNIL, "missing field 'v'");
+    refuse_edit(&m, OP_DUP, "v", VNIL, "message: duplicated field 'v'");
+    refuse_edit(&m, OP_SET, "type", VSTR("heartbeats"), "message: unknown type 'heartbeats'");
+    refuse_edit(&m, OP_SET, "type", VSTR("none"), "unknown type 'none'");
+    refuse_edit(&m, OP_SET, "type", VUINT(3), "field 'type' must be a string (got an integer)");
+    refuse_edit(&m, OP_DROP, "type", VNIL, "missing field 'type'");
+    refuse_edit(&m, OP_DUP, "type", VNIL, "duplicated field 'type'");
+    /* a control character in a type name is not echoed raw into logs */
+    refuse_edit(&m, OP_SET, "type", VSTR("x\ny"), "unknown type 'x?y'");
+}
+
+Test(proto_refuse, missing_unknown_and_duplicated_fields)
+{
+    tide_msg_t m = heartbeat();
+    refuse_edit(&m, OP_DROP, "gen", VNIL, "heartbeat: missing field 'gen'");
+    refuse_edit(&m, OP_ADD, "color", VSTR("blue"),
+                "heartbeat: unknown field 'color' (schema v1 has no such field)");
+    refuse_edit(&m, OP_DUP, "step", VNIL, "heartbeat: duplicated field 'step'");
+    tide_msg_t l = layout_msg();
+    refuse_edit(&l, OP_DROP, "layout.micro", VNIL, "layout: missing field 'layout.micro'");
+    refuse_edit(&l, OP_ADD, "layout.extra", VUINT(1), "layout: unknown field 'layout.extra'");
+}
+
+Test(proto_refuse, not_a_map_bad_keys_and_raw_bytes)
+{
+    const uint8_t arr[] = {0x92, 0x01, 0x02};
+    expect_refused(arr, sizeof arr, "message: the top level must be a map");
+    const uint8_t intkey[] = {0x81, 0x01, 0x02};
+    expect_refused(intkey, sizeof intkey, "map keys must be strings (got an integer");
+    const uint8_t c1[] = {0x81, 0xa1, 'v', 0xc1};
+    expect_refused(c1, sizeof c1, "byte 0xc1 at offset 3 is not valid msgpack");
+    expect_refused("x", 0, "message: empty input");
+    const uint8_t empty_map[] = {0x80};
+    expect_refused(empty_map, sizeof empty_map, "missing field 'v'");
+    /* bigger than the limit: refused before a single byte is read */
+    expect_refused(empty_map, (size_t)TIDE_PROTO_MAX_MSG_BYTES + 1, "exceed the");
+}
+
+Test(proto_refuse, trailing_garbage)
+{
+    tide_msg_t m = heartbeat();
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    uint8_t *more = malloc(len + 3);
+    memcpy(more, bytes, len);
+    more[len] = 0xc0;
+    expect_refused(more, len + 1, "message: 1 trailing bytes after the message map");
+    memcpy(more + len, bytes, 3);
+    expect_refused(more, len + 3, "3 trailing bytes");
+    free(more);
+    tide_free(bytes);
+}
+
+Test(proto_refuse, every_truncation_of_every_type)
+{
+    uint64_t rng = test_seed();
+    for (int t = TIDE_MSG_NONE + 1; t < TIDE_MSG__COUNT; t++) {
+        tide_msg_t m;
+        cr_assert_eq(tide_proto_sample(&m, (tide_msg_type_t)t, &rng), TIDE_OK);
+        size_t len;
+        uint8_t *bytes = encode_copy(&m, &len);
+        for (size_t cut = 1; cut < len; cut += 1 + cut / 64) {
+            /* an exact-size heap copy so that ASan sees any read past the end */
+            uint8_t *p = malloc(cut);
+            memcpy(p, bytes, cut);
+            expect_refused(p, cut, "truncated");
+            free(p);
+        }
+        tide_free(bytes);
+        tide_msg_clear(&m);
+    }
+}
+
+Test(proto_refuse, nesting_bombs_and_huge_counts)
+{
+    /* 100 nested arrays under a key: refused by depth, not by a crash */
+    uint8_t deep[128];
+    size_t n = 0;
+    deep[n++] = 0x81;
+    deep[n++] = 0xa1;
+    deep[n++] = 'x';
+    for (int i = 0; i < 100; i++)
+        deep[n++] = 0x91;
+    deep[n++] = 0x00;
+    expect_refused(deep, n, "nesting deeper than 8 levels");
+    /* an array32 declaring 4 billion entries in 6 bytes: no giant allocation, just truncation */
+    const uint8_t bomb[] = {0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff, 0x00};
+    expect_refused(bomb, sizeof bomb, "truncated");
+    const uint8_t mapbomb[] = {0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'v', 0x01};
+    expect_refused(mapbomb, sizeof mapbomb, "truncated");
+    const uint8_t strbomb[] = {0x81, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'};
+    expect_refused(strbomb, sizeof strbomb, "truncated");
+}
+
+/* ---- refusals: field types and ranges ----------------------------------------------------------
+ */
+
+Test(proto_refuse, wrong_types)
+{
+    tide_msg_t m = heartbeat();
+    refuse_edit(&m, OP_SET, "worker", VDBL(3.0),
+                "heartbeat: field 'worker' must be an integer in [0, 2147483647] (got a float)");
+    refuse_edit(&m, OP_SET, "idle_ms", VSTR("1"), "field 'idle_ms' must be a number");
+    refuse_edit(&m, OP_SET, "idle_ms", VNIL, "(got nil)");
+    tide_msg_t l = layout_msg();
+    refuse_edit(&l, OP_SET, "job", VBIN("llm"),
+                "layout: field 'job' must be a string (got binary)");
+    refuse_edit(&l, OP_SET, "layout", VUINT(1), "field 'layout' must be a map (got an integer)");
+    refuse_edit(&l, OP_SET, "prev", VUINT(1), "field 'prev' must be a map or nil");
+    refuse_edit(&l, OP_SET, "layout.stages", VSTR("0-11"), "must be an array of integers");
+}
+
+Test(proto_refuse, out_of_range_numbers)
+{
+    tide_msg_t m = heartbeat();
+    refuse_edit(&m, OP_SET, "worker", VUINT(1ull << 31),
+                "field 'worker' must be an integer in [0, 2147483647], got 2147483648");
+    refuse_edit(&m, OP_SET, "idle_ms", VDBL(-1.0), "field 'idle_ms' must be a finite number");
+    refuse_edit(&m, OP_SET, "idle_ms", VDBL(NAN), "field 'idle_ms' must be a finite number");
+    refuse_edit(&m, OP_SET, "idle_ms", VDBL(INFINITY), "must be a finite number");
+    tide_msg_t l = layout_msg();
+    refuse_edit(&l, OP_SET, "layout.dp", VUINT(0),
+                "layout: field 'layout.dp' must be an integer in [1, 65536], got 0");
+    refuse_edit(&l, OP_SET, "layout.tp", VUINT(65537), "got 65537");
+    refuse_edit(&l, OP_SET, "layout.micro", VINT(-3), "got -3");
+}
+
+Test(proto_refuse, layout_shape)
+{
+    tide_msg_t l = layout_msg();
+    const int64_t bad_start[] = {1, 12, 24};
+    refuse_edit(&l, OP_SET, "layout.stages", VIARR(bad_start, 3),
+                "field 'layout.stages' must start at layer 0, got 1");
+    const int64_t empty_stage[] = {0, 0, 24};
+    refuse_edit(&l, OP_SET, "layout.stages", VIARR(empty_stage, 3),
+                "must be strictly increasing: stage 0 has no layers");
+    const int64_t short_end[] = {0, 12, 23};
+    refuse_edit(&l, OP_SET, "layout.stages", VIARR(short_end, 3), "must end at layers = 24");
+    const int64_t two[] = {0, 24};
+    refuse_edit(&l, OP_SET, "layout.stages", VIARR(two, 2),
+                "field 'layout.stages' must have 3 entries, got 2");
+    const int64_t three_workers[] = {1, 2, 3};
+    refuse_edit(&l, OP_SET, "layout.workers", VIARR(three_workers, 3),
+                "must have 4 entries, got 3");
+    const int64_t neg_worker[] = {1, 2, -3, 4};
+    refuse_edit(&l, OP_SET, "layout.workers", VIARR(neg_worker, 4),
+                "field 'layout.workers[2]' must be an integer in [0, 2147483647], got -3");
+    refuse_edit(&l, OP_SET, "layout.dp", VUINT(65536),
+                "field 'layout.workers' must have 131072 entries, got 4");
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_RESIZE);
+    strcpy(r.u.resize.job, "llm");
+    r.u.resize.dp = 1;
+    r.u.resize.tp = 32;
+    r.u.resize.pp = 1;
+    refuse_edit(&r, OP_SET, "dp", VUINT(65536),
+                "resize: dp*tp*pp = 65536*32*1 = 2097152 exceeds 1048576 workers");
+    const int64_t bad_resize_stages[] = {0, 5, 3};
+    r.u.resize.pp = 2;
+    refuse_edit(&r, OP_SET, "stages", VIARR(bad_resize_stages, 3),
+                "resize: field 'stages' must be strictly increasing: stage 1 has no layers");
+    refuse_edit(&r, OP_SET, "stages", VIARR(bad_resize_stages, 2),
+                "field 'stages' must be empty or hold pp + 1 = 3 boundaries, got 2");
+    refuse_edit(&r, OP_SET, "placement", VSTR("best"),
+                "field 'placement' must be one of \"default\", \"optimal\", got \"best\"");
+    refuse_edit(&l, OP_SET, "layout.layers", VUINT(1),
+                "field 'layout.layers' = 1 is fewer than pp");
+}
+
+Test(proto_refuse, strings)
+{
+    tide_msg_t l = layout_msg();
+    char long_name[200];
+    memset(long_name, 'a', sizeof long_name);
+    refuse_edit(&l, OP_SET, "job", VSTRN(long_name, 128),
+                "field 'job' is 128 bytes, longer than the limit of 127");
+    refuse_edit(&l, OP_SET, "job", VSTR(""), "field 'job' must not be empty");
+    refuse_edit(&l, OP_SET, "job", VSTRN("ab\0cd", 5), "field 'job' must not contain a NUL byte");
+    refuse_edit(&l, OP_SET, "job", VSTR("my job"),
+                "field 'job' may hold only letters, digits and . _ - : (byte 2 is 0x20)");
+    tide_msg_t e;
+    tide_msg_init(&e, TIDE_MSG_ERROR);
+    e.u.error.code = TIDE_ERR_DENIED;
+    strcpy(e.u.error.message, "no");
+    refuse_edit(&e, OP_SET, "message", VSTRN("a\0b", 3), "field 'message' must not contain a NUL");
+    char text[1100];
+    memset(text, 'x', sizeof text);
+    refuse_edit(&e, OP_SET, "message", VSTRN(text, 1024), "longer than the limit of 1023");
+    refuse_edit(&e, OP_SET, "code", VINT(0), "field 'code' must be an integer in [-1000, -1]");
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_REGISTER);
+    strcpy(r.u.reg.pool, "p1");
+    r.u.reg.rank = 0;
+    r.u.reg.size = 2;
+    strcpy(r.u.reg.host, "node-1");
+    r.u.reg.pid = 99;
+    refuse_edit(&r, OP_SET, "host", VSTR("a b"), "printable ASCII without spaces");
+    refuse_edit(&r, OP_SET, "kind", VSTR("tpu"),
+                "register: field 'kind' must be one of \"cpu\", \"gpu\", got \"tpu\"");
+    refuse_edit(&r, OP_SET, "rank", VUINT(2), "field 'rank' = 2 must be below field 'size' = 2");
+}
+
+Test(proto_refuse, arrays_over_their_limits)
+{
+    tide_msg_t s;
+    tide_msg_init(&s, TIDE_MSG_SUBMIT);
+    strcpy(s.u.submit.name, "sweep");
+    s.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[] = {"python", "train.py"};
+    s.u.submit.argv = argv;
+    s.u.submit.argc = 2;
+    size_t len;
+    uint8_t *bytes = encode_copy(&s, &len);
+    tide_free(bytes);
+
+    /* 257 argv entries */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 9);
+    pack_cstr(&pk, "v");
+    msgpack_pack_uint64(&pk, 1);
+    pack_cstr(&pk, "type");
+    pack_cstr(&pk, "submit");
+    pack_cstr(&pk, "name");
+    pack_cstr(&pk, "sweep");
+    pack_cstr(&pk, "kind");
+    pack_cstr(&pk, "command");
+    pack_cstr(&pk, "plugin");
+    pack_cstr(&pk, "");
+    pack_cstr(&pk, "argv");
+    msgpack_pack_array(&pk, 257);
+    for (int i = 0; i < 257; i++)
+        pack_cstr(&pk, "x");
+    pack_cstr(&pk, "priority");
+    msgpack_pack_int64(&pk, 0);
+    pack_cstr(&pk, "mem_cap");
+    msgpack_pack_uint64(&pk, 0);
+    pack_cstr(&pk, "bubbles");
+    msgpack_pack_false(&pk);
+    expect_refused(sb.data, sb.size,
+                   "submit: field 'argv' has 257 entries, more than the limit of 256");
+    msgpack_sbuffer_destroy(&sb);
+
+    char big[4100];
+    memset(big, 'y', sizeof big);
+    refuse_edit(&s, OP_SET, "argv.1", VSTRN(big, 4096), "field 'argv[1]' is 4096 bytes");
+    refuse_edit(&s, OP_SET, "argv.0", VUINT(1),
+                "field 'argv[0]' must be a string (got an integer)");
+    refuse_edit(&s, OP_SET, "argv", VIARR(NULL, 0),
+                "submit: field 'argv' must hold the command to run");
+    refuse_edit(&s, OP_SET, "kind", VSTR("online"),
+                "field 'kind' must be \"command\" or \"plugin\"");
+    refuse_edit(&s, OP_SET, "plugin", VSTR("p"), "field 'plugin' must be \"\" for a command job");
+}
+
+Test(proto_refuse, nested_rows_name_their_index)
+{
+    uint64_t rng = 12345;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_NONE);
+    do {
+        tide_msg_clear(&m);
+        tide_proto_sample(&m, TIDE_MSG_STATUS_REPLY, &rng);
+    } while (m.u.status_reply.n_rows < 3);
+    refuse_edit(&m, OP_SET, "rows.2.host", VUINT(5),
+                "status_reply: field 'rows[2].host' must be a string (got an integer)");
+    refuse_edit(&m, OP_SET, "rows.1.state", VSTR("sleeping"),
+                "field 'rows[1].state' must be one of");
+    refuse_edit(&m, OP_DROP, "rows.0.bubble_pct", VNIL, "missing field 'rows[0].bubble_pct'");
+    refuse_edit(&m, OP_SET, "rows.0", VUINT(1), "field 'rows[0]' must be a map (got an integer)");
+    refuse_edit(&m, OP_SET, "rows.0.bubble_pct", VDBL(100.5),
+                "must be a finite number in [0, 100]");
+    tide_msg_clear(&m);
+}
+
+/* ---- encode side
+ * ---------------------------------------------------------------------------------- */
+
+Test(proto_encode, refuses_what_decode_would_refuse)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_msg_t m = heartbeat();
+    m.u.heartbeat.idle_ms = -0.5;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "heartbeat: field 'idle_ms' must be a finite number") !=
+              NULL);
+    m = heartbeat();
+    m.u.heartbeat.worker = -1;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    tide_msg_t l = layout_msg();
+    memset(l.u.layout.job, 'j', sizeof l.u.layout.job); /* no terminator */
+    cr_expect_eq(tide_proto_encode(&l, &b), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "not NUL-terminated") != NULL, "%s", tide_last_error());
+    l = layout_msg();
+    l.u.layout.layout.worker = NULL;
+    cr_expect_eq(tide_proto_encode(&l, &b), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "'layout.workers' is NULL") != NULL, "%s",
+              tide_last_error());
+    tide_msg_t none;
+    tide_msg_init(&none, TIDE_MSG_NONE);
+    cr_expect_eq(tide_proto_encode(&none, &b), TIDE_ERR_INVALID);
+    cr_expect_eq(b.len, 0u);
+    tide_proto_buf_destroy(&b);
+}
+
+Test(proto_encode, buffer_is_reused_and_released)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_msg_t m = heartbeat();
+    cr_assert_eq(tide_proto_encode(&m, &b), TIDE_OK);
+    size_t first = b.len;
+    cr_assert_eq(tide_proto_encode(&m, &b), TIDE_OK);
+    cr_expect_eq(b.len, first, "encode replaces the buffer's contents");
+    size_t len = 0;
+    uint8_t *bytes = tide_proto_buf_release(&b, &len);
+    cr_expect_eq(len, first);
+    cr_expect_null(b.data);
+    tide_free(bytes);
+    tide_proto_buf_destroy(&b);
+    tide_proto_buf_destroy(&b); /* twice is fine */
+}
+
+/* ---- allocation failures
+ * ------------------------------------------------------------------------------ */
+
+/* Makes every allocation of decode fail in turn; each must give NOMEM and hold nothing. */
+static void decode_under_failures(const tide_msg_t *m)
+{
+    size_t len;
+    uint8_t *bytes = encode_copy(m, &len);
+    long k;
+    int failed = 0;
+    for (k = 1; k < 10000; k++) {
+        tide_msg_t d;
+        tide_alloc_fail_at(k, 0);
+        tide_status rc = tide_proto_decode(bytes, len, &d);
+        long hits = tide_alloc_failures();
+        tide_alloc_fail_at(0, 0);
+        if (hits == 0) {
+            cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
+            tide_msg_clear(&d);
+            break;
+        }
+        cr_assert_eq(rc, TIDE_ERR_NOMEM, "%s: allocation %ld failed but rc=%d (%s)",
+                     tide_msg_type_name(m->type), k, rc, tide_last_error());
+        cr_assert(strstr(tide_last_error(), "out of memory") != NULL);
+        cr_assert_eq(d.type, TIDE_MSG_NONE);
+        failed++;
+    }
+    cr_expect_gt(failed, 0, "%s decode should allocate", tide_msg_type_name(m->type));
+    /* sticky: everything fails from the first allocation on */
+    tide_msg_t d;
+    tide_alloc_fail_at(1, 1);
+    cr_expect_eq(tide_proto_decode(bytes, len, &d), TIDE_ERR_NOMEM);
+    tide_alloc_fail_at(0, 0);
+    tide_free(bytes);
+}
+
+Test(proto_alloc, decode_failures_leak_nothing)
+{
+    tide_msg_type_t types[] = {
+        TIDE_MSG_JOIN,           TIDE_MSG_LAYOUT,       TIDE_MSG_SUBMIT,
+        TIDE_MSG_OFFLINE_ASSIGN, TIDE_MSG_STATUS_REPLY, TIDE_MSG_JOBS_REPLY,
+        TIDE_MSG_EVENTS_REPLY,   TIDE_MSG_RESIZE,       TIDE_MSG_RESIZE_REPLY};
+    uint64_t rng = 777;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        /* pick a sample that owns at least two arrays or entries */
+        tide_msg_t m;
+        for (;;) {
+            cr_assert_eq(tide_proto_sample(&m, types[i], &rng), TIDE_OK);
+            int big = (m.type == TIDE_MSG_JOIN && m.u.join.n_tensors >= 2) ||
+                      (m.type == TIDE_MSG_LAYOUT && m.u.layout.has_prev) ||
+                      (m.type == TIDE_MSG_SUBMIT && m.u.submit.argc >= 2) ||
+                      (m.type == TIDE_MSG_OFFLINE_ASSIGN && m.u.offline_assign.argc >= 2) ||
+                      (m.type == TIDE_MSG_STATUS_REPLY && m.u.status_reply.n_rows >= 2) ||
+                      (m.type == TIDE_MSG_JOBS_REPLY && m.u.jobs_reply.n_rows >= 2) ||
+                      (m.type == TIDE_MSG_EVENTS_REPLY && m.u.events_reply.n_rows >= 2) ||
+                      (m.type == TIDE_MSG_RESIZE && m.u.resize.n_stages >= 2) ||
+                      m.type == TIDE_MSG_RESIZE_REPLY;
+            if (big)
+                break;
+            tide_msg_clear(&m);
+        }
+        decode_under_failures(&m);
+        tide_msg_clear(&m);
+    }
+}
+
+Test(proto_alloc, encode_and_sample_failures)
+{
+    uint64_t rng = 99;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_NONE);
+    do {
+        tide_msg_clear(&m);
+        tide_proto_sample(&m, TIDE_MSG_STATUS_REPLY, &rng);
+    } while (m.u.status_reply.n_rows < 4); /* > 256 bytes: the buffer must grow */
+    long k;
+    for (k = 1; k < 100; k++) {
+        tide_proto_buf_t b;
+        tide_proto_buf_init(&b);
+        tide_alloc_fail_at(k, 0);
+        tide_status rc = tide_proto_encode(&m, &b);
+        long hits = tide_alloc_failures();
+        tide_alloc_fail_at(0, 0);
+        tide_proto_buf_destroy(&b);
+        if (hits == 0) {
+            cr_expect_eq(rc, TIDE_OK);
+            break;
+        }
+        cr_expect_eq(rc, TIDE_ERR_NOMEM, "allocation %ld", k);
+    }
+    cr_expect_gt(k, 2, "encoding grew the buffer more than once");
+    tide_msg_clear(&m);
+    for (k = 1; k < 100; k++) {
+        tide_alloc_fail_at(k, 0);
+        uint64_t r2 = 5;
+        tide_status rc = tide_proto_sample(&m, TIDE_MSG_SUBMIT, &r2);
+        long hits = tide_alloc_failures();
+        tide_alloc_fail_at(0, 0);
+        if (hits == 0) {
+            cr_expect_eq(rc, TIDE_OK);
+            tide_msg_clear(&m);
+            break;
+        }
+        cr_expect_eq(rc, TIDE_ERR_NOMEM);
+        cr_expect_eq(m.type, TIDE_MSG_NONE);
+    }
+}
+
+/* ---- names and roles
+ * ----------------------------------------------------------------------------------- */
+
+Test(proto_names, types_parse_back_and_have_roles)
+{
+    for (int t = TIDE_MSG_NONE + 1; t < TIDE_MSG__COUNT; t++) {
+        tide_msg_type_t back;
+        cr_assert_eq(tide_msg_type_parse(tide_msg_type_name(t), &back), TIDE_OK);
+        cr_expect_eq(back, t);
+    }
+    tide_msg_type_t x;
+    cr_expect_eq(tide_msg_type_parse("nope", &x), TIDE_ERR_NOT_FOUND);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_HEARTBEAT), TIDE_ROLE_WORKER);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_REGISTER), TIDE_ROLE_WORKER);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_RESIZE), TIDE_ROLE_ADMIN);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_STATUS), TIDE_ROLE_ADMIN);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_LAYOUT), TIDE_ROLE_COORDINATOR);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_ERROR), TIDE_ROLE_COORDINATOR);
+    cr_expect_str_eq(tide_proto_worker_state_name(TIDE_WORKER_DRAINING), "draining");
+    cr_expect_str_eq(tide_proto_job_state_name((tide_proto_job_state_t)99), "?");
+    tide_proto_placement_t p;
+    cr_expect_eq(tide_proto_placement_parse("optimal", &p), TIDE_OK);
+    cr_expect_eq(p, TIDE_PLACEMENT_OPTIMAL);
+    cr_expect_eq(tide_proto_placement_parse("best", &p), TIDE_ERR_NOT_FOUND);
+    cr_expect(strstr(tide_last_error(), "default, optimal") != NULL);
+}

@@ -1,0 +1,299 @@
+/*
+ * collectives: tide's data plane. One backend interface, a versioned table of
+ * function pointers (tide_coll_backend_v1), with an "mpi" backend (host memory,
+ * Open MPI) and an "nccl" backend (device memory, built when CUDA/NCCL are found),
+ * plus thin tide_coll_* wrappers that check arguments and dispatch.
+ *
+ * Workload: a handful of communicators per job (world, tp, dp, pp groups), rebuilt at
+ * each layout change; operations from a few bytes (barriers, step agreement) to
+ * hundreds of MiB (gradients, reshard traffic). A worker that dies must never hang
+ * the survivors: every operation polls an abort flag that another thread (the
+ * worker's heartbeat thread) may set with tide_coll_comm_abort.
+ *
+ * Threading and MPI (both backends bootstrap over MPI):
+ * - MPI must be initialised by the caller with MPI_Init_thread and at least
+ *   MPI_THREAD_FUNNELED (all MPI calls, tide's and the program's, on the main
+ *   thread); MPI_THREAD_MULTIPLE when other threads also call MPI. A program
+ *   initialised with MPI_THREAD_SINGLE is refused (tide_coll_pool_new fails with
+ *   TIDE_ERR_UNSUPPORTED), because tide's abort is meant to come from another thread.
+ * - The operations of one communicator are called from one thread at a time, the
+ *   same thread that created it. Only tide_coll_comm_abort may be called from any
+ *   thread at any time; it only sets an atomic flag and never touches MPI or NCCL.
+ *   The thread polling the operation notices it, cancels what it can and returns
+ *   TIDE_ERR_ABORTED (within milliseconds; well under the 1 s tide promises).
+ * - After an abort, or after any failed operation, the communicator is dead: every
+ *   later operation fails with TIDE_ERR_ABORTED; only destroy is allowed. Build a new
+ *   one over the survivors (tide_coll_comm_new is collective only over its members).
+ *
+ * Failure recovery with Open MPI 4.1 (no ULFM): launch with `mpirun --enable-recovery`
+ * so that the death of one rank does not kill the job. Open MPI reports nothing for a
+ * dead peer (a pending receive from it stays pending, MPI_Test succeeds with flag 0
+ * forever), so detection comes from outside (heartbeats, then abort). The survivors
+ * then build a new communicator with MPI_Comm_create_group over the pool, which
+ * involves only the group's members and works with a dead rank in the pool.
+ *
+ * Ordering: like MPI and NCCL, all members issue the same sequence of collective
+ * operations on a communicator; every v1 operation has completed (buffers readable and
+ * reusable) when it returns.
+ */
+#ifndef TIDE_COLLECTIVES_H
+#define TIDE_COLLECTIVES_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "reshard/reshard.h" /* tide_dtype */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a backend's buffers live. */
+typedef enum tide_mem_kind {
+    TIDE_MEM_HOST = 0,   /* ordinary host memory (mpi) */
+    TIDE_MEM_DEVICE = 1, /* CUDA device memory of the current device (nccl) */
+} tide_mem_kind;
+
+/* Reduction operators. */
+typedef enum tide_red_op {
+    TIDE_RED_SUM = 0,
+    TIDE_RED_MAX = 1,
+} tide_red_op;
+
+/* One entry of a grouped point-to-point batch. */
+typedef enum tide_p2p_kind {
+    TIDE_P2P_SEND = 0,
+    TIDE_P2P_RECV = 1,
+} tide_p2p_kind;
+
+typedef struct tide_p2p_op {
+    tide_p2p_kind kind;
+    int peer;     /* communicator rank; may be the caller's own rank (self send/recv) */
+    void *buf;    /* backend memory kind; read for a send, written for a receive */
+    size_t bytes; /* may be 0; a send and its matching receive must agree */
+    size_t run;   /* 0: buf holds bytes contiguous bytes. Otherwise (backends with
+                     TIDE_COLL_CAP_STRIDED) bytes / run runs of run bytes, the k-th at
+                     buf + k * stride; either end may be strided, the other not */
+    size_t stride;
+} tide_p2p_op;
+
+/* Backend capability bits (tide_coll_backend_v1.caps). */
+#define TIDE_COLL_CAP_BF16    (1u << 0) /* allreduce / reduce-scatter on TIDE_BF16 */
+#define TIDE_COLL_CAP_SPLIT   (1u << 1) /* comm_split is implemented natively */
+#define TIDE_COLL_CAP_STRIDED (1u << 2) /* p2p ops may be strided (tide_p2p_op.run) */
+
+/* A worker pool: the processes of one mpirun launch, over an MPI communicator. */
+typedef struct tide_coll_pool tide_coll_pool_t;
+
+/* A communicator over an ordered subset of a pool's ranks. Opaque. */
+typedef struct tide_coll_comm tide_coll_comm_t;
+
+/* An in-flight grouped point-to-point batch (tide_coll_p2p_start). Opaque. */
+typedef struct tide_coll_req tide_coll_req_t;
+
+/* Parameters of tide_coll_comm_new. */
+typedef struct tide_coll_comm_params {
+    const int *members;  /* pool ranks, in the order of the new ranks; caller is one of them */
+    int n_members;       /* >= 1 */
+    int tag;             /* 0..16383; every member passes the same value, and a retried
+                            creation over the same members should use a new one (the
+                            job's generation modulo 16384 is a good choice) */
+    uint32_t timeout_ms; /* fail with TIDE_ERR_TIMEOUT if some member has not arrived
+                            by then (ms); 0: 30000 */
+} tide_coll_comm_params;
+
+/* Opaque stream handle: a cudaStream_t for nccl (NULL = default stream); ignored by mpi. */
+typedef void *tide_coll_stream_t;
+
+#define TIDE_COLL_BACKEND_VERSION 1
+
+/*
+ * The backend interface, version 1. A backend fills one static instance; callers get
+ * it from tide_coll_backend_find. "Blocks" means the call waits for remote peers and
+ * returns TIDE_ERR_ABORTED promptly once the communicator is aborted. "Caller's
+ * thread" means the thread that owns the communicator (see the top of this file).
+ * Every buffer is of the backend's mem_kind unless stated otherwise. The tide_coll_*
+ * wrappers below validate arguments and the abort state before calling these, so a
+ * backend may assume valid arguments and a live communicator on entry.
+ */
+typedef struct tide_coll_backend_v1 {
+    int version;            /* TIDE_COLL_BACKEND_VERSION */
+    const char *name;       /* "mpi", "nccl" */
+    tide_mem_kind mem_kind; /* where buffers must live */
+    unsigned caps;          /* TIDE_COLL_CAP_* */
+
+    /* Creates a communicator over params->members. Blocks (collective over the
+       members only, bounded by params->timeout_ms); caller's thread. */
+    tide_status (*comm_create)(tide_coll_pool_t *pool, const tide_coll_comm_params *params,
+                               tide_coll_comm_t **out);
+    /* Splits parent by colour (colour < 0: no new communicator, *out = NULL). The
+       wrapper has already allgathered (colour, key) over parent: members (n_members,
+       NULL/0 for colour < 0) are the pool ranks of the caller's new communicator in
+       new-rank order, sorted by (key, parent rank). A backend may split natively
+       (ncclCommSplit) but must produce that order. Called by every rank of parent.
+       Blocks, collective over parent; caller's thread. */
+    tide_status (*comm_split)(tide_coll_comm_t *parent, int color, int key, const int *members,
+                              int n_members, tide_coll_comm_t **out);
+    /* Releases the communicator; after an abort it releases only local resources.
+       Does not wait for peers, beyond a bounded flush (nccl: ncclCommFinalize for at
+       most 5 s, then ncclCommAbort); caller's thread. */
+    void (*comm_destroy)(tide_coll_comm_t *comm);
+    /* Backend hook run by tide_coll_comm_abort after the flag is set. Never blocks,
+       any thread, async-signal-unsafe calls forbidden: it must not touch MPI/NCCL. */
+    void (*comm_abort)(tide_coll_comm_t *comm);
+
+    /* Posts a batch of sends and receives together. Does not block; caller's thread.
+       Buffers must stay untouched until the request completes. */
+    tide_status (*p2p_start)(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
+                             tide_coll_stream_t stream, tide_coll_req_t **out);
+    /* Tests a batch: *done = 1 when every op has completed (receives are then readable).
+       Does not block; caller's thread. */
+    tide_status (*req_test)(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done);
+    /* Waits for a batch. Blocks; caller's thread. */
+    tide_status (*req_wait)(tide_coll_comm_t *comm, tide_coll_req_t *req);
+    /* Frees a request (completed, or abandoned after an abort). Caller's thread. */
+    void (*req_free)(tide_coll_comm_t *comm, tide_coll_req_t *req);
+
+    /* recv[i] = op over ranks of send[i], i < count; send == recv is in place.
+       Blocks; caller's thread. */
+    tide_status (*allreduce)(tide_coll_comm_t *comm, const void *send, void *recv, size_t count,
+                             tide_dtype dtype, tide_red_op op, tide_coll_stream_t stream);
+    /* buf (bytes) of root copied to every rank. Blocks; caller's thread. */
+    tide_status (*broadcast)(tide_coll_comm_t *comm, void *buf, size_t bytes, int root,
+                             tide_coll_stream_t stream);
+    /* recv[r * bytes ..] = send of rank r (recv holds size * bytes); send may be
+       recv + rank * bytes (in place). Blocks; caller's thread. */
+    tide_status (*allgather)(tide_coll_comm_t *comm, const void *send, void *recv, size_t bytes,
+                             tide_coll_stream_t stream);
+    /* recv[i] = op over ranks of send[rank * count + i] (send holds size * count).
+       Blocks; caller's thread. */
+    tide_status (*reduce_scatter)(tide_coll_comm_t *comm, const void *send, void *recv,
+                                  size_t count, tide_dtype dtype, tide_red_op op,
+                                  tide_coll_stream_t stream);
+    /* Returns once every member has entered. Blocks; caller's thread. */
+    tide_status (*barrier)(tide_coll_comm_t *comm, tide_coll_stream_t stream);
+
+    /* Memory of mem_kind for staging (executor). Does not block on peers; any thread. */
+    tide_status (*mem_alloc)(size_t bytes, void **out);
+    /* Frees mem_alloc memory; NULL is fine; any thread. */
+    void (*mem_free)(void *ptr);
+    /* Copies height rows of width bytes from src (row pitch spitch) to dst (pitch
+       dpitch), both of mem_kind, ordered on stream. Does not block on peers. */
+    tide_status (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t height, tide_coll_stream_t stream);
+    /* Copies bytes between host memory and mem_kind memory (to_host selects the
+       direction); returns when done. Caller's thread. */
+    tide_status (*copy_host)(void *dst, const void *src, size_t bytes, int to_host,
+                             tide_coll_stream_t stream);
+    /* Waits until the work queued on stream has finished (checks the abort flag of comm
+       when not NULL). Blocks; caller's thread. */
+    tide_status (*stream_sync)(tide_coll_comm_t *comm, tide_coll_stream_t stream);
+} tide_coll_backend_v1;
+
+/* ---- backends and pools -------------------------------------------------------- */
+
+/* Finds a backend by name ("mpi", "nccl"); TIDE_ERR_NOT_FOUND with the list of built
+   backends otherwise. The table is static; any thread. */
+tide_status tide_coll_backend_find(const char *name, const tide_coll_backend_v1 **out);
+
+/* Names of the built backends, comma-separated ("mpi,nccl"); static string. */
+const char *tide_coll_backend_names(void);
+
+/* True when dtype is one of the reduction dtypes backend be supports. */
+int tide_coll_backend_has_dtype(const tide_coll_backend_v1 *be, tide_dtype dtype);
+
+/* Creates a pool over world (typically MPI_COMM_WORLD; it is duplicated, so tide's
+   traffic never matches the program's). Collective over world: call it once at start,
+   while every rank is alive. Main thread; caller owns *out. */
+tide_status tide_coll_pool_new(tide_coll_pool_t **out, MPI_Comm world);
+
+/* Frees *self_p and sets it to NULL; NULL is fine. Local only (never blocks). */
+void tide_coll_pool_destroy(tide_coll_pool_t **self_p);
+
+/* This process's rank in the pool. */
+int tide_coll_pool_rank(const tide_coll_pool_t *pool);
+
+/* Number of processes in the pool. */
+int tide_coll_pool_size(const tide_coll_pool_t *pool);
+
+/* ---- communicators ------------------------------------------------------------- */
+
+/* Creates a communicator of backend be over params->members (validated: in range,
+   unique, caller included). Blocks, collective over the members only; caller's thread
+   becomes the owner. Caller owns *out. */
+tide_status tide_coll_comm_new(tide_coll_comm_t **out, const tide_coll_backend_v1 *be,
+                               tide_coll_pool_t *pool, const tide_coll_comm_params *params);
+
+/* Splits parent by colour; colour < 0 takes part but gets *out = NULL. Blocks,
+   collective over parent. Caller owns *out. */
+tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
+                                 tide_coll_comm_t **out);
+
+/* Frees *self_p and sets it to NULL; NULL is fine. Never blocks on peers. */
+void tide_coll_comm_destroy(tide_coll_comm_t **self_p);
+
+/* Aborts comm: every operation blocked on it returns TIDE_ERR_ABORTED promptly, and
+   every later one fails at once. Any thread, never blocks, idempotent. */
+void tide_coll_comm_abort(tide_coll_comm_t *comm);
+
+/* 1 once comm has been aborted (or an operation on it failed); any thread. */
+int tide_coll_comm_aborted(const tide_coll_comm_t *comm);
+
+/* This process's rank in comm. */
+int tide_coll_comm_rank(const tide_coll_comm_t *comm);
+
+/* Number of ranks in comm. */
+int tide_coll_comm_size(const tide_coll_comm_t *comm);
+
+/* Pool rank of comm rank r (r < size); -1 when out of range. */
+int tide_coll_comm_pool_rank(const tide_coll_comm_t *comm, int r);
+
+/* The backend comm was created with. */
+const tide_coll_backend_v1 *tide_coll_comm_backend(const tide_coll_comm_t *comm);
+
+/* ---- operations (see the table above for the contract of each) ----------------- */
+
+/* Posts and waits for a batch of sends and receives. Blocks; owner thread. */
+tide_status tide_coll_group_p2p(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
+                                tide_coll_stream_t stream);
+
+/* Posts a batch; the caller tests/waits and frees *out. Does not block; owner thread. */
+tide_status tide_coll_p2p_start(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
+                                tide_coll_stream_t stream, tide_coll_req_t **out);
+
+/* Tests a batch without blocking; *done = 1 once complete. Owner thread. */
+tide_status tide_coll_req_test(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done);
+
+/* Waits for a batch. Blocks; owner thread. */
+tide_status tide_coll_req_wait(tide_coll_comm_t *comm, tide_coll_req_t *req);
+
+/* Frees *req_p (complete or abandoned) and sets it to NULL; NULL is fine. Owner thread. */
+void tide_coll_req_free(tide_coll_comm_t *comm, tide_coll_req_t **req_p);
+
+/* Allreduce of count elements (f32, f64, bf16 where supported, i32, i64). Blocks. */
+tide_status tide_coll_allreduce(tide_coll_comm_t *comm, const void *send, void *recv, size_t count,
+                                tide_dtype dtype, tide_red_op op, tide_coll_stream_t stream);
+
+/* Broadcast of bytes from root. Blocks. */
+tide_status tide_coll_broadcast(tide_coll_comm_t *comm, void *buf, size_t bytes, int root,
+                                tide_coll_stream_t stream);
+
+/* Allgather of bytes per rank into recv (size * bytes). Blocks. */
+tide_status tide_coll_allgather(tide_coll_comm_t *comm, const void *send, void *recv, size_t bytes,
+                                tide_coll_stream_t stream);
+
+/* Reduce-scatter: each rank receives count reduced elements. Blocks. */
+tide_status tide_coll_reduce_scatter(tide_coll_comm_t *comm, const void *send, void *recv,
+                                     size_t count, tide_dtype dtype, tide_red_op op,
+                                     tide_coll_stream_t stream);
+
+/* Barrier. Blocks. */
+tide_status tide_coll_barrier(tide_coll_comm_t *comm, tide_coll_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COLLECTIVES_H */

@@ -1,0 +1,112 @@
+/*
+ * The reshard executor: runs a reshard/ plan over a tide communicator, moving each
+ * worker's old local shards into its new local shards.
+ *
+ * Order of work on each rank: the transfers are packed per peer rank into one byte
+ * stream per (sender, receiver) pair in plan order, cut into rounds of at most the
+ * chunk size; round k posts chunk k of every stream of the rank as one grouped p2p
+ * batch, so transfers to and from different peers are in flight together (two rounds
+ * when the cap allows). Inside a round an item of at least pack_below bytes is its own
+ * message, moved in place when it is contiguous, or strided in place when the backend
+ * has TIDE_COLL_CAP_STRIDED (mpi: an MPI vector type); smaller items, and strided ones
+ * elsewhere (nccl), are gathered into a staging buffer and scattered back on the
+ * receiver (cudaMemcpy2DAsync on device memory). The plan's local copies (src == dst)
+ * are issued first in plan order, in 4 MiB slices while the first rounds are in flight,
+ * so that they overlap the network instead of delaying it.
+ *
+ * Staging memory: every stream owns its staging slots, so no stream ever waits for
+ * another's memory (no deadlock whatever the plan). Rank q's chunk size is
+ *     c_q = min(max_chunk, staging_cap / (depth_q * streams_q))
+ * and a pair uses min(c_src, c_dst), computed by both ends from the full plan; hence
+ * peak staging <= staging_cap on every rank. Because of that, every rank must pass the
+ * same full plan (tide_reshard_plan, not tide_reshard_plan_for) and the same
+ * staging_cap and max_chunk; the mpi backend detects a disagreement on sizes
+ * (TIDE_ERR_PROTOCOL) instead of corrupting memory.
+ *
+ * Workload: plans of up to ~10^5 items per rank and GiBs of state; setup is
+ * O(items log items), the data moves at close to the backend's point-to-point rate.
+ */
+#ifndef TIDE_COLLECTIVES_EXECUTOR_H
+#define TIDE_COLLECTIVES_EXECUTOR_H
+
+#include <stdint.h>
+
+#include "collectives/collectives.h"
+#include "reshard/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_EXEC_DEFAULT_STAGING_CAP ((uint64_t)256 << 20) /* bytes */
+#define TIDE_EXEC_DEFAULT_MAX_CHUNK   ((uint64_t)32 << 20)  /* bytes */
+#define TIDE_EXEC_MAX_CHUNK_LIMIT     ((uint64_t)1 << 30)   /* bytes */
+#define TIDE_EXEC_DEFAULT_PACK_BELOW  ((uint64_t)64 << 10)  /* bytes */
+
+/* Called on the executing thread after the local copies and after each round. */
+typedef void (*tide_exec_progress_fn)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+
+typedef struct tide_exec_args {
+    const tide_plan_t *plan;          /* the full plan; the same on every rank */
+    size_t n_workers;                 /* > every worker id in the plan */
+    size_t n_tensors;                 /* > every tensor index in the plan */
+    const int *rank_of_worker;        /* [n_workers]: communicator rank running each worker
+                                         (several workers may share a rank: transfers between
+                                         them go through the backend's self send/recv); -1 for
+                                         none; NULL: worker w is rank w */
+    void *const *const *old_bufs;     /* [n_workers][n_tensors] old local shards of this rank's
+                                         workers (backend memory kind); NULL elsewhere */
+    void *const *const *new_bufs;     /* [n_workers][n_tensors] new local shards, written */
+    const uint64_t *const *old_bytes; /* optional sizes (bytes) of old_bufs for bounds
+                                         checks; NULL: trusted */
+    const uint64_t *const *new_bytes; /* optional sizes (bytes) of new_bufs */
+} tide_exec_args;
+
+typedef struct tide_exec_opts {
+    uint64_t staging_cap; /* bytes; 0: TIDE_EXEC_DEFAULT_STAGING_CAP (env TIDE_STAGING_CAP
+                             in programs that use tide_opts) */
+    uint64_t max_chunk;   /* bytes per round and stream, <= 1 GiB; 0: default 32 MiB */
+    uint64_t pack_below;  /* items smaller than this are packed together into one message
+                             (fewer messages, one copy more); bigger ones travel alone and
+                             in place when contiguous. Bytes; 0: default 64 KiB */
+    /* staging_cap, max_chunk and pack_below must be equal on every rank */
+    tide_exec_progress_fn progress; /* may be NULL */
+    void *progress_ctx;
+    tide_coll_stream_t stream; /* nccl: the CUDA stream for packing and transfers */
+} tide_exec_opts;
+
+typedef struct tide_exec_stats {
+    uint64_t bytes_sent;   /* transfers this rank sent (self transfers included) */
+    uint64_t bytes_recv;   /* transfers this rank received */
+    uint64_t bytes_local;  /* local copies */
+    uint64_t bytes_staged; /* bytes sent or received through staging (not in place) */
+    uint64_t peak_staging; /* most staging memory held at once (bytes), <= staging_cap */
+    uint64_t staging_cap;  /* the cap in effect */
+    uint64_t chunk_bytes;  /* this rank's chunk size c_q */
+    uint64_t messages;     /* chunks sent */
+    uint64_t rounds;       /* p2p batches posted */
+    int peers;             /* streams (send + receive) of this rank */
+    double seconds;        /* wall time of the whole call */
+} tide_exec_stats;
+
+/* Fills opts with the defaults (cap 256 MiB, chunk 32 MiB, no callback, NULL stream). */
+void tide_exec_opts_init(tide_exec_opts *opts);
+
+/*
+ * Runs the plan for the workers hosted by this rank. Collective over comm: every rank
+ * calls it with the same plan, even one with nothing to move. Argument problems found
+ * on any rank (bad worker or tensor index, missing buffer, out-of-bounds region, cap too
+ * small) make every rank return an error before any byte moves: TIDE_ERR_INVALID (or
+ * the local cause) with a detail on the rank that found it, TIDE_ERR_PEER on the others.
+ * On success new_bufs hold their new shards; stats (may be NULL) describe the run.
+ * Blocks; the communicator's owner thread; aborting comm stops it with
+ * TIDE_ERR_ABORTED (new buffers then partially written).
+ */
+tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *args,
+                                 const tide_exec_opts *opts, tide_exec_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COLLECTIVES_EXECUTOR_H */

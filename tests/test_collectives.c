@@ -1,0 +1,121 @@
+/*
+ * Unit tests for collectives/ pieces that need no running MPI job: backend lookup,
+ * the host reductions (bf16 rounding included) that make results bit-identical on
+ * every rank, argument checks of the wrappers and of the executor, and the refusal
+ * to build a pool before MPI is initialised.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "collectives/collectives.h"
+#include "collectives/collectives_int.h"
+#include "collectives/executor.h"
+
+Test(coll_backend, lookup_by_name)
+{
+    const tide_coll_backend_v1 *be = NULL;
+    cr_assert_eq(tide_coll_backend_find("mpi", &be), TIDE_OK);
+    cr_assert_str_eq(be->name, "mpi");
+    cr_assert_eq(be->mem_kind, TIDE_MEM_HOST);
+    cr_assert_eq(be->version, TIDE_COLL_BACKEND_VERSION);
+    cr_expect(be->comm_create && be->comm_split && be->comm_destroy && be->comm_abort &&
+              be->p2p_start && be->req_test && be->req_wait && be->req_free && be->allreduce &&
+              be->broadcast && be->allgather && be->reduce_scatter && be->barrier &&
+              be->mem_alloc && be->mem_free && be->copy2d && be->copy_host && be->stream_sync);
+    cr_expect_eq(tide_coll_backend_find("ucc", &be), TIDE_ERR_NOT_FOUND);
+    cr_expect_null(be);
+    cr_expect(strstr(tide_last_error(), "ucc") != NULL);
+#ifdef TIDE_HAVE_NCCL
+    cr_expect_eq(tide_coll_backend_find("nccl", &be), TIDE_OK);
+    cr_expect_eq(be->mem_kind, TIDE_MEM_DEVICE);
+    cr_expect_str_eq(tide_coll_backend_names(), "mpi,nccl");
+#else
+    cr_expect_eq(tide_coll_backend_find("nccl", &be), TIDE_ERR_NOT_FOUND);
+    cr_expect(strstr(tide_last_error(), "CUDA") != NULL);
+#endif
+}
+
+Test(coll_backend, dtypes)
+{
+    const tide_coll_backend_v1 *be = NULL;
+    cr_assert_eq(tide_coll_backend_find("mpi", &be), TIDE_OK);
+    cr_expect(tide_coll_backend_has_dtype(be, TIDE_F32));
+    cr_expect(tide_coll_backend_has_dtype(be, TIDE_F64));
+    cr_expect(tide_coll_backend_has_dtype(be, TIDE_BF16));
+    cr_expect(tide_coll_backend_has_dtype(be, TIDE_I32));
+    cr_expect(tide_coll_backend_has_dtype(be, TIDE_I64));
+    cr_expect(!tide_coll_backend_has_dtype(be, TIDE_F16));
+    cr_expect(!tide_coll_backend_has_dtype(be, TIDE_U8));
+    cr_expect(!tide_coll_backend_has_dtype(NULL, TIDE_F32));
+}
+
+Test(coll_reduce, bf16_rounds_to_nearest_even)
+{
+    cr_expect_eq(tide__f32_to_bf16(1.0f), 0x3f80);
+    cr_expect_eq(tide__bf16_to_f32(0x3f80), 1.0f);
+    /* 1 + 2^-8 is exactly half way between bf16 1.0 and 1 + 2^-7: ties to even (1.0). */
+    cr_expect_eq(tide__f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    /* 1 + 3 * 2^-8 is half way between 1 + 2^-7 (odd) and 1 + 2^-6: goes up. */
+    cr_expect_eq(tide__f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    cr_expect_eq(tide__f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+    cr_expect(isnan(tide__bf16_to_f32(tide__f32_to_bf16(NAN))));
+    cr_expect_eq(tide__f32_to_bf16(-2.0f), 0xc000);
+}
+
+Test(coll_reduce, every_dtype_and_op)
+{
+    float f[3] = {1, -2, 3.5f}, g[3] = {2, -5, 0.25f};
+    tide__reduce_host(f, g, 3, TIDE_F32, TIDE_RED_SUM);
+    cr_expect(f[0] == 3 && f[1] == -7 && f[2] == 3.75f);
+    tide__reduce_host(f, g, 3, TIDE_F32, TIDE_RED_MAX);
+    cr_expect(f[0] == 3 && f[1] == -5 && f[2] == 3.75f);
+    double d[2] = {1e300, -1}, e[2] = {1e300, 4};
+    tide__reduce_host(d, e, 2, TIDE_F64, TIDE_RED_MAX);
+    cr_expect(d[0] == 1e300 && d[1] == 4);
+    int32_t i[2] = {INT32_MAX, -3}, j[2] = {1, -4};
+    tide__reduce_host(i, j, 2, TIDE_I32, TIDE_RED_SUM); /* wraps, no UB */
+    cr_expect(i[0] == INT32_MIN && i[1] == -7);
+    int64_t k[2] = {5, -9}, l[2] = {-6, -8};
+    tide__reduce_host(k, l, 2, TIDE_I64, TIDE_RED_MAX);
+    cr_expect(k[0] == 5 && k[1] == -8);
+    uint16_t b[2] = {tide__f32_to_bf16(1.5f), tide__f32_to_bf16(-3)};
+    uint16_t c[2] = {tide__f32_to_bf16(2.25f), tide__f32_to_bf16(-1)};
+    tide__reduce_host(b, c, 2, TIDE_BF16, TIDE_RED_SUM);
+    cr_expect(tide__bf16_to_f32(b[0]) == 3.75f && tide__bf16_to_f32(b[1]) == -4.0f);
+    cr_expect_eq(tide__red_dtype_size(TIDE_BF16), 2);
+    cr_expect_eq(tide__red_dtype_size(TIDE_U8), 0);
+}
+
+Test(coll_wrappers, arguments_are_checked_without_a_job)
+{
+    int x = 0;
+    cr_expect_eq(tide_coll_allreduce(NULL, &x, &x, 1, TIDE_I32, TIDE_RED_SUM, NULL),
+                 TIDE_ERR_INVALID);
+    cr_expect_eq(tide_coll_barrier(NULL, NULL), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_coll_group_p2p(NULL, NULL, 0, NULL), TIDE_ERR_INVALID);
+    tide_coll_comm_t *c = (tide_coll_comm_t *)&x;
+    cr_expect_eq(tide_coll_comm_split(NULL, 0, 0, &c), TIDE_ERR_INVALID);
+    cr_expect_null(c);
+    tide_coll_comm_abort(NULL);
+    tide_coll_comm_destroy(NULL);
+    cr_expect(tide_coll_comm_aborted(NULL));
+    cr_expect_eq(tide_coll_comm_size(NULL), 0);
+    tide_coll_pool_t *pool = (tide_coll_pool_t *)&x;
+    cr_expect_eq(tide_coll_pool_new(&pool, MPI_COMM_WORLD), TIDE_ERR_INVALID);
+    cr_expect_null(pool);
+    cr_expect(strstr(tide_last_error(), "MPI_Init_thread") != NULL);
+}
+
+Test(coll_executor, defaults_and_arguments)
+{
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    cr_expect_eq(o.staging_cap, 256ull << 20);
+    cr_expect_eq(o.max_chunk, TIDE_EXEC_DEFAULT_MAX_CHUNK);
+    cr_expect_null(o.progress);
+    tide_exec_stats st;
+    memset(&st, 0xff, sizeof st);
+    cr_expect_eq(tide_reshard_execute(NULL, NULL, &o, &st), TIDE_ERR_INVALID);
+    cr_expect_eq(st.bytes_sent, 0);
+}

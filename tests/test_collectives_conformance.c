@@ -1,0 +1,1215 @@
+/*
+ * The collectives conformance suite: one program run against every backend
+ * (--backend mpi under mpirun -np 2, 4, 8; --backend nccl on one GPU from
+ * scripts/gpu-check.sh). Every check compares exact bytes: reductions use small
+ * integers that every dtype, bf16 included, represents exactly.
+ *
+ * Covered: backend lookup; communicators over the pool, reversed and shuffled
+ * subsets, argument errors, allocation failures; allreduce (sum, max; f32, f64,
+ * bf16, i32, i64) over sizes including 0 and sizes not divisible by the rank count,
+ * in place and not; reduce-scatter; allgather; broadcast from every root; barrier;
+ * colour splits (nested, and colour -1); grouped p2p (ring, all-to-all with random
+ * sizes including 0 and self, several messages per peer, start/test); abort while a
+ * peer never arrives (error within 1 s of the abort); the reshard executor on random
+ * hand-made strided plans and, when reshard/ is built, on random planner plans, with
+ * the gathered state bit-identical, progress reported and staging under the cap; the
+ * executor's argument and allocation-failure agreement.
+ *
+ * Sizes are small so that 8 oversubscribed ranks on 2 cores finish in seconds.
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collectives/collectives.h"
+#include "collectives/executor.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "mpi_test.h"
+#ifdef TIDE_HAVE_CUDA
+#include "gpu_test.h"
+#endif
+
+static const tide_coll_backend_v1 *be;
+static tide_coll_pool_t *pool;
+static int me, np;
+static uint64_t seed = 12345;
+static int next_tag = 1; /* creation tags; advanced identically on every rank */
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+/* Deterministic generator: every rank draws the same numbers from the same state. */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static uint64_t rng_below(uint64_t *s, uint64_t n)
+{
+    return n ? rng_next(s) % n : 0;
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    MT_OK(be->mem_alloc(bytes, &p));
+    return p;
+}
+
+static void put(void *dev, const void *host, size_t bytes)
+{
+    MT_OK(be->copy_host(dev, host, bytes, 0, NULL));
+}
+
+static void get(void *host, const void *dev, size_t bytes)
+{
+    MT_OK(be->copy_host(host, dev, bytes, 1, NULL));
+}
+
+static tide_coll_comm_t *make_comm(const int *members, int n)
+{
+    tide_coll_comm_params p = {
+        .members = members, .n_members = n, .tag = next_tag++, .timeout_ms = 20000};
+    tide_coll_comm_t *c = NULL;
+    MT_OK(tide_coll_comm_new(&c, be, pool, &p));
+    return c;
+}
+
+static tide_coll_comm_t *world_comm(void)
+{
+    int *m = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        m[i] = i;
+    tide_coll_comm_t *c = make_comm(m, np);
+    free(m);
+    return c;
+}
+
+/* Small integer that every dtype represents exactly. */
+static int val(int rank, size_t i, int op)
+{
+    int v = (int)((rank * 7 + i * 13 + (i >> 3)) % 16);
+    return op == TIDE_RED_MAX ? v - 8 : v;
+}
+
+static void set_elem(void *buf, tide_dtype dt, size_t i, int v)
+{
+    switch (dt) {
+    case TIDE_F32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case TIDE_F64:
+        ((double *)buf)[i] = (double)v;
+        break;
+    case TIDE_I32:
+        ((int32_t *)buf)[i] = v;
+        break;
+    case TIDE_I64:
+        ((int64_t *)buf)[i] = v;
+        break;
+    case TIDE_BF16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16); /* exact for small integers */
+        break;
+    }
+    default:
+        MT_FAIL("dtype %d", (int)dt);
+    }
+}
+
+static size_t esize(tide_dtype dt)
+{
+    return dt == TIDE_F64 || dt == TIDE_I64 ? 8 : dt == TIDE_BF16 ? 2 : 4;
+}
+
+static const tide_dtype dtypes[] = {TIDE_F32, TIDE_F64, TIDE_BF16, TIDE_I32, TIDE_I64};
+
+/* Sizes including 0, 1, and sizes not divisible by the rank count. */
+static size_t sizes[8];
+static int n_sizes;
+
+static void make_sizes(uint64_t *s)
+{
+    n_sizes = 0;
+    sizes[n_sizes++] = 0;
+    sizes[n_sizes++] = 1;
+    sizes[n_sizes++] = (size_t)np + 1;
+    sizes[n_sizes++] = (size_t)np * 7 + 3;
+    sizes[n_sizes++] = 1 + (size_t)rng_below(s, 3000);
+    if (np > 1)
+        sizes[n_sizes++] = (size_t)np - 1;
+}
+
+/* ---- lookup and communicators -------------------------------------------------------- */
+
+static void test_lookup(void)
+{
+    const tide_coll_backend_v1 *b = NULL;
+    MT_OK(tide_coll_backend_find("mpi", &b));
+    MT_ASSERT(b && strcmp(b->name, "mpi") == 0 && b->mem_kind == TIDE_MEM_HOST &&
+                  b->version == TIDE_COLL_BACKEND_VERSION,
+              "mpi backend table");
+    MT_ASSERT(tide_coll_backend_find("gloo", &b) == TIDE_ERR_NOT_FOUND && b == NULL,
+              "unknown backend must be NOT_FOUND");
+    MT_ASSERT(strstr(tide_last_error(), "mpi") != NULL, "detail lists the built backends: %s",
+              tide_last_error());
+    MT_ASSERT(tide_coll_backend_find(NULL, &b) == TIDE_ERR_INVALID, "NULL name");
+#ifdef TIDE_HAVE_NCCL
+    MT_OK(tide_coll_backend_find("nccl", &b));
+    MT_ASSERT(b->mem_kind == TIDE_MEM_DEVICE, "nccl is device memory");
+#else
+    MT_ASSERT(tide_coll_backend_find("nccl", &b) == TIDE_ERR_NOT_FOUND, "nccl not built");
+#endif
+    MT_ASSERT(tide_coll_backend_has_dtype(be, TIDE_F32) &&
+                  tide_coll_backend_has_dtype(be, TIDE_I64),
+              "f32 and i64");
+    MT_ASSERT(!tide_coll_backend_has_dtype(be, TIDE_U8), "u8 is not a reduction dtype");
+    mt_pass("lookup");
+}
+
+static void test_comm_basics(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    MT_ASSERT(tide_coll_comm_rank(c) == me && tide_coll_comm_size(c) == np, "world ranks");
+    for (int r = 0; r < np; r++)
+        MT_ASSERT(tide_coll_comm_pool_rank(c, r) == r, "pool rank of %d", r);
+    MT_ASSERT(tide_coll_comm_pool_rank(c, np) == -1, "out of range pool rank");
+    MT_ASSERT(tide_coll_comm_backend(c) == be && !tide_coll_comm_aborted(c), "backend, state");
+    tide_coll_comm_destroy(&c);
+    MT_ASSERT(c == NULL, "destroy nulls the pointer");
+    tide_coll_comm_destroy(&c); /* NULL is fine */
+
+    int *rev = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        rev[i] = np - 1 - i;
+    c = make_comm(rev, np);
+    MT_ASSERT(tide_coll_comm_rank(c) == np - 1 - me, "reversed order gives reversed ranks");
+    tide_coll_comm_destroy(&c);
+
+    /* Argument errors are local and immediate. */
+    tide_coll_comm_params p = {.members = rev, .n_members = np, .tag = 5};
+    if (np > 1) {
+        rev[1] = rev[0];
+        MT_ASSERT(tide_coll_comm_new(&c, be, pool, &p) == TIDE_ERR_INVALID && c == NULL,
+                  "duplicate member");
+        MT_ASSERT(strstr(tide_last_error(), "twice") != NULL, "detail: %s", tide_last_error());
+    }
+    int other[1] = {(me + 1) % np};
+    p.members = other;
+    p.n_members = 1;
+    if (np > 1)
+        MT_ASSERT(tide_coll_comm_new(&c, be, pool, &p) == TIDE_ERR_INVALID, "caller not a member");
+    int bad[1] = {np + 3};
+    p.members = bad;
+    MT_ASSERT(tide_coll_comm_new(&c, be, pool, &p) == TIDE_ERR_INVALID, "member out of range");
+    int self[1] = {me};
+    p.members = self;
+    p.tag = 999999;
+    MT_ASSERT(tide_coll_comm_new(&c, be, pool, &p) == TIDE_ERR_RANGE, "tag out of range");
+    free(rev);
+
+    /* Allocation failures: every member fails at the same allocation, before any
+       message, so nobody is left waiting; each failure is a clean NOMEM. */
+    int *all = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        all[i] = i;
+    for (long k = 1; k < 50; k++) {
+        tide_alloc_fail_at(k, 0);
+        tide_coll_comm_params q = {.members = all, .n_members = np, .tag = next_tag++};
+        tide_status rc = tide_coll_comm_new(&c, be, pool, &q);
+        long failed = tide_alloc_failures();
+        tide_alloc_fail_at(0, 0);
+        if (failed == 0) {
+            MT_OK(rc);
+            break;
+        }
+        MT_ASSERT(rc == TIDE_ERR_NOMEM && c == NULL, "allocation %ld failing gives %s", k,
+                  tide_status_name(rc));
+    }
+    MT_ASSERT(c != NULL, "creation succeeds once allocations do");
+    MT_OK(tide_coll_barrier(c, NULL));
+    tide_coll_comm_destroy(&c);
+    free(all);
+    mt_pass("communicators");
+}
+
+/* ---- collectives ---------------------------------------------------------------------- */
+
+static void check_allreduce(tide_coll_comm_t *c, const int *members, tide_dtype dt, tide_red_op op,
+                            size_t count, int in_place)
+{
+    int n = tide_coll_comm_size(c);
+    size_t es = esize(dt), bytes = count * es;
+    unsigned char *h = malloc(bytes + 1), *want = malloc(bytes + 1), *got = malloc(bytes + 1);
+    int self = members[tide_coll_comm_rank(c)];
+    for (size_t i = 0; i < count; i++) {
+        set_elem(h, dt, i, val(self, i, op));
+        int acc = op == TIDE_RED_SUM ? 0 : -1000;
+        for (int r = 0; r < n; r++) {
+            int v = val(members[r], i, op);
+            acc = op == TIDE_RED_SUM ? acc + v : (v > acc ? v : acc);
+        }
+        set_elem(want, dt, i, acc);
+    }
+    void *ds = dalloc(bytes), *dr = in_place ? ds : dalloc(bytes);
+    put(ds, h, bytes);
+    MT_OK(tide_coll_allreduce(c, ds, dr, count, dt, op, NULL));
+    get(got, dr, bytes);
+    MT_ASSERT(memcmp(got, want, bytes) == 0, "allreduce dtype %d op %d count %zu in_place %d", dt,
+              op, count, in_place);
+    be->mem_free(ds);
+    if (!in_place)
+        be->mem_free(dr);
+    free(h);
+    free(want);
+    free(got);
+}
+
+static void run_collectives(tide_coll_comm_t *c, const int *members, uint64_t *s)
+{
+    int n = tide_coll_comm_size(c), r = tide_coll_comm_rank(c);
+    make_sizes(s);
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        if (!tide_coll_backend_has_dtype(be, dtypes[d]))
+            continue;
+        for (int k = 0; k < n_sizes; k++)
+            for (int op = 0; op < 2; op++)
+                check_allreduce(c, members, dtypes[d], (tide_red_op)op, sizes[k], k & 1);
+    }
+
+    /* reduce-scatter: recv[i] = sum over ranks of send[r * count + i]. */
+    for (int k = 0; k < n_sizes; k++) {
+        size_t count = sizes[k] % 700, total = count * (size_t)n;
+        int32_t *h = malloc(4 * total + 4), *got = malloc(4 * count + 4);
+        for (size_t i = 0; i < total; i++)
+            h[i] = val(members[r], i, TIDE_RED_SUM);
+        void *ds = dalloc(4 * total), *dr = dalloc(4 * count);
+        put(ds, h, 4 * total);
+        MT_OK(tide_coll_reduce_scatter(c, ds, dr, count, TIDE_I32, TIDE_RED_SUM, NULL));
+        get(got, dr, 4 * count);
+        for (size_t i = 0; i < count; i++) {
+            int32_t want = 0;
+            for (int q = 0; q < n; q++)
+                want += val(members[q], (size_t)r * count + i, TIDE_RED_SUM);
+            MT_ASSERT(got[i] == want, "reduce_scatter count %zu elem %zu: %d != %d", count, i,
+                      got[i], want);
+        }
+        be->mem_free(ds);
+        be->mem_free(dr);
+        free(h);
+        free(got);
+    }
+
+    /* allgather, in place and not. */
+    for (int k = 0; k < n_sizes; k++) {
+        size_t bytes = sizes[k] % 1000;
+        unsigned char *mine = malloc(bytes + 1), *all = malloc(bytes * (size_t)n + 1);
+        for (size_t i = 0; i < bytes; i++)
+            mine[i] = (unsigned char)(members[r] * 31 + i);
+        void *dsend = dalloc(bytes), *dall = dalloc(bytes * (size_t)n);
+        put(dsend, mine, bytes);
+        int in_place = k & 1;
+        if (in_place)
+            put((char *)dall + (size_t)r * bytes, mine, bytes);
+        MT_OK(tide_coll_allgather(c, in_place ? (char *)dall + (size_t)r * bytes : dsend, dall,
+                                  bytes, NULL));
+        get(all, dall, bytes * (size_t)n);
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < bytes; i++)
+                MT_ASSERT(all[(size_t)q * bytes + i] == (unsigned char)(members[q] * 31 + i),
+                          "allgather bytes %zu from rank %d", bytes, q);
+        be->mem_free(dsend);
+        be->mem_free(dall);
+        free(mine);
+        free(all);
+    }
+
+    /* broadcast from every root. */
+    for (int root = 0; root < n; root++) {
+        size_t bytes = root == 0 ? 0 : root == 1 ? 1 : (size_t)rng_below(s, 5000);
+        unsigned char *h = malloc(bytes + 1);
+        for (size_t i = 0; i < bytes; i++)
+            h[i] = r == root ? (unsigned char)(root + i * 7) : 0xAB;
+        void *d = dalloc(bytes);
+        put(d, h, bytes);
+        MT_OK(tide_coll_broadcast(c, d, bytes, root, NULL));
+        get(h, d, bytes);
+        for (size_t i = 0; i < bytes; i++)
+            MT_ASSERT(h[i] == (unsigned char)(root + i * 7), "broadcast root %d byte %zu", root, i);
+        be->mem_free(d);
+        free(h);
+    }
+    MT_ASSERT(tide_coll_broadcast(c, NULL, 4, n, NULL) == TIDE_ERR_INVALID, "bad root");
+    MT_ASSERT(tide_coll_allreduce(c, NULL, NULL, 4, TIDE_U8, TIDE_RED_SUM, NULL) ==
+                  TIDE_ERR_UNSUPPORTED,
+              "u8 reduction");
+    MT_ASSERT(!tide_coll_comm_aborted(c), "argument errors leave the communicator alive");
+    MT_OK(tide_coll_barrier(c, NULL));
+}
+
+static void test_collectives(void)
+{
+    uint64_t s = seed ^ 0x1111;
+    tide_coll_comm_t *c = world_comm();
+    int *m = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        m[i] = i;
+    run_collectives(c, m, &s);
+
+    /* The barrier really waits: rank 0 arrives 100 ms late. */
+    if (np > 1) {
+        if (me == 0)
+            tide_sleep_ms(100);
+        uint64_t t0 = tide_now_ns();
+        MT_OK(tide_coll_barrier(c, NULL));
+        if (me != 0)
+            MT_ASSERT(tide_now_ns() - t0 > 60ull * 1000000, "barrier returned before rank 0 came");
+    }
+    tide_coll_comm_destroy(&c);
+    free(m);
+    mt_pass("collectives");
+}
+
+static void test_subsets(void)
+{
+    uint64_t s = seed ^ 0x2222;
+    /* Evens (reversed) and odds at the same time: creation involves only the members. */
+    int members[64], n = 0;
+    for (int r = np - 1; r >= 0; r--)
+        if (r % 2 == me % 2)
+            members[n++] = r;
+    tide_coll_comm_t *c = make_comm(members, n);
+    MT_ASSERT(tide_coll_comm_size(c) == n && members[tide_coll_comm_rank(c)] == me, "subset rank");
+    run_collectives(c, members, &s);
+    tide_coll_comm_destroy(&c);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    /* A random subset in random order; the others do not take part at all. */
+    int perm[64];
+    for (int i = 0; i < np; i++)
+        perm[i] = i;
+    for (int i = np - 1; i > 0; i--) {
+        int j = (int)rng_below(&s, (uint64_t)i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int k = 1 + (int)rng_below(&s, (uint64_t)np);
+    int in = 0;
+    for (int i = 0; i < k; i++)
+        in |= perm[i] == me;
+    int tag = next_tag++;
+    if (in) {
+        tide_coll_comm_params p = {.members = perm, .n_members = k, .tag = tag};
+        MT_OK(tide_coll_comm_new(&c, be, pool, &p));
+        uint64_t s2 = s;
+        run_collectives(c, perm, &s2);
+        tide_coll_comm_destroy(&c);
+    }
+    mt_pass("subsets");
+}
+
+static void test_split(void)
+{
+    tide_coll_comm_t *w = world_comm();
+    int color = me % 3, key = -me;
+    if (np > 2 && me == 1)
+        color = -1;
+    tide_coll_comm_t *c = NULL;
+    MT_OK(tide_coll_comm_split(w, color, key, &c));
+    if (color < 0) {
+        MT_ASSERT(c == NULL, "colour -1 gets no communicator");
+    } else {
+        int expect[64], n = 0;
+        for (int r = np - 1; r >= 0; r--) /* key -r: descending pool rank */
+            if (r % 3 == color && !(np > 2 && r == 1))
+                expect[n++] = r;
+        MT_ASSERT(tide_coll_comm_size(c) == n, "split size %d != %d", tide_coll_comm_size(c), n);
+        for (int i = 0; i < n; i++)
+            MT_ASSERT(tide_coll_comm_pool_rank(c, i) == expect[i], "split rank %d is pool %d", i,
+                      tide_coll_comm_pool_rank(c, i));
+        uint64_t s = seed ^ 0x3333;
+        run_collectives(c, expect, &s);
+        /* Nested: split the split in two halves by position. */
+        tide_coll_comm_t *cc = NULL;
+        int half = tide_coll_comm_rank(c) < n / 2;
+        MT_OK(tide_coll_comm_split(c, half, 0, &cc));
+        int64_t one = 1, cnt = 0;
+        void *d = dalloc(8);
+        put(d, &one, 8);
+        MT_OK(tide_coll_allreduce(cc, d, d, 1, TIDE_I64, TIDE_RED_SUM, NULL));
+        get(&cnt, d, 8);
+        be->mem_free(d);
+        MT_ASSERT(cnt == (half ? n / 2 : n - n / 2), "nested split size %lld", (long long)cnt);
+        tide_coll_comm_destroy(&cc);
+    }
+    tide_coll_comm_destroy(&c);
+    tide_coll_comm_destroy(&w);
+    mt_pass("split");
+}
+
+/* ---- grouped p2p ------------------------------------------------------------------------ */
+
+static size_t pair_size(uint64_t salt, int src, int dst)
+{
+    uint64_t s =
+        seed ^ salt ^ ((uint64_t)src << 20) ^ ((uint64_t)dst << 40) ^ 0x9E3779B97F4A7C15ull;
+    rng_next(&s);
+    uint64_t v = rng_next(&s) % 8;
+    return v == 0 ? 0 : (size_t)(rng_next(&s) % 4000);
+}
+
+static unsigned char pat(int src, int dst, size_t i, int k)
+{
+    return (unsigned char)(src * 37 + dst * 11 + i * 3 + k * 101);
+}
+
+static void test_p2p(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    /* All-to-all with random sizes (0 included), self included, two messages per peer in
+       one batch (matched in order). */
+    for (int round = 0; round < 3; round++) {
+        int nops = 4 * np;
+        tide_p2p_op *ops = calloc((size_t)nops, sizeof *ops);
+        void **dev = calloc((size_t)nops, sizeof *dev);
+        int k = 0;
+        for (int p = 0; p < np; p++)
+            for (int m = 0; m < 2; m++) {
+                size_t sb = pair_size((uint64_t)round * 2 + (uint64_t)m, me, p);
+                size_t rb = pair_size((uint64_t)round * 2 + (uint64_t)m, p, me);
+                unsigned char *h = malloc(sb + 1);
+                for (size_t i = 0; i < sb; i++)
+                    h[i] = pat(me, p, i, m);
+                dev[k] = dalloc(sb);
+                put(dev[k], h, sb);
+                free(h);
+                ops[k] =
+                    (tide_p2p_op){.kind = TIDE_P2P_SEND, .peer = p, .buf = dev[k], .bytes = sb};
+                k++;
+                dev[k] = dalloc(rb);
+                ops[k] =
+                    (tide_p2p_op){.kind = TIDE_P2P_RECV, .peer = p, .buf = dev[k], .bytes = rb};
+                k++;
+            }
+        if (round == 2) {
+            /* start + test loop instead of the blocking call */
+            tide_coll_req_t *req = NULL;
+            MT_OK(tide_coll_p2p_start(c, ops, (size_t)k, NULL, &req));
+            int done = 0;
+            while (!done)
+                MT_OK(tide_coll_req_test(c, req, &done));
+            tide_coll_req_free(c, &req);
+            MT_ASSERT(req == NULL, "req_free nulls");
+        } else {
+            MT_OK(tide_coll_group_p2p(c, ops, (size_t)k, NULL));
+        }
+        for (int i = 0; i < k; i++) {
+            if (ops[i].kind != TIDE_P2P_RECV)
+                continue;
+            int p = ops[i].peer, m = (i / 2) % 2;
+            unsigned char *h = malloc(ops[i].bytes + 1);
+            get(h, ops[i].buf, ops[i].bytes);
+            for (size_t j = 0; j < ops[i].bytes; j++)
+                MT_ASSERT(h[j] == pat(p, me, j, m), "p2p round %d from %d msg %d byte %zu", round,
+                          p, m, j);
+            free(h);
+        }
+        for (int i = 0; i < k; i++)
+            be->mem_free(dev[i]);
+        free(ops);
+        free(dev);
+    }
+    /* Strided ops (runs of 3 bytes every 5): strided send, contiguous receive, and the
+       other way round, with the neighbours; refused where the backend cannot. */
+    {
+        unsigned char hs[20], hr[20];
+        for (int i = 0; i < 20; i++)
+            hs[i] = (unsigned char)(me * 50 + i);
+        void *ds = dalloc(20), *dr = dalloc(20);
+        put(ds, hs, 20);
+        memset(hr, 0xEE, 20);
+        put(dr, hr, 20);
+        int right = (me + 1) % np, left = (me - 1 + np) % np;
+        tide_p2p_op ops[4] = {
+            {.kind = TIDE_P2P_SEND, .peer = right, .buf = ds, .bytes = 12, .run = 3, .stride = 5},
+            {.kind = TIDE_P2P_RECV, .peer = left, .buf = dr, .bytes = 12},
+            {.kind = TIDE_P2P_SEND, .peer = right, .buf = ds, .bytes = 12},
+            {.kind = TIDE_P2P_RECV, .peer = left, .buf = dr, .bytes = 12, .run = 3, .stride = 5},
+        };
+        if (be->caps & TIDE_COLL_CAP_STRIDED) {
+            MT_OK(tide_coll_group_p2p(c, ops, 2, NULL));
+            get(hr, dr, 20);
+            for (int i = 0; i < 12; i++)
+                MT_ASSERT(hr[i] == (unsigned char)(left * 50 + (i / 3) * 5 + i % 3),
+                          "strided send byte %d", i);
+            memset(hr, 0xEE, 20);
+            put(dr, hr, 20);
+            MT_OK(tide_coll_group_p2p(c, ops + 2, 2, NULL));
+            get(hr, dr, 20);
+            for (int i = 0; i < 20; i++)
+                MT_ASSERT(hr[i] == (i % 5 < 3 && i < 18
+                                        ? (unsigned char)(left * 50 + (i / 5) * 3 + i % 5)
+                                        : 0xEE),
+                          "strided receive byte %d", i);
+        } else {
+            MT_ASSERT(tide_coll_group_p2p(c, ops, 2, NULL) == TIDE_ERR_UNSUPPORTED,
+                      "strided op refused");
+        }
+        be->mem_free(ds);
+        be->mem_free(dr);
+    }
+    /* Bad ops are refused before anything is posted. */
+    tide_p2p_op bad = {.kind = TIDE_P2P_SEND, .peer = np};
+    MT_ASSERT(tide_coll_group_p2p(c, &bad, 1, NULL) == TIDE_ERR_INVALID, "peer out of range");
+    bad.peer = 0;
+    bad.bytes = 10;
+    MT_ASSERT(tide_coll_group_p2p(c, &bad, 1, NULL) == TIDE_ERR_INVALID, "NULL buffer");
+    MT_OK(tide_coll_barrier(c, NULL));
+    tide_coll_comm_destroy(&c);
+    mt_pass("p2p");
+}
+
+/* ---- abort ------------------------------------------------------------------------------- */
+
+struct aborter {
+    tide_coll_comm_t *c;
+    uint64_t delay_ms, at_ns;
+};
+
+static void *abort_later(void *arg)
+{
+    struct aborter *a = arg;
+    tide_sleep_ms(a->delay_ms);
+    a->at_ns = tide_now_ns();
+    tide_coll_comm_abort(a->c); /* from another thread, as the heartbeat thread does */
+    return NULL;
+}
+
+static void expect_aborted_within(tide_coll_comm_t *c, int which)
+{
+    struct aborter a = {c, 150, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, abort_later, &a);
+    tide_status rc;
+    void *d = dalloc(4096);
+    if (which == 0) {
+        rc = tide_coll_allreduce(c, d, d, 1024, TIDE_F32, TIDE_RED_SUM, NULL);
+    } else if (which == 1) {
+        tide_p2p_op op = {
+            .kind = TIDE_P2P_RECV, .peer = 0, .buf = d, .bytes = 100}; /* never sent */
+        rc = tide_coll_group_p2p(c, &op, 1, NULL);
+    } else {
+        rc = tide_coll_barrier(c, NULL);
+    }
+    uint64_t end = tide_now_ns();
+    pthread_join(th, NULL);
+    MT_ASSERT(rc == TIDE_ERR_ABORTED, "blocked op %d returned %s, not ABORTED", which,
+              tide_status_name(rc));
+    MT_ASSERT(end - a.at_ns < 1000ull * 1000000, "op %d returned %.3f s after the abort", which,
+              (double)(end - a.at_ns) / 1e9);
+    MT_ASSERT(tide_coll_comm_aborted(c), "aborted state");
+    uint64_t t0 = tide_now_ns();
+    MT_ASSERT(tide_coll_barrier(c, NULL) == TIDE_ERR_ABORTED, "later ops fail");
+    MT_ASSERT(tide_now_ns() - t0 < 10ull * 1000000, "and fail at once");
+    be->mem_free(d);
+}
+
+static void test_abort(void)
+{
+    /* Abort before anything: immediate error, even with one rank. */
+    tide_coll_comm_t *c = world_comm();
+    tide_coll_comm_abort(c);
+    tide_coll_comm_abort(c); /* idempotent */
+    MT_ASSERT(tide_coll_allreduce(c, NULL, NULL, 0, TIDE_F32, TIDE_RED_SUM, NULL) ==
+                  TIDE_ERR_ABORTED,
+              "op after abort");
+    tide_coll_comm_destroy(&c);
+
+    if (np > 1) {
+        /* Rank 0 is the peer that never arrives; the others block and are aborted. */
+        for (int which = 0; which < 3; which++) {
+            c = world_comm();
+            if (me != 0)
+                expect_aborted_within(c, which);
+            MPI_Barrier(MPI_COMM_WORLD);
+            tide_coll_comm_abort(c); /* a survivor aborts its copy too */
+            tide_coll_comm_destroy(&c);
+        }
+        /* The pool still works: a fresh communicator over everyone. */
+        c = world_comm();
+        MT_OK(tide_coll_barrier(c, NULL));
+        tide_coll_comm_destroy(&c);
+    } else if (strcmp(be->name, "mpi") == 0) {
+        /* One rank: a receive from itself that is never sent. */
+        c = world_comm();
+        expect_aborted_within(c, 1);
+        tide_coll_comm_destroy(&c);
+    }
+    mt_pass("abort");
+}
+
+/* ---- executor: hand-made random plans ------------------------------------------------------ */
+
+typedef struct part {
+    int w;
+    uint32_t r0, r1, c0, c1;
+} part;
+
+typedef struct rplan {
+    int T;
+    uint32_t rows[8], cols[8];
+    part oldp[8][24], newp[8][24];
+    int n_old[8], n_new[8];
+    tide_xfer items[4096];
+    size_t n;
+} rplan;
+
+static unsigned char gbyte(int t, uint32_t r, uint32_t c)
+{
+    uint64_t x = seed ^ ((uint64_t)t << 50) ^ ((uint64_t)r << 25) ^ c;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (unsigned char)(x >> 56);
+}
+
+/* Splits tensor t by rows or columns into parts held by distinct workers, some parts
+   replicated on a second worker. */
+static void partition(uint64_t *s, rplan *p, int t, int W, part *out, int *n_out)
+{
+    int by_rows = (int)rng_below(s, 2);
+    uint32_t dim = by_rows ? p->rows[t] : p->cols[t];
+    int k = 1 + (int)rng_below(s, (uint64_t)(W < (int)dim ? W : (int)dim));
+    int unused[64], n_unused = W, n = 0;
+    for (int w = 0; w < W; w++)
+        unused[w] = w;
+    uint32_t at = 0;
+    for (int i = 0; i < k; i++) {
+        uint32_t end =
+            i == k - 1 ? dim : at + 1 + (uint32_t)rng_below(s, dim - at - (uint32_t)(k - i) + 1);
+        /* a replica only while enough workers remain for the parts still to place */
+        int reps = 1 + (rng_below(s, 3) == 0 && n_unused - 1 > k - i - 1);
+        for (int rep = 0; rep < reps; rep++) {
+            int j = (int)rng_below(s, (uint64_t)n_unused), w = unused[j];
+            unused[j] = unused[--n_unused];
+            part q = {w, 0, p->rows[t], 0, p->cols[t]};
+            if (by_rows) {
+                q.r0 = at;
+                q.r1 = end;
+            } else {
+                q.c0 = at;
+                q.c1 = end;
+            }
+            out[n++] = q;
+        }
+        at = end;
+    }
+    *n_out = n;
+}
+
+static int cmp_item(const void *a, const void *b)
+{
+    const tide_xfer *x = a, *y = b;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    if (x->dst != y->dst)
+        return x->dst < y->dst ? -1 : 1;
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    return x->dst_off < y->dst_off ? -1 : x->dst_off > y->dst_off;
+}
+
+static void make_rplan(uint64_t *s, rplan *p, int W)
+{
+    memset(p, 0, sizeof *p);
+    p->T = 1 + (int)rng_below(s, 4);
+    for (int t = 0; t < p->T; t++) {
+        p->rows[t] = 1 + (uint32_t)rng_below(s, 12);
+        p->cols[t] = 1 + (uint32_t)rng_below(s, 40);
+        partition(s, p, t, W, p->oldp[t], &p->n_old[t]);
+        partition(s, p, t, W, p->newp[t], &p->n_new[t]);
+        /* Every new part takes each overlapping old region from one holder: itself when
+           it holds it (a local copy), else a random replica. */
+        for (int i = 0; i < p->n_new[t]; i++) {
+            part *P = &p->newp[t][i];
+            /* old parts are grouped by region: consecutive entries with equal bounds */
+            for (int j = 0; j < p->n_old[t];) {
+                int e = j;
+                while (e < p->n_old[t] && p->oldp[t][e].r0 == p->oldp[t][j].r0 &&
+                       p->oldp[t][e].c0 == p->oldp[t][j].c0 &&
+                       p->oldp[t][e].r1 == p->oldp[t][j].r1 && p->oldp[t][e].c1 == p->oldp[t][j].c1)
+                    e++;
+                part *Q = &p->oldp[t][j];
+                int src = p->oldp[t][j + (int)rng_below(s, (uint64_t)(e - j))].w;
+                for (int q = j; q < e; q++)
+                    if (p->oldp[t][q].w == P->w)
+                        src = P->w;
+                uint32_t r0 = P->r0 > Q->r0 ? P->r0 : Q->r0, r1 = P->r1 < Q->r1 ? P->r1 : Q->r1;
+                uint32_t c0 = P->c0 > Q->c0 ? P->c0 : Q->c0, c1 = P->c1 < Q->c1 ? P->c1 : Q->c1;
+                if (r0 < r1 && c0 < c1) {
+                    uint32_t qw = Q->c1 - Q->c0, pw = P->c1 - P->c0;
+                    tide_xfer *it = &p->items[p->n++];
+                    it->tensor = (uint32_t)t;
+                    it->src = src;
+                    it->dst = P->w;
+                    it->run = c1 - c0;
+                    it->count = r1 - r0;
+                    it->src_off = (uint64_t)(r0 - Q->r0) * qw + (c0 - Q->c0);
+                    it->src_stride = qw;
+                    it->dst_off = (uint64_t)(r0 - P->r0) * pw + (c0 - P->c0);
+                    it->dst_stride = pw;
+                }
+                j = e;
+            }
+        }
+    }
+    qsort(p->items, p->n, sizeof p->items[0], cmp_item);
+}
+
+struct prog {
+    uint64_t last, total;
+    int calls, monotonic;
+};
+
+static void on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    struct prog *p = ctx;
+    if (done < p->last || done > total)
+        p->monotonic = 0;
+    p->last = done;
+    p->total = total;
+    p->calls++;
+}
+
+static void run_rplan(tide_coll_comm_t *c, uint64_t *s, int W, uint64_t cap, uint64_t chunk)
+{
+    static rplan p;
+    make_rplan(s, &p, W);
+    int *rank_of = malloc(sizeof(int) * (size_t)W);
+    for (int w = 0; w < W; w++)
+        rank_of[w] = w % np;
+    void *oldb[64][8] = {{0}}, *newb[64][8] = {{0}};
+    uint64_t olds[64][8] = {{0}}, news[64][8] = {{0}};
+    void **ob[64], **nb[64];
+    const uint64_t *os[64], *ns[64];
+    for (int w = 0; w < W; w++) {
+        ob[w] = oldb[w];
+        nb[w] = newb[w];
+        os[w] = olds[w];
+        ns[w] = news[w];
+    }
+    for (int t = 0; t < p.T; t++) {
+        for (int side = 0; side < 2; side++) {
+            part *parts = side ? p.newp[t] : p.oldp[t];
+            int n = side ? p.n_new[t] : p.n_old[t];
+            for (int i = 0; i < n; i++) {
+                part *q = &parts[i];
+                if (rank_of[q->w] != me)
+                    continue;
+                uint32_t w = q->c1 - q->c0, h = q->r1 - q->r0;
+                unsigned char *hb = malloc((size_t)w * h);
+                for (uint32_t r = 0; r < h; r++)
+                    for (uint32_t k = 0; k < w; k++)
+                        hb[r * w + k] = side ? 0xEE : gbyte(t, q->r0 + r, q->c0 + k);
+                void *d = dalloc((size_t)w * h);
+                put(d, hb, (size_t)w * h);
+                free(hb);
+                (side ? newb : oldb)[q->w][t] = d;
+                (side ? news : olds)[q->w][t] = (uint64_t)w * h;
+            }
+        }
+    }
+    tide_plan_t plan = {.items = p.items, .n = p.n};
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)W,
+                        .n_tensors = (size_t)p.T,
+                        .rank_of_worker = rank_of,
+                        .old_bufs = (void *const *const *)ob,
+                        .new_bufs = (void *const *const *)nb,
+                        .old_bytes = os,
+                        .new_bytes = ns};
+    struct prog pr = {0, 0, 0, 1};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    o.staging_cap = cap;
+    o.max_chunk = chunk;
+    o.progress = on_progress;
+    o.progress_ctx = &pr;
+    tide_exec_stats st;
+    MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(pr.calls >= 1 && pr.monotonic && pr.last == pr.total, "progress %llu/%llu, %d calls",
+              (unsigned long long)pr.last, (unsigned long long)pr.total, pr.calls);
+    MT_ASSERT(pr.total == st.bytes_local + st.bytes_sent + st.bytes_recv, "progress total");
+    MT_ASSERT(st.peak_staging <= cap, "peak staging %llu > cap %llu",
+              (unsigned long long)st.peak_staging, (unsigned long long)cap);
+    /* Every byte of every new shard equals the global tensor: the state gathered from the
+       new shards is bit-identical to the original. */
+    for (int t = 0; t < p.T; t++)
+        for (int i = 0; i < p.n_new[t]; i++) {
+            part *q = &p.newp[t][i];
+            if (rank_of[q->w] != me)
+                continue;
+            uint32_t w = q->c1 - q->c0, h = q->r1 - q->r0;
+            unsigned char *hb = malloc((size_t)w * h);
+            get(hb, newb[q->w][t], (size_t)w * h);
+            for (uint32_t r = 0; r < h; r++)
+                for (uint32_t k = 0; k < w; k++)
+                    MT_ASSERT(hb[r * w + k] == gbyte(t, q->r0 + r, q->c0 + k),
+                              "tensor %d worker %d byte (%u,%u) W=%d cap=%llu chunk=%llu", t, q->w,
+                              r, k, W, (unsigned long long)cap, (unsigned long long)chunk);
+            free(hb);
+        }
+    for (int w = 0; w < W; w++)
+        for (int t = 0; t < p.T; t++) {
+            if (oldb[w][t])
+                be->mem_free(oldb[w][t]);
+            if (newb[w][t])
+                be->mem_free(newb[w][t]);
+        }
+    free(rank_of);
+}
+
+static void test_executor_random(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    uint64_t s = seed ^ 0x4444;
+    for (int iter = 0; iter < 16; iter++) {
+        int W = 1 + (int)rng_below(&s, (uint64_t)(2 * np < 24 ? 2 * np : 24));
+        uint64_t cap = iter % 3 == 0 ? ((uint64_t)256 << 20) : 64 + rng_below(&s, 16384);
+        /* chunks smaller than a row cut runs into pieces; bigger ones pack whole items */
+        uint64_t chunk = iter % 4 == 0 ? 0
+                         : iter % 2    ? 1 + rng_below(&s, 24)
+                                       : 1 + rng_below(&s, 700);
+        run_rplan(c, &s, W, cap, chunk);
+    }
+    tide_coll_comm_destroy(&c);
+    mt_pass("executor_random_plans");
+}
+
+static void test_executor_errors(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    int W = np;
+    tide_xfer items[2];
+    memset(items, 0, sizeof items);
+    /* worker w sends 16 bytes of tensor 0 to w+1 */
+    unsigned char *hold = calloc(64, 1), *hnew = calloc(64, 1);
+    void *oldb = dalloc(64), *newb = dalloc(64);
+    void *ob_row[1] = {oldb}, *nb_row[1] = {newb};
+    void **ob = calloc((size_t)W, sizeof *ob), **nb = calloc((size_t)W, sizeof *nb);
+    ob[me] = ob_row;
+    nb[me] = nb_row;
+    tide_plan_t plan = {.items = items, .n = 1};
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)W,
+                        .n_tensors = 1,
+                        .old_bufs = (void *const *const *)ob,
+                        .new_bufs = (void *const *const *)nb};
+    items[0] = (tide_xfer){.tensor = 3, .src = 0, .dst = np - 1, .run = 16, .count = 1};
+    MT_ASSERT(tide_reshard_execute(c, &a, NULL, NULL) == TIDE_ERR_INVALID, "bad tensor index");
+    MT_ASSERT(strstr(tide_last_error(), "tensor 3") != NULL, "detail: %s", tide_last_error());
+    items[0].tensor = 0;
+    items[0].src = W + 5;
+    MT_ASSERT(tide_reshard_execute(c, &a, NULL, NULL) == TIDE_ERR_INVALID, "bad worker");
+    /* Only rank 0 lacks the buffer it must send from: it says why, the others learn that
+       a peer failed; nobody hangs and nothing moves. */
+    items[0].src = 0;
+    if (me == 0)
+        ob[0] = NULL;
+    tide_status rc = tide_reshard_execute(c, &a, NULL, NULL);
+    MT_ASSERT(rc == (me == 0  ? TIDE_ERR_INVALID
+                     : np > 1 ? TIDE_ERR_PEER
+                              : TIDE_ERR_INVALID),
+              "missing buffer on rank 0 gives %s here", tide_status_name(rc));
+    ob[me] = ob_row;
+    /* Out of bounds when sizes are given. */
+    uint64_t sz = 64, *szp = &sz;
+    const uint64_t *sizes_row[64];
+    for (int w = 0; w < W && w < 64; w++)
+        sizes_row[w] = szp;
+    a.old_bytes = sizes_row;
+    a.new_bytes = sizes_row;
+    items[0].src_off = 60;
+    MT_ASSERT(tide_reshard_execute(c, &a, NULL, NULL) == (me == 0  ? TIDE_ERR_RANGE
+                                                          : np > 1 ? TIDE_ERR_PEER
+                                                                   : TIDE_ERR_RANGE),
+              "region past the end");
+    items[0].src_off = 0;
+    /* A staging cap too small for the streams. */
+    if (np > 1) {
+        items[0].count = 4;
+        items[0].src_stride = 16;
+        items[0].dst_stride = 16;
+        items[0].run = 1;
+        tide_exec_opts o;
+        tide_exec_opts_init(&o);
+        o.staging_cap = 1; /* rank 0 and np-1 each have one stream: 1 byte per stream works */
+        MT_OK(tide_reshard_execute(c, &a, &o, NULL));
+        items[0].run = 16;
+        items[0].count = 1;
+    }
+    /* Allocation failures in the setup: sticky failures from the k-th allocation on fail
+       every rank before the agreement, and the communicator stays usable. */
+    for (long k = 1; k <= 3; k++) {
+        tide_alloc_fail_at(k, 1);
+        rc = tide_reshard_execute(c, &a, NULL, NULL);
+        tide_alloc_fail_at(0, 0);
+        MT_ASSERT(rc == TIDE_ERR_NOMEM, "allocation %ld failing gives %s", k, tide_status_name(rc));
+        MT_ASSERT(!tide_coll_comm_aborted(c), "setup failures leave the communicator alive");
+    }
+    if (np > 1) {
+        if (me == 0)
+            tide_alloc_fail_at(1, 1);
+        rc = tide_reshard_execute(c, &a, NULL, NULL);
+        tide_alloc_fail_at(0, 0);
+        MT_ASSERT(rc == (me == 0 ? TIDE_ERR_NOMEM : TIDE_ERR_PEER), "one rank out of memory: %s",
+                  tide_status_name(rc));
+    }
+    /* And then it works. */
+    for (int i = 0; i < 64; i++)
+        hold[i] = (unsigned char)(me * 3 + i);
+    put(oldb, hold, 64);
+    MT_OK(tide_reshard_execute(c, &a, NULL, NULL));
+    if (me == np - 1) {
+        get(hnew, newb, 64);
+        for (int i = 0; i < 16; i++)
+            MT_ASSERT(hnew[i] == (unsigned char)(0 * 3 + i), "moved byte %d", i);
+    }
+    be->mem_free(oldb);
+    be->mem_free(newb);
+    free(ob);
+    free(nb);
+    free(hold);
+    free(hnew);
+    tide_coll_comm_destroy(&c);
+    mt_pass("executor_errors");
+}
+
+/* ---- executor: reshard planner plans --------------------------------------------------------- */
+
+#ifdef TIDE_TEST_HAVE_RESHARD
+static void random_layout(uint64_t *s, int max_workers, int layers, tide_layout_t **out)
+{
+    static const int choices[][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1},
+                                     {2, 1, 2}, {1, 2, 2}, {4, 1, 1}, {1, 4, 1}, {1, 1, 4},
+                                     {2, 2, 2}, {1, 4, 2}, {4, 2, 1}, {2, 4, 1}};
+    for (;;) {
+        const int *d = choices[rng_below(s, sizeof choices / sizeof choices[0])];
+        if (d[0] * d[1] * d[2] > max_workers)
+            continue;
+        MT_OK(tide_layout_new(out, d[0], d[1], d[2], layers, 1));
+        /* random placement over worker ids 0..max_workers-1 */
+        int ids[64];
+        for (int i = 0; i < max_workers; i++)
+            ids[i] = i;
+        for (int i = max_workers - 1; i > 0; i--) {
+            int j = (int)rng_below(s, (uint64_t)i + 1), t = ids[i];
+            ids[i] = ids[j];
+            ids[j] = t;
+        }
+        for (size_t i = 0; i < tide_layout_size(*out); i++)
+            (*out)->worker[i] = ids[i];
+        return;
+    }
+}
+
+static void shard_bufs(const tide_layout_t *l, const tide_collection_t *col, unsigned char **global,
+                       const int *rank_of, int fill_from_global, void ***bufs, uint64_t **bytes)
+{
+    size_t T = tide_collection_size(col);
+    for (int p = 0; p < l->pp; p++)
+        for (int d = 0; d < l->dp; d++)
+            for (int t = 0; t < l->tp; t++) {
+                int w = l->worker[tide_layout_index(l, p, d, t)];
+                if (rank_of[w] != me)
+                    continue;
+                for (size_t i = 0; i < T; i++) {
+                    uint64_t b = tide_shard_bytes(l, col, i, p, d, t);
+                    if (b == 0)
+                        continue;
+                    unsigned char *h = malloc(b);
+                    if (fill_from_global)
+                        tide_shard_extract(l, col, i, p, d, t, global[i], h);
+                    else
+                        memset(h, 0xEE, b);
+                    bufs[w][i] = dalloc(b);
+                    put(bufs[w][i], h, b);
+                    bytes[w][i] = b;
+                    free(h);
+                }
+            }
+}
+
+static void test_executor_reshard(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    uint64_t s = seed ^ 0x5555;
+    int max_workers = np * 2 < 8 ? np * 2 : 8;
+    for (int iter = 0; iter < 6; iter++) {
+        tide_model_spec spec = {.layers = 4,
+                                .hidden = 8,
+                                .ffn = 16,
+                                .heads = 2,
+                                .vocab = 16,
+                                .attention = (int)rng_below(&s, 2),
+                                .adam = 1,
+                                .zero1 = (int)rng_below(&s, 2),
+                                .dtype = TIDE_F32};
+        tide_collection_t *col = NULL;
+        MT_OK(tide_collection_build_gpt(&col, &spec));
+        tide_layout_t *ol = NULL, *nl = NULL;
+        random_layout(&s, max_workers, spec.layers, &ol);
+        random_layout(&s, max_workers, spec.layers, &nl);
+        tide_plan_t *plan = NULL;
+        MT_OK(tide_reshard_plan(ol, nl, col, NULL, 0, &plan));
+        size_t T = tide_collection_size(col);
+        unsigned char **global = calloc(T, sizeof *global);
+        for (size_t i = 0; i < T; i++) {
+            uint64_t b = tide_tensor_bytes(tide_collection_tensor(col, i));
+            global[i] = malloc(b);
+            for (uint64_t k = 0; k < b; k++)
+                global[i][k] = gbyte((int)i + iter * 1000, 0, (uint32_t)k);
+        }
+        int W = max_workers;
+        int rank_of[64];
+        for (int w = 0; w < W; w++)
+            rank_of[w] = w % np;
+        void ***ob = calloc((unsigned)W, sizeof *ob), ***nb = calloc((unsigned)W, sizeof *nb);
+        uint64_t **os = calloc((unsigned)W, sizeof *os), **ns = calloc((unsigned)W, sizeof *ns);
+        for (int w = 0; w < W; w++) {
+            ob[w] = calloc(T, sizeof **ob);
+            nb[w] = calloc(T, sizeof **nb);
+            os[w] = calloc(T, sizeof **os);
+            ns[w] = calloc(T, sizeof **ns);
+        }
+        shard_bufs(ol, col, global, rank_of, 1, ob, os);
+        shard_bufs(nl, col, global, rank_of, 0, nb, ns);
+        tide_exec_args a = {.plan = plan,
+                            .n_workers = (size_t)W,
+                            .n_tensors = T,
+                            .rank_of_worker = rank_of,
+                            .old_bufs = (void *const *const *)ob,
+                            .new_bufs = (void *const *const *)nb,
+                            .old_bytes = (const uint64_t *const *)os,
+                            .new_bytes = (const uint64_t *const *)ns};
+        tide_exec_opts o;
+        tide_exec_opts_init(&o);
+        o.staging_cap = 512 + rng_below(&s, 8192);
+        o.max_chunk = 1 + rng_below(&s, 1024);
+        tide_exec_stats st;
+        MT_OK(tide_reshard_execute(c, &a, &o, &st));
+        MT_ASSERT(st.peak_staging <= o.staging_cap, "staging %llu > cap",
+                  (unsigned long long)st.peak_staging);
+        /* The new shards are exactly the new layout's shards of the original state. */
+        for (int p = 0; p < nl->pp; p++)
+            for (int d = 0; d < nl->dp; d++)
+                for (int t = 0; t < nl->tp; t++) {
+                    int w = nl->worker[tide_layout_index(nl, p, d, t)];
+                    if (rank_of[w] != me)
+                        continue;
+                    for (size_t i = 0; i < T; i++) {
+                        uint64_t b = ns[w][i];
+                        if (b == 0)
+                            continue;
+                        unsigned char *want = malloc(b), *got = malloc(b);
+                        tide_shard_extract(nl, col, i, p, d, t, global[i], want);
+                        get(got, nb[w][i], b);
+                        MT_ASSERT(memcmp(want, got, b) == 0, "iter %d tensor %s worker %d", iter,
+                                  tide_collection_tensor(col, i)->name, w);
+                        free(want);
+                        free(got);
+                    }
+                }
+        uint64_t sent = st.bytes_sent, all = 0;
+        MPI_Allreduce(&sent, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+        MT_ASSERT(all == plan->summary.bytes_sent, "bytes sent %llu, plan says %llu",
+                  (unsigned long long)all, (unsigned long long)plan->summary.bytes_sent);
+        for (int w = 0; w < W; w++) {
+            for (size_t i = 0; i < T; i++) {
+                if (ob[w][i])
+                    be->mem_free(ob[w][i]);
+                if (nb[w][i])
+                    be->mem_free(nb[w][i]);
+            }
+            free(ob[w]);
+            free(nb[w]);
+            free(os[w]);
+            free(ns[w]);
+        }
+        free(ob);
+        free(nb);
+        free(os);
+        free(ns);
+        for (size_t i = 0; i < T; i++)
+            free(global[i]);
+        free(global);
+        tide_plan_destroy(&plan);
+        tide_layout_destroy(&ol);
+        tide_layout_destroy(&nl);
+        tide_collection_destroy(&col);
+    }
+    tide_coll_comm_destroy(&c);
+    mt_pass("executor_reshard_plans");
+}
+#endif
+
+/* ---- main ----------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    const char *name = "mpi";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            name = argv[++i];
+        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+    }
+#ifdef TIDE_HAVE_CUDA
+    if (strcmp(name, "nccl") == 0)
+        tide_test_require_gpu("collectives conformance (nccl)");
+#endif
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    MT_ASSERT(np <= 64, "at most 64 ranks");
+    if (tide_coll_backend_find(name, &be) != TIDE_OK) {
+        if (me == 0)
+            printf("SKIP: backend %s: %s\n", name, tide_last_error());
+        MPI_Finalize();
+        return 77;
+    }
+    MT_OK(tide_coll_pool_new(&pool, MPI_COMM_WORLD));
+    if (me == 0)
+        printf("conformance: backend %s, %d ranks, seed %llu\n", name, np,
+               (unsigned long long)seed);
+    uint64_t t0 = tide_now_ns();
+    test_lookup();
+    test_comm_basics();
+    test_collectives();
+    test_subsets();
+    test_split();
+    test_p2p();
+    test_abort();
+    test_executor_random();
+    test_executor_errors();
+#ifdef TIDE_TEST_HAVE_RESHARD
+    test_executor_reshard();
+#else
+    if (me == 0)
+        printf("executor_reshard_plans: not built (reshard/ has no library yet)\n");
+#endif
+    tide_coll_pool_destroy(&pool);
+    if (me == 0)
+        printf("conformance: all passed in %.2f s\n", (double)(tide_now_ns() - t0) / 1e9);
+    MPI_Finalize();
+    return 0;
+}

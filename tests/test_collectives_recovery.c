@@ -1,0 +1,128 @@
+/*
+ * Kill-one-rank recovery, run as `mpirun --enable-recovery -np 4`: the last rank
+ * dies (SIGKILL) while the others wait on it inside an allreduce. A watchdog thread
+ * on each survivor stands in for the worker's heartbeat thread: it notices that the
+ * dead rank's process is gone and calls tide_coll_comm_abort. The survivors must get
+ * TIDE_ERR_ABORTED within 1 s of that, build a communicator over themselves only
+ * (MPI_Comm_create_group over the pool, with the dead rank still in it) and complete
+ * an allreduce with the exact sum. All ranks run on one host, so liveness is read
+ * from /proc (a zombie counts as dead).
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collectives/collectives.h"
+#include "core/clock.h"
+#include "mpi_test.h"
+
+struct watch {
+    int pid;
+    tide_coll_comm_t *comm;
+    uint64_t aborted_at;
+    volatile int stop;
+};
+
+static int process_alive(int pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+static void *watchdog(void *arg)
+{
+    struct watch *w = arg;
+    while (!w->stop) {
+        if (!process_alive(w->pid)) {
+            w->aborted_at = tide_now_ns();
+            tide_coll_comm_abort(w->comm);
+            return NULL;
+        }
+        tide_sleep_ms(5);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int provided = 0, me, np;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    MT_ASSERT(np >= 3 && np <= 64, "run with 3..64 ranks");
+    const tide_coll_backend_v1 *be = NULL;
+    tide_coll_pool_t *pool = NULL;
+    MT_OK(tide_coll_backend_find("mpi", &be));
+    MT_OK(tide_coll_pool_new(&pool, MPI_COMM_WORLD));
+    int members[64], pids[64], mypid = (int)getpid();
+    for (int i = 0; i < np; i++)
+        members[i] = i;
+    MPI_Allgather(&mypid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+    tide_coll_comm_params p = {.members = members, .n_members = np, .tag = 1};
+    tide_coll_comm_t *all = NULL;
+    MT_OK(tide_coll_comm_new(&all, be, pool, &p));
+    MT_OK(tide_coll_barrier(all, NULL)); /* everyone alive and connected */
+    int victim = np - 1;
+    if (me == victim) {
+        tide_sleep_ms(300); /* the others are inside the allreduce by now */
+        raise(SIGKILL);
+    }
+
+    struct watch w = {pids[victim], all, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, watchdog, &w);
+    float x[1000], y[1000];
+    for (int i = 0; i < 1000; i++)
+        x[i] = (float)me;
+    uint64_t t0 = tide_now_ns();
+    tide_status rc = tide_coll_allreduce(all, x, y, 1000, TIDE_F32, TIDE_RED_SUM, NULL);
+    uint64_t t1 = tide_now_ns();
+    w.stop = 1;
+    pthread_join(th, NULL);
+    MT_ASSERT(rc == TIDE_ERR_ABORTED, "allreduce with a dead peer returned %s",
+              tide_status_name(rc));
+    MT_ASSERT(w.aborted_at != 0 && t1 - w.aborted_at < 1000ull * 1000000,
+              "returned %.3f s after the abort", (double)(t1 - w.aborted_at) / 1e9);
+    fprintf(stderr, "[rank %d] allreduce failed after %.3f s (%.1f ms after the abort): %s\n", me,
+            (double)(t1 - t0) / 1e9, (double)(t1 - w.aborted_at) / 1e6, tide_last_error());
+    tide_coll_comm_destroy(&all);
+
+    /* Survivors only: the dead rank is still in the pool but not in the group. */
+    p.n_members = np - 1;
+    p.tag = 2;
+    p.timeout_ms = 10000;
+    tide_coll_comm_t *live = NULL;
+    MT_OK(tide_coll_comm_new(&live, be, pool, &p));
+    MT_ASSERT(tide_coll_comm_size(live) == np - 1, "survivor communicator size");
+    int64_t v[257], want = 0;
+    for (int r = 0; r < np - 1; r++)
+        want += r + 1;
+    for (int i = 0; i < 257; i++)
+        v[i] = me + 1;
+    MT_OK(tide_coll_allreduce(live, v, v, 257, TIDE_I64, TIDE_RED_SUM, NULL));
+    for (int i = 0; i < 257; i++)
+        MT_ASSERT(v[i] == want, "survivor allreduce %lld != %lld", (long long)v[i],
+                  (long long)want);
+    MT_OK(tide_coll_barrier(live, NULL));
+    tide_coll_comm_destroy(&live);
+    tide_coll_pool_destroy(&pool);
+    if (me == 0) {
+        printf("recovery: passed (%d survivors of %d; allreduce sum %lld)\n", np - 1, np,
+               (long long)want);
+        fflush(stdout);
+    }
+    MPI_Finalize();
+    return 0;
+}

@@ -3,7 +3,11 @@
  * hidden 12288, Adam state) between large layouts on one core and prints, per
  * pair: planning time (goal < 50 ms for (dp16,tp8,pp8)@1024 -> (dp12,tp8,pp8)@768),
  * bytes sent / exact lower bound (goal 1.00), largest send / balanced bound,
- * items, messages and the planner's peak memory. Numbers go to --out as JSON.
+ * items, messages and the planner's peak memory. Then placement (issue 7):
+ * for the 175B pairs and a 70B-class model (80 layers, hidden 8192) on 8-GPU
+ * hosts, the bytes a resize sends under tide_reshard_place's map vs the default
+ * rank order, and the placement time (goal < 100 ms at 1,024 workers).
+ * Numbers go to --out as JSON.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +118,85 @@ static double ratio(uint64_t a, uint64_t b)
     return b ? (double)a / (double)b : (a ? 1e9 : 1.0);
 }
 
-static int write_json(const char *path, const row *rows, int n)
+/* ---- placement ------------------------------------------------------------------ */
+
+typedef struct place_case {
+    const char *name;
+    int model; /* 0: 175B, 1: 175B ZeRO-1, 2: 70B */
+    int odp, otp, opp;
+    int ndp, ntp, npp;
+    int idle;      /* idle workers (whole hosts) available beyond the old layout */
+    int lost_host; /* 1: host 0's workers failed */
+} place_case;
+
+typedef struct place_row {
+    const place_case *pc;
+    double place_ms, plan_ms;
+    uint64_t chosen, plain, lower; /* bytes sent under the chosen map / the default order */
+    uint64_t peak_bytes;
+    size_t workers;
+} place_row;
+
+static tide_status run_place(const place_case *pc, const tide_collection_t *c, int reps,
+                             place_row *out)
+{
+    tide_status rc = TIDE_OK;
+    tide_layout_t *o = NULL, *n = NULL, *d = NULL;
+    tide_plan_t *plan = NULL;
+    tide_place_worker *w = NULL;
+    double *ms = calloc((size_t)reps, sizeof *ms);
+    int layers = tide_collection_num_layers(c);
+    TIDE_CHECK_GOTO(tide_layout_new(&o, pc->odp, pc->otp, pc->opp, layers, 2 * pc->opp), rc, done);
+    size_t no = tide_layout_size(o), nw = no + (size_t)pc->idle;
+    w = calloc(nw, sizeof *w);
+    if (w == NULL || ms == NULL)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_NOMEM, "bench: workers");
+    size_t k = 0;
+    for (size_t id = 0; id < nw; id++) {
+        if (pc->lost_host && id < 8)
+            continue; /* failed: not available */
+        w[k].id = (int32_t)id;
+        w[k].host = (int32_t)(id / 8);
+        k++;
+    }
+    tide_place_request rq = {pc->ndp, pc->ntp, pc->npp, 2 * pc->npp, NULL, w, k, 0};
+    out->workers = k;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = tide_now_ns();
+        tide_layout_destroy(&n);
+        TIDE_CHECK_GOTO(tide_reshard_place(o, c, &rq, &n), rc, done);
+        ms[r] = (double)(tide_now_ns() - t0) / 1e6;
+    }
+    out->peak_bytes = tide__reshard_peak_bytes();
+    qsort(ms, (size_t)reps, sizeof *ms, cmp_double);
+    out->place_ms = ms[reps / 2];
+    TIDE_CHECK_GOTO(tide_reshard_place_default(c, &rq, &d), rc, done);
+    TIDE_CHECK_GOTO(tide_reshard_lower_bound(o, n, c, &out->chosen), rc, done);
+    TIDE_CHECK_GOTO(tide_reshard_lower_bound(o, d, c, &out->plain), rc, done);
+    /* The plan under the chosen map (dead workers: the lost host). */
+    uint8_t *alive = calloc(nw, 1);
+    if (alive == NULL)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_NOMEM, "bench: alive");
+    for (size_t x = 0; x < k; x++)
+        alive[w[x].id] = 1;
+    uint64_t t0 = tide_now_ns();
+    rc = tide_reshard_plan(o, n, c, alive, nw, &plan);
+    out->plan_ms = (double)(tide_now_ns() - t0) / 1e6;
+    free(alive);
+    if (rc != TIDE_OK)
+        goto done;
+    out->lower = plan->summary.bytes_sent;
+done:
+    free(ms);
+    free(w);
+    tide_plan_destroy(&plan);
+    tide_layout_destroy(&o);
+    tide_layout_destroy(&n);
+    tide_layout_destroy(&d);
+    return rc;
+}
+
+static int write_json(const char *path, const row *rows, int n, const place_row *pr, int npr)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s", path);
@@ -143,6 +225,17 @@ static int write_json(const char *path, const row *rows, int n)
                 (unsigned long long)r->s.max_recv, (unsigned long long)r->s.messages, r->items,
                 r->items_for, (unsigned long long)r->peak_bytes,
                 (unsigned long long)r->peak_for_bytes, r->rss_delta_kb, i + 1 < n ? "," : "");
+    }
+    fprintf(f, "  ],\n  \"placement\": [\n");
+    for (int i = 0; i < npr; i++) {
+        const place_row *r = &pr[i];
+        fprintf(f,
+                "    {\"pair\": \"%s\", \"workers\": %zu, \"place_ms\": %.3f, "
+                "\"bytes_chosen\": %llu, \"bytes_default\": %llu, \"plan_ms_chosen\": %.3f, "
+                "\"plan_sent_chosen\": %llu, \"peak_bytes\": %llu}%s\n",
+                r->pc->name, r->workers, r->place_ms, (unsigned long long)r->chosen,
+                (unsigned long long)r->plain, r->plan_ms, (unsigned long long)r->lower,
+                (unsigned long long)r->peak_bytes, i + 1 < npr ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     return fclose(f);
@@ -220,9 +313,59 @@ int main(int argc, char **argv)
                ratio(r->s.max_send, r->s.balanced_bound), r->items,
                (unsigned long long)r->s.messages, (double)r->peak_bytes / (1 << 20));
     }
+    static const place_case pcs[] = {
+        {"175B (16,8,8)@1024 -> (12,8,8)", 0, 16, 8, 8, 12, 8, 8, 0, 0},
+        {"175B (16,8,8)@1024 -> (8,8,12)", 0, 16, 8, 8, 8, 8, 12, 0, 0},
+        {"175B zero1 (16,8,8)@1024 -> (32,4,8)", 1, 16, 8, 8, 32, 4, 8, 0, 0},
+        {"175B (12,8,8)@768 -> (16,8,8) +256 idle", 0, 12, 8, 8, 16, 8, 8, 256, 0},
+        {"175B (16,8,8)@1024, host 0 lost, +1 spare", 0, 16, 8, 8, 16, 8, 8, 8, 1},
+        {"70B (8,8,8)@512 -> (6,8,8)", 2, 8, 8, 8, 6, 8, 8, 0, 0},
+        {"70B (8,8,8)@512 -> (8,8,10) +128 idle", 2, 8, 8, 8, 8, 8, 10, 128, 0},
+        {"70B (8,8,8)@512 -> (16,4,8)", 2, 8, 8, 8, 16, 4, 8, 0, 0},
+        {"70B (8,8,8)@512 -> (16,8,8) +512 idle", 2, 8, 8, 8, 16, 8, 8, 512, 0},
+    };
+    int npc = (int)(sizeof pcs / sizeof pcs[0]);
+    place_row prow[sizeof pcs / sizeof pcs[0]];
+    memset(prow, 0, sizeof prow);
+    tide_collection_t *c70 = NULL;
+    tide_model_spec s70 = {.layers = 80,
+                           .hidden = 8192,
+                           .ffn = 0,
+                           .heads = 64,
+                           .vocab = 51200,
+                           .attention = 1,
+                           .adam = 1,
+                           .zero1 = 0,
+                           .dtype = TIDE_F32};
+    if (tide_collection_build_gpt(&c70, &s70) != TIDE_OK) {
+        fprintf(stderr, "plan_bench: %s\n", tide_last_error());
+        return 1;
+    }
+    printf("\nplacement (8-GPU hosts; 70B-class: %.1f G parameters)\n",
+           (double)tide_collection_bytes(c70) / 12e9);
+    printf("%-44s %7s %9s %12s %12s %9s %8s\n", "pair", "workers", "place ms", "chosen GB",
+           "default GB", "default/x", "plan ms");
+    for (int i = 0; i < npc; i++) {
+        prow[i].pc = &pcs[i];
+        const tide_collection_t *cc = pcs[i].model == 2 ? c70 : c[pcs[i].model];
+        if (run_place(&pcs[i], cc, (int)reps, &prow[i]) != TIDE_OK) {
+            fprintf(stderr, "plan_bench: %s: %s\n", pcs[i].name, tide_last_error());
+            rc = 1;
+            continue;
+        }
+        const place_row *r = &prow[i];
+        char ratio_s[16];
+        if (r->chosen)
+            snprintf(ratio_s, sizeof ratio_s, "%.2f", (double)r->plain / (double)r->chosen);
+        else
+            snprintf(ratio_s, sizeof ratio_s, "%s", r->plain ? "inf" : "1.00");
+        printf("%-44s %7zu %9.2f %12.1f %12.1f %9s %8.2f\n", pcs[i].name, r->workers, r->place_ms,
+               (double)r->chosen / 1e9, (double)r->plain / 1e9, ratio_s, r->plan_ms);
+    }
+    tide_collection_destroy(&c70);
     for (int z = 0; z < 2; z++)
         tide_collection_destroy(&c[z]);
-    if (write_json(out_path, rows, np) != 0) {
+    if (write_json(out_path, rows, np, prow, npc) != 0) {
         fprintf(stderr, "plan_bench: cannot write %s\n", out_path);
         return 1;
     }

@@ -465,6 +465,36 @@ static inline uint64_t seq_off(const seq *s, uint64_t off, uint64_t stride, uint
     return off + (pos / s->run) * stride + pos % s->run;
 }
 
+uint64_t tide__overlap_bytes(const tide_collection_t *c, size_t i, int otp, int odp, int ot, int od,
+                             int ntp, int ndp, int nt, int nd)
+{
+    const tide_tensor_desc *desc = &c->t[i];
+    const tide__tgeom *g = &c->g[i];
+    int split = desc->tp == TIDE_TP_SPLIT;
+    uint64_t es = g->es, bb = g->b, kk = g->a * g->s;
+    uint64_t tpo = split ? (uint64_t)otp : 1, tpn = split ? (uint64_t)ntp : 1;
+    uint64_t to = split ? (uint64_t)ot : 0, tn = split ? (uint64_t)nt : 0;
+    uint64_t co = g->d / (g->s * tpo), cn = g->d / (g->s * tpn);
+    uint64_t lo = to * co > tn * cn ? to * co : tn * cn;
+    uint64_t hi = (to + 1) * co < (tn + 1) * cn ? (to + 1) * co : (tn + 1) * cn;
+    if (lo >= hi)
+        return 0;
+    seq s = {kk,           (hi - lo) * bb * es,      (lo - to * co) * bb * es,
+             co * bb * es, (lo - tn * cn) * bb * es, cn * bb * es};
+    if (desc->dp != TIDE_DP_SHARDED)
+        return s.k * s.run;
+    uint64_t q0, ql, r0, rl;
+    tide__zero_range(kk * cn * bb, (uint64_t)ndp, (uint64_t)nd, &q0, &ql);
+    tide__zero_range(kk * co * bb, (uint64_t)odp, (uint64_t)od, &r0, &rl);
+    uint64_t a = seq_count(&s, s.dof, s.dc, q0 * es),
+             b = seq_count(&s, s.dof, s.dc, (q0 + ql) * es);
+    uint64_t ra = seq_count(&s, s.so, s.sc, r0 * es),
+             rb = seq_count(&s, s.so, s.sc, (r0 + rl) * es);
+    a = a > ra ? a : ra;
+    b = b < rb ? b : rb;
+    return a < b ? b - a : 0;
+}
+
 /* Records one item in the current walk mode. */
 static tide_status put(planner *pl, uint32_t sr, uint32_t dr, const tide_xfer *x)
 {

@@ -289,6 +289,53 @@ tide_status tide_plan_validate(const tide_layout_t *old_l, const tide_layout_t *
 void tide_plan_simulate(const tide_plan_t *plan, void *const *const *old_bufs,
                         void *const *const *new_bufs);
 
+/* ---- placement ------------------------------------------------------------------ */
+
+/* One worker the new layout may use, and the machine it runs on. */
+typedef struct tide_place_worker {
+    int32_t id;   /* worker id >= 0, unique */
+    int32_t host; /* host id >= 0; workers with the same host share a machine */
+} tide_place_worker;
+
+/* The new layout's shape and the workers it may use. */
+typedef struct tide_place_request {
+    int dp, tp, pp;                   /* new degrees, >= 1 */
+    int micro_batches;                /* >= 1 */
+    const int *stage_start;           /* pp + 1 layer boundaries, or NULL for even stages */
+    const tide_place_worker *workers; /* available workers: old members still alive and idle
+                                         ones, never failed ones; at least dp * tp * pp */
+    size_t n_workers;
+    int tp_across_hosts; /* 0 (default): every TP group inside one host whenever the hosts
+                            have room for all groups; 1: hosts do not constrain TP groups */
+} tide_place_request;
+
+/*
+ * Chooses which available worker takes each coordinate of the new layout so
+ * that tide_reshard_plan(old_l, *out, c, ...) sends the fewest bytes, subject
+ * to, in order: only req->workers are used; each TP group sits inside one host
+ * whenever the hosts have room for every group (else as many groups as fit);
+ * then, among maps sending the same bytes, pipeline neighbours (same dp rank,
+ * adjacent stages) on the same or adjacent hosts, then workers keeping their
+ * old (pp, dp, tp) coordinates. Workers of old_l absent from req->workers are
+ * treated as lost (their state must come from replicas). old_l may be NULL (a
+ * fresh job). Exact (minimum bytes) when tp = 1, when hosts do not constrain
+ * TP groups, when every host has room for at most one new TP group, or when
+ * the search space is small; otherwise a greedy start refined by exchanges.
+ * ZeRO-1 ranges are matched after TP groups are formed. Pure and
+ * deterministic; O(workers * tp + classes^2) for regular clusters (tens of ms
+ * at 1,024 workers). Caller owns *out. Any thread.
+ */
+tide_status tide_reshard_place(const tide_layout_t *old_l, const tide_collection_t *c,
+                               const tide_place_request *req, tide_layout_t **out);
+
+/*
+ * The plain rank order over req->workers as given: coordinate index k (tp
+ * fastest, then dp, then pp) gets req->workers[k].id. For `--placement
+ * default` and for comparing against tide_reshard_place. Caller owns *out.
+ */
+tide_status tide_reshard_place_default(const tide_collection_t *c, const tide_place_request *req,
+                                       tide_layout_t **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -136,6 +136,13 @@ static inline int tide__is_alive(const uint8_t *alive, size_t n_alive, int32_t i
 }
 
 /*
+ * Bytes of tensor i held both by an old coordinate (tp rank ot of otp, dp rank
+ * od of odp) and a new one (nt of ntp, nd of ndp), stages aside. O(1).
+ */
+uint64_t tide__overlap_bytes(const tide_collection_t *c, size_t i, int otp, int odp, int ot, int od,
+                             int ntp, int ndp, int nt, int nd);
+
+/*
  * Bytes the planner allocated (and held at once: it frees only at the end)
  * during the calling thread's last tide_reshard_plan / tide_reshard_plan_for /
  * tide_reshard_place call, including the returned plan or layout. For

@@ -1,23 +1,42 @@
 /*
- * tided: the tide coordinator daemon. This is the entry point: settings come
- * from flags with TIDE_* environment defaults, are logged once, then the event
- * loop runs until SIGINT/SIGTERM.
+ * tided: the tide coordinator daemon. Settings come from flags with TIDE_*
+ * environment defaults and are logged once; then the event loop
+ * (coordinator/server.h) runs until SIGINT/SIGTERM. Exit codes: 0 clean stop,
+ * 1 runtime failure (state file error, socket error), 2 bad settings.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "coordinator/server.h"
+
+static tide_server_t *running;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (running != NULL)
+        tide_server_stop(running);
+}
 
 struct settings {
     const char *endpoint;
+    const char *endpoint_file;
     const char *state;
     const char *metrics;
     const char *auth;
     const char *log;
     long long heartbeat_ms;
     long long miss_limit;
+    long long resize_timeout_ms;
+    long long grace_ms;
+    long long max_attempts;
+    double link_gbps;
+    int sync_full;
 };
 
 int main(int argc, char **argv)
@@ -25,23 +44,36 @@ int main(int argc, char **argv)
     struct settings s = {0};
     const tide_opt opts[] = {
         {"endpoint", "TIDE_ENDPOINT", TIDE_OPT_STRING, &s.endpoint, "tcp://127.0.0.1:5555",
-         "ZeroMQ endpoint to bind (non-loopback needs --auth)", 0, 0},
+         "ZeroMQ endpoint to bind (non-loopback needs --auth; port * picks a free one)", 0, 0},
+        {"endpoint-file", "TIDE_ENDPOINT_FILE", TIDE_OPT_STRING, &s.endpoint_file, NULL,
+         "write the bound endpoint to this file once listening", 0, 0},
         {"state", "TIDE_STATE", TIDE_OPT_STRING, &s.state, "./tide-state.db",
          "SQLite state file (WAL mode)", 0, 0},
+        {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s.sync_full, "1",
+         "fsync every commit (survives power loss); --no-sync-full survives tided crashes only", 0,
+         0},
         {"metrics", "TIDE_METRICS", TIDE_OPT_STRING, &s.metrics, NULL,
-         "serve Prometheus metrics on HOST:PORT", 0, 0},
+         "serve Prometheus metrics on HOST:PORT (e.g. 127.0.0.1:9400)", 0, 0},
         {"auth", "TIDE_AUTH", TIDE_OPT_STRING, &s.auth, NULL,
          "directory of CURVE keys and roles (enables CURVE)", 0, 0},
         {"heartbeat-ms", "TIDE_HEARTBEAT_MS", TIDE_OPT_INT, &s.heartbeat_ms, "1000",
          "worker heartbeat period", 10, 600000},
         {"miss-limit", "TIDE_MISS_LIMIT", TIDE_OPT_INT, &s.miss_limit, "3",
          "missed heartbeats before a worker is declared failed", 1, 1000},
+        {"resize-timeout-ms", "TIDE_RESIZE_TIMEOUT_MS", TIDE_OPT_INT, &s.resize_timeout_ms,
+         "120000", "a layout switch not done by then falls back to the old layout", 100, 86400000},
+        {"grace-ms", "TIDE_GRACE_MS", TIDE_OPT_INT, &s.grace_ms, "10000",
+         "SIGTERM-to-SIGKILL grace for preempted offline work", 0, 600000},
+        {"max-attempts", "TIDE_MAX_ATTEMPTS", TIDE_OPT_INT, &s.max_attempts, "3",
+         "runs of an offline job before it is marked failed", 1, 1000},
+        {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s.link_gbps, "80",
+         "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &s.log, "warn", "log level: error, warn, info, debug",
          0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    tide_status rc = tide_opts_parse(opts, argc, argv, NULL, &help);
+    int help = 0, npos = 0;
+    tide_status rc = tide_opts_parse(opts, argc, argv, &npos, &help);
     if (rc != TIDE_OK) {
         fprintf(stderr, "tided: %s\n", tide_last_error());
         return 2;
@@ -50,6 +82,55 @@ int main(int argc, char **argv)
         tide_opts_usage(stdout, "tided", "[options]", opts);
         return 0;
     }
-    fprintf(stderr, "tided: the coordinator event loop is not part of this build yet\n");
-    return 1;
+    if (npos != 0) {
+        fprintf(stderr, "tided: unexpected argument '%s' (see --help)\n", argv[1]);
+        return 2;
+    }
+    tide_log_level level;
+    if (tide_log_parse_level(s.log, &level) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
+    if (!(s.link_gbps > 0)) {
+        fprintf(stderr, "tided: --link-gbps must be > 0\n");
+        return 2;
+    }
+    tide_log_set_level(level);
+    tide_opts_log("tided", opts);
+
+    tide_server_config cfg;
+    tide_server_config_defaults(&cfg);
+    cfg.endpoint = s.endpoint;
+    cfg.endpoint_file = s.endpoint_file;
+    cfg.state_path = s.state;
+    cfg.metrics = s.metrics;
+    cfg.auth_dir = s.auth;
+    cfg.heartbeat_ms = s.heartbeat_ms;
+    cfg.miss_limit = (int)s.miss_limit;
+    cfg.sync_full = s.sync_full;
+    cfg.resize_timeout_ms = s.resize_timeout_ms;
+    cfg.grace_ms = s.grace_ms;
+    cfg.max_attempts = (int)s.max_attempts;
+    cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
+
+    tide_server_t *srv = NULL;
+    rc = tide_server_new(&srv, &cfg);
+    if (rc != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return rc == TIDE_ERR_DENIED || rc == TIDE_ERR_INVALID || rc == TIDE_ERR_RANGE ? 2 : 1;
+    }
+    running = srv;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rc = tide_server_run(srv);
+    if (rc != TIDE_OK)
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+    running = NULL;
+    tide_server_destroy(&srv);
+    return rc == TIDE_OK ? 0 : 1;
 }

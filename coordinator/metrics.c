@@ -1,0 +1,306 @@
+/*
+ * coordinator/metrics: Prometheus text exposition over a minimal HTTP/1.0
+ * listener (--metrics HOST:PORT) served from tided's event loop: non-blocking
+ * sockets polled by zmq_poll next to the ROUTER socket, one response per
+ * connection, then close. Workload: a scrape every few seconds; a response is
+ * a few KB plus one line per online job.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "coordinator/server_int.h"
+
+#define HTTP_TIMEOUT_NS (5ull * 1000000000ull)
+
+tide_status tide__metrics_open(tide_server_t *s, const char *addr)
+{
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || (size_t)(colon - addr) >= sizeof host)
+        return tide_errorf(TIDE_ERR_INVALID, "--metrics '%s': expected HOST:PORT (127.0.0.1:9400)",
+                           addr);
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *end = NULL;
+    long port = strtol(colon + 1, &end, 10);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    if (end == colon + 1 || *end != '\0' || port < 0 || port > 65535 ||
+        inet_pton(AF_INET, host[0] ? host : "0.0.0.0", &sa.sin_addr) != 1)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "--metrics '%s': expected an IPv4 HOST:PORT (127.0.0.1:9400)", addr);
+    sa.sin_port = htons((uint16_t)port);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return tide_errorf(TIDE_ERR_IO, "metrics socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0) {
+        tide_status rc =
+            tide_errorf(TIDE_ERR_IO, "cannot listen for metrics on %s: %s", addr, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    s->http_fd = fd;
+    TIDE_INFO("metrics", "Prometheus metrics on http://%s/metrics", addr);
+    return TIDE_OK;
+}
+
+void tide__metrics_close(tide_server_t *s)
+{
+    for (int i = 0; i < TIDE__METRICS_CLIENTS; i++) {
+        if (s->http[i].fd >= 0)
+            close(s->http[i].fd);
+        tide_free(s->http[i].resp);
+        s->http[i].resp = NULL;
+        s->http[i].fd = -1;
+    }
+    if (s->http_fd >= 0)
+        close(s->http_fd);
+    s->http_fd = -1;
+}
+
+int tide__metrics_poll_items(tide_server_t *s, zmq_pollitem_t *items, int max)
+{
+    int n = 0;
+    if (s->http_fd < 0 || max < 1)
+        return 0;
+    items[n++] = (zmq_pollitem_t){NULL, s->http_fd, ZMQ_POLLIN, 0};
+    for (int i = 0; i < TIDE__METRICS_CLIENTS && n < max; i++) {
+        tide__http *h = &s->http[i];
+        if (h->fd >= 0)
+            items[n++] = (zmq_pollitem_t){NULL, h->fd, h->resp ? ZMQ_POLLOUT : ZMQ_POLLIN, 0};
+    }
+    return n;
+}
+
+static void http_close(tide__http *h)
+{
+    close(h->fd);
+    tide_free(h->resp);
+    memset(h, 0, sizeof *h);
+    h->fd = -1;
+}
+
+/* Growable text buffer for the exposition. */
+typedef struct text {
+    char *p;
+    size_t len, cap;
+    int oom;
+} text;
+
+static void put(text *t, const char *fmt, ...) TIDE_PRINTF(2, 3);
+
+static void put(text *t, const char *fmt, ...)
+{
+    if (t->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->oom = 1;
+            return;
+        }
+        if (t->p != NULL && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = t->cap ? t->cap * 2 : 8192;
+        while (cap < t->len + (size_t)n + 1)
+            cap *= 2;
+        char *p = tide_realloc(t->p, cap);
+        if (p == NULL) {
+            t->oom = 1;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+}
+
+tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
+{
+    tide_coord_state_t *st = s->st;
+    text t = {0};
+    size_t by_state[5] = {0};
+    for (size_t i = 0; i < st->n_workers; i++)
+        if (st->workers[i].pool[0] && (unsigned)st->workers[i].state < 5)
+            by_state[st->workers[i].state]++;
+    put(&t, "# HELP tide_gpus Workers (one per GPU or CPU device) by state.\n"
+            "# TYPE tide_gpus gauge\n");
+    for (int i = 0; i < 5; i++)
+        put(&t, "tide_gpus{state=\"%s\"} %zu\n", tide_wstate_name((tide_wstate)i), by_state[i]);
+    size_t jobs[2][8] = {{0}};
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if ((unsigned)st->jobs[i]->state < 8)
+            jobs[st->jobs[i]->kind == TIDE_CJOB_ONLINE ? 0 : 1][st->jobs[i]->state]++;
+    put(&t, "# HELP tide_jobs Jobs by kind and state.\n# TYPE tide_jobs gauge\n");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 8; i++)
+            if (jobs[k][i])
+                put(&t, "tide_jobs{kind=\"%s\",state=\"%s\"} %zu\n", k ? "offline" : "online",
+                    tide_jstate_name((tide_jstate)i), jobs[k][i]);
+    put(&t, "# HELP tide_job_generation Committed layout generation of each online job.\n"
+            "# TYPE tide_job_generation gauge\n");
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
+            put(&t, "tide_job_generation{job=\"%s\"} %llu\n", st->jobs[i]->name,
+                (unsigned long long)st->jobs[i]->generation);
+    put(&t, "# HELP tide_job_step Steps completed by each online job.\n"
+            "# TYPE tide_job_step gauge\n");
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
+            put(&t, "tide_job_step{job=\"%s\"} %lld\n", st->jobs[i]->name,
+                (long long)st->jobs[i]->step);
+    const tide_coord_counters *c = &st->counters;
+    put(&t,
+        "# HELP tide_resizes_total Layout switches by result.\n# TYPE tide_resizes_total counter\n"
+        "tide_resizes_total{result=\"committed\"} %llu\ntide_resizes_total{result=\"aborted\"} "
+        "%llu\n"
+        "# HELP tide_recoveries_total Recoveries started after lost workers.\n"
+        "# TYPE tide_recoveries_total counter\ntide_recoveries_total %llu\n"
+        "# HELP tide_resize_duration_seconds Time from resize request to committed generation.\n"
+        "# TYPE tide_resize_duration_seconds summary\n"
+        "tide_resize_duration_seconds_sum %.6f\ntide_resize_duration_seconds_count %llu\n"
+        "# HELP tide_resize_duration_max_seconds Longest committed switch.\n"
+        "# TYPE tide_resize_duration_max_seconds gauge\ntide_resize_duration_max_seconds %.6f\n"
+        "# HELP tide_bytes_resharded_total Bytes moved by committed switches.\n"
+        "# TYPE tide_bytes_resharded_total counter\ntide_bytes_resharded_total %llu\n"
+        "# HELP tide_bubble_seconds_total Pipeline bubble time reported by workers.\n"
+        "# TYPE tide_bubble_seconds_total counter\ntide_bubble_seconds_total %.6f\n"
+        "# HELP tide_bubble_filled_seconds_total Bubble time on workers running bubble-filling "
+        "work.\n# TYPE tide_bubble_filled_seconds_total counter\n"
+        "tide_bubble_filled_seconds_total %.6f\n"
+        "# HELP tide_preemptions_total Offline jobs preempted.\n"
+        "# TYPE tide_preemptions_total counter\ntide_preemptions_total %llu\n"
+        "# HELP tide_requests_total Requests handled (heartbeats excluded).\n"
+        "# TYPE tide_requests_total counter\ntide_requests_total %llu\n"
+        "# HELP tide_heartbeats_total Heartbeats received.\n"
+        "# TYPE tide_heartbeats_total counter\ntide_heartbeats_total %llu\n"
+        "# HELP tide_bad_requests_total Malformed or unexpected messages answered with an error.\n"
+        "# TYPE tide_bad_requests_total counter\ntide_bad_requests_total %llu\n"
+        "# HELP tide_denied_total Requests or connections refused by authentication.\n"
+        "# TYPE tide_denied_total counter\ntide_denied_total %llu\n",
+        (unsigned long long)c->resizes_committed, (unsigned long long)c->resizes_aborted,
+        (unsigned long long)c->recoveries, (double)c->resize_ns_sum / 1e9,
+        (unsigned long long)c->resizes_committed, (double)c->resize_ns_max / 1e9,
+        (unsigned long long)c->bytes_resharded, (double)s->bubble_ns_total / 1e9,
+        (double)s->filled_ns_total / 1e9, (unsigned long long)c->preemptions,
+        (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
+        (unsigned long long)c->bad_requests, (unsigned long long)c->denied);
+    if (t.oom) {
+        tide_free(t.p);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory rendering metrics");
+    }
+    *out = t.p;
+    *len = t.len;
+    return TIDE_OK;
+}
+
+static void respond(tide_server_t *s, tide__http *h)
+{
+    int is_get = strncmp(h->req, "GET ", 4) == 0;
+    char *body = NULL;
+    size_t blen = 0;
+    const char *status = "200 OK";
+    if (!is_get) {
+        status = "405 Method Not Allowed";
+    } else if (strncmp(h->req + 4, "/metrics ", 9) != 0 && strncmp(h->req + 4, "/ ", 2) != 0) {
+        status = "404 Not Found";
+    } else if (tide__metrics_render(s, &body, &blen) != TIDE_OK) {
+        status = "500 Internal Server Error";
+    }
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      status, blen);
+    h->resp = tide_malloc((size_t)hn + blen);
+    if (h->resp == NULL) {
+        tide_free(body);
+        http_close(h);
+        return;
+    }
+    memcpy(h->resp, head, (size_t)hn);
+    if (blen)
+        memcpy(h->resp + hn, body, blen);
+    h->resp_len = (size_t)hn + blen;
+    h->resp_at = 0;
+    tide_free(body);
+}
+
+void tide__metrics_handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
+{
+    if (s->http_fd < 0)
+        return;
+    uint64_t now = tide_now_ns();
+    for (int k = 0; k < n; k++) {
+        if (items[k].fd == s->http_fd) {
+            if (!(items[k].revents & ZMQ_POLLIN))
+                continue;
+            int fd;
+            while ((fd = accept4(s->http_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+                int slot = -1;
+                for (int i = 0; i < TIDE__METRICS_CLIENTS && slot < 0; i++)
+                    if (s->http[i].fd < 0)
+                        slot = i;
+                if (slot < 0) {
+                    close(fd); /* too many scrapers at once */
+                    continue;
+                }
+                memset(&s->http[slot], 0, sizeof s->http[slot]);
+                s->http[slot].fd = fd;
+                s->http[slot].started_ns = now;
+            }
+            continue;
+        }
+        for (int i = 0; i < TIDE__METRICS_CLIENTS; i++) {
+            tide__http *h = &s->http[i];
+            if (h->fd < 0 || h->fd != items[k].fd || !items[k].revents)
+                continue;
+            if (h->resp == NULL) {
+                ssize_t r = read(h->fd, h->req + h->req_len, sizeof h->req - 1 - h->req_len);
+                if (r <= 0) {
+                    if (r == 0 || (errno != EAGAIN && errno != EINTR))
+                        http_close(h);
+                    continue;
+                }
+                h->req_len += (size_t)r;
+                h->req[h->req_len] = '\0';
+                if (strstr(h->req, "\r\n\r\n") != NULL || strstr(h->req, "\n\n") != NULL ||
+                    h->req_len == sizeof h->req - 1)
+                    respond(s, h);
+            } else {
+                ssize_t w = write(h->fd, h->resp + h->resp_at, h->resp_len - h->resp_at);
+                if (w < 0 && (errno == EAGAIN || errno == EINTR))
+                    continue;
+                if (w <= 0) {
+                    http_close(h);
+                    continue;
+                }
+                h->resp_at += (size_t)w;
+                if (h->resp_at == h->resp_len)
+                    http_close(h);
+            }
+        }
+    }
+    for (int i = 0; i < TIDE__METRICS_CLIENTS; i++)
+        if (s->http[i].fd >= 0 && now - s->http[i].started_ns > HTTP_TIMEOUT_NS)
+            http_close(&s->http[i]); /* a stuck client does not hold a slot forever */
+}

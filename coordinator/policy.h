@@ -1,0 +1,115 @@
+/*
+ * coordinator/policy: tided's decisions as pure functions of their inputs (no
+ * I/O, no clock reads: time comes in as arguments, so tests drive them with a
+ * fake clock). Resize validation and placement, recovery layouts after failures,
+ * backfilling idle workers with offline work by priority, preemption for online
+ * grows, the switch step of a reconfiguration, and failure detection from
+ * heartbeat times.
+ *
+ * Workload: called on the event loop for each resize, failure or idle change;
+ * pools of up to ~10^4 workers; everything here is O(n log n) in the pool size.
+ */
+#ifndef TIDE_COORD_POLICY_H
+#define TIDE_COORD_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "coordinator/state.h"
+#include "reshard/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a candidate worker is doing now; lower classes are taken first. */
+typedef enum tide_pw_class {
+    TIDE_PW_MEMBER = 0,  /* holds a coordinate of the job's current layout (alive) */
+    TIDE_PW_IDLE = 1,    /* idle in the job's pool */
+    TIDE_PW_OFFLINE = 2, /* runs offline work that would be preempted */
+} tide_pw_class;
+
+typedef struct tide_policy_worker {
+    int32_t rank; /* pool rank: the id layouts use */
+    int32_t host; /* host index; equal values mean the same host */
+    tide_pw_class cls;
+    int32_t priority; /* OFFLINE: priority of the work that would be preempted */
+} tide_policy_worker;
+
+typedef struct tide_resize_req {
+    int dp, tp, pp;
+    int num_layers;
+    int micro_batches;
+    const int *stage_start; /* pp + 1 starts, or NULL: the old stages when pp is unchanged,
+                               else stages as even as possible */
+} tide_resize_req;
+
+/*
+ * Chooses the workers and the map of a new layout for req from candidates
+ * (members of old first, then idle, then offline workers by ascending priority)
+ * and writes the ranks whose offline work must be preempted into preempt[]
+ * (room for n entries) and their count into *n_preempt. When old is given with
+ * the same tp, pp and stages, old coordinates are kept (dropping replicas
+ * moves nothing, recovery replaces only the lost coordinates); otherwise
+ * tensor-parallel groups are packed inside hosts. old may be NULL (first
+ * layout). TIDE_ERR_NO_DEVICE with a detail when too few candidates exist.
+ * Caller owns *out (tide_coord_layout_free). Pure.
+ */
+tide_status tide_policy_place(const tide_layout_t *old, const tide_resize_req *req,
+                              const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                              int32_t *preempt, size_t *n_preempt);
+
+/*
+ * Recovery after losing workers: candidates hold the surviving members, idle
+ * and offline workers of the pool. Keeps the old degrees when enough
+ * candidates exist (replacing lost coordinates), else the largest dp that
+ * fits with the same tp and pp. TIDE_ERR_NO_DEVICE when not even dp 1 fits.
+ * Caller owns *out. Pure.
+ */
+tide_status tide_policy_recover(const tide_layout_t *old, const tide_policy_worker *cand, size_t n,
+                                tide_layout_t **out, int32_t *preempt, size_t *n_preempt);
+
+/* One queued offline job as the backfill policy sees it. */
+typedef struct tide_policy_offline {
+    int64_t job;
+    int32_t priority; /* higher first; ties by lower job id (submission order) */
+} tide_policy_offline;
+
+typedef struct tide_policy_assignment {
+    int64_t job;
+    int32_t worker; /* coordinator worker id */
+} tide_policy_assignment;
+
+/*
+ * Pairs queued offline jobs (highest priority first) with idle worker ids
+ * (lowest id first); writes min(nq, ni) pairs to out (room for min(nq, ni))
+ * and their count to *n_out. Pure.
+ */
+tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq, const int32_t *idle,
+                               size_t ni, tide_policy_assignment *out, size_t *n_out);
+
+/*
+ * The step at which a reconfiguration switches, from the completed-step counts
+ * participants reported in prepare_ack (only old members' counts matter):
+ * normal: max + 1 (each participant may finish at most one more step after its
+ * ack, so no one has passed it); recovery: min (survivors stopped training,
+ * the job resumes from the state every survivor has). -1 when no old member
+ * reported. Pure.
+ */
+int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member, size_t n,
+                                int recover);
+
+/*
+ * Failure detection: writes into out the ids of registered workers that are
+ * not already failed and whose last message is older than
+ * miss_limit * heartbeat_ns at now_ns; returns their count. out has room for n.
+ */
+size_t tide_policy_expired(const tide_coord_worker_t *workers, size_t n, uint64_t now_ns,
+                           uint64_t heartbeat_ns, int miss_limit, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COORD_POLICY_H */

@@ -1,0 +1,637 @@
+/*
+ * coordinator/reconf: switching an online job to a new layout (resize, drain,
+ * recovery), tided's side of the protocol in DESIGN.md "Reconfiguration".
+ *
+ * Protocol (all `step` values count completed training steps):
+ *  1. tided validates and places the new layout, preempts offline work on the
+ *     workers it takes, records the intent (job row with the pending
+ *     generation G, phase PREPARE) and commits it, then sends every
+ *     participant (old members and new ones) `layout` {G, prev = the committed
+ *     layout} followed by `prepare` {G, step = tided's guess of the next step}.
+ *  2. Each participant answers `prepare_ack` {G, step = steps it has
+ *     completed}. Rule for a participant after acking: it may finish at most
+ *     ONE more step under the old layout, then waits at the step boundary for
+ *     `commit` or `abort`. A worker preempted for the grow acks only once its
+ *     offline work has stopped. New-only participants' steps are ignored.
+ *  3. When every live participant has acked, tided sets the switch step S =
+ *     max(acked steps of old members) + 1 (recovery: S = min, the survivors
+ *     having stopped training), records phase COMMIT with S durably and sends
+ *     `commit` {G, S}. Every old member runs until it has completed exactly S
+ *     steps (no one can be past S, by the rule in 2), then switches: reshard,
+ *     new communicators; the first step under G is step S (none lost, none
+ *     repeated). Each participant then sends `done` {G, status}.
+ *  4. When every live participant reported done with status 0, tided commits
+ *     generation G (job row, worker rows, event) before anything else is
+ *     acknowledged; workers not in the new layout become idle (or stay
+ *     draining) and are offered offline work.
+ *  Failure: a participant that fails (heartbeats, `failure`, restart) or
+ *  reports done with an error, or the deadline (--resize-timeout-ms), aborts G:
+ *  tided sends `abort` {G} and the participants go on with (or return to) the
+ *  committed layout from the step they stopped at, discarding partial new state.
+ *  If an old member was lost, tided then starts a recovery: a new layout over
+ *  the survivors (policy.h), same protocol with the recovery switch rule.
+ *  Retransmission: tided resends the current phase's message to live
+ *  participants that have not answered, every 2 heartbeat periods and when a
+ *  participant registers again; participants must answer duplicates (a prepare
+ *  or commit for a generation already acked / done) with the same ack / done.
+ *  Generations are never reused: an aborted G is skipped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "coordinator/policy.h"
+#include "coordinator/server_int.h"
+#ifdef TIDE_COORD_HAVE_RESHARD
+#include "reshard/reshard.h"
+#endif
+
+typedef struct host_ref {
+    const char *host;
+    size_t idx;
+} host_ref;
+
+static int cmp_host_ref(const void *a, const void *b)
+{
+    return strcmp(((const host_ref *)a)->host, ((const host_ref *)b)->host);
+}
+
+tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
+                             tide_policy_worker **out, size_t *n_out)
+{
+    tide_coord_state_t *st = s->st;
+    *out = NULL;
+    *n_out = 0;
+    tide_policy_worker *c = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *c);
+    host_ref *h = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *h);
+    if (c == NULL || h == NULL) {
+        tide_free(c);
+        tide_free(h);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing candidate workers");
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const tide_coord_worker_t *w = &st->workers[i];
+        if (w->pool[0] == '\0' || w->id == exclude_id || strcmp(w->pool, j->pool) != 0)
+            continue;
+        if (w->state == TIDE_WS_FAILED || w->state == TIDE_WS_DRAINING)
+            continue;
+        tide_policy_worker pw = {w->rank, 0, TIDE_PW_IDLE, 0};
+        if (w->state == TIDE_WS_ONLINE && w->job == j->id && j->layout &&
+            tide_coord_layout_has(j->layout, w->rank)) {
+            pw.cls = TIDE_PW_MEMBER;
+        } else if (w->joined != j->id) {
+            continue; /* runs another program: cannot take a coordinate of this job */
+        } else if (w->state == TIDE_WS_IDLE && (w->job == 0 || w->job == j->id)) {
+            pw.cls = TIDE_PW_IDLE;
+        } else if (w->state == TIDE_WS_OFFLINE && w->offline_job != 0) {
+            const tide_coord_job_t *oj = tide_coord_job_get(st, w->offline_job);
+            pw.cls = TIDE_PW_OFFLINE;
+            pw.priority = oj ? oj->priority : 0;
+        } else {
+            continue;
+        }
+        h[n] = (host_ref){w->host, n};
+        c[n++] = pw;
+    }
+    qsort(h, n, sizeof *h, cmp_host_ref);
+    int32_t host = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || strcmp(h[i].host, h[i - 1].host) != 0)
+            host++;
+        c[h[i].idx].host = host;
+    }
+    tide_free(h);
+    *out = c;
+    *n_out = n;
+    return TIDE_OK;
+}
+
+/* ---- plan estimate for --dry-run and the bytes metric ------------------------------------ */
+
+static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tide_layout_t *nl,
+                          tide_proto_resize_reply_t *r)
+{
+#ifdef TIDE_COORD_HAVE_RESHARD
+    if (j->layout == NULL || j->join_blob == NULL)
+        return;
+    tide_msg_t jm;
+    if (tide_proto_decode(j->join_blob, j->join_len, &jm) != TIDE_OK)
+        return;
+    tide_collection_t *c = NULL;
+    tide_plan_t *plan = NULL;
+    if (jm.type != TIDE_MSG_JOIN || jm.u.join.n_tensors == 0 ||
+        tide_collection_new(&c, jm.u.join.num_layers) != TIDE_OK)
+        goto out;
+    for (uint32_t i = 0; i < jm.u.join.n_tensors; i++) {
+        const tide_proto_tensor_t *t = &jm.u.join.tensors[i];
+        tide_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        snprintf(d.name, sizeof d.name, "%s", t->name);
+        d.dtype = (tide_dtype)t->dtype;
+        d.ndim = t->ndim;
+        memcpy(d.shape, t->shape, sizeof d.shape);
+        d.layer = t->layer;
+        d.tp = (tide_tp_rule)t->tp;
+        d.tp_dim = t->tp_dim;
+        d.tp_segments = t->tp_segments;
+        d.dp = (tide_dp_rule)t->dp;
+        if (tide_collection_add(c, &d) != TIDE_OK)
+            goto out;
+    }
+    if (tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan) != TIDE_OK) {
+        TIDE_INFO("reconf", "job %s: no plan estimate: %s", j->name, tide_last_error());
+        goto out;
+    }
+    r->bytes_sent = plan->summary.bytes_sent;
+    r->bytes_local = plan->summary.bytes_local;
+    r->max_send = plan->summary.max_send;
+    r->messages = plan->summary.messages;
+    uint64_t busiest = plan->summary.max_send > plan->summary.max_recv ? plan->summary.max_send
+                                                                       : plan->summary.max_recv;
+    r->est_ms =
+        s->cfg.link_bytes_per_s > 0 ? 1000.0 * (double)busiest / s->cfg.link_bytes_per_s : 0.0;
+out:
+    tide_plan_destroy(&plan);
+    tide_collection_destroy(&c);
+    tide_msg_clear(&jm);
+#else
+    (void)s;
+    (void)j;
+    (void)nl;
+    (void)r;
+#endif
+}
+
+/* ---- sending the phases ---------------------------------------------------------------------- */
+
+static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
+{
+    tide_reconf_t *r = j->reconf;
+    tide_msg_t m;
+    if (r->phase == TIDE_RP_PREPARE) {
+        tide_msg_init(&m, TIDE_MSG_LAYOUT);
+        snprintf(m.u.layout.job, sizeof m.u.layout.job, "%s", j->name);
+        tide__proto_layout(&m.u.layout.layout, r->layout, r->gen);
+        m.u.layout.has_prev = 1;
+        tide__proto_layout(&m.u.layout.prev, j->layout, j->generation);
+        tide__send_worker(s, w, &m);
+        tide_msg_init(&m, TIDE_MSG_PREPARE);
+        snprintf(m.u.prepare.job, sizeof m.u.prepare.job, "%s", j->name);
+        m.u.prepare.gen = r->gen;
+        m.u.prepare.step = (uint64_t)(j->step + 1);
+    } else {
+        tide_msg_init(&m, TIDE_MSG_COMMIT);
+        snprintf(m.u.commit.job, sizeof m.u.commit.job, "%s", j->name);
+        m.u.commit.gen = r->gen;
+        m.u.commit.step = (uint64_t)r->switch_step;
+    }
+    tide__send_worker(s, w, &m);
+}
+
+static void send_all(tide_server_t *s, tide_coord_job_t *j, int only_unacked)
+{
+    tide_reconf_t *r = j->reconf;
+    for (size_t i = 0; i < r->n_parts; i++) {
+        if (r->gone[i] || (only_unacked && r->acked[i]))
+            continue;
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+        if (w != NULL)
+            send_phase(s, j, w);
+    }
+    r->resend_ns = tide_now_ns() + 2ull * (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
+}
+
+void tide__reconf_resend_to(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
+{
+    tide_reconf_t *r = j->reconf;
+    long i = r ? tide_reconf_find(r, w->rank) : -1;
+    if (i < 0 || r->gone[i] || r->acked[i])
+        return;
+    send_phase(s, j, w);
+}
+
+/* ---- start ----------------------------------------------------------------------------------- */
+
+tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
+                               const int32_t *preempt, size_t n_preempt, int recover,
+                               const char *reason)
+{
+    tide_reconf_t *r = NULL;
+    uint64_t gen = j->gen_issued + 1;
+    TIDE_CHECK(tide_reconf_new(&r, j->layout, layout, gen, recover));
+    uint64_t now = tide_now_ns();
+    j->gen_issued = gen;
+    r->started_ms = tide_wall_ms();
+    r->started_ns = now;
+    r->deadline_ns = now + (uint64_t)s->cfg.resize_timeout_ms * 1000000ull;
+    snprintf(r->reason, sizeof r->reason, "%s", reason);
+    for (size_t i = 0; i < r->n_parts; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+        r->gone[i] = w == NULL || w->state == TIDE_WS_FAILED;
+    }
+    j->reconf = r;
+    j->state = TIDE_JS_RESIZING;
+    for (size_t i = 0; i < n_preempt; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, preempt[i]);
+        tide_coord_job_t *oj = w ? tide_coord_job_get(s->st, w->offline_job) : NULL;
+        if (oj == NULL)
+            continue;
+        tide_msg_t m;
+        tide_msg_init(&m, TIDE_MSG_PREEMPT);
+        snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "%s", oj->name);
+        m.u.preempt.grace_ms = (int)(oj->grace_ms > 600000 ? 600000 : oj->grace_ms);
+        tide__send_worker(s, w, &m);
+        s->st->counters.preemptions++;
+        oj->state = TIDE_JS_QUEUED;
+        oj->worker = -1;
+        tide__event(s, oj->name, "preempted",
+                    "worker %d given to job %s generation %llu; requeued after attempt %d", w->id,
+                    j->name, (unsigned long long)gen, oj->attempts);
+        tide__save_job(s, oj);
+        w->offline_job = 0;
+        w->state = TIDE_WS_IDLE;
+    }
+    /* reserve new-only participants so backfill leaves them alone */
+    for (size_t i = 0; i < r->n_parts; i++) {
+        if (r->old_member[i] || r->gone[i])
+            continue;
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+        if (w != NULL && w->state == TIDE_WS_IDLE) {
+            w->job = j->id;
+            tide__save_worker(s, w);
+        }
+    }
+    char from[200], to[200];
+    tide__event(s, j->name, recover ? "recovery_started" : "resize_started",
+                "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
+                (unsigned long long)gen, tide_coord_layout_describe(j->layout, from, sizeof from),
+                tide_coord_layout_describe(r->layout, to, sizeof to), reason, r->n_parts,
+                n_preempt);
+    tide__save_job(s, j);
+    send_all(s, j, 0);
+    return TIDE_OK;
+}
+
+/* Maps ranks of l to the plain rank order: sorted ranks written in index order. */
+static void plain_order(tide_layout_t *l)
+{
+    size_t n = tide_layout_size(l);
+    for (size_t i = 1; i < n; i++) { /* insertion sort: n is the layout size, done once */
+        int32_t v = l->worker[i];
+        size_t k = i;
+        while (k > 0 && l->worker[k - 1] > v) {
+            l->worker[k] = l->worker[k - 1];
+            k--;
+        }
+        l->worker[k] = v;
+    }
+}
+
+void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
+{
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
+    if (j == NULL || j->kind != TIDE_CJOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no online job named %s (tidectl jobs lists them)",
+                          m->job);
+        return;
+    }
+    if (j->layout == NULL) {
+        tide__reply_error(s, TIDE_ERR_BUSY,
+                          "job %s has no layout yet: its workers are still joining", j->name);
+        return;
+    }
+    if (j->reconf != NULL) {
+        tide__reply_error(s, TIDE_ERR_BUSY,
+                          "job %s is already switching to generation %llu (%s); wait for it to "
+                          "finish (tidectl jobs)",
+                          j->name, (unsigned long long)j->reconf->gen, j->reconf->reason);
+        return;
+    }
+    tide_resize_req req = {m->dp, m->tp, m->pp, j->layout->num_layers, j->layout->micro_batches,
+                           NULL};
+    if (m->n_stages != 0) {
+        if (m->n_stages != (uint32_t)m->pp + 1 || m->stage_start[m->pp] != j->layout->num_layers) {
+            tide__reply_error(s, TIDE_ERR_INVALID,
+                              "stages must give pp + 1 = %d boundaries ending at the model's %d "
+                              "layers",
+                              m->pp + 1, j->layout->num_layers);
+            return;
+        }
+        req.stage_start = m->stage_start;
+    } else if (m->pp != j->layout->pp) {
+        req.stage_start = NULL; /* even split for a new pipeline depth */
+    }
+    tide_policy_worker *cand = NULL;
+    size_t n = 0, n_pre = 0;
+    int32_t *pre = NULL;
+    tide_layout_t *l = NULL;
+    tide_status rc = tide__candidates(s, j, -1, &cand, &n);
+    if (rc == TIDE_OK) {
+        pre = tide_malloc((n ? n : 1) * sizeof *pre);
+        rc = pre ? tide_policy_place(j->layout, &req, cand, n, &l, pre, &n_pre)
+                 : tide_errorf(TIDE_ERR_NOMEM, "out of memory placing the resize");
+    }
+    tide_free(cand);
+    if (rc != TIDE_OK) {
+        tide_free(pre);
+        tide__reply_error(s, rc, "cannot resize %s: %s", j->name, tide_last_error());
+        return;
+    }
+    if (m->placement == TIDE_PLACEMENT_DEFAULT)
+        plain_order(l);
+    tide_msg_t reply;
+    tide_msg_init(&reply, TIDE_MSG_RESIZE_REPLY);
+    tide_proto_resize_reply_t *rr = &reply.u.resize_reply;
+    snprintf(rr->job, sizeof rr->job, "%s", j->name);
+    rr->dry_run = m->dry_run;
+    rr->preempted = (uint32_t)n_pre;
+    plan_estimate(s, j, l, rr);
+    uint64_t gen = j->gen_issued + 1;
+    tide__proto_layout(&rr->layout, l, gen);
+    if (m->dry_run) {
+        tide__reply(s, &reply);
+        tide_coord_layout_free(&l);
+        tide_free(pre);
+        return;
+    }
+    uint64_t planned = rr->bytes_sent;
+    tide__reply(s, &reply); /* encoded now: l is still alive */
+    char why[128];
+    snprintf(why, sizeof why, "resize by %s", s->who);
+    rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
+    tide_free(pre);
+    if (rc != TIDE_OK) {
+        TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());
+        return;
+    }
+    j->reconf->planned_bytes = planned;
+}
+
+/* ---- progress -------------------------------------------------------------------------------- */
+
+/* The job and participant index of a worker's report; NULL after an error reply. */
+static tide_coord_job_t *report_job(tide_server_t *s, tide_coord_worker_t *w, const char *name,
+                                    uint64_t gen, long *idx, const char *what)
+{
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, name);
+    if (j == NULL || j->kind != TIDE_CJOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "%s: no online job named %s", what, name);
+        return NULL;
+    }
+    tide_reconf_t *r = j->reconf;
+    if (r == NULL || r->gen != gen) {
+        tide__reply_error(s, TIDE_ERR_STALE,
+                          "%s: generation %llu of job %s is not pending (committed %llu%s)", what,
+                          (unsigned long long)gen, j->name, (unsigned long long)j->generation,
+                          r ? ", another one is" : "");
+        return NULL;
+    }
+    *idx = strcmp(w->pool, j->pool) == 0 ? tide_reconf_find(r, w->rank) : -1;
+    if (*idx < 0) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "%s: worker %d does not take part in generation %llu of job %s", what,
+                          w->id, (unsigned long long)gen, j->name);
+        return NULL;
+    }
+    return j;
+}
+
+static int all_acked(const tide_reconf_t *r)
+{
+    for (size_t i = 0; i < r->n_parts; i++)
+        if (!r->gone[i] && !r->acked[i])
+            return 0;
+    return 1;
+}
+
+void tide__handle_prepare_ack(tide_server_t *s, tide_coord_worker_t *w,
+                              const tide_proto_prepare_ack_t *m)
+{
+    long i;
+    tide_coord_job_t *j = report_job(s, w, m->job, m->gen, &i, "prepare_ack");
+    if (j == NULL)
+        return;
+    tide_reconf_t *r = j->reconf;
+    if (r->phase != TIDE_RP_PREPARE) {
+        send_phase(s, j, w); /* a late duplicate: it missed the commit */
+        return;
+    }
+    r->acked[i] = 1;
+    r->ack_step[i] = m->step > INT64_MAX ? INT64_MAX : (int64_t)m->step;
+    if (!all_acked(r))
+        return;
+    uint8_t *counts = tide_malloc(r->n_parts ? r->n_parts : 1);
+    if (counts == NULL) {
+        tide__reconf_abort(s, j, "out of memory choosing the switch step");
+        return;
+    }
+    for (size_t k = 0; k < r->n_parts; k++)
+        counts[k] = r->old_member[k] && !r->gone[k];
+    int64_t step = tide_policy_switch_step(r->ack_step, counts, r->n_parts, r->recover);
+    tide_free(counts);
+    if (step < 0)
+        step = j->step; /* no old member left: the new layout starts from the job's step */
+    r->switch_step = step;
+    r->phase = TIDE_RP_COMMIT;
+    memset(r->acked, 0, r->n_parts);
+    tide__event(s, j->name, "switch_step", "generation %llu switches after step %lld",
+                (unsigned long long)r->gen, (long long)step);
+    tide__save_job(s, j);
+    send_all(s, j, 0);
+}
+
+static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
+{
+    tide_reconf_t *r = j->reconf;
+    for (size_t i = 0; i < r->n_parts; i++) {
+        if (r->gone[i])
+            continue;
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+        if (w == NULL)
+            continue;
+        if (tide_coord_layout_has(r->layout, w->rank)) {
+            w->state = TIDE_WS_ONLINE;
+            w->job = j->id;
+        } else {
+            w->job = 0;
+            if (w->state != TIDE_WS_DRAINING)
+                w->state = TIDE_WS_IDLE;
+        }
+        tide__save_worker(s, w);
+    }
+    uint64_t dur = tide_now_ns() - r->started_ns;
+    tide_coord_counters *c = &s->st->counters;
+    c->resizes_committed++;
+    c->resize_ns_sum += dur;
+    if (dur > c->resize_ns_max)
+        c->resize_ns_max = dur;
+    c->bytes_resharded += r->bytes_moved > r->planned_bytes ? r->bytes_moved : r->planned_bytes;
+    tide_coord_layout_free(&j->layout);
+    j->layout = r->layout;
+    r->layout = NULL;
+    j->generation = r->gen;
+    if (r->switch_step > j->step)
+        j->step = r->switch_step;
+    char desc[200];
+    tide__event(s, j->name, r->recover ? "recovered" : "resized",
+                "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved",
+                (unsigned long long)j->generation,
+                tide_coord_layout_describe(j->layout, desc, sizeof desc), (long long)r->switch_step,
+                (double)dur / 1e6, (unsigned long long)r->bytes_moved);
+    tide_reconf_destroy(&j->reconf);
+    j->state = TIDE_JS_RUNNING;
+    tide__save_job(s, j);
+    s->want_backfill = 1;
+}
+
+void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_done_t *m)
+{
+    long i;
+    tide_coord_job_t *j = report_job(s, w, m->job, m->gen, &i, "done");
+    if (j == NULL)
+        return;
+    tide_reconf_t *r = j->reconf;
+    if (r->phase != TIDE_RP_COMMIT) {
+        tide__reply_error(s, TIDE_ERR_PROTOCOL,
+                          "done for generation %llu of job %s before its commit",
+                          (unsigned long long)m->gen, j->name);
+        return;
+    }
+    if (m->status != 0) {
+        char why[200];
+        snprintf(why, sizeof why, "worker %d could not switch: %s", w->id,
+                 tide_strerror((tide_status)m->status));
+        tide__reconf_abort(s, j, why);
+        return;
+    }
+    if (!r->acked[i])
+        r->bytes_moved += m->bytes_moved;
+    r->acked[i] = 1;
+    if (all_acked(r))
+        commit_generation(s, j);
+}
+
+/* ---- fallback and recovery ------------------------------------------------------------------ */
+
+static int lost_old_member(tide_server_t *s, const tide_coord_job_t *j)
+{
+    if (j->layout == NULL)
+        return 0;
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+        const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pool, j->layout->worker[i]);
+        if (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id)
+            return 1;
+    }
+    return 0;
+}
+
+static void abort_only(tide_server_t *s, tide_coord_job_t *j, const char *reason)
+{
+    tide_reconf_t *r = j->reconf;
+    if (r == NULL)
+        return;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_ABORT);
+    snprintf(m.u.abort_.job, sizeof m.u.abort_.job, "%s", j->name);
+    m.u.abort_.gen = r->gen;
+    snprintf(m.u.abort_.reason, sizeof m.u.abort_.reason, "%s", reason);
+    for (size_t i = 0; i < r->n_parts; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+        if (w == NULL || r->gone[i])
+            continue;
+        tide__send_worker(s, w, &m);
+        if (!r->old_member[i] && w->job == j->id && w->state != TIDE_WS_ONLINE) {
+            w->job = 0; /* reserved for the abandoned layout: free again */
+            tide__save_worker(s, w);
+        }
+    }
+    s->st->counters.resizes_aborted++;
+    tide__event(s, j->name, "resize_aborted",
+                "generation %llu abandoned: %s; generation %llu stays", (unsigned long long)r->gen,
+                reason, (unsigned long long)j->generation);
+    tide_reconf_destroy(&j->reconf);
+    j->state = TIDE_JS_RUNNING;
+    tide__save_job(s, j);
+    s->want_backfill = 1;
+}
+
+void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reason)
+{
+    abort_only(s, j, reason);
+    if (lost_old_member(s, j))
+        tide__recover(s, j, reason);
+}
+
+void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
+{
+    if (j->reconf != NULL)
+        abort_only(s, j, reason);
+    if (j->layout == NULL)
+        return;
+    tide_policy_worker *cand = NULL;
+    size_t n = 0, n_pre = 0;
+    int32_t *pre = NULL;
+    tide_layout_t *l = NULL;
+    tide_status rc = tide__candidates(s, j, -1, &cand, &n);
+    if (rc == TIDE_OK) {
+        pre = tide_malloc((n ? n : 1) * sizeof *pre);
+        rc = pre ? tide_policy_recover(j->layout, cand, n, &l, pre, &n_pre)
+                 : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
+    }
+    tide_free(cand);
+    if (rc != TIDE_OK) {
+        tide_free(pre);
+        if (j->state != TIDE_JS_STALLED) {
+            j->state = TIDE_JS_STALLED;
+            tide__event(s, j->name, "stalled", "%s: %s", reason, tide_last_error());
+            tide__save_job(s, j);
+        }
+        return;
+    }
+    char why[160];
+    snprintf(why, sizeof why, "recovery: %s", reason);
+    s->st->counters.recoveries++;
+    rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
+    tide_free(pre);
+    if (rc != TIDE_OK)
+        TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());
+}
+
+void tide__reconf_participant_failed(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
+{
+    tide_reconf_t *r = j->reconf;
+    long i = tide_reconf_find(r, w->rank);
+    if (i < 0)
+        return;
+    r->gone[i] = 1;
+    char why[120];
+    snprintf(why, sizeof why, "participant worker %d failed during the switch", w->id);
+    tide__reconf_abort(s, j, why);
+}
+
+void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
+{
+    for (size_t k = 0; k < s->st->n_jobs; k++) {
+        tide_coord_job_t *j = s->st->jobs[k];
+        tide_reconf_t *r = j->reconf;
+        if (r == NULL)
+            continue;
+        if (now_ns >= r->deadline_ns) {
+            char why[300];
+            size_t at =
+                (size_t)snprintf(why, sizeof why, "timed out after %lld ms waiting for rank",
+                                 (long long)s->cfg.resize_timeout_ms);
+            for (size_t i = 0; i < r->n_parts && at < sizeof why - 16; i++)
+                if (!r->gone[i] && !r->acked[i])
+                    at += (size_t)snprintf(why + at, sizeof why - at, " %d", r->parts[i]);
+            tide__reconf_abort(s, j, why);
+        } else if (now_ns >= r->resend_ns) {
+            send_all(s, j, 1);
+        }
+    }
+}

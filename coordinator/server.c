@@ -1,0 +1,1452 @@
+/*
+ * coordinator/server: tided's single-threaded event loop and the handlers of
+ * worker and tidectl requests (see server.h). Reconfigurations live in
+ * reconf.c, metrics in metrics.c, CURVE key handling in auth.c.
+ *
+ * A loop iteration: zmq_poll on the ROUTER socket, the ZAP socket and the
+ * metrics sockets; drain up to BATCH requests; run due timers (failure scan,
+ * reconfiguration retransmits and deadlines) and the backfill pass; commit the
+ * batch's SQLite transaction; only then send the batch's replies and commands.
+ * Heartbeats change only volatile fields: no transaction, no reply.
+ *
+ * Envelope: DEALER clients send [payload] (ROUTER sees [id][payload]); REQ-style
+ * clients may add an empty delimiter ([id][][payload]); replies mirror it.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "coordinator/policy.h"
+#include "coordinator/server_int.h"
+
+#define BATCH 2048 /* requests per loop iteration before timers and the commit */
+
+static uint64_t now_ns_cached;
+
+void tide_server_config_defaults(tide_server_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->endpoint = "tcp://127.0.0.1:5555";
+    cfg->state_path = "./tide-state.db";
+    cfg->heartbeat_ms = 1000;
+    cfg->miss_limit = 3;
+    cfg->sync_full = 1;
+    cfg->resize_timeout_ms = 120000;
+    cfg->grace_ms = 10000;
+    cfg->link_bytes_per_s = 10e9;
+    cfg->max_attempts = 3;
+}
+
+/* ---- outbox ------------------------------------------------------------------------------ */
+
+static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len, int delim,
+                     const tide_msg_t *msg)
+{
+    if (rid_len == 0)
+        return; /* never connected since tided started: the retransmit timer covers it */
+    tide_status rc = tide_proto_encode(msg, &s->buf);
+    if (rc != TIDE_OK) {
+        TIDE_ERROR("server", "cannot encode '%s': %s", tide_msg_type_name(msg->type),
+                   tide_last_error());
+        return;
+    }
+    if (s->n_out == s->cap_out) {
+        size_t cap = s->cap_out ? s->cap_out * 2 : 256;
+        tide__out *o = tide_reallocarray(s->out, cap, sizeof *o);
+        if (o == NULL) {
+            TIDE_ERROR("server", "out of memory queueing a '%s'", tide_msg_type_name(msg->type));
+            return;
+        }
+        s->out = o;
+        s->cap_out = cap;
+    }
+    tide__out *o = &s->out[s->n_out++];
+    memcpy(o->rid, rid, rid_len);
+    o->rid_len = rid_len;
+    o->delim = delim;
+    o->data = tide_proto_buf_release(&s->buf, &o->len);
+}
+
+void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
+{
+    push_out(s, w->rid, w->rid_len, w->delim, msg);
+}
+
+void tide__reply(tide_server_t *s, const tide_msg_t *msg)
+{
+    push_out(s, s->rid, s->rid_len, s->delim, msg);
+}
+
+tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_ERROR);
+    m.u.error.code = code < 0 ? code : TIDE_ERR_INTERNAL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
+    va_end(ap);
+    TIDE_INFO("server", "refused a request from %s: %s", s->who, m.u.error.message);
+    tide__reply(s, &m);
+    return code;
+}
+
+static void reply_ok(tide_server_t *s, const char *job, const char *fmt, ...) TIDE_PRINTF(3, 4);
+
+static void reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OK);
+    snprintf(m.u.ok.job, sizeof m.u.ok.job, "%s", job ? job : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.ok.message, sizeof m.u.ok.message, fmt, ap);
+    va_end(ap);
+    tide__reply(s, &m);
+}
+
+static void flush_out(tide_server_t *s)
+{
+    for (size_t i = 0; i < s->n_out; i++) {
+        tide__out *o = &s->out[i];
+        /* A full queue or a vanished peer drops the message: senders retransmit. */
+        if (zmq_send(s->router, o->rid, o->rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+            if (o->delim)
+                zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+            zmq_send(s->router, o->data, o->len, ZMQ_DONTWAIT);
+        }
+        tide_free(o->data);
+    }
+    s->n_out = 0;
+}
+
+static void drop_out(tide_server_t *s)
+{
+    for (size_t i = 0; i < s->n_out; i++)
+        tide_free(s->out[i].data);
+    s->n_out = 0;
+}
+
+/* ---- durable changes ----------------------------------------------------------------------- */
+
+static int store_ready(tide_server_t *s)
+{
+    if (s->fatal != TIDE_OK)
+        return 0;
+    tide_status rc = tide_store_begin(s->store);
+    if (rc != TIDE_OK) {
+        s->fatal = rc;
+        TIDE_ERROR("store", "%s", tide_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+static void store_result(tide_server_t *s, tide_status rc)
+{
+    if (rc != TIDE_OK && s->fatal == TIDE_OK) {
+        s->fatal = rc;
+        TIDE_ERROR("store", "%s; tided stops so that nothing unsaved is acknowledged",
+                   tide_last_error());
+    }
+}
+
+void tide__save_worker(tide_server_t *s, const tide_coord_worker_t *w)
+{
+    if (store_ready(s))
+        store_result(s, tide_store_put_worker(s->store, w));
+}
+
+void tide__save_job(tide_server_t *s, const tide_coord_job_t *j)
+{
+    if (store_ready(s))
+        store_result(s, tide_store_put_job(s->store, j));
+}
+
+void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
+{
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    s->events_total++;
+    if (store_ready(s))
+        store_result(s, tide_store_event(s->store, tide_wall_ms(), job, kind, "%s", detail));
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank)
+{
+    return tide_coord_worker_find(s->st, j->pool, rank);
+}
+
+void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen)
+{
+    out->gen = gen;
+    out->dp = l->dp;
+    out->tp = l->tp;
+    out->pp = l->pp;
+    out->num_layers = l->num_layers;
+    out->micro_batches = l->micro_batches;
+    out->stage_start = l->stage_start;
+    out->worker = l->worker;
+}
+
+static void touch(tide_server_t *s, tide_coord_worker_t *w)
+{
+    w->last_seen_ns = now_ns_cached;
+    if (w->rid_len != s->rid_len || memcmp(w->rid, s->rid, s->rid_len) != 0) {
+        memcpy(w->rid, s->rid, s->rid_len);
+        w->rid_len = s->rid_len;
+    }
+    w->delim = s->delim;
+}
+
+/* The sending worker by id, touched; NULL after an error reply. */
+static tide_coord_worker_t *sender(tide_server_t *s, int32_t id)
+{
+    tide_coord_worker_t *w = tide_coord_worker_get(s->st, id);
+    if (w == NULL) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND,
+                          "unknown worker %d: register first (tided may have a new state file)",
+                          id);
+        return NULL;
+    }
+    touch(s, w);
+    return w;
+}
+
+static void send_layout(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_LAYOUT);
+    snprintf(m.u.layout.job, sizeof m.u.layout.job, "%s", j->name);
+    tide__proto_layout(&m.u.layout.layout, j->layout, j->generation);
+    m.u.layout.has_prev = 0;
+    tide__send_worker(s, w, &m);
+}
+
+/* Offline job j leaves its worker: requeued, or failed after max_attempts. */
+static void requeue(tide_server_t *s, tide_coord_job_t *j, const char *why)
+{
+    j->worker = -1;
+    if (j->attempts >= j->max_attempts) {
+        j->state = TIDE_JS_FAILED;
+        tide__event(s, j->name, "offline_failed", "%s; gave up after %d attempts", why,
+                    j->attempts);
+    } else {
+        j->state = TIDE_JS_QUEUED;
+        tide__event(s, j->name, "offline_requeued", "%s; requeued (attempt %d of %d done)", why,
+                    j->attempts, j->max_attempts);
+    }
+    tide__save_job(s, j);
+    s->want_backfill = 1;
+}
+
+void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason)
+{
+    if (w->state == TIDE_WS_FAILED)
+        return;
+    w->state = TIDE_WS_FAILED;
+    tide__event(s, "", "worker_failed", "worker %d (%s rank %d on %s device %d): %s", w->id,
+                w->pool, w->rank, w->host, w->device, reason);
+    if (w->offline_job != 0) {
+        tide_coord_job_t *oj = tide_coord_job_get(s->st, w->offline_job);
+        w->offline_job = 0;
+        if (oj != NULL && oj->state == TIDE_JS_ASSIGNED && oj->worker == w->id) {
+            char why[160];
+            snprintf(why, sizeof why, "worker %d failed", w->id);
+            requeue(s, oj, why);
+        }
+    }
+    int64_t jid = w->job;
+    w->job = 0;
+    tide__save_worker(s, w);
+    tide_coord_job_t *j = jid ? tide_coord_job_get(s->st, jid) : NULL;
+    if (j != NULL && j->kind == TIDE_CJOB_ONLINE) {
+        if (j->reconf != NULL && tide_reconf_find(j->reconf, w->rank) >= 0)
+            tide__reconf_participant_failed(s, j, w);
+        else if (j->layout != NULL && tide_coord_layout_has(j->layout, w->rank))
+            tide__recover(s, j, reason);
+    }
+    s->want_backfill = 1;
+}
+
+/* ---- worker requests ---------------------------------------------------------------------- */
+
+static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
+{
+    tide_coord_worker_t *w = tide_coord_worker_find(s->st, m->pool, m->rank);
+    if (w == NULL) {
+        tide_status rc = tide_coord_worker_add(s->st, -1, m->pool, m->rank, &w);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "cannot register %s/%d: %s", m->pool, m->rank,
+                              tide_last_error());
+            return;
+        }
+        w->pid = m->pid;
+        tide__event(s, "", "worker_registered", "worker %d: %s rank %d/%d on %s %s %d (%llu bytes)",
+                    w->id, m->pool, m->rank, m->size, m->host, tide_proto_device_kind_name(m->kind),
+                    m->device, (unsigned long long)m->mem_bytes);
+    } else if (w->state == TIDE_WS_FAILED) {
+        w->state = TIDE_WS_IDLE;
+        w->job = 0;
+        w->offline_job = 0;
+        w->joined = 0;
+        w->pid = m->pid;
+        tide__event(s, "", "worker_back", "worker %d (%s rank %d) registered again after failing",
+                    w->id, m->pool, m->rank);
+    } else if (w->pid != m->pid) {
+        /* A new process on the same rank: whatever the old one held is gone. */
+        char why[128];
+        snprintf(why, sizeof why, "process restarted (pid %d -> %d)", w->pid, m->pid);
+        touch(s, w);
+        tide__worker_failed(s, w, why);
+        w->state = TIDE_WS_IDLE;
+        w->joined = 0;
+        w->pid = m->pid;
+    } else {
+        TIDE_INFO("server", "worker %d (%s rank %d) registered again (%s)", w->id, m->pool, m->rank,
+                  tide_wstate_name(w->state));
+    }
+    snprintf(w->host, sizeof w->host, "%s", m->host);
+    w->device = m->device;
+    w->memory = m->mem_bytes;
+    w->kind = (int32_t)m->kind;
+    w->pool_size = m->size;
+    w->last_hb_ns = now_ns_cached;
+    touch(s, w);
+    tide__save_worker(s, w);
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_REGISTER_OK);
+    r.u.register_ok.worker = w->id;
+    r.u.register_ok.heartbeat_ms = (int)s->cfg.heartbeat_ms;
+    tide__reply(s, &r);
+    /* a participant of a pending switch gets its part again (tided may have restarted) */
+    tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
+    if (j != NULL && j->reconf != NULL)
+        tide__reconf_resend_to(s, j, w);
+    s->want_backfill = 1;
+}
+
+static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
+{
+    tide_coord_worker_t *w = tide_coord_worker_get(s->st, m->worker);
+    if (w == NULL || w->state == TIDE_WS_FAILED) {
+        tide__reply_error(s, w ? TIDE_ERR_STALE : TIDE_ERR_NOT_FOUND,
+                          "worker %d is %s: register again", m->worker,
+                          w ? "marked failed (missed heartbeats)" : "unknown");
+        return;
+    }
+    touch(s, w);
+    s->st->counters.heartbeats++;
+    uint64_t interval = now_ns_cached - w->last_hb_ns;
+    uint64_t cap = (uint64_t)s->cfg.heartbeat_ms * 1000000ull * 4;
+    if (interval > cap)
+        interval = cap;
+    w->last_hb_ns = now_ns_cached;
+    w->step = (int64_t)(m->step > INT64_MAX ? INT64_MAX : m->step);
+    w->generation = m->gen;
+    uint64_t bubble = (uint64_t)(m->bubble_ms * 1e6);
+    w->bubble_ns += bubble;
+    s->bubble_ns_total += bubble;
+    if (m->step_ms > 0)
+        w->busy_ns += interval;
+    if (w->offline_job != 0 && w->state == TIDE_WS_ONLINE) {
+        /* bubble-filling work runs here: its share of bubble time counts as filled */
+        s->filled_ns_total += bubble;
+        w->filled_ns += bubble;
+    }
+    if (w->state == TIDE_WS_ONLINE && w->job != 0) {
+        tide_coord_job_t *j = tide_coord_job_get(s->st, w->job);
+        if (j != NULL && m->gen == j->generation && w->step > j->step)
+            j->step = w->step;
+        if (j != NULL && m->step_ms > 0)
+            j->throughput = 1000.0 / m->step_ms;
+    }
+}
+
+static void handle_bye(tide_server_t *s, const tide_proto_bye_t *m)
+{
+    tide_coord_worker_t *w = sender(s, m->worker);
+    if (w == NULL)
+        return;
+    tide__worker_failed(s, w, "left (bye)");
+    reply_ok(s, "", "worker %d removed", w->id);
+}
+
+static void handle_failure(tide_server_t *s, const tide_proto_failure_t *m)
+{
+    tide_coord_worker_t *w = sender(s, m->worker);
+    if (w == NULL)
+        return;
+    char why[1200];
+    snprintf(why, sizeof why, "reported failure %s (%s)%s%s", tide_status_name(m->code), m->reason,
+             m->job[0] ? " in job " : "", m->job);
+    tide__worker_failed(s, w, why);
+    reply_ok(s, m->job, "failure recorded");
+}
+
+/* Gives job j its first layout over idle joined workers, when enough have joined. */
+static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
+{
+    tide_policy_worker *cand = NULL;
+    size_t n = 0, n_pre = 0;
+    int32_t *pre = NULL;
+    tide_layout_t *l = NULL;
+    if (tide__candidates(s, j, -1, &cand, &n) != TIDE_OK) {
+        TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
+        return;
+    }
+    /* only idle joined workers start a job: running offline work is not preempted for it */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (cand[i].cls == TIDE_PW_IDLE)
+            cand[k++] = cand[i];
+    size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
+    if (k < need)
+        goto out;
+    pre = tide_malloc((k ? k : 1) * sizeof *pre);
+    if (pre == NULL)
+        goto out;
+    tide_resize_req req = {j->req_dp, j->req_tp, j->req_pp, j->num_layers, j->req_micro, NULL};
+    if (tide_policy_place(NULL, &req, cand, k, &l, pre, &n_pre) != TIDE_OK) {
+        tide__event(s, j->name, "job_waiting", "no first layout: %s", tide_last_error());
+        goto out;
+    }
+    j->layout = l;
+    l = NULL;
+    j->generation = j->gen_issued = 1;
+    j->state = TIDE_JS_RUNNING;
+    char desc[256];
+    tide__event(s, j->name, "layout", "generation 1: %s on %zu workers",
+                tide_coord_layout_describe(j->layout, desc, sizeof desc), need);
+    tide__save_job(s, j);
+    for (size_t i = 0; i < need; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
+        if (w == NULL)
+            continue;
+        w->state = TIDE_WS_ONLINE;
+        w->job = j->id;
+        tide__save_worker(s, w);
+        send_layout(s, j, w);
+    }
+out:
+    tide_coord_layout_free(&l);
+    tide_free(pre);
+    tide_free(cand);
+}
+
+static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void *raw, size_t len)
+{
+    tide_coord_worker_t *w = sender(s, m->worker);
+    if (w == NULL)
+        return;
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
+    if (j == NULL) {
+        tide_layout_t *probe = NULL;
+        tide_status rc =
+            tide_coord_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
+        tide_coord_layout_free(&probe);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+            return;
+        }
+        rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_ONLINE, &j);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "%s", tide_last_error());
+            return;
+        }
+        snprintf(j->name, sizeof j->name, "%s", m->job);
+        snprintf(j->pool, sizeof j->pool, "%s", w->pool);
+        j->state = TIDE_JS_QUEUED;
+        j->created_ms = tide_wall_ms();
+        j->req_dp = m->dp;
+        j->req_tp = m->tp;
+        j->req_pp = m->pp;
+        j->req_micro = m->micro_batches;
+        j->num_layers = m->num_layers;
+        j->total_bytes = m->total_bytes;
+        j->join_blob = tide_malloc(len);
+        if (j->join_blob != NULL) {
+            memcpy(j->join_blob, raw, len);
+            j->join_len = len;
+        }
+        tide__event(s, j->name, "job_created",
+                    "online job in pool %s: %d layers, %llu bytes of state, %u tensors, first "
+                    "layout (dp %d, tp %d, pp %d)",
+                    j->pool, j->num_layers, (unsigned long long)j->total_bytes, m->n_tensors, m->dp,
+                    m->tp, m->pp);
+        tide__save_job(s, j);
+    } else if (j->kind != TIDE_CJOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
+        return;
+    } else if (strcmp(j->pool, w->pool) != 0) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "job %s runs in pool %s; worker %d is in pool %s (one mpirun launch "
+                          "per job)",
+                          m->job, j->pool, w->id, w->pool);
+        return;
+    }
+    if (w->joined != j->id) {
+        w->joined = j->id;
+        tide__save_worker(s, w);
+    }
+    if (j->layout == NULL) {
+        try_first_layout(s, j);
+        if (j->layout == NULL)
+            reply_ok(s, j->name, "joined job %s; waiting for %d workers to join", j->name,
+                     j->req_dp * j->req_tp * j->req_pp);
+        else if (!(w->state == TIDE_WS_ONLINE && w->job == j->id))
+            reply_ok(s, j->name, "joined job %s; not in its first layout: waiting idle", j->name);
+        return;
+    }
+    if (w->state == TIDE_WS_ONLINE && w->job == j->id) {
+        send_layout(s, j, w); /* a member joining again (after a tided restart) */
+        return;
+    }
+    reply_ok(s, j->name, "joined job %s; not in its layout: waiting idle for a resize", j->name);
+    s->want_backfill = 1;
+}
+
+static void handle_offline_status(tide_server_t *s, const tide_proto_offline_status_t *m)
+{
+    tide_coord_worker_t *w = sender(s, m->worker);
+    if (w == NULL)
+        return;
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
+    if (j == NULL || j->kind != TIDE_CJOB_OFFLINE) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no offline job named %s", m->job);
+        return;
+    }
+    switch (m->state) {
+    case TIDE_JOB_RUNNING:
+        reply_ok(s, j->name, "%s", "");
+        return;
+    case TIDE_JOB_DONE:
+    case TIDE_JOB_FAILED:
+    case TIDE_JOB_PREEMPTED:
+    case TIDE_JOB_CANCELLED:
+        break;
+    default:
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "offline_status state must be running, done, failed, preempted or "
+                          "cancelled, not %s",
+                          tide_proto_job_state_name(m->state));
+        return;
+    }
+    if (w->offline_job == j->id) {
+        w->offline_job = 0;
+        if (w->state == TIDE_WS_OFFLINE)
+            w->state = TIDE_WS_IDLE;
+        tide__save_worker(s, w);
+        s->want_backfill = 1;
+    }
+    if (j->state == TIDE_JS_ASSIGNED && j->worker == w->id) {
+        char why[160];
+        if (m->state == TIDE_JOB_DONE) {
+            j->state = TIDE_JS_DONE;
+            j->worker = -1;
+            tide__event(s, j->name, "offline_done", "finished on worker %d (attempt %d)", w->id,
+                        j->attempts);
+            tide__save_job(s, j);
+        } else {
+            snprintf(why, sizeof why, "attempt %d on worker %d ended %s (exit code %d)",
+                     j->attempts, w->id, tide_proto_job_state_name(m->state), m->exit_code);
+            requeue(s, j, why);
+        }
+    }
+    reply_ok(s, j->name, "%s", "");
+}
+
+static void handle_bubble(tide_server_t *s, const tide_proto_bubble_t *m)
+{
+    tide_coord_worker_t *w = sender(s, m->worker);
+    if (w != NULL)
+        TIDE_DEBUG("server", "worker %d: %u bubble windows per step, mean %.3f ms, max %.3f ms",
+                   w->id, m->windows, m->mean_ms, m->max_ms);
+}
+
+/* ---- tidectl requests ---------------------------------------------------------------------- */
+
+static tide_proto_job_state_t job_state_wire(const tide_coord_job_t *j)
+{
+    switch (j->state) {
+    case TIDE_JS_RUNNING:
+        return TIDE_JOB_RUNNING;
+    case TIDE_JS_RESIZING:
+        return (j->reconf && j->reconf->recover) ? TIDE_JOB_RECOVERING : TIDE_JOB_RESIZING;
+    case TIDE_JS_STALLED:
+        return TIDE_JOB_RECOVERING;
+    case TIDE_JS_QUEUED:
+        return (j->kind == TIDE_CJOB_OFFLINE && j->attempts > 0) ? TIDE_JOB_PREEMPTED
+                                                                 : TIDE_JOB_QUEUED;
+    case TIDE_JS_ASSIGNED:
+        return TIDE_JOB_RUNNING;
+    case TIDE_JS_DONE:
+        return TIDE_JOB_DONE;
+    case TIDE_JS_FAILED:
+        return TIDE_JOB_FAILED;
+    case TIDE_JS_CANCELLED:
+        return TIDE_JOB_CANCELLED;
+    }
+    return TIDE_JOB_FAILED;
+}
+
+static void handle_status(tide_server_t *s)
+{
+    tide_coord_state_t *st = s->st;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_STATUS_REPLY);
+    m.u.status_reply.time_ms = tide_wall_ms();
+    size_t n = 0;
+    for (size_t i = 0; i < st->n_workers; i++)
+        n += st->workers[i].pool[0] != '\0';
+    if (n > TIDE_PROTO_ROWS_MAX)
+        n = TIDE_PROTO_ROWS_MAX;
+    tide_proto_gpu_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    int32_t *row_of = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *row_of);
+    if (rows == NULL || row_of == NULL) {
+        tide_free(rows);
+        tide_free(row_of);
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory building the status of %zu workers", n);
+        return;
+    }
+    size_t k = 0;
+    int64_t wall = tide_wall_ms();
+    for (size_t i = 0; i < st->n_workers; i++) {
+        row_of[i] = -1;
+        const tide_coord_worker_t *w = &st->workers[i];
+        if (w->pool[0] == '\0' || k >= n)
+            continue;
+        row_of[i] = (int32_t)k;
+        tide_proto_gpu_row_t *r = &rows[k++];
+        r->worker = w->id;
+        snprintf(r->host, sizeof r->host, "%s", w->host[0] ? w->host : "?");
+        r->device = w->device < 0 ? 0 : w->device;
+        r->kind = w->kind ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
+        r->state = (tide_proto_worker_state_t)w->state;
+        r->mem_bytes = w->memory;
+        r->stage = r->dp_rank = r->tp_rank = -1;
+        r->step = w->step > 0 ? (uint64_t)w->step : 0;
+        double busy = (double)w->busy_ns;
+        r->bubble_pct = busy > 0 ? 100.0 * (double)w->bubble_ns / busy : 0.0;
+        if (r->bubble_pct > 100)
+            r->bubble_pct = 100;
+        uint64_t ago_ns = now_ns_cached > w->last_seen_ns ? now_ns_cached - w->last_seen_ns : 0;
+        r->last_seen_ms = w->last_seen_ns ? wall - (int64_t)(ago_ns / 1000000ull) : 0;
+        const tide_coord_job_t *oj = w->offline_job ? tide_coord_job_get(st, w->offline_job) : NULL;
+        if (oj != NULL)
+            snprintf(r->offline, sizeof r->offline, "%s", oj->name);
+        const tide_coord_job_t *j = w->job ? tide_coord_job_get(st, w->job) : NULL;
+        if (j != NULL)
+            snprintf(r->job, sizeof r->job, "%s", j->name);
+    }
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        const tide_coord_job_t *j = st->jobs[i];
+        if (j->kind != TIDE_CJOB_ONLINE || j->layout == NULL)
+            continue;
+        const tide_layout_t *l = j->layout;
+        for (int p = 0; p < l->pp; p++)
+            for (int d = 0; d < l->dp; d++)
+                for (int t = 0; t < l->tp; t++) {
+                    tide_coord_worker_t *w =
+                        tide__job_worker(s, j, l->worker[tide_layout_index(l, p, d, t)]);
+                    if (w == NULL || w->job != j->id || row_of[w->id] < 0)
+                        continue;
+                    tide_proto_gpu_row_t *r = &rows[row_of[w->id]];
+                    r->stage = p;
+                    r->dp_rank = d;
+                    r->tp_rank = t;
+                }
+    }
+    m.u.status_reply.rows = rows;
+    m.u.status_reply.n_rows = (uint32_t)k;
+    tide__reply(s, &m);
+    tide_free(rows);
+    tide_free(row_of);
+}
+
+static void handle_jobs(tide_server_t *s)
+{
+    tide_coord_state_t *st = s->st;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOBS_REPLY);
+    size_t n = st->n_jobs > TIDE_PROTO_ROWS_MAX ? TIDE_PROTO_ROWS_MAX : st->n_jobs;
+    tide_proto_job_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    if (rows == NULL) {
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu jobs", n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tide_coord_job_t *j = st->jobs[i];
+        tide_proto_job_row_t *r = &rows[i];
+        snprintf(r->name, sizeof r->name, "%s", j->name);
+        r->state = job_state_wire(j);
+        r->priority = j->priority;
+        if (j->kind == TIDE_CJOB_ONLINE) {
+            r->kind = TIDE_JOB_ONLINE;
+            r->gen = j->generation;
+            if (j->layout) {
+                r->dp = j->layout->dp;
+                r->tp = j->layout->tp;
+                r->pp = j->layout->pp;
+                r->workers = (uint32_t)tide_layout_size(j->layout);
+            }
+            r->step = j->step > 0 ? (uint64_t)j->step : 0;
+            r->throughput = j->throughput;
+        } else {
+            r->kind = j->okind == TIDE_OFFLINE_PLUGIN ? TIDE_JOB_PLUGIN : TIDE_JOB_COMMAND;
+            r->workers = j->state == TIDE_JS_ASSIGNED ? 1 : 0;
+            r->attempts = (uint32_t)j->attempts;
+        }
+    }
+    m.u.jobs_reply.rows = rows;
+    m.u.jobs_reply.n_rows = (uint32_t)n;
+    tide__reply(s, &m);
+    tide_free(rows);
+}
+
+static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
+{
+    tide_store_event_t *ev = NULL;
+    size_t n = 0;
+    tide_status rc = tide_store_events(s->store, q->since_id, q->since_ms, q->limit, &ev, &n);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
+        return;
+    }
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_EVENTS_REPLY);
+    tide_proto_event_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    if (rows == NULL) {
+        tide_free(ev);
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu events", n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        rows[i].id = ev[i].id;
+        rows[i].time_ms = ev[i].time_ms;
+        snprintf(rows[i].job, sizeof rows[i].job, "%s", ev[i].job);
+        snprintf(rows[i].kind, sizeof rows[i].kind, "%s", ev[i].kind);
+        snprintf(rows[i].detail, sizeof rows[i].detail, "%s", ev[i].detail);
+    }
+    m.u.events_reply.rows = rows;
+    m.u.events_reply.n_rows = (uint32_t)n;
+    tide__reply(s, &m);
+    tide_free(rows);
+    tide_free(ev);
+}
+
+static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
+{
+    if (tide_coord_job_by_name(s->st, m->name) != NULL) {
+        tide__reply_error(s, TIDE_ERR_EXISTS,
+                          "a job named %s exists (tidectl jobs); pick another "
+                          "name",
+                          m->name);
+        return;
+    }
+    if (m->kind == TIDE_JOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "online jobs start when their training program joins; submit queues "
+                          "offline work (kind command or plugin)");
+        return;
+    }
+    tide_coord_job_t *j = NULL;
+    tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_OFFLINE, &j);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
+        return;
+    }
+    snprintf(j->name, sizeof j->name, "%s", m->name);
+    j->state = TIDE_JS_QUEUED;
+    j->created_ms = tide_wall_ms();
+    j->priority = m->priority;
+    j->okind = m->kind == TIDE_JOB_PLUGIN ? TIDE_OFFLINE_PLUGIN : TIDE_OFFLINE_COMMAND;
+    snprintf(j->plugin, sizeof j->plugin, "%s", m->plugin);
+    j->mem_cap = m->mem_cap;
+    j->bubbles = m->bubbles;
+    j->max_attempts = s->cfg.max_attempts;
+    j->grace_ms = s->cfg.grace_ms;
+    j->argv = tide_calloc(m->argc ? m->argc : 1, sizeof *j->argv);
+    for (uint32_t i = 0; j->argv != NULL && i < m->argc; i++) {
+        j->argv[i] = tide_strdup(m->argv[i]);
+        if (j->argv[i] == NULL)
+            break;
+        j->argc++;
+    }
+    if (j->argv == NULL || j->argc != m->argc) {
+        /* the half-built job stays out of the queue and the store */
+        j->state = TIDE_JS_FAILED;
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory queueing job %s", m->name);
+        return;
+    }
+    tide__event(s, j->name, "submitted", "%s job, priority %d%s: %s%s%s",
+                tide_proto_job_kind_name(m->kind), j->priority, j->bubbles ? ", bubbles" : "",
+                j->plugin, j->plugin[0] ? " " : "", j->argc ? j->argv[0] : "");
+    tide__save_job(s, j);
+    reply_ok(s, j->name, "queued offline job %s with priority %d", j->name, j->priority);
+    s->want_backfill = 1;
+}
+
+static void send_preempt(tide_server_t *s, const tide_coord_job_t *oj, const tide_coord_worker_t *w)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_PREEMPT);
+    snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "%s", oj->name);
+    m.u.preempt.grace_ms = (int)(oj->grace_ms > 600000 ? 600000 : oj->grace_ms);
+    tide__send_worker(s, w, &m);
+}
+
+static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
+{
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
+    if (j == NULL) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no job named %s (tidectl jobs lists them)",
+                          m->job);
+        return;
+    }
+    if (j->kind == TIDE_CJOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_UNSUPPORTED,
+                          "%s is an online training job: stop its mpirun to end it; cancel "
+                          "stops offline work",
+                          j->name);
+        return;
+    }
+    if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_FAILED || j->state == TIDE_JS_CANCELLED) {
+        tide__reply_error(s, TIDE_ERR_INVALID, "job %s has already ended (%s)", j->name,
+                          tide_jstate_name(j->state));
+        return;
+    }
+    if (j->state == TIDE_JS_ASSIGNED) {
+        tide_coord_worker_t *w = tide_coord_worker_get(s->st, j->worker);
+        if (w != NULL)
+            send_preempt(s, j, w); /* the worker stays busy until it reports the stop */
+    }
+    j->state = TIDE_JS_CANCELLED;
+    tide__event(s, j->name, "cancelled", "cancelled by %s", s->who);
+    tide__save_job(s, j);
+    reply_ok(s, j->name, "cancelled %s", j->name);
+}
+
+static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
+{
+    tide_coord_worker_t *w = tide_coord_worker_get(s->st, m->worker);
+    if (w == NULL) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no worker %d (tidectl status lists them)",
+                          m->worker);
+        return;
+    }
+    switch (w->state) {
+    case TIDE_WS_FAILED:
+        tide__reply_error(s, TIDE_ERR_INVALID, "worker %d has failed: nothing to drain", w->id);
+        return;
+    case TIDE_WS_DRAINING:
+        reply_ok(s, "", "worker %d is already draining", w->id);
+        return;
+    case TIDE_WS_IDLE:
+        if (w->job != 0) {
+            tide__reply_error(s, TIDE_ERR_BUSY,
+                              "worker %d is joining a job's resize; drain it when that ends",
+                              w->id);
+            return;
+        }
+        break;
+    case TIDE_WS_OFFLINE: {
+        tide_coord_job_t *oj = tide_coord_job_get(s->st, w->offline_job);
+        if (oj != NULL && oj->state == TIDE_JS_ASSIGNED && oj->worker == w->id) {
+            send_preempt(s, oj, w);
+            s->st->counters.preemptions++;
+            requeue(s, oj, "its worker is draining");
+        }
+        break;
+    }
+    case TIDE_WS_ONLINE: {
+        tide_coord_job_t *j = tide_coord_job_get(s->st, w->job);
+        if (j != NULL && j->reconf != NULL) {
+            tide__reply_error(s, TIDE_ERR_BUSY,
+                              "job %s is switching generations; drain worker %d when it ends",
+                              j->name, w->id);
+            return;
+        }
+        if (j != NULL && j->layout != NULL) {
+            tide_policy_worker *cand = NULL;
+            size_t n = 0, n_pre = 0;
+            tide_layout_t *l = NULL;
+            tide_status rc = tide__candidates(s, j, w->id, &cand, &n);
+            int32_t *pre = rc == TIDE_OK ? tide_malloc((n ? n : 1) * sizeof *pre) : NULL;
+            if (rc == TIDE_OK && pre == NULL)
+                rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the drain");
+            if (rc == TIDE_OK)
+                rc = tide_policy_recover(j->layout, cand, n, &l, pre, &n_pre);
+            tide_free(cand);
+            if (rc != TIDE_OK) {
+                tide_free(pre);
+                tide__reply_error(s, rc,
+                                  "draining worker %d would leave job %s without a layout: %s",
+                                  w->id, j->name, tide_last_error());
+                return;
+            }
+            w->state = TIDE_WS_DRAINING;
+            tide__save_worker(s, w);
+            char why[96];
+            snprintf(why, sizeof why, "drain worker %d", w->id);
+            rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
+            tide_free(pre);
+            if (rc != TIDE_OK) {
+                tide__reply_error(s, rc, "%s", tide_last_error());
+                return;
+            }
+            tide__event(s, j->name, "drain", "worker %d drains: job %s moves off it", w->id,
+                        j->name);
+            reply_ok(s, j->name,
+                     "worker %d draining; job %s switches to generation %llu without it", w->id,
+                     j->name, (unsigned long long)j->gen_issued);
+            return;
+        }
+        break;
+    }
+    }
+    w->state = TIDE_WS_DRAINING;
+    tide__event(s, "", "drain", "worker %d drained by %s", w->id, s->who);
+    tide__save_worker(s, w);
+    reply_ok(s, "", "worker %d draining: it takes no new work", w->id);
+}
+
+/* ---- backfill ------------------------------------------------------------------------------ */
+
+static void assign(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
+{
+    j->state = TIDE_JS_ASSIGNED;
+    j->attempts++;
+    j->worker = w->id;
+    w->offline_job = j->id;
+    if (w->state == TIDE_WS_IDLE)
+        w->state = TIDE_WS_OFFLINE;
+    tide__event(s, j->name, "offline_assigned", "attempt %d on worker %d (%s device %d)%s",
+                j->attempts, w->id, w->host, w->device,
+                w->state == TIDE_WS_ONLINE ? " inside pipeline bubbles" : "");
+    tide__save_job(s, j);
+    tide__save_worker(s, w);
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_ASSIGN);
+    tide_proto_offline_assign_t *a = &m.u.offline_assign;
+    snprintf(a->job, sizeof a->job, "%s", j->name);
+    a->kind = j->okind == TIDE_OFFLINE_PLUGIN ? TIDE_JOB_PLUGIN : TIDE_JOB_COMMAND;
+    snprintf(a->plugin, sizeof a->plugin, "%s", j->plugin);
+    a->argv = j->argv;
+    a->argc = j->argc;
+    a->priority = j->priority;
+    a->mem_cap = j->mem_cap;
+    a->bubbles = j->bubbles;
+    a->attempt = (uint32_t)j->attempts;
+    tide__send_worker(s, w, &m);
+}
+
+/* Offers idle workers to queued offline work by priority, then bubbles to plugins. */
+static void backfill(tide_server_t *s)
+{
+    tide_coord_state_t *st = s->st;
+    s->want_backfill = 0;
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE && st->jobs[i]->state == TIDE_JS_STALLED)
+            tide__recover(s, st->jobs[i], "retrying after workers changed");
+    size_t nq = 0, ni = 0, n_pairs = 0;
+    for (size_t i = 0; i < st->n_jobs; i++)
+        nq += st->jobs[i]->kind == TIDE_CJOB_OFFLINE && st->jobs[i]->state == TIDE_JS_QUEUED;
+    if (nq == 0)
+        return;
+    tide_policy_offline *q = tide_malloc(nq * sizeof *q);
+    int32_t *idle = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *idle);
+    tide_policy_assignment *pairs = tide_malloc(nq * sizeof *pairs);
+    if (q == NULL || idle == NULL || pairs == NULL)
+        goto out;
+    nq = 0;
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_OFFLINE && st->jobs[i]->state == TIDE_JS_QUEUED)
+            q[nq++] = (tide_policy_offline){st->jobs[i]->id, st->jobs[i]->priority};
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const tide_coord_worker_t *w = &st->workers[i];
+        /* connected since tided started, holding nothing, not reserved by a resize */
+        if (w->pool[0] && w->state == TIDE_WS_IDLE && w->job == 0 && w->offline_job == 0 &&
+            w->rid_len > 0)
+            idle[ni++] = w->id;
+    }
+    if (tide_policy_assign(q, nq, idle, ni, pairs, &n_pairs) != TIDE_OK)
+        goto out;
+    for (size_t i = 0; i < n_pairs; i++)
+        assign(s, tide_coord_job_get(st, pairs[i].job), &st->workers[pairs[i].worker]);
+    /* plugin work that may run inside pipeline bubbles goes to online workers that have them */
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        tide_coord_job_t *j = st->jobs[i];
+        if (j->kind != TIDE_CJOB_OFFLINE || j->state != TIDE_JS_QUEUED || !j->bubbles ||
+            j->okind != TIDE_OFFLINE_PLUGIN)
+            continue;
+        tide_coord_worker_t *best = NULL;
+        for (size_t k = 0; k < st->n_workers; k++) {
+            tide_coord_worker_t *w = &st->workers[k];
+            if (w->state != TIDE_WS_ONLINE || w->offline_job != 0 || w->rid_len == 0 ||
+                w->bubble_ns == 0 || w->busy_ns == 0)
+                continue;
+            if (best == NULL || (double)w->bubble_ns / (double)w->busy_ns >
+                                    (double)best->bubble_ns / (double)best->busy_ns)
+                best = w;
+        }
+        if (best == NULL)
+            break;
+        assign(s, j, best);
+    }
+out:
+    tide_free(q);
+    tide_free(idle);
+    tide_free(pairs);
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------ */
+
+static int worker_may_read(tide_msg_type_t t)
+{
+    return t == TIDE_MSG_STATUS || t == TIDE_MSG_JOBS || t == TIDE_MSG_EVENTS;
+}
+
+static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t len)
+{
+    tide_msg_role_t need = tide_msg_type_role(m->type);
+    if (need == TIDE_ROLE_COORDINATOR) {
+        s->st->counters.bad_requests++;
+        tide__reply_error(s, TIDE_ERR_PROTOCOL, "'%s' is sent by tided, not to it",
+                          tide_msg_type_name(m->type));
+        return;
+    }
+    if ((need == TIDE_ROLE_ADMIN && s->role != TIDE__ROLE_ADMIN && !worker_may_read(m->type)) ||
+        s->role == TIDE__ROLE_NONE) {
+        s->st->counters.denied++;
+        TIDE_WARN("auth", "refused '%s' from %s: it needs an admin key",
+                  tide_msg_type_name(m->type), s->who);
+        tide__reply_error(s, TIDE_ERR_DENIED,
+                          "'%s' needs an admin key; %s may only register and "
+                          "report",
+                          tide_msg_type_name(m->type), s->who);
+        return;
+    }
+    if (m->type != TIDE_MSG_HEARTBEAT)
+        s->st->counters.requests++;
+    switch (m->type) {
+    case TIDE_MSG_REGISTER:
+        handle_register(s, &m->u.reg);
+        break;
+    case TIDE_MSG_HEARTBEAT:
+        handle_heartbeat(s, &m->u.heartbeat);
+        break;
+    case TIDE_MSG_BYE:
+        handle_bye(s, &m->u.bye);
+        break;
+    case TIDE_MSG_JOIN:
+        handle_join(s, &m->u.join, raw, len);
+        break;
+    case TIDE_MSG_PREPARE_ACK: {
+        tide_coord_worker_t *w = sender(s, m->u.prepare_ack.worker);
+        if (w != NULL)
+            tide__handle_prepare_ack(s, w, &m->u.prepare_ack);
+        break;
+    }
+    case TIDE_MSG_DONE: {
+        tide_coord_worker_t *w = sender(s, m->u.done.worker);
+        if (w != NULL)
+            tide__handle_done(s, w, &m->u.done);
+        break;
+    }
+    case TIDE_MSG_FAILURE:
+        handle_failure(s, &m->u.failure);
+        break;
+    case TIDE_MSG_OFFLINE_STATUS:
+        handle_offline_status(s, &m->u.offline_status);
+        break;
+    case TIDE_MSG_BUBBLE:
+        handle_bubble(s, &m->u.bubble);
+        break;
+    case TIDE_MSG_STATUS:
+        handle_status(s);
+        break;
+    case TIDE_MSG_JOBS:
+        handle_jobs(s);
+        break;
+    case TIDE_MSG_RESIZE:
+        tide__handle_resize(s, &m->u.resize);
+        break;
+    case TIDE_MSG_SUBMIT:
+        handle_submit(s, &m->u.submit);
+        break;
+    case TIDE_MSG_CANCEL:
+        handle_cancel(s, &m->u.cancel);
+        break;
+    case TIDE_MSG_DRAIN:
+        handle_drain(s, &m->u.drain);
+        break;
+    case TIDE_MSG_EVENTS:
+        handle_events(s, &m->u.events);
+        break;
+    default:
+        tide__reply_error(s, TIDE_ERR_PROTOCOL, "unexpected message '%s'",
+                          tide_msg_type_name(m->type));
+        break;
+    }
+}
+
+/* Receives and handles one request; 0 when none was waiting. */
+static int recv_one(tide_server_t *s)
+{
+    zmq_msg_t f[3];
+    int nf = 0, more = 1, extra = 0;
+    for (int i = 0; i < 3; i++)
+        zmq_msg_init(&f[i]);
+    while (more) {
+        zmq_msg_t *dst = nf < 3 ? &f[nf] : NULL;
+        zmq_msg_t sink;
+        if (dst == NULL) {
+            zmq_msg_init(&sink);
+            dst = &sink;
+        }
+        int r = zmq_msg_recv(dst, s->router, nf == 0 ? ZMQ_DONTWAIT : 0);
+        if (r < 0) {
+            if (dst != &f[nf])
+                zmq_msg_close(dst);
+            for (int i = 0; i < 3; i++)
+                zmq_msg_close(&f[i]);
+            return 0;
+        }
+        more = zmq_msg_more(dst);
+        if (dst != &f[nf]) {
+            zmq_msg_close(dst);
+            extra++;
+        } else {
+            nf++;
+        }
+    }
+    s->rid_len = zmq_msg_size(&f[0]);
+    if (s->rid_len > sizeof s->rid)
+        s->rid_len = sizeof s->rid;
+    memcpy(s->rid, zmq_msg_data(&f[0]), s->rid_len);
+    zmq_msg_t *payload = NULL;
+    s->delim = 0;
+    if (nf == 2 && !extra) {
+        payload = &f[1];
+    } else if (nf == 3 && !extra && zmq_msg_size(&f[1]) == 0) {
+        payload = &f[2];
+        s->delim = 1;
+    }
+    if (s->auth_on) {
+        const char *uid = zmq_msg_gets(&f[nf - 1], "User-Id");
+        s->role = tide__auth_role(uid);
+        snprintf(s->who, sizeof s->who, "%s", uid ? uid : "unknown key");
+    } else {
+        s->role = TIDE__ROLE_ADMIN;
+        snprintf(s->who, sizeof s->who, "a loopback client");
+    }
+    if (payload == NULL) {
+        s->st->counters.bad_requests++;
+        tide__reply_error(s, TIDE_ERR_PROTOCOL,
+                          "expected one message frame (optionally after an empty delimiter), got "
+                          "%d frames",
+                          nf - 1 + extra);
+    } else {
+        tide_msg_t m;
+        tide_status rc = tide_proto_decode(zmq_msg_data(payload), zmq_msg_size(payload), &m);
+        if (rc != TIDE_OK) {
+            s->st->counters.bad_requests++;
+            char detail[512];
+            snprintf(detail, sizeof detail, "%s", tide_last_error());
+            TIDE_WARN("server", "malformed message from %s (%zu bytes): %s", s->who,
+                      zmq_msg_size(payload), detail);
+            tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
+                              detail);
+        } else {
+            dispatch(s, &m, zmq_msg_data(payload), zmq_msg_size(payload));
+            tide_msg_clear(&m);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        zmq_msg_close(&f[i]);
+    return 1;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+static int endpoint_is_local(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0)
+        return 1;
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return 0;
+    const char *host = ep + 6;
+    const char *colon = strrchr(host, ':');
+    size_t len = colon ? (size_t)(colon - host) : strlen(host);
+    if (strchr(host, ';') != NULL && strchr(host, ';') < host + len)
+        return 0; /* source;destination syntax: not a plain bind address */
+    if (len >= 2 && host[0] == '[' && host[len - 1] == ']') {
+        host++;
+        len -= 2;
+    }
+    if (len == 9 && strncmp(host, "localhost", 9) == 0)
+        return 1;
+    if (len == 3 && strncmp(host, "::1", 3) == 0)
+        return 1;
+    if (len >= 4 && strncmp(host, "127.", 4) == 0) {
+        for (size_t i = 4; i < len; i++)
+            if (!((host[i] >= '0' && host[i] <= '9') || host[i] == '.'))
+                return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static tide_status write_endpoint_file(const char *path, const char *ep)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return tide_errorf(TIDE_ERR_IO, "cannot write --endpoint-file %s: %s", path,
+                           strerror(errno));
+    fprintf(f, "%s\n", ep);
+    int bad = fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return tide_errorf(TIDE_ERR_IO, "cannot write --endpoint-file %s: %s", path,
+                           strerror(errno));
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
+{
+    tide_status rc = TIDE_OK;
+    tide_server_t *s = tide_calloc(1, sizeof *s);
+    if (s == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory starting tided");
+    s->cfg = *cfg;
+    s->http_fd = -1;
+    for (int i = 0; i < TIDE__METRICS_CLIENTS; i++)
+        s->http[i].fd = -1;
+    tide_proto_buf_init(&s->buf);
+    if (cfg->endpoint == NULL || cfg->state_path == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "tided needs an endpoint and a state file");
+    if (cfg->heartbeat_ms < 10 || cfg->miss_limit < 1)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_RANGE,
+                       "heartbeat period must be >= 10 ms and the miss limit >= 1");
+    int with_auth = cfg->auth_dir != NULL && cfg->auth_dir[0] != '\0';
+    if (!with_auth && !endpoint_is_local(cfg->endpoint))
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_DENIED,
+                       "refusing to bind %s without authentication: a non-loopback endpoint "
+                       "needs --auth DIR (create keys with 'tidectl keygen')",
+                       cfg->endpoint);
+    TIDE_CHECK_GOTO(tide_coord_state_new(&s->st), rc, fail);
+    TIDE_CHECK_GOTO(tide_store_open(&s->store, cfg->state_path, cfg->sync_full), rc, fail);
+    TIDE_CHECK_GOTO(tide_store_load(s->store, s->st), rc, fail);
+    uint64_t now = tide_now_ns();
+    now_ns_cached = now;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        /* reloaded workers get one failure timeout to reconnect and register again */
+        s->st->workers[i].last_seen_ns = now;
+        s->st->workers[i].last_hb_ns = now;
+    }
+    size_t pending = 0;
+    for (size_t i = 0; i < s->st->n_jobs; i++) {
+        tide_coord_job_t *j = s->st->jobs[i];
+        tide_reconf_t *r = j->reconf;
+        if (r == NULL)
+            continue;
+        pending++;
+        r->started_ns = now;
+        r->deadline_ns = now + (uint64_t)cfg->resize_timeout_ms * 1000000ull;
+        r->resend_ns = now;
+        for (size_t k = 0; k < r->n_parts; k++) {
+            tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
+            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
+        }
+    }
+    TIDE_INFO("server", "state %s: %zu workers, %zu jobs, %zu pending reconfigurations",
+              cfg->state_path, s->st->n_workers, s->st->n_jobs, pending);
+
+    s->zctx = zmq_ctx_new();
+    if (s->zctx == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(errno));
+    if (with_auth) {
+        TIDE_CHECK_GOTO(tide__auth_load(&s->auth, cfg->auth_dir), rc, fail);
+        s->zap = zmq_socket(s->zctx, ZMQ_REP);
+        int linger = 0;
+        zmq_setsockopt(s->zap, ZMQ_LINGER, &linger, sizeof linger);
+        if (s->zap == NULL || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "cannot start the ZAP handler: %s",
+                           zmq_strerror(errno));
+        s->auth_on = 1;
+    }
+    s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (s->router == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_socket: %s", zmq_strerror(errno));
+    int linger = 0, hwm = 1 << 20;
+    int64_t maxmsg = (int64_t)TIDE_PROTO_MAX_MSG_BYTES + 1024;
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (s->auth_on) {
+        int one = 1;
+        zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "tide", 4);
+        zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one);
+        if (zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, s->auth.server_secret, 41) != 0)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                           "server.key in %s holds an invalid secret key: %s", cfg->auth_dir,
+                           zmq_strerror(errno));
+    }
+    if (zmq_bind(s->router, cfg->endpoint) != 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
+                       "cannot bind %s: %s (is another tided running? pick another --endpoint)",
+                       cfg->endpoint, zmq_strerror(errno));
+    size_t eplen = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &eplen) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", cfg->endpoint);
+    if (cfg->endpoint_file != NULL && cfg->endpoint_file[0] != '\0')
+        TIDE_CHECK_GOTO(write_endpoint_file(cfg->endpoint_file, s->endpoint), rc, fail);
+    if (cfg->metrics != NULL && cfg->metrics[0] != '\0')
+        TIDE_CHECK_GOTO(tide__metrics_open(s, cfg->metrics), rc, fail);
+    s->next_scan_ns = now;
+    s->want_backfill = 1;
+    TIDE_INFO("server", "listening on %s%s", s->endpoint, s->auth_on ? " (CURVE)" : "");
+    *out = s;
+    return TIDE_OK;
+fail:
+    tide_server_destroy(&s);
+    return rc;
+}
+
+const char *tide_server_endpoint(const tide_server_t *s)
+{
+    return s->endpoint;
+}
+
+void tide_server_stop(tide_server_t *s)
+{
+    s->stop = 1;
+}
+
+/* Commits the batch, then sends its replies; a failed commit sends nothing. */
+static void finish_batch(tide_server_t *s)
+{
+    if (s->fatal == TIDE_OK) {
+        tide_status rc = tide_store_commit(s->store);
+        if (rc != TIDE_OK) {
+            s->fatal = rc;
+            TIDE_ERROR("store",
+                       "commit failed: %s; tided stops so that nothing unsaved is "
+                       "acknowledged",
+                       tide_last_error());
+        }
+    }
+    if (s->fatal != TIDE_OK) {
+        tide_store_rollback(s->store);
+        drop_out(s);
+        return;
+    }
+    flush_out(s);
+}
+
+static void scan_failures(tide_server_t *s, uint64_t now)
+{
+    tide_coord_state_t *st = s->st;
+    int32_t *ids = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *ids);
+    if (ids == NULL)
+        return;
+    uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
+    size_t n = tide_policy_expired(st->workers, st->n_workers, now, hb, s->cfg.miss_limit, ids);
+    for (size_t i = 0; i < n; i++) {
+        tide_coord_worker_t *w = &st->workers[ids[i]];
+        char why[128];
+        snprintf(why, sizeof why, "no message for %llu ms (%d heartbeats of %lld ms missed)",
+                 (unsigned long long)((now - w->last_seen_ns) / 1000000ull), s->cfg.miss_limit,
+                 (long long)s->cfg.heartbeat_ms);
+        tide__worker_failed(s, w, why);
+    }
+    tide_free(ids);
+}
+
+tide_status tide_server_run(tide_server_t *s)
+{
+    zmq_pollitem_t items[2 + TIDE__METRICS_CLIENTS + 1];
+    uint64_t scan_every = (uint64_t)s->cfg.heartbeat_ms * 1000000ull / 4;
+    if (scan_every < 20000000ull)
+        scan_every = 20000000ull;
+    while (!s->stop && s->fatal == TIDE_OK) {
+        int n = 0;
+        items[n++] = (zmq_pollitem_t){s->router, 0, ZMQ_POLLIN, 0};
+        int zap_at = -1;
+        if (s->zap) {
+            zap_at = n;
+            items[n++] = (zmq_pollitem_t){s->zap, 0, ZMQ_POLLIN, 0};
+        }
+        int m_at = n;
+        n += tide__metrics_poll_items(s, items + n, (int)(sizeof items / sizeof items[0]) - n);
+        uint64_t now = tide_now_ns();
+        long timeout = s->next_scan_ns > now ? (long)((s->next_scan_ns - now) / 1000000ull) + 1 : 0;
+        if (s->want_backfill)
+            timeout = 0;
+        int r = zmq_poll(items, n, timeout);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return tide_errorf(TIDE_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
+        }
+        now_ns_cached = tide_now_ns();
+        if (zap_at >= 0 && (items[zap_at].revents & ZMQ_POLLIN))
+            tide__auth_zap(s);
+        if (items[0].revents & ZMQ_POLLIN)
+            for (int k = 0; k < BATCH && s->fatal == TIDE_OK && recv_one(s); k++) {
+            }
+        now_ns_cached = tide_now_ns();
+        if (now_ns_cached >= s->next_scan_ns) {
+            scan_failures(s, now_ns_cached);
+            tide__reconf_tick(s, now_ns_cached);
+            s->next_scan_ns = now_ns_cached + scan_every;
+        }
+        if (s->want_backfill && s->fatal == TIDE_OK)
+            backfill(s);
+        finish_batch(s);
+        tide__metrics_handle(s, items + m_at, n - m_at);
+    }
+    if (s->fatal == TIDE_OK)
+        finish_batch(s);
+    TIDE_INFO("server", "stopped%s", s->fatal ? " after a state file error" : "");
+    return s->fatal;
+}
+
+void tide_server_destroy(tide_server_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_server_t *s = *self_p;
+    drop_out(s);
+    tide_free(s->out);
+    tide__metrics_close(s);
+    if (s->router)
+        zmq_close(s->router);
+    if (s->zap)
+        zmq_close(s->zap);
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    tide__auth_free(&s->auth);
+    tide_store_close(&s->store);
+    tide_coord_state_destroy(&s->st);
+    tide_proto_buf_destroy(&s->buf);
+    tide_free(s);
+    *self_p = NULL;
+}

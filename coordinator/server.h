@@ -1,0 +1,65 @@
+/*
+ * coordinator/server: tided's event loop. One ZeroMQ ROUTER socket for workers
+ * and tidectl, a ZAP handler for CURVE when --auth is given, a tiny HTTP
+ * listener for Prometheus metrics, and timers (failure detection,
+ * reconfiguration retransmission and deadlines), all on one thread driven by
+ * zmq_poll. Every batch of requests is applied to the in-memory state inside
+ * one SQLite transaction that commits before any reply of the batch is sent.
+ *
+ * Workload: ~10^4 heartbeats per second (no reply, no disk write), occasional
+ * admin requests, rare reconfigurations.
+ */
+#ifndef TIDE_COORD_SERVER_H
+#define TIDE_COORD_SERVER_H
+
+#include <stdint.h>
+
+#include <tide/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tide_server tide_server_t;
+
+typedef struct tide_server_config {
+    const char *endpoint;      /* ZeroMQ endpoint to bind, e.g. tcp://127.0.0.1:5555 */
+    const char *endpoint_file; /* if set, the bound endpoint is written there (for port *) */
+    const char *state_path;    /* SQLite state file */
+    const char *metrics;       /* HOST:PORT for Prometheus text, or NULL/"" for none */
+    const char *auth_dir;      /* CURVE key directory (see /work/notes/auth-format.md), or NULL */
+    int64_t heartbeat_ms;      /* expected worker heartbeat period, ms */
+    int miss_limit;            /* missed heartbeats before a worker is failed */
+    int sync_full;             /* SQLite synchronous=FULL (else NORMAL) */
+    int64_t resize_timeout_ms; /* a reconfiguration not done by then falls back, ms */
+    int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
+    double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
+    int max_attempts;          /* offline job attempts before it is marked failed */
+} tide_server_config;
+
+/* Fills cfg with the defaults tided documents. */
+void tide_server_config_defaults(tide_server_config *cfg);
+
+/*
+ * Opens the state file (reloading state), loads keys, binds the sockets.
+ * Refuses a non-loopback endpoint without auth_dir. Caller owns *out.
+ */
+tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg);
+
+/* Runs the event loop until tide_server_stop; main thread. */
+tide_status tide_server_run(tide_server_t *s);
+
+/* Asks the loop to return; async-signal-safe (one store). */
+void tide_server_stop(tide_server_t *s);
+
+/* The endpoint actually bound (port resolved); valid as long as s. */
+const char *tide_server_endpoint(const tide_server_t *s);
+
+/* Closes sockets and the state file; frees *self_p and sets it to NULL; NULL is fine. */
+void tide_server_destroy(tide_server_t **self_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COORD_SERVER_H */

@@ -1,0 +1,197 @@
+/*
+ * coordinator/server internals shared by server.c, reconf.c, metrics.c and
+ * auth.c: the server object and the helpers handlers use. Event-loop thread
+ * only.
+ */
+#ifndef TIDE_COORD_SERVER_INT_H
+#define TIDE_COORD_SERVER_INT_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+#include "coordinator/policy.h"
+#include "coordinator/server.h"
+#include "coordinator/state.h"
+#include "coordinator/store.h"
+#include "proto/proto.h"
+
+#define TIDE__METRICS_CLIENTS 16
+#define TIDE__METRICS_REQ_MAX 4096 /* bytes of one HTTP request head */
+
+typedef enum tide__role {
+    TIDE__ROLE_NONE = 0,
+    TIDE__ROLE_WORKER = 1,
+    TIDE__ROLE_ADMIN = 2,
+} tide__role;
+
+/* An allowed client key (from DIR/<name>.pub). */
+typedef struct tide__key {
+    uint8_t pub[32];
+    char name[72];
+    tide__role role;
+} tide__key;
+
+typedef struct tide__auth {
+    char server_public[41];
+    char server_secret[41];
+    tide__key *keys;
+    size_t n_keys;
+} tide__auth;
+
+/* A reply or command waiting for the batch's commit. */
+typedef struct tide__out {
+    unsigned char rid[TIDE_COORD_RID_MAX];
+    size_t rid_len;
+    int delim;
+    uint8_t *data; /* encoded message (tide_malloc) */
+    size_t len;
+} tide__out;
+
+typedef struct tide__http {
+    int fd; /* -1: slot free */
+    char req[TIDE__METRICS_REQ_MAX];
+    size_t req_len;
+    char *resp; /* tide_malloc'd response being written */
+    size_t resp_len, resp_at;
+    uint64_t started_ns;
+} tide__http;
+
+struct tide_server {
+    tide_server_config cfg;
+    char endpoint[256];
+    void *zctx;
+    void *router;
+    void *zap; /* REP socket on inproc://zeromq.zap.01 when auth is on */
+    tide__auth auth;
+    int auth_on;
+    tide_store_t *store;
+    tide_coord_state_t *st;
+    volatile sig_atomic_t stop;
+    tide_status fatal; /* a store failure ends the loop; nothing of the batch is sent */
+    tide_proto_buf_t buf;
+    tide__out *out;
+    size_t n_out, cap_out;
+    /* the request being handled */
+    unsigned char rid[TIDE_COORD_RID_MAX];
+    size_t rid_len;
+    int delim;
+    tide__role role;
+    char who[96]; /* "admin:alice" / "worker:pool3" / "loopback" for logs */
+    /* timers, monotonic ns */
+    uint64_t next_scan_ns;
+    int want_backfill;
+    /* metrics */
+    int http_fd;
+    tide__http http[TIDE__METRICS_CLIENTS];
+    uint64_t bubble_ns_total; /* ns of pipeline bubbles reported */
+    uint64_t filled_ns_total; /* ns of bubbles on workers running bubble-filling work */
+    uint64_t events_total;
+};
+
+/* ---- server.c helpers ---------------------------------------------------------------------- */
+
+/* Queues msg for the worker's current connection (dropped when it has none). */
+void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg);
+
+/* Queues msg as the reply to the request being handled. */
+void tide__reply(tide_server_t *s, const tide_msg_t *msg);
+
+/* Queues an error reply {code, message} for the request being handled; returns code. */
+tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
+    TIDE_PRINTF(3, 4);
+
+/* Saves w in the open transaction (opening one); a failure becomes s->fatal. */
+void tide__save_worker(tide_server_t *s, const tide_coord_worker_t *w);
+
+/* Saves j likewise. */
+void tide__save_job(tide_server_t *s, const tide_coord_job_t *j);
+
+/* Appends an event likewise. */
+void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
+    TIDE_PRINTF(4, 5);
+
+/* The worker with pool rank `rank` of job j's pool, or NULL. */
+tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank);
+
+/* Fills a proto layout from a layout (arrays borrowed: do not tide_msg_clear). */
+void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen);
+
+/* Makes a worker leave whatever it does and marks it failed (reason for the event). */
+void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason);
+
+/* ---- reconf.c ----------------------------------------------------------------------------- */
+
+/* Handles "resize" (admin). */
+void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m);
+
+/* Handles "prepare_ack" and "done" from worker w. */
+void tide__handle_prepare_ack(tide_server_t *s, tide_coord_worker_t *w,
+                              const tide_proto_prepare_ack_t *m);
+void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_done_t *m);
+
+/*
+ * Starts a reconfiguration of j to layout (ownership moves in): preempts the
+ * offline work on the ranks in preempt[], records the intent, sends layout +
+ * prepare to every participant. bytes: planned bytes to move (metrics).
+ */
+tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
+                               const int32_t *preempt, size_t n_preempt, int recover,
+                               const char *reason);
+
+/* Abandons j's pending reconfiguration (abort to participants) and falls back. */
+void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reason);
+
+/* Recovers j after losing members: a new layout over survivors, or stalls the job. */
+void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason);
+
+/* A participant of j's pending reconfiguration failed. */
+void tide__reconf_participant_failed(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w);
+
+/* Retransmissions and deadlines of pending reconfigurations; tries stalled jobs. */
+void tide__reconf_tick(tide_server_t *s, uint64_t now_ns);
+
+/* Sends the current phase's messages to participant w of j (register/resend). */
+void tide__reconf_resend_to(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w);
+
+/* Fills candidate workers for j (members alive, idle and offline joined workers). */
+tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
+                             tide_policy_worker **out, size_t *n);
+
+/* ---- metrics.c ----------------------------------------------------------------------------- */
+
+/* Opens the HTTP listener on "HOST:PORT" (s->http_fd). */
+tide_status tide__metrics_open(tide_server_t *s, const char *addr);
+
+/* Number of poll items the metrics part needs now, and fills them (POLLIN/POLLOUT). */
+int tide__metrics_poll_items(tide_server_t *s, zmq_pollitem_t *items, int max);
+
+/* Handles readiness of the metrics poll items filled last. */
+void tide__metrics_handle(tide_server_t *s, const zmq_pollitem_t *items, int n);
+
+/* Renders the Prometheus text into a tide_malloc'd string. */
+tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len);
+
+/* Closes the listener and clients. */
+void tide__metrics_close(tide_server_t *s);
+
+/* ---- auth.c -------------------------------------------------------------------------------- */
+
+/* Loads DIR/server.key and every DIR/<name>.pub. */
+tide_status tide__auth_load(tide__auth *a, const char *dir);
+
+/* Frees the key table. */
+void tide__auth_free(tide__auth *a);
+
+/* Answers one ZAP request waiting on the REP socket. */
+void tide__auth_zap(tide_server_t *s);
+
+/* Role from a message's User-Id metadata ("admin:NAME" / "worker:NAME"). */
+tide__role tide__auth_role(const char *user_id);
+
+/* Parses a key file's "key = value" lines: public, secret (may be NULL), role (may be NULL). */
+tide_status tide__auth_read_file(const char *path, char *pub, char *secret, tide__role *role);
+
+#endif /* TIDE_COORD_SERVER_INT_H */

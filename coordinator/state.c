@@ -1,0 +1,510 @@
+/*
+ * coordinator/state: the in-memory cluster picture. Single thread (tided's
+ * event loop). Workers live in one array indexed by id; a small open-address
+ * hash maps (pool, rank) to an id. Jobs are heap objects behind a pointer array
+ * so pointers stay valid while jobs are added.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "coordinator/state.h"
+
+#define MAX_COORDS (1u << 20)
+#define MAX_DEGREE 65536
+
+const char *tide_wstate_name(tide_wstate s)
+{
+    static const char *const n[] = {"idle", "online", "offline", "failed", "draining"};
+    return ((unsigned)s < 5) ? n[s] : "?";
+}
+
+const char *tide_jstate_name(tide_jstate s)
+{
+    static const char *const n[] = {"running",  "resizing", "stalled", "queued",
+                                    "assigned", "done",     "failed",  "cancelled"};
+    return ((unsigned)s < 8) ? n[s] : "?";
+}
+
+tide_status tide_coord_state_new(tide_coord_state_t **out)
+{
+    tide_coord_state_t *st = tide_calloc(1, sizeof *st);
+    if (st == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory allocating the cluster state");
+    st->next_job_id = 1;
+    *out = st;
+    return TIDE_OK;
+}
+
+static int cmp_i32_(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_layout_t *layout,
+                            uint64_t gen, int recover)
+{
+    tide_status rc = TIDE_OK;
+    size_t n_old = old ? tide_layout_size(old) : 0, n_new = tide_layout_size(layout);
+    tide_reconf_t *r = tide_calloc(1, sizeof *r);
+    TIDE_CHECK_ALLOC_GOTO(r, rc, fail);
+    r->layout = layout;
+    layout = NULL;
+    r->gen = gen;
+    r->recover = recover;
+    r->phase = TIDE_RP_PREPARE;
+    r->switch_step = -1;
+    r->parts = tide_malloc((n_old + n_new) * sizeof *r->parts);
+    TIDE_CHECK_ALLOC_GOTO(r->parts, rc, fail);
+    if (n_old)
+        memcpy(r->parts, old->worker, n_old * sizeof *r->parts);
+    memcpy(r->parts + n_old, r->layout->worker, n_new * sizeof *r->parts);
+    qsort(r->parts, n_old + n_new, sizeof *r->parts, cmp_i32_);
+    size_t k = 0;
+    for (size_t i = 0; i < n_old + n_new; i++)
+        if (k == 0 || r->parts[i] != r->parts[k - 1])
+            r->parts[k++] = r->parts[i];
+    r->n_parts = k;
+    r->acked = tide_calloc(k, 1);
+    r->old_member = tide_calloc(k, 1);
+    r->ack_step = tide_calloc(k, sizeof *r->ack_step);
+    r->gone = tide_calloc(k, 1);
+    TIDE_CHECK_ALLOC_GOTO(r->gone, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(r->acked, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(r->old_member, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(r->ack_step, rc, fail);
+    for (size_t i = 0; i < n_old; i++)
+        r->old_member[tide_reconf_find(r, old->worker[i])] = 1;
+    for (size_t i = 0; i < k; i++)
+        r->ack_step[i] = -1;
+    *out = r;
+    return TIDE_OK;
+fail:
+    tide_coord_layout_free(&layout);
+    tide_reconf_destroy(&r);
+    return rc;
+}
+
+long tide_reconf_find(const tide_reconf_t *r, int32_t rank)
+{
+    const int32_t *hit = bsearch(&rank, r->parts, r->n_parts, sizeof *r->parts, cmp_i32_);
+    return hit ? (long)(hit - r->parts) : -1;
+}
+
+void tide_reconf_destroy(tide_reconf_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_reconf_t *r = *self_p;
+    tide_coord_layout_free(&r->layout);
+    tide_free(r->parts);
+    tide_free(r->acked);
+    tide_free(r->ack_step);
+    tide_free(r->old_member);
+    tide_free(r->gone);
+    tide_free(r);
+    *self_p = NULL;
+}
+
+static void job_free(tide_coord_job_t *j)
+{
+    if (j == NULL)
+        return;
+    tide_coord_layout_free(&j->layout);
+    tide_reconf_destroy(&j->reconf);
+    for (uint32_t i = 0; i < j->argc; i++)
+        tide_free(j->argv[i]);
+    tide_free(j->argv);
+    tide_free(j->join_blob);
+    tide_free(j);
+}
+
+void tide_coord_state_destroy(tide_coord_state_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_coord_state_t *st = *self_p;
+    for (size_t i = 0; i < st->n_jobs; i++)
+        job_free(st->jobs[i]);
+    tide_free(st->jobs);
+    tide_free(st->workers);
+    tide_free(st->hash);
+    tide_free(st);
+    *self_p = NULL;
+}
+
+/* FNV-1a over the pool name and the rank. */
+static uint64_t key_hash(const char *pool, int32_t rank)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)pool; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    for (int i = 0; i < 4; i++)
+        h = (h ^ (((uint32_t)rank >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static void hash_insert(tide_coord_state_t *st, int32_t id)
+{
+    const tide_coord_worker_t *w = &st->workers[id];
+    size_t mask = st->hash_cap - 1;
+    size_t i = (size_t)key_hash(w->pool, w->rank) & mask;
+    while (st->hash[i] >= 0)
+        i = (i + 1) & mask;
+    st->hash[i] = id;
+}
+
+static tide_status hash_grow(tide_coord_state_t *st, size_t need)
+{
+    size_t cap = st->hash_cap ? st->hash_cap : 64;
+    while (cap < need * 2)
+        cap *= 2;
+    if (cap == st->hash_cap)
+        return TIDE_OK;
+    int32_t *h = tide_calloc(cap, sizeof *h);
+    if (h == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory growing the worker index");
+    for (size_t i = 0; i < cap; i++)
+        h[i] = -1;
+    tide_free(st->hash);
+    st->hash = h;
+    st->hash_cap = cap;
+    for (size_t id = 0; id < st->n_workers; id++)
+        if (st->workers[id].pool[0] != '\0')
+            hash_insert(st, (int32_t)id);
+    return TIDE_OK;
+}
+
+tide_coord_worker_t *tide_coord_worker_find(tide_coord_state_t *st, const char *pool, int32_t rank)
+{
+    if (st->hash_cap == 0)
+        return NULL;
+    size_t mask = st->hash_cap - 1;
+    size_t i = (size_t)key_hash(pool, rank) & mask;
+    while (st->hash[i] >= 0) {
+        tide_coord_worker_t *w = &st->workers[st->hash[i]];
+        if (w->rank == rank && strcmp(w->pool, pool) == 0)
+            return w;
+        i = (i + 1) & mask;
+    }
+    return NULL;
+}
+
+tide_coord_worker_t *tide_coord_worker_get(tide_coord_state_t *st, int32_t id)
+{
+    if (id < 0 || (size_t)id >= st->n_workers || st->workers[id].pool[0] == '\0')
+        return NULL;
+    return &st->workers[id];
+}
+
+tide_status tide_coord_worker_add(tide_coord_state_t *st, int32_t id, const char *pool,
+                                  int32_t rank, tide_coord_worker_t **out)
+{
+    if (pool == NULL || pool[0] == '\0' || strlen(pool) >= TIDE_COORD_NAME_MAX)
+        return tide_errorf(TIDE_ERR_INVALID, "pool name must have 1..%d characters",
+                           TIDE_COORD_NAME_MAX - 1);
+    if (rank < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "rank %d is negative", rank);
+    if (tide_coord_worker_find(st, pool, rank) != NULL)
+        return tide_errorf(TIDE_ERR_EXISTS, "worker %s/%d already registered", pool, rank);
+    if (id < 0)
+        id = (int32_t)st->n_workers;
+    if (id >= (int32_t)MAX_COORDS)
+        return tide_errorf(TIDE_ERR_RANGE, "too many workers (limit %u)", MAX_COORDS);
+    if ((size_t)id < st->n_workers && st->workers[id].pool[0] != '\0')
+        return tide_errorf(TIDE_ERR_EXISTS, "worker id %d already used", id);
+    size_t need = (size_t)id + 1 > st->n_workers ? (size_t)id + 1 : st->n_workers;
+    if (need > st->cap_workers) {
+        size_t cap = st->cap_workers ? st->cap_workers * 2 : 64;
+        while (cap < need)
+            cap *= 2;
+        tide_coord_worker_t *w = tide_reallocarray(st->workers, cap, sizeof *w);
+        if (w == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory growing the worker table");
+        memset(w + st->cap_workers, 0, (cap - st->cap_workers) * sizeof *w);
+        st->workers = w;
+        st->cap_workers = cap;
+    }
+    TIDE_CHECK(hash_grow(st, need));
+    tide_coord_worker_t *w = &st->workers[id];
+    memset(w, 0, sizeof *w);
+    w->id = id;
+    snprintf(w->pool, sizeof w->pool, "%s", pool);
+    w->rank = rank;
+    w->device = -1;
+    w->state = TIDE_WS_IDLE;
+    if (need > st->n_workers)
+        st->n_workers = need;
+    hash_insert(st, id);
+    *out = w;
+    return TIDE_OK;
+}
+
+tide_coord_job_t *tide_coord_job_get(tide_coord_state_t *st, int64_t id)
+{
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->id == id)
+            return st->jobs[i];
+    return NULL;
+}
+
+tide_coord_job_t *tide_coord_job_by_name(tide_coord_state_t *st, const char *name)
+{
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (strcmp(st->jobs[i]->name, name) == 0)
+            return st->jobs[i];
+    return NULL;
+}
+
+tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind kind,
+                               tide_coord_job_t **out)
+{
+    if (id <= 0)
+        id = st->next_job_id;
+    if (tide_coord_job_get(st, id) != NULL)
+        return tide_errorf(TIDE_ERR_EXISTS, "job %lld already exists", (long long)id);
+    if (st->n_jobs == st->cap_jobs) {
+        size_t cap = st->cap_jobs ? st->cap_jobs * 2 : 16;
+        tide_coord_job_t **j = tide_reallocarray(st->jobs, cap, sizeof *j);
+        if (j == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory growing the job table");
+        st->jobs = j;
+        st->cap_jobs = cap;
+    }
+    tide_coord_job_t *j = tide_calloc(1, sizeof *j);
+    if (j == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory allocating a job");
+    j->id = id;
+    j->kind = kind;
+    j->worker = -1;
+    j->max_attempts = 3;
+    j->grace_ms = 10000;
+    st->jobs[st->n_jobs++] = j;
+    if (id >= st->next_job_id)
+        st->next_job_id = id + 1;
+    *out = j;
+    return TIDE_OK;
+}
+
+/* ---- layouts ----------------------------------------------------------------------- */
+
+static tide_status check_degrees(int dp, int tp, int pp, int num_layers, int micro)
+{
+    if (dp < 1 || tp < 1 || pp < 1 || dp > MAX_DEGREE || tp > MAX_DEGREE || pp > MAX_DEGREE)
+        return tide_errorf(TIDE_ERR_INVALID, "degrees dp %d, tp %d, pp %d must be in [1, %d]", dp,
+                           tp, pp, MAX_DEGREE);
+    if ((uint64_t)dp * (uint64_t)tp * (uint64_t)pp > MAX_COORDS)
+        return tide_errorf(TIDE_ERR_RANGE, "dp * tp * pp = %llu exceeds %u workers",
+                           (unsigned long long)dp * tp * pp, MAX_COORDS);
+    if (num_layers < pp)
+        return tide_errorf(TIDE_ERR_INVALID, "pp %d exceeds the %d layers of the model", pp,
+                           num_layers);
+    if (micro < 1)
+        return tide_errorf(TIDE_ERR_INVALID, "micro-batch count %d must be >= 1", micro);
+    return TIDE_OK;
+}
+
+tide_status tide_coord_layout_new(tide_layout_t **out, int dp, int tp, int pp, int num_layers,
+                                  int micro_batches)
+{
+    TIDE_CHECK(check_degrees(dp, tp, pp, num_layers, micro_batches));
+    tide_status rc = TIDE_OK;
+    tide_layout_t *l = tide_calloc(1, sizeof *l);
+    TIDE_CHECK_ALLOC_GOTO(l, rc, fail);
+    l->dp = dp;
+    l->tp = tp;
+    l->pp = pp;
+    l->num_layers = num_layers;
+    l->micro_batches = micro_batches;
+    l->stage_start = tide_calloc((size_t)pp + 1, sizeof *l->stage_start);
+    TIDE_CHECK_ALLOC_GOTO(l->stage_start, rc, fail);
+    l->worker = tide_calloc(tide_layout_size(l), sizeof *l->worker);
+    TIDE_CHECK_ALLOC_GOTO(l->worker, rc, fail);
+    int base = num_layers / pp, extra = num_layers % pp, at = 0;
+    for (int s = 0; s < pp; s++) {
+        l->stage_start[s] = at;
+        at += base + (s < extra ? 1 : 0);
+    }
+    l->stage_start[pp] = num_layers;
+    for (size_t i = 0; i < tide_layout_size(l); i++)
+        l->worker[i] = (int32_t)i;
+    *out = l;
+    return TIDE_OK;
+fail:
+    tide_coord_layout_free(&l);
+    return rc;
+}
+
+tide_status tide_coord_layout_copy(tide_layout_t **out, const tide_layout_t *src)
+{
+    tide_layout_t *l = NULL;
+    TIDE_CHECK(
+        tide_coord_layout_new(&l, src->dp, src->tp, src->pp, src->num_layers, src->micro_batches));
+    memcpy(l->stage_start, src->stage_start, ((size_t)src->pp + 1) * sizeof *l->stage_start);
+    memcpy(l->worker, src->worker, tide_layout_size(src) * sizeof *l->worker);
+    *out = l;
+    return TIDE_OK;
+}
+
+void tide_coord_layout_free(tide_layout_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_free((*self_p)->stage_start);
+    tide_free((*self_p)->worker);
+    tide_free(*self_p);
+    *self_p = NULL;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+tide_status tide_coord_layout_check(const tide_layout_t *l)
+{
+    TIDE_CHECK(check_degrees(l->dp, l->tp, l->pp, l->num_layers, l->micro_batches));
+    if (l->stage_start[0] != 0 || l->stage_start[l->pp] != l->num_layers)
+        return tide_errorf(TIDE_ERR_INVALID, "stages must cover layers 0-%d exactly",
+                           l->num_layers - 1);
+    for (int s = 0; s < l->pp; s++)
+        if (l->stage_start[s + 1] <= l->stage_start[s])
+            return tide_errorf(TIDE_ERR_INVALID, "stage %d has no layers", s);
+    size_t n = tide_layout_size(l);
+    int32_t *sorted = tide_malloc(n * sizeof *sorted);
+    if (sorted == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking a layout");
+    memcpy(sorted, l->worker, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_i32);
+    tide_status rc = TIDE_OK;
+    for (size_t i = 0; i < n && rc == TIDE_OK; i++) {
+        if (sorted[i] < 0)
+            rc = tide_errorf(TIDE_ERR_INVALID, "worker id %d is negative", sorted[i]);
+        else if (i > 0 && sorted[i] == sorted[i - 1])
+            rc = tide_errorf(TIDE_ERR_INVALID, "worker %d appears twice", sorted[i]);
+    }
+    tide_free(sorted);
+    return rc;
+}
+
+static tide_status parse_int(const char **p, long lo, long hi, long *out, const char *what)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(*p, &end, 10);
+    if (end == *p || errno != 0 || v < lo || v > hi)
+        return tide_errorf(TIDE_ERR_INVALID, "%s: expected an integer in [%ld, %ld] at '%.16s'",
+                           what, lo, hi, *p);
+    *p = end;
+    *out = v;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_parse_stages(const char *text, int pp, int num_layers, int *starts)
+{
+    const char *p = text;
+    int expect = 0;
+    for (int s = 0; s < pp; s++) {
+        long a, b;
+        TIDE_CHECK(parse_int(&p, 0, num_layers - 1, &a, "stages"));
+        if (*p != '-')
+            return tide_errorf(TIDE_ERR_INVALID, "stages '%s': stage %d needs FIRST-LAST", text, s);
+        p++;
+        TIDE_CHECK(parse_int(&p, 0, num_layers - 1, &b, "stages"));
+        if (a != expect || b < a)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "stages '%s': stage %d must start at layer %d and not be empty",
+                               text, s, expect);
+        starts[s] = (int)a;
+        expect = (int)b + 1;
+        if (s + 1 < pp) {
+            if (*p != ',')
+                return tide_errorf(TIDE_ERR_INVALID, "stages '%s': %d ranges needed for pp %d",
+                                   text, pp, pp);
+            p++;
+        }
+    }
+    if (*p != '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "stages '%s': more than %d ranges or trailing text",
+                           text, pp);
+    if (expect != num_layers)
+        return tide_errorf(TIDE_ERR_INVALID, "stages '%s' must end at layer %d", text,
+                           num_layers - 1);
+    starts[pp] = num_layers;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out)
+{
+    size_t n = tide_layout_size(l);
+    size_t cap = 64 + ((size_t)l->pp + 1 + n) * 12;
+    char *buf = tide_malloc(cap);
+    if (buf == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory serialising a layout");
+    size_t at = (size_t)snprintf(buf, cap, "%d %d %d %d %d|", l->dp, l->tp, l->pp, l->num_layers,
+                                 l->micro_batches);
+    for (int s = 0; s <= l->pp; s++)
+        at += (size_t)snprintf(buf + at, cap - at, s ? " %d" : "%d", l->stage_start[s]);
+    at += (size_t)snprintf(buf + at, cap - at, "|");
+    for (size_t i = 0; i < n; i++)
+        at += (size_t)snprintf(buf + at, cap - at, i ? " %d" : "%d", l->worker[i]);
+    *out = buf;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
+{
+    const char *p = text;
+    long v[5];
+    for (int i = 0; i < 5; i++)
+        TIDE_CHECK(parse_int(&p, 1, i == 3 ? 1000000 : MAX_DEGREE, &v[i], "stored layout"));
+    if (*p++ != '|')
+        return tide_errorf(TIDE_ERR_INVALID, "stored layout '%.32s' is malformed", text);
+    tide_layout_t *l = NULL;
+    TIDE_CHECK(tide_coord_layout_new(&l, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]));
+    tide_status rc = TIDE_OK;
+    for (int s = 0; s <= l->pp; s++) {
+        long x;
+        TIDE_CHECK_GOTO(parse_int(&p, 0, l->num_layers, &x, "stored layout stages"), rc, fail);
+        l->stage_start[s] = (int)x;
+    }
+    if (*p++ != '|')
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: missing worker list");
+    for (size_t i = 0; i < tide_layout_size(l); i++) {
+        long x;
+        TIDE_CHECK_GOTO(parse_int(&p, 0, INT32_MAX, &x, "stored layout workers"), rc, fail);
+        l->worker[i] = (int32_t)x;
+    }
+    if (*p != '\0')
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: trailing text '%.16s'", p);
+    TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, fail);
+    *out = l;
+    return TIDE_OK;
+fail:
+    tide_coord_layout_free(&l);
+    return rc;
+}
+
+char *tide_coord_layout_describe(const tide_layout_t *l, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "(dp %d, tp %d, pp %d; stages ", l->dp, l->tp, l->pp);
+    for (int s = 0; s < l->pp && at < len; s++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%d-%d", s ? "," : "", l->stage_start[s],
+                               l->stage_start[s + 1] - 1);
+    if (at < len)
+        snprintf(buf + at, len - at, ")");
+    return buf;
+}
+
+int tide_coord_layout_has(const tide_layout_t *l, int32_t rank)
+{
+    for (size_t i = 0; i < tide_layout_size(l); i++)
+        if (l->worker[i] == rank)
+            return 1;
+    return 0;
+}

@@ -1,0 +1,268 @@
+/*
+ * coordinator/state: tided's in-memory picture of the cluster: pools of
+ * workers (one per device), online jobs (layout, generation, step, pending
+ * reconfiguration) and offline jobs (priority, kind, attempts), plus the
+ * counters that metrics export. Only the event loop thread touches it; the
+ * store (store.h) mirrors the durable part into SQLite.
+ *
+ * Workload: up to ~10^4 workers and ~10^2 jobs; lookups by worker id are O(1)
+ * (ids are dense, assigned at first registration and stable across restarts),
+ * by (pool, rank) through a hash, jobs by linear scan.
+ */
+#ifndef TIDE_COORD_STATE_H
+#define TIDE_COORD_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "reshard/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_COORD_NAME_MAX 128 /* proto: 127 chars + NUL */
+#define TIDE_COORD_HOST_MAX 256 /* proto: 255 chars + NUL */
+#define TIDE_COORD_RID_MAX  256 /* ZeroMQ routing ids are at most 255 bytes */
+
+typedef enum tide_wstate {
+    TIDE_WS_IDLE = 0,    /* registered, holds nothing, may be offered offline work */
+    TIDE_WS_ONLINE = 1,  /* holds a coordinate of an online job's layout */
+    TIDE_WS_OFFLINE = 2, /* runs an offline job */
+    TIDE_WS_FAILED = 3,  /* missed its heartbeats; returns to idle when it registers again */
+    TIDE_WS_DRAINING =
+        4, /* an operator drained it: never offered work again until it re-registers */
+} tide_wstate;
+
+typedef enum tide_job_kind {
+    TIDE_CJOB_ONLINE = 0,
+    TIDE_CJOB_OFFLINE = 1,
+} tide_job_kind;
+
+typedef enum tide_jstate {
+    TIDE_JS_RUNNING = 0,   /* online: training under its committed layout */
+    TIDE_JS_RESIZING = 1,  /* online: a reconfiguration is pending */
+    TIDE_JS_STALLED = 2,   /* online: lost workers and no layout fits the survivors */
+    TIDE_JS_QUEUED = 3,    /* offline: waiting for an idle worker; online: for enough joins */
+    TIDE_JS_ASSIGNED = 4,  /* offline: sent to a worker, running there */
+    TIDE_JS_DONE = 5,      /* offline: finished successfully */
+    TIDE_JS_FAILED = 6,    /* offline: failed max_attempts times */
+    TIDE_JS_CANCELLED = 7, /* any: cancelled by an operator */
+} tide_jstate;
+
+typedef enum tide_offline_kind {
+    TIDE_OFFLINE_COMMAND = 0, /* a child process on the worker's device */
+    TIDE_OFFLINE_PLUGIN = 1,  /* an in-process tide_task.h plugin */
+} tide_offline_kind;
+
+/* Phase of a pending reconfiguration; see coordinator/reconf.h for the protocol. */
+typedef enum tide_rphase {
+    TIDE_RP_PREPARE = 0, /* collecting prepare_ack (current steps) from every participant */
+    TIDE_RP_COMMIT = 1,  /* switch step decided and sent; collecting done reports */
+} tide_rphase;
+
+typedef struct tide_coord_worker {
+    /* durable (mirrored in the store) */
+    int32_t id;                     /* dense coordinator id, stable */
+    char pool[TIDE_COORD_NAME_MAX]; /* worker pool (one mpirun launch) */
+    int32_t rank;                   /* MPI rank in the pool: the id layouts use */
+    char host[TIDE_COORD_HOST_MAX];
+    int32_t device;  /* local device index; -1: host-memory worker */
+    uint64_t memory; /* bytes of device memory */
+    tide_wstate state;
+    int64_t job;         /* online job holding it (0: none) */
+    int64_t offline_job; /* offline job running on it (0: none) */
+    int64_t joined;      /* online job whose program this process runs (0: none) */
+    int32_t pool_size;   /* ranks in its pool */
+    int32_t kind;        /* 0 cpu, 1 gpu (proto's device kind) */
+    int32_t pid;
+    /* volatile: rebuilt from heartbeats after a restart */
+    uint64_t last_seen_ns;                 /* monotonic ns of the last message from it */
+    int64_t step;                          /* steps the worker reported completed */
+    uint64_t generation;                   /* generation it reported running */
+    uint64_t bubble_ns;                    /* idle (bubble) time it reported, cumulative */
+    uint64_t filled_ns;                    /* part of bubble_ns used by offline work, cumulative */
+    uint64_t busy_ns;                      /* step time it reported, cumulative */
+    unsigned char rid[TIDE_COORD_RID_MAX]; /* routing id of its current connection */
+    size_t rid_len;                        /* 0: no connection since tided started */
+    int delim;                             /* its envelope has an empty delimiter frame */
+    uint64_t last_hb_ns;                   /* monotonic ns of its previous heartbeat */
+} tide_coord_worker_t;
+
+/* Pending reconfiguration of an online job (owned by the job). */
+typedef struct tide_reconf {
+    uint64_t gen; /* generation being installed */
+    int recover;  /* 1: after a failure (switch step = min of reports) */
+    tide_rphase phase;
+    int64_t switch_step; /* COMMIT: steps completed under the old layout; new layout starts here */
+    tide_layout_t *layout; /* new layout (owned) */
+    int32_t *parts;        /* participant ranks: old members (alive) then new-only ones, sorted */
+    size_t n_parts;
+    uint8_t *acked;         /* per participant: prepare_ack (PREPARE) or done (COMMIT) seen */
+    int64_t *ack_step;      /* per participant: completed steps it reported in prepare_ack */
+    uint8_t *old_member;    /* per participant: holds a coordinate of the old layout */
+    uint8_t *gone;          /* per participant: failed; never waited for */
+    int64_t started_ms;     /* wall clock when requested */
+    uint64_t started_ns;    /* monotonic, for the duration metric (reset on reload) */
+    uint64_t deadline_ns;   /* monotonic: abort (fallback) when passed */
+    uint64_t resend_ns;     /* monotonic: next retransmission of the phase message */
+    char reason[160];       /* "resize by admin", "recovery: worker 7 failed" */
+    uint64_t planned_bytes; /* bytes the reshard plan sends (0 when not estimated) */
+    uint64_t bytes_moved;   /* bytes participants reported sending */
+} tide_reconf_t;
+
+typedef struct tide_coord_job {
+    int64_t id;
+    char name[TIDE_COORD_NAME_MAX];
+    tide_job_kind kind;
+    tide_jstate state;
+    int64_t created_ms;
+    /* online */
+    char pool[TIDE_COORD_NAME_MAX];
+    tide_layout_t *layout; /* committed layout (owned); worker ids are pool ranks */
+    uint64_t generation;   /* committed generation */
+    uint64_t gen_issued;   /* largest generation ever issued (aborted ones are never reused) */
+    int64_t step;          /* steps completed, from heartbeats */
+    double throughput;     /* steps/s reported by the job's workers */
+    int req_dp, req_tp, req_pp, req_micro; /* initial layout asked for by join */
+    int num_layers;                        /* layers of the model (from join) */
+    uint64_t total_bytes;                  /* one replica of the job's state, bytes (from join) */
+    uint8_t *join_blob;                    /* the first join message as received (tensors), owned */
+    size_t join_len;
+    tide_reconf_t *reconf; /* pending reconfiguration or NULL */
+    /* offline */
+    int32_t priority; /* higher runs first */
+    tide_offline_kind okind;
+    char plugin[TIDE_COORD_NAME_MAX]; /* plugin name ("" for commands) */
+    char **argv; /* command line or plugin arguments (owned, each entry owned) */
+    uint32_t argc;
+    uint64_t mem_cap;     /* bytes, 0 = no cap */
+    int bubbles;          /* may run inside pipeline bubbles */
+    int32_t attempts;     /* times started */
+    int32_t max_attempts; /* give up after this many failures */
+    int32_t worker;       /* coordinator worker id running it, -1 when none */
+    int64_t grace_ms;     /* SIGTERM -> SIGKILL grace on preemption */
+} tide_coord_job_t;
+
+/* Counters exported as metrics; monotonically increasing unless noted. */
+typedef struct tide_coord_counters {
+    uint64_t resizes_committed;
+    uint64_t resizes_aborted;
+    uint64_t recoveries;
+    uint64_t resize_ns_sum;   /* ns, summed over committed resizes */
+    uint64_t resize_ns_max;   /* ns, largest single resize */
+    uint64_t bytes_resharded; /* bytes, planned bytes_sent of committed resizes */
+    uint64_t preemptions;
+    uint64_t requests;
+    uint64_t bad_requests;
+    uint64_t denied;
+    uint64_t heartbeats;
+} tide_coord_counters;
+
+typedef struct tide_coord_state {
+    tide_coord_worker_t *workers; /* index = worker id */
+    size_t n_workers, cap_workers;
+    tide_coord_job_t **jobs;
+    size_t n_jobs, cap_jobs;
+    int64_t next_job_id;
+    int32_t *hash; /* open addressing over (pool, rank): worker id or -1 */
+    size_t hash_cap;
+    tide_coord_counters counters;
+} tide_coord_state_t;
+
+/* Static lower-case names ("idle", "online", ...); "?" when out of range; any thread. */
+const char *tide_wstate_name(tide_wstate s);
+const char *tide_jstate_name(tide_jstate s);
+
+/* Creates an empty state; caller owns *out. */
+tide_status tide_coord_state_new(tide_coord_state_t **out);
+
+/* Frees *self_p (workers, jobs, layouts) and sets it to NULL; NULL is fine. */
+void tide_coord_state_destroy(tide_coord_state_t **self_p);
+
+/* Worker with (pool, rank), or NULL. O(1). */
+tide_coord_worker_t *tide_coord_worker_find(tide_coord_state_t *st, const char *pool, int32_t rank);
+
+/* Worker by coordinator id, or NULL when out of range. */
+tide_coord_worker_t *tide_coord_worker_get(tide_coord_state_t *st, int32_t id);
+
+/*
+ * Adds a worker with the next id (or id when >= 0, used by reload) for
+ * (pool, rank); TIDE_ERR_EXISTS when that pair is known. The returned
+ * pointer is valid until the next add (the array may move).
+ */
+tide_status tide_coord_worker_add(tide_coord_state_t *st, int32_t id, const char *pool,
+                                  int32_t rank, tide_coord_worker_t **out);
+
+/* Job by id or NULL. */
+tide_coord_job_t *tide_coord_job_get(tide_coord_state_t *st, int64_t id);
+
+/* Job by name (names are unique over all jobs) or NULL. */
+tide_coord_job_t *tide_coord_job_by_name(tide_coord_state_t *st, const char *name);
+
+/*
+ * Adds a zeroed job with id (or the next id when id <= 0) and kind; the state
+ * owns it. Stable pointer until tide_coord_job_remove.
+ */
+tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind kind,
+                               tide_coord_job_t **out);
+
+/*
+ * New pending reconfiguration to layout (ownership moves in, also on failure)
+ * at generation gen; participants are the ranks of old (when non-NULL) and of
+ * layout, sorted, with old_member set for the former. Caller owns *out.
+ */
+tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_layout_t *layout,
+                            uint64_t gen, int recover);
+
+/* Index of rank among r's participants, or -1. O(log n). */
+long tide_reconf_find(const tide_reconf_t *r, int32_t rank);
+
+/* Frees a reconfiguration and sets *self_p to NULL; NULL is fine. */
+void tide_reconf_destroy(tide_reconf_t **self_p);
+
+/* ---- layouts (the coordinator's own allocation helpers over reshard's public struct) ---- */
+
+/*
+ * New layout with even stages (first num_layers % pp one longer) and worker
+ * ids in default rank order; caller frees with tide_coord_layout_free.
+ */
+tide_status tide_coord_layout_new(tide_layout_t **out, int dp, int tp, int pp, int num_layers,
+                                  int micro_batches);
+
+/* Deep copy; caller frees with tide_coord_layout_free. */
+tide_status tide_coord_layout_copy(tide_layout_t **out, const tide_layout_t *src);
+
+/* Frees *self_p and sets it to NULL; NULL is fine. */
+void tide_coord_layout_free(tide_layout_t **self_p);
+
+/*
+ * Structural check without a collection: degrees in [1, 65536], at most 2^20
+ * coordinates, stages contiguous and non-empty, worker ids >= 0 and unique.
+ */
+tide_status tide_coord_layout_check(const tide_layout_t *l);
+
+/* Parses "0-11,12-23" into pp + 1 stage starts for num_layers layers. */
+tide_status tide_coord_parse_stages(const char *text, int pp, int num_layers, int *starts);
+
+/*
+ * Serialises a layout as text "dp tp pp layers micro|s0 s1 ..|w0 w1 .." into
+ * a tide_malloc'd string (caller frees with tide_free).
+ */
+tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out);
+
+/* Parses the text of tide_coord_layout_to_text strictly and checks it; caller owns *out. */
+tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out);
+
+/* Writes "(dp 2, tp 2, pp 2; stages 0-11,12-23)" into buf; returns buf. */
+char *tide_coord_layout_describe(const tide_layout_t *l, char *buf, size_t len);
+
+/* True when rank appears in the layout. O(n). */
+int tide_coord_layout_has(const tide_layout_t *l, int32_t rank);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COORD_STATE_H */

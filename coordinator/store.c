@@ -1,0 +1,558 @@
+/*
+ * coordinator/store: SQLite persistence for tided (see store.h). Statements
+ * are prepared once; the event table refuses UPDATE and DELETE through
+ * triggers, so history is append-only even for someone with the sqlite3 shell
+ * who forgets. Layouts are stored as text (state.h's format), the first join
+ * message of an online job and offline argv as blobs.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "coordinator/store.h"
+
+#define SCHEMA_VERSION "1"
+
+enum { ST_WORKER, ST_JOB, ST_EVENT, ST_EVENTS, ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST__COUNT };
+
+struct tide_store {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST__COUNT];
+    int in_txn;
+    char path[512];
+};
+
+static const char *const schema =
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS workers("
+    " id INTEGER PRIMARY KEY, pool TEXT NOT NULL, rank INTEGER NOT NULL, pool_size INTEGER,"
+    " host TEXT NOT NULL, device INTEGER, memory INTEGER, kind INTEGER, pid INTEGER,"
+    " state INTEGER NOT NULL, job INTEGER, offline_job INTEGER, joined INTEGER,"
+    " UNIQUE(pool, rank));"
+    "CREATE TABLE IF NOT EXISTS jobs("
+    " id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind INTEGER NOT NULL,"
+    " state INTEGER NOT NULL, created_ms INTEGER, pool TEXT, layout TEXT, generation INTEGER,"
+    " gen_issued INTEGER, step INTEGER, req_dp INTEGER, req_tp INTEGER, req_pp INTEGER,"
+    " req_micro INTEGER, total_bytes INTEGER, join_blob BLOB, priority INTEGER, okind INTEGER,"
+    " plugin TEXT, argv BLOB, mem_cap INTEGER, bubbles INTEGER, attempts INTEGER,"
+    " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
+    " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
+    " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER);"
+    "CREATE TABLE IF NOT EXISTS events("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
+    " kind TEXT NOT NULL, detail TEXT NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS events_time ON events(time_ms);"
+    "CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events"
+    " BEGIN SELECT RAISE(ABORT, 'the event table is append-only'); END;"
+    "CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events"
+    " BEGIN SELECT RAISE(ABORT, 'the event table is append-only'); END;"
+    "INSERT OR IGNORE INTO meta(key, value) VALUES('schema', '" SCHEMA_VERSION "');";
+
+static const char *const sql[ST__COUNT] = {
+    [ST_WORKER] = "INSERT OR REPLACE INTO workers(id, pool, rank, pool_size, host, device, memory,"
+                  " kind, pid, state, job, offline_job, joined)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+    [ST_JOB] =
+        "INSERT OR REPLACE INTO jobs(id, name, kind, state, created_ms, pool, layout,"
+        " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
+        " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
+        " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
+        " rc_started_ms, rc_layout, rc_reason, num_layers) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
+        "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,"
+        "?30,?31,?32,?33,?34)",
+    [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
+    [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
+                  " time_ms >= ?2 ORDER BY id LIMIT ?3",
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+};
+
+static tide_status db_error(tide_store_t *s, int code, const char *what)
+{
+    tide_status rc = (code == SQLITE_BUSY || code == SQLITE_LOCKED) ? TIDE_ERR_BUSY
+                     : (code == SQLITE_NOMEM)                       ? TIDE_ERR_NOMEM
+                                                                    : TIDE_ERR_IO;
+    return tide_errorf(rc, "state file %s: %s: %s", s->path, what,
+                       s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(code));
+}
+
+static tide_status exec(tide_store_t *s, const char *text, const char *what)
+{
+    char *err = NULL;
+    int rc = sqlite3_exec(s->db, text, NULL, NULL, &err);
+    if (rc != SQLITE_OK) {
+        tide_status st =
+            tide_errorf(rc == SQLITE_BUSY ? TIDE_ERR_BUSY : TIDE_ERR_IO, "state file %s: %s: %s",
+                        s->path, what, err ? err : sqlite3_errstr(rc));
+        sqlite3_free(err);
+        return st;
+    }
+    return TIDE_OK;
+}
+
+static tide_status step_done(tide_store_t *s, int which, const char *what)
+{
+    sqlite3_stmt *st = s->st[which];
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE)
+        return db_error(s, rc, what);
+    return TIDE_OK;
+}
+
+tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
+{
+    tide_status rc = TIDE_OK;
+    tide_store_t *s = tide_calloc(1, sizeof *s);
+    if (s == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory opening the state file");
+    snprintf(s->path, sizeof s->path, "%s", path);
+    int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (src != SQLITE_OK)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
+                       "cannot open state file %s: %s (check the --state path and permissions)",
+                       path, s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
+    sqlite3_extended_result_codes(s->db, 0);
+    /* Exclusive locking: the first transaction takes the lock for the life of the
+     * connection, so a second tided on the same file fails at once. */
+    TIDE_CHECK_GOTO(exec(s, "PRAGMA locking_mode=EXCLUSIVE", "locking mode"), rc, fail);
+    {
+        sqlite3_stmt *q = NULL;
+        src = sqlite3_prepare_v2(s->db, "PRAGMA journal_mode=WAL", -1, &q, NULL);
+        if (src == SQLITE_OK)
+            src = sqlite3_step(q);
+        const char *mode = src == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
+        int wal = mode != NULL && strcmp(mode, "wal") == 0;
+        sqlite3_finalize(q);
+        if (src == SQLITE_BUSY)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BUSY,
+                           "state file %s is in use by another tided (stop it or use another "
+                           "--state)",
+                           path);
+        if (!wal)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
+                           "state file %s: cannot switch to WAL mode (%s); is it a SQLite file?",
+                           path, sqlite3_errmsg(s->db));
+    }
+    TIDE_CHECK_GOTO(
+        exec(s, sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", "synchronous"),
+        rc, fail);
+    rc = exec(s, "BEGIN EXCLUSIVE", "lock");
+    if (rc == TIDE_ERR_BUSY)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BUSY,
+                       "state file %s is in use by another tided (stop it or use another --state)",
+                       path);
+    TIDE_CHECK_GOTO(rc, rc, fail);
+    rc = exec(s, schema, "creating tables");
+    if (rc != TIDE_OK) {
+        exec(s, "ROLLBACK", "rollback");
+        goto fail;
+    }
+    TIDE_CHECK_GOTO(exec(s, "COMMIT", "creating tables"), rc, fail);
+    {
+        sqlite3_stmt *q = NULL;
+        sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = 'schema'", -1, &q, NULL);
+        int ok = q != NULL && sqlite3_step(q) == SQLITE_ROW &&
+                 strcmp((const char *)sqlite3_column_text(q, 0), SCHEMA_VERSION) == 0;
+        sqlite3_finalize(q);
+        if (!ok)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_UNSUPPORTED,
+                           "state file %s has another schema version than " SCHEMA_VERSION
+                           " (use a new --state file)",
+                           path);
+    }
+    for (int i = 0; i < ST__COUNT; i++) {
+        src = sqlite3_prepare_v3(s->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL);
+        if (src != SQLITE_OK)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "state file %s: preparing '%.40s': %s",
+                           path, sql[i], sqlite3_errmsg(s->db));
+    }
+    *out = s;
+    return TIDE_OK;
+fail:
+    tide_store_close(&s);
+    return rc;
+}
+
+void tide_store_close(tide_store_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_store_t *s = *self_p;
+    if (s->in_txn)
+        tide_store_rollback(s);
+    for (int i = 0; i < ST__COUNT; i++)
+        sqlite3_finalize(s->st[i]);
+    sqlite3_close(s->db);
+    tide_free(s);
+    *self_p = NULL;
+}
+
+tide_status tide_store_begin(tide_store_t *s)
+{
+    if (s->in_txn)
+        return TIDE_OK;
+    TIDE_CHECK(step_done(s, ST_BEGIN, "begin"));
+    s->in_txn = 1;
+    return TIDE_OK;
+}
+
+int tide_store_in_txn(const tide_store_t *s)
+{
+    return s->in_txn;
+}
+
+tide_status tide_store_commit(tide_store_t *s)
+{
+    if (!s->in_txn)
+        return TIDE_OK;
+    tide_status rc = step_done(s, ST_COMMIT, "commit");
+    if (rc != TIDE_OK) {
+        tide_store_rollback(s);
+        return rc;
+    }
+    s->in_txn = 0;
+    return TIDE_OK;
+}
+
+void tide_store_rollback(tide_store_t *s)
+{
+    if (!s->in_txn)
+        return;
+    sqlite3_step(s->st[ST_ROLLBACK]);
+    sqlite3_reset(s->st[ST_ROLLBACK]);
+    s->in_txn = 0;
+}
+
+static tide_status need_txn(tide_store_t *s, const char *what)
+{
+    if (!s->in_txn)
+        return tide_errorf(TIDE_ERR_INTERNAL, "store: %s outside a transaction", what);
+    return TIDE_OK;
+}
+
+tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
+{
+    TIDE_CHECK(need_txn(s, "put_worker"));
+    sqlite3_stmt *st = s->st[ST_WORKER];
+    sqlite3_bind_int(st, 1, w->id);
+    sqlite3_bind_text(st, 2, w->pool, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, w->rank);
+    sqlite3_bind_int(st, 4, w->pool_size);
+    sqlite3_bind_text(st, 5, w->host, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, w->device);
+    sqlite3_bind_int64(st, 7, (sqlite3_int64)w->memory);
+    sqlite3_bind_int(st, 8, w->kind);
+    sqlite3_bind_int(st, 9, w->pid);
+    sqlite3_bind_int(st, 10, (int)w->state);
+    sqlite3_bind_int64(st, 11, w->job);
+    sqlite3_bind_int64(st, 12, w->offline_job);
+    sqlite3_bind_int64(st, 13, w->joined);
+    return step_done(s, ST_WORKER, "saving a worker");
+}
+
+/* argv as one blob of NUL-terminated strings. */
+static tide_status pack_argv(const tide_coord_job_t *j, char **out, size_t *len)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < j->argc; i++)
+        n += strlen(j->argv[i]) + 1;
+    char *b = tide_malloc(n ? n : 1);
+    if (b == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory saving a job");
+    size_t at = 0;
+    for (uint32_t i = 0; i < j->argc; i++) {
+        size_t k = strlen(j->argv[i]) + 1;
+        memcpy(b + at, j->argv[i], k);
+        at += k;
+    }
+    *out = b;
+    *len = n;
+    return TIDE_OK;
+}
+
+static tide_status unpack_argv(tide_coord_job_t *j, const char *b, size_t len)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += b[i] == '\0';
+    if (len > 0 && b[len - 1] != '\0')
+        return tide_errorf(TIDE_ERR_IO, "stored job %s: argv blob is corrupt", j->name);
+    j->argv = tide_calloc(n ? n : 1, sizeof *j->argv);
+    if (j->argv == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a job");
+    size_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        j->argv[i] = tide_strdup(b + at);
+        if (j->argv[i] == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a job");
+        j->argc++;
+        at += strlen(b + at) + 1;
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
+{
+    TIDE_CHECK(need_txn(s, "put_job"));
+    tide_status rc = TIDE_OK;
+    char *layout = NULL, *rc_layout = NULL, *argv = NULL;
+    size_t argv_len = 0;
+    sqlite3_stmt *st = s->st[ST_JOB];
+    if (j->layout)
+        TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
+    if (j->reconf)
+        TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->reconf->layout, &rc_layout), rc, out);
+    TIDE_CHECK_GOTO(pack_argv(j, &argv, &argv_len), rc, out);
+    sqlite3_bind_int64(st, 1, j->id);
+    sqlite3_bind_text(st, 2, j->name, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, (int)j->kind);
+    sqlite3_bind_int(st, 4, (int)j->state);
+    sqlite3_bind_int64(st, 5, j->created_ms);
+    sqlite3_bind_text(st, 6, j->pool, -1, SQLITE_STATIC);
+    if (layout)
+        sqlite3_bind_text(st, 7, layout, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 8, (sqlite3_int64)j->generation);
+    sqlite3_bind_int64(st, 9, (sqlite3_int64)j->gen_issued);
+    sqlite3_bind_int64(st, 10, j->step);
+    sqlite3_bind_int(st, 11, j->req_dp);
+    sqlite3_bind_int(st, 12, j->req_tp);
+    sqlite3_bind_int(st, 13, j->req_pp);
+    sqlite3_bind_int(st, 14, j->req_micro);
+    sqlite3_bind_int64(st, 15, (sqlite3_int64)j->total_bytes);
+    if (j->join_blob)
+        sqlite3_bind_blob(st, 16, j->join_blob, (int)j->join_len, SQLITE_STATIC);
+    sqlite3_bind_int(st, 17, j->priority);
+    sqlite3_bind_int(st, 18, (int)j->okind);
+    sqlite3_bind_text(st, 19, j->plugin, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 20, argv, (int)argv_len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 21, (sqlite3_int64)j->mem_cap);
+    sqlite3_bind_int(st, 22, j->bubbles);
+    sqlite3_bind_int(st, 23, j->attempts);
+    sqlite3_bind_int(st, 24, j->max_attempts);
+    sqlite3_bind_int(st, 25, j->worker);
+    sqlite3_bind_int64(st, 26, j->grace_ms);
+    sqlite3_bind_int(st, 34, j->num_layers);
+    if (j->reconf) {
+        sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
+        sqlite3_bind_int(st, 28, j->reconf->recover);
+        sqlite3_bind_int(st, 29, (int)j->reconf->phase);
+        sqlite3_bind_int64(st, 30, j->reconf->switch_step);
+        sqlite3_bind_int64(st, 31, j->reconf->started_ms);
+        sqlite3_bind_text(st, 32, rc_layout, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 33, j->reconf->reason, -1, SQLITE_STATIC);
+    }
+    rc = step_done(s, ST_JOB, "saving a job");
+out:
+    tide_free(layout);
+    tide_free(rc_layout);
+    tide_free(argv);
+    return rc;
+}
+
+tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, const char *kind,
+                             const char *fmt, ...)
+{
+    TIDE_CHECK(need_txn(s, "event"));
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    sqlite3_stmt *st = s->st[ST_EVENT];
+    sqlite3_bind_int64(st, 1, time_ms);
+    sqlite3_bind_text(st, 2, job ? job : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, detail, -1, SQLITE_TRANSIENT);
+    TIDE_INFO("event", "%s%s%s: %s", job && job[0] ? job : "", job && job[0] ? " " : "", kind,
+              detail);
+    return step_done(s, ST_EVENT, "appending an event");
+}
+
+static void copy_text(char *dst, size_t cap, const unsigned char *src)
+{
+    snprintf(dst, cap, "%s", src ? (const char *)src : "");
+}
+
+static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
+{
+    sqlite3_stmt *q = NULL;
+    int src = sqlite3_prepare_v2(s->db,
+                                 "SELECT id, pool, rank, pool_size, host, device, memory, kind, "
+                                 "pid, state, job, offline_job, joined FROM workers ORDER BY id",
+                                 -1, &q, NULL);
+    if (src != SQLITE_OK)
+        return db_error(s, src, "loading workers");
+    tide_status rc = TIDE_OK;
+    while ((src = sqlite3_step(q)) == SQLITE_ROW) {
+        tide_coord_worker_t *w = NULL;
+        const char *pool = (const char *)sqlite3_column_text(q, 1);
+        TIDE_CHECK_GOTO(tide_coord_worker_add(st, sqlite3_column_int(q, 0), pool ? pool : "",
+                                              sqlite3_column_int(q, 2), &w),
+                        rc, out);
+        w->pool_size = sqlite3_column_int(q, 3);
+        copy_text(w->host, sizeof w->host, sqlite3_column_text(q, 4));
+        w->device = sqlite3_column_int(q, 5);
+        w->memory = (uint64_t)sqlite3_column_int64(q, 6);
+        w->kind = sqlite3_column_int(q, 7);
+        w->pid = sqlite3_column_int(q, 8);
+        int state = sqlite3_column_int(q, 9);
+        if (state < TIDE_WS_IDLE || state > TIDE_WS_DRAINING)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "state file %s: worker %d has bad state %d",
+                           s->path, w->id, state);
+        w->state = (tide_wstate)state;
+        w->job = sqlite3_column_int64(q, 10);
+        w->offline_job = sqlite3_column_int64(q, 11);
+        w->joined = sqlite3_column_int64(q, 12);
+    }
+    if (src != SQLITE_DONE)
+        rc = db_error(s, src, "loading workers");
+out:
+    sqlite3_finalize(q);
+    return rc;
+}
+
+static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
+{
+    sqlite3_stmt *q = NULL;
+    int src = sqlite3_prepare_v2(
+        s->db,
+        "SELECT id, name, kind, state, created_ms, pool, layout, generation, gen_issued, step,"
+        " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
+        " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
+        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers FROM jobs ORDER BY "
+        "id",
+        -1, &q, NULL);
+    if (src != SQLITE_OK)
+        return db_error(s, src, "loading jobs");
+    tide_status rc = TIDE_OK;
+    while ((src = sqlite3_step(q)) == SQLITE_ROW) {
+        tide_coord_job_t *j = NULL;
+        int kind = sqlite3_column_int(q, 2), state = sqlite3_column_int(q, 3);
+        if (kind < 0 || kind > 1 || state < 0 || state > TIDE_JS_CANCELLED)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "state file %s: job %lld is corrupt", s->path,
+                           (long long)sqlite3_column_int64(q, 0));
+        TIDE_CHECK_GOTO(tide_coord_job_add(st, sqlite3_column_int64(q, 0), (tide_job_kind)kind, &j),
+                        rc, out);
+        copy_text(j->name, sizeof j->name, sqlite3_column_text(q, 1));
+        j->state = (tide_jstate)state;
+        j->created_ms = sqlite3_column_int64(q, 4);
+        copy_text(j->pool, sizeof j->pool, sqlite3_column_text(q, 5));
+        const char *layout = (const char *)sqlite3_column_text(q, 6);
+        if (layout != NULL)
+            TIDE_CHECK_GOTO(tide_coord_layout_from_text(layout, &j->layout), rc, out);
+        j->generation = (uint64_t)sqlite3_column_int64(q, 7);
+        j->gen_issued = (uint64_t)sqlite3_column_int64(q, 8);
+        j->step = sqlite3_column_int64(q, 9);
+        j->req_dp = sqlite3_column_int(q, 10);
+        j->req_tp = sqlite3_column_int(q, 11);
+        j->req_pp = sqlite3_column_int(q, 12);
+        j->req_micro = sqlite3_column_int(q, 13);
+        j->total_bytes = (uint64_t)sqlite3_column_int64(q, 14);
+        int blen = sqlite3_column_bytes(q, 15);
+        if (blen > 0) {
+            j->join_blob = tide_malloc((size_t)blen);
+            TIDE_CHECK_ALLOC_GOTO(j->join_blob, rc, out);
+            memcpy(j->join_blob, sqlite3_column_blob(q, 15), (size_t)blen);
+            j->join_len = (size_t)blen;
+        }
+        j->priority = sqlite3_column_int(q, 16);
+        j->okind = (tide_offline_kind)(sqlite3_column_int(q, 17) ? 1 : 0);
+        copy_text(j->plugin, sizeof j->plugin, sqlite3_column_text(q, 18));
+        TIDE_CHECK_GOTO(unpack_argv(j, (const char *)sqlite3_column_blob(q, 19),
+                                    (size_t)sqlite3_column_bytes(q, 19)),
+                        rc, out);
+        j->mem_cap = (uint64_t)sqlite3_column_int64(q, 20);
+        j->bubbles = sqlite3_column_int(q, 21);
+        j->attempts = sqlite3_column_int(q, 22);
+        j->max_attempts = sqlite3_column_int(q, 23);
+        j->worker = sqlite3_column_int(q, 24);
+        j->grace_ms = sqlite3_column_int64(q, 25);
+        j->num_layers = sqlite3_column_int(q, 33);
+        const char *rcl = (const char *)sqlite3_column_text(q, 31);
+        if (rcl != NULL) {
+            tide_layout_t *nl = NULL;
+            TIDE_CHECK_GOTO(tide_coord_layout_from_text(rcl, &nl), rc, out);
+            TIDE_CHECK_GOTO(tide_reconf_new(&j->reconf, j->layout, nl,
+                                            (uint64_t)sqlite3_column_int64(q, 26),
+                                            sqlite3_column_int(q, 27)),
+                            rc, out);
+            j->reconf->phase = sqlite3_column_int(q, 28) ? TIDE_RP_COMMIT : TIDE_RP_PREPARE;
+            j->reconf->switch_step = sqlite3_column_int64(q, 29);
+            j->reconf->started_ms = sqlite3_column_int64(q, 30);
+            copy_text(j->reconf->reason, sizeof j->reconf->reason, sqlite3_column_text(q, 32));
+        }
+    }
+    if (src != SQLITE_DONE)
+        rc = db_error(s, src, "loading jobs");
+out:
+    sqlite3_finalize(q);
+    return rc;
+}
+
+tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
+{
+    if (st->n_workers != 0 || st->n_jobs != 0)
+        return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
+    TIDE_CHECK(load_workers(s, st));
+    TIDE_CHECK(load_jobs(s, st));
+    return TIDE_OK;
+}
+
+tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,
+                              tide_store_event_t **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    if (limit == 0)
+        return TIDE_OK;
+    tide_store_event_t *r = tide_calloc(limit, sizeof *r);
+    if (r == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory reading %u events", limit);
+    sqlite3_stmt *q = s->st[ST_EVENTS];
+    sqlite3_bind_int64(q, 1, (sqlite3_int64)(since_id > INT64_MAX ? INT64_MAX : since_id));
+    sqlite3_bind_int64(q, 2, since_ms);
+    sqlite3_bind_int64(q, 3, limit);
+    size_t k = 0;
+    int src;
+    while (k < limit && (src = sqlite3_step(q)) == SQLITE_ROW) {
+        r[k].id = (uint64_t)sqlite3_column_int64(q, 0);
+        r[k].time_ms = sqlite3_column_int64(q, 1);
+        copy_text(r[k].job, sizeof r[k].job, sqlite3_column_text(q, 2));
+        copy_text(r[k].kind, sizeof r[k].kind, sqlite3_column_text(q, 3));
+        copy_text(r[k].detail, sizeof r[k].detail, sqlite3_column_text(q, 4));
+        k++;
+    }
+    if (k < limit && src != SQLITE_DONE) {
+        tide_status rc = db_error(s, src, "reading events");
+        sqlite3_reset(q);
+        tide_free(r);
+        return rc;
+    }
+    sqlite3_reset(q);
+    *rows = r;
+    *n = k;
+    return TIDE_OK;
+}
+
+tide_status tide_store_event_count(tide_store_t *s, uint64_t *out)
+{
+    sqlite3_stmt *q = NULL;
+    int src = sqlite3_prepare_v2(s->db, "SELECT count(*) FROM events", -1, &q, NULL);
+    if (src == SQLITE_OK)
+        src = sqlite3_step(q);
+    if (src != SQLITE_ROW) {
+        sqlite3_finalize(q);
+        return db_error(s, src, "counting events");
+    }
+    *out = (uint64_t)sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    return TIDE_OK;
+}

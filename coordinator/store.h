@@ -1,0 +1,92 @@
+/*
+ * coordinator/store: tided's durable state in one SQLite file (WAL mode):
+ * workers, jobs (with any pending reconfiguration) and an append-only event
+ * table (time, job, kind, detail). tided applies a batch of requests to the
+ * in-memory state inside one transaction and commits it before sending any
+ * reply of that batch (group commit), so every acknowledged change is on disk.
+ * On start the state is reloaded from the file.
+ *
+ * Workload: a few writes per resize, registration or offline-job change; no
+ * writes for heartbeats. The file is opened in exclusive locking mode, so a
+ * second tided on the same file is refused. Single thread.
+ */
+#ifndef TIDE_COORD_STORE_H
+#define TIDE_COORD_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "core/error.h"
+#include "coordinator/state.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tide_store tide_store_t;
+
+/* One row of the event table. */
+typedef struct tide_store_event {
+    uint64_t id;     /* increasing */
+    int64_t time_ms; /* wall clock, ms since the Unix epoch */
+    char job[TIDE_COORD_NAME_MAX];
+    char kind[TIDE_COORD_NAME_MAX];
+    char detail[1024];
+} tide_store_event_t;
+
+/*
+ * Opens (creating if needed) the state file at path in WAL mode; sync_full
+ * selects synchronous=FULL (durable across power loss) over NORMAL (durable
+ * across a tided crash). TIDE_ERR_BUSY when another process holds the file.
+ * Caller owns *out. Blocks on file I/O.
+ */
+tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full);
+
+/* Closes the file (rolling back an open transaction) and sets *self_p to NULL; NULL is fine. */
+void tide_store_close(tide_store_t **self_p);
+
+/* Starts a transaction unless one is open; cheap when one is. */
+tide_status tide_store_begin(tide_store_t *s);
+
+/* True when a transaction is open. */
+int tide_store_in_txn(const tide_store_t *s);
+
+/* Commits the open transaction (no-op without one). Blocks on fsync per sync mode. */
+tide_status tide_store_commit(tide_store_t *s);
+
+/* Rolls back the open transaction (no-op without one). */
+void tide_store_rollback(tide_store_t *s);
+
+/* Writes (insert or replace) worker w's durable fields; needs an open transaction. */
+tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w);
+
+/* Writes job j (and its pending reconfiguration, or none); needs an open transaction. */
+tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j);
+
+/* Appends one event at time_ms; job may be "" for cluster events; needs a transaction. */
+tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, const char *kind,
+                             const char *fmt, ...) TIDE_PRINTF(5, 6);
+
+/*
+ * Loads every worker and job into st (which must be empty). Volatile fields
+ * start at zero; callers set last_seen_ns. Pending reconfigurations come back
+ * with their phase and switch step; acknowledgements are collected again.
+ */
+tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st);
+
+/*
+ * Events with id > since_id and time_ms >= since_ms, oldest first, at most
+ * limit; *rows is tide_malloc'd (caller frees with tide_free).
+ */
+tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,
+                              tide_store_event_t **rows, size_t *n);
+
+/* Number of events stored. */
+tide_status tide_store_event_count(tide_store_t *s, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_COORD_STORE_H */

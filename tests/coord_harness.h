@@ -1,0 +1,229 @@
+/*
+ * Test and benchmark harness for tided: starts the real tided binary on a free
+ * loopback port (tcp://127.0.0.1:* with --endpoint-file) with a state file in a
+ * temporary directory, and speaks proto over DEALER sockets like a worker or
+ * tidectl would. Header-only (static functions) so tests and benchmarks share
+ * it without a library. Workload: a handful of sockets per test.
+ */
+#ifndef TIDE_TESTS_COORD_HARNESS_H
+#define TIDE_TESTS_COORD_HARNESS_H
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "proto/proto.h"
+
+typedef struct coord_proc {
+    pid_t pid;
+    char dir[256];
+    char endpoint[256];
+    char state[320];
+    char epfile[320];
+} coord_proc;
+
+/* Creates a fresh temporary directory for one tided instance. */
+static inline int coord_tmpdir(coord_proc *p)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->dir, sizeof p->dir, "/tmp/tide-coord-XXXXXX");
+    if (mkdtemp(p->dir) == NULL)
+        return -1;
+    snprintf(p->state, sizeof p->state, "%s/state.db", p->dir);
+    snprintf(p->epfile, sizeof p->epfile, "%s/endpoint", p->dir);
+    return 0;
+}
+
+/*
+ * Starts tided with the state file of p and extra flags (NULL-terminated);
+ * waits (up to 10 s) for its endpoint file. Returns 0, or -1 when tided exited
+ * or never listened (its exit status in *status when non-NULL).
+ */
+static inline int coord_start(coord_proc *p, const char *tided, const char *const *extra,
+                              int *status)
+{
+    unlink(p->epfile);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = tided;
+    argv[n++] = "--endpoint";
+    argv[n++] = "tcp://127.0.0.1:*";
+    argv[n++] = "--endpoint-file";
+    argv[n++] = p->epfile;
+    argv[n++] = "--state";
+    argv[n++] = p->state;
+    argv[n++] = "--no-sync-full";
+    for (int i = 0; extra && extra[i] && n < 62; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        execv(tided, (char *const *)argv);
+        _exit(127);
+    }
+    p->pid = pid;
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(p->epfile, "r");
+        if (f != NULL) {
+            int ok = fgets(p->endpoint, sizeof p->endpoint, f) != NULL;
+            fclose(f);
+            if (ok) {
+                p->endpoint[strcspn(p->endpoint, "\n")] = '\0';
+                return 0;
+            }
+        }
+        int st = 0;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            p->pid = 0;
+            if (status)
+                *status = st;
+            return -1;
+        }
+        tide_sleep_ms(10);
+    }
+    return -1;
+}
+
+/* Sends sig to tided and reaps it; returns its wait status. */
+static inline int coord_stop(coord_proc *p, int sig)
+{
+    int st = 0;
+    if (p->pid > 0) {
+        kill(p->pid, sig);
+        waitpid(p->pid, &st, 0);
+        p->pid = 0;
+    }
+    return st;
+}
+
+/* Removes the temporary directory's files. */
+static inline void coord_cleanup(coord_proc *p)
+{
+    const char *names[] = {"state.db",   "state.db-wal", "state.db-shm", "endpoint",
+                           "server.key", "server.pub",   "admin.key",    "admin.pub",
+                           "w.key",      "w.pub",        "stranger.key", NULL};
+    char path[512];
+    for (int i = 0; names[i]; i++) {
+        snprintf(path, sizeof path, "%s/%s", p->dir, names[i]);
+        unlink(path);
+    }
+    rmdir(p->dir);
+}
+
+/*
+ * A DEALER connected to endpoint; with keyfile (a "public/secret" pair file)
+ * and server_pub (Z85) it uses CURVE. Receive timeout timeout_ms.
+ */
+static inline void *coord_connect(void *ctx, const char *endpoint, const char *client_pub,
+                                  const char *client_secret, const char *server_pub, int timeout_ms)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, hwm = 1 << 20;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    /* a DEALER without a peer (refused handshake) would block a send forever */
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (server_pub != NULL) {
+        zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_pub, 41);
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, client_pub, 41);
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, client_secret, 41);
+    }
+    if (zmq_connect(s, endpoint) != 0) {
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+static inline int coord_send_raw(void *sock, const void *data, size_t len)
+{
+    return zmq_send(sock, data, len, 0) < 0 ? -1 : 0;
+}
+
+static inline int coord_send(void *sock, const tide_msg_t *m)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    if (tide_proto_encode(m, &b) != TIDE_OK) {
+        tide_proto_buf_destroy(&b);
+        return -1;
+    }
+    int rc = coord_send_raw(sock, b.data, b.len);
+    tide_proto_buf_destroy(&b);
+    return rc;
+}
+
+/* Receives one message (within the socket's timeout); 0 ok, -1 timeout or bad message. */
+static inline int coord_recv(void *sock, tide_msg_t *out)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, 0) < 0) {
+        zmq_msg_close(&m);
+        tide_msg_init(out, TIDE_MSG_NONE);
+        return -1;
+    }
+    tide_status rc = tide_proto_decode(zmq_msg_data(&m), zmq_msg_size(&m), out);
+    zmq_msg_close(&m);
+    return rc == TIDE_OK ? 0 : -1;
+}
+
+/* Receives until a message of type t arrives (others are dropped); 0 ok, -1 timeout. */
+static inline int coord_recv_type(void *sock, tide_msg_type_t t, tide_msg_t *out)
+{
+    for (int i = 0; i < 64; i++) {
+        if (coord_recv(sock, out) != 0)
+            return -1;
+        if (out->type == t)
+            return 0;
+        tide_msg_clear(out);
+    }
+    return -1;
+}
+
+/* Sends a request and waits for its reply. */
+static inline int coord_call(void *sock, const tide_msg_t *req, tide_msg_t *reply)
+{
+    if (coord_send(sock, req) != 0)
+        return -1;
+    return coord_recv(sock, reply);
+}
+
+static inline void coord_mk_register(tide_msg_t *m, const char *pool, int rank, int size,
+                                     const char *host, int device, int pid)
+{
+    tide_msg_init(m, TIDE_MSG_REGISTER);
+    snprintf(m->u.reg.pool, sizeof m->u.reg.pool, "%s", pool);
+    m->u.reg.rank = rank;
+    m->u.reg.size = size;
+    snprintf(m->u.reg.host, sizeof m->u.reg.host, "%s", host);
+    m->u.reg.device = device;
+    m->u.reg.mem_bytes = 80ull << 30;
+    m->u.reg.kind = TIDE_DEVICE_GPU;
+    m->u.reg.pid = pid;
+}
+
+static inline void coord_mk_heartbeat(tide_msg_t *m, int32_t worker, uint64_t step, uint64_t gen)
+{
+    tide_msg_init(m, TIDE_MSG_HEARTBEAT);
+    m->u.heartbeat.worker = worker;
+    m->u.heartbeat.step = step;
+    m->u.heartbeat.gen = gen;
+    m->u.heartbeat.step_ms = 100;
+    m->u.heartbeat.bubble_ms = 10;
+}
+
+#endif /* TIDE_TESTS_COORD_HARNESS_H */

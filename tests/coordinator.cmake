@@ -1,0 +1,13 @@
+# Coordinator tests: policy/state/store in-process (unit), and tided itself
+# started on a free loopback port with temporary state files (unit, a few s).
+if(TARGET tide_coord)
+  tide_add_unit_test(test_coordinator SOURCES test_coordinator.c LIBS tide_coord
+                     PkgConfig::SQLITE3 TIMEOUT 30)
+endif()
+if(TARGET tided)
+  tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c
+                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 60)
+  target_compile_definitions(test_coordinator_server PRIVATE
+                             TIDED_PATH="$<TARGET_FILE:tided>")
+  add_dependencies(test_coordinator_server tided)
+endif()

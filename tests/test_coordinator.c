@@ -1,0 +1,413 @@
+/*
+ * Unit tests for the coordinator's pure parts: policy decisions (placement,
+ * recovery, backfill order, switch step, failure detection with a fake clock),
+ * layout helpers, and the SQLite store (round trip, append-only events,
+ * exclusive file). In-process, milliseconds each.
+ */
+#include <criterion/criterion.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "coordinator/policy.h"
+#include "coordinator/state.h"
+#include "coordinator/store.h"
+
+/* n workers, hosts of `per_host` consecutive ranks, all of class cls. */
+static tide_policy_worker *workers(size_t n, int per_host, tide_pw_class cls)
+{
+    tide_policy_worker *w = calloc(n, sizeof *w);
+    for (size_t i = 0; i < n; i++)
+        w[i] = (tide_policy_worker){(int32_t)i, (int32_t)(i / (size_t)per_host), cls, 0};
+    return w;
+}
+
+static int host_of(const tide_policy_worker *c, size_t n, int32_t rank)
+{
+    for (size_t i = 0; i < n; i++)
+        if (c[i].rank == rank)
+            return c[i].host;
+    return -1;
+}
+
+Test(policy, first_layout_keeps_tp_groups_inside_hosts)
+{
+    /* 16 workers on 4 hosts of 4, listed interleaved so rank order alone would mix hosts */
+    tide_policy_worker c[16];
+    for (int i = 0; i < 16; i++)
+        c[i] = (tide_policy_worker){i, i % 4, TIDE_PW_IDLE, 0};
+    tide_resize_req req = {2, 4, 2, 8, 4, NULL};
+    tide_layout_t *l = NULL;
+    int32_t pre[16];
+    size_t np = 99;
+    cr_assert_eq(tide_policy_place(NULL, &req, c, 16, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_assert_eq(np, 0);
+    cr_assert_eq(tide_coord_layout_check(l), TIDE_OK);
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < 2; d++) {
+            int h = host_of(c, 16, l->worker[tide_layout_index(l, p, d, 0)]);
+            for (int t = 1; t < 4; t++)
+                cr_assert_eq(host_of(c, 16, l->worker[tide_layout_index(l, p, d, t)]), h,
+                             "TP group (%d,%d) spans hosts", p, d);
+        }
+    tide_coord_layout_free(&l);
+    cr_assert_null(l);
+}
+
+Test(policy, same_shape_resize_keeps_every_coordinate)
+{
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_coord_layout_new(&old, 4, 2, 2, 8, 4), TIDE_OK);
+    tide_policy_worker *c = workers(16, 8, TIDE_PW_MEMBER);
+    int32_t pre[16];
+    size_t np;
+    tide_resize_req same = {4, 2, 2, 8, 4, NULL};
+    cr_assert_eq(tide_policy_place(old, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_assert_arr_eq(l->worker, old->worker, 16 * sizeof(int32_t));
+    tide_coord_layout_free(&l);
+    /* shrinking dp keeps replicas 0 and 1 exactly where they were: nothing moves */
+    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL};
+    cr_assert_eq(tide_policy_place(old, &shrink, c, 16, &l, pre, &np), TIDE_OK);
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < 2; d++)
+            for (int t = 0; t < 2; t++)
+                cr_assert_eq(l->worker[tide_layout_index(l, p, d, t)],
+                             old->worker[tide_layout_index(old, p, d, t)]);
+    tide_coord_layout_free(&l);
+    tide_coord_layout_free(&old);
+    free(c);
+}
+
+Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
+{
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_coord_layout_new(&old, 2, 1, 1, 4, 1), TIDE_OK); /* ranks 0, 1 */
+    tide_policy_worker c[6] = {
+        {0, 0, TIDE_PW_MEMBER, 0},  {1, 0, TIDE_PW_MEMBER, 0}, {2, 1, TIDE_PW_OFFLINE, 5},
+        {3, 1, TIDE_PW_OFFLINE, 1}, {4, 1, TIDE_PW_IDLE, 0},   {5, 1, TIDE_PW_OFFLINE, 9},
+    };
+    int32_t pre[6];
+    size_t np;
+    tide_resize_req req = {4, 1, 1, 4, 1, NULL};
+    cr_assert_eq(tide_policy_place(old, &req, c, 6, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_assert_eq(np, 1, "one offline job must be preempted, got %zu", np);
+    cr_assert_eq(pre[0], 3, "the lowest-priority offline work goes first, got rank %d", pre[0]);
+    cr_assert(tide_coord_layout_has(l, 4));
+    cr_assert(!tide_coord_layout_has(l, 2) && !tide_coord_layout_has(l, 5));
+    cr_assert_eq(l->worker[0], 0);
+    cr_assert_eq(l->worker[1], 1);
+    tide_coord_layout_free(&l);
+    /* too few workers: a clear error that counts what exists */
+    tide_resize_req big = {8, 1, 1, 4, 1, NULL};
+    cr_assert_eq(tide_policy_place(old, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    cr_assert_null(l);
+    cr_assert(strstr(tide_last_error(), "needs 8 workers") != NULL, "%s", tide_last_error());
+    cr_assert(strstr(tide_last_error(), "1 idle") != NULL, "%s", tide_last_error());
+    tide_coord_layout_free(&old);
+}
+
+Test(policy, bad_requests_are_refused)
+{
+    tide_policy_worker *c = workers(8, 8, TIDE_PW_IDLE);
+    tide_layout_t *l = NULL;
+    int32_t pre[8];
+    size_t np;
+    tide_resize_req zero = {0, 1, 1, 4, 1, NULL};
+    cr_assert_eq(tide_policy_place(NULL, &zero, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    tide_resize_req deep = {1, 1, 8, 4, 1, NULL}; /* pp > layers */
+    cr_assert_eq(tide_policy_place(NULL, &deep, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    int bad_stages[3] = {0, 4, 4}; /* empty second stage */
+    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages};
+    cr_assert_eq(tide_policy_place(NULL, &st, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    c[3].rank = 2; /* duplicate candidate */
+    tide_resize_req ok = {2, 1, 1, 4, 1, NULL};
+    cr_assert_eq(tide_policy_place(NULL, &ok, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    cr_assert_null(l);
+    free(c);
+}
+
+Test(policy, recovery_replaces_only_the_lost_coordinate)
+{
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_coord_layout_new(&old, 2, 2, 2, 8, 2), TIDE_OK); /* ranks 0..7 */
+    /* rank 5 lost; idle 8 on host 1 (ranks 4..7's host) and idle 9 on host 2 */
+    tide_policy_worker c[9];
+    size_t n = 0;
+    for (int r = 0; r < 8; r++)
+        if (r != 5)
+            c[n++] = (tide_policy_worker){r, r / 4, TIDE_PW_MEMBER, 0};
+    c[n++] = (tide_policy_worker){9, 2, TIDE_PW_IDLE, 0};
+    c[n++] = (tide_policy_worker){8, 1, TIDE_PW_IDLE, 0};
+    int32_t pre[9];
+    size_t np;
+    cr_assert_eq(tide_policy_recover(old, c, n, &l, pre, &np), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(l->dp, 2);
+    for (size_t i = 0; i < 8; i++)
+        cr_assert_eq(l->worker[i], old->worker[i] == 5 ? 8 : old->worker[i],
+                     "index %zu: %d (replacement must come from the lost worker's host)", i,
+                     l->worker[i]);
+    tide_coord_layout_free(&l);
+    /* no spare: dp shrinks to the complete replica; the broken one is dropped */
+    n = 0;
+    for (int r = 0; r < 8; r++)
+        if (r != 5)
+            c[n++] = (tide_policy_worker){r, r / 4, TIDE_PW_MEMBER, 0};
+    cr_assert_eq(tide_policy_recover(old, c, n, &l, pre, &np), TIDE_OK);
+    cr_assert_eq(l->dp, 1);
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 2; t++) /* the whole replica (old dp rank 1) is the one kept */
+            cr_assert_eq(l->worker[tide_layout_index(l, p, 0, t)],
+                         old->worker[tide_layout_index(old, p, 1, t)]);
+    tide_coord_layout_free(&l);
+    /* fewer than tp * pp survivors: stalled */
+    cr_assert_eq(tide_policy_recover(old, c, 3, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    cr_assert(strstr(tide_last_error(), "at least tp * pp = 4") != NULL, "%s", tide_last_error());
+    tide_coord_layout_free(&old);
+}
+
+Test(policy, placement_survives_allocation_failures)
+{
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_coord_layout_new(&old, 2, 2, 1, 4, 1), TIDE_OK);
+    tide_policy_worker *c = workers(8, 4, TIDE_PW_IDLE);
+    for (int i = 0; i < 4; i++)
+        c[i].cls = TIDE_PW_MEMBER;
+    int32_t pre[8];
+    size_t np;
+    tide_resize_req req = {4, 2, 1, 4, 1, NULL};
+    int failures_seen = 0;
+    for (long k = 1; k < 64; k++) {
+        tide_alloc_fail_at(k, 0);
+        tide_status rc = tide_policy_place(old, &req, c, 8, &l, pre, &np);
+        long failed = tide_alloc_failures();
+        tide_alloc_fail_at(0, 0);
+        if (failed == 0) {
+            cr_assert_eq(rc, TIDE_OK);
+            tide_coord_layout_free(&l);
+            break;
+        }
+        failures_seen++;
+        cr_assert_eq(rc, TIDE_ERR_NOMEM, "allocation %ld failing gave %d", k, rc);
+        cr_assert_null(l);
+    }
+    cr_assert_gt(failures_seen, 3);
+    tide_coord_layout_free(&old);
+    free(c);
+}
+
+Test(policy, backfill_by_priority_then_submission)
+{
+    tide_policy_offline q[4] = {{10, 0}, {11, 5}, {12, 5}, {13, -3}};
+    int32_t idle[3] = {7, 2, 4};
+    tide_policy_assignment out[3];
+    size_t n;
+    cr_assert_eq(tide_policy_assign(q, 4, idle, 3, out, &n), TIDE_OK);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(out[0].job, 11);
+    cr_assert_eq(out[0].worker, 2);
+    cr_assert_eq(out[1].job, 12);
+    cr_assert_eq(out[1].worker, 4);
+    cr_assert_eq(out[2].job, 10);
+    cr_assert_eq(out[2].worker, 7);
+    cr_assert_eq(tide_policy_assign(q, 4, idle, 0, out, &n), TIDE_OK);
+    cr_assert_eq(n, 0);
+}
+
+Test(policy, switch_step)
+{
+    int64_t steps[4] = {10, 11, 0, 9};
+    uint8_t old[4] = {1, 1, 0, 1};
+    cr_assert_eq(tide_policy_switch_step(steps, old, 4, 0), 12); /* max of old members + 1 */
+    cr_assert_eq(tide_policy_switch_step(steps, old, 4, 1), 9);  /* recovery: min */
+    uint8_t none[4] = {0, 0, 0, 0};
+    cr_assert_eq(tide_policy_switch_step(steps, none, 4, 0), -1);
+}
+
+Test(policy, failure_detection_with_a_fake_clock)
+{
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_worker_t *w = NULL;
+    for (int r = 0; r < 3; r++) {
+        cr_assert_eq(tide_coord_worker_add(st, -1, "pool", r, &w), TIDE_OK);
+        w->last_seen_ns = 1000000000ull; /* t = 1 s */
+    }
+    st->workers[2].state = TIDE_WS_FAILED;
+    int32_t out[3];
+    const uint64_t hb = 1000000000ull;
+    cr_assert_eq(tide_policy_expired(st->workers, 3, 3900000000ull, hb, 3, out), 0);
+    st->workers[1].last_seen_ns = 3000000000ull; /* heartbeat at t = 3 s */
+    size_t n = tide_policy_expired(st->workers, 3, 4100000000ull, hb, 3, out);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(out[0], 0);
+    cr_assert_eq(tide_policy_expired(st->workers, 3, 6100000000ull, hb, 3, out), 2);
+    tide_coord_state_destroy(&st);
+    cr_assert_null(st);
+}
+
+Test(state, worker_index_and_layout_text)
+{
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_worker_t *w = NULL;
+    for (int r = 0; r < 500; r++)
+        cr_assert_eq(tide_coord_worker_add(st, -1, r % 2 ? "a" : "b", r, &w), TIDE_OK);
+    cr_assert_eq(tide_coord_worker_add(st, -1, "a", 1, &w), TIDE_ERR_EXISTS);
+    cr_assert_eq(tide_coord_worker_find(st, "b", 498)->id, 498);
+    cr_assert_null(tide_coord_worker_find(st, "a", 498));
+    tide_coord_state_destroy(&st);
+
+    tide_layout_t *l = NULL, *back = NULL;
+    cr_assert_eq(tide_coord_layout_new(&l, 2, 2, 3, 10, 4), TIDE_OK);
+    int starts[4];
+    cr_assert_eq(tide_coord_parse_stages("0-1,2-7,8-9", 3, 10, starts), TIDE_OK);
+    memcpy(l->stage_start, starts, sizeof starts);
+    l->worker[0] = 40;
+    char *text = NULL;
+    cr_assert_eq(tide_coord_layout_to_text(l, &text), TIDE_OK);
+    cr_assert_eq(tide_coord_layout_from_text(text, &back), TIDE_OK, "%s", tide_last_error());
+    cr_assert_arr_eq(back->worker, l->worker, 12 * sizeof(int32_t));
+    cr_assert_arr_eq(back->stage_start, l->stage_start, 4 * sizeof(int));
+    tide_free(text);
+    tide_coord_layout_free(&back);
+    cr_assert_eq(tide_coord_parse_stages("0-1,3-9,", 2, 10, starts), TIDE_ERR_INVALID);
+    cr_assert_eq(tide_coord_parse_stages("0-4,5-8", 2, 10, starts), TIDE_ERR_INVALID);
+    cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2", &back), TIDE_ERR_INVALID);
+    cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2 2", &back), TIDE_ERR_INVALID);
+    cr_assert_eq(tide_coord_layout_from_text("1 1 1 4 1|0 4|0 junk", &back), TIDE_ERR_INVALID);
+    cr_assert_null(back);
+    tide_coord_layout_free(&l);
+}
+
+static void tmp_path(char *buf, size_t len)
+{
+    snprintf(buf, len, "/tmp/tide-store-XXXXXX");
+    int fd = mkstemp(buf);
+    close(fd);
+    unlink(buf);
+}
+
+static void rm_db(const char *p)
+{
+    char b[300];
+    unlink(p);
+    snprintf(b, sizeof b, "%s-wal", p);
+    unlink(b);
+    snprintf(b, sizeof b, "%s-shm", p);
+    unlink(b);
+}
+
+Test(store, round_trip_and_reload)
+{
+    char path[64];
+    tmp_path(path, sizeof path);
+    tide_store_t *s = NULL;
+    cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_worker_t *w = NULL;
+    cr_assert_eq(tide_coord_worker_add(st, -1, "p", 3, &w), TIDE_OK);
+    snprintf(w->host, sizeof w->host, "node-1");
+    w->state = TIDE_WS_ONLINE;
+    w->job = 1;
+    w->memory = 1ull << 36;
+    tide_coord_job_t *j = NULL;
+    cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_ONLINE, &j), TIDE_OK);
+    snprintf(j->name, sizeof j->name, "train");
+    snprintf(j->pool, sizeof j->pool, "p");
+    cr_assert_eq(tide_coord_layout_new(&j->layout, 1, 1, 1, 4, 1), TIDE_OK);
+    j->layout->worker[0] = 3;
+    j->generation = j->gen_issued = 7;
+    tide_layout_t *nl = NULL;
+    cr_assert_eq(tide_coord_layout_new(&nl, 2, 1, 1, 4, 1), TIDE_OK);
+    nl->worker[0] = 3;
+    nl->worker[1] = 9;
+    cr_assert_eq(tide_reconf_new(&j->reconf, j->layout, nl, 8, 0), TIDE_OK);
+    j->reconf->phase = TIDE_RP_COMMIT;
+    j->reconf->switch_step = 42;
+    tide_coord_job_t *o = NULL;
+    cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_OFFLINE, &o), TIDE_OK);
+    snprintf(o->name, sizeof o->name, "eval");
+    o->argv = tide_calloc(2, sizeof *o->argv);
+    o->argv[0] = tide_strdup("python3");
+    o->argv[1] = tide_strdup("eval.py");
+    o->argc = 2;
+    o->priority = -4;
+    cr_assert_eq(tide_store_put_worker(s, w), TIDE_ERR_INTERNAL); /* needs a transaction */
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_put_worker(s, w), TIDE_OK);
+    cr_assert_eq(tide_store_put_job(s, j), TIDE_OK);
+    cr_assert_eq(tide_store_put_job(s, o), TIDE_OK);
+    cr_assert_eq(tide_store_event(s, 1000, "train", "resize_started", "to %d", 2), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    /* an uncommitted change disappears */
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_event(s, 2000, "", "lost", "never committed"), TIDE_OK);
+    tide_store_rollback(s);
+    /* a second tided on the same file is refused */
+    tide_store_t *other = NULL;
+    cr_assert_eq(tide_store_open(&other, path, 1), TIDE_ERR_BUSY, "%s", tide_last_error());
+    tide_store_close(&s);
+    cr_assert_null(s);
+    tide_coord_state_destroy(&st);
+
+    cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
+    w = tide_coord_worker_find(st, "p", 3);
+    cr_assert_not_null(w);
+    cr_assert_str_eq(w->host, "node-1");
+    cr_assert_eq(w->state, TIDE_WS_ONLINE);
+    cr_assert_eq(w->memory, 1ull << 36);
+    j = tide_coord_job_by_name(st, "train");
+    cr_assert_not_null(j);
+    cr_assert_eq(j->generation, 7);
+    cr_assert_eq(j->layout->worker[0], 3);
+    cr_assert_not_null(j->reconf);
+    cr_assert_eq(j->reconf->gen, 8);
+    cr_assert_eq(j->reconf->phase, TIDE_RP_COMMIT);
+    cr_assert_eq(j->reconf->switch_step, 42);
+    cr_assert_eq(j->reconf->n_parts, 2);
+    cr_assert(j->reconf->old_member[0] && !j->reconf->old_member[1]);
+    o = tide_coord_job_by_name(st, "eval");
+    cr_assert_eq(o->argc, 2);
+    cr_assert_str_eq(o->argv[1], "eval.py");
+    cr_assert_eq(o->priority, -4);
+    tide_store_event_t *ev = NULL;
+    size_t n = 0;
+    cr_assert_eq(tide_store_events(s, 0, 0, 100, &ev, &n), TIDE_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(ev[0].kind, "resize_started");
+    cr_assert_str_eq(ev[0].detail, "to 2");
+    tide_free(ev);
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+
+    /* the event table is append-only even for direct SQL */
+    sqlite3 *db = NULL;
+    cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+    cr_assert_neq(sqlite3_exec(db, "UPDATE events SET detail = 'x'", NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_neq(sqlite3_exec(db, "DELETE FROM events", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    rm_db(path);
+}
+
+Test(store, garbage_file_is_refused)
+{
+    char path[64];
+    tmp_path(path, sizeof path);
+    FILE *f = fopen(path, "w");
+    fputs("this is not a database, it is a text file that is long enough to matter\n", f);
+    fclose(f);
+    tide_store_t *s = NULL;
+    cr_assert_neq(tide_store_open(&s, path, 1), TIDE_OK);
+    cr_assert_null(s);
+    cr_assert(strstr(tide_last_error(), path) != NULL, "%s", tide_last_error());
+    rm_db(path);
+}

@@ -1,0 +1,237 @@
+/*
+ * libtide: the worker runtime linked into every rank of an elastic training job.
+ *
+ * A training program launched with `mpirun` creates one tide_t per rank. The runtime
+ * registers the rank with the coordinator (tided), keeps heartbeating from a
+ * background thread that owns the ZeroMQ socket (so heartbeats go on while the rank
+ * computes), joins an online job, and switches the job's (dp, tp, pp) layout at an
+ * agreed step boundary when an operator resizes it (tidectl resize): it reshards the
+ * program's registered buffers old -> new through the collectives executor and hands
+ * back the communicators of the new layout. Ranks outside the layout wait inside the
+ * runtime (running offline work) until a layout includes them.
+ *
+ * Usage, one rank (every call on the thread that called MPI_Init_thread):
+ *
+ *   tide_options o; tide_options_init(&o);              // TIDE_* environment defaults
+ *   tide_new(&t, &o, MPI_COMM_WORLD);                   // collective over the pool
+ *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0});  // collective
+ *   if (tide_view_get(t)->member) { alloc + init buffers; tide_set_buffers(t, bufs); }
+ *   for (;;) {
+ *       tide_step_action a;
+ *       tide_step_begin(t, &a);                         // idle ranks block in here
+ *       if (a == TIDE_STEP_FINISHED) break;             // the job ended (idle ranks)
+ *       if (a == TIDE_STEP_RECONFIGURE) {
+ *           const tide_view *nv = tide_view_next(t);    // new layout + this rank's place
+ *           allocate new_bufs for nv (tide_shard_bytes) or NULL when !nv->member;
+ *           tide_reshard(t, new_bufs, NULL);            // old -> new, new comms
+ *           free the old buffers; continue;
+ *       }
+ *       if (view->step == total_steps) { tide_finish(t); break; }
+ *       rc = one training step over tide_view_get(t)->tp/dp/pp;
+ *       tide_step_end(t, rc);
+ *   }
+ *   tide_destroy(&t);
+ *
+ * Threading: MPI must be initialised with MPI_Init_thread and at least
+ * MPI_THREAD_FUNNELED; the runtime's background thread never calls MPI. Every tide_*
+ * function below is called from the program's main (MPI) thread unless its comment
+ * says "any thread".
+ *
+ * Failure: when a peer dies, tided starts a recovery; the background thread aborts
+ * the current communicators, so a collective blocked on the dead peer returns
+ * TIDE_ERR_ABORTED. The program passes that status to tide_step_end (the step is not
+ * counted; the program must not have changed its registered state in a step whose
+ * collectives failed) and the next tide_step_begin returns TIDE_STEP_RECONFIGURE.
+ */
+#ifndef TIDE_TIDE_H
+#define TIDE_TIDE_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "collectives/collectives.h"
+#include "reshard/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The runtime of one rank. Opaque. */
+typedef struct tide tide_t;
+
+/* Settings; tide_options_init fills defaults, then TIDE_* environment variables. */
+typedef struct tide_options {
+    const char *endpoint;   /* TIDE_ENDPOINT: tided's ZeroMQ endpoint; tcp://127.0.0.1:5555 */
+    const char *key_file;   /* TIDE_KEY: CURVE key pair file (tidectl keygen); NULL: no CURVE */
+    const char *server_key; /* TIDE_SERVER_KEY: server public key file or 40-char Z85 text */
+    const char *pool;       /* TIDE_POOL: pool id; NULL: rank 0 makes one ("host-pid") */
+    const char *backend;    /* TIDE_BACKEND: "mpi" (host memory, default) or "nccl" */
+    int device;             /* TIDE_DEVICE: local device index; -1: this rank's index on its host */
+    uint64_t mem_bytes;     /* TIDE_MEM_BYTES: device memory reported, bytes; 0: host RAM */
+    int register_timeout_ms; /* TIDE_REGISTER_TIMEOUT_MS: wait for tided's answers, ms; 10000 */
+    int join_timeout_ms;     /* TIDE_JOIN_TIMEOUT_MS: wait for the first layout, ms; 120000 */
+    int switch_timeout_ms;   /* TIDE_SWITCH_TIMEOUT_MS: peers to arrive in a switch, ms; 120000 */
+    uint64_t staging_cap;    /* TIDE_STAGING_CAP: reshard staging memory, bytes; 0: default */
+} tide_options;
+
+/* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
+void tide_options_init(tide_options *o);
+
+/*
+ * Joins the pool: checks MPI's thread level, builds the collectives pool over world
+ * (duplicated), agrees on a pool id, registers with tided (rank, host, device,
+ * memory) and starts the heartbeat thread. Collective over world; blocks until every
+ * rank is registered. Fails with TIDE_ERR_TIMEOUT and a hint when tided does not
+ * answer within register_timeout_ms. Caller owns *out.
+ */
+tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
+
+/*
+ * Leaves: stops offline work and the heartbeat thread, says bye to tided, frees the
+ * communicators. Never blocks on peers. The program's buffers stay the program's.
+ * Sets *self_p to NULL; NULL is fine.
+ */
+void tide_destroy(tide_t **self_p);
+
+/* This rank's worker id: its rank in the pool (= the ids layouts use). Any thread. */
+int32_t tide_worker_id(const tide_t *t);
+
+/* Number of ranks in the pool. Any thread. */
+int tide_pool_size(const tide_t *t);
+
+/* The collectives backend in use (its mem_kind says where buffers live). */
+const tide_coll_backend_v1 *tide_backend(const tide_t *t);
+
+/* ---- joining an online job ------------------------------------------------------------ */
+
+typedef struct tide_join_req {
+    const char *job;                     /* job name: [A-Za-z0-9._:-], 1..127 chars */
+    const tide_collection_t *collection; /* the job's state; borrowed, must outlive t */
+    int dp, tp, pp;                      /* requested first layout */
+    int micro_batches;                   /* micro-batches per step (>= 1) */
+    int64_t start_step;                  /* steps already completed (0, or a checkpoint's) */
+} tide_join_req;
+
+/*
+ * Asks tided to run this rank in online job req->job and waits for the job's first
+ * layout (tided places it over the joined ranks; ranks it leaves out become idle).
+ * Collective over the pool: every rank calls it with the same request. Returns once
+ * every rank knows the first layout; tide_view_get then says whether this rank is a
+ * member. Members then fill their buffers (fresh or from a checkpoint) and register
+ * them with tide_set_buffers before the first step.
+ */
+tide_status tide_join(tide_t *t, const tide_join_req *req);
+
+/* What this rank is in a layout. Filled by the runtime; read-only for the program. */
+typedef struct tide_view {
+    uint64_t generation;           /* layout generation (1 = the first layout) */
+    const tide_layout_t *layout;   /* borrowed; valid until the next tide_reshard */
+    int member;                    /* 1 when this rank holds a coordinate of layout */
+    int pp_rank, dp_rank, tp_rank; /* its coordinate; -1 when not a member */
+    int64_t step;                  /* steps completed: the next step to run has this index */
+    /* Communicators of the layout (NULL when not a member; NULL in tide_view_next).
+       Owned by the runtime, replaced by tide_reshard; use them from the main thread. */
+    tide_coll_comm_t *all; /* every member, rank = layout index order */
+    tide_coll_comm_t *tp;  /* same (pp, dp): rank = tp_rank */
+    tide_coll_comm_t *dp;  /* same (pp, tp): rank = dp_rank */
+    tide_coll_comm_t *pp;  /* same (dp, tp): rank = pp_rank */
+    int pp_prev, pp_next;  /* ranks in pp of the neighbouring stages, -1 at the ends */
+} tide_view;
+
+/* The current layout and this rank's place in it (member 0 when idle); borrowed. */
+const tide_view *tide_view_get(const tide_t *t);
+
+/*
+ * After tide_step_begin returned TIDE_STEP_RECONFIGURE: the layout being switched to
+ * and this rank's place in it (communicators NULL: they exist after tide_reshard);
+ * borrowed. NULL at any other time.
+ */
+const tide_view *tide_view_next(const tide_t *t);
+
+/*
+ * Registers this rank's local buffers of the current layout: bufs[i] for collection
+ * tensor i, exactly tide_shard_bytes(layout, collection, i, p, d, t) bytes in the
+ * backend's memory kind, NULL where the rank holds nothing. The array is copied; the
+ * buffers stay the program's and must live until the next switch.
+ */
+tide_status tide_set_buffers(tide_t *t, void *const *bufs);
+
+/* ---- steps ----------------------------------------------------------------------------- */
+
+typedef enum tide_step_action {
+    TIDE_STEP_RUN = 0,         /* run step tide_view_get(t)->step, then tide_step_end */
+    TIDE_STEP_RECONFIGURE = 1, /* switch now: tide_view_next, then tide_reshard */
+    TIDE_STEP_FINISHED = 2,    /* the job ended (tide_finish on its members): stop */
+} tide_step_action;
+
+/*
+ * Step boundary. A member normally gets TIDE_STEP_RUN at once; while a resize is
+ * being agreed it may wait here (at most about one step of its peers) and gets
+ * TIDE_STEP_RECONFIGURE exactly when it has completed the agreed switch step. A rank
+ * outside the layout blocks here, idle (offline work runs meanwhile), until a layout
+ * includes it (TIDE_STEP_RECONFIGURE) or the job ends (TIDE_STEP_FINISHED).
+ * Errors: TIDE_ERR_STALE when this rank cannot follow (it ran past a recovery's switch
+ * step), TIDE_ERR_CLOSED when tided dropped it.
+ */
+tide_status tide_step_begin(tide_t *t, tide_step_action *action);
+
+/*
+ * Ends the step begun last: step_rc TIDE_OK counts it (view->step advances); any other
+ * status (a collective aborted by a peer failure) discards it. Returns TIDE_OK, or
+ * TIDE_ERR_INVALID when no step was begun.
+ */
+tide_status tide_step_end(tide_t *t, tide_status step_rc);
+
+/* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided. */
+void tide_bubble_begin(tide_t *t);
+void tide_bubble_end(tide_t *t);
+
+/* ---- switching layouts ----------------------------------------------------------------- */
+
+typedef struct tide_reshard_stats {
+    uint64_t bytes_sent;  /* bytes this rank sent */
+    uint64_t bytes_recv;  /* bytes this rank received */
+    uint64_t bytes_local; /* bytes copied locally */
+    double plan_ms;       /* planning, ms */
+    double move_ms;       /* data movement, ms */
+    double comm_ms;       /* communicator setup, ms */
+    double total_ms;      /* the whole switch, ms */
+} tide_reshard_stats;
+
+/*
+ * Performs the switch announced by TIDE_STEP_RECONFIGURE: computes the reshard plan,
+ * moves the registered buffers' state into new_bufs (tensor i: tide_shard_bytes under
+ * tide_view_next's layout and coordinate, NULL where not held; new_bufs may be NULL
+ * when this rank is not in the new layout), builds the new communicators, reports to
+ * tided. On success new_bufs become the registered buffers (the old ones are the
+ * program's to free) and tide_view_get describes the new layout; a rank that left is
+ * idle and its next tide_step_begin waits. On failure (a peer died, tided aborted the
+ * switch) the old layout, buffers and communicators stay registered where they are
+ * intact and the status says why. Blocks; collective over the switch's participants.
+ */
+tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
+
+/*
+ * Allocates zero-filled local buffers for this rank's coordinate in view v (from
+ * tide_view_get or tide_view_next) in the backend's memory kind; *out gets
+ * tide_collection_size entries, NULL where not held (all NULL when not a member).
+ * Free with tide_free_buffers. For programs without their own allocator.
+ */
+tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
+
+/* Frees buffers from tide_alloc_buffers and sets *bufs_p to NULL; NULL is fine. */
+void tide_free_buffers(const tide_t *t, void ***bufs_p);
+
+/*
+ * The job is over (call on every member after its last step): releases the pool's
+ * idle ranks (their tide_step_begin returns TIDE_STEP_FINISHED). Does not wait.
+ */
+tide_status tide_finish(tide_t *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_TIDE_H */

@@ -1,0 +1,69 @@
+/*
+ * tide_task: the offline task plugin interface (DESIGN.md "Offline work and bubbles").
+ *
+ * A plugin is a shared object that libtide loads with dlopen when tided assigns a
+ * plugin job to an idle worker ("tidectl submit --offline --plugin NAME"). NAME is a
+ * path (contains '/') or a bare name resolved as $TIDE_PLUGIN_DIR/libNAME.so, then
+ * libNAME.so on the loader's search path. The object exports one symbol:
+ *
+ *     const tide_task_v1 *tide_task_v1_get(void);
+ *
+ * The runtime drives the task in bounded units of work (steps) on the worker's main
+ * thread while it is idle, and between steps checks for preemption: on preemption it
+ * calls save (the blob is written to $TIDE_TASK_DIR/<job>.ckpt, default /tmp) and
+ * fini; the next attempt of the job calls restore with that blob after init.
+ * Workload: steps of milliseconds to a few seconds; estimated_step_ms tells the runtime
+ * whether a step fits in an idle window.
+ */
+#ifndef TIDE_TIDE_TASK_H
+#define TIDE_TIDE_TASK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tide/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_TASK_ABI_VERSION 1
+
+/* What the runtime tells a task about where it runs. */
+typedef struct tide_task_env {
+    const char *job;  /* offline job name */
+    int device;       /* local device index (host-memory workers: their local index) */
+    int gpu;          /* 1 when the device is a CUDA device */
+    uint64_t mem_cap; /* bytes the task may allocate on the device; 0 = no cap */
+    uint32_t attempt; /* 1 for the first run of the job */
+} tide_task_env;
+
+/* The table a plugin exports. Every function is called on one thread, in order:
+   init, then restore (only when a saved blob exists), then step until *done or
+   preemption, then save (only when preempted), then fini. */
+typedef struct tide_task_v1 {
+    int version;      /* TIDE_TASK_ABI_VERSION */
+    const char *name; /* for logs */
+    /* Creates the task's state from argv (the job's arguments). */
+    tide_status (*init)(void **state, int argc, char **argv, const tide_task_env *env);
+    /* Runs one bounded unit of work; sets *done = 1 when the task is complete;
+     *progress in [0, 1] (may be left unchanged). */
+    tide_status (*step)(void *state, int *done, double *progress);
+    /* Serialises the state into a malloc'd blob (the runtime frees it with free()). */
+    tide_status (*save)(void *state, void **blob, size_t *len);
+    /* Restores the state saved by an earlier attempt. */
+    tide_status (*restore)(void *state, const void *blob, size_t len);
+    /* Expected duration of the next step, ms (decides whether it fits in a bubble). */
+    double (*estimated_step_ms)(void *state);
+    /* Frees the state; NULL state is fine. */
+    void (*fini)(void *state);
+} tide_task_v1;
+
+/* The symbol a plugin exports (name: "tide_task_v1_get"). */
+typedef const tide_task_v1 *(*tide_task_v1_get_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_TIDE_TASK_H */

@@ -1,0 +1,532 @@
+/*
+ * Unit tests for libtide's pieces that need no cluster: the mailbox, the step-agreement
+ * state machine (directly, then through the control client against a fake tided ROUTER
+ * socket speaking proto over ZeroMQ), and the offline command runner with preemption
+ * (SIGTERM, grace, SIGKILL, exit codes reported to tided). A few seconds in total.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "proto/proto.h"
+#include "worker/worker_int.h"
+
+/* ---- mailbox ------------------------------------------------------------------------------ */
+
+Test(mailbox, fifo_timeout_and_close)
+{
+    tide__mailbox_t *mb = NULL;
+    cr_assert_eq(tide__mailbox_new(&mb), TIDE_OK);
+    for (int i = 0; i < 3; i++) {
+        tide_msg_t m;
+        tide_msg_init(&m, TIDE_MSG_PREPARE);
+        m.u.prepare.gen = (uint64_t)i + 1;
+        cr_assert_eq(tide__mailbox_push(mb, &m), TIDE_OK);
+        cr_assert_eq(m.type, TIDE_MSG_NONE, "push moves the message in");
+    }
+    cr_assert_eq(tide__mailbox_len(mb), 3);
+    for (int i = 0; i < 3; i++) {
+        tide_msg_t m;
+        cr_assert_eq(tide__mailbox_pop(mb, &m, 0), TIDE_OK);
+        cr_assert_eq(m.u.prepare.gen, (uint64_t)i + 1, "FIFO order");
+    }
+    tide_msg_t m;
+    uint64_t t0 = tide_now_ns();
+    cr_assert_eq(tide__mailbox_pop(mb, &m, 30), TIDE_ERR_TIMEOUT);
+    cr_assert_geq(tide_now_ns() - t0, 25000000ull, "waited the timeout");
+    tide__mailbox_close(mb);
+    cr_assert_eq(tide__mailbox_pop(mb, &m, -1), TIDE_ERR_CLOSED, "closed wakes a forever wait");
+    tide_msg_init(&m, TIDE_MSG_OK);
+    cr_assert_eq(tide__mailbox_push(mb, &m), TIDE_ERR_CLOSED);
+    tide__mailbox_destroy(&mb);
+    cr_assert_null(mb);
+}
+
+static void *late_push(void *arg)
+{
+    tide_sleep_ms(40);
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_COMMIT);
+    m.u.commit.step = 77;
+    tide__mailbox_push(arg, &m);
+    return NULL;
+}
+
+Test(mailbox, pop_wakes_on_push_from_another_thread)
+{
+    tide__mailbox_t *mb = NULL;
+    cr_assert_eq(tide__mailbox_new(&mb), TIDE_OK);
+    pthread_t th;
+    pthread_create(&th, NULL, late_push, mb);
+    tide_msg_t m;
+    cr_assert_eq(tide__mailbox_pop(mb, &m, 5000), TIDE_OK);
+    cr_assert_eq(m.type, TIDE_MSG_COMMIT);
+    cr_assert_eq(m.u.commit.step, 77);
+    pthread_join(th, NULL);
+    tide__mailbox_destroy(&mb);
+}
+
+/* ---- agreement state machine --------------------------------------------------------------- */
+
+static void run_steps(tide__agree *a, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
+        cr_assert_eq(tide__agree_end(a, 1), 0);
+    }
+}
+
+Test(agree, resize_waits_one_step_after_ack_then_switches_at_S)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    run_steps(&a, 5);
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack = -1;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 5, "ack reports the completed steps");
+    run_steps(&a, 1); /* one more step is allowed */
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "then it waits for the commit");
+    int64_t again = -1;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &again), 1, "a duplicate prepare is answered");
+    cr_assert_eq(again, 5, "with the same step");
+    /* another rank acked 6, so S = 7: this rank runs step 6 then switches */
+    cr_assert_eq(tide__agree_commit(&a, 2, 7), TIDE__COMMIT_OK);
+    run_steps(&a, 1);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "only one switch");
+    tide__agree_switched(&a);
+    cr_assert_eq(a.gen, 2);
+    cr_assert_eq(a.completed, 7);
+    cr_assert_eq(tide__agree_commit(&a, 2, 7), TIDE__COMMIT_DUP, "late commit: resend done");
+    cr_assert_eq(tide__agree_abort(&a, 2), TIDE__ABORT_SWITCHED);
+    run_steps(&a, 1);
+}
+
+Test(agree, recovery_abandons_the_step_in_progress)
+{
+    tide__agree a;
+    tide__agree_init(&a, 10);
+    tide__agree_first(&a, 3, 1);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN); /* step 10 hangs on a dead peer */
+    cr_assert_eq(tide__agree_layout(&a, 4, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 4, &ack), 1);
+    cr_assert_eq(ack, 10);
+    cr_assert_eq(tide__agree_commit(&a, 4, 10), TIDE__COMMIT_ABORT_STEP);
+    cr_assert_eq(tide__agree_end(&a, 0), 0, "the aborted step is not counted");
+    cr_assert_eq(a.completed, 10);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+}
+
+Test(agree, idle_rank_waits_for_commit_and_abort_clears)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 0);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "outside the layout: idle");
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 0), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT);
+    cr_assert_eq(tide__agree_abort(&a, 2), TIDE__ABORT_CLEARED);
+    cr_assert_eq(a.p_gen, 0);
+    cr_assert_eq(tide__agree_commit(&a, 2, 9), TIDE__COMMIT_IGNORED, "aborted: ignored");
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 0), 0, "an older generation is refused");
+    cr_assert_eq(tide__agree_layout(&a, 3, 1, 0), 1);
+    cr_assert_eq(tide__agree_prepare(&a, 3, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&a, 3, 9), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    cr_assert_eq(tide__agree_abort(&a, 3), TIDE__ABORT_SWITCHING, "abort during the switch");
+    tide__agree_switch_failed(&a);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT);
+    tide__agree_switched(&a);
+    cr_assert_eq(a.completed, 9, "joins at the switch step");
+    cr_assert_eq(a.member, 1);
+}
+
+Test(agree, stale_rank_past_the_switch_step)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    run_steps(&a, 4);
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    run_steps(&a, 1);
+    cr_assert_eq(tide__agree_commit(&a, 2, 3), TIDE__COMMIT_OK); /* recovery: min = 3 */
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_STALE);
+    cr_assert_eq(tide__agree_end(&a, 1), -1, "no step begun");
+}
+
+/* ---- control client against a fake tided ---------------------------------------------------- */
+
+typedef struct fake {
+    void *ctx, *router;
+    char endpoint[128];
+    unsigned char rid[256];
+    size_t rid_len;
+} fake;
+
+static void fake_open(fake *f)
+{
+    memset(f, 0, sizeof *f);
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
+    cr_assert_eq(zmq_bind(f->router, "tcp://127.0.0.1:*"), 0);
+    size_t len = sizeof f->endpoint;
+    zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
+}
+
+static void fake_close(fake *f)
+{
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+}
+
+/* Receives the next message of type `want` (others, heartbeats included, are skipped and
+   counted into *skipped when given); fails after timeout_ms. */
+static void fake_expect(fake *f, tide_msg_type_t want, tide_msg_t *out, int timeout_ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (tide_now_ns() < deadline) {
+        zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        zmq_msg_recv(&id, f->router, 0);
+        zmq_msg_recv(&body, f->router, 0);
+        f->rid_len = zmq_msg_size(&id);
+        memcpy(f->rid, zmq_msg_data(&id), f->rid_len);
+        tide_msg_t m;
+        tide_status rc = tide_proto_decode(zmq_msg_data(&body), zmq_msg_size(&body), &m);
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+        cr_assert_eq(rc, TIDE_OK, "worker sent a malformed message: %s", tide_last_error());
+        if (m.type == want) {
+            *out = m;
+            return;
+        }
+        tide_msg_clear(&m);
+    }
+    cr_assert_fail("no '%s' from the worker within %d ms", tide_msg_type_name(want), timeout_ms);
+}
+
+static void fake_send(fake *f, const tide_msg_t *m)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_assert_eq(tide_proto_encode(m, &b), TIDE_OK, "%s", tide_last_error());
+    zmq_send(f->router, f->rid, f->rid_len, ZMQ_SNDMORE);
+    zmq_send(f->router, b.data, b.len, 0);
+    tide_proto_buf_destroy(&b);
+}
+
+typedef struct reg_arg {
+    fake *f;
+    int hb_ms;
+} reg_arg;
+
+static void *fake_register(void *arg)
+{
+    reg_arg *ra = arg;
+    tide_msg_t m;
+    fake_expect(ra->f, TIDE_MSG_REGISTER, &m, 5000);
+    cr_assert_eq(m.u.reg.rank, 3);
+    cr_assert_str_eq(m.u.reg.pool, "pool-a");
+    tide_msg_clear(&m);
+    tide_msg_init(&m, TIDE_MSG_REGISTER_OK);
+    m.u.register_ok.worker = 42;
+    m.u.register_ok.heartbeat_ms = ra->hb_ms;
+    fake_send(ra->f, &m);
+    return NULL;
+}
+
+static tide__ctl_t *start_ctl(fake *f)
+{
+    tide__ctl_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.endpoint = f->endpoint;
+    snprintf(cfg.reg.pool, sizeof cfg.reg.pool, "pool-a");
+    cfg.reg.rank = 3;
+    cfg.reg.size = 4;
+    snprintf(cfg.reg.host, sizeof cfg.reg.host, "hostx");
+    cfg.reg.device = 0;
+    cfg.reg.kind = TIDE_DEVICE_CPU;
+    cfg.reg.mem_bytes = 1 << 20;
+    cfg.reg.pid = (int)getpid();
+    cfg.register_timeout_ms = 5000;
+    reg_arg ra = {f, 50};
+    pthread_t th;
+    pthread_create(&th, NULL, fake_register, &ra);
+    tide__ctl_t *ctl = NULL;
+    tide_status rc = tide__ctl_new(&ctl, &cfg);
+    pthread_join(th, NULL);
+    cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide__ctl_worker_id(ctl), 42);
+    return ctl;
+}
+
+static void set_layout(tide_proto_layout_t *l, uint64_t gen, int dp, int32_t *workers, int *stages)
+{
+    memset(l, 0, sizeof *l);
+    l->gen = gen;
+    l->dp = dp;
+    l->tp = 1;
+    l->pp = 1;
+    l->num_layers = 2;
+    l->micro_batches = 1;
+    stages[0] = 0;
+    stages[1] = 2;
+    l->stage_start = stages;
+    l->worker = workers;
+}
+
+Test(ctl, register_heartbeat_prepare_commit_against_fake_tided)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl(&f);
+    tide__ctl_set_job(ctl, "jobA", 0);
+    tide__ctl_lock(ctl);
+    tide__agree *a = tide__ctl_agree(ctl);
+    tide__agree_first(a, 1, 1);
+    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
+    tide__agree_end(a, 1);
+    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
+    tide__agree_end(a, 1);
+    tide__ctl_unlock(ctl);
+
+    /* heartbeats flow from the background thread with the step and generation */
+    tide_msg_t hb;
+    fake_expect(&f, TIDE_MSG_HEARTBEAT, &hb, 3000);
+    cr_assert_eq(hb.u.heartbeat.worker, 42);
+    for (int i = 0; i < 5 && hb.u.heartbeat.step != 2; i++) {
+        tide_msg_clear(&hb);
+        fake_expect(&f, TIDE_MSG_HEARTBEAT, &hb, 3000);
+    }
+    cr_assert_eq(hb.u.heartbeat.step, 2);
+    cr_assert_eq(hb.u.heartbeat.gen, 1);
+    tide_msg_clear(&hb);
+
+    /* layout + prepare: acked at once with the completed steps */
+    int32_t w_old[1] = {3}, w_new[2] = {3, 1};
+    int s_old[2], s_new[2];
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_LAYOUT);
+    snprintf(m.u.layout.job, sizeof m.u.layout.job, "jobA");
+    set_layout(&m.u.layout.layout, 2, 2, w_new, s_new);
+    m.u.layout.has_prev = 1;
+    set_layout(&m.u.layout.prev, 1, 1, w_old, s_old);
+    fake_send(&f, &m);
+    tide_msg_init(&m, TIDE_MSG_PREPARE);
+    snprintf(m.u.prepare.job, sizeof m.u.prepare.job, "jobA");
+    m.u.prepare.gen = 2;
+    m.u.prepare.step = 3;
+    fake_send(&f, &m);
+    tide_msg_t ack;
+    fake_expect(&f, TIDE_MSG_PREPARE_ACK, &ack, 3000);
+    cr_assert_eq(ack.u.prepare_ack.gen, 2);
+    cr_assert_eq(ack.u.prepare_ack.step, 2);
+    cr_assert_eq(ack.u.prepare_ack.worker, 42);
+    cr_assert_str_eq(ack.u.prepare_ack.job, "jobA");
+    tide_msg_clear(&ack);
+
+    /* the training thread: one more step, then it must wait for the commit */
+    tide__ctl_lock(ctl);
+    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
+    tide__agree_end(a, 1);
+    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_WAIT);
+    cr_assert_not_null(tide__ctl_pending_layout(ctl));
+    cr_assert_eq(tide__ctl_pending_layout(ctl)->layout.dp, 2);
+    tide__ctl_unlock(ctl);
+    tide_msg_init(&m, TIDE_MSG_COMMIT);
+    snprintf(m.u.commit.job, sizeof m.u.commit.job, "jobA");
+    m.u.commit.gen = 2;
+    m.u.commit.step = 3;
+    fake_send(&f, &m);
+    tide__begin d = TIDE__BEGIN_WAIT;
+    uint64_t deadline = tide_now_ns() + 3000000000ull;
+    tide__ctl_lock(ctl);
+    while (d == TIDE__BEGIN_WAIT && tide_now_ns() < deadline) {
+        d = tide__agree_begin(a);
+        if (d == TIDE__BEGIN_WAIT)
+            tide__ctl_wait(ctl, 20);
+    }
+    tide__ctl_unlock(ctl);
+    cr_assert_eq(d, TIDE__BEGIN_SWITCH, "the commit at step 3 releases the switch");
+
+    /* done goes out; a duplicate commit makes the worker send it again */
+    tide__ctl_lock(ctl);
+    tide__agree_switched(a);
+    tide__ctl_unlock(ctl);
+    tide_msg_init(&m, TIDE_MSG_DONE);
+    m.u.done.worker = 42;
+    snprintf(m.u.done.job, sizeof m.u.done.job, "jobA");
+    m.u.done.gen = 2;
+    m.u.done.bytes_moved = 123;
+    cr_assert_eq(tide__ctl_send(ctl, &m), TIDE_OK);
+    tide_msg_t done;
+    fake_expect(&f, TIDE_MSG_DONE, &done, 3000);
+    cr_assert_eq(done.u.done.bytes_moved, 123);
+    tide_msg_clear(&done);
+    tide_msg_init(&m, TIDE_MSG_COMMIT);
+    snprintf(m.u.commit.job, sizeof m.u.commit.job, "jobA");
+    m.u.commit.gen = 2;
+    m.u.commit.step = 3;
+    fake_send(&f, &m);
+    fake_expect(&f, TIDE_MSG_DONE, &done, 3000);
+    cr_assert_eq(done.u.done.gen, 2);
+    tide_msg_clear(&done);
+
+    /* an error saying tided lost us makes the worker register again */
+    tide_msg_init(&m, TIDE_MSG_ERROR);
+    m.u.error.code = TIDE_ERR_NOT_FOUND;
+    snprintf(m.u.error.message, sizeof m.u.error.message, "unknown worker 42: register first");
+    fake_send(&f, &m);
+    tide_msg_t reg;
+    fake_expect(&f, TIDE_MSG_REGISTER, &reg, 3000);
+    tide_msg_clear(&reg);
+
+    tide__ctl_destroy(&ctl, 1);
+    tide_msg_t bye;
+    fake_expect(&f, TIDE_MSG_BYE, &bye, 3000);
+    cr_assert_eq(bye.u.bye.worker, 42);
+    tide_msg_clear(&bye);
+    fake_close(&f);
+}
+
+Test(ctl, register_times_out_with_a_hint)
+{
+    fake f;
+    fake_open(&f); /* never answers */
+    tide__ctl_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.endpoint = f.endpoint;
+    snprintf(cfg.reg.pool, sizeof cfg.reg.pool, "p");
+    cfg.reg.size = 1;
+    snprintf(cfg.reg.host, sizeof cfg.reg.host, "h");
+    cfg.reg.pid = 1;
+    cfg.register_timeout_ms = 200;
+    tide__ctl_t *ctl = NULL;
+    cr_assert_eq(tide__ctl_new(&ctl, &cfg), TIDE_ERR_TIMEOUT);
+    cr_assert_null(ctl);
+    cr_assert(strstr(tide_last_error(), "TIDE_ENDPOINT") != NULL, "%s", tide_last_error());
+    cfg.endpoint = "nonsense://x";
+    cr_assert_eq(tide__ctl_new(&ctl, &cfg), TIDE_ERR_INVALID);
+    fake_close(&f);
+}
+
+/* ---- offline command runner ---------------------------------------------------------------- */
+
+static int wait_child(tide__child *c, int timeout_ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int code = 9999;
+    while (!tide__child_poll(c, tide_now_ns(), &code)) {
+        cr_assert_lt(tide_now_ns(), deadline, "child still running after %d ms", timeout_ms);
+        tide_sleep_ms(5);
+    }
+    return code;
+}
+
+Test(child, exit_codes_and_env)
+{
+    tide__child c;
+    char *argv[] = {"/bin/sh", "-c", "test \"$TIDE_OFFLINE_JOB\" = j1 && exit 3; exit 1"};
+    char *env[] = {"TIDE_OFFLINE_JOB=j1"};
+    cr_assert_eq(tide__child_spawn(&c, "j1", argv, 3, env, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(wait_child(&c, 5000), 3, "exit status reported, env passed");
+    char *ok[] = {"true"};
+    cr_assert_eq(tide__child_spawn(&c, "j2", ok, 1, NULL, 0), TIDE_OK);
+    cr_assert_eq(wait_child(&c, 5000), 0);
+    char *bad[] = {"/nonexistent/tide-no-such-program"};
+    cr_assert_eq(tide__child_spawn(&c, "j3", bad, 1, NULL, 0), TIDE_ERR_NOT_FOUND);
+    cr_assert(strstr(tide_last_error(), "tide-no-such-program") != NULL);
+    cr_assert_eq(tide__child_spawn(&c, "j4", bad, 0, NULL, 0), TIDE_ERR_INVALID);
+}
+
+Test(child, preempt_sigterm_then_sigkill_after_grace)
+{
+    tide__child c;
+    char *polite[] = {"sleep", "30"};
+    cr_assert_eq(tide__child_spawn(&c, "p", polite, 2, NULL, 0), TIDE_OK);
+    tide__child_preempt(&c, 2000, tide_now_ns());
+    cr_assert_eq(wait_child(&c, 1500), -SIGTERM, "a polite child dies of SIGTERM at once");
+
+    /* a child that ignores SIGTERM is killed when the grace period ends, with its group */
+    char *stubborn[] = {"/bin/sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"};
+    cr_assert_eq(tide__child_spawn(&c, "s", stubborn, 3, NULL, 0), TIDE_OK);
+    tide_sleep_ms(100); /* let the shell install its trap */
+    uint64_t t0 = tide_now_ns();
+    tide__child_preempt(&c, 300, t0);
+    int code = wait_child(&c, 3000);
+    uint64_t ms = (tide_now_ns() - t0) / 1000000ull;
+    cr_assert_eq(code, -SIGKILL, "code %d", code);
+    cr_assert_geq(ms, 280, "SIGKILL only after the grace period (%llu ms)", (unsigned long long)ms);
+    cr_assert_lt(ms, 2000);
+}
+
+Test(ctl, offline_command_reported_and_preempted)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl(&f);
+    char *argv1[] = {"/bin/sh", "-c", "exit 5"};
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_ASSIGN);
+    snprintf(m.u.offline_assign.job, sizeof m.u.offline_assign.job, "off1");
+    m.u.offline_assign.kind = TIDE_JOB_COMMAND;
+    m.u.offline_assign.argv = argv1;
+    m.u.offline_assign.argc = 3;
+    m.u.offline_assign.attempt = 1;
+    fake_send(&f, &m);
+    tide_msg_t st;
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
+    tide_msg_clear(&st);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_str_eq(st.u.offline_status.job, "off1");
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_FAILED);
+    cr_assert_eq(st.u.offline_status.exit_code, 5);
+    tide_msg_clear(&st);
+
+    char *argv2[] = {"/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"};
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_ASSIGN);
+    snprintf(m.u.offline_assign.job, sizeof m.u.offline_assign.job, "off2");
+    m.u.offline_assign.kind = TIDE_JOB_COMMAND;
+    m.u.offline_assign.argv = argv2;
+    m.u.offline_assign.argc = 3;
+    m.u.offline_assign.attempt = 1;
+    fake_send(&f, &m);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
+    tide_msg_clear(&st);
+    char job[64];
+    cr_assert_gt(tide__ctl_offline_pid(ctl, job, sizeof job), 0);
+    cr_assert_str_eq(job, "off2");
+    tide_sleep_ms(100);
+    tide_msg_init(&m, TIDE_MSG_PREEMPT);
+    snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "off2");
+    m.u.preempt.grace_ms = 200;
+    fake_send(&f, &m);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_PREEMPTED);
+    cr_assert_eq(st.u.offline_status.exit_code, -SIGKILL, "ignored SIGTERM: killed after grace");
+    tide_msg_clear(&st);
+    cr_assert_eq(tide__ctl_offline_pid(ctl, NULL, 0), 0);
+    tide__ctl_destroy(&ctl, 0);
+    fake_close(&f);
+}

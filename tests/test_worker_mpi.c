@@ -1,0 +1,450 @@
+/*
+ * MPI integration test of libtide with the real tided (6 ranks, host memory). Rank 0
+ * starts tided (argv[1]) on a free loopback port with a temporary state file; every
+ * rank joins a toy job whose tensors hold known values (a pure function of tensor,
+ * element and steps completed) under (dp 2, tp 1, pp 2). A controller thread on rank 0
+ * sends `resize` like tidectl while steps run: -> (dp 1, tp 2, pp 3) on all 6 ranks ->
+ * (dp 2, tp 1, pp 1) (4 ranks go idle) -> (dp 1, tp 2, pp 2) (idle ranks come back).
+ * Checked: at each switch every rank's old shards (before) and new shards (after)
+ * equal the expected full state at the switch step bit for bit, so the full state is
+ * bit-identical across the reshard; every participant switched at the same step; each
+ * step ran exactly once on every member of the layout active then (none lost or
+ * repeated); the "step" and cursor tensors moved with the job.
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <tide/tide.h>
+
+#include "core/clock.h"
+#include "mpi_test.h"
+#include "proto/proto.h"
+
+#define LAYERS    6
+#define MAX_STEPS 4000
+#define MAX_GEN   8
+#define JOB       "wtest"
+
+static const int plan_dp[] = {2, 1, 2, 1}, plan_tp[] = {1, 2, 1, 2}, plan_pp[] = {2, 3, 1, 2};
+#define N_GENS 4
+
+/* ---- the toy state --------------------------------------------------------------------- */
+
+static tide_collection_t *make_collection(void)
+{
+    tide_collection_t *c = NULL;
+    MT_OK(tide_collection_new(&c, LAYERS));
+    tide_tensor_desc d;
+#define ADD(nm, dt, nd, s0, s1, ly, tpr, tdim, seg, dpr)                                           \
+    do {                                                                                           \
+        memset(&d, 0, sizeof d);                                                                   \
+        snprintf(d.name, sizeof d.name, "%s", nm);                                                 \
+        d.dtype = dt;                                                                              \
+        d.ndim = nd;                                                                               \
+        d.shape[0] = s0;                                                                           \
+        d.shape[1] = s1;                                                                           \
+        d.layer = ly;                                                                              \
+        d.tp = tpr;                                                                                \
+        d.tp_dim = tdim;                                                                           \
+        d.tp_segments = seg;                                                                       \
+        d.dp = dpr;                                                                                \
+        MT_OK(tide_collection_add(c, &d));                                                         \
+    } while (0)
+    ADD("embed", TIDE_F32, 2, 12, 8, TIDE_LAYER_PRE, TIDE_TP_SPLIT, 0, 1, TIDE_DP_REPLICATED);
+    for (int i = 0; i < LAYERS; i++) {
+        char n[64];
+        snprintf(n, sizeof n, "layer.%d.qkv", i);
+        ADD(n, TIDE_F32, 2, 24, 8, i, TIDE_TP_SPLIT, 0, 3, TIDE_DP_REPLICATED);
+        snprintf(n, sizeof n, "layer.%d.fc2", i);
+        ADD(n, TIDE_F32, 2, 8, 16, i, TIDE_TP_SPLIT, 1, 1, TIDE_DP_REPLICATED);
+        snprintf(n, sizeof n, "layer.%d.bias", i);
+        ADD(n, TIDE_F32, 1, 8, 0, i, TIDE_TP_REPLICATED, 0, 1, TIDE_DP_REPLICATED);
+        snprintf(n, sizeof n, "layer.%d.qkv.exp_avg", i);
+        ADD(n, TIDE_F32, 2, 24, 8, i, TIDE_TP_SPLIT, 0, 3, TIDE_DP_SHARDED);
+    }
+    ADD("head", TIDE_F32, 2, 12, 8, TIDE_LAYER_POST, TIDE_TP_SPLIT, 0, 1, TIDE_DP_REPLICATED);
+    ADD("step", TIDE_I64, 1, 1, 0, TIDE_LAYER_ALL, TIDE_TP_REPLICATED, 0, 1, TIDE_DP_REPLICATED);
+    ADD("cursor", TIDE_I64, 1, 2, 0, TIDE_LAYER_ALL, TIDE_TP_REPLICATED, 0, 1, TIDE_DP_REPLICATED);
+#undef ADD
+    return c;
+}
+
+static uint64_t rng_of(int64_t s)
+{
+    uint64_t x = (uint64_t)s * 0x9E3779B97F4A7C15ull + 0x1234567ull;
+    x ^= x >> 29;
+    return x * 0xBF58476D1CE4E5B9ull;
+}
+
+/* The full tensor i after s completed steps, into a malloc'd buffer. */
+static void *expected_full(const tide_collection_t *c, size_t i, int64_t s)
+{
+    const tide_tensor_desc *d = tide_collection_tensor(c, i);
+    uint64_t bytes = tide_tensor_bytes(d);
+    void *b = malloc(bytes);
+    size_t n = bytes / tide_dtype_size(d->dtype);
+    if (d->dtype == TIDE_F32) {
+        float *f = b;
+        for (size_t k = 0; k < n; k++)
+            f[k] = (float)((i * 131 + k * 7) % 1000) + (float)(s * (s + 1) / 2);
+    } else if (strcmp(d->name, "step") == 0) {
+        ((int64_t *)b)[0] = s;
+    } else {
+        ((int64_t *)b)[0] = s * 32;
+        ((int64_t *)b)[1] = (int64_t)rng_of(s);
+    }
+    return b;
+}
+
+/* Asserts that bufs hold worker (p, d, t)'s shards of the state after s steps. */
+static void check_shards(const tide_collection_t *c, const tide_layout_t *l, int p, int d, int t,
+                         void *const *bufs, int64_t s, const char *when)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        uint64_t n = tide_shard_bytes(l, c, i, p, d, t);
+        if (n == 0)
+            continue;
+        void *full = expected_full(c, i, s);
+        void *want = malloc(n);
+        tide_shard_extract(l, c, i, p, d, t, full, want);
+        MT_ASSERT(bufs[i] != NULL && memcmp(want, bufs[i], n) == 0,
+                  "%s: tensor %s (%llu bytes) at (%d,%d,%d) differs from the state after %lld "
+                  "steps",
+                  when, tide_collection_tensor(c, i)->name, (unsigned long long)n, p, d, t,
+                  (long long)s);
+        free(want);
+        free(full);
+    }
+}
+
+/* One training step on the local shards: step s -> s + 1. */
+static void apply_step(const tide_collection_t *c, void *const *bufs, const tide_view *v, int64_t s)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        uint64_t n = tide_shard_bytes(v->layout, c, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        if (n == 0)
+            continue;
+        const tide_tensor_desc *d = tide_collection_tensor(c, i);
+        if (d->dtype == TIDE_F32) {
+            float *f = bufs[i];
+            for (size_t k = 0; k < n / 4; k++)
+                f[k] += (float)(s + 1);
+        } else if (strcmp(d->name, "step") == 0) {
+            MT_ASSERT(((int64_t *)bufs[i])[0] == s, "step tensor %lld at step %lld",
+                      (long long)((int64_t *)bufs[i])[0], (long long)s);
+            ((int64_t *)bufs[i])[0] = s + 1;
+        } else {
+            ((int64_t *)bufs[i])[0] += 32;
+            ((int64_t *)bufs[i])[1] = (int64_t)rng_of(s + 1);
+        }
+    }
+}
+
+/* ---- tided and the controller (rank 0) ---------------------------------------------------- */
+
+static pid_t tided_pid;
+static char tmpdir[256];
+
+static void start_tided(const char *exe)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tide-wtest-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    char state[300], epf[300];
+    snprintf(state, sizeof state, "%s/state.db", tmpdir);
+    snprintf(epf, sizeof epf, "%s/endpoint", tmpdir);
+    tided_pid = fork();
+    if (tided_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        execl(exe, exe, "--endpoint", "tcp://127.0.0.1:*", "--endpoint-file", epf, "--state", state,
+              "--heartbeat-ms", "100", "--miss-limit", "100", "--sync-full=0",
+              "--resize-timeout-ms", "60000", (char *)NULL);
+        perror("exec tided");
+        _exit(127);
+    }
+}
+
+static void stop_tided(void)
+{
+    if (tided_pid > 0) {
+        kill(tided_pid, SIGTERM);
+        int st;
+        waitpid(tided_pid, &st, 0);
+        tided_pid = 0;
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (tmpdir[0] != '\0' && system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+}
+
+typedef struct ctl_state {
+    char endpoint[256];
+    volatile int error;
+    char why[1200];
+    volatile int sent;
+} ctl_state;
+
+static int request(void *sock, const tide_msg_t *req, tide_msg_t *rep)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    if (tide_proto_encode(req, &b) != TIDE_OK)
+        return -1;
+    zmq_send(sock, b.data, b.len, 0);
+    tide_proto_buf_destroy(&b);
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 10000) <= 0)
+        return -1;
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    zmq_msg_recv(&f, sock, 0);
+    int rc = tide_proto_decode(zmq_msg_data(&f), zmq_msg_size(&f), rep) == TIDE_OK ? 0 : -1;
+    zmq_msg_close(&f);
+    return rc;
+}
+
+/* Sends resize k once the job runs generation k at step >= at. */
+static void *controller(void *arg)
+{
+    ctl_state *cs = arg;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(s, cs->endpoint);
+    int next = 1;
+    int64_t last_switch = 0;
+    uint64_t deadline = tide_now_ns() + 90ull * 1000000000ull;
+    while (next < N_GENS && tide_now_ns() < deadline && !cs->error) {
+        tide_msg_t q, r;
+        tide_msg_init(&q, TIDE_MSG_JOBS);
+        if (request(s, &q, &r) != 0) {
+            snprintf(cs->why, sizeof cs->why, "no jobs reply from tided");
+            cs->error = 1;
+            break;
+        }
+        int go = 0;
+        for (uint32_t i = 0; r.type == TIDE_MSG_JOBS_REPLY && i < r.u.jobs_reply.n_rows; i++) {
+            const tide_proto_job_row_t *row = &r.u.jobs_reply.rows[i];
+            if (strcmp(row->name, JOB) != 0)
+                continue;
+            if (row->gen == (uint64_t)next && row->state == TIDE_JOB_RUNNING) {
+                if (last_switch < 0)
+                    last_switch = (int64_t)row->step;
+                go = (int64_t)row->step >= last_switch + 4;
+            }
+        }
+        tide_msg_clear(&r);
+        if (!go) {
+            tide_sleep_ms(30);
+            continue;
+        }
+        tide_msg_init(&q, TIDE_MSG_RESIZE);
+        snprintf(q.u.resize.job, sizeof q.u.resize.job, JOB);
+        q.u.resize.dp = plan_dp[next];
+        q.u.resize.tp = plan_tp[next];
+        q.u.resize.pp = plan_pp[next];
+        q.u.resize.placement = TIDE_PLACEMENT_DEFAULT;
+        if (request(s, &q, &r) != 0 || r.type != TIDE_MSG_RESIZE_REPLY) {
+            snprintf(cs->why, sizeof cs->why, "resize %d refused: %s", next,
+                     r.type == TIDE_MSG_ERROR ? r.u.error.message : "no reply");
+            cs->error = 1;
+            tide_msg_clear(&r);
+            break;
+        }
+        tide_msg_clear(&r);
+        next++;
+        cs->sent = next - 1;
+        last_switch = -1;
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* ---- the test ---------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
+    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_worker_mpi PATH_TO_TIDED\n");
+        return 2;
+    }
+    if (is_root)
+        start_tided(argv[1]); /* before MPI_Init: fork is safe here */
+    int prov = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MT_ASSERT(size == 6, "run with 6 ranks, not %d", size);
+
+    ctl_state cs;
+    memset(&cs, 0, sizeof cs);
+    if (rank == 0) {
+        char epf[300];
+        snprintf(epf, sizeof epf, "%s/endpoint", tmpdir);
+        for (int i = 0; i < 500 && cs.endpoint[0] == '\0'; i++) {
+            FILE *f = fopen(epf, "r");
+            if (f != NULL) {
+                if (fgets(cs.endpoint, sizeof cs.endpoint, f) == NULL)
+                    cs.endpoint[0] = '\0';
+                fclose(f);
+                cs.endpoint[strcspn(cs.endpoint, "\n")] = '\0';
+            }
+            if (cs.endpoint[0] == '\0')
+                tide_sleep_ms(20);
+        }
+    }
+    MPI_Bcast(cs.endpoint, sizeof cs.endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MT_ASSERT(cs.endpoint[0] != '\0', "tided did not write its endpoint");
+
+    tide_options o;
+    tide_options_init(&o);
+    o.endpoint = cs.endpoint;
+    o.register_timeout_ms = 20000;
+    tide_t *t = NULL;
+    MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    MT_ASSERT(tide_worker_id(t) == rank, "worker id is the pool rank");
+    tide_collection_t *coll = make_collection();
+    tide_join_req jr = {JOB, coll, plan_dp[0], plan_tp[0], plan_pp[0], 2, 0};
+    MT_OK(tide_join(t, &jr));
+    const tide_view *v = tide_view_get(t);
+    MT_ASSERT(v->generation == 1, "first generation is 1, got %llu",
+              (unsigned long long)v->generation);
+    MT_ASSERT(v->layout->dp == 2 && v->layout->tp == 1 && v->layout->pp == 2,
+              "first layout as requested");
+    int members0 = 0, m = v->member;
+    MPI_Allreduce(&m, &members0, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(members0 == 4, "4 members in the first layout, %d", members0);
+
+    void **bufs = NULL;
+    MT_OK(tide_alloc_buffers(t, v, &bufs));
+    if (v->member) {
+        for (size_t i = 0; i < tide_collection_size(coll); i++) {
+            uint64_t n = tide_shard_bytes(v->layout, coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
+            if (n == 0)
+                continue;
+            void *full = expected_full(coll, i, 0);
+            tide_shard_extract(v->layout, coll, i, v->pp_rank, v->dp_rank, v->tp_rank, full,
+                               bufs[i]);
+            free(full);
+        }
+        MT_OK(tide_set_buffers(t, bufs));
+    }
+    pthread_t th;
+    if (rank == 0)
+        pthread_create(&th, NULL, controller, &cs);
+
+    static int ran[MAX_STEPS];
+    int64_t switch_at[MAX_GEN], gen_size[MAX_GEN];
+    for (int g = 0; g < MAX_GEN; g++) {
+        switch_at[g] = -1;
+        gen_size[g] = 0;
+    }
+    switch_at[1] = 0;
+    gen_size[1] = 4;
+    int64_t final_at = -1;
+    for (;;) {
+        tide_step_action a;
+        MT_OK(tide_step_begin(t, &a));
+        if (a == TIDE_STEP_FINISHED)
+            break;
+        if (a == TIDE_STEP_RECONFIGURE) {
+            const tide_view *nv = tide_view_next(t);
+            v = tide_view_get(t);
+            int64_t s = nv->step;
+            if (v->member)
+                check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank, bufs, s,
+                             "before the switch");
+            void **nb = NULL;
+            MT_OK(tide_alloc_buffers(t, nv, &nb));
+            uint64_t g = nv->generation;
+            MT_ASSERT(g < MAX_GEN, "generation %llu", (unsigned long long)g);
+            gen_size[g] = (int64_t)tide_layout_size(nv->layout);
+            tide_reshard_stats st;
+            MT_OK(tide_reshard(t, nb, &st));
+            v = tide_view_get(t);
+            MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
+            if (v->member)
+                check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank, nb, s,
+                             "after the switch");
+            tide_free_buffers(t, &bufs);
+            bufs = nb;
+            switch_at[g] = s;
+            if (g == N_GENS)
+                final_at = s;
+            continue;
+        }
+        v = tide_view_get(t);
+        int64_t s = v->step;
+        MT_ASSERT(s < MAX_STEPS, "the resizes did not finish within %d steps", MAX_STEPS);
+        if (final_at >= 0 && s >= final_at + 4) {
+            MT_OK(tide_finish(t));
+            break;
+        }
+        apply_step(coll, bufs, v, s);
+        ran[s]++;
+        /* a collective per step over the layout: members agree on the step index */
+        double mine = (double)s, lo = 0, hi = 0;
+        MT_OK(tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL));
+        double neg = -mine;
+        MT_OK(tide_coll_allreduce(v->all, &neg, &lo, 1, TIDE_F64, TIDE_RED_MAX, NULL));
+        MT_ASSERT(hi == mine && -lo == mine, "members run different steps: %g..%g", -lo, hi);
+        tide_sleep_ms(15);
+        MT_OK(tide_step_end(t, TIDE_OK));
+    }
+    if (rank == 0) {
+        pthread_join(th, NULL);
+        MT_ASSERT(!cs.error, "controller: %s", cs.why);
+        MT_ASSERT(cs.sent == N_GENS - 1, "controller sent %d resizes", cs.sent);
+    }
+    /* every participant switched at one agreed step */
+    int64_t lo[MAX_GEN], hi[MAX_GEN], sz[MAX_GEN], tmp[MAX_GEN];
+    for (int g = 0; g < MAX_GEN; g++)
+        tmp[g] = switch_at[g] < 0 ? INT64_MAX : switch_at[g];
+    MPI_Allreduce(tmp, lo, MAX_GEN, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(switch_at, hi, MAX_GEN, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(gen_size, sz, MAX_GEN, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    for (int g = 1; g <= N_GENS; g++)
+        MT_ASSERT(hi[g] >= 0 && lo[g] == hi[g],
+                  "generation %d: switch steps differ between ranks (%lld..%lld)", g,
+                  (long long)lo[g], (long long)hi[g]);
+    /* each step ran once on every member of the layout active then */
+    static int total[MAX_STEPS];
+    MPI_Allreduce(ran, total, MAX_STEPS, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    int64_t end = hi[N_GENS] + 4;
+    for (int64_t k = 0; k < MAX_STEPS; k++) {
+        int g = 0;
+        for (int x = 1; x <= N_GENS; x++)
+            if (hi[x] <= k)
+                g = x;
+        int want = k < end ? (int)sz[g] : 0;
+        MT_ASSERT(total[k] == want, "step %lld ran %d times, want %d (generation %d)", (long long)k,
+                  total[k], want, g);
+    }
+    if (rank == 0)
+        printf("switch steps: gen2 %lld, gen3 %lld, gen4 %lld; %lld steps\n", (long long)hi[2],
+               (long long)hi[3], (long long)hi[4], (long long)end);
+    tide_free_buffers(t, &bufs);
+    tide_destroy(&t);
+    tide_collection_destroy(&coll);
+    mt_pass("test_worker_mpi");
+    MPI_Finalize();
+    if (is_root)
+        stop_tided();
+    return 0;
+}

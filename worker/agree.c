@@ -1,0 +1,138 @@
+/*
+ * worker/agree: one rank's step-agreement state machine for the reconfiguration
+ * protocol of coordinator/reconf.c (prepare -> ack -> commit {S} -> switch after
+ * exactly S completed steps -> done). Pure: no locks, no I/O; ctl.c calls it with its
+ * mutex held, the unit tests call it directly. Workload: O(1) per call.
+ */
+#include <string.h>
+
+#include "worker/worker_int.h"
+
+static void clear_pending(tide__agree *a)
+{
+    a->p_gen = 0;
+    a->p_member = a->p_old = a->p_acked = a->p_committed = 0;
+    a->p_switching = a->p_failed = 0;
+    a->p_ack = a->p_switch = 0;
+}
+
+void tide__agree_init(tide__agree *a, int64_t start_step)
+{
+    memset(a, 0, sizeof *a);
+    a->completed = start_step;
+}
+
+void tide__agree_first(tide__agree *a, uint64_t gen, int member)
+{
+    a->gen = gen;
+    a->member = member;
+    a->switched_gen = gen;
+    a->seen_gen = gen;
+}
+
+int tide__agree_layout(tide__agree *a, uint64_t gen, int member_new, int member_old)
+{
+    if (gen <= a->gen || gen <= a->seen_gen)
+        return 0;
+    if (a->p_switching)
+        return 0; /* the main thread runs the switch of p_gen; tided aborts it first */
+    clear_pending(a);
+    a->seen_gen = gen;
+    a->p_gen = gen;
+    a->p_member = member_new;
+    a->p_old = member_old && a->member;
+    return 1;
+}
+
+int tide__agree_prepare(tide__agree *a, uint64_t gen, int64_t *ack_step)
+{
+    if (gen != a->p_gen || a->p_gen == 0)
+        return 0;
+    if (!a->p_acked) {
+        a->p_acked = 1;
+        a->p_ack = a->completed;
+    }
+    *ack_step = a->p_ack;
+    return 1;
+}
+
+tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step)
+{
+    if (gen != 0 && gen == a->switched_gen && gen == a->gen)
+        return TIDE__COMMIT_DUP;
+    if (gen != a->p_gen || a->p_gen == 0 || !a->p_acked)
+        return TIDE__COMMIT_IGNORED;
+    if (a->p_committed)
+        return TIDE__COMMIT_OK; /* duplicate while we have not switched yet */
+    a->p_committed = 1;
+    a->p_switch = step;
+    /* A step in progress that would complete past S can never count: a peer died
+       (recovery) and its collectives must be abandoned. */
+    if (a->p_old && a->in_step && a->completed >= step)
+        return TIDE__COMMIT_ABORT_STEP;
+    return TIDE__COMMIT_OK;
+}
+
+tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen)
+{
+    if (gen != 0 && gen == a->gen && gen == a->switched_gen && gen != a->p_gen)
+        return TIDE__ABORT_SWITCHED;
+    if (gen != a->p_gen || a->p_gen == 0)
+        return TIDE__ABORT_IGNORED;
+    if (a->p_switching)
+        return TIDE__ABORT_SWITCHING;
+    clear_pending(a);
+    return TIDE__ABORT_CLEARED;
+}
+
+tide__begin tide__agree_begin(tide__agree *a)
+{
+    if (a->p_gen != 0 && !a->p_failed && !a->p_switching) {
+        if (a->p_committed) {
+            if (!a->p_old) {
+                a->p_switching = 1; /* joins from idle: nothing to finish first */
+                return TIDE__BEGIN_SWITCH;
+            }
+            if (a->completed == a->p_switch) {
+                a->p_switching = 1;
+                return TIDE__BEGIN_SWITCH;
+            }
+            if (a->completed > a->p_switch)
+                return TIDE__BEGIN_STALE;
+        } else if (a->p_acked && a->p_old && a->completed >= a->p_ack + 1) {
+            return TIDE__BEGIN_WAIT; /* the one extra step is done: wait for commit */
+        }
+    }
+    if (a->p_gen != 0 && (a->p_failed || a->p_switching))
+        return TIDE__BEGIN_WAIT;
+    if (!a->member)
+        return TIDE__BEGIN_WAIT;
+    a->in_step = 1;
+    return TIDE__BEGIN_RUN;
+}
+
+int tide__agree_end(tide__agree *a, int ok)
+{
+    if (!a->in_step)
+        return -1;
+    a->in_step = 0;
+    if (ok)
+        a->completed++;
+    return 0;
+}
+
+void tide__agree_switched(tide__agree *a)
+{
+    a->gen = a->p_gen;
+    a->switched_gen = a->p_gen;
+    a->member = a->p_member;
+    a->completed = a->p_switch;
+    a->in_step = 0;
+    clear_pending(a);
+}
+
+void tide__agree_switch_failed(tide__agree *a)
+{
+    a->p_switching = 0;
+    a->p_failed = 1;
+}

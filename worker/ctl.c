@@ -1,0 +1,813 @@
+/*
+ * worker/ctl: libtide's control client. A background thread owns the ZeroMQ DEALER
+ * socket to tided: it registers, heartbeats (step, generation, idle and bubble time)
+ * while the training thread computes, applies tided's reconfiguration commands to the
+ * step-agreement state (agree.c) and answers them at once (prepare_ack), runs offline
+ * command jobs (offline.c) and reports them. The training thread sends through an
+ * inproc PAIR socket (ZeroMQ sockets are single-threaded), reads replies from a
+ * mailbox, and reads the agreement state under the mutex at step boundaries.
+ *
+ * Workload: one heartbeat per period (1 s by default), a few messages per resize; the
+ * thread wakes every 20 ms only while an offline child runs (to reap it promptly).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/worker_int.h"
+
+#define SUBSYS            "worker"
+#define REGISTER_RETRY_MS 1000 /* resend register until tided answers */
+#define REPLIES_MAX       64   /* unread replies kept for the main thread */
+
+struct tide__ctl {
+    char endpoint[512];
+    tide_proto_register_t reg;
+    int hb_fixed_ms;
+    void *zctx, *dealer, *pair_bg, *pair_main;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* --- under mu --- */
+    int stop;
+    int32_t worker_id;
+    int registered;
+    int ever_registered; /* a worker id was assigned once (bye is meaningful) */
+    int hb_ms;
+    char job[TIDE_PROTO_NAME_MAX + 1];
+    tide__agree agree;
+    tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
+    tide__abort_fn abort_fn;
+    void *abort_ctx;
+    uint64_t idle_ns, bubble_ns, step_ns;
+    uint32_t steps;
+    uint8_t *done_bytes; /* last done sent, for duplicate commits */
+    size_t done_len;
+    uint64_t done_gen;
+    tide_msg_t plugin; /* an assigned plugin job waiting for the main thread */
+    int plugin_ready;
+    char plugin_job[TIDE_PROTO_NAME_MAX + 1];
+    int plugin_grace; /* -1: not preempted */
+    pid_t child_pid;  /* mirror of child.pid for tests */
+    char child_job[TIDE_PROTO_NAME_MAX + 1];
+    /* --- background thread only --- */
+    tide__mailbox_t *replies;
+    tide__child child;
+    uint64_t deferred_ack_gen; /* prepare_ack waiting for the offline child to stop */
+    tide_proto_buf_t buf;
+    uint64_t next_hb_ns, next_reg_ns;
+};
+
+/* ---- helpers (background thread) ------------------------------------------------------ */
+
+static void send_dealer(tide__ctl_t *ctl, const tide_msg_t *m)
+{
+    if (tide_proto_encode(m, &ctl->buf) != TIDE_OK) {
+        TIDE_ERROR(SUBSYS, "cannot encode '%s': %s", tide_msg_type_name(m->type),
+                   tide_last_error());
+        return;
+    }
+    if (zmq_send(ctl->dealer, ctl->buf.data, ctl->buf.len, ZMQ_DONTWAIT) < 0)
+        TIDE_WARN(SUBSYS, "dropped a '%s' to tided: %s", tide_msg_type_name(m->type),
+                  zmq_strerror(errno));
+}
+
+static void send_register(tide__ctl_t *ctl)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_REGISTER);
+    m.u.reg = ctl->reg;
+    send_dealer(ctl, &m);
+    ctl->next_reg_ns = tide_now_ns() + REGISTER_RETRY_MS * 1000000ull;
+}
+
+static void send_heartbeat(tide__ctl_t *ctl)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HEARTBEAT);
+    pthread_mutex_lock(&ctl->mu);
+    int ok = ctl->registered;
+    m.u.heartbeat.worker = ctl->worker_id;
+    m.u.heartbeat.step = ctl->agree.completed > 0 ? (uint64_t)ctl->agree.completed : 0;
+    m.u.heartbeat.gen = ctl->agree.gen;
+    m.u.heartbeat.idle_ms = (double)ctl->idle_ns / 1e6;
+    m.u.heartbeat.bubble_ms = (double)ctl->bubble_ns / 1e6;
+    m.u.heartbeat.step_ms = ctl->steps ? (double)ctl->step_ns / 1e6 / ctl->steps : 0.0;
+    ctl->idle_ns = ctl->bubble_ns = ctl->step_ns = 0;
+    ctl->steps = 0;
+    int hb = ctl->hb_ms > 0 ? ctl->hb_ms : 1000;
+    pthread_mutex_unlock(&ctl->mu);
+    if (m.u.heartbeat.idle_ms > TIDE_PROTO_MS_MAX)
+        m.u.heartbeat.idle_ms = TIDE_PROTO_MS_MAX;
+    if (ok)
+        send_dealer(ctl, &m);
+    ctl->next_hb_ns = tide_now_ns() + (uint64_t)hb * 1000000ull;
+}
+
+static void send_offline_status(tide__ctl_t *ctl, const char *job, tide_proto_job_state_t st,
+                                int exit_code)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
+    pthread_mutex_lock(&ctl->mu);
+    m.u.offline_status.worker = ctl->worker_id;
+    pthread_mutex_unlock(&ctl->mu);
+    snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "%s", job);
+    m.u.offline_status.state = st;
+    if (exit_code > 255)
+        exit_code = 255;
+    if (exit_code < -255)
+        exit_code = -255;
+    m.u.offline_status.exit_code = exit_code;
+    m.u.offline_status.progress = st == TIDE_JOB_DONE ? 1.0 : 0.0;
+    send_dealer(ctl, &m);
+}
+
+static void send_ack(tide__ctl_t *ctl, uint64_t gen, int64_t step)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
+    pthread_mutex_lock(&ctl->mu);
+    m.u.prepare_ack.worker = ctl->worker_id;
+    snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "%s", ctl->job);
+    pthread_mutex_unlock(&ctl->mu);
+    m.u.prepare_ack.gen = gen;
+    m.u.prepare_ack.step = step > 0 ? (uint64_t)step : 0;
+    send_dealer(ctl, &m);
+    TIDE_INFO(SUBSYS, "prepare_ack generation %llu at step %lld", (unsigned long long)gen,
+              (long long)step);
+}
+
+static void to_main(tide__ctl_t *ctl, tide_msg_t *m)
+{
+    while (tide__mailbox_len(ctl->replies) >= REPLIES_MAX) {
+        tide_msg_t old;
+        if (tide__mailbox_pop(ctl->replies, &old, 0) != TIDE_OK)
+            break;
+        tide_msg_clear(&old);
+    }
+    if (tide__mailbox_push(ctl->replies, m) != TIDE_OK)
+        tide_msg_clear(m);
+}
+
+static int layout_has(const tide_proto_layout_t *l, int32_t rank)
+{
+    size_t n = (size_t)l->dp * (size_t)l->tp * (size_t)l->pp;
+    for (size_t i = 0; i < n; i++)
+        if (l->worker[i] == rank)
+            return 1;
+    return 0;
+}
+
+/* ---- handlers (background thread) ------------------------------------------------------- */
+
+static void on_layout(tide__ctl_t *ctl, tide_msg_t *m)
+{
+    tide_proto_layout_msg_t *lm = &m->u.layout;
+    int32_t me = ctl->reg.rank;
+    pthread_mutex_lock(&ctl->mu);
+    if (strcmp(lm->job, ctl->job) != 0) {
+        pthread_mutex_unlock(&ctl->mu);
+        TIDE_WARN(SUBSYS, "ignored a layout for job %s (this rank runs '%s')", lm->job, ctl->job);
+        tide_msg_clear(m);
+        return;
+    }
+    if (!lm->has_prev) {
+        int first = ctl->agree.gen == 0;
+        pthread_mutex_unlock(&ctl->mu);
+        if (first)
+            to_main(ctl, m); /* tide_join is waiting for it */
+        tide_msg_clear(m);
+        return;
+    }
+    int member_old = ctl->agree.gen == lm->prev.gen && layout_has(&lm->prev, me);
+    if (tide__agree_layout(&ctl->agree, lm->layout.gen, layout_has(&lm->layout, me), member_old)) {
+        tide_msg_clear(&ctl->p_layout);
+        ctl->p_layout = *m;
+        tide_msg_init(m, TIDE_MSG_NONE);
+        TIDE_INFO(SUBSYS, "generation %llu pending (%d x %d x %d)",
+                  (unsigned long long)lm->layout.gen, lm->layout.dp, lm->layout.tp, lm->layout.pp);
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+    tide_msg_clear(m);
+}
+
+static void on_prepare(tide__ctl_t *ctl, const tide_proto_prepare_t *p)
+{
+    int64_t step = 0;
+    pthread_mutex_lock(&ctl->mu);
+    int ok = strcmp(p->job, ctl->job) == 0 && tide__agree_prepare(&ctl->agree, p->gen, &step);
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+    if (!ok) {
+        TIDE_INFO(SUBSYS, "ignored prepare for generation %llu of %s", (unsigned long long)p->gen,
+                  p->job);
+        return;
+    }
+    if (ctl->child.pid > 0) {
+        /* tided preempts our offline work for this grow: ack once it has stopped */
+        ctl->deferred_ack_gen = p->gen;
+        return;
+    }
+    send_ack(ctl, p->gen, step);
+}
+
+static void on_commit(tide__ctl_t *ctl, const tide_proto_commit_t *c)
+{
+    pthread_mutex_lock(&ctl->mu);
+    tide__commit_result r = strcmp(c->job, ctl->job) == 0
+                                ? tide__agree_commit(&ctl->agree, c->gen, (int64_t)c->step)
+                                : TIDE__COMMIT_IGNORED;
+    if (r == TIDE__COMMIT_ABORT_STEP && ctl->abort_fn != NULL) {
+        TIDE_WARN(SUBSYS,
+                  "generation %llu switches after step %llu, inside the step this rank "
+                  "runs: a peer failed; aborting the step's communicators",
+                  (unsigned long long)c->gen, (unsigned long long)c->step);
+        ctl->abort_fn(ctl->abort_ctx, 0);
+    }
+    if (r == TIDE__COMMIT_DUP && ctl->done_gen == c->gen && ctl->done_bytes != NULL)
+        zmq_send(ctl->dealer, ctl->done_bytes, ctl->done_len, ZMQ_DONTWAIT);
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+    TIDE_INFO(SUBSYS, "commit generation %llu at step %llu (%d)", (unsigned long long)c->gen,
+              (unsigned long long)c->step, (int)r);
+}
+
+static void on_abort(tide__ctl_t *ctl, const tide_proto_abort_t *a)
+{
+    pthread_mutex_lock(&ctl->mu);
+    tide__abort_result r = strcmp(a->job, ctl->job) == 0 ? tide__agree_abort(&ctl->agree, a->gen)
+                                                         : TIDE__ABORT_IGNORED;
+    if (r == TIDE__ABORT_CLEARED)
+        tide_msg_clear(&ctl->p_layout);
+    if (r == TIDE__ABORT_SWITCHING && ctl->abort_fn != NULL)
+        ctl->abort_fn(ctl->abort_ctx, 1);
+    int32_t id = ctl->worker_id;
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+    TIDE_WARN(SUBSYS, "tided aborted generation %llu of %s: %s", (unsigned long long)a->gen, a->job,
+              a->reason);
+    if (r == TIDE__ABORT_SWITCHED) {
+        tide_msg_t f;
+        tide_msg_init(&f, TIDE_MSG_FAILURE);
+        f.u.failure.worker = id;
+        snprintf(f.u.failure.job, sizeof f.u.failure.job, "%s", a->job);
+        f.u.failure.gen = a->gen;
+        f.u.failure.code = TIDE_ERR_STALE;
+        snprintf(f.u.failure.reason, sizeof f.u.failure.reason,
+                 "generation %llu was aborted after this worker switched to it; its old state "
+                 "is gone",
+                 (unsigned long long)a->gen);
+        send_dealer(ctl, &f);
+    }
+}
+
+static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
+{
+    tide_proto_offline_assign_t *a = &m->u.offline_assign;
+    if (a->kind == TIDE_JOB_PLUGIN) {
+        pthread_mutex_lock(&ctl->mu);
+        int busy = ctl->plugin_ready || ctl->plugin_job[0] != '\0';
+        if (!busy) {
+            tide_msg_clear(&ctl->plugin);
+            ctl->plugin = *m;
+            tide_msg_init(m, TIDE_MSG_NONE);
+            ctl->plugin_ready = 1;
+            ctl->plugin_grace = -1;
+            snprintf(ctl->plugin_job, sizeof ctl->plugin_job, "%s", a->job);
+            pthread_cond_broadcast(&ctl->cv);
+        }
+        pthread_mutex_unlock(&ctl->mu);
+        if (busy)
+            send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 0);
+        return;
+    }
+    if (ctl->child.pid > 0) {
+        TIDE_WARN(SUBSYS, "offline job %s assigned while %s runs: refused", a->job, ctl->child.job);
+        send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 0);
+        return;
+    }
+    char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[48];
+    snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", ctl->reg.device);
+    snprintf(name, sizeof name, "TIDE_OFFLINE_JOB=%s", a->job);
+    snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
+    snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%d", ctl->reg.device);
+    char *env[4] = {dev, name, cap, cuda};
+    size_t n_env = ctl->reg.kind == TIDE_DEVICE_GPU ? 4 : 3;
+    tide_status rc = tide__child_spawn(&ctl->child, a->job, a->argv, a->argc, env, n_env);
+    if (rc != TIDE_OK) {
+        TIDE_WARN(SUBSYS, "%s", tide_last_error());
+        send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 127);
+        return;
+    }
+    pthread_mutex_lock(&ctl->mu);
+    ctl->child_pid = ctl->child.pid;
+    snprintf(ctl->child_job, sizeof ctl->child_job, "%s", a->job);
+    pthread_mutex_unlock(&ctl->mu);
+    send_offline_status(ctl, a->job, TIDE_JOB_RUNNING, 0);
+}
+
+static void on_preempt(tide__ctl_t *ctl, const tide_proto_preempt_t *p)
+{
+    if (ctl->child.pid > 0 && strcmp(ctl->child.job, p->job) == 0) {
+        tide__child_preempt(&ctl->child, p->grace_ms, tide_now_ns());
+        return;
+    }
+    pthread_mutex_lock(&ctl->mu);
+    if (strcmp(ctl->plugin_job, p->job) == 0) {
+        ctl->plugin_grace = p->grace_ms;
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+static void child_tick(tide__ctl_t *ctl)
+{
+    int code = 0;
+    if (!tide__child_poll(&ctl->child, tide_now_ns(), &code))
+        return;
+    tide_proto_job_state_t st = ctl->child.preempted ? TIDE_JOB_PREEMPTED
+                                : code == 0          ? TIDE_JOB_DONE
+                                                     : TIDE_JOB_FAILED;
+    TIDE_INFO(SUBSYS, "offline job %s ended: %s, exit code %d", ctl->child.job,
+              tide_proto_job_state_name(st), code);
+    send_offline_status(ctl, ctl->child.job, st, code);
+    pthread_mutex_lock(&ctl->mu);
+    ctl->child_pid = 0;
+    ctl->child_job[0] = '\0';
+    int64_t step = ctl->agree.p_ack;
+    uint64_t gen = ctl->deferred_ack_gen;
+    int still = gen != 0 && ctl->agree.p_gen == gen;
+    pthread_mutex_unlock(&ctl->mu);
+    ctl->deferred_ack_gen = 0;
+    if (still)
+        send_ack(ctl, gen, step);
+}
+
+static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
+{
+    tide_msg_t m;
+    if (tide_proto_decode(data, len, &m) != TIDE_OK) {
+        TIDE_WARN(SUBSYS, "malformed message from tided (%zu bytes): %s", len, tide_last_error());
+        return;
+    }
+    switch (m.type) {
+    case TIDE_MSG_REGISTER_OK:
+        pthread_mutex_lock(&ctl->mu);
+        ctl->worker_id = m.u.register_ok.worker;
+        ctl->registered = 1;
+        ctl->ever_registered = 1;
+        ctl->hb_ms = ctl->hb_fixed_ms > 0 ? ctl->hb_fixed_ms : m.u.register_ok.heartbeat_ms;
+        pthread_cond_broadcast(&ctl->cv);
+        pthread_mutex_unlock(&ctl->mu);
+        TIDE_INFO(SUBSYS, "registered as worker %d (heartbeat %d ms)", m.u.register_ok.worker,
+                  m.u.register_ok.heartbeat_ms);
+        ctl->next_hb_ns = tide_now_ns();
+        break;
+    case TIDE_MSG_LAYOUT:
+        on_layout(ctl, &m);
+        break;
+    case TIDE_MSG_PREPARE:
+        on_prepare(ctl, &m.u.prepare);
+        break;
+    case TIDE_MSG_COMMIT:
+        on_commit(ctl, &m.u.commit);
+        break;
+    case TIDE_MSG_ABORT:
+        on_abort(ctl, &m.u.abort_);
+        break;
+    case TIDE_MSG_OFFLINE_ASSIGN:
+        on_assign(ctl, &m);
+        break;
+    case TIDE_MSG_PREEMPT:
+        on_preempt(ctl, &m.u.preempt);
+        break;
+    case TIDE_MSG_ERROR:
+        if ((m.u.error.code == TIDE_ERR_NOT_FOUND || m.u.error.code == TIDE_ERR_STALE) &&
+            strstr(m.u.error.message, "register") != NULL) {
+            /* tided lost us (new state file) or declared us failed: register again */
+            TIDE_WARN(SUBSYS, "tided: %s; registering again", m.u.error.message);
+            pthread_mutex_lock(&ctl->mu);
+            ctl->registered = 0;
+            pthread_mutex_unlock(&ctl->mu);
+            send_register(ctl);
+        } else {
+            TIDE_INFO(SUBSYS, "tided error %d: %s", m.u.error.code, m.u.error.message);
+        }
+        to_main(ctl, &m);
+        break;
+    case TIDE_MSG_OK:
+    case TIDE_MSG_STATUS_REPLY:
+        to_main(ctl, &m);
+        break;
+    default:
+        TIDE_WARN(SUBSYS, "unexpected '%s' from tided", tide_msg_type_name(m.type));
+        break;
+    }
+    tide_msg_clear(&m);
+}
+
+/* ---- the thread ------------------------------------------------------------------------ */
+
+/* Forwards what the main thread queued on the PAIR socket to tided. */
+static void forward_main(tide__ctl_t *ctl)
+{
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, ctl->pair_bg, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        if (zmq_msg_size(&f) > 0 && zmq_msg_send(&f, ctl->dealer, ZMQ_DONTWAIT) < 0)
+            TIDE_WARN(SUBSYS, "dropped a message to tided: %s", zmq_strerror(errno));
+        zmq_msg_close(&f);
+    }
+}
+
+static void *run(void *arg)
+{
+    tide__ctl_t *ctl = arg;
+    send_register(ctl);
+    for (;;) {
+        pthread_mutex_lock(&ctl->mu);
+        int stop = ctl->stop, registered = ctl->registered;
+        pthread_mutex_unlock(&ctl->mu);
+        if (stop) {
+            forward_main(ctl); /* a last bye */
+            break;
+        }
+        uint64_t now = tide_now_ns();
+        uint64_t due = registered ? ctl->next_hb_ns : ctl->next_reg_ns;
+        long timeout = due > now ? (long)((due - now) / 1000000ull) + 1 : 0;
+        if (ctl->child.pid > 0 && timeout > 20)
+            timeout = 20;
+        zmq_pollitem_t items[2] = {{ctl->dealer, 0, ZMQ_POLLIN, 0},
+                                   {ctl->pair_bg, 0, ZMQ_POLLIN, 0}};
+        int r = zmq_poll(items, 2, timeout);
+        if (r < 0 && errno != EINTR) {
+            TIDE_ERROR(SUBSYS, "zmq_poll: %s", zmq_strerror(errno));
+            break;
+        }
+        if (r > 0 && (items[1].revents & ZMQ_POLLIN))
+            forward_main(ctl);
+        if (r > 0 && (items[0].revents & ZMQ_POLLIN)) {
+            for (int k = 0; k < 64; k++) {
+                zmq_msg_t f;
+                zmq_msg_init(&f);
+                if (zmq_msg_recv(&f, ctl->dealer, ZMQ_DONTWAIT) < 0) {
+                    zmq_msg_close(&f);
+                    break;
+                }
+                if (!zmq_msg_more(&f))
+                    on_message(ctl, zmq_msg_data(&f), zmq_msg_size(&f));
+                zmq_msg_close(&f);
+            }
+        }
+        if (ctl->child.pid > 0)
+            child_tick(ctl);
+        now = tide_now_ns();
+        pthread_mutex_lock(&ctl->mu);
+        registered = ctl->registered;
+        pthread_mutex_unlock(&ctl->mu);
+        if (registered && now >= ctl->next_hb_ns)
+            send_heartbeat(ctl);
+        else if (!registered && now >= ctl->next_reg_ns)
+            send_register(ctl);
+    }
+    return NULL;
+}
+
+/* ---- CURVE keys ------------------------------------------------------------------------- */
+
+/* Reads `name <z85>` from a key file (tidectl keygen format) into out (41 bytes). */
+static tide_status key_from_file(const char *path, const char *name, char *out)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return tide_errorf(TIDE_ERR_IO, "cannot read key file %s: %s", path, strerror(errno));
+    char line[256];
+    tide_status rc = tide_errorf(TIDE_ERR_INVALID, "key file %s has no '%s' line", path, name);
+    while (fgets(line, sizeof line, f) != NULL) {
+        char k[32], v[64];
+        if (line[0] == '#' || sscanf(line, "%31s %63s", k, v) != 2)
+            continue;
+        if (strcmp(k, name) == 0 && strlen(v) == 40) {
+            memcpy(out, v, 41);
+            rc = TIDE_OK;
+            tide_error_clear();
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static tide_status setup_curve(void *sock, const char *key_file, const char *server_key)
+{
+    char pub[41], sec[41], srv[41];
+    TIDE_CHECK(key_from_file(key_file, "public", pub));
+    TIDE_CHECK(key_from_file(key_file, "secret", sec));
+    if (server_key == NULL || server_key[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "TIDE_KEY is set but TIDE_SERVER_KEY is not: give "
+                                             "tided's public key (server.pub or its Z85 text)");
+    if (strlen(server_key) == 40 && strchr(server_key, '/') == NULL)
+        memcpy(srv, server_key, 41);
+    else
+        TIDE_CHECK(key_from_file(server_key, "public", srv));
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)
+        return tide_errorf(TIDE_ERR_INVALID, "invalid CURVE key (%s / %s): %s", key_file,
+                           server_key, zmq_strerror(errno));
+    return TIDE_OK;
+}
+
+/* ---- lifecycle (main thread) ------------------------------------------------------------- */
+
+tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
+{
+    tide_status rc = TIDE_OK;
+    *out = NULL;
+    if (cfg->endpoint == NULL || cfg->endpoint[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "no tided endpoint: set TIDE_ENDPOINT");
+    if (strlen(cfg->endpoint) >= 512)
+        return tide_errorf(TIDE_ERR_INVALID, "tided endpoint too long");
+    tide_msg_t probe;
+    tide_msg_init(&probe, TIDE_MSG_REGISTER);
+    probe.u.reg = cfg->reg;
+    if (tide_msg_validate(&probe) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID, "cannot register: %s", tide_last_error());
+    tide__ctl_t *ctl = tide_calloc(1, sizeof *ctl);
+    if (ctl == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory starting the control client");
+    snprintf(ctl->endpoint, sizeof ctl->endpoint, "%s", cfg->endpoint);
+    ctl->reg = cfg->reg;
+    ctl->hb_fixed_ms = cfg->heartbeat_ms;
+    ctl->plugin_grace = -1;
+    tide__agree_init(&ctl->agree, 0);
+    tide_proto_buf_init(&ctl->buf);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&ctl->mu, NULL);
+    pthread_cond_init(&ctl->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    TIDE_CHECK_GOTO(tide__mailbox_new(&ctl->replies), rc, fail);
+    ctl->zctx = zmq_ctx_new();
+    if (ctl->zctx == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(errno));
+    ctl->dealer = zmq_socket(ctl->zctx, ZMQ_DEALER);
+    ctl->pair_bg = zmq_socket(ctl->zctx, ZMQ_PAIR);
+    ctl->pair_main = zmq_socket(ctl->zctx, ZMQ_PAIR);
+    if (ctl->dealer == NULL || ctl->pair_bg == NULL || ctl->pair_main == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_socket: %s", zmq_strerror(errno));
+    int linger = 500, hwm = 100000, zero = 0;
+    int64_t maxmsg = (int64_t)TIDE_PROTO_MAX_MSG_BYTES + 1024;
+    zmq_setsockopt(ctl->dealer, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(ctl->dealer, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(ctl->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(ctl->pair_bg, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(ctl->pair_main, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(ctl->pair_main, ZMQ_SNDHWM, &zero, sizeof zero); /* never drop */
+    zmq_setsockopt(ctl->pair_bg, ZMQ_RCVHWM, &zero, sizeof zero);
+    if (cfg->key_file != NULL && cfg->key_file[0] != '\0')
+        TIDE_CHECK_GOTO(setup_curve(ctl->dealer, cfg->key_file, cfg->server_key), rc, fail);
+    if (zmq_connect(ctl->dealer, ctl->endpoint) != 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "cannot connect to tided at %s: %s",
+                       ctl->endpoint, zmq_strerror(errno));
+    char inproc[64];
+    snprintf(inproc, sizeof inproc, "inproc://tide-ctl-%p", (void *)ctl);
+    if (zmq_bind(ctl->pair_bg, inproc) != 0 || zmq_connect(ctl->pair_main, inproc) != 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "inproc pair: %s", zmq_strerror(errno));
+    if (pthread_create(&ctl->thread, NULL, run, ctl) != 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "cannot start the heartbeat thread");
+    ctl->thread_started = 1;
+
+    /* wait for register_ok */
+    int timeout = cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 10000;
+    uint64_t deadline = tide_now_ns() + (uint64_t)timeout * 1000000ull;
+    pthread_mutex_lock(&ctl->mu);
+    while (!ctl->registered && tide_now_ns() < deadline)
+        tide__ctl_wait(ctl, 50);
+    int ok = ctl->registered;
+    pthread_mutex_unlock(&ctl->mu);
+    if (!ok) {
+        tide_msg_t m;
+        char why[TIDE_PROTO_TEXT_MAX + 8] = "";
+        while (tide__mailbox_pop(ctl->replies, &m, 0) == TIDE_OK) {
+            if (m.type == TIDE_MSG_ERROR)
+                snprintf(why, sizeof why, ": %s", m.u.error.message);
+            tide_msg_clear(&m);
+        }
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_TIMEOUT,
+                       "tided at %s did not accept registration within %d ms%s (is tided "
+                       "running? check TIDE_ENDPOINT%s)",
+                       ctl->endpoint, timeout, why,
+                       cfg->key_file ? ", TIDE_KEY and TIDE_SERVER_KEY" : "");
+    }
+    *out = ctl;
+    return TIDE_OK;
+fail:
+    tide__ctl_destroy(&ctl, 0);
+    return rc;
+}
+
+void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide__ctl_t *ctl = *self_p;
+    if (ctl->thread_started) {
+        pthread_mutex_lock(&ctl->mu);
+        int registered = ctl->ever_registered;
+        int32_t id = ctl->worker_id;
+        pthread_mutex_unlock(&ctl->mu);
+        if (say_bye && registered) {
+            tide_msg_t m;
+            tide_msg_init(&m, TIDE_MSG_BYE);
+            m.u.bye.worker = id;
+            tide__ctl_send(ctl, &m);
+        }
+        pthread_mutex_lock(&ctl->mu);
+        ctl->stop = 1;
+        pthread_mutex_unlock(&ctl->mu);
+        zmq_send(ctl->pair_main, "", 0, 0); /* wake the thread (after the bye) */
+        pthread_join(ctl->thread, NULL);
+    }
+    if (ctl->child.pid > 0) {
+        /* the worker leaves: its offline work cannot outlive it */
+        tide__child_kill(&ctl->child);
+        send_offline_status(ctl, ctl->child.job, TIDE_JOB_PREEMPTED, -9);
+    }
+    if (ctl->dealer)
+        zmq_close(ctl->dealer);
+    if (ctl->pair_bg)
+        zmq_close(ctl->pair_bg);
+    if (ctl->pair_main)
+        zmq_close(ctl->pair_main);
+    if (ctl->zctx)
+        zmq_ctx_term(ctl->zctx);
+    tide__mailbox_destroy(&ctl->replies);
+    tide_msg_clear(&ctl->p_layout);
+    tide_msg_clear(&ctl->plugin);
+    tide_free(ctl->done_bytes);
+    tide_proto_buf_destroy(&ctl->buf);
+    pthread_mutex_destroy(&ctl->mu);
+    pthread_cond_destroy(&ctl->cv);
+    tide_free(ctl);
+    *self_p = NULL;
+}
+
+int32_t tide__ctl_worker_id(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int32_t id = ctl->worker_id;
+    pthread_mutex_unlock(&ctl->mu);
+    return id;
+}
+
+tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_status rc = tide_proto_encode(msg, &b);
+    if (rc != TIDE_OK) {
+        tide_proto_buf_destroy(&b);
+        return rc;
+    }
+    if (msg->type == TIDE_MSG_DONE) {
+        uint8_t *copy = tide_malloc(b.len);
+        pthread_mutex_lock(&ctl->mu);
+        if (copy != NULL) {
+            memcpy(copy, b.data, b.len);
+            tide_free(ctl->done_bytes);
+            ctl->done_bytes = copy;
+            ctl->done_len = b.len;
+            ctl->done_gen = msg->u.done.gen;
+        }
+        pthread_mutex_unlock(&ctl->mu);
+    }
+    int r = zmq_send(ctl->pair_main, b.data, b.len, 0);
+    tide_proto_buf_destroy(&b);
+    if (r < 0)
+        return tide_errorf(TIDE_ERR_IO, "cannot hand a '%s' to the heartbeat thread: %s",
+                           tide_msg_type_name(msg->type), zmq_strerror(errno));
+    return TIDE_OK;
+}
+
+tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms)
+{
+    return tide__mailbox_pop(ctl->replies, out, timeout_ms);
+}
+
+void tide__ctl_set_abort(tide__ctl_t *ctl, tide__abort_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&ctl->mu);
+    ctl->abort_fn = fn;
+    ctl->abort_ctx = ctx;
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_set_job(tide__ctl_t *ctl, const char *job, int64_t start_step)
+{
+    pthread_mutex_lock(&ctl->mu);
+    snprintf(ctl->job, sizeof ctl->job, "%s", job);
+    tide__agree_init(&ctl->agree, start_step);
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_lock(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+}
+
+void tide__ctl_unlock(tide__ctl_t *ctl)
+{
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+tide__agree *tide__ctl_agree(tide__ctl_t *ctl)
+{
+    return &ctl->agree;
+}
+
+const tide_proto_layout_msg_t *tide__ctl_pending_layout(tide__ctl_t *ctl)
+{
+    return ctl->p_layout.type == TIDE_MSG_LAYOUT ? &ctl->p_layout.u.layout : NULL;
+}
+
+void tide__ctl_wait(tide__ctl_t *ctl, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&ctl->cv, &ctl->mu, &ts);
+}
+
+void tide__ctl_add_idle(tide__ctl_t *ctl, uint64_t ns)
+{
+    pthread_mutex_lock(&ctl->mu);
+    ctl->idle_ns += ns;
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns)
+{
+    pthread_mutex_lock(&ctl->mu);
+    ctl->bubble_ns += ns;
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns)
+{
+    pthread_mutex_lock(&ctl->mu);
+    ctl->step_ns += ns;
+    ctl->steps++;
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out)
+{
+    if (!ctl->plugin_ready)
+        return 0;
+    *out = ctl->plugin;
+    tide_msg_init(&ctl->plugin, TIDE_MSG_NONE);
+    ctl->plugin_ready = 0;
+    return 1;
+}
+
+int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job)
+{
+    if (job == NULL) {
+        ctl->plugin_job[0] = '\0'; /* the main thread finished the plugin job */
+        ctl->plugin_grace = -1;
+        return -1;
+    }
+    return strcmp(ctl->plugin_job, job) == 0 ? ctl->plugin_grace : -1;
+}
+
+int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int pid = (int)ctl->child_pid;
+    if (job != NULL && len > 0)
+        snprintf(job, len, "%s", ctl->child_job);
+    pthread_mutex_unlock(&ctl->mu);
+    return pid;
+}

@@ -1,0 +1,335 @@
+/*
+ * worker/switch: tide_reshard, one rank's part of a layout switch. Every participant
+ * (the new layout's members and the old layout's live members) builds one communicator
+ * over all participants, computes the same full plan (reshard/), runs it through the
+ * collectives executor from the registered old buffers into the program's new ones,
+ * splits the new layout's groups off the participants' communicator, and reports
+ * `done` to tided. Workload: once per resize; the data movement dominates.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/executor.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/tide_int.h"
+
+#define SUBSYS "worker"
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Marks old members tided reports failed (or no longer in the job) as not alive.
+   Only needed when some old member is not in the new layout (shrink or recovery). */
+static tide_status find_dead(tide_t *t, const tide_layout_t *prev, const tide_layout_t *nl,
+                             uint8_t *alive)
+{
+    int need = 0;
+    for (size_t i = 0; i < tide_layout_size(prev); i++) {
+        int p, d, tt;
+        if (tide_layout_find(nl, prev->worker[i], &p, &d, &tt) != TIDE_OK)
+            need = 1;
+    }
+    tide_error_clear();
+    if (!need)
+        return TIDE_OK;
+    tide_msg_t m;
+    while (tide__ctl_reply(t->ctl, &m, 0) == TIDE_OK)
+        tide_msg_clear(&m);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    TIDE_CHECK(tide__ctl_send(t->ctl, &m));
+    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.register_timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = tide_now_ns();
+        if (now >= deadline)
+            return tide_errorf(TIDE_ERR_TIMEOUT,
+                               "tided did not answer a status request within "
+                               "%d ms (needed to know which old members "
+                               "are alive)",
+                               t->opts.register_timeout_ms);
+        tide_status rc = tide__ctl_reply(t->ctl, &m, (int)((deadline - now) / 1000000ull) + 1);
+        if (rc == TIDE_ERR_TIMEOUT)
+            continue;
+        TIDE_CHECK(rc);
+        if (m.type == TIDE_MSG_STATUS_REPLY)
+            break;
+        if (m.type == TIDE_MSG_ERROR) {
+            rc = tide_errorf(TIDE_ERR_DENIED, "tided refused a status request: %s",
+                             m.u.error.message);
+            tide_msg_clear(&m);
+            return rc;
+        }
+        tide_msg_clear(&m);
+    }
+    for (size_t i = 0; i < tide_layout_size(prev); i++) {
+        int32_t r = prev->worker[i];
+        int p, d, tt;
+        if (r < 0 || r >= t->size || tide_layout_find(nl, r, &p, &d, &tt) == TIDE_OK)
+            continue;
+        int ok = 0;
+        for (uint32_t k = 0; k < m.u.status_reply.n_rows; k++) {
+            const tide_proto_gpu_row_t *row = &m.u.status_reply.rows[k];
+            if (row->worker == t->coord_ids[r])
+                ok = row->state != TIDE_WORKER_FAILED && strcmp(row->job, t->job) == 0;
+        }
+        if (!ok) {
+            alive[r] = 0;
+            TIDE_WARN(SUBSYS,
+                      "generation switch: old member rank %d is gone; its state comes "
+                      "from replicas",
+                      r);
+        }
+    }
+    tide_error_clear();
+    tide_msg_clear(&m);
+    return TIDE_OK;
+}
+
+static void report_done(tide_t *t, uint64_t gen, tide_status rc, uint64_t bytes, double ms)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_DONE);
+    m.u.done.worker = tide__ctl_worker_id(t->ctl);
+    snprintf(m.u.done.job, sizeof m.u.done.job, "%s", t->job);
+    m.u.done.gen = gen;
+    m.u.done.status = rc < -1000 ? -1000 : (int)rc;
+    m.u.done.bytes_moved = bytes;
+    m.u.done.ms = ms < 0 ? 0 : ms;
+    if (tide__ctl_send(t->ctl, &m) != TIDE_OK)
+        TIDE_WARN(SUBSYS, "could not report done: %s", tide_last_error());
+}
+
+tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats)
+{
+    if (t == NULL || !t->has_next)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_reshard: call it after tide_step_begin "
+                                             "returned TIDE_STEP_RECONFIGURE");
+    uint64_t t0 = tide_now_ns();
+    tide_status rc = TIDE_OK;
+    tide_layout_t *prev = NULL;
+    tide_plan_t *plan = NULL;
+    uint8_t *alive = NULL;
+    int *parts = NULL, *rank_of = NULL;
+    void **old_rows = NULL, **new_rows = NULL;
+    uint64_t **ob = NULL, **nb = NULL;
+    uint64_t *my_ob = NULL, *my_nb = NULL;
+    tide_coll_comm_t *sw = NULL, *g[4] = {NULL, NULL, NULL, NULL};
+    tide_exec_stats es;
+    memset(&es, 0, sizeof es);
+    tide_reshard_stats st;
+    memset(&st, 0, sizeof st);
+
+    const tide_view *nv = &t->next_view;
+    const tide_layout_t *nl = t->next_layout;
+    uint64_t gen = nv->generation;
+    tide__ctl_lock(t->ctl);
+    tide__agree *a = tide__ctl_agree(t->ctl);
+    int old_member = a->p_old;
+    const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
+    rc = pl ? tide__layout_from_proto(&pl->prev, &prev)
+            : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
+    tide__ctl_unlock(t->ctl);
+    TIDE_CHECK_GOTO(rc, rc, fail);
+    if (nv->member && new_bufs == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                       "tide_reshard: this rank is in the new layout: pass its new buffers");
+    TIDE_CHECK_GOTO(tide_layout_validate(nl, t->coll), rc, fail);
+    TIDE_CHECK_GOTO(tide_layout_validate(prev, t->coll), rc, fail);
+    for (size_t i = 0; i < tide_layout_size(nl); i++)
+        if (nl->worker[i] >= t->size)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                           "generation %llu names worker %d; the pool has %d ranks",
+                           (unsigned long long)gen, nl->worker[i], t->size);
+
+    /* participants: the new layout's members and the old one's live members */
+    size_t nw = (size_t)t->size;
+    alive = tide_calloc(nw, 1);
+    parts = tide_malloc(nw * sizeof *parts);
+    rank_of = tide_malloc(nw * sizeof *rank_of);
+    TIDE_CHECK_ALLOC_GOTO(alive, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(parts, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(rank_of, rc, fail);
+    memset(alive, 1, nw);
+    TIDE_CHECK_GOTO(find_dead(t, prev, nl, alive), rc, fail);
+    uint8_t *is_part = tide_calloc(nw, 1);
+    TIDE_CHECK_ALLOC_GOTO(is_part, rc, fail);
+    for (size_t i = 0; i < tide_layout_size(nl); i++)
+        is_part[nl->worker[i]] = 1;
+    for (size_t i = 0; i < tide_layout_size(prev); i++)
+        if (prev->worker[i] < (int32_t)nw && alive[prev->worker[i]])
+            is_part[prev->worker[i]] = 1;
+    int np = 0;
+    for (size_t r = 0; r < nw; r++) {
+        rank_of[r] = -1;
+        if (is_part[r])
+            parts[np++] = (int)r;
+    }
+    tide_free(is_part);
+    qsort(parts, (size_t)np, sizeof *parts, cmp_int);
+    for (int k = 0; k < np; k++)
+        rank_of[parts[k]] = k;
+    if (rank_of[t->rank] < 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "rank %d switches but takes no part", t->rank);
+
+    uint64_t tc = tide_now_ns();
+    tide_coll_comm_params cp = {parts, np, (int)((gen * 2) % 16384),
+                                (uint32_t)t->opts.switch_timeout_ms};
+    TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, t->pool, &cp), rc, fail);
+    tide__ctl_lock(t->ctl);
+    t->c_switch = sw;
+    tide__ctl_unlock(t->ctl);
+    st.comm_ms = (double)(tide_now_ns() - tc) / 1e6;
+
+    uint64_t tp0 = tide_now_ns();
+    TIDE_CHECK_GOTO(tide_reshard_plan(prev, nl, t->coll, alive, nw, &plan), rc, fail);
+    st.plan_ms = (double)(tide_now_ns() - tp0) / 1e6;
+
+    old_rows = tide_calloc(nw, sizeof *old_rows);
+    new_rows = tide_calloc(nw, sizeof *new_rows);
+    ob = tide_calloc(nw, sizeof *ob);
+    nb = tide_calloc(nw, sizeof *nb);
+    my_ob = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *my_ob);
+    my_nb = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *my_nb);
+    TIDE_CHECK_ALLOC_GOTO(old_rows, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(new_rows, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(ob, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(nb, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(my_ob, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(my_nb, rc, fail);
+    int op, od, ot;
+    if (old_member && tide_layout_find(prev, t->rank, &op, &od, &ot) == TIDE_OK) {
+        for (size_t i = 0; i < t->n_tensors; i++) {
+            my_ob[i] = tide_shard_bytes(prev, t->coll, i, op, od, ot);
+            if (my_ob[i] > 0 && t->bufs[i] == NULL)
+                TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                               "tensor %s has no registered buffer on rank %d (call "
+                               "tide_set_buffers after filling the state)",
+                               tide_collection_tensor(t->coll, i)->name, t->rank);
+        }
+        old_rows[t->rank] = t->bufs;
+    }
+    tide_error_clear();
+    ob[t->rank] = my_ob;
+    if (nv->member) {
+        for (size_t i = 0; i < t->n_tensors; i++) {
+            my_nb[i] = tide_shard_bytes(nl, t->coll, i, nv->pp_rank, nv->dp_rank, nv->tp_rank);
+            if (my_nb[i] > 0 && new_bufs[i] == NULL)
+                TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                               "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
+                               tide_collection_tensor(t->coll, i)->name,
+                               (unsigned long long)my_nb[i]);
+        }
+        new_rows[t->rank] = (void *)new_bufs;
+    }
+    nb[t->rank] = my_nb;
+    tide_exec_args ea = {plan,
+                         nw,
+                         t->n_tensors,
+                         rank_of,
+                         (void *const *const *)old_rows,
+                         (void *const *const *)new_rows,
+                         (const uint64_t *const *)ob,
+                         (const uint64_t *const *)nb};
+    tide_exec_opts eo;
+    tide_exec_opts_init(&eo);
+    eo.staging_cap = t->opts.staging_cap;
+    uint64_t tm = tide_now_ns();
+    TIDE_CHECK_GOTO(tide_reshard_execute(sw, &ea, &eo, &es), rc, fail);
+    st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
+
+    tc = tide_now_ns();
+    TIDE_CHECK_GOTO(
+        tide__build_groups(sw, nl, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g), rc, fail);
+    st.comm_ms += (double)(tide_now_ns() - tc) / 1e6;
+
+    /* commit locally: new comms, layout, buffers and step */
+    tide_coll_comm_t *old[5];
+    tide__ctl_lock(t->ctl);
+    a = tide__ctl_agree(t->ctl);
+    if (a->p_gen != gen || !a->p_switching) {
+        tide__ctl_unlock(t->ctl);
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_ABORTED,
+                       "tided aborted generation %llu while this rank switched",
+                       (unsigned long long)gen);
+    }
+    old[0] = t->c_all;
+    old[1] = t->c_tp;
+    old[2] = t->c_dp;
+    old[3] = t->c_pp;
+    old[4] = sw;
+    t->c_all = g[0];
+    t->c_tp = g[1];
+    t->c_dp = g[2];
+    t->c_pp = g[3];
+    t->c_switch = NULL;
+    tide__agree_switched(a);
+    int64_t step = a->completed;
+    tide__ctl_unlock(t->ctl);
+    sw = NULL;
+    for (int i = 0; i < 5; i++)
+        tide_coll_comm_destroy(&old[i]);
+    tide_layout_destroy(&t->layout);
+    t->layout = t->next_layout;
+    t->next_layout = NULL;
+    t->has_next = 0;
+    tide__fill_view(&t->view, gen, t->layout, t->rank, step);
+    t->view.all = t->c_all;
+    t->view.tp = t->c_tp;
+    t->view.dp = t->c_dp;
+    t->view.pp = t->c_pp;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
+    st.bytes_sent = es.bytes_sent;
+    st.bytes_recv = es.bytes_recv;
+    st.bytes_local = es.bytes_local;
+    st.total_ms = (double)(tide_now_ns() - t0) / 1e6;
+    report_done(t, gen, TIDE_OK, es.bytes_sent, st.total_ms);
+    char desc[160];
+    TIDE_INFO(SUBSYS,
+              "rank %d switched to generation %llu %s at step %lld in %.1f ms (%llu "
+              "bytes sent)%s",
+              t->rank, (unsigned long long)gen, tide_layout_format(t->layout, desc, sizeof desc),
+              (long long)step, st.total_ms, (unsigned long long)es.bytes_sent,
+              t->view.member ? "" : "; now idle");
+    if (stats)
+        *stats = st;
+    goto out;
+
+fail:
+    TIDE_WARN(SUBSYS, "rank %d could not switch to generation %llu: %s: %s", t->rank,
+              (unsigned long long)gen, tide_strerror(rc), tide_last_error());
+    {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tide_last_error());
+        tide__ctl_lock(t->ctl);
+        t->c_switch = NULL;
+        tide__agree *fa = tide__ctl_agree(t->ctl);
+        if (fa->p_gen == gen)
+            tide__agree_switch_failed(fa);
+        tide__ctl_unlock(t->ctl);
+        tide__destroy_comms(g, 4);
+        tide_coll_comm_destroy(&sw);
+        t->has_next = 0;
+        report_done(t, gen, rc, 0, (double)(tide_now_ns() - t0) / 1e6);
+        tide_errorf(rc, "%s", detail);
+    }
+out:
+    tide_layout_destroy(&prev);
+    tide_plan_destroy(&plan);
+    tide_free(alive);
+    tide_free(parts);
+    tide_free(rank_of);
+    tide_free(old_rows);
+    tide_free(new_rows);
+    tide_free(ob);
+    tide_free(nb);
+    tide_free(my_ob);
+    tide_free(my_nb);
+    return rc;
+}

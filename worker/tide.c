@@ -1,0 +1,739 @@
+/*
+ * worker/tide: the public libtide API (include/tide/tide.h) on the training thread:
+ * joining the pool and a job, step boundaries, the layout switch (plan, executor,
+ * communicators of the new layout, done report), idle waiting with offline plugin
+ * work, and releasing idle ranks at the end of the job. The background half (socket,
+ * heartbeats, commands) is ctl.c.
+ *
+ * Workload: one tide_t per rank; tide_step_begin/end once per training step (a mutex
+ * and a few comparisons); a switch per resize moves up to GiBs through the executor.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collectives/executor.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/tide_int.h"
+
+#define SUBSYS  "worker"
+#define TAG_END 7101 /* pool message: the job ended (tide_finish) */
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+static const char *env_str(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : def;
+}
+
+static long long env_int(const char *name, long long def)
+{
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0')
+        return def;
+    char *end = NULL;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end != '\0') {
+        TIDE_WARN(SUBSYS, "ignoring %s=%s: not an integer", name, v);
+        return def;
+    }
+    return x;
+}
+
+void tide_options_init(tide_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->endpoint = env_str("TIDE_ENDPOINT", "tcp://127.0.0.1:5555");
+    o->key_file = env_str("TIDE_KEY", NULL);
+    o->server_key = env_str("TIDE_SERVER_KEY", NULL);
+    o->pool = env_str("TIDE_POOL", NULL);
+    o->backend = env_str("TIDE_BACKEND", "mpi");
+    o->device = (int)env_int("TIDE_DEVICE", -1);
+    o->mem_bytes = (uint64_t)env_int("TIDE_MEM_BYTES", 0);
+    o->register_timeout_ms = (int)env_int("TIDE_REGISTER_TIMEOUT_MS", 10000);
+    o->join_timeout_ms = (int)env_int("TIDE_JOIN_TIMEOUT_MS", 120000);
+    o->switch_timeout_ms = (int)env_int("TIDE_SWITCH_TIMEOUT_MS", 120000);
+    o->staging_cap = (uint64_t)env_int("TIDE_STAGING_CAP", 0);
+}
+
+/* ---- communicators and aborts ------------------------------------------------------------ */
+
+/* Runs on the background thread with ctl's lock held: only flags are set. */
+static void abort_cb(void *ctx, int which)
+{
+    tide_t *t = ctx;
+    tide_coll_comm_t *const step_set[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp};
+    tide_coll_comm_t *const switch_set[] = {t->c_switch, t->n_all, t->n_tp, t->n_dp, t->n_pp};
+    if (which == 0) {
+        for (size_t i = 0; i < 4; i++)
+            if (step_set[i] != NULL)
+                tide_coll_comm_abort(step_set[i]);
+    } else {
+        for (size_t i = 0; i < 5; i++)
+            if (switch_set[i] != NULL)
+                tide_coll_comm_abort(switch_set[i]);
+    }
+}
+
+void tide__destroy_comms(tide_coll_comm_t **c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tide_coll_comm_destroy(&c[i]);
+}
+
+/* Splits parent (every participant calls) into the layout's all/tp/dp/pp groups;
+   non-members get NULLs. out[4] = {all, tp, dp, pp}. */
+tide_status tide__build_groups(tide_coll_comm_t *parent, const tide_layout_t *l, int member, int p,
+                               int d, int tt, tide_coll_comm_t **out)
+{
+    out[0] = out[1] = out[2] = out[3] = NULL;
+    int key = member ? (int)tide_layout_index(l, p, d, tt) : 0;
+    TIDE_CHECK(tide_coll_comm_split(parent, member ? 0 : -1, key, &out[0]));
+    if (!member)
+        return TIDE_OK;
+    tide_status rc = TIDE_OK;
+    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], p * l->dp + d, tt, &out[1]), rc, fail);
+    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], p * l->tp + tt, d, &out[2]), rc, fail);
+    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], d * l->tp + tt, p, &out[3]), rc, fail);
+    return TIDE_OK;
+fail:
+    tide__destroy_comms(out, 4);
+    return rc;
+}
+
+void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t me, int64_t step)
+{
+    memset(v, 0, sizeof *v);
+    v->generation = gen;
+    v->layout = l;
+    v->step = step;
+    v->pp_rank = v->dp_rank = v->tp_rank = -1;
+    v->pp_prev = v->pp_next = -1;
+    if (l != NULL && tide_layout_find(l, me, &v->pp_rank, &v->dp_rank, &v->tp_rank) == TIDE_OK) {
+        v->member = 1;
+        v->pp_prev = v->pp_rank > 0 ? v->pp_rank - 1 : -1;
+        v->pp_next = v->pp_rank + 1 < l->pp ? v->pp_rank + 1 : -1;
+    } else {
+        v->pp_rank = v->dp_rank = v->tp_rank = -1;
+    }
+    tide_error_clear();
+}
+
+tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t **out)
+{
+    tide_layout_t *l = NULL;
+    TIDE_CHECK(tide_layout_new(&l, pl->dp, pl->tp, pl->pp, pl->num_layers, pl->micro_batches));
+    tide_status rc = tide_layout_set_stages(l, pl->stage_start);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&l);
+        return rc;
+    }
+    memcpy(l->worker, pl->worker, tide_layout_size(l) * sizeof *l->worker);
+    *out = l;
+    return TIDE_OK;
+}
+
+/* ---- pool ---------------------------------------------------------------------------------- */
+
+static int local_index(MPI_Comm world)
+{
+    MPI_Comm node;
+    int r = 0;
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return 0;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm_free(&node);
+    return r;
+}
+
+/* Every rank learns whether all succeeded; a failing rank keeps its detail. */
+static tide_status agree_rc(MPI_Comm comm, tide_status rc, const char *what)
+{
+    int mine = (int)rc, worst = 0;
+    if (MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+        return tide_errorf(TIDE_ERR_BACKEND, "MPI_Allreduce failed while %s", what);
+    if (rc != TIDE_OK)
+        return rc;
+    if (worst != 0)
+        return tide_errorf((tide_status)worst, "another rank failed while %s (see its log)", what);
+    return TIDE_OK;
+}
+
+tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
+{
+    if (out == NULL || opts == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_new: out and opts are required");
+    *out = NULL;
+    tide_status rc = TIDE_OK;
+    tide_t *t = tide_calloc(1, sizeof *t);
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory creating the tide runtime");
+    t->opts = *opts;
+    t->end_comm = MPI_COMM_NULL;
+    TIDE_CHECK_GOTO(tide_coll_pool_new(&t->pool, world), rc, fail);
+    t->rank = tide_coll_pool_rank(t->pool);
+    t->size = tide_coll_pool_size(t->pool);
+    if (MPI_Comm_dup(world, &t->end_comm) != MPI_SUCCESS)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Comm_dup failed");
+    MPI_Comm_set_errhandler(t->end_comm, MPI_ERRORS_RETURN);
+    rc = tide_coll_backend_find(opts->backend ? opts->backend : "mpi", &t->be);
+    int dev = opts->device >= 0 ? opts->device : local_index(world);
+    char pool[TIDE_PROTO_NAME_MAX + 1] = "";
+    if (opts->pool != NULL && opts->pool[0] != '\0') {
+        snprintf(pool, sizeof pool, "%s", opts->pool);
+    } else if (t->rank == 0) {
+        char host[64] = "host";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        for (char *c = host; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                  (*c >= '0' && *c <= '9') || *c == '.' || *c == '-'))
+                *c = '-';
+        snprintf(pool, sizeof pool, "%s-%d-%lld", host, (int)getpid(),
+                 (long long)(tide_wall_ms() % 100000000));
+    }
+    MPI_Bcast(pool, sizeof pool, MPI_CHAR, 0, t->end_comm);
+    pool[sizeof pool - 1] = '\0';
+
+    tide__ctl_config cc;
+    memset(&cc, 0, sizeof cc);
+    cc.endpoint = opts->endpoint;
+    cc.key_file = opts->key_file;
+    cc.server_key = opts->server_key;
+    cc.register_timeout_ms = opts->register_timeout_ms;
+    snprintf(cc.reg.pool, sizeof cc.reg.pool, "%s", pool);
+    cc.reg.rank = t->rank;
+    cc.reg.size = t->size;
+    if (gethostname(cc.reg.host, sizeof cc.reg.host) != 0 || cc.reg.host[0] == '\0')
+        snprintf(cc.reg.host, sizeof cc.reg.host, "localhost");
+    cc.reg.host[sizeof cc.reg.host - 1] = '\0';
+    cc.reg.device = dev > TIDE_PROTO_DEVICE_MAX ? TIDE_PROTO_DEVICE_MAX : dev;
+    cc.reg.kind = (t->be && t->be->mem_kind == TIDE_MEM_DEVICE) ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
+    cc.reg.mem_bytes = opts->mem_bytes;
+    if (cc.reg.mem_bytes == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        cc.reg.mem_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    }
+    cc.reg.pid = (int)getpid();
+    if (rc == TIDE_OK)
+        rc = tide__ctl_new(&t->ctl, &cc);
+    TIDE_CHECK_GOTO(agree_rc(t->end_comm, rc, "registering with tided"), rc, fail);
+    t->coord_ids = tide_calloc((size_t)t->size, sizeof *t->coord_ids);
+    TIDE_CHECK_ALLOC_GOTO(t->coord_ids, rc, fail);
+    int32_t me = tide__ctl_worker_id(t->ctl);
+    if (MPI_Allgather(&me, 1, MPI_INT32_T, t->coord_ids, 1, MPI_INT32_T, t->end_comm) !=
+        MPI_SUCCESS)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Allgather of worker ids failed");
+    tide__ctl_set_abort(t->ctl, abort_cb, t);
+    tide__fill_view(&t->view, 0, NULL, t->rank, 0);
+    TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend)", t->rank,
+              t->size, me, pool, t->be->name);
+    *out = t;
+    return TIDE_OK;
+fail:
+    tide_destroy(&t);
+    return rc;
+}
+
+void tide_destroy(tide_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_t *t = *self_p;
+    tide__ctl_destroy(&t->ctl, 1); /* no abort callback can run after this */
+    tide_coll_comm_t *c[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp, t->c_switch,
+                             t->n_all, t->n_tp, t->n_dp, t->n_pp};
+    tide__destroy_comms(c, sizeof c / sizeof c[0]);
+    tide_layout_destroy(&t->layout);
+    tide_layout_destroy(&t->next_layout);
+    tide_free(t->bufs);
+    tide_free(t->coord_ids);
+    tide_coll_pool_destroy(&t->pool);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && t->end_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&t->end_comm);
+    tide_free(t);
+    *self_p = NULL;
+}
+
+int32_t tide_worker_id(const tide_t *t)
+{
+    return t ? t->rank : -1;
+}
+
+int tide_pool_size(const tide_t *t)
+{
+    return t ? t->size : 0;
+}
+
+const tide_coll_backend_v1 *tide_backend(const tide_t *t)
+{
+    return t ? t->be : NULL;
+}
+
+const tide_view *tide_view_get(const tide_t *t)
+{
+    return &t->view;
+}
+
+const tide_view *tide_view_next(const tide_t *t)
+{
+    return t->has_next ? &t->next_view : NULL;
+}
+
+/* ---- join ------------------------------------------------------------------------------------ */
+
+static int job_name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > TIDE_PROTO_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static tide_status send_join(tide_t *t, const tide_join_req *req)
+{
+    size_t n = tide_collection_size(req->collection);
+    if (n > TIDE_PROTO_TENSORS_MAX)
+        return tide_errorf(TIDE_ERR_RANGE, "the collection has %zu tensors; tided takes %u", n,
+                           TIDE_PROTO_TENSORS_MAX);
+    tide_proto_tensor_t *ts = tide_calloc(n ? n : 1, sizeof *ts);
+    if (ts == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory describing %zu tensors", n);
+    for (size_t i = 0; i < n; i++) {
+        const tide_tensor_desc *d = tide_collection_tensor(req->collection, i);
+        snprintf(ts[i].name, sizeof ts[i].name, "%s", d->name);
+        ts[i].dtype = (int)d->dtype;
+        ts[i].ndim = d->ndim;
+        memcpy(ts[i].shape, d->shape, sizeof ts[i].shape);
+        ts[i].layer = d->layer;
+        ts[i].tp = (int)d->tp;
+        ts[i].tp_dim = d->tp == TIDE_TP_SPLIT ? d->tp_dim : 0;
+        ts[i].tp_segments = d->tp_segments;
+        ts[i].dp = (int)d->dp;
+    }
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    tide_proto_join_t *j = &m.u.join;
+    j->worker = tide__ctl_worker_id(t->ctl);
+    snprintf(j->job, sizeof j->job, "%s", req->job);
+    j->total_bytes = tide_collection_bytes(req->collection);
+    j->num_layers = tide_collection_num_layers(req->collection);
+    j->dp = req->dp;
+    j->tp = req->tp;
+    j->pp = req->pp;
+    j->micro_batches = req->micro_batches;
+    j->tensors = ts;
+    j->n_tensors = (uint32_t)n;
+    tide_status rc = tide__ctl_send(t->ctl, &m);
+    tide_free(ts);
+    return rc;
+}
+
+/* Waits for tided's answer to the join: the first layout, ok (waiting), or an error. */
+static tide_status join_answer(tide_t *t, const char *job, tide_msg_t *layout, int timeout_ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = tide_now_ns();
+        if (now >= deadline)
+            return tide_errorf(TIDE_ERR_TIMEOUT,
+                               "tided did not answer the join of job %s within "
+                               "%d ms",
+                               job, timeout_ms);
+        tide_msg_t m;
+        tide_status rc = tide__ctl_reply(t->ctl, &m, (int)((deadline - now) / 1000000ull) + 1);
+        if (rc == TIDE_ERR_TIMEOUT)
+            continue;
+        TIDE_CHECK(rc);
+        if (m.type == TIDE_MSG_LAYOUT && strcmp(m.u.layout.job, job) == 0) {
+            *layout = m;
+            return TIDE_OK;
+        }
+        if (m.type == TIDE_MSG_OK && strcmp(m.u.ok.job, job) == 0) {
+            TIDE_INFO(SUBSYS, "join: %s", m.u.ok.message);
+            tide_msg_clear(&m);
+            return TIDE_OK;
+        }
+        if (m.type == TIDE_MSG_ERROR) {
+            rc = tide_errorf(m.u.error.code < 0 ? (tide_status)m.u.error.code : TIDE_ERR_PROTOCOL,
+                             "tided refused the join of job %s: %s", job, m.u.error.message);
+            tide_msg_clear(&m);
+            return rc;
+        }
+        tide_msg_clear(&m);
+    }
+}
+
+tide_status tide_join(tide_t *t, const tide_join_req *req)
+{
+    if (t == NULL || req == NULL || req->collection == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_join: runtime, request and collection needed");
+    if (t->job[0] != '\0')
+        return tide_errorf(TIDE_ERR_EXISTS, "this rank already runs job %s", t->job);
+    tide_status rc = TIDE_OK;
+    if (!job_name_ok(req->job))
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "job name '%s' must be 1..%d chars of "
+                         "[A-Za-z0-9._:-]",
+                         req->job ? req->job : "(null)", TIDE_PROTO_NAME_MAX);
+    else if (req->dp < 1 || req->tp < 1 || req->pp < 1 || req->micro_batches < 1 ||
+             req->start_step < 0)
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "job %s: dp, tp, pp and micro-batches must be >= 1 and "
+                         "start_step >= 0",
+                         req->job);
+    else if ((int64_t)req->dp * req->tp * req->pp > t->size)
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "job %s asks for dp %d x tp %d x pp %d = %lld workers; "
+                         "the pool has %d ranks",
+                         req->job, req->dp, req->tp, req->pp,
+                         (long long)req->dp * req->tp * req->pp, t->size);
+    tide_msg_t first;
+    tide_msg_init(&first, TIDE_MSG_NONE);
+    if (rc == TIDE_OK) {
+        tide__ctl_set_job(t->ctl, req->job, req->start_step);
+        tide_msg_t stale;
+        while (tide__ctl_reply(t->ctl, &stale, 0) == TIDE_OK)
+            tide_msg_clear(&stale);
+        rc = send_join(t, req);
+    }
+    if (rc == TIDE_OK)
+        rc = join_answer(t, req->job, &first, t->opts.register_timeout_ms);
+    TIDE_CHECK_GOTO(agree_rc(t->end_comm, rc, "joining the job"), rc, out);
+
+    /* Ranks tided placed get the layout; the others get nothing. The lowest rank holding
+       it shares it over MPI so that every rank learns whether it is a member. */
+    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.join_timeout_ms * 1000000ull;
+    int root = INT_MAX;
+    for (;;) {
+        if (first.type == TIDE_MSG_NONE) {
+            tide_msg_t m;
+            if (tide__ctl_reply(t->ctl, &m, 50) == TIDE_OK) {
+                if (m.type == TIDE_MSG_LAYOUT && strcmp(m.u.layout.job, req->job) == 0)
+                    first = m;
+                else
+                    tide_msg_clear(&m);
+            }
+        }
+        int in[2] = {first.type == TIDE_MSG_LAYOUT ? t->rank : INT_MAX,
+                     tide_now_ns() >= deadline ? 0 : 1};
+        int res[2];
+        if (MPI_Allreduce(in, res, 2, MPI_INT, MPI_MIN, t->end_comm) != MPI_SUCCESS)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_BACKEND, "MPI_Allreduce failed while joining");
+        root = res[0];
+        if (root != INT_MAX)
+            break;
+        if (res[1] == 0)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_TIMEOUT,
+                           "job %s got no first layout within %d ms (tided waits until dp*tp*pp "
+                           "ranks have joined; see tidectl events)",
+                           req->job, t->opts.join_timeout_ms);
+    }
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    unsigned long long len = 0;
+    if (t->rank == root) {
+        rc = tide_proto_encode(&first, &b);
+        len = rc == TIDE_OK ? b.len : 0;
+    }
+    MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root, t->end_comm);
+    if (len == 0) {
+        tide_proto_buf_destroy(&b);
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL, "rank %d could not share the first layout",
+                       root);
+    }
+    if (t->rank != root) {
+        b.data = tide_malloc(len);
+        b.len = b.cap = b.data ? len : 0;
+    }
+    int have = b.data != NULL, all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, t->end_comm);
+    if (!all_have) {
+        tide_proto_buf_destroy(&b);
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory receiving the first layout");
+    }
+    MPI_Bcast(b.data, (int)len, MPI_BYTE, root, t->end_comm);
+    tide_msg_clear(&first);
+    rc = tide_proto_decode(b.data, len, &first);
+    tide_proto_buf_destroy(&b);
+    TIDE_CHECK_GOTO(rc, rc, out);
+    tide_layout_t *l = NULL;
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&first.u.layout.layout, &l), rc, out);
+    rc = tide_layout_validate(l, req->collection);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&l);
+        TIDE_FAIL_GOTO(rc, out, rc, "tided's first layout does not fit the collection: %s",
+                       tide_last_error());
+    }
+    t->coll = req->collection;
+    t->n_tensors = tide_collection_size(req->collection);
+    snprintf(t->job, sizeof t->job, "%s", req->job);
+    t->layout = l;
+    uint64_t gen = first.u.layout.layout.gen;
+    tide__fill_view(&t->view, gen, l, t->rank, req->start_step);
+    tide__ctl_lock(t->ctl);
+    tide__agree_first(tide__ctl_agree(t->ctl), gen, t->view.member);
+    tide__ctl_unlock(t->ctl);
+    t->bufs = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *t->bufs);
+    TIDE_CHECK_ALLOC_GOTO(t->bufs, rc, out);
+    /* the first layout's communicators, among its members only */
+    if (t->view.member) {
+        size_t n = tide_layout_size(l);
+        int *members = tide_malloc(n * sizeof *members);
+        TIDE_CHECK_ALLOC_GOTO(members, rc, out);
+        for (size_t i = 0; i < n; i++)
+            members[i] = l->worker[i];
+        tide_coll_comm_params cp = {members, (int)n, (int)(gen * 2 % 16384),
+                                    (uint32_t)t->opts.switch_timeout_ms};
+        tide_coll_comm_t *base = NULL, *g[4];
+        rc = tide_coll_comm_new(&base, t->be, t->pool, &cp);
+        tide_free(members);
+        if (rc == TIDE_OK)
+            rc = tide__build_groups(base, l, 1, t->view.pp_rank, t->view.dp_rank, t->view.tp_rank,
+                                    g);
+        tide_coll_comm_destroy(&base);
+        TIDE_CHECK_GOTO(rc, rc, out);
+        tide__ctl_lock(t->ctl);
+        t->c_all = g[0];
+        t->c_tp = g[1];
+        t->c_dp = g[2];
+        t->c_pp = g[3];
+        tide__ctl_unlock(t->ctl);
+    }
+    t->view.all = t->c_all;
+    t->view.tp = t->c_tp;
+    t->view.dp = t->c_dp;
+    t->view.pp = t->c_pp;
+    char desc[160];
+    TIDE_INFO(SUBSYS, "job %s generation %llu: %s; rank %d %s", t->job, (unsigned long long)gen,
+              tide_layout_format(l, desc, sizeof desc), t->rank,
+              t->view.member ? "is a member" : "waits idle");
+out:
+    tide_msg_clear(&first);
+    return rc;
+}
+
+tide_status tide_set_buffers(tide_t *t, void *const *bufs)
+{
+    if (t == NULL || t->bufs == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_set_buffers: join a job first");
+    if (bufs == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_set_buffers: bufs is NULL");
+    const tide_view *v = &t->view;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        uint64_t need =
+            v->member ? tide_shard_bytes(t->layout, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank)
+                      : 0;
+        if (need > 0 && bufs[i] == NULL)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_set_buffers: tensor %s needs a %llu-byte "
+                               "buffer on this rank, got NULL",
+                               tide_collection_tensor(t->coll, i)->name, (unsigned long long)need);
+    }
+    memcpy(t->bufs, bufs, t->n_tensors * sizeof *bufs);
+    return TIDE_OK;
+}
+
+/* ---- steps ----------------------------------------------------------------------------------- */
+
+/* An idle rank: was the job ended by its members (tide_finish)? */
+static int job_ended(tide_t *t)
+{
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_END, t->end_comm, &flag, &st) != MPI_SUCCESS || !flag)
+        return 0;
+    int64_t step = 0;
+    MPI_Recv(&step, 1, MPI_INT64_T, st.MPI_SOURCE, TAG_END, t->end_comm, MPI_STATUS_IGNORE);
+    TIDE_INFO(SUBSYS, "job %s ended at step %lld; idle rank %d released", t->job, (long long)step,
+              t->rank);
+    return 1;
+}
+
+/* With the lock held: builds next_view from the pending layout. */
+static tide_status prepare_next(tide_t *t)
+{
+    const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
+    tide__agree *a = tide__ctl_agree(t->ctl);
+    if (pl == NULL)
+        return tide_errorf(TIDE_ERR_INTERNAL, "switch to generation %llu without its layout",
+                           (unsigned long long)a->p_gen);
+    tide_layout_destroy(&t->next_layout);
+    TIDE_CHECK(tide__layout_from_proto(&pl->layout, &t->next_layout));
+    tide__fill_view(&t->next_view, pl->layout.gen, t->next_layout, t->rank, a->p_switch);
+    t->has_next = 1;
+    return TIDE_OK;
+}
+
+tide_status tide_step_begin(tide_t *t, tide_step_action *action)
+{
+    if (t == NULL || action == NULL || t->job[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "tide_step_begin: join a job first");
+    if (t->finished) {
+        *action = TIDE_STEP_FINISHED;
+        return TIDE_OK;
+    }
+    uint64_t idle_from = 0;
+    tide_status rc = TIDE_OK;
+    tide__ctl_lock(t->ctl);
+    for (;;) {
+        tide__agree *a = tide__ctl_agree(t->ctl);
+        tide__begin d = tide__agree_begin(a);
+        if (d == TIDE__BEGIN_RUN) {
+            t->view.step = a->completed;
+            t->step_t0 = tide_now_ns();
+            *action = TIDE_STEP_RUN;
+            break;
+        }
+        if (d == TIDE__BEGIN_SWITCH) {
+            rc = prepare_next(t);
+            if (rc != TIDE_OK) {
+                tide__agree_switch_failed(a);
+                break;
+            }
+            *action = TIDE_STEP_RECONFIGURE;
+            break;
+        }
+        if (d == TIDE__BEGIN_STALE) {
+            rc = tide_errorf(TIDE_ERR_STALE,
+                             "rank %d completed %lld steps, past generation %llu's switch step "
+                             "%lld (a recovery rolled the job back; this rank cannot follow)",
+                             t->rank, (long long)a->completed, (unsigned long long)a->p_gen,
+                             (long long)a->p_switch);
+            break;
+        }
+        /* WAIT: at the boundary for a commit, or idle outside the layout */
+        if (idle_from == 0)
+            idle_from = tide_now_ns();
+        int idle = !a->member && a->p_gen == 0;
+        tide__ctl_unlock(t->ctl);
+        if (idle && job_ended(t)) {
+            t->finished = 1;
+            *action = TIDE_STEP_FINISHED;
+            tide__ctl_add_idle(t->ctl, tide_now_ns() - idle_from);
+            return TIDE_OK;
+        }
+        if (idle)
+            tide__run_plugin(t);
+        tide__ctl_lock(t->ctl);
+        tide__ctl_wait(t->ctl, 20);
+    }
+    tide__ctl_unlock(t->ctl);
+    if (idle_from != 0)
+        tide__ctl_add_idle(t->ctl, tide_now_ns() - idle_from);
+    return rc;
+}
+
+tide_status tide_step_end(tide_t *t, tide_status step_rc)
+{
+    if (t == NULL || t->ctl == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_step_end: no runtime");
+    tide__ctl_lock(t->ctl);
+    tide__agree *a = tide__ctl_agree(t->ctl);
+    int r = tide__agree_end(a, step_rc == TIDE_OK);
+    t->view.step = a->completed;
+    tide__ctl_unlock(t->ctl);
+    if (r != 0)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_step_end without tide_step_begin");
+    if (step_rc == TIDE_OK)
+        tide__ctl_add_step(t->ctl, tide_now_ns() - t->step_t0);
+    else
+        TIDE_WARN(SUBSYS, "rank %d: step %lld failed (%s); not counted", t->rank,
+                  (long long)t->view.step, tide_strerror(step_rc));
+    return TIDE_OK;
+}
+
+void tide_bubble_begin(tide_t *t)
+{
+    if (t != NULL)
+        t->bubble_t0 = tide_now_ns();
+}
+
+void tide_bubble_end(tide_t *t)
+{
+    if (t != NULL && t->bubble_t0 != 0) {
+        tide__ctl_add_bubble(t->ctl, tide_now_ns() - t->bubble_t0);
+        t->bubble_t0 = 0;
+    }
+}
+
+tide_status tide_finish(tide_t *t)
+{
+    if (t == NULL || t->layout == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_finish: join a job first");
+    t->finished = 1;
+    if (!t->view.member || t->layout->worker[0] != t->rank)
+        return TIDE_OK;
+    int64_t step = t->view.step;
+    for (int r = 0; r < t->size; r++) {
+        int p, d, tt;
+        if (tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
+            continue;
+        if (MPI_Send(&step, 1, MPI_INT64_T, r, TAG_END, t->end_comm) != MPI_SUCCESS)
+            TIDE_WARN(SUBSYS, "could not release idle rank %d", r);
+    }
+    tide_error_clear();
+    return TIDE_OK;
+}
+
+/* ---- buffers ----------------------------------------------------------------------------------
+ */
+
+tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
+{
+    if (t == NULL || v == NULL || out == NULL || t->coll == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_alloc_buffers: join a job first");
+    *out = NULL;
+    void **b = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *b);
+    if (b == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory allocating buffer pointers");
+    tide_status rc = TIDE_OK;
+    void *zeros = NULL;
+    for (size_t i = 0; v->member && i < t->n_tensors; i++) {
+        uint64_t n = tide_shard_bytes(v->layout, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        if (n == 0)
+            continue;
+        TIDE_CHECK_GOTO(t->be->mem_alloc((size_t)n, &b[i]), rc, fail);
+        if (t->be->mem_kind == TIDE_MEM_HOST) {
+            memset(b[i], 0, (size_t)n);
+        } else {
+            tide_free(zeros);
+            zeros = tide_calloc(1, (size_t)n);
+            TIDE_CHECK_ALLOC_GOTO(zeros, rc, fail);
+            TIDE_CHECK_GOTO(t->be->copy_host(b[i], zeros, (size_t)n, 0, NULL), rc, fail);
+        }
+    }
+    tide_free(zeros);
+    *out = b;
+    return TIDE_OK;
+fail:
+    tide_free(zeros);
+    for (size_t i = 0; i < t->n_tensors; i++)
+        t->be->mem_free(b[i]);
+    tide_free(b);
+    return rc;
+}
+
+void tide_free_buffers(const tide_t *t, void ***bufs_p)
+{
+    if (bufs_p == NULL || *bufs_p == NULL || t == NULL)
+        return;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        t->be->mem_free((*bufs_p)[i]);
+    tide_free(*bufs_p);
+    *bufs_p = NULL;
+}

@@ -1,0 +1,57 @@
+/*
+ * worker/tide_int: the tide_t object shared by tide.c (API, steps, join), switch.c
+ * (tide_reshard) and task.c (offline plugins). Main thread only, except the
+ * communicator pointers, which the background thread's abort callback reads with
+ * ctl's lock held (so they are changed only with that lock held).
+ */
+#ifndef TIDE_WORKER_TIDE_INT_H
+#define TIDE_WORKER_TIDE_INT_H
+
+#include <tide/tide.h>
+#include "worker/worker_int.h"
+
+struct tide {
+    tide_options opts;
+    int rank, size;
+    tide_coll_pool_t *pool;
+    const tide_coll_backend_v1 *be;
+    MPI_Comm end_comm; /* tide's own dup of world: pool messages (job end) */
+    tide__ctl_t *ctl;
+    int32_t *coord_ids; /* tided's worker id of each pool rank */
+    /* job */
+    char job[TIDE_PROTO_NAME_MAX + 1];
+    const tide_collection_t *coll;
+    size_t n_tensors;
+    tide_layout_t *layout; /* current layout (owned) */
+    tide_view view;
+    tide_layout_t *next_layout; /* pending layout during a switch (owned) */
+    tide_view next_view;
+    int has_next;
+    void **bufs; /* registered local buffers of the current layout (n_tensors) */
+    int finished;
+    uint64_t step_t0, bubble_t0; /* monotonic ns */
+    /* communicators: changed under ctl's lock */
+    tide_coll_comm_t *c_all, *c_tp, *c_dp, *c_pp; /* current layout */
+    tide_coll_comm_t *c_switch;                   /* participants of the running switch */
+    tide_coll_comm_t *n_all, *n_tp, *n_dp, *n_pp; /* new layout's, while being built */
+};
+
+/* Destroys n communicators (NULL entries fine) and nulls them. */
+void tide__destroy_comms(tide_coll_comm_t **c, size_t n);
+
+/* Splits parent (every participant calls it) into layout l's groups; non-members get
+   NULLs. out[4] = {all, tp, dp, pp}. Blocks, collective over parent. */
+tide_status tide__build_groups(tide_coll_comm_t *parent, const tide_layout_t *l, int member, int p,
+                               int d, int tt, tide_coll_comm_t **out);
+
+/* Fills v for worker me in layout l (NULL: no layout); communicators NULL. */
+void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t me, int64_t step);
+
+/* Converts a proto layout into a reshard layout; caller owns *out. */
+tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t **out);
+
+/* Runs an assigned offline plugin job (tide_task.h) while this rank is idle: steps it
+   until done, preemption, or a switch that includes this rank. No-op when none. */
+void tide__run_plugin(tide_t *t);
+
+#endif /* TIDE_WORKER_TIDE_INT_H */

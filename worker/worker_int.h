@@ -1,0 +1,237 @@
+/*
+ * worker internals (libtide): the pieces of the runtime that need no cluster, each
+ * unit-tested on its own, and the control client that ties them together.
+ *
+ *   mailbox   a mutex/condvar FIFO of decoded messages (background -> main thread)
+ *   agree     the step-agreement state machine of one rank (pure, no I/O)
+ *   child     the offline command runner (posix_spawn, SIGTERM, grace, SIGKILL)
+ *   ctl       the control client: a background thread that owns the ZeroMQ DEALER
+ *             socket (registration, heartbeats, commands from tided, offline work)
+ *             and the state the main thread consults at step boundaries
+ *
+ * Workload: one ctl per rank; a heartbeat per second, a handful of control messages
+ * per resize; the main thread takes ctl's mutex a few times per training step.
+ */
+#ifndef TIDE_WORKER_INT_H
+#define TIDE_WORKER_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <tide/status.h>
+#include "collectives/collectives.h"
+#include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- mailbox ---------------------------------------------------------------------- */
+
+typedef struct tide__mailbox tide__mailbox_t;
+
+/* Creates an empty open mailbox; caller owns *out. */
+tide_status tide__mailbox_new(tide__mailbox_t **out);
+
+/* Frees the mailbox and the messages still queued; sets *self_p to NULL; NULL is fine. */
+void tide__mailbox_destroy(tide__mailbox_t **self_p);
+
+/* Moves *msg to the tail (msg is left TIDE_MSG_NONE); TIDE_ERR_CLOSED once closed,
+   TIDE_ERR_NOMEM (msg untouched). Never blocks; any thread. */
+tide_status tide__mailbox_push(tide__mailbox_t *mb, tide_msg_t *msg);
+
+/* Takes the head into *out (caller clears it), waiting up to timeout_ms (< 0: forever).
+   TIDE_ERR_TIMEOUT when none came, TIDE_ERR_CLOSED when closed and empty. Any thread. */
+tide_status tide__mailbox_pop(tide__mailbox_t *mb, tide_msg_t *out, int timeout_ms);
+
+/* Closes: waiters wake with TIDE_ERR_CLOSED once the queue is empty. Any thread. */
+void tide__mailbox_close(tide__mailbox_t *mb);
+
+/* Messages queued now. Any thread. */
+size_t tide__mailbox_len(tide__mailbox_t *mb);
+
+/* ---- step agreement (one rank's view of the reconfiguration protocol) -------------- */
+
+/*
+ * The rules (coordinator/reconf.c): on `prepare` G the rank acks its completed steps
+ * C0 at once; afterwards it may complete at most one more step (C0 + 1) and then waits
+ * at the boundary for `commit` G {S} or `abort` G. With S: an old member runs until it
+ * has completed exactly S steps, then switches. A recovery's S may equal the steps of a
+ * rank stuck inside step S + 1 (a peer died): that step is abandoned (its collectives
+ * are aborted) and the rank switches from S. A rank outside the old layout waits for
+ * the commit and switches at once.
+ */
+typedef enum tide__begin {
+    TIDE__BEGIN_RUN = 0,    /* run the next step */
+    TIDE__BEGIN_WAIT = 1,   /* wait for a command (boundary reached, or idle) */
+    TIDE__BEGIN_SWITCH = 2, /* switch to the pending generation now */
+    TIDE__BEGIN_STALE = 3,  /* this rank is past the switch step: it cannot follow */
+} tide__begin;
+
+typedef enum tide__commit_result {
+    TIDE__COMMIT_OK = 0,         /* recorded */
+    TIDE__COMMIT_ABORT_STEP = 1, /* recorded; the step in progress must be abandoned */
+    TIDE__COMMIT_DUP = 2,        /* already switched to this generation: resend done */
+    TIDE__COMMIT_IGNORED = 3,    /* unknown or stale generation */
+} tide__commit_result;
+
+typedef enum tide__abort_result {
+    TIDE__ABORT_CLEARED = 0,   /* the pending generation was dropped before its switch */
+    TIDE__ABORT_SWITCHING = 1, /* the switch is running: abort its communicators */
+    TIDE__ABORT_SWITCHED = 2,  /* already switched: cannot fall back */
+    TIDE__ABORT_IGNORED = 3,   /* unknown generation */
+} tide__abort_result;
+
+typedef struct tide__agree {
+    uint64_t gen;          /* generation this rank runs (0: none yet) */
+    int member;            /* holds a coordinate of gen's layout */
+    int64_t completed;     /* steps completed */
+    int in_step;           /* between a RUN begin and its end */
+    uint64_t switched_gen; /* the last generation switched to (duplicate commits) */
+    uint64_t seen_gen;     /* the newest generation ever announced (never reused) */
+    /* pending generation (p_gen 0: none) */
+    uint64_t p_gen;
+    int p_member;     /* in the new layout */
+    int p_old;        /* holds a coordinate of the layout the switch starts from */
+    int p_acked;      /* prepare_ack sent */
+    int64_t p_ack;    /* completed steps reported in the ack */
+    int p_committed;  /* commit received */
+    int64_t p_switch; /* the switch step S */
+    int p_switching;  /* the main thread runs the switch */
+    int p_failed;     /* the switch failed: wait for abort or a newer generation */
+} tide__agree;
+
+/* Starts with no generation and start_step steps completed. */
+void tide__agree_init(tide__agree *a, int64_t start_step);
+
+/* Installs gen as the running generation (the first layout). */
+void tide__agree_first(tide__agree *a, uint64_t gen, int member);
+
+/* A `layout` for gen arrived: 1 when it becomes the pending generation (newer than
+   both the running and the pending one), 0 when stale or a duplicate. member_new: this
+   rank is in the new layout; member_old: in its prev layout (and runs prev's gen). */
+int tide__agree_layout(tide__agree *a, uint64_t gen, int member_new, int member_old);
+
+/* A `prepare` for gen: 1 with *ack_step to send (also for duplicates), 0 to ignore. */
+int tide__agree_prepare(tide__agree *a, uint64_t gen, int64_t *ack_step);
+
+/* A `commit` for gen with switch step `step`. */
+tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step);
+
+/* An `abort` for gen. */
+tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen);
+
+/* The decision at a step boundary; RUN marks the step begun, SWITCH marks switching. */
+tide__begin tide__agree_begin(tide__agree *a);
+
+/* The step begun last ended: ok counts it. Returns 0, or -1 when no step was begun. */
+int tide__agree_end(tide__agree *a, int ok);
+
+/* The switch succeeded: the pending generation runs from its switch step. */
+void tide__agree_switched(tide__agree *a);
+
+/* The switch failed: wait for tided's abort (or a newer generation). */
+void tide__agree_switch_failed(tide__agree *a);
+
+/* ---- offline command runner ------------------------------------------------------------ */
+
+typedef struct tide__child {
+    pid_t pid; /* 0: none */
+    char job[TIDE_PROTO_NAME_MAX + 1];
+    int preempted;       /* SIGTERM sent because of a preemption */
+    int killed;          /* SIGKILL sent */
+    uint64_t kill_at_ns; /* monotonic: SIGKILL when still alive then (0: not scheduled) */
+} tide__child;
+
+/* Starts argv (argv[argc] need not be NULL) as a child in its own process group, with
+   the extra "NAME=value" entries of env added to the environment. TIDE_ERR_IO with the
+   reason when it cannot start (bad path: TIDE_ERR_NOT_FOUND). Any thread. */
+tide_status tide__child_spawn(tide__child *c, const char *job, char *const *argv, uint32_t argc,
+                              char *const *env, size_t n_env);
+
+/* Sends SIGTERM to the child's group and schedules SIGKILL after grace_ms. */
+void tide__child_preempt(tide__child *c, int grace_ms, uint64_t now_ns);
+
+/* Reaps without blocking: 1 when the child ended (*exit_code: status, or -signal),
+   0 while it runs; sends the scheduled SIGKILL when due. */
+int tide__child_poll(tide__child *c, uint64_t now_ns, int *exit_code);
+
+/* Kills the child's group at once and reaps it (blocking, bounded by the kill). */
+void tide__child_kill(tide__child *c);
+
+/* ---- control client ------------------------------------------------------------------- */
+
+typedef struct tide__ctl tide__ctl_t;
+
+typedef struct tide__ctl_config {
+    const char *endpoint;      /* tided's endpoint */
+    const char *key_file;      /* CURVE client key pair file, or NULL */
+    const char *server_key;    /* server public key (file or Z85), with key_file */
+    tide_proto_register_t reg; /* what to register as */
+    int register_timeout_ms;   /* wait for register_ok */
+    int heartbeat_ms;          /* 0: what tided says in register_ok */
+} tide__ctl_config;
+
+/* Callback the background thread runs to abort communicators (with ctl's lock held;
+   it must only call tide_coll_comm_abort). which: 0 the step's, 1 the switch's. */
+typedef void (*tide__abort_fn)(void *ctx, int which);
+
+/* Connects, starts the background thread and registers (blocks until register_ok or
+   the timeout). Caller owns *out; main thread. */
+tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg);
+
+/* Stops offline work and the thread; sends bye when say_bye. *self_p = NULL. */
+void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye);
+
+/* Coordinator worker id from register_ok. Any thread. */
+int32_t tide__ctl_worker_id(tide__ctl_t *ctl);
+
+/* Encodes msg and hands it to the background thread for sending. Main thread. */
+tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
+
+/* Waits for the next reply (ok, error, status_reply, or a layout for the job named
+   in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
+tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
+
+/* Sets the abort callback. */
+void tide__ctl_set_abort(tide__ctl_t *ctl, tide__abort_fn fn, void *ctx);
+
+/* Job this rank runs (for routing and reports); start_step steps completed. */
+void tide__ctl_set_job(tide__ctl_t *ctl, const char *job, int64_t start_step);
+
+/* Locks / unlocks ctl's state mutex (the main thread's view of agreement state). */
+void tide__ctl_lock(tide__ctl_t *ctl);
+void tide__ctl_unlock(tide__ctl_t *ctl);
+
+/* With the lock held: the agreement state. */
+tide__agree *tide__ctl_agree(tide__ctl_t *ctl);
+
+/* With the lock held: the pending generation's layout message, or NULL. */
+const tide_proto_layout_msg_t *tide__ctl_pending_layout(tide__ctl_t *ctl);
+
+/* With the lock held: waits on ctl's condition up to timeout_ms (state changes wake it). */
+void tide__ctl_wait(tide__ctl_t *ctl, int timeout_ms);
+
+/* Accounting for heartbeats: idle time (ns), bubble time (ns), one step's time (ns). */
+void tide__ctl_add_idle(tide__ctl_t *ctl, uint64_t ns);
+void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns);
+void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns);
+
+/* Offline plugin work handed to the main thread (kind plugin): 1 and *out (owned by the
+   caller) when one is waiting. With the lock held. */
+int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out);
+
+/* With the lock held: grace (ms) when plugin job `job` must stop, else -1; job NULL
+   marks the plugin job finished (the slot is free again) and returns -1. */
+int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
+
+/* The offline command job running now ("" when none) and its pid; for tests. */
+int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_WORKER_INT_H */

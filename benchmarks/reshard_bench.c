@@ -5,19 +5,31 @@
  * Run with 8 ranks: `mpirun -np 8 reshard_bench [--min-mib 64] [--max-mib 2048]`.
  * For state sizes doubling from --min-mib to --max-mib (one replica of an MLP model
  * with Adam moments, f32) and the layout pairs DP 2->4, TP 2->4, PP 2->4 and
- * (2,2,2)->(1,4,2) (default placement), it plans the reshard, then measures
- *   baseline: every rank sends each peer, in one MPI_Isend per GiB, exactly the bytes
- *             the plan sends it, from and into contiguous memory (MPI_Waitall);
- *   executor: tide_reshard_execute on the same plan (packing, chunking, staging cap);
- * and prints bytes sent, time, GB/s, the ratio executor/baseline (goal >= 0.8 for
- * >= 256 MiB) and the peak staging memory against the cap. Times are the slowest
- * rank's, best of --reps. Numbers go to --out (default bench-out/reshard_bench.json).
+ * (2,2,2)->(1,4,2) (default placement), it plans the reshard, then times four things:
+ *   mpi:      every rank exchanges with each peer exactly the bytes the plan moves
+ *             between them, one contiguous MPI_Isend/Irecv per (src, dst) pair, old
+ *             slab to new slab, MPI_Waitall;
+ *   mpi+cp:   the same plus one memcpy of the plan's local bytes (the same work as a
+ *             live resize, done the simplest fast way);
+ *   net:      tide_reshard_execute on the plan without its local copies (the
+ *             executor's network phase alone: packing, chunking, staging cap);
+ *   exec:     tide_reshard_execute on the whole plan (what a live resize costs).
+ * Each time is the slowest rank's, from a barrier to the end; every repetition runs
+ * the four, in an order rotated from one repetition to the next so that machine load
+ * hits them alike, and the table shows medians over --reps. Ratios (goal >= 0.8 for
+ * >= 256 MiB): r_net = mpi / net (network phase against plain MPI on the same bytes),
+ * r_e2e = mpi+cp / exec (whole resize against plain MPI + memcpy), r_p2p = mpi / exec
+ * (whole resize against the network bytes alone: local copies count against the
+ * executor). Also the peak staging memory against the cap. Numbers (medians, min,
+ * max) go to --out (default bench-out/reshard_bench.json).
  *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
- * plus at most the staging cap; pick --max-mib to fit the machine.
+ * plus at most the staging cap; pick --max-mib to fit the machine. On a machine with
+ * fewer cores than ranks every rank shares the cores, baselines and executor alike.
  */
 #include <math.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,15 +57,33 @@ static const pair_spec pairs[] = {
     {"(2,2,2)->(1,4,2)", 2, 2, 2, 1, 4, 2},
 };
 
+/* The four timings of a (pair, size), each the median over the repetitions of the
+   slowest rank's seconds. */
+enum { M_MPI, M_MPI_COPY, M_EXEC_NET, M_EXEC, M_COUNT };
+static const char *const m_names[M_COUNT] = {"mpi", "mpi_copy", "exec_net", "exec"};
+
 typedef struct result {
     const char *pair;
-    uint64_t state, sent;
-    double base_s, exec_s, base_gbs, exec_gbs, ratio;
+    uint64_t state, sent, local;
+    double med[M_COUNT], min[M_COUNT], max[M_COUNT]; /* seconds */
+    double ratio_net; /* mpi / exec_net: network phase against plain MPI (the goal) */
+    double ratio_e2e; /* mpi_copy / exec: whole resize against MPI + memcpy */
+    double ratio_p2p; /* mpi / exec: whole resize against the network bytes alone */
     uint64_t peak_staging, cap;
     int ok;
 } result;
 
 static int me, np;
+
+/* Page size the baseline aligns its messages to (bytes), and the extra room each slab
+   has for that: one page per peer and one for the slab's own start. */
+#define PAGE  ((uint64_t)4096)
+#define SLACK ((uint64_t)(np + 2) * PAGE)
+
+static uint64_t align_up(uint64_t v)
+{
+    return (v + PAGE - 1) / PAGE * PAGE;
+}
 
 /* Per-worker slabs: every tensor shard of a worker lives in one allocation. */
 typedef struct slabs {
@@ -84,11 +114,12 @@ static int make_slabs(const tide_layout_t *l, const tide_collection_t *c, slabs 
     uint64_t total = 0;
     for (size_t i = 0; i < T; i++)
         total += tide_shard_bytes(l, c, i, p, d, t);
-    s->mem[me] = tide_malloc(total ? total : 1);
+    /* SLACK at the end: room for the baseline's page-aligned messages (see baseline). */
+    s->mem[me] = tide_malloc((size_t)(total + SLACK));
     if (s->mem[me] == NULL)
         return -1;
     /* Touch every page now so that no page fault lands inside a timed region. */
-    memset(s->mem[me], fill, total);
+    memset(s->mem[me], fill, (size_t)(total + SLACK));
     s->bytes[me] = total;
     uint64_t at = 0;
     for (size_t i = 0; i < T; i++) {
@@ -117,62 +148,145 @@ static void free_slabs(slabs *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Plain MPI: the plan's per-peer volumes as contiguous messages. Returns seconds. */
-static double baseline(const tide_plan_t *plan, slabs *olds, slabs *news)
+/* What this rank moves in a plan, for the plain-MPI baselines: bytes sent to and
+   received from each peer (network transfers only) and bytes copied locally. */
+typedef struct volumes {
+    uint64_t *to, *from; /* [np] bytes */
+    uint64_t local;      /* bytes */
+    int n_msgs;          /* MPI requests the baseline posts */
+    MPI_Request *reqs;   /* [n_msgs] */
+    char *scratch;       /* a send source when the old slab is shorter than a piece */
+} volumes;
+
+/* Largest single baseline message (bytes): at most 1 GiB, MPI counts being ints;
+   --base-piece-mib lowers it to compare chunked plain MPI. */
+static uint64_t PIECE = (uint64_t)1 << 30;
+
+static int volumes_new(const tide_plan_t *plan, const slabs *olds, volumes *v)
 {
-    uint64_t *to = calloc((size_t)np, sizeof *to), *from = calloc((size_t)np, sizeof *from);
+    memset(v, 0, sizeof *v);
+    v->to = tide_calloc((size_t)np, sizeof *v->to);
+    v->from = tide_calloc((size_t)np, sizeof *v->from);
+    if (!v->to || !v->from)
+        return -1;
     for (size_t i = 0; i < plan->n; i++) {
         const tide_xfer *it = &plan->items[i];
-        if (it->src == it->dst)
-            continue;
-        if (it->src == me)
-            to[it->dst] += it->run * it->count;
-        if (it->dst == me)
-            from[it->src] += it->run * it->count;
+        uint64_t b = it->run * it->count;
+        if (it->src == it->dst && it->src == me)
+            v->local += b;
+        else if (it->src != it->dst && it->src == me)
+            v->to[it->dst] += b;
+        else if (it->src != it->dst && it->dst == me)
+            v->from[it->src] += b;
     }
-    const uint64_t piece = (uint64_t)1 << 30;
-    int cap = 4 * np + 64, n = 0;
-    MPI_Request *reqs = calloc((size_t)cap, sizeof *reqs);
+    int scratch = 0;
+    for (int p = 0; p < np; p++) {
+        v->n_msgs += (int)((v->to[p] + PIECE - 1) / PIECE + (v->from[p] + PIECE - 1) / PIECE);
+        for (uint64_t off = 0; off < v->to[p]; off += PIECE)
+            if ((v->to[p] - off < PIECE ? v->to[p] - off : PIECE) > olds->bytes[me] + PAGE)
+                scratch = 1;
+    }
+    v->reqs = tide_calloc((size_t)v->n_msgs + 1, sizeof *v->reqs);
+    if (v->reqs == NULL)
+        return -1;
+    if (scratch) {
+        /* Allocated and touched here, so that no allocation or page fault is timed. */
+        v->scratch = tide_malloc((size_t)PIECE);
+        if (v->scratch == NULL)
+            return -1;
+        memset(v->scratch, 0x5a, (size_t)PIECE);
+    }
+    return 0;
+}
+
+static void volumes_free(volumes *v)
+{
+    tide_free(v->to);
+    tide_free(v->from);
+    tide_free(v->reqs);
+    tide_free(v->scratch);
+    memset(v, 0, sizeof *v);
+}
+
+/*
+ * The plain-MPI baseline: every rank exchanges with each peer exactly the bytes the
+ * plan moves between them, as one contiguous MPI_Isend / MPI_Irecv per (src, dst)
+ * pair (pieces of 1 GiB), receiving into its new slab and sending from its old slab
+ * (consecutive peers get consecutive ranges, so no two peers read the same bytes).
+ * With copy set it also copies the plan's local bytes, old slab to new slab, with one
+ * memcpy between posting and MPI_Waitall: the same work as the executor, done the
+ * simplest fast way. Returns the slowest rank's seconds.
+ */
+static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+    int n = 0;
+    /* Every message starts on a page boundary at both ends (the slabs' SLACK makes
+       room): memory copies run at very different speeds depending on where source and
+       destination sit relative to each other modulo the page size (a destination a
+       few bytes past the source, modulo 4 KiB, costs up to 2x through 4K aliasing of
+       loads and stores), and the baseline must not be slowed by an accident of its
+       own layout. The executor moves the plan's real tensor addresses. */
+    char *obase = olds->mem[me], *nbase = news->mem[me];
+    uint64_t have = 0, room = 0, recv_at = 0, at = 0;
+    if (obase) {
+        char *b = (char *)(uintptr_t)align_up((uintptr_t)obase);
+        have = olds->bytes[me] + SLACK - (uint64_t)(b - obase) - PAGE;
+        obase = b;
+    }
+    if (nbase) {
+        char *b = (char *)(uintptr_t)align_up((uintptr_t)nbase);
+        room = news->bytes[me] + SLACK - (uint64_t)(b - nbase);
+        nbase = b;
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    uint64_t at = 0;
-    for (int p = 0; p < np; p++)
-        for (uint64_t off = 0; off < from[p]; off += piece) {
-            uint64_t len = from[p] - off < piece ? from[p] - off : piece;
-            if (n == cap) {
-                cap *= 2;
-                reqs = realloc(reqs, (size_t)cap * sizeof *reqs);
+    for (int q = 1; q <= np; q++) {
+        int p = (me + q) % np; /* start with the next rank, not everyone with rank 0 */
+        for (uint64_t off = 0; off < v->to[p]; off += PIECE) {
+            uint64_t len = v->to[p] - off < PIECE ? v->to[p] - off : PIECE;
+            /* Distinct source ranges for different peers while the slab allows: two
+               receivers pulling the same pages at once contend on them (single-copy
+               transports pin the sender's pages). */
+            const char *src = v->scratch;
+            if (len <= have) {
+                uint64_t start = at + len <= have ? at : 0;
+                src = obase + start;
+                at = align_up(start + len);
             }
-            MPI_Irecv(news->mem[me] + at, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &reqs[n++]);
-            at += len;
+            MPI_Isend(src, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
         }
-    /* Same 1 GiB pieces as the receiver; a piece comes from this rank's old shards, or
-       from scratch when the rank sends a peer more than it holds. */
-    uint64_t have = olds->bytes[me];
-    char *scratch = NULL;
+    }
+    /* Receives after the sends, as in the mpi backend: a receive matching a message
+       already announced does the whole single copy inside MPI_Irecv. */
     for (int p = 0; p < np; p++)
-        for (uint64_t off = 0; off < to[p]; off += piece) {
-            uint64_t len = to[p] - off < piece ? to[p] - off : piece;
-            char *src = olds->mem[me];
-            if (len > have) {
-                if (scratch == NULL)
-                    scratch = calloc(1, piece);
-                src = scratch;
-            }
-            if (n == cap) {
-                cap *= 2;
-                reqs = realloc(reqs, (size_t)cap * sizeof *reqs);
-            }
-            MPI_Isend(src, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &reqs[n++]);
+        for (uint64_t off = 0; off < v->from[p]; off += PIECE) {
+            uint64_t len = v->from[p] - off < PIECE ? v->from[p] - off : PIECE;
+            MPI_Irecv(nbase + recv_at, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
+            recv_at = align_up(recv_at + len);
         }
-    MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+    /* New slab = received bytes then local bytes; the copy never overlaps a receive. */
+    if (copy && v->local > 0 && recv_at + v->local <= room && v->local <= have)
+        memcpy(nbase + recv_at, obase, (size_t)v->local);
+    MPI_Waitall(n, v->reqs, MPI_STATUSES_IGNORE);
     double t = MPI_Wtime() - t0, tmax = 0;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    free(scratch);
-    free(reqs);
-    free(to);
-    free(from);
     return tmax;
+}
+
+/* The plan without its local copies: the executor's network phase alone. */
+static int network_plan(const tide_plan_t *plan, tide_plan_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->items = tide_calloc(plan->n ? plan->n : 1, sizeof *out->items);
+    if (out->items == NULL)
+        return -1;
+    for (size_t i = 0; i < plan->n; i++)
+        if (plan->items[i].src != plan->items[i].dst)
+            out->items[out->n++] = plan->items[i];
+    out->summary = plan->summary;
+    out->summary.bytes_local = 0;
+    out->summary.n_copies = 0;
+    return 0;
 }
 
 static int model_for(uint64_t state_bytes, tide_collection_t **out)
@@ -194,14 +308,59 @@ static int model_for(uint64_t state_bytes, tide_collection_t **out)
     return tide_collection_build_gpt(out, &spec) == TIDE_OK ? 0 : -1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One timed tide_reshard_execute; returns the slowest rank's seconds, or -1. */
+static double exec_once(tide_coll_comm_t *comm, const tide_plan_t *plan,
+                        const tide_collection_t *col, slabs *olds, slabs *news,
+                        const tide_exec_opts *o, result *r)
+{
+    tide_exec_args a = {.plan = plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = tide_collection_size(col),
+                        .old_bufs = (void *const *const *)olds->ptr,
+                        .new_bufs = (void *const *const *)news->ptr,
+                        .old_bytes = (const uint64_t *const *)olds->size,
+                        .new_bytes = (const uint64_t *const *)news->size};
+    tide_exec_stats st;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    tide_status s = tide_reshard_execute(comm, &a, o, &st);
+    double t = MPI_Wtime() - t0, tmax = 0;
+    if (s != TIDE_OK) {
+        TIDE_ERROR(BENCH, "%s: execute failed: %s", r->pair, tide_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1); /* the others may be inside the executor */
+    }
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    uint64_t peak = 0, sent = 0;
+    MPI_Allreduce(&st.peak_staging, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&st.bytes_sent, &sent, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (peak > r->peak_staging)
+        r->peak_staging = peak;
+    if (sent != r->sent) {
+        TIDE_ERROR(BENCH, "%s: executor sent %llu bytes, plan says %llu", r->pair,
+                   (unsigned long long)sent, (unsigned long long)r->sent);
+        return -1;
+    }
+    return tmax;
+}
+
 static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_collection_t *col,
                    uint64_t cap, uint64_t chunk, uint64_t pack, int reps, result *r)
 {
     tide_layout_t *ol = NULL, *nl = NULL;
-    tide_plan_t *plan = NULL;
+    tide_plan_t *plan = NULL, net;
     slabs olds, news;
+    volumes v;
     memset(&olds, 0, sizeof olds);
     memset(&news, 0, sizeof news);
+    memset(&v, 0, sizeof v);
+    memset(&net, 0, sizeof net);
+    double *samples = NULL;
     int rc = -1;
     int L = tide_collection_num_layers(col);
     if (tide_layout_new(&ol, ps->odp, ps->otp, ps->opp, L, 1) != TIDE_OK ||
@@ -210,7 +369,10 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
         TIDE_ERROR(BENCH, "%s: planning failed: %s", ps->name, tide_last_error());
         goto out;
     }
-    int bad = make_slabs(ol, col, &olds, 0x5a) || make_slabs(nl, col, &news, 0);
+    int bad = make_slabs(ol, col, &olds, 0x5a) || make_slabs(nl, col, &news, 0) ||
+              volumes_new(plan, &olds, &v) || network_plan(plan, &net);
+    samples = tide_calloc((size_t)reps * M_COUNT, sizeof *samples);
+    bad = bad || samples == NULL;
     int any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any_bad) {
@@ -220,55 +382,55 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
     r->pair = ps->name;
     r->state = tide_collection_bytes(col);
     r->sent = plan->summary.bytes_sent;
+    r->local = plan->summary.bytes_local;
     r->cap = cap;
-    r->base_s = r->exec_s = 1e30;
-    for (int k = 0; k < reps; k++) {
-        double b = baseline(plan, &olds, &news);
-        if (b < r->base_s)
-            r->base_s = b;
-        tide_exec_args a = {.plan = plan,
-                            .n_workers = (size_t)np,
-                            .n_tensors = tide_collection_size(col),
-                            .old_bufs = (void *const *const *)olds.ptr,
-                            .new_bufs = (void *const *const *)news.ptr,
-                            .old_bytes = (const uint64_t *const *)olds.size,
-                            .new_bytes = (const uint64_t *const *)news.size};
-        tide_exec_opts o;
-        tide_exec_opts_init(&o);
-        o.staging_cap = cap;
-        if (chunk)
-            o.max_chunk = chunk;
-        if (pack)
-            o.pack_below = pack;
-        tide_exec_stats st;
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        tide_status s = tide_reshard_execute(comm, &a, &o, &st);
-        double t = MPI_Wtime() - t0, tmax = 0;
-        if (s != TIDE_OK) {
-            TIDE_ERROR(BENCH, "%s: execute failed: %s", ps->name, tide_last_error());
-            goto out;
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    o.staging_cap = cap;
+    if (chunk)
+        o.max_chunk = chunk;
+    if (pack)
+        o.pack_below = pack;
+    /* Interleaved: repetition k runs the four measurements starting from a different
+       one, so machine load and cache state hit every measurement alike. */
+    for (int k = 0; k < reps; k++)
+        for (int j = 0; j < M_COUNT; j++) {
+            int m = (j + k) % M_COUNT;
+            double t = -1;
+            switch (m) {
+            case M_MPI:
+                t = baseline(&v, &olds, &news, 0);
+                break;
+            case M_MPI_COPY:
+                t = baseline(&v, &olds, &news, 1);
+                break;
+            case M_EXEC_NET:
+                t = exec_once(comm, &net, col, &olds, &news, &o, r);
+                break;
+            default:
+                t = exec_once(comm, plan, col, &olds, &news, &o, r);
+                break;
+            }
+            if (t < 0)
+                goto out;
+            samples[(size_t)m * (size_t)reps + (size_t)k] = t;
         }
-        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (tmax < r->exec_s)
-            r->exec_s = tmax;
-        uint64_t peak = 0, sent = 0;
-        MPI_Allreduce(&st.peak_staging, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(&st.bytes_sent, &sent, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-        if (peak > r->peak_staging)
-            r->peak_staging = peak;
-        if (sent != r->sent) {
-            TIDE_ERROR(BENCH, "%s: executor sent %llu bytes, plan says %llu", ps->name,
-                       (unsigned long long)sent, (unsigned long long)r->sent);
-            goto out;
-        }
+    for (int m = 0; m < M_COUNT; m++) {
+        double *x = samples + (size_t)m * (size_t)reps;
+        qsort(x, (size_t)reps, sizeof *x, cmp_double);
+        r->min[m] = x[0];
+        r->max[m] = x[reps - 1];
+        r->med[m] = reps % 2 ? x[reps / 2] : (x[reps / 2 - 1] + x[reps / 2]) / 2;
     }
-    r->base_gbs = (double)r->sent / r->base_s / 1e9;
-    r->exec_gbs = (double)r->sent / r->exec_s / 1e9;
-    r->ratio = r->base_s / r->exec_s;
+    r->ratio_net = r->med[M_MPI] / r->med[M_EXEC_NET];
+    r->ratio_e2e = r->med[M_MPI_COPY] / r->med[M_EXEC];
+    r->ratio_p2p = r->med[M_MPI] / r->med[M_EXEC];
     r->ok = 1;
     rc = 0;
 out:
+    tide_free(samples);
+    tide_free(net.items);
+    volumes_free(&v);
     free_slabs(&olds);
     free_slabs(&news);
     tide_plan_destroy(&plan);
@@ -296,23 +458,32 @@ static void write_json(const char *path, const result *res, int n, long long cap
         "{\n  \"benchmark\": \"reshard_bench\",\n  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
         "  \"results\": [\n",
         np, cap_mib);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        const result *r = &res[i];
         fprintf(f,
                 "    {\"pair\": \"%s\", \"state_bytes\": %llu, \"bytes_sent\": %llu, "
-                "\"baseline_s\": %.6f, \"executor_s\": %.6f, \"baseline_gbs\": %.3f, "
-                "\"executor_gbs\": %.3f, \"ratio\": %.3f, \"peak_staging\": %llu, "
+                "\"bytes_local\": %llu, ",
+                r->pair, (unsigned long long)r->state, (unsigned long long)r->sent,
+                (unsigned long long)r->local);
+        for (int m = 0; m < M_COUNT; m++)
+            fprintf(f, "\"%s_s\": {\"median\": %.6f, \"min\": %.6f, \"max\": %.6f}, ", m_names[m],
+                    r->med[m], r->min[m], r->max[m]);
+        fprintf(f,
+                "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
+                "\"ratio_e2e\": %.3f, \"ratio_p2p\": %.3f, \"peak_staging\": %llu, "
                 "\"staging_cap\": %llu}%s\n",
-                res[i].pair, (unsigned long long)res[i].state, (unsigned long long)res[i].sent,
-                res[i].base_s, res[i].exec_s, res[i].base_gbs, res[i].exec_gbs, res[i].ratio,
-                (unsigned long long)res[i].peak_staging, (unsigned long long)res[i].cap,
-                i + 1 < n ? "," : "");
+                (double)r->sent / r->med[M_MPI] / 1e9, (double)r->sent / r->med[M_EXEC_NET] / 1e9,
+                r->ratio_net, r->ratio_e2e, r->ratio_p2p, (unsigned long long)r->peak_staging,
+                (unsigned long long)r->cap, i + 1 < n ? "," : "");
+    }
     fprintf(f, "  ]\n}\n");
     fclose(f);
 }
 
 int main(int argc, char **argv)
 {
-    long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 1, pack_kib = 0;
+    long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 5, pack_kib = 0,
+              piece_mib = 1024, only_pair = -1;
     const char *out = "bench-out/reshard_bench.json", *log = NULL;
     int help = 0, npos = 0;
     tide_opt opts[] = {
@@ -326,7 +497,12 @@ int main(int argc, char **argv)
          "max chunk (MiB); 0: executor default", 0, 1024},
         {"pack-kib", "TIDE_PACK_KIB", TIDE_OPT_INT, &pack_kib, "0",
          "pack items below this size (KiB); 0: executor default", 0, 1 << 20},
-        {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "1", "repetitions (best is kept)", 1, 100},
+        {"base-piece-mib", "TIDE_BENCH_BASE_PIECE_MIB", TIDE_OPT_INT, &piece_mib, "1024",
+         "largest baseline message (MiB)", 1, 1024},
+        {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
+         "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2)); -1: all", -1, 3},
+        {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
+         "repetitions, interleaved (the median is reported)", 1, 1000},
         {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, "bench-out/reshard_bench.json",
          "where the numbers go (JSON)", 0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log, NULL, "log level", 0, 0},
@@ -346,6 +522,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return rc != TIDE_OK ? 2 : 0;
     }
+    PIECE = (uint64_t)piece_mib << 20;
     if (log) {
         tide_log_level lv;
         if (tide_log_parse_level(log, &lv) == TIDE_OK)
@@ -376,8 +553,9 @@ int main(int argc, char **argv)
     int nres = 0;
     if (me == 0) {
         printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB\n", np, cap_mib);
-        printf("%-18s %9s %10s %9s %9s %9s %9s %6s %12s\n", "pair", "state", "sent", "mpi s",
-               "exec s", "mpi GB/s", "exec GB/s", "ratio", "peak stage");
+        printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s\n", "pair", "state", "sent",
+               "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net", "r_e2e",
+               "r_p2p", "peak stg");
     }
     int failed = 0;
     for (long long mib = min_mib; mib <= max_mib && nres < 60; mib *= 2) {
@@ -387,6 +565,8 @@ int main(int argc, char **argv)
             break;
         }
         for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+            if (only_pair >= 0 && (size_t)only_pair != k)
+                continue;
             result *r = &res[nres];
             memset(r, 0, sizeof *r);
             if (run_one(comm, &pairs[k], col, (uint64_t)cap_mib << 20, (uint64_t)chunk_mib << 20,
@@ -396,10 +576,13 @@ int main(int argc, char **argv)
             }
             nres++;
             if (me == 0) {
-                printf("%-18s %6.0f MiB %6.0f MiB %9.3f %9.3f %9.2f %9.2f %6.2f %8.0f MiB%s\n",
+                printf("%-18s %4.0f MiB %4.0f MiB %4.0f MiB %8.4f %8.4f %8.4f %8.4f %9.2f %6.2f "
+                       "%6.2f %6.2f %5.0f MiB%s\n",
                        r->pair, (double)r->state / 1048576.0, (double)r->sent / 1048576.0,
-                       r->base_s, r->exec_s, r->base_gbs, r->exec_gbs, r->ratio,
-                       (double)r->peak_staging / 1048576.0,
+                       (double)r->local / 1048576.0, r->med[M_MPI], r->med[M_MPI_COPY],
+                       r->med[M_EXEC_NET], r->med[M_EXEC],
+                       (double)r->sent / r->med[M_EXEC_NET] / 1e9, r->ratio_net, r->ratio_e2e,
+                       r->ratio_p2p, (double)r->peak_staging / 1048576.0,
                        r->peak_staging <= r->cap ? "" : " (over cap!)");
                 fflush(stdout);
             }

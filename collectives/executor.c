@@ -23,6 +23,10 @@
 /* Local copy work done between two polls of an in-flight round (bytes). */
 #define LOCAL_SLICE ((uint64_t)4 << 20)
 
+/* Rounds in flight at most when they need no staging (messages in place): enough to
+   keep every peer busy; the bound only keeps the request count sane. */
+#define AHEAD_ROUNDS 64
+
 /* One message of a stream. Round k of a stream is its k-th chunk of at most
    chunk_size bytes; a chunk of several whole items goes as several messages (each big
    item alone, so it can be sent or received in place; runs of small items packed
@@ -58,9 +62,12 @@ typedef struct exec {
     tide_coll_stream_t cstream;
     int me, n;
     uint64_t cap, max_chunk;
-    uint64_t pack_below; /* items smaller than this share messages (bytes) */
-    int depth;           /* rounds in flight on this rank */
-    uint64_t *chunk_of;  /* [n] chunk size of each rank (0: no streams) */
+    uint64_t pack_below;    /* items smaller than this share messages (bytes) */
+    int depth;              /* staged rounds in flight on this rank (1 or 2: staging slots) */
+    size_t n_rounds;        /* rounds of this rank: the most of any of its streams */
+    uint8_t *staged;        /* [n_rounds] 1: the round moves bytes through staging here */
+    tide_coll_req_t **reqs; /* [n_rounds] the batch of each round in flight */
+    uint64_t *chunk_of;     /* [n] chunk size of each rank (0: no streams) */
     stream *streams;
     size_t n_streams;
     size_t *item_idx; /* backing store for streams[].items */
@@ -421,6 +428,13 @@ static char *direct_ptr(const exec *x, const stream *s, const chunk *ch)
    back to back in the stream's slot, and allocates the slots. */
 static tide_status alloc_slots(exec *x)
 {
+    for (size_t k = 0; k < x->n_streams; k++)
+        if (x->streams[k].n_rounds > x->n_rounds)
+            x->n_rounds = x->streams[k].n_rounds;
+    x->staged = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->staged);
+    x->reqs = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->reqs);
+    if (x->staged == NULL || x->reqs == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the reshard rounds");
     for (size_t k = 0; k < x->n_streams; k++) {
         stream *s = &x->streams[k];
         uint64_t need = 0, at = 0;
@@ -435,6 +449,7 @@ static tide_status alloc_slots(exec *x)
                 staged_rounds++;
                 last_round = m->round;
             }
+            x->staged[m->round] = 1;
             m->slot_off = at;
             at += m->len;
             if (at > need)
@@ -613,48 +628,51 @@ static tide_status finish_round(exec *x, size_t k, tide_coll_req_t **req, uint64
     return TIDE_OK;
 }
 
-/* Posts rounds (up to depth in flight), completes them in order, reports progress. */
+/* Whether round r may be posted now that rounds [0, done) are finished. A round that
+   stages bytes on this rank reuses the slots of round r - depth, so it waits for it
+   (with depth 1, for every earlier round); a round whose messages are all in place
+   needs no memory and goes out at once, up to AHEAD_ROUNDS ahead. Rounds are posted in
+   order, so every stream's messages are posted in the same order at both ends (MPI
+   matches them in that order) whatever the timing of either end. */
+static int can_post(const exec *x, size_t r, size_t done)
+{
+    if (r >= x->n_rounds || r >= done + AHEAD_ROUNDS)
+        return 0;
+    return !x->staged[r] || r < done + (size_t)x->depth;
+}
+
+/* Posts rounds as soon as their staging is free, completes them in order (unpacking
+   staged receives), runs the local copies in slices while transfers are in flight,
+   and reports progress. */
 static tide_status run_rounds(exec *x, const tide_exec_opts *opts, uint64_t *done, uint64_t total)
 {
-    size_t rounds = 0, msgs = 0;
-    for (size_t i = 0; i < x->n_streams; i++) {
-        if (x->streams[i].n_rounds > rounds)
-            rounds = x->streams[i].n_rounds;
-        msgs += x->streams[i].n_chunks;
-    }
+    size_t rounds = x->n_rounds;
     if (rounds == 0)
         return local_step(x, UINT64_MAX, done);
-    (void)msgs;
     tide_status rc = TIDE_OK;
     tide_p2p_op *ops = x->ops; /* sized in build_streams: no allocation once data moves */
-    tide_coll_req_t *req[2] = {NULL, NULL};
-    size_t posted = 0, depth = (size_t)x->depth;
-    while (posted < rounds && posted < depth) {
-        TIDE_CHECK_GOTO(post_round(x, posted, ops, &req[posted % depth]), rc, out);
-        posted++;
-    }
+    size_t posted = 0;
     for (size_t k = 0; k < rounds; k++) {
+        while (can_post(x, posted, k)) {
+            TIDE_CHECK_GOTO(post_round(x, posted, ops, &x->reqs[posted]), rc, out);
+            posted++;
+        }
         /* While round k is in flight, make progress on the local copies. */
         while (local_left(x)) {
             int ready = 0;
-            TIDE_CHECK_GOTO(tide_coll_req_test(x->comm, req[k % depth], &ready), rc, out);
+            TIDE_CHECK_GOTO(tide_coll_req_test(x->comm, x->reqs[k], &ready), rc, out);
             if (ready)
                 break;
             TIDE_CHECK_GOTO(local_step(x, LOCAL_SLICE, done), rc, out);
         }
-        TIDE_CHECK_GOTO(finish_round(x, k, &req[k % depth], done), rc, out);
-        /* Slot k % depth is free again: round k + depth may reuse it. */
-        if (posted < rounds) {
-            TIDE_CHECK_GOTO(post_round(x, posted, ops, &req[posted % depth]), rc, out);
-            posted++;
-        }
+        TIDE_CHECK_GOTO(finish_round(x, k, &x->reqs[k], done), rc, out);
         if (opts->progress)
             opts->progress(opts->progress_ctx, *done, total);
     }
     rc = local_step(x, UINT64_MAX, done);
 out:
-    for (int i = 0; i < 2; i++)
-        tide_coll_req_free(x->comm, &req[i]);
+    for (size_t k = 0; k < rounds; k++)
+        tide_coll_req_free(x->comm, &x->reqs[k]);
     return rc;
 }
 
@@ -703,6 +721,8 @@ static void release(exec *x)
     tide_free(x->item_idx);
     tide_free(x->ops);
     tide_free(x->chunk_of);
+    tide_free(x->staged);
+    tide_free(x->reqs);
 }
 
 tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *args,

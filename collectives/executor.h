@@ -5,8 +5,10 @@
  * Order of work on each rank: the transfers are packed per peer rank into one byte
  * stream per (sender, receiver) pair in plan order, cut into rounds of at most the
  * chunk size; round k posts chunk k of every stream of the rank as one grouped p2p
- * batch, so transfers to and from different peers are in flight together (two rounds
- * when the cap allows). Inside a round an item of at least pack_below bytes is its own
+ * batch, so transfers to and from different peers are in flight together. Rounds are
+ * posted in order; one that stages bytes on this rank waits for the staging slot of
+ * round k - 2 (k - 1 when the cap allows one slot), one whose messages all move in
+ * place goes out at once (up to 64 rounds ahead). Inside a round an item of at least pack_below bytes is its own
  * message, moved in place when it is contiguous, or strided in place when the backend
  * has TIDE_COLL_CAP_STRIDED (mpi: an MPI vector type); smaller items, and strided ones
  * elsewhere (nccl), are gathered into a staging buffer and scattered back on the

@@ -413,11 +413,17 @@ static tide_status mpi_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops, si
     batch_init(b);
     tide_status rc = TIDE_OK;
     MPI_Comm comm = impl(c)->comm;
-    /* Receives first, so that matching sends (ours to ourselves included) find them. */
+    /* Sends first. Large messages over shared memory are pulled by the receiver
+       (single copy, CMA), and an MPI_Irecv that matches a message already announced
+       does that whole copy inside the call: posted first, a receive would hold back
+       this rank's own sends, and with them every peer waiting to pull from it (a
+       chain 0 -> 1 -> 2 then runs one hop at a time). Posting order does not affect
+       matching, which is by (source, tag) in posting order per peer on each side;
+       sends to ourselves wait as unexpected messages until their receive is posted. */
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < n; i++) {
             int send = ops[i].kind == TIDE_P2P_SEND;
-            if (send != pass)
+            if (send == pass)
                 continue;
             if (ops[i].run != 0 && ops[i].bytes > 0)
                 TIDE_CHECK_GOTO(post_strided(b, comm, send, &ops[i]), rc, fail);

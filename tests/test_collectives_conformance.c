@@ -789,7 +789,8 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
     p->calls++;
 }
 
-static void run_rplan(tide_coll_comm_t *c, uint64_t *s, int W, uint64_t cap, uint64_t chunk)
+static void run_rplan(tide_coll_comm_t *c, uint64_t *s, int W, uint64_t cap, uint64_t chunk,
+                      uint64_t pack)
 {
     static rplan p;
     make_rplan(s, &p, W);
@@ -841,6 +842,7 @@ static void run_rplan(tide_coll_comm_t *c, uint64_t *s, int W, uint64_t cap, uin
     tide_exec_opts_init(&o);
     o.staging_cap = cap;
     o.max_chunk = chunk;
+    o.pack_below = pack; /* small: most items in place, their rounds posted ahead */
     o.progress = on_progress;
     o.progress_ctx = &pr;
     tide_exec_stats st;
@@ -888,7 +890,10 @@ static void test_executor_random(void)
         uint64_t chunk = iter % 4 == 0 ? 0
                          : iter % 2    ? 1 + rng_below(&s, 24)
                                        : 1 + rng_below(&s, 700);
-        run_rplan(c, &s, W, cap, chunk);
+        /* pack_below small: items travel in place (rounds posted ahead, without
+           staging) between staged rounds of packed small items */
+        uint64_t pack = iter % 3 == 1 ? 1 + (uint64_t)iter * 37 : 0;
+        run_rplan(c, &s, W, cap, chunk, pack);
     }
     tide_coll_comm_destroy(&c);
     mt_pass("executor_random_plans");
@@ -1104,6 +1109,7 @@ static void test_executor_reshard(void)
         tide_exec_opts_init(&o);
         o.staging_cap = 512 + rng_below(&s, 8192);
         o.max_chunk = 1 + rng_below(&s, 1024);
+        o.pack_below = iter % 2 ? 1 + (uint64_t)iter * 100 : 0; /* in place and staged mixed */
         tide_exec_stats st;
         MT_OK(tide_reshard_execute(c, &a, &o, &st));
         MT_ASSERT(st.peak_staging <= o.staging_cap, "staging %llu > cap",

@@ -9,7 +9,7 @@
  * Adam moments, step counter, data cursor) lives in one buffer per collection tensor in
  * exactly the shard geometry of reshard/reshard.h, so libtide can reshard it live.
  * Communication goes through tide_mlp_comm (a table of blocking callbacks), so the same
- * model runs on MPI today (mlp_mpi.h) and on tide's collectives later.
+ * model runs on plain MPI (mlp_mpi.h) and on libtide's communicators (mlp_tide.h).
  *
  * Determinism: parameters are a pure function of (seed, tensor name, global element
  * index) and sample k of the data stream a pure function of (seed, k), so the global

@@ -1,24 +1,38 @@
 /*
  * train_mlp: trains the tide_mlp model (Megatron-style MLP blocks) on the synthetic
- * next-token task in one (dp, tp, pp) layout, launched as
- *   mpirun -np <dp*tp*pp> train_mlp --dp 2 --tp 2 --pp 2 [--stages 0-2,3-3] ...
- * Worker id = MPI rank (tp fastest, then dp, then pp); extra ranks stay idle. Rank 0
- * prints step, loss (the global mean of the batch, identical on every rank), layout and
- * throughput, and writes "step loss" lines to --loss-out. Until libtide exists the
- * layout is fixed for the run; the model is already laid out for live resharding.
+ * next-token task. Two modes:
+ *
+ *   --tide        elastic: every rank joins tided's pool through libtide
+ *                 (mpirun -np 8 train_mlp --tide --dp 2 --tp 2 --pp 2); the first
+ *                 layout comes from the flags, later ones from `tidectl resize JOB`,
+ *                 switched live at an agreed step (state resharded in place, no
+ *                 restart, no step lost or repeated); ranks outside the layout wait
+ *                 idle inside the runtime (and run offline work) until a layout
+ *                 includes them.
+ *   (default)     standalone: one fixed layout over MPI, no tided needed; with
+ *                 --ckpt-save / --ckpt-load it stops and resumes a run under another
+ *                 layout through per-rank checkpoint files (checkpoint-restart).
+ *
+ * Worker id = MPI rank (tp fastest, then dp, then pp in the default placement). The
+ * first rank of the current layout prints step, loss (the global mean of the batch,
+ * identical on every rank), generation, layout and throughput, and appends "step loss"
+ * lines to --loss-out and timing records to --trace-out (see trace_step).
  */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
 #include "examples/mlp.h"
+#include "examples/mlp_ckpt.h"
 #include "examples/mlp_mpi.h"
+#include "examples/mlp_tide.h"
 
 #define SUBSYS "train_mlp"
 
@@ -52,20 +66,309 @@ static int local_rank(void)
     return r;
 }
 
+/* Wall-clock time in microseconds: trace records of different processes (a relaunch)
+ * are compared, so a monotonic per-process clock would not do. */
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* ---- output shared by both modes ------------------------------------------------------- */
+
+typedef struct output {
+    const char *loss_path, *trace_path;
+    FILE *loss, *trace; /* opened for append on first use by the first rank of a layout */
+    long long every, steps, pace_ms;
+    int64_t batch;
+    double first, last; /* losses of the first and last step this rank ran */
+    int64_t last_step;  /* -1: ran none */
+    double timed_s;     /* step seconds, warm-up steps excluded */
+    long long timed_steps;
+} output;
+
+/* World rank 0 empties the output files before any step (appends follow). */
+static void output_reset(const output *o)
+{
+    const char *paths[] = {o->loss_path, o->trace_path};
+    for (int i = 0; g_rank == 0 && i < 2; i++) {
+        if (paths[i] == NULL)
+            continue;
+        FILE *f = fopen(paths[i], "w");
+        if (f == NULL)
+            RUN(tide_errorf(TIDE_ERR_IO, "cannot write %s", paths[i]), "output file");
+        fclose(f);
+    }
+}
+
+static FILE *append(FILE **f, const char *path)
+{
+    if (*f == NULL && path != NULL) {
+        *f = fopen(path, "a");
+        if (*f == NULL)
+            RUN(tide_errorf(TIDE_ERR_IO, "cannot append to %s", path), "output file");
+    }
+    return *f;
+}
+
+/*
+ * One completed step on a member. The layout's first rank prints it and appends
+ * "step loss" to --loss-out and "step S gen G start_us T0 end_us T1 loss L" to
+ * --trace-out (wall clock, so that a relaunched run's records compare).
+ */
+static void record_step(output *o, int first_rank, uint64_t gen, const char *layout, int64_t step,
+                        double loss, double secs, int64_t t0_us, int64_t t1_us, int warm)
+{
+    if (o->last_step < 0)
+        o->first = loss;
+    o->last = loss;
+    o->last_step = step;
+    if (warm) {
+        o->timed_s += secs;
+        o->timed_steps++;
+    }
+    if (!first_rank)
+        return;
+    FILE *f = append(&o->loss, o->loss_path);
+    if (f != NULL) {
+        fprintf(f, "%lld %.9g\n", (long long)step, loss);
+        fflush(f);
+    }
+    f = append(&o->trace, o->trace_path);
+    if (f != NULL) {
+        fprintf(f, "step %lld gen %llu start_us %lld end_us %lld loss %.9g\n", (long long)step,
+                (unsigned long long)gen, (long long)t0_us, (long long)t1_us, loss);
+        fflush(f);
+    }
+    if (step % o->every == 0 || step + 1 == o->steps) {
+        printf("step %5lld  loss %.6f  gen %llu  layout %s  %.1f samples/s\n", (long long)step,
+               loss, (unsigned long long)gen, layout, secs > 0 ? (double)o->batch / secs : 0.0);
+        fflush(stdout);
+    }
+}
+
+static void pace(const output *o, double secs)
+{
+    double left_ms = (double)o->pace_ms - secs * 1000.0;
+    if (left_ms > 0)
+        tide_sleep_ms((uint64_t)left_ms);
+}
+
+/*
+ * After the run, collective over world: the last step and its loss must be the same
+ * on every rank that ran it. Rank 0 prints the summary; returns the exit code.
+ */
+static int summarize(output *o, int generations)
+{
+    long long last = o->last_step, mx = -1;
+    MPI_Allreduce(&last, &mx, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    int ran_last = mx >= 0 && last == mx;
+    double lo = ran_last ? o->last : INFINITY, hi = ran_last ? o->last : -INFINITY;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double sum[2] = {o->timed_s, (double)o->timed_steps}, tot[2] = {0, 0};
+    MPI_Allreduce(sum, tot, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    int code = mx >= 0 && lo != hi ? 1 : 0;
+    if (g_rank == 0 && mx >= 0) {
+        printf("train_mlp: %lld steps done in %d generation%s; final loss %.6f, identical on every "
+               "rank of the last layout: %s; %.2f steps/s (mean over warm steps)\n",
+               mx + 1, generations, generations == 1 ? "" : "s", lo, lo == hi ? "yes" : "NO",
+               tot[0] > 0 ? tot[1] / tot[0] : 0.0);
+        fflush(stdout);
+    }
+    if (o->loss != NULL)
+        fclose(o->loss);
+    if (o->trace != NULL)
+        fclose(o->trace);
+    o->loss = o->trace = NULL;
+    return code;
+}
+
+/* ---- standalone: one layout over MPI ------------------------------------------------------ */
+
+static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tide_mlp_device dev,
+                          output *o, const char *ckpt_load, const char *ckpt_save)
+{
+    tide_mlp_t *model = NULL;
+    tide_mlp_mpi_t *mpi = NULL;
+    RUN(tide_mlp_new(&model, cfg, layout, g_rank, dev), "model");
+    if (ckpt_load != NULL)
+        RUN(tide_mlp_ckpt_load(model, g_rank, ckpt_load), "--ckpt-load");
+    else
+        RUN(tide_mlp_init(model), "model init");
+    RUN(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, layout), "MPI groups");
+    char lbuf[256];
+    tide_layout_format(layout, lbuf, sizeof lbuf);
+    int active = tide_mlp_active(model);
+    int first_rank = layout->worker[0] == g_rank;
+    int64_t from = active ? tide_mlp_step_count(model) : 0;
+    MPI_Bcast(&from, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (g_rank == 0 && ckpt_load != NULL) {
+        printf("train_mlp: resumed at step %lld from %s\n", (long long)from, ckpt_load);
+        fflush(stdout);
+    }
+    for (int64_t s = from; s < o->steps && active; s++) {
+        double loss = 0.0;
+        int64_t t0 = wall_us();
+        uint64_t n0 = tide_now_ns();
+        RUN(tide_mlp_step(model, tide_mlp_mpi_comm(mpi), &loss), "step");
+        double dt = (double)(tide_now_ns() - n0) * 1e-9;
+        /* the first step of a process pays for page faults and warm-up */
+        record_step(o, first_rank, 0, lbuf, s, loss, dt, t0, wall_us(), s > from);
+        pace(o, dt);
+    }
+    if (ckpt_save != NULL) {
+        uint64_t t0 = tide_now_ns();
+        RUN(tide_mlp_ckpt_save(model, g_rank, ckpt_save), "--ckpt-save");
+        if (first_rank) {
+            printf("train_mlp: checkpoint of step %lld written to %s in %.0f ms (this rank)\n",
+                   (long long)tide_mlp_step_count(model), ckpt_save,
+                   (double)(tide_now_ns() - t0) * 1e-6);
+            fflush(stdout);
+        }
+    }
+    int code = summarize(o, 1);
+    tide_mlp_mpi_destroy(&mpi);
+    tide_mlp_destroy(&model);
+    return code;
+}
+
+/* ---- elastic: libtide ------------------------------------------------------------------------ */
+
+typedef struct elastic {
+    output *o;
+    int64_t steps;
+    int generations;
+    int fresh; /* a switch happened since this rank's last step */
+} elastic;
+
+static int is_first_rank(tide_t *t)
+{
+    const tide_view *v = tide_view_get(t);
+    return v->member && v->layout->worker[0] == tide_worker_id(t);
+}
+
+static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
+                             double secs)
+{
+    elastic *e = ctx;
+    const tide_view *v = tide_view_get(t);
+    char lbuf[256];
+    tide_layout_format(v->layout, lbuf, sizeof lbuf);
+    int64_t now = wall_us();
+    /* the first step on new buffers pays for their page faults */
+    int warm = !e->fresh && e->o->last_step == step - 1;
+    e->fresh = 0;
+    record_step(e->o, is_first_rank(t), v->generation, lbuf, step, loss, secs,
+                now - (int64_t)(secs * 1e6), now, warm);
+    pace(e->o, secs);
+    return TIDE_OK;
+}
+
+static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
+                                  const tide_reshard_stats *st)
+{
+    elastic *e = ctx;
+    const tide_view *v = tide_view_get(t);
+    e->generations++;
+    e->fresh = 1;
+    if (!is_first_rank(t))
+        return TIDE_OK;
+    char lbuf[256];
+    tide_layout_format(v->layout, lbuf, sizeof lbuf);
+    printf("train_mlp: generation %llu from step %lld: layout %s; switch %.1f ms (plan %.1f, move "
+           "%.1f, comms %.1f), this rank sent %.2f MiB, received %.2f MiB, copied %.2f MiB\n",
+           (unsigned long long)v->generation, (long long)v->step, lbuf, st->total_ms, st->plan_ms,
+           st->move_ms, st->comm_ms, (double)st->bytes_sent / 1048576.0,
+           (double)st->bytes_recv / 1048576.0, (double)st->bytes_local / 1048576.0);
+    fflush(stdout);
+    FILE *f = append(&e->o->trace, e->o->trace_path);
+    if (f != NULL) {
+        fprintf(f, "switch gen %llu step %lld total_ms %.3f move_ms %.3f at_us %lld\n",
+                (unsigned long long)v->generation, (long long)v->step, st->total_ms, st->move_ms,
+                (long long)wall_us());
+        fflush(f);
+    }
+    return TIDE_OK;
+}
+
+static int e_done(void *ctx, const tide_view *v)
+{
+    const elastic *e = ctx;
+    return v->step >= e->steps;
+}
+
+static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char *job, int dp,
+                    int tp, int pp, int micro, tide_mlp_device dev, output *o,
+                    const char *ckpt_save)
+{
+    tide_options opt;
+    tide_options_init(&opt);
+    if (endpoint != NULL)
+        opt.endpoint = endpoint;
+    if (dev == TIDE_MLP_CUDA && getenv("TIDE_BACKEND") == NULL)
+        opt.backend = "nccl"; /* device buffers need the device backend */
+    tide_collection_t *coll = NULL;
+    RUN(tide_mlp_collection_new(cfg, &coll), "model collection");
+    tide_t *t = NULL;
+    RUN(tide_new(&t, &opt, MPI_COMM_WORLD), "tide_new (is tided running? --endpoint)");
+    tide_join_req jr = {job, coll, dp, tp, pp, micro, 0};
+    RUN(tide_join(t, &jr), "tide_join");
+    const tide_view *v = tide_view_get(t);
+    int32_t me = tide_worker_id(t);
+    tide_mlp_t *model = NULL;
+    RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
+    if (v->member) {
+        RUN(tide_mlp_init(model), "model init");
+        RUN(tide_set_buffers(t, tide_mlp_buffers(model)), "tide_set_buffers");
+    }
+    if (is_first_rank(t)) {
+        char lbuf[256];
+        tide_layout_format(v->layout, lbuf, sizeof lbuf);
+        printf("train_mlp: joined job %s at %s: generation %llu, layout %s, %d ranks (%d idle)\n",
+               job, opt.endpoint, (unsigned long long)v->generation, lbuf, tide_pool_size(t),
+               tide_pool_size(t) - (int)tide_layout_size(v->layout));
+        fflush(stdout);
+    }
+    elastic e = {o, o->steps, 1, 1};
+    tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done};
+    RUN(tide_mlp_tide_train(t, model, &h), "training");
+    /* everyone is out of the runtime before anyone says bye to tided */
+    int code = summarize(o, e.generations);
+    if (ckpt_save != NULL && tide_mlp_active(model))
+        RUN(tide_mlp_ckpt_save(model, me, ckpt_save), "--ckpt-save");
+    MPI_Barrier(MPI_COMM_WORLD);
+    tide_destroy(&t);
+    tide_mlp_destroy(&model);
+    tide_collection_destroy(&coll);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    int prov = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     int size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
 
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
-    long long layers, hidden, ffn, vocab, seq, batch, micro, steps, seed, dp, tp, pp, every;
+    long long layers, hidden, ffn, vocab, seq, batch, micro, steps, seed, dp, tp, pp, every,
+        pace_ms;
     double lr;
-    int zero1 = 0;
-    const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL;
+    int zero1 = 0, tide = 0;
+    const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL,
+               *trace_out = NULL, *endpoint = NULL, *job = NULL, *ckpt_save = NULL,
+               *ckpt_load = NULL;
     const tide_opt opts[] = {
+        {"tide", "TIDE_MLP_TIDE", TIDE_OPT_BOOL, &tide, "0",
+         "elastic mode: join tided through libtide (resize with tidectl)", 0, 0},
+        {"endpoint", "TIDE_ENDPOINT", TIDE_OPT_STRING, &endpoint, NULL,
+         "--tide: tided's endpoint (default tcp://127.0.0.1:5555)", 0, 0},
+        {"job", "TIDE_MLP_JOB", TIDE_OPT_STRING, &job, "train_mlp", "--tide: online job name", 0,
+         0},
         {"layers", "TIDE_MLP_LAYERS", TIDE_OPT_INT, &layers, "4", "MLP blocks", 1, 100000},
         {"hidden", "TIDE_MLP_HIDDEN", TIDE_OPT_INT, &hidden, "64", "model width", 1, 1 << 20},
         {"ffn", "TIDE_MLP_FFN", TIDE_OPT_INT, &ffn, "256", "fc1 output width", 1, 1 << 22},
@@ -75,22 +378,34 @@ int main(int argc, char **argv)
          "samples per step over all dp ranks", 1, 1 << 24},
         {"micro-batches", "TIDE_MLP_MICRO_BATCHES", TIDE_OPT_INT, &micro, "4",
          "micro-batches per step and dp rank", 1, 1 << 20},
-        {"steps", "TIDE_MLP_STEPS", TIDE_OPT_INT, &steps, "30", "training steps", 0, 1 << 30},
+        {"steps", "TIDE_MLP_STEPS", TIDE_OPT_INT, &steps, "30",
+         "train until this many steps are done", 0, 1 << 30},
         {"lr", "TIDE_MLP_LR", TIDE_OPT_DOUBLE, &lr, "0.003", "Adam learning rate", 0, 0},
         {"seed", "TIDE_MLP_SEED", TIDE_OPT_INT, &seed, "1234", "model, task and data seed", 0,
          INT64_MAX},
-        {"dp", "TIDE_MLP_DP", TIDE_OPT_INT, &dp, "1", "data-parallel degree", 1, 1 << 16},
-        {"tp", "TIDE_MLP_TP", TIDE_OPT_INT, &tp, "1", "tensor-parallel degree", 1, 1 << 16},
-        {"pp", "TIDE_MLP_PP", TIDE_OPT_INT, &pp, "1", "pipeline stages", 1, 1 << 16},
+        {"dp", "TIDE_MLP_DP", TIDE_OPT_INT, &dp, "1", "data-parallel degree (--tide: first)", 1,
+         1 << 16},
+        {"tp", "TIDE_MLP_TP", TIDE_OPT_INT, &tp, "1", "tensor-parallel degree (--tide: first)", 1,
+         1 << 16},
+        {"pp", "TIDE_MLP_PP", TIDE_OPT_INT, &pp, "1", "pipeline stages (--tide: first)", 1,
+         1 << 16},
         {"stages", "TIDE_MLP_STAGES", TIDE_OPT_STRING, &stages, NULL,
-         "layer ranges per stage, e.g. 0-2,3-3 (default: even)", 0, 0},
+         "layer ranges per stage, e.g. 0-2,3-3 (default: even; standalone only)", 0, 0},
         {"zero1", "TIDE_MLP_ZERO1", TIDE_OPT_BOOL, &zero1, "0",
          "shard Adam moments over dp (ZeRO-1)", 0, 0},
         {"device", "TIDE_MLP_DEVICE", TIDE_OPT_STRING, &device, "cpu", "cpu or cuda", 0, 0},
         {"print-every", "TIDE_MLP_PRINT_EVERY", TIDE_OPT_INT, &every, "1",
          "print every N steps (and the last)", 1, 1 << 30},
+        {"pace-ms", "TIDE_MLP_PACE_MS", TIDE_OPT_INT, &pace_ms, "0",
+         "sleep so that a step takes at least this long (ms; demos)", 0, 1 << 20},
         {"loss-out", "TIDE_MLP_LOSS_OUT", TIDE_OPT_STRING, &loss_out, NULL,
-         "write 'step loss' lines here (rank 0)", 0, 0},
+         "write 'step loss' lines here (first rank of the layout)", 0, 0},
+        {"trace-out", "TIDE_MLP_TRACE_OUT", TIDE_OPT_STRING, &trace_out, NULL,
+         "write step and switch timing records here (wall clock, us)", 0, 0},
+        {"ckpt-save", "TIDE_MLP_CKPT_SAVE", TIDE_OPT_STRING, &ckpt_save, NULL,
+         "after the last step, write a per-rank checkpoint into this directory", 0, 0},
+        {"ckpt-load", "TIDE_MLP_CKPT_LOAD", TIDE_OPT_STRING, &ckpt_load, NULL,
+         "standalone: resume from this checkpoint directory (any layout)", 0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log_level, NULL, "error, warn, info, debug", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -107,12 +422,18 @@ int main(int argc, char **argv)
             rc = tide_errorf(TIDE_ERR_INVALID, "--log '%s': expected error, warn, info, debug",
                              log_level);
     }
+    if (rc == TIDE_OK && tide && stages != NULL)
+        rc = tide_errorf(TIDE_ERR_INVALID, "--stages with --tide: the first layout splits the "
+                                           "layers evenly; give uneven stages to `tidectl resize "
+                                           "--stages`");
+    if (rc == TIDE_OK && tide && ckpt_load != NULL)
+        rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-load is for standalone runs (without --tide)");
     if (rc != TIDE_OK || help) {
         if (g_rank == 0) {
             if (rc != TIDE_OK)
                 fprintf(stderr, "train_mlp: %s\n", tide_last_error());
             tide_opts_usage(rc != TIDE_OK ? stderr : stdout, "train_mlp",
-                            "[--dp N --tp N --pp N] [options]  (under mpirun -np dp*tp*pp)", opts);
+                            "[--tide] [--dp N --tp N --pp N] [options]  (under mpirun)", opts);
         }
         MPI_Finalize();
         return rc != TIDE_OK ? 2 : 0;
@@ -139,83 +460,49 @@ int main(int argc, char **argv)
                         dp, tp, pp, dp * tp * pp, size),
             "layout");
     }
-
+    /* the layout is checked against the model here, before tided sees it */
     tide_layout_t *layout = NULL;
     RUN(tide_layout_new(&layout, (int)dp, (int)tp, (int)pp, cfg.layers, (int)micro), "layout");
     if (stages != NULL)
         RUN(tide_layout_parse_stages(layout, stages), "--stages");
+    tide_collection_t *coll = NULL;
+    RUN(tide_mlp_collection_new(&cfg, &coll), "model");
+    RUN(tide_layout_validate(layout, coll), "layout");
+    if (cfg.global_batch % (dp * micro) != 0)
+        RUN(tide_errorf(TIDE_ERR_INVALID,
+                        "--global-batch %lld is not divisible by dp %lld x --micro-batches %lld",
+                        batch, dp, micro),
+            "layout");
     RUN(tide_mlp_select_device(dev, local_rank()), "--device");
 
-    tide_mlp_t *model = NULL;
-    tide_mlp_mpi_t *mpi = NULL;
-    RUN(tide_mlp_new(&model, &cfg, layout, g_rank, dev), "model");
-    RUN(tide_mlp_init(model), "model init");
-    RUN(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, layout), "MPI groups");
-
-    char lbuf[256];
-    tide_layout_format(layout, lbuf, sizeof lbuf);
-    uint64_t state_bytes = tide_collection_bytes(tide_mlp_collection(model));
     if (g_rank == 0) {
-        printf("train_mlp: %d layers, hidden %lld, ffn %lld, vocab %lld, seq %lld, global batch "
-               "%lld, %lld micro-batches, state %.2f MiB, device %s, layout %s, %d ranks (%d "
-               "idle)\n",
-               cfg.layers, hidden, ffn, vocab, seq, batch, micro,
-               (double)state_bytes / (1024.0 * 1024.0), device, lbuf, size,
-               size - (int)(dp * tp * pp));
+        char lbuf[256];
+        printf(
+            "train_mlp: %s mode, %d layers, hidden %lld, ffn %lld, vocab %lld, seq %lld, global "
+            "batch %lld, %lld micro-batches, state %.2f MiB, device %s, %s layout %s, %d ranks\n",
+            tide ? "elastic (tide)" : "standalone", cfg.layers, hidden, ffn, vocab, seq, batch,
+            micro, (double)tide_collection_bytes(coll) / (1024.0 * 1024.0), device,
+            tide ? "first" : "fixed", tide_layout_format(layout, lbuf, sizeof lbuf), size);
         fflush(stdout);
     }
-    FILE *lf = NULL;
-    if (g_rank == 0 && loss_out != NULL) {
-        lf = fopen(loss_out, "w");
-        if (lf == NULL)
-            RUN(tide_errorf(TIDE_ERR_IO, "cannot write --loss-out %s", loss_out), "--loss-out");
-    }
+    tide_collection_destroy(&coll);
 
-    double first = NAN, last = NAN, timed_s = 0.0;
-    long long timed_steps = 0;
-    int active = tide_mlp_active(model);
-    for (long long s = 0; s < steps && active; s++) {
-        double loss = 0.0;
-        uint64_t t0 = tide_now_ns();
-        RUN(tide_mlp_step(model, tide_mlp_mpi_comm(mpi), &loss), "step");
-        double dt = (double)(tide_now_ns() - t0) * 1e-9;
-        if (s > 0) { /* the first step pays for page faults and warm-up */
-            timed_s += dt;
-            timed_steps++;
-        }
-        if (s == 0)
-            first = loss;
-        last = loss;
-        if (g_rank == 0) {
-            if (lf != NULL)
-                fprintf(lf, "%lld %.9g\n", s, loss);
-            if (s % every == 0 || s + 1 == steps) {
-                printf("step %5lld  loss %.6f  layout %s  %.1f samples/s\n", s, loss, lbuf,
-                       (double)batch / dt);
-                fflush(stdout);
-            }
-        }
-    }
-    /* The loss must be the same number on every rank of the layout. */
-    double lo = active ? last : INFINITY, hi = active ? last : -INFINITY;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    int code = 0;
-    if (g_rank == 0) {
-        if (lf != NULL)
-            fclose(lf);
-        if (steps > 0) {
-            printf("train_mlp: loss %.6f -> %.6f over %lld steps; %.1f samples/s (mean of steps "
-                   "1..%lld); final loss identical on all ranks: %s\n",
-                   first, last, steps, timed_steps ? (double)batch * timed_steps / timed_s : 0.0,
-                   steps - 1, lo == hi ? "yes" : "NO");
-            code = lo == hi ? 0 : 1;
-        }
-        fflush(stdout);
-    }
+    output o;
+    memset(&o, 0, sizeof o);
+    o.loss_path = loss_out;
+    o.trace_path = trace_out;
+    o.every = every;
+    o.steps = steps;
+    o.pace_ms = pace_ms;
+    o.batch = batch;
+    o.last_step = -1;
+    output_reset(&o);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    int code = tide ? run_tide(&cfg, endpoint, job, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o,
+                               ckpt_save)
+                    : run_standalone(&cfg, layout, dev, &o, ckpt_load, ckpt_save);
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    tide_mlp_mpi_destroy(&mpi);
-    tide_mlp_destroy(&model);
     tide_layout_destroy(&layout);
     MPI_Finalize();
     return code;

@@ -1,8 +1,157 @@
 #!/usr/bin/env bash
-# The README's first command. Sets up tide and shows the coordinator.
+# The README's first command: installs dependencies, builds tide, then shows a training
+# job resized live. It starts tided (embedded defaults, but on a free loopback port and
+# a state file under demo-out/ so that it never clashes with another tided), launches
+# `mpirun -np 8 train_mlp --tide` on host memory, resizes the job with tidectl
+#   (dp 2, tp 2, pp 2) -> (dp 1, tp 4, pp 2) -> (dp 4, tp 1, pp 1) -> (dp 1, tp 2, pp 2)
+# showing `tidectl status` after each switch, backfills the GPUs the last layout leaves
+# idle with offline command jobs (`tidectl submit --offline`), and ends with the loss
+# curve of this run next to a run of the same model that was never resized.
+# Everything it started is stopped on exit. About 2 minutes once built.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/install-deps.sh"
 export BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+echo "demo: building into $BUILD_DIR"
 bash "$ROOT/scripts/build.sh" >/dev/null
-"$BUILD_DIR/coordinator/tided" --help
+
+OUT="${DEMO_OUT:-$ROOT/demo-out}"
+mkdir -p "$OUT"
+rm -f "$OUT"/endpoint "$OUT"/state.db* "$OUT"/*.txt "$OUT"/*.log
+TIDED="$BUILD_DIR/coordinator/tided"
+TIDECTL="$BUILD_DIR/coordinator/tidectl"
+TRAIN="$BUILD_DIR/examples/train_mlp"
+JOB=mlp
+STEPS=${DEMO_STEPS:-240}
+MODEL=(--layers 4 --hidden 128 --ffn 512 --vocab 64 --seq 16 --global-batch 32
+       --micro-batches 4 --steps "$STEPS" --lr 0.003 --seed 1234)
+
+# Open MPI on one machine: shared memory, 8 ranks on however many cores there are.
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+if [ "$(id -u)" -eq 0 ]; then MPIRUN+=(--allow-run-as-root); fi
+
+TIDED_PID="" TRAIN_PID=""
+cleanup() {
+  for p in $TRAIN_PID $TIDED_PID; do
+    kill "$p" 2>/dev/null || true
+  done
+  for p in $TRAIN_PID $TIDED_PID; do
+    wait "$p" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+# ---- tided -------------------------------------------------------------------------------
+"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$OUT/endpoint" \
+  --state "$OUT/state.db" >"$OUT/tided.log" 2>&1 &
+TIDED_PID=$!
+for _ in $(seq 200); do [ -s "$OUT/endpoint" ] && break; sleep 0.05; done
+[ -s "$OUT/endpoint" ] || { echo "demo: tided did not start; see $OUT/tided.log"; exit 1; }
+EP="$(cat "$OUT/endpoint")"
+ctl() { "$TIDECTL" --endpoint "$EP" "$@"; }
+say "tided is listening on $EP (state $OUT/state.db, log $OUT/tided.log)"
+
+# ---- the training job ----------------------------------------------------------------------
+say "mpirun -np 8 train_mlp --tide --dp 2 --tp 2 --pp 2 (host memory, log $OUT/train.log)"
+"${MPIRUN[@]}" -np 8 "$TRAIN" --tide --endpoint "$EP" --job "$JOB" --dp 2 --tp 2 --pp 2 \
+  "${MODEL[@]}" --pace-ms 100 --print-every 20 --loss-out "$OUT/loss-resized.txt" \
+  >"$OUT/train.log" 2>"$OUT/train.err" &
+TRAIN_PID=$!
+
+shown=0
+show_train() { # the training output printed since the last call
+  local n
+  n=$(wc -l <"$OUT/train.log")
+  if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$OUT/train.log"; fi
+  shown=$n
+}
+alive() {
+  kill -0 "$TRAIN_PID" 2>/dev/null || {
+    echo "demo: train_mlp exited early; its errors:"; tail -20 "$OUT/train.err"; exit 1
+  }
+}
+job_field() { # job_field NAME -> the job's field from `tidectl jobs --json` (numbers only)
+  ctl jobs --json 2>/dev/null | grep -o "{\"name\":\"$JOB\"[^}]*}" | grep -o "\"$1\":[0-9]*" |
+    head -1 | cut -d: -f2
+}
+wait_gen() { # wait_gen G MIN_STEPS: until the job runs generation G and has done MIN_STEPS more
+  local g=$1 more=$2 start="" step
+  for _ in $(seq 1200); do
+    alive
+    if [ "$(job_field gen)" = "$g" ] && ctl jobs --json | grep -q "\"name\":\"$JOB\",[^}]*\"state\":\"running\""; then
+      step=$(job_field step)
+      [ -n "$start" ] || start=$step
+      [ "$step" -ge $((start + more)) ] && return 0
+    fi
+    sleep 0.1
+  done
+  echo "demo: job $JOB did not reach generation $g; see $OUT/train.err"; exit 1
+}
+
+wait_gen 1 25
+show_train
+say "tidectl status"
+ctl status
+ctl jobs
+
+gen=1
+for target in "1 4 2" "4 1 1" "1 2 2"; do
+  read -r dp tp pp <<<"$target"
+  gen=$((gen + 1))
+  say "tidectl resize $JOB --dp $dp --tp $tp --pp $pp"
+  ctl resize "$JOB" --dp "$dp" --tp "$tp" --pp "$pp"
+  wait_gen "$gen" 25
+  show_train
+  say "tidectl status (generation $gen)"
+  ctl status
+done
+
+# ---- backfill the idle GPUs with offline work -------------------------------------------
+idle=$(ctl status --json | grep -o '"state":"idle"' | wc -l)
+say "tidectl submit --offline: $idle offline command jobs for the $idle idle GPUs"
+for i in $(seq "$idle"); do
+  ctl submit --offline --name "eval-$i" -- sh -c \
+    'echo "offline job $TIDE_OFFLINE_JOB running on device $TIDE_OFFLINE_DEVICE"; exec sleep 600'
+done
+for _ in $(seq 100); do
+  [ "$(ctl status --json | grep -o '"state":"offline"' | wc -l)" -ge "$idle" ] && break
+  sleep 0.1
+done
+say "tidectl status (offline work backfills the idle GPUs)"
+ctl status
+ctl jobs
+
+say "waiting for train_mlp to finish its $STEPS steps"
+wait "$TRAIN_PID" || { echo "demo: train_mlp failed; see $OUT/train.err"; TRAIN_PID=""; exit 1; }
+TRAIN_PID=""
+show_train
+
+# ---- the never-resized run and the loss table ---------------------------------------------
+say "reference: the same model never resized (standalone mpirun -np 8 train_mlp --dp 2 --tp 2 --pp 2)"
+"${MPIRUN[@]}" -np 8 "$TRAIN" --dp 2 --tp 2 --pp 2 "${MODEL[@]}" --print-every 100000 \
+  --loss-out "$OUT/loss-reference.txt" >"$OUT/reference.log" 2>&1 ||
+  { echo "demo: reference run failed; see $OUT/reference.log"; exit 1; }
+tail -1 "$OUT/reference.log"
+
+say "loss per step: resized live vs never resized (every $((STEPS / 16)) steps and around each switch)"
+switches=$(grep -o 'from step [0-9]*' "$OUT/train.log" | awk '{print $3}' | tr '\n' ' ')
+awk -v every=$((STEPS / 16)) -v sw="$switches" '
+  BEGIN { n = split(sw, s, " "); for (i = 1; i <= n; i++) { mark[s[i] - 1] = 1; mark[s[i]] = "switch" } }
+  NR == FNR { ref[$1] = $2; next }
+  {
+    res[$1] = $2; steps++
+    d = ($2 - ref[$1]) / ref[$1]; if (d < 0) d = -d; if (d > worst) worst = d
+    if ($1 % every == 0 || ($1 in mark)) rows[++nr] = $1
+  }
+  END {
+    printf "%6s  %14s  %14s\n", "step", "loss resized", "loss reference"
+    for (i = 1; i <= nr; i++)
+      printf "%6d  %14.6f  %14.6f%s\n", rows[i], res[rows[i]], ref[rows[i]],
+             mark[rows[i]] == "switch" ? "   <- new layout" : ""
+    printf "%d steps in both runs; largest relative difference %.2e\n", steps, worst
+  }' "$OUT/loss-reference.txt" "$OUT/loss-resized.txt"
+say "demo done: outputs in $OUT"

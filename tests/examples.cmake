@@ -1,7 +1,9 @@
 # examples/: the train_mlp model. Unit tests (kernels, pieces and the whole model against
 # finite differences), MPI integration tests (losses of every layout match the
 # single-process run; convergence; moves across layouts keep the state), and a GPU test
-# (CUDA path matches the CPU path; skips without a device).
+# (CUDA path matches the CPU path; skips without a device). With tided built: the live
+# resize tests (train_mlp's elastic loop on libtide, resized through the real tided and
+# tidectl; one executable, one mode per test).
 if(TARGET tide_mlp)
   tide_add_unit_test(test_examples SOURCES test_examples.c LIBS tide_mlp TIMEOUT 60)
 
@@ -16,9 +18,33 @@ if(TARGET tide_mlp)
                     ARGS converge 30 TIMEOUT 60)
   tide_add_mpi_test(test_examples_mpi_relayout NP 8 TARGET test_examples_mpi
                     ARGS relayout 2 TIMEOUT 60)
+  # Distributed checkpoints: save under one layout, load under another.
+  tide_add_mpi_test(test_examples_ckpt NP 8 SOURCES test_examples_ckpt.c LIBS tide_mlp
+                    TIMEOUT 60)
   # The program itself: flags, layout, loss printed identically on all ranks.
   tide_add_mpi_test(test_train_mlp_np8 NP 8 TARGET train_mlp
                     ARGS --dp 2 --tp 2 --pp 2 --steps 3 --print-every 1 TIMEOUT 60)
+  # Flags it refuses, with a message that says what to do instead.
+  tide_add_mpi_test(test_train_mlp_tide_stages NP 1 TARGET train_mlp
+                    ARGS --tide --pp 2 --stages 0-2,3-3 TIMEOUT 30)
+  set_tests_properties(test_train_mlp_tide_stages PROPERTIES
+                       PASS_REGULAR_EXPRESSION "tidectl resize --stages")
+  tide_add_mpi_test(test_train_mlp_ckpt_missing NP 1 TARGET train_mlp
+                    ARGS --steps 1 --ckpt-load /nonexistent/tide-ckpt TIMEOUT 30)
+  set_tests_properties(test_train_mlp_ckpt_missing PROPERTIES
+                       PASS_REGULAR_EXPRESSION "cannot open /nonexistent/tide-ckpt/layout.ckpt")
+
+  if(TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide)
+    add_executable(test_examples_tide test_examples_tide.c)
+    target_link_libraries(test_examples_tide PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
+                                                     MPI::MPI_C tide_core)
+    target_include_directories(test_examples_tide PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    add_dependencies(test_examples_tide tided tidectl)
+    foreach(mode dp tp pp mixed mixed-zero1)
+      tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
+                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90)
+    endforeach()
+  endif()
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)
 endif()

@@ -1,0 +1,533 @@
+/*
+ * resize_bench: the downtime of changing a training job's layout live (libtide: agree on
+ * a step, reshard in place, new communicators) versus the checkpoint-restart way (stop,
+ * write per-rank checkpoint files, relaunch with mpirun under the new layout, read the
+ * checkpoint back), for the same train_mlp model state (>= 1 GiB of parameters and Adam
+ * moments by default), measured in one run on this machine.
+ *
+ *   live     tided + `mpirun -np NP train_mlp --tide` in the old layout; once it has run
+ *            --steps-before steps, a resize to the new layout (proto, like tidectl);
+ *            it runs on to --steps-before + --steps-after + 2 steps.
+ *   restart  `mpirun train_mlp` in the old layout up to the same switch step with
+ *            --ckpt-save, then `mpirun train_mlp` in the new layout with --ckpt-load
+ *            to the same last step.
+ * Downtime = wall-clock gap between the end of the last step in the old layout and the
+ * start of the first step in the new one (train_mlp --trace-out records, CLOCK_REALTIME
+ * microseconds, taken by the first rank of each layout). Throughput = steps per second
+ * over the warm steps before and after the change (the first step of a process or a
+ * layout, which pays for page faults, excluded). Also checked: the loss of every step
+ * after the change agrees between the two ways (relative 1e-5).
+ * Goal: live downtime <= 1/20 of checkpoint-restart. Files: bench-out/resize_bench.json
+ * (--out), checkpoint and logs under --work (removed unless --keep).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/opts.h"
+#include "tests/coord_harness.h"
+
+#define MAX_STEPS 4096
+#define JOB       "resize-bench"
+
+extern char **environ;
+
+typedef struct settings {
+    const char *tided, *train, *mpirun, *out, *work, *from, *to, *placement;
+    long long np, layers, hidden, ffn, vocab, seq, batch, micro, before, after;
+    int keep;
+} settings;
+
+/* One run's trace: per step its start/end (wall us) and loss; the switch step if any. */
+typedef struct trace {
+    int64_t start[MAX_STEPS], end[MAX_STEPS];
+    double loss[MAX_STEPS];
+    int64_t last;        /* largest step seen, -1 none */
+    int64_t switch_step; /* live: first step of generation 2, -1 none */
+    double switch_ms;    /* live: the first rank's tide_reshard total */
+} trace;
+
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int parse_layout(const char *s, int *dp, int *tp, int *pp)
+{
+    return sscanf(s, "%d,%d,%d", dp, tp, pp) == 3 && *dp >= 1 && *tp >= 1 && *pp >= 1 ? 0 : -1;
+}
+
+/* ---- child processes ------------------------------------------------------------------ */
+
+/* Starts argv with stdout and stderr to log; returns the pid or -1. */
+static pid_t spawn_logged(char *const *argv, const char *log)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    int err = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (err != 0) {
+        fprintf(stderr, "resize_bench: cannot start %s: %s\n", argv[0], strerror(err));
+        return -1;
+    }
+    return pid;
+}
+
+/* Waits for pid; 0 when it exited with status 0, else prints the log's tail. */
+static int reap(pid_t pid, const char *what, const char *log, int64_t *exit_us)
+{
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (exit_us != NULL)
+        *exit_us = wall_us();
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return 0;
+    fprintf(stderr, "resize_bench: %s failed (status %d); the end of %s:\n", what, st, log);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "tail -15 '%s' >&2", log);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(could not show %s)\n", log);
+    return -1;
+}
+
+/* mpirun -np np train_mlp MODEL extra... into argv (strings in store). */
+typedef struct cmdline {
+    char *argv[96];
+    char store[48][64];
+    int n, ns;
+} cmdline;
+
+static void add(cmdline *c, const char *s)
+{
+    if (c->n < 95)
+        c->argv[c->n++] = (char *)s;
+    c->argv[c->n] = NULL;
+}
+
+static void addf(cmdline *c, const char *flag, long long v)
+{
+    add(c, flag);
+    if (c->ns < 48) {
+        snprintf(c->store[c->ns], sizeof c->store[0], "%lld", v);
+        add(c, c->store[c->ns++]);
+    }
+}
+
+static void mpi_cmd(cmdline *c, const settings *s, int np, int dp, int tp, int pp, int64_t steps)
+{
+    memset(c, 0, sizeof *c);
+    add(c, s->mpirun);
+    add(c, "--oversubscribe");
+    add(c, "--bind-to");
+    add(c, "none");
+    if (getuid() == 0)
+        add(c, "--allow-run-as-root");
+    addf(c, "-np", np);
+    add(c, s->train);
+    addf(c, "--layers", s->layers);
+    addf(c, "--hidden", s->hidden);
+    addf(c, "--ffn", s->ffn);
+    addf(c, "--vocab", s->vocab);
+    addf(c, "--seq", s->seq);
+    addf(c, "--global-batch", s->batch);
+    addf(c, "--micro-batches", s->micro);
+    addf(c, "--steps", steps);
+    addf(c, "--dp", dp);
+    addf(c, "--tp", tp);
+    addf(c, "--pp", pp);
+    addf(c, "--print-every", 1);
+}
+
+/* ---- traces ------------------------------------------------------------------------------ */
+
+static int read_trace(const char *path, trace *t)
+{
+    memset(t, 0, sizeof *t);
+    t->last = -1;
+    t->switch_step = -1;
+    for (int i = 0; i < MAX_STEPS; i++)
+        t->start[i] = t->end[i] = -1;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "resize_bench: no trace %s\n", path);
+        return -1;
+    }
+    char line[512];
+    while (fgets(line, sizeof line, f) != NULL) {
+        long long s, g, a, b, at;
+        double l, ms, mv;
+        if (sscanf(line, "step %lld gen %lld start_us %lld end_us %lld loss %lf", &s, &g, &a, &b,
+                   &l) == 5 &&
+            s >= 0 && s < MAX_STEPS) {
+            t->start[s] = a;
+            t->end[s] = b;
+            t->loss[s] = l;
+            t->last = s > t->last ? s : t->last;
+        } else if (sscanf(line, "switch gen %lld step %lld total_ms %lf move_ms %lf at_us %lld", &g,
+                          &s, &ms, &mv, &at) == 5 &&
+                   g == 2) {
+            t->switch_step = s;
+            t->switch_ms = ms;
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
+/* Steps per second over steps (from, to] (end to end, gaps between steps included). */
+static double rate(const trace *t, int64_t from, int64_t to)
+{
+    if (to <= from || t->end[from] < 0 || t->end[to] < 0)
+        return 0.0;
+    return (double)(to - from) / ((double)(t->end[to] - t->end[from]) * 1e-6);
+}
+
+/* ---- tided ---------------------------------------------------------------------------------- */
+
+/* Current generation and step of the job (-1 when unknown). */
+static void job_state(void *sock, uint64_t *gen, int64_t *step, int *running)
+{
+    *gen = 0;
+    *step = -1;
+    *running = 0;
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_JOBS);
+    if (coord_call(sock, &q, &r) != 0)
+        return;
+    for (uint32_t i = 0; r.type == TIDE_MSG_JOBS_REPLY && i < r.u.jobs_reply.n_rows; i++) {
+        const tide_proto_job_row_t *row = &r.u.jobs_reply.rows[i];
+        if (strcmp(row->name, JOB) == 0) {
+            *gen = row->gen;
+            *step = (int64_t)row->step;
+            *running = row->state == TIDE_JOB_RUNNING;
+        }
+    }
+    tide_msg_clear(&r);
+}
+
+static int resize(void *sock, int dp, int tp, int pp, int optimal)
+{
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_RESIZE);
+    snprintf(q.u.resize.job, sizeof q.u.resize.job, JOB);
+    q.u.resize.dp = dp;
+    q.u.resize.tp = tp;
+    q.u.resize.pp = pp;
+    q.u.resize.placement = optimal ? TIDE_PLACEMENT_OPTIMAL : TIDE_PLACEMENT_DEFAULT;
+    int rc = coord_call(sock, &q, &r) == 0 && r.type == TIDE_MSG_RESIZE_REPLY ? 0 : -1;
+    if (rc != 0)
+        fprintf(stderr, "resize_bench: resize refused: %s\n",
+                r.type == TIDE_MSG_ERROR ? r.u.error.message : "no reply");
+    tide_msg_clear(&r);
+    return rc;
+}
+
+/* ---- the two ways ---------------------------------------------------------------------------- */
+
+typedef struct result {
+    int64_t switch_step, last_step;
+    double downtime_ms, before_sps, after_sps, reshard_ms; /* reshard_ms: live only */
+    double stop_ms, restart_ms;                            /* restart only */
+} result;
+
+static int run_live(const settings *s, const int *from, const int *to, trace *t, result *r)
+{
+    coord_proc cp;
+    /* frequent heartbeats: the job's step (when to resize) is known within 200 ms */
+    const char *const flags[] = {"--heartbeat-ms", "200", "--miss-limit", "50", NULL};
+    if (coord_tmpdir(&cp) != 0 || coord_start(&cp, s->tided, flags, NULL) != 0) {
+        fprintf(stderr, "resize_bench: tided did not start (%s)\n", s->tided);
+        return -1;
+    }
+    char log[1024], tr[1024];
+    snprintf(log, sizeof log, "%s/live.log", s->work);
+    snprintf(tr, sizeof tr, "%s/live.trace", s->work);
+    int64_t total = s->before + s->after + 2;
+    cmdline c;
+    mpi_cmd(&c, s, (int)s->np, from[0], from[1], from[2], total);
+    add(&c, "--tide");
+    add(&c, "--endpoint");
+    add(&c, cp.endpoint);
+    add(&c, "--job");
+    add(&c, JOB);
+    add(&c, "--trace-out");
+    add(&c, tr);
+    int rc = -1;
+    void *ctx = zmq_ctx_new();
+    void *sock = coord_connect(ctx, cp.endpoint, NULL, NULL, NULL, 10000);
+    pid_t pid = spawn_logged(c.argv, log);
+    if (pid < 0 || sock == NULL)
+        goto out;
+    /* resize once the first layout has run --steps-before steps */
+    int sent = 0;
+    while (!sent) {
+        uint64_t gen;
+        int64_t step;
+        int running;
+        job_state(sock, &gen, &step, &running);
+        if (gen == 1 && running && step >= s->before) {
+            if (resize(sock, to[0], to[1], to[2], strcmp(s->placement, "optimal") == 0) != 0)
+                break;
+            sent = 1;
+        }
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "resize_bench: the live run ended before the resize; see %s\n", log);
+            pid = -1;
+            goto out;
+        }
+        tide_sleep_ms(20);
+    }
+    if (reap(pid, "the live run", log, NULL) != 0 || !sent) {
+        pid = -1;
+        goto out;
+    }
+    pid = -1;
+    if (read_trace(tr, t) != 0)
+        goto out;
+    int64_t k = t->switch_step;
+    if (k < 2 || t->last != total - 1 || k + 2 > t->last || t->end[k - 1] < 0 || t->start[k] < 0) {
+        fprintf(stderr,
+                "resize_bench: the live run switched at step %lld of %lld; not measurable\n",
+                (long long)k, (long long)total);
+        goto out;
+    }
+    r->switch_step = k;
+    r->last_step = t->last;
+    r->downtime_ms = (double)(t->start[k] - t->end[k - 1]) * 1e-3;
+    r->before_sps = rate(t, 0, k - 1);
+    r->after_sps = rate(t, k, t->last);
+    r->reshard_ms = t->switch_ms;
+    rc = 0;
+out:
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+    if (sock != NULL)
+        zmq_close(sock);
+    zmq_ctx_term(ctx);
+    coord_stop(&cp, SIGTERM);
+    coord_cleanup(&cp);
+    return rc;
+}
+
+static int run_restart(const settings *s, const int *from, const int *to, int64_t switch_step,
+                       int64_t last_step, trace *ta, trace *tb, result *r)
+{
+    char log_a[1024], log_b[1024], tr_a[1024], tr_b[1024], ckpt[1024];
+    snprintf(log_a, sizeof log_a, "%s/stop.log", s->work);
+    snprintf(log_b, sizeof log_b, "%s/restart.log", s->work);
+    snprintf(tr_a, sizeof tr_a, "%s/stop.trace", s->work);
+    snprintf(tr_b, sizeof tr_b, "%s/restart.trace", s->work);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", s->work);
+    cmdline c;
+    /* the stopped job: the old layout up to the live run's switch step, then save */
+    mpi_cmd(&c, s, from[0] * from[1] * from[2], from[0], from[1], from[2], switch_step);
+    add(&c, "--ckpt-save");
+    add(&c, ckpt);
+    add(&c, "--trace-out");
+    add(&c, tr_a);
+    pid_t pid = spawn_logged(c.argv, log_a);
+    int64_t exit_a = 0, spawn_b = 0;
+    if (pid < 0 || reap(pid, "the run before the checkpoint", log_a, &exit_a) != 0)
+        return -1;
+    /* the relaunch: the new layout from the checkpoint to the same last step */
+    mpi_cmd(&c, s, to[0] * to[1] * to[2], to[0], to[1], to[2], last_step + 1);
+    add(&c, "--ckpt-load");
+    add(&c, ckpt);
+    add(&c, "--trace-out");
+    add(&c, tr_b);
+    spawn_b = wall_us();
+    pid = spawn_logged(c.argv, log_b);
+    if (pid < 0 || reap(pid, "the relaunch from the checkpoint", log_b, NULL) != 0)
+        return -1;
+    if (read_trace(tr_a, ta) != 0 || read_trace(tr_b, tb) != 0)
+        return -1;
+    int64_t k = switch_step;
+    if (ta->last != k - 1 || tb->start[k] < 0 || tb->last != last_step) {
+        fprintf(stderr, "resize_bench: checkpoint runs covered steps 0..%lld and ..%lld\n",
+                (long long)ta->last, (long long)tb->last);
+        return -1;
+    }
+    r->switch_step = k;
+    r->last_step = last_step;
+    r->downtime_ms = (double)(tb->start[k] - ta->end[k - 1]) * 1e-3;
+    r->stop_ms = (double)(exit_a - ta->end[k - 1]) * 1e-3;
+    r->restart_ms = (double)(tb->start[k] - spawn_b) * 1e-3;
+    r->before_sps = rate(ta, 0, k - 1);
+    r->after_sps = rate(tb, k, last_step);
+    return 0;
+}
+
+static void rm_rf(const char *path)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "resize_bench: could not remove %s\n", path);
+}
+
+int main(int argc, char **argv)
+{
+    settings s;
+    memset(&s, 0, sizeof s);
+    const tide_opt opts[] = {
+        {"tided", "TIDE_TIDED", TIDE_OPT_STRING, &s.tided, TIDED_PATH, "tided binary", 0, 0},
+        {"train", NULL, TIDE_OPT_STRING, &s.train, TRAIN_MLP_PATH, "train_mlp binary", 0, 0},
+        {"mpirun", NULL, TIDE_OPT_STRING, &s.mpirun, MPIRUN_PATH, "mpirun", 0, 0},
+        {"np", NULL, TIDE_OPT_INT, &s.np, "8", "ranks of the live job's pool", 1, 1024},
+        {"from", NULL, TIDE_OPT_STRING, &s.from, "1,2,2", "old layout dp,tp,pp", 0, 0},
+        {"to", NULL, TIDE_OPT_STRING, &s.to, "1,4,2", "new layout dp,tp,pp", 0, 0},
+        {"placement", NULL, TIDE_OPT_STRING, &s.placement, "default",
+         "live resize placement: default (rank order) or optimal (fewest bytes moved)", 0, 0},
+        {"layers", NULL, TIDE_OPT_INT, &s.layers, "12", "model: MLP blocks", 1, 10000},
+        {"hidden", NULL, TIDE_OPT_INT, &s.hidden, "1024", "model: width", 1, 1 << 20},
+        {"ffn", NULL, TIDE_OPT_INT, &s.ffn, "4096", "model: fc1 width", 1, 1 << 22},
+        {"vocab", NULL, TIDE_OPT_INT, &s.vocab, "1024", "model: tokens", 2, 1 << 24},
+        {"seq", NULL, TIDE_OPT_INT, &s.seq, "8", "model: tokens per sample", 1, 1 << 20},
+        {"global-batch", NULL, TIDE_OPT_INT, &s.batch, "4", "samples per step", 1, 1 << 24},
+        {"micro-batches", NULL, TIDE_OPT_INT, &s.micro, "2", "micro-batches per step", 1, 1 << 20},
+        {"steps-before", NULL, TIDE_OPT_INT, &s.before, "4", "steps before the change", 2, 1000},
+        {"steps-after", NULL, TIDE_OPT_INT, &s.after, "4", "steps after the change", 2, 1000},
+        {"work", NULL, TIDE_OPT_STRING, &s.work, "bench-out/resize_bench.d",
+         "checkpoint, traces and logs", 0, 0},
+        {"keep", NULL, TIDE_OPT_BOOL, &s.keep, "0", "keep --work afterwards", 0, 0},
+        {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/resize_bench.json", "results file", 0, 0},
+        {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    int help = 0;
+    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
+        fprintf(stderr, "resize_bench: %s\n", tide_last_error());
+        return 2;
+    }
+    if (help) {
+        tide_opts_usage(stdout, "resize_bench", "[options]", opts);
+        return 0;
+    }
+    int from[3], to[3];
+    if (parse_layout(s.from, &from[0], &from[1], &from[2]) != 0 ||
+        parse_layout(s.to, &to[0], &to[1], &to[2]) != 0) {
+        fprintf(stderr, "resize_bench: --from / --to take dp,tp,pp (e.g. 1,2,2)\n");
+        return 2;
+    }
+    if (strcmp(s.placement, "default") != 0 && strcmp(s.placement, "optimal") != 0) {
+        fprintf(stderr, "resize_bench: --placement takes default or optimal, not %s\n",
+                s.placement);
+        return 2;
+    }
+    if (from[0] * from[1] * from[2] > s.np || to[0] * to[1] * to[2] > s.np) {
+        fprintf(stderr, "resize_bench: --np %lld is smaller than a layout\n", s.np);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    /* the OMPI settings tide's tests use on one machine (shared memory, yield when idle) */
+    setenv("OMPI_MCA_btl", "self,vader,tcp", 0);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    char parent[1024];
+    snprintf(parent, sizeof parent, "%s", s.work);
+    char *slash = strrchr(parent, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        mkdir(parent, 0755);
+    }
+    rm_rf(s.work);
+    if (mkdir(s.work, 0755) != 0) {
+        fprintf(stderr, "resize_bench: cannot create %s: %s\n", s.work, strerror(errno));
+        return 1;
+    }
+    /* model size, as train_mlp counts it: per parameter itself and two Adam moments */
+    double params = (double)s.layers * (2.0 * (double)s.hidden * (double)s.ffn + (double)s.ffn +
+                                        3.0 * (double)s.hidden) +
+                    2.0 * (double)s.vocab * (double)s.hidden + 2.0 * (double)s.hidden;
+    double state_gib = params * 12.0 / (1024.0 * 1024.0 * 1024.0);
+    printf("resize_bench: model %lld layers, hidden %lld, ffn %lld, vocab %lld: %.0fM parameters, "
+           "state %.2f GiB (params + Adam moments); (dp %d, tp %d, pp %d) -> (dp %d, tp %d, pp "
+           "%d), placement %s; %lld ranks\n",
+           s.layers, s.hidden, s.ffn, s.vocab, params / 1e6, state_gib, from[0], from[1], from[2],
+           to[0], to[1], to[2], s.placement, s.np);
+    fflush(stdout);
+
+    static trace tl, ta, tb;
+    result live, rst;
+    memset(&live, 0, sizeof live);
+    memset(&rst, 0, sizeof rst);
+    printf("resize_bench: live run ...\n");
+    fflush(stdout);
+    if (run_live(&s, from, to, &tl, &live) != 0)
+        return 1;
+    printf("resize_bench: checkpoint-restart runs ...\n");
+    fflush(stdout);
+    if (run_restart(&s, from, to, live.switch_step, live.last_step, &ta, &tb, &rst) != 0)
+        return 1;
+    /* both ways continue the same training */
+    double worst = 0.0;
+    for (int64_t k = 0; k <= live.last_step; k++) {
+        double ref = k < live.switch_step ? ta.loss[k] : tb.loss[k];
+        worst = fmax(worst, fabs(tl.loss[k] - ref) / fabs(ref));
+    }
+    double ratio = rst.downtime_ms > 0 ? live.downtime_ms / rst.downtime_ms : 0.0;
+
+    printf("\n%-20s %14s %14s %16s %16s\n", "way", "downtime_ms", "switch_step", "steps/s_before",
+           "steps/s_after");
+    printf("%-20s %14.1f %14lld %16.3f %16.3f\n", "live (tide)", live.downtime_ms,
+           (long long)live.switch_step, live.before_sps, live.after_sps);
+    printf("%-20s %14.1f %14lld %16.3f %16.3f\n", "checkpoint-restart", rst.downtime_ms,
+           (long long)rst.switch_step, rst.before_sps, rst.after_sps);
+    printf("live: tide_reshard %.1f ms on the first rank; restart: save + exit %.1f ms, relaunch + "
+           "load %.1f ms\n",
+           live.reshard_ms, rst.stop_ms, rst.restart_ms);
+    printf("downtime ratio live / checkpoint-restart = %.4f (1/%.1f; goal <= 1/20: %s); losses "
+           "of the two ways agree to %.1e (relative)\n",
+           ratio, ratio > 0 ? 1.0 / ratio : 0.0, ratio > 0 && ratio <= 0.05 ? "met" : "NOT met",
+           worst);
+
+    snprintf(parent, sizeof parent, "%s", s.out);
+    slash = strrchr(parent, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        mkdir(parent, 0755);
+    }
+    FILE *f = fopen(s.out, "w");
+    if (f == NULL) {
+        fprintf(stderr, "resize_bench: cannot write %s: %s\n", s.out, strerror(errno));
+        return 1;
+    }
+    fprintf(f,
+            "{\"bench\":\"resize_bench\",\"state_gib\":%.4f,\"params\":%.0f,\"from\":[%d,%d,%d],"
+            "\"to\":[%d,%d,%d],\"placement\":\"%s\",\"np\":%lld,\"switch_step\":%lld,\"last_step\":"
+            "%lld,"
+            "\"live\":{\"downtime_ms\":%.3f,\"reshard_ms\":%.3f,\"steps_per_s_before\":%.4f,"
+            "\"steps_per_s_after\":%.4f},"
+            "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
+            "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
+            "\"ratio\":%.6f,\"goal_ratio\":0.05,\"loss_max_rel_diff\":%.3e}\n",
+            state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
+            (long long)live.switch_step, (long long)live.last_step, live.downtime_ms,
+            live.reshard_ms, live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms,
+            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst);
+    fclose(f);
+    printf("wrote %s\n", s.out);
+    if (!s.keep)
+        rm_rf(s.work);
+    return 0;
+}

@@ -1,0 +1,307 @@
+/*
+ * train_mlp on libtide: the comm adapter (tide_mlp_comm -> tide_coll_* on the view's
+ * communicators), the elastic training loop, and the whole-state gather for checks.
+ * See mlp_tide.h for the contracts. Workload: a handful of collectives per
+ * micro-batch and step; a layout switch now and then.
+ */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "examples/mlp_mpi.h"
+#include "examples/mlp_tide.h"
+
+#define SUBSYS "mlp.tide"
+
+/* ---- the comm adapter ---------------------------------------------------------------------- */
+
+static tide_status a_allreduce(void *ctx, tide_mlp_group group, void *buf, size_t n,
+                               tide_dtype dtype, tide_mlp_redop op)
+{
+    const tide_mlp_tide_comm *c = ctx;
+    tide_coll_comm_t *g = group == TIDE_MLP_GROUP_TP   ? c->v->tp
+                          : group == TIDE_MLP_GROUP_DP ? c->v->dp
+                                                       : c->v->pp;
+    if (!c->v->member || g == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "allreduce on a rank outside the layout");
+    return tide_coll_allreduce(g, buf, buf, n, dtype,
+                               op == TIDE_MLP_MAX ? TIDE_RED_MAX : TIDE_RED_SUM, NULL);
+}
+
+/* Messages between two stages go one way per direction (activations forward, gradients
+ * backward) in schedule order, so the backend's per-pair FIFO matching is enough. */
+static tide_status a_exchange(void *ctx, int send_peer, const float *send_buf, size_t send_n,
+                              int recv_peer, float *recv_buf, size_t recv_n)
+{
+    const tide_mlp_tide_comm *c = ctx;
+    const tide_view *v = c->v;
+    if (!v->member || v->pp == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "pipeline exchange on a rank outside the layout");
+    tide_p2p_op ops[2];
+    size_t n = 0;
+    if (recv_peer != 0) {
+        int src = recv_peer < 0 ? v->pp_prev : v->pp_next;
+        if (src < 0)
+            return tide_errorf(TIDE_ERR_INVALID, "stage %d has no %s stage to receive from",
+                               v->pp_rank, recv_peer < 0 ? "previous" : "next");
+        ops[n++] = (tide_p2p_op){TIDE_P2P_RECV, src, recv_buf, recv_n * sizeof(float), 0, 0};
+    }
+    if (send_peer != 0) {
+        int dst = send_peer < 0 ? v->pp_prev : v->pp_next;
+        if (dst < 0)
+            return tide_errorf(TIDE_ERR_INVALID, "stage %d has no %s stage to send to", v->pp_rank,
+                               send_peer < 0 ? "previous" : "next");
+        ops[n++] =
+            (tide_p2p_op){TIDE_P2P_SEND, dst, (void *)send_buf, send_n * sizeof(float), 0, 0};
+    }
+    if (n == 0)
+        return TIDE_OK;
+    tide_bubble_begin(c->t);
+    tide_status rc = tide_coll_group_p2p(v->pp, ops, n, NULL);
+    tide_bubble_end(c->t);
+    return rc;
+}
+
+void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
+{
+    memset(c, 0, sizeof *c);
+    c->t = t;
+    c->v = tide_view_get(t);
+    c->comm.ctx = c;
+    c->comm.device_memory = tide_backend(t)->mem_kind == TIDE_MEM_DEVICE;
+    c->comm.allreduce = a_allreduce;
+    c->comm.exchange = a_exchange;
+}
+
+/* ---- the elastic loop ---------------------------------------------------------------------- */
+
+/* TIDE_STEP_RECONFIGURE: new buffers, reshard old -> new, adopt, hooks. */
+static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h)
+{
+    tide_status rc = TIDE_OK;
+    int32_t me = tide_worker_id(t);
+    const tide_view *nv = tide_view_next(t);
+    if (nv == NULL)
+        return tide_errorf(TIDE_ERR_INTERNAL, "reconfigure without a next layout");
+    if (h->before_switch != NULL)
+        TIDE_CHECK(h->before_switch(h->ctx, t, m));
+    void **nb = NULL;
+    /* a rank leaving gets a table of NULLs: nothing to hold, and adopt makes it idle */
+    TIDE_CHECK(tide_mlp_alloc_buffers(m, nv->layout, me, &nb));
+    tide_reshard_stats st;
+    memset(&st, 0, sizeof st);
+    TIDE_CHECK_GOTO(tide_reshard(t, nb, &st), rc, out);
+    const tide_view *v = tide_view_get(t);
+    TIDE_CHECK_GOTO(tide_mlp_adopt(m, v->layout, me, &nb), rc, out);
+    if (v->member && tide_mlp_step_count(m) != v->step)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL,
+                       "after the switch to generation %llu the model's step tensor says %lld, "
+                       "the runtime %lld",
+                       (unsigned long long)v->generation, (long long)tide_mlp_step_count(m),
+                       (long long)v->step);
+    TIDE_INFO(SUBSYS,
+              "rank %d: generation %llu from step %lld (%s): sent %llu B, received %llu B, "
+              "%.1f ms",
+              me, (unsigned long long)v->generation, (long long)v->step,
+              v->member ? "member" : "idle", (unsigned long long)st.bytes_sent,
+              (unsigned long long)st.bytes_recv, st.total_ms);
+    if (h->after_switch != NULL)
+        TIDE_CHECK_GOTO(h->after_switch(h->ctx, t, m, &st), rc, out);
+out:
+    tide_mlp_free_buffers(m, &nb); /* NULL after adopt */
+    return rc;
+}
+
+tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *hooks)
+{
+    static const tide_mlp_tide_hooks none;
+    const tide_mlp_tide_hooks *h = hooks != NULL ? hooks : &none;
+    tide_mlp_tide_comm comm;
+    tide_mlp_tide_comm_init(&comm, t);
+    for (;;) {
+        tide_step_action a;
+        TIDE_CHECK(tide_step_begin(t, &a));
+        if (a == TIDE_STEP_FINISHED)
+            return TIDE_OK;
+        if (a == TIDE_STEP_RECONFIGURE) {
+            TIDE_CHECK(switch_layout(t, m, h));
+            tide_mlp_tide_comm_init(&comm, t);
+            continue;
+        }
+        const tide_view *v = tide_view_get(t);
+        if (h->done != NULL && h->done(h->ctx, v))
+            return tide_finish(t); /* releases the idle ranks */
+        int64_t step = v->step;
+        if (tide_mlp_step_count(m) != step)
+            return tide_errorf(TIDE_ERR_INTERNAL,
+                               "runtime runs step %lld but the model has completed %lld",
+                               (long long)step, (long long)tide_mlp_step_count(m));
+        double loss = 0.0;
+        uint64_t t0 = tide_now_ns();
+        tide_status rc = tide_mlp_step(m, &comm.comm, &loss);
+        double secs = (double)(tide_now_ns() - t0) * 1e-9;
+        TIDE_CHECK(tide_step_end(t, rc));
+        if (rc == TIDE_ERR_ABORTED) {
+            /* a peer failed: the step is not counted; the next begin switches */
+            TIDE_WARN(SUBSYS, "step %lld aborted: %s", (long long)step, tide_last_error());
+            continue;
+        }
+        TIDE_CHECK(rc);
+        if (h->on_step != NULL)
+            TIDE_CHECK(h->on_step(h->ctx, t, m, step, loss, secs));
+    }
+}
+
+/* ---- gather for checks ------------------------------------------------------------------- */
+
+/* The copy of each byte the root keeps: tp-split shards from every tp rank, else tp rank
+ * 0; dp-sharded ranges from every dp rank, else dp rank 0. The others must equal it. */
+static int canonical(const tide_tensor_desc *td, int d, int t)
+{
+    return (td->tp == TIDE_TP_SPLIT || t == 0) && (td->dp == TIDE_DP_SHARDED || d == 0);
+}
+
+/* Bytes of all of coordinate (p, d, t)'s local shards, packed in collection order. */
+static uint64_t packed_bytes(const tide_layout_t *l, const tide_collection_t *c, int p, int d,
+                             int t)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < tide_collection_size(c); i++)
+        n += tide_shard_bytes(l, c, i, p, d, t);
+    return n;
+}
+
+/* Receives (root) or sends (others) one coordinate's packed shards over v->all, staging
+ * through backend memory when the backend is not host memory. */
+static tide_status move_packed(const tide_view *v, tide_p2p_kind kind, int peer, uint8_t *host,
+                               uint64_t n)
+{
+    const tide_coll_backend_v1 *be = tide_coll_comm_backend(v->all);
+    if (be->mem_kind == TIDE_MEM_HOST || n == 0) {
+        tide_p2p_op op = {kind, peer, host, (size_t)n, 0, 0};
+        return tide_coll_group_p2p(v->all, &op, 1, NULL);
+    }
+    void *dev = NULL;
+    tide_status rc = TIDE_OK;
+    TIDE_CHECK(be->mem_alloc((size_t)n, &dev));
+    if (kind == TIDE_P2P_SEND)
+        TIDE_CHECK_GOTO(be->copy_host(dev, host, (size_t)n, 0, NULL), rc, out);
+    tide_p2p_op op = {kind, peer, dev, (size_t)n, 0, 0};
+    TIDE_CHECK_GOTO(tide_coll_group_p2p(v->all, &op, 1, NULL), rc, out);
+    if (kind == TIDE_P2P_RECV)
+        TIDE_CHECK_GOTO(be->copy_host(host, dev, (size_t)n, 1, NULL), rc, out);
+out:
+    be->mem_free(dev);
+    return rc;
+}
+
+/* This rank's local shards, packed in collection order, into host memory. */
+static tide_status pack_local(const tide_mlp_t *m, const tide_view *v, uint8_t **out, uint64_t *n)
+{
+    const tide_collection_t *c = tide_mlp_collection(m);
+    const tide_layout_t *l = tide_mlp_layout(m);
+    *n = packed_bytes(l, c, v->pp_rank, v->dp_rank, v->tp_rank);
+    *out = tide_malloc(*n ? *n : 1);
+    if (*out == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory packing %llu bytes of state",
+                           (unsigned long long)*n);
+    uint64_t off = 0;
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        uint64_t b = tide_shard_bytes(l, c, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        tide_status rc = b > 0 ? tide_mlp_read(m, i, *out + off, b) : TIDE_OK;
+        if (rc != TIDE_OK) {
+            tide_free(*out);
+            *out = NULL;
+            return rc;
+        }
+        off += b;
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_mlp_tide_gather(const tide_mlp_t *m, const tide_view *v, void ***full_out)
+{
+    tide_status rc = TIDE_OK;
+    const tide_collection_t *c = tide_mlp_collection(m);
+    const tide_layout_t *l = tide_mlp_layout(m);
+    size_t n = tide_collection_size(c), ranks = tide_layout_size(l);
+    void **full = NULL;
+    uint8_t **packed = NULL, *tmp = NULL;
+    *full_out = NULL;
+    if (!v->member || v->all == NULL || !tide_mlp_active(m))
+        return tide_errorf(TIDE_ERR_INVALID, "gather on a rank outside the layout");
+    if (l->dp != v->layout->dp || l->tp != v->layout->tp || l->pp != v->layout->pp ||
+        tide_coll_comm_size(v->all) != (int)ranks)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "gather: the model and the view disagree on the layout");
+    int me = tide_coll_comm_rank(v->all);
+    if (me != 0) {
+        uint64_t nb = 0;
+        TIDE_CHECK(pack_local(m, v, &tmp, &nb));
+        rc = move_packed(v, TIDE_P2P_SEND, 0, tmp, nb);
+        tide_free(tmp);
+        return rc;
+    }
+    packed = tide_calloc(ranks, sizeof *packed);
+    full = tide_calloc(n, sizeof *full);
+    TIDE_CHECK_ALLOC_GOTO(packed, rc, out);
+    TIDE_CHECK_ALLOC_GOTO(full, rc, out);
+    for (size_t i = 0; i < n; i++) {
+        full[i] = tide_calloc(1, tide_tensor_bytes(tide_collection_tensor(c, i)));
+        TIDE_CHECK_ALLOC_GOTO(full[i], rc, out);
+    }
+    /* every coordinate's packed shards, in v->all rank order (= layout index order) */
+    for (int p = 0; p < l->pp; p++)
+        for (int d = 0; d < l->dp; d++)
+            for (int t = 0; t < l->tp; t++) {
+                size_t r = tide_layout_index(l, p, d, t);
+                uint64_t nb = packed_bytes(l, c, p, d, t);
+                if (r == 0) {
+                    TIDE_CHECK_GOTO(pack_local(m, v, &packed[r], &nb), rc, out);
+                    continue;
+                }
+                packed[r] = tide_malloc(nb ? nb : 1);
+                TIDE_CHECK_ALLOC_GOTO(packed[r], rc, out);
+                TIDE_CHECK_GOTO(move_packed(v, TIDE_P2P_RECV, (int)r, packed[r], nb), rc, out);
+            }
+    /* pass 0 assembles the canonical copies, pass 1 checks every other replica */
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 0; p < l->pp; p++)
+            for (int d = 0; d < l->dp; d++)
+                for (int t = 0; t < l->tp; t++) {
+                    const uint8_t *src = packed[tide_layout_index(l, p, d, t)];
+                    uint64_t off = 0;
+                    for (size_t i = 0; i < n; i++) {
+                        const tide_tensor_desc *td = tide_collection_tensor(c, i);
+                        uint64_t b = tide_shard_bytes(l, c, i, p, d, t);
+                        int canon = canonical(td, d, t);
+                        if (b > 0 && pass == 0 && canon)
+                            tide_shard_insert(l, c, i, p, d, t, src + off, full[i]);
+                        if (b > 0 && pass == 1 && !canon) {
+                            tmp = tide_malloc(b);
+                            TIDE_CHECK_ALLOC_GOTO(tmp, rc, out);
+                            tide_shard_extract(l, c, i, p, d, t, full[i], tmp);
+                            int same = memcmp(tmp, src + off, b) == 0;
+                            tide_free(tmp);
+                            tmp = NULL;
+                            if (!same)
+                                TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL,
+                                               "replica of %s at (pp %d, dp %d, tp %d) differs "
+                                               "from the gathered copy",
+                                               td->name, p, d, t);
+                        }
+                        off += b;
+                    }
+                }
+    *full_out = full;
+    full = NULL;
+out:
+    for (size_t r = 0; packed != NULL && r < ranks; r++)
+        tide_free(packed[r]);
+    tide_free(packed);
+    tide_free(tmp);
+    tide_mlp_full_free(c, &full);
+    return rc;
+}

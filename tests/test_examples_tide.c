@@ -1,0 +1,476 @@
+/*
+ * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
+ * host memory): usage test_examples_tide TIDED TIDECTL MODE, MODE one of
+ *   dp      (dp 2) -> (dp 4) -> (dp 1)
+ *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
+ *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
+ *   mixed   (2,2,2) -> (1,4,2) -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)]
+ *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
+ * Rank 0 starts tided on a free loopback port with a temporary state file; every rank
+ * runs the elastic loop of train_mlp --tide (tide_mlp_tide_train) on the model; a
+ * controller thread on rank 0 resizes the job with the tidectl binary while steps run,
+ * a few steps after each generation started.
+ * Checked: the full state gathered over the old layout's members right before each
+ * reshard is bit-identical to the one gathered over the new layout right after it
+ * (every tensor, moments, step counter and data cursor included; replicas agree); every
+ * participant switched at the same step; every step ran exactly once on every member of
+ * the layout active then (none lost or repeated); each generation has the requested
+ * layout; the loss of every step equals on all members and matches the never-resized
+ * run (the first layout over plain MPI, same steps) within relative 1e-5.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coord_harness.h"
+#include "core/alloc.h"
+#include "examples/mlp_mpi.h"
+#include "examples/mlp_tide.h"
+#include "mpi_test.h"
+
+#define JOB       "mlp-test"
+#define MAX_STEPS 1000
+#define MAX_GEN   6
+#define MAX_T     256 /* collection tensors */
+#define REL_TOL   1e-5
+#define GAP       3 /* steps each generation runs before the next resize is sent */
+#define TAIL      4 /* steps run after the last switch */
+
+typedef struct gen_spec {
+    int dp, tp, pp;
+    const char *stages; /* NULL: even */
+} gen_spec;
+
+typedef struct mode {
+    const char *name;
+    int layers, zero1, n_gens;
+    gen_spec gen[MAX_GEN];
+} mode;
+
+static const mode modes[] = {
+    {"dp", 4, 0, 3, {{2, 1, 1, NULL}, {4, 1, 1, NULL}, {1, 1, 1, NULL}}},
+    {"tp", 4, 0, 4, {{1, 1, 1, NULL}, {1, 2, 1, NULL}, {1, 4, 1, NULL}, {1, 2, 1, NULL}}},
+    {"pp", 6, 0, 3, {{1, 1, 1, NULL}, {1, 1, 2, "0-3,4-5"}, {1, 1, 4, "0-0,1-2,3-4,5-5"}}},
+    {"mixed", 4, 0, 4, {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
+    {"mixed-zero1",
+     4,
+     1,
+     4,
+     {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
+};
+
+static const mode *g_mode;
+static int g_rank;
+
+/* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
+
+static pid_t tided_pid;
+static coord_proc g_coord;
+
+static void start_tided(const char *exe)
+{
+    if (coord_tmpdir(&g_coord) != 0) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    tided_pid = fork();
+    if (tided_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        execl(exe, exe, "--endpoint", "tcp://127.0.0.1:*", "--endpoint-file", g_coord.epfile,
+              "--state", g_coord.state, "--heartbeat-ms", "100", "--miss-limit", "100",
+              "--no-sync-full", "--resize-timeout-ms", "60000", (char *)NULL);
+        perror("exec tided");
+        _exit(127);
+    }
+    for (int i = 0; i < 1000 && g_coord.endpoint[0] == '\0'; i++) {
+        FILE *f = fopen(g_coord.epfile, "r");
+        if (f != NULL) {
+            if (fgets(g_coord.endpoint, sizeof g_coord.endpoint, f) == NULL)
+                g_coord.endpoint[0] = '\0';
+            fclose(f);
+            g_coord.endpoint[strcspn(g_coord.endpoint, "\n")] = '\0';
+        }
+        if (g_coord.endpoint[0] == '\0')
+            tide_sleep_ms(10);
+    }
+}
+
+static void stop_tided(void)
+{
+    if (tided_pid > 0) {
+        kill(tided_pid, SIGTERM);
+        int st;
+        waitpid(tided_pid, &st, 0);
+        tided_pid = 0;
+    }
+    coord_cleanup(&g_coord);
+}
+
+/* ---- the controller (rank 0 thread): resizes through the tidectl binary ------------------- */
+
+typedef struct ctl_state {
+    const char *tidectl;
+    char endpoint[256];
+    volatile int error, sent;
+    char why[1024];
+} ctl_state;
+
+extern char **environ;
+
+/* Runs `tidectl --endpoint E resize JOB --dp .. --tp .. --pp .. [--stages ..]`; 0 on exit 0. */
+static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
+{
+    char dp[16], tp[16], pp[16];
+    snprintf(dp, sizeof dp, "%d", g->dp);
+    snprintf(tp, sizeof tp, "%d", g->tp);
+    snprintf(pp, sizeof pp, "%d", g->pp);
+    const char *argv[16] = {cs->tidectl, "--endpoint", cs->endpoint, "resize", JOB, "--dp",
+                            dp,          "--tp",       tp,           "--pp",   pp};
+    int n = 11;
+    if (g->stages != NULL) {
+        argv[n++] = "--stages";
+        argv[n++] = g->stages;
+    }
+    argv[n] = NULL;
+    pid_t pid;
+    if (posix_spawn(&pid, cs->tidectl, NULL, NULL, (char *const *)argv, environ) != 0)
+        return -1;
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* Sends resize k once the job runs generation k at least GAP steps past its switch. */
+static void *controller(void *arg)
+{
+    ctl_state *cs = arg;
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, cs->endpoint, NULL, NULL, NULL, 10000);
+    int next = 1;
+    int64_t since = -1;
+    uint64_t deadline = tide_now_ns() + 80ull * 1000000000ull;
+    while (s != NULL && next < g_mode->n_gens && tide_now_ns() < deadline && !cs->error) {
+        tide_msg_t q, r;
+        tide_msg_init(&q, TIDE_MSG_JOBS);
+        if (coord_call(s, &q, &r) != 0 || r.type != TIDE_MSG_JOBS_REPLY) {
+            snprintf(cs->why, sizeof cs->why, "no jobs reply from tided");
+            cs->error = 1;
+            tide_msg_clear(&r);
+            break;
+        }
+        int go = 0;
+        for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++) {
+            const tide_proto_job_row_t *row = &r.u.jobs_reply.rows[i];
+            if (strcmp(row->name, JOB) != 0 || row->gen != (uint64_t)next ||
+                row->state != TIDE_JOB_RUNNING)
+                continue;
+            if (since < 0)
+                since = (int64_t)row->step;
+            go = (int64_t)row->step >= since + GAP;
+        }
+        tide_msg_clear(&r);
+        if (!go) {
+            tide_sleep_ms(20);
+            continue;
+        }
+        if (tidectl_resize(cs, &g_mode->gen[next]) != 0) {
+            snprintf(cs->why, sizeof cs->why, "tidectl resize to generation %d failed", next + 1);
+            cs->error = 1;
+            break;
+        }
+        cs->sent = next++;
+        since = -1;
+    }
+    if (s == NULL) {
+        snprintf(cs->why, sizeof cs->why, "cannot connect to %s", cs->endpoint);
+        cs->error = 1;
+    }
+    if (s != NULL)
+        zmq_close(s);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* ---- what each rank records ---------------------------------------------------------------- */
+
+typedef struct record {
+    tide_collection_t *coll;
+    size_t n_tensors;
+    double loss[MAX_STEPS];
+    int ran[MAX_STEPS];
+    int64_t switch_at[MAX_GEN + 1]; /* by generation; -1 unknown */
+    int64_t gen_size[MAX_GEN + 1];
+    uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T]; /* state hashes */
+    int64_t last_switch;                                            /* current generation's */
+} record;
+
+/* 64-bit hash of a buffer (FNV-1a over 8-byte words, with a final mix). */
+static uint64_t hash_bytes(const void *p, uint64_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (uint64_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h | 1; /* never 0: 0 marks "not recorded" */
+}
+
+/* Gathers the full state over the members of the current view; the root hashes it. */
+static void hash_state(record *r, tide_t *t, const tide_mlp_t *m, uint64_t *out)
+{
+    void **full = NULL;
+    const tide_view *v = tide_view_get(t);
+    MT_OK(tide_mlp_tide_gather(m, v, &full));
+    if (full == NULL)
+        return;
+    for (size_t i = 0; i < r->n_tensors; i++)
+        out[i] = hash_bytes(full[i], tide_tensor_bytes(tide_collection_tensor(r->coll, i)));
+    tide_mlp_full_free(r->coll, &full);
+}
+
+static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
+                             double secs)
+{
+    record *r = ctx;
+    MT_ASSERT(step >= 0 && step < MAX_STEPS, "step %lld out of range", (long long)step);
+    r->loss[step] = loss;
+    r->ran[step]++;
+    tide_sleep_ms(5); /* a few steps per heartbeat however fast the machine */
+    return TIDE_OK;
+}
+
+static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
+{
+    record *r = ctx;
+    const tide_view *nv = tide_view_next(t);
+    MT_ASSERT(nv->generation <= MAX_GEN, "generation %llu", (unsigned long long)nv->generation);
+    if (tide_view_get(t)->member)
+        hash_state(r, t, m, r->before[nv->generation]);
+    return TIDE_OK;
+}
+
+static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m, const tide_reshard_stats *st)
+{
+    record *r = ctx;
+    const tide_view *v = tide_view_get(t);
+    uint64_t g = v->generation;
+    MT_ASSERT(g >= 2 && g <= (uint64_t)g_mode->n_gens, "unexpected generation %llu",
+              (unsigned long long)g);
+    r->switch_at[g] = v->step;
+    r->last_switch = v->step;
+    r->gen_size[g] = (int64_t)tide_layout_size(v->layout);
+    const gen_spec *want = &g_mode->gen[g - 1];
+    tide_layout_t *l = NULL;
+    MT_OK(tide_layout_new(&l, want->dp, want->tp, want->pp, g_mode->layers, 1));
+    if (want->stages != NULL)
+        MT_OK(tide_layout_parse_stages(l, want->stages));
+    MT_ASSERT(
+        v->layout->dp == want->dp && v->layout->tp == want->tp && v->layout->pp == want->pp &&
+            memcmp(v->layout->stage_start, l->stage_start, (size_t)(l->pp + 1) * sizeof(int)) == 0,
+        "generation %llu has another layout than requested", (unsigned long long)g);
+    tide_layout_destroy(&l);
+    MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
+    if (v->member)
+        hash_state(r, t, m, r->after[g]);
+    return TIDE_OK;
+}
+
+static int h_done(void *ctx, const tide_view *v)
+{
+    const record *r = ctx;
+    if (v->step >= MAX_STEPS - 1)
+        return 1; /* the resizes did not happen: fails below */
+    return v->generation == (uint64_t)g_mode->n_gens && v->step >= r->last_switch + TAIL;
+}
+
+/* ---- the never-resized run ---------------------------------------------------------------- */
+
+static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss)
+{
+    const gen_spec *g = &g_mode->gen[0];
+    tide_layout_t *l = NULL;
+    tide_mlp_t *m = NULL;
+    tide_mlp_mpi_t *mpi = NULL;
+    MT_OK(tide_layout_new(&l, g->dp, g->tp, g->pp, cfg->layers, 4));
+    MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
+    MT_OK(tide_mlp_init(m));
+    MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
+    for (int64_t s = 0; s < steps; s++) {
+        loss[s] = 0.0;
+        if (tide_mlp_active(m))
+            MT_OK(tide_mlp_step(m, tide_mlp_mpi_comm(mpi), &loss[s]));
+    }
+    /* every active rank has the same losses; rank 0 is active in every first layout */
+    MPI_Bcast(loss, (int)steps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    tide_mlp_mpi_destroy(&mpi);
+    tide_mlp_destroy(&m);
+    tide_layout_destroy(&l);
+}
+
+/* ---- the test -------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1\n");
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(argv[3], modes[i].name) == 0)
+            g_mode = &modes[i];
+    if (g_mode == NULL) {
+        fprintf(stderr, "test_examples_tide: unknown mode '%s'\n", argv[3]);
+        return 2;
+    }
+    const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
+    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
+    if (is_root)
+        start_tided(argv[1]); /* before MPI_Init: fork is safe here */
+    int prov = 0, size = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MT_ASSERT(size == 8, "run with 8 ranks, not %d", size);
+
+    static ctl_state cs;
+    cs.tidectl = argv[2];
+    if (g_rank == 0)
+        snprintf(cs.endpoint, sizeof cs.endpoint, "%s", g_coord.endpoint);
+    MPI_Bcast(cs.endpoint, sizeof cs.endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MT_ASSERT(cs.endpoint[0] != '\0', "tided did not start (no endpoint file)");
+
+    tide_mlp_config cfg;
+    tide_mlp_config_default(&cfg);
+    cfg.layers = g_mode->layers;
+    cfg.zero1 = g_mode->zero1;
+    static record rec;
+    rec.last_switch = 0;
+    for (int g = 0; g <= MAX_GEN; g++)
+        rec.switch_at[g] = -1;
+    MT_OK(tide_mlp_collection_new(&cfg, &rec.coll));
+    rec.n_tensors = tide_collection_size(rec.coll);
+    MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
+
+    tide_options o;
+    tide_options_init(&o);
+    o.endpoint = cs.endpoint;
+    o.register_timeout_ms = 20000;
+    tide_t *t = NULL;
+    MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    const gen_spec *g0 = &g_mode->gen[0];
+    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0};
+    MT_OK(tide_join(t, &jr));
+    const tide_view *v = tide_view_get(t);
+    MT_ASSERT(v->generation == 1 && v->layout->dp == g0->dp && v->layout->tp == g0->tp &&
+                  v->layout->pp == g0->pp,
+              "first layout as requested");
+    rec.switch_at[1] = 0;
+    rec.gen_size[1] = (int64_t)tide_layout_size(v->layout);
+    tide_mlp_t *m = NULL;
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    if (v->member) {
+        MT_OK(tide_mlp_init(m));
+        MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
+    }
+    pthread_t th;
+    if (g_rank == 0)
+        pthread_create(&th, NULL, controller, &cs);
+
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done};
+    MT_OK(tide_mlp_tide_train(t, m, &h));
+    if (g_rank == 0) {
+        pthread_join(th, NULL);
+        MT_ASSERT(!cs.error, "controller: %s", cs.why);
+        MT_ASSERT(cs.sent == g_mode->n_gens - 1, "controller sent %d resizes", cs.sent);
+    }
+    /* everyone is out of the runtime before anyone says bye */
+    MPI_Barrier(MPI_COMM_WORLD);
+    tide_destroy(&t);
+    tide_mlp_destroy(&m);
+    int n_gens = g_mode->n_gens;
+
+    /* one agreed switch step per generation, on every participant */
+    int64_t lo[MAX_GEN + 1], hi[MAX_GEN + 1], sz[MAX_GEN + 1], tmp[MAX_GEN + 1];
+    for (int g = 0; g <= MAX_GEN; g++)
+        tmp[g] = rec.switch_at[g] < 0 ? INT64_MAX : rec.switch_at[g];
+    MPI_Allreduce(tmp, lo, MAX_GEN + 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(rec.switch_at, hi, MAX_GEN + 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(rec.gen_size, sz, MAX_GEN + 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    for (int g = 2; g <= n_gens; g++)
+        MT_ASSERT(hi[g] > hi[g - 1] && lo[g] == hi[g],
+                  "generation %d: switch steps differ between ranks (%lld..%lld) or do not "
+                  "follow generation %d's (%lld)",
+                  g, (long long)lo[g], (long long)hi[g], g - 1, (long long)hi[g - 1]);
+    int64_t end = hi[n_gens] + TAIL;
+    MT_ASSERT(end < MAX_STEPS, "the job ran to the step limit");
+
+    /* each step ran once on every member of the layout active then */
+    static int total[MAX_STEPS];
+    MPI_Allreduce(rec.ran, total, MAX_STEPS, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    for (int64_t k = 0; k < MAX_STEPS; k++) {
+        int g = 1;
+        for (int x = 1; x <= n_gens; x++)
+            if (hi[x] <= k)
+                g = x;
+        int want = k < end ? (int)sz[g] : 0;
+        MT_ASSERT(total[k] == want, "step %lld ran %d times, want %d (generation %d)", (long long)k,
+                  total[k], want, g);
+    }
+
+    /* the full state right after each switch is the state right before it, bit for bit */
+    static uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T];
+    MPI_Allreduce(rec.before, before, (MAX_GEN + 1) * MAX_T, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(rec.after, after, (MAX_GEN + 1) * MAX_T, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    for (int g = 2; g <= n_gens; g++)
+        for (size_t i = 0; i < rec.n_tensors; i++)
+            MT_ASSERT(before[g][i] != 0 && before[g][i] == after[g][i],
+                      "generation %d (switch at step %lld): tensor %s differs after the reshard "
+                      "(hash %016llx before, %016llx after)",
+                      g, (long long)hi[g], tide_collection_tensor(rec.coll, i)->name,
+                      (unsigned long long)before[g][i], (unsigned long long)after[g][i]);
+
+    /* losses: the same on every member, and those of the never-resized run */
+    static double llo[MAX_STEPS], lhi[MAX_STEPS], ref[MAX_STEPS];
+    for (int64_t k = 0; k < MAX_STEPS; k++) {
+        llo[k] = rec.ran[k] ? rec.loss[k] : INFINITY;
+        lhi[k] = rec.ran[k] ? rec.loss[k] : -INFINITY;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, llo, MAX_STEPS, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, lhi, MAX_STEPS, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    reference(&cfg, end, ref);
+    double worst = 0.0;
+    for (int64_t k = 0; k < end; k++) {
+        MT_ASSERT(llo[k] == lhi[k], "step %lld: loss differs between members (%.9g vs %.9g)",
+                  (long long)k, llo[k], lhi[k]);
+        double rel = fabs(llo[k] - ref[k]) / fabs(ref[k]);
+        worst = fmax(worst, rel);
+        MT_ASSERT(rel <= REL_TOL,
+                  "step %lld: loss %.9g of the resized run vs %.9g never resized (rel %.2e)",
+                  (long long)k, llo[k], ref[k], rel);
+    }
+    MT_ASSERT(ref[end - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0], ref[end - 1]);
+    if (g_rank == 0) {
+        printf("%s: switches at steps", g_mode->name);
+        for (int g = 2; g <= n_gens; g++)
+            printf(" %lld", (long long)hi[g]);
+        printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e\n",
+               (long long)end, n_gens - 1, worst);
+        fflush(stdout);
+    }
+    tide_collection_destroy(&rec.coll);
+    mt_pass("test_examples_tide");
+    MPI_Finalize();
+    if (is_root)
+        stop_tided();
+    return 0;
+}

@@ -87,8 +87,20 @@ run_gpu_tests() {
   (cd "$BUILD_DIR" && ctest -L gpu -V --timeout 600 -j 1)
 }
 
+# train_mlp on one GPU vs the CPU path, same seed: the loss of every step must agree
+# within f32 tolerance (the unit-level comparison is test_examples_gpu above).
+train_mlp_cuda() {
+  local exe="$BUILD_DIR/examples/train_mlp" out="$BUILD_DIR/gpu-check-logs"
+  "$exe" --device cuda --steps 30 --print-every 10 --loss-out "$out/loss-cuda.txt" || return 1
+  "$exe" --device cpu --steps 30 --print-every 10 --loss-out "$out/loss-cpu.txt" || return 1
+  paste "$out/loss-cpu.txt" "$out/loss-cuda.txt" | awk '
+    { d = $2 - $4; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1); if (r > worst) worst = r;
+      printf "step %3d  cpu %.6f  cuda %.6f  rel %.2e\n", $1, $2, $4, r }
+    END { printf "largest relative difference %.2e (limit 1e-4)\n", worst; exit (worst > 1e-4) }'
+}
+
 export SRC_DIR BUILD_DIR JOBS
-export -f gpu_info configure build run_gpu_tests
+export -f gpu_info configure build run_gpu_tests train_mlp_cuda
 
 step install-deps bash "$ROOT/scripts/install-deps.sh"
 step gpu-info gpu_info
@@ -98,6 +110,7 @@ CONFIGURED=$?
 if [ $CONFIGURED -eq 0 ]; then
   step build build
   step gpu-tests run_gpu_tests
+  step train-mlp train_mlp_cuda
 fi
 
 echo

@@ -96,7 +96,7 @@ train_mlp_cuda() {
   paste "$out/loss-cpu.txt" "$out/loss-cuda.txt" | awk '
     { d = $2 - $4; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1); if (r > worst) worst = r;
       printf "step %3d  cpu %.6f  cuda %.6f  rel %.2e\n", $1, $2, $4, r }
-    END { printf "largest relative difference %.2e (limit 1e-4)\n", worst; exit (worst > 1e-4) }'
+    END { printf "largest relative difference %.2e (limit 1e-3 after 30 Adam steps)\n", worst; exit (worst > 1e-3) }'
 }
 
 export SRC_DIR BUILD_DIR JOBS

@@ -1,12 +1,13 @@
 /*
- * coordinator/policy: pure decision functions (see policy.h). Placement keeps
- * old coordinates whenever the tensor/pipeline shape is unchanged, so dropping
- * data-parallel replicas moves no bytes and a recovery only refills the lost
- * coordinates; empty tensor-parallel groups are filled from one host when a
- * host has room (best fit, so big hosts stay whole for later groups).
- *
- * The map could later come from reshard's byte-minimising placement (issue 7):
- * fill_map() is the one place to switch.
+ * coordinator/policy: pure decision functions (see policy.h). Placement has
+ * two halves: which workers a layout may use (members of the job first, then
+ * idle workers, then workers running offline work, cheapest first: only as
+ * many of those as the layout lacks) is the coordinator's choice; which of
+ * them takes which coordinate is reshard's tide_reshard_place, which
+ * minimises the bytes the reshard plan sends, keeps TP groups inside hosts
+ * and, at equal bytes, keeps workers in their old roles. A job that joined
+ * without tensors is placed over a stand-in collection (one TP-split tensor
+ * per layer), so stage and TP-rank ownership still count.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 typedef struct cand_key {
     int32_t idx; /* index into cand[] */
     int32_t cls;
-    int64_t k1, k2, k3, k4;
+    int64_t k1, k2;
 } cand_key;
 
 static int cmp_key(const void *a, const void *b)
@@ -28,11 +29,9 @@ static int cmp_key(const void *a, const void *b)
     const cand_key *x = a, *y = b;
     if (x->cls != y->cls)
         return x->cls < y->cls ? -1 : 1;
-    const int64_t xs[4] = {x->k1, x->k2, x->k3, x->k4}, ys[4] = {y->k1, y->k2, y->k3, y->k4};
-    for (int i = 0; i < 4; i++)
-        if (xs[i] != ys[i])
-            return xs[i] < ys[i] ? -1 : 1;
-    return 0;
+    if (x->k1 != y->k1)
+        return x->k1 < y->k1 ? -1 : 1;
+    return (x->k2 > y->k2) - (x->k2 < y->k2);
 }
 
 static int cmp_i32(const void *a, const void *b)
@@ -41,145 +40,62 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int same_stages(const tide_layout_t *a, const tide_layout_t *b)
+static int64_t gcd64(int64_t a, int64_t b)
 {
-    if (a->pp != b->pp || a->num_layers != b->num_layers)
-        return 0;
-    return memcmp(a->stage_start, b->stage_start, ((size_t)a->pp + 1) * sizeof(int)) == 0;
-}
-
-/* Rank -> position in the old layout, through a sorted (rank, index) table. */
-typedef struct rank_pos {
-    int32_t rank;
-    int32_t index;
-} rank_pos;
-
-static int cmp_rank_pos(const void *a, const void *b)
-{
-    return cmp_i32(&((const rank_pos *)a)->rank, &((const rank_pos *)b)->rank);
-}
-
-static int32_t old_index(const rank_pos *tab, size_t n, int32_t rank)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (tab[mid].rank < rank)
-            lo = mid + 1;
-        else
-            hi = mid;
+    while (b != 0) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
     }
-    return (lo < n && tab[lo].rank == rank) ? tab[lo].index : -1;
-}
-
-typedef struct ctx {
-    const tide_policy_worker *cand;
-    int32_t *chosen; /* indices into cand, in preference order */
-    size_t need;
-    uint8_t *used;    /* per chosen position */
-    int32_t *host_of; /* per chosen position: compact host index */
-    size_t n_hosts;
-    int32_t *host_left;    /* unused chosen workers per compact host */
-    size_t *host_cursor;   /* scan position per host into host_members */
-    int32_t *host_members; /* chosen positions grouped by host, chosen order inside */
-    size_t *host_start;
-    size_t global_cursor;
-    int32_t *coord_pos; /* per layout index: chosen position placed there, -1 when empty */
-} ctx;
-
-static void take(ctx *c, size_t pos, size_t at)
-{
-    c->used[pos] = 1;
-    c->coord_pos[at] = (int32_t)pos;
-    c->host_left[c->host_of[pos]]--;
-}
-
-/* Next unused chosen position on host h (h must have some left). */
-static size_t next_on_host(ctx *c, int32_t h)
-{
-    size_t *cur = &c->host_cursor[h];
-    while (c->used[c->host_members[c->host_start[h] + *cur]])
-        (*cur)++;
-    return (size_t)c->host_members[c->host_start[h] + *cur];
-}
-
-static size_t next_any(ctx *c)
-{
-    while (c->used[c->global_cursor])
-        c->global_cursor++;
-    return c->global_cursor;
+    return a;
 }
 
 /*
- * Fills the empty (-1) coordinates of l with the unused chosen workers: a TP
- * group with placed members takes more from their host; an empty group takes
- * a whole host when one has room (the smallest that fits), else whatever is
- * left in preference order.
+ * The stand-in collection for a job without tensors: per layer one f32
+ * [lcm(old tp, new tp) * 4, 16] tensor split along dimension 0, so that a
+ * worker's gain for a role is the share of that stage and TP rank it holds.
  */
-static void fill_map(ctx *c, tide_layout_t *l)
+static tide_status stand_in_collection(const tide_layout_t *old, const tide_resize_req *req,
+                                       tide_collection_t **out)
 {
-    for (int p = 0; p < l->pp; p++) {
-        for (int d = 0; d < l->dp; d++) {
-            int32_t h0 = -1;
-            int empties = 0;
-            for (int t = 0; t < l->tp; t++) {
-                int32_t r = l->worker[tide_layout_index(l, p, d, t)];
-                if (r < 0)
-                    empties++;
-            }
-            if (empties == 0)
-                continue;
-            for (int t = 0; t < l->tp && h0 < 0; t++) {
-                int32_t pos = c->coord_pos[tide_layout_index(l, p, d, t)];
-                if (pos >= 0)
-                    h0 = c->host_of[pos];
-            }
-            if (h0 < 0) {
-                int32_t best = -1;
-                for (size_t h = 0; h < c->n_hosts; h++)
-                    if (c->host_left[h] >= empties &&
-                        (best < 0 || c->host_left[h] < c->host_left[best]))
-                        best = (int32_t)h;
-                h0 = best;
-            }
-            for (int t = 0; t < l->tp; t++) {
-                size_t at = tide_layout_index(l, p, d, t);
-                if (l->worker[at] >= 0)
-                    continue;
-                size_t pos = (h0 >= 0 && c->host_left[h0] > 0) ? next_on_host(c, h0) : next_any(c);
-                take(c, pos, at);
-                l->worker[at] = c->cand[c->chosen[pos]].rank;
-                if (h0 < 0)
-                    h0 = c->host_of[pos];
-            }
+    int64_t a = old ? old->tp : 1, b = req->tp;
+    int64_t rows = a / gcd64(a, b) * b * 4;
+    TIDE_CHECK(tide_collection_new(out, req->num_layers));
+    for (int i = 0; i < req->num_layers; i++) {
+        tide_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        snprintf(d.name, sizeof d.name, "layer.%d", i);
+        d.dtype = TIDE_F32;
+        d.ndim = 2;
+        d.shape[0] = rows;
+        d.shape[1] = 16;
+        d.layer = i;
+        d.tp = TIDE_TP_SPLIT;
+        d.tp_dim = 0;
+        d.tp_segments = 1;
+        d.dp = TIDE_DP_REPLICATED;
+        tide_status rc = tide_collection_add(*out, &d);
+        if (rc != TIDE_OK) {
+            tide_collection_destroy(out);
+            return rc;
         }
     }
+    return TIDE_OK;
 }
 
-static int cmp_host_pos(const void *a, const void *b)
-{
-    const int64_t *x = a, *y = b; /* (host, position) pairs */
-    if (x[0] != y[0])
-        return x[0] < y[0] ? -1 : 1;
-    return (x[1] > y[1]) - (x[1] < y[1]);
-}
-
-tide_status tide_policy_place(const tide_layout_t *old, const tide_resize_req *req,
-                              const tide_policy_worker *cand, size_t n, tide_layout_t **out,
-                              int32_t *preempt, size_t *n_preempt)
+tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t *coll,
+                              const tide_resize_req *req, const tide_policy_worker *cand, size_t n,
+                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt)
 {
     tide_status rc = TIDE_OK;
-    tide_layout_t *l = NULL;
+    tide_layout_t *l = NULL, *placed = NULL;
     cand_key *keys = NULL;
-    rank_pos *tab = NULL;
-    int32_t *ranks = NULL, *members = NULL;
-    size_t n_members = 0;
-    int64_t *hp = NULL;
-    uint8_t *complete = NULL;
-    int *slot = NULL; /* per old dp rank: its new dp rank, or < 0 when not kept */
-    ctx c = {.cand = cand};
+    int32_t *ranks = NULL, *olds = NULL;
+    tide_place_worker *pw = NULL;
+    tide_collection_t *own = NULL;
     size_t n_old = old ? tide_layout_size(old) : 0;
 
+    *out = NULL;
     *n_preempt = 0;
     TIDE_CHECK(
         tide_coord_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
@@ -190,9 +106,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_resize_req *r
     for (size_t i = 0; i < tide_layout_size(l); i++)
         l->worker[i] = (int32_t)i; /* unique placeholders: check degrees and stages first */
     TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, out);
-    for (size_t i = 0; i < tide_layout_size(l); i++)
-        l->worker[i] = -1;
-    c.need = tide_layout_size(l);
+    size_t need = tide_layout_size(l);
 
     /* candidate ranks must be unique and valid */
     ranks = tide_malloc((n ? n : 1) * sizeof *ranks);
@@ -205,183 +119,109 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_resize_req *r
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "candidate rank %d is %s", ranks[i],
                            ranks[i] < 0 ? "negative" : "listed twice");
     }
-
-    /* old coordinates of members, and which old replicas are complete */
     if (old != NULL) {
-        tab = tide_malloc(n_old * sizeof *tab);
-        complete = tide_malloc((size_t)old->dp);
-        TIDE_CHECK_ALLOC_GOTO(tab, rc, out);
-        TIDE_CHECK_ALLOC_GOTO(complete, rc, out);
-        for (size_t i = 0; i < n_old; i++)
-            tab[i] = (rank_pos){old->worker[i], (int32_t)i};
-        qsort(tab, n_old, sizeof *tab, cmp_rank_pos);
-        memset(complete, 1, (size_t)old->dp);
-        members = tide_malloc((n ? n : 1) * sizeof *members);
-        TIDE_CHECK_ALLOC_GOTO(members, rc, out);
-        for (size_t i = 0; i < n; i++)
-            if (cand[i].cls == TIDE_PW_MEMBER)
-                members[n_members++] = cand[i].rank;
-        qsort(members, n_members, sizeof *members, cmp_i32);
-        for (size_t i = 0; i < n_old; i++)
-            if (bsearch(&old->worker[i], members, n_members, sizeof *members, cmp_i32) == NULL)
-                complete[(i / (size_t)old->tp) % (size_t)old->dp] = 0;
+        olds = tide_malloc(n_old * sizeof *olds);
+        TIDE_CHECK_ALLOC_GOTO(olds, rc, out);
+        memcpy(olds, old->worker, n_old * sizeof *olds);
+        qsort(olds, n_old, sizeof *olds, cmp_i32);
     }
 
-    /* preference order */
+    /* preference order: members, idle, then offline work by ascending priority */
     keys = tide_malloc((n ? n : 1) * sizeof *keys);
     TIDE_CHECK_ALLOC_GOTO(keys, rc, out);
     size_t counts[3] = {0, 0, 0};
     for (size_t i = 0; i < n; i++) {
         cand_key *k = &keys[i];
-        memset(k, 0, sizeof *k);
         k->idx = (int32_t)i;
         k->cls = (int32_t)cand[i].cls;
-        if (k->cls < 0 || k->cls > 2)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "candidate %d has an unknown class %d",
-                           cand[i].rank, k->cls);
-        int32_t oi = old ? old_index(tab, n_old, cand[i].rank) : -1;
-        if (k->cls == TIDE_PW_MEMBER && oi < 0)
+        if (k->cls < 0 || k->cls > 2 || cand[i].host < 0)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
+                           "candidate %d has an unknown class %d or host %d", cand[i].rank, k->cls,
+                           cand[i].host);
+        if (k->cls == TIDE_PW_MEMBER &&
+            (olds == NULL || bsearch(&cand[i].rank, olds, n_old, sizeof *olds, cmp_i32) == NULL))
             k->cls = TIDE_PW_IDLE; /* not in the old layout after all */
         counts[k->cls]++;
-        if (k->cls == TIDE_PW_MEMBER) {
-            int32_t t = oi % old->tp, d = (oi / old->tp) % old->dp, p = oi / (old->tp * old->dp);
-            k->k1 = complete[d] ? 0 : 1; /* whole replicas first: they keep all their state */
-            k->k2 = d;
-            k->k3 = p;
-            k->k4 = t;
-        } else if (k->cls == TIDE_PW_OFFLINE) {
-            k->k1 = cand[i].priority; /* preempt the least important work first */
-            k->k2 = cand[i].host;
-            k->k3 = cand[i].rank;
-        } else {
-            k->k1 = cand[i].host;
-            k->k2 = cand[i].rank;
-        }
+        k->k1 = k->cls == TIDE_PW_OFFLINE ? cand[i].priority : 0; /* least important first */
+        k->k2 = cand[i].rank;
     }
-    if (n < c.need) {
+    if (n < need) {
         char buf[128];
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NO_DEVICE,
                        "layout %s needs %zu workers; the pool has %zu available (%zu in the "
                        "job, %zu idle, %zu running offline work); free workers or ask for less",
-                       tide_coord_layout_describe(l, buf, sizeof buf), c.need, n, counts[0],
+                       tide_coord_layout_describe(l, buf, sizeof buf), need, n, counts[0],
                        counts[1], counts[2]);
     }
     qsort(keys, n, sizeof *keys, cmp_key);
 
-    c.chosen = tide_malloc(c.need * sizeof *c.chosen);
-    c.used = tide_calloc(c.need, 1);
-    c.host_of = tide_malloc(c.need * sizeof *c.host_of);
-    c.host_left = tide_calloc(c.need, sizeof *c.host_left);
-    c.host_cursor = tide_calloc(c.need, sizeof *c.host_cursor);
-    c.host_members = tide_malloc(c.need * sizeof *c.host_members);
-    c.host_start = tide_calloc(c.need + 1, sizeof *c.host_start);
-    hp = tide_malloc(c.need * 2 * sizeof *hp);
-    c.coord_pos = tide_malloc(c.need * sizeof *c.coord_pos);
-    TIDE_CHECK_ALLOC_GOTO(c.coord_pos, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.chosen, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.used, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.host_of, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.host_left, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.host_cursor, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.host_members, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(c.host_start, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(hp, rc, out);
-    for (size_t i = 0; i < c.need; i++) {
-        c.coord_pos[i] = -1;
-        c.chosen[i] = keys[i].idx;
-        hp[2 * i] = cand[keys[i].idx].host;
-        hp[2 * i + 1] = (int64_t)i;
-    }
-    /* compact hosts: positions grouped by host id, chosen order inside each host */
-    qsort(hp, c.need, 2 * sizeof *hp, cmp_host_pos);
-    for (size_t i = 0; i < c.need; i++) {
-        if (i > 0 && hp[2 * i] != hp[2 * (i - 1)])
-            c.host_start[++c.n_hosts] = i;
-        c.host_of[hp[2 * i + 1]] = (int32_t)c.n_hosts;
-        c.host_members[i] = (int32_t)hp[2 * i + 1];
-        c.host_left[c.n_hosts]++;
-    }
-    c.n_hosts++;
-    c.host_start[c.n_hosts] = c.need;
-
-    /* keep old coordinates when the tp/pp shape and stages are unchanged: the kept
-     * replicas (whole ones first) keep their dp rank when it still exists */
-    if (old != NULL && old->tp == l->tp && same_stages(old, l)) {
-        slot = tide_malloc((size_t)old->dp * sizeof *slot);
-        TIDE_CHECK_ALLOC_GOTO(slot, rc, out);
-        uint8_t *taken = (uint8_t *)c.used; /* scratch: reset below */
-        for (int d = 0; d < old->dp; d++)
-            slot[d] = -2; /* -2: not kept */
-        int kept = 0;
-        for (size_t i = 0; i < c.need && kept < l->dp; i++) {
-            if (keys[i].cls != TIDE_PW_MEMBER)
-                break;
-            if (slot[keys[i].k2] == -2) {
-                slot[keys[i].k2] = -1;
-                kept++;
+    /* offered workers: every member and idle worker, offline ones only as far as needed;
+     * --placement default: the first `need` in preference order, in rank order */
+    size_t offer = counts[0] + counts[1];
+    if (offer < need || req->plain)
+        offer = need;
+    pw = tide_malloc(offer * sizeof *pw);
+    TIDE_CHECK_ALLOC_GOTO(pw, rc, out);
+    for (size_t i = 0; i < offer; i++)
+        pw[i] = (tide_place_worker){cand[keys[i].idx].rank, cand[keys[i].idx].host};
+    if (req->plain) {
+        for (size_t i = 1; i < offer; i++) { /* insertion sort by id: offer is the layout size */
+            tide_place_worker v = pw[i];
+            size_t k = i;
+            while (k > 0 && pw[k - 1].id > v.id) {
+                pw[k] = pw[k - 1];
+                k--;
             }
-        }
-        memset(taken, 0, c.need);
-        for (int d = 0; d < old->dp; d++)
-            if (slot[d] == -1 && d < l->dp) {
-                slot[d] = d;
-                taken[d] = 1;
-            }
-        int next = 0;
-        for (int d = 0; d < old->dp; d++)
-            if (slot[d] == -1) {
-                while (taken[next])
-                    next++;
-                slot[d] = next;
-                taken[next] = 1;
-            }
-        memset(taken, 0, c.need);
-        for (size_t i = 0; i < c.need; i++) {
-            const cand_key *k = &keys[i];
-            if (k->cls != TIDE_PW_MEMBER)
-                break;
-            if (slot[k->k2] < 0)
-                continue; /* a replica that is not kept: its workers fill gaps below */
-            size_t at = tide_layout_index(l, (int)k->k3, slot[k->k2], (int)k->k4);
-            l->worker[at] = cand[k->idx].rank;
-            take(&c, i, at);
+            pw[k] = v;
         }
     }
-    fill_map(&c, l);
+    if (coll == NULL) {
+        TIDE_CHECK_GOTO(stand_in_collection(old, req, &own), rc, out);
+        coll = own;
+    }
+    tide_place_request pr = {.dp = req->dp,
+                             .tp = req->tp,
+                             .pp = req->pp,
+                             .micro_batches = req->micro_batches,
+                             .stage_start = l->stage_start,
+                             .workers = pw,
+                             .n_workers = offer,
+                             .tp_across_hosts = 0};
+    if (req->plain)
+        TIDE_CHECK_GOTO(tide_reshard_place_default(coll, &pr, &placed), rc, out);
+    else
+        TIDE_CHECK_GOTO(tide_reshard_place(old, coll, &pr, &placed), rc, out);
+    memcpy(l->worker, placed->worker, need * sizeof *l->worker);
 
-    for (size_t i = 0; i < c.need; i++)
-        if (cand[c.chosen[i]].cls == TIDE_PW_OFFLINE)
-            preempt[(*n_preempt)++] = cand[c.chosen[i]].rank;
+    /* the offline work on every chosen worker that runs some is preempted */
+    memcpy(ranks, l->worker, need * sizeof *ranks);
+    qsort(ranks, need, sizeof *ranks, cmp_i32);
+    for (size_t i = 0; i < n; i++)
+        if (cand[i].cls == TIDE_PW_OFFLINE &&
+            bsearch(&cand[i].rank, ranks, need, sizeof *ranks, cmp_i32) != NULL)
+            preempt[(*n_preempt)++] = cand[i].rank;
     TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, out);
     *out = l;
     l = NULL;
 out:
     tide_coord_layout_free(&l);
+    tide_layout_destroy(&placed);
+    tide_collection_destroy(&own);
     tide_free(keys);
-    tide_free(tab);
     tide_free(ranks);
-    tide_free(members);
-    tide_free(hp);
-    tide_free(c.coord_pos);
-    tide_free(complete);
-    tide_free(slot);
-    tide_free(c.chosen);
-    tide_free(c.used);
-    tide_free(c.host_of);
-    tide_free(c.host_left);
-    tide_free(c.host_cursor);
-    tide_free(c.host_members);
-    tide_free(c.host_start);
+    tide_free(olds);
+    tide_free(pw);
     if (rc != TIDE_OK)
         *n_preempt = 0;
     return rc;
 }
 
-tide_status tide_policy_recover(const tide_layout_t *old, const tide_policy_worker *cand, size_t n,
-                                tide_layout_t **out, int32_t *preempt, size_t *n_preempt)
+tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
+                                const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                int32_t *preempt, size_t *n_preempt)
 {
-    tide_resize_req req = {old->dp,         old->tp, old->pp, old->num_layers, old->micro_batches,
-                           old->stage_start};
+    tide_resize_req req = {old->dp,          old->tp, old->pp, old->num_layers, old->micro_batches,
+                           old->stage_start, 0};
     size_t group = (size_t)old->tp * (size_t)old->pp;
     if (n < group) {
         *n_preempt = 0;
@@ -392,7 +232,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_policy_work
     }
     if (n < tide_layout_size(old))
         req.dp = (int)(n / group); /* the largest dp that fits the same tp and pp */
-    return tide_policy_place(old, &req, cand, n, out, preempt, n_preempt);
+    return tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt);
 }
 
 static int cmp_offline(const void *a, const void *b)

@@ -43,32 +43,42 @@ typedef struct tide_resize_req {
     int micro_batches;
     const int *stage_start; /* pp + 1 starts, or NULL: the old stages when pp is unchanged,
                                else stages as even as possible */
+    int plain; /* 1: `--placement default`: the plain rank order over the workers chosen by
+                  preference, no byte minimisation */
 } tide_resize_req;
 
 /*
- * Chooses the workers and the map of a new layout for req from candidates
- * (members of old first, then idle, then offline workers by ascending priority)
- * and writes the ranks whose offline work must be preempted into preempt[]
- * (room for n entries) and their count into *n_preempt. When old is given with
- * the same tp, pp and stages, old coordinates are kept (dropping replicas
- * moves nothing, recovery replaces only the lost coordinates); otherwise
- * tensor-parallel groups are packed inside hosts. old may be NULL (first
- * layout). TIDE_ERR_NO_DEVICE with a detail when too few candidates exist.
- * Caller owns *out (tide_coord_layout_free). Pure.
+ * Chooses the workers and the map of a new layout for req from candidates and
+ * writes the ranks whose offline work must be preempted into preempt[] (room
+ * for n entries) and their count into *n_preempt. Workers: every member of
+ * old and every idle candidate is offered; workers running offline work only
+ * when those are too few, the lowest priorities first. Map: reshard's
+ * tide_reshard_place over the offered workers and coll (the job's tensors, or
+ * NULL: a stand-in with one TP-split tensor per layer): fewest bytes sent,
+ * TP groups inside hosts, pipeline neighbours close, old roles kept at equal
+ * bytes (dropping replicas moves nothing; a recovery refills only lost
+ * coordinates). req->plain: the first dp*tp*pp offered workers in preference
+ * order (members, idle, offline; each by rank) mapped in rank order
+ * (tide_reshard_place_default). old may be NULL (first layout).
+ * TIDE_ERR_NO_DEVICE with a detail when too few candidates exist; a collection
+ * the new tp does not divide fails with reshard's detail. Caller owns *out
+ * (tide_coord_layout_free). Pure.
  */
-tide_status tide_policy_place(const tide_layout_t *old, const tide_resize_req *req,
-                              const tide_policy_worker *cand, size_t n, tide_layout_t **out,
-                              int32_t *preempt, size_t *n_preempt);
+tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t *coll,
+                              const tide_resize_req *req, const tide_policy_worker *cand, size_t n,
+                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt);
 
 /*
  * Recovery after losing workers: candidates hold the surviving members, idle
  * and offline workers of the pool. Keeps the old degrees when enough
  * candidates exist (replacing lost coordinates), else the largest dp that
- * fits with the same tp and pp. TIDE_ERR_NO_DEVICE when not even dp 1 fits.
+ * fits with the same tp and pp; placed like tide_policy_place (coll as there).
+ * TIDE_ERR_NO_DEVICE when not even dp 1 fits.
  * Caller owns *out. Pure.
  */
-tide_status tide_policy_recover(const tide_layout_t *old, const tide_policy_worker *cand, size_t n,
-                                tide_layout_t **out, int32_t *preempt, size_t *n_preempt);
+tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
+                                const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                int32_t *preempt, size_t *n_preempt);
 
 /* One queued offline job as the backfill policy sees it. */
 typedef struct tide_policy_offline {

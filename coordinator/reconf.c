@@ -25,7 +25,8 @@
  *     acknowledged; workers not in the new layout become idle (or stay
  *     draining) and are offered offline work.
  *  Failure: a participant that fails (heartbeats, `failure`, restart) or
- *  reports done with an error, or the deadline (--resize-timeout-ms), aborts G:
+ *  reports done with an error, or the deadline (--resize-timeout-ms), aborts G
+ *  (unless some participant already reported done: see below):
  *  tided sends `abort` {G} and the participants go on with (or return to) the
  *  committed layout from the step they stopped at, discarding partial new state.
  *  If an old member was lost, tided then starts a recovery: a new layout over
@@ -35,6 +36,11 @@
  *  participant registers again; participants must answer duplicates (a prepare
  *  or commit for a generation already acked / done) with the same ack / done.
  *  Generations are never reused: an aborted G is skipped.
+ *  After the first done (status 0) of G that worker runs under G and cannot go
+ *  back, so G is no longer abandoned: a failing participant (or one silent at
+ *  the deadline, which is then declared failed) makes tided commit G over the
+ *  live participants and start a recovery from G's layout (prev = G). That
+ *  point is durable (the job row's rc_switched).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,9 +52,7 @@
 #include "core/log.h"
 #include "coordinator/policy.h"
 #include "coordinator/server_int.h"
-#ifdef TIDE_COORD_HAVE_RESHARD
 #include "reshard/reshard.h"
-#endif
 
 typedef struct host_ref {
     const char *host;
@@ -111,22 +115,22 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
     return TIDE_OK;
 }
 
-/* ---- plan estimate for --dry-run and the bytes metric ------------------------------------ */
+/* ---- the job's tensors: placement and --dry-run estimates ---------------------------------- */
 
-static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tide_layout_t *nl,
-                          tide_proto_resize_reply_t *r)
+tide_status tide__job_collection(const tide_coord_job_t *j, tide_collection_t **out)
 {
-#ifdef TIDE_COORD_HAVE_RESHARD
-    if (j->layout == NULL || j->join_blob == NULL)
-        return;
+    *out = NULL;
+    if (j->join_blob == NULL)
+        return TIDE_OK;
     tide_msg_t jm;
-    if (tide_proto_decode(j->join_blob, j->join_len, &jm) != TIDE_OK)
-        return;
+    tide_status rc = tide_proto_decode(j->join_blob, j->join_len, &jm);
+    if (rc != TIDE_OK)
+        return tide_errorf(rc, "job %s: its stored join message does not decode: %s", j->name,
+                           tide_last_error());
     tide_collection_t *c = NULL;
-    tide_plan_t *plan = NULL;
-    if (jm.type != TIDE_MSG_JOIN || jm.u.join.n_tensors == 0 ||
-        tide_collection_new(&c, jm.u.join.num_layers) != TIDE_OK)
+    if (jm.type != TIDE_MSG_JOIN || jm.u.join.n_tensors == 0)
         goto out;
+    TIDE_CHECK_GOTO(tide_collection_new(&c, jm.u.join.num_layers), rc, out);
     for (uint32_t i = 0; i < jm.u.join.n_tensors; i++) {
         const tide_proto_tensor_t *t = &jm.u.join.tensors[i];
         tide_tensor_desc d;
@@ -140,31 +144,59 @@ static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tid
         d.tp_dim = t->tp_dim;
         d.tp_segments = t->tp_segments;
         d.dp = (tide_dp_rule)t->dp;
-        if (tide_collection_add(c, &d) != TIDE_OK)
-            goto out;
+        TIDE_CHECK_GOTO(tide_collection_add(c, &d), rc, out);
     }
-    if (tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan) != TIDE_OK) {
-        TIDE_INFO("reconf", "job %s: no plan estimate: %s", j->name, tide_last_error());
-        goto out;
-    }
-    r->bytes_sent = plan->summary.bytes_sent;
-    r->bytes_local = plan->summary.bytes_local;
-    r->max_send = plan->summary.max_send;
-    r->messages = plan->summary.messages;
-    uint64_t busiest = plan->summary.max_send > plan->summary.max_recv ? plan->summary.max_send
-                                                                       : plan->summary.max_recv;
-    r->est_ms =
-        s->cfg.link_bytes_per_s > 0 ? 1000.0 * (double)busiest / s->cfg.link_bytes_per_s : 0.0;
+    *out = c;
+    c = NULL;
 out:
-    tide_plan_destroy(&plan);
     tide_collection_destroy(&c);
     tide_msg_clear(&jm);
-#else
-    (void)s;
-    (void)j;
-    (void)nl;
-    (void)r;
-#endif
+    return rc;
+}
+
+/* Bytes the plan from j's layout to nl sends (*sent), with its summary into r when non-NULL. */
+static tide_status plan_bytes(tide_server_t *s, const tide_coord_job_t *j,
+                              const tide_collection_t *c, const tide_layout_t *nl, uint64_t *sent,
+                              tide_proto_resize_reply_t *r)
+{
+    tide_plan_t *plan = NULL;
+    tide_status rc = tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan);
+    if (rc != TIDE_OK)
+        return rc;
+    *sent = plan->summary.bytes_sent;
+    if (r != NULL) {
+        r->bytes_sent = plan->summary.bytes_sent;
+        r->bytes_local = plan->summary.bytes_local;
+        r->max_send = plan->summary.max_send;
+        r->messages = plan->summary.messages;
+        uint64_t busiest = plan->summary.max_send > plan->summary.max_recv ? plan->summary.max_send
+                                                                           : plan->summary.max_recv;
+        r->est_ms =
+            s->cfg.link_bytes_per_s > 0 ? 1000.0 * (double)busiest / s->cfg.link_bytes_per_s : 0.0;
+    }
+    tide_plan_destroy(&plan);
+    return TIDE_OK;
+}
+
+/*
+ * Fills r's plan summary for the switch of j to nl and, in bytes_default, the
+ * bytes the plain rank order (dflt) would send. Nothing when the job joined
+ * without tensors (no collection).
+ */
+static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tide_collection_t *c,
+                          const tide_layout_t *nl, const tide_layout_t *dflt,
+                          tide_proto_resize_reply_t *r)
+{
+    uint64_t sent = 0;
+    if (j->layout == NULL || c == NULL)
+        return;
+    if (plan_bytes(s, j, c, nl, &sent, r) != TIDE_OK) {
+        TIDE_INFO("reconf", "job %s: no plan estimate: %s", j->name, tide_last_error());
+        return;
+    }
+    r->bytes_default = sent;
+    if (dflt != NULL && plan_bytes(s, j, c, dflt, &sent, NULL) == TIDE_OK)
+        r->bytes_default = sent;
 }
 
 /* ---- sending the phases ---------------------------------------------------------------------- */
@@ -277,27 +309,18 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     return TIDE_OK;
 }
 
-/* Maps ranks of l to the plain rank order: sorted ranks written in index order. */
-static void plain_order(tide_layout_t *l)
-{
-    size_t n = tide_layout_size(l);
-    for (size_t i = 1; i < n; i++) { /* insertion sort: n is the layout size, done once */
-        int32_t v = l->worker[i];
-        size_t k = i;
-        while (k > 0 && l->worker[k - 1] > v) {
-            l->worker[k] = l->worker[k - 1];
-            k--;
-        }
-        l->worker[k] = v;
-    }
-}
-
 void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
 {
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
     if (j == NULL || j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no online job named %s (tidectl jobs lists them)",
                           m->job);
+        return;
+    }
+    if (j->state == TIDE_JS_DONE) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "job %s has ended (its training program said bye); nothing to resize",
+                          j->name);
         return;
     }
     if (j->layout == NULL) {
@@ -312,8 +335,13 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
                           j->name, (unsigned long long)j->reconf->gen, j->reconf->reason);
         return;
     }
-    tide_resize_req req = {m->dp, m->tp, m->pp, j->layout->num_layers, j->layout->micro_batches,
-                           NULL};
+    tide_resize_req req = {m->dp,
+                           m->tp,
+                           m->pp,
+                           j->layout->num_layers,
+                           j->layout->micro_batches,
+                           NULL,
+                           m->placement == TIDE_PLACEMENT_DEFAULT};
     if (m->n_stages != 0) {
         if (m->n_stages != (uint32_t)m->pp + 1 || m->stage_start[m->pp] != j->layout->num_layers) {
             tide__reply_error(s, TIDE_ERR_INVALID,
@@ -323,34 +351,47 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
             return;
         }
         req.stage_start = m->stage_start;
-    } else if (m->pp != j->layout->pp) {
-        req.stage_start = NULL; /* even split for a new pipeline depth */
     }
     tide_policy_worker *cand = NULL;
-    size_t n = 0, n_pre = 0;
-    int32_t *pre = NULL;
-    tide_layout_t *l = NULL;
-    tide_status rc = tide__candidates(s, j, -1, &cand, &n);
+    size_t n = 0, n_pre = 0, n_pre_d = 0;
+    int32_t *pre = NULL, *pre_d = NULL;
+    tide_layout_t *l = NULL, *dflt = NULL;
+    tide_collection_t *c = NULL;
+    tide_status rc = tide__job_collection(j, &c);
+    if (rc == TIDE_OK)
+        rc = tide__candidates(s, j, -1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
-        rc = pre ? tide_policy_place(j->layout, &req, cand, n, &l, pre, &n_pre)
+        rc = pre ? tide_policy_place(j->layout, c, &req, cand, n, &l, pre, &n_pre)
                  : tide_errorf(TIDE_ERR_NOMEM, "out of memory placing the resize");
     }
+    if (rc == TIDE_OK && m->dry_run && c != NULL) {
+        /* the plain rank order over the same kind of workers, for comparison */
+        tide_resize_req plain = req;
+        plain.plain = 1;
+        pre_d = tide_malloc((n ? n : 1) * sizeof *pre_d);
+        if (pre_d == NULL ||
+            tide_policy_place(j->layout, c, &plain, cand, n, &dflt, pre_d, &n_pre_d) != TIDE_OK)
+            TIDE_INFO("reconf", "job %s: no default-order layout to compare: %s", j->name,
+                      pre_d ? tide_last_error() : "out of memory");
+    }
     tide_free(cand);
+    tide_free(pre_d);
     if (rc != TIDE_OK) {
         tide_free(pre);
+        tide_collection_destroy(&c);
         tide__reply_error(s, rc, "cannot resize %s: %s", j->name, tide_last_error());
         return;
     }
-    if (m->placement == TIDE_PLACEMENT_DEFAULT)
-        plain_order(l);
     tide_msg_t reply;
     tide_msg_init(&reply, TIDE_MSG_RESIZE_REPLY);
     tide_proto_resize_reply_t *rr = &reply.u.resize_reply;
     snprintf(rr->job, sizeof rr->job, "%s", j->name);
     rr->dry_run = m->dry_run;
     rr->preempted = (uint32_t)n_pre;
-    plan_estimate(s, j, l, rr);
+    plan_estimate(s, j, c, l, dflt, rr);
+    tide_coord_layout_free(&dflt);
+    tide_collection_destroy(&c);
     uint64_t gen = j->gen_issued + 1;
     tide__proto_layout(&rr->layout, l, gen);
     if (m->dry_run) {
@@ -506,14 +547,23 @@ void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_prot
         char why[200];
         snprintf(why, sizeof why, "worker %d could not switch: %s", w->id,
                  tide_strerror((tide_status)m->status));
-        tide__reconf_abort(s, j, why);
+        if (r->switched) /* others run under G already: this one's state is lost, not G */
+            tide__worker_failed(s, w, why);
+        else
+            tide__reconf_abort(s, j, why);
         return;
     }
     if (!r->acked[i])
         r->bytes_moved += m->bytes_moved;
     r->acked[i] = 1;
-    if (all_acked(r))
+    if (all_acked(r)) {
         commit_generation(s, j);
+    } else if (!r->switched) {
+        /* from now on G cannot be abandoned: this worker's old state is gone (durable, so
+         * that a restarted tided keeps to it too) */
+        r->switched = 1;
+        tide__save_job(s, j);
+    }
 }
 
 /* ---- fallback and recovery ------------------------------------------------------------------ */
@@ -567,6 +617,26 @@ void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reaso
         tide__recover(s, j, reason);
 }
 
+/*
+ * A participant of G failed after another had reported done: G cannot be
+ * abandoned (that worker switched), so G is committed over the live
+ * participants and, when it lost members, a recovery starts from it.
+ */
+static void keep_switched(tide_server_t *s, tide_coord_job_t *j, const char *reason)
+{
+    tide_reconf_t *r = j->reconf;
+    size_t done = 0;
+    for (size_t i = 0; i < r->n_parts; i++)
+        done += r->acked[i] && !r->gone[i];
+    tide__event(s, j->name, "switch_kept",
+                "generation %llu kept although %s: participants had switched to it (%zu done "
+                "since tided started); the job recovers from it",
+                (unsigned long long)r->gen, reason, done);
+    commit_generation(s, j);
+    if (lost_old_member(s, j))
+        tide__recover(s, j, reason);
+}
+
 void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
 {
     if (j->reconf != NULL)
@@ -577,13 +647,17 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
     size_t n = 0, n_pre = 0;
     int32_t *pre = NULL;
     tide_layout_t *l = NULL;
-    tide_status rc = tide__candidates(s, j, -1, &cand, &n);
+    tide_collection_t *c = NULL;
+    tide_status rc = tide__job_collection(j, &c);
+    if (rc == TIDE_OK)
+        rc = tide__candidates(s, j, -1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
-        rc = pre ? tide_policy_recover(j->layout, cand, n, &l, pre, &n_pre)
+        rc = pre ? tide_policy_recover(j->layout, c, cand, n, &l, pre, &n_pre)
                  : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
     }
     tide_free(cand);
+    tide_collection_destroy(&c);
     if (rc != TIDE_OK) {
         tide_free(pre);
         if (j->state != TIDE_JS_STALLED) {
@@ -611,7 +685,10 @@ void tide__reconf_participant_failed(tide_server_t *s, tide_coord_job_t *j, tide
     r->gone[i] = 1;
     char why[120];
     snprintf(why, sizeof why, "participant worker %d failed during the switch", w->id);
-    tide__reconf_abort(s, j, why);
+    if (r->phase == TIDE_RP_COMMIT && r->switched)
+        keep_switched(s, j, why);
+    else
+        tide__reconf_abort(s, j, why);
 }
 
 void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
@@ -629,7 +706,20 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
             for (size_t i = 0; i < r->n_parts && at < sizeof why - 16; i++)
                 if (!r->gone[i] && !r->acked[i])
                     at += (size_t)snprintf(why + at, sizeof why - at, " %d", r->parts[i]);
-            tide__reconf_abort(s, j, why);
+            if (r->phase == TIDE_RP_COMMIT && r->switched) {
+                /* G stays: the silent participants are failed first, then one recovery */
+                for (size_t i = 0; i < r->n_parts; i++) {
+                    if (r->gone[i] || r->acked[i])
+                        continue;
+                    r->gone[i] = 1;
+                    tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+                    if (w != NULL)
+                        tide__worker_down(s, w, "worker_failed", why);
+                }
+                keep_switched(s, j, why);
+            } else {
+                tide__reconf_abort(s, j, why);
+            }
         } else if (now_ns >= r->resend_ns) {
             send_all(s, j, 1);
         }

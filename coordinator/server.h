@@ -6,7 +6,8 @@
  * zmq_poll. Every batch of requests is applied to the in-memory state inside
  * one SQLite transaction that commits before any reply of the batch is sent.
  *
- * Workload: ~10^4 heartbeats per second (no reply, no disk write), occasional
+ * Workload: ~10^4 heartbeats per second (no reply, no disk write, gathered into
+ * batches of --batch-ms so the loop wakes ~500 times a second, not 10^4), occasional
  * admin requests, rare reconfigurations.
  */
 #ifndef TIDE_COORD_SERVER_H
@@ -35,6 +36,8 @@ typedef struct tide_server_config {
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
     int max_attempts;          /* offline job attempts before it is marked failed */
+    int64_t batch_ms; /* min time between loop passes that did not fill a batch, ms: requests
+                         arriving meanwhile are handled together (one wakeup, not one each) */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

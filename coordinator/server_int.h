@@ -122,6 +122,15 @@ void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64
 /* Makes a worker leave whatever it does and marks it failed (reason for the event). */
 void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason);
 
+/*
+ * The first half of tide__worker_failed: marks w failed with an event of kind
+ * ("worker_failed", "worker_left"), requeues its offline work and clears its
+ * job, without touching that job's layout or switch; returns the online job
+ * id it held (0: none). The caller deals with the job.
+ */
+int64_t tide__worker_down(tide_server_t *s, tide_coord_worker_t *w, const char *kind,
+                          const char *reason);
+
 /* ---- reconf.c ----------------------------------------------------------------------------- */
 
 /* Handles "resize" (admin). */
@@ -155,6 +164,12 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns);
 
 /* Sends the current phase's messages to participant w of j (register/resend). */
 void tide__reconf_resend_to(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w);
+
+/*
+ * The tensors job j joined with, rebuilt from its stored join message;
+ * *out = NULL when it joined without tensors. Caller owns *out.
+ */
+tide_status tide__job_collection(const tide_coord_job_t *j, tide_collection_t **out);
 
 /* Fills candidate workers for j (members alive, idle and offline joined workers). */
 tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,

@@ -22,9 +22,10 @@
 extern "C" {
 #endif
 
-#define TIDE_COORD_NAME_MAX 128 /* proto: 127 chars + NUL */
-#define TIDE_COORD_HOST_MAX 256 /* proto: 255 chars + NUL */
-#define TIDE_COORD_RID_MAX  256 /* ZeroMQ routing ids are at most 255 bytes */
+#define TIDE_COORD_NAME_MAX  128 /* proto: 127 chars + NUL */
+#define TIDE_COORD_HOST_MAX  256 /* proto: 255 chars + NUL */
+#define TIDE_COORD_RID_MAX   256 /* ZeroMQ routing ids are at most 255 bytes */
+#define TIDE_COORD_OWNER_MAX 96  /* "worker:" + a key name */
 
 typedef enum tide_wstate {
     TIDE_WS_IDLE = 0,    /* registered, holds nothing, may be offered offline work */
@@ -77,6 +78,8 @@ typedef struct tide_coord_worker {
     int32_t pool_size;   /* ranks in its pool */
     int32_t kind;        /* 0 cpu, 1 gpu (proto's device kind) */
     int32_t pid;
+    char owner[TIDE_COORD_OWNER_MAX]; /* with --auth: the key that registered it ("worker:NAME");
+                                         only that key may speak for this worker id */
     /* volatile: rebuilt from heartbeats after a restart */
     uint64_t last_seen_ns;                 /* monotonic ns of the last message from it */
     int64_t step;                          /* steps the worker reported completed */
@@ -96,6 +99,7 @@ typedef struct tide_reconf {
     int recover;  /* 1: after a failure (switch step = min of reports) */
     tide_rphase phase;
     int64_t switch_step; /* COMMIT: steps completed under the old layout; new layout starts here */
+    int switched;        /* COMMIT: some participant reported done: G can no longer be abandoned */
     tide_layout_t *layout; /* new layout (owned) */
     int32_t *parts;        /* participant ranks: old members (alive) then new-only ones, sorted */
     size_t n_parts;

@@ -32,7 +32,7 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS workers("
     " id INTEGER PRIMARY KEY, pool TEXT NOT NULL, rank INTEGER NOT NULL, pool_size INTEGER,"
     " host TEXT NOT NULL, device INTEGER, memory INTEGER, kind INTEGER, pid INTEGER,"
-    " state INTEGER NOT NULL, job INTEGER, offline_job INTEGER, joined INTEGER,"
+    " state INTEGER NOT NULL, job INTEGER, offline_job INTEGER, joined INTEGER, owner TEXT,"
     " UNIQUE(pool, rank));"
     "CREATE TABLE IF NOT EXISTS jobs("
     " id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind INTEGER NOT NULL,"
@@ -42,7 +42,8 @@ static const char *const schema =
     " plugin TEXT, argv BLOB, mem_cap INTEGER, bubbles INTEGER, attempts INTEGER,"
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
-    " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER);"
+    " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
+    " rc_switched INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
@@ -55,16 +56,16 @@ static const char *const schema =
 
 static const char *const sql[ST__COUNT] = {
     [ST_WORKER] = "INSERT OR REPLACE INTO workers(id, pool, rank, pool_size, host, device, memory,"
-                  " kind, pid, state, job, offline_job, joined)"
-                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+                  " kind, pid, state, job, offline_job, joined, owner)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
     [ST_JOB] =
         "INSERT OR REPLACE INTO jobs(id, name, kind, state, created_ms, pool, layout,"
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
-        " rc_started_ms, rc_layout, rc_reason, num_layers) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
-        "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,"
-        "?30,?31,?32,?33,?34)",
+        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched) VALUES(?1,?2,?3,?4,?5,?6,"
+        "?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,"
+        "?29,?30,?31,?32,?33,?34,?35)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
@@ -104,6 +105,36 @@ static tide_status step_done(tide_store_t *s, int which, const char *what)
     sqlite3_clear_bindings(st);
     if (rc != SQLITE_DONE)
         return db_error(s, rc, what);
+    return TIDE_OK;
+}
+
+/*
+ * Columns added after schema 1 was first written (same schema version: nothing
+ * was deployed): a state file from before gets them empty, which reads as
+ * "no key bound" and "no participant switched".
+ */
+static tide_status add_columns(tide_store_t *s)
+{
+    static const char *const cols[][3] = {
+        {"workers", "owner", "TEXT"},
+        {"jobs", "rc_switched", "INTEGER"},
+    };
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        char q[160];
+        snprintf(q, sizeof q, "SELECT 1 FROM pragma_table_info('%s') WHERE name = '%s'", cols[i][0],
+                 cols[i][1]);
+        sqlite3_stmt *st = NULL;
+        int src = sqlite3_prepare_v2(s->db, q, -1, &st, NULL);
+        int have = src == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
+        sqlite3_finalize(st);
+        if (src != SQLITE_OK)
+            return db_error(s, src, "reading the table layout");
+        if (have)
+            continue;
+        snprintf(q, sizeof q, "ALTER TABLE %s ADD COLUMN %s %s", cols[i][0], cols[i][1],
+                 cols[i][2]);
+        TIDE_CHECK(exec(s, q, "adding a column"));
+    }
     return TIDE_OK;
 }
 
@@ -151,6 +182,11 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
                        path);
     TIDE_CHECK_GOTO(rc, rc, fail);
     rc = exec(s, schema, "creating tables");
+    if (rc != TIDE_OK) {
+        exec(s, "ROLLBACK", "rollback");
+        goto fail;
+    }
+    rc = add_columns(s);
     if (rc != TIDE_OK) {
         exec(s, "ROLLBACK", "rollback");
         goto fail;
@@ -255,6 +291,7 @@ tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
     sqlite3_bind_int64(st, 11, w->job);
     sqlite3_bind_int64(st, 12, w->offline_job);
     sqlite3_bind_int64(st, 13, w->joined);
+    sqlite3_bind_text(st, 14, w->owner, -1, SQLITE_STATIC);
     return step_done(s, ST_WORKER, "saving a worker");
 }
 
@@ -348,6 +385,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
         sqlite3_bind_int64(st, 31, j->reconf->started_ms);
         sqlite3_bind_text(st, 32, rc_layout, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 33, j->reconf->reason, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 35, j->reconf->switched);
     }
     rc = step_done(s, ST_JOB, "saving a job");
 out:
@@ -386,7 +424,8 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
     sqlite3_stmt *q = NULL;
     int src = sqlite3_prepare_v2(s->db,
                                  "SELECT id, pool, rank, pool_size, host, device, memory, kind, "
-                                 "pid, state, job, offline_job, joined FROM workers ORDER BY id",
+                                 "pid, state, job, offline_job, joined, owner FROM workers ORDER "
+                                 "BY id",
                                  -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading workers");
@@ -411,6 +450,7 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
         w->job = sqlite3_column_int64(q, 10);
         w->offline_job = sqlite3_column_int64(q, 11);
         w->joined = sqlite3_column_int64(q, 12);
+        copy_text(w->owner, sizeof w->owner, sqlite3_column_text(q, 13));
     }
     if (src != SQLITE_DONE)
         rc = db_error(s, src, "loading workers");
@@ -427,8 +467,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         "SELECT id, name, kind, state, created_ms, pool, layout, generation, gen_issued, step,"
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
-        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers FROM jobs ORDER BY "
-        "id",
+        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched FROM"
+        " jobs ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading jobs");
@@ -488,6 +528,7 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
             j->reconf->switch_step = sqlite3_column_int64(q, 29);
             j->reconf->started_ms = sqlite3_column_int64(q, 30);
             copy_text(j->reconf->reason, sizeof j->reconf->reason, sqlite3_column_text(q, 32));
+            j->reconf->switched = j->reconf->phase == TIDE_RP_COMMIT && sqlite3_column_int(q, 34);
         }
     }
     if (src != SQLITE_DONE)

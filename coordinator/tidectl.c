@@ -521,11 +521,11 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
         for (size_t i = 0; i < n; i++)
             fprintf(out, "%s%d", i ? "," : "", l->worker[i]);
         fprintf(out,
-                "]},\"bytes_sent\":%llu,\"bytes_local\":%llu,\"max_send\":%llu,\"messages\":%llu,"
-                "\"est_ms\":%.3f,\"preempted\":%u}\n",
-                (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_local,
-                (unsigned long long)r->max_send, (unsigned long long)r->messages, r->est_ms,
-                r->preempted);
+                "]},\"bytes_sent\":%llu,\"bytes_default\":%llu,\"bytes_local\":%llu,"
+                "\"max_send\":%llu,\"messages\":%llu,\"est_ms\":%.3f,\"preempted\":%u}\n",
+                (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_default,
+                (unsigned long long)r->bytes_local, (unsigned long long)r->max_send,
+                (unsigned long long)r->messages, r->est_ms, r->preempted);
         return;
     }
     char stages[256], b1[32], b2[32], b3[32], t[32];
@@ -543,6 +543,11 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
     fprintf(out, "%s  (order: pp, dp, tp)\n", n > 32 ? " ..." : "");
     fprintf(out, "  bytes sent    %s over the network in %llu messages\n",
             tidectl_fmt_bytes(r->bytes_sent, b1, sizeof b1), (unsigned long long)r->messages);
+    if (r->dry_run) {
+        char b4[32];
+        fprintf(out, "  rank order    %s with the default rank order (--placement default)\n",
+                tidectl_fmt_bytes(r->bytes_default, b4, sizeof b4));
+    }
     fprintf(out, "  largest send  %s from one worker\n",
             tidectl_fmt_bytes(r->max_send, b2, sizeof b2));
     fprintf(out, "  local copies  %s\n", tidectl_fmt_bytes(r->bytes_local, b3, sizeof b3));

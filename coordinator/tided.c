@@ -35,6 +35,7 @@ struct settings {
     long long resize_timeout_ms;
     long long grace_ms;
     long long max_attempts;
+    long long batch_ms;
     double link_gbps;
     int sync_full;
 };
@@ -66,6 +67,10 @@ int main(int argc, char **argv)
          "SIGTERM-to-SIGKILL grace for preempted offline work", 0, 600000},
         {"max-attempts", "TIDE_MAX_ATTEMPTS", TIDE_OPT_INT, &s.max_attempts, "3",
          "runs of an offline job before it is marked failed", 1, 1000},
+        {"batch-ms", "TIDE_BATCH_MS", TIDE_OPT_INT, &s.batch_ms, "2",
+         "gather requests for up to this long between loop passes (fewer wakeups under load; "
+         "0: wake for every request)",
+         0, 100},
         {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s.link_gbps, "80",
          "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &s.log, "warn", "log level: error, warn, info, debug",
@@ -111,6 +116,7 @@ int main(int argc, char **argv)
     cfg.resize_timeout_ms = s.resize_timeout_ms;
     cfg.grace_ms = s.grace_ms;
     cfg.max_attempts = (int)s.max_attempts;
+    cfg.batch_ms = s.batch_ms;
     cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
 
     tide_server_t *srv = NULL;

@@ -529,6 +529,7 @@ static const tide__field resize_reply_fields[] = {
     F_U64(tide_proto_resize_reply_t, messages, "messages"),
     F_MS(tide_proto_resize_reply_t, est_ms, "est_ms"),
     F_INT(tide_proto_resize_reply_t, preempted, "preempted", 0, UINT32_MAX),
+    F_U64(tide_proto_resize_reply_t, bytes_default, "bytes_default"),
 };
 
 static tide_status check_submit(const void *base, tide__ctx *c)
@@ -672,6 +673,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
         return TIDE_ROLE_WORKER;
     case TIDE_MSG_STATUS:
     case TIDE_MSG_JOBS:
+        return TIDE_ROLE_READER;
     case TIDE_MSG_RESIZE:
     case TIDE_MSG_SUBMIT:
     case TIDE_MSG_CANCEL:
@@ -694,6 +696,26 @@ tide_status tide__fail(tide__ctx *c, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     return tide_errorf(c->code, "%s: %s", c->msg, text);
+}
+
+void tide__path_index(tide__ctx *c, size_t plen, const char *key, uint32_t k)
+{
+    char num[12];
+    size_t nd = 0;
+    do {
+        num[nd++] = (char)('0' + k % 10);
+        k /= 10;
+    } while (k != 0);
+    char *p = c->path + plen, *end = c->path + sizeof c->path - 1;
+    for (const char *q = key; *q && p < end; q++)
+        *p++ = *q;
+    if (p < end)
+        *p++ = '[';
+    while (nd > 0 && p < end)
+        *p++ = num[--nd];
+    for (const char *q = "]."; *q && p < end; q++)
+        *p++ = *q;
+    *p = '\0';
 }
 
 const char *tide__field_name(const tide__ctx *c, const char *key, char *buf, size_t len)
@@ -787,11 +809,13 @@ static int name_char(unsigned char ch)
            ch == '.' || ch == '_' || ch == '-' || ch == ':';
 }
 
+/* The field's name for an error message, formatted only when one is needed: this runs for every
+ * field of every message. */
+#define fn (tide__field_name(c, key, fnbuf, sizeof fnbuf))
 tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, size_t n,
                             size_t max_len, const char *key)
 {
-    char fn[160];
-    tide__field_name(c, key, fn, sizeof fn);
+    char fnbuf[160];
     if (n > max_len)
         return tide__fail(c, "%s is %zu bytes, longer than the limit of %zu", fn, n, max_len);
     if (n < (size_t)f->min)
@@ -810,15 +834,18 @@ tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, s
     }
     return TIDE_OK;
 }
+#undef fn
 
 /* ---- validate (encode side) --------------------------------------------------------------------
  */
 
+/* The field's name for an error message, formatted only when one is needed: this runs for every
+ * field of every message. */
+#define fn (tide__field_name(c, f->key, fnbuf, sizeof fnbuf))
 static tide_status validate_field(const tide__field *f, const void *base, tide__ctx *c)
 {
-    char fn[160], want[96];
+    char fnbuf[160], want[96];
     const char *p = (const char *)base + f->off;
-    tide__field_name(c, f->key, fn, sizeof fn);
     switch (f->kind) {
     case TIDE__K_INT: {
         int neg;
@@ -929,7 +956,7 @@ static tide_status validate_field(const tide__field *f, const void *base, tide__
             return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
         size_t plen = strlen(c->path);
         for (uint32_t k = 0; k < n; k++) {
-            snprintf(c->path + plen, sizeof c->path - plen, "%s[%u].", f->key, k);
+            tide__path_index(c, plen, f->key, k);
             tide_status rc = tide__validate_struct(f->sub, a + (size_t)k * f->sub->size, c);
             if (rc != TIDE_OK) {
                 c->path[plen] = '\0';
@@ -942,6 +969,7 @@ static tide_status validate_field(const tide__field *f, const void *base, tide__
     }
     return tide__fail(c, "%s has an unknown kind", fn);
 }
+#undef fn
 
 tide_status tide__validate_struct(const tide__schema *s, const void *base, tide__ctx *c)
 {

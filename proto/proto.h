@@ -372,6 +372,8 @@ typedef struct tide_proto_resize_reply {
     uint64_t messages;                 /* "messages": (src, dst) pairs */
     double est_ms;                     /* "est_ms": estimated switch time, ms */
     uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
+    uint64_t bytes_default; /* "bytes_default": bytes_sent under the plain rank order over the
+                               same kind of workers (for comparing placements), bytes */
 } tide_proto_resize_reply_t;
 
 /* "submit" tidectl -> tided: queue an offline job (same argv/plugin rules as assign). */
@@ -475,7 +477,9 @@ typedef enum tide_msg_type {
 typedef enum tide_msg_role {
     TIDE_ROLE_COORDINATOR = 0, /* only tided sends it (replies, layout, prepare, ...) */
     TIDE_ROLE_WORKER = 1,      /* a worker key may send it (register and reports) */
-    TIDE_ROLE_ADMIN = 2,       /* an admin key may send it (tidectl requests) */
+    TIDE_ROLE_ADMIN = 2,       /* an admin key may send it (tidectl requests that act) */
+    TIDE_ROLE_READER = 3,      /* any known key, worker or admin: read-only cluster views
+                                  (status, jobs); libtide reads status to learn failed peers */
 } tide_msg_role_t;
 
 /* An empty struct for the field-less requests (status, jobs). */

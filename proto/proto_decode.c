@@ -254,15 +254,17 @@ static tide_status nomem(tide__ctx *c, const char *fn, uint32_t n)
 static tide_status decode_struct(const tide__schema *s, const msgpack_object *map, void *base,
                                  tide__ctx *c, int top);
 
+/* The field's name for an error message, formatted only when one is needed: this runs for every
+ * field of every message. */
+#define fn (tide__field_name(c, f->key, fnbuf, sizeof fnbuf))
 static tide_status decode_field(const tide__field *f, const msgpack_object *o, void *base,
                                 tide__ctx *c)
 {
-    char fn[160];
+    char fnbuf[160];
     char *p = (char *)base + f->off;
     int neg;
     int64_t i;
     uint64_t u;
-    tide__field_name(c, f->key, fn, sizeof fn);
     switch (f->kind) {
     case TIDE__K_INT:
         if (obj_int(o, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u))
@@ -443,7 +445,7 @@ static tide_status decode_field(const tide__field *f, const msgpack_object *o, v
         tide_status rc = TIDE_OK;
         for (uint32_t k = 0; k < n && rc == TIDE_OK; k++) {
             const msgpack_object *e = &o->via.array.ptr[k];
-            snprintf(c->path + plen, sizeof c->path - plen, "%s[%u].", f->key, k);
+            tide__path_index(c, plen, f->key, k);
             if (e->type != MSGPACK_OBJECT_MAP) {
                 c->path[plen] = '\0';
                 return tide__fail(c, "field '%s%s[%u]' must be a map (got %s)", c->path, f->key, k,
@@ -457,6 +459,7 @@ static tide_status decode_field(const tide__field *f, const msgpack_object *o, v
     }
     return tide__fail(c, "%s has an unknown kind", fn);
 }
+#undef fn
 
 static tide_status decode_struct(const tide__schema *s, const msgpack_object *map, void *base,
                                  tide__ctx *c, int top)

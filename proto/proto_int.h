@@ -84,6 +84,9 @@ tide_status tide__fail(tide__ctx *c, const char *fmt, ...) TIDE_PRINTF(2, 3);
 /* "field 'rows[3].host'" text for key under the context's path, into buf. */
 const char *tide__field_name(const tide__ctx *c, const char *key, char *buf, size_t len);
 
+/* Writes "<key>[<k>]." at c->path + plen (truncated to fit); cheap: once per array element. */
+void tide__path_index(tide__ctx *c, size_t plen, const char *key, uint32_t k);
+
 /* Range check shared by decode and validate: value is (neg ? i : u). */
 int tide__int_in_range(const tide__field *f, int neg, int64_t i, uint64_t u);
 

@@ -39,11 +39,11 @@ Test(policy, first_layout_keeps_tp_groups_inside_hosts)
     tide_policy_worker c[16];
     for (int i = 0; i < 16; i++)
         c[i] = (tide_policy_worker){i, i % 4, TIDE_PW_IDLE, 0};
-    tide_resize_req req = {2, 4, 2, 8, 4, NULL};
+    tide_resize_req req = {2, 4, 2, 8, 4, NULL, 0};
     tide_layout_t *l = NULL;
     int32_t pre[16];
     size_t np = 99;
-    cr_assert_eq(tide_policy_place(NULL, &req, c, 16, &l, pre, &np), TIDE_OK, "%s",
+    cr_assert_eq(tide_policy_place(NULL, NULL, &req, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_eq(np, 0);
     cr_assert_eq(tide_coord_layout_check(l), TIDE_OK);
@@ -65,14 +65,14 @@ Test(policy, same_shape_resize_keeps_every_coordinate)
     tide_policy_worker *c = workers(16, 8, TIDE_PW_MEMBER);
     int32_t pre[16];
     size_t np;
-    tide_resize_req same = {4, 2, 2, 8, 4, NULL};
-    cr_assert_eq(tide_policy_place(old, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
+    tide_resize_req same = {4, 2, 2, 8, 4, NULL, 0};
+    cr_assert_eq(tide_policy_place(old, NULL, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_arr_eq(l->worker, old->worker, 16 * sizeof(int32_t));
     tide_coord_layout_free(&l);
     /* shrinking dp keeps replicas 0 and 1 exactly where they were: nothing moves */
-    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL};
-    cr_assert_eq(tide_policy_place(old, &shrink, c, 16, &l, pre, &np), TIDE_OK);
+    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0};
+    cr_assert_eq(tide_policy_place(old, NULL, &shrink, c, 16, &l, pre, &np), TIDE_OK);
     for (int p = 0; p < 2; p++)
         for (int d = 0; d < 2; d++)
             for (int t = 0; t < 2; t++)
@@ -93,8 +93,8 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     };
     int32_t pre[6];
     size_t np;
-    tide_resize_req req = {4, 1, 1, 4, 1, NULL};
-    cr_assert_eq(tide_policy_place(old, &req, c, 6, &l, pre, &np), TIDE_OK, "%s",
+    tide_resize_req req = {4, 1, 1, 4, 1, NULL, 0};
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 6, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_eq(np, 1, "one offline job must be preempted, got %zu", np);
     cr_assert_eq(pre[0], 3, "the lowest-priority offline work goes first, got rank %d", pre[0]);
@@ -104,8 +104,8 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     cr_assert_eq(l->worker[1], 1);
     tide_coord_layout_free(&l);
     /* too few workers: a clear error that counts what exists */
-    tide_resize_req big = {8, 1, 1, 4, 1, NULL};
-    cr_assert_eq(tide_policy_place(old, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0};
+    cr_assert_eq(tide_policy_place(old, NULL, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert_null(l);
     cr_assert(strstr(tide_last_error(), "needs 8 workers") != NULL, "%s", tide_last_error());
     cr_assert(strstr(tide_last_error(), "1 idle") != NULL, "%s", tide_last_error());
@@ -118,16 +118,16 @@ Test(policy, bad_requests_are_refused)
     tide_layout_t *l = NULL;
     int32_t pre[8];
     size_t np;
-    tide_resize_req zero = {0, 1, 1, 4, 1, NULL};
-    cr_assert_eq(tide_policy_place(NULL, &zero, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
-    tide_resize_req deep = {1, 1, 8, 4, 1, NULL}; /* pp > layers */
-    cr_assert_eq(tide_policy_place(NULL, &deep, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    tide_resize_req zero = {0, 1, 1, 4, 1, NULL, 0};
+    cr_assert_eq(tide_policy_place(NULL, NULL, &zero, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    tide_resize_req deep = {1, 1, 8, 4, 1, NULL, 0}; /* pp > layers */
+    cr_assert_eq(tide_policy_place(NULL, NULL, &deep, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     int bad_stages[3] = {0, 4, 4}; /* empty second stage */
-    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages};
-    cr_assert_eq(tide_policy_place(NULL, &st, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages, 0};
+    cr_assert_eq(tide_policy_place(NULL, NULL, &st, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     c[3].rank = 2; /* duplicate candidate */
-    tide_resize_req ok = {2, 1, 1, 4, 1, NULL};
-    cr_assert_eq(tide_policy_place(NULL, &ok, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
+    tide_resize_req ok = {2, 1, 1, 4, 1, NULL, 0};
+    cr_assert_eq(tide_policy_place(NULL, NULL, &ok, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     cr_assert_null(l);
     free(c);
 }
@@ -146,27 +146,34 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
     c[n++] = (tide_policy_worker){8, 1, TIDE_PW_IDLE, 0};
     int32_t pre[9];
     size_t np;
-    cr_assert_eq(tide_policy_recover(old, c, n, &l, pre, &np), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_policy_recover(old, NULL, c, n, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
     cr_assert_eq(l->dp, 2);
     for (size_t i = 0; i < 8; i++)
         cr_assert_eq(l->worker[i], old->worker[i] == 5 ? 8 : old->worker[i],
                      "index %zu: %d (replacement must come from the lost worker's host)", i,
                      l->worker[i]);
     tide_coord_layout_free(&l);
-    /* no spare: dp shrinks to the complete replica; the broken one is dropped */
+    /* no spare: dp shrinks to 1 and every coordinate goes to a survivor that held the same
+     * stage and TP rank, so the recovery moves nothing */
     n = 0;
     for (int r = 0; r < 8; r++)
         if (r != 5)
             c[n++] = (tide_policy_worker){r, r / 4, TIDE_PW_MEMBER, 0};
-    cr_assert_eq(tide_policy_recover(old, c, n, &l, pre, &np), TIDE_OK);
+    cr_assert_eq(tide_policy_recover(old, NULL, c, n, &l, pre, &np), TIDE_OK);
     cr_assert_eq(l->dp, 1);
     for (int p = 0; p < 2; p++)
-        for (int t = 0; t < 2; t++) /* the whole replica (old dp rank 1) is the one kept */
-            cr_assert_eq(l->worker[tide_layout_index(l, p, 0, t)],
-                         old->worker[tide_layout_index(old, p, 1, t)]);
+        for (int t = 0; t < 2; t++) {
+            int32_t w = l->worker[tide_layout_index(l, p, 0, t)];
+            int op, od, ot;
+            cr_assert_neq(w, 5, "the lost worker is not used");
+            cr_assert_eq(tide_layout_find(old, w, &op, &od, &ot), TIDE_OK);
+            cr_assert(op == p && ot == t, "(%d, %d) went to worker %d which held (%d, %d)", p, t, w,
+                      op, ot);
+        }
     tide_coord_layout_free(&l);
     /* fewer than tp * pp survivors: stalled */
-    cr_assert_eq(tide_policy_recover(old, c, 3, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    cr_assert_eq(tide_policy_recover(old, NULL, c, 3, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert(strstr(tide_last_error(), "at least tp * pp = 4") != NULL, "%s", tide_last_error());
     tide_coord_layout_free(&old);
 }
@@ -180,11 +187,11 @@ Test(policy, placement_survives_allocation_failures)
         c[i].cls = TIDE_PW_MEMBER;
     int32_t pre[8];
     size_t np;
-    tide_resize_req req = {4, 2, 1, 4, 1, NULL};
+    tide_resize_req req = {4, 2, 1, 4, 1, NULL, 0};
     int failures_seen = 0;
     for (long k = 1; k < 64; k++) {
         tide_alloc_fail_at(k, 0);
-        tide_status rc = tide_policy_place(old, &req, c, 8, &l, pre, &np);
+        tide_status rc = tide_policy_place(old, NULL, &req, c, 8, &l, pre, &np);
         long failed = tide_alloc_failures();
         tide_alloc_fail_at(0, 0);
         if (failed == 0) {

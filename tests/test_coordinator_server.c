@@ -4,11 +4,18 @@
  * sockets as fake workers and as tidectl would: registration, first layout,
  * offline backfill and preemption, the resize protocol (prepare / ack / commit
  * / done), kill -9 and restart in the middle of a switch, failure detection and
- * recovery, malformed input, CURVE authentication. A few seconds in all.
+ * recovery, malformed input, CURVE authentication (roles, worker ids bound to
+ * the key that registered them), job end on bye, a generation kept after a
+ * participant switched, --dry-run bytes under the chosen map and the default
+ * rank order, and the Prometheus text scraped over HTTP. A few seconds in all.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
 
+#include "reshard/reshard.h" /* dtype and partition rules of join tensors */
 #include "tests/coord_harness.h"
 
 #define POOL "pool-a"
@@ -104,6 +111,70 @@ static void mk_resize(tide_msg_t *m, int dp, int dry)
     m->u.resize.pp = 1;
     m->u.resize.dry_run = dry;
     m->u.resize.placement = TIDE_PLACEMENT_OPTIMAL;
+}
+
+/* Sends prepare_ack (step) for gen from f after its layout + prepare arrive. */
+static void ack_prepare(fake *f, uint64_t gen, uint64_t step)
+{
+    tide_msg_t m, r;
+    expect_type(f->sock, TIDE_MSG_PREPARE, &r);
+    cr_assert_eq(r.u.prepare.gen, gen);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
+    m.u.prepare_ack.worker = f->id;
+    snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "train");
+    m.u.prepare_ack.gen = gen;
+    m.u.prepare_ack.step = step;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* Waits for commit of gen on f and answers done (status 0, bytes moved). */
+static void commit_done(fake *f, uint64_t gen, uint64_t bytes)
+{
+    tide_msg_t m, r;
+    expect_type(f->sock, TIDE_MSG_COMMIT, &r);
+    cr_assert_eq(r.u.commit.gen, gen);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_DONE);
+    m.u.done.worker = f->id;
+    snprintf(m.u.done.job, sizeof m.u.done.job, "train");
+    m.u.done.gen = gen;
+    m.u.done.bytes_moved = bytes;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* The job row of "train" once pred holds (polled for up to 2 s). */
+static tide_proto_job_row_t wait_job(void *admin, int (*pred)(const tide_proto_job_row_t *))
+{
+    tide_msg_t m, r;
+    tide_proto_job_row_t row;
+    memset(&row, 0, sizeof row);
+    for (int tries = 0; tries < 100; tries++) {
+        tide_msg_init(&m, TIDE_MSG_JOBS);
+        admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+        const tide_proto_job_row_t *x = find_job(&r, "train");
+        cr_assert_not_null(x);
+        row = *x;
+        tide_msg_clear(&r);
+        if (pred(&row))
+            break;
+        tide_sleep_ms(20);
+    }
+    return row;
+}
+
+/* Number of events of kind (all events since the start). */
+static int count_events(void *admin, const char *kind)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 1000;
+    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
+    int n = 0;
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows; i++)
+        n += strcmp(r.u.events_reply.rows[i].kind, kind) == 0;
+    tide_msg_clear(&r);
+    return n;
 }
 
 Test(tided, resize_offline_preemption_and_kill9_restart_mid_switch, .init = setup, .fini = teardown)
@@ -403,11 +474,13 @@ static void write_key(const char *dir, const char *name, const char *pub, const 
 
 Test(tided, curve_roles_and_unknown_keys, .init = setup, .fini = teardown)
 {
-    char sp[41], ss[41], ap[41], as[41], wp[41], ws[41], xp[41], xs[41];
+    char sp[41], ss[41], ap[41], as[41], wp[41], ws[41], xp[41], xs[41], vp[41], vs[41];
     cr_assert_eq(zmq_curve_keypair(sp, ss), 0);
     zmq_curve_keypair(ap, as);
     zmq_curve_keypair(wp, ws);
     zmq_curve_keypair(xp, xs);
+    zmq_curve_keypair(vp, vs);
+    write_key(proc.dir, "w2.pub", vp, NULL, "worker");
     write_key(proc.dir, "server.key", sp, ss, NULL);
     write_key(proc.dir, "admin.pub", ap, NULL, "admin");
     write_key(proc.dir, "w.pub", wp, NULL, "worker");
@@ -423,7 +496,54 @@ Test(tided, curve_roles_and_unknown_keys, .init = setup, .fini = teardown)
     tide_msg_clear(&r);
     coord_mk_register(&m, POOL, 0, 1, "host0", 0, 42);
     admin_call(worker, &m, &r, TIDE_MSG_REGISTER_OK);
+    int32_t id0 = r.u.register_ok.worker;
     tide_msg_clear(&r);
+    /* another worker key may not speak for that worker id, nor take its (pool, rank) over */
+    void *other = coord_connect(ctx, proc.endpoint, vp, vs, sp, 3000);
+    coord_mk_heartbeat(&m, id0, 5, 1);
+    admin_call(other, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = id0;
+    admin_call(other, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    tide_msg_clear(&r);
+    coord_mk_register(&m, POOL, 0, 1, "host9", 0, 43);
+    admin_call(other, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    tide_msg_clear(&r);
+    /* every key may read status and jobs (libtide learns failed peers from status) ... */
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(other, &m, &r, TIDE_MSG_STATUS_REPLY);
+    cr_assert_eq(r.u.status_reply.n_rows, 1);
+    cr_assert_eq(r.u.status_reply.rows[0].state, TIDE_WORKER_IDLE, "the bye was not acted on");
+    cr_assert_eq(r.u.status_reply.rows[0].step, 0, "the heartbeat was not acted on");
+    cr_assert_str_eq(r.u.status_reply.rows[0].host, "host0", "the register was not acted on");
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    admin_call(worker, &m, &r, TIDE_MSG_JOBS_REPLY);
+    tide_msg_clear(&r);
+    /* ... but the event history is for admins */
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 10;
+    admin_call(worker, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    tide_msg_clear(&r);
+    /* the owner's own heartbeat counts */
+    coord_mk_heartbeat(&m, id0, 9, 1);
+    cr_assert_eq(coord_send(worker, &m), 0);
+    for (int tries = 0; tries < 100; tries++) {
+        tide_msg_init(&m, TIDE_MSG_STATUS);
+        admin_call(worker, &m, &r, TIDE_MSG_STATUS_REPLY);
+        uint64_t step = r.u.status_reply.rows[0].step;
+        tide_msg_clear(&r);
+        if (step == 9)
+            break;
+        cr_assert_lt(tries, 99, "the owner's heartbeat was not taken");
+        tide_sleep_ms(10);
+    }
+    zmq_close(other);
     /* a worker key may not resize or submit: refused, nothing done */
     tide_msg_init(&m, TIDE_MSG_DRAIN);
     m.u.drain.worker = 0;
@@ -457,4 +577,384 @@ Test(tided, non_loopback_bind_without_auth_is_refused, .init = setup, .fini = te
     int st = 0;
     cr_assert_neq(coord_start(&proc, TIDED_PATH, extra, &st), 0);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
+}
+
+static int is_done(const tide_proto_job_row_t *r)
+{
+    return r->state == TIDE_JOB_DONE;
+}
+
+Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = teardown)
+{
+    start(NULL);
+    fake w[3];
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 3);
+        fake_join(&w[i], 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    expect_type(w[2].sock, TIDE_MSG_OK, &r);
+    tide_msg_clear(&r);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    /* the program finished: rank 0 says bye first */
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = w[0].id;
+    admin_call(w[0].sock, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    tide_proto_job_row_t row = wait_job(admin, is_done);
+    cr_assert_eq(row.state, TIDE_JOB_DONE, "state %d", row.state);
+    cr_assert_eq(row.gen, 1, "no recovery generation");
+    cr_assert_eq(count_events(admin, "job_ended"), 1);
+    cr_assert_eq(count_events(admin, "recovery_started"), 0);
+    cr_assert_eq(count_events(admin, "stalled"), 0);
+    /* rank 1 (a member) is idle and holds no job; rank 0 left */
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++) {
+        const tide_proto_gpu_row_t *g = &r.u.status_reply.rows[i];
+        cr_assert_str_eq(g->job, "", "worker %d still shows job %s", g->worker, g->job);
+        if (g->worker == w[1].id)
+            cr_assert_eq(g->state, TIDE_WORKER_IDLE);
+    }
+    tide_msg_clear(&r);
+    /* no layout or prepare reaches the survivor: the next message it sees is its bye's ok */
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = w[1].id;
+    admin_call(w[1].sock, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    cr_assert_eq(count_events(admin, "worker_left"), 2, "later byes are plain leaves");
+    cr_assert_eq(count_events(admin, "recovery_started"), 0);
+    /* an ended job cannot be resized */
+    mk_resize(&m, 1, 1);
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_assert(strstr(r.u.error.message, "has ended") != NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+}
+
+static int is_recovering(const tide_proto_job_row_t *r)
+{
+    return r->gen == 2 && r->state == TIDE_JOB_RECOVERING;
+}
+
+Test(tided, failure_after_a_done_keeps_the_generation_and_recovers_from_it, .init = setup,
+     .fini = teardown)
+{
+    start(NULL);
+    fake w[3];
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 3);
+        fake_join(&w[i], 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    expect_type(w[2].sock, TIDE_MSG_OK, &r);
+    tide_msg_clear(&r);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    mk_resize(&m, 3, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        ack_prepare(&w[i], 2, 7);
+    commit_done(&w[0], 2, 10); /* rank 0 runs under generation 2 from here */
+    expect_type(w[2].sock, TIDE_MSG_COMMIT, &r);
+    tide_msg_clear(&r);
+    tide_sleep_ms(100); /* let tided take the done before the failure */
+    /* rank 2 (new in generation 2) fails before its done */
+    tide_msg_init(&m, TIDE_MSG_FAILURE);
+    m.u.failure.worker = w[2].id;
+    snprintf(m.u.failure.job, sizeof m.u.failure.job, "train");
+    m.u.failure.gen = 2;
+    m.u.failure.code = TIDE_ERR_PEER;
+    snprintf(m.u.failure.reason, sizeof m.u.failure.reason, "device lost");
+    admin_call(w[2].sock, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    /* rank 0 gets no abort of 2: the next switch starts from generation 2 */
+    tide_msg_t first;
+    cr_assert_eq(coord_recv(w[0].sock, &first), 0, "no message after the failure");
+    cr_assert_eq(first.type, TIDE_MSG_LAYOUT, "got '%s'", tide_msg_type_name(first.type));
+    cr_assert_eq(first.u.layout.layout.gen, 3);
+    cr_assert_eq(first.u.layout.has_prev, 1);
+    cr_assert_eq(first.u.layout.prev.gen, 2, "the recovery starts from generation 2");
+    cr_assert_eq(first.u.layout.prev.dp, 3);
+    cr_assert_eq(first.u.layout.layout.dp, 2, "recovery over the two survivors");
+    tide_msg_clear(&first);
+    tide_proto_job_row_t row = wait_job(admin, is_recovering);
+    cr_assert_eq(row.gen, 2, "generation 2 is committed");
+    cr_assert_eq(row.state, TIDE_JOB_RECOVERING);
+    cr_assert_eq(count_events(admin, "switch_kept"), 1);
+    cr_assert_eq(count_events(admin, "resize_aborted"), 0);
+    cr_assert_eq(count_events(admin, "recovery_started"), 1);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+}
+
+/* A worker of POOL on its own host name. */
+static void fake_register_on(fake *f, int rank, int size, const char *host)
+{
+    tide_msg_t m, r;
+    f->rank = rank;
+    coord_mk_register(&m, POOL, rank, size, host, 0, 2000 + rank);
+    cr_assert_eq(coord_call(f->sock, &m, &r), 0, "no register_ok for rank %d", rank);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK, "got %s", tide_msg_type_name(r.type));
+    f->id = r.u.register_ok.worker;
+}
+
+#define TLAYERS 4
+#define TBYTES  (64 * 64 * 4) /* one f32 [64, 64] tensor per layer */
+
+Test(tided, dry_run_compares_the_chosen_map_with_the_rank_order, .init = setup, .fini = teardown)
+{
+    start(NULL);
+    /* ranks 0 and 1 on host a, 2 and 3 on host b: the first layout gives each host one
+     * stage (both replicas of it), so ranks 0 and 1 hold the same stage */
+    const char *hosts[4] = {"host-a", "host-a", "host-b", "host-b"};
+    fake w[4];
+    tide_msg_t m, r;
+    tide_proto_tensor_t tensors[TLAYERS];
+    memset(tensors, 0, sizeof tensors);
+    for (int i = 0; i < TLAYERS; i++) {
+        snprintf(tensors[i].name, sizeof tensors[i].name, "layer.%d.w", i);
+        tensors[i].dtype = TIDE_F32;
+        tensors[i].ndim = 2;
+        tensors[i].shape[0] = tensors[i].shape[1] = 64;
+        tensors[i].layer = i;
+        tensors[i].tp = TIDE_TP_SPLIT;
+        tensors[i].tp_dim = 0;
+        tensors[i].tp_segments = 1;
+        tensors[i].dp = TIDE_DP_REPLICATED;
+    }
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register_on(&w[i], i, 4, hosts[i]);
+        tide_msg_init(&m, TIDE_MSG_JOIN);
+        m.u.join.worker = w[i].id;
+        snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+        m.u.join.total_bytes = TLAYERS * TBYTES;
+        m.u.join.num_layers = TLAYERS;
+        m.u.join.dp = 2;
+        m.u.join.tp = 1;
+        m.u.join.pp = 2;
+        m.u.join.micro_batches = 2;
+        m.u.join.tensors = tensors;
+        m.u.join.n_tensors = TLAYERS;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+    int stage_of[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        const tide_proto_layout_t *l = &r.u.layout.layout;
+        for (int k = 0; k < 4; k++)
+            stage_of[l->worker[k]] = k / 2; /* index = p * dp + d with tp 1 */
+        tide_msg_clear(&r);
+    }
+    cr_assert_eq(stage_of[0], stage_of[1], "ranks 0 and 1 share a stage: %d %d %d %d", stage_of[0],
+                 stage_of[1], stage_of[2], stage_of[3]);
+    cr_assert_neq(stage_of[0], stage_of[2]);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    /* DP shrink (dp 2 -> 1, pp 2): the chosen map keeps one replica in place, 0 bytes; the
+     * rank order gives stages to ranks 0 and 1, so one of them receives a whole stage */
+    tide_msg_init(&m, TIDE_MSG_RESIZE);
+    snprintf(m.u.resize.job, sizeof m.u.resize.job, "train");
+    m.u.resize.dp = 1;
+    m.u.resize.tp = 1;
+    m.u.resize.pp = 2;
+    m.u.resize.dry_run = 1;
+    m.u.resize.placement = TIDE_PLACEMENT_OPTIMAL;
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    const tide_proto_resize_reply_t *x = &r.u.resize_reply;
+    cr_assert_eq(x->bytes_sent, 0, "a DP shrink under the chosen map sends %llu bytes",
+                 (unsigned long long)x->bytes_sent);
+    cr_assert_eq(x->bytes_default, 2 * TBYTES, "rank order re-homes one stage (2 layers): %llu",
+                 (unsigned long long)x->bytes_default);
+    cr_assert_eq(x->bytes_local, TLAYERS * TBYTES, "the kept replica's state stays local: %llu",
+                 (unsigned long long)x->bytes_local);
+    for (int p = 0; p < 2; p++)
+        cr_assert_eq(stage_of[x->layout.worker[p]], p, "stage %d went to rank %d", p,
+                     x->layout.worker[p]);
+    tide_msg_clear(&r);
+    /* --placement default uses the rank order, and says what it costs */
+    m.u.resize.placement = TIDE_PLACEMENT_DEFAULT;
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    cr_assert_eq(r.u.resize_reply.bytes_sent, 2 * TBYTES);
+    cr_assert_eq(r.u.resize_reply.layout.worker[0], 0);
+    cr_assert_eq(r.u.resize_reply.layout.worker[1], 1);
+    tide_msg_clear(&r);
+    /* a tp the tensors cannot be split by is refused with reshard's reason */
+    m.u.resize.placement = TIDE_PLACEMENT_OPTIMAL;
+    m.u.resize.dp = 1;
+    m.u.resize.tp = 3;
+    m.u.resize.pp = 1;
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_assert(strstr(r.u.error.message, "does not divide") != NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+}
+
+/* A loopback port free right now (the kernel picks it). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* GET /metrics over plain TCP; the body into buf (NUL-terminated); returns its length. */
+static size_t scrape(int port, char *buf, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "cannot connect to metrics");
+    const char *req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    cr_assert_eq(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    size_t n = 0;
+    for (;;) {
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = '\0';
+    cr_assert(strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200") != NULL, "%.200s", buf);
+    cr_assert(strstr(buf, "text/plain") != NULL, "Prometheus text content type: %.300s", buf);
+    char *body = strstr(buf, "\r\n\r\n");
+    cr_assert_not_null(body);
+    body += 4;
+    size_t len = n - (size_t)(body - buf);
+    memmove(buf, body, len + 1);
+    return len;
+}
+
+/* The value of the sample line "name" (exact, labels included); fails when absent. */
+static double sample(const char *text, const char *name)
+{
+    size_t k = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, name, k) == 0 && p[k] == ' ')
+            return strtod(p + k + 1, NULL);
+    cr_assert_fail("metric %s missing from:\n%s", name, text);
+    return -1;
+}
+
+static int is_gen2_running(const tide_proto_job_row_t *r)
+{
+    return r->gen == 2 && r->state == TIDE_JOB_RUNNING;
+}
+
+Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--metrics", addr, NULL};
+    start(extra);
+    fake w[3];
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 3);
+        fake_join(&w[i], 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    expect_type(w[2].sock, TIDE_MSG_OK, &r);
+    tide_msg_clear(&r);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[2] = {"sleep", "100"};
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    expect_type(w[2].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
+    tide_msg_clear(&r);
+    static char text[1 << 16];
+    scrape(port, text, sizeof text);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"online\"}"), 2);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"offline\"}"), 1);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"idle\"}"), 0);
+    cr_assert_eq(sample(text, "tide_preemptions_total"), 0);
+    /* grow onto the worker running offline work: one preemption, one committed switch */
+    mk_resize(&m, 3, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        ack_prepare(&w[i], 2, 4);
+    for (int i = 0; i < 3; i++)
+        commit_done(&w[i], 2, 1000 * (uint64_t)(i + 1));
+    cr_assert_eq(wait_job(admin, is_gen2_running).gen, 2);
+    scrape(port, text, sizeof text);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"online\"}"), 3);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"offline\"}"), 0);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"failed\"}"), 0);
+    cr_assert_eq(sample(text, "tide_jobs{kind=\"online\",state=\"running\"}"), 1);
+    cr_assert_eq(sample(text, "tide_jobs{kind=\"offline\",state=\"queued\"}"), 1);
+    cr_assert_eq(sample(text, "tide_job_generation{job=\"train\"}"), 2);
+    cr_assert_eq(sample(text, "tide_resizes_total{result=\"committed\"}"), 1);
+    cr_assert_eq(sample(text, "tide_resize_duration_seconds_count"), 1);
+    double dur = sample(text, "tide_resize_duration_seconds_sum");
+    cr_assert(dur > 0 && dur < 10, "resize duration %f s", dur);
+    cr_assert_eq(sample(text, "tide_bytes_resharded_total"), 6000, "bytes the workers moved");
+    cr_assert_eq(sample(text, "tide_preemptions_total"), 1);
+    cr_assert_geq(sample(text, "tide_heartbeats_total"), 0);
+    /* the exposition format: every sample's family was declared by # TYPE before it */
+    char fam[128][96];
+    int nfam = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "# TYPE ", 7) == 0) {
+            cr_assert_lt(nfam, 128);
+            sscanf(line + 7, "%95s", fam[nfam++]);
+            continue;
+        }
+        if (line[0] == '#')
+            continue;
+        char name[160];
+        double v;
+        cr_assert_eq(sscanf(line, "%159s %lf", name, &v), 2, "bad sample line '%s'", line);
+        name[strcspn(name, "{")] = '\0';
+        int declared = 0;
+        for (int f = 0; f < nfam; f++) {
+            size_t k = strlen(fam[f]);
+            declared |= strncmp(name, fam[f], k) == 0 &&
+                        (name[k] == '\0' || strcmp(name + k, "_sum") == 0 ||
+                         strcmp(name + k, "_count") == 0);
+        }
+        cr_assert(declared, "sample %s has no # TYPE line", name);
+    }
+    cr_assert_gt(nfam, 8);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
 }

@@ -953,7 +953,8 @@ Test(proto_names, types_parse_back_and_have_roles)
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_HEARTBEAT), TIDE_ROLE_WORKER);
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_REGISTER), TIDE_ROLE_WORKER);
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_RESIZE), TIDE_ROLE_ADMIN);
-    cr_expect_eq(tide_msg_type_role(TIDE_MSG_STATUS), TIDE_ROLE_ADMIN);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_STATUS), TIDE_ROLE_READER);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_EVENTS), TIDE_ROLE_ADMIN);
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_LAYOUT), TIDE_ROLE_COORDINATOR);
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_ERROR), TIDE_ROLE_COORDINATOR);
     cr_expect_str_eq(tide_proto_worker_state_name(TIDE_WORKER_DRAINING), "draining");

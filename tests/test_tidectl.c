@@ -268,6 +268,7 @@ static void answer_resize(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
     for (size_t i = 0; i < n; i++)
         x->layout.worker[i] = (int32_t)i;
     x->bytes_sent = 3ull << 30;
+    x->bytes_default = 27ull << 30;
     x->bytes_local = 1ull << 30;
     x->max_send = 512ull << 20;
     x->messages = 12;
@@ -551,6 +552,7 @@ Test(tidectl_cli, resize_dry_run_sends_the_layout_and_prints_the_plan)
     cr_expect(strstr(r.out, "dry run for llm (nothing changed): generation 4"), "%s", r.out);
     cr_expect(strstr(r.out, "stages 0-9,10-23"), "%s", r.out);
     cr_expect(strstr(r.out, "bytes sent    3.00 GiB over the network in 12 messages"), "%s", r.out);
+    cr_expect(strstr(r.out, "rank order    27.00 GiB with the default rank order"), "%s", r.out);
     cr_expect(strstr(r.out, "largest send  512.00 MiB"), "%s", r.out);
     cr_expect(strstr(r.out, "estimated     1.8 s"), "%s", r.out);
     run_free(&r);
@@ -558,7 +560,9 @@ Test(tidectl_cli, resize_dry_run_sends_the_layout_and_prints_the_plan)
                 "--pp", "1", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);
     cr_expect(strstr(r.out, "\"dry_run\":false,\"generation\":4"), "%s", r.out);
-    cr_expect(strstr(r.out, "\"bytes_sent\":3221225472"), "%s", r.out);
+    cr_expect(strstr(r.out, "\"bytes_sent\":3221225472,\"bytes_default\":28991029248"), "%s",
+              r.out);
+    cr_expect(strstr(r.out, "rank order") == NULL, "not a dry run: no comparison");
     cr_expect_eq(f.last.u.resize.n_stages, 0u, "no --stages: tided splits evenly");
     run_free(&r);
     fake_stop(&f);

@@ -97,15 +97,14 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
 
     *out = NULL;
     *n_preempt = 0;
-    TIDE_CHECK(
-        tide_coord_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
+    TIDE_CHECK(tide_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
     if (req->stage_start != NULL)
         memcpy(l->stage_start, req->stage_start, ((size_t)req->pp + 1) * sizeof(int));
     else if (old != NULL && old->pp == req->pp && old->num_layers == req->num_layers)
         memcpy(l->stage_start, old->stage_start, ((size_t)req->pp + 1) * sizeof(int));
     for (size_t i = 0; i < tide_layout_size(l); i++)
         l->worker[i] = (int32_t)i; /* unique placeholders: check degrees and stages first */
-    TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, out);
+    TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, out);
     size_t need = tide_layout_size(l);
 
     /* candidate ranks must be unique and valid */
@@ -200,11 +199,11 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
         if (cand[i].cls == TIDE_PW_OFFLINE &&
             bsearch(&cand[i].rank, ranks, need, sizeof *ranks, cmp_i32) != NULL)
             preempt[(*n_preempt)++] = cand[i].rank;
-    TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, out);
+    TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, out);
     *out = l;
     l = NULL;
 out:
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     tide_layout_destroy(&placed);
     tide_collection_destroy(&own);
     tide_free(keys);

@@ -62,7 +62,7 @@ typedef struct tide_resize_req {
  * (tide_reshard_place_default). old may be NULL (first layout).
  * TIDE_ERR_NO_DEVICE with a detail when too few candidates exist; a collection
  * the new tp does not divide fails with reshard's detail. Caller owns *out
- * (tide_coord_layout_free). Pure.
+ * (tide_layout_destroy). Pure.
  */
 tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t *coll,
                               const tide_resize_req *req, const tide_policy_worker *cand, size_t n,

@@ -390,13 +390,13 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
     rr->dry_run = m->dry_run;
     rr->preempted = (uint32_t)n_pre;
     plan_estimate(s, j, c, l, dflt, rr);
-    tide_coord_layout_free(&dflt);
+    tide_layout_destroy(&dflt);
     tide_collection_destroy(&c);
     uint64_t gen = j->gen_issued + 1;
     tide__proto_layout(&rr->layout, l, gen);
     if (m->dry_run) {
         tide__reply(s, &reply);
-        tide_coord_layout_free(&l);
+        tide_layout_destroy(&l);
         tide_free(pre);
         return;
     }
@@ -512,7 +512,7 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
     if (dur > c->resize_ns_max)
         c->resize_ns_max = dur;
     c->bytes_resharded += r->bytes_moved > r->planned_bytes ? r->bytes_moved : r->planned_bytes;
-    tide_coord_layout_free(&j->layout);
+    tide_layout_destroy(&j->layout);
     j->layout = r->layout;
     r->layout = NULL;
     j->generation = r->gen;

@@ -531,7 +531,7 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
         send_layout(s, j, w);
     }
 out:
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     tide_collection_destroy(&coll);
     tide_free(pre);
     tide_free(cand);
@@ -564,8 +564,8 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     if (j == NULL) {
         tide_layout_t *probe = NULL;
         tide_status rc =
-            tide_coord_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_coord_layout_free(&probe);
+            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
+        tide_layout_destroy(&probe);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
             return;
@@ -593,13 +593,13 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         /* the job ended; a new run of the program under the same name starts it again */
         tide_layout_t *probe = NULL;
         tide_status rc =
-            tide_coord_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_coord_layout_free(&probe);
+            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
+        tide_layout_destroy(&probe);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
             return;
         }
-        tide_coord_layout_free(&j->layout);
+        tide_layout_destroy(&j->layout);
         snprintf(j->pool, sizeof j->pool, "%s", w->pool);
         j->state = TIDE_JS_QUEUED;
         j->generation = j->gen_issued = 0;

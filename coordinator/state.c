@@ -84,7 +84,7 @@ tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_
     *out = r;
     return TIDE_OK;
 fail:
-    tide_coord_layout_free(&layout);
+    tide_layout_destroy(&layout);
     tide_reconf_destroy(&r);
     return rc;
 }
@@ -100,7 +100,7 @@ void tide_reconf_destroy(tide_reconf_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_reconf_t *r = *self_p;
-    tide_coord_layout_free(&r->layout);
+    tide_layout_destroy(&r->layout);
     tide_free(r->parts);
     tide_free(r->acked);
     tide_free(r->ack_step);
@@ -114,7 +114,7 @@ static void job_free(tide_coord_job_t *j)
 {
     if (j == NULL)
         return;
-    tide_coord_layout_free(&j->layout);
+    tide_layout_destroy(&j->layout);
     tide_reconf_destroy(&j->reconf);
     for (uint32_t i = 0; i < j->argc; i++)
         tide_free(j->argv[i]);
@@ -292,106 +292,6 @@ tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind
 
 /* ---- layouts ----------------------------------------------------------------------- */
 
-static tide_status check_degrees(int dp, int tp, int pp, int num_layers, int micro)
-{
-    if (dp < 1 || tp < 1 || pp < 1 || dp > MAX_DEGREE || tp > MAX_DEGREE || pp > MAX_DEGREE)
-        return tide_errorf(TIDE_ERR_INVALID, "degrees dp %d, tp %d, pp %d must be in [1, %d]", dp,
-                           tp, pp, MAX_DEGREE);
-    if ((uint64_t)dp * (uint64_t)tp * (uint64_t)pp > MAX_COORDS)
-        return tide_errorf(TIDE_ERR_RANGE, "dp * tp * pp = %llu exceeds %u workers",
-                           (unsigned long long)dp * tp * pp, MAX_COORDS);
-    if (num_layers < pp)
-        return tide_errorf(TIDE_ERR_INVALID, "pp %d exceeds the %d layers of the model", pp,
-                           num_layers);
-    if (micro < 1)
-        return tide_errorf(TIDE_ERR_INVALID, "micro-batch count %d must be >= 1", micro);
-    return TIDE_OK;
-}
-
-tide_status tide_coord_layout_new(tide_layout_t **out, int dp, int tp, int pp, int num_layers,
-                                  int micro_batches)
-{
-    TIDE_CHECK(check_degrees(dp, tp, pp, num_layers, micro_batches));
-    tide_status rc = TIDE_OK;
-    tide_layout_t *l = tide_calloc(1, sizeof *l);
-    TIDE_CHECK_ALLOC_GOTO(l, rc, fail);
-    l->dp = dp;
-    l->tp = tp;
-    l->pp = pp;
-    l->num_layers = num_layers;
-    l->micro_batches = micro_batches;
-    l->stage_start = tide_calloc((size_t)pp + 1, sizeof *l->stage_start);
-    TIDE_CHECK_ALLOC_GOTO(l->stage_start, rc, fail);
-    l->worker = tide_calloc(tide_layout_size(l), sizeof *l->worker);
-    TIDE_CHECK_ALLOC_GOTO(l->worker, rc, fail);
-    int base = num_layers / pp, extra = num_layers % pp, at = 0;
-    for (int s = 0; s < pp; s++) {
-        l->stage_start[s] = at;
-        at += base + (s < extra ? 1 : 0);
-    }
-    l->stage_start[pp] = num_layers;
-    for (size_t i = 0; i < tide_layout_size(l); i++)
-        l->worker[i] = (int32_t)i;
-    *out = l;
-    return TIDE_OK;
-fail:
-    tide_coord_layout_free(&l);
-    return rc;
-}
-
-tide_status tide_coord_layout_copy(tide_layout_t **out, const tide_layout_t *src)
-{
-    tide_layout_t *l = NULL;
-    TIDE_CHECK(
-        tide_coord_layout_new(&l, src->dp, src->tp, src->pp, src->num_layers, src->micro_batches));
-    memcpy(l->stage_start, src->stage_start, ((size_t)src->pp + 1) * sizeof *l->stage_start);
-    memcpy(l->worker, src->worker, tide_layout_size(src) * sizeof *l->worker);
-    *out = l;
-    return TIDE_OK;
-}
-
-void tide_coord_layout_free(tide_layout_t **self_p)
-{
-    if (self_p == NULL || *self_p == NULL)
-        return;
-    tide_free((*self_p)->stage_start);
-    tide_free((*self_p)->worker);
-    tide_free(*self_p);
-    *self_p = NULL;
-}
-
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-tide_status tide_coord_layout_check(const tide_layout_t *l)
-{
-    TIDE_CHECK(check_degrees(l->dp, l->tp, l->pp, l->num_layers, l->micro_batches));
-    if (l->stage_start[0] != 0 || l->stage_start[l->pp] != l->num_layers)
-        return tide_errorf(TIDE_ERR_INVALID, "stages must cover layers 0-%d exactly",
-                           l->num_layers - 1);
-    for (int s = 0; s < l->pp; s++)
-        if (l->stage_start[s + 1] <= l->stage_start[s])
-            return tide_errorf(TIDE_ERR_INVALID, "stage %d has no layers", s);
-    size_t n = tide_layout_size(l);
-    int32_t *sorted = tide_malloc(n * sizeof *sorted);
-    if (sorted == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking a layout");
-    memcpy(sorted, l->worker, n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, cmp_i32);
-    tide_status rc = TIDE_OK;
-    for (size_t i = 0; i < n && rc == TIDE_OK; i++) {
-        if (sorted[i] < 0)
-            rc = tide_errorf(TIDE_ERR_INVALID, "worker id %d is negative", sorted[i]);
-        else if (i > 0 && sorted[i] == sorted[i - 1])
-            rc = tide_errorf(TIDE_ERR_INVALID, "worker %d appears twice", sorted[i]);
-    }
-    tide_free(sorted);
-    return rc;
-}
-
 static tide_status parse_int(const char **p, long lo, long hi, long *out, const char *what)
 {
     char *end = NULL;
@@ -466,7 +366,7 @@ tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
     if (*p++ != '|')
         return tide_errorf(TIDE_ERR_INVALID, "stored layout '%.32s' is malformed", text);
     tide_layout_t *l = NULL;
-    TIDE_CHECK(tide_coord_layout_new(&l, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]));
+    TIDE_CHECK(tide_layout_new(&l, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]));
     tide_status rc = TIDE_OK;
     for (int s = 0; s <= l->pp; s++) {
         long x;
@@ -482,11 +382,11 @@ tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
     }
     if (*p != '\0')
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: trailing text '%.16s'", p);
-    TIDE_CHECK_GOTO(tide_coord_layout_check(l), rc, fail);
+    TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, fail);
     *out = l;
     return TIDE_OK;
 fail:
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     return rc;
 }
 

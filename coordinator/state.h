@@ -226,26 +226,8 @@ long tide_reconf_find(const tide_reconf_t *r, int32_t rank);
 /* Frees a reconfiguration and sets *self_p to NULL; NULL is fine. */
 void tide_reconf_destroy(tide_reconf_t **self_p);
 
-/* ---- layouts (the coordinator's own allocation helpers over reshard's public struct) ---- */
-
-/*
- * New layout with even stages (first num_layers % pp one longer) and worker
- * ids in default rank order; caller frees with tide_coord_layout_free.
- */
-tide_status tide_coord_layout_new(tide_layout_t **out, int dp, int tp, int pp, int num_layers,
-                                  int micro_batches);
-
-/* Deep copy; caller frees with tide_coord_layout_free. */
-tide_status tide_coord_layout_copy(tide_layout_t **out, const tide_layout_t *src);
-
-/* Frees *self_p and sets it to NULL; NULL is fine. */
-void tide_coord_layout_free(tide_layout_t **self_p);
-
-/*
- * Structural check without a collection: degrees in [1, 65536], at most 2^20
- * coordinates, stages contiguous and non-empty, worker ids >= 0 and unique.
- */
-tide_status tide_coord_layout_check(const tide_layout_t *l);
+/* ---- layouts (reshard's tide_layout_t: created with tide_layout_new, freed with
+ *      tide_layout_destroy, checked with tide_layout_validate) ---------------------- */
 
 /* Parses "0-11,12-23" into pp + 1 stage starts for num_layers layers. */
 tide_status tide_coord_parse_stages(const char *text, int pp, int num_layers, int *starts);

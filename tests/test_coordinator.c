@@ -46,7 +46,7 @@ Test(policy, first_layout_keeps_tp_groups_inside_hosts)
     cr_assert_eq(tide_policy_place(NULL, NULL, &req, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_eq(np, 0);
-    cr_assert_eq(tide_coord_layout_check(l), TIDE_OK);
+    cr_assert_eq(tide_layout_validate(l, NULL), TIDE_OK);
     for (int p = 0; p < 2; p++)
         for (int d = 0; d < 2; d++) {
             int h = host_of(c, 16, l->worker[tide_layout_index(l, p, d, 0)]);
@@ -54,14 +54,14 @@ Test(policy, first_layout_keeps_tp_groups_inside_hosts)
                 cr_assert_eq(host_of(c, 16, l->worker[tide_layout_index(l, p, d, t)]), h,
                              "TP group (%d,%d) spans hosts", p, d);
         }
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     cr_assert_null(l);
 }
 
 Test(policy, same_shape_resize_keeps_every_coordinate)
 {
     tide_layout_t *old = NULL, *l = NULL;
-    cr_assert_eq(tide_coord_layout_new(&old, 4, 2, 2, 8, 4), TIDE_OK);
+    cr_assert_eq(tide_layout_new(&old, 4, 2, 2, 8, 4), TIDE_OK);
     tide_policy_worker *c = workers(16, 8, TIDE_PW_MEMBER);
     int32_t pre[16];
     size_t np;
@@ -69,7 +69,7 @@ Test(policy, same_shape_resize_keeps_every_coordinate)
     cr_assert_eq(tide_policy_place(old, NULL, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_arr_eq(l->worker, old->worker, 16 * sizeof(int32_t));
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     /* shrinking dp keeps replicas 0 and 1 exactly where they were: nothing moves */
     tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &shrink, c, 16, &l, pre, &np), TIDE_OK);
@@ -78,15 +78,15 @@ Test(policy, same_shape_resize_keeps_every_coordinate)
             for (int t = 0; t < 2; t++)
                 cr_assert_eq(l->worker[tide_layout_index(l, p, d, t)],
                              old->worker[tide_layout_index(old, p, d, t)]);
-    tide_coord_layout_free(&l);
-    tide_coord_layout_free(&old);
+    tide_layout_destroy(&l);
+    tide_layout_destroy(&old);
     free(c);
 }
 
 Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
 {
     tide_layout_t *old = NULL, *l = NULL;
-    cr_assert_eq(tide_coord_layout_new(&old, 2, 1, 1, 4, 1), TIDE_OK); /* ranks 0, 1 */
+    cr_assert_eq(tide_layout_new(&old, 2, 1, 1, 4, 1), TIDE_OK); /* ranks 0, 1 */
     tide_policy_worker c[6] = {
         {0, 0, TIDE_PW_MEMBER, 0},  {1, 0, TIDE_PW_MEMBER, 0}, {2, 1, TIDE_PW_OFFLINE, 5},
         {3, 1, TIDE_PW_OFFLINE, 1}, {4, 1, TIDE_PW_IDLE, 0},   {5, 1, TIDE_PW_OFFLINE, 9},
@@ -102,14 +102,14 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     cr_assert(!tide_coord_layout_has(l, 2) && !tide_coord_layout_has(l, 5));
     cr_assert_eq(l->worker[0], 0);
     cr_assert_eq(l->worker[1], 1);
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     /* too few workers: a clear error that counts what exists */
     tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert_null(l);
     cr_assert(strstr(tide_last_error(), "needs 8 workers") != NULL, "%s", tide_last_error());
     cr_assert(strstr(tide_last_error(), "1 idle") != NULL, "%s", tide_last_error());
-    tide_coord_layout_free(&old);
+    tide_layout_destroy(&old);
 }
 
 Test(policy, bad_requests_are_refused)
@@ -135,7 +135,7 @@ Test(policy, bad_requests_are_refused)
 Test(policy, recovery_replaces_only_the_lost_coordinate)
 {
     tide_layout_t *old = NULL, *l = NULL;
-    cr_assert_eq(tide_coord_layout_new(&old, 2, 2, 2, 8, 2), TIDE_OK); /* ranks 0..7 */
+    cr_assert_eq(tide_layout_new(&old, 2, 2, 2, 8, 2), TIDE_OK); /* ranks 0..7 */
     /* rank 5 lost; idle 8 on host 1 (ranks 4..7's host) and idle 9 on host 2 */
     tide_policy_worker c[9];
     size_t n = 0;
@@ -153,7 +153,7 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
         cr_assert_eq(l->worker[i], old->worker[i] == 5 ? 8 : old->worker[i],
                      "index %zu: %d (replacement must come from the lost worker's host)", i,
                      l->worker[i]);
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     /* no spare: dp shrinks to 1 and every coordinate goes to a survivor that held the same
      * stage and TP rank, so the recovery moves nothing */
     n = 0;
@@ -171,17 +171,17 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
             cr_assert(op == p && ot == t, "(%d, %d) went to worker %d which held (%d, %d)", p, t, w,
                       op, ot);
         }
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
     /* fewer than tp * pp survivors: stalled */
     cr_assert_eq(tide_policy_recover(old, NULL, c, 3, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert(strstr(tide_last_error(), "at least tp * pp = 4") != NULL, "%s", tide_last_error());
-    tide_coord_layout_free(&old);
+    tide_layout_destroy(&old);
 }
 
 Test(policy, placement_survives_allocation_failures)
 {
     tide_layout_t *old = NULL, *l = NULL;
-    cr_assert_eq(tide_coord_layout_new(&old, 2, 2, 1, 4, 1), TIDE_OK);
+    cr_assert_eq(tide_layout_new(&old, 2, 2, 1, 4, 1), TIDE_OK);
     tide_policy_worker *c = workers(8, 4, TIDE_PW_IDLE);
     for (int i = 0; i < 4; i++)
         c[i].cls = TIDE_PW_MEMBER;
@@ -196,7 +196,7 @@ Test(policy, placement_survives_allocation_failures)
         tide_alloc_fail_at(0, 0);
         if (failed == 0) {
             cr_assert_eq(rc, TIDE_OK);
-            tide_coord_layout_free(&l);
+            tide_layout_destroy(&l);
             break;
         }
         failures_seen++;
@@ -204,7 +204,7 @@ Test(policy, placement_survives_allocation_failures)
         cr_assert_null(l);
     }
     cr_assert_gt(failures_seen, 3);
-    tide_coord_layout_free(&old);
+    tide_layout_destroy(&old);
     free(c);
 }
 
@@ -271,7 +271,7 @@ Test(state, worker_index_and_layout_text)
     tide_coord_state_destroy(&st);
 
     tide_layout_t *l = NULL, *back = NULL;
-    cr_assert_eq(tide_coord_layout_new(&l, 2, 2, 3, 10, 4), TIDE_OK);
+    cr_assert_eq(tide_layout_new(&l, 2, 2, 3, 10, 4), TIDE_OK);
     int starts[4];
     cr_assert_eq(tide_coord_parse_stages("0-1,2-7,8-9", 3, 10, starts), TIDE_OK);
     memcpy(l->stage_start, starts, sizeof starts);
@@ -282,14 +282,14 @@ Test(state, worker_index_and_layout_text)
     cr_assert_arr_eq(back->worker, l->worker, 12 * sizeof(int32_t));
     cr_assert_arr_eq(back->stage_start, l->stage_start, 4 * sizeof(int));
     tide_free(text);
-    tide_coord_layout_free(&back);
+    tide_layout_destroy(&back);
     cr_assert_eq(tide_coord_parse_stages("0-1,3-9,", 2, 10, starts), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_parse_stages("0-4,5-8", 2, 10, starts), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2", &back), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2 2", &back), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_layout_from_text("1 1 1 4 1|0 4|0 junk", &back), TIDE_ERR_INVALID);
     cr_assert_null(back);
-    tide_coord_layout_free(&l);
+    tide_layout_destroy(&l);
 }
 
 static void tmp_path(char *buf, size_t len)
@@ -328,11 +328,11 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_ONLINE, &j), TIDE_OK);
     snprintf(j->name, sizeof j->name, "train");
     snprintf(j->pool, sizeof j->pool, "p");
-    cr_assert_eq(tide_coord_layout_new(&j->layout, 1, 1, 1, 4, 1), TIDE_OK);
+    cr_assert_eq(tide_layout_new(&j->layout, 1, 1, 1, 4, 1), TIDE_OK);
     j->layout->worker[0] = 3;
     j->generation = j->gen_issued = 7;
     tide_layout_t *nl = NULL;
-    cr_assert_eq(tide_coord_layout_new(&nl, 2, 1, 1, 4, 1), TIDE_OK);
+    cr_assert_eq(tide_layout_new(&nl, 2, 1, 1, 4, 1), TIDE_OK);
     nl->worker[0] = 3;
     nl->worker[1] = 9;
     cr_assert_eq(tide_reconf_new(&j->reconf, j->layout, nl, 8, 0), TIDE_OK);

@@ -46,8 +46,20 @@ extern char **environ;
 typedef struct settings {
     const char *tided, *train, *mpirun, *out, *work, *from, *to, *placement;
     long long np, layers, hidden, ffn, vocab, seq, batch, micro, before, after;
-    int keep;
+    int keep, prepare;
 } settings;
+
+/* One rank's part of the live switch (train_mlp's rank_switch records), ms. */
+enum { PH_WAIT, PH_ALLOC, PH_SYNC, PH_PLAN, PH_MOVE, PH_GROUPS, PH_TEARDOWN, PH_ADOPT, PH_N };
+static const char *const ph_name[PH_N] = {"wait_commit", "alloc",     "sync_peers", "plan",
+                                          "move",        "new_comms", "teardown",   "adopt_free"};
+#define MAX_RANKS 64
+typedef struct rank_rec {
+    int rank, member, prepared;
+    double ph[PH_N];
+    double reshard, prepare; /* tide_reshard total; the preparation ahead (overlapped) */
+    unsigned long long sent, recv, local;
+} rank_rec;
 
 /* One run's trace: per step its start/end (wall us) and loss; the switch step if any. */
 typedef struct trace {
@@ -56,6 +68,8 @@ typedef struct trace {
     int64_t last;        /* largest step seen, -1 none */
     int64_t switch_step; /* live: first step of generation 2, -1 none */
     double switch_ms;    /* live: the first rank's tide_reshard total */
+    rank_rec ranks[MAX_RANKS];
+    int n_ranks;
 } trace;
 
 static int64_t wall_us(void)
@@ -180,6 +194,18 @@ static int read_trace(const char *path, trace *t)
             t->end[s] = b;
             t->loss[s] = l;
             t->last = s > t->last ? s : t->last;
+        } else if (strncmp(line, "rank_switch gen 2 ", 18) == 0 && t->n_ranks < MAX_RANKS) {
+            rank_rec *r = &t->ranks[t->n_ranks];
+            double *p = r->ph;
+            if (sscanf(line,
+                       "rank_switch gen %lld rank %d member %d wait %lf alloc %lf sync %lf plan "
+                       "%lf move %lf groups %lf teardown %lf reshard %lf adopt %lf prepared %d "
+                       "prepare %lf sent %llu recv %llu local %llu",
+                       &g, &r->rank, &r->member, &p[PH_WAIT], &p[PH_ALLOC], &p[PH_SYNC],
+                       &p[PH_PLAN], &p[PH_MOVE], &p[PH_GROUPS], &p[PH_TEARDOWN], &r->reshard,
+                       &p[PH_ADOPT], &r->prepared, &r->prepare, &r->sent, &r->recv,
+                       &r->local) == 17)
+                t->n_ranks++;
         } else if (sscanf(line, "switch gen %lld step %lld total_ms %lf move_ms %lf at_us %lld", &g,
                           &s, &ms, &mv, &at) == 5 &&
                    g == 2) {
@@ -263,6 +289,7 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     cmdline c;
     mpi_cmd(&c, s, (int)s->np, from[0], from[1], from[2], total);
     add(&c, "--tide");
+    add(&c, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
     add(&c, "--endpoint");
     add(&c, cp.endpoint);
     add(&c, "--job");
@@ -410,6 +437,10 @@ int main(int argc, char **argv)
         {"work", NULL, TIDE_OPT_STRING, &s.work, "bench-out/resize_bench.d",
          "checkpoint, traces and logs", 0, 0},
         {"keep", NULL, TIDE_OPT_BOOL, &s.keep, "0", "keep --work afterwards", 0, 0},
+        {"prepare", NULL, TIDE_OPT_BOOL, &s.prepare, "1",
+         "live: new buffers allocated and first-touched before the switch step "
+         "(train_mlp --prepare-switch); 0: at the switch",
+         0, 0},
         {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/resize_bench.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -501,6 +532,24 @@ int main(int argc, char **argv)
            ratio, ratio > 0 ? 1.0 / ratio : 0.0, ratio > 0 && ratio <= 0.05 ? "met" : "NOT met",
            worst);
 
+    /* where each rank's part of the live downtime went */
+    printf("\nlive switch per rank (ms; wait_commit on a rank joining from idle is its idle "
+           "wait, not downtime; prepare ran ahead on a helper thread, overlapping steps):\n");
+    printf("%5s %4s", "rank", "new");
+    for (int p = 0; p < PH_N; p++)
+        printf(" %11s", ph_name[p]);
+    printf(" %9s %8s %8s %9s %9s %9s\n", "reshard", "prepared", "prepare", "sent_MiB", "recv_MiB",
+           "local_MiB");
+    for (int i = 0; i < tl.n_ranks; i++) {
+        const rank_rec *r = &tl.ranks[i];
+        printf("%5d %4d", r->rank, r->member);
+        for (int p = 0; p < PH_N; p++)
+            printf(" %11.1f", r->ph[p]);
+        printf(" %9.1f %8d %8.1f %9.1f %9.1f %9.1f\n", r->reshard, r->prepared, r->prepare,
+               (double)r->sent / 1048576.0, (double)r->recv / 1048576.0,
+               (double)r->local / 1048576.0);
+    }
+
     snprintf(parent, sizeof parent, "%s", s.out);
     slash = strrchr(parent, '/');
     if (slash != NULL) {
@@ -520,11 +569,23 @@ int main(int argc, char **argv)
             "\"steps_per_s_after\":%.4f},"
             "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
             "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
-            "\"ratio\":%.6f,\"goal_ratio\":0.05,\"loss_max_rel_diff\":%.3e}\n",
+            "\"ratio\":%.6f,\"goal_ratio\":0.05,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
+            "\"live_ranks\":[",
             state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
             (long long)live.switch_step, (long long)live.last_step, live.downtime_ms,
             live.reshard_ms, live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms,
-            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst);
+            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst, s.prepare);
+    for (int i = 0; i < tl.n_ranks; i++) {
+        const rank_rec *r = &tl.ranks[i];
+        fprintf(f, "%s{\"rank\":%d,\"member\":%d", i ? "," : "", r->rank, r->member);
+        for (int p = 0; p < PH_N; p++)
+            fprintf(f, ",\"%s_ms\":%.3f", ph_name[p], r->ph[p]);
+        fprintf(f,
+                ",\"reshard_ms\":%.3f,\"prepared\":%d,\"prepare_ms\":%.3f,\"sent\":%llu,"
+                "\"recv\":%llu,\"local\":%llu}",
+                r->reshard, r->prepared, r->prepare, r->sent, r->recv, r->local);
+    }
+    fprintf(f, "]}\n");
     fclose(f);
     printf("wrote %s\n", s.out);
     if (!s.keep)

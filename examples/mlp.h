@@ -208,6 +208,21 @@ void tide_mlp_free_buffers(const tide_mlp_t *m, void ***bufs_p);
 tide_status tide_mlp_adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
                            void ***bufs_p);
 
+/* The old big buffers (state, gradients, activations) of a model that adopted new ones. */
+typedef struct tide_mlp_garbage tide_mlp_garbage;
+
+/*
+ * tide_mlp_adopt that does not free the old big buffers: *garbage gets them, to be
+ * released later with tide_mlp_garbage_free (host memory: from any thread, e.g. while
+ * the first step in the new layout runs; device memory: the main thread). Freeing GiBs
+ * takes ~0.1 s, which a switch need not wait for. On failure *garbage is NULL.
+ */
+tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
+                                 void ***bufs_p, tide_mlp_garbage **garbage);
+
+/* Releases what tide_mlp_adopt_defer kept; sets *g_p to NULL; NULL is fine. */
+void tide_mlp_garbage_free(tide_mlp_garbage **g_p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -224,17 +224,36 @@ static float *take(float **cur, int64_t n)
 }
 
 /* Frees everything that depends on the layout; keeps cfg, coll, ops, params table. */
-static void teardown(tide_mlp_t *m)
+/* Old big buffers kept for a later release (tide_mlp_adopt_defer). */
+struct tide_mlp_garbage {
+    const mlp_ops *ops;
+    size_t n, cap;
+    void **p;
+};
+
+/* Releases p now, or hands it to g (which has room: ntensors + 3 entries). */
+static void drop(const mlp_ops *ops, tide_mlp_garbage *g, void *p)
+{
+    if (p == NULL)
+        return;
+    if (g != NULL && g->n < g->cap)
+        g->p[g->n++] = p;
+    else
+        ops->release(p);
+}
+
+/* Frees what m holds; the big buffers go to g when not NULL. */
+static void teardown_into(tide_mlp_t *m, tide_mlp_garbage *g)
 {
     const mlp_ops *ops = m->ops;
     if (m->buf != NULL)
         for (size_t i = 0; i < m->ntensors; i++)
-            ops->release(m->buf[i]);
+            drop(ops, g, m->buf[i]);
     tide_free(m->buf);
     m->buf = NULL;
     tide_free(m->bytes);
     m->bytes = NULL;
-    ops->release(m->grads);
+    drop(ops, g, m->grads);
     m->grads = NULL;
     for (size_t k = 0; k < m->nparams; k++)
         m->params[k].grad = NULL;
@@ -246,9 +265,9 @@ static void teardown(tide_mlp_t *m)
             tide_free(m->slots[s].act);
     tide_free(m->slots);
     m->slots = NULL;
-    ops->release(m->slot_arena);
+    drop(ops, g, m->slot_arena);
     m->slot_arena = NULL;
-    ops->release(m->scratch);
+    drop(ops, g, m->scratch);
     m->scratch = NULL;
     tide_free(m->host_rowloss);
     tide_free(m->host_tok);
@@ -257,6 +276,11 @@ static void teardown(tide_mlp_t *m)
     m->host_tok = m->host_tgt = NULL;
     tide_layout_destroy(&m->layout);
     m->active = 0;
+}
+
+static void teardown(tide_mlp_t *m)
+{
+    teardown_into(m, NULL);
 }
 
 /* Checks the layout for this model beyond the collection rules. */
@@ -663,9 +687,40 @@ void tide_mlp_free_buffers(const tide_mlp_t *m, void ***bufs_p)
     *bufs_p = NULL;
 }
 
+void tide_mlp_garbage_free(tide_mlp_garbage **g_p)
+{
+    if (g_p == NULL || *g_p == NULL)
+        return;
+    tide_mlp_garbage *g = *g_p;
+    for (size_t i = 0; i < g->n; i++)
+        g->ops->release(g->p[i]);
+    tide_free(g->p);
+    tide_free(g);
+    *g_p = NULL;
+}
+
 tide_status tide_mlp_adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
                            void ***bufs_p)
 {
+    return tide_mlp_adopt_defer(m, new_l, worker, bufs_p, NULL);
+}
+
+tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
+                                 void ***bufs_p, tide_mlp_garbage **garbage)
+{
+    tide_mlp_garbage *g = NULL;
+    if (garbage != NULL) {
+        *garbage = NULL;
+        g = tide_calloc(1, sizeof *g);
+        if (g != NULL)
+            g->p = tide_calloc(m->ntensors + 3, sizeof *g->p);
+        if (g == NULL || g->p == NULL) {
+            tide_free(g);
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the old buffer list");
+        }
+        g->ops = m->ops;
+        g->cap = m->ntensors + 3;
+    }
     tide_mlp_t next;
     memset(&next, 0, sizeof next);
     next.cfg = m->cfg;
@@ -674,8 +729,10 @@ tide_status tide_mlp_adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t wo
     next.ntensors = m->ntensors;
     next.nparams = m->nparams;
     next.params = tide_calloc(m->nparams ? m->nparams : 1, sizeof *next.params);
-    if (next.params == NULL)
+    if (next.params == NULL) {
+        tide_mlp_garbage_free(&g);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the parameter table");
+    }
     for (size_t k = 0; k < m->nparams; k++)
         next.params[k].index = m->params[k].index;
     tide_status rc = setup(&next, new_l, worker, *bufs_p);
@@ -686,9 +743,12 @@ tide_status tide_mlp_adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t wo
             memset(next.buf, 0, m->ntensors * sizeof *next.buf);
         teardown(&next);
         tide_free(next.params);
+        tide_mlp_garbage_free(&g);
         return rc;
     }
-    teardown(m);
+    teardown_into(m, g);
+    if (garbage != NULL)
+        *garbage = g;
     tide_free(m->params);
     void *stage = m->stage;
     size_t stage_bytes = m->stage_bytes;

@@ -4,6 +4,7 @@
  * See mlp_tide.h for the contracts. Workload: a handful of collectives per
  * micro-batch and step; a layout switch now and then.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -77,8 +78,82 @@ void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
 
 /* ---- the elastic loop ---------------------------------------------------------------------- */
 
+/* New buffers prepared ahead for an announced generation (tide_set_prepare), on
+   libtide's preparation thread. mu guards gen/bufs/ms and the model while it adopts
+   buffers (the preparation of a later generation may run then). */
+typedef struct prepared {
+    pthread_mutex_t mu;
+    tide_mlp_t *m; /* the preparation reads only its config, collection and allocator */
+    int32_t me;
+    int host; /* host memory: first-touch the pages */
+    uint64_t gen;
+    void **bufs;
+    double ms;
+    /* the old layout's buffers, freed on a thread of ours after a switch (host memory) */
+    pthread_t reaper;
+    int reaping; /* reaper started, not joined */
+} prepared;
+
+static void *reap_main(void *arg)
+{
+    tide_mlp_garbage *g = arg;
+    tide_mlp_garbage_free(&g);
+    return NULL;
+}
+
+static void reap_join(prepared *p)
+{
+    if (p->reaping) {
+        pthread_join(p->reaper, NULL);
+        p->reaping = 0;
+    }
+}
+
+/* Frees the old buffers: on a thread while the new layout's first step runs (host
+   memory; freeing GiBs takes ~0.1 s), else now. */
+static void reap(prepared *p, tide_mlp_garbage *g)
+{
+    reap_join(p);
+    if (g == NULL)
+        return;
+    if (p->host && pthread_create(&p->reaper, NULL, reap_main, g) == 0) {
+        p->reaping = 1;
+        return;
+    }
+    tide_mlp_garbage_free(&g);
+}
+
+static tide_status prepare_buffers(void *ctx, const tide_view *pv)
+{
+    prepared *p = ctx;
+    uint64_t t0 = tide_now_ns();
+    void **nb = NULL, **stale = NULL;
+    pthread_mutex_lock(&p->mu);
+    stale = p->bufs; /* from a generation that was aborted */
+    p->bufs = NULL;
+    p->gen = 0;
+    const tide_collection_t *coll = tide_mlp_collection(p->m);
+    tide_status rc = tide_mlp_alloc_buffers(p->m, pv->layout, p->me, &nb);
+    tide_mlp_free_buffers(p->m, &stale);
+    pthread_mutex_unlock(&p->mu);
+    TIDE_CHECK(rc);
+    for (size_t i = 0; p->host && i < tide_collection_size(coll); i++) {
+        uint64_t bytes =
+            tide_shard_bytes(pv->layout, coll, i, pv->pp_rank, pv->dp_rank, pv->tp_rank);
+        if (nb[i] != NULL)
+            memset(nb[i], 0, (size_t)bytes); /* first touch: the page faults happen now */
+    }
+    pthread_mutex_lock(&p->mu);
+    p->bufs = nb;
+    p->gen = pv->generation;
+    p->ms = (double)(tide_now_ns() - t0) / 1e6;
+    pthread_mutex_unlock(&p->mu);
+    return TIDE_OK;
+}
+
 /* TIDE_STEP_RECONFIGURE: new buffers, reshard old -> new, adopt, hooks. */
-static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h)
+static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h,
+                                 prepared *pre)
 {
     tide_status rc = TIDE_OK;
     int32_t me = tide_worker_id(t);
@@ -88,13 +163,36 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
     if (h->before_switch != NULL)
         TIDE_CHECK(h->before_switch(h->ctx, t, m));
     void **nb = NULL;
-    /* a rank leaving gets a table of NULLs: nothing to hold, and adopt makes it idle */
-    TIDE_CHECK(tide_mlp_alloc_buffers(m, nv->layout, me, &nb));
-    tide_reshard_stats st;
+    tide_mlp_switch_stats st;
     memset(&st, 0, sizeof st);
-    TIDE_CHECK_GOTO(tide_reshard(t, nb, &st), rc, out);
+    uint64_t t0 = tide_now_ns();
+    void **stale = NULL;
+    pthread_mutex_lock(&pre->mu);
+    if (pre->bufs != NULL && pre->gen == nv->generation) {
+        nb = pre->bufs; /* allocated and first-touched while the last steps ran */
+        st.prepared = 1;
+        st.prepare_ms = pre->ms;
+    } else {
+        stale = pre->bufs; /* prepared for another generation */
+    }
+    pre->bufs = NULL;
+    pre->gen = 0;
+    pthread_mutex_unlock(&pre->mu);
+    tide_mlp_free_buffers(m, &stale);
+    /* a rank leaving gets a table of NULLs: nothing to hold, and adopt makes it idle */
+    if (nb == NULL)
+        TIDE_CHECK(tide_mlp_alloc_buffers(m, nv->layout, me, &nb));
+    st.alloc_ms = (double)(tide_now_ns() - t0) / 1e6;
+    TIDE_CHECK_GOTO(tide_reshard(t, nb, &st.rs), rc, out);
     const tide_view *v = tide_view_get(t);
-    TIDE_CHECK_GOTO(tide_mlp_adopt(m, v->layout, me, &nb), rc, out);
+    t0 = tide_now_ns();
+    tide_mlp_garbage *old = NULL;
+    pthread_mutex_lock(&pre->mu);
+    rc = tide_mlp_adopt_defer(m, v->layout, me, &nb, &old);
+    pthread_mutex_unlock(&pre->mu);
+    TIDE_CHECK_GOTO(rc, rc, out);
+    reap(pre, old);
+    st.adopt_ms = (double)(tide_now_ns() - t0) / 1e6;
     if (v->member && tide_mlp_step_count(m) != v->step)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL,
                        "after the switch to generation %llu the model's step tensor says %lld, "
@@ -105,8 +203,8 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
               "rank %d: generation %llu from step %lld (%s): sent %llu B, received %llu B, "
               "%.1f ms",
               me, (unsigned long long)v->generation, (long long)v->step,
-              v->member ? "member" : "idle", (unsigned long long)st.bytes_sent,
-              (unsigned long long)st.bytes_recv, st.total_ms);
+              v->member ? "member" : "idle", (unsigned long long)st.rs.bytes_sent,
+              (unsigned long long)st.rs.bytes_recv, st.rs.total_ms);
     if (h->after_switch != NULL)
         TIDE_CHECK_GOTO(h->after_switch(h->ctx, t, m, &st), rc, out);
 out:
@@ -114,10 +212,8 @@ out:
     return rc;
 }
 
-tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *hooks)
+static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, prepared *pre)
 {
-    static const tide_mlp_tide_hooks none;
-    const tide_mlp_tide_hooks *h = hooks != NULL ? hooks : &none;
     tide_mlp_tide_comm comm;
     tide_mlp_tide_comm_init(&comm, t);
     for (;;) {
@@ -126,7 +222,7 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
         if (a == TIDE_STEP_FINISHED)
             return TIDE_OK;
         if (a == TIDE_STEP_RECONFIGURE) {
-            TIDE_CHECK(switch_layout(t, m, h));
+            TIDE_CHECK(switch_layout(t, m, h, pre));
             tide_mlp_tide_comm_init(&comm, t);
             continue;
         }
@@ -152,6 +248,26 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
         if (h->on_step != NULL)
             TIDE_CHECK(h->on_step(h->ctx, t, m, step, loss, secs));
     }
+}
+
+tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *hooks)
+{
+    static const tide_mlp_tide_hooks none;
+    const tide_mlp_tide_hooks *h = hooks != NULL ? hooks : &none;
+    prepared pre;
+    memset(&pre, 0, sizeof pre);
+    pthread_mutex_init(&pre.mu, NULL);
+    pre.m = m;
+    pre.me = tide_worker_id(t);
+    pre.host = tide_backend(t)->mem_kind == TIDE_MEM_HOST;
+    tide_status rc = h->no_prepare ? TIDE_OK : tide_set_prepare(t, prepare_buffers, &pre);
+    if (rc == TIDE_OK)
+        rc = loop(t, m, h, &pre);
+    tide_set_prepare(t, NULL, NULL); /* waits for a running preparation: pre is ours again */
+    tide_mlp_free_buffers(m, &pre.bufs);
+    reap_join(&pre);
+    pthread_mutex_destroy(&pre.mu);
+    return rc;
 }
 
 /* ---- gather for checks ------------------------------------------------------------------- */

@@ -36,6 +36,16 @@ typedef struct tide_mlp_tide_comm {
  */
 void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t);
 
+/* What the elastic loop measured around one switch on this rank. */
+typedef struct tide_mlp_switch_stats {
+    tide_reshard_stats rs; /* tide_reshard's (data movement, communicators, waits) */
+    double alloc_ms;       /* new buffers allocated at the switch, ms (~0 when prepared) */
+    double adopt_ms;       /* the model adopted the new buffers and freed the old, ms */
+    int prepared;          /* the new buffers were allocated and first-touched before the
+                              switch step (tide_set_prepare), overlapping steps */
+    double prepare_ms;     /* how long that preparation took on its thread, ms */
+} tide_mlp_switch_stats;
+
 /*
  * Callbacks of the elastic loop; every member may be NULL. A callback returning an
  * error stops tide_mlp_tide_train with that status.
@@ -50,10 +60,13 @@ typedef struct tide_mlp_tide_hooks {
     tide_status (*before_switch)(void *ctx, tide_t *t, const tide_mlp_t *m);
     /* The switch is done: tide_view_get(t) and the model describe the new layout. */
     tide_status (*after_switch)(void *ctx, tide_t *t, const tide_mlp_t *m,
-                                const tide_reshard_stats *stats);
+                                const tide_mlp_switch_stats *stats);
     /* Before step v->step on a member: nonzero ends the job (tide_finish). Every member
        of the layout must give the same answer for the same step. NULL: never. */
     int (*done)(void *ctx, const tide_view *v);
+    /* 1: allocate the new buffers at the switch step instead of preparing them ahead
+       (tide_set_prepare; for comparisons). */
+    int no_prepare;
 } tide_mlp_tide_hooks;
 
 /*
@@ -61,7 +74,10 @@ typedef struct tide_mlp_tide_hooks {
  * state filled and registered (tide_set_buffers(t, tide_mlp_buffers(m))). Runs steps
  * while this rank is a member; on TIDE_STEP_RECONFIGURE allocates the model's buffers
  * for tide_view_next, reshards into them, adopts them (the old buffers are freed) and
- * rebuilds the comm; waits inside the runtime while idle. Returns TIDE_OK when the job
+ * rebuilds the comm; waits inside the runtime while idle. Unless hooks->no_prepare, it
+ * registers a tide_set_prepare function that allocates and first-touches the buffers of
+ * an announced layout on libtide's helper thread while steps go on, and switches into
+ * those (a switch then moves data without page faults). Returns TIDE_OK when the job
  * ended: on members when hooks->done said so for every member (tide_finish releases
  * the idle ranks), on idle ranks when they were released. A step whose collectives
  * were aborted (a peer failed) is not counted and the loop goes on with the recovery

@@ -81,6 +81,7 @@ typedef struct output {
     const char *loss_path, *trace_path;
     FILE *loss, *trace; /* opened for append on first use by the first rank of a layout */
     long long every, steps, pace_ms;
+    int prepare; /* --tide: prepare new buffers before the switch step */
     int64_t batch;
     double first, last; /* losses of the first and last step this rank ran */
     int64_t last_step;  /* -1: ran none */
@@ -267,12 +268,27 @@ static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
 }
 
 static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
-                                  const tide_reshard_stats *st)
+                                  const tide_mlp_switch_stats *sw)
 {
     elastic *e = ctx;
     const tide_view *v = tide_view_get(t);
+    const tide_reshard_stats *st = &sw->rs;
     e->generations++;
     e->fresh = 1;
+    /* every rank: where its part of the downtime went (ms), for resize_bench */
+    FILE *rf = append(&e->o->trace, e->o->trace_path);
+    if (rf != NULL) {
+        fprintf(rf,
+                "rank_switch gen %llu rank %d member %d wait %.3f alloc %.3f sync %.3f plan %.3f "
+                "move %.3f groups %.3f teardown %.3f reshard %.3f adopt %.3f prepared %d "
+                "prepare %.3f sent %llu recv %llu local %llu\n",
+                (unsigned long long)v->generation, (int)tide_worker_id(t), v->member, st->wait_ms,
+                sw->alloc_ms, st->sync_ms, st->plan_ms, st->move_ms, st->groups_ms, st->teardown_ms,
+                st->total_ms, sw->adopt_ms, sw->prepared, sw->prepare_ms,
+                (unsigned long long)st->bytes_sent, (unsigned long long)st->bytes_recv,
+                (unsigned long long)st->bytes_local);
+        fflush(rf);
+    }
     if (!is_first_rank(t))
         return TIDE_OK;
     char lbuf[256];
@@ -332,7 +348,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
         fflush(stdout);
     }
     elastic e = {o, o->steps, 1, 1};
-    tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done};
+    tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare};
     RUN(tide_mlp_tide_train(t, model, &h), "training");
     /* everyone is out of the runtime before anyone says bye to tided */
     int code = summarize(o, e.generations);
@@ -358,7 +374,7 @@ int main(int argc, char **argv)
     long long layers, hidden, ffn, vocab, seq, batch, micro, steps, seed, dp, tp, pp, every,
         pace_ms;
     double lr;
-    int zero1 = 0, tide = 0;
+    int zero1 = 0, tide = 0, prepare = 1;
     const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL,
                *trace_out = NULL, *endpoint = NULL, *job = NULL, *ckpt_save = NULL,
                *ckpt_load = NULL;
@@ -406,6 +422,10 @@ int main(int argc, char **argv)
          "after the last step, write a per-rank checkpoint into this directory", 0, 0},
         {"ckpt-load", "TIDE_MLP_CKPT_LOAD", TIDE_OPT_STRING, &ckpt_load, NULL,
          "standalone: resume from this checkpoint directory (any layout)", 0, 0},
+        {"prepare-switch", "TIDE_MLP_PREPARE_SWITCH", TIDE_OPT_BOOL, &prepare, "1",
+         "--tide: allocate and first-touch the next layout's buffers while steps run "
+         "(tide_set_prepare); 0: at the switch step",
+         0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log_level, NULL, "error, warn, info, debug", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -494,6 +514,7 @@ int main(int argc, char **argv)
     o.every = every;
     o.steps = steps;
     o.pace_ms = pace_ms;
+    o.prepare = prepare;
     o.batch = batch;
     o.last_step = -1;
     output_reset(&o);

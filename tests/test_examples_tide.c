@@ -259,7 +259,8 @@ static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
     return TIDE_OK;
 }
 
-static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m, const tide_reshard_stats *st)
+static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
+                           const tide_mlp_switch_stats *st)
 {
     record *r = ctx;
     const tide_view *v = tide_view_get(t);
@@ -280,6 +281,13 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m, const tide
         "generation %llu has another layout than requested", (unsigned long long)g);
     tide_layout_destroy(&l);
     MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
+    /* tide_set_prepare: every member of the new layout switched into buffers it allocated
+       and first-touched before the switch step (its ack waited for that) */
+    MT_ASSERT(!v->member || st->prepared, "rank %d switched to generation %llu unprepared",
+              (int)tide_worker_id(t), (unsigned long long)g);
+    MT_ASSERT(st->rs.plan_ms >= 0 && st->rs.move_ms >= 0 && st->rs.sync_ms >= 0 &&
+                  st->rs.groups_ms >= 0 && st->rs.total_ms >= st->rs.move_ms,
+              "inconsistent switch timings");
     if (v->member)
         hash_state(r, t, m, r->after[g]);
     return TIDE_OK;
@@ -386,7 +394,7 @@ int main(int argc, char **argv)
     if (g_rank == 0)
         pthread_create(&th, NULL, controller, &cs);
 
-    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done};
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0};
     MT_OK(tide_mlp_tide_train(t, m, &h));
     if (g_rank == 0) {
         pthread_join(th, NULL);

@@ -8,7 +8,8 @@
  * mailbox, and reads the agreement state under the mutex at step boundaries.
  *
  * Workload: one heartbeat per period (1 s by default), a few messages per resize; the
- * thread wakes every 20 ms only while an offline child runs (to reap it promptly).
+ * thread wakes every 20 ms only while an offline child runs (to reap it promptly) and
+ * every 2 ms while an ack waits for the program's preparation (tide_set_prepare).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "worker/tide_int.h"
 #include "worker/worker_int.h"
 
 #define SUBSYS            "worker"
@@ -56,8 +58,17 @@ struct tide__ctl {
     tide_msg_t plugin; /* an assigned plugin job waiting for the main thread */
     int plugin_ready;
     char plugin_job[TIDE_PROTO_NAME_MAX + 1];
-    int plugin_grace; /* -1: not preempted */
-    pid_t child_pid;  /* mirror of child.pid for tests */
+    int plugin_grace;         /* -1: not preempted */
+    pid_t child_pid;          /* mirror of child.pid for tests */
+    tide__prepare_fn prep_fn; /* the program prepares new layouts (NULL: no) */
+    void *prep_ctx;
+    uint64_t prep_want_gen;     /* prepare of this generation held (ack deferred) */
+    uint64_t prep_done_gen;     /* the last generation prep_fn finished */
+    uint64_t prep_released_gen; /* the main thread ended a step: ack now, prepared or not */
+    uint64_t prep_start_gen;    /* the last generation prep_fn was started for */
+    int prep_busy;              /* prep_thread runs prep_fn */
+    pthread_t prep_thread;      /* joined by the background thread or destroy only */
+    int prep_started;
     char child_job[TIDE_PROTO_NAME_MAX + 1];
     /* --- background thread only --- */
     tide__mailbox_t *replies;
@@ -206,6 +217,20 @@ static void on_prepare(tide__ctl_t *ctl, const tide_proto_prepare_t *p)
 {
     int64_t step = 0;
     pthread_mutex_lock(&ctl->mu);
+    if (ctl->prep_fn != NULL && strcmp(p->job, ctl->job) == 0 && p->gen == ctl->agree.p_gen &&
+        ctl->agree.p_member && !ctl->agree.p_acked && ctl->prep_done_gen != p->gen &&
+        ctl->prep_released_gen != p->gen) {
+        /* The program prepares the new layout (allocates and first-touches its buffers)
+           on prep_thread while its steps go on; the ack, which bounds the steps left,
+           waits for that, or for the end of the step running now (prep_tick). */
+        if (ctl->prep_want_gen != p->gen)
+            TIDE_INFO(SUBSYS, "generation %llu: preparing before the ack",
+                      (unsigned long long)p->gen);
+        ctl->prep_want_gen = p->gen;
+        pthread_cond_broadcast(&ctl->cv);
+        pthread_mutex_unlock(&ctl->mu);
+        return;
+    }
     int ok = strcmp(p->job, ctl->job) == 0 && tide__agree_prepare(&ctl->agree, p->gen, &step);
     pthread_cond_broadcast(&ctl->cv);
     pthread_mutex_unlock(&ctl->mu);
@@ -417,6 +442,89 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
     tide_msg_clear(&m);
 }
 
+typedef struct prep_arg {
+    tide__ctl_t *ctl;
+    uint64_t gen;
+    tide_layout_t *layout;
+} prep_arg;
+
+static void *prep_main(void *arg)
+{
+    prep_arg *a = arg;
+    tide__ctl_t *ctl = a->ctl;
+    ctl->prep_fn(ctl->prep_ctx, a->gen, a->layout); /* prep_fn is fixed while busy */
+    pthread_mutex_lock(&ctl->mu);
+    ctl->prep_busy = 0;
+    if (a->gen > ctl->prep_done_gen)
+        ctl->prep_done_gen = a->gen;
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+    tide_layout_destroy(&a->layout);
+    tide_free(a);
+    return NULL;
+}
+
+/* Starts prep_fn for the held generation when it is not running yet. */
+static void prep_start(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    uint64_t gen = ctl->prep_want_gen;
+    const tide_proto_layout_msg_t *pl =
+        ctl->p_layout.type == TIDE_MSG_LAYOUT ? &ctl->p_layout.u.layout : NULL;
+    if (gen == 0 || ctl->prep_busy || ctl->prep_start_gen == gen || ctl->prep_fn == NULL ||
+        pl == NULL || pl->layout.gen != gen) {
+        pthread_mutex_unlock(&ctl->mu);
+        return;
+    }
+    ctl->prep_start_gen = gen;
+    prep_arg *a = tide_calloc(1, sizeof *a);
+    tide_status rc = a != NULL ? tide__layout_from_proto(&pl->layout, &a->layout) : TIDE_ERR_NOMEM;
+    if (rc == TIDE_OK)
+        ctl->prep_busy = 1;
+    pthread_mutex_unlock(&ctl->mu);
+    if (rc == TIDE_OK) {
+        a->ctl = ctl;
+        a->gen = gen;
+        if (ctl->prep_started)
+            pthread_join(ctl->prep_thread, NULL); /* it finished: not busy */
+        ctl->prep_started = 0;
+        if (pthread_create(&ctl->prep_thread, NULL, prep_main, a) == 0) {
+            ctl->prep_started = 1;
+            return;
+        }
+        tide_layout_destroy(&a->layout);
+    }
+    tide_free(a);
+    TIDE_WARN(SUBSYS, "cannot prepare generation %llu; it switches unprepared",
+              (unsigned long long)gen);
+    pthread_mutex_lock(&ctl->mu);
+    ctl->prep_busy = 0;
+    ctl->prep_done_gen = gen;
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+/* A prepare held for the program: start the preparation, and ack once it is done or the
+   main thread ended a step meanwhile (so that no peer that acked at once waits for this
+   rank's steps); nothing is sent when the generation went away (aborted, superseded). */
+static void prep_tick(tide__ctl_t *ctl)
+{
+    prep_start(ctl);
+    pthread_mutex_lock(&ctl->mu);
+    uint64_t gen = ctl->prep_want_gen;
+    int ready = gen != 0 && (ctl->prep_done_gen == gen || ctl->prep_released_gen == gen);
+    int gone = gen != 0 && ctl->agree.p_gen != gen;
+    if (ready || gone)
+        ctl->prep_want_gen = 0;
+    tide_proto_prepare_t p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.job, sizeof p.job, "%s", ctl->job);
+    p.gen = gen;
+    pthread_mutex_unlock(&ctl->mu);
+    if (ready && !gone)
+        on_prepare(ctl, &p);
+}
+
 /* ---- the thread ------------------------------------------------------------------------ */
 
 /* Forwards what the main thread queued on the PAIR socket to tided. */
@@ -452,6 +560,11 @@ static void *run(void *arg)
         long timeout = due > now ? (long)((due - now) / 1000000ull) + 1 : 0;
         if (ctl->child.pid > 0 && timeout > 20)
             timeout = 20;
+        pthread_mutex_lock(&ctl->mu);
+        int preparing = ctl->prep_want_gen != 0;
+        pthread_mutex_unlock(&ctl->mu);
+        if (preparing && timeout > 2)
+            timeout = 2; /* the program's prepare ends on its thread: ack it promptly */
         zmq_pollitem_t items[2] = {{ctl->dealer, 0, ZMQ_POLLIN, 0},
                                    {ctl->pair_bg, 0, ZMQ_POLLIN, 0}};
         int r = zmq_poll(items, 2, timeout);
@@ -476,6 +589,8 @@ static void *run(void *arg)
         }
         if (ctl->child.pid > 0)
             child_tick(ctl);
+        if (preparing)
+            prep_tick(ctl);
         now = tide_now_ns();
         pthread_mutex_lock(&ctl->mu);
         registered = ctl->registered;
@@ -645,6 +760,8 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         zmq_send(ctl->pair_main, "", 0, 0); /* wake the thread (after the bye) */
         pthread_join(ctl->thread, NULL);
     }
+    if (ctl->prep_started) /* the background thread is gone: only this thread joins */
+        pthread_join(ctl->prep_thread, NULL);
     if (ctl->child.pid > 0) {
         /* the worker leaves: its offline work cannot outlive it */
         tide__child_kill(&ctl->child);
@@ -810,4 +927,30 @@ int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len)
         snprintf(job, len, "%s", ctl->child_job);
     pthread_mutex_unlock(&ctl->mu);
     return pid;
+}
+
+void tide__ctl_set_prepare(tide__ctl_t *ctl, tide__prepare_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&ctl->mu);
+    while (ctl->prep_busy)
+        tide__ctl_wait(ctl, 100);
+    ctl->prep_fn = fn;
+    ctl->prep_ctx = ctx;
+    if (fn == NULL)
+        ctl->prep_released_gen = ctl->prep_want_gen; /* release a held prepare */
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_prepare_release(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (ctl->prep_want_gen != 0)
+        ctl->prep_released_gen = ctl->prep_want_gen;
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+void tide__ctl_prepare_wait(tide__ctl_t *ctl)
+{
+    while (ctl->prep_busy)
+        tide__ctl_wait(ctl, 100);
 }

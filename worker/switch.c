@@ -184,7 +184,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide__ctl_lock(t->ctl);
     t->c_switch = sw;
     tide__ctl_unlock(t->ctl);
-    st.comm_ms = (double)(tide_now_ns() - tc) / 1e6;
+    st.sync_ms = (double)(tide_now_ns() - tc) / 1e6;
 
     uint64_t tp0 = tide_now_ns();
     TIDE_CHECK_GOTO(tide_reshard_plan(prev, nl, t->coll, alive, nw, &plan), rc, fail);
@@ -246,7 +246,8 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tc = tide_now_ns();
     TIDE_CHECK_GOTO(
         tide__build_groups(sw, nl, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g), rc, fail);
-    st.comm_ms += (double)(tide_now_ns() - tc) / 1e6;
+    st.groups_ms = (double)(tide_now_ns() - tc) / 1e6;
+    st.comm_ms = st.sync_ms + st.groups_ms;
 
     /* commit locally: new comms, layout, buffers and step */
     tide_coll_comm_t *old[5];
@@ -272,6 +273,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     int64_t step = a->completed;
     tide__ctl_unlock(t->ctl);
     sw = NULL;
+    uint64_t td = tide_now_ns();
     for (int i = 0; i < 5; i++)
         tide_coll_comm_destroy(&old[i]);
     tide_layout_destroy(&t->layout);
@@ -288,8 +290,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     st.bytes_sent = es.bytes_sent;
     st.bytes_recv = es.bytes_recv;
     st.bytes_local = es.bytes_local;
+    st.wait_ms = t->switch_wait_ms;
+    report_done(t, gen, TIDE_OK, es.bytes_sent, (double)(tide_now_ns() - t0) / 1e6);
+    st.teardown_ms = (double)(tide_now_ns() - td) / 1e6;
     st.total_ms = (double)(tide_now_ns() - t0) / 1e6;
-    report_done(t, gen, TIDE_OK, es.bytes_sent, st.total_ms);
     char desc[160];
     TIDE_INFO(SUBSYS,
               "rank %d switched to generation %llu %s at step %lld in %.1f ms (%llu "

@@ -241,6 +241,38 @@ fail:
     return rc;
 }
 
+/* ---- preparing announced layouts (tide_set_prepare) --------------------------------------- */
+
+/* On ctl's preparation thread: the program's prepare function for this rank's place in
+   layout l. t->prep_fn and prep_ctx do not change while it runs (tide_set_prepare waits). */
+static void prep_run(void *ctx, uint64_t gen, const tide_layout_t *l)
+{
+    tide_t *t = ctx;
+    tide_view v;
+    tide__fill_view(&v, gen, l, t->rank, -1);
+    uint64_t t0 = tide_now_ns();
+    tide_status rc = t->prep_fn(t->prep_ctx, &v);
+    if (rc != TIDE_OK)
+        TIDE_WARN(SUBSYS,
+                  "rank %d: preparing generation %llu failed (%s: %s); it switches unprepared",
+                  t->rank, (unsigned long long)gen, tide_strerror(rc), tide_last_error());
+    else
+        TIDE_INFO(SUBSYS, "rank %d: generation %llu prepared in %.1f ms", t->rank,
+                  (unsigned long long)gen, (double)(tide_now_ns() - t0) / 1e6);
+}
+
+tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx)
+{
+    if (t == NULL || t->ctl == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_set_prepare: no runtime");
+    tide__ctl_set_prepare(t->ctl, NULL, NULL); /* waits for a running preparation */
+    t->prep_fn = fn;
+    t->prep_ctx = ctx;
+    if (fn != NULL)
+        tide__ctl_set_prepare(t->ctl, prep_run, t);
+    return TIDE_OK;
+}
+
 void tide_destroy(tide_t **self_p)
 {
     if (self_p == NULL || *self_p == NULL)
@@ -587,7 +619,7 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
         *action = TIDE_STEP_FINISHED;
         return TIDE_OK;
     }
-    uint64_t idle_from = 0;
+    uint64_t idle_from = 0, begin_ns = tide_now_ns();
     tide_status rc = TIDE_OK;
     tide__ctl_lock(t->ctl);
     for (;;) {
@@ -600,11 +632,13 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
             break;
         }
         if (d == TIDE__BEGIN_SWITCH) {
+            tide__ctl_prepare_wait(t->ctl); /* the program's preparation comes first */
             rc = prepare_next(t);
             if (rc != TIDE_OK) {
                 tide__agree_switch_failed(a);
                 break;
             }
+            t->switch_wait_ms = (double)(tide_now_ns() - begin_ns) / 1e6;
             *action = TIDE_STEP_RECONFIGURE;
             break;
         }
@@ -649,6 +683,7 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
     tide__ctl_unlock(t->ctl);
     if (r != 0)
         return tide_errorf(TIDE_ERR_INVALID, "tide_step_end without tide_step_begin");
+    tide__ctl_prepare_release(t->ctl); /* a held ack goes out by the end of a step */
     if (step_rc == TIDE_OK)
         tide__ctl_add_step(t->ctl, tide_now_ns() - t->step_t0);
     else

@@ -27,6 +27,10 @@ struct tide {
     tide_layout_t *next_layout; /* pending layout during a switch (owned) */
     tide_view next_view;
     int has_next;
+    double switch_wait_ms; /* the last RECONFIGURE's wait at the boundary (stats), ms */
+    /* the program's preparation of announced layouts (tide_set_prepare) */
+    tide_prepare_fn prep_fn; /* fixed while ctl's preparation thread runs */
+    void *prep_ctx;
     void **bufs; /* registered local buffers of the current layout (n_tensors) */
     int finished;
     uint64_t step_t0, bubble_t0; /* monotonic ns */

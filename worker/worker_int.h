@@ -227,6 +227,23 @@ int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out);
    marks the plugin job finished (the slot is free again) and returns -1. */
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
 
+/* Prepares this rank for generation gen with layout l (borrowed for the call); runs on
+   ctl's preparation thread, never with ctl's lock held. */
+typedef void (*tide__prepare_fn)(void *ctx, uint64_t gen, const struct tide_layout *l);
+
+/* Sets the preparation (NULL: none; a held ack is released). While set, the ack of a
+   `prepare` for a layout that includes this rank is held: the background thread runs
+   fn(ctx, gen, layout) on a thread of its own at once and acks when fn returned or the
+   main thread ended a step (tide__ctl_prepare_release), whichever comes first. Waits
+   for a running fn first. Main thread. */
+void tide__ctl_set_prepare(tide__ctl_t *ctl, tide__prepare_fn fn, void *ctx);
+
+/* The main thread ended a step: a held ack goes out now (the preparation goes on). */
+void tide__ctl_prepare_release(tide__ctl_t *ctl);
+
+/* With the lock held: waits until no preparation runs. */
+void tide__ctl_prepare_wait(tide__ctl_t *ctl);
+
 /* The offline command job running now ("" when none) and its pid; for tests. */
 int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len);
 

@@ -196,8 +196,17 @@ typedef struct tide_reshard_stats {
     uint64_t bytes_local; /* bytes copied locally */
     double plan_ms;       /* planning, ms */
     double move_ms;       /* data movement, ms */
-    double comm_ms;       /* communicator setup, ms */
-    double total_ms;      /* the whole switch, ms */
+    double comm_ms;       /* communicator setup, ms (sync_ms + groups_ms) */
+    double total_ms;      /* the whole switch (tide_reshard), ms */
+    /* the breakdown of the downtime (ms) */
+    double wait_ms;     /* in the tide_step_begin that returned RECONFIGURE: at the step
+                           boundary waiting for tided's commit (on a rank that joins from idle:
+                           its idle wait) */
+    double sync_ms;     /* the switch communicator: waiting for the other participants to
+                           reach the switch, and its handshake */
+    double groups_ms;   /* the new layout's communicators (all, tp, dp, pp) */
+    double teardown_ms; /* the old layout's communicators destroyed, done reported */
+    int prepared;       /* 1 when plan and communicators were ready before the switch step */
 } tide_reshard_stats;
 
 /*
@@ -223,6 +232,27 @@ tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
 
 /* Frees buffers from tide_alloc_buffers and sets *bufs_p to NULL; NULL is fine. */
 void tide_free_buffers(const tide_t *t, void ***bufs_p);
+
+/* Prepares this rank for a switch; see tide_set_prepare. pending: the announced layout
+   and this rank's place in it (communicators NULL; valid during the call). */
+typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
+
+/*
+ * Lets the program prepare a switch before its switch step, off the critical path: when
+ * tided announces a layout that includes this rank, the runtime calls fn(ctx, pending)
+ * once on a helper thread of its own (started at the next tide_step_end or, on an idle
+ * rank, inside tide_step_begin) while the program goes on running steps in the old
+ * layout. It acks tided's prepare when fn has returned or this rank has ended its
+ * current step, whichever comes first, so the agreed switch step usually comes after the
+ * preparation (the switch may come a step later) and never waits more than a step for it.
+ * Typical use: allocate the new buffers and first-touch them, so that the switch moves
+ * data into memory that takes no page faults. fn must be thread-safe against the
+ * program's steps and must not call MPI or tide_*. The generation may still be aborted
+ * (the program then frees what it prepared). tide_step_begin returns
+ * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn
+ * is logged and only skips the preparation. fn NULL: none (the default). Main thread.
+ */
+tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
 
 /*
  * The job is over (call on every member after its last step): releases the pool's

@@ -34,6 +34,12 @@ static int cmp_key(const void *a, const void *b)
     return (x->k2 > y->k2) - (x->k2 < y->k2);
 }
 
+static int cmp_place_id(const void *a, const void *b)
+{
+    int32_t x = ((const tide_place_worker *)a)->id, y = ((const tide_place_worker *)b)->id;
+    return (x > y) - (x < y);
+}
+
 static int cmp_i32(const void *a, const void *b)
 {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -102,8 +108,6 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
         memcpy(l->stage_start, req->stage_start, ((size_t)req->pp + 1) * sizeof(int));
     else if (old != NULL && old->pp == req->pp && old->num_layers == req->num_layers)
         memcpy(l->stage_start, old->stage_start, ((size_t)req->pp + 1) * sizeof(int));
-    for (size_t i = 0; i < tide_layout_size(l); i++)
-        l->worker[i] = (int32_t)i; /* unique placeholders: check degrees and stages first */
     TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, out);
     size_t need = tide_layout_size(l);
 
@@ -149,8 +153,8 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NO_DEVICE,
                        "layout %s needs %zu workers; the pool has %zu available (%zu in the "
                        "job, %zu idle, %zu running offline work); free workers or ask for less",
-                       tide_coord_layout_describe(l, buf, sizeof buf), need, n, counts[0],
-                       counts[1], counts[2]);
+                       tide_layout_format(l, buf, sizeof buf), need, n, counts[0], counts[1],
+                       counts[2]);
     }
     qsort(keys, n, sizeof *keys, cmp_key);
 
@@ -163,17 +167,8 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     TIDE_CHECK_ALLOC_GOTO(pw, rc, out);
     for (size_t i = 0; i < offer; i++)
         pw[i] = (tide_place_worker){cand[keys[i].idx].rank, cand[keys[i].idx].host};
-    if (req->plain) {
-        for (size_t i = 1; i < offer; i++) { /* insertion sort by id: offer is the layout size */
-            tide_place_worker v = pw[i];
-            size_t k = i;
-            while (k > 0 && pw[k - 1].id > v.id) {
-                pw[k] = pw[k - 1];
-                k--;
-            }
-            pw[k] = v;
-        }
-    }
+    if (req->plain)
+        qsort(pw, offer, sizeof *pw, cmp_place_id);
     if (coll == NULL) {
         TIDE_CHECK_GOTO(stand_in_collection(old, req, &own), rc, out);
         coll = own;

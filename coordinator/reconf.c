@@ -301,9 +301,8 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     char from[200], to[200];
     tide__event(s, j->name, recover ? "recovery_started" : "resize_started",
                 "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
-                (unsigned long long)gen, tide_coord_layout_describe(j->layout, from, sizeof from),
-                tide_coord_layout_describe(r->layout, to, sizeof to), reason, r->n_parts,
-                n_preempt);
+                (unsigned long long)gen, tide_layout_format(j->layout, from, sizeof from),
+                tide_layout_format(r->layout, to, sizeof to), reason, r->n_parts, n_preempt);
     tide__save_job(s, j);
     send_all(s, j, 0);
     return TIDE_OK;
@@ -521,9 +520,8 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
     char desc[200];
     tide__event(s, j->name, r->recover ? "recovered" : "resized",
                 "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved",
-                (unsigned long long)j->generation,
-                tide_coord_layout_describe(j->layout, desc, sizeof desc), (long long)r->switch_step,
-                (double)dur / 1e6, (unsigned long long)r->bytes_moved);
+                (unsigned long long)j->generation, tide_layout_format(j->layout, desc, sizeof desc),
+                (long long)r->switch_step, (double)dur / 1e6, (unsigned long long)r->bytes_moved);
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);

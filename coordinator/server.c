@@ -519,7 +519,7 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     j->state = TIDE_JS_RUNNING;
     char desc[256];
     tide__event(s, j->name, "layout", "generation 1: %s on %zu workers",
-                tide_coord_layout_describe(j->layout, desc, sizeof desc), need);
+                tide_layout_format(j->layout, desc, sizeof desc), need);
     tide__save_job(s, j);
     for (size_t i = 0; i < need; i++) {
         tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);

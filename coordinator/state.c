@@ -305,40 +305,6 @@ static tide_status parse_int(const char **p, long lo, long hi, long *out, const 
     return TIDE_OK;
 }
 
-tide_status tide_coord_parse_stages(const char *text, int pp, int num_layers, int *starts)
-{
-    const char *p = text;
-    int expect = 0;
-    for (int s = 0; s < pp; s++) {
-        long a, b;
-        TIDE_CHECK(parse_int(&p, 0, num_layers - 1, &a, "stages"));
-        if (*p != '-')
-            return tide_errorf(TIDE_ERR_INVALID, "stages '%s': stage %d needs FIRST-LAST", text, s);
-        p++;
-        TIDE_CHECK(parse_int(&p, 0, num_layers - 1, &b, "stages"));
-        if (a != expect || b < a)
-            return tide_errorf(TIDE_ERR_INVALID,
-                               "stages '%s': stage %d must start at layer %d and not be empty",
-                               text, s, expect);
-        starts[s] = (int)a;
-        expect = (int)b + 1;
-        if (s + 1 < pp) {
-            if (*p != ',')
-                return tide_errorf(TIDE_ERR_INVALID, "stages '%s': %d ranges needed for pp %d",
-                                   text, pp, pp);
-            p++;
-        }
-    }
-    if (*p != '\0')
-        return tide_errorf(TIDE_ERR_INVALID, "stages '%s': more than %d ranges or trailing text",
-                           text, pp);
-    if (expect != num_layers)
-        return tide_errorf(TIDE_ERR_INVALID, "stages '%s' must end at layer %d", text,
-                           num_layers - 1);
-    starts[pp] = num_layers;
-    return TIDE_OK;
-}
-
 tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out)
 {
     size_t n = tide_layout_size(l);
@@ -388,17 +354,6 @@ tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
 fail:
     tide_layout_destroy(&l);
     return rc;
-}
-
-char *tide_coord_layout_describe(const tide_layout_t *l, char *buf, size_t len)
-{
-    size_t at = (size_t)snprintf(buf, len, "(dp %d, tp %d, pp %d; stages ", l->dp, l->tp, l->pp);
-    for (int s = 0; s < l->pp && at < len; s++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%d-%d", s ? "," : "", l->stage_start[s],
-                               l->stage_start[s + 1] - 1);
-    if (at < len)
-        snprintf(buf + at, len - at, ")");
-    return buf;
 }
 
 int tide_coord_layout_has(const tide_layout_t *l, int32_t rank)

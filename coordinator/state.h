@@ -229,9 +229,6 @@ void tide_reconf_destroy(tide_reconf_t **self_p);
 /* ---- layouts (reshard's tide_layout_t: created with tide_layout_new, freed with
  *      tide_layout_destroy, checked with tide_layout_validate) ---------------------- */
 
-/* Parses "0-11,12-23" into pp + 1 stage starts for num_layers layers. */
-tide_status tide_coord_parse_stages(const char *text, int pp, int num_layers, int *starts);
-
 /*
  * Serialises a layout as text "dp tp pp layers micro|s0 s1 ..|w0 w1 .." into
  * a tide_malloc'd string (caller frees with tide_free).
@@ -240,9 +237,6 @@ tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out);
 
 /* Parses the text of tide_coord_layout_to_text strictly and checks it; caller owns *out. */
 tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out);
-
-/* Writes "(dp 2, tp 2, pp 2; stages 0-11,12-23)" into buf; returns buf. */
-char *tide_coord_layout_describe(const tide_layout_t *l, char *buf, size_t len);
 
 /* True when rank appears in the layout. O(n). */
 int tide_coord_layout_has(const tide_layout_t *l, int32_t rank);

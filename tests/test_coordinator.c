@@ -272,9 +272,7 @@ Test(state, worker_index_and_layout_text)
 
     tide_layout_t *l = NULL, *back = NULL;
     cr_assert_eq(tide_layout_new(&l, 2, 2, 3, 10, 4), TIDE_OK);
-    int starts[4];
-    cr_assert_eq(tide_coord_parse_stages("0-1,2-7,8-9", 3, 10, starts), TIDE_OK);
-    memcpy(l->stage_start, starts, sizeof starts);
+    cr_assert_eq(tide_layout_parse_stages(l, "0-1,2-7,8-9"), TIDE_OK, "%s", tide_last_error());
     l->worker[0] = 40;
     char *text = NULL;
     cr_assert_eq(tide_coord_layout_to_text(l, &text), TIDE_OK);
@@ -283,8 +281,11 @@ Test(state, worker_index_and_layout_text)
     cr_assert_arr_eq(back->stage_start, l->stage_start, 4 * sizeof(int));
     tide_free(text);
     tide_layout_destroy(&back);
-    cr_assert_eq(tide_coord_parse_stages("0-1,3-9,", 2, 10, starts), TIDE_ERR_INVALID);
-    cr_assert_eq(tide_coord_parse_stages("0-4,5-8", 2, 10, starts), TIDE_ERR_INVALID);
+    tide_layout_t *two = NULL;
+    cr_assert_eq(tide_layout_new(&two, 1, 1, 2, 10, 1), TIDE_OK);
+    cr_assert_eq(tide_layout_parse_stages(two, "0-1,3-9,"), TIDE_ERR_INVALID);
+    cr_assert_eq(tide_layout_parse_stages(two, "0-4,5-8"), TIDE_ERR_INVALID);
+    tide_layout_destroy(&two);
     cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2", &back), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_layout_from_text("2 2 1 4 1|0 4|0 1 2 2", &back), TIDE_ERR_INVALID);
     cr_assert_eq(tide_coord_layout_from_text("1 1 1 4 1|0 4|0 junk", &back), TIDE_ERR_INVALID);

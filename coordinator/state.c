@@ -335,14 +335,14 @@ tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
     TIDE_CHECK(tide_layout_new(&l, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]));
     tide_status rc = TIDE_OK;
     for (int s = 0; s <= l->pp; s++) {
-        long x;
+        long x = 0;
         TIDE_CHECK_GOTO(parse_int(&p, 0, l->num_layers, &x, "stored layout stages"), rc, fail);
         l->stage_start[s] = (int)x;
     }
     if (*p++ != '|')
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: missing worker list");
     for (size_t i = 0; i < tide_layout_size(l); i++) {
-        long x;
+        long x = 0;
         TIDE_CHECK_GOTO(parse_int(&p, 0, INT32_MAX, &x, "stored layout workers"), rc, fail);
         l->worker[i] = (int32_t)x;
     }

@@ -423,8 +423,10 @@ int main(int argc, char **argv)
         {"np", NULL, TIDE_OPT_INT, &s.np, "8", "ranks of the live job's pool", 1, 1024},
         {"from", NULL, TIDE_OPT_STRING, &s.from, "1,2,2", "old layout dp,tp,pp", 0, 0},
         {"to", NULL, TIDE_OPT_STRING, &s.to, "1,4,2", "new layout dp,tp,pp", 0, 0},
-        {"placement", NULL, TIDE_OPT_STRING, &s.placement, "default",
-         "live resize placement: default (rank order) or optimal (fewest bytes moved)", 0, 0},
+        {"placement", NULL, TIDE_OPT_STRING, &s.placement, "optimal",
+         "live resize placement, as tidectl's --placement: optimal (fewest bytes moved; "
+         "tidectl's default) or default (plain rank order)",
+         0, 0},
         {"single-copy", NULL, TIDE_OPT_STRING, &s.single_copy, "cma",
          "Open MPI shared-memory single-copy mechanism (cma; none where ptrace is not allowed)", 0,
          0},

@@ -1460,8 +1460,8 @@ static const command_t commands[] = {
        "inclusive layer ranges per stage, e.g. 0-11,12-23 (default: even split)", 0, 0},
       {"dry-run", NULL, TIDE_OPT_BOOL, V(dry_run), "0",
        "plan only: print bytes to move, largest send, estimated time", 0, 0},
-      {"placement", NULL, TIDE_OPT_STRING, V(placement), "default",
-       "default (rank order) or optimal (fewest bytes, TP groups inside a host)", 0, 0},
+      {"placement", NULL, TIDE_OPT_STRING, V(placement), "optimal",
+       "optimal (fewest bytes, TP groups inside a host) or default (plain rank order)", 0, 0},
       OPT_END}},
     {"submit",
      "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--bubbles] "

@@ -3,7 +3,7 @@
  * (the new layout's members and the old layout's live members) builds one communicator
  * over all participants, computes the same full plan (reshard/), runs it through the
  * collectives executor from the registered old buffers into the program's new ones,
- * splits the new layout's groups off the participants' communicator, and reports
+ * creates the new layout's groups directly over the pool (members only), and reports
  * `done` to tided. Workload: once per resize; the data movement dominates.
  */
 #include <stdio.h>
@@ -178,7 +178,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "rank %d switches but takes no part", t->rank);
 
     uint64_t tc = tide_now_ns();
-    tide_coll_comm_params cp = {parts, np, (int)((gen * 2) % 16384),
+    tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
                                 (uint32_t)t->opts.switch_timeout_ms};
     TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, t->pool, &cp), rc, fail);
     tide__ctl_lock(t->ctl);
@@ -245,7 +245,8 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
 
     tc = tide_now_ns();
     TIDE_CHECK_GOTO(
-        tide__build_groups(sw, nl, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g), rc, fail);
+        tide__build_groups(t, nl, gen, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g), rc,
+        fail);
     st.groups_ms = (double)(tide_now_ns() - tc) / 1e6;
     st.comm_ms = st.sync_ms + st.groups_ms;
 

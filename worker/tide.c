@@ -87,22 +87,57 @@ void tide__destroy_comms(tide_coll_comm_t **c, size_t n)
         tide_coll_comm_destroy(&c[i]);
 }
 
-/* Splits parent (every participant calls) into the layout's all/tp/dp/pp groups;
-   non-members get NULLs. out[4] = {all, tp, dp, pp}. */
-tide_status tide__build_groups(tide_coll_comm_t *parent, const tide_layout_t *l, int member, int p,
+int tide__gen_tag(uint64_t gen, int k)
+{
+    return (int)((gen * 8 + (uint64_t)k) % 16384);
+}
+
+/* Creates the communicator over l's workers at indices idx[0..n) (this rank among
+   them), in that order, over the pool: only those members take part. */
+static tide_status group_new(tide_t *t, const tide_layout_t *l, const size_t *idx, int n, int tag,
+                             int *members, tide_coll_comm_t **out)
+{
+    for (int i = 0; i < n; i++)
+        members[i] = l->worker[idx[i]];
+    tide_coll_comm_params cp = {members, n, tag, (uint32_t)t->opts.switch_timeout_ms};
+    return tide_coll_comm_new(out, t->be, t->pool, &cp);
+}
+
+tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen, int member, int p,
                                int d, int tt, tide_coll_comm_t **out)
 {
     out[0] = out[1] = out[2] = out[3] = NULL;
-    int key = member ? (int)tide_layout_index(l, p, d, tt) : 0;
-    TIDE_CHECK(tide_coll_comm_split(parent, member ? 0 : -1, key, &out[0]));
     if (!member)
         return TIDE_OK;
+    size_t n = tide_layout_size(l);
     tide_status rc = TIDE_OK;
-    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], p * l->dp + d, tt, &out[1]), rc, fail);
-    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], p * l->tp + tt, d, &out[2]), rc, fail);
-    TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], d * l->tp + tt, p, &out[3]), rc, fail);
+    size_t *idx = tide_malloc(n * sizeof *idx);
+    int *members = tide_malloc(n * sizeof *members);
+    TIDE_CHECK_ALLOC_GOTO(idx, rc, fail);
+    TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
+    /* Every member derives the same lists from the layout, so no allgather is needed
+       and each group's creation involves only its own members. Each rank creates its
+       groups in the same order (all, tp, dp, pp) with one tag per kind: groups of one
+       kind are disjoint, so concurrent creations never share a tag and a member. */
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    TIDE_CHECK_GOTO(group_new(t, l, idx, (int)n, tide__gen_tag(gen, 1), members, &out[0]), rc,
+                    fail);
+    for (int k = 0; k < l->tp; k++)
+        idx[k] = tide_layout_index(l, p, d, k);
+    TIDE_CHECK_GOTO(group_new(t, l, idx, l->tp, tide__gen_tag(gen, 2), members, &out[1]), rc, fail);
+    for (int k = 0; k < l->dp; k++)
+        idx[k] = tide_layout_index(l, p, k, tt);
+    TIDE_CHECK_GOTO(group_new(t, l, idx, l->dp, tide__gen_tag(gen, 3), members, &out[2]), rc, fail);
+    for (int k = 0; k < l->pp; k++)
+        idx[k] = tide_layout_index(l, k, d, tt);
+    TIDE_CHECK_GOTO(group_new(t, l, idx, l->pp, tide__gen_tag(gen, 4), members, &out[3]), rc, fail);
+    tide_free(idx);
+    tide_free(members);
     return TIDE_OK;
 fail:
+    tide_free(idx);
+    tide_free(members);
     tide__destroy_comms(out, 4);
     return rc;
 }
@@ -524,21 +559,10 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     TIDE_CHECK_ALLOC_GOTO(t->bufs, rc, out);
     /* the first layout's communicators, among its members only */
     if (t->view.member) {
-        size_t n = tide_layout_size(l);
-        int *members = tide_malloc(n * sizeof *members);
-        TIDE_CHECK_ALLOC_GOTO(members, rc, out);
-        for (size_t i = 0; i < n; i++)
-            members[i] = l->worker[i];
-        tide_coll_comm_params cp = {members, (int)n, (int)(gen * 2 % 16384),
-                                    (uint32_t)t->opts.switch_timeout_ms};
-        tide_coll_comm_t *base = NULL, *g[4];
-        rc = tide_coll_comm_new(&base, t->be, t->pool, &cp);
-        tide_free(members);
-        if (rc == TIDE_OK)
-            rc = tide__build_groups(base, l, 1, t->view.pp_rank, t->view.dp_rank, t->view.tp_rank,
-                                    g);
-        tide_coll_comm_destroy(&base);
-        TIDE_CHECK_GOTO(rc, rc, out);
+        tide_coll_comm_t *g[4];
+        TIDE_CHECK_GOTO(
+            tide__build_groups(t, l, gen, 1, t->view.pp_rank, t->view.dp_rank, t->view.tp_rank, g),
+            rc, out);
         tide__ctl_lock(t->ctl);
         t->c_all = g[0];
         t->c_tp = g[1];

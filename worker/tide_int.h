@@ -43,9 +43,15 @@ struct tide {
 /* Destroys n communicators (NULL entries fine) and nulls them. */
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);
 
-/* Splits parent (every participant calls it) into layout l's groups; non-members get
-   NULLs. out[4] = {all, tp, dp, pp}. Blocks, collective over parent. */
-tide_status tide__build_groups(tide_coll_comm_t *parent, const tide_layout_t *l, int member, int p,
+/* The communicator tag of generation gen's k-th creation (0: the switch's participants,
+   1-4: the layout's all/tp/dp/pp groups); the same on every rank. */
+int tide__gen_tag(uint64_t gen, int k);
+
+/* Creates layout l's groups that this rank belongs to, directly over the pool (each
+   group's members only take part; every member calls it); non-members get NULLs.
+   out[4] = {all, tp, dp, pp}. Blocks until the group's members arrive (switch timeout);
+   main thread. */
+tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen, int member, int p,
                                int d, int tt, tide_coll_comm_t **out);
 
 /* Fills v for worker me in layout l (NULL: no layout); communicators NULL. */

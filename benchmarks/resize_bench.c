@@ -16,7 +16,9 @@
  * microseconds, taken by the first rank of each layout). Throughput = steps per second
  * over the warm steps before and after the change (the first step of a process or a
  * layout, which pays for page faults, excluded). Also checked: the loss of every step
- * after the change agrees between the two ways (relative 1e-5).
+ * after the change agrees between the two ways (relative 1e-5). The two ways alternate
+ * --runs times (default 3) and each way's median downtime is reported (the machine's
+ * load varies from run to run).
  * Goal: live downtime <= 1/20 of checkpoint-restart. Files: bench-out/resize_bench.json
  * (--out), checkpoint and logs under --work (removed unless --keep).
  */
@@ -45,7 +47,7 @@ extern char **environ;
 
 typedef struct settings {
     const char *tided, *train, *mpirun, *out, *work, *from, *to, *placement, *single_copy;
-    long long np, layers, hidden, ffn, vocab, seq, batch, micro, before, after;
+    long long np, layers, hidden, ffn, vocab, seq, batch, micro, before, after, runs;
     int keep, prepare;
 } settings;
 
@@ -412,6 +414,22 @@ static void rm_rf(const char *path)
         fprintf(stderr, "resize_bench: could not remove %s\n", path);
 }
 
+/* Index of the run whose downtime is the median of n (the lower one for even n). */
+static int median_run(const result *r, int n)
+{
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        int below = 0, same_before = 0;
+        for (int j = 0; j < n; j++) {
+            below += r[j].downtime_ms < r[i].downtime_ms;
+            same_before += j < i && r[j].downtime_ms == r[i].downtime_ms;
+        }
+        if (below + same_before == (n - 1) / 2)
+            best = i;
+    }
+    return best;
+}
+
 int main(int argc, char **argv)
 {
     settings s;
@@ -446,6 +464,8 @@ int main(int argc, char **argv)
          "live: new buffers allocated and first-touched before the switch step "
          "(train_mlp --prepare-switch); 0: at the switch",
          0, 0},
+        {"runs", NULL, TIDE_OPT_INT, &s.runs, "3",
+         "live and checkpoint-restart pairs, alternated; medians are reported", 1, 50},
         {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/resize_bench.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -507,25 +527,34 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     static trace tl, ta, tb;
-    result live, rst;
-    memset(&live, 0, sizeof live);
-    memset(&rst, 0, sizeof rst);
-    printf("resize_bench: live run ...\n");
-    fflush(stdout);
-    if (run_live(&s, from, to, &tl, &live) != 0)
-        return 1;
-    printf("resize_bench: checkpoint-restart runs ...\n");
-    fflush(stdout);
-    if (run_restart(&s, from, to, live.switch_step, live.last_step, &ta, &tb, &rst) != 0)
-        return 1;
-    /* both ways continue the same training */
+    result live, rst, lives[50], rsts[50];
     double worst = 0.0;
-    for (int64_t k = 0; k <= live.last_step; k++) {
-        double ref = k < live.switch_step ? ta.loss[k] : tb.loss[k];
-        worst = fmax(worst, fabs(tl.loss[k] - ref) / fabs(ref));
+    for (long long run = 0; run < s.runs; run++) {
+        memset(&lives[run], 0, sizeof lives[run]);
+        memset(&rsts[run], 0, sizeof rsts[run]);
+        printf("resize_bench: run %lld/%lld: live ...\n", run + 1, s.runs);
+        fflush(stdout);
+        if (run_live(&s, from, to, &tl, &lives[run]) != 0)
+            return 1;
+        printf("resize_bench: run %lld/%lld: checkpoint-restart ...\n", run + 1, s.runs);
+        fflush(stdout);
+        if (run_restart(&s, from, to, lives[run].switch_step, lives[run].last_step, &ta, &tb,
+                        &rsts[run]) != 0)
+            return 1;
+        /* both ways continue the same training */
+        for (int64_t k = 0; k <= lives[run].last_step; k++) {
+            double ref = k < lives[run].switch_step ? ta.loss[k] : tb.loss[k];
+            worst = fmax(worst, fabs(tl.loss[k] - ref) / fabs(ref));
+        }
+        printf("resize_bench: run %lld/%lld: live %.1f ms, checkpoint-restart %.1f ms (1/%.1f)\n",
+               run + 1, s.runs, lives[run].downtime_ms, rsts[run].downtime_ms,
+               lives[run].downtime_ms > 0 ? rsts[run].downtime_ms / lives[run].downtime_ms : 0.0);
     }
+    /* Each way's run of median downtime stands for it (the machine's load varies from
+       run to run; both ways are alternated so that it hits them alike). */
+    live = lives[median_run(lives, (int)s.runs)];
+    rst = rsts[median_run(rsts, (int)s.runs)];
     double ratio = rst.downtime_ms > 0 ? live.downtime_ms / rst.downtime_ms : 0.0;
-
     printf("\n%-20s %14s %14s %16s %16s\n", "way", "downtime_ms", "switch_step", "steps/s_before",
            "steps/s_after");
     printf("%-20s %14.1f %14lld %16.3f %16.3f\n", "live (tide)", live.downtime_ms,
@@ -535,14 +564,15 @@ int main(int argc, char **argv)
     printf("live: tide_reshard %.1f ms on the first rank; restart: save + exit %.1f ms, relaunch + "
            "load %.1f ms\n",
            live.reshard_ms, rst.stop_ms, rst.restart_ms);
-    printf("downtime ratio live / checkpoint-restart = %.4f (1/%.1f; goal <= 1/20: %s); losses "
-           "of the two ways agree to %.1e (relative)\n",
-           ratio, ratio > 0 ? 1.0 / ratio : 0.0, ratio > 0 && ratio <= 0.05 ? "met" : "NOT met",
-           worst);
+    printf("downtime ratio live / checkpoint-restart (medians of %lld runs) = %.4f (1/%.1f; goal "
+           "<= 1/20: %s); losses of the two ways agree to %.1e (relative)\n",
+           s.runs, ratio, ratio > 0 ? 1.0 / ratio : 0.0,
+           ratio > 0 && ratio <= 0.05 ? "met" : "NOT met", worst);
 
     /* where each rank's part of the live downtime went */
-    printf("\nlive switch per rank (ms; wait_commit on a rank joining from idle is its idle "
-           "wait, not downtime; prepare ran ahead on a helper thread, overlapping steps):\n");
+    printf(
+        "\nlive switch per rank, last run (ms; wait_commit on a rank joining from idle is its idle "
+        "wait, not downtime; prepare ran ahead on a helper thread, overlapping steps):\n");
     printf("%5s %4s", "rank", "new");
     for (int p = 0; p < PH_N; p++)
         printf(" %11s", ph_name[p]);
@@ -578,11 +608,17 @@ int main(int argc, char **argv)
             "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
             "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
             "\"ratio\":%.6f,\"goal_ratio\":0.05,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
-            "\"live_ranks\":[",
+            "\"runs\":%lld,\"live_runs_ms\":[",
             state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
             (long long)live.switch_step, (long long)live.last_step, live.downtime_ms,
             live.reshard_ms, live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms,
-            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst, s.prepare);
+            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst, s.prepare, s.runs);
+    for (long long i = 0; i < s.runs; i++)
+        fprintf(f, "%s%.3f", i ? "," : "", lives[i].downtime_ms);
+    fprintf(f, "],\"restart_runs_ms\":[");
+    for (long long i = 0; i < s.runs; i++)
+        fprintf(f, "%s%.3f", i ? "," : "", rsts[i].downtime_ms);
+    fprintf(f, "],\"live_ranks\":[");
     for (int i = 0; i < tl.n_ranks; i++) {
         const rank_rec *r = &tl.ranks[i];
         fprintf(f, "%s{\"rank\":%d,\"member\":%d", i ? "," : "", r->rank, r->member);

@@ -635,6 +635,46 @@ static void keep_switched(tide_server_t *s, tide_coord_job_t *j, const char *rea
         tide__recover(s, j, reason);
 }
 
+/*
+ * Whether every byte of j's state that recovery layout l needs still has a live holder
+ * (the plan the workers will compute, over the same live set find_dead derives from
+ * tided's status: a worker failed or no longer in the job is dead). A job whose lost
+ * state had no replica (dp 1, or ZeRO-1 moments) cannot be recovered from replicas;
+ * starting that switch anyway makes every participant fail its plan, abort, and tided
+ * recover again, endlessly. TIDE_ERR_NO_HOLDER with the plan's detail then.
+ */
+static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j,
+                                     const tide_collection_t *c, const tide_layout_t *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++)
+        if ((size_t)j->layout->worker[i] + 1 > n)
+            n = (size_t)j->layout->worker[i] + 1;
+    for (size_t i = 0; i < tide_layout_size(l); i++)
+        if ((size_t)l->worker[i] + 1 > n)
+            n = (size_t)l->worker[i] + 1;
+    uint8_t *alive = tide_malloc(n ? n : 1);
+    if (alive == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
+    memset(alive, 1, n);
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+        int32_t r = j->layout->worker[i];
+        const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pool, r);
+        if (r >= 0 && (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id))
+            alive[r] = 0;
+    }
+    tide_plan_t *plan = NULL;
+    tide_status rc = tide_reshard_plan(j->layout, l, c, alive, n, &plan);
+    tide_plan_destroy(&plan);
+    tide_free(alive);
+    if (rc != TIDE_OK)
+        return tide_errorf(rc,
+                           "its state cannot be rebuilt from the survivors: %s; restart it from "
+                           "a checkpoint",
+                           tide_last_error());
+    return TIDE_OK;
+}
+
 void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
 {
     if (j->reconf != NULL)
@@ -655,9 +695,12 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
                  : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
     }
     tide_free(cand);
+    if (rc == TIDE_OK && c != NULL)
+        rc = recovery_feasible(s, j, c, l);
     tide_collection_destroy(&c);
     if (rc != TIDE_OK) {
         tide_free(pre);
+        tide_layout_destroy(&l);
         if (j->state != TIDE_JS_STALLED) {
             j->state = TIDE_JS_STALLED;
             tide__event(s, j->name, "stalled", "%s: %s", reason, tide_last_error());

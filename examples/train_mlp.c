@@ -8,7 +8,12 @@
  *                 switched live at an agreed step (state resharded in place, no
  *                 restart, no step lost or repeated); ranks outside the layout wait
  *                 idle inside the runtime (and run offline work) until a layout
- *                 includes them.
+ *                 includes them. A rank that dies is recovered from: tided declares
+ *                 it failed and the survivors go on in a layout without it (state
+ *                 from data-parallel replicas); for that, launch with
+ *                 `mpirun --enable-recovery --mca async_mpi_finalize 1` so that Open
+ *                 MPI neither ends the job when the rank dies nor waits for it in
+ *                 MPI_Finalize. The end of the run then involves only live ranks.
  *   (default)     standalone: one fixed layout over MPI, no tided needed; with
  *                 --ckpt-save / --ckpt-load it stops and resumes a run under another
  *                 layout through per-rank checkpoint files (checkpoint-restart).
@@ -149,6 +154,15 @@ static void record_step(output *o, int first_rank, uint64_t gen, const char *lay
     }
 }
 
+static void output_close(output *o)
+{
+    if (o->loss != NULL)
+        fclose(o->loss);
+    if (o->trace != NULL)
+        fclose(o->trace);
+    o->loss = o->trace = NULL;
+}
+
 static void pace(const output *o, double secs)
 {
     double left_ms = (double)o->pace_ms - secs * 1000.0;
@@ -157,32 +171,31 @@ static void pace(const output *o, double secs)
 }
 
 /*
- * After the run, collective over world: the last step and its loss must be the same
- * on every rank that ran it. Rank 0 prints the summary; returns the exit code.
+ * After the run, collective over comm (the ranks that ran steps to the end): the last
+ * step and its loss must be the same on every rank that ran it. comm's rank 0 prints
+ * the summary; returns the exit code (the same on every rank of comm).
  */
-static int summarize(output *o, int generations)
+static int summarize(output *o, int generations, MPI_Comm comm)
 {
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
     long long last = o->last_step, mx = -1;
-    MPI_Allreduce(&last, &mx, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&last, &mx, 1, MPI_LONG_LONG, MPI_MAX, comm);
     int ran_last = mx >= 0 && last == mx;
     double lo = ran_last ? o->last : INFINITY, hi = ran_last ? o->last : -INFINITY;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, comm);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, comm);
     double sum[2] = {o->timed_s, (double)o->timed_steps}, tot[2] = {0, 0};
-    MPI_Allreduce(sum, tot, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(sum, tot, 2, MPI_DOUBLE, MPI_SUM, comm);
     int code = mx >= 0 && lo != hi ? 1 : 0;
-    if (g_rank == 0 && mx >= 0) {
+    if (me == 0 && mx >= 0) {
         printf("train_mlp: %lld steps done in %d generation%s; final loss %.6f, identical on every "
                "rank of the last layout: %s; %.2f steps/s (mean over warm steps)\n",
                mx + 1, generations, generations == 1 ? "" : "s", lo, lo == hi ? "yes" : "NO",
                tot[0] > 0 ? tot[1] / tot[0] : 0.0);
         fflush(stdout);
     }
-    if (o->loss != NULL)
-        fclose(o->loss);
-    if (o->trace != NULL)
-        fclose(o->trace);
-    o->loss = o->trace = NULL;
+    output_close(o);
     return code;
 }
 
@@ -229,7 +242,7 @@ static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tid
             fflush(stdout);
         }
     }
-    int code = summarize(o, 1);
+    int code = summarize(o, 1, MPI_COMM_WORLD);
     tide_mlp_mpi_destroy(&mpi);
     tide_mlp_destroy(&model);
     return code;
@@ -315,6 +328,39 @@ static int e_done(void *ctx, const tide_view *v)
     return v->step >= e->steps;
 }
 
+/*
+ * An MPI communicator over the members of t's current layout, in layout order (worker id
+ * = rank in MPI_COMM_WORLD), created among them only (MPI_Comm_create_group), so that
+ * ranks that died or left never take part; MPI_COMM_NULL on a rank outside the layout.
+ */
+static tide_status members_comm(tide_t *t, MPI_Comm *out)
+{
+    const tide_view *v = tide_view_get(t);
+    *out = MPI_COMM_NULL;
+    if (!v->member)
+        return TIDE_OK;
+    size_t n = tide_layout_size(v->layout);
+    int *ranks = malloc(n * sizeof *ranks);
+    if (ranks == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %zu members", n);
+    for (size_t i = 0; i < n; i++)
+        ranks[i] = v->layout->worker[i];
+    MPI_Group world, group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    int rc = MPI_Group_incl(world, (int)n, ranks, &group);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, 7201, out);
+        MPI_Group_free(&group);
+    }
+    MPI_Group_free(&world);
+    free(ranks);
+    return rc == MPI_SUCCESS ? TIDE_OK
+                             : tide_errorf(TIDE_ERR_BACKEND,
+                                           "MPI_Comm_create_group over the %zu "
+                                           "members of the last layout failed",
+                                           n);
+}
+
 static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char *job, int dp,
                     int tp, int pp, int micro, tide_mlp_device dev, output *o,
                     const char *ckpt_save)
@@ -350,11 +396,23 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     elastic e = {o, o->steps, 1, 1};
     tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare};
     RUN(tide_mlp_tide_train(t, model, &h), "training");
-    /* everyone is out of the runtime before anyone says bye to tided */
-    int code = summarize(o, e.generations);
+    /* After a recovery MPI_COMM_WORLD still names the dead rank, and a collective over it
+       would wait for that rank forever: the end of the run is agreed among the last
+       layout's members only. Idle ranks (released by tide_finish) ran no final step. */
+    MPI_Comm members = MPI_COMM_NULL;
+    RUN(members_comm(t, &members), "communicator of the last layout");
+    int code = 0;
+    if (members != MPI_COMM_NULL)
+        code = summarize(o, e.generations, members);
+    else
+        output_close(o);
     if (ckpt_save != NULL && tide_mlp_active(model))
         RUN(tide_mlp_ckpt_save(model, me, ckpt_save), "--ckpt-save");
-    MPI_Barrier(MPI_COMM_WORLD);
+    /* every member is out of the runtime before one says bye (its bye ends the job) */
+    if (members != MPI_COMM_NULL) {
+        MPI_Barrier(members);
+        MPI_Comm_free(&members);
+    }
     tide_destroy(&t);
     tide_mlp_destroy(&model);
     tide_collection_destroy(&coll);
@@ -523,7 +581,8 @@ int main(int argc, char **argv)
     int code = tide ? run_tide(&cfg, endpoint, job, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o,
                                ckpt_save)
                     : run_standalone(&cfg, layout, dev, &o, ckpt_load, ckpt_save);
-    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!tide) /* --tide: ranks may have died; members agreed on code in summarize */
+        MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     tide_layout_destroy(&layout);
     MPI_Finalize();
     return code;

@@ -44,6 +44,32 @@ if(TARGET tide_mlp)
       tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
                         ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90)
     endforeach()
+
+    # A member of the running job is killed (SIGKILL); tided detects it by heartbeats and
+    # recovers the job over the survivors (replica: dp 1 on 8 ranks; spare: a 9th, idle
+    # rank takes its place; zero1: the lost ZeRO-1 moments have no replica, so tided must
+    # stall the job and say why). --enable-recovery keeps mpirun from tearing the job down when
+    # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
+    # collectives.cmake); the pass line is printed after every check on every survivor.
+    add_executable(test_examples_tide_recover test_examples_tide_recover.c)
+    target_link_libraries(test_examples_tide_recover PRIVATE tide_mlp_tide tide_proto
+                                                             PkgConfig::ZMQ MPI::MPI_C tide_core)
+    target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    add_dependencies(test_examples_tide_recover tided tidectl)
+    foreach(mode replica spare zero1)
+      if(mode STREQUAL "spare")
+        set(np 9)
+      else()
+        set(np 8)
+      endif()
+      tide_add_mpi_test(test_examples_tide_recover_${mode} NP ${np}
+                        TARGET test_examples_tide_recover
+                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90
+                        MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
+      set_tests_properties(test_examples_tide_recover_${mode} PROPERTIES
+                           PASS_REGULAR_EXPRESSION "test_examples_tide_recover: passed"
+                           FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
+    endforeach()
   endif()
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)

@@ -1,0 +1,715 @@
+/*
+ * MPI integration test: a worker of a real training job is killed and the job recovers.
+ * train_mlp's elastic loop (tide_mlp_tide_train, the code path of `train_mlp --tide`)
+ * runs under the real tided on (dp 2, tp 2, pp 2); after KILL_AT steps one member
+ * (pp 1, dp 1, tp 1) dies by SIGKILL. Usage, under `mpirun --enable-recovery`:
+ *   test_examples_tide_recover TIDED TIDECTL MODE
+ *   replica   8 ranks: the recovery layout is dp 1 over survivors (3 survivors go idle)
+ *   spare     9 ranks, one idle in the pool: the spare takes the dead rank's place and
+ *             the recovery layout keeps (dp 2, tp 2, pp 2)
+ *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
+ *             have no replica, so the job cannot be recovered from the survivors; tided
+ *             must say so (job stalled, an event naming the lost state) instead of
+ *             starting recoveries that every survivor fails; the survivors then wait in
+ *             their step for the operator, so rank 0 ends the test by killing the pool
+ *             once tided's answer is checked
+ * tided runs with a 100 ms heartbeat and a 1.5 s failure timeout, so detection is quick.
+ * Checked: tided declares exactly the victim failed and commits generation 2 (a
+ * recovery) without it, as `tidectl status/jobs/events --json` show; every survivor
+ * switched at the same step, which is KILL_AT (the step the survivors were inside when
+ * the victim died is redone, not skipped or counted twice); each step ran exactly once
+ * on every live member of the layout active then; the full state right after the
+ * switch is bit-identical to the one gathered over the whole old layout right before
+ * the kill (the dead rank's shards came from its replicas); the loss of every step
+ * equals on all members and matches a never-failed single-process run of the same
+ * model within relative 1e-5; losses and the final gathered state (parameters, moments,
+ * step counter, data cursor) are bit-identical to a never-failed plain-MPI run with the
+ * same layouts (every allreduce there has two members, so the arithmetic is the same);
+ * nothing hangs and every survivor finishes MPI cleanly. Post-run checks use a communicator of the
+ * survivors only: MPI_COMM_WORLD still names the dead rank.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coord_harness.h"
+#include "core/alloc.h"
+#include "examples/mlp_mpi.h"
+#include "examples/mlp_tide.h"
+#include "mpi_test.h"
+
+#define JOB      "mlp-recover"
+#define STEPS    14 /* the job ends when this many steps are done */
+#define KILL_AT  5  /* the victim dies after completing steps 0 .. KILL_AT - 1 */
+#define MAX_T    256
+#define REL_TOL  1e-5
+#define DETECT_S 20 /* the recovery must be committed within this long of the kill, s */
+
+/*
+ * A failed check ends every rank at once. MPI_Abort does not under --enable-recovery
+ * (mpirun then only drops the aborting rank and the others wait until ctest's timeout),
+ * so the pids of the pool are known to every rank and killed directly.
+ */
+static int g_pids[16], g_npids;
+
+static void fail_all(void)
+{
+    fflush(stderr);
+    fflush(stdout);
+    int me = (int)getpid();
+    for (int i = 0; i < g_npids; i++)
+        if (g_pids[i] > 0 && g_pids[i] != me)
+            kill(g_pids[i], SIGKILL);
+    _exit(1);
+}
+
+#undef MT_FAIL
+#define MT_FAIL(...)                                                                               \
+    do {                                                                                           \
+        fprintf(stderr, "[rank %d] %s:%d: FAILED: ", mt_rank(), __FILE__, __LINE__);               \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        fail_all();                                                                                \
+    } while (0)
+
+static int g_rank, g_spare_mode, g_zero1_mode;
+static int g_victim = -1; /* pool rank of the killed member */
+
+/* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
+
+static pid_t tided_pid;
+static coord_proc g_coord;
+
+static void start_tided(const char *exe)
+{
+    if (coord_tmpdir(&g_coord) != 0) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    tided_pid = fork();
+    if (tided_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        /* failure after 15 missed heartbeats of 100 ms: detected within ~1.5 s, with room
+           for a starved heartbeat thread on an oversubscribed machine */
+        execl(exe, exe, "--endpoint", "tcp://127.0.0.1:*", "--endpoint-file", g_coord.epfile,
+              "--state", g_coord.state, "--heartbeat-ms", "100", "--miss-limit", "15",
+              "--no-sync-full", "--resize-timeout-ms", "30000", (char *)NULL);
+        perror("exec tided");
+        _exit(127);
+    }
+    for (int i = 0; i < 1000 && g_coord.endpoint[0] == '\0'; i++) {
+        FILE *f = fopen(g_coord.epfile, "r");
+        if (f != NULL) {
+            if (fgets(g_coord.endpoint, sizeof g_coord.endpoint, f) == NULL)
+                g_coord.endpoint[0] = '\0';
+            fclose(f);
+            g_coord.endpoint[strcspn(g_coord.endpoint, "\n")] = '\0';
+        }
+        if (g_coord.endpoint[0] == '\0')
+            tide_sleep_ms(10);
+    }
+}
+
+static void stop_tided(void)
+{
+    if (tided_pid > 0) {
+        kill(tided_pid, SIGTERM);
+        int st;
+        waitpid(tided_pid, &st, 0);
+        tided_pid = 0;
+    }
+    coord_cleanup(&g_coord);
+}
+
+/* ---- tidectl ------------------------------------------------------------------------------- */
+
+extern char **environ;
+
+/* Runs `tidectl --endpoint E --json CMD` with stdout into a buffer; its exit status. */
+static int tidectl_json(const char *tidectl, const char *endpoint, const char *cmd, char *out,
+                        size_t cap)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/tidectl.out", g_coord.dir);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const char *argv[] = {tidectl, "--endpoint", endpoint, "--json", cmd, NULL};
+    pid_t pid;
+    int st = -1;
+    if (posix_spawn(&pid, tidectl, &fa, NULL, (char *const *)argv, environ) == 0)
+        waitpid(pid, &st, 0);
+    posix_spawn_file_actions_destroy(&fa);
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        size_t n = fread(out, 1, cap - 1, f);
+        out[n] = '\0';
+        fclose(f);
+    }
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* The JSON object ({...}) of hay that contains needle, copied into out; 0 when none. */
+static int object_with(const char *hay, const char *needle, char *out, size_t cap)
+{
+    const char *p = strstr(hay, needle);
+    if (p == NULL)
+        return 0;
+    const char *a = p, *b = p;
+    while (a > hay && *a != '{')
+        a--;
+    while (*b != '\0' && *b != '}')
+        b++;
+    size_t n = (size_t)(b - a) + 1 < cap ? (size_t)(b - a) + 1 : cap - 1;
+    memcpy(out, a, n);
+    out[n] = '\0';
+    return 1;
+}
+
+/* Rank 0, after the job's last step and before any bye: what tidectl reports. */
+static void check_tidectl(const char *tidectl, const char *endpoint, const tide_layout_t *now)
+{
+    static char buf[1 << 18];
+    char obj[1024], want[128];
+    MT_ASSERT(tidectl_json(tidectl, endpoint, "status", buf, sizeof buf) == 0,
+              "tidectl status failed: %s", buf);
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MT_ASSERT(count_of(buf, "\"worker\":") == size, "tidectl status lists %d workers, want %d: %s",
+              count_of(buf, "\"worker\":"), size, buf);
+    MT_ASSERT(count_of(buf, "\"state\":\"failed\"") == 1,
+              "tidectl status shows %d failed workers, want exactly the victim: %s",
+              count_of(buf, "\"state\":\"failed\""), buf);
+    MT_ASSERT(count_of(buf, "\"job\":\"" JOB "\"") == (int)tide_layout_size(now),
+              "tidectl status shows %d workers in the job, want the %zu of the recovery layout: "
+              "%s",
+              count_of(buf, "\"job\":\"" JOB "\""), tide_layout_size(now), buf);
+
+    MT_ASSERT(tidectl_json(tidectl, endpoint, "jobs", buf, sizeof buf) == 0,
+              "tidectl jobs failed: %s", buf);
+    MT_ASSERT(object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj), "no job %s in %s", JOB,
+              buf);
+    snprintf(want, sizeof want, "\"gen\":2,\"dp\":%d,\"tp\":%d,\"pp\":%d", now->dp, now->tp,
+             now->pp);
+    MT_ASSERT(strstr(obj, want) != NULL && strstr(obj, "\"state\":\"running\"") != NULL,
+              "tidectl jobs: want %s, running; got %s", want, obj);
+
+    MT_ASSERT(tidectl_json(tidectl, endpoint, "events", buf, sizeof buf) == 0,
+              "tidectl events failed: %s", buf);
+    MT_ASSERT(object_with(buf, "\"kind\":\"worker_failed\"", obj, sizeof obj),
+              "no worker_failed event: %s", buf);
+    snprintf(want, sizeof want, " rank %d on ", g_victim);
+    MT_ASSERT(strstr(obj, want) != NULL && strstr(obj, "no message for") != NULL,
+              "the failed worker is not rank %d (missed heartbeats): %s", g_victim, obj);
+    MT_ASSERT(count_of(buf, "\"kind\":\"worker_failed\"") == 1, "more than one worker failed: %s",
+              buf);
+    MT_ASSERT(object_with(buf, "\"kind\":\"recovered\"", obj, sizeof obj) &&
+                  strstr(obj, "generation 2 committed") != NULL,
+              "no recovered event for generation 2: %s", buf);
+    snprintf(want, sizeof want, "from step %d,", KILL_AT);
+    MT_ASSERT(strstr(obj, want) != NULL, "recovered event: want %s in %s", want, obj);
+    MT_ASSERT(count_of(buf, "\"kind\":\"resize_aborted\"") == 0, "a switch was aborted: %s", buf);
+}
+
+/* ---- watchdog (rank 0 thread): the recovery must come, not a hang --------------------------- */
+
+typedef struct watch {
+    char endpoint[256];
+    const char *tidectl;
+    volatile int stop;
+    volatile uint64_t killed_ns; /* set when the victim's last step was recorded */
+} watch;
+
+/* zero1 mode, rank 0's thread (its main thread waits in the step like every survivor): once
+   tided stalled the job, checks what it says and ends the test. */
+static void check_stalled(watch *w)
+{
+    static char buf[1 << 18];
+    char obj[2048];
+    uint64_t deadline = tide_now_ns() + DETECT_S * 1000000000ull;
+    while (w->killed_ns == 0 || !strstr(buf, "\"kind\":\"stalled\"")) {
+        MT_ASSERT(w->killed_ns == 0 || tide_now_ns() < deadline,
+                  "tided did not stall the job within %d s of the kill: %s", DETECT_S, buf);
+        tide_sleep_ms(100);
+        if (w->killed_ns != 0)
+            MT_ASSERT(tidectl_json(w->tidectl, w->endpoint, "events", buf, sizeof buf) == 0,
+                      "tidectl events failed: %s", buf);
+    }
+    tide_sleep_ms(1500); /* a recovery started after the stall would show by now */
+    MT_ASSERT(tidectl_json(w->tidectl, w->endpoint, "events", buf, sizeof buf) == 0,
+              "tidectl events failed: %s", buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"recovery_started\"") == 0,
+              "tided started %d recoveries that cannot succeed (the lost ZeRO-1 moments have no "
+              "replica): %s",
+              count_of(buf, "\"kind\":\"recovery_started\""), buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"stalled\"") == 1, "one stalled event: %s", buf);
+    MT_ASSERT(object_with(buf, "\"kind\":\"stalled\"", obj, sizeof obj) &&
+                  strstr(obj, "cannot be rebuilt from the survivors") != NULL &&
+                  strstr(obj, ".exp_avg") != NULL && strstr(obj, "checkpoint") != NULL,
+              "the stalled event must name the lost moments and the way out: %s", obj);
+    MT_ASSERT(tidectl_json(w->tidectl, w->endpoint, "jobs", buf, sizeof buf) == 0,
+              "tidectl jobs failed: %s", buf);
+    MT_ASSERT(object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj) &&
+                  strstr(obj, "\"gen\":1,") != NULL &&
+                  strstr(obj, "\"state\":\"recovering\"") != NULL,
+              "the stalled job stays at generation 1, recovering: %s", obj);
+    printf("recover-zero1: rank %d killed after step %d; tided stalled the job: no live replica "
+           "of its ZeRO-1 moments; no recovery started\n",
+           g_victim, KILL_AT - 1);
+    printf("test_examples_tide_recover: passed\n");
+    fflush(stdout);
+    fail_all(); /* the survivors wait for an operator: the test is over */
+}
+
+static void *watchdog(void *arg)
+{
+    watch *w = arg;
+    if (g_zero1_mode) {
+        check_stalled(w);
+        return NULL;
+    }
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, w->endpoint, NULL, NULL, NULL, 5000);
+    while (s != NULL && !w->stop) {
+        tide_sleep_ms(100);
+        if (w->killed_ns == 0 || tide_now_ns() - w->killed_ns < DETECT_S * 1000000000ull)
+            continue;
+        tide_msg_t q, r;
+        tide_msg_init(&q, TIDE_MSG_JOBS);
+        uint64_t gen = 0;
+        if (coord_call(s, &q, &r) == 0 && r.type == TIDE_MSG_JOBS_REPLY)
+            for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++)
+                if (strcmp(r.u.jobs_reply.rows[i].name, JOB) == 0)
+                    gen = r.u.jobs_reply.rows[i].gen;
+        tide_msg_clear(&r);
+        if (gen < 2 && !w->stop)
+            MT_FAIL("no recovery committed %d s after rank %d was killed (job at generation "
+                    "%llu)",
+                    DETECT_S, g_victim, (unsigned long long)gen);
+        break;
+    }
+    if (s != NULL)
+        zmq_close(s);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* ---- what each rank records ---------------------------------------------------------------- */
+
+typedef struct record {
+    tide_collection_t *coll;
+    size_t n_tensors;
+    double loss[STEPS];
+    int ran[STEPS];
+    int64_t switch_at;      /* generation 2's switch step on this rank; -1 none */
+    int switches;           /* switches seen */
+    int spare;              /* pool rank idle in the first layout (spare mode), else -1 */
+    uint64_t pre[MAX_T];    /* state hashes before the kill (old layout's first member) */
+    uint64_t post[MAX_T];   /* right after the recovery (new layout's first member) */
+    tide_layout_t *recover; /* generation 2's layout */
+    watch *wd;
+} record;
+
+static uint64_t hash_bytes(const void *p, uint64_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (uint64_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h | 1; /* never 0: 0 marks "not recorded" */
+}
+
+/* Gathers the full state over the members of the current view; the root hashes it. */
+static void hash_state(record *r, tide_t *t, const tide_mlp_t *m, uint64_t *out)
+{
+    void **full = NULL;
+    MT_OK(tide_mlp_tide_gather(m, tide_view_get(t), &full));
+    if (full == NULL)
+        return;
+    for (size_t i = 0; i < r->n_tensors; i++)
+        out[i] = hash_bytes(full[i], tide_tensor_bytes(tide_collection_tensor(r->coll, i)));
+    tide_mlp_full_free(r->coll, &full);
+}
+
+static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
+                             double secs)
+{
+    (void)secs;
+    record *r = ctx;
+    MT_ASSERT(step >= 0 && step < STEPS, "step %lld out of range", (long long)step);
+    r->loss[step] = loss;
+    r->ran[step]++;
+    const tide_view *v = tide_view_get(t);
+    if (step == KILL_AT - 1 && v->generation == 1) {
+        /* the whole state after KILL_AT steps, over every member (the victim included) */
+        hash_state(r, t, m, r->pre);
+        if (tide_worker_id(t) == g_victim) {
+            fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        if (r->wd != NULL)
+            r->wd->killed_ns = tide_now_ns();
+    }
+    tide_sleep_ms(5); /* a few steps per heartbeat however fast the machine */
+    return TIDE_OK;
+}
+
+static int layout_has(const tide_layout_t *l, int rank)
+{
+    for (size_t i = 0; i < tide_layout_size(l); i++)
+        if (l->worker[i] == rank)
+            return 1;
+    return 0;
+}
+
+static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
+{
+    (void)ctx;
+    (void)m;
+    const tide_view *nv = tide_view_next(t);
+    MT_ASSERT(nv->generation == 2, "switch to generation %llu: only the recovery (2) is expected",
+              (unsigned long long)nv->generation);
+    MT_ASSERT(!layout_has(nv->layout, g_victim), "the recovery layout still holds rank %d",
+              g_victim);
+    return TIDE_OK;
+}
+
+static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
+                           const tide_mlp_switch_stats *st)
+{
+    (void)st;
+    record *r = ctx;
+    const tide_view *v = tide_view_get(t);
+    r->switches++;
+    r->switch_at = v->step;
+    const tide_layout_t *l = v->layout;
+    if (g_spare_mode)
+        MT_ASSERT(l->dp == 2 && l->tp == 2 && l->pp == 2 && layout_has(l, r->spare),
+                  "with a spare, the recovery keeps (dp 2, tp 2, pp 2) and takes rank %d; got "
+                  "(%d, %d, %d)",
+                  r->spare, l->dp, l->tp, l->pp);
+    else
+        MT_ASSERT(l->dp == 1 && l->tp == 2 && l->pp == 2,
+                  "without a spare, 7 survivors hold (dp 1, tp 2, pp 2); got (%d, %d, %d)", l->dp,
+                  l->tp, l->pp);
+    MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
+    if (r->recover == NULL) {
+        MT_OK(tide_layout_new(&r->recover, l->dp, l->tp, l->pp, l->num_layers, l->micro_batches));
+        MT_OK(tide_layout_set_stages(r->recover, l->stage_start));
+        memcpy(r->recover->worker, l->worker, tide_layout_size(l) * sizeof *l->worker);
+    }
+    if (v->member)
+        hash_state(r, t, m, r->post);
+    return TIDE_OK;
+}
+
+static int h_done(void *ctx, const tide_view *v)
+{
+    (void)ctx;
+    return v->step >= STEPS;
+}
+
+/* ---- the never-failed runs ------------------------------------------------------------------ */
+
+/* The loss of every step of the model trained in one process (the layout-free truth). */
+static void reference_single(const tide_mlp_config *cfg, double *loss)
+{
+    tide_layout_t *l = NULL;
+    tide_mlp_t *m = NULL;
+    tide_mlp_comm self;
+    tide_mlp_comm_self(&self);
+    MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, 4));
+    MT_OK(tide_mlp_new(&m, cfg, l, 0, TIDE_MLP_CPU));
+    MT_OK(tide_mlp_init(m));
+    for (int64_t s = 0; s < STEPS; s++)
+        MT_OK(tide_mlp_step(m, &self, &loss[s]));
+    tide_mlp_destroy(&m);
+    tide_layout_destroy(&l);
+}
+
+/*
+ * The same layouts as the recovered job, over plain MPI on every rank while all are
+ * alive, and no failure: (dp 2, tp 2, pp 2) for KILL_AT steps, then the layout the
+ * recovery must produce (moved through the root). Every allreduce has two members, so
+ * the arithmetic is the recovered job's, and its final state must equal this one bit
+ * for bit. Collective over world; rank 0 gets the final state in *full_out.
+ */
+static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***full_out)
+{
+    tide_layout_t *l = NULL, *l2 = NULL;
+    tide_mlp_t *m = NULL;
+    tide_mlp_mpi_t *mpi = NULL;
+    MT_OK(tide_layout_new(&l, 2, 2, 2, cfg->layers, 4));
+    MT_OK(tide_layout_new(&l2, g_spare_mode ? 2 : 1, 2, 2, cfg->layers, 4));
+    MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
+    MT_OK(tide_mlp_init(m));
+    MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
+    for (int64_t s = 0; s < STEPS; s++) {
+        if (s == KILL_AT) {
+            tide_mlp_mpi_destroy(&mpi);
+            MT_OK(tide_mlp_relayout_via_root(m, MPI_COMM_WORLD, 0, l2));
+            MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l2));
+        }
+        loss[s] = 0.0;
+        if (tide_mlp_active(m))
+            MT_OK(tide_mlp_step(m, tide_mlp_mpi_comm(mpi), &loss[s]));
+    }
+    MT_OK(tide_mlp_gather(m, MPI_COMM_WORLD, 0, full_out));
+    tide_mlp_mpi_destroy(&mpi);
+    tide_mlp_destroy(&m);
+    tide_layout_destroy(&l);
+    tide_layout_destroy(&l2);
+}
+
+/* The recovered job's final state against the never-failed run's: bit for bit. */
+static void compare_state(const tide_collection_t *c, void *const *got, void *const *want)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        const tide_tensor_desc *d = tide_collection_tensor(c, i);
+        uint64_t b = tide_tensor_bytes(d);
+        if (memcmp(got[i], want[i], b) == 0)
+            continue;
+        uint64_t k = 0;
+        if (d->dtype == TIDE_F32)
+            while (k + 1 < b / sizeof(float) &&
+                   ((const float *)got[i])[k] == ((const float *)want[i])[k])
+                k++;
+        MT_FAIL("final %s differs from the never-failed run's (first at element %llu)", d->name,
+                (unsigned long long)k);
+    }
+}
+
+/* ---- the test -------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "spare") != 0 &&
+                     strcmp(argv[3], "zero1") != 0)) {
+        fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL replica|spare|zero1\n");
+        return 2;
+    }
+    g_spare_mode = strcmp(argv[3], "spare") == 0;
+    g_zero1_mode = strcmp(argv[3], "zero1") == 0;
+    const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
+    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
+    if (is_root)
+        start_tided(argv[1]); /* before MPI_Init: fork is safe here */
+    int prov = 0, size = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MT_ASSERT(size == (g_spare_mode ? 9 : 8), "run mode %s with %d ranks, not %d", argv[3],
+              g_spare_mode ? 9 : 8, size);
+
+    int mypid = (int)getpid();
+    MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
+    g_npids = size;
+
+    char endpoint[256] = "";
+    if (g_rank == 0)
+        snprintf(endpoint, sizeof endpoint, "%s", g_coord.endpoint);
+    MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MT_ASSERT(endpoint[0] != '\0', "tided did not start (no endpoint file)");
+
+    tide_mlp_config cfg;
+    tide_mlp_config_default(&cfg);
+    cfg.zero1 = g_zero1_mode;
+    static record rec;
+    rec.switch_at = -1;
+    rec.spare = -1;
+    MT_OK(tide_mlp_collection_new(&cfg, &rec.coll));
+    rec.n_tensors = tide_collection_size(rec.coll);
+    MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
+
+    /* the never-failed runs, while every rank is alive */
+    static double ref[STEPS], ref_layouts[STEPS];
+    void **want = NULL; /* rank 0: the never-failed run's final state */
+    if (!g_zero1_mode)
+        reference_layouts(&cfg, ref_layouts, &want);
+    if (g_rank == 0)
+        reference_single(&cfg, ref);
+
+    tide_options o;
+    tide_options_init(&o);
+    o.endpoint = endpoint;
+    o.register_timeout_ms = 20000;
+    o.switch_timeout_ms = 30000;
+    tide_t *t = NULL;
+    MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0};
+    MT_OK(tide_join(t, &jr));
+    const tide_view *v = tide_view_get(t);
+    MT_ASSERT(v->generation == 1 && v->layout->dp == 2 && v->layout->tp == 2 && v->layout->pp == 2,
+              "first layout as requested");
+    g_victim = v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
+    MT_ASSERT(g_victim != 0, "rank 0 runs tided and the checks: it must not be the victim");
+    for (int r = 0; r < size; r++)
+        if (!layout_has(v->layout, r))
+            rec.spare = r;
+    MT_ASSERT(g_spare_mode ? rec.spare >= 0 : rec.spare < 0, "spare rank %d", rec.spare);
+    tide_mlp_t *m = NULL;
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    if (v->member) {
+        MT_OK(tide_mlp_init(m));
+        MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
+    }
+    static watch wd;
+    pthread_t th;
+    if (g_rank == 0) {
+        snprintf(wd.endpoint, sizeof wd.endpoint, "%s", endpoint);
+        wd.tidectl = argv[2];
+        rec.wd = &wd;
+        pthread_create(&th, NULL, watchdog, &wd);
+    }
+
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0};
+    MT_OK(tide_mlp_tide_train(t, m, &h));
+    MT_ASSERT(g_rank != g_victim, "the victim is still alive");
+
+    /* From here on only the survivors: MPI_COMM_WORLD still names the dead rank, so every
+       check runs over a communicator of the others (created among them only). */
+    MPI_Group wg, sg;
+    MPI_Comm surv = MPI_COMM_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &wg);
+    MPI_Group_excl(wg, 1, &g_victim, &sg);
+    MT_ASSERT(MPI_Comm_create_group(MPI_COMM_WORLD, sg, 4711, &surv) == MPI_SUCCESS,
+              "communicator of the survivors");
+    MPI_Group_free(&sg);
+    MPI_Group_free(&wg);
+    int nsurv = 0;
+    MPI_Comm_size(surv, &nsurv);
+
+    /* every survivor took part in the recovery: the old members and the spare */
+    int sw_min = 0, sw_max = 0, one = rec.switches;
+    MPI_Allreduce(&one, &sw_min, 1, MPI_INT, MPI_MIN, surv);
+    MPI_Allreduce(&one, &sw_max, 1, MPI_INT, MPI_MAX, surv);
+    MT_ASSERT(sw_min == 1 && sw_max == 1, "each survivor switched once (min %d, max %d)", sw_min,
+              sw_max);
+    int64_t at_lo = 0, at_hi = 0;
+    MPI_Allreduce(&rec.switch_at, &at_lo, 1, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(&rec.switch_at, &at_hi, 1, MPI_INT64_T, MPI_MAX, surv);
+    MT_ASSERT(at_lo == KILL_AT && at_hi == KILL_AT,
+              "the recovery switched at steps %lld..%lld, want %d on every survivor: the step "
+              "running when rank %d died must be redone, neither skipped nor counted twice",
+              (long long)at_lo, (long long)at_hi, KILL_AT, g_victim);
+    const tide_layout_t *nl = rec.recover;
+    MT_ASSERT(nl != NULL, "no recovery layout recorded");
+    const tide_view *fv = tide_view_get(t);
+    MT_ASSERT(fv->generation == 2, "the job ended in generation %llu",
+              (unsigned long long)fv->generation);
+    MT_ASSERT(fv->member == layout_has(nl, g_rank), "membership after the recovery");
+
+    /* tided's view, before anyone says bye (rank 0 is a member: it finished the job) */
+    if (g_rank == 0) {
+        wd.stop = 1;
+        pthread_join(th, NULL);
+        MT_ASSERT(fv->member && nl->worker[0] == 0, "rank 0 leads the recovered layout");
+        check_tidectl(argv[2], endpoint, nl);
+    }
+
+    /* the state right after the recovery is the whole state before the kill, bit for bit */
+    static uint64_t pre[MAX_T], post[MAX_T];
+    MPI_Allreduce(rec.pre, pre, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
+    MPI_Allreduce(rec.post, post, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
+    for (size_t i = 0; i < rec.n_tensors; i++)
+        MT_ASSERT(pre[i] != 0 && pre[i] == post[i],
+                  "tensor %s after the recovery differs from the state before the kill (hash "
+                  "%016llx before, %016llx after)",
+                  tide_collection_tensor(rec.coll, i)->name, (unsigned long long)pre[i],
+                  (unsigned long long)post[i]);
+
+    /* each step ran once on every live member of the layout active then */
+    static int total[STEPS];
+    MPI_Allreduce(rec.ran, total, STEPS, MPI_INT, MPI_SUM, surv);
+    for (int k = 0; k < STEPS; k++) {
+        int runs = k < KILL_AT ? 8 - 1 : (int)tide_layout_size(nl);
+        MT_ASSERT(total[k] == runs,
+                  "step %d ran %d times on the survivors, want %d (%s the recovery at step %d)", k,
+                  total[k], runs, k < KILL_AT ? "before" : "after", KILL_AT);
+    }
+
+    /* losses: equal on every member, and those of the never-failed run */
+    static double llo[STEPS], lhi[STEPS];
+    for (int k = 0; k < STEPS; k++) {
+        llo[k] = rec.ran[k] ? rec.loss[k] : INFINITY;
+        lhi[k] = rec.ran[k] ? rec.loss[k] : -INFINITY;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, llo, STEPS, MPI_DOUBLE, MPI_MIN, surv);
+    MPI_Allreduce(MPI_IN_PLACE, lhi, STEPS, MPI_DOUBLE, MPI_MAX, surv);
+
+    /* the final state, gathered over the recovered layout, against the never-failed run's */
+    void **full = NULL;
+    if (fv->member)
+        MT_OK(tide_mlp_tide_gather(m, fv, &full));
+    double worst_loss = 0.0;
+    if (g_rank == 0) {
+        MT_ASSERT(full != NULL, "rank 0 gathered nothing");
+        for (int k = 0; k < STEPS; k++) {
+            MT_ASSERT(llo[k] == lhi[k], "step %d: loss differs between members (%.9g vs %.9g)", k,
+                      llo[k], lhi[k]);
+            double rel = fabs(llo[k] - ref[k]) / fabs(ref[k]);
+            worst_loss = fmax(worst_loss, rel);
+            MT_ASSERT(rel <= REL_TOL,
+                      "step %d: loss %.9g of the recovered run vs %.9g never failed (rel %.2e)", k,
+                      llo[k], ref[k], rel);
+            MT_ASSERT(llo[k] == ref_layouts[k],
+                      "step %d: loss %.17g of the recovered run vs %.17g of the never-failed run "
+                      "with the same layouts (bit-identical arithmetic)",
+                      k, llo[k], ref_layouts[k]);
+        }
+        MT_ASSERT(ref[STEPS - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
+                  ref[STEPS - 1]);
+        compare_state(rec.coll, full, want);
+    }
+    tide_mlp_full_free(rec.coll, &full);
+    tide_mlp_full_free(rec.coll, &want);
+
+    /* everyone is out of the runtime before anyone says bye */
+    MPI_Barrier(surv);
+    tide_destroy(&t);
+    tide_mlp_destroy(&m);
+    if (g_rank == 0) {
+        printf(
+            "recover-%s: rank %d killed after step %d; tided recovered to (dp %d, tp %d, pp "
+            "%d) on %d survivors; switch at step %d on all; state bit-identical across the "
+            "recovery; max loss rel diff %.2e to one process; losses and final state bit-identical "
+            "to a never-failed run of the same layouts\n",
+            argv[3], g_victim, KILL_AT - 1, nl ? nl->dp : 0, nl ? nl->tp : 0, nl ? nl->pp : 0,
+            nsurv, KILL_AT, worst_loss);
+        fflush(stdout);
+    }
+    tide_layout_destroy(&rec.recover);
+    MPI_Barrier(surv);
+    if (g_rank == 0) {
+        printf("test_examples_tide_recover: passed\n");
+        fflush(stdout);
+    }
+    MPI_Comm_free(&surv);
+    tide_collection_destroy(&rec.coll);
+    MPI_Finalize();
+    if (is_root)
+        stop_tided();
+    return 0;
+}

@@ -20,7 +20,9 @@
  * >= 256 MiB): r_net = mpi / net (network phase against plain MPI on the same bytes),
  * r_e2e = mpi+cp / exec (whole resize against plain MPI + memcpy), r_p2p = mpi / exec
  * (whole resize against the network bytes alone: local copies count against the
- * executor). Also the peak staging memory against the cap. Numbers (medians, min,
+ * executor). Also the peak staging memory against the cap, and "direct": the bytes the
+ * executor moved by single copy (tide_exec_stats.bytes_direct summed over the ranks;
+ * TIDE_COLL_CMA=0 turns that path off for a comparison). Numbers (medians, min,
  * max) go to --out (default bench-out/reshard_bench.json).
  *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
@@ -70,6 +72,7 @@ typedef struct result {
     double ratio_e2e; /* mpi_copy / exec: whole resize against MPI + memcpy */
     double ratio_p2p; /* mpi / exec: whole resize against the network bytes alone */
     uint64_t peak_staging, cap;
+    uint64_t direct; /* bytes the network run received by single copy (all ranks) */
     int ok;
 } result;
 
@@ -336,9 +339,11 @@ static double exec_once(tide_coll_comm_t *comm, const tide_plan_t *plan,
         MPI_Abort(MPI_COMM_WORLD, 1); /* the others may be inside the executor */
     }
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    uint64_t peak = 0, sent = 0;
+    uint64_t peak = 0, sent = 0, direct = 0;
     MPI_Allreduce(&st.peak_staging, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(&st.bytes_sent, &sent, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&st.bytes_direct, &direct, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    r->direct = direct;
     if (peak > r->peak_staging)
         r->peak_staging = peak;
     if (sent != r->sent) {
@@ -471,10 +476,10 @@ static void write_json(const char *path, const result *res, int n, long long cap
         fprintf(f,
                 "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
                 "\"ratio_e2e\": %.3f, \"ratio_p2p\": %.3f, \"peak_staging\": %llu, "
-                "\"staging_cap\": %llu}%s\n",
+                "\"staging_cap\": %llu, \"bytes_direct\": %llu}%s\n",
                 (double)r->sent / r->med[M_MPI] / 1e9, (double)r->sent / r->med[M_EXEC_NET] / 1e9,
                 r->ratio_net, r->ratio_e2e, r->ratio_p2p, (unsigned long long)r->peak_staging,
-                (unsigned long long)r->cap, i + 1 < n ? "," : "");
+                (unsigned long long)r->cap, (unsigned long long)r->direct, i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     fclose(f);
@@ -553,9 +558,9 @@ int main(int argc, char **argv)
     int nres = 0;
     if (me == 0) {
         printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB\n", np, cap_mib);
-        printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s\n", "pair", "state", "sent",
-               "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net", "r_e2e",
-               "r_p2p", "peak stg");
+        printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
+               "sent", "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net",
+               "r_e2e", "r_p2p", "peak stg", "direct");
     }
     int failed = 0;
     for (long long mib = min_mib; mib <= max_mib && nres < 60; mib *= 2) {
@@ -576,14 +581,14 @@ int main(int argc, char **argv)
             }
             nres++;
             if (me == 0) {
-                printf("%-18s %4.0f MiB %4.0f MiB %4.0f MiB %8.4f %8.4f %8.4f %8.4f %9.2f %6.2f "
-                       "%6.2f %6.2f %5.0f MiB%s\n",
-                       r->pair, (double)r->state / 1048576.0, (double)r->sent / 1048576.0,
-                       (double)r->local / 1048576.0, r->med[M_MPI], r->med[M_MPI_COPY],
-                       r->med[M_EXEC_NET], r->med[M_EXEC],
-                       (double)r->sent / r->med[M_EXEC_NET] / 1e9, r->ratio_net, r->ratio_e2e,
-                       r->ratio_p2p, (double)r->peak_staging / 1048576.0,
-                       r->peak_staging <= r->cap ? "" : " (over cap!)");
+                printf(
+                    "%-18s %4.0f MiB %4.0f MiB %4.0f MiB %8.4f %8.4f %8.4f %8.4f %9.2f %6.2f "
+                    "%6.2f %6.2f %5.0f MiB %4.0f MiB%s\n",
+                    r->pair, (double)r->state / 1048576.0, (double)r->sent / 1048576.0,
+                    (double)r->local / 1048576.0, r->med[M_MPI], r->med[M_MPI_COPY],
+                    r->med[M_EXEC_NET], r->med[M_EXEC], (double)r->sent / r->med[M_EXEC_NET] / 1e9,
+                    r->ratio_net, r->ratio_e2e, r->ratio_p2p, (double)r->peak_staging / 1048576.0,
+                    (double)r->direct / 1048576.0, r->peak_staging <= r->cap ? "" : " (over cap!)");
                 fflush(stdout);
             }
         }

@@ -694,6 +694,13 @@ static tide_status check_red(tide_coll_comm_t *comm, const char *op, const void 
 tide_status tide_coll_p2p_start(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
                                 tide_coll_stream_t stream, tide_coll_req_t **out)
 {
+    return tide_coll_p2p_start_peers(comm, ops, NULL, n, stream, out);
+}
+
+tide_status tide_coll_p2p_start_peers(tide_coll_comm_t *comm, const tide_p2p_op *ops,
+                                      const tide_p2p_peer *peers, size_t n,
+                                      tide_coll_stream_t stream, tide_coll_req_t **out)
+{
     if (out == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "p2p_start: out is NULL");
     *out = NULL;
@@ -725,8 +732,14 @@ tide_status tide_coll_p2p_start(tide_coll_comm_t *comm, const tide_p2p_op *ops, 
                                    "stride %zu (or too many)",
                                    i, ops[i].bytes, ops[i].run, ops[i].stride);
         }
+        if (peers != NULL && peers[i].known && peers[i].run != 0 &&
+            (peers[i].stride < peers[i].run || ops[i].bytes % peers[i].run != 0))
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "p2p op %zu: the other end's layout (runs of %zu bytes at stride "
+                               "%zu) does not hold %zu bytes in whole runs",
+                               i, peers[i].run, peers[i].stride, ops[i].bytes);
     }
-    return finish(comm, comm->be->p2p_start(comm, ops, n, stream, out));
+    return finish(comm, comm->be->p2p_start(comm, ops, peers, n, stream, out));
 }
 
 tide_status tide_coll_req_test(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done)

@@ -79,6 +79,21 @@ typedef struct tide_p2p_op {
     size_t stride;
 } tide_p2p_op;
 
+/* The OTHER end's layout of a p2p op, for tide_coll_p2p_start_peers: the matching op's
+   run and stride as in tide_p2p_op (run 0: contiguous), valid when known is 1. Set by
+   callers that know the matching op's layout, like the reshard executor, which computes
+   both ends from the same plan: with it both ends pick the same transfer protocol
+   without a negotiation round (mpi: a single copy by the strided end between processes
+   of one host, see mpi_backend.c). Both ends must give it, and consistently: an end
+   whose view disagrees with the other's actual layout or size gets TIDE_ERR_PROTOCOL
+   (so does the other). known 0 (or no array): the op takes the backend's ordinary path.
+   A separate array rather than fields of tide_p2p_op, so that existing positional
+   initialisers of tide_p2p_op stay complete. */
+typedef struct tide_p2p_peer {
+    size_t run, stride;
+    int known;
+} tide_p2p_peer;
+
 /* Backend capability bits (tide_coll_backend_v1.caps). */
 #define TIDE_COLL_CAP_BF16    (1u << 0) /* allreduce / reduce-scatter on TIDE_BF16 */
 #define TIDE_COLL_CAP_SPLIT   (1u << 1) /* comm_split is implemented natively */
@@ -144,10 +159,12 @@ typedef struct tide_coll_backend_v1 {
        any thread, async-signal-unsafe calls forbidden: it must not touch MPI/NCCL. */
     void (*comm_abort)(tide_coll_comm_t *comm);
 
-    /* Posts a batch of sends and receives together. Does not block; caller's thread.
-       Buffers must stay untouched until the request completes. */
-    tide_status (*p2p_start)(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
-                             tide_coll_stream_t stream, tide_coll_req_t **out);
+    /* Posts a batch of sends and receives together; peers is NULL or [n] (the other
+       end's layout of each op; a backend may ignore it). Does not block; caller's
+       thread. Buffers must stay untouched until the request completes. */
+    tide_status (*p2p_start)(tide_coll_comm_t *comm, const tide_p2p_op *ops,
+                             const tide_p2p_peer *peers, size_t n, tide_coll_stream_t stream,
+                             tide_coll_req_t **out);
     /* Tests a batch: *done = 1 when every op has completed (receives are then readable).
        Does not block; caller's thread. */
     tide_status (*req_test)(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done);
@@ -190,6 +207,17 @@ typedef struct tide_coll_backend_v1 {
     /* Waits until the work queued on stream has finished (checks the abort flag of comm
        when not NULL). Blocks; caller's thread. */
     tide_status (*stream_sync)(tide_coll_comm_t *comm, tide_coll_stream_t stream);
+
+    /* Optional (NULL where a backend has no single-copy path). 1 when p2p messages
+       between the caller and comm rank peer may move by a single copy between the two
+       processes' buffers (mpi: both on one host, the kernel lets them read each other's
+       memory, TIDE_COLL_CMA not 0 at either end; agreed at creation, so both ends get
+       the same answer; never for the caller itself). Which messages do also depends on
+       their size and layouts (see tide_p2p_peer). Never blocks; any thread. */
+    int (*p2p_direct)(const tide_coll_comm_t *comm, int peer);
+    /* Optional. Bytes this rank has received on comm by single copy so far (statistics
+       and tests: 0 proves the path unused). Caller's thread. */
+    uint64_t (*direct_bytes)(const tide_coll_comm_t *comm);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */
@@ -262,6 +290,12 @@ tide_status tide_coll_group_p2p(tide_coll_comm_t *comm, const tide_p2p_op *ops, 
 /* Posts a batch; the caller tests/waits and frees *out. Does not block; owner thread. */
 tide_status tide_coll_p2p_start(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
                                 tide_coll_stream_t stream, tide_coll_req_t **out);
+
+/* tide_coll_p2p_start with peers ([n], or NULL) giving the other end's layout of each op
+   (see tide_p2p_peer). Does not block; owner thread. */
+tide_status tide_coll_p2p_start_peers(tide_coll_comm_t *comm, const tide_p2p_op *ops,
+                                      const tide_p2p_peer *peers, size_t n,
+                                      tide_coll_stream_t stream, tide_coll_req_t **out);
 
 /* Tests a batch without blocking; *done = 1 once complete. Owner thread. */
 tide_status tide_coll_req_test(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done);

@@ -70,11 +70,12 @@ typedef struct exec {
     uint64_t *chunk_of;     /* [n] chunk size of each rank (0: no streams) */
     stream *streams;
     size_t n_streams;
-    size_t *item_idx; /* backing store for streams[].items */
-    tide_p2p_op *ops; /* one entry per message of this rank, sized before data moves */
-    size_t lc_item;   /* local copies: next plan item */
-    uint64_t lc_off;  /* and byte offset inside it */
-    uint64_t staging; /* bytes currently allocated */
+    size_t *item_idx;     /* backing store for streams[].items */
+    tide_p2p_op *ops;     /* one entry per message of this rank, sized before data moves */
+    tide_p2p_peer *peers; /* [like ops] the other end's layout of each message */
+    size_t lc_item;       /* local copies: next plan item */
+    uint64_t lc_off;      /* and byte offset inside it */
+    uint64_t staging;     /* bytes currently allocated */
     tide_exec_stats st;
 } exec;
 
@@ -386,9 +387,35 @@ static tide_status build_streams(exec *x)
         msgs += x->streams[k].n_chunks;
     x->ops = tide_calloc(msgs ? msgs : 1, sizeof *x->ops);
     TIDE_CHECK_ALLOC_GOTO(x->ops, rc, out);
+    x->peers = tide_calloc(msgs ? msgs : 1, sizeof *x->peers);
+    TIDE_CHECK_ALLOC_GOTO(x->peers, rc, out);
 out:
     tide_free(slot_of);
     return rc;
+}
+
+/* The layout of message ch at the end of item it whose region has stride st there:
+   1 with *run = 0 when the message is one contiguous range of that region, 1 with
+   *run, *stride set when it is whole runs of the strided region and the backend moves
+   strided buffers, 0 when it goes through staging there (contiguous, in a slot). Only
+   plan data and the cut decide, so each end computes both ends' layouts alike. */
+static int msg_layout(const exec *x, const tide_xfer *it, const chunk *ch, uint64_t st, size_t *run,
+                      size_t *stride)
+{
+    *run = 0;
+    *stride = 0;
+    if (ch->n_items != 1 || item_bytes(it) == 0)
+        return 0;
+    uint64_t k0 = ch->off / it->run, k1 = (ch->off + ch->len - (ch->len ? 1 : 0)) / it->run;
+    if (it->count == 1 || st == it->run || k0 == k1)
+        return 1;
+    if ((x->be->caps & TIDE_COLL_CAP_STRIDED) && ch->off % it->run == 0 && ch->len % it->run == 0 &&
+        ch->len / it->run <= INT32_MAX && it->run <= INT32_MAX) {
+        *run = (size_t)it->run;
+        *stride = (size_t)st;
+        return 1;
+    }
+    return 0;
 }
 
 /* Where a message lies in this rank's buffer when it can be moved in place: one
@@ -401,21 +428,26 @@ static char *in_place(const exec *x, const stream *s, const chunk *ch, size_t *r
     if (ch->n_items != 1)
         return NULL;
     const tide_xfer *it = &x->a->plan->items[s->items[ch->pos]];
-    if (item_bytes(it) == 0)
-        return NULL;
     uint64_t st = s->send ? it->src_stride : it->dst_stride;
-    uint64_t k0 = ch->off / it->run, k1 = (ch->off + ch->len - (ch->len ? 1 : 0)) / it->run;
+    if (!msg_layout(x, it, ch, st, run, stride))
+        return NULL;
     char *base = s->send ? (char *)x->a->old_bufs[it->src][it->tensor] + it->src_off
                          : (char *)x->a->new_bufs[it->dst][it->tensor] + it->dst_off;
-    if (it->count == 1 || st == it->run || k0 == k1)
-        return base + k0 * st + ch->off % it->run;
-    if ((x->be->caps & TIDE_COLL_CAP_STRIDED) && ch->off % it->run == 0 && ch->len % it->run == 0 &&
-        ch->len / it->run <= INT32_MAX && it->run <= INT32_MAX) {
-        *run = (size_t)it->run;
-        *stride = (size_t)st;
-        return base + k0 * st;
-    }
-    return NULL;
+    uint64_t k0 = ch->off / it->run;
+    return *run ? base + k0 * st : base + k0 * st + ch->off % it->run;
+}
+
+/* The other end's layout of message ch (run 0: contiguous, in place or in its staging
+   slot), for tide_p2p_peer. */
+static void peer_layout(const exec *x, const stream *s, const chunk *ch, size_t *run,
+                        size_t *stride)
+{
+    *run = 0;
+    *stride = 0;
+    if (ch->n_items != 1)
+        return;
+    const tide_xfer *it = &x->a->plan->items[s->items[ch->pos]];
+    msg_layout(x, it, ch, s->send ? it->dst_stride : it->src_stride, run, stride);
 }
 
 static char *direct_ptr(const exec *x, const stream *s, const chunk *ch)
@@ -603,13 +635,17 @@ static tide_status post_round(exec *x, size_t k, tide_p2p_op *ops, tide_coll_req
             ops[n].bytes = (size_t)m->len;
             ops[n].run = run;
             ops[n].stride = stride;
+            /* Both ends know both layouts from the plan: the backend can choose the same
+               protocol at both without asking (see tide_p2p_peer). */
+            peer_layout(x, s, m, &x->peers[n].run, &x->peers[n].stride);
+            x->peers[n].known = 1;
             if (s->send)
                 x->st.messages++;
             n++;
         }
     }
     x->st.rounds++;
-    return tide_coll_p2p_start(x->comm, ops, n, x->cstream, req);
+    return tide_coll_p2p_start_peers(x->comm, ops, x->peers, n, x->cstream, req);
 }
 
 static tide_status finish_round(exec *x, size_t k, tide_coll_req_t **req, uint64_t *done)
@@ -720,6 +756,7 @@ static void release(exec *x)
     tide_free(x->streams);
     tide_free(x->item_idx);
     tide_free(x->ops);
+    tide_free(x->peers);
     tide_free(x->chunk_of);
     tide_free(x->staged);
     tide_free(x->reqs);
@@ -805,7 +842,12 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
 
     if (opts->progress)
         opts->progress(opts->progress_ctx, done, total);
-    TIDE_CHECK_GOTO(run_rounds(&x, opts, &done, total), rc, out);
+    uint64_t direct0 = x.be->direct_bytes ? x.be->direct_bytes(comm) : 0;
+    rc = run_rounds(&x, opts, &done, total);
+    if (x.be->direct_bytes)
+        x.st.bytes_direct = x.be->direct_bytes(comm) - direct0;
+    if (rc != TIDE_OK)
+        goto out;
     if (opts->progress)
         opts->progress(opts->progress_ctx, done, total);
     TIDE_CHECK_GOTO(x.be->stream_sync(comm, x.cstream), rc, out);

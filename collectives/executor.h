@@ -8,11 +8,14 @@
  * batch, so transfers to and from different peers are in flight together. Rounds are
  * posted in order; one that stages bytes on this rank waits for the staging slot of
  * round k - 2 (k - 1 when the cap allows one slot), one whose messages all move in
- * place goes out at once (up to 64 rounds ahead). Inside a round an item of at least pack_below bytes is its own
- * message, moved in place when it is contiguous, or strided in place when the backend
- * has TIDE_COLL_CAP_STRIDED (mpi: an MPI vector type); smaller items, and strided ones
- * elsewhere (nccl), are gathered into a staging buffer and scattered back on the
- * receiver (cudaMemcpy2DAsync on device memory). The plan's local copies (src == dst)
+ * place goes out at once (up to 64 rounds ahead). Inside a round an item of at least
+ * pack_below bytes is its own message, moved in place when it is contiguous, or strided
+ * in place when the backend has TIDE_COLL_CAP_STRIDED (mpi: an MPI vector type, or a
+ * single copy by the strided end between processes of one host); smaller items, and
+ * strided ones elsewhere (nccl), are gathered into a staging buffer and scattered back
+ * on the receiver (cudaMemcpy2DAsync on device memory). Every message carries the other
+ * end's layout (tide_p2p_peer), which both ends compute from the same plan and
+ * chunking, so the backend picks the same protocol at both. The plan's local copies (src == dst)
  * are issued first in plan order, in 4 MiB slices while the first rounds are in flight,
  * so that they overlap the network instead of delaying it.
  *
@@ -82,6 +85,9 @@ typedef struct tide_exec_stats {
     uint64_t bytes_recv;   /* transfers this rank received */
     uint64_t bytes_local;  /* local copies */
     uint64_t bytes_staged; /* bytes sent or received through staging (not in place) */
+    uint64_t bytes_direct; /* bytes received by single copy straight from the sender's
+                              buffer (backends with direct_bytes, see collectives.h);
+                              measured by the backend, so 0 proves the path unused */
     uint64_t peak_staging; /* most staging memory held at once (bytes), <= staging_cap */
     uint64_t staging_cap;  /* the cap in effect */
     uint64_t chunk_bytes;  /* this rank's chunk size c_q */

@@ -19,13 +19,24 @@
  * the aborted operation are still in flight, which could then match a receive of an
  * unrelated new communicator. The leak is one communicator per failure.
  *
+ * Single copy ("direct", collectives/cma.c): between two ranks of one host that agreed
+ * on it at creation, a p2p message of at least TIDE_COLL_CMA_MIN bytes whose op knows
+ * the other end's layout (tide_p2p_peer) and where exactly one end is strided
+ * is copied by that end with process_vm_writev / process_vm_readv, straight between
+ * the two buffers, instead of travelling as an MPI vector type (packed and unpacked
+ * through shared-memory fragments). Its descriptor exchange and copy run inside the
+ * same progress loop, in slices between abort checks. Both ends contiguous stays on
+ * plain MPI (already a single copy), both strided on the MPI vector path.
+ *
  * Workload: messages from 0 bytes to GiBs (split into pieces of at most 1 GiB, MPI
  * counts being ints); a handful of requests per operation, thousands per reshard.
  */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "collectives/cma_int.h"
 #include "collectives/collectives_int.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -39,9 +50,11 @@ enum { TAG_P2P = 1, TAG_ALLREDUCE, TAG_BCAST, TAG_ALLGATHER, TAG_RSCATTER, TAG_B
 
 typedef struct mpi_comm {
     MPI_Comm comm;
-    void *tmp;      /* scratch for reductions, grown on demand */
-    size_t tmp_cap; /* bytes */
-    int quarantine; /* an abandoned receive may still write tmp: never free it */
+    void *tmp;          /* scratch for reductions, grown on demand */
+    size_t tmp_cap;     /* bytes */
+    int quarantine;     /* an abandoned receive may still write tmp (or a single-copy
+                           pusher a receive buffer: see tide__cma_abandon): never free it */
+    tide__cma_comm cma; /* single-copy agreement and counters */
 } mpi_comm;
 
 /* Requests a batch holds without allocating: a collective step needs two (one send,
@@ -52,12 +65,15 @@ typedef struct mpi_comm {
 /* A batch of requests; also the tide_coll_req_t of this backend. */
 struct tide_coll_req {
     MPI_Request *reqs;
-    size_t *expect; /* bytes a receive must deliver; SIZE_MAX for a send */
-    int *peer;      /* for error messages */
-    int *idx;       /* MPI_Testsome scratch */
-    MPI_Status *st; /* MPI_Testsome scratch */
-    int n, cap;     /* cap 0: the inline arrays below are in use (or nothing yet) */
-    int left;       /* requests not yet complete */
+    size_t *expect;     /* bytes a receive must deliver; SIZE_MAX for a send */
+    int *peer;          /* for error messages */
+    int *idx;           /* MPI_Testsome scratch */
+    MPI_Status *st;     /* MPI_Testsome scratch */
+    int n, cap;         /* cap 0: the inline arrays below are in use (or nothing yet) */
+    int left;           /* requests not yet complete */
+    tide__cma_xfer *xs; /* single-copy messages (p2p batches only); fixed once posted */
+    int n_xs, xs_left;  /* how many, and how many not yet complete */
+    int leak_xs;        /* MPI or a peer may still touch xs after an abandon: never free */
     MPI_Request in_reqs[BATCH_INLINE];
     size_t in_expect[BATCH_INLINE];
     int in_peer[BATCH_INLINE], in_idx[BATCH_INLINE];
@@ -93,7 +109,17 @@ static void batch_release(struct tide_coll_req *b)
         tide_free(b->idx);
         tide_free(b->st);
     }
+    if (b->leak_xs)
+        tide__cma_bury(b->xs);
+    else
+        tide_free(b->xs);
     batch_init(b);
+}
+
+/* 1 once every request and every single-copy message of the batch has completed. */
+static int batch_done(const struct tide_coll_req *b)
+{
+    return b->left == 0 && b->xs_left == 0;
 }
 
 static tide_status batch_reserve(struct tide_coll_req *b, int extra)
@@ -160,18 +186,58 @@ static tide_status batch_post(struct tide_coll_req *b, MPI_Comm comm, int send, 
     return TIDE_OK;
 }
 
-/* Gives up on a batch (abort or error): cancels and frees what is still active. */
+/* Gives up on a batch (abort or error): single-copy messages first (their liveness
+   words are cleared before anything else, and pushers into our receive buffers are
+   waited for, bounded), then cancels and frees the MPI requests still active. */
 static void batch_abandon(tide_coll_comm_t *c, struct tide_coll_req *b)
 {
+    mpi_comm *m = impl(c);
+    if (b->xs_left > 0 && tide__cma_abandon(&m->cma, m->comm, b->xs, b->n_xs, &m->quarantine))
+        b->leak_xs = 1;
+    b->xs_left = 0;
     if (b->left > 0 && tide__mpi_abandon(b->reqs, b->n) > 0)
-        impl(c)->quarantine = 1;
+        m->quarantine = 1;
     b->left = 0;
+}
+
+/* Steps every single-copy message of the batch, copying at most TIDE_CMA_SLICE bytes
+   in all, so the progress loop checks the abort flag between slices. */
+static tide_status xs_poll(tide_coll_comm_t *c, struct tide_coll_req *b, int *progress)
+{
+    mpi_comm *m = impl(c);
+    uint64_t budget = TIDE_CMA_SLICE;
+    for (int i = 0; i < b->n_xs && b->xs_left > 0; i++) {
+        tide__cma_xfer *x = &b->xs[i];
+        if (x->state == TIDE_CMA_X_DONE)
+            continue;
+        TIDE_CHECK(tide__cma_step(&m->cma, m->comm, x, &budget, progress));
+        if (x->state == TIDE_CMA_X_DONE)
+            b->xs_left--;
+    }
+    return TIDE_OK;
+}
+
+/* A plain receive from peer failed on its size: when the size is a single-copy
+   descriptor's, the peer sent a direct message where we expected a plain one, and
+   waits for our reverse descriptor: nack it so that it fails too. */
+static void maybe_stray(tide_coll_comm_t *c, int peer, size_t got)
+{
+    mpi_comm *m = impl(c);
+    if (tide__cma_maybe_stray(&m->cma, peer, got))
+        tide__cma_stray(&m->cma, m->comm, peer);
 }
 
 /* One poll: completes what has finished, checks receive sizes. *progress = completions. */
 static tide_status batch_poll(tide_coll_comm_t *c, struct tide_coll_req *b, int *progress)
 {
     *progress = 0;
+    if (b->xs_left > 0) {
+        tide_status rc = xs_poll(c, b, progress);
+        if (rc != TIDE_OK) {
+            batch_abandon(c, b);
+            return rc;
+        }
+    }
     if (b->left == 0)
         return TIDE_OK;
     int outcount = 0;
@@ -187,6 +253,16 @@ static tide_status batch_poll(tide_coll_comm_t *c, struct tide_coll_req *b, int 
     for (int k = 0; k < outcount; k++) {
         int i = b->idx[k];
         if (err == MPI_ERR_IN_STATUS && b->st[k].MPI_ERROR != MPI_SUCCESS) {
+            int cls = 0;
+            MPI_Error_class(b->st[k].MPI_ERROR, &cls);
+            if (cls == MPI_ERR_TRUNCATE && b->expect[i] != SIZE_MAX) {
+                maybe_stray(c, b->peer[i], SIZE_MAX);
+                batch_abandon(c, b);
+                return tide_errorf(TIDE_ERR_PROTOCOL,
+                                   "a message from rank %d was bigger than the %zu bytes rank %d "
+                                   "expected (the ranks disagree on the operation's sizes)",
+                                   b->peer[i], b->expect[i], c->rank);
+            }
             batch_abandon(c, b);
             tide_status rc =
                 tide__mpi_error(b->st[k].MPI_ERROR, "MPI_Testsome (a request)", __FILE__, __LINE__);
@@ -198,6 +274,7 @@ static tide_status batch_poll(tide_coll_comm_t *c, struct tide_coll_req *b, int 
             int got = 0;
             MPI_Get_count(&b->st[k], MPI_BYTE, &got);
             if ((size_t)got != b->expect[i]) {
+                maybe_stray(c, b->peer[i], (size_t)got);
                 batch_abandon(c, b);
                 return tide_errorf(TIDE_ERR_PROTOCOL,
                                    "received %d bytes from rank %d where %zu were expected "
@@ -210,6 +287,24 @@ static tide_status batch_poll(tide_coll_comm_t *c, struct tide_coll_req *b, int 
     *progress = outcount;
     return TIDE_OK;
 }
+
+/* 1 when nothing of the batch needs this rank's work: no MPI request is pending and
+   every single-copy message waits for the peer that copies it. */
+static int batch_idle(const struct tide_coll_req *b)
+{
+    if (b->left > 0)
+        return 0;
+    for (int i = 0; i < b->n_xs; i++)
+        if (!tide__cma_idle(&b->xs[i]))
+            return 0;
+    return 1;
+}
+
+/* Pause of a rank that only waits for a peer's single copy (us): it has nothing to
+   progress locally, so it sleeps rather than spins, leaving the core to the copiers
+   (which matters when ranks outnumber cores); the acknowledgement is seen within about
+   that long, against copies of milliseconds. */
+#define IDLE_PAUSE_US 50
 
 /* The progress loop: polls until the batch completes or the communicator is aborted. */
 static tide_status batch_wait(tide_coll_comm_t *c, struct tide_coll_req *b)
@@ -226,12 +321,16 @@ static tide_status batch_wait(tide_coll_comm_t *c, struct tide_coll_req *b)
         }
         int progress = 0;
         TIDE_CHECK(batch_poll(c, b, &progress));
-        if (b->left == 0)
+        if (batch_done(b))
             return TIDE_OK;
-        if (progress)
+        if (progress) {
             tide__backoff_progress(&bo);
-        else
+        } else if (b->n_xs > 0 && batch_idle(b)) {
+            struct timespec ts = {0, IDLE_PAUSE_US * 1000L};
+            nanosleep(&ts, NULL);
+        } else {
             tide__backoff_pause(&bo);
+        }
     }
 }
 
@@ -261,6 +360,7 @@ static tide_status tmp_reserve(tide_coll_comm_t *c, size_t bytes, void **out)
     if (m->tmp_cap < bytes) {
         if (m->quarantine) {
             /* The old buffer may still be written by an abandoned receive: keep it. */
+            tide__cma_bury(m->tmp);
             m->tmp = NULL;
             m->tmp_cap = 0;
         }
@@ -317,8 +417,10 @@ static tide_status create_members(tide_coll_pool_t *pool, const int *members, in
     m->tmp = tide_malloc(TMP_MIN);
     TIDE_CHECK_ALLOC_GOTO(m->tmp, rc, fail);
     m->tmp_cap = TMP_MIN;
+    TIDE_CHECK_GOTO(tide__cma_comm_init(&m->cma, c->rank, n), rc, fail);
     TIDE_CHECK_GOTO(tide__pool_handshake(pool, members, n, tag, timeout_ms, NULL, 0), rc, fail);
     TIDE_CHECK_GOTO(finish_create(c, tag), rc, fail);
+    TIDE_CHECK_GOTO(tide__cma_agree(&m->cma, c), rc, fail);
     TIDE_DEBUG(TIDE_COLL_LOG, "mpi communicator: rank %d of %d (tag %d)", c->rank, c->size, tag);
     *out = c;
     return TIDE_OK;
@@ -361,8 +463,11 @@ static void mpi_destroy(tide_coll_comm_t *c)
             else
                 MPI_Comm_free(&m->comm);
         }
-        if (!m->quarantine)
+        if (m->quarantine)
+            tide__cma_bury(m->tmp); /* an abandoned receive may still write it */
+        else
             tide_free(m->tmp);
+        tide__cma_comm_fini(&m->cma);
         tide_free(m);
     }
     tide__comm_free(c);
@@ -403,8 +508,9 @@ static tide_status post_strided(struct tide_coll_req *b, MPI_Comm comm, int send
     return TIDE_OK;
 }
 
-static tide_status mpi_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops, size_t n,
-                                 tide_coll_stream_t stream, tide_coll_req_t **out)
+static tide_status mpi_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
+                                 const tide_p2p_peer *peers, size_t n, tide_coll_stream_t stream,
+                                 tide_coll_req_t **out)
 {
     (void)stream;
     struct tide_coll_req *b = tide_malloc(sizeof *b);
@@ -412,7 +518,20 @@ static tide_status mpi_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops, si
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a p2p batch");
     batch_init(b);
     tide_status rc = TIDE_OK;
-    MPI_Comm comm = impl(c)->comm;
+    mpi_comm *m = impl(c);
+    MPI_Comm comm = m->comm;
+    size_t n_direct = 0;
+    for (size_t i = 0; i < n; i++)
+        n_direct += tide__cma_mode(&m->cma, &ops[i], peers ? &peers[i] : NULL) != TIDE_CMA_NONE;
+    if (n_direct > 0) {
+        /* Fixed before anything is posted: MPI reads and writes descriptors in place. */
+        b->xs = tide_calloc(n_direct, sizeof *b->xs);
+        if (b->xs == NULL) {
+            tide_free(b);
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %zu single-copy messages",
+                               n_direct);
+        }
+    }
     /* Sends first. Large messages over shared memory are pulled by the receiver
        (single copy, CMA), and an MPI_Irecv that matches a message already announced
        does that whole copy inside the call: posted first, a receive would hold back
@@ -425,7 +544,15 @@ static tide_status mpi_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops, si
             int send = ops[i].kind == TIDE_P2P_SEND;
             if (send == pass)
                 continue;
-            if (ops[i].run != 0 && ops[i].bytes > 0)
+            const tide_p2p_peer *peer = peers ? &peers[i] : NULL;
+            tide_cma_mode mode = tide__cma_mode(&m->cma, &ops[i], peer);
+            if (mode != TIDE_CMA_NONE) {
+                /* counted before posting, so that an abandon covers a half-posted one */
+                tide__cma_xfer *x = &b->xs[b->n_xs++];
+                b->xs_left++;
+                TIDE_CHECK_GOTO(tide__cma_post(&m->cma, comm, TAG_P2P, x, &ops[i], peer, mode), rc,
+                                fail);
+            } else if (ops[i].run != 0 && ops[i].bytes > 0)
                 TIDE_CHECK_GOTO(post_strided(b, comm, send, &ops[i]), rc, fail);
             else
                 TIDE_CHECK_GOTO(
@@ -450,7 +577,7 @@ static tide_status mpi_req_test(tide_coll_comm_t *c, tide_coll_req_t *req, int *
     }
     int progress = 0;
     TIDE_CHECK(batch_poll(c, req, &progress));
-    *done = req->left == 0;
+    *done = batch_done(req);
     return TIDE_OK;
 }
 
@@ -461,7 +588,7 @@ static tide_status mpi_req_wait(tide_coll_comm_t *c, tide_coll_req_t *req)
 
 static void mpi_req_free(tide_coll_comm_t *c, tide_coll_req_t *req)
 {
-    if (req->left > 0)
+    if (!batch_done(req))
         batch_abandon(c, req);
     batch_release(req);
     tide_free(req);
@@ -651,6 +778,18 @@ static tide_status host_sync(tide_coll_comm_t *c, tide_coll_stream_t stream)
     return TIDE_OK;
 }
 
+static int mpi_p2p_direct(const tide_coll_comm_t *c, int peer)
+{
+    const mpi_comm *m = c->impl;
+    return peer >= 0 && peer < c->size && m->cma.direct != NULL && m->cma.direct[peer];
+}
+
+static uint64_t mpi_direct_bytes(const tide_coll_comm_t *c)
+{
+    const mpi_comm *m = c->impl;
+    return m->cma.direct_bytes;
+}
+
 const tide_coll_backend_v1 tide__coll_mpi_backend = {
     .version = TIDE_COLL_BACKEND_VERSION,
     .name = "mpi",
@@ -674,4 +813,6 @@ const tide_coll_backend_v1 tide__coll_mpi_backend = {
     .copy2d = host_copy2d,
     .copy_host = host_copy,
     .stream_sync = host_sync,
+    .p2p_direct = mpi_p2p_direct,
+    .direct_bytes = mpi_direct_bytes,
 };

@@ -355,9 +355,11 @@ static tide_status enqueue_p2p(tide_coll_comm_t *c, const tide_p2p_op *ops, size
     return TIDE_OK;
 }
 
-static tide_status nccl_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops, size_t n,
-                                  tide_coll_stream_t stream, tide_coll_req_t **out)
+static tide_status nccl_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
+                                  const tide_p2p_peer *peers, size_t n, tide_coll_stream_t stream,
+                                  tide_coll_req_t **out)
 {
+    (void)peers; /* NCCL picks its own transport */
     nccl_req *q = tide_calloc(1, sizeof *q);
     if (q == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a p2p batch");

@@ -12,6 +12,7 @@
  * Envelope: DEALER clients send [payload] (ROUTER sees [id][payload]); REQ-style
  * clients may add an empty delimiter ([id][][payload]); replies mirror it.
  */
+#include <math.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -440,11 +441,12 @@ static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
     s->bubble_ns_total += bubble;
     if (m->step_ms > 0)
         w->busy_ns += interval;
-    if (w->offline_job != 0 && w->state == TIDE_WS_ONLINE) {
-        /* bubble-filling work runs here: its share of bubble time counts as filled */
-        s->filled_ns_total += bubble;
-        w->filled_ns += bubble;
-    }
+    /* the part of the bubbles that offline task steps used, as the worker measured it */
+    uint64_t filled = (uint64_t)(fmin(m->filled_ms, m->bubble_ms) * 1e6);
+    s->filled_ns_total += filled;
+    w->filled_ns += filled;
+    if (s->bubble_wait && bubble > 0 && w->state == TIDE_WS_ONLINE && w->offline_job == 0)
+        s->want_backfill = 1; /* the first bubbles measured here: a waiting job may fit */
     if (w->state == TIDE_WS_ONLINE && w->job != 0) {
         tide_coord_job_t *j = tide_coord_job_get(s->st, w->job);
         if (j != NULL && m->gen == j->generation && w->step > j->step)
@@ -1121,6 +1123,7 @@ static void backfill(tide_server_t *s)
     for (size_t i = 0; i < n_pairs; i++)
         assign(s, tide_coord_job_get(st, pairs[i].job), &st->workers[pairs[i].worker]);
     /* plugin work that may run inside pipeline bubbles goes to online workers that have them */
+    s->bubble_wait = 0;
     for (size_t i = 0; i < st->n_jobs; i++) {
         tide_coord_job_t *j = st->jobs[i];
         if (j->kind != TIDE_CJOB_OFFLINE || j->state != TIDE_JS_QUEUED || !j->bubbles ||
@@ -1136,8 +1139,10 @@ static void backfill(tide_server_t *s)
                                     (double)best->bubble_ns / (double)best->busy_ns)
                 best = w;
         }
-        if (best == NULL)
+        if (best == NULL) {
+            s->bubble_wait = 1; /* retried when a worker reports bubbles */
             break;
+        }
         assign(s, j, best);
     }
 out:

@@ -83,11 +83,12 @@ struct tide_server {
     /* timers, monotonic ns */
     uint64_t next_scan_ns;
     int want_backfill;
+    int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */
     int http_fd;
     tide__http http[TIDE__METRICS_CLIENTS];
     uint64_t bubble_ns_total; /* ns of pipeline bubbles reported */
-    uint64_t filled_ns_total; /* ns of bubbles on workers running bubble-filling work */
+    uint64_t filled_ns_total; /* ns of bubbles that offline task steps used (workers measure) */
     uint64_t events_total;
 };
 

@@ -59,9 +59,11 @@ static tide_status a_exchange(void *ctx, int send_peer, const float *send_buf, s
     }
     if (n == 0)
         return TIDE_OK;
-    tide_bubble_begin(c->t);
-    tide_status rc = tide_coll_group_p2p(v->pp, ops, n, NULL);
-    tide_bubble_end(c->t);
+    /* The wait is a pipeline bubble: libtide may fill it with an offline task's steps. */
+    tide_coll_req_t *req = NULL;
+    TIDE_CHECK(tide_coll_p2p_start(v->pp, ops, n, NULL, &req));
+    tide_status rc = tide_bubble_wait(c->t, v->pp, req);
+    tide_coll_req_free(v->pp, &req);
     return rc;
 }
 

@@ -261,6 +261,7 @@ static const tide__field heartbeat_fields[] = {
     F_GEN(tide_proto_heartbeat_t, gen),
     F_MS(tide_proto_heartbeat_t, idle_ms, "idle_ms"),
     F_MS(tide_proto_heartbeat_t, bubble_ms, "bubble_ms"),
+    F_MS(tide_proto_heartbeat_t, filled_ms, "filled_ms"),
     F_MS(tide_proto_heartbeat_t, step_ms, "step_ms"),
 };
 

@@ -169,6 +169,7 @@ typedef struct tide_proto_heartbeat {
     uint64_t gen;     /* "gen": generation the worker runs (0 when none) */
     double idle_ms;   /* "idle_ms": time with no work at all, ms */
     double bubble_ms; /* "bubble_ms": pipeline idle windows inside steps, ms */
+    double filled_ms; /* "filled_ms": part of bubble_ms spent in offline task steps, ms */
     double step_ms;   /* "step_ms": mean step time, ms (0 when no step ran) */
 } tide_proto_heartbeat_t;
 

@@ -158,6 +158,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->gen = urange(r, 0, UINT64_MAX);
         x->idle_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
         x->bubble_ms = drange(r, 0, 1000);
+        x->filled_ms = drange(r, 0, x->bubble_ms);
         x->step_ms = drange(r, 0, 1e4);
         return TIDE_OK;
     }

@@ -74,3 +74,17 @@ if(TARGET tide_mlp)
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)
 endif()
+
+# Bubble filling: offline plugin steps inside a two-stage pipeline's bubbles, with the
+# real tided and tidectl; the training losses must not change.
+if(TARGET tide_mlp AND TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide
+   AND TARGET tide_task_matmul)
+  add_executable(test_examples_bubbles test_examples_bubbles.c)
+  target_link_libraries(test_examples_bubbles PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
+                                                      MPI::MPI_C tide_core ${CMAKE_DL_LIBS})
+  target_include_directories(test_examples_bubbles PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_dependencies(test_examples_bubbles tided tidectl tide_task_matmul)
+  tide_add_mpi_test(test_examples_bubbles NP 2 TARGET test_examples_bubbles
+                    ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl>
+                         $<TARGET_FILE:tide_task_matmul> TIMEOUT 120)
+endif()

@@ -315,6 +315,7 @@ static tide_msg_t heartbeat(void)
     m.u.heartbeat.gen = 3;
     m.u.heartbeat.idle_ms = 1.5;
     m.u.heartbeat.bubble_ms = 20.25;
+    m.u.heartbeat.filled_ms = 17.5;
     m.u.heartbeat.step_ms = 310.0;
     return m;
 }
@@ -397,6 +398,7 @@ Test(proto_roundtrip, heartbeat_is_small_and_exact)
     cr_expect_eq(d.u.heartbeat.step, 1234u);
     cr_expect_eq(d.u.heartbeat.gen, 3u);
     cr_expect_eq(d.u.heartbeat.bubble_ms, 20.25);
+    cr_expect_eq(d.u.heartbeat.filled_ms, 17.5);
     tide_free(bytes);
 }
 

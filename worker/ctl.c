@@ -50,7 +50,7 @@ struct tide__ctl {
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     tide__abort_fn abort_fn;
     void *abort_ctx;
-    uint64_t idle_ns, bubble_ns, step_ns;
+    uint64_t idle_ns, bubble_ns, filled_ns, step_ns;
     uint32_t steps;
     uint8_t *done_bytes; /* last done sent, for duplicate commits */
     size_t done_len;
@@ -112,8 +112,9 @@ static void send_heartbeat(tide__ctl_t *ctl)
     m.u.heartbeat.gen = ctl->agree.gen;
     m.u.heartbeat.idle_ms = (double)ctl->idle_ns / 1e6;
     m.u.heartbeat.bubble_ms = (double)ctl->bubble_ns / 1e6;
+    m.u.heartbeat.filled_ms = (double)ctl->filled_ns / 1e6;
     m.u.heartbeat.step_ms = ctl->steps ? (double)ctl->step_ns / 1e6 / ctl->steps : 0.0;
-    ctl->idle_ns = ctl->bubble_ns = ctl->step_ns = 0;
+    ctl->idle_ns = ctl->bubble_ns = ctl->filled_ns = ctl->step_ns = 0;
     ctl->steps = 0;
     int hb = ctl->hb_ms > 0 ? ctl->hb_ms : 1000;
     pthread_mutex_unlock(&ctl->mu);
@@ -305,11 +306,12 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
         int busy = ctl->plugin_ready || ctl->plugin_job[0] != '\0';
         if (!busy) {
             tide_msg_clear(&ctl->plugin);
+            /* the job's name first: a points into m, which gives its contents away */
+            snprintf(ctl->plugin_job, sizeof ctl->plugin_job, "%s", a->job);
             ctl->plugin = *m;
             tide_msg_init(m, TIDE_MSG_NONE);
             ctl->plugin_ready = 1;
             ctl->plugin_grace = -1;
-            snprintf(ctl->plugin_job, sizeof ctl->plugin_job, "%s", a->job);
             pthread_cond_broadcast(&ctl->cv);
         }
         pthread_mutex_unlock(&ctl->mu);
@@ -884,10 +886,11 @@ void tide__ctl_add_idle(tide__ctl_t *ctl, uint64_t ns)
     pthread_mutex_unlock(&ctl->mu);
 }
 
-void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns)
+void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns, uint64_t filled_ns)
 {
     pthread_mutex_lock(&ctl->mu);
     ctl->bubble_ns += ns;
+    ctl->filled_ns += filled_ns;
     pthread_mutex_unlock(&ctl->mu);
 }
 
@@ -899,9 +902,9 @@ void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns)
     pthread_mutex_unlock(&ctl->mu);
 }
 
-int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out)
+int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out)
 {
-    if (!ctl->plugin_ready)
+    if (!ctl->plugin_ready || (bubbles_only && !ctl->plugin.u.offline_assign.bubbles))
         return 0;
     *out = ctl->plugin;
     tide_msg_init(&ctl->plugin, TIDE_MSG_NONE);
@@ -911,12 +914,15 @@ int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out)
 
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job)
 {
-    if (job == NULL) {
-        ctl->plugin_job[0] = '\0'; /* the main thread finished the plugin job */
-        ctl->plugin_grace = -1;
-        return -1;
-    }
     return strcmp(ctl->plugin_job, job) == 0 ? ctl->plugin_grace : -1;
+}
+
+void tide__ctl_plugin_finished(tide__ctl_t *ctl, const char *job)
+{
+    if (strcmp(ctl->plugin_job, job) == 0) {
+        ctl->plugin_job[0] = '\0';
+        ctl->plugin_grace = -1;
+    }
 }
 
 int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len)

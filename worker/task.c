@@ -1,19 +1,27 @@
 /*
- * worker/task: runs offline plugin jobs (include/tide/tide_task.h) on an idle rank's
- * main thread: dlopen the plugin by path or name, init (+ restore from the previous
- * attempt's blob), step until done, preemption (tided's preempt) or a layout switch
- * that needs this rank (then save the blob for the next attempt), fini; each outcome
- * is reported to tided as offline_status. Workload: one plugin at a time per rank.
+ * worker/task: runs offline plugin jobs (include/tide/tide_task.h) on a rank's main
+ * thread: dlopen the plugin by path or name, init (+ restore from the previous
+ * attempt's blob), steps, and at the end save (when preempted) and fini; each outcome
+ * is reported to tided as offline_status. Two places run steps:
+ *   - an idle rank runs them back to back until the job is done, preempted (tided's
+ *     preempt) or a layout switch needs the rank;
+ *   - a member of a pipeline-parallel job runs them inside its pipeline bubbles
+ *     (tide_bubble_wait), only when the task's estimated step time fits in the time the
+ *     wait is expected to leave; the job is loaded, preempted and finished at step
+ *     boundaries, never inside a step.
+ * Workload: one plugin at a time per rank; bubble steps of micro- to milliseconds.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #include <tide/tide_task.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "worker/tide_int.h"
@@ -96,77 +104,259 @@ static void save_blob(const tide_task_v1 *ops, void *state, const char *job)
     free(b);
 }
 
+/* A loaded plugin job. */
+struct tide__task {
+    tide_msg_t m; /* the assignment (owns argv) */
+    char job[TIDE_PROTO_NAME_MAX + 1];
+    void *h;
+    const tide_task_v1 *ops;
+    void *state;
+    double progress;
+    uint64_t steps;
+    tide_proto_job_state_t end; /* how it ended (reported by tide__task_stop) */
+    int end_code;
+};
+
+/* Loads the job of assignment m (taken over) and reports it running; NULL when it
+   cannot load or init (reported failed). */
+static tide__task *task_load(tide_t *t, tide_msg_t *m)
+{
+    tide__task *k = tide_calloc(1, sizeof *k);
+    if (k == NULL) {
+        TIDE_WARN(SUBSYS, "offline job %s: out of memory loading it", m->u.offline_assign.job);
+        report(t, m->u.offline_assign.job, TIDE_JOB_FAILED, 12, 0);
+        tide_msg_clear(m);
+        return NULL;
+    }
+    k->m = *m;
+    tide_msg_init(m, TIDE_MSG_NONE);
+    tide_proto_offline_assign_t *a = &k->m.u.offline_assign;
+    snprintf(k->job, sizeof k->job, "%s", a->job);
+    k->h = open_plugin(a->plugin);
+    k->end = TIDE_JOB_FAILED;
+    if (k->h == NULL) {
+        TIDE_WARN(SUBSYS, "offline job %s: cannot load plugin %s: %s", k->job, a->plugin,
+                  dlerror());
+        k->end_code = 127;
+        goto fail;
+    }
+    tide_task_v1_get_fn get = (tide_task_v1_get_fn)(uintptr_t)dlsym(k->h, "tide_task_v1_get");
+    k->ops = get ? get() : NULL;
+    if (k->ops == NULL || k->ops->version != TIDE_TASK_ABI_VERSION || k->ops->init == NULL ||
+        k->ops->step == NULL) {
+        TIDE_WARN(SUBSYS, "offline job %s: %s does not export a version %d tide_task_v1_get",
+                  k->job, a->plugin, TIDE_TASK_ABI_VERSION);
+        k->ops = NULL;
+        k->end_code = 126;
+        goto fail;
+    }
+    tide_task_env env = {k->job, t->opts.device, t->be->mem_kind == TIDE_MEM_DEVICE, a->mem_cap,
+                         a->attempt};
+    if (k->ops->init(&k->state, (int)a->argc, a->argv, &env) != TIDE_OK) {
+        TIDE_WARN(SUBSYS, "offline job %s: init failed: %s", k->job, tide_last_error());
+        k->end_code = 1;
+        k->state = NULL;
+        k->ops = NULL; /* no fini for a state init did not create */
+        goto fail;
+    }
+    if (a->attempt > 1)
+        restore_blob(k->ops, k->state, k->job);
+    k->end = TIDE_JOB_RUNNING;
+    report(t, k->job, TIDE_JOB_RUNNING, 0, 0);
+    return k;
+fail:
+    tide__task_stop(t, &k, 0);
+    return NULL;
+}
+
+/* Runs one step; 1 when the job ended (done or failed: tide__task_stop reports it), 0 to
+   go on. */
+static int task_step(tide_t *t, tide__task *k)
+{
+    int done = 0;
+    tide_status rc = k->ops->step(k->state, &done, &k->progress);
+    k->steps++;
+    if (rc != TIDE_OK) {
+        TIDE_WARN(SUBSYS, "offline job %s: step failed: %s", k->job, tide_strerror(rc));
+        k->end = TIDE_JOB_FAILED;
+        k->end_code = 1;
+        return 1;
+    }
+    if (done) {
+        TIDE_INFO(SUBSYS, "offline job %s: done after %llu steps here", k->job,
+                  (unsigned long long)k->steps);
+        k->end = TIDE_JOB_DONE;
+        k->progress = 1.0;
+        return 1;
+    }
+    return 0;
+}
+
+void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
+{
+    tide__task *k = *k_p;
+    if (k == NULL)
+        return;
+    if (preempted && k->ops != NULL && k->end == TIDE_JOB_RUNNING) {
+        save_blob(k->ops, k->state, k->job);
+        k->end = TIDE_JOB_PREEMPTED;
+        k->end_code = -15;
+    }
+    if (k->ops != NULL && k->ops->fini != NULL)
+        k->ops->fini(k->state);
+    if (k->h != NULL)
+        dlclose(k->h);
+    /* The slot is freed before tided hears of the end: it may assign the next job at
+       once, and a busy slot would refuse it. */
+    tide__ctl_lock(t->ctl);
+    tide__ctl_plugin_finished(t->ctl, k->job);
+    tide__ctl_unlock(t->ctl);
+    if (k->end != TIDE_JOB_RUNNING)
+        report(t, k->job, k->end, k->end_code, k->progress);
+    else
+        report(t, k->job, TIDE_JOB_FAILED, 1, k->progress); /* stopped without a cause */
+    tide_msg_clear(&k->m);
+    tide_free(k);
+    *k_p = NULL;
+}
+
+/* ---- idle ranks ------------------------------------------------------------------------- */
+
 void tide__run_plugin(tide_t *t)
 {
     tide_msg_t m;
     tide__ctl_lock(t->ctl);
-    int got = tide__ctl_take_plugin(t->ctl, &m);
+    int got = tide__ctl_take_plugin(t->ctl, 0, &m);
     tide__ctl_unlock(t->ctl);
     if (!got)
         return;
-    tide_proto_offline_assign_t *a = &m.u.offline_assign;
-    char job[TIDE_PROTO_NAME_MAX + 1];
-    snprintf(job, sizeof job, "%s", a->job);
-    void *h = open_plugin(a->plugin);
-    const tide_task_v1 *ops = NULL;
-    void *state = NULL;
-    if (h == NULL) {
-        TIDE_WARN(SUBSYS, "offline job %s: cannot load plugin %s: %s", job, a->plugin, dlerror());
-        report(t, job, TIDE_JOB_FAILED, 127, 0);
-        goto out;
-    }
-    tide_task_v1_get_fn get = (tide_task_v1_get_fn)(uintptr_t)dlsym(h, "tide_task_v1_get");
-    ops = get ? get() : NULL;
-    if (ops == NULL || ops->version != TIDE_TASK_ABI_VERSION || ops->init == NULL ||
-        ops->step == NULL) {
-        TIDE_WARN(SUBSYS, "offline job %s: %s does not export a version %d tide_task_v1_get", job,
-                  a->plugin, TIDE_TASK_ABI_VERSION);
-        ops = NULL;
-        report(t, job, TIDE_JOB_FAILED, 126, 0);
-        goto out;
-    }
-    tide_task_env env = {job, t->opts.device, t->be->mem_kind == TIDE_MEM_DEVICE, a->mem_cap,
-                         a->attempt};
-    if (ops->init(&state, (int)a->argc, a->argv, &env) != TIDE_OK) {
-        TIDE_WARN(SUBSYS, "offline job %s: init failed: %s", job, tide_last_error());
-        report(t, job, TIDE_JOB_FAILED, 1, 0);
-        state = NULL;
-        goto out;
-    }
-    if (a->attempt > 1)
-        restore_blob(ops, state, job);
-    report(t, job, TIDE_JOB_RUNNING, 0, 0);
-    double progress = 0;
-    for (;;) {
+    tide__task *k = task_load(t, &m);
+    while (k != NULL) {
         tide__ctl_lock(t->ctl);
-        int grace = tide__ctl_plugin_preempted(t->ctl, job);
+        int grace = tide__ctl_plugin_preempted(t->ctl, k->job);
         tide__agree *ag = tide__ctl_agree(t->ctl);
         int needed = ag->p_gen != 0 && ag->p_member;
         tide__ctl_unlock(t->ctl);
         if (grace >= 0 || needed) {
-            save_blob(ops, state, job);
-            report(t, job, TIDE_JOB_PREEMPTED, -15, progress);
+            tide__task_stop(t, &k, 1);
             break;
         }
-        int done = 0;
-        tide_status rc = ops->step(state, &done, &progress);
-        if (rc != TIDE_OK) {
-            TIDE_WARN(SUBSYS, "offline job %s: step failed: %s", job, tide_strerror(rc));
-            report(t, job, TIDE_JOB_FAILED, 1, progress);
-            break;
-        }
-        if (done) {
-            report(t, job, TIDE_JOB_DONE, 0, 1.0);
-            break;
-        }
+        if (task_step(t, k))
+            tide__task_stop(t, &k, 0);
     }
-out:
-    if (ops != NULL && ops->fini != NULL)
-        ops->fini(state);
-    if (h != NULL)
-        dlclose(h);
+}
+
+/* ---- pipeline bubbles ------------------------------------------------------------------- */
+
+_Static_assert(sizeof(((tide_bubble_stats *)0)->task) > TIDE_PROTO_NAME_MAX,
+               "tide_bubble_stats.task holds a job name");
+
+/* A task step goes into a bubble only when its estimate is at most this share of the
+   time the wait is expected to leave: estimates and windows both vary a little from
+   step to step, and an overrun delays the pipeline. */
+#define FIT 0.7
+
+void tide__bubble_boundary(tide_t *t)
+{
     tide__ctl_lock(t->ctl);
-    tide__ctl_plugin_preempted(t->ctl, NULL);
+    int grace = t->btask ? tide__ctl_plugin_preempted(t->ctl, t->btask->job) : -1;
+    tide_msg_t m;
+    int got = !t->btask && t->view.member && tide__ctl_take_plugin(t->ctl, 1, &m);
     tide__ctl_unlock(t->ctl);
-    tide_msg_clear(&m);
+    if (t->btask != NULL && (grace >= 0 || !t->view.member || t->finished)) {
+        TIDE_INFO(SUBSYS, "offline job %s leaves rank %d's bubbles (%s) after %llu steps",
+                  t->btask->job, t->rank, grace >= 0 ? "preempted" : "rank left the layout",
+                  (unsigned long long)t->btask->steps);
+        tide__task_stop(t, &t->btask, 1);
+    }
+    if (got) {
+        t->btask = task_load(t, &m);
+        if (t->btask != NULL)
+            TIDE_INFO(SUBSYS, "rank %d fills its pipeline bubbles with offline job %s", t->rank,
+                      t->btask->job);
+    }
+    t->bubble_k = 0;
+}
+
+/* The expected length of this step's k-th wait (ms), 0 when not known yet. Estimates
+   belong to one generation: a new layout has a new schedule. */
+static double expected_ms(tide_t *t, size_t k)
+{
+    if (t->win_gen != t->view.generation) {
+        memset(t->win_ms, 0, sizeof t->win_ms);
+        t->win_gen = t->view.generation;
+    }
+    return k < TIDE__BUBBLE_SLOTS ? t->win_ms[k] : 0.0;
+}
+
+static void learn(tide_t *t, size_t k, double ms)
+{
+    if (k >= TIDE__BUBBLE_SLOTS)
+        return;
+    double *w = &t->win_ms[k];
+    *w = *w == 0.0 ? ms : 0.75 * *w + 0.25 * ms;
+    if (*w <= 0.0)
+        *w = 1e-6; /* known, and empty */
+}
+
+tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req)
+{
+    if (t == NULL || comm == NULL || req == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_bubble_wait: t, comm and req are required");
+    uint64_t t0 = tide_now_ns(), filled = 0, before_last = 0;
+    size_t k = t->bubble_k++;
+    double expect = expected_ms(t, k);
+    int ready = 0, ran_last = 0;
+    tide_status rc = TIDE_OK;
+    while (t->btask != NULL && expect > 0) {
+        rc = tide_coll_req_test(comm, req, &ready);
+        if (rc != TIDE_OK || ready)
+            break;
+        uint64_t now = tide_now_ns();
+        double left = expect - (double)(now - t0) / 1e6;
+        double est = t->btask->ops->estimated_step_ms
+                         ? t->btask->ops->estimated_step_ms(t->btask->state)
+                         : INFINITY;
+        if (!(est <= FIT * left))
+            break;
+        before_last = now;
+        int ended = task_step(t, t->btask);
+        uint64_t after = tide_now_ns();
+        filled += after - now;
+        ran_last = 1;
+        t->bstats.task_steps++;
+        if (ended) {
+            tide__task_stop(t, &t->btask, 0);
+            break;
+        }
+        rc = tide_coll_req_test(comm, req, &ready);
+        if (rc != TIDE_OK || ready)
+            break;
+        ran_last = 0;
+    }
+    if (rc == TIDE_OK && !ready)
+        rc = tide_coll_req_wait(comm, req);
+    uint64_t end = tide_now_ns();
+    /* When the transfer finished during a task step, the window ended somewhere inside
+       that step: learn the lower bound (the time before the step), so an overrun never
+       inflates the estimate that decides the next fills. */
+    uint64_t window = ran_last && ready ? before_last - t0 : end - t0;
+    learn(t, k, (double)window / 1e6);
+    t->bstats.windows++;
+    t->bstats.bubble_ms += (double)(end - t0) / 1e6;
+    t->bstats.filled_ms += (double)filled / 1e6;
+    tide__ctl_add_bubble(t->ctl, end - t0, filled);
+    return rc;
+}
+
+void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof *out);
+    if (t == NULL)
+        return;
+    *out = t->bstats;
+    if (t->btask != NULL)
+        snprintf(out->task, sizeof out->task, "%s", t->btask->job);
 }

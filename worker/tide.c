@@ -313,7 +313,9 @@ void tide_destroy(tide_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_t *t = *self_p;
-    tide__ctl_destroy(&t->ctl, 1); /* no abort callback can run after this */
+    if (t->ctl != NULL)
+        tide__task_stop(t, &t->btask, 1); /* a bubble task goes back to tided's queue */
+    tide__ctl_destroy(&t->ctl, 1);        /* no abort callback can run after this */
     tide_coll_comm_t *c[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp, t->c_switch,
                              t->n_all, t->n_tp, t->n_dp, t->n_pp};
     tide__destroy_comms(c, sizeof c / sizeof c[0]);
@@ -653,6 +655,7 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
             t->view.step = a->completed;
             t->step_t0 = tide_now_ns();
             *action = TIDE_STEP_RUN;
+            t->bubble_k = 0;
             break;
         }
         if (d == TIDE__BEGIN_SWITCH) {
@@ -685,6 +688,8 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
             tide__ctl_add_idle(t->ctl, tide_now_ns() - idle_from);
             return TIDE_OK;
         }
+        if (idle && t->btask != NULL)
+            tide__task_stop(t, &t->btask, 1); /* out of the layout: no more bubbles */
         if (idle)
             tide__run_plugin(t);
         tide__ctl_lock(t->ctl);
@@ -708,6 +713,7 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
     if (r != 0)
         return tide_errorf(TIDE_ERR_INVALID, "tide_step_end without tide_step_begin");
     tide__ctl_prepare_release(t->ctl); /* a held ack goes out by the end of a step */
+    tide__bubble_boundary(t);
     if (step_rc == TIDE_OK)
         tide__ctl_add_step(t->ctl, tide_now_ns() - t->step_t0);
     else
@@ -725,7 +731,10 @@ void tide_bubble_begin(tide_t *t)
 void tide_bubble_end(tide_t *t)
 {
     if (t != NULL && t->bubble_t0 != 0) {
-        tide__ctl_add_bubble(t->ctl, tide_now_ns() - t->bubble_t0);
+        uint64_t ns = tide_now_ns() - t->bubble_t0;
+        tide__ctl_add_bubble(t->ctl, ns, 0);
+        t->bstats.windows++;
+        t->bstats.bubble_ms += (double)ns / 1e6;
         t->bubble_t0 = 0;
     }
 }

@@ -10,6 +10,9 @@
 #include <tide/tide.h>
 #include "worker/worker_int.h"
 
+/* Slots of per-wait window estimates per step (waits beyond it are never filled). */
+#define TIDE__BUBBLE_SLOTS 256
+
 struct tide {
     tide_options opts;
     int rank, size;
@@ -34,6 +37,14 @@ struct tide {
     void **bufs; /* registered local buffers of the current layout (n_tensors) */
     int finished;
     uint64_t step_t0, bubble_t0; /* monotonic ns */
+    /* pipeline bubbles (task.c): the offline task filling them, the index of the next
+       wait in this step, the learned length of each wait (ms; 0 = unknown) for the
+       generation win_gen, and the totals */
+    struct tide__task *btask;
+    size_t bubble_k;
+    uint64_t win_gen;
+    double win_ms[TIDE__BUBBLE_SLOTS];
+    tide_bubble_stats bstats;
     /* communicators: changed under ctl's lock */
     tide_coll_comm_t *c_all, *c_tp, *c_dp, *c_pp; /* current layout */
     tide_coll_comm_t *c_switch;                   /* participants of the running switch */
@@ -61,7 +72,20 @@ void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t
 tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t **out);
 
 /* Runs an assigned offline plugin job (tide_task.h) while this rank is idle: steps it
-   until done, preemption, or a switch that includes this rank. No-op when none. */
+   until done, preemption, or a switch that includes this rank. No-op when none. Main
+   thread. */
 void tide__run_plugin(tide_t *t);
+
+/* A loaded offline plugin job (task.c). */
+typedef struct tide__task tide__task;
+
+/* Ends a loaded job: with preempted, saves its blob and reports it preempted (tided
+   requeues it); then fini, unload, free; *k_p = NULL. No-op on NULL. Main thread. */
+void tide__task_stop(tide_t *t, tide__task **k_p, int preempted);
+
+/* At a step boundary: stops the bubble task when tided preempted it or this rank left
+   the layout, loads a newly assigned one when this rank is a member, and restarts the
+   wait count of the step. Main thread. */
+void tide__bubble_boundary(tide_t *t);
 
 #endif /* TIDE_WORKER_TIDE_INT_H */

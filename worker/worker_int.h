@@ -214,18 +214,24 @@ const tide_proto_layout_msg_t *tide__ctl_pending_layout(tide__ctl_t *ctl);
 /* With the lock held: waits on ctl's condition up to timeout_ms (state changes wake it). */
 void tide__ctl_wait(tide__ctl_t *ctl, int timeout_ms);
 
-/* Accounting for heartbeats: idle time (ns), bubble time (ns), one step's time (ns). */
+/* Accounting for heartbeats: idle time (ns), bubble time (ns) and the part of it that
+   offline task steps filled (ns), one step's time (ns). Any thread. */
 void tide__ctl_add_idle(tide__ctl_t *ctl, uint64_t ns);
-void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns);
+void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns, uint64_t filled_ns);
 void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns);
 
 /* Offline plugin work handed to the main thread (kind plugin): 1 and *out (owned by the
-   caller) when one is waiting. With the lock held. */
-int tide__ctl_take_plugin(tide__ctl_t *ctl, tide_msg_t *out);
+   caller) when one is waiting (bubbles_only: only a job that may run inside pipeline
+   bubbles). With the lock held. */
+int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out);
 
-/* With the lock held: grace (ms) when plugin job `job` must stop, else -1; job NULL
-   marks the plugin job finished (the slot is free again) and returns -1. */
+/* With the lock held: grace (ms) when plugin job `job` must stop, else -1. */
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
+
+/* With the lock held: plugin job `job` ended on the main thread; its slot is free for
+   the next assignment (a later job's slot is left alone). Call it before reporting the
+   end to tided, which may assign the next job at once. */
+void tide__ctl_plugin_finished(tide__ctl_t *ctl, const char *job);
 
 /* Prepares this rank for generation gen with layout l (borrowed for the call); runs on
    ctl's preparation thread, never with ctl's lock held. */

@@ -184,9 +184,37 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action);
  */
 tide_status tide_step_end(tide_t *t, tide_status step_rc);
 
-/* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided. */
+/* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided.
+   For waits the runtime may fill with offline work, use tide_bubble_wait instead. Main
+   thread; never block. */
 void tide_bubble_begin(tide_t *t);
 void tide_bubble_end(tide_t *t);
+
+/*
+ * Waits for a pipeline transfer (req, from tide_coll_p2p_start on comm, usually the
+ * view's pp communicator) and counts the wait as bubble time. While it waits, it runs
+ * steps of the offline task that tided assigned to this rank's bubbles (`tidectl
+ * submit --offline --plugin P --bubbles`), one at a time and only while the task's
+ * estimated step time fits in the time this wait is expected to leave; the expectation
+ * is learned per wait of the step (the k-th call since tide_step_begin) from earlier
+ * steps of the same layout, so the first steps of a layout fill nothing. Such a task is
+ * loaded, preempted and finished at step boundaries (tide_step_end), never inside a
+ * step. Returns the transfer's status (req is completed, not freed). Blocks until the
+ * transfer completes; main thread.
+ */
+tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req);
+
+/* This rank's bubbles since tide_new. */
+typedef struct tide_bubble_stats {
+    uint64_t windows;    /* tide_bubble_wait calls */
+    double bubble_ms;    /* time spent in them, ms */
+    double filled_ms;    /* part of it spent in offline task steps, ms */
+    uint64_t task_steps; /* task steps run inside bubbles */
+    char task[128];      /* the offline job filling the bubbles now ("" when none) */
+} tide_bubble_stats;
+
+/* Copies this rank's bubble statistics into *out. Main thread. */
+void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out);
 
 /* ---- switching layouts ----------------------------------------------------------------- */
 

@@ -2,14 +2,18 @@
  * tide_task: the offline task plugin interface (DESIGN.md "Offline work and bubbles").
  *
  * A plugin is a shared object that libtide loads with dlopen when tided assigns a
- * plugin job to an idle worker ("tidectl submit --offline --plugin NAME"). NAME is a
- * path (contains '/') or a bare name resolved as $TIDE_PLUGIN_DIR/libNAME.so, then
- * libNAME.so on the loader's search path. The object exports one symbol:
+ * plugin job to a worker ("tidectl submit --offline --plugin NAME [--bubbles]"). NAME
+ * is a bare name (tided's protocol carries no paths, so a coordinator can only name
+ * plugins that a worker's own settings offer), resolved as $TIDE_PLUGIN_DIR/libNAME.so,
+ * then libNAME.so on the loader's search path. The object exports one symbol:
  *
  *     const tide_task_v1 *tide_task_v1_get(void);
  *
  * The runtime drives the task in bounded units of work (steps) on the worker's main
- * thread while it is idle, and between steps checks for preemption: on preemption it
+ * thread while it is idle, or inside the pipeline bubbles of the online job it runs
+ * (jobs submitted with --bubbles; tide_bubble_wait in tide.h: a step starts only when
+ * estimated_step_ms fits in the expected rest of the bubble), and between steps
+ * checks for preemption: on preemption it
  * calls save (the blob is written to $TIDE_TASK_DIR/<job>.ckpt, default /tmp) and
  * fini; the next attempt of the job calls restore with that blob after init.
  * Workload: steps of milliseconds to a few seconds; estimated_step_ms tells the runtime

@@ -368,10 +368,13 @@ static void child_tick(tide__ctl_t *ctl)
                                                      : TIDE_JOB_FAILED;
     TIDE_INFO(SUBSYS, "offline job %s ended: %s, exit code %d", ctl->child.job,
               tide_proto_job_state_name(st), code);
-    send_offline_status(ctl, ctl->child.job, st, code);
+    /* The slot is free before tided hears of the end (it may assign the next job). */
     pthread_mutex_lock(&ctl->mu);
     ctl->child_pid = 0;
     ctl->child_job[0] = '\0';
+    pthread_mutex_unlock(&ctl->mu);
+    send_offline_status(ctl, ctl->child.job, st, code);
+    pthread_mutex_lock(&ctl->mu);
     int64_t step = ctl->agree.p_ack;
     uint64_t gen = ctl->deferred_ack_gen;
     int still = gen != 0 && ctl->agree.p_gen == gen;

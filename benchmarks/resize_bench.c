@@ -38,12 +38,21 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "benchmarks/bench_proc.h"
 #include "tests/coord_harness.h"
 
 #define MAX_STEPS 4096
 #define JOB       "resize-bench"
 
-extern char **environ;
+static pid_t spawn_logged(char *const *argv, const char *log)
+{
+    return bench_spawn_logged("resize_bench", argv, log);
+}
+
+static int reap(pid_t pid, const char *what, const char *log, int64_t *exit_us)
+{
+    return bench_reap("resize_bench", pid, what, log, exit_us);
+}
 
 typedef struct settings {
     const char *tided, *train, *mpirun, *out, *work, *from, *to, *placement, *single_copy;
@@ -74,101 +83,28 @@ typedef struct trace {
     int n_ranks;
 } trace;
 
-static int64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static int parse_layout(const char *s, int *dp, int *tp, int *pp)
 {
     return sscanf(s, "%d,%d,%d", dp, tp, pp) == 3 && *dp >= 1 && *tp >= 1 && *pp >= 1 ? 0 : -1;
 }
 
-/* ---- child processes ------------------------------------------------------------------ */
-
-/* Starts argv with stdout and stderr to log; returns the pid or -1. */
-static pid_t spawn_logged(char *const *argv, const char *log)
+/* mpirun -np np train_mlp MODEL --steps .. --dp .. --tp .. --pp .. into c. */
+static void mpi_cmd(bench_cmd *c, const settings *s, int np, int dp, int tp, int pp, int64_t steps)
 {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    int err = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (err != 0) {
-        fprintf(stderr, "resize_bench: cannot start %s: %s\n", argv[0], strerror(err));
-        return -1;
-    }
-    return pid;
-}
-
-/* Waits for pid; 0 when it exited with status 0, else prints the log's tail. */
-static int reap(pid_t pid, const char *what, const char *log, int64_t *exit_us)
-{
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (exit_us != NULL)
-        *exit_us = wall_us();
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-        return 0;
-    fprintf(stderr, "resize_bench: %s failed (status %d); the end of %s:\n", what, st, log);
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "tail -15 '%s' >&2", log);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(could not show %s)\n", log);
-    return -1;
-}
-
-/* mpirun -np np train_mlp MODEL extra... into argv (strings in store). */
-typedef struct cmdline {
-    char *argv[96];
-    char store[48][64];
-    int n, ns;
-} cmdline;
-
-static void add(cmdline *c, const char *s)
-{
-    if (c->n < 95)
-        c->argv[c->n++] = (char *)s;
-    c->argv[c->n] = NULL;
-}
-
-static void addf(cmdline *c, const char *flag, long long v)
-{
-    add(c, flag);
-    if (c->ns < 48) {
-        snprintf(c->store[c->ns], sizeof c->store[0], "%lld", v);
-        add(c, c->store[c->ns++]);
-    }
-}
-
-static void mpi_cmd(cmdline *c, const settings *s, int np, int dp, int tp, int pp, int64_t steps)
-{
-    memset(c, 0, sizeof *c);
-    add(c, s->mpirun);
-    add(c, "--oversubscribe");
-    add(c, "--bind-to");
-    add(c, "none");
-    if (getuid() == 0)
-        add(c, "--allow-run-as-root");
-    addf(c, "-np", np);
-    add(c, s->train);
-    addf(c, "--layers", s->layers);
-    addf(c, "--hidden", s->hidden);
-    addf(c, "--ffn", s->ffn);
-    addf(c, "--vocab", s->vocab);
-    addf(c, "--seq", s->seq);
-    addf(c, "--global-batch", s->batch);
-    addf(c, "--micro-batches", s->micro);
-    addf(c, "--steps", steps);
-    addf(c, "--dp", dp);
-    addf(c, "--tp", tp);
-    addf(c, "--pp", pp);
-    addf(c, "--print-every", 1);
+    bench_mpirun(c, s->mpirun, np);
+    bench_add(c, s->train);
+    bench_addf(c, "--layers", s->layers);
+    bench_addf(c, "--hidden", s->hidden);
+    bench_addf(c, "--ffn", s->ffn);
+    bench_addf(c, "--vocab", s->vocab);
+    bench_addf(c, "--seq", s->seq);
+    bench_addf(c, "--global-batch", s->batch);
+    bench_addf(c, "--micro-batches", s->micro);
+    bench_addf(c, "--steps", steps);
+    bench_addf(c, "--dp", dp);
+    bench_addf(c, "--tp", tp);
+    bench_addf(c, "--pp", pp);
+    bench_addf(c, "--print-every", 1);
 }
 
 /* ---- traces ------------------------------------------------------------------------------ */
@@ -288,16 +224,16 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     snprintf(log, sizeof log, "%s/live.log", s->work);
     snprintf(tr, sizeof tr, "%s/live.trace", s->work);
     int64_t total = s->before + s->after + 2;
-    cmdline c;
+    bench_cmd c;
     mpi_cmd(&c, s, (int)s->np, from[0], from[1], from[2], total);
-    add(&c, "--tide");
-    add(&c, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
-    add(&c, "--endpoint");
-    add(&c, cp.endpoint);
-    add(&c, "--job");
-    add(&c, JOB);
-    add(&c, "--trace-out");
-    add(&c, tr);
+    bench_add(&c, "--tide");
+    bench_add(&c, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
+    bench_add(&c, "--endpoint");
+    bench_add(&c, cp.endpoint);
+    bench_add(&c, "--job");
+    bench_add(&c, JOB);
+    bench_add(&c, "--trace-out");
+    bench_add(&c, tr);
     int rc = -1;
     void *ctx = zmq_ctx_new();
     void *sock = coord_connect(ctx, cp.endpoint, NULL, NULL, NULL, 10000);
@@ -367,24 +303,24 @@ static int run_restart(const settings *s, const int *from, const int *to, int64_
     snprintf(tr_a, sizeof tr_a, "%s/stop.trace", s->work);
     snprintf(tr_b, sizeof tr_b, "%s/restart.trace", s->work);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", s->work);
-    cmdline c;
+    bench_cmd c;
     /* the stopped job: the old layout up to the live run's switch step, then save */
     mpi_cmd(&c, s, from[0] * from[1] * from[2], from[0], from[1], from[2], switch_step);
-    add(&c, "--ckpt-save");
-    add(&c, ckpt);
-    add(&c, "--trace-out");
-    add(&c, tr_a);
+    bench_add(&c, "--ckpt-save");
+    bench_add(&c, ckpt);
+    bench_add(&c, "--trace-out");
+    bench_add(&c, tr_a);
     pid_t pid = spawn_logged(c.argv, log_a);
     int64_t exit_a = 0, spawn_b = 0;
     if (pid < 0 || reap(pid, "the run before the checkpoint", log_a, &exit_a) != 0)
         return -1;
     /* the relaunch: the new layout from the checkpoint to the same last step */
     mpi_cmd(&c, s, to[0] * to[1] * to[2], to[0], to[1], to[2], last_step + 1);
-    add(&c, "--ckpt-load");
-    add(&c, ckpt);
-    add(&c, "--trace-out");
-    add(&c, tr_b);
-    spawn_b = wall_us();
+    bench_add(&c, "--ckpt-load");
+    bench_add(&c, ckpt);
+    bench_add(&c, "--trace-out");
+    bench_add(&c, tr_b);
+    spawn_b = bench_wall_us();
     pid = spawn_logged(c.argv, log_b);
     if (pid < 0 || reap(pid, "the relaunch from the checkpoint", log_b, NULL) != 0)
         return -1;

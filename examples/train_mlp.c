@@ -361,6 +361,25 @@ static tide_status members_comm(tide_t *t, MPI_Comm *out)
                                            n);
 }
 
+/* Collective over comm (the last layout's members): comm's rank 0 prints the members'
+   pipeline bubble time and the part of it that offline task steps filled. */
+static void summarize_bubbles(const tide_t *t, MPI_Comm comm)
+{
+    tide_bubble_stats bs;
+    tide_bubble_stats_get(t, &bs);
+    double mine[3] = {bs.bubble_ms, bs.filled_ms, (double)bs.task_steps}, tot[3] = {0, 0, 0};
+    int me = 0, n = 0;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    MPI_Reduce(mine, tot, 3, MPI_DOUBLE, MPI_SUM, 0, comm);
+    if (me == 0 && tot[0] > 0) {
+        printf("train_mlp: pipeline bubbles %.1f ms on %d ranks; offline task steps filled %.1f "
+               "ms of them (%.1f%%, %.0f steps)\n",
+               tot[0], n, tot[1], 100.0 * tot[1] / tot[0], tot[2]);
+        fflush(stdout);
+    }
+}
+
 static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char *job, int dp,
                     int tp, int pp, int micro, tide_mlp_device dev, output *o,
                     const char *ckpt_save)
@@ -402,9 +421,10 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     MPI_Comm members = MPI_COMM_NULL;
     RUN(members_comm(t, &members), "communicator of the last layout");
     int code = 0;
-    if (members != MPI_COMM_NULL)
+    if (members != MPI_COMM_NULL) {
         code = summarize(o, e.generations, members);
-    else
+        summarize_bubbles(t, members);
+    } else
         output_close(o);
     if (ckpt_save != NULL && tide_mlp_active(model))
         RUN(tide_mlp_ckpt_save(model, me, ckpt_save), "--ckpt-save");

@@ -5,7 +5,9 @@
  * Run with 8 ranks: `mpirun -np 8 reshard_bench [--min-mib 64] [--max-mib 2048]`.
  * For state sizes doubling from --min-mib to --max-mib (one replica of an MLP model
  * with Adam moments, f32) and the layout pairs DP 2->4, TP 2->4, PP 2->4 and
- * (2,2,2)->(1,4,2) (default placement), it plans the reshard, then times four things:
+ * (2,2,2)->(1,4,2), it places the new layout the way tided does by default
+ * (tide_reshard_place, the map that sends the fewest bytes; --placement default: the
+ * plain rank order), plans the reshard, then times four things:
  *   mpi:      every rank exchanges with each peer exactly the bytes the plan moves
  *             between them, one contiguous MPI_Isend/Irecv per (src, dst) pair, old
  *             slab to new slab, MPI_Waitall;
@@ -77,6 +79,7 @@ typedef struct result {
 } result;
 
 static int me, np;
+static int g_optimal = 1; /* --placement: 1 optimal (tided's default), 0 rank order */
 
 /* Page size the baseline aligns its messages to (bytes), and the extra room each slab
    has for that: one page per peer and one for the slab's own start. */
@@ -368,8 +371,21 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
     double *samples = NULL;
     int rc = -1;
     int L = tide_collection_num_layers(col);
+    /* every rank of this machine is a worker on one host, as tided would offer them */
+    tide_place_worker pw[64];
+    for (int w = 0; w < np && w < 64; w++)
+        pw[w] = (tide_place_worker){w, 0};
+    tide_place_request pr = {.dp = ps->ndp,
+                             .tp = ps->ntp,
+                             .pp = ps->npp,
+                             .micro_batches = 1,
+                             .stage_start = NULL,
+                             .workers = pw,
+                             .n_workers = (size_t)(np < 64 ? np : 64),
+                             .tp_across_hosts = 0};
     if (tide_layout_new(&ol, ps->odp, ps->otp, ps->opp, L, 1) != TIDE_OK ||
-        tide_layout_new(&nl, ps->ndp, ps->ntp, ps->npp, L, 1) != TIDE_OK ||
+        (g_optimal ? tide_reshard_place(ol, col, &pr, &nl)
+                   : tide_reshard_place_default(col, &pr, &nl)) != TIDE_OK ||
         tide_reshard_plan(ol, nl, col, NULL, 0, &plan) != TIDE_OK) {
         TIDE_ERROR(BENCH, "%s: planning failed: %s", ps->name, tide_last_error());
         goto out;
@@ -461,8 +477,8 @@ static void write_json(const char *path, const result *res, int n, long long cap
     fprintf(
         f,
         "{\n  \"benchmark\": \"reshard_bench\",\n  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
-        "  \"results\": [\n",
-        np, cap_mib);
+        "  \"placement\": \"%s\",\n  \"results\": [\n",
+        np, cap_mib, g_optimal ? "optimal" : "default");
     for (int i = 0; i < n; i++) {
         const result *r = &res[i];
         fprintf(f,
@@ -489,7 +505,7 @@ int main(int argc, char **argv)
 {
     long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 5, pack_kib = 0,
               piece_mib = 1024, only_pair = -1;
-    const char *out = "bench-out/reshard_bench.json", *log = NULL;
+    const char *out = "bench-out/reshard_bench.json", *log = NULL, *placement = NULL;
     int help = 0, npos = 0;
     tide_opt opts[] = {
         {"min-mib", "TIDE_BENCH_MIN_MIB", TIDE_OPT_INT, &min_mib, "64", "smallest state (MiB)", 1,
@@ -504,6 +520,8 @@ int main(int argc, char **argv)
          "pack items below this size (KiB); 0: executor default", 0, 1 << 20},
         {"base-piece-mib", "TIDE_BENCH_BASE_PIECE_MIB", TIDE_OPT_INT, &piece_mib, "1024",
          "largest baseline message (MiB)", 1, 1024},
+        {"placement", "TIDE_BENCH_PLACEMENT", TIDE_OPT_STRING, &placement, "optimal",
+         "new layout's map: optimal (fewest bytes, tided's default) or default (rank order)", 0, 0},
         {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
          "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2)); -1: all", -1, 3},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
@@ -528,6 +546,14 @@ int main(int argc, char **argv)
         return rc != TIDE_OK ? 2 : 0;
     }
     PIECE = (uint64_t)piece_mib << 20;
+    if (strcmp(placement, "optimal") != 0 && strcmp(placement, "default") != 0) {
+        if (me == 0)
+            fprintf(stderr, "reshard_bench: --placement takes optimal or default, not %s\n",
+                    placement);
+        MPI_Finalize();
+        return 2;
+    }
+    g_optimal = strcmp(placement, "optimal") == 0;
     if (log) {
         tide_log_level lv;
         if (tide_log_parse_level(log, &lv) == TIDE_OK)
@@ -557,7 +583,8 @@ int main(int argc, char **argv)
     result res[64];
     int nres = 0;
     if (me == 0) {
-        printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB\n", np, cap_mib);
+        printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB, %s placement\n", np,
+               cap_mib, placement);
         printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
                "sent", "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net",
                "r_e2e", "r_p2p", "peak stg", "direct");

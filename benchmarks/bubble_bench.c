@@ -4,15 +4,19 @@
  *
  *   plain    tided + `mpirun -np NP train_mlp --tide --pp PP` (1F1B over --micro-batches),
  *            no offline work;
- *   filled   the same, with an offline plugin job (examples/task_matmul, steps of
+ *   filled   the same, with NP offline plugin jobs (examples/task_matmul, steps of
  *            --task-rows rows of an --task-n matrix product) queued with --bubbles
- *            before the job starts, so that tided gives it to the pipeline's workers and
- *            libtide runs its steps inside their bubbles (tide_bubble_wait).
+ *            before the job starts, so that tided gives one to each of the pipeline's
+ *            workers (a job runs on one worker) and libtide runs its steps inside their
+ *            bubbles (tide_bubble_wait).
  * The two alternate --runs times (fresh tided each); each reports train_mlp's steps/s
  * over its warm steps and, from its summary, the members' bubble time and the part that
  * task steps filled. Results (medians): filled share = filled ms / bubble ms of the
  * filled runs (goal >= 0.8), slowdown = 1 - steps/s filled / steps/s plain (goal <=
- * 0.02). On a machine with fewer cores than ranks the ranks share cores and an idle
+ * 0.02). The first steps of a filled run go unfilled (tided hands the jobs out once
+ * heartbeats show bubbles, and each wait's length is learned from earlier steps) and
+ * count against the share: more --steps, closer to the steady state of a long job.
+ * On a machine with fewer cores than ranks the ranks share cores and an idle
  * rank's core is not really idle: run it with NP <= cores. Numbers go to --out
  * (bench-out/bubble_bench.json).
  */
@@ -46,8 +50,8 @@ typedef struct sample {
     double task_steps;
 } sample;
 
-/* Queues the plugin job that fills bubbles; 0 on success. */
-static int submit(void *sock, const settings *s)
+/* Queues plugin job `fill-k` that fills bubbles; 0 on success. */
+static int submit(void *sock, const settings *s, int k)
 {
     char n[32], rows[32];
     snprintf(n, sizeof n, "%lld", s->task_n);
@@ -56,7 +60,7 @@ static int submit(void *sock, const settings *s)
     tide_msg_t q, r;
     tide_msg_init(&q, TIDE_MSG_SUBMIT);
     tide_proto_submit_t *m = &q.u.submit;
-    snprintf(m->name, sizeof m->name, "fill");
+    snprintf(m->name, sizeof m->name, "fill-%d", k);
     m->kind = TIDE_JOB_PLUGIN;
     snprintf(m->plugin, sizeof m->plugin, "tide_task_matmul");
     m->argv = argv; /* borrowed: q is not cleared */
@@ -110,8 +114,11 @@ static int run_one(const settings *s, int filled, int k, sample *o)
     int rc = -1;
     void *ctx = zmq_ctx_new();
     void *sock = coord_connect(ctx, cp.endpoint, NULL, NULL, NULL, 10000);
-    if (sock == NULL || (filled && submit(sock, s) != 0))
+    if (sock == NULL)
         goto out;
+    for (int i = 0; filled && i < (int)s->np; i++)
+        if (submit(sock, s, i) != 0)
+            goto out;
     char log[1024];
     snprintf(log, sizeof log, "%s/%s-%d.log", s->work, filled ? "filled" : "plain", k);
     bench_cmd c;
@@ -188,7 +195,7 @@ int main(int argc, char **argv)
         {"seq", NULL, TIDE_OPT_INT, &s.seq, "16", "model: tokens per sample", 1, 4096},
         {"global-batch", NULL, TIDE_OPT_INT, &s.batch, "32", "samples per step", 1, 1 << 20},
         {"micro-batches", NULL, TIDE_OPT_INT, &s.micro, "4", "micro-batches per step", 1, 4096},
-        {"steps", NULL, TIDE_OPT_INT, &s.steps, "40", "steps per run", 4, 100000},
+        {"steps", NULL, TIDE_OPT_INT, &s.steps, "80", "steps per run", 4, 100000},
         {"task-n", NULL, TIDE_OPT_INT, &s.task_n, "128", "offline task: matrix size", 8, 8192},
         {"task-rows", NULL, TIDE_OPT_INT, &s.task_rows, "2", "offline task: rows per step", 1,
          8192},
@@ -285,9 +292,11 @@ int main(int argc, char **argv)
     fprintf(f, "]}\n");
     fclose(f);
     printf("wrote %s\n", s.out);
-    char blob[1200];
-    snprintf(blob, sizeof blob, "%s/fill.ckpt", s.work);
-    unlink(blob);
+    for (int i = 0; i < (int)s.np; i++) {
+        char blob[1200];
+        snprintf(blob, sizeof blob, "%s/fill-%d.ckpt", s.work, i);
+        unlink(blob);
+    }
     rmdir(s.work);
     return 0;
 }

@@ -268,26 +268,8 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     }
     j->reconf = r;
     j->state = TIDE_JS_RESIZING;
-    for (size_t i = 0; i < n_preempt; i++) {
-        tide_coord_worker_t *w = tide__job_worker(s, j, preempt[i]);
-        tide_coord_job_t *oj = w ? tide_coord_job_get(s->st, w->offline_job) : NULL;
-        if (oj == NULL)
-            continue;
-        tide_msg_t m;
-        tide_msg_init(&m, TIDE_MSG_PREEMPT);
-        snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "%s", oj->name);
-        m.u.preempt.grace_ms = (int)(oj->grace_ms > 600000 ? 600000 : oj->grace_ms);
-        tide__send_worker(s, w, &m);
-        s->st->counters.preemptions++;
-        oj->state = TIDE_JS_QUEUED;
-        oj->worker = -1;
-        tide__event(s, oj->name, "preempted",
-                    "worker %d given to job %s generation %llu; requeued after attempt %d", w->id,
-                    j->name, (unsigned long long)gen, oj->attempts);
-        tide__save_job(s, oj);
-        w->offline_job = 0;
-        w->state = TIDE_WS_IDLE;
-    }
+    for (size_t i = 0; i < n_preempt; i++)
+        tide__preempt_for(s, j, tide__job_worker(s, j, preempt[i]), gen);
     /* reserve new-only participants so backfill leaves them alone */
     for (size_t i = 0; i < r->n_parts; i++) {
         if (r->old_member[i] || r->gone[i])
@@ -673,6 +655,29 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
                            "a checkpoint",
                            tide_last_error());
     return TIDE_OK;
+}
+
+void tide__preempt_for(tide_server_t *s, const tide_coord_job_t *j, tide_coord_worker_t *w,
+                       uint64_t gen)
+{
+    tide_coord_job_t *oj = w ? tide_coord_job_get(s->st, w->offline_job) : NULL;
+    if (oj == NULL)
+        return;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_PREEMPT);
+    snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "%s", oj->name);
+    m.u.preempt.grace_ms = (int)(oj->grace_ms > 600000 ? 600000 : oj->grace_ms);
+    tide__send_worker(s, w, &m);
+    s->st->counters.preemptions++;
+    oj->state = TIDE_JS_QUEUED;
+    oj->worker = -1;
+    tide__event(s, oj->name, "preempted",
+                "worker %d given to job %s generation %llu; requeued after attempt %d", w->id,
+                j->name, (unsigned long long)gen, oj->attempts);
+    tide__save_job(s, oj);
+    w->offline_job = 0;
+    w->state = TIDE_WS_IDLE;
+    s->want_backfill = 1; /* the requeued job may go elsewhere, or into bubbles */
 }
 
 void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)

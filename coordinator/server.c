@@ -496,10 +496,12 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
         TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
         return;
     }
-    /* only idle joined workers start a job: running offline work is not preempted for it */
+    /* The job's own ranks start it: idle ones first, and those that were given offline
+       work between registering and joining (backfill is quick) are preempted for it, or
+       the job would wait for that work to end. */
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (cand[i].cls == TIDE_PW_IDLE)
+        if (cand[i].cls == TIDE_PW_IDLE || cand[i].cls == TIDE_PW_OFFLINE)
             cand[k++] = cand[i];
     size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
     if (k < need)
@@ -517,6 +519,8 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     }
     j->layout = l;
     l = NULL;
+    for (size_t i = 0; i < n_pre; i++)
+        tide__preempt_for(s, j, tide__job_worker(s, j, pre[i]), 1);
     j->generation = j->gen_issued = 1;
     j->state = TIDE_JS_RUNNING;
     char desc[256];

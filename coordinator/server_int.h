@@ -157,6 +157,12 @@ void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reaso
 /* Recovers j after losing members: a new layout over survivors, or stalls the job. */
 void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason);
 
+/* Worker w (of job j's pool; NULL is fine) is given to j's generation gen: the offline
+   job it runs, if any, is preempted (the worker is told) and requeued, and w is idle in
+   tided's books at once. Loop thread. */
+void tide__preempt_for(tide_server_t *s, const tide_coord_job_t *j, tide_coord_worker_t *w,
+                       uint64_t gen);
+
 /* A participant of j's pending reconfiguration failed. */
 void tide__reconf_participant_failed(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w);
 

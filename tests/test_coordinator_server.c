@@ -958,3 +958,53 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
         zmq_close(w[i].sock);
     zmq_close(admin);
 }
+
+/* Workers of a freshly launched job register first and join a moment later; offline
+   work queued meanwhile goes to them (they are idle). The job must still start: the
+   worker running that work is preempted for the first layout and the work requeued. */
+Test(tided, first_layout_preempts_offline_work_given_before_the_join, .init = setup,
+     .fini = teardown)
+{
+    start(NULL);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[2] = {"sleep", "100"};
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    fake w[2];
+    for (int i = 0; i < 2; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register(&w[i], i, 2);
+    }
+    expect_type(w[0].sock, TIDE_MSG_OFFLINE_ASSIGN, &r); /* the lowest idle worker */
+    cr_assert_str_eq(r.u.offline_assign.job, "eval");
+    tide_msg_clear(&r);
+    for (int i = 0; i < 2; i++)
+        fake_join(&w[i], 2);
+    /* worker 0 is told to stop eval, and both get generation 1 */
+    expect_type(w[0].sock, TIDE_MSG_PREEMPT, &r);
+    cr_assert_str_eq(r.u.preempt.job, "eval");
+    tide_msg_clear(&r);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.layout.gen, 1);
+        cr_assert_eq(r.u.layout.layout.dp, 2);
+        tide_msg_clear(&r);
+    }
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+    const tide_proto_job_row_t *eval = find_job(&r, "eval");
+    cr_assert_not_null(eval);
+    /* queued again after one attempt: tidectl jobs shows it as preempted */
+    cr_assert_eq(eval->state, TIDE_JOB_PREEMPTED, "eval is requeued, not %s",
+                 tide_proto_job_state_name(eval->state));
+    tide_msg_clear(&r);
+    zmq_close(admin);
+    for (int i = 0; i < 2; i++)
+        zmq_close(w[i].sock);
+}

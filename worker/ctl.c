@@ -351,11 +351,25 @@ static void on_preempt(tide__ctl_t *ctl, const tide_proto_preempt_t *p)
         return;
     }
     pthread_mutex_lock(&ctl->mu);
+    int unstarted = 0;
     if (strcmp(ctl->plugin_job, p->job) == 0) {
-        ctl->plugin_grace = p->grace_ms;
+        if (ctl->plugin_ready) {
+            /* The main thread never took it (busy joining or stepping): it stops here,
+               with nothing to save; tided waits for this report to reuse the worker. */
+            tide_msg_clear(&ctl->plugin);
+            tide_msg_init(&ctl->plugin, TIDE_MSG_NONE);
+            ctl->plugin_ready = 0;
+            ctl->plugin_job[0] = '\0';
+            ctl->plugin_grace = -1;
+            unstarted = 1;
+        } else {
+            ctl->plugin_grace = p->grace_ms;
+        }
         pthread_cond_broadcast(&ctl->cv);
     }
     pthread_mutex_unlock(&ctl->mu);
+    if (unstarted)
+        send_offline_status(ctl, p->job, TIDE_JOB_PREEMPTED, -15);
 }
 
 static void child_tick(tide__ctl_t *ctl)

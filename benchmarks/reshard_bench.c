@@ -443,9 +443,11 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
         r->max[m] = x[reps - 1];
         r->med[m] = reps % 2 ? x[reps / 2] : (x[reps / 2 - 1] + x[reps / 2]) / 2;
     }
-    r->ratio_net = r->med[M_MPI] / r->med[M_EXEC_NET];
+    /* A plan that sends nothing (every byte already on its worker) has no network phase
+       to compare: its ratios against point-to-point are not defined (-1, shown as -). */
+    r->ratio_net = r->sent > 0 ? r->med[M_MPI] / r->med[M_EXEC_NET] : -1.0;
     r->ratio_e2e = r->med[M_MPI_COPY] / r->med[M_EXEC];
-    r->ratio_p2p = r->med[M_MPI] / r->med[M_EXEC];
+    r->ratio_p2p = r->sent > 0 ? r->med[M_MPI] / r->med[M_EXEC] : -1.0;
     r->ok = 1;
     rc = 0;
 out:
@@ -489,13 +491,20 @@ static void write_json(const char *path, const result *res, int n, long long cap
         for (int m = 0; m < M_COUNT; m++)
             fprintf(f, "\"%s_s\": {\"median\": %.6f, \"min\": %.6f, \"max\": %.6f}, ", m_names[m],
                     r->med[m], r->min[m], r->max[m]);
+        if (r->sent > 0)
+            fprintf(f,
+                    "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
+                    "\"ratio_p2p\": %.3f, ",
+                    (double)r->sent / r->med[M_MPI] / 1e9,
+                    (double)r->sent / r->med[M_EXEC_NET] / 1e9, r->ratio_net, r->ratio_p2p);
+        else /* nothing sent: no network phase to compare */
+            fprintf(f, "\"mpi_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
+                       "\"ratio_p2p\": null, ");
         fprintf(f,
-                "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
-                "\"ratio_e2e\": %.3f, \"ratio_p2p\": %.3f, \"peak_staging\": %llu, "
-                "\"staging_cap\": %llu, \"bytes_direct\": %llu}%s\n",
-                (double)r->sent / r->med[M_MPI] / 1e9, (double)r->sent / r->med[M_EXEC_NET] / 1e9,
-                r->ratio_net, r->ratio_e2e, r->ratio_p2p, (unsigned long long)r->peak_staging,
-                (unsigned long long)r->cap, (unsigned long long)r->direct, i + 1 < n ? "," : "");
+                "\"ratio_e2e\": %.3f, \"peak_staging\": %llu, \"staging_cap\": %llu, "
+                "\"bytes_direct\": %llu}%s\n",
+                r->ratio_e2e, (unsigned long long)r->peak_staging, (unsigned long long)r->cap,
+                (unsigned long long)r->direct, i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     fclose(f);
@@ -608,14 +617,19 @@ int main(int argc, char **argv)
             }
             nres++;
             if (me == 0) {
-                printf(
-                    "%-18s %4.0f MiB %4.0f MiB %4.0f MiB %8.4f %8.4f %8.4f %8.4f %9.2f %6.2f "
-                    "%6.2f %6.2f %5.0f MiB %4.0f MiB%s\n",
-                    r->pair, (double)r->state / 1048576.0, (double)r->sent / 1048576.0,
-                    (double)r->local / 1048576.0, r->med[M_MPI], r->med[M_MPI_COPY],
-                    r->med[M_EXEC_NET], r->med[M_EXEC], (double)r->sent / r->med[M_EXEC_NET] / 1e9,
-                    r->ratio_net, r->ratio_e2e, r->ratio_p2p, (double)r->peak_staging / 1048576.0,
-                    (double)r->direct / 1048576.0, r->peak_staging <= r->cap ? "" : " (over cap!)");
+                char gbs[16] = "        -", rn[16] = "     -", rp[16] = "     -";
+                if (r->sent > 0) {
+                    snprintf(gbs, sizeof gbs, "%9.2f", (double)r->sent / r->med[M_EXEC_NET] / 1e9);
+                    snprintf(rn, sizeof rn, "%6.2f", r->ratio_net);
+                    snprintf(rp, sizeof rp, "%6.2f", r->ratio_p2p);
+                }
+                printf("%-18s %4.0f MiB %4.0f MiB %4.0f MiB %8.4f %8.4f %8.4f %8.4f %s %s "
+                       "%6.2f %s %5.0f MiB %4.0f MiB%s\n",
+                       r->pair, (double)r->state / 1048576.0, (double)r->sent / 1048576.0,
+                       (double)r->local / 1048576.0, r->med[M_MPI], r->med[M_MPI_COPY],
+                       r->med[M_EXEC_NET], r->med[M_EXEC], gbs, rn, r->ratio_e2e, rp,
+                       (double)r->peak_staging / 1048576.0, (double)r->direct / 1048576.0,
+                       r->peak_staging <= r->cap ? "" : " (over cap!)");
                 fflush(stdout);
             }
         }

@@ -5,8 +5,10 @@
 # `mpirun -np 8 train_mlp --tide` on host memory, resizes the job with tidectl
 #   (dp 2, tp 2, pp 2) -> (dp 1, tp 4, pp 2) -> (dp 4, tp 1, pp 1) -> (dp 1, tp 2, pp 2)
 # showing `tidectl status` after each switch, backfills the GPUs the last layout leaves
-# idle with offline command jobs (`tidectl submit --offline`), and ends with the loss
-# curve of this run next to a run of the same model that was never resized.
+# idle with offline command jobs (`tidectl submit --offline`), fills the pipeline
+# bubbles of the layout's members with offline plugin steps (`--plugin tide_task_matmul
+# --bubbles`), and ends with the loss curve of this run next to a run of the same model
+# that was never resized (bubble filling included, the losses are the same).
 # Everything it started is stopped on exit. About 2 minutes once built.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,7 +19,7 @@ bash "$ROOT/scripts/build.sh" >/dev/null
 
 OUT="${DEMO_OUT:-$ROOT/demo-out}"
 mkdir -p "$OUT"
-rm -f "$OUT"/endpoint "$OUT"/state.db* "$OUT"/*.txt "$OUT"/*.log
+rm -f "$OUT"/endpoint "$OUT"/state.db* "$OUT"/*.txt "$OUT"/*.log "$OUT"/*.ckpt
 TIDED="$BUILD_DIR/coordinator/tided"
 TIDECTL="$BUILD_DIR/coordinator/tidectl"
 TRAIN="$BUILD_DIR/examples/train_mlp"
@@ -30,6 +32,8 @@ MODEL=(--layers 4 --hidden 128 --ffn 512 --vocab 64 --seq 16 --global-batch 32
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
+# Offline task plugins (libNAME.so) come from here; preempted ones save their state here.
+export TIDE_PLUGIN_DIR="$BUILD_DIR/examples" TIDE_TASK_DIR="$OUT"
 if [ "$(id -u)" -eq 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 
 TIDED_PID="" TRAIN_PID=""
@@ -123,6 +127,14 @@ for _ in $(seq 100); do
 done
 say "tidectl status (offline work backfills the idle GPUs)"
 ctl status
+
+# ---- fill the pipeline bubbles of the members --------------------------------------------
+members=$(ctl status --json | grep -o '"state":"online"' | wc -l)
+say "tidectl submit --offline --plugin tide_task_matmul --bubbles: $members jobs for the bubbles of the $members members"
+for i in $(seq "$members"); do
+  ctl submit --offline --name "fill-$i" --plugin tide_task_matmul --bubbles -- \
+    --n 128 --rounds 1000000 --rows 2
+done
 ctl jobs
 
 say "waiting for train_mlp to finish its $STEPS steps"

@@ -237,29 +237,47 @@ static int cmp_offline(const void *a, const void *b)
     return (x->job > y->job) - (x->job < y->job);
 }
 
-tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq, const int32_t *idle,
-                               size_t ni, tide_policy_assignment *out, size_t *n_out)
+static int cmp_idle(const void *a, const void *b)
+{
+    const tide_policy_idle *x = a, *y = b;
+    return (x->worker > y->worker) - (x->worker < y->worker);
+}
+
+tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
+                               const tide_policy_idle *idle, size_t ni, tide_policy_assignment *out,
+                               size_t *n_out)
 {
     *n_out = 0;
-    size_t m = nq < ni ? nq : ni;
-    if (m == 0)
+    if (nq == 0 || ni == 0)
         return TIDE_OK;
     tide_policy_offline *q = tide_malloc(nq * sizeof *q);
-    int32_t *w = tide_malloc(ni * sizeof *w);
-    if (q == NULL || w == NULL) {
+    tide_policy_idle *w = tide_malloc(ni * sizeof *w);
+    uint8_t *taken = tide_calloc(ni, 1);
+    if (q == NULL || w == NULL || taken == NULL) {
         tide_free(q);
         tide_free(w);
+        tide_free(taken);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory assigning offline work");
     }
     memcpy(q, queued, nq * sizeof *q);
     memcpy(w, idle, ni * sizeof *w);
     qsort(q, nq, sizeof *q, cmp_offline);
-    qsort(w, ni, sizeof *w, cmp_i32);
-    for (size_t i = 0; i < m; i++)
-        out[i] = (tide_policy_assignment){q[i].job, w[i]};
-    *n_out = m;
+    qsort(w, ni, sizeof *w, cmp_idle);
+    /* O(nq * ni) at worst; both are a pool's worth at most, and the scan stops once
+       every worker is taken */
+    size_t n = 0;
+    for (size_t i = 0; i < nq && n < ni; i++)
+        for (size_t k = 0; k < ni; k++) {
+            if (taken[k] || (q[i].mem_cap > 0 && w[k].memory > 0 && w[k].memory < q[i].mem_cap))
+                continue;
+            taken[k] = 1;
+            out[n++] = (tide_policy_assignment){q[i].job, w[k].worker};
+            break;
+        }
+    *n_out = n;
     tide_free(q);
     tide_free(w);
+    tide_free(taken);
     return TIDE_OK;
 }
 

@@ -84,7 +84,14 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
 typedef struct tide_policy_offline {
     int64_t job;
     int32_t priority; /* higher first; ties by lower job id (submission order) */
+    uint64_t mem_cap; /* bytes of device memory the job needs; 0 = no cap */
 } tide_policy_offline;
+
+/* An idle worker offered to offline work. */
+typedef struct tide_policy_idle {
+    int32_t worker;  /* coordinator worker id */
+    uint64_t memory; /* bytes of device memory; 0 = unknown (fits any cap) */
+} tide_policy_idle;
 
 typedef struct tide_policy_assignment {
     int64_t job;
@@ -92,12 +99,15 @@ typedef struct tide_policy_assignment {
 } tide_policy_assignment;
 
 /*
- * Pairs queued offline jobs (highest priority first) with idle worker ids
- * (lowest id first); writes min(nq, ni) pairs to out (room for min(nq, ni))
- * and their count to *n_out. Pure.
+ * Pairs queued offline jobs (highest priority first) with idle workers: each
+ * job takes the lowest-id idle worker whose memory holds its mem_cap; a job
+ * that fits on no idle worker waits and does not hold back lower-priority jobs
+ * that fit. Writes the pairs to out (room for min(nq, ni)) and their count to
+ * *n_out. Pure.
  */
-tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq, const int32_t *idle,
-                               size_t ni, tide_policy_assignment *out, size_t *n_out);
+tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
+                               const tide_policy_idle *idle, size_t ni, tide_policy_assignment *out,
+                               size_t *n_out);
 
 /*
  * The step at which a reconfiguration switches, from the completed-step counts

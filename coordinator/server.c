@@ -1107,20 +1107,21 @@ static void backfill(tide_server_t *s)
     if (nq == 0)
         return;
     tide_policy_offline *q = tide_malloc(nq * sizeof *q);
-    int32_t *idle = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *idle);
+    tide_policy_idle *idle = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *idle);
     tide_policy_assignment *pairs = tide_malloc(nq * sizeof *pairs);
     if (q == NULL || idle == NULL || pairs == NULL)
         goto out;
     nq = 0;
     for (size_t i = 0; i < st->n_jobs; i++)
         if (st->jobs[i]->kind == TIDE_CJOB_OFFLINE && st->jobs[i]->state == TIDE_JS_QUEUED)
-            q[nq++] = (tide_policy_offline){st->jobs[i]->id, st->jobs[i]->priority};
+            q[nq++] =
+                (tide_policy_offline){st->jobs[i]->id, st->jobs[i]->priority, st->jobs[i]->mem_cap};
     for (size_t i = 0; i < st->n_workers; i++) {
         const tide_coord_worker_t *w = &st->workers[i];
         /* connected since tided started, holding nothing, not reserved by a resize */
         if (w->pool[0] && w->state == TIDE_WS_IDLE && w->job == 0 && w->offline_job == 0 &&
             w->rid_len > 0)
-            idle[ni++] = w->id;
+            idle[ni++] = (tide_policy_idle){w->id, w->memory};
     }
     if (tide_policy_assign(q, nq, idle, ni, pairs, &n_pairs) != TIDE_OK)
         goto out;

@@ -210,8 +210,8 @@ Test(policy, placement_survives_allocation_failures)
 
 Test(policy, backfill_by_priority_then_submission)
 {
-    tide_policy_offline q[4] = {{10, 0}, {11, 5}, {12, 5}, {13, -3}};
-    int32_t idle[3] = {7, 2, 4};
+    tide_policy_offline q[4] = {{10, 0, 0}, {11, 5, 0}, {12, 5, 0}, {13, -3, 0}};
+    tide_policy_idle idle[3] = {{7, 0}, {2, 0}, {4, 0}};
     tide_policy_assignment out[3];
     size_t n;
     cr_assert_eq(tide_policy_assign(q, 4, idle, 3, out, &n), TIDE_OK);
@@ -224,6 +224,34 @@ Test(policy, backfill_by_priority_then_submission)
     cr_assert_eq(out[2].worker, 7);
     cr_assert_eq(tide_policy_assign(q, 4, idle, 0, out, &n), TIDE_OK);
     cr_assert_eq(n, 0);
+}
+
+/* A job goes only where its --mem-cap fits; one that fits nowhere waits without
+   holding back lower-priority jobs that fit. */
+Test(policy, backfill_respects_memory_caps)
+{
+    const uint64_t G = 1ull << 30;
+    tide_policy_offline q[3] = {{20, 9, 80 * G}, {21, 5, 30 * G}, {22, 1, 0}};
+    tide_policy_idle idle[3] = {{1, 24 * G}, {2, 40 * G}, {3, 0}};
+    tide_policy_assignment out[3];
+    size_t n;
+    cr_assert_eq(tide_policy_assign(q, 3, idle, 3, out, &n), TIDE_OK);
+    /* 20 needs 80 GiB: only worker 3 (memory unknown) can take it; 21 then fits on 2 */
+    cr_assert_eq(n, 3);
+    cr_assert_eq(out[0].job, 20);
+    cr_assert_eq(out[0].worker, 3);
+    cr_assert_eq(out[1].job, 21);
+    cr_assert_eq(out[1].worker, 2);
+    cr_assert_eq(out[2].job, 22);
+    cr_assert_eq(out[2].worker, 1);
+    /* known memory everywhere: the 80 GiB job waits, the others go */
+    idle[2].memory = 16 * G;
+    cr_assert_eq(tide_policy_assign(q, 3, idle, 3, out, &n), TIDE_OK);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(out[0].job, 21);
+    cr_assert_eq(out[0].worker, 2);
+    cr_assert_eq(out[1].job, 22);
+    cr_assert_eq(out[1].worker, 1);
 }
 
 Test(policy, switch_step)

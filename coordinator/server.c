@@ -441,6 +441,11 @@ static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
     s->bubble_ns_total += bubble;
     if (m->step_ms > 0)
         w->busy_ns += interval;
+    /* what tidectl status shows: the last few intervals, not the worker's whole life */
+    double share = interval > 0 ? (double)bubble / (double)interval : 0.0;
+    share = share > 1.0 ? 1.0 : share;
+    w->bubble_recent =
+        m->step_ms > 0 ? 0.7 * w->bubble_recent + 0.3 * share : 0.7 * w->bubble_recent;
     /* the part of the bubbles that offline task steps used, as the worker measured it */
     uint64_t filled = (uint64_t)(fmin(m->filled_ms, m->bubble_ms) * 1e6);
     s->filled_ns_total += filled;
@@ -774,10 +779,7 @@ static void handle_status(tide_server_t *s)
         r->mem_bytes = w->memory;
         r->stage = r->dp_rank = r->tp_rank = -1;
         r->step = w->step > 0 ? (uint64_t)w->step : 0;
-        double busy = (double)w->busy_ns;
-        r->bubble_pct = busy > 0 ? 100.0 * (double)w->bubble_ns / busy : 0.0;
-        if (r->bubble_pct > 100)
-            r->bubble_pct = 100;
+        r->bubble_pct = 100.0 * w->bubble_recent;
         uint64_t ago_ns = now_ns_cached > w->last_seen_ns ? now_ns_cached - w->last_seen_ns : 0;
         r->last_seen_ms = w->last_seen_ns ? wall - (int64_t)(ago_ns / 1000000ull) : 0;
         const tide_coord_job_t *oj = w->offline_job ? tide_coord_job_get(st, w->offline_job) : NULL;

@@ -87,6 +87,9 @@ typedef struct tide_coord_worker {
     uint64_t bubble_ns;                    /* idle (bubble) time it reported, cumulative */
     uint64_t filled_ns;                    /* part of bubble_ns used by offline work, cumulative */
     uint64_t busy_ns;                      /* step time it reported, cumulative */
+    double bubble_recent;                  /* share of its recent heartbeat intervals spent in
+                                              bubbles, [0, 1] (moving average; decays while
+                                              it takes no steps) */
     unsigned char rid[TIDE_COORD_RID_MAX]; /* routing id of its current connection */
     size_t rid_len;                        /* 0: no connection since tided started */
     int delim;                             /* its envelope has an empty delimiter frame */

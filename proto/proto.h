@@ -314,7 +314,7 @@ typedef struct tide_proto_gpu_row {
     char job[TIDE_PROTO_NAME_MAX + 1];     /* "job": online job, "" when none */
     int stage, dp_rank, tp_rank;           /* "stage","dp_rank","tp_rank": -1 when none */
     uint64_t step;                         /* "step" */
-    double bubble_pct;                     /* "bubble_pct": [0, 100] */
+    double bubble_pct;                     /* "bubble_pct": [0, 100], of recent intervals */
     char offline[TIDE_PROTO_NAME_MAX + 1]; /* "offline": offline job, "" when none */
     int64_t last_seen_ms;                  /* "last_seen_ms": wall clock of last heartbeat */
 } tide_proto_gpu_row_t;

@@ -4,6 +4,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "error.h"
 #include "log.h"
@@ -38,10 +39,15 @@ const char *tide_status_name(tide_status rc)
 
 tide_status tide_errorf(tide_status rc, const char *fmt, ...)
 {
+    /* Formatted aside first: callers often wrap the previous detail,
+       tide_errorf(rc, "...: %s", tide_last_error()), and vsnprintf must not write the
+       buffer it reads. */
+    char buf[sizeof detail];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(detail, buf, sizeof detail);
     return rc;
 }
 

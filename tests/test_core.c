@@ -369,3 +369,14 @@ Test(core_copy, copy_2d_matches_a_byte_loop_and_touches_nothing_else)
     free(a);
     free(b);
 }
+
+/* Wrapping the previous detail in a new one is the usual way to add context. */
+Test(core_status, a_detail_may_wrap_the_previous_one)
+{
+    tide_errorf(TIDE_ERR_NO_HOLDER, "no live worker holds %s", "layer.2.fc1.weight.exp_avg");
+    tide_status rc =
+        tide_errorf(TIDE_ERR_NO_HOLDER, "cannot recover: %s; restart it", tide_last_error());
+    cr_expect_eq(rc, TIDE_ERR_NO_HOLDER);
+    cr_expect_str_eq(tide_last_error(),
+                     "cannot recover: no live worker holds layer.2.fc1.weight.exp_avg; restart it");
+}

@@ -657,6 +657,23 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
     return TIDE_OK;
 }
 
+/* Tells every live member of j's layout that the job cannot go on (halt). */
+static void halt_members(tide_server_t *s, const tide_coord_job_t *j, tide_status code,
+                         const char *why)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HALT);
+    snprintf(m.u.halt.job, sizeof m.u.halt.job, "%s", j->name);
+    m.u.halt.gen = j->generation;
+    m.u.halt.code = code < 0 && code >= -1000 ? (int)code : (int)TIDE_ERR_INTERNAL;
+    snprintf(m.u.halt.reason, sizeof m.u.halt.reason, "%s", why);
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
+        if (w != NULL && w->state != TIDE_WS_FAILED && w->job == j->id)
+            tide__send_worker(s, w, &m);
+    }
+}
+
 void tide__preempt_for(tide_server_t *s, const tide_coord_job_t *j, tide_coord_worker_t *w,
                        uint64_t gen)
 {
@@ -707,9 +724,15 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         tide_free(pre);
         tide_layout_destroy(&l);
         if (j->state != TIDE_JS_STALLED) {
+            char detail[TIDE_PROTO_TEXT_MAX + 1];
+            snprintf(detail, sizeof detail, "%s", tide_last_error());
             j->state = TIDE_JS_STALLED;
-            tide__event(s, j->name, "stalled", "%s: %s", reason, tide_last_error());
+            tide__event(s, j->name, "stalled", "%s: %s", reason, detail);
             tide__save_job(s, j);
+            /* Lost state never comes back (more workers would not help): the survivors
+               are told to stop instead of waiting for an operator. */
+            if (rc == TIDE_ERR_NO_HOLDER)
+                halt_members(s, j, rc, detail);
         }
         return;
     }

@@ -346,6 +346,13 @@ static const tide__field commit_fields[] = {
     F_U64(tide_proto_commit_t, step, "step"),
 };
 
+static const tide__field halt_fields[] = {
+    F_JOB(tide_proto_halt_t, job),
+    F_GEN(tide_proto_halt_t, gen),
+    F_INT(tide_proto_halt_t, code, "code", -1000, -1),
+    F_TEXT(tide_proto_halt_t, reason, "reason"),
+};
+
 static const tide__field abort_fields[] = {
     F_JOB(tide_proto_abort_t, job),
     F_GEN(tide_proto_abort_t, gen),
@@ -606,6 +613,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_PREPARE_ACK] = SCHEMA(prepare_ack_fields, tide_proto_prepare_ack_t, 0, NULL),
     [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),
     [TIDE_MSG_ABORT] = SCHEMA(abort_fields, tide_proto_abort_t, 0, NULL),
+    [TIDE_MSG_HALT] = SCHEMA(halt_fields, tide_proto_halt_t, 0, NULL),
     [TIDE_MSG_DONE] = SCHEMA(done_fields, tide_proto_done_t, 0, NULL),
     [TIDE_MSG_FAILURE] = SCHEMA(failure_fields, tide_proto_failure_t, 0, NULL),
     [TIDE_MSG_OFFLINE_ASSIGN] =

@@ -236,6 +236,16 @@ typedef struct tide_proto_abort {
     char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
 } tide_proto_abort_t;
 
+/* "halt" tided -> worker: job `job` cannot go on from generation gen (its lost state has
+   no live replica, say): the worker stops taking steps and its program gets code and the
+   reason. Sent to the job's surviving workers; permanent for that job. */
+typedef struct tide_proto_halt {
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
+    uint64_t gen;                         /* "gen": the generation that cannot go on */
+    int code;                             /* "code": a tide_status, [-1000, -1] */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
+} tide_proto_halt_t;
+
 /* "done" worker -> tided: the worker finished (or failed) switching to gen. */
 typedef struct tide_proto_done {
     int32_t worker;                    /* "worker" */
@@ -446,6 +456,7 @@ typedef struct tide_proto_error {
     X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
     X(COMMIT, "commit", commit)                                                                    \
     X(ABORT, "abort", abort_)                                                                      \
+    X(HALT, "halt", halt)                                                                          \
     X(DONE, "done", done)                                                                          \
     X(FAILURE, "failure", failure)                                                                 \
     X(OFFLINE_ASSIGN, "offline_assign", offline_assign)                                            \
@@ -507,6 +518,7 @@ typedef struct tide_msg {
         tide_proto_prepare_ack_t prepare_ack;
         tide_proto_commit_t commit;
         tide_proto_abort_t abort_;
+        tide_proto_halt_t halt;
         tide_proto_done_t done;
         tide_proto_failure_t failure;
         tide_proto_offline_assign_t offline_assign;

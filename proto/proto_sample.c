@@ -244,6 +244,12 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->ms = drange(r, 0, TIDE_PROTO_MS_MAX);
         return TIDE_OK;
     }
+    case TIDE_MSG_HALT:
+        NAME(r, m->u.halt.job);
+        m->u.halt.gen = urange(r, 0, UINT64_MAX);
+        m->u.halt.code = (int)irange(r, -1000, -1);
+        TEXT(r, m->u.halt.reason);
+        return TIDE_OK;
     case TIDE_MSG_FAILURE: {
         tide_proto_failure_t *x = &m->u.failure;
         x->worker = worker_id(r);

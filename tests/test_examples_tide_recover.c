@@ -10,9 +10,9 @@
  *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
  *             have no replica, so the job cannot be recovered from the survivors; tided
  *             must say so (job stalled, an event naming the lost state) instead of
- *             starting recoveries that every survivor fails; the survivors then wait in
- *             their step for the operator, so rank 0 ends the test by killing the pool
- *             once tided's answer is checked
+ *             starting recoveries that every survivor fails, and halt the survivors:
+ *             each one's training returns with the reason (TIDE_ERR_NO_HOLDER naming the
+ *             lost moments) and the program exits
  * tided runs with a 100 ms heartbeat and a 1.5 s failure timeout, so detection is quick.
  * Checked: tided declares exactly the victim failed and commits generation 2 (a
  * recovery) without it, as `tidectl status/jobs/events --json` show; every survivor
@@ -238,8 +238,8 @@ typedef struct watch {
     volatile uint64_t killed_ns; /* set when the victim's last step was recorded */
 } watch;
 
-/* zero1 mode, rank 0's thread (its main thread waits in the step like every survivor): once
-   tided stalled the job, checks what it says and ends the test. */
+/* zero1 mode, rank 0's thread (its main thread waits in the step like every survivor, until
+   tided's halt ends it): once tided stalled the job, checks what it says. */
 static void check_stalled(watch *w)
 {
     static char buf[1 << 18];
@@ -274,9 +274,7 @@ static void check_stalled(watch *w)
     printf("recover-zero1: rank %d killed after step %d; tided stalled the job: no live replica "
            "of its ZeRO-1 moments; no recovery started\n",
            g_victim, KILL_AT - 1);
-    printf("test_examples_tide_recover: passed\n");
     fflush(stdout);
-    fail_all(); /* the survivors wait for an operator: the test is over */
 }
 
 static void *watchdog(void *arg)
@@ -585,8 +583,20 @@ int main(int argc, char **argv)
     }
 
     tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0};
-    MT_OK(tide_mlp_tide_train(t, m, &h));
+    tide_status trc = tide_mlp_tide_train(t, m, &h);
     MT_ASSERT(g_rank != g_victim, "the victim is still alive");
+    if (g_zero1_mode) {
+        /* tided halts the job it cannot recover: every survivor's training ends with the
+           reason instead of waiting for an operator */
+        const char *why = tide_last_error();
+        MT_ASSERT(trc == TIDE_ERR_NO_HOLDER && strstr(why, "halted") != NULL &&
+                      strstr(why, "exp_avg") != NULL,
+                  "survivor %d: training must end with tided's halt naming the lost moments; it "
+                  "ended with %s: %s",
+                  g_rank, tide_strerror(trc), why);
+    } else {
+        MT_OK(trc);
+    }
 
     /* From here on only the survivors: MPI_COMM_WORLD still names the dead rank, so every
        check runs over a communicator of the others (created among them only). */
@@ -600,6 +610,24 @@ int main(int argc, char **argv)
     MPI_Group_free(&wg);
     int nsurv = 0;
     MPI_Comm_size(surv, &nsurv);
+    if (g_zero1_mode) {
+        if (g_rank == 0)
+            pthread_join(th, NULL); /* check_stalled: tided's events say why */
+        MPI_Barrier(surv);
+        tide_destroy(&t);
+        tide_mlp_destroy(&m);
+        if (g_rank == 0) {
+            printf("recover-zero1: the %d survivors were halted with the reason and exit\n", nsurv);
+            printf("test_examples_tide_recover: passed\n");
+            fflush(stdout);
+        }
+        MPI_Comm_free(&surv);
+        tide_collection_destroy(&rec.coll);
+        MPI_Finalize();
+        if (is_root)
+            stop_tided();
+        return 0;
+    }
 
     /* every survivor took part in the recovery: the old members and the spare */
     int sw_min = 0, sw_max = 0, one = rec.switches;

@@ -50,6 +50,8 @@ struct tide__ctl {
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     tide__abort_fn abort_fn;
     void *abort_ctx;
+    int halt_code; /* tided halted the job (a tide_status); 0: not halted */
+    char halt_reason[TIDE_PROTO_TEXT_MAX + 1];
     uint64_t idle_ns, bubble_ns, filled_ns, step_ns;
     uint32_t steps;
     uint8_t *done_bytes; /* last done sent, for duplicate commits */
@@ -298,6 +300,27 @@ static void on_abort(tide__ctl_t *ctl, const tide_proto_abort_t *a)
     }
 }
 
+/* tided says the job cannot go on: every wait of the program ends with the reason, and
+   collectives blocked on a dead peer are aborted. */
+static void on_halt(tide__ctl_t *ctl, const tide_proto_halt_t *h)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int mine = strcmp(h->job, ctl->job) == 0 && ctl->halt_code == 0;
+    if (mine) {
+        ctl->halt_code = h->code;
+        snprintf(ctl->halt_reason, sizeof ctl->halt_reason, "%s", h->reason);
+        if (ctl->abort_fn != NULL) {
+            ctl->abort_fn(ctl->abort_ctx, 0);
+            ctl->abort_fn(ctl->abort_ctx, 1);
+        }
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+    if (mine)
+        TIDE_ERROR(SUBSYS, "tided halted job %s at generation %llu: %s", h->job,
+                   (unsigned long long)h->gen, h->reason);
+}
+
 static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
 {
     tide_proto_offline_assign_t *a = &m->u.offline_assign;
@@ -429,6 +452,9 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         break;
     case TIDE_MSG_ABORT:
         on_abort(ctl, &m.u.abort_);
+        break;
+    case TIDE_MSG_HALT:
+        on_halt(ctl, &m.u.halt);
         break;
     case TIDE_MSG_OFFLINE_ASSIGN:
         on_assign(ctl, &m);
@@ -927,6 +953,13 @@ int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out)
     tide_msg_init(&ctl->plugin, TIDE_MSG_NONE);
     ctl->plugin_ready = 0;
     return 1;
+}
+
+int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len)
+{
+    if (ctl->halt_code != 0 && why != NULL && len > 0)
+        snprintf(why, len, "%s", ctl->halt_reason);
+    return ctl->halt_code;
 }
 
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job)

@@ -649,6 +649,12 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
     tide_status rc = TIDE_OK;
     tide__ctl_lock(t->ctl);
     for (;;) {
+        char why[TIDE_PROTO_TEXT_MAX + 1];
+        int halted = tide__ctl_halted(t->ctl, why, sizeof why);
+        if (halted != 0) {
+            rc = tide_errorf((tide_status)halted, "tided halted job %s: %s", t->job, why);
+            break;
+        }
         tide__agree *a = tide__ctl_agree(t->ctl);
         tide__begin d = tide__agree_begin(a);
         if (d == TIDE__BEGIN_RUN) {

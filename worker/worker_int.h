@@ -225,6 +225,10 @@ void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns);
    bubbles). With the lock held. */
 int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out);
 
+/* With the lock held: the tide_status tided halted the job with (its reason copied into
+   why), or 0 while it goes on. */
+int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len);
+
 /* With the lock held: grace (ms) when plugin job `job` must stop, else -1. */
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
 

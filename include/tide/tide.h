@@ -173,7 +173,9 @@ typedef enum tide_step_action {
  * outside the layout blocks here, idle (offline work runs meanwhile), until a layout
  * includes it (TIDE_STEP_RECONFIGURE) or the job ends (TIDE_STEP_FINISHED).
  * Errors: TIDE_ERR_STALE when this rank cannot follow (it ran past a recovery's switch
- * step), TIDE_ERR_CLOSED when tided dropped it.
+ * step), TIDE_ERR_CLOSED when tided dropped it, and the status tided halted the job with
+ * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica; the detail says what to
+ * do) once tided gave up on the job; the program should then exit.
  */
 tide_status tide_step_begin(tide_t *t, tide_step_action *action);
 

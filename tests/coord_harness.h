@@ -10,9 +10,11 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,6 +71,7 @@ static inline int coord_start(coord_proc *p, const char *tided, const char *cons
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test that started it */
         execv(tided, (char *const *)argv);
         _exit(127);
     }
@@ -93,6 +96,52 @@ static inline int coord_start(coord_proc *p, const char *tided, const char *cons
         tide_sleep_ms(10);
     }
     return -1;
+}
+
+extern char **environ;
+
+/*
+ * Runs `TIDECTL --endpoint ENDPOINT args...` (args NULL-terminated, at most 28) and waits
+ * for it; its stdout goes into out (cap bytes, NUL-terminated) when out is not NULL.
+ * Returns its exit status, or -1 when it could not run. Blocks; any thread.
+ */
+static inline int coord_tidectl(const char *tidectl, const char *endpoint, const char *const *args,
+                                char *out, size_t cap)
+{
+    const char *argv[32] = {tidectl, "--endpoint", endpoint};
+    int n = 3;
+    for (int i = 0; args[i] != NULL && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    int fd[2];
+    if (pipe(fd) != 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    pid_t pid;
+    int rc = posix_spawn(&pid, tidectl, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    if (rc != 0) {
+        close(fd[0]);
+        return -1;
+    }
+    size_t got = 0;
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(fd[0], buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < k; i++)
+            if (out != NULL && got + 1 < cap)
+                out[got++] = buf[i];
+    if (out != NULL && cap > 0)
+        out[got] = '\0';
+    close(fd[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* Sends sig to tided and reaps it; returns its wait status. */

@@ -40,55 +40,13 @@
 static int g_rank;
 static coord_proc g_coord;
 
-extern char **environ;
-
-/* Runs TIDECTL --endpoint E args...; its stdout into out (cap bytes) when out is set.
-   Returns the exit status (-1 when it could not run). */
-static int tidectl(const char *exe, const char *endpoint, const char *const *args, char *out,
-                   size_t cap)
-{
-    const char *argv[32] = {exe, "--endpoint", endpoint};
-    int n = 3;
-    for (int i = 0; args[i] != NULL && n < 31; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    int fd[2];
-    if (pipe(fd) != 0)
-        return -1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
-    posix_spawn_file_actions_addclose(&fa, fd[0]);
-    pid_t pid;
-    int rc = posix_spawn(&pid, exe, &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fd[1]);
-    if (rc != 0) {
-        close(fd[0]);
-        return -1;
-    }
-    size_t got = 0;
-    char buf[4096];
-    ssize_t k;
-    while ((k = read(fd[0], buf, sizeof buf)) > 0)
-        for (ssize_t i = 0; i < k; i++)
-            if (out != NULL && got + 1 < cap)
-                out[got++] = buf[i];
-    if (out != NULL && cap > 0)
-        out[got] = '\0';
-    close(fd[0]);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The state of offline job name in `tidectl jobs --json` ("" when not listed). */
 static void job_state(const char *exe, const char *ep, const char *name, char *state, size_t cap)
 {
     static char out[1 << 16];
     const char *args[] = {"jobs", "--json", NULL};
     state[0] = '\0';
-    if (tidectl(exe, ep, args, out, sizeof out) != 0)
+    if (coord_tidectl(exe, ep, args, out, sizeof out) != 0)
         return;
     char key[160];
     snprintf(key, sizeof key, "\"name\":\"%s\"", name);
@@ -133,7 +91,7 @@ static void *controller(void *arg)
         tide_sleep_ms(10);
     const char *mm[] = {"submit",   "--offline", "--name", "mm",    "--bubbles", "--plugin",
                         cs->plugin, "--",        MM_ARGS,  "--out", cs->mm_out,  NULL};
-    if (tidectl(cs->tidectl, cs->endpoint, mm, NULL, 0) != 0) {
+    if (coord_tidectl(cs->tidectl, cs->endpoint, mm, NULL, 0) != 0) {
         snprintf(cs->why, sizeof cs->why, "tidectl submit mm failed");
         cs->error = 1;
         return NULL;
@@ -147,7 +105,7 @@ static void *controller(void *arg)
     const char *spin[] = {"submit",   "--offline", "--name", "spin", "--bubbles",
                           "--plugin", cs->plugin,  "--",     "--n",  "64",
                           "--rounds", "1000000",   NULL};
-    if (tidectl(cs->tidectl, cs->endpoint, spin, NULL, 0) != 0 ||
+    if (coord_tidectl(cs->tidectl, cs->endpoint, spin, NULL, 0) != 0 ||
         wait_state(cs, "spin", "running", 30000) != 0) {
         snprintf(cs->why + strlen(cs->why), sizeof cs->why - strlen(cs->why), " (submitting spin)");
         cs->error = 1;
@@ -155,7 +113,7 @@ static void *controller(void *arg)
     }
     tide_sleep_ms(300); /* let it fill a few bubbles */
     const char *cancel[] = {"cancel", "spin", NULL};
-    if (tidectl(cs->tidectl, cs->endpoint, cancel, NULL, 0) != 0 ||
+    if (coord_tidectl(cs->tidectl, cs->endpoint, cancel, NULL, 0) != 0 ||
         wait_state(cs, "spin", "cancelled", 30000) != 0) {
         cs->error = 1;
         return NULL;
@@ -336,7 +294,7 @@ int main(int argc, char **argv)
     if (g_rank == 0) {
         static char status[1 << 16];
         const char *args[] = {"status", "--json", NULL};
-        MT_ASSERT(tidectl(cs.tidectl, cs.endpoint, args, status, sizeof status) == 0,
+        MT_ASSERT(coord_tidectl(cs.tidectl, cs.endpoint, args, status, sizeof status) == 0,
                   "tidectl status");
         int with_bubbles = 0;
         for (const char *p = strstr(status, "\"bubble_pct\":"); p != NULL;

@@ -71,45 +71,19 @@ static int g_rank;
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
-static pid_t tided_pid;
 static coord_proc g_coord;
 
 static void start_tided(const char *exe)
 {
-    if (coord_tmpdir(&g_coord) != 0) {
-        perror("mkdtemp");
-        exit(1);
-    }
-    tided_pid = fork();
-    if (tided_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        execl(exe, exe, "--endpoint", "tcp://127.0.0.1:*", "--endpoint-file", g_coord.epfile,
-              "--state", g_coord.state, "--heartbeat-ms", "100", "--miss-limit", "100",
-              "--no-sync-full", "--resize-timeout-ms", "60000", (char *)NULL);
-        perror("exec tided");
-        _exit(127);
-    }
-    for (int i = 0; i < 1000 && g_coord.endpoint[0] == '\0'; i++) {
-        FILE *f = fopen(g_coord.epfile, "r");
-        if (f != NULL) {
-            if (fgets(g_coord.endpoint, sizeof g_coord.endpoint, f) == NULL)
-                g_coord.endpoint[0] = '\0';
-            fclose(f);
-            g_coord.endpoint[strcspn(g_coord.endpoint, "\n")] = '\0';
-        }
-        if (g_coord.endpoint[0] == '\0')
-            tide_sleep_ms(10);
-    }
+    const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "100", "--resize-timeout-ms",
+                           "60000",          NULL};
+    if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, exe, flags, NULL) != 0)
+        g_coord.endpoint[0] = '\0'; /* every rank sees no endpoint and fails */
 }
 
 static void stop_tided(void)
 {
-    if (tided_pid > 0) {
-        kill(tided_pid, SIGTERM);
-        int st;
-        waitpid(tided_pid, &st, 0);
-        tided_pid = 0;
-    }
+    coord_stop(&g_coord, SIGTERM);
     coord_cleanup(&g_coord);
 }
 
@@ -122,8 +96,6 @@ typedef struct ctl_state {
     char why[1024];
 } ctl_state;
 
-extern char **environ;
-
 /* Runs `tidectl --endpoint E resize JOB --dp .. --tp .. --pp .. [--stages ..]`; 0 on exit 0. */
 static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
 {
@@ -131,21 +103,12 @@ static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
     snprintf(dp, sizeof dp, "%d", g->dp);
     snprintf(tp, sizeof tp, "%d", g->tp);
     snprintf(pp, sizeof pp, "%d", g->pp);
-    const char *argv[16] = {cs->tidectl, "--endpoint", cs->endpoint, "resize", JOB, "--dp",
-                            dp,          "--tp",       tp,           "--pp",   pp};
-    int n = 11;
+    const char *args[12] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp};
     if (g->stages != NULL) {
-        argv[n++] = "--stages";
-        argv[n++] = g->stages;
+        args[8] = "--stages";
+        args[9] = g->stages;
     }
-    argv[n] = NULL;
-    pid_t pid;
-    if (posix_spawn(&pid, cs->tidectl, NULL, NULL, (char *const *)argv, environ) != 0)
-        return -1;
-    int st = 0;
-    if (waitpid(pid, &st, 0) != pid)
-        return -1;
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+    return coord_tidectl(cs->tidectl, cs->endpoint, args, NULL, 0) == 0 ? 0 : -1;
 }
 
 /* Sends resize k once the job runs generation k at least GAP steps past its switch. */

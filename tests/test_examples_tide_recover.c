@@ -85,78 +85,32 @@ static int g_victim = -1; /* pool rank of the killed member */
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
-static pid_t tided_pid;
 static coord_proc g_coord;
 
+/* failure after 15 missed heartbeats of 100 ms: detected within ~1.5 s, with room for a
+   starved heartbeat thread on an oversubscribed machine */
 static void start_tided(const char *exe)
 {
-    if (coord_tmpdir(&g_coord) != 0) {
-        perror("mkdtemp");
-        exit(1);
-    }
-    tided_pid = fork();
-    if (tided_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        /* failure after 15 missed heartbeats of 100 ms: detected within ~1.5 s, with room
-           for a starved heartbeat thread on an oversubscribed machine */
-        execl(exe, exe, "--endpoint", "tcp://127.0.0.1:*", "--endpoint-file", g_coord.epfile,
-              "--state", g_coord.state, "--heartbeat-ms", "100", "--miss-limit", "15",
-              "--no-sync-full", "--resize-timeout-ms", "30000", (char *)NULL);
-        perror("exec tided");
-        _exit(127);
-    }
-    for (int i = 0; i < 1000 && g_coord.endpoint[0] == '\0'; i++) {
-        FILE *f = fopen(g_coord.epfile, "r");
-        if (f != NULL) {
-            if (fgets(g_coord.endpoint, sizeof g_coord.endpoint, f) == NULL)
-                g_coord.endpoint[0] = '\0';
-            fclose(f);
-            g_coord.endpoint[strcspn(g_coord.endpoint, "\n")] = '\0';
-        }
-        if (g_coord.endpoint[0] == '\0')
-            tide_sleep_ms(10);
-    }
+    const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "15", "--resize-timeout-ms",
+                           "30000",          NULL};
+    if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, exe, flags, NULL) != 0)
+        g_coord.endpoint[0] = '\0'; /* every rank sees no endpoint and fails */
 }
 
 static void stop_tided(void)
 {
-    if (tided_pid > 0) {
-        kill(tided_pid, SIGTERM);
-        int st;
-        waitpid(tided_pid, &st, 0);
-        tided_pid = 0;
-    }
+    coord_stop(&g_coord, SIGTERM);
     coord_cleanup(&g_coord);
 }
 
 /* ---- tidectl ------------------------------------------------------------------------------- */
 
-extern char **environ;
-
-/* Runs `tidectl --endpoint E --json CMD` with stdout into a buffer; its exit status. */
+/* Runs `tidectl --endpoint E --json CMD` with stdout into out; its exit status. */
 static int tidectl_json(const char *tidectl, const char *endpoint, const char *cmd, char *out,
                         size_t cap)
 {
-    char path[400];
-    snprintf(path, sizeof path, "%s/tidectl.out", g_coord.dir);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const char *argv[] = {tidectl, "--endpoint", endpoint, "--json", cmd, NULL};
-    pid_t pid;
-    int st = -1;
-    if (posix_spawn(&pid, tidectl, &fa, NULL, (char *const *)argv, environ) == 0)
-        waitpid(pid, &st, 0);
-    posix_spawn_file_actions_destroy(&fa);
-    out[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (f != NULL) {
-        size_t n = fread(out, 1, cap - 1, f);
-        out[n] = '\0';
-        fclose(f);
-    }
-    unlink(path);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    const char *args[] = {"--json", cmd, NULL};
+    return coord_tidectl(tidectl, endpoint, args, out, cap);
 }
 
 static int count_of(const char *hay, const char *needle)

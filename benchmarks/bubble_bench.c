@@ -167,13 +167,20 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Median of x[0..n) (sorts x). */
+static double median_of(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Median over the runs of one field of sample. */
 static double median(const sample *v, int n, size_t field)
 {
     double x[MAX_RUNS];
     for (int i = 0; i < n; i++)
         x[i] = *(const double *)((const char *)&v[i] + field);
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    return median_of(x, n);
 }
 
 int main(int argc, char **argv)
@@ -253,8 +260,7 @@ int main(int argc, char **argv)
     double share[MAX_RUNS];
     for (int k = 0; k < n; k++)
         share[k] = filled[k].bubble_ms > 0 ? filled[k].filled_ms / filled[k].bubble_ms : 0;
-    qsort(share, (size_t)n, sizeof *share, cmp_double);
-    double fill = n % 2 ? share[n / 2] : 0.5 * (share[n / 2 - 1] + share[n / 2]);
+    double fill = median_of(share, n);
     double slowdown = sps_plain > 0 ? 1.0 - sps_filled / sps_plain : 0;
     double bubble_plain = median(plain, n, offsetof(sample, bubble_ms));
 

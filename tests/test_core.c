@@ -8,7 +8,6 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "core/copy.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
@@ -313,61 +312,6 @@ Test(core_opts, bad_flags_are_refused_with_the_flag_named)
     char *h[] = {"prog", "--help", NULL};
     cr_expect_eq(tide_opts_parse(opts, 2, h, NULL, &help), TIDE_OK);
     cr_expect_eq(help, 1);
-}
-
-/* ---- bulk copies ---------------------------------------------------------------- */
-
-static uint64_t copy_rng(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-/* Random 2-D copies on both sides of the streaming threshold, at odd alignments and
-   pitches: every destination row equals its source row and no byte between or around
-   the rows changes (a streamed copy writes whole lines only inside the rows). */
-Test(core_copy, copy_2d_matches_a_byte_loop_and_touches_nothing_else)
-{
-    uint64_t seed = 0x9e3779b97f4a7c15ull;
-    for (int iter = 0; iter < 60; iter++) {
-        size_t width = 1 + copy_rng(&seed) % (iter % 3 == 0 ? 70000 : 5000);
-        size_t height = 1 + copy_rng(&seed) % (iter % 2 ? 600 : 3);
-        size_t spitch = width + copy_rng(&seed) % 200;
-        size_t dpitch = width + (iter % 4 == 0 ? 0 : copy_rng(&seed) % 200);
-        size_t soff = copy_rng(&seed) % 64, doff = copy_rng(&seed) % 64;
-        size_t sbytes = soff + spitch * height + 64, dbytes = doff + dpitch * height + 64;
-        unsigned char *src = malloc(sbytes), *dst = malloc(dbytes), *ref = malloc(dbytes);
-        cr_assert(src && dst && ref);
-        for (size_t i = 0; i < sbytes; i++)
-            src[i] = (unsigned char)copy_rng(&seed);
-        for (size_t i = 0; i < dbytes; i++)
-            dst[i] = ref[i] = (unsigned char)(i * 7 + 3);
-        for (size_t r = 0; r < height; r++)
-            for (size_t c = 0; c < width; c++)
-                ref[doff + r * dpitch + c] = src[soff + r * spitch + c];
-        tide_copy_2d(dst + doff, dpitch, src + soff, spitch, width, height);
-        cr_assert(memcmp(dst, ref, dbytes) == 0,
-                  "copy %zu x %zu (pitches %zu/%zu, offsets %zu/%zu) differs from the byte loop",
-                  width, height, spitch, dpitch, soff, doff);
-        free(src);
-        free(dst);
-        free(ref);
-    }
-    /* one contiguous copy far above the threshold, and the zero-size cases */
-    size_t n = TIDE_COPY_STREAM_MIN * 3 + 13;
-    unsigned char *a = malloc(n), *b = calloc(1, n);
-    cr_assert(a && b);
-    for (size_t i = 0; i < n; i++)
-        a[i] = (unsigned char)(i * 31 + 1);
-    tide_copy(b + 1, a + 3, n - 3);
-    cr_expect(b[0] == 0 && memcmp(b + 1, a + 3, n - 3) == 0);
-    tide_copy(b, a, 0);
-    tide_copy_2d(b, 1, a, 1, 0, 5);
-    cr_expect(b[0] == 0);
-    free(a);
-    free(b);
 }
 
 /* Wrapping the previous detail in a new one is the usual way to add context. */

@@ -29,7 +29,11 @@
  *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
  * plus at most the staging cap; pick --max-mib to fit the machine. On a machine with
- * fewer cores than ranks every rank shares the cores, baselines and executor alike.
+ * fewer cores than ranks every rank shares the cores, baselines and executor alike:
+ * bind the ranks (mpirun --bind-to core:overload-allowed) or the scheduler's placement,
+ * which changes from run to run, moves the ratios by up to 2x. Every core busy, the
+ * copies' CPU time decides: a strided single copy costs more per byte than the
+ * baseline's contiguous one (copy_bench measures both and the ceiling they give).
  */
 #include <math.h>
 #include <mpi.h>

@@ -113,6 +113,10 @@ typedef struct tide_mlp_comm {
      */
     tide_status (*exchange)(void *ctx, int send_peer, const float *send_buf, size_t send_n,
                             int recv_peer, float *recv_buf, size_t recv_n);
+    /* Optional (NULL: none): called by tide_mlp_step between this worker's backward
+       pass and its gradient allreduce, with the number of steps completed before this
+       one; an error fails the step there. Tests use it to kill a worker mid-step. */
+    tide_status (*before_grads)(void *ctx, int64_t step);
 } tide_mlp_comm;
 
 /* A comm for a layout of one worker (dp = tp = pp = 1): every call is an error. */
@@ -155,9 +159,13 @@ int64_t tide_mlp_step_count(const tide_mlp_t *m);
 
 /*
  * One training step: the global batch of samples [step * B, (step + 1) * B) through the
- * 1F1B schedule, gradient allreduce over dp, Adam on the local shards. *loss receives
- * the global mean loss of the batch before the update, identical on every worker of
- * the layout. Blocking and collective over the layout; main thread.
+ * 1F1B schedule, gradient allreduce over dp, the loss reduction over the whole layout,
+ * Adam on the local shards. *loss receives the global mean loss of the batch before the
+ * update, identical on every worker of the layout. The state changes only after every
+ * collective of the step, so a step that fails on a collective (a peer died) left the
+ * state as it was and may be redone; except under ZeRO-1 (sharded moments), whose
+ * updated values are shared by one more allreduce after the update. Blocking and
+ * collective over the layout; main thread.
  */
 tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss);
 

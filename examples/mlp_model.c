@@ -1020,35 +1020,62 @@ static tide_status run_schedule(tide_mlp_t *m, const tide_mlp_comm *comm, double
     return TIDE_OK;
 }
 
-tide_status tide_mlp_forward_backward(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss)
+/* Forward and backward through the schedule; *local gets this worker's loss terms. */
+static tide_status run_forward_backward(tide_mlp_t *m, const tide_mlp_comm *comm, double *local)
 {
-    *loss = 0.0;
+    *local = 0.0;
     if (!m->active)
         return tide_errorf(TIDE_ERR_INVALID, "worker is idle: it holds no part of the layout");
     TIDE_CHECK(m->ops->zero(m->grads, (size_t)m->grad_elems * sizeof(float)));
-    double local = 0.0;
-    TIDE_CHECK(run_schedule(m, comm, &local));
-    /* Only the last stage has loss terms; tp ranks of it hold the same sum, so the sum
-     * over dp and then over stages (zeros elsewhere) is the global sum everywhere. */
+    return run_schedule(m, comm, local);
+}
+
+/* The batch's global mean loss from every worker's local terms. Only the last stage has
+ * loss terms and its tp ranks hold the same sum, so the sum over dp and then over
+ * stages (zeros elsewhere) is the global sum; the max over tp then changes nothing but
+ * makes the reduction span the whole layout (see tide_mlp_step). */
+static tide_status reduce_loss(tide_mlp_t *m, const tide_mlp_comm *comm, double local, double *loss)
+{
     double v = m->last ? local : 0.0;
     TIDE_CHECK(m->ops->copy(m->s_loss, &v, sizeof v, MLP_H2D));
     TIDE_CHECK(
         tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_DP, m->s_loss, 1, TIDE_F64, TIDE_MLP_SUM));
     TIDE_CHECK(
         tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_PP, m->s_loss, 1, TIDE_F64, TIDE_MLP_SUM));
+    TIDE_CHECK(
+        tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_TP, m->s_loss, 1, TIDE_F64, TIDE_MLP_MAX));
     TIDE_CHECK(m->ops->copy(&v, m->s_loss, sizeof v, MLP_D2H));
     *loss = v / ((double)m->cfg.global_batch * (double)m->cfg.seq);
     return TIDE_OK;
 }
 
+tide_status tide_mlp_forward_backward(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss)
+{
+    double local = 0.0;
+    *loss = 0.0;
+    TIDE_CHECK(run_forward_backward(m, comm, &local));
+    return reduce_loss(m, comm, local, loss);
+}
+
 tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss)
 {
-    TIDE_CHECK(tide_mlp_forward_backward(m, comm, loss));
+    double local = 0.0;
+    *loss = 0.0;
+    TIDE_CHECK(run_forward_backward(m, comm, &local));
+    if (comm->before_grads != NULL)
+        TIDE_CHECK(comm->before_grads(comm->ctx, m->step));
     const mlp_ops *o = m->ops;
     const int dp = m->layout->dp;
     /* Gradients are already scaled to the global mean: the dp sum completes them. */
     TIDE_CHECK(tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_DP, m->grads, (size_t)m->grad_elems,
                                    TIDE_F32, TIDE_MLP_SUM));
+    /* The loss reduction comes after the gradient allreduce and spans every worker, so a
+     * worker gets past it only once every worker of the layout holds its summed
+     * gradients: if one dies before that, no survivor has changed its state, and the step
+     * can be redone over the survivors (a recovery switches at the lowest step
+     * completed). Only a death inside this last small reduction can still leave some
+     * survivors one step ahead of others. */
+    TIDE_CHECK(reduce_loss(m, comm, local, loss));
     int64_t t = m->step + 1;
     float bc1 = (float)(1.0 - pow(m->cfg.beta1, (double)t));
     float bc2 = (float)(1.0 - pow(m->cfg.beta2, (double)t));

@@ -67,6 +67,14 @@ static tide_status a_exchange(void *ctx, int send_peer, const float *send_buf, s
     return rc;
 }
 
+static tide_status a_before_grads(void *ctx, int64_t step)
+{
+    const tide_mlp_tide_comm *c = ctx;
+    if (c->hooks == NULL || c->hooks->before_grads == NULL)
+        return TIDE_OK;
+    return c->hooks->before_grads(c->hooks->ctx, c->t, c->m, step);
+}
+
 void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
 {
     memset(c, 0, sizeof *c);
@@ -76,6 +84,16 @@ void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
     c->comm.device_memory = tide_backend(t)->mem_kind == TIDE_MEM_DEVICE;
     c->comm.allreduce = a_allreduce;
     c->comm.exchange = a_exchange;
+    c->comm.before_grads = a_before_grads;
+}
+
+/* The adapter of the elastic loop: hooks->before_grads reaches the caller. */
+static void loop_comm_init(tide_mlp_tide_comm *c, tide_t *t, const tide_mlp_t *m,
+                           const tide_mlp_tide_hooks *h)
+{
+    tide_mlp_tide_comm_init(c, t);
+    c->hooks = h;
+    c->m = m;
 }
 
 /* ---- the elastic loop ---------------------------------------------------------------------- */
@@ -217,7 +235,7 @@ out:
 static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, prepared *pre)
 {
     tide_mlp_tide_comm comm;
-    tide_mlp_tide_comm_init(&comm, t);
+    loop_comm_init(&comm, t, m, h);
     for (;;) {
         tide_step_action a;
         TIDE_CHECK(tide_step_begin(t, &a));
@@ -225,7 +243,7 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
             return TIDE_OK;
         if (a == TIDE_STEP_RECONFIGURE) {
             TIDE_CHECK(switch_layout(t, m, h, pre));
-            tide_mlp_tide_comm_init(&comm, t);
+            loop_comm_init(&comm, t, m, h);
             continue;
         }
         const tide_view *v = tide_view_get(t);

@@ -25,6 +25,8 @@ typedef struct tide_mlp_tide_comm {
     tide_mlp_comm comm; /* what tide_mlp_step takes; ctx points at this struct */
     tide_t *t;          /* borrowed */
     const tide_view *v; /* borrowed: tide_view_get(t) when built */
+    const struct tide_mlp_tide_hooks *hooks; /* borrowed, may be NULL: before_grads */
+    const tide_mlp_t *m;                     /* borrowed: the model hooks are given */
 } tide_mlp_tide_comm;
 
 /*
@@ -67,6 +69,9 @@ typedef struct tide_mlp_tide_hooks {
     /* 1: allocate the new buffers at the switch step instead of preparing them ahead
        (tide_set_prepare; for comparisons). */
     int no_prepare;
+    /* On a member inside step `step` (the count completed before it), between its
+       backward pass and its gradient allreduce (tide_mlp_comm.before_grads). */
+    tide_status (*before_grads)(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step);
 } tide_mlp_tide_hooks;
 
 /*

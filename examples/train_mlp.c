@@ -413,7 +413,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
         fflush(stdout);
     }
     elastic e = {o, o->steps, 1, 1};
-    tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare};
+    tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare, NULL};
     RUN(tide_mlp_tide_train(t, model, &h), "training");
     /* After a recovery MPI_COMM_WORLD still names the dead rank, and a collective over it
        would wait for that rank forever: the end of the run is agreed among the last

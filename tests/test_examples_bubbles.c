@@ -280,7 +280,7 @@ int main(int argc, char **argv)
     pthread_t th;
     if (g_rank == 0)
         pthread_create(&th, NULL, controller, &cs);
-    tide_mlp_tide_hooks hk = {&rec, h_on_step, NULL, NULL, h_done, 0};
+    tide_mlp_tide_hooks hk = {&rec, h_on_step, NULL, NULL, h_done, 0, NULL};
     MT_OK(tide_mlp_tide_train(t, m, &hk));
     if (g_rank == 0) {
         pthread_join(th, NULL);

@@ -357,7 +357,7 @@ int main(int argc, char **argv)
     if (g_rank == 0)
         pthread_create(&th, NULL, controller, &cs);
 
-    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0};
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, NULL};
     MT_OK(tide_mlp_tide_train(t, m, &h));
     if (g_rank == 0) {
         pthread_join(th, NULL);

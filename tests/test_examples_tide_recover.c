@@ -5,6 +5,10 @@
  * (pp 1, dp 1, tp 1) dies by SIGKILL. Usage, under `mpirun --enable-recovery`:
  *   test_examples_tide_recover TIDED TIDECTL MODE
  *   replica   8 ranks: the recovery layout is dp 1 over survivors (3 survivors go idle)
+ *   midstep   as replica, but the victim dies inside step KILL_AT, after its backward
+ *             pass and before its gradient allreduce: the workers outside its dp group
+ *             could finish their own allreduces, yet none may update its state, so that
+ *             every survivor still redoes step KILL_AT from the same state
  *   spare     9 ranks, one idle in the pool: the spare takes the dead rank's place and
  *             the recovery layout keeps (dp 2, tp 2, pp 2)
  *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
@@ -80,7 +84,7 @@ static void fail_all(void)
         fail_all();                                                                                \
     } while (0)
 
-static int g_rank, g_spare_mode, g_zero1_mode;
+static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode;
 static int g_victim = -1; /* pool rank of the killed member */
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
@@ -316,7 +320,7 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
         hash_state(r, t, m, r->pre);
-        if (tide_worker_id(t) == g_victim) {
+        if (tide_worker_id(t) == g_victim && !g_midstep_mode) {
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
             raise(SIGKILL);
@@ -325,6 +329,21 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
             r->wd->killed_ns = tide_now_ns();
     }
     tide_sleep_ms(5); /* a few steps per heartbeat however fast the machine */
+    return TIDE_OK;
+}
+
+/* midstep mode: the victim dies between its backward pass and its gradient allreduce. */
+static tide_status h_before_grads(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step)
+{
+    (void)ctx;
+    (void)m;
+    if (g_midstep_mode && step == KILL_AT && tide_view_get(t)->generation == 1 &&
+        tide_worker_id(t) == g_victim) {
+        fprintf(stderr, "[rank %d] killing myself inside step %d, before its gradient allreduce\n",
+                g_rank, KILL_AT);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
     return TIDE_OK;
 }
 
@@ -457,11 +476,13 @@ static void compare_state(const tide_collection_t *c, void *const *got, void *co
 
 int main(int argc, char **argv)
 {
-    if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "spare") != 0 &&
-                     strcmp(argv[3], "zero1") != 0)) {
-        fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL replica|spare|zero1\n");
+    if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
+                     strcmp(argv[3], "spare") != 0 && strcmp(argv[3], "zero1") != 0)) {
+        fprintf(stderr,
+                "usage: test_examples_tide_recover TIDED TIDECTL replica|midstep|spare|zero1\n");
         return 2;
     }
+    g_midstep_mode = strcmp(argv[3], "midstep") == 0;
     g_spare_mode = strcmp(argv[3], "spare") == 0;
     g_zero1_mode = strcmp(argv[3], "zero1") == 0;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
@@ -541,7 +562,7 @@ int main(int argc, char **argv)
         pthread_create(&th, NULL, watchdog, &wd);
     }
 
-    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0};
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, h_before_grads};
     tide_status trc = tide_mlp_tide_train(t, m, &h);
     MT_ASSERT(g_rank != g_victim, "the victim is still alive");
     if (g_zero1_mode) {
@@ -679,12 +700,13 @@ int main(int argc, char **argv)
     tide_mlp_destroy(&m);
     if (g_rank == 0) {
         printf(
-            "recover-%s: rank %d killed after step %d; tided recovered to (dp %d, tp %d, pp "
+            "recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
             "%d) on %d survivors; switch at step %d on all; state bit-identical across the "
             "recovery; max loss rel diff %.2e to one process; losses and final state bit-identical "
             "to a never-failed run of the same layouts\n",
-            argv[3], g_victim, KILL_AT - 1, nl ? nl->dp : 0, nl ? nl->tp : 0, nl ? nl->pp : 0,
-            nsurv, KILL_AT, worst_loss);
+            argv[3], g_victim, g_midstep_mode ? "inside" : "after",
+            g_midstep_mode ? KILL_AT : KILL_AT - 1, nl ? nl->dp : 0, nl ? nl->tp : 0,
+            nl ? nl->pp : 0, nsurv, KILL_AT, worst_loss);
         fflush(stdout);
     }
     tide_layout_destroy(&rec.recover);

@@ -42,6 +42,11 @@
  * TIDE_ERR_ABORTED. The program passes that status to tide_step_end (the step is not
  * counted; the program must not have changed its registered state in a step whose
  * collectives failed) and the next tide_step_begin returns TIDE_STEP_RECONFIGURE.
+ * Every survivor must then have completed the same number of steps: a rank whose own
+ * collectives all succeeded must not apply its update while another rank may still
+ * fail in that step. So update the state only after a last collective that spans the
+ * whole layout (train_mlp reduces the loss over dp, pp and then tp after its gradient
+ * allreduce); a rank that completed a step the recovery redoes gets TIDE_ERR_STALE.
  */
 #ifndef TIDE_TIDE_H
 #define TIDE_TIDE_H

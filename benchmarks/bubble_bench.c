@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "benchmarks/bench_out.h"
 #include "benchmarks/bench_proc.h"
 #include "core/clock.h"
 #include "core/opts.h"
@@ -276,11 +277,9 @@ int main(int argc, char **argv)
            fill, fill >= 0.8 ? "met" : "NOT met", slowdown, slowdown <= 0.02 ? "met" : "NOT met",
            n);
 
-    FILE *f = fopen(s.out, "w");
-    if (f == NULL) {
-        fprintf(stderr, PROG ": cannot write %s\n", s.out);
+    FILE *f = bench_out_open(PROG, s.out);
+    if (f == NULL)
         return 1;
-    }
     fprintf(f,
             "{\"bench\":\"bubble_bench\",\"np\":%lld,\"pp\":%lld,\"micro_batches\":%lld,"
             "\"layers\":%lld,\"hidden\":%lld,\"steps\":%lld,\"runs\":%d,\"task_n\":%lld,"

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "benchmarks/bench_out.h"
 #include "coordinator/policy.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -302,8 +303,7 @@ int main(int argc, char **argv)
            "%.1f ms; %.0f recoveries needed a checkpoint\n",
            rst.train > 0 ? tide.train / rst.train : 0, bytes_tide / 1e12, bytes_plain / 1e12,
            bytes_tide > 0 ? bytes_plain / bytes_tide : 0, n_decisions, p50, pmax, lost_restarts);
-    mkdir("bench-out", 0755);
-    FILE *f = fopen(c.out, "w");
+    FILE *f = bench_out_open("cluster_sim", c.out);
     if (f != NULL) {
         fprintf(f,
                 "{\"bench\":\"cluster_sim\",\"gpus\":%d,\"days\":%lld,\"seed\":%lld,"

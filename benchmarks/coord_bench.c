@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "benchmarks/bench_out.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
@@ -294,18 +295,9 @@ int main(int argc, char **argv)
                100 * res[i].cpu_core, res[i].cpu_core < 0.25 ? "yes" : "NO", res[i].base_p50,
                res[i].base_p99, res[i].p50, res[i].p99, res[i].p99 / res[i].base_p99,
                res[i].failed_after, res[i].status_calls);
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", out);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = '\0';
-        mkdir(dir, 0755);
-    }
-    FILE *f = fopen(out, "w");
-    if (f == NULL) {
-        fprintf(stderr, "coord_bench: cannot write %s: %s\n", out, strerror(errno));
+    FILE *f = bench_out_open("coord_bench", out);
+    if (f == NULL)
         return 1;
-    }
     fprintf(f,
             "{\"bench\":\"coord_bench\",\"clients\":%lld,\"shared\":%d,\"window_ms\":%lld,"
             "\"runs\":[",

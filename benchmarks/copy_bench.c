@@ -37,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "benchmarks/bench_out.h"
 #include "core/clock.h"
 #include "core/opts.h"
 
@@ -146,20 +147,12 @@ static double rate(ctx *c, int w, size_t run, int reps, double *samples)
     return reps % 2 ? samples[reps / 2] : (samples[reps / 2 - 1] + samples[reps / 2]) / 2;
 }
 
-static void write_json(const char *path, long long mib, double res[N_RUNS + 1][W_COUNT])
+/* 0 when the numbers are in path. */
+static int write_json(const char *path, long long mib, double res[N_RUNS + 1][W_COUNT])
 {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = '\0';
-        mkdir(dir, 0755);
-    }
-    FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        fprintf(stderr, "copy_bench: cannot write %s: %s\n", path, strerror(errno));
-        return;
-    }
+    FILE *f = bench_out_open("copy_bench", path);
+    if (f == NULL)
+        return -1;
     fprintf(f, "{\n  \"benchmark\": \"copy_bench\",\n  \"mib\": %lld,\n  \"rows\": [\n", mib);
     for (size_t i = 0; i <= N_RUNS; i++) {
         fprintf(f, "    {\"run_bytes\": %zu", i < N_RUNS ? runs[i] : (size_t)0);
@@ -172,7 +165,7 @@ static void write_json(const char *path, long long mib, double res[N_RUNS + 1][W
         fprintf(f, "}%s\n", i < N_RUNS ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    return fclose(f) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -272,11 +265,12 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < N_RUNS; i++)
         printf("%10zu %8.2f %12.2f %12.2f %12.2f\n", runs[i], res[i][W_PACK], res[i][W_PUSH],
                res[i][W_PULL], 1.0 / (0.5 + 0.5 * contig / res[i][W_PUSH]));
-    write_json(out, mib, res);
-    printf("numbers written to %s\n", out);
+    int wrote = write_json(out, mib, res) == 0;
+    if (wrote)
+        printf("numbers written to %s\n", out);
     free(samples);
     free(c.src);
     free(c.dst);
     free(c.pack);
-    return 0;
+    return wrote ? 0 : 1;
 }

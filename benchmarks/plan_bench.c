@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include "benchmarks/bench_out.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -198,14 +199,7 @@ done:
 
 static int write_json(const char *path, const row *rows, int n, const place_row *pr, int npr)
 {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        mkdir(dir, 0755);
-    }
-    FILE *f = fopen(path, "w");
+    FILE *f = bench_out_open("plan_bench", path);
     if (f == NULL)
         return -1;
     fprintf(f, "{\n  \"benchmark\": \"plan_bench\",\n  \"rows\": [\n");

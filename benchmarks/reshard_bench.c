@@ -43,6 +43,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "benchmarks/bench_out.h"
 #include "collectives/collectives.h"
 #include "collectives/executor.h"
 #include "core/alloc.h"
@@ -466,20 +467,12 @@ out:
     return rc;
 }
 
-static void write_json(const char *path, const result *res, int n, long long cap_mib)
+/* 0 when the numbers are in path. */
+static int write_json(const char *path, const result *res, int n, long long cap_mib)
 {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = '\0';
-        mkdir(dir, 0755);
-    }
-    FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        TIDE_ERROR(BENCH, "cannot write %s", path);
-        return;
-    }
+    FILE *f = bench_out_open("reshard_bench", path);
+    if (f == NULL)
+        return -1;
     fprintf(
         f,
         "{\n  \"benchmark\": \"reshard_bench\",\n  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
@@ -511,7 +504,7 @@ static void write_json(const char *path, const result *res, int n, long long cap
                 (unsigned long long)r->direct, i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    return fclose(f) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -640,8 +633,10 @@ int main(int argc, char **argv)
         tide_collection_destroy(&col);
     }
     if (me == 0) {
-        write_json(out, res, nres, cap_mib);
-        printf("numbers written to %s\n", out);
+        if (write_json(out, res, nres, cap_mib) == 0)
+            printf("numbers written to %s\n", out);
+        else
+            failed = 1;
     }
     tide_coll_comm_destroy(&comm);
     tide_coll_pool_destroy(&pool);

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchmarks/bench_out.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
@@ -438,13 +439,7 @@ int main(int argc, char **argv)
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", s.single_copy, 1);
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
     setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-    char parent[1024];
-    snprintf(parent, sizeof parent, "%s", s.work);
-    char *slash = strrchr(parent, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        mkdir(parent, 0755);
-    }
+    bench_make_parent(s.work);
     rm_rf(s.work);
     if (mkdir(s.work, 0755) != 0) {
         fprintf(stderr, "resize_bench: cannot create %s: %s\n", s.work, strerror(errno));
@@ -524,17 +519,9 @@ int main(int argc, char **argv)
                (double)r->local / 1048576.0);
     }
 
-    snprintf(parent, sizeof parent, "%s", s.out);
-    slash = strrchr(parent, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        mkdir(parent, 0755);
-    }
-    FILE *f = fopen(s.out, "w");
-    if (f == NULL) {
-        fprintf(stderr, "resize_bench: cannot write %s: %s\n", s.out, strerror(errno));
+    FILE *f = bench_out_open("resize_bench", s.out);
+    if (f == NULL)
         return 1;
-    }
     fprintf(f,
             "{\"bench\":\"resize_bench\",\"state_gib\":%.4f,\"params\":%.0f,\"from\":[%d,%d,%d],"
             "\"to\":[%d,%d,%d],\"placement\":\"%s\",\"np\":%lld,\"switch_step\":%lld,\"last_step\":"

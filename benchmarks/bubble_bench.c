@@ -12,12 +12,12 @@
  * The two alternate --runs times (fresh tided each); each reports train_mlp's steps/s
  * over its warm steps and, from its summary, the members' bubble time and the part that
  * task steps filled. Results (medians): filled share = filled ms / bubble ms of the
- * filled runs (goal >= 0.8), slowdown = 1 - steps/s filled / steps/s plain (goal <=
- * 0.02). The first steps of a filled run go unfilled (tided hands the jobs out once
- * heartbeats show bubbles, and each wait's length is learned from earlier steps) and
- * count against the share: more --steps, closer to the steady state of a long job.
- * On a machine with fewer cores than ranks the ranks share cores and an idle
- * rank's core is not really idle: run it with NP <= cores. Numbers go to --out
+ * filled runs (goal >= 0.8), slowdown = 1 - steps/s filled / steps/s plain of each
+ * plain and filled pair, run back to back (goal <= 0.02). The first steps of a filled run go
+ * unfilled (tided hands the jobs out once heartbeats show bubbles, and each wait's length is
+ * learned from earlier steps) and count against the share: more --steps, closer to the steady state
+ * of a long job. On a machine with fewer cores than ranks the ranks share cores and an idle rank's
+ * core is not really idle: run it with NP <= cores. Numbers go to --out
  * (bench-out/bubble_bench.json).
  */
 #include <math.h>
@@ -262,7 +262,12 @@ int main(int argc, char **argv)
     for (int k = 0; k < n; k++)
         share[k] = filled[k].bubble_ms > 0 ? filled[k].filled_ms / filled[k].bubble_ms : 0;
     double fill = median_of(share, n);
-    double slowdown = sps_plain > 0 ? 1.0 - sps_filled / sps_plain : 0;
+    /* each pair ran back to back: the median of the pairs' slowdowns cancels the drift
+       of the machine's speed between pairs (10% over a few minutes on a shared VM) */
+    double pair_slow[MAX_RUNS];
+    for (int k = 0; k < n; k++)
+        pair_slow[k] = plain[k].sps > 0 ? 1.0 - filled[k].sps / plain[k].sps : 0;
+    double slowdown = median_of(pair_slow, n);
     double bubble_plain = median(plain, n, offsetof(sample, bubble_ms));
 
     printf("\n%-10s %10s %12s %12s %12s\n", "run", "steps/s", "bubble_ms", "filled_ms",

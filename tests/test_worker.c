@@ -5,6 +5,7 @@
  * (SIGTERM, grace, SIGKILL, exit codes reported to tided). A few seconds in total.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "proto/proto.h"
+#include "worker/tide_int.h"
 #include "worker/worker_int.h"
 
 /* ---- mailbox ------------------------------------------------------------------------------ */
@@ -529,4 +531,55 @@ Test(ctl, offline_command_reported_and_preempted)
     cr_assert_eq(tide__ctl_offline_pid(ctl, NULL, 0), 0);
     tide__ctl_destroy(&ctl, 0);
     fake_close(&f);
+}
+
+/* ---- bubble filling decisions ------------------------------------------------------------- */
+
+/* A wait whose length is not learned yet, or a task without an estimate, is not filled. */
+Test(bubble, nothing_runs_without_an_expected_wait_or_an_estimate)
+{
+    cr_expect_eq(tide__bubble_batch(0.0, 0.0, 0.001), 0);
+    cr_expect_eq(tide__bubble_batch(5.0, 0.0, INFINITY), 0);
+    cr_expect_eq(tide__bubble_batch(5.0, 0.0, NAN), 0);
+    cr_expect_eq(tide__bubble_batch(5.0, 0.0, -1.0), 0);
+}
+
+/* A step that is long against the wait runs only while it fits in 70% of what the wait
+   is expected to leave, one at a time. */
+Test(bubble, a_long_step_runs_alone_and_only_while_it_fits)
+{
+    cr_expect_eq(tide__bubble_batch(10.0, 0.0, 3.0), 1);  /* 3 <= 0.7 * 10 */
+    cr_expect_eq(tide__bubble_batch(10.0, 5.0, 3.0), 1);  /* 3 <= 0.7 * 5 */
+    cr_expect_eq(tide__bubble_batch(10.0, 6.0, 3.0), 0);  /* 3 > 0.7 * 4, and > 2% of 10 */
+    cr_expect_eq(tide__bubble_batch(10.0, 12.0, 3.0), 0); /* past the expected end */
+}
+
+/* Randomised: tiny steps keep running past the expected end of the wait (the transfer is
+   still pending, and a step costs at most 2% of the wait), in batches that never last
+   longer than 50 us nor 2% of the expected wait, and never fewer than one step. */
+Test(bubble, tiny_steps_fill_long_waits_in_bounded_batches)
+{
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < 20000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        double expect = 0.01 + (double)(x % 100000) / 1000.0; /* 0.01 .. 100 ms */
+        double elapsed = expect * (double)((x >> 20) % 300) / 100.0;
+        double est = expect * (double)((x >> 40) % 1000) / 20000.0; /* 0 .. 5% of it */
+        uint64_t n = tide__bubble_batch(expect, elapsed, est);
+        int tiny = est <= 0.02 * expect;
+        int fits = est <= 0.7 * (expect - elapsed);
+        cr_assert_eq(n > 0, tiny || fits, "expect %g elapsed %g est %g: %llu steps", expect,
+                     elapsed, est, (unsigned long long)n);
+        if (n > 1) {
+            double batch = (double)n * est;
+            cr_assert(batch <= 0.05 + 1e-12 && batch <= 0.02 * expect + 1e-12,
+                      "expect %g est %g: a batch of %llu steps lasts %g ms", expect, est,
+                      (unsigned long long)n, batch);
+            cr_assert((double)(n + 1) * est > fmin(0.05, 0.02 * expect) || n == 4096,
+                      "expect %g est %g: %llu steps leave room for another", expect, est,
+                      (unsigned long long)n);
+        }
+    }
 }

@@ -7,7 +7,8 @@
  *     preempt) or a layout switch needs the rank;
  *   - a member of a pipeline-parallel job runs them inside its pipeline bubbles
  *     (tide_bubble_wait), only when the task's estimated step time fits in the time the
- *     wait is expected to leave; the job is loaded, preempted and finished at step
+ *     wait is expected to leave, or is tiny against the whole wait (then for as long as
+ *     the transfer is pending); the job is loaded, preempted and finished at step
  *     boundaries, never inside a step.
  * Workload: one plugin at a time per rank; bubble steps of micro- to milliseconds.
  */
@@ -251,10 +252,23 @@ void tide__run_plugin(tide_t *t)
 _Static_assert(sizeof(((tide_bubble_stats *)0)->task) > TIDE_PROTO_NAME_MAX,
                "tide_bubble_stats.task holds a job name");
 
-/* A task step goes into a bubble only when its estimate is at most this share of the
-   time the wait is expected to leave: estimates and windows both vary a little from
-   step to step, and an overrun delays the pipeline. */
-#define FIT 0.7
+/* A task step goes into a bubble when its estimate is at most FIT of the time the wait
+   is expected to leave: estimates and windows both vary a little from step to step, and
+   an overrun delays the pipeline. A step of at most SLACK of the whole expected wait
+   also runs past that point, for as long as the transfer is pending: waits vary by more
+   than their mean's few percent from step to step (on a shared machine, by tens of
+   percent), and the part of a long wait beyond its expected length is otherwise lost,
+   while such a step delays the transfer's completion by at most SLACK of the wait. */
+#define FIT   0.7
+#define SLACK 0.02
+
+/* Task steps run in batches between two tests of the transfer, each batch at most
+   BATCH_MS long and SLACK of the expected wait (and at most BATCH_MAX steps): a test
+   costs about a microsecond, as much as one step of a small task, and the transfer's
+   completion is seen (and, where this rank must act on it, progressed) only at a test,
+   so a batch also bounds the delay a filled wait adds (ms). */
+#define BATCH_MS  0.05
+#define BATCH_MAX 4096
 
 void tide__bubble_boundary(tide_t *t)
 {
@@ -299,6 +313,20 @@ static void learn(tide_t *t, size_t k, double ms)
         *w = 1e-6; /* known, and empty */
 }
 
+uint64_t tide__bubble_batch(double expect_ms, double elapsed_ms, double est_ms)
+{
+    if (!(expect_ms > 0.0) || !(est_ms >= 0.0) || isinf(est_ms))
+        return 0; /* wait not learned yet, or no usable estimate */
+    double left = expect_ms - elapsed_ms;
+    if (!(est_ms <= FIT * left || est_ms <= SLACK * expect_ms))
+        return 0;
+    double batch = SLACK * expect_ms < BATCH_MS ? SLACK * expect_ms : BATCH_MS;
+    if (est_ms <= 0.0 || batch <= est_ms)
+        return 1; /* a step longer than a batch (or of unknown length) runs alone */
+    double n = batch / est_ms;
+    return n >= (double)BATCH_MAX ? BATCH_MAX : (uint64_t)n;
+}
+
 tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req)
 {
     if (t == NULL || comm == NULL || req == NULL)
@@ -313,26 +341,24 @@ tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t 
         if (rc != TIDE_OK || ready)
             break;
         uint64_t now = tide_now_ns();
-        double left = expect - (double)(now - t0) / 1e6;
         double est = t->btask->ops->estimated_step_ms
                          ? t->btask->ops->estimated_step_ms(t->btask->state)
                          : INFINITY;
-        if (!(est <= FIT * left))
+        uint64_t n = tide__bubble_batch(expect, (double)(now - t0) / 1e6, est);
+        if (n == 0)
             break;
         before_last = now;
-        int ended = task_step(t, t->btask);
-        uint64_t after = tide_now_ns();
-        filled += after - now;
+        int ended = 0;
+        for (uint64_t i = 0; i < n && !ended; i++) {
+            ended = task_step(t, t->btask);
+            t->bstats.task_steps++;
+        }
+        filled += tide_now_ns() - now;
         ran_last = 1;
-        t->bstats.task_steps++;
         if (ended) {
             tide__task_stop(t, &t->btask, 0);
             break;
         }
-        rc = tide_coll_req_test(comm, req, &ready);
-        if (rc != TIDE_OK || ready)
-            break;
-        ran_last = 0;
     }
     if (rc == TIDE_OK && !ready)
         rc = tide_coll_req_wait(comm, req);

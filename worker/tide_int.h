@@ -88,4 +88,10 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted);
    wait count of the step. Main thread. */
 void tide__bubble_boundary(tide_t *t);
 
+/* How many task steps a bubble wait runs before it tests its transfer again, given the
+   wait's expected length (ms, 0: not learned yet), the time it has waited so far (ms)
+   and the task's estimated step time (ms): 0 means stop filling this wait. Pure; any
+   thread. */
+uint64_t tide__bubble_batch(double expect_ms, double elapsed_ms, double est_ms);
+
 #endif /* TIDE_WORKER_TIDE_INT_H */

@@ -202,7 +202,9 @@ void tide_bubble_end(tide_t *t);
  * view's pp communicator) and counts the wait as bubble time. While it waits, it runs
  * steps of the offline task that tided assigned to this rank's bubbles (`tidectl
  * submit --offline --plugin P --bubbles`), one at a time and only while the task's
- * estimated step time fits in the time this wait is expected to leave; the expectation
+ * estimated step time fits in the time this wait is expected to leave (a step of at most
+ * 2% of the expected wait runs for as long as the transfer is pending, so a wait longer
+ * than expected is filled too, delayed by at most that much); the expectation
  * is learned per wait of the step (the k-th call since tide_step_begin) from earlier
  * steps of the same layout, so the first steps of a layout fill nothing. Such a task is
  * loaded, preempted and finished at step boundaries (tide_step_end), never inside a

@@ -15,8 +15,10 @@
  *     offline work has stopped. New-only participants' steps are ignored.
  *  3. When every live participant has acked, tided sets the switch step S =
  *     max(acked steps of old members) + 1 (recovery: S = min, the survivors
- *     having stopped training), records phase COMMIT with S durably and sends
- *     `commit` {G, S}. Every old member runs until it has completed exactly S
+ *     having stopped training; a survivor stuck in a step it can complete without
+ *     peers, tide_step_can_finish, acks that step as reached and finishes it alone
+ *     when S asks), records phase COMMIT with S durably and sends `commit`
+ *     {G, S, recover}. Every old member runs until it has completed exactly S
  *     steps (no one can be past S, by the rule in 2), then switches: reshard,
  *     new communicators; the first step under G is step S (none lost, none
  *     repeated). Each participant then sends `done` {G, status}.
@@ -221,6 +223,7 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
         snprintf(m.u.commit.job, sizeof m.u.commit.job, "%s", j->name);
         m.u.commit.gen = r->gen;
         m.u.commit.step = (uint64_t)r->switch_step;
+        m.u.commit.recover = r->recover;
     }
     tide__send_worker(s, w, &m);
 }

@@ -100,6 +100,12 @@ typedef enum tide_mlp_redop {
  * be identical on every member. The model never calls a collective for a group of
  * size 1. Main thread only.
  */
+/* Points inside tide_mlp_step (tide_mlp_comm.at). */
+typedef enum tide_mlp_point {
+    TIDE_MLP_AT_GRADS = 0, /* after the backward pass, before the gradient allreduce */
+    TIDE_MLP_AT_LOSS = 1,  /* after the loss reduction over dp, before those over pp, tp */
+} tide_mlp_point;
+
 typedef struct tide_mlp_comm {
     void *ctx;
     int device_memory;
@@ -113,10 +119,14 @@ typedef struct tide_mlp_comm {
      */
     tide_status (*exchange)(void *ctx, int send_peer, const float *send_buf, size_t send_n,
                             int recv_peer, float *recv_buf, size_t recv_n);
-    /* Optional (NULL: none): called by tide_mlp_step between this worker's backward
-       pass and its gradient allreduce, with the number of steps completed before this
-       one; an error fails the step there. Tests use it to kill a worker mid-step. */
-    tide_status (*before_grads)(void *ctx, int64_t step);
+    /* Optional (NULL: none): called by tide_mlp_step at the points of tide_mlp_point,
+       with the number of steps completed before this one; an error fails the step
+       there. Tests use it to kill a worker mid-step. */
+    tide_status (*at)(void *ctx, int64_t step, tide_mlp_point point);
+    /* Optional (NULL: none): called by tide_mlp_step once this worker's update needs no
+       peer any more (its gradient allreduce is done and ZeRO-1 does not share the
+       update): from then on tide_mlp_finish_step can complete the step alone. */
+    void (*can_finish)(void *ctx);
 } tide_mlp_comm;
 
 /* A comm for a layout of one worker (dp = tp = pp = 1): every call is an error. */
@@ -168,6 +178,14 @@ int64_t tide_mlp_step_count(const tide_mlp_t *m);
  * collective over the layout; main thread.
  */
 tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss);
+
+/*
+ * Completes the step whose tide_mlp_step failed after comm->can_finish was called (in
+ * its last reduction, a peer having died): applies the update from the summed gradients
+ * it kept, without any collective. TIDE_ERR_INVALID when there is no such step.
+ * Blocking; main thread.
+ */
+tide_status tide_mlp_finish_step(tide_mlp_t *m);
 
 /*
  * Forward and backward of the current step's batch without reducing or applying the

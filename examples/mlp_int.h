@@ -175,8 +175,10 @@ struct tide_mlp {
     int32_t *host_tok, *host_tgt; /* [n] host */
     void *stage;                  /* host staging for comms without device memory */
     size_t stage_bytes;
-    int64_t step;   /* host mirror of the "step" tensor */
-    int64_t cursor; /* host mirror of "data.cursor" */
+    int64_t step;        /* host mirror of the "step" tensor */
+    int64_t grads_ready; /* the grads arena holds step `step`'s summed gradients and the
+                            update needs no peer (tide_mlp_finish_step); -1 otherwise */
+    int64_t cursor;      /* host mirror of "data.cursor" */
 };
 
 /* Allreduce through comm over group (skipped for a group of size 1), staging to host

@@ -479,6 +479,7 @@ tide_status tide_mlp_new(tide_mlp_t **out, const tide_mlp_config *cfg, const tid
     tide_mlp_t *m = tide_calloc(1, sizeof *m);
     TIDE_CHECK_ALLOC_GOTO(m, rc, fail);
     m->cfg = *cfg;
+    m->grads_ready = -1;
     m->ops = &tide__mlp_host_ops; /* until the real backend is known: teardown needs one */
     const mlp_ops *ops = NULL;
     TIDE_CHECK_GOTO(tide__mlp_ops_for(device, &ops), rc, fail);
@@ -583,9 +584,10 @@ tide_status tide_mlp_write(tide_mlp_t *m, size_t i, const void *src, uint64_t by
     TIDE_CHECK(check_tensor(m, i, bytes));
     TIDE_CHECK(m->ops->copy(m->buf[i], src, bytes, MLP_H2D));
     const char *name = tide_collection_tensor(m->coll, i)->name;
-    if (bytes == sizeof(int64_t) && strcmp(name, "step") == 0)
+    if (bytes == sizeof(int64_t) && strcmp(name, "step") == 0) {
         memcpy(&m->step, src, sizeof m->step);
-    else if (bytes == sizeof(int64_t) && strcmp(name, "data.cursor") == 0)
+        m->grads_ready = -1;
+    } else if (bytes == sizeof(int64_t) && strcmp(name, "data.cursor") == 0)
         memcpy(&m->cursor, src, sizeof m->cursor);
     return TIDE_OK;
 }
@@ -618,6 +620,7 @@ static tide_status load_counters(tide_mlp_t *m)
     size_t is = index_of(m, "step"), ic = index_of(m, "data.cursor");
     TIDE_CHECK(m->ops->copy(&m->step, m->buf[is], sizeof m->step, MLP_D2H));
     TIDE_CHECK(m->ops->copy(&m->cursor, m->buf[ic], sizeof m->cursor, MLP_D2H));
+    m->grads_ready = -1;
     return TIDE_OK;
 }
 
@@ -627,6 +630,7 @@ tide_status tide_mlp_init(tide_mlp_t *m)
     float *full = NULL, *local = NULL;
     m->step = 0;
     m->cursor = 0;
+    m->grads_ready = -1;
     if (!m->active)
         return TIDE_OK;
     for (size_t i = 0; i < m->ntensors; i++) {
@@ -723,6 +727,7 @@ tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int3
     }
     tide_mlp_t next;
     memset(&next, 0, sizeof next);
+    next.grads_ready = -1; /* the new layout's buffers hold no gradients */
     next.cfg = m->cfg;
     next.coll = m->coll;
     next.ops = m->ops;
@@ -1030,6 +1035,11 @@ static tide_status run_forward_backward(tide_mlp_t *m, const tide_mlp_comm *comm
     return run_schedule(m, comm, local);
 }
 
+static tide_status at_point(const tide_mlp_t *m, const tide_mlp_comm *comm, tide_mlp_point p)
+{
+    return comm->at != NULL ? comm->at(comm->ctx, m->step, p) : TIDE_OK;
+}
+
 /* The batch's global mean loss from every worker's local terms. Only the last stage has
  * loss terms and its tp ranks hold the same sum, so the sum over dp and then over
  * stages (zeros elsewhere) is the global sum; the max over tp then changes nothing but
@@ -1040,6 +1050,7 @@ static tide_status reduce_loss(tide_mlp_t *m, const tide_mlp_comm *comm, double 
     TIDE_CHECK(m->ops->copy(m->s_loss, &v, sizeof v, MLP_H2D));
     TIDE_CHECK(
         tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_DP, m->s_loss, 1, TIDE_F64, TIDE_MLP_SUM));
+    TIDE_CHECK(at_point(m, comm, TIDE_MLP_AT_LOSS));
     TIDE_CHECK(
         tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_PP, m->s_loss, 1, TIDE_F64, TIDE_MLP_SUM));
     TIDE_CHECK(
@@ -1057,29 +1068,25 @@ tide_status tide_mlp_forward_backward(tide_mlp_t *m, const tide_mlp_comm *comm, 
     return reduce_loss(m, comm, local, loss);
 }
 
-tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss)
+/* Whether this worker's Adam update covers only part of some parameters (ZeRO-1 over
+ * dp > 1): the update is then shared by one more allreduce. */
+static int sharded_update(const tide_mlp_t *m)
 {
-    double local = 0.0;
-    *loss = 0.0;
-    TIDE_CHECK(run_forward_backward(m, comm, &local));
-    if (comm->before_grads != NULL)
-        TIDE_CHECK(comm->before_grads(comm->ctx, m->step));
+    for (size_t k = 0; k < m->nparams; k++)
+        if (m->params[k].n > 0 && m->params[k].cnt != m->params[k].n)
+            return m->layout->dp > 1;
+    return 0;
+}
+
+/* Adam on the local shards from the summed gradients, then (ZeRO-1) the sharing of the
+ * updated ranges, and the step and data counters. */
+static tide_status apply_update(tide_mlp_t *m, const tide_mlp_comm *comm)
+{
     const mlp_ops *o = m->ops;
-    const int dp = m->layout->dp;
-    /* Gradients are already scaled to the global mean: the dp sum completes them. */
-    TIDE_CHECK(tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_DP, m->grads, (size_t)m->grad_elems,
-                                   TIDE_F32, TIDE_MLP_SUM));
-    /* The loss reduction comes after the gradient allreduce and spans every worker, so a
-     * worker gets past it only once every worker of the layout holds its summed
-     * gradients: if one dies before that, no survivor has changed its state, and the step
-     * can be redone over the survivors (a recovery switches at the lowest step
-     * completed). Only a death inside this last small reduction can still leave some
-     * survivors one step ahead of others. */
-    TIDE_CHECK(reduce_loss(m, comm, local, loss));
     int64_t t = m->step + 1;
     float bc1 = (float)(1.0 - pow(m->cfg.beta1, (double)t));
     float bc2 = (float)(1.0 - pow(m->cfg.beta2, (double)t));
-    int sharded = 0;
+    m->grads_ready = -1;
     for (size_t k = 0; k < m->nparams; k++) {
         mlp_param *pr = &m->params[k];
         if (pr->n == 0)
@@ -1088,9 +1095,8 @@ tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss
         float *mom1 = m->buf[pr->index + 1], *mom2 = m->buf[pr->index + 2];
         TIDE_CHECK(o->adam(pr->cnt, p + pr->lo, pr->grad + pr->lo, mom1, mom2, (float)m->cfg.lr,
                            (float)m->cfg.beta1, (float)m->cfg.beta2, (float)m->cfg.eps, bc1, bc2));
-        sharded |= pr->cnt != pr->n;
     }
-    if (sharded && dp > 1) {
+    if (sharded_update(m)) {
         /* ZeRO-1: each dp rank updated its range; share the new values through the
          * gradient arena (zeros outside the own range, so the sum is exact). */
         TIDE_CHECK(o->zero(m->grads, (size_t)m->grad_elems * sizeof(float)));
@@ -1113,4 +1119,43 @@ tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss
     m->cursor += m->cfg.global_batch;
     TIDE_CHECK(store_counters(m));
     return o->sync();
+}
+
+tide_status tide_mlp_step(tide_mlp_t *m, const tide_mlp_comm *comm, double *loss)
+{
+    double local = 0.0;
+    *loss = 0.0;
+    m->grads_ready = -1;
+    TIDE_CHECK(run_forward_backward(m, comm, &local));
+    TIDE_CHECK(at_point(m, comm, TIDE_MLP_AT_GRADS));
+    /* Gradients are already scaled to the global mean: the dp sum completes them. */
+    TIDE_CHECK(tide__mlp_allreduce(m, comm, TIDE_MLP_GROUP_DP, m->grads, (size_t)m->grad_elems,
+                                   TIDE_F32, TIDE_MLP_SUM));
+    /* This worker's update now needs no peer (unless ZeRO-1 shares it afterwards). */
+    if (!sharded_update(m)) {
+        m->grads_ready = m->step;
+        if (comm->can_finish != NULL)
+            comm->can_finish(comm->ctx);
+    }
+    /* The loss reduction comes after the gradient allreduce and spans every worker, so a
+     * worker gets past it only once every worker of the layout holds its summed
+     * gradients: if one dies before that, no survivor has changed its state, and the step
+     * is redone over the survivors. If one dies inside it, the survivors that got past
+     * it complete the step and those stuck in it can complete it alone
+     * (tide_mlp_finish_step): either way every survivor agrees on the step. */
+    TIDE_CHECK(reduce_loss(m, comm, local, loss));
+    return apply_update(m, comm);
+}
+
+tide_status tide_mlp_finish_step(tide_mlp_t *m)
+{
+    if (m->grads_ready != m->step || m->step < 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_mlp_finish_step: step %lld has no summed gradients to apply "
+                           "(its gradient allreduce did not complete, or ZeRO-1 shards the "
+                           "update)",
+                           (long long)m->step);
+    tide_mlp_comm self;
+    tide_mlp_comm_self(&self);
+    return apply_update(m, &self);
 }

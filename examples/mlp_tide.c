@@ -4,6 +4,7 @@
  * See mlp_tide.h for the contracts. Workload: a handful of collectives per
  * micro-batch and step; a layout switch now and then.
  */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -67,12 +68,18 @@ static tide_status a_exchange(void *ctx, int send_peer, const float *send_buf, s
     return rc;
 }
 
-static tide_status a_before_grads(void *ctx, int64_t step)
+static tide_status a_at(void *ctx, int64_t step, tide_mlp_point point)
 {
     const tide_mlp_tide_comm *c = ctx;
-    if (c->hooks == NULL || c->hooks->before_grads == NULL)
+    if (c->hooks == NULL || c->hooks->at == NULL)
         return TIDE_OK;
-    return c->hooks->before_grads(c->hooks->ctx, c->t, c->m, step);
+    return c->hooks->at(c->hooks->ctx, c->t, c->m, step, point);
+}
+
+static void a_can_finish(void *ctx)
+{
+    const tide_mlp_tide_comm *c = ctx;
+    tide_step_can_finish(c->t);
 }
 
 void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
@@ -84,10 +91,11 @@ void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
     c->comm.device_memory = tide_backend(t)->mem_kind == TIDE_MEM_DEVICE;
     c->comm.allreduce = a_allreduce;
     c->comm.exchange = a_exchange;
-    c->comm.before_grads = a_before_grads;
+    c->comm.at = a_at;
+    c->comm.can_finish = a_can_finish;
 }
 
-/* The adapter of the elastic loop: hooks->before_grads reaches the caller. */
+/* The adapter of the elastic loop: hooks->at reaches the caller. */
 static void loop_comm_init(tide_mlp_tide_comm *c, tide_t *t, const tide_mlp_t *m,
                            const tide_mlp_tide_hooks *h)
 {
@@ -247,6 +255,19 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
             continue;
         }
         const tide_view *v = tide_view_get(t);
+        if (a == TIDE_STEP_FINISH) {
+            /* the step failed in its last reduction (a peer died) after this rank's update
+               needed no peer: the recovery has it finish the step alone */
+            int64_t step = v->step;
+            tide_status rc = tide_mlp_finish_step(m);
+            TIDE_CHECK(tide_step_end(t, rc));
+            TIDE_CHECK(rc);
+            TIDE_WARN(SUBSYS, "step %lld finished alone after a peer failed (loss unknown here)",
+                      (long long)step);
+            if (h->on_step != NULL)
+                TIDE_CHECK(h->on_step(h->ctx, t, m, step, NAN, 0.0));
+            continue;
+        }
         if (h->done != NULL && h->done(h->ctx, v))
             return tide_finish(t); /* releases the idle ranks */
         int64_t step = v->step;

@@ -25,7 +25,7 @@ typedef struct tide_mlp_tide_comm {
     tide_mlp_comm comm; /* what tide_mlp_step takes; ctx points at this struct */
     tide_t *t;          /* borrowed */
     const tide_view *v; /* borrowed: tide_view_get(t) when built */
-    const struct tide_mlp_tide_hooks *hooks; /* borrowed, may be NULL: before_grads */
+    const struct tide_mlp_tide_hooks *hooks; /* borrowed, may be NULL: at */
     const tide_mlp_t *m;                     /* borrowed: the model hooks are given */
 } tide_mlp_tide_comm;
 
@@ -54,7 +54,9 @@ typedef struct tide_mlp_switch_stats {
  */
 typedef struct tide_mlp_tide_hooks {
     void *ctx;
-    /* A member completed (and counted) step `step`; loss is the batch's global mean. */
+    /* A member completed (and counted) step `step`; loss is the batch's global mean, NaN
+       when this member finished the step alone after a peer died in its last reduction
+       (TIDE_STEP_FINISH). */
     tide_status (*on_step)(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
                            double seconds);
     /* A switch was announced (tide_view_next(t) is the new layout); the old layout,
@@ -69,9 +71,10 @@ typedef struct tide_mlp_tide_hooks {
     /* 1: allocate the new buffers at the switch step instead of preparing them ahead
        (tide_set_prepare; for comparisons). */
     int no_prepare;
-    /* On a member inside step `step` (the count completed before it), between its
-       backward pass and its gradient allreduce (tide_mlp_comm.before_grads). */
-    tide_status (*before_grads)(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step);
+    /* On a member inside step `step` (the count completed before it), at a point of
+       tide_mlp_step (tide_mlp_comm.at). */
+    tide_status (*at)(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
+                      tide_mlp_point point);
 } tide_mlp_tide_hooks;
 
 /*

@@ -126,6 +126,11 @@ static FILE *append(FILE **f, const char *path)
 static void record_step(output *o, int first_rank, uint64_t gen, const char *layout, int64_t step,
                         double loss, double secs, int64_t t0_us, int64_t t1_us, int warm)
 {
+    if (isnan(loss)) {
+        /* finished alone after a peer failed: this rank never saw the batch's loss */
+        o->last_step = step;
+        return;
+    }
     if (o->last_step < 0)
         o->first = loss;
     o->last = loss;

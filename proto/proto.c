@@ -344,6 +344,7 @@ static const tide__field commit_fields[] = {
     F_JOB(tide_proto_commit_t, job),
     F_GEN(tide_proto_commit_t, gen),
     F_U64(tide_proto_commit_t, step, "step"),
+    F_BOOL(tide_proto_commit_t, recover, "recover"),
 };
 
 static const tide__field halt_fields[] = {

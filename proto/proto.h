@@ -227,6 +227,8 @@ typedef struct tide_proto_commit {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
     uint64_t gen;                      /* "gen" */
     uint64_t step;                     /* "step": the agreed switch step */
+    int recover;                       /* "recover": bool, a recovery after a worker loss (the
+                                          old layout's collectives cannot complete) */
 } tide_proto_commit_t;
 
 /* "abort" tided -> workers: give up generation gen, keep/restore the old layout. */

@@ -228,6 +228,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         NAME(r, m->u.commit.job);
         m->u.commit.gen = urange(r, 0, UINT64_MAX);
         m->u.commit.step = urange(r, 0, UINT64_MAX);
+        m->u.commit.recover = (int)urange(r, 0, 1);
         return TIDE_OK;
     case TIDE_MSG_ABORT:
         NAME(r, m->u.abort_.job);

@@ -47,7 +47,8 @@ if(TARGET tide_mlp)
 
     # A member of the running job is killed (SIGKILL); tided detects it by heartbeats and
     # recovers the job over the survivors (replica: dp 1 on 8 ranks; midstep: the same, the
-    # victim dying between its backward pass and its gradient allreduce; spare: a 9th, idle
+    # victim dying between its backward pass and its gradient allreduce; lastreduce: dying
+    # inside the step's last reductions, so some survivors finish the step alone; spare: a 9th, idle
     # rank takes its place; zero1: the lost ZeRO-1 moments have no replica, so tided must
     # stall the job and say why). --enable-recovery keeps mpirun from tearing the job down when
     # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
@@ -57,7 +58,7 @@ if(TARGET tide_mlp)
                                                              PkgConfig::ZMQ MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide_recover tided tidectl)
-    foreach(mode replica midstep spare zero1)
+    foreach(mode replica midstep lastreduce spare zero1)
       if(mode STREQUAL "spare")
         set(np 9)
       else()

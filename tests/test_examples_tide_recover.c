@@ -9,6 +9,10 @@
  *             pass and before its gradient allreduce: the workers outside its dp group
  *             could finish their own allreduces, yet none may update its state, so that
  *             every survivor still redoes step KILL_AT from the same state
+ *   lastreduce as replica, but the victim dies inside step KILL_AT after its gradient
+ *             allreduce and the loss reduction over dp: half of the survivors complete
+ *             the step, the others are stuck in its last reductions and must finish it
+ *             alone (TIDE_STEP_FINISH), so that all switch after step KILL_AT + 1
  *   spare     9 ranks, one idle in the pool: the spare takes the dead rank's place and
  *             the recovery layout keeps (dp 2, tp 2, pp 2)
  *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
@@ -84,8 +88,9 @@ static void fail_all(void)
         fail_all();                                                                                \
     } while (0)
 
-static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode;
-static int g_victim = -1; /* pool rank of the killed member */
+static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode;
+static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
+static int g_victim = -1;         /* pool rank of the killed member */
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
@@ -182,7 +187,7 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
     MT_ASSERT(object_with(buf, "\"kind\":\"recovered\"", obj, sizeof obj) &&
                   strstr(obj, "generation 2 committed") != NULL,
               "no recovered event for generation 2: %s", buf);
-    snprintf(want, sizeof want, "from step %d,", KILL_AT);
+    snprintf(want, sizeof want, "from step %d,", g_switch_at);
     MT_ASSERT(strstr(obj, want) != NULL, "recovered event: want %s in %s", want, obj);
     MT_ASSERT(count_of(buf, "\"kind\":\"resize_aborted\"") == 0, "a switch was aborted: %s", buf);
 }
@@ -320,7 +325,7 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
         hash_state(r, t, m, r->pre);
-        if (tide_worker_id(t) == g_victim && !g_midstep_mode) {
+        if (tide_worker_id(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode) {
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
             raise(SIGKILL);
@@ -332,15 +337,20 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     return TIDE_OK;
 }
 
-/* midstep mode: the victim dies between its backward pass and its gradient allreduce. */
-static tide_status h_before_grads(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step)
+/* midstep mode: the victim dies between its backward pass and its gradient allreduce;
+   lastreduce mode: after the loss reduction over dp, before those over pp and tp. */
+static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
+                        tide_mlp_point point)
 {
     (void)ctx;
     (void)m;
-    if (g_midstep_mode && step == KILL_AT && tide_view_get(t)->generation == 1 &&
+    int want = g_midstep_mode      ? point == TIDE_MLP_AT_GRADS
+               : g_lastreduce_mode ? point == TIDE_MLP_AT_LOSS
+                                   : 0;
+    if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
         tide_worker_id(t) == g_victim) {
-        fprintf(stderr, "[rank %d] killing myself inside step %d, before its gradient allreduce\n",
-                g_rank, KILL_AT);
+        fprintf(stderr, "[rank %d] killing myself inside step %d, %s\n", g_rank, KILL_AT,
+                g_midstep_mode ? "before its gradient allreduce" : "inside its last reductions");
         fflush(stderr);
         raise(SIGKILL);
     }
@@ -438,7 +448,7 @@ static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
     for (int64_t s = 0; s < STEPS; s++) {
-        if (s == KILL_AT) {
+        if (s == g_switch_at) {
             tide_mlp_mpi_destroy(&mpi);
             MT_OK(tide_mlp_relayout_via_root(m, MPI_COMM_WORLD, 0, l2));
             MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l2));
@@ -477,12 +487,15 @@ static void compare_state(const tide_collection_t *c, void *const *got, void *co
 int main(int argc, char **argv)
 {
     if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
-                     strcmp(argv[3], "spare") != 0 && strcmp(argv[3], "zero1") != 0)) {
-        fprintf(stderr,
-                "usage: test_examples_tide_recover TIDED TIDECTL replica|midstep|spare|zero1\n");
+                     strcmp(argv[3], "lastreduce") != 0 && strcmp(argv[3], "spare") != 0 &&
+                     strcmp(argv[3], "zero1") != 0)) {
+        fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL "
+                        "replica|midstep|lastreduce|spare|zero1\n");
         return 2;
     }
     g_midstep_mode = strcmp(argv[3], "midstep") == 0;
+    g_lastreduce_mode = strcmp(argv[3], "lastreduce") == 0;
+    g_switch_at = g_lastreduce_mode ? KILL_AT + 1 : KILL_AT;
     g_spare_mode = strcmp(argv[3], "spare") == 0;
     g_zero1_mode = strcmp(argv[3], "zero1") == 0;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
@@ -562,7 +575,7 @@ int main(int argc, char **argv)
         pthread_create(&th, NULL, watchdog, &wd);
     }
 
-    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, h_before_grads};
+    tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, h_at};
     tide_status trc = tide_mlp_tide_train(t, m, &h);
     MT_ASSERT(g_rank != g_victim, "the victim is still alive");
     if (g_zero1_mode) {
@@ -618,10 +631,10 @@ int main(int argc, char **argv)
     int64_t at_lo = 0, at_hi = 0;
     MPI_Allreduce(&rec.switch_at, &at_lo, 1, MPI_INT64_T, MPI_MIN, surv);
     MPI_Allreduce(&rec.switch_at, &at_hi, 1, MPI_INT64_T, MPI_MAX, surv);
-    MT_ASSERT(at_lo == KILL_AT && at_hi == KILL_AT,
+    MT_ASSERT(at_lo == g_switch_at && at_hi == g_switch_at,
               "the recovery switched at steps %lld..%lld, want %d on every survivor: the step "
               "running when rank %d died must be redone, neither skipped nor counted twice",
-              (long long)at_lo, (long long)at_hi, KILL_AT, g_victim);
+              (long long)at_lo, (long long)at_hi, g_switch_at, g_victim);
     const tide_layout_t *nl = rec.recover;
     MT_ASSERT(nl != NULL, "no recovery layout recorded");
     const tide_view *fv = tide_view_get(t);
@@ -637,11 +650,13 @@ int main(int argc, char **argv)
         check_tidectl(argv[2], endpoint, nl);
     }
 
-    /* the state right after the recovery is the whole state before the kill, bit for bit */
+    /* the state right after the recovery is the whole state before the kill, bit for bit
+       (lastreduce: the step the victim died in was completed, so no state before it was
+       gathered; the final state against the never-failed run checks it) */
     static uint64_t pre[MAX_T], post[MAX_T];
     MPI_Allreduce(rec.pre, pre, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
     MPI_Allreduce(rec.post, post, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
-    for (size_t i = 0; i < rec.n_tensors; i++)
+    for (size_t i = 0; i < rec.n_tensors && !g_lastreduce_mode; i++)
         MT_ASSERT(pre[i] != 0 && pre[i] == post[i],
                   "tensor %s after the recovery differs from the state before the kill (hash "
                   "%016llx before, %016llx after)",
@@ -652,17 +667,19 @@ int main(int argc, char **argv)
     static int total[STEPS];
     MPI_Allreduce(rec.ran, total, STEPS, MPI_INT, MPI_SUM, surv);
     for (int k = 0; k < STEPS; k++) {
-        int runs = k < KILL_AT ? 8 - 1 : (int)tide_layout_size(nl);
+        int runs = k < g_switch_at ? 8 - 1 : (int)tide_layout_size(nl);
         MT_ASSERT(total[k] == runs,
                   "step %d ran %d times on the survivors, want %d (%s the recovery at step %d)", k,
-                  total[k], runs, k < KILL_AT ? "before" : "after", KILL_AT);
+                  total[k], runs, k < g_switch_at ? "before" : "after", g_switch_at);
     }
 
     /* losses: equal on every member, and those of the never-failed run */
     static double llo[STEPS], lhi[STEPS];
     for (int k = 0; k < STEPS; k++) {
-        llo[k] = rec.ran[k] ? rec.loss[k] : INFINITY;
-        lhi[k] = rec.ran[k] ? rec.loss[k] : -INFINITY;
+        /* NaN: a survivor that finished the step alone never saw its loss */
+        int seen = rec.ran[k] && !isnan(rec.loss[k]);
+        llo[k] = seen ? rec.loss[k] : INFINITY;
+        lhi[k] = seen ? rec.loss[k] : -INFINITY;
     }
     MPI_Allreduce(MPI_IN_PLACE, llo, STEPS, MPI_DOUBLE, MPI_MIN, surv);
     MPI_Allreduce(MPI_IN_PLACE, lhi, STEPS, MPI_DOUBLE, MPI_MAX, surv);
@@ -699,14 +716,14 @@ int main(int argc, char **argv)
     tide_destroy(&t);
     tide_mlp_destroy(&m);
     if (g_rank == 0) {
-        printf(
-            "recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
-            "%d) on %d survivors; switch at step %d on all; state bit-identical across the "
-            "recovery; max loss rel diff %.2e to one process; losses and final state bit-identical "
-            "to a never-failed run of the same layouts\n",
-            argv[3], g_victim, g_midstep_mode ? "inside" : "after",
-            g_midstep_mode ? KILL_AT : KILL_AT - 1, nl ? nl->dp : 0, nl ? nl->tp : 0,
-            nl ? nl->pp : 0, nsurv, KILL_AT, worst_loss);
+        printf("recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
+               "%d) on %d survivors; switch at step %d on all;%s max loss rel diff %.2e to one "
+               "process; losses and final state bit-identical to a never-failed run of the same "
+               "layouts\n",
+               argv[3], g_victim, g_midstep_mode || g_lastreduce_mode ? "inside" : "after",
+               g_midstep_mode || g_lastreduce_mode ? KILL_AT : KILL_AT - 1, nl ? nl->dp : 0,
+               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g_switch_at,
+               g_lastreduce_mode ? "" : " state bit-identical across the recovery;", worst_loss);
         fflush(stdout);
     }
     tide_layout_destroy(&rec.recover);

@@ -100,14 +100,14 @@ Test(agree, resize_waits_one_step_after_ack_then_switches_at_S)
     cr_assert_eq(tide__agree_prepare(&a, 2, &again), 1, "a duplicate prepare is answered");
     cr_assert_eq(again, 5, "with the same step");
     /* another rank acked 6, so S = 7: this rank runs step 6 then switches */
-    cr_assert_eq(tide__agree_commit(&a, 2, 7), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_commit(&a, 2, 7, 0), TIDE__COMMIT_OK);
     run_steps(&a, 1);
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "only one switch");
     tide__agree_switched(&a);
     cr_assert_eq(a.gen, 2);
     cr_assert_eq(a.completed, 7);
-    cr_assert_eq(tide__agree_commit(&a, 2, 7), TIDE__COMMIT_DUP, "late commit: resend done");
+    cr_assert_eq(tide__agree_commit(&a, 2, 7, 0), TIDE__COMMIT_DUP, "late commit: resend done");
     cr_assert_eq(tide__agree_abort(&a, 2), TIDE__ABORT_SWITCHED);
     run_steps(&a, 1);
 }
@@ -122,7 +122,7 @@ Test(agree, recovery_abandons_the_step_in_progress)
     int64_t ack;
     cr_assert_eq(tide__agree_prepare(&a, 4, &ack), 1);
     cr_assert_eq(ack, 10);
-    cr_assert_eq(tide__agree_commit(&a, 4, 10), TIDE__COMMIT_ABORT_STEP);
+    cr_assert_eq(tide__agree_commit(&a, 4, 10, 1), TIDE__COMMIT_ABORT_STEP);
     cr_assert_eq(tide__agree_end(&a, 0), 0, "the aborted step is not counted");
     cr_assert_eq(a.completed, 10);
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
@@ -140,11 +140,11 @@ Test(agree, idle_rank_waits_for_commit_and_abort_clears)
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT);
     cr_assert_eq(tide__agree_abort(&a, 2), TIDE__ABORT_CLEARED);
     cr_assert_eq(a.p_gen, 0);
-    cr_assert_eq(tide__agree_commit(&a, 2, 9), TIDE__COMMIT_IGNORED, "aborted: ignored");
+    cr_assert_eq(tide__agree_commit(&a, 2, 9, 0), TIDE__COMMIT_IGNORED, "aborted: ignored");
     cr_assert_eq(tide__agree_layout(&a, 2, 1, 0), 0, "an older generation is refused");
     cr_assert_eq(tide__agree_layout(&a, 3, 1, 0), 1);
     cr_assert_eq(tide__agree_prepare(&a, 3, &ack), 1);
-    cr_assert_eq(tide__agree_commit(&a, 3, 9), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_commit(&a, 3, 9, 0), TIDE__COMMIT_OK);
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
     cr_assert_eq(tide__agree_abort(&a, 3), TIDE__ABORT_SWITCHING, "abort during the switch");
     tide__agree_switch_failed(&a);
@@ -152,6 +152,71 @@ Test(agree, idle_rank_waits_for_commit_and_abort_clears)
     tide__agree_switched(&a);
     cr_assert_eq(a.completed, 9, "joins at the switch step");
     cr_assert_eq(a.member, 1);
+}
+
+/* A rank in step 10 of generation 3 that marked the step can_finish, then got the
+   layout and prepare of generation 4; *ack: what it acked. */
+static void in_can_finish_step(tide__agree *a, int64_t *ack)
+{
+    tide__agree_init(a, 10);
+    tide__agree_first(a, 3, 1);
+    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
+    tide__agree_can_finish(a);
+    cr_assert_eq(tide__agree_layout(a, 4, 1, 1), 1);
+    cr_assert_eq(tide__agree_prepare(a, 4, ack), 1);
+}
+
+/* A peer died inside the last reduction of step 10, after this rank could finish the
+   step alone; others completed it. The recovery switches after step 10 (S = 11): this
+   rank's reduction is abandoned, it finishes the step alone, then switches. */
+Test(agree, recovery_has_a_rank_stuck_after_can_finish_finish_its_step)
+{
+    tide__agree a;
+    int64_t ack;
+    in_can_finish_step(&a, &ack);
+    cr_assert_eq(ack, 11, "the step in progress can be completed: ack one more");
+    cr_assert_eq(tide__agree_commit(&a, 4, 11, 1), TIDE__COMMIT_ABORT_STEP,
+                 "its last reduction waits for the dead peer: abandon it");
+    cr_assert_eq(tide__agree_end(&a, 0), 0);
+    cr_assert_eq(a.completed, 10);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_FINISH);
+    cr_assert_eq(tide__agree_end(&a, 1), 0);
+    cr_assert_eq(a.completed, 11);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+}
+
+/* The same rank when the recovery switches before that step (another survivor could not
+   get as far): the step is dropped and redone under the new layout. */
+Test(agree, a_can_finish_step_is_dropped_when_the_recovery_switches_before_it)
+{
+    tide__agree a;
+    int64_t ack;
+    in_can_finish_step(&a, &ack);
+    cr_assert_eq(tide__agree_commit(&a, 4, 10, 1), TIDE__COMMIT_ABORT_STEP);
+    cr_assert_eq(tide__agree_end(&a, 0), 0);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    tide__agree_switched(&a);
+    cr_assert_eq(a.completed, 10);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN, "step 10 again, new layout");
+}
+
+/* A step that failed after can_finish before any commit waits for it; a resize (not a
+   recovery) never abandons a step that may still end at S. */
+Test(agree, a_failed_can_finish_step_waits_and_resizes_leave_it_alone)
+{
+    tide__agree a;
+    int64_t ack;
+    in_can_finish_step(&a, &ack);
+    cr_assert_eq(tide__agree_end(&a, 0), 0);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "the commit decides");
+    cr_assert_eq(tide__agree_commit(&a, 4, 11, 1), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_FINISH);
+
+    tide__agree b;
+    in_can_finish_step(&b, &ack);
+    cr_assert_eq(tide__agree_commit(&b, 4, 11, 0), TIDE__COMMIT_OK, "a resize: the step ends");
+    cr_assert_eq(tide__agree_end(&b, 1), 0);
+    cr_assert_eq(tide__agree_begin(&b), TIDE__BEGIN_SWITCH);
 }
 
 Test(agree, stale_rank_past_the_switch_step)
@@ -164,7 +229,7 @@ Test(agree, stale_rank_past_the_switch_step)
     int64_t ack;
     cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
     run_steps(&a, 1);
-    cr_assert_eq(tide__agree_commit(&a, 2, 3), TIDE__COMMIT_OK); /* recovery: min = 3 */
+    cr_assert_eq(tide__agree_commit(&a, 2, 3, 1), TIDE__COMMIT_OK); /* recovery: min = 3 */
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_STALE);
     cr_assert_eq(tide__agree_end(&a, 1), -1, "no step begun");
 }

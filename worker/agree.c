@@ -44,19 +44,25 @@ int tide__agree_layout(tide__agree *a, uint64_t gen, int member_new, int member_
     return 1;
 }
 
+/* Steps this rank has completed or can complete without peers. */
+static int64_t reachable(const tide__agree *a)
+{
+    return a->completed + ((a->in_step && a->can_finish) || (!a->in_step && a->deferred));
+}
+
 int tide__agree_prepare(tide__agree *a, uint64_t gen, int64_t *ack_step)
 {
     if (gen != a->p_gen || a->p_gen == 0)
         return 0;
     if (!a->p_acked) {
         a->p_acked = 1;
-        a->p_ack = a->completed;
+        a->p_ack = reachable(a);
     }
     *ack_step = a->p_ack;
     return 1;
 }
 
-tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step)
+tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step, int recover)
 {
     if (gen != 0 && gen == a->switched_gen && gen == a->gen)
         return TIDE__COMMIT_DUP;
@@ -70,7 +76,17 @@ tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t ste
        (recovery) and its collectives must be abandoned. */
     if (a->p_old && a->in_step && a->completed >= step)
         return TIDE__COMMIT_ABORT_STEP;
+    /* A recovery that switches at the end of this step: the step can only end alone
+       (its last reduction waits for the dead peer), so abandon it and finish it. */
+    if (recover && a->p_old && a->in_step && a->can_finish && a->completed + 1 == step)
+        return TIDE__COMMIT_ABORT_STEP;
     return TIDE__COMMIT_OK;
+}
+
+void tide__agree_can_finish(tide__agree *a)
+{
+    if (a->in_step)
+        a->can_finish = 1;
 }
 
 tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen)
@@ -93,7 +109,13 @@ tide__begin tide__agree_begin(tide__agree *a)
                 a->p_switching = 1; /* joins from idle: nothing to finish first */
                 return TIDE__BEGIN_SWITCH;
             }
+            if (a->deferred && a->completed + 1 == a->p_switch) {
+                a->deferred = 0;
+                a->in_step = 1;
+                return TIDE__BEGIN_FINISH;
+            }
             if (a->completed == a->p_switch) {
+                a->deferred = 0; /* the failed step is redone under the new layout */
                 a->p_switching = 1;
                 return TIDE__BEGIN_SWITCH;
             }
@@ -101,12 +123,15 @@ tide__begin tide__agree_begin(tide__agree *a)
                 return TIDE__BEGIN_STALE;
         } else if (a->p_acked && a->p_old && a->completed >= a->p_ack + 1) {
             return TIDE__BEGIN_WAIT; /* the one extra step is done: wait for commit */
+        } else if (a->deferred) {
+            return TIDE__BEGIN_WAIT; /* the commit says whether to finish or redo it */
         }
     }
     if (a->p_gen != 0 && (a->p_failed || a->p_switching))
         return TIDE__BEGIN_WAIT;
     if (!a->member)
         return TIDE__BEGIN_WAIT;
+    a->deferred = 0; /* no recovery wants it finished: it is redone */
     a->in_step = 1;
     return TIDE__BEGIN_RUN;
 }
@@ -116,6 +141,8 @@ int tide__agree_end(tide__agree *a, int ok)
     if (!a->in_step)
         return -1;
     a->in_step = 0;
+    a->deferred = !ok && a->can_finish;
+    a->can_finish = 0;
     if (ok)
         a->completed++;
     return 0;
@@ -128,6 +155,7 @@ void tide__agree_switched(tide__agree *a)
     a->member = a->p_member;
     a->completed = a->p_switch;
     a->in_step = 0;
+    a->can_finish = a->deferred = 0;
     clear_pending(a);
 }
 

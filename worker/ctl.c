@@ -253,9 +253,10 @@ static void on_prepare(tide__ctl_t *ctl, const tide_proto_prepare_t *p)
 static void on_commit(tide__ctl_t *ctl, const tide_proto_commit_t *c)
 {
     pthread_mutex_lock(&ctl->mu);
-    tide__commit_result r = strcmp(c->job, ctl->job) == 0
-                                ? tide__agree_commit(&ctl->agree, c->gen, (int64_t)c->step)
-                                : TIDE__COMMIT_IGNORED;
+    tide__commit_result r =
+        strcmp(c->job, ctl->job) == 0
+            ? tide__agree_commit(&ctl->agree, c->gen, (int64_t)c->step, c->recover)
+            : TIDE__COMMIT_IGNORED;
     if (r == TIDE__COMMIT_ABORT_STEP && ctl->abort_fn != NULL) {
         TIDE_WARN(SUBSYS,
                   "generation %llu switches after step %llu, inside the step this rank "

@@ -664,6 +664,12 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
             t->bubble_k = 0;
             break;
         }
+        if (d == TIDE__BEGIN_FINISH) {
+            t->view.step = a->completed;
+            t->step_t0 = tide_now_ns();
+            *action = TIDE_STEP_FINISH;
+            break;
+        }
         if (d == TIDE__BEGIN_SWITCH) {
             tide__ctl_prepare_wait(t->ctl); /* the program's preparation comes first */
             rc = prepare_next(t);
@@ -726,6 +732,15 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
         TIDE_WARN(SUBSYS, "rank %d: step %lld failed (%s); not counted", t->rank,
                   (long long)t->view.step, tide_strerror(step_rc));
     return TIDE_OK;
+}
+
+void tide_step_can_finish(tide_t *t)
+{
+    if (t == NULL || t->ctl == NULL)
+        return;
+    tide__ctl_lock(t->ctl);
+    tide__agree_can_finish(tide__ctl_agree(t->ctl));
+    tide__ctl_unlock(t->ctl);
 }
 
 void tide_bubble_begin(tide_t *t)

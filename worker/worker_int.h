@@ -62,12 +62,20 @@ size_t tide__mailbox_len(tide__mailbox_t *mb);
  * rank stuck inside step S + 1 (a peer died): that step is abandoned (its collectives
  * are aborted) and the rank switches from S. A rank outside the old layout waits for
  * the commit and switches at once.
+ * Finishing alone: a rank whose step got past every collective its state depends on
+ * marks the step can_finish (tide_step_can_finish). If the step then fails (its last
+ * reduction was aborted: a peer died), the rank can still complete it without peers,
+ * so it acks one step more than it completed; when a recovery's S is that step, the
+ * rank first finishes it (FINISH), then switches; when S is lower, the step is dropped.
+ * Survivors that completed the step and survivors stuck in its last reduction thus
+ * agree on S instead of some being past it.
  */
 typedef enum tide__begin {
     TIDE__BEGIN_RUN = 0,    /* run the next step */
     TIDE__BEGIN_WAIT = 1,   /* wait for a command (boundary reached, or idle) */
     TIDE__BEGIN_SWITCH = 2, /* switch to the pending generation now */
     TIDE__BEGIN_STALE = 3,  /* this rank is past the switch step: it cannot follow */
+    TIDE__BEGIN_FINISH = 4, /* complete the failed, can_finish step without peers */
 } tide__begin;
 
 typedef enum tide__commit_result {
@@ -88,7 +96,9 @@ typedef struct tide__agree {
     uint64_t gen;          /* generation this rank runs (0: none yet) */
     int member;            /* holds a coordinate of gen's layout */
     int64_t completed;     /* steps completed */
-    int in_step;           /* between a RUN begin and its end */
+    int in_step;           /* between a RUN (or FINISH) begin and its end */
+    int can_finish;        /* the step in progress can be completed without peers */
+    int deferred;          /* the last step failed after can_finish: it may be finished */
     uint64_t switched_gen; /* the last generation switched to (duplicate commits) */
     uint64_t seen_gen;     /* the newest generation ever announced (never reused) */
     /* pending generation (p_gen 0: none) */
@@ -117,13 +127,19 @@ int tide__agree_layout(tide__agree *a, uint64_t gen, int member_new, int member_
 /* A `prepare` for gen: 1 with *ack_step to send (also for duplicates), 0 to ignore. */
 int tide__agree_prepare(tide__agree *a, uint64_t gen, int64_t *ack_step);
 
-/* A `commit` for gen with switch step `step`. */
-tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step);
+/* A `commit` for gen with switch step `step`; recover: a recovery (the old layout's
+   collectives cannot complete, so a step in progress is abandoned even when it would
+   end at S). */
+tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step, int recover);
+
+/* The step in progress can be completed without peers from now on (see above). */
+void tide__agree_can_finish(tide__agree *a);
 
 /* An `abort` for gen. */
 tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen);
 
-/* The decision at a step boundary; RUN marks the step begun, SWITCH marks switching. */
+/* The decision at a step boundary; RUN and FINISH mark the step begun, SWITCH marks
+   switching. */
 tide__begin tide__agree_begin(tide__agree *a);
 
 /* The step begun last ended: ok counts it. Returns 0, or -1 when no step was begun. */

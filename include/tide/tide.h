@@ -169,6 +169,9 @@ typedef enum tide_step_action {
     TIDE_STEP_RUN = 0,         /* run step tide_view_get(t)->step, then tide_step_end */
     TIDE_STEP_RECONFIGURE = 1, /* switch now: tide_view_next, then tide_reshard */
     TIDE_STEP_FINISHED = 2,    /* the job ended (tide_finish on its members): stop */
+    TIDE_STEP_FINISH = 3,      /* complete step tide_view_get(t)->step, which failed after
+                                  tide_step_can_finish, without any collective (apply the
+                                  update it had computed), then tide_step_end */
 } tide_step_action;
 
 /*
@@ -190,6 +193,18 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action);
  * TIDE_ERR_INVALID when no step was begun.
  */
 tide_status tide_step_end(tide_t *t, tide_status step_rc);
+
+/*
+ * Inside a step: from here on this rank could complete the step without any peer (every
+ * collective its update depends on is done; what is left is the update and a last
+ * reduction that exists to hold every rank back until all got this far). If the step
+ * then fails because a peer died, the recovery may ask this rank to finish it
+ * (tide_step_begin returns TIDE_STEP_FINISH) rather than redo it: that is what keeps
+ * survivors that completed the step and survivors stuck in its last reduction on one
+ * switch step. Do not call it when the update needs another collective (ZeRO-1's
+ * sharded update). No-op outside a step. Never blocks; main thread.
+ */
+void tide_step_can_finish(tide_t *t);
 
 /* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided.
    For waits the runtime may fill with offline work, use tide_bubble_wait instead. Main

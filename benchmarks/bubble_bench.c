@@ -213,15 +213,9 @@ int main(int argc, char **argv)
         {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/bubble_bench.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
-        fprintf(stderr, PROG ": %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, PROG, "[options]", opts);
-        return 0;
-    }
+    int code = tide_opts_main(opts, argc, argv, PROG);
+    if (code >= 0)
+        return code;
     if (s.np % s.pp != 0 || s.batch % ((s.np / s.pp) * s.micro) != 0) {
         fprintf(stderr, PROG ": --pp must divide --np, and np/pp x --micro-batches must divide "
                              "--global-batch\n");

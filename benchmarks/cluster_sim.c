@@ -162,15 +162,9 @@ int main(int argc, char **argv)
         {"out", NULL, TIDE_OPT_STRING, &c.out, "bench-out/cluster_sim.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
-        fprintf(stderr, PROG ": %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, PROG, "[options]", opts);
-        return 0;
-    }
+    int code = tide_opts_main(opts, argc, argv, PROG);
+    if (code >= 0)
+        return code;
     if (c.host_mtbf_h <= 0 || c.outage_h <= 0 || c.gpu_mtbf_h <= 0 || c.repair_h <= 0 ||
         c.link_gbs <= 0 || c.switch_s < 0 || c.restart_s < 0 || c.grace_s < 0) {
         fprintf(stderr, PROG ": rates, times and bandwidth must be positive\n");

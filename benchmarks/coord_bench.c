@@ -262,15 +262,9 @@ int main(int argc, char **argv)
         {"out", NULL, TIDE_OPT_STRING, &out, "bench-out/coord_bench.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
-        fprintf(stderr, "coord_bench: %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, "coord_bench", "[options]", opts);
-        return 0;
-    }
+    int code = tide_opts_main(opts, argc, argv, "coord_bench");
+    if (code >= 0)
+        return code;
     signal(SIGPIPE, SIG_IGN);
     result res[8];
     int nres = 0;

@@ -172,7 +172,6 @@ int main(int argc, char **argv)
 {
     long long mib = 64, reps = 7;
     const char *out = "bench-out/copy_bench.json";
-    int help = 0;
     tide_opt opts[] = {
         {"mib", "TIDE_BENCH_MIB", TIDE_OPT_INT, &mib, "64", "bytes per copy (MiB)", 1, 4096},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "7", "timed passes (median)", 1, 1000},
@@ -180,12 +179,9 @@ int main(int argc, char **argv)
          "where the numbers go (JSON)", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK || help) {
-        if (!help)
-            fprintf(stderr, "copy_bench: %s\n", tide_last_error());
-        tide_opts_usage(stderr, "copy_bench", "[options]", opts);
-        return help ? 0 : 2;
-    }
+    int code = tide_opts_main(opts, argc, argv, "copy_bench");
+    if (code >= 0)
+        return code;
     ctx c;
     memset(&c, 0, sizeof c);
     c.bytes = (size_t)mib << 20;

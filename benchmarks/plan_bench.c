@@ -247,15 +247,9 @@ int main(int argc, char **argv)
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log, "warn", "log level", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
-        fprintf(stderr, "plan_bench: %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, "plan_bench", "[options]", opts);
-        return 0;
-    }
+    int code = tide_opts_main(opts, argc, argv, "plan_bench");
+    if (code >= 0)
+        return code;
     tide_log_level level;
     if (tide_log_parse_level(log, &level) == TIDE_OK)
         tide_log_set_level(level);

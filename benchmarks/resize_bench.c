@@ -406,15 +406,9 @@ int main(int argc, char **argv)
         {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/resize_bench.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0;
-    if (tide_opts_parse(opts, argc, argv, NULL, &help) != TIDE_OK) {
-        fprintf(stderr, "resize_bench: %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, "resize_bench", "[options]", opts);
-        return 0;
-    }
+    int code = tide_opts_main(opts, argc, argv, "resize_bench");
+    if (code >= 0)
+        return code;
     int from[3], to[3];
     if (parse_layout(s.from, &from[0], &from[1], &from[2]) != 0 ||
         parse_layout(s.to, &to[0], &to[1], &to[2]) != 0) {

@@ -77,20 +77,9 @@ int main(int argc, char **argv)
          0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int help = 0, npos = 0;
-    tide_status rc = tide_opts_parse(opts, argc, argv, &npos, &help);
-    if (rc != TIDE_OK) {
-        fprintf(stderr, "tided: %s\n", tide_last_error());
-        return 2;
-    }
-    if (help) {
-        tide_opts_usage(stdout, "tided", "[options]", opts);
-        return 0;
-    }
-    if (npos != 0) {
-        fprintf(stderr, "tided: unexpected argument '%s' (see --help)\n", argv[1]);
-        return 2;
-    }
+    int code = tide_opts_main(opts, argc, argv, "tided");
+    if (code >= 0)
+        return code;
     tide_log_level level;
     if (tide_log_parse_level(s.log, &level) != TIDE_OK) {
         fprintf(stderr, "tided: %s\n", tide_last_error());
@@ -120,7 +109,7 @@ int main(int argc, char **argv)
     cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
 
     tide_server_t *srv = NULL;
-    rc = tide_server_new(&srv, &cfg);
+    tide_status rc = tide_server_new(&srv, &cfg);
     if (rc != TIDE_OK) {
         fprintf(stderr, "tided: %s\n", tide_last_error());
         return rc == TIDE_ERR_DENIED || rc == TIDE_ERR_INVALID || rc == TIDE_ERR_RANGE ? 2 : 1;

@@ -34,8 +34,8 @@ static tide_status set_value(const tide_opt *o, const char *text, const char *or
         errno = 0;
         long long v = strtoll(text, &end, 10);
         if (errno != 0 || end == text || *end != '\0')
-            return tide_errorf(TIDE_ERR_INVALID, "%s --%s: '%s' is not an integer", origin,
-                               o->name, text);
+            return tide_errorf(TIDE_ERR_INVALID, "%s --%s: '%s' is not an integer", origin, o->name,
+                               text);
         if (o->min < o->max && (v < o->min || v > o->max))
             return tide_errorf(TIDE_ERR_RANGE, "%s --%s: %lld is outside [%lld, %lld]", origin,
                                o->name, v, o->min, o->max);
@@ -46,8 +46,8 @@ static tide_status set_value(const tide_opt *o, const char *text, const char *or
         errno = 0;
         double v = strtod(text, &end);
         if (errno != 0 || end == text || *end != '\0')
-            return tide_errorf(TIDE_ERR_INVALID, "%s --%s: '%s' is not a number", origin,
-                               o->name, text);
+            return tide_errorf(TIDE_ERR_INVALID, "%s --%s: '%s' is not a number", origin, o->name,
+                               text);
         *(double *)o->value = v;
         return TIDE_OK;
     }
@@ -128,6 +128,23 @@ tide_status tide_opts_parse(const tide_opt *opts, int argc, char **argv, int *np
     if (npos)
         *npos = pos;
     return TIDE_OK;
+}
+
+int tide_opts_main(const tide_opt *opts, int argc, char **argv, const char *prog)
+{
+    int help = 0, npos = 0;
+    tide_status rc = tide_opts_parse(opts, argc, argv, &npos, &help);
+    if (rc == TIDE_OK && npos > 0 && !help)
+        rc = tide_errorf(TIDE_ERR_INVALID, "unexpected argument '%s' (see --help)", argv[1]);
+    if (rc != TIDE_OK) {
+        fprintf(stderr, "%s: %s\n", prog, tide_last_error());
+        return 2;
+    }
+    if (help) {
+        tide_opts_usage(stdout, prog, "[options]", opts);
+        return 0;
+    }
+    return -1;
 }
 
 static void format_value(const tide_opt *o, char *buf, size_t len)

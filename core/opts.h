@@ -22,12 +22,12 @@ typedef enum tide_opt_type {
 } tide_opt_type;
 
 typedef struct tide_opt {
-    const char *name;  /* "endpoint" for --endpoint; NULL ends the table */
-    const char *env;   /* "TIDE_ENDPOINT", or NULL when no environment default */
+    const char *name; /* "endpoint" for --endpoint; NULL ends the table */
+    const char *env;  /* "TIDE_ENDPOINT", or NULL when no environment default */
     tide_opt_type type;
-    void *value;       /* where the parsed value is stored */
-    const char *def;   /* default as text, or NULL (strings: stays NULL) */
-    const char *help;  /* one line for --help */
+    void *value;        /* where the parsed value is stored */
+    const char *def;    /* default as text, or NULL (strings: stays NULL) */
+    const char *help;   /* one line for --help */
     long long min, max; /* inclusive range for TIDE_OPT_INT when min < max */
 } tide_opt;
 
@@ -42,6 +42,14 @@ tide_status tide_opts_parse(const tide_opt *opts, int argc, char **argv, int *np
 
 /* Prints "usage: prog synopsis" and one line per option with its env and default. */
 void tide_opts_usage(FILE *out, const char *prog, const char *synopsis, const tide_opt *opts);
+
+/*
+ * The flags of a program that takes no positional arguments, parsed as by
+ * tide_opts_parse: -1 when the program goes on; otherwise the status to exit with, 0
+ * after --help printed the usage to stdout, 2 after an error (bad flag, or a positional
+ * argument) printed to stderr prefixed with prog. Main thread.
+ */
+int tide_opts_main(const tide_opt *opts, int argc, char **argv, const char *prog);
 
 /* Logs every option's effective value at info level under subsys. */
 void tide_opts_log(const char *subsys, const tide_opt *opts);

@@ -3,6 +3,7 @@
  * logger, the allocation failure hook, option parsing and bulk copies.
  */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -312,6 +313,25 @@ Test(core_opts, bad_flags_are_refused_with_the_flag_named)
     char *h[] = {"prog", "--help", NULL};
     cr_expect_eq(tide_opts_parse(opts, 2, h, NULL, &help), TIDE_OK);
     cr_expect_eq(help, 1);
+}
+
+/* A program without positional arguments: go on, --help (exit 0), or a refusal (exit 2)
+   for a bad flag or a stray argument, which tide_opts_parse alone would only move. */
+Test(core_opts, a_program_goes_on_or_exits_with_the_right_status, .init = cr_redirect_stdout)
+{
+    struct settings s = {0};
+    tide_opt opts[5];
+    opts_for(&s, opts);
+    char *fine[] = {"prog", "--port", "7", NULL};
+    cr_expect_eq(tide_opts_main(opts, 3, fine, "prog"), -1);
+    cr_expect_eq(s.port, 7);
+    char *h[] = {"prog", "--help", NULL};
+    cr_expect_eq(tide_opts_main(opts, 2, h, "prog"), 0);
+    char *bad[] = {"prog", "--prot", "5", NULL};
+    cr_expect_eq(tide_opts_main(opts, 3, bad, "prog"), 2);
+    char *stray[] = {"prog", "--port", "7", "extra", NULL};
+    cr_expect_eq(tide_opts_main(opts, 4, stray, "prog"), 2);
+    cr_expect(strstr(tide_last_error(), "extra") != NULL, "%s", tide_last_error());
 }
 
 /* Wrapping the previous detail in a new one is the usual way to add context. */

@@ -33,6 +33,7 @@
 #include "core/alloc.h"
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_tide.h"
+#include "mlp_state.h"
 #include "mpi_test.h"
 
 #define JOB       "mlp-test"
@@ -175,30 +176,10 @@ typedef struct record {
     int64_t last_switch;                                            /* current generation's */
 } record;
 
-/* 64-bit hash of a buffer (FNV-1a over 8-byte words, with a final mix). */
-static uint64_t hash_bytes(const void *p, uint64_t n)
+/* The full state over the members of the current view, hashed on the root. */
+static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
 {
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull ^ n;
-    for (uint64_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h | 1; /* never 0: 0 marks "not recorded" */
-}
-
-/* Gathers the full state over the members of the current view; the root hashes it. */
-static void hash_state(record *r, tide_t *t, const tide_mlp_t *m, uint64_t *out)
-{
-    void **full = NULL;
-    const tide_view *v = tide_view_get(t);
-    MT_OK(tide_mlp_tide_gather(m, v, &full));
-    if (full == NULL)
-        return;
-    for (size_t i = 0; i < r->n_tensors; i++)
-        out[i] = hash_bytes(full[i], tide_tensor_bytes(tide_collection_tensor(r->coll, i)));
-    tide_mlp_full_free(r->coll, &full);
+    MT_OK(mlp_state_hashes(m, tide_view_get(t), out));
 }
 
 static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
@@ -218,7 +199,7 @@ static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
     const tide_view *nv = tide_view_next(t);
     MT_ASSERT(nv->generation <= MAX_GEN, "generation %llu", (unsigned long long)nv->generation);
     if (tide_view_get(t)->member)
-        hash_state(r, t, m, r->before[nv->generation]);
+        hash_state(t, m, r->before[nv->generation]);
     return TIDE_OK;
 }
 
@@ -252,7 +233,7 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
                   st->rs.groups_ms >= 0 && st->rs.total_ms >= st->rs.move_ms,
               "inconsistent switch timings");
     if (v->member)
-        hash_state(r, t, m, r->after[g]);
+        hash_state(t, m, r->after[g]);
     return TIDE_OK;
 }
 

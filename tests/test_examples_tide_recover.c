@@ -52,6 +52,7 @@
 #include "core/alloc.h"
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_tide.h"
+#include "mlp_state.h"
 #include "mpi_test.h"
 
 #define JOB      "mlp-recover"
@@ -289,28 +290,10 @@ typedef struct record {
     watch *wd;
 } record;
 
-static uint64_t hash_bytes(const void *p, uint64_t n)
+/* The full state over the members of the current view, hashed on the root. */
+static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
 {
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull ^ n;
-    for (uint64_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h | 1; /* never 0: 0 marks "not recorded" */
-}
-
-/* Gathers the full state over the members of the current view; the root hashes it. */
-static void hash_state(record *r, tide_t *t, const tide_mlp_t *m, uint64_t *out)
-{
-    void **full = NULL;
-    MT_OK(tide_mlp_tide_gather(m, tide_view_get(t), &full));
-    if (full == NULL)
-        return;
-    for (size_t i = 0; i < r->n_tensors; i++)
-        out[i] = hash_bytes(full[i], tide_tensor_bytes(tide_collection_tensor(r->coll, i)));
-    tide_mlp_full_free(r->coll, &full);
+    MT_OK(mlp_state_hashes(m, tide_view_get(t), out));
 }
 
 static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
@@ -324,7 +307,7 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     const tide_view *v = tide_view_get(t);
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
-        hash_state(r, t, m, r->pre);
+        hash_state(t, m, r->pre);
         if (tide_worker_id(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode) {
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
@@ -402,7 +385,7 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
         memcpy(r->recover->worker, l->worker, tide_layout_size(l) * sizeof *l->worker);
     }
     if (v->member)
-        hash_state(r, t, m, r->post);
+        hash_state(t, m, r->post);
     return TIDE_OK;
 }
 
@@ -480,6 +463,23 @@ static void compare_state(const tide_collection_t *c, void *const *got, void *co
         MT_FAIL("final %s differs from the never-failed run's (first at element %llu)", d->name,
                 (unsigned long long)k);
     }
+}
+
+/* The end of a run whose checks all held on every survivor: the pass line (rank 0),
+   the survivors' communicator and the collection freed, MPI finalized, tided stopped by
+   the rank that started it. Returns the exit status. */
+static int pass(MPI_Comm *surv, tide_collection_t **coll, int is_root)
+{
+    if (g_rank == 0) {
+        printf("test_examples_tide_recover: passed\n");
+        fflush(stdout);
+    }
+    MPI_Comm_free(surv);
+    tide_collection_destroy(coll);
+    MPI_Finalize();
+    if (is_root)
+        stop_tided();
+    return 0;
 }
 
 /* ---- the test -------------------------------------------------------------------------------- */
@@ -609,17 +609,9 @@ int main(int argc, char **argv)
         MPI_Barrier(surv);
         tide_destroy(&t);
         tide_mlp_destroy(&m);
-        if (g_rank == 0) {
+        if (g_rank == 0)
             printf("recover-zero1: the %d survivors were halted with the reason and exit\n", nsurv);
-            printf("test_examples_tide_recover: passed\n");
-            fflush(stdout);
-        }
-        MPI_Comm_free(&surv);
-        tide_collection_destroy(&rec.coll);
-        MPI_Finalize();
-        if (is_root)
-            stop_tided();
-        return 0;
+        return pass(&surv, &rec.coll, is_root);
     }
 
     /* every survivor took part in the recovery: the old members and the spare */
@@ -728,14 +720,5 @@ int main(int argc, char **argv)
     }
     tide_layout_destroy(&rec.recover);
     MPI_Barrier(surv);
-    if (g_rank == 0) {
-        printf("test_examples_tide_recover: passed\n");
-        fflush(stdout);
-    }
-    MPI_Comm_free(&surv);
-    tide_collection_destroy(&rec.coll);
-    MPI_Finalize();
-    if (is_root)
-        stop_tided();
-    return 0;
+    return pass(&surv, &rec.coll, is_root);
 }

@@ -1099,6 +1099,32 @@ static int copy_job(FILE *err, const char *cmd, const char *what, const char *na
     return TIDECTL_EXIT_OK;
 }
 
+/* Fills the degrees of r left at 0 with the job's current ones (asks tided for its jobs). */
+static int keep_degrees(settings_t *s, tide_proto_resize_t *r, FILE *err)
+{
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_JOBS);
+    int rc = call_once(s, &req, &rep, TIDE_MSG_JOBS_REPLY, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    const tide_proto_jobs_reply_t *jr = &rep.u.jobs_reply;
+    const tide_proto_job_row_t *row = NULL;
+    for (uint32_t i = 0; i < jr->n_rows && row == NULL; i++)
+        if (jr->rows[i].kind == TIDE_JOB_ONLINE && strcmp(jr->rows[i].name, r->job) == 0)
+            row = &jr->rows[i];
+    if (row == NULL || row->dp == 0) {
+        fprintf(err, "tidectl resize: no running online job '%s' to take the degrees not given "
+                     "from (tidectl jobs lists them); give --dp, --tp and --pp\n", r->job);
+        tide_msg_clear(&rep);
+        return TIDECTL_EXIT_REFUSED;
+    }
+    r->dp = r->dp ? r->dp : row->dp;
+    r->tp = r->tp ? r->tp : row->tp;
+    r->pp = r->pp ? r->pp : row->pp;
+    tide_msg_clear(&rep);
+    return TIDECTL_EXIT_OK;
+}
+
 static int cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
     tide_msg_t req, rep;
@@ -1107,15 +1133,22 @@ static int cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     int rc = copy_job(err, "resize", "JOB", argv[0], r->job);
     if (rc != TIDECTL_EXIT_OK)
         return rc;
-    if (s->dp == 0 || s->tp == 0 || s->pp == 0)
-        return usage_error(err, "resize", "give the new layout with --dp, --tp and --pp");
-    uint64_t n = (uint64_t)s->dp * (uint64_t)s->tp * (uint64_t)s->pp;
-    if (n > TIDE_PROTO_WORKERS_MAX)
-        return usage_error(err, "resize", "dp*tp*pp = %llu is more than %u workers",
-                           (unsigned long long)n, TIDE_PROTO_WORKERS_MAX);
+    if (s->dp == 0 && s->tp == 0 && s->pp == 0 && s->stages == NULL)
+        return usage_error(err, "resize",
+                           "give the new layout with --dp, --tp and/or --pp (degrees not given "
+                           "stay as they are)");
     r->dp = (int)s->dp;
     r->tp = (int)s->tp;
     r->pp = (int)s->pp;
+    if (r->dp == 0 || r->tp == 0 || r->pp == 0) {
+        rc = keep_degrees(s, r, err);
+        if (rc != TIDECTL_EXIT_OK)
+            return rc;
+    }
+    uint64_t n = (uint64_t)r->dp * (uint64_t)r->tp * (uint64_t)r->pp;
+    if (n > TIDE_PROTO_WORKERS_MAX)
+        return usage_error(err, "resize", "dp*tp*pp = %llu is more than %u workers",
+                           (unsigned long long)n, TIDE_PROTO_WORKERS_MAX);
     r->dry_run = s->dry_run;
     if (tide_proto_placement_parse(s->placement, &r->placement) != TIDE_OK)
         return usage_error(err, "resize", "--placement %s", tide_last_error());
@@ -1448,7 +1481,8 @@ static const command_t commands[] = {
      {OPT_END}},
     {"jobs", "jobs [--json]", "table of online and offline jobs", cmd_jobs, 0, 0, {OPT_END}},
     {"resize",
-     "resize JOB --dp N --tp N --pp N [--stages 0-11,12-23] [--dry-run] [--placement P]",
+     "resize JOB [--dp N] [--tp N] [--pp N] [--stages 0-11,12-23] [--dry-run] [--placement P]"
+     " (degrees not given stay as they are)",
      "switch a running job to a new layout (or, with --dry-run, show the reshard plan)",
      cmd_resize,
      1,

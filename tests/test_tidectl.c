@@ -468,7 +468,7 @@ Test(tidectl_cli, usage_errors_exit_2)
 {
     expect_usage(run_cli(NULL), "usage: tidectl");
     expect_usage(run_cli("frob", NULL), "unknown command 'frob'");
-    expect_usage(run_cli("resize", "llm", "--dp", "2", NULL), "give the new layout with --dp");
+    expect_usage(run_cli("resize", "llm", NULL), "give the new layout with --dp");
     expect_usage(run_cli("resize", "--dp", "2", "--tp", "1", "--pp", "1", NULL),
                  "usage: tidectl resize JOB");
     expect_usage(run_cli("resize", "llm", "--dp", "0", "--tp", "1", "--pp", "1", NULL),

@@ -1,0 +1,14 @@
+# The installed package (find_package, pkg-config, run path) and the out-of-tree
+# quickstart resized live through the installed tided and tidectl.
+if(TARGET tide AND TARGET tided AND TARGET tidectl)
+  set(_tide_install_cflags "")
+  if(TIDE_SANITIZE)
+    set(_tide_install_cflags "-fsanitize=address,undefined -fno-omit-frame-pointer")
+  endif()
+  add_test(NAME test_install
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_install.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_install "mpi;install" 300)
+  set_property(TEST test_install APPEND PROPERTY ENVIRONMENT
+               "EXTRA_CFLAGS=${_tide_install_cflags}")
+endif()

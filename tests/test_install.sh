@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The installed package used as a user uses it: `cmake --install` into a fresh prefix
+# (then moved elsewhere, so nothing may depend on the install path), the out-of-tree
+# quickstart built from the installed copy with find_package(tide) and with pkg-config,
+# both run without LD_LIBRARY_PATH under mpirun against the installed tided, resized
+# live with the installed tidectl (dp 2 -> 1 -> 2), and the final state compared with a
+# never-resized run of the same program.
+#   usage: test_install.sh BUILD_DIR MPIRUN [MPIRUN FLAGS...]
+# EXTRA_CFLAGS: flags the program needs to load this build's libtide (sanitizers).
+set -euo pipefail
+BUILD=$1
+shift
+MPIRUN=("$@")
+WORK=$(mktemp -d /tmp/tide-install.XXXXXX)
+TIDED_PID=""
+JOB_PID=""
+cleanup() {
+  [ -n "$JOB_PID" ] && kill -9 "$JOB_PID" 2>/dev/null
+  [ -n "$TIDED_PID" ] && kill "$TIDED_PID" 2>/dev/null && wait "$TIDED_PID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() {
+  echo "test_install: FAIL: $*" >&2
+  for f in "$WORK"/*.log; do
+    [ -f "$f" ] && { echo "--- $f"; tail -n 30 "$f"; } >&2
+  done
+  exit 1
+}
+unset LD_LIBRARY_PATH
+
+cmake --install "$BUILD" --prefix "$WORK/first" >"$WORK/install.log" 2>&1 || fail "cmake --install"
+mv "$WORK/first" "$WORK/prefix"
+P="$WORK/prefix"
+EX="$P/share/tide/examples/quickstart"
+[ -f "$EX/quickstart.c" ] || fail "the quickstart example is not installed under share/tide"
+for h in tide.h tide_task.h status.h; do
+  [ -f "$P/include/tide/$h" ] || fail "include/tide/$h is not installed"
+done
+
+# 1. find_package(tide)
+cmake -S "$EX" -B "$WORK/qs-cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS="${EXTRA_CFLAGS:-}" >"$WORK/cmake.log" 2>&1 || fail "configure with find_package(tide)"
+cmake --build "$WORK/qs-cmake" >>"$WORK/cmake.log" 2>&1 || fail "build with find_package(tide)"
+QS_CMAKE="$WORK/qs-cmake/quickstart"
+
+# 2. pkg-config (libdir may be lib or lib/<triplet>)
+PCDIR=$(dirname "$(find "$P" -name tide.pc | head -n 1)")
+[ -n "$PCDIR" ] || fail "tide.pc is not installed"
+FLAGS=$(PKG_CONFIG_PATH="$PCDIR" pkg-config --cflags --libs tide) || fail "pkg-config tide"
+# shellcheck disable=SC2086
+cc -std=c11 -O2 -Wall -Wextra -Werror ${EXTRA_CFLAGS:-} "$EX/quickstart.c" $FLAGS \
+  -o "$WORK/qs-pc" >"$WORK/cc.log" 2>&1 || fail "cc \$(pkg-config --cflags --libs tide)"
+QS_PC="$WORK/qs-pc"
+
+# Both find the installed libtide by themselves.
+for exe in "$QS_CMAKE" "$QS_PC"; do
+  lib=$(ldd "$exe" | awk '/libtide\.so/ {print $3}')
+  case "$lib" in
+    "$P"/*) ;;
+    *) fail "$(basename "$exe") loads libtide from '$lib', not from the installed prefix" ;;
+  esac
+done
+
+# 3. the installed tided on a free loopback port
+"$P/bin/tided" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
+  --state "$WORK/state.db" --heartbeat-ms 100 --miss-limit 50 >"$WORK/tided.log" 2>&1 &
+TIDED_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
+[ -s "$WORK/endpoint" ] || fail "tided did not start"
+export TIDE_ENDPOINT
+TIDE_ENDPOINT=$(cat "$WORK/endpoint")
+CTL=("$P/bin/tidectl")
+
+# degrees not given are kept from the running job: none running, a clear refusal
+set +e
+"${CTL[@]}" resize nosuch --dp 2 >"$WORK/nosuch.log" 2>&1
+rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q "no running online job 'nosuch'" "$WORK/nosuch.log" ||
+  fail "tidectl resize of an unknown job with only --dp: rc $rc, not refused clearly"
+
+STEPS=80
+# wait_for FILE REGEX SECONDS
+wait_for() {
+  for _ in $(seq $(($3 * 10))); do
+    grep -qE "$2" "$1" && return 0
+    kill -0 "$JOB_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -qE "$2" "$1" || fail "no line matching '$2' in $(basename "$1")"
+}
+fingerprint() { sed -n 's/.*fingerprint \([0-9a-f]*\).*/\1/p' "$1"; }
+
+# 4. the never-resized reference (dp 1, same global batch)
+"${MPIRUN[@]}" -np 1 "$QS_PC" --job ref --dp 1 --steps $STEPS >"$WORK/ref.log" 2>&1 ||
+  fail "the reference run failed"
+REF=$(fingerprint "$WORK/ref.log")
+[ -n "$REF" ] || fail "the reference run printed no fingerprint"
+
+# 5. the elastic run, resized live from the CLI
+"${MPIRUN[@]}" -np 2 "$QS_CMAKE" --job q --dp 2 --steps $STEPS --step-ms 40 \
+  >"$WORK/job.log" 2>&1 &
+JOB_PID=$!
+wait_for "$WORK/job.log" '^quickstart: step 10$' 60
+"${CTL[@]}" resize q --dp 1 >"$WORK/resize1.log" 2>&1 || fail "tidectl resize q --dp 1"
+wait_for "$WORK/job.log" 'generation 2 dp 1' 60
+"${CTL[@]}" status >"$WORK/status.log" 2>&1 || fail "tidectl status"
+grep -q 'idle' "$WORK/status.log" || fail "after dp 2 -> 1, tidectl status shows no idle worker"
+"${CTL[@]}" resize q --dp 2 >"$WORK/resize2.log" 2>&1 || fail "tidectl resize q --dp 2"
+wait_for "$WORK/job.log" 'generation 3 dp 2' 60
+wait "$JOB_PID" || fail "the elastic run failed"
+JOB_PID=""
+GOT=$(fingerprint "$WORK/job.log")
+last=$(sed -n 's/.*generation 3 dp 2 from step \([0-9]*\).*/\1/p' "$WORK/job.log")
+[ "${last:-$STEPS}" -lt $STEPS ] || fail "the last resize came after the final step"
+[ "$GOT" = "$REF" ] || fail "state after two live resizes ($GOT) differs from the never-resized run ($REF)"
+echo "test_install: find_package and pkg-config builds ok; resized dp 2 -> 1 -> 2 at steps" \
+  "$(sed -n 's/.*generation \([23]\) dp . from step \([0-9]*\).*/\2/p' "$WORK/job.log" | tr '\n' ' ')" \
+  "; state $GOT equals the never-resized run"

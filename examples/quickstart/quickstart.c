@@ -109,8 +109,7 @@ static double grad(int64_t s, int64_t j, int64_t k)
 }
 
 /* One step of this rank: its samples' gradient, the dp allreduce, then the update. */
-static tide_status train_step(const tide_view *view, const args *a, double *w, double *v,
-                              double *g)
+static tide_status train_step(const tide_view *view, const args *a, double *w, double *v, double *g)
 {
     int per = a->batch / view->layout->dp;
     int64_t s0 = (int64_t)view->dp_rank * per;
@@ -120,8 +119,8 @@ static tide_status train_step(const tide_view *view, const args *a, double *w, d
             sum += grad(s, j, view->step);
         g[j] = sum;
     }
-    tide_status rc = tide_coll_allreduce(view->dp, g, g, (size_t)a->n, TIDE_F64, TIDE_RED_SUM,
-                                         NULL);
+    tide_status rc =
+        tide_coll_allreduce(view->dp, g, g, (size_t)a->n, TIDE_F64, TIDE_RED_SUM, NULL);
     if (rc != TIDE_OK)
         return rc; /* a peer died: nothing changed, the runtime recovers */
     for (int64_t j = 0; j < a->n; j++) {

@@ -1113,8 +1113,10 @@ static int keep_degrees(settings_t *s, tide_proto_resize_t *r, FILE *err)
         if (jr->rows[i].kind == TIDE_JOB_ONLINE && strcmp(jr->rows[i].name, r->job) == 0)
             row = &jr->rows[i];
     if (row == NULL || row->dp == 0) {
-        fprintf(err, "tidectl resize: no running online job '%s' to take the degrees not given "
-                     "from (tidectl jobs lists them); give --dp, --tp and --pp\n", r->job);
+        fprintf(err,
+                "tidectl resize: no running online job '%s' to take the degrees not given "
+                "from (tidectl jobs lists them); give --dp, --tp and --pp\n",
+                r->job);
         tide_msg_clear(&rep);
         return TIDECTL_EXIT_REFUSED;
     }

@@ -4,10 +4,18 @@
  * reconf.c, metrics in metrics.c, CURVE key handling in auth.c.
  *
  * A loop iteration: zmq_poll on the ROUTER socket, the ZAP socket and the
- * metrics sockets; drain up to BATCH requests; run due timers (failure scan,
+ * metrics sockets; drain up to BATCH requests or PASS_MS of work; run due timers (failure scan,
  * reconfiguration retransmits and deadlines) and the backfill pass; commit the
  * batch's SQLite transaction; only then send the batch's replies and commands.
  * Heartbeats change only volatile fields: no transaction, no reply.
+ *
+ * Liveness never depends on how long the loop was busy: a message is stamped
+ * with the time it is read, and a worker is judged at the last time the queue
+ * was seen empty (drained_ns), when everything it sent before has been read. No
+ * client can starve the others: ZeroMQ reads connections round-robin, and a
+ * client whose operator requests used PEER_PASS_MS of handler time in a pass
+ * gets its further ones in that pass refused (TIDE_ERR_BUSY, cheap) instead of
+ * served. Per-connection queues are bounded (HWM messages each way).
  *
  * Envelope: DEALER clients send [payload] (ROUTER sees [id][payload]); REQ-style
  * clients may add an empty delimiter ([id][][payload]); replies mirror it.
@@ -28,6 +36,10 @@
 #include "coordinator/server_int.h"
 
 #define BATCH 2048 /* requests per loop iteration before timers and the commit */
+#define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
+#define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
+#define HWM 1000 /* messages queued per connection each way (was 2^20): a client that never
+                    reads loses replies past it, one that floods waits in its own queue */
 
 static uint64_t now_ns_cached;
 
@@ -1245,6 +1257,59 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
     }
 }
 
+/* The cost slot of the request's client in this pass (claimed when free); NULL when the
+ * table is crowded, and that client is then not limited. */
+static tide__peer_cost *peer_cost(tide_server_t *s)
+{
+    if (s->peers == NULL)
+        return NULL;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < s->rid_len; i++)
+        h = (h ^ s->rid[i]) * 1099511628211ull;
+    for (size_t k = 0; k < 8; k++) {
+        tide__peer_cost *p = &s->peers[(h + k) & (TIDE__PEER_SLOTS - 1)];
+        if (p->pass != s->pass_no) {
+            p->pass = s->pass_no;
+            p->ns = 0;
+            p->rid_len = s->rid_len;
+            memcpy(p->rid, s->rid, s->rid_len);
+            return p;
+        }
+        if (p->rid_len == s->rid_len && memcmp(p->rid, s->rid, s->rid_len) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+/* Operator requests are the ones a client may repeat at will and that cost tided real
+ * work; worker messages are small and protocol-critical, never refused. */
+static int is_operator_request(tide_msg_type_t t)
+{
+    tide_msg_role_t role = tide_msg_type_role(t);
+    return role == TIDE_ROLE_ADMIN || role == TIDE_ROLE_READER;
+}
+
+/* Dispatches m unless its client already used its budget of this pass. */
+static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size_t len)
+{
+    if (!is_operator_request(m->type)) {
+        dispatch(s, m, raw, len);
+        return;
+    }
+    tide__peer_cost *p = peer_cost(s);
+    if (p != NULL && p->ns >= (uint64_t)PEER_PASS_MS * 1000000ull) {
+        s->refused_busy++;
+        tide__reply_error(s, TIDE_ERR_BUSY,
+                          "tided is still serving this client's earlier requests: send one "
+                          "request at a time, or retry");
+        return;
+    }
+    uint64_t t0 = now_ns_cached;
+    dispatch(s, m, raw, len);
+    if (p != NULL)
+        p->ns += tide_now_ns() - t0;
+}
+
 /* Receives and handles one request; 0 when none was waiting. */
 static int recv_one(tide_server_t *s)
 {
@@ -1260,6 +1325,8 @@ static int recv_one(tide_server_t *s)
             dst = &sink;
         }
         int r = zmq_msg_recv(dst, s->router, nf == 0 ? ZMQ_DONTWAIT : 0);
+        if (r >= 0 && nf == 0)
+            now_ns_cached = tide_now_ns(); /* stamped when read, not when the pass began */
         if (r < 0) {
             if (dst != &f[nf])
                 zmq_msg_close(dst);
@@ -1313,7 +1380,7 @@ static int recv_one(tide_server_t *s)
             tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
                               detail);
         } else {
-            dispatch(s, &m, zmq_msg_data(payload), zmq_msg_size(payload));
+            dispatch_fair(s, &m, zmq_msg_data(payload), zmq_msg_size(payload));
             tide_msg_clear(&m);
         }
     }
@@ -1436,7 +1503,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (s->router == NULL)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_socket: %s", zmq_strerror(errno));
-    int linger = 0, hwm = 1 << 20;
+    int linger = 0, hwm = HWM;
     int64_t maxmsg = (int64_t)TIDE_PROTO_MAX_MSG_BYTES + 1024;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
@@ -1463,7 +1530,11 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     if (cfg->metrics != NULL && cfg->metrics[0] != '\0')
         TIDE_CHECK_GOTO(tide__metrics_open(s, cfg->metrics), rc, fail);
     s->next_scan_ns = now;
+    s->drained_ns = now;
     s->want_backfill = 1;
+    s->peers = tide_calloc(TIDE__PEER_SLOTS, sizeof *s->peers);
+    if (s->peers == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_NOMEM, "out of memory starting tided");
     TIDE_INFO("server", "listening on %s%s", s->endpoint, s->auth_on ? " (CURVE)" : "");
     *out = s;
     return TIDE_OK;
@@ -1530,7 +1601,7 @@ tide_status tide_server_run(tide_server_t *s)
         scan_every = 20000000ull;
     uint64_t batch_ns = (uint64_t)(s->cfg.batch_ms > 0 ? s->cfg.batch_ms : 0) * 1000000ull;
     uint64_t pass_ns = 0; /* start of the previous pass that handled requests */
-    int full = 0;         /* it stopped at BATCH requests: more are waiting */
+    int full = 0;         /* it stopped at BATCH requests or PASS_MS: more are waiting */
     while (!s->stop && s->fatal == TIDE_OK) {
         /* Gather: ZeroMQ signals the loop once per wakeup, not per message, so waiting a
          * moment after a pass lets a second's 10^4 heartbeats arrive in ~500 passes instead
@@ -1563,14 +1634,27 @@ tide_status tide_server_run(tide_server_t *s)
         if (zap_at >= 0 && (items[zap_at].revents & ZMQ_POLLIN))
             tide__auth_zap(s);
         int handled = 0;
-        if (items[0].revents & ZMQ_POLLIN)
-            while (handled < BATCH && s->fatal == TIDE_OK && recv_one(s))
+        s->pass_no++;
+        uint64_t pass_end = now_ns_cached + (uint64_t)PASS_MS * 1000000ull;
+        if (items[0].revents & ZMQ_POLLIN) {
+            for (;;) {
+                uint64_t before = tide_now_ns();
+                if (handled >= BATCH || s->fatal != TIDE_OK || before >= pass_end)
+                    break;
+                if (!recv_one(s)) {
+                    s->drained_ns = before;
+                    break;
+                }
                 handled++;
-        full = handled == BATCH;
+            }
+        } else {
+            s->drained_ns = now_ns_cached;
+        }
+        full = handled > 0 && s->drained_ns < now_ns_cached;
         pass_ns = handled > 0 ? now_ns_cached : 0;
         now_ns_cached = tide_now_ns();
         if (now_ns_cached >= s->next_scan_ns) {
-            scan_failures(s, now_ns_cached);
+            scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
             s->next_scan_ns = now_ns_cached + scan_every;
         }
@@ -1592,6 +1676,7 @@ void tide_server_destroy(tide_server_t **self_p)
     tide_server_t *s = *self_p;
     drop_out(s);
     tide_free(s->out);
+    tide_free(s->peers);
     tide__metrics_close(s);
     if (s->router)
         zmq_close(s->router);

@@ -1,0 +1,225 @@
+/*
+ * Reliability tests for tided, driven like an attacker or an unlucky operator
+ * would: a client flooding expensive requests while a job trains (no healthy
+ * worker may be declared failed, tided's memory stays bounded), a client that
+ * never reads its replies, endless multipart messages, and more. Each test
+ * starts the real tided on a free loopback port with a temporary state file and
+ * speaks proto over DEALER sockets like workers and tidectl. Seconds each.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "tests/coord_harness.h"
+
+#define POOL "pool-a"
+
+static void *ctx;
+static coord_proc proc;
+static void *socks[64]; /* closed by teardown, so that a failed assertion cannot hang it */
+static atomic_int *beat_stop; /* the heartbeat thread, stopped by teardown before the closes */
+static pthread_t beat_th;
+static int n_socks;
+
+/* A DEALER to tided (receive timeout ms) that teardown closes. */
+static void *conn(int timeout_ms)
+{
+    void *s = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, timeout_ms);
+    cr_assert_not_null(s);
+    cr_assert_lt(n_socks, 64);
+    socks[n_socks++] = s;
+    return s;
+}
+
+static void setup(void)
+{
+    ctx = zmq_ctx_new();
+    cr_assert_eq(coord_tmpdir(&proc), 0);
+}
+
+static void teardown(void)
+{
+    if (beat_stop != NULL) {
+        atomic_store(beat_stop, 1);
+        pthread_join(beat_th, NULL);
+        beat_stop = NULL;
+    }
+    coord_stop(&proc, SIGKILL);
+    for (int i = 0; i < n_socks; i++)
+        zmq_close(socks[i]);
+    n_socks = 0;
+    zmq_ctx_destroy(ctx);
+    coord_cleanup(&proc);
+}
+
+static void start(const char *const *extra)
+{
+    int st = 0;
+    cr_assert_eq(coord_start(&proc, TIDED_PATH, extra, &st), 0, "tided did not start (status %d)",
+                 st);
+}
+
+typedef struct fake {
+    void *sock;
+    int32_t id;
+} fake;
+
+static void fake_up(fake *f, const char *pool, int rank, int size)
+{
+    tide_msg_t m, r;
+    f->sock = conn(3000);
+    coord_mk_register(&m, pool, rank, size, "host0", rank, 1000 + rank);
+    cr_assert_eq(coord_call(f->sock, &m, &r), 0, "no register_ok for rank %d", rank);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK, "got %s", tide_msg_type_name(r.type));
+    f->id = r.u.register_ok.worker;
+}
+
+static void fake_join(fake *f, int dp)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = f->id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = dp;
+    m.u.join.tp = 1;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* Workers of a training job: heartbeat every period_ms on their own thread until told. */
+typedef struct beater {
+    fake *w;
+    int n;
+    int period_ms;
+    atomic_int stop;
+    uint64_t max_gap_ns; /* longest wait between two heartbeat rounds (the harness's own delay) */
+} beater;
+
+static void *beat(void *arg)
+{
+    beater *b = arg;
+    uint64_t last = tide_now_ns();
+    while (!atomic_load(&b->stop)) {
+        tide_msg_t m;
+        for (int i = 0; i < b->n; i++) {
+            coord_mk_heartbeat(&m, b->w[i].id, 7, 1);
+            coord_send(b->w[i].sock, &m);
+        }
+        uint64_t now = tide_now_ns();
+        if (now - last > b->max_gap_ns)
+            b->max_gap_ns = now - last;
+        last = now;
+        tide_sleep_ms((uint64_t)b->period_ms);
+    }
+    return NULL;
+}
+
+static void status_of(void *admin, int32_t id, tide_proto_worker_state_t *state)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(coord_call(admin, &m, &r), 0, "no status reply");
+    cr_assert_eq(r.type, TIDE_MSG_STATUS_REPLY, "got %s", tide_msg_type_name(r.type));
+    int found = 0;
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+        if (r.u.status_reply.rows[i].worker == id) {
+            *state = r.u.status_reply.rows[i].state;
+            found = 1;
+        }
+    tide_msg_clear(&r);
+    cr_assert(found, "worker %d not in the status", id);
+}
+
+/* The state and generation of job "train". */
+static void job_of(void *admin, tide_proto_job_state_t *state, uint64_t *gen)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    cr_assert_eq(coord_call(admin, &m, &r), 0, "no jobs reply");
+    cr_assert_eq(r.type, TIDE_MSG_JOBS_REPLY);
+    int found = 0;
+    for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++)
+        if (strcmp(r.u.jobs_reply.rows[i].name, "train") == 0) {
+            *state = r.u.jobs_reply.rows[i].state;
+            *gen = r.u.jobs_reply.rows[i].gen;
+            found = 1;
+        }
+    tide_msg_clear(&r);
+    cr_assert(found, "job train not listed");
+}
+
+/*
+ * A job trains (three workers heartbeating every 50 ms, failure after 3 x 100 ms of
+ * silence) while one client pipelines thousands of expensive status requests over a
+ * large worker table and never reads a reply. Every heartbeat is sent on time, so no
+ * worker of the job may be declared failed, and the job keeps its generation.
+ */
+Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .fini = teardown,
+     .timeout = 60)
+{
+    const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "3", NULL};
+    start(extra);
+    fake w[3];
+    for (int i = 0; i < 3; i++) {
+        fake_up(&w[i], POOL, i, 3);
+        fake_join(&w[i], 3);
+    }
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r), 0);
+        tide_msg_clear(&r);
+    }
+    beater b = {.w = w, .n = 3, .period_ms = 50};
+    cr_assert_eq(pthread_create(&beat_th, NULL, beat, &b), 0);
+    beat_stop = &b.stop;
+
+    /* A large table makes each status request cost tided real work. */
+    void *bulk = conn(5000);
+    const int n_bulk = 1000;
+    for (int i = 0; i < n_bulk; i += 100) {
+        for (int k = i; k < i + 100; k++) {
+            coord_mk_register(&m, "bulk", k, n_bulk, "hostx", k % 8, 5000 + k);
+            cr_assert_eq(coord_send(bulk, &m), 0);
+        }
+        for (int k = i; k < i + 100; k++) {
+            cr_assert_eq(coord_recv(bulk, &r), 0, "register %d unanswered", k);
+            tide_msg_clear(&r);
+        }
+    }
+    /* The hostile client: pipelined status requests it never reads. */
+    void *hostile = conn(5000);
+    tide_proto_buf_t enc;
+    tide_proto_buf_init(&enc);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(tide_proto_encode(&m, &enc), TIDE_OK);
+    const int n_flood = 400; /* a few seconds of tided's time when each is served */
+    for (int i = 0; i < n_flood; i++)
+        cr_assert_eq(zmq_send(hostile, enc.data, enc.len, 0), (int)enc.len);
+    tide_proto_buf_destroy(&enc);
+    /* heartbeats go on while tided works through the flood */
+    tide_sleep_ms(3000);
+    atomic_store(&b.stop, 1);
+    pthread_join(beat_th, NULL);
+    beat_stop = NULL;
+    cr_assert_lt(b.max_gap_ns, 250000000ull,
+                 "the test's own heartbeat thread was late (%llu ms): machine overloaded",
+                 (unsigned long long)(b.max_gap_ns / 1000000ull));
+    void *admin = conn(30000);
+    for (int i = 0; i < 3; i++) {
+        tide_proto_worker_state_t st = TIDE_WORKER_FAILED;
+        status_of(admin, w[i].id, &st);
+        cr_assert_neq(st, TIDE_WORKER_FAILED,
+                      "healthy worker %d declared failed while a client flooded %d requests",
+                      w[i].id, n_flood);
+    }
+    tide_proto_job_state_t js;
+    uint64_t gen = 0;
+    job_of(admin, &js, &gen);
+    cr_assert_eq(js, TIDE_JOB_RUNNING, "job state %d: it lost a worker", (int)js);
+    cr_assert_eq(gen, 1, "the job was reconfigured (generation %llu)", (unsigned long long)gen);
+    cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");
+}

@@ -107,7 +107,7 @@ tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fm
     va_start(ap, fmt);
     vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
     va_end(ap);
-    TIDE_INFO("server", "refused a request from %s: %s", s->who, m.u.error.message);
+    TIDE_INFO_LIMITED("server", "refused a request from %s: %s", s->who, m.u.error.message);
     tide__reply(s, &m);
     return code;
 }
@@ -241,7 +241,7 @@ static int may_speak(tide_server_t *s, const tide_coord_worker_t *w, tide_msg_ty
                           "worker %d is not bound to a key yet: register again", w->id);
         return 0;
     }
-    TIDE_WARN("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
+    TIDE_WARN_LIMITED("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
               tide_msg_type_name(type), w->id, s->who, w->owner);
     tide__reply_error(s, TIDE_ERR_DENIED,
                       "worker %d was registered with another key; %s may only speak for the "
@@ -1185,7 +1185,7 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
     }
     if ((need == TIDE_ROLE_ADMIN && s->role != TIDE__ROLE_ADMIN) || s->role == TIDE__ROLE_NONE) {
         s->st->counters.denied++;
-        TIDE_WARN("auth", "refused '%s' from %s: it needs an admin key",
+        TIDE_WARN_LIMITED("auth", "refused '%s' from %s: it needs an admin key",
                   tide_msg_type_name(m->type), s->who);
         tide__reply_error(s, TIDE_ERR_DENIED,
                           "'%s' needs an admin key; %s may only register, report and read "
@@ -1375,7 +1375,7 @@ static int recv_one(tide_server_t *s)
             s->st->counters.bad_requests++;
             char detail[512];
             snprintf(detail, sizeof detail, "%s", tide_last_error());
-            TIDE_WARN("server", "malformed message from %s (%zu bytes): %s", s->who,
+            TIDE_WARN_LIMITED("server", "malformed message from %s (%zu bytes): %s", s->who,
                       zmq_msg_size(payload), detail);
             tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
                               detail);

@@ -7,6 +7,8 @@
  * speaks proto over DEALER sockets like workers and tidectl. Seconds each.
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -222,4 +224,128 @@ Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .f
     cr_assert_eq(js, TIDE_JOB_RUNNING, "job state %d: it lost a worker", (int)js);
     cr_assert_eq(gen, 1, "the job was reconfigured (generation %llu)", (unsigned long long)gen);
     cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");
+}
+
+/* Peak resident memory (VmHWM) of pid, in KiB; 0 when unknown. */
+static long peak_rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kib = 0;
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+/*
+ * A client pipelines tens of thousands of status requests and never reads a reply.
+ * tided keeps a bounded queue per connection (the rest are dropped or refused), so
+ * its peak memory stays far below what the replies would take, and others are served.
+ */
+Test(reliability, client_that_never_reads_costs_bounded_memory, .init = setup, .fini = teardown,
+     .timeout = 60)
+{
+    start(NULL);
+    void *bulk = conn(5000);
+    tide_msg_t m, r;
+    const int n_bulk = 200;
+    for (int k = 0; k < n_bulk; k++) {
+        coord_mk_register(&m, "bulk", k, n_bulk, "hostx", k % 8, 5000 + k);
+        cr_assert_eq(coord_call(bulk, &m, &r), 0);
+        tide_msg_clear(&r);
+    }
+    long before = peak_rss_kib(proc.pid);
+    void *hostile = conn(5000);
+    int hwm = 0; /* the client's own queue is not what is measured */
+    zmq_setsockopt(hostile, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    tide_proto_buf_t enc;
+    tide_proto_buf_init(&enc);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(tide_proto_encode(&m, &enc), TIDE_OK);
+    const int n_flood = 30000; /* ~25 KB replies: 750 MB if every reply were kept */
+    for (int i = 0; i < n_flood; i++)
+        cr_assert_eq(zmq_send(hostile, enc.data, enc.len, 0), (int)enc.len);
+    tide_proto_buf_destroy(&enc);
+    /* another client is served while the flood is worked through */
+    void *admin = conn(20000);
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    cr_assert_eq(coord_call(admin, &m, &r), 0, "a polite client was starved");
+    tide_msg_clear(&r);
+    /* wait until tided has read the whole flood: a status call after it */
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(coord_call(admin, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_STATUS_REPLY);
+    size_t one = 0;
+    {
+        tide_proto_buf_t b;
+        tide_proto_buf_init(&b);
+        cr_assert_eq(tide_proto_encode(&r, &b), TIDE_OK);
+        one = b.len;
+        tide_proto_buf_destroy(&b);
+    }
+    tide_msg_clear(&r);
+    tide_sleep_ms(300);
+    long after = peak_rss_kib(proc.pid);
+    long grew_kib = after - before;
+    cr_log_info("status reply %zu bytes; tided peak RSS %ld -> %ld KiB", one, before, after);
+    cr_assert_lt((double)grew_kib * 1024.0, 0.03 * (double)one * n_flood,
+                 "tided grew %ld KiB for a client that never reads (%d replies of %zu bytes)",
+                 grew_kib, n_flood, one);
+    cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");
+}
+
+/*
+ * Thousands of malformed messages make a few log lines, not one each: repeated
+ * warnings are rate-limited, with a count of what was suppressed.
+ */
+Test(reliability, malformed_flood_is_logged_at_a_bounded_rate, .init = setup, .fini = teardown,
+     .timeout = 60)
+{
+    char logpath[400];
+    snprintf(logpath, sizeof logpath, "%s/tided.log", proc.dir);
+    int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    int saved = dup(2);
+    dup2(fd, 2); /* tided inherits this stderr */
+    const char *extra[] = {"--log", "info", NULL};
+    int st = 0;
+    int started = coord_start(&proc, TIDED_PATH, extra, &st);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    cr_assert_eq(started, 0);
+    void *bad = conn(5000);
+    const int n = 5000;
+    tide_msg_t r;
+    for (int i = 0; i < n; i += 500) {
+        for (int k = 0; k < 500; k++)
+            cr_assert_eq(coord_send_raw(bad, "\x01\x02garbage", 9), 0);
+        for (int k = 0; k < 500; k++) {
+            cr_assert_eq(coord_recv(bad, &r), 0, "malformed message %d got no error reply", i + k);
+            cr_assert_eq(r.type, TIDE_MSG_ERROR);
+            tide_msg_clear(&r);
+        }
+    }
+    coord_stop(&proc, SIGTERM);
+    FILE *f = fopen(logpath, "r");
+    cr_assert_not_null(f);
+    char line[2048];
+    int malformed = 0, suppressed = 0;
+    long bytes = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        bytes += (long)strlen(line);
+        malformed += strstr(line, "malformed") != NULL;
+        suppressed += strstr(line, "suppressed") != NULL;
+    }
+    fclose(f);
+    unlink(logpath);
+    cr_assert_leq(malformed, 2 * 10, "%d lines about malformed messages for %d messages",
+                  malformed, n);
+    cr_assert_lt(bytes, 64 * 1024, "tided wrote %ld bytes of log for %d bad messages", bytes, n);
+    cr_assert_geq(suppressed, 1, "the log must say that lines were suppressed");
 }

@@ -349,3 +349,201 @@ Test(reliability, malformed_flood_is_logged_at_a_bounded_rate, .init = setup, .f
     cr_assert_lt(bytes, 64 * 1024, "tided wrote %ld bytes of log for %d bad messages", bytes, n);
     cr_assert_geq(suppressed, 1, "the log must say that lines were suppressed");
 }
+
+/* ---- damaged state files ------------------------------------------------------------------ */
+
+static int read_file(const char *path, uint8_t **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *data = malloc(n > 0 ? (size_t)n : 1);
+    *len = fread(*data, 1, (size_t)n, f);
+    fclose(f);
+    return 0;
+}
+
+static void write_file(const char *path, const uint8_t *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* Starts tided on proc.state with its stderr in proc.dir/tided.log; 0 when it listens. */
+static int start_logged(char *log, size_t cap)
+{
+    char logpath[400];
+    snprintf(logpath, sizeof logpath, "%s/tided.log", proc.dir);
+    int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    int st = 0;
+    int started = coord_start(&proc, TIDED_PATH, NULL, &st);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    FILE *f = fopen(logpath, "r");
+    size_t n = f ? fread(log, 1, cap - 1, f) : 0;
+    log[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(logpath);
+    return started;
+}
+
+/* A state file with a job and workers: three registered, one job, a resize's events. */
+static void make_state(void)
+{
+    start(NULL);
+    fake w[3];
+    for (int i = 0; i < 3; i++) {
+        fake_up(&w[i], POOL, i, 3);
+        fake_join(&w[i], 3);
+    }
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r), 0);
+        tide_msg_clear(&r);
+    }
+    void *admin = conn(5000);
+    for (int i = 0; i < 40; i++) { /* commits that fill WAL frames */
+        tide_msg_init(&m, TIDE_MSG_SUBMIT);
+        snprintf(m.u.submit.name, sizeof m.u.submit.name, "off%02d", i);
+        m.u.submit.kind = TIDE_JOB_COMMAND;
+        char *argv[] = {"true"};
+        m.u.submit.argv = argv;
+        m.u.submit.argc = 1;
+        cr_assert_eq(coord_call(admin, &m, &r), 0);
+        tide_msg_clear(&r);
+    }
+}
+
+typedef enum damage { DMG_NONE, DMG_WAL_FLIP, DMG_WAL_TORN, DMG_DB_FLIP, DMG_DB_TRUNC,
+                      DMG_DB_EMPTY, DMG_DB_GONE } damage;
+
+/* Applies d to copies of the saved db/wal bytes in proc.state(-wal). */
+static void damage_files(damage d, const uint8_t *db, size_t db_len, const uint8_t *wal,
+                         size_t wal_len)
+{
+    char walp[400];
+    snprintf(walp, sizeof walp, "%s-wal", proc.state);
+    unlink(walp);
+    char shm[400];
+    snprintf(shm, sizeof shm, "%s-shm", proc.state);
+    unlink(shm);
+    uint8_t *a = malloc(db_len + 1), *b = malloc(wal_len + 1);
+    memcpy(a, db, db_len);
+    if (wal_len)
+        memcpy(b, wal, wal_len);
+    size_t al = db_len, bl = wal_len;
+    uint32_t pg = wal_len >= 32 ? (uint32_t)wal[8] << 24 | (uint32_t)wal[9] << 16 |
+                                      (uint32_t)wal[10] << 8 | wal[11]
+                                : 4096;
+    switch (d) {
+    case DMG_WAL_FLIP: /* a byte in the page of the first frame: committed long ago */
+        cr_assert_gt(bl, 32 + 3 * (24 + pg), "the WAL holds too few frames to damage");
+        b[32 + 24 + 100] ^= 0x5a;
+        break;
+    case DMG_WAL_TORN: /* a crash in the middle of the last write */
+        bl -= pg / 2;
+        break;
+    case DMG_DB_FLIP: /* bytes of the second page's b-tree header */
+        cr_assert_gt(al, 2 * 4096);
+        for (int i = 0; i < 8; i++)
+            a[4096 + i] ^= 0xff;
+        break;
+    case DMG_DB_TRUNC:
+        al = al / 2 + 100;
+        break;
+    case DMG_DB_EMPTY:
+        al = 0;
+        break;
+    case DMG_DB_GONE:
+        break;
+    case DMG_NONE:
+        break;
+    }
+    if (d == DMG_DB_GONE)
+        unlink(proc.state);
+    else
+        write_file(proc.state, a, al);
+    if (bl)
+        write_file(walp, b, bl);
+    free(a);
+    free(b);
+}
+
+/*
+ * Every kind of damage is refused with the reason and what to do, and the file is
+ * left as it was; an intact file (and a WAL whose last write was torn by a crash,
+ * which SQLite handles) still starts with its job.
+ */
+Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fini = teardown,
+     .timeout = 90)
+{
+    /* two snapshots: after kill -9 (the WAL holds the commits) and after a clean stop */
+    make_state();
+    coord_stop(&proc, SIGKILL);
+    char walp[400];
+    snprintf(walp, sizeof walp, "%s-wal", proc.state);
+    uint8_t *db_k, *wal_k, *db_c, *wal_c = NULL;
+    size_t db_kl, wal_kl, db_cl, wal_cl = 0;
+    cr_assert_eq(read_file(proc.state, &db_k, &db_kl), 0);
+    cr_assert_eq(read_file(walp, &wal_k, &wal_kl), 0, "kill -9 should leave a WAL");
+    char log[8192];
+    cr_assert_eq(start_logged(log, sizeof log), 0, "intact state refused: %s", log);
+    coord_stop(&proc, SIGTERM);
+    cr_assert_eq(read_file(proc.state, &db_c, &db_cl), 0);
+    struct {
+        damage d;
+        int killed; /* the kill -9 snapshot (else the clean one) */
+        int starts;
+        const char *says;
+    } cases[] = {
+        {DMG_NONE, 1, 1, NULL},
+        {DMG_WAL_TORN, 1, 1, NULL},
+        {DMG_WAL_FLIP, 1, 0, "write-ahead log"},
+        {DMG_DB_FLIP, 0, 0, "damaged"},
+        {DMG_DB_TRUNC, 0, 0, "damaged"},
+        {DMG_DB_EMPTY, 0, 0, "empty (0 bytes)"},
+        {DMG_DB_EMPTY, 1, 0, "write-ahead log"},
+        {DMG_DB_GONE, 1, 0, "write-ahead log"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        damage_files(cases[k].d, cases[k].killed ? db_k : db_c, cases[k].killed ? db_kl : db_cl,
+                     cases[k].killed ? wal_k : wal_c, cases[k].killed ? wal_kl : wal_cl);
+        uint8_t *before = NULL, *after = NULL;
+        size_t bl = 0, al = 0;
+        int had = read_file(proc.state, &before, &bl) == 0;
+        int started = start_logged(log, sizeof log);
+        if (cases[k].starts) {
+            cr_assert_eq(started, 0, "case %zu: intact state refused: %s", k, log);
+            void *admin = conn(5000);
+            tide_proto_job_state_t js;
+            uint64_t gen = 0;
+            job_of(admin, &js, &gen);
+            cr_assert_eq(gen, 1, "case %zu", k);
+            coord_stop(&proc, SIGKILL);
+        } else {
+            cr_assert_neq(started, 0, "case %zu: tided started from a damaged state file", k);
+            cr_assert_not_null(strstr(log, cases[k].says), "case %zu: the refusal says: %s", k,
+                               log);
+            cr_assert_not_null(strstr(log, "backup"), "case %zu: no advice in: %s", k, log);
+            int has = read_file(proc.state, &after, &al) == 0;
+            cr_assert_eq(had, has, "case %zu: the state file appeared or vanished", k);
+            cr_assert(al == bl && (bl == 0 || memcmp(before, after, bl) == 0),
+                      "case %zu: the refused state file was modified", k);
+        }
+        free(before);
+        free(after);
+    }
+    free(db_k);
+    free(wal_k);
+    free(db_c);
+}

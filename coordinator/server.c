@@ -61,7 +61,7 @@ void tide_server_config_defaults(tide_server_config *cfg)
 /* ---- outbox ------------------------------------------------------------------------------ */
 
 static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len, int delim,
-                     const tide_msg_t *msg)
+                     int reply, const tide_msg_t *msg)
 {
     if (rid_len == 0)
         return; /* never connected since tided started: the retransmit timer covers it */
@@ -85,17 +85,18 @@ static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len,
     memcpy(o->rid, rid, rid_len);
     o->rid_len = rid_len;
     o->delim = delim;
+    o->reply = reply;
     o->data = tide_proto_buf_release(&s->buf, &o->len);
 }
 
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
 {
-    push_out(s, w->rid, w->rid_len, w->delim, msg);
+    push_out(s, w->rid, w->rid_len, w->delim, 0, msg);
 }
 
 void tide__reply(tide_server_t *s, const tide_msg_t *msg)
 {
-    push_out(s, s->rid, s->rid_len, s->delim, msg);
+    push_out(s, s->rid, s->rid_len, s->delim, 1, msg);
 }
 
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
@@ -167,8 +168,7 @@ static void store_result(tide_server_t *s, tide_status rc)
 {
     if (rc != TIDE_OK && s->fatal == TIDE_OK) {
         s->fatal = rc;
-        TIDE_ERROR("store", "%s; tided stops so that nothing unsaved is acknowledged",
-                   tide_last_error());
+        TIDE_ERROR("store", "%s", tide_last_error());
     }
 }
 
@@ -1292,6 +1292,15 @@ static int is_operator_request(tide_msg_type_t t)
 /* Dispatches m unless its client already used its budget of this pass. */
 static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size_t len)
 {
+    if (s->readonly[0] != '\0' && m->type != TIDE_MSG_STATUS && m->type != TIDE_MSG_JOBS &&
+        m->type != TIDE_MSG_EVENTS && m->type != TIDE_MSG_HEARTBEAT) {
+        tide__reply_error(s, TIDE_ERR_IO,
+                          "tided cannot save changes to its state file (%s): it serves status, "
+                          "jobs and events only. Free disk space or fix the file system, then "
+                          "restart tided; running jobs keep training",
+                          s->readonly);
+        return;
+    }
     if (!is_operator_request(m->type)) {
         dispatch(s, m, raw, len);
         return;
@@ -1437,6 +1446,8 @@ static tide_status write_endpoint_file(const char *path, const char *ep)
     return TIDE_OK;
 }
 
+static size_t after_load(tide_server_t *s, uint64_t now);
+
 tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
 {
     tide_status rc = TIDE_OK;
@@ -1464,26 +1475,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     TIDE_CHECK_GOTO(tide_store_load(s->store, s->st), rc, fail);
     uint64_t now = tide_now_ns();
     now_ns_cached = now;
-    for (size_t i = 0; i < s->st->n_workers; i++) {
-        /* reloaded workers get one failure timeout to reconnect and register again */
-        s->st->workers[i].last_seen_ns = now;
-        s->st->workers[i].last_hb_ns = now;
-    }
-    size_t pending = 0;
-    for (size_t i = 0; i < s->st->n_jobs; i++) {
-        tide_coord_job_t *j = s->st->jobs[i];
-        tide_reconf_t *r = j->reconf;
-        if (r == NULL)
-            continue;
-        pending++;
-        r->started_ns = now;
-        r->deadline_ns = now + (uint64_t)cfg->resize_timeout_ms * 1000000ull;
-        r->resend_ns = now;
-        for (size_t k = 0; k < r->n_parts; k++) {
-            tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
-            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
-        }
-    }
+    size_t pending = after_load(s, now);
     TIDE_INFO("server", "state %s: %zu workers, %zu jobs, %zu pending reconfigurations",
               cfg->state_path, s->st->n_workers, s->st->n_jobs, pending);
 
@@ -1553,23 +1545,103 @@ void tide_server_stop(tide_server_t *s)
     s->stop = 1;
 }
 
-/* Commits the batch, then sends its replies; a failed commit sends nothing. */
-static void finish_batch(tide_server_t *s)
+/* Gives the reloaded (or first loaded) state one failure timeout to hear from its
+ * workers and its pending reconfigurations their full deadline. */
+static size_t after_load(tide_server_t *s, uint64_t now)
 {
-    if (s->fatal == TIDE_OK) {
-        tide_status rc = tide_store_commit(s->store);
-        if (rc != TIDE_OK) {
-            s->fatal = rc;
-            TIDE_ERROR("store",
-                       "commit failed: %s; tided stops so that nothing unsaved is "
-                       "acknowledged",
-                       tide_last_error());
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        s->st->workers[i].last_seen_ns = now;
+        s->st->workers[i].last_hb_ns = now;
+    }
+    size_t pending = 0;
+    for (size_t i = 0; i < s->st->n_jobs; i++) {
+        tide_coord_job_t *j = s->st->jobs[i];
+        tide_reconf_t *r = j->reconf;
+        if (r == NULL)
+            continue;
+        pending++;
+        r->started_ns = now;
+        r->deadline_ns = now + (uint64_t)s->cfg.resize_timeout_ms * 1000000ull;
+        r->resend_ns = now;
+        for (size_t k = 0; k < r->n_parts; k++) {
+            tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
+            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
         }
     }
-    if (s->fatal != TIDE_OK) {
-        tide_store_rollback(s->store);
+    return pending;
+}
+
+/*
+ * The state file failed (disk full, I/O error): the batch is rolled back, the
+ * memory state reloaded from what is saved, each request of the batch answered
+ * with the error, and tided goes on serving reads only (never acknowledging a
+ * change it could not save) until it is restarted.
+ */
+static void enter_readonly(tide_server_t *s)
+{
+    snprintf(s->readonly, sizeof s->readonly, "%s", tide_last_error());
+    tide_store_rollback(s->store);
+    tide_coord_state_t *fresh = NULL;
+    if (tide_coord_state_new(&fresh) != TIDE_OK || tide_store_load(s->store, fresh) != TIDE_OK) {
+        tide_coord_state_destroy(&fresh);
         drop_out(s);
+        return; /* s->fatal stays set: the loop ends */
+    }
+    /* connections survive the reload: replies to later reads need no re-register */
+    for (size_t i = 0; i < fresh->n_workers && i < s->st->n_workers; i++) {
+        tide_coord_worker_t *nw = &fresh->workers[i], *ow = &s->st->workers[i];
+        if (nw->id == ow->id) {
+            memcpy(nw->rid, ow->rid, ow->rid_len);
+            nw->rid_len = ow->rid_len;
+            nw->delim = ow->delim;
+        }
+    }
+    tide_coord_state_destroy(&s->st);
+    s->st = fresh;
+    after_load(s, now_ns_cached);
+    tide_msg_t err;
+    tide_msg_init(&err, TIDE_MSG_ERROR);
+    err.u.error.code = TIDE_ERR_IO;
+    snprintf(err.u.error.message, sizeof err.u.error.message,
+             "tided could not save this change (%s); nothing of it was applied. tided now "
+             "serves status, jobs and events only: free disk space or fix the state file's "
+             "file system, then restart tided",
+             s->readonly);
+    size_t n = s->n_out, k = 0;
+    for (size_t i = 0; i < n; i++) {
+        tide__out o = s->out[i];
+        tide_free(o.data);
+        if (!o.reply)
+            continue; /* commands of a change that did not happen */
+        if (tide_proto_encode(&err, &s->buf) != TIDE_OK)
+            continue;
+        o.data = tide_proto_buf_release(&s->buf, &o.len);
+        s->out[k++] = o;
+    }
+    s->n_out = k;
+    s->fatal = TIDE_OK;
+    TIDE_ERROR("store",
+               "the state file cannot be written (%s): the last batch was rolled back and "
+               "tided serves reads only until it is restarted",
+               s->readonly);
+}
+
+/* Commits the batch, then sends its replies; a failed commit sends only errors. */
+static void finish_batch(tide_server_t *s)
+{
+    if (s->readonly[0] != '\0') {
+        flush_out(s);
         return;
+    }
+    if (s->fatal == TIDE_OK) {
+        tide_status rc = tide_store_commit(s->store);
+        if (rc != TIDE_OK)
+            s->fatal = rc;
+    }
+    if (s->fatal != TIDE_OK) {
+        enter_readonly(s);
+        if (s->fatal != TIDE_OK)
+            return;
     }
     flush_out(s);
 }
@@ -1653,6 +1725,10 @@ tide_status tide_server_run(tide_server_t *s)
         full = handled > 0 && s->drained_ns < now_ns_cached;
         pass_ns = handled > 0 ? now_ns_cached : 0;
         now_ns_cached = tide_now_ns();
+        if (s->readonly[0] != '\0') {
+            s->want_backfill = 0; /* no decision can be saved: none is taken */
+            s->next_scan_ns = now_ns_cached + scan_every;
+        }
         if (now_ns_cached >= s->next_scan_ns) {
             scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
@@ -1666,6 +1742,8 @@ tide_status tide_server_run(tide_server_t *s)
     if (s->fatal == TIDE_OK)
         finish_batch(s);
     TIDE_INFO("server", "stopped%s", s->fatal ? " after a state file error" : "");
+    if (s->fatal == TIDE_OK && s->readonly[0] != '\0')
+        return tide_errorf(TIDE_ERR_IO, "stopped in read-only mode: %s", s->readonly);
     return s->fatal;
 }
 

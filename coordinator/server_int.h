@@ -47,6 +47,7 @@ typedef struct tide__out {
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;
     int delim;
+    int reply; /* the answer to a request (else a command tided sends on its own) */
     uint8_t *data; /* encoded message (tide_malloc) */
     size_t len;
 } tide__out;
@@ -79,7 +80,8 @@ struct tide_server {
     tide_store_t *store;
     tide_coord_state_t *st;
     volatile sig_atomic_t stop;
-    tide_status fatal; /* a store failure ends the loop; nothing of the batch is sent */
+    tide_status fatal; /* a store failure of the batch: nothing of it is sent (see readonly) */
+    char readonly[512]; /* non-empty: the state file failed; only reads are served, why */
     tide_proto_buf_t buf;
     tide__out *out;
     size_t n_out, cap_out;

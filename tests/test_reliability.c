@@ -10,6 +10,7 @@
 #include <criterion/logging.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -546,4 +547,70 @@ Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fi
     free(db_k);
     free(wal_k);
     free(db_c);
+}
+
+/*
+ * The state file's file system fills up (a file size limit makes every write past it
+ * fail). Changes that cannot be saved are refused with a clear error to the client
+ * that asked, nothing unsaved is acknowledged, and tided keeps answering status,
+ * jobs and events instead of stopping.
+ */
+Test(reliability, full_disk_keeps_reads_served_and_refuses_changes, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 256 * 1024; /* bytes: tided's files may not grow past this */
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int st = 0;
+    int started = coord_start(&proc, TIDED_PATH, NULL, &st);
+    setrlimit(RLIMIT_FSIZE, &old);
+    cr_assert_eq(started, 0);
+    void *c = conn(5000);
+    tide_msg_t m, r;
+    int refused = -1;
+    for (int i = 0; i < 5000 && refused < 0; i++) {
+        char pool[32];
+        snprintf(pool, sizeof pool, "pool%04d", i);
+        coord_mk_register(&m, pool, 0, 1, "host-with-a-long-name", 0, 1000 + i);
+        cr_assert_eq(coord_call(c, &m, &r), 0, "register %d got no answer", i);
+        if (r.type == TIDE_MSG_ERROR) {
+            cr_assert_eq(r.u.error.code, TIDE_ERR_IO, "register %d: %s", i, r.u.error.message);
+            cr_assert_not_null(strstr(r.u.error.message, "could not save"), "%s",
+                               r.u.error.message);
+            refused = i;
+        } else {
+            cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+        }
+        tide_msg_clear(&r);
+    }
+    cr_assert_geq(refused, 1, "the file size limit was never reached");
+    /* reads go on; the refused worker is not listed, every saved one is */
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(coord_call(c, &m, &r), 0, "tided stopped answering after the disk filled");
+    cr_assert_eq(r.type, TIDE_MSG_STATUS_REPLY);
+    cr_assert_eq(r.u.status_reply.n_rows, (uint32_t)refused, "rows %u, saved %d",
+                 r.u.status_reply.n_rows, refused);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    cr_assert_eq(coord_call(c, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_JOBS_REPLY);
+    tide_msg_clear(&r);
+    /* a later change is refused with the same reason, not silently dropped */
+    coord_mk_register(&m, "late", 0, 1, "h", 0, 1);
+    cr_assert_eq(coord_call(c, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_ERROR);
+    cr_assert_not_null(strstr(r.u.error.message, "restart tided"), "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");
+    /* after a restart (space freed) everything acknowledged is there */
+    coord_stop(&proc, SIGKILL);
+    start(NULL);
+    void *c2 = conn(5000);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    cr_assert_eq(coord_call(c2, &m, &r), 0);
+    cr_assert_eq(r.u.status_reply.n_rows, (uint32_t)refused);
+    tide_msg_clear(&r);
 }

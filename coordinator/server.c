@@ -561,6 +561,35 @@ out:
 }
 
 /* Keeps the first join message of job j (its tensors) and the layout it asks for. */
+/* Members of online job j still alive (held by it and not failed). */
+static size_t live_members(const tide_server_t *s, const tide_coord_job_t *j)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        const tide_coord_worker_t *w = &s->st->workers[i];
+        n += w->pool[0] != '\0' && w->job == j->id && w->state != TIDE_WS_FAILED;
+    }
+    return n;
+}
+
+/* Releases what online job j still holds (a pending reconfiguration, its workers) as it
+ * ends in state `to`. */
+static void release_job(tide_server_t *s, tide_coord_job_t *j, tide_jstate to)
+{
+    tide_reconf_destroy(&j->reconf);
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        tide_coord_worker_t *w = &s->st->workers[i];
+        if (w->pool[0] == '\0' || w->job != j->id)
+            continue;
+        w->job = 0;
+        if (w->state == TIDE_WS_ONLINE)
+            w->state = TIDE_WS_IDLE;
+        tide__save_worker(s, w);
+    }
+    j->state = to;
+    s->want_backfill = 1;
+}
+
 static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     j->req_dp = m->dp;
@@ -612,8 +641,16 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     } else if (j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
         return;
-    } else if (j->state == TIDE_JS_DONE) {
-        /* the job ended; a new run of the program under the same name starts it again */
+    } else if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_CANCELLED ||
+               (strcmp(j->pool, w->pool) != 0 && live_members(s, j) == 0)) {
+        /* the job ended, or every rank of its launch is gone (it could only wait forever):
+           a new run of the program under the same name starts it again */
+        if (j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
+            tide__event(s, j->name, "job_ended",
+                        "every rank of pool %s is gone (job was %s): pool %s relaunches it",
+                        j->pool, tide_jstate_name(j->state), w->pool);
+            release_job(s, j, TIDE_JS_DONE);
+        }
         tide_layout_t *probe = NULL;
         tide_status rc =
             tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
@@ -966,11 +1003,22 @@ static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
                           m->job);
         return;
     }
-    if (j->kind == TIDE_CJOB_ONLINE) {
-        tide__reply_error(s, TIDE_ERR_UNSUPPORTED,
-                          "%s is an online training job: stop its mpirun to end it; cancel "
-                          "stops offline work",
-                          j->name);
+    if (j->kind == TIDE_CJOB_ONLINE && j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
+        size_t live = live_members(s, j);
+        if (live > 0) {
+            tide__reply_error(s, TIDE_ERR_UNSUPPORTED,
+                              "%s is an online training job with %zu live ranks: stop its "
+                              "mpirun to end it; cancel stops offline work and online jobs "
+                              "whose ranks are all gone",
+                              j->name, live);
+            return;
+        }
+        release_job(s, j, TIDE_JS_CANCELLED);
+        tide__event(s, j->name, "cancelled", "cancelled by %s: none of its ranks was alive",
+                    s->who);
+        tide__save_job(s, j);
+        reply_ok(s, j->name, "cancelled %s (none of its ranks was alive); a new launch may use "
+                 "its name", j->name);
         return;
     }
     if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_FAILED || j->state == TIDE_JS_CANCELLED) {

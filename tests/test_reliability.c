@@ -614,3 +614,113 @@ Test(reliability, full_disk_keeps_reads_served_and_refuses_changes, .init = setu
     cr_assert_eq(r.u.status_reply.n_rows, (uint32_t)refused);
     tide_msg_clear(&r);
 }
+
+/* ---- zombie jobs ------------------------------------------------------------------------------ */
+
+static void join_as(fake *f, const char *job, int dp)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = f->id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "%s", job);
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = dp;
+    m.u.join.tp = 1;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* Waits (up to 3 s) until job `name` is in neither running nor resizing state. */
+static tide_proto_job_state_t wait_not_running(void *admin, const char *name)
+{
+    tide_proto_job_state_t js = TIDE_JOB_RUNNING;
+    for (int t = 0; t < 150; t++) {
+        tide_msg_t m, r;
+        tide_msg_init(&m, TIDE_MSG_JOBS);
+        cr_assert_eq(coord_call(admin, &m, &r), 0);
+        for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++)
+            if (strcmp(r.u.jobs_reply.rows[i].name, name) == 0)
+                js = r.u.jobs_reply.rows[i].state;
+        tide_msg_clear(&r);
+        if (js != TIDE_JOB_RUNNING && js != TIDE_JOB_RESIZING)
+            return js;
+        tide_sleep_ms(20);
+    }
+    return js;
+}
+
+/*
+ * Every rank of a job dies (no heartbeat, no bye): the job is left recovering or
+ * stalled with nobody to recover onto. It can be cancelled, and a new launch under its
+ * name starts it again, with or without the cancel.
+ */
+Test(reliability, job_with_all_ranks_gone_can_be_cancelled_and_relaunched, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+    const char *extra[] = {"--heartbeat-ms", "50", "--miss-limit", "3", NULL};
+    start(extra);
+    void *admin = conn(5000);
+    tide_msg_t m, r;
+    const char *names[] = {"zombie-a", "zombie-b"};
+    for (int round = 0; round < 2; round++) {
+        const char *job = names[round];
+        char pool[32];
+        fake w[2];
+        snprintf(pool, sizeof pool, "old-%d", round);
+        for (int i = 0; i < 2; i++) {
+            fake_up(&w[i], pool, i, 2);
+            join_as(&w[i], job, 2);
+        }
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r), 0);
+            tide_msg_clear(&r);
+        }
+        /* both ranks vanish */
+        tide_proto_job_state_t js = wait_not_running(admin, job);
+        cr_assert_eq(js, TIDE_JOB_RECOVERING, "round %d: state %d", round, (int)js);
+        tide_sleep_ms(600); /* both are past the failure timeout (150 ms) by now */
+        if (round == 0) {
+            tide_msg_init(&m, TIDE_MSG_CANCEL);
+            snprintf(m.u.cancel.job, sizeof m.u.cancel.job, "%s", job);
+            cr_assert_eq(coord_call(admin, &m, &r), 0);
+            cr_assert_eq(r.type, TIDE_MSG_OK, "cancel of a job with no live rank: %s",
+                         r.type == TIDE_MSG_ERROR ? r.u.error.message : "");
+            tide_msg_clear(&r);
+        }
+        /* a new launch under the same name gets a first layout */
+        fake n[2];
+        snprintf(pool, sizeof pool, "new-%d", round);
+        for (int i = 0; i < 2; i++) {
+            fake_up(&n[i], pool, i, 2);
+            join_as(&n[i], job, 2);
+        }
+        for (int i = 0; i < 2; i++) {
+            int got = 0;
+            for (int k = 0; k < 4 && !got; k++) {
+                cr_assert_eq(coord_recv(n[i].sock, &r), 0, "round %d: no layout for the relaunch",
+                             round);
+                cr_assert_neq(r.type, TIDE_MSG_ERROR, "round %d: relaunch refused: %s", round,
+                              r.u.error.message);
+                got = r.type == TIDE_MSG_LAYOUT;
+                tide_msg_clear(&r);
+            }
+            cr_assert(got, "round %d: no layout for the relaunch", round);
+        }
+    }
+    /* a job with a live rank is still not cancelled from under it */
+    fake keep;
+    fake_up(&keep, "keep", 0, 1);
+    join_as(&keep, "alive", 1);
+    cr_assert_eq(coord_recv_type(keep.sock, TIDE_MSG_LAYOUT, &r), 0);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_CANCEL);
+    snprintf(m.u.cancel.job, sizeof m.u.cancel.job, "alive");
+    coord_mk_heartbeat(&r, keep.id, 1, 1);
+    coord_send(keep.sock, &r);
+    cr_assert_eq(coord_call(admin, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_UNSUPPORTED, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+}

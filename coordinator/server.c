@@ -949,6 +949,13 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
                           "offline work (kind command or plugin)");
         return;
     }
+    if (m->kind == TIDE_JOB_COMMAND && (m->argc == 0 || m->argv[0] == NULL || m->argv[0][0] == '\0')) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "offline job %s has an empty command: give the program and its "
+                          "arguments (tidectl submit --offline -- PROGRAM ARGS...)",
+                          m->name);
+        return;
+    }
     tide_coord_job_t *j = NULL;
     tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_OFFLINE, &j);
     if (rc != TIDE_OK) {

@@ -8,7 +8,10 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <stdatomic.h>
@@ -723,4 +726,108 @@ Test(reliability, job_with_all_ranks_gone_can_be_cancelled_and_relaunched, .init
     cr_assert_eq(r.type, TIDE_MSG_ERROR);
     cr_assert_eq(r.u.error.code, TIDE_ERR_UNSUPPORTED, "%s", r.u.error.message);
     tide_msg_clear(&r);
+}
+
+/* ---- smaller: empty offline commands, metrics ------------------------------------------------ */
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "cannot connect to metrics");
+    return fd;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/*
+ * More idle connections than tided has metrics slots (they connect and never send a
+ * request) do not lock a scraper out; an offline job with an empty command is refused.
+ */
+Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .fini = teardown,
+     .timeout = 60)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--metrics", addr, NULL};
+    start(extra);
+    int idle[24];
+    for (int i = 0; i < 24; i++)
+        idle[i] = tcp_connect(port);
+    tide_sleep_ms(100);
+    int fd = tcp_connect(port);
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    char buf[4096];
+    ssize_t k = recv(fd, buf, sizeof buf - 1, 0);
+    cr_assert_gt(k, 0, "no metrics while 24 idle connections were open");
+    buf[k] = '\0';
+    cr_assert_not_null(strstr(buf, " 200"), "%.200s", buf);
+    close(fd);
+    for (int i = 0; i < 24; i++)
+        close(idle[i]);
+
+    void *admin = conn(5000);
+    tide_msg_t m, r;
+    const char *empty_arg[] = {""};
+    for (int c = 1; c < 2; c++) { /* argc 0 is refused by the encoder already */
+        tide_msg_init(&m, TIDE_MSG_SUBMIT);
+        snprintf(m.u.submit.name, sizeof m.u.submit.name, "empty%d", c);
+        m.u.submit.kind = TIDE_JOB_COMMAND;
+        m.u.submit.argv = c ? (char **)empty_arg : NULL;
+        m.u.submit.argc = (uint32_t)c;
+        cr_assert_eq(coord_call(admin, &m, &r), 0);
+        cr_assert_eq(r.type, TIDE_MSG_ERROR, "an empty command was accepted (case %d)", c);
+        cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);
+        cr_assert_not_null(strstr(r.u.error.message, "empty command"), "%s", r.u.error.message);
+        tide_msg_clear(&r);
+    }
+}
+
+/* Metrics bound to a non-loopback address start with a warning saying what is exposed. */
+Test(reliability, metrics_on_a_public_address_warn, .init = setup, .fini = teardown,
+     .timeout = 30)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "0.0.0.0:%d", port);
+    char logpath[400];
+    snprintf(logpath, sizeof logpath, "%s/tided.log", proc.dir);
+    int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int saved = dup(2);
+    dup2(fd, 2);
+    const char *extra[] = {"--metrics", addr, NULL};
+    int st = 0;
+    int started = coord_start(&proc, TIDED_PATH, extra, &st);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    cr_assert_eq(started, 0);
+    tide_sleep_ms(100);
+    FILE *f = fopen(logpath, "r");
+    char log[8192];
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    log[n] = '\0';
+    fclose(f);
+    unlink(logpath);
+    cr_assert_not_null(strstr(log, "no authentication"), "no warning in: %s", log);
 }

@@ -56,6 +56,12 @@ tide_status tide__metrics_open(tide_server_t *s, const char *addr)
     }
     s->http_fd = fd;
     TIDE_INFO("metrics", "Prometheus metrics on http://%s/metrics", addr);
+    if (strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0)
+        TIDE_WARN("metrics",
+                  "--metrics %s is reachable from other hosts and has no authentication: "
+                  "anyone who can connect reads job names and cluster state (bind 127.0.0.1 "
+                  "and scrape through a proxy, or firewall the port)",
+                  addr);
     return TIDE_OK;
 }
 
@@ -260,10 +266,19 @@ void tide__metrics_handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
                 for (int i = 0; i < TIDE__METRICS_CLIENTS && slot < 0; i++)
                     if (s->http[i].fd < 0)
                         slot = i;
+                /* all slots taken: the oldest connection that has not finished its request
+                   makes room, so idle connections can never lock scrapers out */
+                int free_slot = slot >= 0;
+                for (int i = 0; i < TIDE__METRICS_CLIENTS && !free_slot; i++)
+                    if (s->http[i].resp == NULL &&
+                        (slot < 0 || s->http[i].started_ns < s->http[slot].started_ns))
+                        slot = i;
                 if (slot < 0) {
-                    close(fd); /* too many scrapers at once */
+                    close(fd); /* every slot is busy writing a response */
                     continue;
                 }
+                if (s->http[slot].fd >= 0)
+                    http_close(&s->http[slot]);
                 memset(&s->http[slot], 0, sizeof s->http[slot]);
                 s->http[slot].fd = fd;
                 s->http[slot].started_ns = now;

@@ -4,10 +4,18 @@
  * reconf.c, metrics in metrics.c, CURVE key handling in auth.c.
  *
  * A loop iteration: zmq_poll on the ROUTER socket, the ZAP socket and the
- * metrics sockets; drain up to BATCH requests; run due timers (failure scan,
+ * metrics sockets; drain up to BATCH requests or PASS_MS of work; run due timers (failure scan,
  * reconfiguration retransmits and deadlines) and the backfill pass; commit the
  * batch's SQLite transaction; only then send the batch's replies and commands.
  * Heartbeats change only volatile fields: no transaction, no reply.
+ *
+ * Liveness never depends on how long the loop was busy: a message is stamped
+ * with the time it is read, and a worker is judged at the last time the queue
+ * was seen empty (drained_ns), when everything it sent before has been read. No
+ * client can starve the others: ZeroMQ reads connections round-robin, and a
+ * client whose operator requests used PEER_PASS_MS of handler time in a pass
+ * gets its further ones in that pass refused (TIDE_ERR_BUSY, cheap) instead of
+ * served. Per-connection queues are bounded (HWM messages each way).
  *
  * Envelope: DEALER clients send [payload] (ROUTER sees [id][payload]); REQ-style
  * clients may add an empty delimiter ([id][][payload]); replies mirror it.
@@ -28,6 +36,10 @@
 #include "coordinator/server_int.h"
 
 #define BATCH 2048 /* requests per loop iteration before timers and the commit */
+#define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
+#define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
+#define HWM 1000 /* messages queued per connection each way (was 2^20): a client that never
+                    reads loses replies past it, one that floods waits in its own queue */
 
 static uint64_t now_ns_cached;
 
@@ -49,7 +61,7 @@ void tide_server_config_defaults(tide_server_config *cfg)
 /* ---- outbox ------------------------------------------------------------------------------ */
 
 static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len, int delim,
-                     const tide_msg_t *msg)
+                     int reply, const tide_msg_t *msg)
 {
     if (rid_len == 0)
         return; /* never connected since tided started: the retransmit timer covers it */
@@ -73,17 +85,18 @@ static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len,
     memcpy(o->rid, rid, rid_len);
     o->rid_len = rid_len;
     o->delim = delim;
+    o->reply = reply;
     o->data = tide_proto_buf_release(&s->buf, &o->len);
 }
 
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
 {
-    push_out(s, w->rid, w->rid_len, w->delim, msg);
+    push_out(s, w->rid, w->rid_len, w->delim, 0, msg);
 }
 
 void tide__reply(tide_server_t *s, const tide_msg_t *msg)
 {
-    push_out(s, s->rid, s->rid_len, s->delim, msg);
+    push_out(s, s->rid, s->rid_len, s->delim, 1, msg);
 }
 
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
@@ -95,7 +108,7 @@ tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fm
     va_start(ap, fmt);
     vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
     va_end(ap);
-    TIDE_INFO("server", "refused a request from %s: %s", s->who, m.u.error.message);
+    TIDE_INFO_LIMITED("server", "refused a request from %s: %s", s->who, m.u.error.message);
     tide__reply(s, &m);
     return code;
 }
@@ -155,8 +168,7 @@ static void store_result(tide_server_t *s, tide_status rc)
 {
     if (rc != TIDE_OK && s->fatal == TIDE_OK) {
         s->fatal = rc;
-        TIDE_ERROR("store", "%s; tided stops so that nothing unsaved is acknowledged",
-                   tide_last_error());
+        TIDE_ERROR("store", "%s", tide_last_error());
     }
 }
 
@@ -229,7 +241,7 @@ static int may_speak(tide_server_t *s, const tide_coord_worker_t *w, tide_msg_ty
                           "worker %d is not bound to a key yet: register again", w->id);
         return 0;
     }
-    TIDE_WARN("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
+    TIDE_WARN_LIMITED("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
               tide_msg_type_name(type), w->id, s->who, w->owner);
     tide__reply_error(s, TIDE_ERR_DENIED,
                       "worker %d was registered with another key; %s may only speak for the "
@@ -549,6 +561,35 @@ out:
 }
 
 /* Keeps the first join message of job j (its tensors) and the layout it asks for. */
+/* Members of online job j still alive (held by it and not failed). */
+static size_t live_members(const tide_server_t *s, const tide_coord_job_t *j)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        const tide_coord_worker_t *w = &s->st->workers[i];
+        n += w->pool[0] != '\0' && w->job == j->id && w->state != TIDE_WS_FAILED;
+    }
+    return n;
+}
+
+/* Releases what online job j still holds (a pending reconfiguration, its workers) as it
+ * ends in state `to`. */
+static void release_job(tide_server_t *s, tide_coord_job_t *j, tide_jstate to)
+{
+    tide_reconf_destroy(&j->reconf);
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        tide_coord_worker_t *w = &s->st->workers[i];
+        if (w->pool[0] == '\0' || w->job != j->id)
+            continue;
+        w->job = 0;
+        if (w->state == TIDE_WS_ONLINE)
+            w->state = TIDE_WS_IDLE;
+        tide__save_worker(s, w);
+    }
+    j->state = to;
+    s->want_backfill = 1;
+}
+
 static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     j->req_dp = m->dp;
@@ -600,8 +641,16 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     } else if (j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
         return;
-    } else if (j->state == TIDE_JS_DONE) {
-        /* the job ended; a new run of the program under the same name starts it again */
+    } else if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_CANCELLED ||
+               (strcmp(j->pool, w->pool) != 0 && live_members(s, j) == 0)) {
+        /* the job ended, or every rank of its launch is gone (it could only wait forever):
+           a new run of the program under the same name starts it again */
+        if (j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
+            tide__event(s, j->name, "job_ended",
+                        "every rank of pool %s is gone (job was %s): pool %s relaunches it",
+                        j->pool, tide_jstate_name(j->state), w->pool);
+            release_job(s, j, TIDE_JS_DONE);
+        }
         tide_layout_t *probe = NULL;
         tide_status rc =
             tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
@@ -900,6 +949,13 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
                           "offline work (kind command or plugin)");
         return;
     }
+    if (m->kind == TIDE_JOB_COMMAND && (m->argc == 0 || m->argv[0] == NULL || m->argv[0][0] == '\0')) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "offline job %s has an empty command: give the program and its "
+                          "arguments (tidectl submit --offline -- PROGRAM ARGS...)",
+                          m->name);
+        return;
+    }
     tide_coord_job_t *j = NULL;
     tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_OFFLINE, &j);
     if (rc != TIDE_OK) {
@@ -954,11 +1010,22 @@ static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
                           m->job);
         return;
     }
-    if (j->kind == TIDE_CJOB_ONLINE) {
-        tide__reply_error(s, TIDE_ERR_UNSUPPORTED,
-                          "%s is an online training job: stop its mpirun to end it; cancel "
-                          "stops offline work",
-                          j->name);
+    if (j->kind == TIDE_CJOB_ONLINE && j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
+        size_t live = live_members(s, j);
+        if (live > 0) {
+            tide__reply_error(s, TIDE_ERR_UNSUPPORTED,
+                              "%s is an online training job with %zu live ranks: stop its "
+                              "mpirun to end it; cancel stops offline work and online jobs "
+                              "whose ranks are all gone",
+                              j->name, live);
+            return;
+        }
+        release_job(s, j, TIDE_JS_CANCELLED);
+        tide__event(s, j->name, "cancelled", "cancelled by %s: none of its ranks was alive",
+                    s->who);
+        tide__save_job(s, j);
+        reply_ok(s, j->name, "cancelled %s (none of its ranks was alive); a new launch may use "
+                 "its name", j->name);
         return;
     }
     if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_FAILED || j->state == TIDE_JS_CANCELLED) {
@@ -1173,7 +1240,7 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
     }
     if ((need == TIDE_ROLE_ADMIN && s->role != TIDE__ROLE_ADMIN) || s->role == TIDE__ROLE_NONE) {
         s->st->counters.denied++;
-        TIDE_WARN("auth", "refused '%s' from %s: it needs an admin key",
+        TIDE_WARN_LIMITED("auth", "refused '%s' from %s: it needs an admin key",
                   tide_msg_type_name(m->type), s->who);
         tide__reply_error(s, TIDE_ERR_DENIED,
                           "'%s' needs an admin key; %s may only register, report and read "
@@ -1245,6 +1312,68 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
     }
 }
 
+/* The cost slot of the request's client in this pass (claimed when free); NULL when the
+ * table is crowded, and that client is then not limited. */
+static tide__peer_cost *peer_cost(tide_server_t *s)
+{
+    if (s->peers == NULL)
+        return NULL;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < s->rid_len; i++)
+        h = (h ^ s->rid[i]) * 1099511628211ull;
+    for (size_t k = 0; k < 8; k++) {
+        tide__peer_cost *p = &s->peers[(h + k) & (TIDE__PEER_SLOTS - 1)];
+        if (p->pass != s->pass_no) {
+            p->pass = s->pass_no;
+            p->ns = 0;
+            p->rid_len = s->rid_len;
+            memcpy(p->rid, s->rid, s->rid_len);
+            return p;
+        }
+        if (p->rid_len == s->rid_len && memcmp(p->rid, s->rid, s->rid_len) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+/* Operator requests are the ones a client may repeat at will and that cost tided real
+ * work; worker messages are small and protocol-critical, never refused. */
+static int is_operator_request(tide_msg_type_t t)
+{
+    tide_msg_role_t role = tide_msg_type_role(t);
+    return role == TIDE_ROLE_ADMIN || role == TIDE_ROLE_READER;
+}
+
+/* Dispatches m unless its client already used its budget of this pass. */
+static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size_t len)
+{
+    if (s->readonly[0] != '\0' && m->type != TIDE_MSG_STATUS && m->type != TIDE_MSG_JOBS &&
+        m->type != TIDE_MSG_EVENTS && m->type != TIDE_MSG_HEARTBEAT) {
+        tide__reply_error(s, TIDE_ERR_IO,
+                          "tided cannot save changes to its state file (%s): it serves status, "
+                          "jobs and events only. Free disk space or fix the file system, then "
+                          "restart tided; running jobs keep training",
+                          s->readonly);
+        return;
+    }
+    if (!is_operator_request(m->type)) {
+        dispatch(s, m, raw, len);
+        return;
+    }
+    tide__peer_cost *p = peer_cost(s);
+    if (p != NULL && p->ns >= (uint64_t)PEER_PASS_MS * 1000000ull) {
+        s->refused_busy++;
+        tide__reply_error(s, TIDE_ERR_BUSY,
+                          "tided is still serving this client's earlier requests: send one "
+                          "request at a time, or retry");
+        return;
+    }
+    uint64_t t0 = now_ns_cached;
+    dispatch(s, m, raw, len);
+    if (p != NULL)
+        p->ns += tide_now_ns() - t0;
+}
+
 /* Receives and handles one request; 0 when none was waiting. */
 static int recv_one(tide_server_t *s)
 {
@@ -1260,6 +1389,8 @@ static int recv_one(tide_server_t *s)
             dst = &sink;
         }
         int r = zmq_msg_recv(dst, s->router, nf == 0 ? ZMQ_DONTWAIT : 0);
+        if (r >= 0 && nf == 0)
+            now_ns_cached = tide_now_ns(); /* stamped when read, not when the pass began */
         if (r < 0) {
             if (dst != &f[nf])
                 zmq_msg_close(dst);
@@ -1308,12 +1439,12 @@ static int recv_one(tide_server_t *s)
             s->st->counters.bad_requests++;
             char detail[512];
             snprintf(detail, sizeof detail, "%s", tide_last_error());
-            TIDE_WARN("server", "malformed message from %s (%zu bytes): %s", s->who,
+            TIDE_WARN_LIMITED("server", "malformed message from %s (%zu bytes): %s", s->who,
                       zmq_msg_size(payload), detail);
             tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
                               detail);
         } else {
-            dispatch(s, &m, zmq_msg_data(payload), zmq_msg_size(payload));
+            dispatch_fair(s, &m, zmq_msg_data(payload), zmq_msg_size(payload));
             tide_msg_clear(&m);
         }
     }
@@ -1370,6 +1501,8 @@ static tide_status write_endpoint_file(const char *path, const char *ep)
     return TIDE_OK;
 }
 
+static size_t after_load(tide_server_t *s, uint64_t now);
+
 tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
 {
     tide_status rc = TIDE_OK;
@@ -1397,26 +1530,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     TIDE_CHECK_GOTO(tide_store_load(s->store, s->st), rc, fail);
     uint64_t now = tide_now_ns();
     now_ns_cached = now;
-    for (size_t i = 0; i < s->st->n_workers; i++) {
-        /* reloaded workers get one failure timeout to reconnect and register again */
-        s->st->workers[i].last_seen_ns = now;
-        s->st->workers[i].last_hb_ns = now;
-    }
-    size_t pending = 0;
-    for (size_t i = 0; i < s->st->n_jobs; i++) {
-        tide_coord_job_t *j = s->st->jobs[i];
-        tide_reconf_t *r = j->reconf;
-        if (r == NULL)
-            continue;
-        pending++;
-        r->started_ns = now;
-        r->deadline_ns = now + (uint64_t)cfg->resize_timeout_ms * 1000000ull;
-        r->resend_ns = now;
-        for (size_t k = 0; k < r->n_parts; k++) {
-            tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
-            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
-        }
-    }
+    size_t pending = after_load(s, now);
     TIDE_INFO("server", "state %s: %zu workers, %zu jobs, %zu pending reconfigurations",
               cfg->state_path, s->st->n_workers, s->st->n_jobs, pending);
 
@@ -1436,7 +1550,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (s->router == NULL)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "zmq_socket: %s", zmq_strerror(errno));
-    int linger = 0, hwm = 1 << 20;
+    int linger = 0, hwm = HWM;
     int64_t maxmsg = (int64_t)TIDE_PROTO_MAX_MSG_BYTES + 1024;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
@@ -1463,7 +1577,11 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     if (cfg->metrics != NULL && cfg->metrics[0] != '\0')
         TIDE_CHECK_GOTO(tide__metrics_open(s, cfg->metrics), rc, fail);
     s->next_scan_ns = now;
+    s->drained_ns = now;
     s->want_backfill = 1;
+    s->peers = tide_calloc(TIDE__PEER_SLOTS, sizeof *s->peers);
+    if (s->peers == NULL)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_NOMEM, "out of memory starting tided");
     TIDE_INFO("server", "listening on %s%s", s->endpoint, s->auth_on ? " (CURVE)" : "");
     *out = s;
     return TIDE_OK;
@@ -1482,23 +1600,103 @@ void tide_server_stop(tide_server_t *s)
     s->stop = 1;
 }
 
-/* Commits the batch, then sends its replies; a failed commit sends nothing. */
-static void finish_batch(tide_server_t *s)
+/* Gives the reloaded (or first loaded) state one failure timeout to hear from its
+ * workers and its pending reconfigurations their full deadline. */
+static size_t after_load(tide_server_t *s, uint64_t now)
 {
-    if (s->fatal == TIDE_OK) {
-        tide_status rc = tide_store_commit(s->store);
-        if (rc != TIDE_OK) {
-            s->fatal = rc;
-            TIDE_ERROR("store",
-                       "commit failed: %s; tided stops so that nothing unsaved is "
-                       "acknowledged",
-                       tide_last_error());
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        s->st->workers[i].last_seen_ns = now;
+        s->st->workers[i].last_hb_ns = now;
+    }
+    size_t pending = 0;
+    for (size_t i = 0; i < s->st->n_jobs; i++) {
+        tide_coord_job_t *j = s->st->jobs[i];
+        tide_reconf_t *r = j->reconf;
+        if (r == NULL)
+            continue;
+        pending++;
+        r->started_ns = now;
+        r->deadline_ns = now + (uint64_t)s->cfg.resize_timeout_ms * 1000000ull;
+        r->resend_ns = now;
+        for (size_t k = 0; k < r->n_parts; k++) {
+            tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
+            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
         }
     }
-    if (s->fatal != TIDE_OK) {
-        tide_store_rollback(s->store);
+    return pending;
+}
+
+/*
+ * The state file failed (disk full, I/O error): the batch is rolled back, the
+ * memory state reloaded from what is saved, each request of the batch answered
+ * with the error, and tided goes on serving reads only (never acknowledging a
+ * change it could not save) until it is restarted.
+ */
+static void enter_readonly(tide_server_t *s)
+{
+    snprintf(s->readonly, sizeof s->readonly, "%s", tide_last_error());
+    tide_store_rollback(s->store);
+    tide_coord_state_t *fresh = NULL;
+    if (tide_coord_state_new(&fresh) != TIDE_OK || tide_store_load(s->store, fresh) != TIDE_OK) {
+        tide_coord_state_destroy(&fresh);
         drop_out(s);
+        return; /* s->fatal stays set: the loop ends */
+    }
+    /* connections survive the reload: replies to later reads need no re-register */
+    for (size_t i = 0; i < fresh->n_workers && i < s->st->n_workers; i++) {
+        tide_coord_worker_t *nw = &fresh->workers[i], *ow = &s->st->workers[i];
+        if (nw->id == ow->id) {
+            memcpy(nw->rid, ow->rid, ow->rid_len);
+            nw->rid_len = ow->rid_len;
+            nw->delim = ow->delim;
+        }
+    }
+    tide_coord_state_destroy(&s->st);
+    s->st = fresh;
+    after_load(s, now_ns_cached);
+    tide_msg_t err;
+    tide_msg_init(&err, TIDE_MSG_ERROR);
+    err.u.error.code = TIDE_ERR_IO;
+    snprintf(err.u.error.message, sizeof err.u.error.message,
+             "tided could not save this change (%s); nothing of it was applied. tided now "
+             "serves status, jobs and events only: free disk space or fix the state file's "
+             "file system, then restart tided",
+             s->readonly);
+    size_t n = s->n_out, k = 0;
+    for (size_t i = 0; i < n; i++) {
+        tide__out o = s->out[i];
+        tide_free(o.data);
+        if (!o.reply)
+            continue; /* commands of a change that did not happen */
+        if (tide_proto_encode(&err, &s->buf) != TIDE_OK)
+            continue;
+        o.data = tide_proto_buf_release(&s->buf, &o.len);
+        s->out[k++] = o;
+    }
+    s->n_out = k;
+    s->fatal = TIDE_OK;
+    TIDE_ERROR("store",
+               "the state file cannot be written (%s): the last batch was rolled back and "
+               "tided serves reads only until it is restarted",
+               s->readonly);
+}
+
+/* Commits the batch, then sends its replies; a failed commit sends only errors. */
+static void finish_batch(tide_server_t *s)
+{
+    if (s->readonly[0] != '\0') {
+        flush_out(s);
         return;
+    }
+    if (s->fatal == TIDE_OK) {
+        tide_status rc = tide_store_commit(s->store);
+        if (rc != TIDE_OK)
+            s->fatal = rc;
+    }
+    if (s->fatal != TIDE_OK) {
+        enter_readonly(s);
+        if (s->fatal != TIDE_OK)
+            return;
     }
     flush_out(s);
 }
@@ -1530,7 +1728,7 @@ tide_status tide_server_run(tide_server_t *s)
         scan_every = 20000000ull;
     uint64_t batch_ns = (uint64_t)(s->cfg.batch_ms > 0 ? s->cfg.batch_ms : 0) * 1000000ull;
     uint64_t pass_ns = 0; /* start of the previous pass that handled requests */
-    int full = 0;         /* it stopped at BATCH requests: more are waiting */
+    int full = 0;         /* it stopped at BATCH requests or PASS_MS: more are waiting */
     while (!s->stop && s->fatal == TIDE_OK) {
         /* Gather: ZeroMQ signals the loop once per wakeup, not per message, so waiting a
          * moment after a pass lets a second's 10^4 heartbeats arrive in ~500 passes instead
@@ -1563,14 +1761,31 @@ tide_status tide_server_run(tide_server_t *s)
         if (zap_at >= 0 && (items[zap_at].revents & ZMQ_POLLIN))
             tide__auth_zap(s);
         int handled = 0;
-        if (items[0].revents & ZMQ_POLLIN)
-            while (handled < BATCH && s->fatal == TIDE_OK && recv_one(s))
+        s->pass_no++;
+        uint64_t pass_end = now_ns_cached + (uint64_t)PASS_MS * 1000000ull;
+        if (items[0].revents & ZMQ_POLLIN) {
+            for (;;) {
+                uint64_t before = tide_now_ns();
+                if (handled >= BATCH || s->fatal != TIDE_OK || before >= pass_end)
+                    break;
+                if (!recv_one(s)) {
+                    s->drained_ns = before;
+                    break;
+                }
                 handled++;
-        full = handled == BATCH;
+            }
+        } else {
+            s->drained_ns = now_ns_cached;
+        }
+        full = handled > 0 && s->drained_ns < now_ns_cached;
         pass_ns = handled > 0 ? now_ns_cached : 0;
         now_ns_cached = tide_now_ns();
+        if (s->readonly[0] != '\0') {
+            s->want_backfill = 0; /* no decision can be saved: none is taken */
+            s->next_scan_ns = now_ns_cached + scan_every;
+        }
         if (now_ns_cached >= s->next_scan_ns) {
-            scan_failures(s, now_ns_cached);
+            scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
             s->next_scan_ns = now_ns_cached + scan_every;
         }
@@ -1582,6 +1797,8 @@ tide_status tide_server_run(tide_server_t *s)
     if (s->fatal == TIDE_OK)
         finish_batch(s);
     TIDE_INFO("server", "stopped%s", s->fatal ? " after a state file error" : "");
+    if (s->fatal == TIDE_OK && s->readonly[0] != '\0')
+        return tide_errorf(TIDE_ERR_IO, "stopped in read-only mode: %s", s->readonly);
     return s->fatal;
 }
 
@@ -1592,6 +1809,7 @@ void tide_server_destroy(tide_server_t **self_p)
     tide_server_t *s = *self_p;
     drop_out(s);
     tide_free(s->out);
+    tide_free(s->peers);
     tide__metrics_close(s);
     if (s->router)
         zmq_close(s->router);

@@ -20,6 +20,7 @@
 
 #define TIDE__METRICS_CLIENTS 16
 #define TIDE__METRICS_REQ_MAX 4096 /* bytes of one HTTP request head */
+#define TIDE__PEER_SLOTS      1024 /* clients tracked per pass for the fairness budget */
 
 typedef enum tide__role {
     TIDE__ROLE_NONE = 0,
@@ -46,9 +47,18 @@ typedef struct tide__out {
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;
     int delim;
+    int reply; /* the answer to a request (else a command tided sends on its own) */
     uint8_t *data; /* encoded message (tide_malloc) */
     size_t len;
 } tide__out;
+
+/* Handler time one client used in the current loop pass (fairness, see server.c). */
+typedef struct tide__peer_cost {
+    uint64_t pass; /* loop pass this slot belongs to; an older pass frees it */
+    uint64_t ns;   /* handler time spent on this client's requests in that pass */
+    size_t rid_len;
+    unsigned char rid[TIDE_COORD_RID_MAX];
+} tide__peer_cost;
 
 typedef struct tide__http {
     int fd; /* -1: slot free */
@@ -70,7 +80,8 @@ struct tide_server {
     tide_store_t *store;
     tide_coord_state_t *st;
     volatile sig_atomic_t stop;
-    tide_status fatal; /* a store failure ends the loop; nothing of the batch is sent */
+    tide_status fatal; /* a store failure of the batch: nothing of it is sent (see readonly) */
+    char readonly[512]; /* non-empty: the state file failed; only reads are served, why */
     tide_proto_buf_t buf;
     tide__out *out;
     size_t n_out, cap_out;
@@ -82,6 +93,12 @@ struct tide_server {
     char who[96]; /* "admin:alice" / "worker:pool3" / "loopback" for logs */
     /* timers, monotonic ns */
     uint64_t next_scan_ns;
+    uint64_t drained_ns; /* last time the ROUTER queue was seen empty: every message sent
+                            before it has been read (liveness is judged at this time) */
+    /* fairness: handler time per client in the current pass */
+    tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
+    uint64_t pass_no;
+    uint64_t refused_busy; /* requests refused because their client used its pass budget */
     int want_backfill;
     int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */

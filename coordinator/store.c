@@ -4,10 +4,21 @@
  * triggers, so history is append-only even for someone with the sqlite3 shell
  * who forgets. Layouts are stored as text (state.h's format), the first join
  * message of an online job and offline argv as blobs.
+ *
+ * A file that exists is checked before it is used, and refused with the
+ * reason when damaged: a 0-byte file or a lone WAL (the database was lost), a
+ * WAL whose committed frames fail their checksums (SQLite would silently drop
+ * them and every later commit), and whatever PRAGMA integrity_check reports
+ * (torn or truncated pages, broken b-trees, indexes that disagree with their
+ * rows). SQLite keeps no checksum of row contents in the main file, so a flip
+ * inside an unindexed value is the one damage that can pass.
  */
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <sqlite3.h>
 
@@ -138,6 +149,165 @@ static tide_status add_columns(tide_store_t *s)
     return TIDE_OK;
 }
 
+#define DAMAGED_HOW_TO                                                                              \
+    "tided will not start from it; keep it for inspection and restore a backup copy, or start "   \
+    "with another --state file (the jobs and workers it held are then unknown to tided)"
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* SQLite's WAL checksum over n bytes (n % 8 == 0), continuing from s[2]. */
+static void wal_cksum(int big, const uint8_t *d, size_t n, uint32_t s[2])
+{
+    for (size_t i = 0; i < n; i += 8) {
+        uint32_t x0, x1;
+        if (big) {
+            x0 = be32(d + i);
+            x1 = be32(d + i + 4);
+        } else {
+            memcpy(&x0, d + i, 4);
+            memcpy(&x1, d + i + 4, 4);
+        }
+        s[0] += x0 + s[1];
+        s[1] += x1 + s[0];
+    }
+}
+
+/*
+ * Checks path-wal frame by frame (the format in SQLite's wal.c). A torn tail (a
+ * commit cut short by a crash) is normal and SQLite ignores it; a frame that fails
+ * its checksum while a later frame of the same WAL ends a transaction means
+ * committed changes would be dropped: damage.
+ */
+static tide_status check_wal(const char *path)
+{
+    char wal[600];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    FILE *f = fopen(wal, "rb");
+    if (f == NULL)
+        return TIDE_OK;
+    tide_status rc = TIDE_OK;
+    uint8_t hdr[32];
+    uint8_t *page = NULL;
+    size_t got = fread(hdr, 1, sizeof hdr, f);
+    if (got == 0)
+        goto out; /* an empty WAL holds nothing */
+    uint32_t magic = be32(hdr);
+    if (got < sizeof hdr || (magic & 0xFFFFFFFEu) != 0x377f0682u) {
+        rc = tide_errorf(TIDE_ERR_IO, "state file %s: its write-ahead log %s is damaged (bad "
+                         "header); " DAMAGED_HOW_TO, path, wal);
+        goto out;
+    }
+    int big = magic & 1;
+    uint32_t pgsz = be32(hdr + 8);
+    uint32_t ck[2] = {0, 0};
+    wal_cksum(big, hdr, 24, ck);
+    if (ck[0] != be32(hdr + 24) || ck[1] != be32(hdr + 28)) {
+        rc = tide_errorf(TIDE_ERR_IO, "state file %s: its write-ahead log %s is damaged (header "
+                         "checksum); " DAMAGED_HOW_TO, path, wal);
+        goto out;
+    }
+    if (pgsz < 512 || pgsz > 65536 || (pgsz & (pgsz - 1)) != 0)
+        goto out; /* SQLite ignores such a WAL; the database file is checked on its own */
+    page = tide_malloc(pgsz);
+    if (page == NULL) {
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory checking %s", wal);
+        goto out;
+    }
+    uint32_t salt1 = be32(hdr + 16), salt2 = be32(hdr + 20);
+    int bad = 0;
+    uint64_t frame = 0, bad_frame = 0;
+    uint8_t fh[24];
+    while (fread(fh, 1, sizeof fh, f) == sizeof fh && fread(page, 1, pgsz, f) == pgsz) {
+        frame++;
+        if (be32(fh + 8) != salt1 || be32(fh + 12) != salt2)
+            continue; /* a frame of an earlier WAL generation: SQLite stops here too */
+        int commit = be32(fh + 4) != 0;
+        if (bad) {
+            if (commit) {
+                rc = tide_errorf(TIDE_ERR_IO,
+                                 "state file %s: its write-ahead log %s is damaged (frame %llu "
+                                 "fails its checksum, yet later transactions were committed "
+                                 "after it); " DAMAGED_HOW_TO,
+                                 path, wal, (unsigned long long)bad_frame);
+                goto out;
+            }
+            continue;
+        }
+        wal_cksum(big, fh, 8, ck);
+        wal_cksum(big, page, pgsz, ck);
+        if (ck[0] != be32(fh + 16) || ck[1] != be32(fh + 20)) {
+            bad = 1;
+            bad_frame = frame;
+        }
+    }
+out:
+    tide_free(page);
+    fclose(f);
+    return rc;
+}
+
+/* Refuses a state file that existed and lost its content (see the file comment). */
+static tide_status check_existing(const char *path, int *existed)
+{
+    struct stat db, wal;
+    char walp[600];
+    snprintf(walp, sizeof walp, "%s-wal", path);
+    int have_db = stat(path, &db) == 0;
+    int have_wal = stat(walp, &wal) == 0 && wal.st_size > 0;
+    *existed = have_db && db.st_size > 0;
+    if (!have_db && errno != ENOENT)
+        return tide_errorf(TIDE_ERR_IO, "cannot read state file %s: %s", path, strerror(errno));
+    if (have_db && db.st_size == 0 && !have_wal)
+        return tide_errorf(TIDE_ERR_IO,
+                           "state file %s exists but is empty (0 bytes): it was truncated or "
+                           "replaced. tided wrote a header into it when it first started, so "
+                           "its jobs and workers are lost; restore a backup copy, or delete the "
+                           "file to start with no state",
+                           path);
+    if ((!have_db || db.st_size == 0) && have_wal)
+        return tide_errorf(TIDE_ERR_IO,
+                           "state file %s is missing or empty but its write-ahead log %s is "
+                           "not: the database was lost; " DAMAGED_HOW_TO,
+                           path, walp);
+    if (*existed && db.st_size < 512)
+        return tide_errorf(TIDE_ERR_IO,
+                           "state file %s is %lld bytes, less than one SQLite page: it was "
+                           "truncated; " DAMAGED_HOW_TO,
+                           path, (long long)db.st_size);
+    return *existed ? check_wal(path) : TIDE_OK;
+}
+
+/* PRAGMA integrity_check of an opened existing file; refuses anything but "ok". */
+static tide_status check_integrity(tide_store_t *s)
+{
+    sqlite3_stmt *q = NULL;
+    int src = sqlite3_prepare_v2(s->db, "PRAGMA integrity_check(8)", -1, &q, NULL);
+    char first[256] = "";
+    int rows = 0, ok = 0;
+    if (src == SQLITE_OK) {
+        while ((src = sqlite3_step(q)) == SQLITE_ROW) {
+            const char *t = (const char *)sqlite3_column_text(q, 0);
+            if (rows++ == 0) {
+                snprintf(first, sizeof first, "%s", t ? t : "?");
+                ok = t != NULL && strcmp(t, "ok") == 0;
+            }
+        }
+    }
+    sqlite3_finalize(q);
+    if (src != SQLITE_DONE && src != SQLITE_OK)
+        return tide_errorf(TIDE_ERR_IO, "state file %s is damaged (%s); " DAMAGED_HOW_TO,
+                           s->path, sqlite3_errstr(src));
+    if (!ok || rows != 1)
+        return tide_errorf(TIDE_ERR_IO,
+                           "state file %s is damaged: integrity_check reports '%s'%s; "
+                           DAMAGED_HOW_TO,
+                           s->path, first, rows > 1 ? " and more" : "");
+    return TIDE_OK;
+}
+
 tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
 {
     tide_status rc = TIDE_OK;
@@ -145,6 +315,8 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
     if (s == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory opening the state file");
     snprintf(s->path, sizeof s->path, "%s", path);
+    int existed = 0;
+    TIDE_CHECK_GOTO(check_existing(path, &existed), rc, fail);
     int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
     if (src != SQLITE_OK)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
@@ -167,11 +339,18 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
                            "state file %s is in use by another tided (stop it or use another "
                            "--state)",
                            path);
+        if (!wal && existed)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
+                           "state file %s is not a readable SQLite database (%s): it is damaged "
+                           "or not a tide state file; " DAMAGED_HOW_TO,
+                           path, sqlite3_errmsg(s->db));
         if (!wal)
             TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
                            "state file %s: cannot switch to WAL mode (%s); is it a SQLite file?",
                            path, sqlite3_errmsg(s->db));
     }
+    if (existed)
+        TIDE_CHECK_GOTO(check_integrity(s), rc, fail);
     TIDE_CHECK_GOTO(
         exec(s, sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", "synchronous"),
         rc, fail);

@@ -122,6 +122,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file size limit is a write error (read-only mode), not death */
     rc = tide_server_run(srv);
     if (rc != TIDE_OK)
         fprintf(stderr, "tided: %s\n", tide_last_error());

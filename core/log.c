@@ -81,8 +81,58 @@ static const char *basename_of(const char *path)
     return slash ? slash + 1 : path;
 }
 
+static void write_line(tide_log_level l, const char *subsys, const char *file, int line,
+                       const char *fmt, va_list ap) TIDE_PRINTF(5, 0);
+
 void tide_log_write(tide_log_level l, const char *subsys, const char *file, int line,
                     const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    write_line(l, subsys, file, line, fmt, ap);
+    va_end(ap);
+}
+
+void tide_log_write_limited(tide_log_limit *rl, tide_log_level l, const char *subsys,
+                            const char *file, int line, const char *fmt, ...)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint32_t dropped = 0;
+    int write = 0, last = 0;
+    pthread_mutex_lock(&lock);
+    if (rl->window_ns == 0 || now - rl->window_ns >= (uint64_t)TIDE_LOG_LIMIT_MS * 1000000ull) {
+        dropped = rl->suppressed;
+        rl->window_ns = now;
+        rl->lines = 0;
+        rl->suppressed = 0;
+    }
+    if (rl->lines < TIDE_LOG_LIMIT_LINES) {
+        rl->lines++;
+        write = 1;
+        last = rl->lines == TIDE_LOG_LIMIT_LINES;
+    } else {
+        rl->suppressed++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (dropped > 0)
+        tide_log_write(l, subsys, file, line, "%u more lines like the next one were suppressed",
+                       dropped);
+    if (write) {
+        va_list ap;
+        va_start(ap, fmt);
+        write_line(l, subsys, file, line, fmt, ap);
+        va_end(ap);
+    }
+    if (last)
+        tide_log_write(l, subsys, file, line,
+                       "more lines like the previous one are suppressed for %d s",
+                       TIDE_LOG_LIMIT_MS / 1000);
+}
+
+static void write_line(tide_log_level l, const char *subsys, const char *file, int line,
+                       const char *fmt, va_list ap)
 {
     char buf[1024];
     struct timespec ts;
@@ -95,10 +145,7 @@ void tide_log_write(tide_log_level l, const char *subsys, const char *file, int 
                      subsys ? subsys : "tide");
     if (n < 0)
         return;
-    va_list ap;
-    va_start(ap, fmt);
     int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
     if (m > 0)
         n += m;
     if ((size_t)n >= sizeof buf - 1)

@@ -8,6 +8,7 @@
 #define TIDE_CORE_LOG_H
 
 #include <stdarg.h>
+#include <stdint.h>
 
 #include <tide/status.h>
 #include "error.h"
@@ -58,6 +59,37 @@ void tide_log_write(tide_log_level level, const char *subsys, const char *file, 
 #define TIDE_WARN(subsys, ...) TIDE__LOG(TIDE_LOG_WARN, subsys, __VA_ARGS__)
 #define TIDE_INFO(subsys, ...) TIDE__LOG(TIDE_LOG_INFO, subsys, __VA_ARGS__)
 #define TIDE_DEBUG(subsys, ...) TIDE__LOG(TIDE_LOG_DEBUG, subsys, __VA_ARGS__)
+
+/*
+ * Rate limit of one call site (zero-initialised static): at most
+ * TIDE_LOG_LIMIT_LINES lines per TIDE_LOG_LIMIT_MS window; the first line of a
+ * later window says how many were suppressed. A client can then make tided
+ * log a few lines a second, not one per message it sends.
+ */
+typedef struct tide_log_limit {
+    uint64_t window_ns; /* start of the current window, monotonic */
+    uint32_t lines;     /* lines written in it */
+    uint32_t suppressed;
+} tide_log_limit;
+
+#define TIDE_LOG_LIMIT_LINES 10
+#define TIDE_LOG_LIMIT_MS    10000
+
+/* Like tide_log_write, unless rl's window already had its lines; any thread. */
+void tide_log_write_limited(tide_log_limit *rl, tide_log_level level, const char *subsys,
+                            const char *file, int line, const char *fmt, ...) TIDE_PRINTF(6, 7);
+
+#define TIDE__LOG_LIMITED(level, subsys, ...)                                                      \
+    do {                                                                                           \
+        static tide_log_limit tide__rl_;                                                           \
+        if (TIDE_LOG_ENABLED(level))                                                               \
+            tide_log_write_limited(&tide__rl_, (level), (subsys), __FILE__, __LINE__,              \
+                                   __VA_ARGS__);                                                   \
+    } while (0)
+
+/* Warnings and notes a remote peer can trigger at will: rate-limited per call site. */
+#define TIDE_WARN_LIMITED(subsys, ...) TIDE__LOG_LIMITED(TIDE_LOG_WARN, subsys, __VA_ARGS__)
+#define TIDE_INFO_LIMITED(subsys, ...) TIDE__LOG_LIMITED(TIDE_LOG_INFO, subsys, __VA_ARGS__)
 
 #ifdef __cplusplus
 }

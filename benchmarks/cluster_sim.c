@@ -90,11 +90,13 @@ static tide_layout_t *decide(const sim_cfg *c, const tide_collection_t *coll,
     uint64_t t0 = tide_now_ns();
     tide_policy_worker *cand = tide_malloc((size_t)n * sizeof *cand);
     int32_t *pre = tide_malloc((size_t)n * sizeof *pre);
+    uint8_t *in_old = tide_calloc((size_t)n, 1);
     size_t k = 0, n_pre = 0;
     int lost = 0;
+    for (size_t i = 0; old != NULL && i < tide_layout_size(old); i++)
+        in_old[old->worker[i]] = 1;
     for (int w = 0; w < n; w++) {
-        int p, d, t;
-        int member = old != NULL && tide_layout_find(old, w, &p, &d, &t) == TIDE_OK;
+        int member = in_old[w];
         lost += member && !alive[w];
         if (alive[w])
             cand[k++] = (tide_policy_worker){w, (int32_t)(w / c->gpus),
@@ -110,19 +112,19 @@ static tide_layout_t *decide(const sim_cfg *c, const tide_collection_t *coll,
         rc = tide_policy_place(old, coll, &req, cand, k, &l, pre, &n_pre);
     }
     if (rc == TIDE_OK && old != NULL && l != NULL) {
-        tide_plan_t *plan = NULL;
-        if (tide_reshard_plan(old, l, coll, alive, (size_t)n, &plan) == TIDE_OK) {
-            *bytes = plan->summary.bytes_sent;
-            *max_send = plan->summary.max_send;
+        tide_plan_totals t; /* what tided computes: the totals, not the items */
+        if (tide_reshard_plan_totals(old, l, coll, alive, (size_t)n, &t) == TIDE_OK) {
+            *bytes = t.bytes_sent;
+            *max_send = t.max_send;
         } else {
             /* state lost with no replica: a restart from a checkpoint (counted by caller) */
             *bytes = UINT64_MAX;
         }
-        tide_plan_destroy(&plan);
     }
     *ms = (double)(tide_now_ns() - t0) / 1e6;
     tide_free(cand);
     tide_free(pre);
+    tide_free(in_old);
     if (rc != TIDE_OK) {
         fprintf(stderr, PROG ": policy refused dp %d: %s\n", dp, tide_last_error());
         return NULL;

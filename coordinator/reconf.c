@@ -323,7 +323,8 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
                            j->layout->num_layers,
                            j->layout->micro_batches,
                            NULL,
-                           m->placement == TIDE_PLACEMENT_DEFAULT};
+                           m->placement == TIDE_PLACEMENT_DEFAULT,
+                           m->tp_across_hosts};
     if (m->n_stages != 0) {
         if (m->n_stages != (uint32_t)m->pp + 1 || m->stage_start[m->pp] != j->layout->num_layers) {
             tide__reply_error(s, TIDE_ERR_INVALID,
@@ -736,8 +737,15 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         }
         return;
     }
-    char why[160];
-    snprintf(why, sizeof why, "recovery: %s", reason);
+    char why[256];
+    size_t at = (size_t)snprintf(why, sizeof why, "recovery: %s", reason);
+    size_t by_count = n / ((size_t)l->tp * (size_t)l->pp);
+    if ((size_t)l->dp < by_count && l->dp < j->layout->dp && at < sizeof why)
+        snprintf(why + at, sizeof why - at,
+                 "; dp %d, not %zu: each TP group of %d must sit inside one host (the other "
+                 "workers stay free for offline work)",
+                 l->dp, by_count < (size_t)j->layout->dp ? by_count : (size_t)j->layout->dp,
+                 l->tp);
     s->st->counters.recoveries++;
     rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
     tide_free(pre);

@@ -323,15 +323,17 @@ typedef struct tide_place_request {
     const tide_place_worker *workers; /* available workers: old members still alive and idle
                                          ones, never failed ones; at least dp * tp * pp */
     size_t n_workers;
-    int tp_across_hosts; /* 0 (default): every TP group inside one host whenever the hosts
-                            have room for all groups; 1: hosts do not constrain TP groups */
+    int tp_across_hosts; /* 0 (default): every TP group inside one host, and
+                            TIDE_ERR_NO_DEVICE when the hosts lack room; 1: hosts do not
+                            constrain TP groups (the job allowed it) */
 } tide_place_request;
 
 /*
  * Chooses which available worker takes each coordinate of the new layout so
  * that tide_reshard_plan(old_l, *out, c, ...) sends the fewest bytes, subject
  * to, in order: only req->workers are used; each TP group sits inside one host
- * whenever the hosts have room for every group (else as many groups as fit);
+ * unless req->tp_across_hosts (TIDE_ERR_NO_DEVICE with the counts when the
+ * hosts have room for fewer groups than dp * pp);
  * then, among maps sending the same bytes, pipeline neighbours (same dp rank,
  * adjacent stages) on the same or adjacent hosts, then workers keeping their
  * old (pp, dp, tp) coordinates. Workers of old_l absent from req->workers are

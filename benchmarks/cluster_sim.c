@@ -73,6 +73,34 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The dp the live set holds: at most --max-dp, every TP group inside one live host. */
+static int live_dp(const sim_cfg *c, const uint8_t *alive, int n_alive)
+{
+    int per = (int)(c->tp * c->pp);
+    int dp = n_alive / per < c->max_dp ? n_alive / per : (int)c->max_dp;
+    long slots = 0;
+    for (long long h = 0; h < c->hosts; h++) {
+        int up = 0;
+        for (long long g = 0; g < c->gpus; g++)
+            up += alive[h * c->gpus + g];
+        slots += up / c->tp;
+    }
+    return slots / c->pp < dp ? (int)(slots / c->pp) : dp;
+}
+
+/* TP groups of l whose workers are on more than one host (worker w is on host w / gpus). */
+static int groups_across_hosts(const sim_cfg *c, const tide_layout_t *l)
+{
+    int bad = 0;
+    for (size_t k = 0; l != NULL && k < tide_layout_size(l); k += (size_t)l->tp)
+        for (int t = 1; t < l->tp; t++)
+            if (l->worker[k + (size_t)t] / c->gpus != l->worker[k] / c->gpus) {
+                bad++;
+                break;
+            }
+    return bad;
+}
+
 /* The job's next layout for the live set (tide's way): recovery when members died,
    else a placement at the largest dp that fits. NULL (job stopped) when not even dp 1
    fits. *bytes / *max_send from the real plan; *ms the decision's wall time. */
@@ -90,15 +118,25 @@ static tide_layout_t *decide(const sim_cfg *c, const tide_collection_t *coll,
     uint64_t t0 = tide_now_ns();
     tide_policy_worker *cand = tide_malloc((size_t)n * sizeof *cand);
     int32_t *pre = tide_malloc((size_t)n * sizeof *pre);
+    uint8_t *in_old = tide_calloc((size_t)n, 1);
     size_t k = 0, n_pre = 0;
     int lost = 0;
+    for (size_t i = 0; old != NULL && i < tide_layout_size(old); i++)
+        in_old[old->worker[i]] = 1;
     for (int w = 0; w < n; w++) {
-        int p, d, t;
-        int member = old != NULL && tide_layout_find(old, w, &p, &d, &t) == TIDE_OK;
+        int member = in_old[w];
         lost += member && !alive[w];
         if (alive[w])
             cand[k++] = (tide_policy_worker){w, (int32_t)(w / c->gpus),
                                              member ? TIDE_PW_MEMBER : TIDE_PW_OFFLINE, 0};
+    }
+    /* TP groups inside hosts: the largest dp whose groups the live hosts hold */
+    dp = tide_policy_tp_fit_dp(cand, k, (int)c->tp, (int)c->pp, dp);
+    if (dp < 1) {
+        tide_free(cand);
+        tide_free(pre);
+        tide_free(in_old);
+        return NULL;
     }
     tide_error_clear();
     tide_layout_t *l = NULL;
@@ -106,23 +144,23 @@ static tide_layout_t *decide(const sim_cfg *c, const tide_collection_t *coll,
     if (old != NULL && lost && !plain && old->dp <= dp) {
         rc = tide_policy_recover(old, coll, cand, k, &l, pre, &n_pre);
     } else {
-        tide_resize_req req = {dp, (int)c->tp, (int)c->pp, (int)c->layers, 1, NULL, plain};
+        tide_resize_req req = {dp, (int)c->tp, (int)c->pp, (int)c->layers, 1, NULL, plain, 0};
         rc = tide_policy_place(old, coll, &req, cand, k, &l, pre, &n_pre);
     }
     if (rc == TIDE_OK && old != NULL && l != NULL) {
-        tide_plan_t *plan = NULL;
-        if (tide_reshard_plan(old, l, coll, alive, (size_t)n, &plan) == TIDE_OK) {
-            *bytes = plan->summary.bytes_sent;
-            *max_send = plan->summary.max_send;
+        tide_plan_totals t; /* what tided computes: the totals, not the items */
+        if (tide_reshard_plan_totals(old, l, coll, alive, (size_t)n, &t) == TIDE_OK) {
+            *bytes = t.bytes_sent;
+            *max_send = t.max_send;
         } else {
             /* state lost with no replica: a restart from a checkpoint (counted by caller) */
             *bytes = UINT64_MAX;
         }
-        tide_plan_destroy(&plan);
     }
     *ms = (double)(tide_now_ns() - t0) / 1e6;
     tide_free(cand);
     tide_free(pre);
+    tide_free(in_old);
     if (rc != TIDE_OK) {
         fprintf(stderr, PROG ": policy refused dp %d: %s\n", dp, tide_last_error());
         return NULL;
@@ -135,13 +173,14 @@ int main(int argc, char **argv)
     sim_cfg c;
     memset(&c, 0, sizeof c);
     tide_opt opts[] = {
-        {"hosts", NULL, TIDE_OPT_INT, &c.hosts, "64", "hosts", 1, 4096},
+        {"hosts", NULL, TIDE_OPT_INT, &c.hosts, "1250", "hosts", 1, 4096},
         {"gpus-per-host", NULL, TIDE_OPT_INT, &c.gpus, "8", "GPUs per host", 1, 64},
         {"layers", NULL, TIDE_OPT_INT, &c.layers, "32", "model: transformer blocks", 1, 1024},
         {"hidden", NULL, TIDE_OPT_INT, &c.hidden, "4096", "model: width", 64, 1 << 16},
         {"tp", NULL, TIDE_OPT_INT, &c.tp, "8", "tensor-parallel degree", 1, 64},
         {"pp", NULL, TIDE_OPT_INT, &c.pp, "4", "pipeline stages", 1, 256},
-        {"max-dp", NULL, TIDE_OPT_INT, &c.max_dp, "64", "largest dp the job takes", 1, 4096},
+        {"max-dp", NULL, TIDE_OPT_INT, &c.max_dp, "0",
+         "largest dp the job takes (0: hosts / 4)", 0, 4096},
         {"days", NULL, TIDE_OPT_INT, &c.days, "7", "simulated days", 1, 365},
         {"tick-s", NULL, TIDE_OPT_INT, &c.tick_s, "60", "time step (s)", 1, 3600},
         {"host-mtbf-h", NULL, TIDE_OPT_DOUBLE, &c.host_mtbf_h, "48",
@@ -170,7 +209,10 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": rates, times and bandwidth must be positive\n");
         return 2;
     }
+    if (c.max_dp == 0)
+        c.max_dp = c.hosts / 4 > 0 ? c.hosts / 4 : 1;
     int n = (int)(c.hosts * c.gpus);
+    uint64_t wall0 = tide_now_ns();
     tide_model_spec spec = {.layers = (int)c.layers,
                             .hidden = c.hidden,
                             .ffn = 4 * c.hidden,
@@ -203,6 +245,7 @@ int main(int argc, char **argv)
     double tide_down_until = 0, rst_down_until = 0;
     double bytes_tide = 0, bytes_plain = 0, lost_restarts = 0;
     int prev_alive = -1;
+    long across = 0; /* TP groups placed across hosts, over every decision */
     for (double now = 0; now < end; now += tick) {
         int changed = 0;
         for (int h = 0; h < c.hosts; h++) {
@@ -229,7 +272,7 @@ int main(int argc, char **argv)
             uint64_t b = 0, mx = 0, bp = 0, mxp = 0;
             double ms = 0, msp = 0;
             int per = (int)(c.tp * c.pp);
-            int want = n_alive / per < c.max_dp ? n_alive / per : (int)c.max_dp;
+            int want = live_dp(&c, alive, n_alive);
             int members_dead = 0;
             if (job != NULL)
                 for (size_t i = 0; i < tide_layout_size(job); i++)
@@ -241,6 +284,7 @@ int main(int argc, char **argv)
                 rst_down_until = now + c.restart_s;
                 rst.changes++;
                 tide_layout_t *l = decide(&c, coll, job, alive, n_alive, 0, &b, &mx, &ms);
+                across += groups_across_hosts(&c, l);
                 tide_layout_t *lp = decide(&c, coll, job, alive, n_alive, 1, &bp, &mxp, &msp);
                 tide_layout_destroy(&lp);
                 if (n_decisions < 100000)
@@ -279,6 +323,8 @@ int main(int argc, char **argv)
     qsort(decide_ms, (size_t)n_decisions, sizeof *decide_ms, cmp_double);
     double p50 = n_decisions ? decide_ms[n_decisions / 2] : 0;
     double pmax = n_decisions ? decide_ms[n_decisions - 1] : 0;
+    double p99 = n_decisions ? decide_ms[(size_t)((double)(n_decisions - 1) * 0.99)] : 0;
+    double wall_s = (double)(tide_now_ns() - wall0) / 1e9;
     double h = 3600.0;
     printf(PROG ": %d GPUs (%lld hosts x %lld), %lld days; GPT %lld layers x %lld, tp %lld, pp "
                 "%lld; host outages every %.0f h for %.1f h, GPU failures every %.0f h; link %.0f "
@@ -293,10 +339,12 @@ int main(int argc, char **argv)
     printf("%-10s %8d %12.0f %12.0f %12s %12.0f %9.1f%%\n", "restart", rst.changes, rst.train / h,
            rst.down / h, "-", rst.idle / h, 100.0 * rst.train / live);
     printf("\ntraining GPU-hours tide / restart = %.3f; resharded %.1f TB with tided's placement, "
-           "%.1f TB with the rank order (%.1fx); %d decisions: policy + plan p50 %.1f ms, max "
-           "%.1f ms; %.0f recoveries needed a checkpoint\n",
+           "%.1f TB with the rank order (%.1fx); %d decisions: policy + plan p50 %.1f ms, p99 "
+           "%.1f ms, max %.1f ms; %.0f recoveries needed a checkpoint; %ld TP groups placed "
+           "across hosts; wall %.1f s\n",
            rst.train > 0 ? tide.train / rst.train : 0, bytes_tide / 1e12, bytes_plain / 1e12,
-           bytes_tide > 0 ? bytes_plain / bytes_tide : 0, n_decisions, p50, pmax, lost_restarts);
+           bytes_tide > 0 ? bytes_plain / bytes_tide : 0, n_decisions, p50, p99, pmax,
+           lost_restarts, across, wall_s);
     FILE *f = bench_out_open("cluster_sim", c.out);
     if (f != NULL) {
         fprintf(f,
@@ -305,11 +353,14 @@ int main(int argc, char **argv)
                 "\"offline_gpu_h\":%.1f,\"idle_gpu_h\":%.1f},"
                 "\"restart\":{\"changes\":%d,\"train_gpu_h\":%.1f,\"down_gpu_h\":%.1f,"
                 "\"idle_gpu_h\":%.1f},\"bytes_tide\":%.0f,\"bytes_rank_order\":%.0f,"
-                "\"decision_ms_p50\":%.3f,\"decision_ms_max\":%.3f,\"link_gbs\":%.1f,"
+                "\"decisions\":%d,\"decision_ms_p50\":%.3f,\"decision_ms_p99\":%.3f,"
+                "\"decision_ms_max\":%.3f,\"tp_groups_across_hosts\":%ld,\"wall_s\":%.1f,"
+                "\"link_gbs\":%.1f,"
                 "\"switch_s\":%.1f,\"restart_s\":%.1f}\n",
                 n, c.days, c.seed, tide.changes, tide.train / h, tide.down / h, tide.offline / h,
                 tide.idle / h, rst.changes, rst.train / h, rst.down / h, rst.idle / h, bytes_tide,
-                bytes_plain, p50, pmax, c.link_gbs, c.switch_s, c.restart_s);
+                bytes_plain, n_decisions, p50, p99, pmax, across, wall_s, c.link_gbs, c.switch_s,
+                c.restart_s);
         fclose(f);
         printf("wrote %s\n", c.out);
     }

@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "coordinator/policy.h"
 
 /* Sorting record for candidates: class, then a class-specific key. */
@@ -86,6 +87,64 @@ static tide_status stand_in_collection(const tide_layout_t *old, const tide_resi
             return rc;
         }
     }
+    return TIDE_OK;
+}
+
+/* TP groups of tp workers the hosts of these workers hold; hosts sorted in place. */
+static long host_slots(int32_t *hosts, size_t n, int tp)
+{
+    qsort(hosts, n, sizeof *hosts, cmp_i32);
+    long slots = 0;
+    for (size_t i = 0, run = 0; i < n; i++) {
+        run++;
+        if (i + 1 == n || hosts[i + 1] != hosts[i]) {
+            slots += (long)(run / (size_t)tp);
+            run = 0;
+        }
+    }
+    return slots;
+}
+
+int tide_policy_tp_fit_dp(const tide_policy_worker *cand, size_t n, int tp, int pp, int want)
+{
+    if (tp <= 1 || want <= 0 || pp <= 0)
+        return want > 0 ? want : 0;
+    int32_t *hosts = tide_malloc((n ? n : 1) * sizeof *hosts);
+    if (hosts == NULL)
+        return 0; /* the caller's placement then reports what is missing */
+    for (size_t i = 0; i < n; i++)
+        hosts[i] = cand[i].host;
+    long dp = host_slots(hosts, n, tp) / pp;
+    tide_free(hosts);
+    return dp < want ? (int)dp : want;
+}
+
+/*
+ * TP groups inside hosts: when the first *offer candidates in preference
+ * order lack room for dp * pp groups, offers offline workers too, cheapest
+ * first, until they have it (or every candidate is offered: placement then
+ * refuses with the counts).
+ */
+static tide_status offer_whole_hosts(const tide_policy_worker *cand, const cand_key *keys,
+                                     size_t n, const tide_resize_req *req, size_t *offer)
+{
+    if (req->tp <= 1)
+        return TIDE_OK;
+    int32_t *hosts = tide_malloc((n ? n : 1) * sizeof *hosts);
+    if (hosts == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory counting hosts");
+    long groups = (long)req->dp * req->pp;
+    size_t k = *offer;
+    for (;;) {
+        for (size_t i = 0; i < k; i++)
+            hosts[i] = cand[keys[i].idx].host;
+        if (host_slots(hosts, k, req->tp) >= groups || k == n)
+            break;
+        /* a few steps at most: each adds the workers a missing group needs */
+        k = k + (size_t)req->tp < n ? k + (size_t)req->tp : n;
+    }
+    tide_free(hosts);
+    *offer = k;
     return TIDE_OK;
 }
 
@@ -163,6 +222,8 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     size_t offer = counts[0] + counts[1];
     if (offer < need || req->plain)
         offer = need;
+    if (!req->plain && !req->tp_across_hosts)
+        TIDE_CHECK_GOTO(offer_whole_hosts(cand, keys, n, req, &offer), rc, out);
     pw = tide_malloc(offer * sizeof *pw);
     TIDE_CHECK_ALLOC_GOTO(pw, rc, out);
     for (size_t i = 0; i < offer; i++)
@@ -180,7 +241,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
                              .stage_start = l->stage_start,
                              .workers = pw,
                              .n_workers = offer,
-                             .tp_across_hosts = 0};
+                             .tp_across_hosts = req->tp_across_hosts};
     if (req->plain)
         TIDE_CHECK_GOTO(tide_reshard_place_default(coll, &pr, &placed), rc, out);
     else
@@ -210,12 +271,28 @@ out:
     return rc;
 }
 
+/*
+ * Recovery's TP-inside-host rule, kept apart from the enumeration of
+ * candidate layouts: the dp to use instead of dp so that every TP group fits
+ * inside one host (the workers left over stay free for offline work).
+ */
+static int recover_tp_inside_hosts(const tide_layout_t *old, const tide_policy_worker *cand,
+                                        size_t n, int dp)
+{
+    int fit = tide_policy_tp_fit_dp(cand, n, old->tp, old->pp, dp);
+    if (fit < dp)
+        TIDE_INFO("policy",
+                  "recovery: dp %d instead of %d so that each TP group of %d sits inside one host",
+                  fit, dp, old->tp);
+    return fit;
+}
+
 tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
                                 const tide_policy_worker *cand, size_t n, tide_layout_t **out,
                                 int32_t *preempt, size_t *n_preempt)
 {
     tide_resize_req req = {old->dp,          old->tp, old->pp, old->num_layers, old->micro_batches,
-                           old->stage_start, 0};
+                           old->stage_start, 0, 0};
     size_t group = (size_t)old->tp * (size_t)old->pp;
     if (n < group) {
         *n_preempt = 0;
@@ -226,6 +303,15 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
     }
     if (n < tide_layout_size(old))
         req.dp = (int)(n / group); /* the largest dp that fits the same tp and pp */
+    req.dp = recover_tp_inside_hosts(old, cand, n, req.dp);
+    if (req.dp == 0) {
+        *n_preempt = 0;
+        return tide_errorf(TIDE_ERR_NO_DEVICE,
+                           "recovery needs a host with %d free workers for each of the %d TP "
+                           "groups of one replica; the %zu available workers' hosts do not "
+                           "have that room; the job waits for workers",
+                           old->tp, old->pp, n);
+    }
     return tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt);
 }
 

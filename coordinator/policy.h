@@ -45,7 +45,17 @@ typedef struct tide_resize_req {
                                else stages as even as possible */
     int plain; /* 1: `--placement default`: the plain rank order over the workers chosen by
                   preference, no byte minimisation */
+    int tp_across_hosts; /* 1: the job allows a TP group to span hosts; 0 (default): every
+                            TP group inside one host, or TIDE_ERR_NO_DEVICE */
 } tide_resize_req;
+
+/*
+ * The TP-inside-host rule: the largest dp <= want whose dp * pp TP groups of
+ * tp workers fit in the candidates' hosts (a host of k candidates holds
+ * k / tp groups), 0 when not even dp 1 fits. tp <= 1 constrains nothing
+ * (returns want). O(n log n). Pure.
+ */
+int tide_policy_tp_fit_dp(const tide_policy_worker *cand, size_t n, int tp, int pp, int want);
 
 /*
  * Chooses the workers and the map of a new layout for req from candidates and
@@ -55,7 +65,9 @@ typedef struct tide_resize_req {
  * when those are too few, the lowest priorities first. Map: reshard's
  * tide_reshard_place over the offered workers and coll (the job's tensors, or
  * NULL: a stand-in with one TP-split tensor per layer): fewest bytes sent,
- * TP groups inside hosts, pipeline neighbours close, old roles kept at equal
+ * TP groups inside hosts unless req->tp_across_hosts (offline workers are
+ * also offered when members and idle workers lack whole hosts; still too few:
+ * TIDE_ERR_NO_DEVICE naming the room), pipeline neighbours close, old roles kept at equal
  * bytes (dropping replicas moves nothing; a recovery refills only lost
  * coordinates). req->plain: the first dp*tp*pp offered workers in preference
  * order (members, idle, offline; each by rank) mapped in rank order
@@ -72,8 +84,10 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
  * Recovery after losing workers: candidates hold the surviving members, idle
  * and offline workers of the pool. Keeps the old degrees when enough
  * candidates exist (replacing lost coordinates), else the largest dp that
- * fits with the same tp and pp; placed like tide_policy_place (coll as there).
- * TIDE_ERR_NO_DEVICE when not even dp 1 fits.
+ * fits with the same tp and pp and whose TP groups fit inside hosts
+ * (tide_policy_tp_fit_dp; the remaining workers stay free for offline work);
+ * placed like tide_policy_place (coll as there). TIDE_ERR_NO_DEVICE when not
+ * even dp 1 fits.
  * Caller owns *out. Pure.
  */
 tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,

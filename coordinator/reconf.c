@@ -161,22 +161,20 @@ static tide_status plan_bytes(tide_server_t *s, const tide_coord_job_t *j,
                               const tide_collection_t *c, const tide_layout_t *nl, uint64_t *sent,
                               tide_proto_resize_reply_t *r)
 {
-    tide_plan_t *plan = NULL;
-    tide_status rc = tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan);
+    tide_plan_totals t; /* the totals only: the items are the workers' business */
+    tide_status rc = tide_reshard_plan_totals(j->layout, nl, c, NULL, 0, &t);
     if (rc != TIDE_OK)
         return rc;
-    *sent = plan->summary.bytes_sent;
+    *sent = t.bytes_sent;
     if (r != NULL) {
-        r->bytes_sent = plan->summary.bytes_sent;
-        r->bytes_local = plan->summary.bytes_local;
-        r->max_send = plan->summary.max_send;
-        r->messages = plan->summary.messages;
-        uint64_t busiest = plan->summary.max_send > plan->summary.max_recv ? plan->summary.max_send
-                                                                           : plan->summary.max_recv;
+        r->bytes_sent = t.bytes_sent;
+        r->bytes_local = t.bytes_local;
+        r->max_send = t.max_send;
+        r->messages = t.messages;
+        uint64_t busiest = t.max_send > t.max_recv ? t.max_send : t.max_recv;
         r->est_ms =
             s->cfg.link_bytes_per_s > 0 ? 1000.0 * (double)busiest / s->cfg.link_bytes_per_s : 0.0;
     }
-    tide_plan_destroy(&plan);
     return TIDE_OK;
 }
 
@@ -325,7 +323,8 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
                            j->layout->num_layers,
                            j->layout->micro_batches,
                            NULL,
-                           m->placement == TIDE_PLACEMENT_DEFAULT};
+                           m->placement == TIDE_PLACEMENT_DEFAULT,
+                           m->tp_across_hosts};
     if (m->n_stages != 0) {
         if (m->n_stages != (uint32_t)m->pp + 1 || m->stage_start[m->pp] != j->layout->num_layers) {
             tide__reply_error(s, TIDE_ERR_INVALID,
@@ -648,9 +647,8 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
         if (r >= 0 && (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id))
             alive[r] = 0;
     }
-    tide_plan_t *plan = NULL;
-    tide_status rc = tide_reshard_plan(j->layout, l, c, alive, n, &plan);
-    tide_plan_destroy(&plan);
+    tide_plan_totals t;
+    tide_status rc = tide_reshard_plan_totals(j->layout, l, c, alive, n, &t);
     tide_free(alive);
     if (rc != TIDE_OK)
         return tide_errorf(rc,
@@ -739,8 +737,15 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         }
         return;
     }
-    char why[160];
-    snprintf(why, sizeof why, "recovery: %s", reason);
+    char why[256];
+    size_t at = (size_t)snprintf(why, sizeof why, "recovery: %s", reason);
+    size_t by_count = n / ((size_t)l->tp * (size_t)l->pp);
+    if ((size_t)l->dp < by_count && l->dp < j->layout->dp && at < sizeof why)
+        snprintf(why + at, sizeof why - at,
+                 "; dp %d, not %zu: each TP group of %d must sit inside one host (the other "
+                 "workers stay free for offline work)",
+                 l->dp, by_count < (size_t)j->layout->dp ? by_count : (size_t)j->layout->dp,
+                 l->tp);
     s->st->counters.recoveries++;
     rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
     tide_free(pre);

@@ -526,7 +526,7 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     pre = tide_malloc((k ? k : 1) * sizeof *pre);
     if (pre == NULL)
         goto out;
-    tide_resize_req req = {j->req_dp, j->req_tp, j->req_pp, j->num_layers, j->req_micro, NULL, 0};
+    tide_resize_req req = {j->req_dp, j->req_tp, j->req_pp, j->num_layers, j->req_micro, NULL, 0, 0};
     tide_status rc = tide__job_collection(j, &coll);
     if (rc == TIDE_OK)
         rc = tide_policy_place(NULL, coll, &req, cand, k, &l, pre, &n_pre);

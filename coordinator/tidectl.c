@@ -48,6 +48,7 @@ typedef struct settings {
     const char *stages;
     int dry_run;
     const char *placement;
+    int allow_tp_across_hosts;
     /* submit */
     int offline;
     const char *name;
@@ -1152,6 +1153,7 @@ static int cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *err
         return usage_error(err, "resize", "dp*tp*pp = %llu is more than %u workers",
                            (unsigned long long)n, TIDE_PROTO_WORKERS_MAX);
     r->dry_run = s->dry_run;
+    r->tp_across_hosts = s->allow_tp_across_hosts;
     if (tide_proto_placement_parse(s->placement, &r->placement) != TIDE_OK)
         return usage_error(err, "resize", "--placement %s", tide_last_error());
     if (s->stages) {
@@ -1483,8 +1485,8 @@ static const command_t commands[] = {
      {OPT_END}},
     {"jobs", "jobs [--json]", "table of online and offline jobs", cmd_jobs, 0, 0, {OPT_END}},
     {"resize",
-     "resize JOB [--dp N] [--tp N] [--pp N] [--stages 0-11,12-23] [--dry-run] [--placement P]"
-     " (degrees not given stay as they are)",
+     "resize JOB [--dp N] [--tp N] [--pp N] [--stages 0-11,12-23] [--dry-run] [--placement P] "
+     "[--allow-tp-across-hosts] (degrees not given stay as they are)",
      "switch a running job to a new layout (or, with --dry-run, show the reshard plan)",
      cmd_resize,
      1,
@@ -1498,6 +1500,10 @@ static const command_t commands[] = {
        "plan only: print bytes to move, largest send, estimated time", 0, 0},
       {"placement", NULL, TIDE_OPT_STRING, V(placement), "optimal",
        "optimal (fewest bytes, TP groups inside a host) or default (plain rank order)", 0, 0},
+      {"allow-tp-across-hosts", NULL, TIDE_OPT_BOOL, V(allow_tp_across_hosts), "0",
+       "let a TP group span hosts (its collectives then cross the network); without it a "
+       "layout whose TP groups do not fit inside hosts is refused",
+       0, 0},
       OPT_END}},
     {"submit",
      "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--bubbles] "

@@ -522,6 +522,7 @@ static const tide__field resize_fields[] = {
      .cmax = TIDE_PROTO_DEGREE_MAX + 1},
     F_BOOL(tide_proto_resize_t, dry_run, "dry_run"),
     F_ENUM(tide_proto_resize_t, placement, "placement", placement_names),
+    F_BOOL(tide_proto_resize_t, tp_across_hosts, "tp_across_hosts"),
 };
 
 static const tide__field resize_reply_fields[] = {

@@ -369,6 +369,8 @@ typedef struct tide_proto_resize {
     uint32_t n_stages;                 /* 0 or pp + 1 */
     int dry_run;                       /* "dry_run": bool */
     tide_proto_placement_t placement;  /* "placement": "default" | "optimal" */
+    int tp_across_hosts;               /* "tp_across_hosts": bool, the job allows TP groups
+                                          to span hosts */
 } tide_proto_resize_t;
 
 /*

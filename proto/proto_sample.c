@@ -373,6 +373,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         }
         x->dry_run = (int)(next(r) & 1);
         x->placement = (tide_proto_placement_t)urange(r, 0, 1);
+        x->tp_across_hosts = (int)(next(r) & 1);
         return TIDE_OK;
     }
     case TIDE_MSG_RESIZE_REPLY: {

@@ -12,9 +12,10 @@
  * and so are hosts with the same multiset of classes. ZeRO-1 state adds a
  * term that depends on dp ranks; it is matched last, stage by stage.
  *
- * A TP group must sit inside one host when the hosts have room for all groups,
- * i.e. a host takes whole groups ("slots" of tp workers). Regimes:
- *  - hosts do not constrain (tp = 1, tp_across_hosts, or too few slots):
+ * A TP group must sit inside one host unless the request allows otherwise,
+ * i.e. a host takes whole groups ("slots" of tp workers); too few slots is
+ * an error, never a silent split. Regimes:
+ *  - hosts do not constrain (tp = 1 or tp_across_hosts):
  *    a transportation problem from worker classes to roles (min-cost flow);
  *  - every host has at most one slot: transportation from host classes to
  *    stages, the value of a host for a stage being an exact assignment of its
@@ -1347,13 +1348,12 @@ tide_status tide_reshard_place(const tide_layout_t *old_l, const tide_collection
             pl.slots[h] = (int)((pl.hoff[h + 1] - pl.hoff[h]) / (size_t)pl.ntp);
             total += pl.slots[h];
         }
-        if (total < pl.groups) {
-            TIDE_WARN("reshard",
-                      "placement: hosts have room for %ld of %d TP groups of %d; "
-                      "some TP groups will span hosts",
-                      total, pl.groups, pl.ntp);
-            by_host = 0;
-        }
+        if (total < pl.groups) /* a TP group across hosts runs its collectives on the network */
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NO_DEVICE,
+                           "placement: (dp %d, tp %d, pp %d) needs %d TP groups of %d workers, "
+                           "each inside one host; the hosts of the %zu available workers have "
+                           "room for %ld; choose a smaller dp, or allow TP groups across hosts",
+                           pl.ndp, pl.ntp, pl.npp, pl.groups, pl.ntp, pl.nw, total);
     }
     if (!by_host) {
         TIDE_CHECK_GOTO(place_roles(&pl), rc, out);

@@ -1281,6 +1281,114 @@ fail:
     return rc;
 }
 
+/*
+ * The totals walk, by groups like walk_volume, after balancing: the bytes a
+ * destination takes from a holder node are the next chunk of that node's
+ * stream, and the full walk cuts each stream at the same quotas, so the
+ * senders whose quotas cover the chunk are exactly those that send this
+ * destination something. Counts distinct (sender, destination) pairs and the
+ * largest receive volume.
+ */
+static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv)
+{
+    tide_status rc = TIDE_OK;
+    const tide_layout_t *o = pl->o;
+    uint64_t *pos = pl_calloc(pl, pl->n_nodes, sizeof *pos);   /* stream bytes consumed */
+    uint64_t *base = pl_calloc(pl, pl->n_nodes, sizeof *base); /* stream start of sender j */
+    uint64_t *dv = pl_calloc(pl, pl->n_nodes, sizeof *dv);     /* this destination's chunk */
+    uint32_t *touched = pl_calloc(pl, pl->n_nodes, sizeof *touched);
+    uint32_t *stamp = pl_calloc(pl, pl->nr, sizeof *stamp); /* 1 + last destination, per rank */
+    if (!pos || !base || !dv || !touched || !stamp) {
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory summing the plan");
+        goto out;
+    }
+    *messages = *max_recv = 0;
+    reset_cursors(pl);
+    memset(pl->cls_stamp, 0, pl->n_cls * sizeof *pl->cls_stamp);
+    for (uint32_t r = 0; r < pl->nr; r++) {
+        if (pl->new_of[r] < 0)
+            continue;
+        int pn, dn, tn, oc[3];
+        const int *ocp = dst_coords(pl, r, &pn, &dn, &tn, oc);
+        size_t nt = 0;
+        uint64_t recv = 0;
+        pl->pool_n = 0;
+        for (size_t k = pl->goff[pn]; k < pl->goff[pn + 1]; k++) {
+            const group *gr = &pl->grp[k];
+            uint32_t n;
+            const piece_t *p;
+            TIDE_CHECK_GOTO(get_pieces(pl, r, gr->cls, dn, tn, &p, &n), rc, out);
+            for (uint32_t x = 0; x < n; x++) {
+                int pk = gr->pk, dk = p[x].dk, tk = p[x].tk;
+                if (ocp != NULL && (pk == o->pp || ocp[0] == pk) && (dk == o->dp || ocp[1] == dk) &&
+                    (tk == o->tp || ocp[2] == tk))
+                    continue;
+                size_t id = node_id(pl, pk, dk, tk);
+                if (dv[id] == 0)
+                    touched[nt++] = (uint32_t)id;
+                dv[id] += (p[x].b - p[x].a) * gr->count;
+            }
+        }
+        for (size_t k = 0; k < nt; k++) {
+            uint32_t id = touched[k];
+            node_state *ns = &pl->ns[id];
+            uint64_t c0 = pos[id], c1 = c0 + dv[id];
+            recv += dv[id];
+            while (ns->j < ns->s_n && base[id] + pl->sq[ns->s_off + ns->j] <= c0)
+                base[id] += pl->sq[ns->s_off + ns->j++];
+            uint64_t b = base[id];
+            for (uint32_t j = ns->j; j < ns->s_n && b < c1; j++) {
+                uint32_t sr = pl->snd[ns->s_off + j];
+                if (stamp[sr] != r + 1) {
+                    stamp[sr] = r + 1;
+                    (*messages)++;
+                }
+                b += pl->sq[ns->s_off + j];
+            }
+            if (b < c1)
+                TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL,
+                               "reshard plan: a holder node ran out of quota");
+            pos[id] = c1;
+            dv[id] = 0;
+        }
+        *max_recv = recv > *max_recv ? recv : *max_recv;
+    }
+out:
+    tide_free(pos);
+    tide_free(base);
+    tide_free(dv);
+    tide_free(touched);
+    tide_free(stamp);
+    return rc;
+}
+
+tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                     const tide_collection_t *c, const uint8_t *alive,
+                                     size_t n_alive, tide_plan_totals *out)
+{
+    if (out == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_reshard_plan_totals: out is NULL");
+    memset(out, 0, sizeof *out);
+    planner pl;
+    TIDE_CHECK(planner_init(&pl, old_l, new_l, c, alive, n_alive, 1));
+    tide_status rc = TIDE_OK;
+    tide_plan_totals t;
+    memset(&t, 0, sizeof t);
+    TIDE_CHECK_GOTO(walk_volume(&pl), rc, out);
+    TIDE_CHECK_GOTO(balance(&pl), rc, out);
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv), rc, out);
+    for (uint32_t r = 0; r < pl.nr; r++)
+        t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
+    t.bytes_sent = t.lower_bound = pl.bytes_needed;
+    t.bytes_local = pl.bytes_local;
+    TIDE_CHECK_GOTO(balanced_bound(&pl, &t.balanced_bound), rc, out);
+    *out = t;
+out:
+    tide__reshard_set_peak(pl.mem_bytes);
+    planner_free(&pl);
+    return rc;
+}
+
 void tide_plan_destroy(tide_plan_t **self_p)
 {
     if (self_p == NULL || *self_p == NULL)

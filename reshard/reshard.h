@@ -267,6 +267,24 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
 /* Frees *self_p and sets it to NULL; NULL is fine. */
 void tide_plan_destroy(tide_plan_t **self_p);
 
+/* The plan's totals, each field equal to the same field of tide_plan_summary. */
+typedef struct tide_plan_totals {
+    uint64_t bytes_sent, bytes_local, lower_bound;
+    uint64_t max_send, max_recv, balanced_bound;
+    uint64_t messages;
+} tide_plan_totals;
+
+/*
+ * The totals of tide_reshard_plan(old_l, new_l, c, alive, n_alive) without
+ * building its items: what the coordinator needs to decide and estimate.
+ * Equal field by field to the full plan's summary, and fails exactly when it
+ * fails (same status and detail). O(workers * tensor classes per stage), not
+ * O(workers * tensors): milliseconds at 10^4 workers. Any thread.
+ */
+tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                     const tide_collection_t *c, const uint8_t *alive,
+                                     size_t n_alive, tide_plan_totals *out);
+
 /* Exact lower bound on bytes sent for (old, new), in bytes. */
 tide_status tide_reshard_lower_bound(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                      const tide_collection_t *c, uint64_t *bytes);
@@ -305,15 +323,17 @@ typedef struct tide_place_request {
     const tide_place_worker *workers; /* available workers: old members still alive and idle
                                          ones, never failed ones; at least dp * tp * pp */
     size_t n_workers;
-    int tp_across_hosts; /* 0 (default): every TP group inside one host whenever the hosts
-                            have room for all groups; 1: hosts do not constrain TP groups */
+    int tp_across_hosts; /* 0 (default): every TP group inside one host, and
+                            TIDE_ERR_NO_DEVICE when the hosts lack room; 1: hosts do not
+                            constrain TP groups (the job allowed it) */
 } tide_place_request;
 
 /*
  * Chooses which available worker takes each coordinate of the new layout so
  * that tide_reshard_plan(old_l, *out, c, ...) sends the fewest bytes, subject
  * to, in order: only req->workers are used; each TP group sits inside one host
- * whenever the hosts have room for every group (else as many groups as fit);
+ * unless req->tp_across_hosts (TIDE_ERR_NO_DEVICE with the counts when the
+ * hosts have room for fewer groups than dp * pp);
  * then, among maps sending the same bytes, pipeline neighbours (same dp rank,
  * adjacent stages) on the same or adjacent hosts, then workers keeping their
  * old (pp, dp, tp) coordinates. Workers of old_l absent from req->workers are

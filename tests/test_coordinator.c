@@ -39,7 +39,7 @@ Test(policy, first_layout_keeps_tp_groups_inside_hosts)
     tide_policy_worker c[16];
     for (int i = 0; i < 16; i++)
         c[i] = (tide_policy_worker){i, i % 4, TIDE_PW_IDLE, 0};
-    tide_resize_req req = {2, 4, 2, 8, 4, NULL, 0};
+    tide_resize_req req = {2, 4, 2, 8, 4, NULL, 0, 0};
     tide_layout_t *l = NULL;
     int32_t pre[16];
     size_t np = 99;
@@ -65,13 +65,13 @@ Test(policy, same_shape_resize_keeps_every_coordinate)
     tide_policy_worker *c = workers(16, 8, TIDE_PW_MEMBER);
     int32_t pre[16];
     size_t np;
-    tide_resize_req same = {4, 2, 2, 8, 4, NULL, 0};
+    tide_resize_req same = {4, 2, 2, 8, 4, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_arr_eq(l->worker, old->worker, 16 * sizeof(int32_t));
     tide_layout_destroy(&l);
     /* shrinking dp keeps replicas 0 and 1 exactly where they were: nothing moves */
-    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0};
+    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &shrink, c, 16, &l, pre, &np), TIDE_OK);
     for (int p = 0; p < 2; p++)
         for (int d = 0; d < 2; d++)
@@ -93,7 +93,7 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     };
     int32_t pre[6];
     size_t np;
-    tide_resize_req req = {4, 1, 1, 4, 1, NULL, 0};
+    tide_resize_req req = {4, 1, 1, 4, 1, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &req, c, 6, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_eq(np, 1, "one offline job must be preempted, got %zu", np);
@@ -104,7 +104,7 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     cr_assert_eq(l->worker[1], 1);
     tide_layout_destroy(&l);
     /* too few workers: a clear error that counts what exists */
-    tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0};
+    tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert_null(l);
     cr_assert(strstr(tide_last_error(), "needs 8 workers") != NULL, "%s", tide_last_error());
@@ -118,15 +118,15 @@ Test(policy, bad_requests_are_refused)
     tide_layout_t *l = NULL;
     int32_t pre[8];
     size_t np;
-    tide_resize_req zero = {0, 1, 1, 4, 1, NULL, 0};
+    tide_resize_req zero = {0, 1, 1, 4, 1, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &zero, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
-    tide_resize_req deep = {1, 1, 8, 4, 1, NULL, 0}; /* pp > layers */
+    tide_resize_req deep = {1, 1, 8, 4, 1, NULL, 0, 0}; /* pp > layers */
     cr_assert_eq(tide_policy_place(NULL, NULL, &deep, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     int bad_stages[3] = {0, 4, 4}; /* empty second stage */
-    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages, 0};
+    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages, 0, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &st, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     c[3].rank = 2; /* duplicate candidate */
-    tide_resize_req ok = {2, 1, 1, 4, 1, NULL, 0};
+    tide_resize_req ok = {2, 1, 1, 4, 1, NULL, 0, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &ok, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     cr_assert_null(l);
     free(c);
@@ -187,7 +187,7 @@ Test(policy, placement_survives_allocation_failures)
         c[i].cls = TIDE_PW_MEMBER;
     int32_t pre[8];
     size_t np;
-    tide_resize_req req = {4, 2, 1, 4, 1, NULL, 0};
+    tide_resize_req req = {4, 2, 1, 4, 1, NULL, 0, 0};
     int failures_seen = 0;
     for (long k = 1; k < 64; k++) {
         tide_alloc_fail_at(k, 0);

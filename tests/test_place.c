@@ -299,12 +299,39 @@ static tide_layout_t *default_map(const pcase *pc)
     return l;
 }
 
+/*
+ * The host rule applies (tp > 1, not allowed across hosts) and the hosts lack
+ * room: placement must refuse with the counts, never split a group. Returns
+ * whether the case was such a refusal (checked here).
+ */
+static int refused_without_room(const pcase *pc, tide_status rc, const tide_layout_t *n,
+                                uint64_t seed)
+{
+    int groups = pc->rq.dp * pc->rq.pp;
+    if (pc->rq.tp_across_hosts || pc->rq.tp == 1 ||
+        hosts_hold_all(pc->w, pc->na, pc->rq.tp, groups))
+        return 0;
+    cr_assert_eq(rc, TIDE_ERR_NO_DEVICE, "seed %llu: no room for %d TP groups, got %s",
+                 (unsigned long long)seed, groups, tide_status_name(rc));
+    cr_assert_null(n);
+    char want[64];
+    snprintf(want, sizeof want, "needs %d TP groups of %d workers", groups, pc->rq.tp);
+    cr_assert(strstr(tide_last_error(), want) != NULL &&
+                  strstr(tide_last_error(), "allow TP groups across hosts") != NULL,
+              "seed %llu: %s", (unsigned long long)seed, tide_last_error());
+    return 1;
+}
+
 static void exhaustive_case(uint64_t seed, int max_avail, int *checked)
 {
     pcase pc;
     random_pcase(seed, max_avail, 0, &pc);
     tide_layout_t *n = NULL;
     tide_status rc = tide_reshard_place(pc.o, pc.c, &pc.rq, &n);
+    if (refused_without_room(&pc, rc, n, seed)) {
+        free_pcase(&pc);
+        return;
+    }
     cr_assert_eq(rc, TIDE_OK, "seed %llu: %s", (unsigned long long)seed, tide_last_error());
     cr_assert_eq(tide_layout_validate(n, pc.c), TIDE_OK, "seed %llu", (unsigned long long)seed);
     cr_assert(uses_only(n, pc.w, pc.na), "seed %llu: uses an unavailable worker",
@@ -366,8 +393,13 @@ Test(place, random_zero1_cases_are_valid_and_never_worse_than_default)
         pcase pc;
         random_pcase(seed, 16, 1, &pc);
         tide_layout_t *n = NULL, *d = default_map(&pc);
-        cr_assert_eq(tide_reshard_place(pc.o, pc.c, &pc.rq, &n), TIDE_OK, "seed %llu: %s",
-                     (unsigned long long)seed, tide_last_error());
+        tide_status rc = tide_reshard_place(pc.o, pc.c, &pc.rq, &n);
+        if (refused_without_room(&pc, rc, n, seed)) {
+            tide_layout_destroy(&d);
+            free_pcase(&pc);
+            continue;
+        }
+        cr_assert_eq(rc, TIDE_OK, "seed %llu: %s", (unsigned long long)seed, tide_last_error());
         cr_assert_eq(tide_layout_validate(n, pc.c), TIDE_OK);
         cr_assert(uses_only(n, pc.w, pc.na));
         int rule =
@@ -461,7 +493,7 @@ Test(place, shrinking_dp_sends_nothing_and_growing_sends_one_replica_per_new_rep
     uint64_t s = base_seed() + 31;
     for (int k = 0; k < 40; k++) {
         int tp = 1 << rnd(&s, 3), pp = 1 + rnd(&s, 4), dp = 2 + rnd(&s, 4);
-        int host = 1 << rnd(&s, 4);
+        int host = tp << rnd(&s, 3); /* whole TP groups per host: the rule always holds */
         tide_collection_t *c = gpt(4 + 4 * rnd(&s, 2), 32, 0);
         tide_layout_t *o = NULL;
         cr_assert_eq(tide_layout_new(&o, dp, tp, pp, tide_collection_num_layers(c), 1), TIDE_OK);
@@ -549,6 +581,26 @@ Test(place, tp_groups_stay_inside_hosts_and_errors_are_clear)
     cr_expect(strstr(tide_last_error(), "tp=3 does not divide") != NULL, "%s", tide_last_error());
     rq.tp = 2;
     cr_expect_null(n);
+    /* Hosts of 3 have room for one group of 2 each: 7 hosts' worth of groups does not fit
+     * in 12 workers on 4 hosts, and placement refuses rather than split a group. */
+    rq.dp = 4;
+    rq.pp = 1;
+    rq.n_workers = 12;
+    cr_expect_eq(tide_reshard_place(NULL, c, &rq, &n), TIDE_OK, "%s", tide_last_error());
+    tide_layout_destroy(&n);
+    rq.dp = 5;
+    cr_expect_eq(tide_reshard_place(NULL, c, &rq, &n), TIDE_ERR_NO_DEVICE);
+    cr_expect(strstr(tide_last_error(), "needs 5 TP groups of 2 workers, each inside one host; "
+                                        "the hosts of the 12 available workers have room for 4") !=
+                  NULL,
+              "%s", tide_last_error());
+    cr_expect_null(n);
+    rq.tp_across_hosts = 1; /* the job allowed it */
+    cr_expect_eq(tide_reshard_place(NULL, c, &rq, &n), TIDE_OK, "%s", tide_last_error());
+    tide_layout_destroy(&n);
+    rq.tp_across_hosts = 0;
+    rq.dp = 2;
+    rq.pp = 2;
     /* A fresh job (no old layout). */
     cr_assert_eq(tide_reshard_place(NULL, c, &rq, &n), TIDE_OK, "%s", tide_last_error());
     cr_expect(groups_in_hosts(n, w, 12));

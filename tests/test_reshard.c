@@ -486,6 +486,13 @@ static void check_case(uint64_t seed, stats *st)
         cr_assert(strstr(tide_last_error(), "no live worker holds") != NULL, "seed %llu: %s",
                   (unsigned long long)seed, tide_last_error());
         cr_assert_null(plan);
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tide_last_error());
+        tide_plan_totals tt;
+        cr_assert_eq(tide_reshard_plan_totals(rc.o, rc.n, rc.c, rc.alive, rc.n_alive, &tt),
+                     TIDE_ERR_NO_HOLDER, "seed %llu: totals must fail like the plan",
+                     (unsigned long long)seed);
+        cr_assert_str_eq(tide_last_error(), detail, "seed %llu", (unsigned long long)seed);
         st->no_holder++;
         free_case(&rc);
         return;
@@ -517,6 +524,24 @@ static void check_case(uint64_t seed, stats *st)
                   s.messages == ps->messages && s.n_xfers == ps->n_xfers &&
                   s.n_copies == ps->n_copies && ps->n_xfers + ps->n_copies == plan->n,
               "seed %llu: summary does not match the items", (unsigned long long)seed);
+    /* The totals-only path agrees with the full plan, field by field. */
+    tide_plan_totals tt;
+    cr_assert_eq(tide_reshard_plan_totals(rc.o, rc.n, rc.c, rc.alive, rc.n_alive, &tt), TIDE_OK,
+                 "seed %llu: %s", (unsigned long long)seed, tide_last_error());
+    cr_assert(tt.bytes_sent == ps->bytes_sent && tt.bytes_local == ps->bytes_local &&
+                  tt.lower_bound == ps->lower_bound && tt.max_send == ps->max_send &&
+                  tt.max_recv == ps->max_recv && tt.balanced_bound == ps->balanced_bound &&
+                  tt.messages == ps->messages,
+              "seed %llu (%s -> %s): totals (sent %llu local %llu max send %llu max recv %llu "
+              "bound %llu messages %llu) differ from the plan's summary (%llu %llu %llu %llu "
+              "%llu %llu)",
+              (unsigned long long)seed, lo, ln, (unsigned long long)tt.bytes_sent,
+              (unsigned long long)tt.bytes_local, (unsigned long long)tt.max_send,
+              (unsigned long long)tt.max_recv, (unsigned long long)tt.balanced_bound,
+              (unsigned long long)tt.messages, (unsigned long long)ps->bytes_sent,
+              (unsigned long long)ps->bytes_local, (unsigned long long)ps->max_send,
+              (unsigned long long)ps->max_recv, (unsigned long long)ps->balanced_bound,
+              (unsigned long long)ps->messages);
     /* Balance: the bound is a true lower bound, and the plan meets it on DP-replicated state. */
     if (orc.have_opt) {
         st->checked_opt++;
@@ -595,6 +620,80 @@ Test(reshard_random, cases_1000_to_1999)
 Test(reshard_random, cases_2000_to_2999)
 {
     run_random(2000, 1000);
+}
+
+/*
+ * The totals-only path at cluster scale: GPT state (with and without ZeRO-1)
+ * over hundreds of workers, random worker maps and lost workers, where every
+ * holder node has many senders and quota cuts land mid-destination.
+ */
+Test(reshard_random, totals_match_the_plan_at_cluster_scale)
+{
+    uint64_t s = base_seed() ^ UINT64_C(0x70741);
+    int planned = 0, lost = 0;
+    for (int k = 0; k < 24; k++) {
+        tide_model_spec spec = {.layers = 8,
+                                .hidden = 48,
+                                .heads = 4,
+                                .vocab = 96,
+                                .attention = 1,
+                                .adam = 1,
+                                .zero1 = k % 2,
+                                .dtype = TIDE_BF16};
+        tide_collection_t *c = NULL;
+        cr_assert_eq(tide_collection_build_gpt(&c, &spec), TIDE_OK);
+        static const int tps[] = {1, 2, 4, 8};
+        int otp = tps[rnd(&s, 4)], ntp = tps[rnd(&s, 4)];
+        int opp = 1 + rnd(&s, 4), npp = 1 + rnd(&s, 4);
+        int odp = 2 + rnd(&s, 24), ndp = 1 + rnd(&s, 24);
+        tide_layout_t *o = layout(odp, otp, opp, 8), *n = layout(ndp, ntp, npp, 8);
+        int no = (int)tide_layout_size(o), nn = (int)tide_layout_size(n);
+        size_t pool = (size_t)(no > nn ? no : nn) + (size_t)rnd(&s, 16);
+        int32_t *ids = calloc(pool, sizeof *ids);
+        for (size_t j = 0; j < pool; j++)
+            ids[j] = (int32_t)j;
+        shuffle(ids, (int)pool, &s);
+        memcpy(o->worker, ids, (size_t)no * sizeof *ids);
+        shuffle(ids, (int)pool, &s);
+        memcpy(n->worker, ids, (size_t)nn * sizeof *ids);
+        uint8_t *alive = calloc(pool, 1);
+        for (size_t j = 0; j < pool; j++) /* lose some workers the new layout does not use */
+            alive[j] = rnd(&s, 10) != 0;
+        for (int j = 0; j < nn; j++)
+            alive[n->worker[j]] = 1;
+        tide_plan_t *plan = NULL;
+        tide_status r1 = tide_reshard_plan(o, n, c, alive, pool, &plan);
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tide_last_error());
+        tide_plan_totals t;
+        tide_status r2 = tide_reshard_plan_totals(o, n, c, alive, pool, &t);
+        cr_assert_eq(r1, r2, "case %d: plan %s, totals %s", k, tide_status_name(r1),
+                     tide_status_name(r2));
+        if (r1 != TIDE_OK) {
+            cr_assert_str_eq(tide_last_error(), detail);
+            lost++;
+        } else {
+            planned++;
+            const tide_plan_summary *ps = &plan->summary;
+            cr_assert(t.bytes_sent == ps->bytes_sent && t.bytes_local == ps->bytes_local &&
+                          t.lower_bound == ps->lower_bound && t.max_send == ps->max_send &&
+                          t.max_recv == ps->max_recv && t.balanced_bound == ps->balanced_bound &&
+                          t.messages == ps->messages,
+                      "case %d (%d,%d,%d -> %d,%d,%d): totals differ (messages %llu vs %llu, "
+                      "max send %llu vs %llu)",
+                      k, odp, otp, opp, ndp, ntp, npp, (unsigned long long)t.messages,
+                      (unsigned long long)ps->messages, (unsigned long long)t.max_send,
+                      (unsigned long long)ps->max_send);
+        }
+        tide_plan_destroy(&plan);
+        free(ids);
+        free(alive);
+        tide_layout_destroy(&o);
+        tide_layout_destroy(&n);
+        tide_collection_destroy(&c);
+    }
+    cr_log_info("totals at scale: %d plans compared, %d without a live holder", planned, lost);
+    cr_expect(planned >= 12, "only %d of 24 cases had a plan", planned);
 }
 
 /* ---- hand-checked plans ------------------------------------------------------------------ */

@@ -523,10 +523,12 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
             fprintf(out, "%s%d", i ? "," : "", l->worker[i]);
         fprintf(out,
                 "]},\"bytes_sent\":%llu,\"bytes_default\":%llu,\"bytes_local\":%llu,"
-                "\"max_send\":%llu,\"messages\":%llu,\"est_ms\":%.3f,\"preempted\":%u}\n",
+                "\"max_send\":%llu,\"messages\":%llu,\"est_ms\":%.3f,\"preempted\":%u,"
+                "\"cross_host\":%llu,\"cross_host_default\":%llu}\n",
                 (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_default,
                 (unsigned long long)r->bytes_local, (unsigned long long)r->max_send,
-                (unsigned long long)r->messages, r->est_ms, r->preempted);
+                (unsigned long long)r->messages, r->est_ms, r->preempted,
+                (unsigned long long)r->cross_host, (unsigned long long)r->cross_host_default);
         return;
     }
     char stages[256], b1[32], b2[32], b3[32], t[32];
@@ -543,12 +545,17 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
     for (size_t i = 0; i < n && i < 32; i++)
         fprintf(out, " %d", l->worker[i]);
     fprintf(out, "%s  (order: pp, dp, tp)\n", n > 32 ? " ..." : "");
-    fprintf(out, "  bytes sent    %s over the network in %llu messages\n",
-            tidectl_fmt_bytes(r->bytes_sent, b1, sizeof b1), (unsigned long long)r->messages);
+    char b5[32];
+    fprintf(out, "  bytes sent    %s over the network in %llu messages (%s across hosts)\n",
+            tidectl_fmt_bytes(r->bytes_sent, b1, sizeof b1), (unsigned long long)r->messages,
+            tidectl_fmt_bytes(r->cross_host, b5, sizeof b5));
     if (r->dry_run) {
         char b4[32];
-        fprintf(out, "  rank order    %s with the default rank order (--placement default)\n",
-                tidectl_fmt_bytes(r->bytes_default, b4, sizeof b4));
+        fprintf(out,
+                "  rank order    %s with the default rank order (--placement default), %s "
+                "across hosts\n",
+                tidectl_fmt_bytes(r->bytes_default, b4, sizeof b4),
+                tidectl_fmt_bytes(r->cross_host_default, b5, sizeof b5));
     }
     fprintf(out, "  largest send  %s from one worker\n",
             tidectl_fmt_bytes(r->max_send, b2, sizeof b2));

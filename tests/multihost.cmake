@@ -3,7 +3,7 @@
 # real programs launched across the hosts by mpirun. They need root; elsewhere they skip
 # (exit 77) with the reason, unless TIDE_REQUIRE_NETNS=1 (.ci/run) makes that a failure.
 # Each test makes its own uniquely named cluster and removes it on exit.
-if(TARGET tided AND TARGET tidectl AND TARGET train_mlp)
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET test_examples_tide)
   function(tide_add_multihost_test name)
     cmake_parse_arguments(T "" "TIMEOUT" "ARGS" ${ARGN})
     add_test(NAME ${name}
@@ -12,4 +12,5 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp)
     _tide_test_props(${name} "mpi;multihost" ${T_TIMEOUT})
   endfunction()
   tide_add_multihost_test(test_multihost_auth TIMEOUT 180)
+  tide_add_multihost_test(test_multihost_resize TIMEOUT 120)
 endif()

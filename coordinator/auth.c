@@ -1,10 +1,10 @@
 /*
- * coordinator/auth: CURVE keys for tided --auth DIR (format in
- * /work/notes/auth-format.md: "key = value" lines; server.key holds tided's
- * pair, each <name>.pub an allowed client key and its role) and the ZAP
+ * coordinator/auth: CURVE keys for tided --auth DIR (files read by
+ * core/keyfile, format in the README: server.key holds tided's pair, each
+ * <name>.pub an allowed client key and its role) and the ZAP
  * handler that admits only those keys. ZAP requests arrive on an inproc REP
  * socket served from the main event loop; the role travels to every message
- * as its User-Id ("admin:NAME" / "worker:NAME").
+ * as its User-Id ("admin:NAME" / "worker:NAME" / "reader:NAME").
  */
 #include <dirent.h>
 #include <errno.h>
@@ -13,85 +13,20 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "coordinator/server_int.h"
-
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-        s[--n] = '\0';
-    return s;
-}
-
-tide_status tide__auth_read_file(const char *path, char *pub, char *secret, tide__role *role)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return tide_errorf(TIDE_ERR_IO, "cannot read key file %s: %s", path, strerror(errno));
-    char line[512];
-    int have_pub = 0, have_secret = 0, have_role = 0, lineno = 0;
-    tide_status rc = TIDE_OK;
-    while (rc == TIDE_OK && fgets(line, sizeof line, f) != NULL) {
-        lineno++;
-        char *l = trim(line);
-        if (*l == '\0' || *l == '#')
-            continue;
-        char *eq = strchr(l, '=');
-        if (eq == NULL) {
-            rc = tide_errorf(TIDE_ERR_INVALID, "%s:%d: expected 'key = value'", path, lineno);
-            break;
-        }
-        *eq = '\0';
-        char *key = trim(l), *val = trim(eq + 1);
-        if (strcmp(key, "public") == 0 || strcmp(key, "secret") == 0) {
-            uint8_t bin[32];
-            if (strlen(val) != 40 || zmq_z85_decode(bin, val) == NULL) {
-                rc = tide_errorf(TIDE_ERR_INVALID, "%s:%d: %s key must be 40 Z85 characters", path,
-                                 lineno, key);
-                break;
-            }
-            if (key[0] == 'p') {
-                memcpy(pub, val, 41);
-                have_pub = 1;
-            } else if (secret != NULL) {
-                memcpy(secret, val, 41);
-                have_secret = 1;
-            }
-        } else if (strcmp(key, "role") == 0) {
-            if (strcmp(val, "admin") == 0 && role)
-                *role = TIDE__ROLE_ADMIN;
-            else if (strcmp(val, "worker") == 0 && role)
-                *role = TIDE__ROLE_WORKER;
-            else if (role) {
-                rc = tide_errorf(TIDE_ERR_INVALID, "%s:%d: role must be admin or worker, not '%s'",
-                                 path, lineno, val);
-                break;
-            }
-            have_role = 1;
-        }
-        /* other keys: ignored, so the format can grow */
-    }
-    fclose(f);
-    if (rc != TIDE_OK)
-        return rc;
-    if (!have_pub)
-        return tide_errorf(TIDE_ERR_INVALID, "%s: no 'public = ...' line", path);
-    if (secret != NULL && !have_secret)
-        return tide_errorf(TIDE_ERR_INVALID, "%s: no 'secret = ...' line", path);
-    if (role != NULL && !have_role)
-        return tide_errorf(TIDE_ERR_INVALID, "%s: no 'role = admin|worker' line", path);
-    return TIDE_OK;
-}
 
 tide_status tide__auth_load(tide__auth *a, const char *dir)
 {
     memset(a, 0, sizeof *a);
     char path[1024];
     snprintf(path, sizeof path, "%s/server.key", dir);
-    TIDE_CHECK(tide__auth_read_file(path, a->server_public, a->server_secret, NULL));
+    tide_keyfile server;
+    TIDE_CHECK(tide_keyfile_read_pair(path, &server));
+    memcpy(a->server_public, server.public_key, sizeof a->server_public);
+    memcpy(a->server_secret, server.secret_key, sizeof a->server_secret);
+    memset(&server, 0, sizeof server);
     DIR *d = opendir(dir);
     if (d == NULL)
         return tide_errorf(TIDE_ERR_IO, "cannot list --auth directory %s: %s", dir,
@@ -114,12 +49,15 @@ tide_status tide__auth_load(tide__auth *a, const char *dir)
             a->keys = k;
         }
         tide__key *k = &a->keys[a->n_keys];
-        char z85[41];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        rc = tide__auth_read_file(path, z85, NULL, &k->role);
+        tide_keyfile kf;
+        rc = tide_keyfile_read(path, &kf);
+        if (rc == TIDE_OK && kf.role == TIDE_KEY_ROLE_NONE)
+            rc = tide_errorf(TIDE_ERR_INVALID, "%s: no 'role = admin|worker|reader' line", path);
         if (rc != TIDE_OK)
             break;
-        zmq_z85_decode(k->pub, z85);
+        k->role = (tide__role)kf.role;
+        zmq_z85_decode(k->pub, kf.public_key);
         snprintf(k->name, sizeof k->name, "%.*s", (int)(n - 4 > 64 ? 64 : n - 4), e->d_name);
         a->n_keys++;
     }
@@ -148,7 +86,23 @@ tide__role tide__auth_role(const char *user_id)
         return TIDE__ROLE_ADMIN;
     if (strncmp(user_id, "worker:", 7) == 0)
         return TIDE__ROLE_WORKER;
+    if (strncmp(user_id, "reader:", 7) == 0)
+        return TIDE__ROLE_READER;
     return TIDE__ROLE_NONE;
+}
+
+int tide__auth_allows(tide__role role, int need)
+{
+    switch (role) {
+    case TIDE__ROLE_ADMIN:
+        return need == TIDE_ROLE_ADMIN || need == TIDE_ROLE_WORKER || need == TIDE_ROLE_READER;
+    case TIDE__ROLE_WORKER:
+        return need == TIDE_ROLE_WORKER || need == TIDE_ROLE_READER;
+    case TIDE__ROLE_READER:
+        return need == TIDE_ROLE_READER;
+    default:
+        return 0;
+    }
 }
 
 /* Answers one ZAP request (RFC 27): frames version, id, domain, address, identity,
@@ -186,7 +140,7 @@ void tide__auth_zap(tide_server_t *s)
                     status = "200";
                     text = "OK";
                     snprintf(user, sizeof user, "%s:%s",
-                             s->auth.keys[i].role == TIDE__ROLE_ADMIN ? "admin" : "worker",
+                             tide_key_role_name((tide_key_role)s->auth.keys[i].role),
                              s->auth.keys[i].name);
                     break;
                 }

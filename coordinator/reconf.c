@@ -156,16 +156,64 @@ out:
     return rc;
 }
 
-/* Bytes the plan from j's layout to nl sends (*sent), with its summary into r when non-NULL. */
+/* Bytes of plan sent between workers of j registered on different hosts. */
+static uint64_t cross_host_bytes(tide_server_t *s, const tide_coord_job_t *j,
+                                 const tide_plan_t *plan)
+{
+    uint64_t bytes = 0;
+    const tide_coord_worker_t *a = NULL, *b = NULL;
+    for (size_t i = 0; i < plan->n; i++) {
+        const tide_xfer *x = &plan->items[i];
+        if (x->src == x->dst)
+            continue;
+        /* items are sorted by (src, dst): look the pair up once per run of items */
+        if (a == NULL || a->rank != x->src)
+            a = tide__job_worker(s, j, x->src);
+        if (b == NULL || b->rank != x->dst)
+            b = tide__job_worker(s, j, x->dst);
+        if (a != NULL && b != NULL && strcmp(a->host, b->host) != 0)
+            bytes += x->run * x->count;
+    }
+    return bytes;
+}
+
+/* 1 when the workers of layout l (worker ids of j's pool) are not all on one host. */
+static int layout_spans_hosts(tide_server_t *s, const tide_coord_job_t *j, const tide_layout_t *l)
+{
+    const tide_coord_worker_t *first = NULL;
+    for (size_t i = 0; l != NULL && i < tide_layout_size(l); i++) {
+        const tide_coord_worker_t *w = tide__job_worker(s, j, l->worker[i]);
+        if (w == NULL)
+            continue;
+        if (first == NULL)
+            first = w;
+        else if (strcmp(first->host, w->host) != 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Bytes the plan from j's layout to nl sends (*sent) and the part of them that crosses
+ * hosts (*cross), with its summary into r when non-NULL. */
 static tide_status plan_bytes(tide_server_t *s, const tide_coord_job_t *j,
                               const tide_collection_t *c, const tide_layout_t *nl, uint64_t *sent,
-                              tide_proto_resize_reply_t *r)
+                              uint64_t *cross, tide_proto_resize_reply_t *r)
 {
     tide_plan_totals t; /* the totals only: the items are the workers' business */
     tide_status rc = tide_reshard_plan_totals(j->layout, nl, c, NULL, 0, &t);
     if (rc != TIDE_OK)
         return rc;
     *sent = t.bytes_sent;
+    *cross = 0;
+    if (layout_spans_hosts(s, j, j->layout) || layout_spans_hosts(s, j, nl)) {
+        /* which bytes cross hosts needs the items: only for jobs on several hosts */
+        tide_plan_t *plan = NULL;
+        rc = tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan);
+        if (rc != TIDE_OK)
+            return rc;
+        *cross = cross_host_bytes(s, j, plan);
+        tide_plan_destroy(&plan);
+    }
     if (r != NULL) {
         r->bytes_sent = t.bytes_sent;
         r->bytes_local = t.bytes_local;
@@ -187,16 +235,19 @@ static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tid
                           const tide_layout_t *nl, const tide_layout_t *dflt,
                           tide_proto_resize_reply_t *r)
 {
-    uint64_t sent = 0;
+    uint64_t sent = 0, cross = 0;
     if (j->layout == NULL || c == NULL)
         return;
-    if (plan_bytes(s, j, c, nl, &sent, r) != TIDE_OK) {
+    if (plan_bytes(s, j, c, nl, &sent, &cross, r) != TIDE_OK) {
         TIDE_INFO("reconf", "job %s: no plan estimate: %s", j->name, tide_last_error());
         return;
     }
     r->bytes_default = sent;
-    if (dflt != NULL && plan_bytes(s, j, c, dflt, &sent, NULL) == TIDE_OK)
+    r->cross_host = r->cross_host_default = cross;
+    if (dflt != NULL && plan_bytes(s, j, c, dflt, &sent, &cross, NULL) == TIDE_OK) {
         r->bytes_default = sent;
+        r->cross_host_default = cross;
+    }
 }
 
 /* ---- sending the phases ---------------------------------------------------------------------- */

@@ -369,11 +369,37 @@ static void end_job(tide_server_t *s, tide_coord_job_t *j, const tide_coord_work
 
 /* ---- worker requests ---------------------------------------------------------------------- */
 
+/* With --auth, the key owning a pool (every member has one owner), or NULL when the pool
+ * has no keyed member yet. Rank 0 answers in O(1) in the usual case; else a scan. */
+static const char *pool_owner(tide_server_t *s, const char *pool)
+{
+    tide_coord_worker_t *w = tide_coord_worker_find(s->st, pool, 0);
+    if (w != NULL && w->owner[0] != '\0')
+        return w->owner;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        w = &s->st->workers[i];
+        if (w->owner[0] != '\0' && strcmp(w->pool, pool) == 0)
+            return w->owner;
+    }
+    return NULL;
+}
+
 static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
 {
     tide_coord_worker_t *w = tide_coord_worker_find(s->st, m->pool, m->rank);
     if (w != NULL && w->owner[0] != '\0' && !may_speak(s, w, TIDE_MSG_REGISTER))
         return; /* another key registered this (pool, rank): it may not take the id over */
+    const char *owner = s->auth_on && w == NULL ? pool_owner(s, m->pool) : NULL;
+    if (owner != NULL && strcmp(owner, s->who) != 0) {
+        s->st->counters.denied++;
+        TIDE_WARN("auth", "refused rank %d of pool %s from %s: the pool belongs to %s", m->rank,
+                  m->pool, s->who, owner);
+        tide__reply_error(s, TIDE_ERR_DENIED,
+                          "pool %s was registered with another key; %s may add ranks only to "
+                          "its own pools",
+                          m->pool, s->who);
+        return;
+    }
     if (w == NULL) {
         tide_status rc = tide_coord_worker_add(s->st, -1, m->pool, m->rank, &w);
         if (rc != TIDE_OK) {
@@ -1238,14 +1264,16 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
                           tide_msg_type_name(m->type));
         return;
     }
-    if ((need == TIDE_ROLE_ADMIN && s->role != TIDE__ROLE_ADMIN) || s->role == TIDE__ROLE_NONE) {
+    if (!tide__auth_allows(s->role, need)) {
+        const char *key = need == TIDE_ROLE_ADMIN ? "an admin" : "a worker or admin";
         s->st->counters.denied++;
-        TIDE_WARN_LIMITED("auth", "refused '%s' from %s: it needs an admin key",
-                  tide_msg_type_name(m->type), s->who);
-        tide__reply_error(s, TIDE_ERR_DENIED,
-                          "'%s' needs an admin key; %s may only register, report and read "
-                          "status and jobs",
-                          tide_msg_type_name(m->type), s->who);
+        TIDE_WARN_LIMITED("auth", "refused '%s' from %s: it needs %s key",
+                          tide_msg_type_name(m->type), s->who, key);
+        tide__reply_error(s, TIDE_ERR_DENIED, "'%s' needs %s key; %s may only %s",
+                          tide_msg_type_name(m->type), key, s->who,
+                          s->role == TIDE__ROLE_WORKER
+                              ? "register, report and read status and jobs"
+                              : "read status and jobs");
         return;
     }
     if (m->type != TIDE_MSG_HEARTBEAT)

@@ -26,6 +26,7 @@ typedef enum tide__role {
     TIDE__ROLE_NONE = 0,
     TIDE__ROLE_WORKER = 1,
     TIDE__ROLE_ADMIN = 2,
+    TIDE__ROLE_READER = 3, /* status and jobs only; values match core/keyfile.h's tide_key_role */
 } tide__role;
 
 /* An allowed client key (from DIR/<name>.pub). */
@@ -227,10 +228,10 @@ void tide__auth_free(tide__auth *a);
 /* Answers one ZAP request waiting on the REP socket. */
 void tide__auth_zap(tide_server_t *s);
 
-/* Role from a message's User-Id metadata ("admin:NAME" / "worker:NAME"). */
+/* Role from a message's User-Id metadata ("admin:NAME" / "worker:NAME" / "reader:NAME"). */
 tide__role tide__auth_role(const char *user_id);
 
-/* Parses a key file's "key = value" lines: public, secret (may be NULL), role (may be NULL). */
-tide_status tide__auth_read_file(const char *path, char *pub, char *secret, tide__role *role);
+/* 1 when a key of role may send a message that needs `need` (proto.h's role table). */
+int tide__auth_allows(tide__role role, int need);
 
 #endif /* TIDE_COORD_SERVER_INT_H */

@@ -4,7 +4,7 @@
  * request, waits up to --timeout-ms for the reply and prints it as an aligned
  * table or, with --json, as one JSON document. `top` repeats status + jobs
  * every --interval ms; `keygen` writes CURVE key files locally (format in
- * /work/notes/auth-format.md, read by tided --auth).
+ * core/keyfile.h and the README, read by tided --auth).
  *
  * Exit codes (scripts rely on them): 0 ok; 1 refused by tided (its message
  * printed) or CURVE rejected; 2 bad usage, nothing sent; 3 cannot reach tided;
@@ -30,6 +30,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "core/opts.h"
 
@@ -523,10 +524,12 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
             fprintf(out, "%s%d", i ? "," : "", l->worker[i]);
         fprintf(out,
                 "]},\"bytes_sent\":%llu,\"bytes_default\":%llu,\"bytes_local\":%llu,"
-                "\"max_send\":%llu,\"messages\":%llu,\"est_ms\":%.3f,\"preempted\":%u}\n",
+                "\"max_send\":%llu,\"messages\":%llu,\"est_ms\":%.3f,\"preempted\":%u,"
+                "\"cross_host\":%llu,\"cross_host_default\":%llu}\n",
                 (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_default,
                 (unsigned long long)r->bytes_local, (unsigned long long)r->max_send,
-                (unsigned long long)r->messages, r->est_ms, r->preempted);
+                (unsigned long long)r->messages, r->est_ms, r->preempted,
+                (unsigned long long)r->cross_host, (unsigned long long)r->cross_host_default);
         return;
     }
     char stages[256], b1[32], b2[32], b3[32], t[32];
@@ -543,12 +546,17 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
     for (size_t i = 0; i < n && i < 32; i++)
         fprintf(out, " %d", l->worker[i]);
     fprintf(out, "%s  (order: pp, dp, tp)\n", n > 32 ? " ..." : "");
-    fprintf(out, "  bytes sent    %s over the network in %llu messages\n",
-            tidectl_fmt_bytes(r->bytes_sent, b1, sizeof b1), (unsigned long long)r->messages);
+    char b5[32];
+    fprintf(out, "  bytes sent    %s over the network in %llu messages (%s across hosts)\n",
+            tidectl_fmt_bytes(r->bytes_sent, b1, sizeof b1), (unsigned long long)r->messages,
+            tidectl_fmt_bytes(r->cross_host, b5, sizeof b5));
     if (r->dry_run) {
         char b4[32];
-        fprintf(out, "  rank order    %s with the default rank order (--placement default)\n",
-                tidectl_fmt_bytes(r->bytes_default, b4, sizeof b4));
+        fprintf(out,
+                "  rank order    %s with the default rank order (--placement default), %s "
+                "across hosts\n",
+                tidectl_fmt_bytes(r->bytes_default, b4, sizeof b4),
+                tidectl_fmt_bytes(r->cross_host_default, b5, sizeof b5));
     }
     fprintf(out, "  largest send  %s from one worker\n",
             tidectl_fmt_bytes(r->max_send, b2, sizeof b2));
@@ -728,74 +736,15 @@ bad:
                        "'%s' is not a byte count (examples: 1000, 512M, 16G, 16GiB)", text);
 }
 
-static int is_z85_key(const char *s)
-{
-    uint8_t bin[32];
-    return strlen(s) == 40 && zmq_z85_decode(bin, s) != NULL;
-}
-
 tide_status tidectl_read_key(const char *path_or_z85, char *pub, char *secret)
 {
-    if (secret == NULL && is_z85_key(path_or_z85) && access(path_or_z85, R_OK) != 0) {
-        memcpy(pub, path_or_z85, 41);
-        return TIDE_OK;
-    }
-    FILE *f = fopen(path_or_z85, "r");
-    if (f == NULL)
-        return tide_errorf(TIDE_ERR_IO, "cannot read key file %s: %s", path_or_z85,
-                           strerror(errno));
-    char line[512];
-    int have_pub = 0, have_secret = 0, lineno = 0;
-    tide_status rc = TIDE_OK;
-    while (rc == TIDE_OK && fgets(line, sizeof line, f) != NULL) {
-        lineno++;
-        char *l = line;
-        while (*l == ' ' || *l == '\t')
-            l++;
-        size_t n = strlen(l);
-        while (n > 0 && isspace((unsigned char)l[n - 1]))
-            l[--n] = '\0';
-        if (*l == '\0' || *l == '#')
-            continue;
-        char *eq = strchr(l, '=');
-        if (eq == NULL) {
-            rc =
-                tide_errorf(TIDE_ERR_INVALID, "%s:%d: expected 'key = value'", path_or_z85, lineno);
-            break;
-        }
-        char *k = l, *v = eq + 1;
-        *eq = '\0';
-        size_t kl = strlen(k);
-        while (kl > 0 && isspace((unsigned char)k[kl - 1]))
-            k[--kl] = '\0';
-        while (*v == ' ' || *v == '\t')
-            v++;
-        int is_pub = strcmp(k, "public") == 0, is_sec = strcmp(k, "secret") == 0;
-        if (!is_pub && !is_sec)
-            continue; /* role and future keys */
-        if (!is_z85_key(v)) {
-            rc = tide_errorf(TIDE_ERR_INVALID, "%s:%d: the %s key must be 40 Z85 characters",
-                             path_or_z85, lineno, k);
-            break;
-        }
-        if (is_pub) {
-            memcpy(pub, v, 41);
-            have_pub = 1;
-        } else if (secret) {
-            memcpy(secret, v, 41);
-            have_secret = 1;
-        }
-    }
-    fclose(f);
-    if (rc != TIDE_OK)
-        return rc;
-    if (!have_pub)
-        return tide_errorf(TIDE_ERR_INVALID, "%s: no 'public = ...' line", path_or_z85);
-    if (secret && !have_secret)
-        return tide_errorf(TIDE_ERR_INVALID,
-                           "%s: no 'secret = ...' line (--key needs a key pair file: NAME.key, "
-                           "not NAME.pub)",
-                           path_or_z85);
+    if (secret == NULL)
+        return tide_keyfile_server_key(path_or_z85, pub);
+    tide_keyfile k;
+    TIDE_CHECK(tide_keyfile_read_pair(path_or_z85, &k));
+    memcpy(pub, k.public_key, sizeof k.public_key);
+    memcpy(secret, k.secret_key, sizeof k.secret_key);
+    memset(&k, 0, sizeof k);
     return TIDE_OK;
 }
 
@@ -1370,25 +1319,17 @@ static int cmd_top(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
     return rc;
 }
 
-/* Writes text to path with mode, refusing to replace an existing file unless force. */
-static int write_file(const char *path, const char *text, mode_t mode, int force, FILE *err)
+/* Writes one key file through core/keyfile; returns an exit code with the reason on err. */
+static int write_key(const char *path, const tide_keyfile *k, int secret, const char *comment,
+                     int force, FILE *err)
 {
-    int flags = O_WRONLY | O_CREAT | (force ? O_TRUNC : O_EXCL);
-    int fd = open(path, flags, mode);
-    if (fd < 0) {
-        if (errno == EEXIST) {
-            fprintf(err, "tidectl keygen: %s exists; pass --force to replace it\n", path);
-            return TIDECTL_EXIT_USAGE;
-        }
-        fprintf(err, "tidectl keygen: cannot write %s: %s\n", path, strerror(errno));
-        return TIDECTL_EXIT_LOCAL;
+    tide_status rc = tide_keyfile_write(path, k, secret, comment, secret ? 0600 : 0644, force);
+    if (rc == TIDE_ERR_EXISTS) {
+        fprintf(err, "tidectl keygen: %s exists; pass --force to replace it\n", path);
+        return TIDECTL_EXIT_USAGE;
     }
-    size_t n = strlen(text);
-    int ok = write(fd, text, n) == (ssize_t)n;
-    ok = fchmod(fd, mode) == 0 && ok; /* O_TRUNC keeps the old mode: set it again */
-    ok = close(fd) == 0 && ok;
-    if (!ok) {
-        fprintf(err, "tidectl keygen: cannot write %s: %s\n", path, strerror(errno));
+    if (rc != TIDE_OK) {
+        fprintf(err, "tidectl keygen: %s\n", tide_last_error());
         return TIDECTL_EXIT_LOCAL;
     }
     return TIDECTL_EXIT_OK;
@@ -1398,10 +1339,14 @@ static int cmd_keygen(settings_t *s, int argc, char **argv, FILE *out, FILE *err
 {
     const char *dir = argv[0];
     const char *role = s->role;
-    if (strcmp(role, "admin") != 0 && strcmp(role, "worker") != 0 && strcmp(role, "server") != 0)
-        return usage_error(err, "keygen", "--role must be admin, worker or server, not '%s'", role);
-    const char *name = strcmp(role, "server") == 0 ? "server" : (s->name ? s->name : role);
-    if (strcmp(role, "server") != 0 && strcmp(name, "server") == 0)
+    int is_server = strcmp(role, "server") == 0;
+    tide_keyfile k;
+    memset(&k, 0, sizeof k);
+    if (!is_server && tide_key_role_parse(role, &k.role) != TIDE_OK)
+        return usage_error(err, "keygen",
+                           "--role must be admin, worker, reader or server, not '%s'", role);
+    const char *name = is_server ? "server" : (s->name ? s->name : role);
+    if (!is_server && strcmp(name, "server") == 0)
         return usage_error(err, "keygen", "the name 'server' is reserved for --role server");
     for (const char *p = name; *p; p++)
         if (!isalnum((unsigned char)*p) && !strchr("._-", *p))
@@ -1411,42 +1356,37 @@ static int cmd_keygen(settings_t *s, int argc, char **argv, FILE *out, FILE *err
         fprintf(err, "tidectl keygen: cannot create %s: %s\n", dir, strerror(errno));
         return TIDECTL_EXIT_LOCAL;
     }
-    char pub[41], secret[41];
-    if (zmq_curve_keypair(pub, secret) != 0) {
+    if (zmq_curve_keypair(k.public_key, k.secret_key) != 0) {
         fprintf(err, "tidectl keygen: this libzmq cannot make CURVE keys: %s\n",
                 zmq_strerror(zmq_errno()));
         return TIDECTL_EXIT_LOCAL;
     }
-    int is_server = strcmp(role, "server") == 0;
-    char key_path[4096], pub_path[4096], key_text[512], pub_text[512];
+    char key_path[4096], pub_path[4096], key_note[256], pub_note[256];
     snprintf(key_path, sizeof key_path, "%s/%s.key", dir, name);
     snprintf(pub_path, sizeof pub_path, "%s/%s.pub", dir, name);
     if (is_server) {
-        snprintf(key_text, sizeof key_text,
-                 "# tided's CURVE key pair: keep secret; tided --auth %s reads it\n"
-                 "public = %s\nsecret = %s\n",
-                 dir, pub, secret);
-        snprintf(pub_text, sizeof pub_text,
-                 "# tided's public key: give it to clients (tidectl --server-key)\npublic = %s\n",
-                 pub);
+        snprintf(key_note, sizeof key_note,
+                 "tided's CURVE key pair: keep secret; tided --auth %s reads it", dir);
+        snprintf(pub_note, sizeof pub_note,
+                 "tided's public key: give it to clients (tidectl --server-key, TIDE_SERVER_KEY)");
     } else {
-        snprintf(key_text, sizeof key_text,
-                 "# tide CURVE key pair '%s': keep secret (tidectl --key / TIDE_KEY)\n"
-                 "public = %s\nsecret = %s\nrole = %s\n",
-                 name, pub, secret, role);
-        snprintf(pub_text, sizeof pub_text,
-                 "# allowed key '%s' for tided --auth: copy into its directory\n"
-                 "public = %s\nrole = %s\n",
-                 name, pub, role);
+        snprintf(key_note, sizeof key_note,
+                 "tide CURVE key pair '%s': keep secret (tidectl --key, TIDE_KEY)", name);
+        snprintf(pub_note, sizeof pub_note,
+                 "allowed key '%s' for tided --auth: copy into its directory", name);
     }
-    if (!s->force && (access(key_path, F_OK) == 0 || access(pub_path, F_OK) == 0)) {
+    struct stat sb;
+    if (!s->force && (lstat(key_path, &sb) == 0 || lstat(pub_path, &sb) == 0)) {
         fprintf(err, "tidectl keygen: %s or %s exists; pass --force to replace them\n", key_path,
                 pub_path);
         return TIDECTL_EXIT_USAGE;
     }
-    int rc = write_file(key_path, key_text, 0600, s->force, err);
+    int rc = write_key(key_path, &k, 1, key_note, s->force, err);
     if (rc == TIDECTL_EXIT_OK)
-        rc = write_file(pub_path, pub_text, 0644, s->force, err);
+        rc = write_key(pub_path, &k, 0, pub_note, s->force, err);
+    char pub[41];
+    memcpy(pub, k.public_key, sizeof pub);
+    memset(&k, 0, sizeof k);
     if (rc != TIDECTL_EXIT_OK)
         return rc;
     if (s->json) {
@@ -1553,7 +1493,7 @@ static const command_t commands[] = {
        1000000000},
       OPT_END}},
     {"keygen",
-     "keygen DIR [--role admin|worker|server] [--name NAME] [--force]",
+     "keygen DIR [--role admin|worker|reader|server] [--name NAME] [--force]",
      "write a CURVE key pair: DIR/NAME.key (secret) and DIR/NAME.pub",
      cmd_keygen,
      1,

@@ -540,6 +540,8 @@ static const tide__field resize_reply_fields[] = {
     F_MS(tide_proto_resize_reply_t, est_ms, "est_ms"),
     F_INT(tide_proto_resize_reply_t, preempted, "preempted", 0, UINT32_MAX),
     F_U64(tide_proto_resize_reply_t, bytes_default, "bytes_default"),
+    F_U64(tide_proto_resize_reply_t, cross_host, "cross_host"),
+    F_U64(tide_proto_resize_reply_t, cross_host_default, "cross_host_default"),
 };
 
 static tide_status check_submit(const void *base, tide__ctx *c)

@@ -389,6 +389,9 @@ typedef struct tide_proto_resize_reply {
     uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
     uint64_t bytes_default; /* "bytes_default": bytes_sent under the plain rank order over the
                                same kind of workers (for comparing placements), bytes */
+    uint64_t cross_host;         /* "cross_host": part of bytes_sent between workers on
+                                    different hosts (as registered), bytes */
+    uint64_t cross_host_default; /* "cross_host_default": the same under the rank order */
 } tide_proto_resize_reply_t;
 
 /* "submit" tidectl -> tided: queue an offline job (same argv/plugin rules as assign). */

@@ -388,6 +388,8 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->est_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
         x->preempted = (uint32_t)urange(r, 0, UINT32_MAX);
         x->bytes_default = urange(r, 0, UINT64_MAX);
+        x->cross_host = urange(r, 0, UINT64_MAX);
+        x->cross_host_default = urange(r, 0, UINT64_MAX);
         return TIDE_OK;
     }
     case TIDE_MSG_SUBMIT: {

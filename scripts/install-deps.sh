@@ -9,6 +9,7 @@ PACKAGES=(
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
   libcriterion-dev libopenblas-dev
   procps curl
+  iproute2 util-linux  # scripts/cluster.sh: ip netns, tc, unshare
 )
 
 missing=()

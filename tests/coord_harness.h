@@ -162,7 +162,7 @@ static inline void coord_cleanup(coord_proc *p)
     const char *names[] = {"state.db",   "state.db-wal", "state.db-shm", "endpoint",
                            "server.key", "server.pub",   "admin.key",    "admin.pub",
                            "w.key",      "w.pub",        "stranger.key", "w2.pub",
-                           NULL};
+                           "r.pub",      NULL};
     char path[512];
     for (int i = 0; names[i]; i++) {
         snprintf(path, sizeof path, "%s/%s", p->dir, names[i]);

@@ -475,7 +475,10 @@ static void write_key(const char *dir, const char *name, const char *pub, const 
 Test(tided, curve_roles_and_unknown_keys, .init = setup, .fini = teardown)
 {
     char sp[41], ss[41], ap[41], as[41], wp[41], ws[41], xp[41], xs[41], vp[41], vs[41];
+    char rp[41], rs[41];
     cr_assert_eq(zmq_curve_keypair(sp, ss), 0);
+    zmq_curve_keypair(rp, rs);
+    write_key(proc.dir, "r.pub", rp, NULL, "reader");
     zmq_curve_keypair(ap, as);
     zmq_curve_keypair(wp, ws);
     zmq_curve_keypair(xp, xs);
@@ -513,6 +516,33 @@ Test(tided, curve_roles_and_unknown_keys, .init = setup, .fini = teardown)
     admin_call(other, &m, &r, TIDE_MSG_ERROR);
     cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
     tide_msg_clear(&r);
+    /* ... nor add ranks to the pool that key registered */
+    coord_mk_register(&m, POOL, 1, 2, "host9", 0, 44);
+    admin_call(other, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    cr_assert(strstr(r.u.error.message, "registered with another key"), "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    /* a reader key reads status and jobs, and may neither register nor act */
+    void *reader = coord_connect(ctx, proc.endpoint, rp, rs, sp, 3000);
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    admin_call(reader, &m, &r, TIDE_MSG_JOBS_REPLY);
+    tide_msg_clear(&r);
+    coord_mk_register(&m, "reader-pool", 0, 1, "host8", 0, 45);
+    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    cr_assert(strstr(r.u.error.message, "needs a worker or admin key"), "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    coord_mk_heartbeat(&m, id0, 7, 1);
+    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_DRAIN);
+    m.u.drain.worker = id0;
+    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
+    cr_assert(strstr(r.u.error.message, "needs an admin key"), "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    zmq_close(reader);
     /* every key may read status and jobs (libtide learns failed peers from status) ... */
     tide_msg_init(&m, TIDE_MSG_STATUS);
     admin_call(other, &m, &r, TIDE_MSG_STATUS_REPLY);

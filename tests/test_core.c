@@ -1,15 +1,19 @@
 /*
  * Unit tests for core/: status messages, error details, the check macros, the
- * logger, the allocation failure hook, option parsing and bulk copies.
+ * logger, the allocation failure hook, option parsing, bulk copies and the
+ * CURVE key file format.
  */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "core/opts.h"
 
@@ -343,4 +347,121 @@ Test(core_status, a_detail_may_wrap_the_previous_one)
     cr_expect_eq(rc, TIDE_ERR_NO_HOLDER);
     cr_expect_str_eq(tide_last_error(),
                      "cannot recover: no live worker holds layer.2.fc1.weight.exp_avg; restart it");
+}
+
+/* ---- key files ------------------------------------------------------------- */
+
+/* Two real CURVE keys (libzmq's test vectors) so the format is checked without libzmq. */
+#define PUB_A "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"
+#define SEC_A "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs"
+
+Test(core_keyfile, every_role_and_half_round_trips)
+{
+    tide_key_role roles[] = {TIDE_KEY_ROLE_NONE, TIDE_KEY_ROLE_WORKER, TIDE_KEY_ROLE_ADMIN,
+                             TIDE_KEY_ROLE_READER};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+        for (int secret = 0; secret <= 1; secret++) {
+            tide_keyfile k = {.public_key = PUB_A, .secret_key = SEC_A, .role = roles[i]};
+            char text[512];
+            cr_assert_eq(tide_keyfile_format(&k, secret, "a note\nsecond line", text, sizeof text),
+                         TIDE_OK, "%s", tide_last_error());
+            const char *head = "# a note\n# second line\npublic = ";
+            cr_expect(strncmp(text, head, strlen(head)) == 0, "%s", text);
+            tide_keyfile back;
+            cr_assert_eq(tide_keyfile_parse(text, "t", &back), TIDE_OK, "%s", tide_last_error());
+            cr_expect_str_eq(back.public_key, PUB_A);
+            cr_expect_str_eq(back.secret_key, secret ? SEC_A : "");
+            cr_expect_eq(back.role, roles[i]);
+        }
+    }
+}
+
+Test(core_keyfile, spacing_comments_and_unknown_names_are_accepted)
+{
+    tide_keyfile k;
+    cr_assert_eq(tide_keyfile_parse("\n  # c\npublic=" PUB_A "\r\n\tsecret   =  " SEC_A
+                                    "  \nrole = reader\nexpires = never\n",
+                                    "t", &k),
+                 TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(k.public_key, PUB_A);
+    cr_expect_str_eq(k.secret_key, SEC_A);
+    cr_expect_eq(k.role, TIDE_KEY_ROLE_READER);
+}
+
+Test(core_keyfile, bad_files_are_refused_with_the_line_named)
+{
+    struct {
+        const char *text, *detail;
+    } bad[] = {
+        {"public " PUB_A "\n", "t:1: expected 'name = value'"},
+        {"# only a comment\n", "t: no 'public = ...' line"},
+        {"public = short\n", "t:1: the public key must be 40 Z85 characters"},
+        {"public = " PUB_A "\nsecret = " PUB_A "x\n", "t:2: the secret key must be"},
+        {"public = " PUB_A "\nrole = root\n", "t:2: role must be admin, worker or reader"},
+        {"public = " PUB_A "\npublic = " PUB_A "\n", "t:2: 'public' given twice"},
+        /* '~' is not a Z85 character; "#####" overflows a 32-bit word */
+        {"public = ~ne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\n", "must be 40 Z85"},
+        {"public = #####w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\n", "must be 40 Z85"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tide_keyfile k;
+        cr_expect_eq(tide_keyfile_parse(bad[i].text, "t", &k), TIDE_ERR_INVALID, "%s", bad[i].text);
+        cr_expect(strstr(tide_last_error(), bad[i].detail), "%s: %s", bad[i].text,
+                  tide_last_error());
+    }
+    cr_expect(tide_key_z85_valid(PUB_A));
+    cr_expect(!tide_key_z85_valid(PUB_A "0"));
+}
+
+Test(core_keyfile, files_are_written_privately_and_never_through_a_symlink)
+{
+    char dir[64], path[128], victim[128], server[128];
+    snprintf(dir, sizeof dir, "/tmp/tide-keyfile-%d", (int)getpid());
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/a.key", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(server, sizeof server, "%s/server.pub", dir);
+    tide_keyfile k = {.public_key = PUB_A, .secret_key = SEC_A, .role = TIDE_KEY_ROLE_WORKER};
+    cr_assert_eq(tide_keyfile_write(path, &k, 1, NULL, 0600, 0), TIDE_OK, "%s", tide_last_error());
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0);
+    cr_expect_eq(sb.st_mode & 0777, 0600u);
+    tide_keyfile back;
+    cr_assert_eq(tide_keyfile_read_pair(path, &back), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(back.secret_key, SEC_A);
+    cr_expect_eq(tide_keyfile_write(path, &k, 1, NULL, 0600, 0), TIDE_ERR_EXISTS);
+
+    /* a symlink planted at the path: refused without replace, replaced (not followed) with it */
+    FILE *f = fopen(victim, "w");
+    fputs("precious\n", f);
+    fclose(f);
+    unlink(path);
+    cr_assert_eq(symlink(victim, path), 0);
+    cr_expect_eq(tide_keyfile_write(path, &k, 1, NULL, 0600, 0), TIDE_ERR_EXISTS);
+    cr_assert_eq(tide_keyfile_write(path, &k, 1, NULL, 0600, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(lstat(path, &sb), 0);
+    cr_expect(S_ISREG(sb.st_mode), "the link itself was replaced");
+    char text[32] = "";
+    f = fopen(victim, "r");
+    cr_assert(fgets(text, sizeof text, f) != NULL);
+    fclose(f);
+    cr_expect_str_eq(text, "precious\n", "the link's target is untouched");
+
+    /* a .pub file is not a key pair; the server key may be a file or its Z85 text */
+    cr_assert_eq(tide_keyfile_write(server, &k, 0, "tided", 0644, 0), TIDE_OK);
+    cr_expect_eq(tide_keyfile_read_pair(server, &back), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "not NAME.pub"), "%s", tide_last_error());
+    char z85[41];
+    cr_assert_eq(tide_keyfile_server_key(server, z85), TIDE_OK);
+    cr_expect_str_eq(z85, PUB_A);
+    cr_assert_eq(tide_keyfile_server_key(PUB_A, z85), TIDE_OK);
+    cr_expect_str_eq(z85, PUB_A);
+    char none[128];
+    snprintf(none, sizeof none, "%s/none", dir);
+    cr_expect_eq(tide_keyfile_read(none, &back), TIDE_ERR_IO);
+    cr_expect(strstr(tide_last_error(), "cannot read key file"));
+    unlink(path);
+    unlink(victim);
+    unlink(server);
+    cr_expect_eq(rmdir(dir), 0, "no temporary file left behind");
 }

@@ -6,7 +6,11 @@
  *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
  *   mixed   (2,2,2) -> (1,4,2) -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)]
  *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
- * Rank 0 starts tided on a free loopback port with a temporary state file; every rank
+ *   hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks (tests/test_multihost_resize.sh
+ *           runs it across the hosts of scripts/cluster.sh, tided outside the job)
+ * Rank 0 starts tided on a free loopback port with a temporary state file (or, with
+ * TIDE_TEST_TIDED_ENDPOINT set, uses that tided, with CURVE keys: TIDE_KEY for the ranks,
+ * TIDE_TEST_ADMIN_KEY for the resizes, TIDE_SERVER_KEY); every rank
  * runs the elastic loop of train_mlp --tide (tide_mlp_tide_train) on the model; a
  * controller thread on rank 0 resizes the job with the tidectl binary while steps run,
  * a few steps after each generation started.
@@ -17,6 +21,10 @@
  * the layout active then (none lost or repeated); each generation has the requested
  * layout; the loss of every step equals on all members and matches the never-resized
  * run (the first layout over plain MPI, same steps) within relative 1e-5.
+ * Across hosts (hostnames differ between ranks) also: no tensor-parallel group of any
+ * generation spans two hosts; the bytes each switch moved in all (every rank's reshard
+ * counters) and across hosts (its plan over the ranks' real hostnames) are what
+ * `tidectl resize --dry-run` said before the resize.
  */
 #include <math.h>
 #include <pthread.h>
@@ -31,6 +39,7 @@
 
 #include "coord_harness.h"
 #include "core/alloc.h"
+#include "core/keyfile.h"
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_tide.h"
 #include "mlp_state.h"
@@ -65,10 +74,14 @@ static const mode modes[] = {
      1,
      4,
      {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
+    {"hosts", 4, 0, 3, {{2, 4, 1, NULL}, {1, 4, 2, NULL}, {2, 4, 1, NULL}}},
 };
 
 static const mode *g_mode;
 static int g_rank;
+#define HOST_LEN 64
+static char (*g_hosts)[HOST_LEN]; /* by MPI rank (= worker id): the host each rank runs on */
+static int g_multihost;           /* the ranks run on more than one host */
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
@@ -93,9 +106,20 @@ static void stop_tided(void)
 typedef struct ctl_state {
     const char *tidectl;
     char endpoint[256];
+    const char *admin_key, *server_key; /* external tided: key pair file and server.pub */
     volatile int error, sent;
     char why[1024];
+    uint64_t dry_sent[MAX_GEN + 1], dry_cross[MAX_GEN + 1]; /* --dry-run's figures by generation */
 } ctl_state;
+
+/* The number after "key": in a JSON text, or -1. */
+static long long json_u64(const char *text, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(text, pat);
+    return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
 
 /* Runs `tidectl --endpoint E resize JOB --dp .. --tp .. --pp .. [--stages ..]`; 0 on exit 0. */
 static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
@@ -104,12 +128,52 @@ static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
     snprintf(dp, sizeof dp, "%d", g->dp);
     snprintf(tp, sizeof tp, "%d", g->tp);
     snprintf(pp, sizeof pp, "%d", g->pp);
-    const char *args[12] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp};
+    const char *args[20] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp};
+    int n = 8;
     if (g->stages != NULL) {
-        args[8] = "--stages";
-        args[9] = g->stages;
+        args[n++] = "--stages";
+        args[n++] = g->stages;
+    }
+    if (cs->admin_key != NULL) {
+        args[n++] = "--key";
+        args[n++] = cs->admin_key;
+        args[n++] = "--server-key";
+        args[n++] = cs->server_key;
     }
     return coord_tidectl(cs->tidectl, cs->endpoint, args, NULL, 0) == 0 ? 0 : -1;
+}
+
+/* The same resize with --dry-run --json: records what it says generation gen will move. */
+static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
+{
+    char dp[16], tp[16], pp[16], out[8192];
+    snprintf(dp, sizeof dp, "%d", g->dp);
+    snprintf(tp, sizeof tp, "%d", g->tp);
+    snprintf(pp, sizeof pp, "%d", g->pp);
+    const char *args[20] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp, "--dry-run",
+                            "--json"};
+    int n = 10;
+    if (g->stages != NULL) {
+        args[n++] = "--stages";
+        args[n++] = g->stages;
+    }
+    if (cs->admin_key != NULL) {
+        args[n++] = "--key";
+        args[n++] = cs->admin_key;
+        args[n++] = "--server-key";
+        args[n++] = cs->server_key;
+    }
+    if (coord_tidectl(cs->tidectl, cs->endpoint, args, out, sizeof out) != 0)
+        return -1;
+    long long sent = json_u64(out, "bytes_sent"), cross = json_u64(out, "cross_host");
+    if (sent < 0 || cross < 0)
+        return -1;
+    cs->dry_sent[gen] = (uint64_t)sent;
+    cs->dry_cross[gen] = (uint64_t)cross;
+    printf("dry run for generation %d: %lld bytes to send, %lld of them across hosts\n", gen,
+           sent, cross);
+    fflush(stdout);
+    return 0;
 }
 
 /* Sends resize k once the job runs generation k at least GAP steps past its switch. */
@@ -117,7 +181,16 @@ static void *controller(void *arg)
 {
     ctl_state *cs = arg;
     void *ctx = zmq_ctx_new();
-    void *s = coord_connect(ctx, cs->endpoint, NULL, NULL, NULL, 10000);
+    void *s = NULL;
+    if (cs->admin_key != NULL) {
+        tide_keyfile k;
+        char srv[TIDE_KEY_Z85_LEN + 1];
+        if (tide_keyfile_read_pair(cs->admin_key, &k) == TIDE_OK &&
+            tide_keyfile_server_key(cs->server_key, srv) == TIDE_OK)
+            s = coord_connect(ctx, cs->endpoint, k.public_key, k.secret_key, srv, 10000);
+    } else {
+        s = coord_connect(ctx, cs->endpoint, NULL, NULL, NULL, 10000);
+    }
     int next = 1;
     int64_t since = -1;
     uint64_t deadline = tide_now_ns() + 80ull * 1000000000ull;
@@ -145,7 +218,8 @@ static void *controller(void *arg)
             tide_sleep_ms(20);
             continue;
         }
-        if (tidectl_resize(cs, &g_mode->gen[next]) != 0) {
+        if (tidectl_dry_run(cs, &g_mode->gen[next], next + 1) != 0 ||
+            tidectl_resize(cs, &g_mode->gen[next]) != 0) {
             snprintf(cs->why, sizeof cs->why, "tidectl resize to generation %d failed", next + 1);
             cs->error = 1;
             break;
@@ -174,7 +248,40 @@ typedef struct record {
     int64_t gen_size[MAX_GEN + 1];
     uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T]; /* state hashes */
     int64_t last_switch;                                            /* current generation's */
+    uint64_t sent[MAX_GEN + 1];  /* bytes this rank's reshard sent, by generation */
+    uint64_t cross[MAX_GEN + 1]; /* bytes the switch's plan moves across hosts (first rank) */
 } record;
+
+/* Every tensor-parallel group of l on one host. */
+static void check_tp_in_host(const tide_layout_t *l, uint64_t gen)
+{
+    for (int p = 0; p < l->pp; p++)
+        for (int d = 0; d < l->dp; d++) {
+            const int32_t *g = &l->worker[((size_t)p * (size_t)l->dp + (size_t)d) * (size_t)l->tp];
+            for (int t = 1; t < l->tp; t++)
+                MT_ASSERT(strcmp(g_hosts[g[t]], g_hosts[g[0]]) == 0,
+                          "generation %llu: the TP group of stage %d replica %d spans hosts %s "
+                          "(worker %d) and %s (worker %d)",
+                          (unsigned long long)gen, p, d, g_hosts[g[0]], (int)g[0], g_hosts[g[t]],
+                          (int)g[t]);
+        }
+}
+
+/* Bytes of the plan from old to new that go between workers on different hosts. */
+static uint64_t plan_cross_bytes(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                 const tide_collection_t *c)
+{
+    tide_plan_t *plan = NULL;
+    MT_OK(tide_reshard_plan(old_l, new_l, c, NULL, 0, &plan));
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const tide_xfer *x = &plan->items[i];
+        if (x->src != x->dst && strcmp(g_hosts[x->src], g_hosts[x->dst]) != 0)
+            bytes += x->run * x->count;
+    }
+    tide_plan_destroy(&plan);
+    return bytes;
+}
 
 /* The full state over the members of the current view, hashed on the root. */
 static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
@@ -200,6 +307,9 @@ static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
     MT_ASSERT(nv->generation <= MAX_GEN, "generation %llu", (unsigned long long)nv->generation);
     if (tide_view_get(t)->member)
         hash_state(t, m, r->before[nv->generation]);
+    if (g_rank == 0)
+        r->cross[nv->generation] =
+            plan_cross_bytes(tide_view_get(t)->layout, nv->layout, tide_mlp_collection(m));
     return TIDE_OK;
 }
 
@@ -214,6 +324,8 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->switch_at[g] = v->step;
     r->last_switch = v->step;
     r->gen_size[g] = (int64_t)tide_layout_size(v->layout);
+    r->sent[g] = st->rs.bytes_sent;
+    check_tp_in_host(v->layout, g);
     const gen_spec *want = &g_mode->gen[g - 1];
     tide_layout_t *l = NULL;
     MT_OK(tide_layout_new(&l, want->dp, want->tp, want->pp, g_mode->layers, 1));
@@ -274,7 +386,8 @@ static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss)
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1\n");
+        fprintf(stderr,
+                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|hosts\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
@@ -285,7 +398,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
-    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
+    const char *external = getenv("TIDE_TEST_TIDED_ENDPOINT");
+    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0 && external == NULL;
     if (is_root)
         start_tided(argv[1]); /* before MPI_Init: fork is safe here */
     int prov = 0, size = 0;
@@ -296,7 +410,21 @@ int main(int argc, char **argv)
 
     static ctl_state cs;
     cs.tidectl = argv[2];
-    if (g_rank == 0)
+    if (external != NULL) {
+        cs.admin_key = getenv("TIDE_TEST_ADMIN_KEY");
+        cs.server_key = getenv("TIDE_SERVER_KEY");
+        MT_ASSERT(cs.admin_key != NULL && cs.server_key != NULL,
+                  "TIDE_TEST_TIDED_ENDPOINT needs TIDE_TEST_ADMIN_KEY and TIDE_SERVER_KEY");
+    }
+    g_hosts = calloc((size_t)size, HOST_LEN);
+    char me[HOST_LEN] = "";
+    gethostname(me, sizeof me - 1);
+    MPI_Allgather(me, HOST_LEN, MPI_CHAR, g_hosts, HOST_LEN, MPI_CHAR, MPI_COMM_WORLD);
+    for (int i = 1; i < size; i++)
+        g_multihost |= strcmp(g_hosts[i], g_hosts[0]) != 0;
+    if (g_rank == 0 && external != NULL)
+        snprintf(cs.endpoint, sizeof cs.endpoint, "%s", external);
+    else if (g_rank == 0)
         snprintf(cs.endpoint, sizeof cs.endpoint, "%s", g_coord.endpoint);
     MPI_Bcast(cs.endpoint, sizeof cs.endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
     MT_ASSERT(cs.endpoint[0] != '\0', "tided did not start (no endpoint file)");
@@ -328,6 +456,7 @@ int main(int argc, char **argv)
               "first layout as requested");
     rec.switch_at[1] = 0;
     rec.gen_size[1] = (int64_t)tide_layout_size(v->layout);
+    check_tp_in_host(v->layout, 1);
     tide_mlp_t *m = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
     if (v->member) {
@@ -391,6 +520,21 @@ int main(int argc, char **argv)
                       g, (long long)hi[g], tide_collection_tensor(rec.coll, i)->name,
                       (unsigned long long)before[g][i], (unsigned long long)after[g][i]);
 
+    /* what moved is what --dry-run said: in all, and across hosts */
+    static uint64_t sent[MAX_GEN + 1];
+    MPI_Reduce(rec.sent, sent, MAX_GEN + 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    for (int g = 2; g <= n_gens && g_rank == 0; g++) {
+        MT_ASSERT(sent[g] == cs.dry_sent[g],
+                  "generation %d: the ranks sent %llu bytes; tidectl resize --dry-run said %llu", g,
+                  (unsigned long long)sent[g], (unsigned long long)cs.dry_sent[g]);
+        MT_ASSERT(rec.cross[g] == cs.dry_cross[g],
+                  "generation %d: %llu bytes crossed hosts; tidectl resize --dry-run said %llu", g,
+                  (unsigned long long)rec.cross[g], (unsigned long long)cs.dry_cross[g]);
+        if (g_multihost)
+            printf("generation %d: %llu bytes sent, %llu across hosts, as --dry-run said\n", g,
+                   (unsigned long long)sent[g], (unsigned long long)rec.cross[g]);
+    }
+
     /* losses: the same on every member, and those of the never-resized run */
     static double llo[MAX_STEPS], lhi[MAX_STEPS], ref[MAX_STEPS];
     for (int64_t k = 0; k < MAX_STEPS; k++) {
@@ -420,6 +564,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);
+    free(g_hosts);
     mt_pass("test_examples_tide");
     MPI_Finalize();
     if (is_root)

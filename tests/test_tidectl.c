@@ -755,8 +755,25 @@ Test(tidectl_keys, keygen_writes_the_agreed_format)
     cr_expect_eq(r.rc, TIDECTL_EXIT_USAGE);
     cr_expect(strstr(r.err, "pass --force"), "%s", r.err);
     run_free(&r);
+    /* --force replaces a symlink planted at a key's path, never writes through it */
+    char victim[128];
+    snprintf(victim, sizeof victim, "%s/victim", keydir);
+    FILE *vf = fopen(victim, "w");
+    fputs("precious\n", vf);
+    fclose(vf);
+    snprintf(path, sizeof path, "%s/ops.key", keydir);
+    unlink(path);
+    cr_assert_eq(symlink(victim, path), 0);
     r = run_cli("keygen", keydir, "--name", "ops", "--force", "--json", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_expect(S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600, "the link was replaced");
+    vf = fopen(victim, "r");
+    char vtext[32] = "";
+    cr_assert(fgets(vtext, sizeof vtext, vf) != NULL);
+    fclose(vf);
+    cr_expect_str_eq(vtext, "precious\n", "keygen --force wrote through a symlink");
+    unlink(victim);
     cr_expect(strstr(r.out, "\"role\":\"admin\",\"name\":\"ops\""), "%s", r.out);
     run_free(&r);
     snprintf(path, sizeof path, "%s/ops.key", keydir);
@@ -764,6 +781,7 @@ Test(tidectl_keys, keygen_writes_the_agreed_format)
     cr_expect_str_neq(pub2, pub);
     r = run_cli("keygen", keydir, "--role", "root", NULL);
     cr_expect_eq(r.rc, TIDECTL_EXIT_USAGE);
+    cr_expect(strstr(r.err, "admin, worker, reader or server"), "%s", r.err);
     run_free(&r);
     remove_keys();
 }

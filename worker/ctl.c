@@ -22,6 +22,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "worker/tide_int.h"
 #include "worker/worker_int.h"
@@ -35,6 +36,7 @@ struct tide__ctl {
     tide_proto_register_t reg;
     int hb_fixed_ms;
     void *zctx, *dealer, *pair_bg, *pair_main;
+    void *mon; /* PAIR: the dealer's failed CURVE handshakes (main thread only) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
@@ -651,47 +653,58 @@ static void *run(void *arg)
 
 /* ---- CURVE keys ------------------------------------------------------------------------- */
 
-/* Reads `name <z85>` from a key file (tidectl keygen format) into out (41 bytes). */
-static tide_status key_from_file(const char *path, const char *name, char *out)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return tide_errorf(TIDE_ERR_IO, "cannot read key file %s: %s", path, strerror(errno));
-    char line[256];
-    tide_status rc = tide_errorf(TIDE_ERR_INVALID, "key file %s has no '%s' line", path, name);
-    while (fgets(line, sizeof line, f) != NULL) {
-        char k[32], v[64];
-        if (line[0] == '#' || sscanf(line, "%31s %63s", k, v) != 2)
-            continue;
-        if (strcmp(k, name) == 0 && strlen(v) == 40) {
-            memcpy(out, v, 41);
-            rc = TIDE_OK;
-            tide_error_clear();
-            break;
-        }
-    }
-    fclose(f);
-    return rc;
-}
-
+/* Sets the CURVE keys on sock from TIDE_KEY's key pair file and TIDE_SERVER_KEY (a file
+ * or its Z85 text), both read by core/keyfile, the reader tided and tidectl use. */
 static tide_status setup_curve(void *sock, const char *key_file, const char *server_key)
 {
-    char pub[41], sec[41], srv[41];
-    TIDE_CHECK(key_from_file(key_file, "public", pub));
-    TIDE_CHECK(key_from_file(key_file, "secret", sec));
+    tide_keyfile k;
+    char srv[TIDE_KEY_Z85_LEN + 1];
+    if (tide_keyfile_read_pair(key_file, &k) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID, "TIDE_KEY: %s", tide_last_error());
     if (server_key == NULL || server_key[0] == '\0')
         return tide_errorf(TIDE_ERR_INVALID, "TIDE_KEY is set but TIDE_SERVER_KEY is not: give "
                                              "tided's public key (server.pub or its Z85 text)");
-    if (strlen(server_key) == 40 && strchr(server_key, '/') == NULL)
-        memcpy(srv, server_key, 41);
-    else
-        TIDE_CHECK(key_from_file(server_key, "public", srv));
-    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, 41) != 0 ||
-        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 41) != 0 ||
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)
-        return tide_errorf(TIDE_ERR_INVALID, "invalid CURVE key (%s / %s): %s", key_file,
-                           server_key, zmq_strerror(errno));
-    return TIDE_OK;
+    if (tide_keyfile_server_key(server_key, srv) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID, "TIDE_SERVER_KEY: %s", tide_last_error());
+    tide_status rc = TIDE_OK;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, sizeof srv) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k.public_key, sizeof k.public_key) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k.secret_key, sizeof k.secret_key) != 0)
+        rc = tide_errorf(TIDE_ERR_INVALID, "cannot use the CURVE keys (%s / %s): %s", key_file,
+                         server_key, zmq_strerror(errno));
+    memset(&k, 0, sizeof k);
+    return rc;
+}
+
+/* The first failed-handshake event waiting on the monitor (a ZMQ_EVENT_HANDSHAKE_FAILED_*
+ * value), or 0. Main thread. */
+static unsigned handshake_refused(tide__ctl_t *ctl)
+{
+    unsigned found = 0;
+    while (ctl->mon != NULL) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, ctl->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&f) >= sizeof ev)
+            memcpy(&ev, zmq_msg_data(&f), sizeof ev);
+        int more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, ctl->mon, 0) < 0)
+                more = 0;
+            else
+                more = zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        if (found == 0)
+            found = ev;
+    }
+    return found;
 }
 
 /* ---- lifecycle (main thread) ------------------------------------------------------------- */
@@ -744,6 +757,25 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     zmq_setsockopt(ctl->pair_bg, ZMQ_RCVHWM, &zero, sizeof zero);
     if (cfg->key_file != NULL && cfg->key_file[0] != '\0')
         TIDE_CHECK_GOTO(setup_curve(ctl->dealer, cfg->key_file, cfg->server_key), rc, fail);
+    {
+        /* a refused handshake never produces a reply: watch for it so that tide_new fails
+         * at once with the reason instead of timing out */
+        char mon_ep[64];
+        snprintf(mon_ep, sizeof mon_ep, "inproc://tide-ctl-mon-%p", (void *)ctl);
+        if (zmq_socket_monitor(ctl->dealer, mon_ep,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+            ctl->mon = zmq_socket(ctl->zctx, ZMQ_PAIR);
+            if (ctl->mon != NULL) {
+                zmq_setsockopt(ctl->mon, ZMQ_LINGER, &zero, sizeof zero);
+                if (zmq_connect(ctl->mon, mon_ep) != 0) {
+                    zmq_close(ctl->mon);
+                    ctl->mon = NULL;
+                }
+            }
+        }
+    }
     if (zmq_connect(ctl->dealer, ctl->endpoint) != 0)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "cannot connect to tided at %s: %s",
                        ctl->endpoint, zmq_strerror(errno));
@@ -759,10 +791,25 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     int timeout = cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 10000;
     uint64_t deadline = tide_now_ns() + (uint64_t)timeout * 1000000ull;
     pthread_mutex_lock(&ctl->mu);
-    while (!ctl->registered && tide_now_ns() < deadline)
+    int refused = 0;
+    while (!ctl->registered && !refused && tide_now_ns() < deadline) {
         tide__ctl_wait(ctl, 50);
+        pthread_mutex_unlock(&ctl->mu);
+        refused = handshake_refused(ctl);
+        pthread_mutex_lock(&ctl->mu);
+    }
     int ok = ctl->registered;
     pthread_mutex_unlock(&ctl->mu);
+    if (!ok && refused)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_DENIED,
+                       "tided at %s refused the connection: the CURVE handshake failed (%s). %s",
+                       ctl->endpoint,
+                       refused == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "key not allowed"
+                                                                  : "protocol error",
+                       cfg->key_file ? "Is TIDE_KEY's .pub in tided's --auth directory, and "
+                                       "TIDE_SERVER_KEY tided's server.pub?"
+                                     : "tided requires CURVE: set TIDE_KEY (a worker key pair "
+                                       "from tidectl keygen) and TIDE_SERVER_KEY");
     if (!ok) {
         tide_msg_t m;
         char why[TIDE_PROTO_TEXT_MAX + 8] = "";
@@ -813,6 +860,8 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         tide__child_kill(&ctl->child);
         send_offline_status(ctl, ctl->child.job, TIDE_JOB_PREEMPTED, -9);
     }
+    if (ctl->mon)
+        zmq_close(ctl->mon);
     if (ctl->dealer)
         zmq_close(ctl->dealer);
     if (ctl->pair_bg)

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# A cluster of N hosts on one machine: each host is a Linux network namespace with its
+# own hostname (a UTS namespace per launched command) and an address on a private
+# bridge; the machine itself (where tided and mpirun run) holds the bridge's .254.
+# Open MPI launches across the hosts through a generated rsh agent, so
+# `mpirun --host h1:4,h2:4` starts orted inside each namespace as on a real cluster:
+# shared memory inside a host, TCP between hosts. Traffic stays on the bridge's
+# private /24 (10.77.K.0/24, K picked free at `up`); nothing is routed anywhere else.
+#
+#   cluster.sh up N [--name NAME] [--rate RATE]   create; prints the env file to source
+#   cluster.sh down [--name NAME]                 kill every process of its hosts, remove all
+#   cluster.sh shape RATE|off [--name NAME]       each host's uplink rate (tc tbf: 1gbit, 200mbit)
+#   cluster.sh exec HOST CMD... [--name NAME]     run CMD inside HOST's namespace
+#   cluster.sh kill-host HOST [--name NAME]       SIGKILL every process of HOST at once
+#   cluster.sh check                              exit 0 if this machine can make one, else
+#                                                 print why and exit 77
+#
+# The env file (/run/tide-cluster/NAME/env) sets TIDE_CLUSTER_NAME, TIDE_CLUSTER_HOSTS
+# ("h1 h2"), TIDE_CLUSTER_ADDR (the machine's bridge address), TIDE_CLUSTER_SUBNET and
+# TIDE_CLUSTER_MPI (mpirun flags: agent, interfaces, --allow-run-as-root when root; the
+# environment does not reach orted, so these must be flags). NAME: up to 8 of [a-z0-9]
+# (interface names are short); default "c" plus this shell's PID. Needs root, iproute2
+# and util-linux. Host names are h1..hN inside every cluster.
+set -euo pipefail
+
+RUN_DIR=${TIDE_CLUSTER_RUN_DIR:-/run/tide-cluster}
+LOCK=$RUN_DIR/.lock
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+# Prints why a cluster cannot be made here, or nothing.
+why_not() {
+  [ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)"; return; }
+  for c in ip unshare tc nsenter; do
+    command -v "$c" >/dev/null 2>&1 || { echo "needs $c (iproute2, util-linux)"; return; }
+  done
+  local probe="tideprobe$$"
+  if ! ip netns add "$probe" 2>/dev/null; then
+    echo "cannot create a network namespace (ip netns add failed)"; return
+  fi
+  ip netns delete "$probe" 2>/dev/null || true
+  if ! ip link add "tpb$$" type bridge 2>/dev/null; then
+    echo "cannot create a bridge (ip link add type bridge failed)"; return
+  fi
+  ip link delete "tpb$$" 2>/dev/null || true
+  if ! unshare --uts true 2>/dev/null; then
+    echo "cannot create a UTS namespace (unshare --uts failed)"; return
+  fi
+}
+
+NAME="c$$"
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --name) NAME=$2; shift 2 ;;
+    --name=*) NAME=${1#--name=}; shift ;;
+    --rate) RATE=$2; shift 2 ;;
+    --rate=*) RATE=${1#--rate=}; shift ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+set -- "${ARGS[@]+"${ARGS[@]}"}"
+[[ "$NAME" =~ ^[a-z0-9]{1,8}$ ]] || die "--name '$NAME': up to 8 of a-z 0-9"
+DIR=$RUN_DIR/$NAME
+BR="tcb$NAME"
+ns() { echo "tide-$NAME-$1"; }
+
+load() {
+  [ -f "$DIR/env" ] || die "no cluster '$NAME' (no $DIR/env)"
+  # shellcheck disable=SC1090
+  . "$DIR/env"
+}
+
+shape() {
+  local rate=$1 h
+  for h in $TIDE_CLUSTER_HOSTS; do
+    if [ "$rate" = off ]; then
+      ip netns exec "$(ns "$h")" tc qdisc del dev eth0 root 2>/dev/null || true
+    else
+      # a token bucket on the host's uplink: what a NIC of that rate sends
+      ip netns exec "$(ns "$h")" tc qdisc replace dev eth0 root tbf rate "$rate" \
+        burst 256kb latency 100ms
+    fi
+  done
+  echo "$rate" >"$DIR/rate"
+}
+
+down() {
+  local h n
+  if [ -f "$DIR/env" ]; then
+    # shellcheck disable=SC1090
+    . "$DIR/env"
+  fi
+  for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^tide-$NAME-h[0-9]+$" || true); do
+    # every process of the host first, so nothing keeps the namespace alive
+    for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns delete "$n" 2>/dev/null || true
+  done
+  ip link delete "$BR" 2>/dev/null || true
+  rm -rf /etc/netns/tide-"$NAME"-h*
+  for h in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
+             grep -E "^tcv$NAME[0-9]+$" || true); do
+    ip link delete "$h" 2>/dev/null || true
+  done
+  rm -rf "$DIR"
+}
+
+up() {
+  local n=${1:-}
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 16 ] || die "up N: N in 1..16"
+  local why
+  why=$(why_not)
+  [ -z "$why" ] || die "$why"
+  mkdir -p "$RUN_DIR"
+  exec 9>"$LOCK"
+  flock 9
+  [ ! -e "$DIR" ] || die "cluster '$NAME' exists: cluster.sh down --name $NAME first"
+  # a /24 that no interface of this machine uses yet (the lock makes the pick atomic)
+  local k used
+  used=$(ip -o -4 addr show | awk '{print $4}')
+  for k in $(seq 1 250); do
+    grep -q "^10\.77\.$k\." <<<"$used" || break
+  done
+  grep -q "^10\.77\.$k\." <<<"$used" && die "no free 10.77.K.0/24"
+  mkdir -p "$DIR"
+  trap 'down' ERR
+  local sub="10.77.$k"
+  ip link add "$BR" type bridge
+  ip addr add "$sub.254/24" dev "$BR"
+  ip link set "$BR" up
+  local hosts="" i
+  for i in $(seq 1 "$n"); do
+    local h="h$i" v="tcv$NAME$i" p="tcp$NAME$i" s
+    s=$(ns "$h")
+    ip netns add "$s"
+    ip link add "$v" type veth peer name "$p"
+    ip link set "$p" netns "$s"
+    ip link set "$v" master "$BR"
+    ip link set "$v" up
+    ip netns exec "$s" ip link set "$p" name eth0
+    ip netns exec "$s" ip addr add "$sub.$i/24" dev eth0
+    ip netns exec "$s" ip link set eth0 up
+    ip netns exec "$s" ip link set lo up
+    hosts="$hosts${hosts:+ }$h"
+  done
+  # name lookups inside a host never leave the machine: `ip netns exec` binds
+  # /etc/netns/NS/* over /etc/* (an unreachable DNS server costs ~10 s per MPI_Init)
+  local hosts_file="127.0.0.1 localhost"$'\n'"$sub.254 tide-coordinator"
+  for i in $(seq 1 "$n"); do hosts_file="$hosts_file"$'\n'"$sub.$i h$i"; done
+  for i in $(seq 1 "$n"); do
+    mkdir -p "/etc/netns/$(ns "h$i")"
+    printf '%s\n' "$hosts_file" >"/etc/netns/$(ns "h$i")/hosts"
+    printf '# no DNS inside tide cluster %s\n' "$NAME" >"/etc/netns/$(ns "h$i")/resolv.conf"
+  done
+  # the launch agent: mpirun runs `agent HOST CMD...` as it would run ssh
+  cat >"$DIR/agent" <<EOF
+#!/bin/sh
+# rsh agent of tide cluster '$NAME': runs a command inside host \$1's namespace
+# under a UTS namespace named after the host (generated by scripts/cluster.sh)
+h="\$1"; shift
+case "\$h" in h[0-9]*) ;; *) echo "agent: unknown host '\$h'" >&2; exit 255 ;; esac
+exec ip netns exec "tide-$NAME-\$h" unshare --uts sh -c "hostname \$h; \$*"
+EOF
+  chmod 755 "$DIR/agent"
+  local mpi="--mca plm_rsh_agent $DIR/agent --mca oob_tcp_if_include $sub.0/24"
+  mpi="$mpi --mca btl_tcp_if_include $sub.0/24"
+  [ "$(id -u)" -ne 0 ] || mpi="$mpi --allow-run-as-root"
+  cat >"$DIR/env" <<EOF
+TIDE_CLUSTER_NAME=$NAME
+TIDE_CLUSTER_HOSTS="$hosts"
+TIDE_CLUSTER_ADDR=$sub.254
+TIDE_CLUSTER_SUBNET=$sub.0/24
+TIDE_CLUSTER_MPI="$mpi"
+export TIDE_CLUSTER_NAME TIDE_CLUSTER_HOSTS TIDE_CLUSTER_ADDR TIDE_CLUSTER_SUBNET TIDE_CLUSTER_MPI
+EOF
+  TIDE_CLUSTER_HOSTS=$hosts
+  if [ -n "${RATE:-}" ]; then shape "$RATE"; fi
+  trap - ERR
+  echo "$DIR/env"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  up) up "$@" ;;
+  down) down ;;
+  shape) load; [ $# -eq 1 ] || die "shape RATE|off"; shape "$1" ;;
+  exec)
+    load
+    [ $# -ge 2 ] || die "exec HOST CMD..."
+    h=$1; shift
+    exec ip netns exec "$(ns "$h")" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$h" "$@" ;;
+  kill-host)
+    load
+    [ $# -eq 1 ] || die "kill-host HOST"
+    pids=$(ip netns pids "$(ns "$1")")
+    # all of them in one go: the host is lost at once, as when it loses power
+    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true ;;
+  check)
+    why=$(why_not)
+    if [ -n "$why" ]; then echo "cluster.sh: cannot make a cluster here: $why"; exit 77; fi ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+esac

@@ -1,0 +1,16 @@
+# Multi-host tests (labels mpi, multihost): a cluster of network namespaces on this
+# machine (scripts/cluster.sh), tided with CURVE keys on the bridge address, and the
+# real programs launched across the hosts by mpirun. They need root; elsewhere they skip
+# (exit 77) with the reason, unless TIDE_REQUIRE_NETNS=1 (.ci/run) makes that a failure.
+# Each test makes its own uniquely named cluster and removes it on exit.
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET test_examples_tide)
+  function(tide_add_multihost_test name)
+    cmake_parse_arguments(T "" "TIMEOUT" "ARGS" ${ARGN})
+    add_test(NAME ${name}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/${name}.sh ${PROJECT_BINARY_DIR}
+                     ${PROJECT_SOURCE_DIR} ${T_ARGS})
+    _tide_test_props(${name} "mpi;multihost" ${T_TIMEOUT})
+  endfunction()
+  tide_add_multihost_test(test_multihost_auth TIMEOUT 180)
+  tide_add_multihost_test(test_multihost_resize TIMEOUT 120)
+endif()

@@ -1,0 +1,111 @@
+# Shared by the multi-host tests (sourced): a cluster of network namespaces from
+# scripts/cluster.sh, tided with CURVE keys on the bridge address, and helpers. Each
+# test calls mh_setup N; everything it started is removed on exit, failure included.
+# Needs: TIDE_BUILD (the build directory), TIDE_SRC (the source tree).
+# Skips (exit 77) when namespaces cannot be made here, unless TIDE_REQUIRE_NETNS=1
+# (set by .ci/run), which turns the skip into a failure.
+
+MH_SKIP=${TIDE_TEST_SKIP_RC:-77}
+TIDED="$TIDE_BUILD/coordinator/tided"
+TIDECTL="$TIDE_BUILD/coordinator/tidectl"
+TRAIN="$TIDE_BUILD/examples/train_mlp"
+CLUSTER="$TIDE_SRC/scripts/cluster.sh"
+MH_NAME="m$$"
+MH_TMP=""
+TIDED_PID=""
+MH_PIDS=""
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "-- $*"; }
+
+mh_cleanup() {
+  local p
+  for p in $MH_PIDS $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
+  for p in $MH_PIDS $TIDED_PID; do wait "$p" 2>/dev/null || true; done
+  bash "$CLUSTER" down --name "$MH_NAME" || true
+  if [ -n "$MH_TMP" ] && [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$MH_TMP"; fi
+}
+
+# mh_setup N [RATE]: the cluster of N hosts, keys, and tided on the bridge address.
+mh_setup() {
+  local why
+  if ! why=$(bash "$CLUSTER" check); then
+    if [ "${TIDE_REQUIRE_NETNS:-0}" = 1 ]; then
+      fail "TIDE_REQUIRE_NETNS=1 but: $why"
+    fi
+    echo "SKIP: $why"
+    exit "$MH_SKIP"
+  fi
+  trap mh_cleanup EXIT
+  trap 'exit 1' INT TERM
+  MH_TMP=$(mktemp -d /tmp/tide-mh.XXXXXX)
+  local env
+  env=$(bash "$CLUSTER" up "$1" --name "$MH_NAME" ${2:+--rate "$2"})
+  # shellcheck disable=SC1090
+  . "$env"
+  KEYS="$MH_TMP/keys"
+  "$TIDECTL" keygen "$KEYS" --role server >/dev/null
+  "$TIDECTL" keygen "$KEYS" --role admin --name ops >/dev/null
+  "$TIDECTL" keygen "$KEYS" --role worker --name pool1 >/dev/null
+  "$TIDECTL" keygen "$KEYS" --role reader --name watch >/dev/null
+  # a key tided does not know: made elsewhere
+  "$TIDECTL" keygen "$MH_TMP/other" --role admin --name stranger >/dev/null
+  # the environment does not cross to orted: mpirun flags carry what the ranks need
+  MPI=(mpirun $TIDE_CLUSTER_MPI --oversubscribe --bind-to none
+       --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none
+       --mca mpi_yield_when_idle 1)
+  local v
+  for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
+    if [ -n "${!v:-}" ]; then MPI+=(-x "$v"); fi
+  done
+  mh_tided_start
+}
+
+# Starts tided on the bridge address with the keys (again on the same port after a stop).
+mh_tided_start() {
+  local ep=${EP:-"tcp://$TIDE_CLUSTER_ADDR:*"}
+  rm -f "$MH_TMP/endpoint"
+  "$TIDED" --endpoint "$ep" --endpoint-file "$MH_TMP/endpoint" --auth "$KEYS" \
+    --state "$MH_TMP/state.db" --heartbeat-ms 100 --miss-limit 30 \
+    --resize-timeout-ms 60000 >>"$MH_TMP/tided.log" 2>&1 &
+  TIDED_PID=$!
+  local i
+  for i in $(seq 200); do
+    [ -s "$MH_TMP/endpoint" ] && break
+    kill -0 "$TIDED_PID" 2>/dev/null || { cat "$MH_TMP/tided.log" >&2; fail "tided exited"; }
+    sleep 0.05
+  done
+  [ -s "$MH_TMP/endpoint" ] || fail "tided did not start"
+  EP=$(cat "$MH_TMP/endpoint")
+  case "$EP" in tcp://"$TIDE_CLUSTER_ADDR":*) ;; *) fail "tided bound $EP" ;; esac
+}
+
+# ctl KEY ARGS...: tidectl with that key (ops, pool1, watch) against tided.
+ctl() {
+  local k=$1
+  shift
+  "$TIDECTL" --endpoint "$EP" --key "$KEYS/$k.key" --server-key "$KEYS/server.pub" \
+    --timeout-ms 5000 "$@"
+}
+
+# Waits (up to $2 s) until `tidectl status` (admin) shows $1 workers online.
+wait_busy() {
+  local n=$1 secs=${2:-60} i
+  for i in $(seq $((secs * 10))); do
+    if [ "$(ctl ops status 2>/dev/null | grep -c ' online ')" -ge "$n" ]; then return 0; fi
+    sleep 0.1
+  done
+  ctl ops status >&2 || true
+  fail "fewer than $n online workers after ${secs}s"
+}
+
+# Compares two loss files ("step loss" lines) within relative tolerance $3 over the
+# steps of the first; prints the number of steps compared.
+compare_losses() {
+  awk -v tol="$3" 'NR == FNR { ref[$1] = $2; next }
+    { if (!($1 in ref)) { print "step " $1 " missing from the reference" > "/dev/stderr"; bad = 1; next }
+      d = $2 - ref[$1]; if (d < 0) d = -d; m = ref[$1] < 0 ? -ref[$1] : ref[$1];
+      if (d > tol * (m > 1e-30 ? m : 1)) { printf "step %d: loss %.9g, never-resized %.9g\n", $1, $2, ref[$1] > "/dev/stderr"; bad = 1 }
+      n++ }
+    END { if (bad || n == 0) exit 1; print n }' "$2" "$1"
+}

@@ -25,6 +25,31 @@ static const tide_coll_backend_v1 *const backends[] = {
 #endif
 };
 
+/* Backends added by tide_coll_backend_register (main thread, before use). */
+#define MAX_REGISTERED 4
+static const tide_coll_backend_v1 *registered[MAX_REGISTERED];
+static size_t n_registered;
+
+tide_status tide_coll_backend_register(const tide_coll_backend_v1 *be)
+{
+    if (be == NULL || be->name == NULL || be->name[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_backend_register: a named backend is "
+                                             "required");
+    if (be->version != TIDE_COLL_BACKEND_VERSION)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED, "backend '%s' has interface version %d, not %d",
+                           be->name, be->version, TIDE_COLL_BACKEND_VERSION);
+    const tide_coll_backend_v1 *found = NULL;
+    tide_status rc = tide_coll_backend_find(be->name, &found);
+    tide_error_clear();
+    if (rc == TIDE_OK)
+        return tide_errorf(TIDE_ERR_EXISTS, "a collective backend named '%s' already exists",
+                           be->name);
+    if (n_registered == MAX_REGISTERED)
+        return tide_errorf(TIDE_ERR_RANGE, "at most %d backends can be registered", MAX_REGISTERED);
+    registered[n_registered++] = be;
+    return TIDE_OK;
+}
+
 const char *tide_coll_backend_names(void)
 {
 #if defined(TIDE_HAVE_NCCL)
@@ -44,6 +69,12 @@ tide_status tide_coll_backend_find(const char *name, const tide_coll_backend_v1 
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
         if (strcmp(backends[i]->name, name) == 0) {
             *out = backends[i];
+            return TIDE_OK;
+        }
+    }
+    for (size_t i = 0; i < n_registered; i++) {
+        if (strcmp(registered[i]->name, name) == 0) {
+            *out = registered[i];
             return TIDE_OK;
         }
     }
@@ -319,8 +350,10 @@ static uint64_t members_hash(const int *members, int n, int tag)
     return h;
 }
 
-/* Polls reqs until all complete or the deadline passes (TIDE_ERR_TIMEOUT). */
-static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns)
+/* Polls reqs until all complete, the deadline passes (TIDE_ERR_TIMEOUT) or cancel is
+   set (TIDE_ERR_ABORTED, message set). */
+static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns, const int *cancel,
+                                 int tag)
 {
     tide__backoff bo;
     tide__backoff_init(&bo);
@@ -329,6 +362,11 @@ static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns)
         MPI_CHECK(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE));
         if (flag)
             return TIDE_OK;
+        if (tide__cancelled(cancel))
+            return tide_errorf(TIDE_ERR_ABORTED,
+                               "communicator creation (tag %d) was cancelled while waiting for "
+                               "its members",
+                               tag);
         if (tide_now_ns() >= deadline_ns)
             return TIDE_ERR_TIMEOUT;
         tide__backoff_pause(&bo);
@@ -336,7 +374,8 @@ static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns)
 }
 
 tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                 uint32_t timeout_ms, void *payload, size_t payload_len)
+                                 uint32_t timeout_ms, const int *cancel, void *payload,
+                                 size_t payload_len)
 {
     if (n <= 1)
         return TIDE_OK;
@@ -372,7 +411,7 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
         MPI_CHECK_GOTO(
             MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, members[0], mpitag, pool->comm, &reqs[1]),
             rc, out);
-        rc = wait_deadline(reqs, 2, deadline);
+        rc = wait_deadline(reqs, 2, deadline, cancel, tag);
         if (rc == TIDE_ERR_TIMEOUT) {
             rc = tide_errorf(TIDE_ERR_TIMEOUT,
                              "communicator creation (tag %d, %d members) timed out after %u ms "
@@ -398,7 +437,7 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
         MPI_CHECK_GOTO(MPI_Irecv(&in[i], (int)sizeof in[i], MPI_BYTE, members[i], mpitag,
                                  pool->comm, &reqs[i]),
                        rc, out);
-    rc = wait_deadline(reqs + 1, n - 1, deadline);
+    rc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
     if (rc == TIDE_ERR_TIMEOUT) {
         char missing[256] = "";
         size_t len = 0;
@@ -433,7 +472,7 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
         MPI_CHECK_GOTO(
             MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, members[i], mpitag, pool->comm, &reqs[i]),
             rc, out);
-    tide_status wrc = wait_deadline(reqs + 1, n - 1, deadline);
+    tide_status wrc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
     if (wrc == TIDE_ERR_TIMEOUT)
         wrc = tide_errorf(TIDE_ERR_TIMEOUT,
                           "communicator creation (tag %d): a member stopped answering during "
@@ -827,4 +866,107 @@ tide_status tide_coll_barrier(tide_coll_comm_t *comm, tide_coll_stream_t stream)
 {
     TIDE_CHECK(live(comm, "barrier"));
     return finish(comm, comm->be->barrier(comm, stream));
+}
+
+/* ---- devices and memory ------------------------------------------------------------ */
+
+tide_status tide_coll_device_bind(const tide_coll_backend_v1 *be, int device)
+{
+    if (be == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_device_bind: backend is NULL");
+    if (be->device_bind == NULL)
+        return TIDE_OK;
+    if (device < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "backend '%s' needs a device index, got %d", be->name,
+                           device);
+    return be->device_bind(device);
+}
+
+tide_status tide_coll_mem_alloc(const tide_coll_backend_v1 *be, int device, size_t bytes,
+                                void **out)
+{
+    if (be == NULL || out == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_mem_alloc: backend and out are required");
+    *out = NULL;
+    if (be->mem_alloc_on != NULL)
+        return be->mem_alloc_on(device, bytes, out);
+    return be->mem_alloc(bytes, out);
+}
+
+tide_status tide_coll_mem_zero(const tide_coll_backend_v1 *be, int device, void *ptr, size_t bytes)
+{
+    if (be == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_mem_zero: backend is NULL");
+    if (bytes == 0)
+        return TIDE_OK;
+    if (ptr == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_mem_zero: NULL buffer of %zu bytes", bytes);
+    if (be->mem_zero != NULL)
+        return be->mem_zero(device, ptr, bytes);
+    if (be->mem_kind != TIDE_MEM_HOST)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED, "backend '%s' cannot zero its memory", be->name);
+    memset(ptr, 0, bytes);
+    return TIDE_OK;
+}
+
+tide_status tide_coll_mem_check(const tide_coll_backend_v1 *be, const void *ptr, size_t bytes,
+                                const char *what)
+{
+    if (be == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_mem_check: backend is NULL");
+    if (bytes == 0 || be->mem_check == NULL)
+        return TIDE_OK;
+    if (ptr == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "%s: NULL buffer of %zu bytes", what ? what : "buffer",
+                           bytes);
+    return be->mem_check(ptr, bytes, what ? what : "buffer");
+}
+
+tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
+                                     tide_coll_stream_t *out)
+{
+    if (be == NULL || out == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_stream_new_low: backend and out are "
+                                             "required");
+    *out = NULL;
+    return be->stream_new_low != NULL ? be->stream_new_low(device, out) : TIDE_OK;
+}
+
+void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream)
+{
+    if (be != NULL && stream != NULL && be->stream_free != NULL)
+        be->stream_free(stream);
+}
+
+tide__copy2d_mode tide__copy2d_choose(size_t dpitch, size_t spitch, size_t width, size_t height,
+                                      size_t max_pitch)
+{
+    if (height <= 1 || (dpitch == width && spitch == width))
+        return TIDE__COPY_FLAT;
+    if (dpitch <= max_pitch && spitch <= max_pitch)
+        return TIDE__COPY_2D;
+    return TIDE__COPY_ROWS;
+}
+
+tide_status tide__copy2d_split(void *dst, size_t dpitch, const void *src, size_t spitch,
+                               size_t width, size_t height, size_t max_pitch,
+                               const tide__copy2d_fns *fns, void *ctx)
+{
+    if (width == 0 || height == 0)
+        return TIDE_OK;
+    char *d = dst;
+    const char *s = src;
+    switch (tide__copy2d_choose(dpitch, spitch, width, height, max_pitch)) {
+    case TIDE__COPY_FLAT:
+        /* one row, or rows back to back at both ends: the pitch is irrelevant */
+        return fns->flat(ctx, d, s, height == 1 ? width : width * height);
+    case TIDE__COPY_2D:
+        return fns->rect(ctx, d, dpitch, s, spitch, width, height);
+    case TIDE__COPY_ROWS:
+        /* a pitch beyond the device's limit comes with rows of GiBs: few of them */
+        for (size_t r = 0; r < height; r++)
+            TIDE_CHECK(fns->flat(ctx, d + r * dpitch, s + r * spitch, width));
+        return TIDE_OK;
+    }
+    return tide_errorf(TIDE_ERR_INTERNAL, "unknown copy mode");
 }

@@ -117,6 +117,10 @@ typedef struct tide_coll_comm_params {
                             job's generation modulo 16384 is a good choice) */
     uint32_t timeout_ms; /* fail with TIDE_ERR_TIMEOUT if some member has not arrived
                             by then (ms); 0: 30000 */
+    const int *cancel;   /* NULL, or a flag another thread may set (with __atomic_store_n
+                            or atomic_store) to end the creation early with
+                            TIDE_ERR_ABORTED: a member that died costs milliseconds, not the
+                            timeout. Read while the call runs only. */
 } tide_coll_comm_params;
 
 /* Opaque stream handle: a cudaStream_t for nccl (NULL = default stream); ignored by mpi. */
@@ -218,6 +222,28 @@ typedef struct tide_coll_backend_v1 {
     /* Optional. Bytes this rank has received on comm by single copy so far (statistics
        and tests: 0 proves the path unused). Caller's thread. */
     uint64_t (*direct_bytes)(const tide_coll_comm_t *comm);
+
+    /* Device members. All optional (NULL: a host-memory backend, where the wrappers
+       below do the host equivalent). A device backend's other members work on the
+       calling thread's current device, so every thread that calls them binds its
+       device first (device_bind); these name the device explicitly instead. */
+    /* Makes device the calling thread's current device (nccl: cudaSetDevice). Never
+       blocks; the calling thread. */
+    tide_status (*device_bind)(int device);
+    /* mem_alloc on device, whatever the calling thread's current device (left as it
+       was). Does not block on peers; any thread. */
+    tide_status (*mem_alloc_on)(int device, size_t bytes, void **out);
+    /* Zero-fills bytes at ptr (memory of device) without a host buffer; returns when
+       done. Any thread. */
+    tide_status (*mem_zero)(int device, void *ptr, size_t bytes);
+    /* TIDE_OK when [ptr, ptr + bytes) can be this backend's memory; TIDE_ERR_INVALID
+       naming what (a tensor, "send buffer") otherwise: a device pointer handed to a
+       host backend, host memory to a device one. Never blocks; any thread. */
+    tide_status (*mem_check)(const void *ptr, size_t bytes, const char *what);
+    /* A new stream on device with the lowest priority the device offers, for work that
+       must yield to training (offline plugins). Any thread; free with stream_free. */
+    tide_status (*stream_new_low)(int device, tide_coll_stream_t *out);
+    void (*stream_free)(tide_coll_stream_t stream);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */
@@ -228,6 +254,38 @@ tide_status tide_coll_backend_find(const char *name, const tide_coll_backend_v1 
 
 /* Names of the built backends, comma-separated ("mpi,nccl"); static string. */
 const char *tide_coll_backend_names(void);
+
+/* Adds be (static storage, version TIDE_COLL_BACKEND_VERSION, a name no other backend
+   has) to the backends tide_coll_backend_find knows: an out-of-tree transport, or a
+   test's wrapper of a built one. At most 4. Call it before any thread uses the table
+   (main thread, before tide_new). */
+tide_status tide_coll_backend_register(const tide_coll_backend_v1 *be);
+
+/* Makes device the calling thread's current device for backend be (nccl:
+   cudaSetDevice); TIDE_OK and nothing else for a host backend. Any thread. */
+tide_status tide_coll_device_bind(const tide_coll_backend_v1 *be, int device);
+
+/* Allocates bytes of be's memory on device (host backends: host memory); caller frees
+   it with be->mem_free. Any thread. */
+tide_status tide_coll_mem_alloc(const tide_coll_backend_v1 *be, int device, size_t bytes,
+                                void **out);
+
+/* Zero-fills bytes of be's memory at ptr on device, on the device itself (no host
+   staging); returns when done. Any thread. */
+tide_status tide_coll_mem_zero(const tide_coll_backend_v1 *be, int device, void *ptr, size_t bytes);
+
+/* TIDE_OK when ptr can be be's kind of memory; TIDE_ERR_INVALID with a message naming
+   what and both kinds otherwise (see mem_check). Never blocks; any thread. */
+tide_status tide_coll_mem_check(const tide_coll_backend_v1 *be, const void *ptr, size_t bytes,
+                                const char *what);
+
+/* A low-priority stream on device for background work (NULL for host backends); free
+   it with tide_coll_stream_free. Any thread. */
+tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
+                                     tide_coll_stream_t *out);
+
+/* Frees a stream from tide_coll_stream_new_low; NULL is fine. Any thread. */
+void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream);
 
 /* True when dtype is one of the reduction dtypes backend be supports. */
 int tide_coll_backend_has_dtype(const tide_coll_backend_v1 *be, tide_dtype dtype);

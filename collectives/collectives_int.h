@@ -98,12 +98,19 @@ uint16_t tide__f32_to_bf16(float f);
  * collective creation call: every member sends "arrived" to members[0], which
  * answers "go" with payload (payload_len bytes, up to 128) once all have arrived.
  * Non-root members receive the payload into payload. Bounded by timeout_ms
- * (TIDE_ERR_TIMEOUT naming the missing ranks). Members must agree on the member
- * list (checked by hash: TIDE_ERR_PROTOCOL) and tag. Caller's thread.
+ * (TIDE_ERR_TIMEOUT naming the missing ranks) and by cancel (TIDE_ERR_ABORTED once set). Members
+ * must agree on the member list (checked by hash: TIDE_ERR_PROTOCOL) and tag. Caller's thread.
  */
 #define TIDE_COLL_HANDSHAKE_PAYLOAD 128
 tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                 uint32_t timeout_ms, void *payload, size_t payload_len);
+                                 uint32_t timeout_ms, const int *cancel, void *payload,
+                                 size_t payload_len);
+
+/* 1 when cancel (a tide_coll_comm_params.cancel flag, may be NULL) is set. Any thread. */
+static inline int tide__cancelled(const int *cancel)
+{
+    return cancel != NULL && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
+}
 
 /*
  * Gives up on MPI requests after an abort or timeout: cancels each active one, waits
@@ -130,6 +137,33 @@ tide_status tide__mpi_error(int err, const char *expr, const char *file, int lin
             goto label;                                                                            \
         }                                                                                          \
     } while (0)
+
+/*
+ * 2D copies without a pitch limit. cudaMemcpy2DAsync refuses pitches above the device's
+ * maximum (cudaDevAttrMaxPitch, 2 GiB - 1 on current GPUs), and a contiguous tensor of
+ * 2 GiB or more arrives as one row of that pitch. tide__copy2d_choose picks: FLAT, one
+ * contiguous copy (one row, or rows back to back at both ends); 2D, one pitched copy
+ * (both pitches within max_pitch); ROWS, one contiguous copy per row (a pitch beyond the
+ * limit, which only rows of GiBs have, so they are few). tide__copy2d_split carries the
+ * choice out through the two callbacks. Pure; any thread.
+ */
+typedef enum tide__copy2d_mode {
+    TIDE__COPY_FLAT = 0,
+    TIDE__COPY_2D = 1,
+    TIDE__COPY_ROWS = 2,
+} tide__copy2d_mode;
+
+typedef struct tide__copy2d_fns {
+    tide_status (*flat)(void *ctx, void *dst, const void *src, size_t bytes);
+    tide_status (*rect)(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t height);
+} tide__copy2d_fns;
+
+tide__copy2d_mode tide__copy2d_choose(size_t dpitch, size_t spitch, size_t width, size_t height,
+                                      size_t max_pitch);
+tide_status tide__copy2d_split(void *dst, size_t dpitch, const void *src, size_t spitch,
+                               size_t width, size_t height, size_t max_pitch,
+                               const tide__copy2d_fns *fns, void *ctx);
 
 /* The built-in backends. */
 extern const tide_coll_backend_v1 tide__coll_mpi_backend;

@@ -31,6 +31,7 @@
  * Workload: messages from 0 bytes to GiBs (split into pieces of at most 1 GiB, MPI
  * counts being ints); a handful of requests per operation, thousands per reshard.
  */
+#include <dlfcn.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,7 +404,7 @@ out:
 static void mpi_destroy(tide_coll_comm_t *c);
 
 static tide_status create_members(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                  uint32_t timeout_ms, tide_coll_comm_t **out)
+                                  uint32_t timeout_ms, const int *cancel, tide_coll_comm_t **out)
 {
     tide_coll_comm_t *c = NULL;
     tide_status rc = TIDE_OK;
@@ -418,7 +419,8 @@ static tide_status create_members(tide_coll_pool_t *pool, const int *members, in
     TIDE_CHECK_ALLOC_GOTO(m->tmp, rc, fail);
     m->tmp_cap = TMP_MIN;
     TIDE_CHECK_GOTO(tide__cma_comm_init(&m->cma, c->rank, n), rc, fail);
-    TIDE_CHECK_GOTO(tide__pool_handshake(pool, members, n, tag, timeout_ms, NULL, 0), rc, fail);
+    TIDE_CHECK_GOTO(tide__pool_handshake(pool, members, n, tag, timeout_ms, cancel, NULL, 0), rc,
+                    fail);
     TIDE_CHECK_GOTO(finish_create(c, tag), rc, fail);
     TIDE_CHECK_GOTO(tide__cma_agree(&m->cma, c), rc, fail);
     TIDE_DEBUG(TIDE_COLL_LOG, "mpi communicator: rank %d of %d (tag %d)", c->rank, c->size, tag);
@@ -432,7 +434,7 @@ fail:
 static tide_status mpi_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                               tide_coll_comm_t **out)
 {
-    return create_members(pool, p->members, p->n_members, p->tag, p->timeout_ms, out);
+    return create_members(pool, p->members, p->n_members, p->tag, p->timeout_ms, p->cancel, out);
 }
 
 static tide_status mpi_split(tide_coll_comm_t *parent, int color, int key, const int *members,
@@ -445,7 +447,9 @@ static tide_status mpi_split(tide_coll_comm_t *parent, int color, int key, const
     /* Same derived tag on every member: parent tag and split count are the same there. */
     int tag = (int)(((unsigned)parent->tag * 2654435761u + 7919u * (parent->split_seq + 1u)) %
                     (TIDE_COLL_MAX_TAG + 1u));
-    return create_members(parent->pool, members, n, tag, parent->timeout_ms, out);
+    /* aborting the parent (a switch that fails) ends the split's handshake too */
+    return create_members(parent->pool, members, n, tag, parent->timeout_ms,
+                          (const int *)&parent->aborted, out);
 }
 
 static void mpi_destroy(tide_coll_comm_t *c)
@@ -790,6 +794,32 @@ static uint64_t mpi_direct_bytes(const tide_coll_comm_t *c)
     return m->cma.direct_bytes;
 }
 
+/* cuPointerGetAttribute, looked up only in a process that has loaded the CUDA driver
+   already (RTLD_NOLOAD): a process without it has no device memory to hand us, and one
+   without a GPU must not start to load it here. The values are the driver's ABI
+   (cuda.h): CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2, CU_POINTER_ATTRIBUTE_IS_MANAGED 8,
+   CU_MEMORYTYPE_DEVICE 2. */
+typedef int (*cu_ptr_attr_fn)(void *data, int attribute, unsigned long long ptr);
+
+static tide_status host_check(const void *ptr, size_t bytes, const char *what)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h == NULL)
+        return TIDE_OK;
+    cu_ptr_attr_fn get = (cu_ptr_attr_fn)(uintptr_t)dlsym(h, "cuPointerGetAttribute");
+    unsigned int type = 0, managed = 0;
+    int device = get != NULL && get(&type, 2, (unsigned long long)(uintptr_t)ptr) == 0 &&
+                 type == 2 &&
+                 !(get(&managed, 8, (unsigned long long)(uintptr_t)ptr) == 0 && managed);
+    dlclose(h);
+    if (device)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "%s (%zu bytes at %p) is GPU memory, but the mpi backend moves host "
+                           "memory: use the nccl backend (TIDE_BACKEND=nccl) or host buffers",
+                           what, bytes, ptr);
+    return TIDE_OK;
+}
+
 const tide_coll_backend_v1 tide__coll_mpi_backend = {
     .version = TIDE_COLL_BACKEND_VERSION,
     .name = "mpi",
@@ -815,4 +845,5 @@ const tide_coll_backend_v1 tide__coll_mpi_backend = {
     .stream_sync = host_sync,
     .p2p_direct = mpi_p2p_direct,
     .direct_bytes = mpi_direct_bytes,
+    .mem_check = host_check,
 };

@@ -13,6 +13,20 @@
  * which also stops kernels stuck waiting for a dead peer. NCCL has no barrier: it is an
  * allreduce of one int in device scratch.
  *
+ * Failures: any asynchronous error ncclCommGetAsyncError reports aborts the
+ * communicator at once (ncclCommAbort), because its kernels may be stuck on a dead
+ * peer and would hang the next synchronous CUDA call (a cudaFree, a copy). The errors
+ * a dead peer causes (ncclRemoteError; ncclSystemError from the socket and IB
+ * transports) come back as TIDE_ERR_ABORTED, the status a program's step recovers
+ * from, like an abort by the runtime. Creation polls the caller's cancel flag and the
+ * deadline, and aborts the half-made communicator when either ends it.
+ *
+ * Devices: operations run on the calling thread's current device, which must be the
+ * one the communicator was made on (libtide binds every thread it starts). The
+ * allocation, zeroing and stream members name their device and leave the thread's
+ * current device as it was. Copies avoid cudaMemcpy2DAsync's pitch limit
+ * (tide__copy2d_split), so tensors of 2 GiB and more move.
+ *
  * Foreign codes (ncclResult_t, cudaError_t) are translated here only, by NCCL_CHECK and
  * CUDA_CHECK, which log file:line and return a tide_status.
  *
@@ -20,6 +34,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "collectives/collectives_int.h"
@@ -37,6 +52,12 @@ static tide_status cuda_error(cudaError_t e, const char *expr, const char *file,
     return tide_errorf(rc, "%s failed: %s", expr, cudaGetErrorString(e));
 }
 
+/* 1 for the results a dead or unreachable peer causes. */
+static int tide__nccl_peer_failed(ncclResult_t r)
+{
+    return r == ncclRemoteError || r == ncclSystemError;
+}
+
 static tide_status nccl_error(ncclResult_t r, ncclComm_t nc, const char *expr, const char *file,
                               int line)
 {
@@ -44,8 +65,8 @@ static tide_status nccl_error(ncclResult_t r, ncclComm_t nc, const char *expr, c
     TIDE_ERROR(TIDE_COLL_LOG, "%s:%d: %s failed: %s (%s)", file, line, expr, ncclGetErrorString(r),
                last ? last : "");
     tide_status rc = TIDE_ERR_BACKEND;
-    if (r == ncclRemoteError)
-        rc = TIDE_ERR_PEER;
+    if (tide__nccl_peer_failed(r))
+        rc = TIDE_ERR_ABORTED; /* what a step recovers from (see the top of the file) */
     else if (r == ncclInvalidArgument || r == ncclInvalidUsage)
         rc = TIDE_ERR_INVALID;
     return tide_errorf(rc, "%s failed: %s%s%s", expr, ncclGetErrorString(r),
@@ -72,6 +93,7 @@ typedef struct nccl_comm {
     cudaEvent_t ev; /* completion of the last enqueued operation */
     int *scratch;   /* one device int for the barrier */
     int has_ev;
+    int device; /* the device it was made on (the creating thread's current device) */
 } nccl_comm;
 
 typedef struct nccl_req {
@@ -104,30 +126,47 @@ static tide_status aborted_error(tide_coll_comm_t *c)
                        c->size);
 }
 
-/* Checks the communicator's asynchronous state; *busy = 1 while ncclInProgress. */
-static tide_status async_state(ncclComm_t nc, int *busy)
+/* Checks nc's asynchronous state; *busy = 1 while ncclInProgress. On an error c, when
+   nc is c's NCCL communicator, is aborted at once (hard_abort); a communicator being
+   made (c NULL, or nc a split's child) is left to its creator, which aborts it. */
+static tide_status async_state(tide_coll_comm_t *c, ncclComm_t nc, int *busy)
 {
     ncclResult_t ae = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(nc, &ae), nc);
+    ncclResult_t r = ncclCommGetAsyncError(nc, &ae);
+    if (r != ncclSuccess)
+        ae = r;
     *busy = ae == ncclInProgress;
-    if (ae != ncclSuccess && ae != ncclInProgress)
-        return nccl_error(ae, nc, "asynchronous NCCL operation", __FILE__, __LINE__);
-    return TIDE_OK;
+    if (ae == ncclSuccess || ae == ncclInProgress)
+        return TIDE_OK;
+    tide_status rc = nccl_error(ae, nc, "asynchronous NCCL operation", __FILE__, __LINE__);
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", tide_last_error());
+    if (c == NULL || impl(c)->nc != nc)
+        return rc;
+    hard_abort(c);
+    return tide_errorf(rc, "%s (communicator aborted)", detail);
 }
 
-/* Waits until a non-blocking call has settled (init, split, enqueue, finalize). c may be
-   NULL during creation; deadline_ns 0 means none. */
-static tide_status settle(tide_coll_comm_t *c, ncclComm_t nc, uint64_t deadline_ns)
+/* Waits until a non-blocking call on nc has settled (init, split, enqueue, finalize).
+   c (may be NULL) is the communicator the call belongs to, whose abort flag ends the
+   wait; cancel (may be NULL) is a creation's cancel flag; deadline_ns 0 means none.
+   A creation (c NULL, or nc not c's) that fails leaves nc for the caller to abort. */
+static tide_status settle(tide_coll_comm_t *c, ncclComm_t nc, const int *cancel,
+                          uint64_t deadline_ns)
 {
     tide__backoff bo;
     tide__backoff_init(&bo);
     for (;;) {
         int busy = 0;
-        TIDE_CHECK(async_state(nc, &busy));
+        TIDE_CHECK(async_state(c, nc, &busy));
         if (!busy)
             return TIDE_OK;
         if (c != NULL && tide__comm_is_aborted(c))
-            return aborted_error(c);
+            return impl(c)->nc == nc ? aborted_error(c)
+                                     : tide_errorf(TIDE_ERR_ABORTED, "NCCL communicator setup "
+                                                                     "was aborted");
+        if (tide__cancelled(cancel))
+            return tide_errorf(TIDE_ERR_ABORTED, "NCCL communicator setup was cancelled");
         if (deadline_ns && tide_now_ns() > deadline_ns)
             return tide_errorf(TIDE_ERR_TIMEOUT, "NCCL communicator setup timed out");
         tide__backoff_pause(&bo);
@@ -148,9 +187,22 @@ static tide_status wait_event(tide_coll_comm_t *c, cudaEvent_t ev)
         if (tide__comm_is_aborted(c))
             return aborted_error(c);
         int busy = 0;
-        TIDE_CHECK(async_state(impl(c)->nc, &busy));
+        TIDE_CHECK(async_state(c, impl(c)->nc, &busy));
         tide__backoff_pause(&bo);
     }
+}
+
+/* A call on c's communicator failed: a dead peer aborts it (its kernels may be stuck). */
+static tide_status failed(tide_coll_comm_t *c, ncclResult_t r, const char *what)
+{
+    tide_status rc = nccl_error(r, impl(c)->nc, what, __FILE__, __LINE__);
+    if (rc == TIDE_ERR_ABORTED) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tide_last_error());
+        hard_abort(c);
+        return tide_errorf(rc, "%s (communicator aborted)", detail);
+    }
+    return rc;
 }
 
 /* After enqueueing on stream: settles the call, then waits for the stream to get there. */
@@ -159,9 +211,9 @@ static tide_status complete(tide_coll_comm_t *c, ncclResult_t r, const char *wha
 {
     nccl_comm *m = impl(c);
     if (r != ncclSuccess && r != ncclInProgress)
-        return nccl_error(r, m->nc, what, __FILE__, __LINE__);
+        return failed(c, r, what);
     if (r == ncclInProgress)
-        TIDE_CHECK(settle(c, m->nc, 0));
+        TIDE_CHECK(settle(c, m->nc, NULL, 0));
     CUDA_CHECK(cudaEventRecord(m->ev, (cudaStream_t)stream));
     return wait_event(c, m->ev);
 }
@@ -195,7 +247,12 @@ static tide_status alloc_comm(tide_coll_pool_t *pool, const int *members, int n,
     nccl_comm *m = tide_calloc(1, sizeof *m);
     TIDE_CHECK_ALLOC_GOTO(m, rc, fail);
     c->impl = m;
-    cudaError_t e = cudaMalloc((void **)&m->scratch, sizeof(int));
+    cudaError_t e = cudaGetDevice(&m->device);
+    if (e != cudaSuccess) {
+        rc = cuda_error(e, "cudaGetDevice", __FILE__, __LINE__);
+        goto fail;
+    }
+    e = cudaMalloc((void **)&m->scratch, sizeof(int));
     if (e != cudaSuccess) {
         rc = cuda_error(e, "cudaMalloc(scratch)", __FILE__, __LINE__);
         goto fail;
@@ -230,25 +287,27 @@ static tide_status nccl_create(tide_coll_pool_t *pool, const tide_coll_comm_para
             goto fail;
         }
     }
-    TIDE_CHECK_GOTO(
-        tide__pool_handshake(pool, p->members, p->n_members, p->tag, p->timeout_ms, &id, sizeof id),
-        rc, fail);
+    TIDE_CHECK_GOTO(tide__pool_handshake(pool, p->members, p->n_members, p->tag, p->timeout_ms,
+                                         p->cancel, &id, sizeof id),
+                    rc, fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&m->nc, c->size, id, c->rank, &cfg);
+    cfg.blocking = 0; /* so that the wait below can watch the cancel flag and the deadline */
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, id, c->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        rc = nccl_error(r, m->nc, "ncclCommInitRankConfig", __FILE__, __LINE__);
-        goto fail;
+        rc = nccl_error(r, nc, "ncclCommInitRankConfig", __FILE__, __LINE__);
+        goto fail_nc;
     }
     uint64_t ms = p->timeout_ms ? p->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
-    TIDE_CHECK_GOTO(settle(NULL, m->nc, tide_now_ns() + ms * 1000000ull), rc, fail);
+    TIDE_CHECK_GOTO(settle(NULL, nc, p->cancel, tide_now_ns() + ms * 1000000ull), rc, fail_nc);
+    m->nc = nc;
     *out = c;
     return TIDE_OK;
+fail_nc:
+    if (nc != NULL)
+        ncclCommAbort(nc);
 fail:
-    if (m->nc) {
-        ncclCommAbort(m->nc);
-        m->nc = NULL;
-    }
+    tide__comm_kill(c); /* destroy must not wait on a communicator that never formed */
     nccl_destroy(c);
     return rc;
 }
@@ -262,22 +321,24 @@ static tide_status nccl_split(tide_coll_comm_t *parent, int color, int key, cons
     if (color >= 0)
         TIDE_CHECK(alloc_comm(parent->pool, members, n, parent->tag, parent->timeout_ms, &c));
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
+    cfg.blocking = 0; /* the waits below watch the parent's abort flag */
     ncclComm_t nc = NULL;
     /* Every parent rank calls it, NOCOLOR ones included. */
     ncclResult_t r =
         ncclCommSplit(impl(parent)->nc, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        rc = nccl_error(r, impl(parent)->nc, "ncclCommSplit", __FILE__, __LINE__);
+        rc = failed(parent, r, "ncclCommSplit");
         goto fail;
     }
-    TIDE_CHECK_GOTO(settle(parent, impl(parent)->nc, 0), rc, fail);
+    TIDE_CHECK_GOTO(settle(parent, impl(parent)->nc, NULL, 0), rc, fail_nc);
     if (color < 0)
         return TIDE_OK;
-    impl(c)->nc = nc;
     if (nc == NULL)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "ncclCommSplit gave no communicator");
-    TIDE_CHECK_GOTO(settle(parent, nc, 0), rc, fail);
+    /* bounded by the parent's abort flag and the creation timeout */
+    uint64_t ms = parent->timeout_ms ? parent->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
+    TIDE_CHECK_GOTO(settle(parent, nc, NULL, tide_now_ns() + ms * 1000000ull), rc, fail_nc);
+    impl(c)->nc = nc;
     int got = -1, count = -1;
     ncclCommUserRank(nc, &got);
     ncclCommCount(nc, &count);
@@ -287,6 +348,9 @@ static tide_status nccl_split(tide_coll_comm_t *parent, int color, int key, cons
                        c->rank, c->size);
     *out = c;
     return TIDE_OK;
+fail_nc:
+    if (nc != NULL)
+        ncclCommAbort(nc);
 fail:
     if (c)
         tide__comm_kill(c);
@@ -306,10 +370,15 @@ static void nccl_destroy(tide_coll_comm_t *c)
             } else {
                 /* Flush, bounded: a peer that never finalizes must not hang us. */
                 ncclResult_t r = ncclCommFinalize(m->nc);
-                if ((r != ncclSuccess && r != ncclInProgress) ||
-                    settle(NULL, m->nc, tide_now_ns() + 5000ull * 1000000ull) != TIDE_OK) {
-                    TIDE_WARN(TIDE_COLL_LOG, "NCCL finalize did not complete; aborting");
+                if (r != ncclSuccess && r != ncclInProgress) {
+                    TIDE_WARN(TIDE_COLL_LOG, "NCCL finalize failed; aborting");
                     hard_abort(c);
+                } else if (settle(c, m->nc, NULL, tide_now_ns() + 5000ull * 1000000ull) !=
+                           TIDE_OK) {
+                    /* async_state aborted it on an NCCL error; a timeout is ours to end */
+                    TIDE_WARN(TIDE_COLL_LOG, "NCCL finalize did not complete; aborting");
+                    if (m->nc != NULL)
+                        hard_abort(c);
                 } else {
                     ncclCommDestroy(m->nc);
                     m->nc = NULL;
@@ -344,14 +413,14 @@ static tide_status enqueue_p2p(tide_coll_comm_t *c, const tide_p2p_op *ops, size
                              : ncclRecv(ops[i].buf, ops[i].bytes, ncclInt8, ops[i].peer, m->nc, s);
         if (r != ncclSuccess && r != ncclInProgress) {
             ncclGroupEnd();
-            return nccl_error(r, m->nc, "ncclSend/ncclRecv", __FILE__, __LINE__);
+            return failed(c, r, "ncclSend/ncclRecv");
         }
     }
     ncclResult_t r = ncclGroupEnd();
     if (r != ncclSuccess && r != ncclInProgress)
-        return nccl_error(r, m->nc, "ncclGroupEnd", __FILE__, __LINE__);
+        return failed(c, r, "ncclGroupEnd");
     if (r == ncclInProgress)
-        TIDE_CHECK(settle(c, m->nc, 0));
+        TIDE_CHECK(settle(c, m->nc, NULL, 0));
     return TIDE_OK;
 }
 
@@ -395,7 +464,7 @@ static tide_status nccl_req_test(tide_coll_comm_t *c, tide_coll_req_t *req, int 
     if (e != cudaErrorNotReady)
         return cuda_error(e, "cudaEventQuery", __FILE__, __LINE__);
     int busy = 0;
-    return async_state(impl(c)->nc, &busy);
+    return async_state(c, impl(c)->nc, &busy);
 }
 
 static tide_status nccl_req_wait(tide_coll_comm_t *c, tide_coll_req_t *req)
@@ -474,14 +543,129 @@ static void dev_free(void *p)
         cudaFree(p);
 }
 
+static tide_status copy_flat(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)ctx));
+    return TIDE_OK;
+}
+
+static tide_status copy_rect(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height)
+{
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
+                                 (cudaStream_t)ctx));
+    return TIDE_OK;
+}
+
 static tide_status dev_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, tide_coll_stream_t stream)
 {
     if (width == 0 || height == 0)
         return TIDE_OK;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
-                                 (cudaStream_t)stream));
+    int dev = 0, max_pitch = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, dev));
+    static const tide__copy2d_fns fns = {copy_flat, copy_rect};
+    return tide__copy2d_split(dst, dpitch, src, spitch, width, height, (size_t)max_pitch, &fns,
+                              stream);
+}
+
+/* Runs the statement with device current on the calling thread, then puts the thread's
+   current device back; sets rc. */
+#define ON_DEVICE(device, rc, stmt)                                                                \
+    do {                                                                                           \
+        int tide__prev = -1;                                                                       \
+        cudaError_t tide__e = cudaGetDevice(&tide__prev);                                          \
+        if (tide__e == cudaSuccess && tide__prev != (device))                                      \
+            tide__e = cudaSetDevice(device);                                                       \
+        if (tide__e != cudaSuccess) {                                                              \
+            (rc) = cuda_error(tide__e, "cudaSetDevice", __FILE__, __LINE__);                       \
+            break;                                                                                 \
+        }                                                                                          \
+        (rc) = (stmt);                                                                             \
+        if (tide__prev != (device))                                                                \
+            cudaSetDevice(tide__prev);                                                             \
+    } while (0)
+
+static tide_status dev_bind(int device)
+{
+    CUDA_CHECK(cudaSetDevice(device));
     return TIDE_OK;
+}
+
+static tide_status dev_alloc_on(int device, size_t bytes, void **out)
+{
+    tide_status rc = TIDE_OK;
+    ON_DEVICE(device, rc, dev_alloc(bytes, out));
+    return rc;
+}
+
+static tide_status zero_here(void *ptr, size_t bytes)
+{
+    /* a stream of its own: no wait for the training work on the other streams */
+    cudaStream_t s = NULL;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (e != cudaSuccess)
+        return cuda_error(e, "cudaMemsetAsync", __FILE__, __LINE__);
+    return TIDE_OK;
+}
+
+static tide_status dev_zero(int device, void *ptr, size_t bytes)
+{
+    tide_status rc = TIDE_OK;
+    ON_DEVICE(device, rc, zero_here(ptr, bytes));
+    return rc;
+}
+
+static tide_status dev_check(const void *ptr, size_t bytes, const char *what)
+{
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* older drivers say "invalid value" for plain host memory */
+        a.type = cudaMemoryTypeUnregistered;
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "%s (%zu bytes at %p) is host memory, but the nccl backend moves "
+                           "device memory: allocate it with cudaMalloc or tide_alloc_buffers",
+                           what, bytes, ptr);
+    int dev = -1;
+    if (a.type == cudaMemoryTypeDevice && cudaGetDevice(&dev) == cudaSuccess && a.device != dev)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "%s (%zu bytes at %p) is memory of GPU %d, but this thread's device "
+                           "is GPU %d: allocate it on the rank's device (tide_device)",
+                           what, bytes, ptr, a.device, dev);
+    return TIDE_OK;
+}
+
+static tide_status stream_low_here(tide_coll_stream_t *out)
+{
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = NULL;
+    /* "least" is the lowest priority: the scheduler prefers every other stream's work */
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least));
+    *out = s;
+    return TIDE_OK;
+}
+
+static tide_status dev_stream_new_low(int device, tide_coll_stream_t *out)
+{
+    tide_status rc = TIDE_OK;
+    ON_DEVICE(device, rc, stream_low_here(out));
+    return rc;
+}
+
+static void dev_stream_free(tide_coll_stream_t stream)
+{
+    if (stream != NULL)
+        cudaStreamDestroy((cudaStream_t)stream);
 }
 
 static tide_status dev_copy_host(void *dst, const void *src, size_t bytes, int to_host,
@@ -531,4 +715,10 @@ const tide_coll_backend_v1 tide__coll_nccl_backend = {
     .copy2d = dev_copy2d,
     .copy_host = dev_copy_host,
     .stream_sync = dev_sync,
+    .device_bind = dev_bind,
+    .mem_alloc_on = dev_alloc_on,
+    .mem_zero = dev_zero,
+    .mem_check = dev_check,
+    .stream_new_low = dev_stream_new_low,
+    .stream_free = dev_stream_free,
 };

@@ -119,3 +119,133 @@ Test(coll_executor, defaults_and_arguments)
     cr_expect_eq(tide_reshard_execute(NULL, NULL, &o, &st), TIDE_ERR_INVALID);
     cr_expect_eq(st.bytes_sent, 0);
 }
+
+/* ---- copies without the pitch limit (tide__copy2d_split) ------------------------------ */
+
+typedef struct copy_log {
+    size_t max_pitch;
+    int flats, rects, bad;
+} copy_log;
+
+static tide_status log_flat(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    ((copy_log *)ctx)->flats++;
+    memmove(dst, src, bytes);
+    return TIDE_OK;
+}
+
+static tide_status log_rect(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                            size_t width, size_t height)
+{
+    copy_log *l = ctx;
+    l->rects++;
+    /* what cudaMemcpy2DAsync refuses */
+    if (dpitch > l->max_pitch || spitch > l->max_pitch || width > dpitch || width > spitch)
+        l->bad++;
+    for (size_t r = 0; r < height; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return TIDE_OK;
+}
+
+/* Copies height rows of width bytes through the splitter with the given limit and checks
+   the result against a plain row loop, byte for byte (the padding left untouched). */
+static copy_log run_copy(size_t dpitch, size_t spitch, size_t width, size_t height,
+                         size_t max_pitch)
+{
+    size_t sn = spitch * height, dn = dpitch * height;
+    unsigned char *src = malloc(sn), *dst = malloc(dn), *ref = malloc(dn);
+    for (size_t i = 0; i < sn; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    memset(dst, 0xee, dn);
+    memset(ref, 0xee, dn);
+    for (size_t r = 0; r < height; r++)
+        memcpy(ref + r * dpitch, src + r * spitch, width);
+    copy_log l = {max_pitch, 0, 0, 0};
+    static const tide__copy2d_fns fns = {log_flat, log_rect};
+    cr_assert_eq(tide__copy2d_split(dst, dpitch, src, spitch, width, height, max_pitch, &fns, &l),
+                 TIDE_OK);
+    cr_expect_eq(memcmp(dst, ref, dn), 0, "dpitch %zu spitch %zu width %zu height %zu limit %zu",
+                 dpitch, spitch, width, height, max_pitch);
+    cr_expect_eq(l.bad, 0, "a 2D copy beyond the pitch limit was issued");
+    free(src);
+    free(dst);
+    free(ref);
+    return l;
+}
+
+Test(coll_copy2d, contiguous_beyond_the_pitch_limit_is_one_flat_copy)
+{
+    /* a 2.25 GiB fc1 weight at tp 1, scaled down: one row wider than the limit */
+    copy_log l = run_copy(4096, 4096, 4096, 1, 1000);
+    cr_expect_eq(l.flats, 1);
+    cr_expect_eq(l.rects, 0);
+    /* rows back to back at both ends: one flat copy whatever the pitch */
+    l = run_copy(3000, 3000, 3000, 5, 1000);
+    cr_expect_eq(l.flats, 1);
+    cr_expect_eq(l.rects, 0);
+}
+
+Test(coll_copy2d, pitched_within_the_limit_is_one_2d_copy)
+{
+    copy_log l = run_copy(64, 96, 48, 9, 1000);
+    cr_expect_eq(l.rects, 1);
+    cr_expect_eq(l.flats, 0);
+    cr_expect_eq(tide__copy2d_choose(64, 96, 48, 9, 96), TIDE__COPY_2D);
+}
+
+Test(coll_copy2d, pitched_beyond_the_limit_copies_row_by_row)
+{
+    /* a column slice of rows longer than the limit: either pitch too large */
+    copy_log l = run_copy(2048, 4096, 2048, 3, 1000);
+    cr_expect_eq(l.rects, 0);
+    cr_expect_eq(l.flats, 3);
+    l = run_copy(4096, 1500, 1200, 4, 2000);
+    cr_expect_eq(l.flats, 4);
+    cr_expect_eq(tide__copy2d_choose(2001, 64, 64, 2, 2000), TIDE__COPY_ROWS);
+}
+
+Test(coll_copy2d, empty_copies_do_nothing)
+{
+    copy_log l = run_copy(16, 16, 0, 3, 8);
+    cr_expect_eq(l.flats + l.rects, 0);
+}
+
+Test(coll_mem, host_backend_wrappers)
+{
+    const tide_coll_backend_v1 *mpi = NULL;
+    cr_assert_eq(tide_coll_backend_find("mpi", &mpi), TIDE_OK);
+    cr_expect_eq(tide_coll_device_bind(mpi, 3), TIDE_OK); /* a host backend binds nothing */
+    void *p = NULL;
+    cr_assert_eq(tide_coll_mem_alloc(mpi, 0, 64, &p), TIDE_OK);
+    memset(p, 0x5a, 64);
+    cr_expect_eq(tide_coll_mem_zero(mpi, 0, p, 64), TIDE_OK);
+    for (int i = 0; i < 64; i++)
+        cr_expect_eq(((unsigned char *)p)[i], 0);
+    cr_expect_eq(tide_coll_mem_check(mpi, p, 64, "tensor w"), TIDE_OK);
+    cr_expect_eq(tide_coll_mem_check(mpi, NULL, 64, "tensor w"), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "tensor w") != NULL);
+    tide_coll_stream_t s = (tide_coll_stream_t)p;
+    cr_expect_eq(tide_coll_stream_new_low(mpi, 0, &s), TIDE_OK);
+    cr_expect_null(s);
+    tide_coll_stream_free(mpi, s);
+    mpi->mem_free(p);
+}
+
+Test(coll_mem, registered_backends_are_found_and_names_stay_unique)
+{
+    const tide_coll_backend_v1 *mpi = NULL;
+    cr_assert_eq(tide_coll_backend_find("mpi", &mpi), TIDE_OK);
+    static tide_coll_backend_v1 wrap;
+    wrap = *mpi;
+    wrap.name = "wrap";
+    cr_expect_eq(tide_coll_backend_register(&wrap), TIDE_OK);
+    const tide_coll_backend_v1 *got = NULL;
+    cr_expect_eq(tide_coll_backend_find("wrap", &got), TIDE_OK);
+    cr_expect_eq(got, &wrap);
+    cr_expect_eq(tide_coll_backend_register(&wrap), TIDE_ERR_EXISTS);
+    static tide_coll_backend_v1 old;
+    old = *mpi;
+    old.name = "old";
+    old.version = 0;
+    cr_expect_eq(tide_coll_backend_register(&old), TIDE_ERR_UNSUPPORTED);
+}

@@ -10,9 +10,10 @@
  * in place and not; reduce-scatter; allgather; broadcast from every root; barrier;
  * colour splits (nested, and colour -1); grouped p2p (ring, all-to-all with random
  * sizes including 0 and self, several messages per peer, start/test); abort while a
- * peer never arrives (error within 1 s of the abort); the mpi backend's single-copy path
- * (strided sender -> contiguous receiver and the reverse, with the other end's layout
- * given, runs of 1 B to more than a page, sizes around the threshold, bit-exact with the
+ * peer never arrives (error within 1 s of the abort); a creation cancelled while a
+ * member never arrives (within 1 s of the cancel flag, not the timeout); the mpi backend's
+ * single-copy path (strided sender -> contiguous receiver and the reverse, with the other end's
+ * layout given, runs of 1 B to more than a page, sizes around the threshold, bit-exact with the
  * gaps untouched, the backend's byte count proving the path was used; TIDE_COLL_CMA=0
  * falling back to the plain path; size and layout disagreements giving
  * TIDE_ERR_PROTOCOL at both ends; abort while a push is pending); the reshard executor on random
@@ -629,6 +630,44 @@ static void expect_aborted_within(tide_coll_comm_t *c, int which)
     be->mem_free(d);
 }
 
+struct canceller {
+    int flag;
+    uint64_t at_ns;
+};
+
+static void *cancel_later(void *arg)
+{
+    struct canceller *k = arg;
+    tide_sleep_ms(150);
+    k->at_ns = tide_now_ns();
+    __atomic_store_n(&k->flag, 1, __ATOMIC_RELAXED); /* as libtide's abort of a switch */
+    return NULL;
+}
+
+/* Creates a communicator over the whole pool while one rank stays away; another thread
+   sets the cancel flag after 150 ms: TIDE_ERR_ABORTED within a second of it, long before
+   the 60 s timeout. */
+static void expect_creation_cancelled(int tag)
+{
+    int *all = tide_malloc((size_t)np * sizeof *all);
+    for (int i = 0; i < np; i++)
+        all[i] = i;
+    struct canceller k = {0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, cancel_later, &k);
+    tide_coll_comm_params p = {
+        .members = all, .n_members = np, .tag = tag, .timeout_ms = 60000, .cancel = &k.flag};
+    tide_coll_comm_t *c = NULL;
+    tide_status rc = tide_coll_comm_new(&c, be, pool, &p);
+    uint64_t end = tide_now_ns();
+    pthread_join(th, NULL);
+    MT_ASSERT(rc == TIDE_ERR_ABORTED && c == NULL, "cancelled creation returned %s",
+              tide_status_name(rc));
+    MT_ASSERT(end - k.at_ns < 1000ull * 1000000, "creation returned %.3f s after the cancel",
+              (double)(end - k.at_ns) / 1e9);
+    tide_free(all);
+}
+
 static void test_abort(void)
 {
     /* Abort before anything: immediate error, even with one rank. */
@@ -649,6 +688,14 @@ static void test_abort(void)
             MPI_Barrier(MPI_COMM_WORLD);
             tide_coll_comm_abort(c); /* a survivor aborts its copy too */
             tide_coll_comm_destroy(&c);
+        }
+        /* Creation with a member that never arrives ends at the cancel flag, not at the
+           timeout: first the root (pool rank 0) stays away, then the last rank. */
+        for (int absent_k = 0; absent_k < 2; absent_k++) {
+            int absent = absent_k == 0 ? 0 : np - 1, tag = next_tag++;
+            if (me != absent)
+                expect_creation_cancelled(tag);
+            MPI_Barrier(MPI_COMM_WORLD);
         }
         /* The pool still works: a fresh communicator over everyone. */
         c = world_comm();

@@ -196,7 +196,7 @@ static void reference_task(const char *plugin, const char *out_path, char *text,
     MT_ASSERT(get != NULL, "no tide_task_v1_get in %s", plugin);
     const tide_task_v1 *ops = get();
     char *argv[] = {MM_ARGS, "--out", (char *)out_path};
-    tide_task_env env = {"ref", 0, 0, 0, 1};
+    tide_task_env env = {"ref", 0, 0, 0, 1, NULL};
     void *state = NULL;
     MT_OK(ops->init(&state, (int)(sizeof argv / sizeof argv[0]), argv, &env));
     int done = 0;

@@ -648,3 +648,22 @@ Test(bubble, tiny_steps_fill_long_waits_in_bounded_batches)
         }
     }
 }
+
+Test(offline, cuda_visible_devices_of_a_child)
+{
+    char out[64];
+    cr_expect_eq(tide__cuda_visible(NULL, 3, out, sizeof out), TIDE_OK);
+    cr_expect_str_eq(out, "3");
+    cr_expect_eq(tide__cuda_visible("", 0, out, sizeof out), TIDE_OK);
+    cr_expect_str_eq(out, "0");
+    /* the worker sees physical GPUs 4-7: its local device 1 is GPU 5 */
+    cr_expect_eq(tide__cuda_visible("4,5,6,7", 1, out, sizeof out), TIDE_OK);
+    cr_expect_str_eq(out, "5");
+    cr_expect_eq(tide__cuda_visible("4,5,6,7", 3, out, sizeof out), TIDE_OK);
+    cr_expect_str_eq(out, "7");
+    cr_expect_eq(tide__cuda_visible("GPU-aa,GPU-bb", 1, out, sizeof out), TIDE_OK);
+    cr_expect_str_eq(out, "GPU-bb");
+    cr_expect_eq(tide__cuda_visible("4,5", 2, out, sizeof out), TIDE_ERR_RANGE);
+    cr_expect(strstr(tide_last_error(), "CUDA_VISIBLE_DEVICES=4,5") != NULL);
+    cr_expect_eq(tide__cuda_visible("4,5", -1, out, sizeof out), TIDE_ERR_INVALID);
+}

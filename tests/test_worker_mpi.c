@@ -10,6 +10,15 @@
  * bit-identical across the reshard; every participant switched at the same step; each
  * step ran exactly once on every member of the layout active then (none lost or
  * repeated); the "step" and cursor tensors moved with the job.
+ *
+ * Device binding: the job runs on "rec", a recording wrapper of the mpi backend that
+ * plays a device backend's per-thread rule (CUDA's current device is per thread). Its
+ * device_bind records the device on the calling thread; every member that allocates,
+ * copies or communicates counts a violation when its thread has not bound the rank's
+ * device (tide_device, the rank's index on the host). A tide_prepare_fn allocates the
+ * next layout's buffers with tide_alloc_buffers on libtide's preparation thread, and the
+ * switches move into them: the test fails if any thread libtide starts touches the
+ * backend before binding, as the preparation thread once did.
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -36,6 +45,166 @@
 
 static const int plan_dp[] = {2, 1, 2, 1}, plan_tp[] = {1, 2, 1, 2}, plan_pp[] = {2, 3, 1, 2};
 #define N_GENS 4
+
+/* ---- the recording backend ----------------------------------------------------------- */
+
+static tide_coll_backend_v1 rec;          /* the mpi table with the members below */
+static const tide_coll_backend_v1 *under; /* the mpi backend */
+static _Thread_local int bound = -1;      /* this thread's "current device" */
+static int want_dev = -1;                 /* the first device bound in this process */
+static int n_violations, n_bound_threads, n_checked;
+
+static void rec_check(const char *what)
+{
+    __atomic_add_fetch(&n_checked, 1, __ATOMIC_RELAXED);
+    int w = __atomic_load_n(&want_dev, __ATOMIC_RELAXED);
+    if (bound >= 0 && bound == w)
+        return;
+    if (__atomic_add_fetch(&n_violations, 1, __ATOMIC_RELAXED) <= 5)
+        fprintf(stderr, "rec backend: %s on a thread bound to device %d (the rank's is %d)\n", what,
+                bound, w);
+}
+
+static tide_status rec_bind(int device)
+{
+    int none = -1;
+    __atomic_compare_exchange_n(&want_dev, &none, device, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    if (bound < 0)
+        __atomic_add_fetch(&n_bound_threads, 1, __ATOMIC_RELAXED);
+    bound = device;
+    return TIDE_OK;
+}
+
+static tide_status rec_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
+                              tide_coll_comm_t **out)
+{
+    rec_check("comm_create");
+    tide_status rc = under->comm_create(pool, p, out);
+    return rc;
+}
+
+static tide_status rec_split(tide_coll_comm_t *parent, int color, int key, const int *members,
+                             int n, tide_coll_comm_t **out)
+{
+    rec_check("comm_split");
+    return under->comm_split(parent, color, key, members, n, out);
+}
+
+static tide_status rec_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
+                                 const tide_p2p_peer *peers, size_t n, tide_coll_stream_t s,
+                                 tide_coll_req_t **out)
+{
+    rec_check("p2p_start");
+    return under->p2p_start(c, ops, peers, n, s, out);
+}
+
+static tide_status rec_allreduce(tide_coll_comm_t *c, const void *send, void *recv, size_t count,
+                                 tide_dtype dt, tide_red_op op, tide_coll_stream_t s)
+{
+    rec_check("allreduce");
+    return under->allreduce(c, send, recv, count, dt, op, s);
+}
+
+static tide_status rec_allgather(tide_coll_comm_t *c, const void *send, void *recv, size_t bytes,
+                                 tide_coll_stream_t s)
+{
+    rec_check("allgather");
+    return under->allgather(c, send, recv, bytes, s);
+}
+
+static tide_status rec_barrier(tide_coll_comm_t *c, tide_coll_stream_t s)
+{
+    rec_check("barrier");
+    return under->barrier(c, s);
+}
+
+static tide_status rec_alloc(size_t bytes, void **out)
+{
+    rec_check("mem_alloc");
+    return under->mem_alloc(bytes, out);
+}
+
+static tide_status rec_alloc_on(int device, size_t bytes, void **out)
+{
+    rec_check("mem_alloc_on");
+    if (device != __atomic_load_n(&want_dev, __ATOMIC_RELAXED))
+        rec_check("mem_alloc_on another device");
+    return under->mem_alloc(bytes, out);
+}
+
+static tide_status rec_zero(int device, void *ptr, size_t bytes)
+{
+    rec_check("mem_zero");
+    (void)device;
+    memset(ptr, 0, bytes);
+    return TIDE_OK;
+}
+
+static tide_status rec_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h,
+                              tide_coll_stream_t s)
+{
+    rec_check("copy2d");
+    return under->copy2d(dst, dp, src, sp, w, h, s);
+}
+
+static tide_status rec_copy_host(void *dst, const void *src, size_t bytes, int to_host,
+                                 tide_coll_stream_t s)
+{
+    rec_check("copy_host");
+    return under->copy_host(dst, src, bytes, to_host, s);
+}
+
+static tide_status rec_sync(tide_coll_comm_t *c, tide_coll_stream_t s)
+{
+    rec_check("stream_sync");
+    return under->stream_sync(c, s);
+}
+
+static void rec_register(void)
+{
+    MT_OK(tide_coll_backend_find("mpi", &under));
+    rec = *under;
+    rec.name = "rec";
+    rec.device_bind = rec_bind;
+    rec.comm_create = rec_create;
+    rec.comm_split = rec_split;
+    rec.p2p_start = rec_p2p_start;
+    rec.allreduce = rec_allreduce;
+    rec.allgather = rec_allgather;
+    rec.barrier = rec_barrier;
+    rec.mem_alloc = rec_alloc;
+    rec.mem_alloc_on = rec_alloc_on;
+    rec.mem_zero = rec_zero;
+    rec.copy2d = rec_copy2d;
+    rec.copy_host = rec_copy_host;
+    rec.stream_sync = rec_sync;
+    MT_OK(tide_coll_backend_register(&rec));
+}
+
+/* The program's preparation (tide_set_prepare): the next layout's buffers, allocated on
+   libtide's preparation thread. */
+typedef struct prepared {
+    pthread_mutex_t mu;
+    tide_t *t;
+    uint64_t gen;
+    void **bufs;
+    int used; /* switches that moved into prepared buffers */
+} prepared;
+
+static tide_status prepare(void *ctx, const tide_view *pending)
+{
+    prepared *p = ctx;
+    void **b = NULL;
+    tide_status rc = tide_alloc_buffers(p->t, pending, &b);
+    if (rc != TIDE_OK)
+        return rc;
+    pthread_mutex_lock(&p->mu);
+    tide_free_buffers(p->t, &p->bufs); /* an aborted generation's */
+    p->bufs = b;
+    p->gen = pending->generation;
+    pthread_mutex_unlock(&p->mu);
+    return TIDE_OK;
+}
 
 /* ---- the toy state --------------------------------------------------------------------- */
 
@@ -316,9 +485,21 @@ int main(int argc, char **argv)
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
     o.register_timeout_ms = 20000;
+    rec_register();
+    o.backend = "rec";
+    o.device = -1; /* the rank's index on the host: its rank, as mpirun runs them on one */
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     MT_ASSERT(tide_worker_id(t) == rank, "worker id is the pool rank");
+    MT_ASSERT(tide_device(t) == rank && want_dev == rank,
+              "rank %d: device %d chosen, %d bound; want the rank's index on the host", rank,
+              tide_device(t), want_dev);
+    MT_ASSERT(bound == rank, "tide_new binds the device on the calling thread");
+    prepared pre;
+    memset(&pre, 0, sizeof pre);
+    pthread_mutex_init(&pre.mu, NULL);
+    pre.t = t;
+    MT_OK(tide_set_prepare(t, prepare, &pre));
     tide_collection_t *coll = make_collection();
     tide_join_req jr = {JOB, coll, plan_dp[0], plan_tp[0], plan_pp[0], 2, 0};
     MT_OK(tide_join(t, &jr));
@@ -371,8 +552,16 @@ int main(int argc, char **argv)
                 check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank, bufs, s,
                              "before the switch");
             void **nb = NULL;
-            MT_OK(tide_alloc_buffers(t, nv, &nb));
             uint64_t g = nv->generation;
+            pthread_mutex_lock(&pre.mu);
+            if (pre.gen == g && pre.bufs != NULL) {
+                nb = pre.bufs;
+                pre.bufs = NULL;
+                pre.used++;
+            }
+            pthread_mutex_unlock(&pre.mu);
+            if (nb == NULL)
+                MT_OK(tide_alloc_buffers(t, nv, &nb));
             MT_ASSERT(g < MAX_GEN, "generation %llu", (unsigned long long)g);
             gen_size[g] = (int64_t)tide_layout_size(nv->layout);
             tide_reshard_stats st;
@@ -439,6 +628,24 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("switch steps: gen2 %lld, gen3 %lld, gen4 %lld; %lld steps\n", (long long)hi[2],
                (long long)hi[3], (long long)hi[4], (long long)end);
+    /* device binding: no thread touched the backend unbound, and the preparation thread
+       did (it moved the switches' buffers) */
+    MT_OK(tide_set_prepare(t, NULL, NULL)); /* waits for a running preparation */
+    int counts[3] = {__atomic_load_n(&n_violations, __ATOMIC_RELAXED), pre.used,
+                     __atomic_load_n(&n_bound_threads, __ATOMIC_RELAXED) > 1},
+        sums[3];
+    MPI_Allreduce(counts, sums, 3, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(sums[0] == 0, "%d backend calls on threads without the rank's device bound", sums[0]);
+    MT_ASSERT(sums[1] > 0 && sums[2] > 0,
+              "no switch moved into buffers of the preparation thread (%d used, %d ranks bound "
+              "a second thread)",
+              sums[1], sums[2]);
+    MT_ASSERT(n_checked > 0, "the recording backend saw no calls");
+    if (rank == 0)
+        printf("device binding: %d switches into prepared buffers, %d ranks bound a second "
+               "thread, no unbound backend call\n",
+               sums[1], sums[2]);
+    tide_free_buffers(t, &pre.bufs);
     tide_free_buffers(t, &bufs);
     tide_destroy(&t);
     tide_collection_destroy(&coll);

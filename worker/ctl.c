@@ -350,14 +350,21 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
         send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 0);
         return;
     }
-    char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[48];
+    char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[160], vis[128];
     snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", ctl->reg.device);
     snprintf(name, sizeof name, "TIDE_OFFLINE_JOB=%s", a->job);
     snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
-    snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%d", ctl->reg.device);
     char *env[4] = {dev, name, cap, cuda};
-    size_t n_env = ctl->reg.kind == TIDE_DEVICE_GPU ? 4 : 3;
-    tide_status rc = tide__child_spawn(&ctl->child, a->job, a->argv, a->argc, env, n_env);
+    size_t n_env = 3;
+    tide_status rc = TIDE_OK;
+    if (ctl->reg.kind == TIDE_DEVICE_GPU) {
+        /* the child sees this worker's GPU only, as its device 0 */
+        rc = tide__cuda_visible(getenv("CUDA_VISIBLE_DEVICES"), ctl->reg.device, vis, sizeof vis);
+        snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%s", vis);
+        n_env = 4;
+    }
+    if (rc == TIDE_OK)
+        rc = tide__child_spawn(&ctl->child, a->job, a->argv, a->argc, env, n_env);
     if (rc != TIDE_OK) {
         TIDE_WARN(SUBSYS, "%s", tide_last_error());
         send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 127);

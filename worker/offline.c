@@ -22,6 +22,27 @@
 
 extern char **environ;
 
+tide_status tide__cuda_visible(const char *parent, int device, char *out, size_t len)
+{
+    if (device < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "device index %d", device);
+    if (parent == NULL || parent[0] == '\0') {
+        snprintf(out, len, "%d", device);
+        return TIDE_OK;
+    }
+    const char *p = parent;
+    for (int i = 0; i < device && p != NULL; i++)
+        if ((p = strchr(p, ',')) != NULL)
+            p++;
+    size_t n = p != NULL ? strcspn(p, ",") : 0;
+    if (n == 0)
+        return tide_errorf(TIDE_ERR_RANGE,
+                           "device %d is not among CUDA_VISIBLE_DEVICES=%s of this worker", device,
+                           parent);
+    snprintf(out, len, "%.*s", (int)n, p);
+    return TIDE_OK;
+}
+
 tide_status tide__child_spawn(tide__child *c, const char *job, char *const *argv, uint32_t argc,
                               char *const *env, size_t n_env)
 {

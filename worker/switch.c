@@ -131,6 +131,8 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide__ctl_lock(t->ctl);
     tide__agree *a = tide__ctl_agree(t->ctl);
     int old_member = a->p_old;
+    /* an abort of this switch sets it from now on; one that came already leaves it set */
+    __atomic_store_n(&t->switch_cancel, !(a->p_gen == gen && a->p_switching), __ATOMIC_RELAXED);
     const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
     rc = pl ? tide__layout_from_proto(&pl->prev, &prev)
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
@@ -179,7 +181,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
 
     uint64_t tc = tide_now_ns();
     tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
-                                (uint32_t)t->opts.switch_timeout_ms};
+                                (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
     TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, t->pool, &cp), rc, fail);
     tide__ctl_lock(t->ctl);
     t->c_switch = sw;
@@ -224,6 +226,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
                                "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
                                tide_collection_tensor(t->coll, i)->name,
                                (unsigned long long)my_nb[i]);
+            TIDE_CHECK_GOTO(tide__check_buf(t, "tide_reshard", i, new_bufs[i], my_nb[i]), rc, fail);
         }
         new_rows[t->rank] = (void *)new_bufs;
     }
@@ -244,9 +247,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
 
     tc = tide_now_ns();
+    /* split off sw, which build_groups releases once the new all exists */
     TIDE_CHECK_GOTO(
-        tide__build_groups(t, nl, gen, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g), rc,
-        fail);
+        tide__build_groups(t, nl, gen, &sw, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g),
+        rc, fail);
     st.groups_ms = (double)(tide_now_ns() - tc) / 1e6;
     st.comm_ms = st.sync_ms + st.groups_ms;
 
@@ -270,6 +274,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     t->c_dp = g[2];
     t->c_pp = g[3];
     t->c_switch = NULL;
+    tide__unpublish_new(t);
     tide__agree_switched(a);
     int64_t step = a->completed;
     tide__ctl_unlock(t->ctl);
@@ -314,6 +319,7 @@ fail:
         snprintf(detail, sizeof detail, "%s", tide_last_error());
         tide__ctl_lock(t->ctl);
         t->c_switch = NULL;
+        tide__unpublish_new(t);
         tide__agree *fa = tide__ctl_agree(t->ctl);
         if (fa->p_gen == gen)
             tide__agree_switch_failed(fa);

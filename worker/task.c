@@ -116,6 +116,7 @@ struct tide__task {
     uint64_t steps;
     tide_proto_job_state_t end; /* how it ended (reported by tide__task_stop) */
     int end_code;
+    tide_coll_stream_t stream; /* the task's low-priority stream (NULL for host workers) */
 };
 
 /* Loads the job of assignment m (taken over) and reports it running; NULL when it
@@ -151,8 +152,15 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
         k->end_code = 126;
         goto fail;
     }
-    tide_task_env env = {k->job, t->opts.device, t->be->mem_kind == TIDE_MEM_DEVICE, a->mem_cap,
-                         a->attempt};
+    /* the main thread runs the task: its device is bound already (tide_new) */
+    if (tide_coll_stream_new_low(t->be, t->device, &k->stream) != TIDE_OK) {
+        TIDE_WARN(SUBSYS, "offline job %s: no stream for it: %s", k->job, tide_last_error());
+        k->end_code = 1;
+        k->ops = NULL; /* never initialised: no fini */
+        goto fail;
+    }
+    tide_task_env env = {k->job,     t->device,  t->be->mem_kind == TIDE_MEM_DEVICE,
+                         a->mem_cap, a->attempt, k->stream};
     if (k->ops->init(&k->state, (int)a->argc, a->argv, &env) != TIDE_OK) {
         TIDE_WARN(SUBSYS, "offline job %s: init failed: %s", k->job, tide_last_error());
         k->end_code = 1;
@@ -207,6 +215,7 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
         k->ops->fini(k->state);
     if (k->h != NULL)
         dlclose(k->h);
+    tide_coll_stream_free(t->be, k->stream);
     /* The slot is freed before tided hears of the end: it may assign the next job at
        once, and a busy slot would refuse it. */
     tide__ctl_lock(t->ctl);

@@ -68,6 +68,8 @@ void tide_options_init(tide_options *o)
 static void abort_cb(void *ctx, int which)
 {
     tide_t *t = ctx;
+    if (which != 0) /* a communicator of the switch still being made ends too */
+        __atomic_store_n(&t->switch_cancel, 1, __ATOMIC_RELAXED);
     tide_coll_comm_t *const step_set[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp};
     tide_coll_comm_t *const switch_set[] = {t->c_switch, t->n_all, t->n_tp, t->n_dp, t->n_pp};
     if (which == 0) {
@@ -92,52 +94,71 @@ int tide__gen_tag(uint64_t gen, int k)
     return (int)((gen * 8 + (uint64_t)k) % 16384);
 }
 
-/* Creates the communicator over l's workers at indices idx[0..n) (this rank among
-   them), in that order, over the pool: only those members take part. */
-static tide_status group_new(tide_t *t, const tide_layout_t *l, const size_t *idx, int n, int tag,
-                             int *members, tide_coll_comm_t **out)
+/* Publishes group k (0 all, 1 tp, 2 dp, 3 pp) of the layout being built, so that an
+   abort of the switch (abort_cb) reaches it while the others are made. */
+static void publish_new(tide_t *t, int k, tide_coll_comm_t *c)
 {
-    for (int i = 0; i < n; i++)
-        members[i] = l->worker[idx[i]];
-    tide_coll_comm_params cp = {members, n, tag, (uint32_t)t->opts.switch_timeout_ms};
-    return tide_coll_comm_new(out, t->be, t->pool, &cp);
+    tide__ctl_lock(t->ctl);
+    tide_coll_comm_t **slot[4] = {&t->n_all, &t->n_tp, &t->n_dp, &t->n_pp};
+    *slot[k] = c;
+    tide__ctl_unlock(t->ctl);
 }
 
-tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen, int member, int p,
-                               int d, int tt, tide_coll_comm_t **out)
+void tide__unpublish_new(tide_t *t)
+{
+    t->n_all = t->n_tp = t->n_dp = t->n_pp = NULL;
+}
+
+tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
+                               tide_coll_comm_t **parent_p, int member, int p, int d, int tt,
+                               tide_coll_comm_t **out)
 {
     out[0] = out[1] = out[2] = out[3] = NULL;
-    if (!member)
-        return TIDE_OK;
-    size_t n = tide_layout_size(l);
     tide_status rc = TIDE_OK;
-    size_t *idx = tide_malloc(n * sizeof *idx);
-    int *members = tide_malloc(n * sizeof *members);
-    TIDE_CHECK_ALLOC_GOTO(idx, rc, fail);
-    TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
-    /* Every member derives the same lists from the layout, so no allgather is needed
-       and each group's creation involves only its own members. Each rank creates its
-       groups in the same order (all, tp, dp, pp) with one tag per kind: groups of one
-       kind are disjoint, so concurrent creations never share a tag and a member. */
-    for (size_t i = 0; i < n; i++)
-        idx[i] = i;
-    TIDE_CHECK_GOTO(group_new(t, l, idx, (int)n, tide__gen_tag(gen, 1), members, &out[0]), rc,
-                    fail);
-    for (int k = 0; k < l->tp; k++)
-        idx[k] = tide_layout_index(l, p, d, k);
-    TIDE_CHECK_GOTO(group_new(t, l, idx, l->tp, tide__gen_tag(gen, 2), members, &out[1]), rc, fail);
-    for (int k = 0; k < l->dp; k++)
-        idx[k] = tide_layout_index(l, p, k, tt);
-    TIDE_CHECK_GOTO(group_new(t, l, idx, l->dp, tide__gen_tag(gen, 3), members, &out[2]), rc, fail);
-    for (int k = 0; k < l->pp; k++)
-        idx[k] = tide_layout_index(l, k, d, tt);
-    TIDE_CHECK_GOTO(group_new(t, l, idx, l->pp, tide__gen_tag(gen, 4), members, &out[3]), rc, fail);
-    tide_free(idx);
+    int *members = NULL;
+    if (parent_p != NULL && *parent_p != NULL) {
+        /* every rank of the parent takes part; ranks outside l get nothing */
+        int key = member ? (int)tide_layout_index(l, p, d, tt) : 0;
+        TIDE_CHECK_GOTO(tide_coll_comm_split(*parent_p, member ? 0 : -1, key, &out[0]), rc, fail);
+        /* the parent's work is done: release it now, so that at most the old layout's
+           four, the new all and its splits exist at once */
+        tide__ctl_lock(t->ctl);
+        if (t->c_switch == *parent_p)
+            t->c_switch = NULL;
+        tide__ctl_unlock(t->ctl);
+        tide_coll_comm_destroy(parent_p);
+    } else if (member) {
+        /* no parent (the first layout): all over the pool, among its members only */
+        size_t n = tide_layout_size(l);
+        members = tide_malloc(n * sizeof *members);
+        TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
+        for (size_t i = 0; i < n; i++)
+            members[i] = l->worker[i];
+        tide_coll_comm_params cp = {members, (int)n, tide__gen_tag(gen, 1),
+                                    (uint32_t)t->opts.switch_timeout_ms, NULL};
+        TIDE_CHECK_GOTO(tide_coll_comm_new(&out[0], t->be, t->pool, &cp), rc, fail);
+    }
+    if (!member) {
+        tide_free(members);
+        return TIDE_OK;
+    }
+    publish_new(t, 0, out[0]);
+    /* tp, dp and pp split off all (ncclCommSplit for nccl: no bootstrap of their own).
+       Colour: the coordinates the group shares; key: the rank inside it. Every member
+       of all splits three times, in the same order. */
+    const int color[3] = {p * l->dp + d, p * l->tp + tt, d * l->tp + tt};
+    const int key[3] = {tt, d, p};
+    for (int k = 0; k < 3; k++) {
+        TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], color[k], key[k], &out[k + 1]), rc, fail);
+        publish_new(t, k + 1, out[k + 1]);
+    }
     tide_free(members);
     return TIDE_OK;
 fail:
-    tide_free(idx);
     tide_free(members);
+    tide__ctl_lock(t->ctl);
+    tide__unpublish_new(t);
+    tide__ctl_unlock(t->ctl);
     tide__destroy_comms(out, 4);
     return rc;
 }
@@ -219,6 +240,10 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
     MPI_Comm_set_errhandler(t->end_comm, MPI_ERRORS_RETURN);
     rc = tide_coll_backend_find(opts->backend ? opts->backend : "mpi", &t->be);
     int dev = opts->device >= 0 ? opts->device : local_index(world);
+    t->device = dev;
+    /* libtide owns the device: this thread first, then every thread it starts */
+    if (rc == TIDE_OK)
+        rc = tide_coll_device_bind(t->be, dev);
     char pool[TIDE_PROTO_NAME_MAX + 1] = "";
     if (opts->pool != NULL && opts->pool[0] != '\0') {
         snprintf(pool, sizeof pool, "%s", opts->pool);
@@ -286,7 +311,10 @@ static void prep_run(void *ctx, uint64_t gen, const tide_layout_t *l)
     tide_view v;
     tide__fill_view(&v, gen, l, t->rank, -1);
     uint64_t t0 = tide_now_ns();
-    tide_status rc = t->prep_fn(t->prep_ctx, &v);
+    /* a new thread starts on device 0: bind before the program allocates anything */
+    tide_status rc = tide_coll_device_bind(t->be, t->device);
+    if (rc == TIDE_OK)
+        rc = t->prep_fn(t->prep_ctx, &v);
     if (rc != TIDE_OK)
         TIDE_WARN(SUBSYS,
                   "rank %d: preparing generation %llu failed (%s: %s); it switches unprepared",
@@ -562,10 +590,11 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     /* the first layout's communicators, among its members only */
     if (t->view.member) {
         tide_coll_comm_t *g[4];
-        TIDE_CHECK_GOTO(
-            tide__build_groups(t, l, gen, 1, t->view.pp_rank, t->view.dp_rank, t->view.tp_rank, g),
-            rc, out);
+        TIDE_CHECK_GOTO(tide__build_groups(t, l, gen, NULL, 1, t->view.pp_rank, t->view.dp_rank,
+                                           t->view.tp_rank, g),
+                        rc, out);
         tide__ctl_lock(t->ctl);
+        tide__unpublish_new(t);
         t->c_all = g[0];
         t->c_tp = g[1];
         t->c_dp = g[2];
@@ -601,9 +630,30 @@ tide_status tide_set_buffers(tide_t *t, void *const *bufs)
                                "tide_set_buffers: tensor %s needs a %llu-byte "
                                "buffer on this rank, got NULL",
                                tide_collection_tensor(t->coll, i)->name, (unsigned long long)need);
+        TIDE_CHECK(tide__check_buf(t, "tide_set_buffers", i, bufs[i], need));
     }
     memcpy(t->bufs, bufs, t->n_tensors * sizeof *bufs);
     return TIDE_OK;
+}
+
+tide_status tide__check_buf(const tide_t *t, const char *who, size_t i, const void *buf,
+                            uint64_t bytes)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s: tensor %s", who, tide_collection_tensor(t->coll, i)->name);
+    return tide_coll_mem_check(t->be, buf, (size_t)bytes, what);
+}
+
+int tide_device(const tide_t *t)
+{
+    return t != NULL ? t->device : -1;
+}
+
+tide_status tide_bind_device(const tide_t *t)
+{
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_bind_device: no runtime");
+    return tide_coll_device_bind(t->be, t->device);
 }
 
 /* ---- steps ----------------------------------------------------------------------------------- */
@@ -791,26 +841,17 @@ tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
     if (b == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory allocating buffer pointers");
     tide_status rc = TIDE_OK;
-    void *zeros = NULL;
     for (size_t i = 0; v->member && i < t->n_tensors; i++) {
         uint64_t n = tide_shard_bytes(v->layout, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
         if (n == 0)
             continue;
-        TIDE_CHECK_GOTO(t->be->mem_alloc((size_t)n, &b[i]), rc, fail);
-        if (t->be->mem_kind == TIDE_MEM_HOST) {
-            memset(b[i], 0, (size_t)n);
-        } else {
-            tide_free(zeros);
-            zeros = tide_calloc(1, (size_t)n);
-            TIDE_CHECK_ALLOC_GOTO(zeros, rc, fail);
-            TIDE_CHECK_GOTO(t->be->copy_host(b[i], zeros, (size_t)n, 0, NULL), rc, fail);
-        }
+        /* the rank's device by name: this may run on the program's preparation thread */
+        TIDE_CHECK_GOTO(tide_coll_mem_alloc(t->be, t->device, (size_t)n, &b[i]), rc, fail);
+        TIDE_CHECK_GOTO(tide_coll_mem_zero(t->be, t->device, b[i], (size_t)n), rc, fail);
     }
-    tide_free(zeros);
     *out = b;
     return TIDE_OK;
 fail:
-    tide_free(zeros);
     for (size_t i = 0; i < t->n_tensors; i++)
         t->be->mem_free(b[i]);
     tide_free(b);

@@ -16,6 +16,8 @@
 struct tide {
     tide_options opts;
     int rank, size;
+    int device; /* the rank's device: opts.device, else its index on the host; bound on
+                   this thread by tide_new and on every thread libtide starts */
     tide_coll_pool_t *pool;
     const tide_coll_backend_v1 *be;
     MPI_Comm end_comm; /* tide's own dup of world: pool messages (job end) */
@@ -48,8 +50,15 @@ struct tide {
     /* communicators: changed under ctl's lock */
     tide_coll_comm_t *c_all, *c_tp, *c_dp, *c_pp; /* current layout */
     tide_coll_comm_t *c_switch;                   /* participants of the running switch */
+    int switch_cancel; /* set (__atomic) by an abort of the switch: ends a creation that
+                          has no communicator to abort yet */
     tide_coll_comm_t *n_all, *n_tp, *n_dp, *n_pp; /* new layout's, while being built */
 };
+
+/* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
+   TIDE_ERR_INVALID naming who, the tensor and both kinds. Any thread. */
+tide_status tide__check_buf(const tide_t *t, const char *who, size_t i, const void *buf,
+                            uint64_t bytes);
 
 /* Destroys n communicators (NULL entries fine) and nulls them. */
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);
@@ -58,12 +67,20 @@ void tide__destroy_comms(tide_coll_comm_t **c, size_t n);
    1-4: the layout's all/tp/dp/pp groups); the same on every rank. */
 int tide__gen_tag(uint64_t gen, int k);
 
-/* Creates layout l's groups that this rank belongs to, directly over the pool (each
-   group's members only take part; every member calls it); non-members get NULLs.
-   out[4] = {all, tp, dp, pp}. Blocks until the group's members arrive (switch timeout);
-   main thread. */
-tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen, int member, int p,
-                               int d, int tt, tide_coll_comm_t **out);
+/* Creates layout l's groups that this rank belongs to: all split off *parent_p (every
+   rank of the parent calls it; the parent is destroyed once all exists, and unpublished
+   from c_switch), or with parent_p NULL made over the pool among l's members only (only
+   they call it); then tp, dp and pp split off all. Each is published in n_* as soon as
+   it exists, so an abort of the switch reaches it; the caller takes them out of n_*
+   (tide__unpublish_new, ctl's lock held) when it commits them; on failure they are
+   destroyed and unpublished here. Non-members get NULLs. out[4] = {all, tp, dp, pp}.
+   Blocks until the members arrive (switch timeout, or an abort); main thread. */
+tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
+                               tide_coll_comm_t **parent_p, int member, int p, int d, int tt,
+                               tide_coll_comm_t **out);
+
+/* Clears n_*; ctl's lock held. */
+void tide__unpublish_new(tide_t *t);
 
 /* Fills v for worker me in layout l (NULL: no layout); communicators NULL. */
 void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t me, int64_t step);

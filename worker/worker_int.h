@@ -167,6 +167,12 @@ typedef struct tide__child {
 tide_status tide__child_spawn(tide__child *c, const char *job, char *const *argv, uint32_t argc,
                               char *const *env, size_t n_env);
 
+/* The CUDA_VISIBLE_DEVICES value that shows a child only local device index device,
+   given the worker's own value parent (NULL or "": every device visible): the entry at
+   that index of parent's list (an index or a UUID), else the index itself. Writes it to
+   out (len bytes); TIDE_ERR_RANGE when parent lists fewer devices. Pure; any thread. */
+tide_status tide__cuda_visible(const char *parent, int device, char *out, size_t len);
+
 /* Sends SIGTERM to the child's group and schedules SIGKILL after grace_ms. */
 void tide__child_preempt(tide__child *c, int grace_ms, uint64_t now_ns);
 

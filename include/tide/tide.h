@@ -37,6 +37,17 @@
  * function below is called from the program's main (MPI) thread unless its comment
  * says "any thread".
  *
+ * Devices: libtide owns the rank's device. tide_new picks it (tide_options.device, else
+ * the rank's index among the ranks on its host) and makes it current on the calling
+ * thread; every thread libtide starts (the preparation thread that runs the program's
+ * tide_prepare_fn, the offline plugins' steps) does the same before its first CUDA or
+ * NCCL call, and the heartbeat thread makes none. CUDA's current device is per
+ * thread and a new thread starts on device 0, so a thread the PROGRAM starts that
+ * allocates, copies or launches on the GPU must call tide_bind_device (or
+ * cudaSetDevice(tide_device(t))) first. Buffers handed to libtide must be of the
+ * backend's kind (mpi: host memory, nccl: device memory of tide_device): tide_set_buffers
+ * and tide_reshard refuse others with TIDE_ERR_INVALID naming the tensor.
+ *
  * Failure: when a peer dies, tided starts a recovery; the background thread aborts
  * the current communicators, so a collective blocked on the dead peer returns
  * TIDE_ERR_ABORTED. The program passes that status to tide_step_end (the step is not
@@ -108,6 +119,15 @@ int tide_pool_size(const tide_t *t);
 
 /* The collectives backend in use (its mem_kind says where buffers live). */
 const tide_coll_backend_v1 *tide_backend(const tide_t *t);
+
+/* The rank's device index (local to its host), chosen by tide_new; -1 for NULL. Any
+   thread. */
+int tide_device(const tide_t *t);
+
+/* Makes the rank's device current on the calling thread (cudaSetDevice for the nccl
+   backend; nothing for mpi). Call it first on every thread of the program that uses the
+   GPU, other than the one that called tide_new. Any thread. */
+tide_status tide_bind_device(const tide_t *t);
 
 /* ---- joining an online job ------------------------------------------------------------ */
 
@@ -278,7 +298,9 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
  * Allocates zero-filled local buffers for this rank's coordinate in view v (from
  * tide_view_get or tide_view_next) in the backend's memory kind; *out gets
  * tide_collection_size entries, NULL where not held (all NULL when not a member).
- * Free with tide_free_buffers. For programs without their own allocator.
+ * Device memory is allocated and zeroed on the rank's device (tide_device) whatever the
+ * calling thread's current device, so a tide_prepare_fn may call it. Free with
+ * tide_free_buffers. For programs without their own allocator. Any thread.
  */
 tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
 
@@ -298,8 +320,10 @@ typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
  * current step, whichever comes first, so the agreed switch step usually comes after the
  * preparation (the switch may come a step later) and never waits more than a step for it.
  * Typical use: allocate the new buffers and first-touch them, so that the switch moves
- * data into memory that takes no page faults. fn must be thread-safe against the
- * program's steps and must not call MPI or tide_*. The generation may still be aborted
+ * data into memory that takes no page faults. fn runs with the rank's device already
+ * current on its thread. fn must be thread-safe against the program's steps and must not
+ * call MPI or tide_* other than tide_alloc_buffers, tide_free_buffers, tide_device and
+ * tide_bind_device. The generation may still be aborted
  * (the program then frees what it prepared). tide_step_begin returns
  * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn
  * is logged and only skips the preparation. fn NULL: none (the default). Main thread.

@@ -36,10 +36,15 @@ extern "C" {
 /* What the runtime tells a task about where it runs. */
 typedef struct tide_task_env {
     const char *job;  /* offline job name */
-    int device;       /* local device index (host-memory workers: their local index) */
+    int device;       /* the worker's local device index (tide_device; host-memory
+                         workers: their index on the host); current on the calling thread
+                         when init and every later function run */
     int gpu;          /* 1 when the device is a CUDA device */
     uint64_t mem_cap; /* bytes the task may allocate on the device; 0 = no cap */
     uint32_t attempt; /* 1 for the first run of the job */
+    void *stream;     /* gpu: a cudaStream_t of the lowest priority on device, owned by the
+                         runtime (valid until fini returns); launch the task's work there so
+                         that the training's kernels go first. NULL otherwise */
 } tide_task_env;
 
 /* The table a plugin exports. Every function is called on one thread, in order:

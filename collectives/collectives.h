@@ -218,6 +218,12 @@ typedef struct tide_coll_backend_v1 {
     /* Optional. Bytes this rank has received on comm by single copy so far (statistics
        and tests: 0 proves the path unused). Caller's thread. */
     uint64_t (*direct_bytes)(const tide_coll_comm_t *comm);
+    /* Optional (NULL: plain host memory, tide_malloc). Host memory the backend's copies
+       move fastest to and from (nccl: pinned, cudaMallocHost), where the memory pool
+       spills shards that do not fit during a switch. Does not block on peers; any
+       thread. host_free frees it; NULL is fine. */
+    tide_status (*host_alloc)(size_t bytes, void **out);
+    void (*host_free)(void *ptr);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */

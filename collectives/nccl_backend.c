@@ -474,6 +474,19 @@ static void dev_free(void *p)
         cudaFree(p);
 }
 
+static tide_status pinned_alloc(size_t bytes, void **out)
+{
+    *out = NULL;
+    CUDA_CHECK(cudaMallocHost(out, bytes ? bytes : 1));
+    return TIDE_OK;
+}
+
+static void pinned_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
 static tide_status dev_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, tide_coll_stream_t stream)
 {
@@ -531,4 +544,6 @@ const tide_coll_backend_v1 tide__coll_nccl_backend = {
     .copy2d = dev_copy2d,
     .copy_host = dev_copy_host,
     .stream_sync = dev_sync,
+    .host_alloc = pinned_alloc,
+    .host_free = pinned_free,
 };

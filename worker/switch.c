@@ -136,9 +136,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
     tide__ctl_unlock(t->ctl);
     TIDE_CHECK_GOTO(rc, rc, fail);
-    if (nv->member && new_bufs == NULL)
+    int in_place = new_bufs == NULL && t->owned;
+    if (nv->member && new_bufs == NULL && !in_place)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                       "tide_reshard: this rank is in the new layout: pass its new buffers");
+                       "tide_reshard: this rank is in the new layout: pass its new buffers "
+                       "(or give the runtime its buffers: tide_give_buffers)");
+    if (new_bufs != NULL && t->owned)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                       "tide_reshard: the runtime owns this rank's buffers (tide_give_buffers): "
+                       "pass NULL and it rebuilds them in place");
     TIDE_CHECK_GOTO(tide_layout_validate(nl, t->coll), rc, fail);
     TIDE_CHECK_GOTO(tide_layout_validate(prev, t->coll), rc, fail);
     for (size_t i = 0; i < tide_layout_size(nl); i++)
@@ -219,15 +225,38 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     if (nv->member) {
         for (size_t i = 0; i < t->n_tensors; i++) {
             my_nb[i] = tide_shard_bytes(nl, t->coll, i, nv->pp_rank, nv->dp_rank, nv->tp_rank);
-            if (my_nb[i] > 0 && new_bufs[i] == NULL)
+            if (my_nb[i] > 0 && !in_place && new_bufs[i] == NULL)
                 TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
                                "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
                                tide_collection_tensor(t->coll, i)->name,
                                (unsigned long long)my_nb[i]);
         }
-        new_rows[t->rank] = (void *)new_bufs;
+        if (!in_place)
+            new_rows[t->rank] = (void *)new_bufs;
     }
     nb[t->rank] = my_nb;
+    tide_exec_in_place ip;
+    memset(&ip, 0, sizeof ip);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        st.state_old += my_ob[i];
+        st.state_new += my_nb[i];
+    }
+    st.staging_cap = cap;
+    st.mem_limit = (st.state_old > st.state_new ? st.state_old : st.state_new) + cap;
+    st.no_room = st.state_new > st.state_old ? st.state_new - st.state_old : 0;
+    if (in_place) {
+        /* the old buffers, handed over: the executor rebuilds t->bufs in place */
+        old_rows[t->rank] = NULL;
+        ip.pool = t->mem;
+        ip.worker = t->rank;
+        ip.bufs = t->bufs;
+        ip.old_bytes = my_ob;
+        ip.new_bytes = my_nb;
+        ip.moved = t->moved;
+        ip.limit = st.mem_limit;
+        ip.strict = t->opts.mem_strict;
+    }
     tide_exec_args ea = {plan,
                          nw,
                          t->n_tensors,
@@ -235,10 +264,12 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
                          (void *const *const *)old_rows,
                          (void *const *const *)new_rows,
                          (const uint64_t *const *)ob,
-                         (const uint64_t *const *)nb};
+                         (const uint64_t *const *)nb,
+                         in_place ? &ip : NULL};
     tide_exec_opts eo;
     tide_exec_opts_init(&eo);
     eo.staging_cap = t->opts.staging_cap;
+    eo.pool = t->mem;
     uint64_t tm = tide_now_ns();
     TIDE_CHECK_GOTO(tide_reshard_execute(sw, &ea, &eo, &es), rc, fail);
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
@@ -286,9 +317,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     t->view.tp = t->c_tp;
     t->view.dp = t->c_dp;
     t->view.pp = t->c_pp;
-    for (size_t i = 0; i < t->n_tensors; i++)
+    for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
     st.bytes_sent = es.bytes_sent;
+    st.peak_extra = es.peak_extra;
+    st.bytes_kept = es.bytes_kept;
+    st.bytes_shrunk = es.bytes_shrunk;
+    st.bytes_rebuilt = es.bytes_rebuilt;
+    st.bytes_spilled = es.bytes_spilled;
+    st.fresh_bytes = es.fresh_bytes;
     st.bytes_recv = es.bytes_recv;
     st.bytes_local = es.bytes_local;
     st.wait_ms = t->switch_wait_ms;

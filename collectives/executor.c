@@ -1064,6 +1064,8 @@ static tide_status ip_setup(exec *x, const tide_exec_args *args)
         x->old_tab[w] = args->old_bufs ? (void *)args->old_bufs[w] : NULL;
         x->new_tab[w] = args->new_bufs ? (void *)args->new_bufs[w] : NULL;
     }
+    for (size_t i = 0; i < nt; i++)
+        x->ip_old[i] = ip->bufs[i];
     x->old_tab[ip->worker] = x->ip_old;
     x->new_tab[ip->worker] = x->ip_new;
     x->la = *args;

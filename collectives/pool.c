@@ -108,13 +108,13 @@ static tide_status add_block(tide_mem_pool_t *p, void *ptr, uint64_t cap, int us
 }
 
 /* The cached block to serve bytes from, or p->n: the smallest that fits and is at
-   most a third larger than asked (a larger one would waste what the limit counts). */
+   most a fifteenth larger than asked (a larger one would waste what the limit counts). */
 static size_t best_fit(const tide_mem_pool_t *p, uint64_t bytes)
 {
     size_t best = p->n;
     for (size_t i = 0; i < p->n; i++) {
         const block *b = &p->b[i];
-        if (b->used || b->cap < bytes || b->cap - bytes > b->cap / 4)
+        if (b->used || b->cap < bytes || b->cap - bytes > b->cap / 16)
             continue;
         if (best == p->n || b->cap < p->b[best].cap)
             best = i;

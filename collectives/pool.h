@@ -54,7 +54,7 @@ void tide_mem_pool_destroy(tide_mem_pool_t **self_p);
 const tide_coll_backend_v1 *tide_mem_pool_backend(const tide_mem_pool_t *p);
 
 /* A block of at least bytes (its contents undefined): the smallest cached block that
-   fits without wasting more than a quarter of it, else a fresh one (after giving cached
+   fits without wasting more than a sixteenth of it, else a fresh one (after giving cached
    blocks back to the system when the limit needs it). TIDE_ERR_NOMEM when the backend
    fails, or when strict and in_use would pass the limit. */
 tide_status tide_mem_pool_alloc(tide_mem_pool_t *p, size_t bytes, void **out);

@@ -405,10 +405,10 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     int32_t me = tide_worker_id(t);
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
-    if (v->member) {
+    if (v->member)
         RUN(tide_mlp_init(model), "model init");
-        RUN(tide_set_buffers(t, tide_mlp_buffers(model)), "tide_set_buffers");
-    }
+    /* the runtime owns the state from here: switches rebuild it in place */
+    RUN(tide_mlp_tide_give(t, model), "tide_give_buffers");
     if (is_first_rank(t)) {
         char lbuf[256];
         tide_layout_format(v->layout, lbuf, sizeof lbuf);

@@ -243,7 +243,12 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
         st.state_new += my_nb[i];
     }
     st.staging_cap = cap;
-    st.mem_limit = (st.state_old > st.state_new ? st.state_old : st.state_new) + cap;
+    /* what the rank holds counts block capacities (page-rounded shrinks, a reused block a
+       little larger than its shard): the bound is on that, not the bare shard bytes */
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t held = ps.in_use > st.state_old ? ps.in_use : st.state_old;
+    st.mem_limit = (held > st.state_new ? held : st.state_new) + cap;
     st.no_room = st.state_new > st.state_old ? st.state_new - st.state_old : 0;
     if (in_place) {
         /* the old buffers, handed over: the executor rebuilds t->bufs in place */

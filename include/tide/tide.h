@@ -295,7 +295,8 @@ typedef struct tide_reshard_stats {
     /* memory of a switch of given buffers (tide_give_buffers), bytes */
     uint64_t state_old, state_new; /* this rank's shards before and after */
     uint64_t staging_cap;          /* the staging cap in effect */
-    uint64_t mem_limit;            /* max(state_old, state_new) + staging_cap */
+    uint64_t mem_limit;            /* max(held, state_new) + staging_cap; held: the pool memory
+                                      its old shards take (state_old, page-rounded) */
     uint64_t peak_extra;           /* most pool memory in use during the switch over what was in
                                       use when it began (new shards and staging) */
     uint64_t no_room;              /* what the new shards needed beyond the old ones that left:

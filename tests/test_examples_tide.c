@@ -174,6 +174,9 @@ typedef struct record {
     int64_t gen_size[MAX_GEN + 1];
     uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T]; /* state hashes */
     int64_t last_switch;                                            /* current generation's */
+    /* bytes over every switch of this rank: new shards kept, shrunk in place, rebuilt
+       in pool blocks; old shards spilled to host memory */
+    uint64_t kept, shrunk, rebuilt, spilled;
 } record;
 
 /* The full state over the members of the current view, hashed on the root. */
@@ -232,6 +235,10 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
               "rank %d: generation %llu took %llu bytes more (cap %llu, no room %llu)",
               (int)tide_worker_id(t), (unsigned long long)g, (unsigned long long)st->rs.peak_extra,
               (unsigned long long)st->rs.staging_cap, (unsigned long long)st->rs.no_room);
+    r->kept += st->rs.bytes_kept;
+    r->shrunk += st->rs.bytes_shrunk;
+    r->rebuilt += st->rs.bytes_rebuilt;
+    r->spilled += st->rs.bytes_spilled;
     MT_ASSERT(st->rs.bytes_kept + st->rs.bytes_shrunk + st->rs.bytes_rebuilt == st->rs.state_new,
               "rank %d: new shards kept %llu + shrunk %llu + rebuilt %llu != %llu",
               (int)tide_worker_id(t), (unsigned long long)st->rs.bytes_kept,
@@ -375,6 +382,15 @@ int main(int argc, char **argv)
                   "generation %d: switch steps differ between ranks (%lld..%lld) or do not "
                   "follow generation %d's (%lld)",
                   g, (long long)lo[g], (long long)hi[g], g - 1, (long long)hi[g - 1]);
+    /* every way of rebuilding ran where the resizes call for it: dp replicas keep their
+       buffers, tp/ZeRO shards that shrink are rebuilt inside theirs, and a grow past the
+       limit (tp 4 -> 2, tp/pp -> one rank holding it all) spills old shards to host */
+    uint64_t ways[4] = {rec.kept, rec.shrunk, rec.rebuilt, rec.spilled}, all_ways[4];
+    MPI_Allreduce(ways, all_ways, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
+    MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
+    MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");
+    MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
     MT_ASSERT(end < MAX_STEPS, "the job ran to the step limit");
 

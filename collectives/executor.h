@@ -28,6 +28,10 @@
  * staging_cap and max_chunk; the mpi backend detects a disagreement on sizes
  * (TIDE_ERR_PROTOCOL) instead of corrupting memory.
  *
+ * Memory: staging slots come from opts->pool when given (reused across calls); in-place
+ * mode (tide_exec_in_place) also builds one worker's new shards from its old ones inside
+ * that pool, so that a rank's peak stays bounded.
+ *
  * Workload: plans of up to ~10^5 items per rank and GiBs of state; setup is
  * O(items log items), the data moves at close to the backend's point-to-point rate.
  */

@@ -2,9 +2,11 @@
  * worker/switch: tide_reshard, one rank's part of a layout switch. Every participant
  * (the new layout's members and the old layout's live members) builds one communicator
  * over all participants, computes the same full plan (reshard/), runs it through the
- * collectives executor from the registered old buffers into the program's new ones,
- * creates the new layout's groups directly over the pool (members only), and reports
- * `done` to tided. Workload: once per resize; the data movement dominates.
+ * collectives executor from the registered old buffers into the program's new ones (or,
+ * when the runtime owns the buffers, rebuilds them in place inside its memory pool,
+ * within the larger of the rank's old and new state plus the staging cap), creates the new layout's
+ * groups directly over the pool (members only), and reports `done` to tided. Workload: once per
+ * resize; the data movement dominates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,6 +326,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     t->view.pp = t->c_pp;
     for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
+    /* a rank that left gives its memory back to the system: offline work on its device
+       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool) */
+    if (in_place && !t->view.member)
+        tide_mem_pool_trim(t->mem);
     st.bytes_sent = es.bytes_sent;
     st.peak_extra = es.peak_extra;
     st.bytes_kept = es.bytes_kept;

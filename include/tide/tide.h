@@ -322,7 +322,7 @@ typedef struct tide_reshard_stats {
 tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
 /* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime
  * rebuilds them in place for the new layout (see "Memory" at the top; a rank that joins
- * gets pool buffers, one that leaves gives its buffers back to the pool); afterwards
+ * gets pool buffers, one that leaves gives its memory back to the system); afterwards
  * tide_buffers and tide_buffer_moved say where the new shards are. On failure the old
  * shards stay registered (a spilled one back in a pool block, marked moved). */
 

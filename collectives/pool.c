@@ -275,6 +275,8 @@ tide_status tide_mem_pool_spill_alloc(tide_mem_pool_t *p, size_t bytes, void **o
         *out = tide_malloc(bytes ? bytes : 1);
         if (*out == NULL)
             return tide_errorf(TIDE_ERR_NOMEM, "out of host memory spilling %zu bytes", bytes);
+        if (bytes >= POPULATE_FROM)
+            populate(*out, bytes); /* the spill copy then takes no page faults */
     }
     pthread_mutex_lock(&p->mu);
     p->st.spill += bytes;

@@ -244,6 +244,12 @@ typedef struct tide_coll_backend_v1 {
        must yield to training (offline plugins). Any thread; free with stream_free. */
     tide_status (*stream_new_low)(int device, tide_coll_stream_t *out);
     void (*stream_free)(tide_coll_stream_t stream);
+    /* Optional (NULL: plain host memory, tide_malloc). Host memory the backend's copies
+       move fastest to and from (nccl: pinned, cudaMallocHost), where the memory pool
+       spills shards that do not fit during a switch. Does not block on peers; any
+       thread. host_free frees it; NULL is fine. */
+    tide_status (*host_alloc)(size_t bytes, void **out);
+    void (*host_free)(void *ptr);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */

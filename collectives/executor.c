@@ -70,14 +70,33 @@ typedef struct exec {
     uint64_t *chunk_of;     /* [n] chunk size of each rank (0: no streams) */
     stream *streams;
     size_t n_streams;
-    size_t *item_idx;     /* backing store for streams[].items */
-    tide_p2p_op *ops;     /* one entry per message of this rank, sized before data moves */
-    tide_p2p_peer *peers; /* [like ops] the other end's layout of each message */
-    size_t lc_item;       /* local copies: next plan item */
-    uint64_t lc_off;      /* and byte offset inside it */
-    uint64_t staging;     /* bytes currently allocated */
+    size_t *item_idx;      /* backing store for streams[].items */
+    tide_p2p_op *ops;      /* one entry per message of this rank, sized before data moves */
+    tide_p2p_peer *peers;  /* [like ops] the other end's layout of each message */
+    size_t lc_item;        /* local copies: next plan item */
+    uint64_t lc_off;       /* and byte offset inside it */
+    uint64_t staging;      /* bytes currently allocated */
+    tide_mem_pool_t *pool; /* staging from here when not NULL */
     tide_exec_stats st;
+    /* in-place mode (args->in_place): a copy of args whose rows for the rebuilt worker
+       point at what the executor chose */
+    tide_exec_in_place *ip;
+    int ip_checked; /* the rebuilt worker's new buffers exist: validate checks them */
+    tide_exec_args la;
+    void **old_tab, **new_tab; /* [n_workers] rows (void *const * cast away) */
+    void **ip_old, **ip_new;   /* [n_tensors] the worker's rows: sources, destinations */
+    uint8_t *cls;              /* [n_tensors] IP_* */
+    void **spill;              /* [n_tensors] host copy of a spilled old shard */
+    struct ip_row *rows;       /* the shrink-in-place copies, per tensor in address order */
+    size_t *row_at;            /* [n_tensors + 1] first row of each tensor */
 } exec;
+
+enum { IP_NONE = 0, IP_KEEP, IP_SHRINK, IP_REBUILD, IP_LEAVE };
+
+/* One row of a shrink in place: run bytes from src to dst (offsets, dst <= src). */
+typedef struct ip_row {
+    uint64_t src, dst, run;
+} ip_row;
 
 static int rank_of(const exec *x, int32_t w)
 {
@@ -158,7 +177,7 @@ static tide_status validate(exec *x)
                                i, (int)it->src, (int)it->dst, x->n);
         if (rs == x->me)
             TIDE_CHECK(check_side(x, i, it, 1));
-        if (rd == x->me)
+        if (rd == x->me && (x->ip == NULL || x->ip_checked || it->dst != x->ip->worker))
             TIDE_CHECK(check_side(x, i, it, 0));
     }
     return TIDE_OK;
@@ -431,6 +450,14 @@ static char *in_place(const exec *x, const stream *s, const chunk *ch, size_t *r
     uint64_t st = s->send ? it->src_stride : it->dst_stride;
     if (!msg_layout(x, it, ch, st, run, stride))
         return NULL;
+    /* a shard spilled to host memory cannot be sent in place by a device backend; the
+       receiver does not care how the bytes were packed (device backends ignore the
+       peer layout), so this end alone decides */
+    if (s->send && x->spill != NULL && it->src == x->ip->worker && x->spill[it->tensor] &&
+        x->be->mem_kind != TIDE_MEM_HOST) {
+        *run = *stride = 0;
+        return NULL;
+    }
     char *base = s->send ? (char *)x->a->old_bufs[it->src][it->tensor] + it->src_off
                          : (char *)x->a->new_bufs[it->dst][it->tensor] + it->dst_off;
     uint64_t k0 = ch->off / it->run;
@@ -458,15 +485,20 @@ static char *direct_ptr(const exec *x, const stream *s, const chunk *ch)
 
 /* Lays out each round's staged messages (only those: in-place ones need no staging)
    back to back in the stream's slot, and allocates the slots. */
-static tide_status alloc_slots(exec *x)
+static tide_status alloc_slots(exec *x, int dry, uint64_t *total_need)
 {
     for (size_t k = 0; k < x->n_streams; k++)
         if (x->streams[k].n_rounds > x->n_rounds)
             x->n_rounds = x->streams[k].n_rounds;
-    x->staged = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->staged);
-    x->reqs = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->reqs);
+    if (x->staged == NULL)
+        x->staged = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->staged);
+    if (x->reqs == NULL)
+        x->reqs = tide_calloc(x->n_rounds ? x->n_rounds : 1, sizeof *x->reqs);
     if (x->staged == NULL || x->reqs == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the reshard rounds");
+    memset(x->staged, 0, x->n_rounds ? x->n_rounds : 1);
+    if (total_need != NULL)
+        *total_need = 0;
     for (size_t k = 0; k < x->n_streams; k++) {
         stream *s = &x->streams[k];
         uint64_t need = 0, at = 0;
@@ -490,8 +522,15 @@ static tide_status alloc_slots(exec *x)
         if (need == 0)
             continue;
         int slots = staged_rounds >= 2 && x->depth == 2 ? 2 : 1;
+        if (total_need != NULL)
+            *total_need += need * (uint64_t)slots;
+        if (dry)
+            continue;
         for (int i = 0; i < slots; i++) {
-            TIDE_CHECK(x->be->mem_alloc((size_t)need, &s->slot[i]));
+            if (x->pool != NULL)
+                TIDE_CHECK(tide_mem_pool_alloc(x->pool, (size_t)need, &s->slot[i]));
+            else
+                TIDE_CHECK(x->be->mem_alloc((size_t)need, &s->slot[i]));
             x->staging += need;
         }
         s->slot_bytes = need;
@@ -577,6 +616,14 @@ static tide_status copy_between(exec *x, char *d, uint64_t ds, const char *sr, u
     return TIDE_OK;
 }
 
+/* In-place mode: the local copies of a kept tensor are not made (its buffer already is
+   the new shard), those of a shrunk one are made at the end (ip_finish). */
+static int ip_skip(const exec *x, const tide_xfer *it)
+{
+    return x->ip != NULL && it->dst == x->ip->worker &&
+           (x->cls[it->tensor] == IP_KEEP || x->cls[it->tensor] == IP_SHRINK);
+}
+
 /* Runs up to budget bytes of the plan's local copies (src == dst on this rank), from
    where the last call stopped; *done grows by what was copied. Local copies are issued
    in slices between polls of the first rounds, so they overlap the transfers instead
@@ -587,7 +634,7 @@ static tide_status local_step(exec *x, uint64_t budget, uint64_t *done)
     for (; x->lc_item < a->plan->n && budget > 0; x->lc_item++, x->lc_off = 0) {
         const tide_xfer *it = &a->plan->items[x->lc_item];
         uint64_t b = item_bytes(it);
-        if (it->src != it->dst || rank_of(x, it->src) != x->me || b == 0)
+        if (it->src != it->dst || rank_of(x, it->src) != x->me || b == 0 || ip_skip(x, it))
             continue;
         uint64_t len = b - x->lc_off < budget ? b - x->lc_off : budget;
         TIDE_CHECK(copy_between(x, (char *)a->new_bufs[it->dst][it->tensor] + it->dst_off,
@@ -712,6 +759,334 @@ out:
     return rc;
 }
 
+/* ---- in-place mode (see tide_exec_in_place) ------------------------------------------- */
+
+static int cmp_row(const void *a, const void *b)
+{
+    const ip_row *x = a, *y = b;
+    return x->src < y->src ? -1 : x->src > y->src;
+}
+
+/* Rows of a tensor's shrink in place at most (more: rebuilt through a new block). */
+#define IP_MAX_ROWS ((uint64_t)1 << 20)
+
+/* Decides what happens to each tensor of the rebuilt worker (IP_*), and lays out the
+   rows of the shrinks. Only plan data and sizes decide. */
+static tide_status ip_classify(exec *x)
+{
+    const tide_exec_in_place *ip = x->ip;
+    const tide_plan_t *p = x->a->plan;
+    size_t nt = x->a->n_tensors;
+    int32_t w = ip->worker;
+    tide_status rc = TIDE_OK;
+    uint8_t *local_only = tide_malloc(nt ? nt : 1), *same = tide_malloc(nt ? nt : 1);
+    uint64_t *in = tide_calloc(nt ? nt : 1, sizeof *in), *nrows = NULL;
+    nrows = tide_calloc(nt ? nt : 1, sizeof *nrows);
+    x->row_at = tide_calloc(nt + 1, sizeof *x->row_at);
+    TIDE_CHECK_ALLOC_GOTO(local_only, rc, out);
+    TIDE_CHECK_ALLOC_GOTO(same, rc, out);
+    TIDE_CHECK_ALLOC_GOTO(in, rc, out);
+    TIDE_CHECK_ALLOC_GOTO(nrows, rc, out);
+    TIDE_CHECK_ALLOC_GOTO(x->row_at, rc, out);
+    memset(local_only, 1, nt ? nt : 1);
+    memset(same, 1, nt ? nt : 1);
+    for (size_t k = 0; k < p->n; k++) {
+        const tide_xfer *it = &p->items[k];
+        if (it->dst != w || item_bytes(it) == 0)
+            continue;
+        in[it->tensor] += item_bytes(it);
+        if (it->src != w)
+            local_only[it->tensor] = 0;
+        if (it->src_off != it->dst_off || (it->count > 1 && it->src_stride != it->dst_stride))
+            same[it->tensor] = 0;
+        nrows[it->tensor] += it->count;
+    }
+    uint64_t total_rows = 0;
+    for (size_t i = 0; i < nt; i++) {
+        uint64_t o = ip->old_bytes[i], n = ip->new_bytes[i];
+        int held = o > 0 && ip->bufs[i] != NULL;
+        if (n == 0)
+            x->cls[i] = held ? IP_LEAVE : IP_NONE;
+        else if (held && local_only[i] && in[i] == n && same[i] && o == n)
+            x->cls[i] = IP_KEEP;
+        else if (held && local_only[i] && in[i] == n && nrows[i] <= IP_MAX_ROWS &&
+                 tide_mem_pool_capacity(ip->pool, ip->bufs[i]) >= n)
+            x->cls[i] = IP_SHRINK; /* checked row by row below */
+        else
+            x->cls[i] = IP_REBUILD;
+        if (x->cls[i] == IP_SHRINK)
+            total_rows += nrows[i];
+    }
+    x->rows = tide_calloc(total_rows ? total_rows : 1, sizeof *x->rows);
+    TIDE_CHECK_ALLOC_GOTO(x->rows, rc, out);
+    uint64_t at = 0;
+    for (size_t i = 0; i < nt; i++) {
+        x->row_at[i] = at;
+        if (x->cls[i] == IP_SHRINK)
+            at += nrows[i];
+        nrows[i] = x->row_at[i]; /* fill cursor */
+    }
+    x->row_at[nt] = at;
+    for (size_t k = 0; k < p->n; k++) {
+        const tide_xfer *it = &p->items[k];
+        if (it->dst != w || item_bytes(it) == 0 || x->cls[it->tensor] != IP_SHRINK)
+            continue;
+        for (uint64_t r = 0; r < it->count; r++)
+            x->rows[nrows[it->tensor]++] = (ip_row){it->src_off + r * it->src_stride,
+                                                    it->dst_off + r * it->dst_stride, it->run};
+    }
+    for (size_t i = 0; i < nt; i++) {
+        if (x->cls[i] != IP_SHRINK)
+            continue;
+        ip_row *r = x->rows + x->row_at[i];
+        size_t m = (size_t)(x->row_at[i + 1] - x->row_at[i]);
+        qsort(r, m, sizeof *r, cmp_row);
+        /* In ascending source order a row written at or below its source never reaches
+           a later row's source; device copies must not overlap at all. */
+        for (size_t k = 0; k < m && x->cls[i] == IP_SHRINK; k++) {
+            int ok = r[k].dst <= r[k].src;
+            if (x->be->mem_kind != TIDE_MEM_HOST)
+                ok = r[k].dst == r[k].src || r[k].dst + r[k].run <= r[k].src;
+            if (!ok)
+                x->cls[i] = IP_REBUILD;
+        }
+    }
+out:
+    tide_free(local_only);
+    tide_free(same);
+    tide_free(in);
+    tide_free(nrows);
+    return rc;
+}
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx)
+{
+    const uint64_t *o = ctx;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return o[x] > o[y] ? -1 : o[x] < o[y];
+}
+
+/* Spills old shard i to host memory: the transfers read the copy, its block goes back
+   to the pool for the new shards. */
+static tide_status ip_spill_one(exec *x, size_t i)
+{
+    const tide_exec_in_place *ip = x->ip;
+    uint64_t o = ip->old_bytes[i];
+    void *h = NULL;
+    TIDE_CHECK(tide_mem_pool_spill_alloc(ip->pool, (size_t)o, &h));
+    tide_status rc = x->be->copy_host(h, ip->bufs[i], (size_t)o, 1, x->cstream);
+    if (rc != TIDE_OK) {
+        tide_mem_pool_spill_free(ip->pool, h, (size_t)o);
+        return rc;
+    }
+    x->spill[i] = h;
+    x->ip_old[i] = h;
+    tide_mem_pool_free(ip->pool, ip->bufs[i]);
+    x->st.bytes_spilled += o;
+    return TIDE_OK;
+}
+
+/* Makes room for the new shards and the staging (need bytes) under the limit by
+   spilling leaving shards, largest first, then takes the new blocks. */
+static tide_status ip_prepare(exec *x, uint64_t staging_need)
+{
+    tide_exec_in_place *ip = x->ip;
+    size_t nt = x->a->n_tensors;
+    uint64_t need = staging_need;
+    for (size_t i = 0; i < nt; i++) {
+        x->ip_old[i] = ip->bufs[i];
+        if (x->cls[i] == IP_REBUILD)
+            need += ip->new_bytes[i];
+    }
+    if (ip->limit > 0) {
+        tide_mem_pool_stats ps;
+        tide_mem_pool_stats_get(ip->pool, &ps);
+        if (ps.in_use + need > ip->limit) {
+            size_t *cand = tide_malloc((nt ? nt : 1) * sizeof *cand);
+            if (cand == NULL)
+                return tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing shards to spill");
+            size_t nc = 0;
+            for (size_t i = 0; i < nt; i++)
+                if ((x->cls[i] == IP_REBUILD || x->cls[i] == IP_LEAVE) && ip->old_bytes[i] > 0 &&
+                    ip->bufs[i] != NULL)
+                    cand[nc++] = i;
+            qsort_r(cand, nc, sizeof *cand, cmp_size_desc, (void *)ip->old_bytes);
+            uint64_t in_use = ps.in_use;
+            tide_status rc = TIDE_OK;
+            for (size_t k = 0; k < nc && in_use + need > ip->limit && rc == TIDE_OK; k++) {
+                uint64_t cap = tide_mem_pool_capacity(ip->pool, ip->bufs[cand[k]]);
+                rc = ip_spill_one(x, cand[k]);
+                in_use -= cap < in_use ? cap : in_use;
+            }
+            tide_free(cand);
+            TIDE_CHECK(rc);
+            if (x->be->mem_kind != TIDE_MEM_HOST)
+                TIDE_CHECK(x->be->stream_sync(NULL, x->cstream));
+            if (in_use + need > ip->limit) {
+                if (ip->strict)
+                    return tide_errorf(TIDE_ERR_NOMEM,
+                                       "rank %d needs %llu bytes of new shards and staging over "
+                                       "the %llu it holds, past its memory limit of %llu bytes "
+                                       "even with every leaving shard spilled",
+                                       x->me, (unsigned long long)need, (unsigned long long)in_use,
+                                       (unsigned long long)ip->limit);
+                TIDE_WARN(EXEC_LOG, "rank %d goes %llu bytes over its memory limit of %llu bytes",
+                          x->me, (unsigned long long)(in_use + need - ip->limit),
+                          (unsigned long long)ip->limit);
+            }
+        }
+    }
+    for (size_t i = 0; i < nt; i++) {
+        uint64_t n = ip->new_bytes[i];
+        switch (x->cls[i]) {
+        case IP_KEEP:
+            x->ip_new[i] = ip->bufs[i];
+            x->st.bytes_kept += n;
+            break;
+        case IP_SHRINK:
+            x->ip_new[i] = ip->bufs[i];
+            x->st.bytes_shrunk += n;
+            break;
+        case IP_REBUILD:
+            TIDE_CHECK(tide_mem_pool_alloc(ip->pool, (size_t)n, &x->ip_new[i]));
+            x->st.bytes_rebuilt += n;
+            break;
+        default:
+            x->ip_new[i] = NULL;
+        }
+    }
+    return TIDE_OK;
+}
+
+/* After every transfer: the shrinks (rows in address order), then the old blocks that
+   left go back to the pool and the spills to the host; bufs become the new shards. */
+static tide_status ip_finish(exec *x)
+{
+    tide_exec_in_place *ip = x->ip;
+    size_t nt = x->a->n_tensors;
+    for (size_t i = 0; i < nt; i++) {
+        if (x->cls[i] != IP_SHRINK)
+            continue;
+        char *base = ip->bufs[i];
+        for (uint64_t k = x->row_at[i]; k < x->row_at[i + 1]; k++) {
+            const ip_row *r = &x->rows[k];
+            if (r->dst == r->src)
+                continue;
+            if (x->be->mem_kind == TIDE_MEM_HOST)
+                memmove(base + r->dst, base + r->src, (size_t)r->run);
+            else
+                TIDE_CHECK(x->be->copy2d(base + r->dst, (size_t)r->run, base + r->src,
+                                         (size_t)r->run, (size_t)r->run, 1, x->cstream));
+        }
+        x->st.bytes_local += ip->new_bytes[i];
+    }
+    if (x->be->mem_kind != TIDE_MEM_HOST)
+        TIDE_CHECK(x->be->stream_sync(NULL, x->cstream));
+    for (size_t i = 0; i < nt; i++) {
+        void *old = ip->bufs[i];
+        if (x->cls[i] == IP_SHRINK)
+            tide_mem_pool_shrink(ip->pool, old, (size_t)ip->new_bytes[i]);
+        if (x->cls[i] == IP_REBUILD || x->cls[i] == IP_LEAVE) {
+            if (x->spill[i] != NULL) {
+                tide_mem_pool_spill_free(ip->pool, x->spill[i], (size_t)ip->old_bytes[i]);
+                x->spill[i] = NULL;
+            } else {
+                tide_mem_pool_free(ip->pool, old);
+            }
+        }
+        ip->bufs[i] = x->ip_new[i];
+        x->ip_new[i] = NULL;
+        if (ip->moved)
+            ip->moved[i] = ip->bufs[i] != old;
+    }
+    return TIDE_OK;
+}
+
+/* After a failure: new blocks back to the pool, spilled shards copied back into pool
+   blocks (moved), so bufs hold the old shards again. */
+static void ip_undo(exec *x)
+{
+    tide_exec_in_place *ip = x->ip;
+    size_t nt = x->a->n_tensors;
+    for (size_t i = 0; i < nt; i++) {
+        if (ip->moved)
+            ip->moved[i] = 0;
+        if (x->cls[i] == IP_REBUILD && x->ip_new != NULL && x->ip_new[i] != NULL)
+            tide_mem_pool_free(ip->pool, x->ip_new[i]);
+        if (x->spill == NULL || x->spill[i] == NULL)
+            continue;
+        void *b = NULL;
+        tide_status rc = tide_mem_pool_alloc(ip->pool, (size_t)ip->old_bytes[i], &b);
+        if (rc == TIDE_OK)
+            rc = x->be->copy_host(b, x->spill[i], (size_t)ip->old_bytes[i], 0, x->cstream);
+        if (rc != TIDE_OK) {
+            TIDE_ERROR(EXEC_LOG, "rank %d lost tensor %zu's spilled old shard: %s", x->me, i,
+                       tide_last_error());
+            tide_mem_pool_free(ip->pool, b);
+            b = NULL;
+        }
+        ip->bufs[i] = b;
+        if (ip->moved)
+            ip->moved[i] = 1;
+        tide_mem_pool_spill_free(ip->pool, x->spill[i], (size_t)ip->old_bytes[i]);
+        x->spill[i] = NULL;
+    }
+}
+
+/* Sets up in-place mode: the local copy of args with the rebuilt worker's rows, the
+   classification, the spills and the new blocks. */
+static tide_status ip_setup(exec *x, const tide_exec_args *args)
+{
+    tide_exec_in_place *ip = args->in_place;
+    size_t nw = args->n_workers, nt = args->n_tensors;
+    if (ip->pool == NULL || ip->bufs == NULL || ip->old_bytes == NULL || ip->new_bytes == NULL ||
+        ip->worker < 0 || (size_t)ip->worker >= nw)
+        return tide_errorf(TIDE_ERR_INVALID, "reshard in place: pool, bufs, sizes and a worker "
+                                             "of the plan are required");
+    if (rank_of(x, ip->worker) != x->me)
+        return tide_errorf(TIDE_ERR_INVALID, "reshard in place: worker %d is not on rank %d",
+                           (int)ip->worker, x->me);
+    for (size_t i = 0; i < nt; i++)
+        if (ip->bufs[i] != NULL && !tide_mem_pool_owns(ip->pool, ip->bufs[i]))
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "reshard in place: the old buffer of tensor %zu is no block of "
+                               "the pool",
+                               i);
+    x->old_tab = tide_calloc(nw ? nw : 1, sizeof *x->old_tab);
+    x->new_tab = tide_calloc(nw ? nw : 1, sizeof *x->new_tab);
+    x->ip_old = tide_calloc(nt ? nt : 1, sizeof *x->ip_old);
+    x->ip_new = tide_calloc(nt ? nt : 1, sizeof *x->ip_new);
+    x->spill = tide_calloc(nt ? nt : 1, sizeof *x->spill);
+    x->cls = tide_calloc(nt ? nt : 1, 1);
+    if (!x->old_tab || !x->new_tab || !x->ip_old || !x->ip_new || !x->spill || !x->cls)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory setting up a reshard in place");
+    for (size_t w = 0; w < nw; w++) {
+        x->old_tab[w] = args->old_bufs ? (void *)args->old_bufs[w] : NULL;
+        x->new_tab[w] = args->new_bufs ? (void *)args->new_bufs[w] : NULL;
+    }
+    for (size_t i = 0; i < nt; i++)
+        x->ip_old[i] = ip->bufs[i];
+    x->old_tab[ip->worker] = x->ip_old;
+    x->new_tab[ip->worker] = x->ip_new;
+    x->la = *args;
+    x->la.old_bufs = (void *const *const *)x->old_tab;
+    x->la.new_bufs = (void *const *const *)x->new_tab;
+    x->a = &x->la;
+    return TIDE_OK;
+}
+
+static void ip_release(exec *x)
+{
+    tide_free(x->old_tab);
+    tide_free(x->new_tab);
+    tide_free(x->ip_old);
+    tide_free(x->ip_new);
+    tide_free(x->spill);
+    tide_free(x->cls);
+    tide_free(x->rows);
+    tide_free(x->row_at);
+}
+
 /* ---- entry ----------------------------------------------------------------------------- */
 
 void tide_exec_opts_init(tide_exec_opts *opts)
@@ -748,9 +1123,14 @@ static tide_status agree(exec *x, tide_status local, int *failed_rank)
 static void release(exec *x)
 {
     for (size_t k = 0; k < x->n_streams; k++) {
-        for (int i = 0; i < 2; i++)
-            if (x->streams[k].slot[i])
+        for (int i = 0; i < 2; i++) {
+            if (x->streams[k].slot[i] == NULL)
+                continue;
+            if (x->pool != NULL)
+                tide_mem_pool_free(x->pool, x->streams[k].slot[i]);
+            else
                 x->be->mem_free(x->streams[k].slot[i]);
+        }
         tide_free(x->streams[k].chunks);
     }
     tide_free(x->streams);
@@ -790,14 +1170,29 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     x.pack_below = opts->pack_below ? opts->pack_below : TIDE_EXEC_DEFAULT_PACK_BELOW;
     x.depth = 1;
     x.st.staging_cap = x.cap;
+    x.pool = args->in_place != NULL ? args->in_place->pool : opts->pool;
+    if (x.pool != NULL) {
+        tide_mem_pool_stats ps;
+        tide_mem_pool_mark(x.pool);
+        tide_mem_pool_stats_get(x.pool, &ps);
+        x.st.pool_start = ps.in_use;
+    }
 
     /* Everything that can fail locally happens before the agreement. */
     tide_status local = TIDE_OK;
     if (x.max_chunk > TIDE_EXEC_MAX_CHUNK_LIMIT)
         local = tide_errorf(TIDE_ERR_RANGE, "max_chunk of %llu bytes is above the 1 GiB limit",
                             (unsigned long long)x.max_chunk);
+    if (local == TIDE_OK && args->in_place != NULL) {
+        x.ip = args->in_place;
+        if (x.ip->limit > 0)
+            tide_mem_pool_set_limit(x.ip->pool, x.ip->limit, x.ip->strict);
+        local = ip_setup(&x, args);
+    }
     if (local == TIDE_OK)
-        local = validate(&x);
+        local = validate(&x); /* the rebuilt worker's new side: again once it has buffers */
+    if (local == TIDE_OK && x.ip != NULL)
+        local = ip_classify(&x);
     if (local == TIDE_OK) {
         x.chunk_of = tide_calloc((size_t)x.n, sizeof *x.chunk_of);
         if (x.chunk_of == NULL)
@@ -807,8 +1202,22 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
         local = chunk_sizes(&x);
     if (local == TIDE_OK)
         local = build_streams(&x);
+    if (local == TIDE_OK && x.ip != NULL) {
+        /* staging the slots will take: host memory lays them out alike after spills;
+           device memory may stage more (spilled sends), within the cap */
+        uint64_t sneed = 0;
+        local = alloc_slots(&x, 1, &sneed);
+        if (x.be->mem_kind != TIDE_MEM_HOST)
+            sneed = x.cap;
+        if (local == TIDE_OK)
+            local = ip_prepare(&x, sneed);
+    }
+    if (local == TIDE_OK && x.ip != NULL) {
+        x.ip_checked = 1;
+        local = validate(&x);
+    }
     if (local == TIDE_OK)
-        local = alloc_slots(&x);
+        local = alloc_slots(&x, 0, NULL);
     if (local != TIDE_OK)
         TIDE_WARN(EXEC_LOG, "rank %d cannot run the reshard: %s", x.me, tide_last_error());
 
@@ -828,7 +1237,7 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     uint64_t total = 0, done = 0;
     for (size_t i = 0; i < args->plan->n; i++) {
         const tide_xfer *it = &args->plan->items[i];
-        if (it->src == it->dst && rank_of(&x, it->src) == x.me)
+        if (it->src == it->dst && rank_of(&x, it->src) == x.me && !ip_skip(&x, it))
             total += item_bytes(it);
     }
     for (size_t k = 0; k < x.n_streams; k++) {
@@ -851,12 +1260,23 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     if (opts->progress)
         opts->progress(opts->progress_ctx, done, total);
     TIDE_CHECK_GOTO(x.be->stream_sync(comm, x.cstream), rc, out);
+    if (x.ip != NULL)
+        TIDE_CHECK_GOTO(ip_finish(&x), rc, out);
 out:
     /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
        the communicator dead (before that, every rank returned together and it lives). */
     if (rc != TIDE_OK && started)
         tide__comm_kill(comm);
     release(&x);
+    if (x.ip != NULL && rc != TIDE_OK && x.cls != NULL)
+        ip_undo(&x);
+    ip_release(&x);
+    if (x.pool != NULL) {
+        tide_mem_pool_stats ps;
+        tide_mem_pool_stats_get(x.pool, &ps);
+        x.st.peak_extra = ps.peak_in_use > x.st.pool_start ? ps.peak_in_use - x.st.pool_start : 0;
+        x.st.fresh_bytes = ps.fresh;
+    }
     x.st.seconds = (double)(tide_now_ns() - t0) / 1e9;
     if (stats)
         *stats = x.st;

@@ -28,6 +28,10 @@
  * staging_cap and max_chunk; the mpi backend detects a disagreement on sizes
  * (TIDE_ERR_PROTOCOL) instead of corrupting memory.
  *
+ * Memory: staging slots come from opts->pool when given (reused across calls); in-place
+ * mode (tide_exec_in_place) also builds one worker's new shards from its old ones inside
+ * that pool, so that a rank's peak stays bounded.
+ *
  * Workload: plans of up to ~10^5 items per rank and GiBs of state; setup is
  * O(items log items), the data moves at close to the backend's point-to-point rate.
  */
@@ -37,6 +41,7 @@
 #include <stdint.h>
 
 #include "collectives/collectives.h"
+#include "collectives/pool.h"
 #include "reshard/reshard.h"
 
 #ifdef __cplusplus
@@ -52,20 +57,53 @@ extern "C" {
 typedef void (*tide_exec_progress_fn)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
 
 typedef struct tide_exec_args {
-    const tide_plan_t *plan;          /* the full plan; the same on every rank */
-    size_t n_workers;                 /* > every worker id in the plan */
-    size_t n_tensors;                 /* > every tensor index in the plan */
-    const int *rank_of_worker;        /* [n_workers]: communicator rank running each worker
-                                         (several workers may share a rank: transfers between
-                                         them go through the backend's self send/recv); -1 for
-                                         none; NULL: worker w is rank w */
-    void *const *const *old_bufs;     /* [n_workers][n_tensors] old local shards of this rank's
-                                         workers (backend memory kind); NULL elsewhere */
-    void *const *const *new_bufs;     /* [n_workers][n_tensors] new local shards, written */
-    const uint64_t *const *old_bytes; /* optional sizes (bytes) of old_bufs for bounds
-                                         checks; NULL: trusted */
-    const uint64_t *const *new_bytes; /* optional sizes (bytes) of new_bufs */
+    const tide_plan_t *plan;             /* the full plan; the same on every rank */
+    size_t n_workers;                    /* > every worker id in the plan */
+    size_t n_tensors;                    /* > every tensor index in the plan */
+    const int *rank_of_worker;           /* [n_workers]: communicator rank running each worker
+                                            (several workers may share a rank: transfers between
+                                            them go through the backend's self send/recv); -1 for
+                                            none; NULL: worker w is rank w */
+    void *const *const *old_bufs;        /* [n_workers][n_tensors] old local shards of this rank's
+                                            workers (backend memory kind); NULL elsewhere */
+    void *const *const *new_bufs;        /* [n_workers][n_tensors] new local shards, written */
+    const uint64_t *const *old_bytes;    /* optional sizes (bytes) of old_bufs for bounds
+                                            checks; NULL: trusted */
+    const uint64_t *const *new_bytes;    /* optional sizes (bytes) of new_bufs */
+    struct tide_exec_in_place *in_place; /* optional: rebuild one worker's shards in place */
 } tide_exec_args;
+
+/*
+ * In-place mode: the new shards of worker `worker` (hosted by this rank) are not given
+ * but made from its old ones, inside pool, so that the rank's memory stays bounded:
+ *   - a tensor whose new shard is its old shard keeps its buffer (no copy, no allocation);
+ *   - a tensor whose new shard is made only of bytes of its old shard, each at the same
+ *     or a lower offset (a tensor-parallel or ZeRO shard that shrinks), is rebuilt inside
+ *     its old buffer once every byte of it has been sent, row by row in address order,
+ *     so no byte is overwritten before it has been read (host memory: the freed tail
+ *     goes back to the system; device memory: rows must not overlap, else it is rebuilt);
+ *   - any other tensor gets a new pool block, and its old buffer goes back to the pool
+ *     once the transfers are done.
+ * Before any byte moves, when the pool's blocks in use plus the new blocks plus the
+ * staging would pass `limit`, old shards that leave (rebuilt or no longer held) are
+ * spilled to host memory (pinned on a GPU), largest first, and their blocks serve the
+ * new shards; the transfers then read the host copies. A rank's peak is thus at most
+ * limit; the runtime sets it to the larger of its old and new state plus the staging
+ * cap. If even spilling cannot make it fit, strict fails the call (TIDE_ERR_NOMEM, on
+ * every rank before any byte moves) and a soft limit warns and goes over.
+ * args->new_bufs[worker] is ignored (may be NULL). On failure bufs still hold the old
+ * shards (a spilled one copied back into a pool block: moved says so).
+ */
+typedef struct tide_exec_in_place {
+    tide_mem_pool_t *pool;     /* every buffer of bufs is a block of it; staging from it too */
+    int32_t worker;            /* the worker rebuilt; its old_bufs row is ignored: bufs is */
+    void **bufs;               /* [n_tensors] in: old shards (NULL: not held); out: new ones */
+    const uint64_t *old_bytes; /* [n_tensors] old shard sizes (bytes) */
+    const uint64_t *new_bytes; /* [n_tensors] new shard sizes (bytes) */
+    uint8_t *moved;            /* [n_tensors] out: 1 where bufs[i] changed address */
+    uint64_t limit;            /* bytes the pool may hold in use during the call; 0: none */
+    int strict;                /* 1: fail rather than pass limit */
+} tide_exec_in_place;
 
 typedef struct tide_exec_opts {
     uint64_t staging_cap; /* bytes; 0: TIDE_EXEC_DEFAULT_STAGING_CAP (env TIDE_STAGING_CAP
@@ -78,6 +116,8 @@ typedef struct tide_exec_opts {
     tide_exec_progress_fn progress; /* may be NULL */
     void *progress_ctx;
     tide_coll_stream_t stream; /* nccl: the CUDA stream for packing and transfers */
+    tide_mem_pool_t *pool;     /* staging slots from here; NULL: the backend's mem_alloc
+                                  (in-place mode: args->in_place->pool) */
 } tide_exec_opts;
 
 typedef struct tide_exec_stats {
@@ -95,6 +135,15 @@ typedef struct tide_exec_stats {
     uint64_t rounds;       /* p2p batches posted */
     int peers;             /* streams (send + receive) of this rank */
     double seconds;        /* wall time of the whole call */
+    /* in-place mode (bytes of the rebuilt worker's shards) */
+    uint64_t bytes_kept;    /* new shards that kept their buffer untouched */
+    uint64_t bytes_shrunk;  /* new shards rebuilt inside their old buffer */
+    uint64_t bytes_rebuilt; /* new shards in new pool blocks */
+    uint64_t bytes_spilled; /* old shards spilled to host memory */
+    uint64_t pool_start;    /* pool memory in use when the call began */
+    uint64_t peak_extra;    /* the pool's most memory in use during the call minus
+                               pool_start (staging included) */
+    uint64_t fresh_bytes;   /* pool blocks newly taken from the system during the call */
 } tide_exec_stats;
 
 /* Fills opts with the defaults (cap 256 MiB, chunk 32 MiB, no callback, NULL stream). */

@@ -557,6 +557,19 @@ static tide_status copy_rect(void *ctx, void *dst, size_t dpitch, const void *sr
     return TIDE_OK;
 }
 
+static tide_status pinned_alloc(size_t bytes, void **out)
+{
+    *out = NULL;
+    CUDA_CHECK(cudaMallocHost(out, bytes ? bytes : 1));
+    return TIDE_OK;
+}
+
+static void pinned_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
 static tide_status dev_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, tide_coll_stream_t stream)
 {
@@ -721,4 +734,6 @@ const tide_coll_backend_v1 tide__coll_nccl_backend = {
     .mem_check = dev_check,
     .stream_new_low = dev_stream_new_low,
     .stream_free = dev_stream_free,
+    .host_alloc = pinned_alloc,
+    .host_free = pinned_free,
 };

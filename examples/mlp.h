@@ -246,6 +246,16 @@ typedef struct tide_mlp_garbage tide_mlp_garbage;
 tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
                                  void ***bufs_p, tide_mlp_garbage **garbage);
 
+/*
+ * Switches the model to new_l over buffers it does not own: bufs (a collection-sized
+ * table, copied; NULL entries where not held, or bufs NULL on an idle worker) hold the
+ * state and stay their owner's (libtide's, after tide_give_buffers), who must keep them
+ * until the next adopt or destroy; the model never frees them. The old local buffers
+ * are released unless they were borrowed too. On failure the model is unchanged.
+ */
+tide_status tide_mlp_adopt_borrowed(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
+                                    void *const *bufs);
+
 /* Releases what tide_mlp_adopt_defer kept; sets *g_p to NULL; NULL is fine. */
 void tide_mlp_garbage_free(tide_mlp_garbage **g_p);
 

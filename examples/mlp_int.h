@@ -148,6 +148,7 @@ struct tide_mlp {
     const mlp_ops *ops;
     tide_layout_t *layout;
     int active;
+    int borrowed; /* buf[] is not the model's to free (tide_mlp_adopt_borrowed) */
     int p, d, t;
     int first, last;        /* this stage holds the embedding / the head */
     int layer0, nlayers;    /* local layers [layer0, layer0 + nlayers) */

@@ -246,7 +246,7 @@ static void drop(const mlp_ops *ops, tide_mlp_garbage *g, void *p)
 static void teardown_into(tide_mlp_t *m, tide_mlp_garbage *g)
 {
     const mlp_ops *ops = m->ops;
-    if (m->buf != NULL)
+    if (m->buf != NULL && !m->borrowed)
         for (size_t i = 0; i < m->ntensors; i++)
             drop(ops, g, m->buf[i]);
     tide_free(m->buf);
@@ -709,8 +709,33 @@ tide_status tide_mlp_adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t wo
     return tide_mlp_adopt_defer(m, new_l, worker, bufs_p, NULL);
 }
 
+static tide_status adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker, void **bufs,
+                         tide_mlp_garbage **garbage, int borrowed);
+
 tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
                                  void ***bufs_p, tide_mlp_garbage **garbage)
+{
+    TIDE_CHECK(adopt(m, new_l, worker, *bufs_p, garbage, 0));
+    tide_free(*bufs_p);
+    *bufs_p = NULL;
+    return TIDE_OK;
+}
+
+tide_status tide_mlp_adopt_borrowed(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker,
+                                    void *const *bufs)
+{
+    void **copy = tide_calloc(m->ntensors ? m->ntensors : 1, sizeof *copy);
+    if (copy == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the buffer table");
+    if (bufs != NULL)
+        memcpy(copy, bufs, m->ntensors * sizeof *copy);
+    tide_status rc = adopt(m, new_l, worker, copy, NULL, 1);
+    tide_free(copy);
+    return rc;
+}
+
+static tide_status adopt(tide_mlp_t *m, const tide_layout_t *new_l, int32_t worker, void **bufs,
+                         tide_mlp_garbage **garbage, int borrowed)
 {
     tide_mlp_garbage *g = NULL;
     if (garbage != NULL) {
@@ -740,7 +765,8 @@ tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int3
     }
     for (size_t k = 0; k < m->nparams; k++)
         next.params[k].index = m->params[k].index;
-    tide_status rc = setup(&next, new_l, worker, *bufs_p);
+    next.borrowed = borrowed;
+    tide_status rc = setup(&next, new_l, worker, bufs);
     if (rc == TIDE_OK && next.active)
         rc = load_counters(&next);
     if (rc != TIDE_OK) {
@@ -760,8 +786,6 @@ tide_status tide_mlp_adopt_defer(tide_mlp_t *m, const tide_layout_t *new_l, int3
     *m = next;
     m->stage = stage;
     m->stage_bytes = stage_bytes;
-    tide_free(*bufs_p);
-    *bufs_p = NULL;
     return TIDE_OK;
 }
 

@@ -179,6 +179,28 @@ static tide_status prepare_buffers(void *ctx, const tide_view *pv)
     return TIDE_OK;
 }
 
+/* The model adopted the new layout: checks, log, the after_switch hook. */
+static tide_status after_switch(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h,
+                                const tide_mlp_switch_stats *st, int32_t me)
+{
+    const tide_view *v = tide_view_get(t);
+    if (v->member && tide_mlp_step_count(m) != v->step)
+        return tide_errorf(TIDE_ERR_INTERNAL,
+                           "after the switch to generation %llu the model's step tensor says "
+                           "%lld, the runtime %lld",
+                           (unsigned long long)v->generation, (long long)tide_mlp_step_count(m),
+                           (long long)v->step);
+    TIDE_INFO(SUBSYS,
+              "rank %d: generation %llu from step %lld (%s): sent %llu B, received %llu B, "
+              "%.1f ms",
+              me, (unsigned long long)v->generation, (long long)v->step,
+              v->member ? "member" : "idle", (unsigned long long)st->rs.bytes_sent,
+              (unsigned long long)st->rs.bytes_recv, st->rs.total_ms);
+    if (h->after_switch != NULL)
+        TIDE_CHECK(h->after_switch(h->ctx, t, m, st));
+    return TIDE_OK;
+}
+
 /* TIDE_STEP_RECONFIGURE: new buffers, reshard old -> new, adopt, hooks. */
 static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h,
                                  prepared *pre)
@@ -207,34 +229,42 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
     pre->gen = 0;
     pthread_mutex_unlock(&pre->mu);
     tide_mlp_free_buffers(m, &stale);
+    if (tide_buffers(t) != NULL) {
+        /* the runtime owns the state: it rebuilds it in place, the model follows */
+        st.alloc_ms = 0;
+        TIDE_CHECK(tide_reshard(t, NULL, &st.rs));
+        const tide_view *v = tide_view_get(t);
+        t0 = tide_now_ns();
+        size_t moved = 0, n = tide_collection_size(tide_mlp_collection(m));
+        for (size_t i = 0; i < n; i++)
+            moved += (size_t)tide_buffer_moved(t, i);
+        pthread_mutex_lock(&pre->mu);
+        rc = tide_mlp_adopt_borrowed(m, v->layout, me, v->member ? tide_buffers(t) : NULL);
+        pthread_mutex_unlock(&pre->mu);
+        TIDE_CHECK(rc);
+        st.adopt_ms = (double)(tide_now_ns() - t0) / 1e6;
+        TIDE_INFO(SUBSYS,
+                  "rank %d: generation %llu in place: %zu of %zu buffers moved, peak extra "
+                  "memory %llu B (staging cap %llu B, %llu B had no room), %llu B spilled",
+                  me, (unsigned long long)v->generation, moved, n,
+                  (unsigned long long)st.rs.peak_extra, (unsigned long long)st.rs.staging_cap,
+                  (unsigned long long)st.rs.no_room, (unsigned long long)st.rs.bytes_spilled);
+        return after_switch(t, m, h, &st, me);
+    }
     /* a rank leaving gets a table of NULLs: nothing to hold, and adopt makes it idle */
     if (nb == NULL)
         TIDE_CHECK(tide_mlp_alloc_buffers(m, nv->layout, me, &nb));
     st.alloc_ms = (double)(tide_now_ns() - t0) / 1e6;
     TIDE_CHECK_GOTO(tide_reshard(t, nb, &st.rs), rc, out);
-    const tide_view *v = tide_view_get(t);
     t0 = tide_now_ns();
     tide_mlp_garbage *old = NULL;
     pthread_mutex_lock(&pre->mu);
-    rc = tide_mlp_adopt_defer(m, v->layout, me, &nb, &old);
+    rc = tide_mlp_adopt_defer(m, tide_view_get(t)->layout, me, &nb, &old);
     pthread_mutex_unlock(&pre->mu);
     TIDE_CHECK_GOTO(rc, rc, out);
     reap(pre, old);
     st.adopt_ms = (double)(tide_now_ns() - t0) / 1e6;
-    if (v->member && tide_mlp_step_count(m) != v->step)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL,
-                       "after the switch to generation %llu the model's step tensor says %lld, "
-                       "the runtime %lld",
-                       (unsigned long long)v->generation, (long long)tide_mlp_step_count(m),
-                       (long long)v->step);
-    TIDE_INFO(SUBSYS,
-              "rank %d: generation %llu from step %lld (%s): sent %llu B, received %llu B, "
-              "%.1f ms",
-              me, (unsigned long long)v->generation, (long long)v->step,
-              v->member ? "member" : "idle", (unsigned long long)st.rs.bytes_sent,
-              (unsigned long long)st.rs.bytes_recv, st.rs.total_ms);
-    if (h->after_switch != NULL)
-        TIDE_CHECK_GOTO(h->after_switch(h->ctx, t, m, &st), rc, out);
+    rc = after_switch(t, m, h, &st, me);
 out:
     tide_mlp_free_buffers(m, &nb); /* NULL after adopt */
     return rc;
@@ -301,13 +331,41 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
     pre.m = m;
     pre.me = tide_worker_id(t);
     pre.host = tide_backend(t)->mem_kind == TIDE_MEM_HOST;
-    tide_status rc = h->no_prepare ? TIDE_OK : tide_set_prepare(t, prepare_buffers, &pre);
+    /* buffers the runtime owns are prepared by the runtime (its pool) */
+    tide_status rc = h->no_prepare || tide_buffers(t) != NULL
+                         ? TIDE_OK
+                         : tide_set_prepare(t, prepare_buffers, &pre);
     if (rc == TIDE_OK)
         rc = loop(t, m, h, &pre);
     tide_set_prepare(t, NULL, NULL); /* waits for a running preparation: pre is ours again */
     tide_mlp_free_buffers(m, &pre.bufs);
     reap_join(&pre);
     pthread_mutex_destroy(&pre.mu);
+    return rc;
+}
+
+tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m)
+{
+    const tide_view *v = tide_view_get(t);
+    const tide_coll_backend_v1 *be = tide_backend(t);
+    const tide_collection_t *c = tide_mlp_collection(m);
+    void **b = NULL;
+    tide_status rc = TIDE_OK;
+    TIDE_CHECK(tide_alloc_buffers(t, v, &b));
+    for (size_t i = 0; i < tide_collection_size(c) && v->member; i++) {
+        uint64_t bytes = 0;
+        void *src = tide_mlp_buffer(m, i, &bytes);
+        if (b[i] != NULL && bytes > 0)
+            TIDE_CHECK_GOTO(
+                be->copy2d(b[i], (size_t)bytes, src, (size_t)bytes, (size_t)bytes, 1, NULL), rc,
+                fail);
+    }
+    TIDE_CHECK_GOTO(be->stream_sync(NULL, NULL), rc, fail);
+    TIDE_CHECK_GOTO(tide_give_buffers(t, &b), rc, fail);
+    return tide_mlp_adopt_borrowed(m, v->layout, tide_worker_id(t),
+                                   v->member ? tide_buffers(t) : NULL);
+fail:
+    tide_free_buffers(t, &b);
     return rc;
 }
 

@@ -96,6 +96,15 @@ typedef struct tide_mlp_tide_hooks {
 tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *hooks);
 
 /*
+ * Hands the model's state to the runtime (after tide_join, on every rank of the pool,
+ * with the state filled on members): copies it into buffers from tide_alloc_buffers,
+ * gives those to the runtime (tide_give_buffers) and makes the model use them
+ * (tide_mlp_adopt_borrowed), so that tide_mlp_tide_train's switches rebuild the state
+ * in place, in the memory the rank already holds. Blocks; main thread.
+ */
+tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m);
+
+/*
  * Gathers the full state of the model's current layout over v->all (v =
  * tide_view_get(t), a member) to the layout's first member: there *full_out gets one
  * host buffer per collection tensor holding the whole tensor (free with

@@ -299,12 +299,16 @@ static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
         fprintf(rf,
                 "rank_switch gen %llu rank %d member %d wait %.3f alloc %.3f sync %.3f plan %.3f "
                 "move %.3f groups %.3f teardown %.3f reshard %.3f adopt %.3f prepared %d "
-                "prepare %.3f sent %llu recv %llu local %llu\n",
+                "prepare %.3f sent %llu recv %llu local %llu state_old %llu state_new %llu cap "
+                "%llu peak_extra %llu no_room %llu spilled %llu fresh %llu\n",
                 (unsigned long long)v->generation, (int)tide_worker_id(t), v->member, st->wait_ms,
                 sw->alloc_ms, st->sync_ms, st->plan_ms, st->move_ms, st->groups_ms, st->teardown_ms,
                 st->total_ms, sw->adopt_ms, sw->prepared, sw->prepare_ms,
                 (unsigned long long)st->bytes_sent, (unsigned long long)st->bytes_recv,
-                (unsigned long long)st->bytes_local);
+                (unsigned long long)st->bytes_local, (unsigned long long)st->state_old,
+                (unsigned long long)st->state_new, (unsigned long long)st->staging_cap,
+                (unsigned long long)st->peak_extra, (unsigned long long)st->no_room,
+                (unsigned long long)st->bytes_spilled, (unsigned long long)st->fresh_bytes);
         fflush(rf);
     }
     if (!is_first_rank(t))
@@ -405,10 +409,10 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     int32_t me = tide_worker_id(t);
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
-    if (v->member) {
+    if (v->member)
         RUN(tide_mlp_init(model), "model init");
-        RUN(tide_set_buffers(t, tide_mlp_buffers(model)), "tide_set_buffers");
-    }
+    /* the runtime owns the state from here: switches rebuild it in place */
+    RUN(tide_mlp_tide_give(t, model), "tide_give_buffers");
     if (is_first_rank(t)) {
         char lbuf[256];
         tide_layout_format(v->layout, lbuf, sizeof lbuf);

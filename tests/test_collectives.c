@@ -248,4 +248,99 @@ Test(coll_mem, registered_backends_are_found_and_names_stay_unique)
     old.name = "old";
     old.version = 0;
     cr_expect_eq(tide_coll_backend_register(&old), TIDE_ERR_UNSUPPORTED);
+/* ---- the memory pool behind in-place switches (collectives/pool.h) ---- */
+
+static tide_mem_pool_t *host_pool(void)
+{
+    const tide_coll_backend_v1 *be = NULL;
+    cr_assert_eq(tide_coll_backend_find("mpi", &be), TIDE_OK);
+    tide_mem_pool_t *p = NULL;
+    cr_assert_eq(tide_mem_pool_new(&p, be, 0), TIDE_OK);
+    return p;
+}
+
+Test(mem_pool, freed_blocks_are_reused_not_returned)
+{
+    tide_mem_pool_t *p = host_pool();
+    tide_mem_pool_stats st;
+    void *a = NULL, *b = NULL, *c = NULL;
+    cr_assert_eq(tide_mem_pool_alloc(p, 1 << 20, &a), TIDE_OK);
+    cr_expect(tide_mem_pool_owns(p, a));
+    memset(a, 7, 1 << 20);
+    tide_mem_pool_free(p, a);
+    cr_expect_not(tide_mem_pool_owns(p, a));
+    tide_mem_pool_mark(p);
+    /* a block a little smaller reuses the cached one; one much smaller does not */
+    cr_assert_eq(tide_mem_pool_alloc(p, (1 << 20) - 1000, &b), TIDE_OK);
+    cr_expect_eq(b, a);
+    cr_assert_eq(tide_mem_pool_alloc(p, 4096, &c), TIDE_OK);
+    cr_expect_neq(c, a);
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.reused, 1 << 20);
+    cr_expect_eq(st.fresh, 4096);
+    cr_expect_eq(st.in_use, (1 << 20) + 4096);
+    cr_expect_eq(st.cached, 0);
+    tide_mem_pool_free(p, b);
+    tide_mem_pool_free(p, c);
+    tide_mem_pool_free(p, NULL);
+    tide_mem_pool_trim(p);
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.in_use + st.cached, 0);
+    tide_mem_pool_destroy(&p);
+    cr_expect_null(p);
+    tide_mem_pool_destroy(&p);
+}
+
+Test(mem_pool, a_strict_limit_fails_and_a_soft_one_goes_over)
+{
+    tide_mem_pool_t *p = host_pool();
+    void *a = NULL, *b = NULL, *c = NULL;
+    cr_assert_eq(tide_mem_pool_alloc(p, 8192, &a), TIDE_OK);
+    tide_mem_pool_free(p, a);
+    tide_mem_pool_set_limit(p, 16384, 1);
+    /* the cached 8 KiB block goes back to the system to make room for a 12 KiB one */
+    cr_assert_eq(tide_mem_pool_alloc(p, 12288, &b), TIDE_OK);
+    tide_mem_pool_stats st;
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.cached, 0);
+    cr_expect_eq(tide_mem_pool_alloc(p, 8192, &c), TIDE_ERR_NOMEM);
+    cr_expect_null(c);
+    cr_expect(strstr(tide_last_error(), "limit") != NULL);
+    tide_mem_pool_set_limit(p, 16384, 0);
+    cr_expect_eq(tide_mem_pool_alloc(p, 8192, &c), TIDE_OK);
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.peak_in_use, 12288 + 8192);
+    tide_mem_pool_free(p, b);
+    tide_mem_pool_free(p, c);
+    tide_mem_pool_destroy(&p);
+}
+
+Test(mem_pool, reserve_touches_ahead_within_its_room_and_shrink_gives_back_pages)
+{
+    tide_mem_pool_t *p = host_pool();
+    uint64_t sizes[3] = {1 << 20, 0, 2 << 20};
+    cr_assert_eq(tide_mem_pool_reserve(p, sizes, 3, 1 << 20), TIDE_OK); /* room: the first */
+    tide_mem_pool_stats st;
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.cached, 1 << 20);
+    cr_assert_eq(tide_mem_pool_reserve(p, sizes, 3, 0), TIDE_OK); /* the first is there */
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.cached, 3 << 20);
+    tide_mem_pool_mark(p);
+    void *a = NULL;
+    cr_assert_eq(tide_mem_pool_alloc(p, 2 << 20, &a), TIDE_OK);
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.fresh, 0);
+    memset(a, 3, 2 << 20);
+    tide_mem_pool_shrink(p, a, 1000);
+    uint64_t cap = tide_mem_pool_capacity(p, a); /* up to the next page boundary */
+    cr_expect(cap >= 1000 && cap <= 1000 + 4096, "capacity %llu", (unsigned long long)cap);
+    cr_expect_eq(((unsigned char *)a)[999], 3);
+    void *h = NULL;
+    cr_assert_eq(tide_mem_pool_spill_alloc(p, 5000, &h), TIDE_OK);
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.spill, 5000);
+    tide_mem_pool_spill_free(p, h, 5000);
+    tide_mem_pool_free(p, a);
+    tide_mem_pool_destroy(&p);
 }

@@ -250,6 +250,9 @@ typedef struct record {
     int64_t last_switch;                                            /* current generation's */
     uint64_t sent[MAX_GEN + 1];  /* bytes this rank's reshard sent, by generation */
     uint64_t cross[MAX_GEN + 1]; /* bytes the switch's plan moves across hosts (first rank) */
+    /* bytes over every switch of this rank: new shards kept, shrunk in place, rebuilt
+       in pool blocks; old shards spilled to host memory */
+    uint64_t kept, shrunk, rebuilt, spilled;
 } record;
 
 /* Every tensor-parallel group of l on one host. */
@@ -337,10 +340,22 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
         "generation %llu has another layout than requested", (unsigned long long)g);
     tide_layout_destroy(&l);
     MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
-    /* tide_set_prepare: every member of the new layout switched into buffers it allocated
-       and first-touched before the switch step (its ack waited for that) */
-    MT_ASSERT(!v->member || st->prepared, "rank %d switched to generation %llu unprepared",
-              (int)tide_worker_id(t), (unsigned long long)g);
+    /* in place: at most the staging cap plus what the new shards needed beyond the old
+       ones (page rounding of shrunk buffers aside), never past the strict limit */
+    uint64_t slack = (uint64_t)r->n_tensors * 4096;
+    MT_ASSERT(st->rs.peak_extra <= st->rs.staging_cap + st->rs.no_room + slack,
+              "rank %d: generation %llu took %llu bytes more (cap %llu, no room %llu)",
+              (int)tide_worker_id(t), (unsigned long long)g, (unsigned long long)st->rs.peak_extra,
+              (unsigned long long)st->rs.staging_cap, (unsigned long long)st->rs.no_room);
+    r->kept += st->rs.bytes_kept;
+    r->shrunk += st->rs.bytes_shrunk;
+    r->rebuilt += st->rs.bytes_rebuilt;
+    r->spilled += st->rs.bytes_spilled;
+    MT_ASSERT(st->rs.bytes_kept + st->rs.bytes_shrunk + st->rs.bytes_rebuilt == st->rs.state_new,
+              "rank %d: new shards kept %llu + shrunk %llu + rebuilt %llu != %llu",
+              (int)tide_worker_id(t), (unsigned long long)st->rs.bytes_kept,
+              (unsigned long long)st->rs.bytes_shrunk, (unsigned long long)st->rs.bytes_rebuilt,
+              (unsigned long long)st->rs.state_new);
     MT_ASSERT(st->rs.plan_ms >= 0 && st->rs.move_ms >= 0 && st->rs.sync_ms >= 0 &&
                   st->rs.groups_ms >= 0 && st->rs.total_ms >= st->rs.move_ms,
               "inconsistent switch timings");
@@ -445,6 +460,10 @@ int main(int argc, char **argv)
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
     o.register_timeout_ms = 20000;
+    /* every switch within the larger of a rank's old and new state plus the staging cap,
+       or it fails (a small cap, so that the bound is tight) */
+    o.staging_cap = 64 << 10;
+    o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     const gen_spec *g0 = &g_mode->gen[0];
@@ -459,10 +478,10 @@ int main(int argc, char **argv)
     check_tp_in_host(v->layout, 1);
     tide_mlp_t *m = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
-    if (v->member) {
+    if (v->member)
         MT_OK(tide_mlp_init(m));
-        MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
-    }
+    /* the runtime owns the state and rebuilds it in place at every switch */
+    MT_OK(tide_mlp_tide_give(t, m));
     pthread_t th;
     if (g_rank == 0)
         pthread_create(&th, NULL, controller, &cs);
@@ -492,6 +511,15 @@ int main(int argc, char **argv)
                   "generation %d: switch steps differ between ranks (%lld..%lld) or do not "
                   "follow generation %d's (%lld)",
                   g, (long long)lo[g], (long long)hi[g], g - 1, (long long)hi[g - 1]);
+    /* every way of rebuilding ran where the resizes call for it: dp replicas keep their
+       buffers, tp/ZeRO shards that shrink are rebuilt inside theirs, and a grow past the
+       limit (tp 4 -> 2, tp/pp -> one rank holding it all) spills old shards to host */
+    uint64_t ways[4] = {rec.kept, rec.shrunk, rec.rebuilt, rec.spilled}, all_ways[4];
+    MPI_Allreduce(ways, all_ways, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
+    MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
+    MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");
+    MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
     MT_ASSERT(end < MAX_STEPS, "the job ran to the step limit");
 

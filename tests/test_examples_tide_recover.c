@@ -542,6 +542,8 @@ int main(int argc, char **argv)
     o.endpoint = endpoint;
     o.register_timeout_ms = 20000;
     o.switch_timeout_ms = 30000;
+    o.staging_cap = 64 << 10; /* every recovery within old/new state + this, or it fails */
+    o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0};
@@ -562,10 +564,10 @@ int main(int argc, char **argv)
     MT_ASSERT(g_spare_mode ? rec.spare >= 0 : rec.spare < 0, "spare rank %d", rec.spare);
     tide_mlp_t *m = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
-    if (v->member) {
+    if (v->member)
         MT_OK(tide_mlp_init(m));
-        MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
-    }
+    /* as train_mlp: the runtime owns the state and recovers it in place */
+    MT_OK(tide_mlp_tide_give(t, m));
     static watch wd;
     pthread_t th;
     if (g_rank == 0) {

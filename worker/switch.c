@@ -2,9 +2,11 @@
  * worker/switch: tide_reshard, one rank's part of a layout switch. Every participant
  * (the new layout's members and the old layout's live members) builds one communicator
  * over all participants, computes the same full plan (reshard/), runs it through the
- * collectives executor from the registered old buffers into the program's new ones,
- * creates the new layout's groups directly over the pool (members only), and reports
- * `done` to tided. Workload: once per resize; the data movement dominates.
+ * collectives executor from the registered old buffers into the program's new ones (or,
+ * when the runtime owns the buffers, rebuilds them in place inside its memory pool,
+ * within the larger of the rank's old and new state plus the staging cap), creates the new layout's
+ * groups directly over the pool (members only), and reports `done` to tided. Workload: once per
+ * resize; the data movement dominates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,9 +140,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
     tide__ctl_unlock(t->ctl);
     TIDE_CHECK_GOTO(rc, rc, fail);
-    if (nv->member && new_bufs == NULL)
+    int in_place = new_bufs == NULL && t->owned;
+    if (nv->member && new_bufs == NULL && !in_place)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                       "tide_reshard: this rank is in the new layout: pass its new buffers");
+                       "tide_reshard: this rank is in the new layout: pass its new buffers "
+                       "(or give the runtime its buffers: tide_give_buffers)");
+    if (new_bufs != NULL && t->owned)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                       "tide_reshard: the runtime owns this rank's buffers (tide_give_buffers): "
+                       "pass NULL and it rebuilds them in place");
     TIDE_CHECK_GOTO(tide_layout_validate(nl, t->coll), rc, fail);
     TIDE_CHECK_GOTO(tide_layout_validate(prev, t->coll), rc, fail);
     for (size_t i = 0; i < tide_layout_size(nl); i++)
@@ -221,16 +229,44 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     if (nv->member) {
         for (size_t i = 0; i < t->n_tensors; i++) {
             my_nb[i] = tide_shard_bytes(nl, t->coll, i, nv->pp_rank, nv->dp_rank, nv->tp_rank);
-            if (my_nb[i] > 0 && new_bufs[i] == NULL)
+            if (my_nb[i] > 0 && !in_place && new_bufs[i] == NULL)
                 TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
                                "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
                                tide_collection_tensor(t->coll, i)->name,
                                (unsigned long long)my_nb[i]);
             TIDE_CHECK_GOTO(tide__check_buf(t, "tide_reshard", i, new_bufs[i], my_nb[i]), rc, fail);
         }
-        new_rows[t->rank] = (void *)new_bufs;
+        if (!in_place)
+            new_rows[t->rank] = (void *)new_bufs;
     }
     nb[t->rank] = my_nb;
+    tide_exec_in_place ip;
+    memset(&ip, 0, sizeof ip);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        st.state_old += my_ob[i];
+        st.state_new += my_nb[i];
+    }
+    st.staging_cap = cap;
+    /* what the rank holds counts block capacities (page-rounded shrinks, a reused block a
+       little larger than its shard): the bound is on that, not the bare shard bytes */
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t held = ps.in_use > st.state_old ? ps.in_use : st.state_old;
+    st.mem_limit = (held > st.state_new ? held : st.state_new) + cap;
+    st.no_room = st.state_new > st.state_old ? st.state_new - st.state_old : 0;
+    if (in_place) {
+        /* the old buffers, handed over: the executor rebuilds t->bufs in place */
+        old_rows[t->rank] = NULL;
+        ip.pool = t->mem;
+        ip.worker = t->rank;
+        ip.bufs = t->bufs;
+        ip.old_bytes = my_ob;
+        ip.new_bytes = my_nb;
+        ip.moved = t->moved;
+        ip.limit = st.mem_limit;
+        ip.strict = t->opts.mem_strict;
+    }
     tide_exec_args ea = {plan,
                          nw,
                          t->n_tensors,
@@ -238,10 +274,12 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
                          (void *const *const *)old_rows,
                          (void *const *const *)new_rows,
                          (const uint64_t *const *)ob,
-                         (const uint64_t *const *)nb};
+                         (const uint64_t *const *)nb,
+                         in_place ? &ip : NULL};
     tide_exec_opts eo;
     tide_exec_opts_init(&eo);
     eo.staging_cap = t->opts.staging_cap;
+    eo.pool = t->mem;
     uint64_t tm = tide_now_ns();
     TIDE_CHECK_GOTO(tide_reshard_execute(sw, &ea, &eo, &es), rc, fail);
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
@@ -291,9 +329,19 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     t->view.tp = t->c_tp;
     t->view.dp = t->c_dp;
     t->view.pp = t->c_pp;
-    for (size_t i = 0; i < t->n_tensors; i++)
+    for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
+    /* a rank that left gives its memory back to the system: offline work on its device
+       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool) */
+    if (in_place && !t->view.member)
+        tide_mem_pool_trim(t->mem);
     st.bytes_sent = es.bytes_sent;
+    st.peak_extra = es.peak_extra;
+    st.bytes_kept = es.bytes_kept;
+    st.bytes_shrunk = es.bytes_shrunk;
+    st.bytes_rebuilt = es.bytes_rebuilt;
+    st.bytes_spilled = es.bytes_spilled;
+    st.fresh_bytes = es.fresh_bytes;
     st.bytes_recv = es.bytes_recv;
     st.bytes_local = es.bytes_local;
     st.wait_ms = t->switch_wait_ms;

@@ -60,6 +60,7 @@ void tide_options_init(tide_options *o)
     o->join_timeout_ms = (int)env_int("TIDE_JOIN_TIMEOUT_MS", 120000);
     o->switch_timeout_ms = (int)env_int("TIDE_SWITCH_TIMEOUT_MS", 120000);
     o->staging_cap = (uint64_t)env_int("TIDE_STAGING_CAP", 0);
+    o->mem_strict = env_int("TIDE_MEM_STRICT", 0) != 0;
 }
 
 /* ---- communicators and aborts ------------------------------------------------------------ */
@@ -303,6 +304,38 @@ fail:
 
 /* ---- preparing announced layouts (tide_set_prepare) --------------------------------------- */
 
+/* On ctl's preparation thread, when the runtime owns the buffers: blocks for the new
+   shards this rank will receive into fresh memory (those it did not hold, or that
+   grow), allocated and first-touched now, while the old layout still trains, within
+   the room the switch's memory bound leaves (its growth). The layout and buffers of
+   the current generation do not change while a preparation may run (the switch waits
+   for it). */
+static void reserve_pool(tide_t *t, const tide_view *v)
+{
+    if (!v->member)
+        return;
+    uint64_t *sizes = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *sizes);
+    if (sizes == NULL)
+        return;
+    const tide_view *cur = &t->view;
+    uint64_t old_total = 0, new_total = 0;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        uint64_t o = cur->member ? tide_shard_bytes(t->layout, t->coll, i, cur->pp_rank,
+                                                    cur->dp_rank, cur->tp_rank)
+                                 : 0;
+        uint64_t n = tide_shard_bytes(v->layout, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        old_total += o;
+        new_total += n;
+        if (n > o)
+            sizes[i] = n;
+    }
+    uint64_t room = new_total > old_total ? new_total - old_total : 0;
+    if (room > 0 && tide_mem_pool_reserve(t->mem, sizes, t->n_tensors, room) != TIDE_OK)
+        TIDE_WARN(SUBSYS, "rank %d: could not prepare pool memory for generation %llu: %s", t->rank,
+                  (unsigned long long)v->generation, tide_last_error());
+    tide_free(sizes);
+}
+
 /* On ctl's preparation thread: the program's prepare function for this rank's place in
    layout l. t->prep_fn and prep_ctx do not change while it runs (tide_set_prepare waits). */
 static void prep_run(void *ctx, uint64_t gen, const tide_layout_t *l)
@@ -311,8 +344,12 @@ static void prep_run(void *ctx, uint64_t gen, const tide_layout_t *l)
     tide_view v;
     tide__fill_view(&v, gen, l, t->rank, -1);
     uint64_t t0 = tide_now_ns();
-    /* a new thread starts on device 0: bind before the program allocates anything */
+    /* a new thread starts on device 0: bind before anything is allocated */
     tide_status rc = tide_coll_device_bind(t->be, t->device);
+    if (rc == TIDE_OK && t->owned)
+        reserve_pool(t, &v);
+    if (rc == TIDE_OK && t->prep_fn == NULL)
+        return;
     if (rc == TIDE_OK)
         rc = t->prep_fn(t->prep_ctx, &v);
     if (rc != TIDE_OK)
@@ -331,7 +368,7 @@ tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx)
     tide__ctl_set_prepare(t->ctl, NULL, NULL); /* waits for a running preparation */
     t->prep_fn = fn;
     t->prep_ctx = ctx;
-    if (fn != NULL)
+    if (fn != NULL || t->owned)
         tide__ctl_set_prepare(t->ctl, prep_run, t);
     return TIDE_OK;
 }
@@ -349,7 +386,11 @@ void tide_destroy(tide_t **self_p)
     tide__destroy_comms(c, sizeof c / sizeof c[0]);
     tide_layout_destroy(&t->layout);
     tide_layout_destroy(&t->next_layout);
+    for (size_t i = 0; t->owned && t->bufs != NULL && i < t->n_tensors; i++)
+        tide_mem_pool_free(t->mem, t->bufs[i]);
     tide_free(t->bufs);
+    tide_free(t->moved);
+    tide_mem_pool_destroy(&t->mem);
     tide_free(t->coord_ids);
     tide_coll_pool_destroy(&t->pool);
     int fin = 0;
@@ -587,6 +628,10 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     tide__ctl_unlock(t->ctl);
     t->bufs = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *t->bufs);
     TIDE_CHECK_ALLOC_GOTO(t->bufs, rc, out);
+    t->moved = tide_calloc(t->n_tensors ? t->n_tensors : 1, 1);
+    TIDE_CHECK_ALLOC_GOTO(t->moved, rc, out);
+    if (t->mem == NULL)
+        TIDE_CHECK_GOTO(tide_mem_pool_new(&t->mem, t->be, t->device), rc, out);
     /* the first layout's communicators, among its members only */
     if (t->view.member) {
         tide_coll_comm_t *g[4];
@@ -612,6 +657,42 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
 out:
     tide_msg_clear(&first);
     return rc;
+}
+
+tide_status tide_give_buffers(tide_t *t, void ***bufs_p)
+{
+    if (t == NULL || t->bufs == NULL || t->mem == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_give_buffers: join a job first");
+    if (bufs_p == NULL || *bufs_p == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_give_buffers: no buffer table");
+    if (t->owned)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_give_buffers: the runtime owns buffers "
+                                             "already");
+    void **b = *bufs_p;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        if (b[i] != NULL && !tide_mem_pool_owns(t->mem, b[i]))
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_give_buffers: the buffer of tensor %s is not from "
+                               "tide_alloc_buffers",
+                               tide_collection_tensor(t->coll, i)->name);
+    TIDE_CHECK(tide_set_buffers(t, b));
+    t->owned = 1;
+    tide_free(b);
+    *bufs_p = NULL;
+    /* the runtime prepares its pool for announced layouts (tide_set_prepare's thread) */
+    tide__ctl_set_prepare(t->ctl, NULL, NULL);
+    tide__ctl_set_prepare(t->ctl, prep_run, t);
+    return TIDE_OK;
+}
+
+void *const *tide_buffers(const tide_t *t)
+{
+    return t != NULL && t->owned ? t->bufs : NULL;
+}
+
+int tide_buffer_moved(const tide_t *t, size_t i)
+{
+    return t != NULL && t->moved != NULL && i < t->n_tensors ? t->moved[i] : 0;
 }
 
 tide_status tide_set_buffers(tide_t *t, void *const *bufs)
@@ -832,6 +913,17 @@ tide_status tide_finish(tide_t *t)
 /* ---- buffers ----------------------------------------------------------------------------------
  */
 
+/* A buffer of tide_alloc_buffers back to the pool (or the backend, before a job). */
+static void free_one(const tide_t *t, void *p)
+{
+    if (p == NULL)
+        return;
+    if (t->mem != NULL)
+        tide_mem_pool_free(t->mem, p);
+    else
+        t->be->mem_free(p);
+}
+
 tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
 {
     if (t == NULL || v == NULL || out == NULL || t->coll == NULL)
@@ -846,14 +938,17 @@ tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
         if (n == 0)
             continue;
         /* the rank's device by name: this may run on the program's preparation thread */
-        TIDE_CHECK_GOTO(tide_coll_mem_alloc(t->be, t->device, (size_t)n, &b[i]), rc, fail);
+        TIDE_CHECK_GOTO(t->mem != NULL
+                            ? tide_mem_pool_alloc(t->mem, (size_t)n, &b[i])
+                            : tide_coll_mem_alloc(t->be, t->device, (size_t)n, &b[i]),
+                        rc, fail);
         TIDE_CHECK_GOTO(tide_coll_mem_zero(t->be, t->device, b[i], (size_t)n), rc, fail);
     }
     *out = b;
     return TIDE_OK;
 fail:
     for (size_t i = 0; i < t->n_tensors; i++)
-        t->be->mem_free(b[i]);
+        free_one(t, b[i]);
     tide_free(b);
     return rc;
 }
@@ -863,7 +958,7 @@ void tide_free_buffers(const tide_t *t, void ***bufs_p)
     if (bufs_p == NULL || *bufs_p == NULL || t == NULL)
         return;
     for (size_t i = 0; i < t->n_tensors; i++)
-        t->be->mem_free((*bufs_p)[i]);
+        free_one(t, (*bufs_p)[i]);
     tide_free(*bufs_p);
     *bufs_p = NULL;
 }

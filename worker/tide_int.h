@@ -8,6 +8,7 @@
 #define TIDE_WORKER_TIDE_INT_H
 
 #include <tide/tide.h>
+#include "collectives/pool.h"
 #include "worker/worker_int.h"
 
 /* Slots of per-wait window estimates per step (waits beyond it are never filled). */
@@ -37,6 +38,12 @@ struct tide {
     tide_prepare_fn prep_fn; /* fixed while ctl's preparation thread runs */
     void *prep_ctx;
     void **bufs; /* registered local buffers of the current layout (n_tensors) */
+    /* the memory pool the state buffers and staging come from; owned: the runtime owns
+       bufs (tide_give_buffers) and rebuilds them in place; moved: per tensor, its buffer
+       changed address in the last switch */
+    tide_mem_pool_t *mem;
+    int owned;
+    uint8_t *moved;
     int finished;
     uint64_t step_t0, bubble_t0; /* monotonic ns */
     /* pipeline bubbles (task.c): the offline task filling them, the index of the next

@@ -15,22 +15,32 @@
  *   tide_options o; tide_options_init(&o);              // TIDE_* environment defaults
  *   tide_new(&t, &o, MPI_COMM_WORLD);                   // collective over the pool
  *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0});  // collective
- *   if (tide_view_get(t)->member) { alloc + init buffers; tide_set_buffers(t, bufs); }
+ *   if (tide_view_get(t)->member) {
+ *       tide_alloc_buffers(t, tide_view_get(t), &bufs); // from the runtime's memory pool
+ *       init them; tide_give_buffers(t, &bufs);         // the runtime owns them now
+ *   }
  *   for (;;) {
  *       tide_step_action a;
  *       tide_step_begin(t, &a);                         // idle ranks block in here
  *       if (a == TIDE_STEP_FINISHED) break;             // the job ended (idle ranks)
  *       if (a == TIDE_STEP_RECONFIGURE) {
- *           const tide_view *nv = tide_view_next(t);    // new layout + this rank's place
- *           allocate new_bufs for nv (tide_shard_bytes) or NULL when !nv->member;
- *           tide_reshard(t, new_bufs, NULL);            // old -> new, new comms
- *           free the old buffers; continue;
+ *           tide_reshard(t, NULL, NULL);                // rebuilt in place, new comms
+ *           point the model at tide_buffers(t) where tide_buffer_moved(t, i); continue;
  *       }
  *       if (view->step == total_steps) { tide_finish(t); break; }
  *       rc = one training step over tide_view_get(t)->tp/dp/pp;
  *       tide_step_end(t, rc);
  *   }
  *   tide_destroy(&t);
+ *
+ * Memory: with buffers given to the runtime (tide_give_buffers), a switch rebuilds them
+ * inside the memory the rank already holds: a shard that does not change keeps its
+ * buffer, one that shrinks is rebuilt inside its own buffer, the others come from the
+ * runtime's memory pool (blocks freed by earlier switches, prepared ahead when tided
+ * announces a layout), and old shards that would not fit are spilled to host memory. A
+ * rank's memory during a switch stays within the larger of its old and new state plus
+ * the staging cap (tide_reshard_stats says how much it took). Programs that keep their
+ * own buffers (tide_set_buffers + tide_reshard with new buffers) hold both layouts at once.
  *
  * Threading: MPI must be initialised with MPI_Init_thread and at least
  * MPI_THREAD_FUNNELED; the runtime's background thread never calls MPI. Every tide_*
@@ -90,6 +100,9 @@ typedef struct tide_options {
     int join_timeout_ms;     /* TIDE_JOIN_TIMEOUT_MS: wait for the first layout, ms; 120000 */
     int switch_timeout_ms;   /* TIDE_SWITCH_TIMEOUT_MS: peers to arrive in a switch, ms; 120000 */
     uint64_t staging_cap;    /* TIDE_STAGING_CAP: reshard staging memory, bytes; 0: default */
+    int mem_strict;          /* TIDE_MEM_STRICT: 1: a switch of given buffers that would hold more
+                                than the larger of the rank's old and new state plus the staging cap
+                                fails (TIDE_ERR_NOMEM) instead of warning and going over; 0 */
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
@@ -174,6 +187,26 @@ const tide_view *tide_view_get(const tide_t *t);
  * borrowed. NULL at any other time.
  */
 const tide_view *tide_view_next(const tide_t *t);
+
+/*
+ * Hands this rank's buffers of the current layout to the runtime: *bufs_p from
+ * tide_alloc_buffers for tide_view_get(t) (NULL table entries where not held), filled
+ * with the state. The runtime owns the buffers and the table from now on (*bufs_p is
+ * set to NULL); tide_buffers gives them, and tide_reshard(t, NULL, ...) rebuilds them in
+ * place at each switch. They are freed by tide_destroy. On failure nothing changes.
+ * Main thread.
+ */
+tide_status tide_give_buffers(tide_t *t, void ***bufs_p);
+
+/* The buffers of the current layout the runtime owns (tide_give_buffers), one per
+   collection tensor, NULL where not held (all NULL on an idle rank); NULL when the
+   runtime owns none. Borrowed: valid until the next tide_reshard. Main thread. */
+void *const *tide_buffers(const tide_t *t);
+
+/* 1 when tensor i's buffer changed address in the last tide_reshard (the program must
+   take tide_buffers(t)[i] again), 0 when it stayed (its bytes may still have changed:
+   a shard that shrank was rebuilt inside it). Main thread. */
+int tide_buffer_moved(const tide_t *t, size_t i);
 
 /*
  * Registers this rank's local buffers of the current layout: bufs[i] for collection
@@ -279,6 +312,20 @@ typedef struct tide_reshard_stats {
     double groups_ms;   /* the new layout's communicators (all, tp, dp, pp) */
     double teardown_ms; /* the old layout's communicators destroyed, done reported */
     int prepared;       /* 1 when plan and communicators were ready before the switch step */
+    /* memory of a switch of given buffers (tide_give_buffers), bytes */
+    uint64_t state_old, state_new; /* this rank's shards before and after */
+    uint64_t staging_cap;          /* the staging cap in effect */
+    uint64_t mem_limit;            /* max(held, state_new) + staging_cap; held: the pool memory
+                                      its old shards take (state_old, page-rounded) */
+    uint64_t peak_extra;           /* most pool memory in use during the switch over what was in
+                                      use when it began (new shards and staging) */
+    uint64_t no_room;              /* what the new shards needed beyond the old ones that left:
+                                      max(0, state_new - state_old) */
+    uint64_t bytes_kept;           /* new shards that kept their buffers */
+    uint64_t bytes_shrunk;         /* new shards rebuilt inside their old buffers */
+    uint64_t bytes_rebuilt;        /* new shards in pool blocks */
+    uint64_t bytes_spilled;        /* old shards spilled to host memory */
+    uint64_t fresh_bytes;          /* pool memory newly taken from the system during the switch */
 } tide_reshard_stats;
 
 /*
@@ -293,14 +340,20 @@ typedef struct tide_reshard_stats {
  * intact and the status says why. Blocks; collective over the switch's participants.
  */
 tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
+/* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime
+ * rebuilds them in place for the new layout (see "Memory" at the top; a rank that joins
+ * gets pool buffers, one that leaves gives its memory back to the system); afterwards
+ * tide_buffers and tide_buffer_moved say where the new shards are. On failure the old
+ * shards stay registered (a spilled one back in a pool block, marked moved). */
 
 /*
  * Allocates zero-filled local buffers for this rank's coordinate in view v (from
- * tide_view_get or tide_view_next) in the backend's memory kind; *out gets
- * tide_collection_size entries, NULL where not held (all NULL when not a member).
- * Device memory is allocated and zeroed on the rank's device (tide_device) whatever the
- * calling thread's current device, so a tide_prepare_fn may call it. Free with
- * tide_free_buffers. For programs without their own allocator. Any thread.
+ * tide_view_get or tide_view_next) in the backend's memory kind, from the runtime's
+ * memory pool; *out gets tide_collection_size entries, NULL where not held (all NULL
+ * when not a member). Device memory is allocated and zeroed on the rank's device
+ * (tide_device) whatever the calling thread's current device, so a tide_prepare_fn may
+ * call it. Free with tide_free_buffers (back to the pool), or hand them to the runtime
+ * with tide_give_buffers. Any thread.
  */
 tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
 

@@ -1,0 +1,380 @@
+/*
+ * pool: the block cache behind a rank's state buffers and reshard staging (see pool.h).
+ * A flat array of blocks searched linearly: a rank holds tens of them.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "collectives/pool.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#define POOL_LOG "pool"
+
+typedef struct block {
+    void *ptr;
+    uint64_t cap; /* bytes */
+    int used;
+} block;
+
+struct tide_mem_pool {
+    pthread_mutex_t mu;
+    const tide_coll_backend_v1 *be;
+    int device; /* the device the pool's blocks live on (device backends) */
+    block *b;
+    size_t n, n_cap;
+    uint64_t limit;
+    int strict;
+    tide_mem_pool_stats st;
+};
+
+tide_status tide_mem_pool_new(tide_mem_pool_t **out, const tide_coll_backend_v1 *be, int device)
+{
+    *out = NULL;
+    if (be == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "memory pool: no backend");
+    tide_mem_pool_t *p = tide_calloc(1, sizeof *p);
+    if (p == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a memory pool");
+    pthread_mutex_init(&p->mu, NULL);
+    p->be = be;
+    p->device = device;
+    *out = p;
+    return TIDE_OK;
+}
+
+void tide_mem_pool_destroy(tide_mem_pool_t **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    tide_mem_pool_t *p = *self_p;
+    for (size_t i = 0; i < p->n; i++)
+        p->be->mem_free(p->b[i].ptr);
+    tide_free(p->b);
+    pthread_mutex_destroy(&p->mu);
+    tide_free(p);
+    *self_p = NULL;
+}
+
+const tide_coll_backend_v1 *tide_mem_pool_backend(const tide_mem_pool_t *p)
+{
+    return p->be;
+}
+
+static void note_peaks(tide_mem_pool_t *p)
+{
+    if (p->st.in_use > p->st.peak_in_use)
+        p->st.peak_in_use = p->st.in_use;
+    if (p->st.in_use + p->st.cached > p->st.peak_held)
+        p->st.peak_held = p->st.in_use + p->st.cached;
+}
+
+/* Releases cached block i to the system (the last block moves into its place). */
+static void drop_block(tide_mem_pool_t *p, size_t i)
+{
+    p->be->mem_free(p->b[i].ptr);
+    p->st.cached -= p->b[i].cap;
+    p->b[i] = p->b[--p->n];
+}
+
+/* Gives cached blocks back, largest first, until in_use + cached + extra <= limit. */
+static void make_room(tide_mem_pool_t *p, uint64_t extra)
+{
+    while (p->limit > 0 && p->st.in_use + p->st.cached + extra > p->limit) {
+        size_t best = p->n;
+        for (size_t i = 0; i < p->n; i++)
+            if (!p->b[i].used && (best == p->n || p->b[i].cap > p->b[best].cap))
+                best = i;
+        if (best == p->n)
+            return;
+        drop_block(p, best);
+    }
+}
+
+static tide_status add_block(tide_mem_pool_t *p, void *ptr, uint64_t cap, int used)
+{
+    if (p->n == p->n_cap) {
+        size_t nc = p->n_cap ? 2 * p->n_cap : 16;
+        block *nb = tide_reallocarray(p->b, nc, sizeof *nb);
+        if (nb == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the pool's block table");
+        p->b = nb;
+        p->n_cap = nc;
+    }
+    p->b[p->n++] = (block){ptr, cap, used};
+    return TIDE_OK;
+}
+
+/* The cached block to serve bytes from, or p->n: the smallest that fits and is at
+   most a fifteenth larger than asked (a larger one would waste what the limit counts). */
+static size_t best_fit(const tide_mem_pool_t *p, uint64_t bytes)
+{
+    size_t best = p->n;
+    for (size_t i = 0; i < p->n; i++) {
+        const block *b = &p->b[i];
+        if (b->used || b->cap < bytes || b->cap - bytes > b->cap / 16)
+            continue;
+        if (best == p->n || b->cap < p->b[best].cap)
+            best = i;
+    }
+    return best;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Blocks from this size up are populated when taken from the system (bytes). */
+#define POPULATE_FROM ((uint64_t)1 << 20)
+
+/* Maps every page of a fresh host block writable now, in one call: page faults one page
+   at a time cost ~15 us each on a VM (0.3 GB/s), the kernel populating a range runs at
+   memory speed (~5 GB/s). 0 when the kernel cannot (before 5.14): the pages then fault
+   in on first use. */
+static int populate(void *ptr, uint64_t bytes)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0)
+        return 0;
+    uintptr_t from = ((uintptr_t)ptr + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t to = ((uintptr_t)ptr + bytes) & ~((uintptr_t)pg - 1);
+    if (to <= from)
+        return 1;
+    return madvise((void *)from, to - from, MADV_POPULATE_WRITE) == 0;
+}
+
+/* With the lock held: a block from the cache, or fresh (touch: first-touch it). */
+static tide_status alloc_locked(tide_mem_pool_t *p, uint64_t bytes, int used, void **out)
+{
+    if (bytes == 0)
+        bytes = 1;
+    size_t i = used ? best_fit(p, bytes) : p->n;
+    if (i < p->n) {
+        p->b[i].used = 1;
+        p->st.cached -= p->b[i].cap;
+        p->st.in_use += p->b[i].cap;
+        p->st.reused += p->b[i].cap;
+        note_peaks(p);
+        *out = p->b[i].ptr;
+        return TIDE_OK;
+    }
+    uint64_t extra = bytes;
+    if (p->limit > 0 && p->strict && p->st.in_use + extra > p->limit)
+        return tide_errorf(TIDE_ERR_NOMEM,
+                           "memory limit: %llu bytes in use + %llu asked is over the limit of "
+                           "%llu bytes",
+                           (unsigned long long)p->st.in_use, (unsigned long long)bytes,
+                           (unsigned long long)p->limit);
+    make_room(p, extra);
+    if (p->limit > 0 && p->st.in_use + p->st.cached + extra > p->limit)
+        TIDE_WARN(POOL_LOG, "holding %llu bytes, over the limit of %llu bytes",
+                  (unsigned long long)(p->st.in_use + p->st.cached + extra),
+                  (unsigned long long)p->limit);
+    void *ptr = NULL;
+    TIDE_CHECK(tide_coll_mem_alloc(p->be, p->device, (size_t)bytes, &ptr));
+    if (p->be->mem_kind == TIDE_MEM_HOST && bytes >= POPULATE_FROM)
+        populate(ptr, bytes);
+    tide_status rc = add_block(p, ptr, bytes, used);
+    if (rc != TIDE_OK) {
+        p->be->mem_free(ptr);
+        return rc;
+    }
+    if (used)
+        p->st.in_use += bytes;
+    else
+        p->st.cached += bytes;
+    p->st.fresh += bytes;
+    note_peaks(p);
+    *out = ptr;
+    return TIDE_OK;
+}
+
+tide_status tide_mem_pool_alloc(tide_mem_pool_t *p, size_t bytes, void **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&p->mu);
+    tide_status rc = alloc_locked(p, bytes, 1, out);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static size_t find(const tide_mem_pool_t *p, const void *ptr)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (p->b[i].ptr == ptr)
+            return i;
+    return p->n;
+}
+
+void tide_mem_pool_free(tide_mem_pool_t *p, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    pthread_mutex_lock(&p->mu);
+    size_t i = find(p, ptr);
+    if (i == p->n || !p->b[i].used) {
+        pthread_mutex_unlock(&p->mu);
+        TIDE_ERROR(POOL_LOG, "internal: freeing %p, which is no block handed out by this pool",
+                   ptr);
+        return;
+    }
+    p->b[i].used = 0;
+    p->st.in_use -= p->b[i].cap;
+    p->st.cached += p->b[i].cap;
+    make_room(p, 0);
+    pthread_mutex_unlock(&p->mu);
+}
+
+int tide_mem_pool_owns(tide_mem_pool_t *p, const void *ptr)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t i = find(p, ptr);
+    int yes = i < p->n && p->b[i].used;
+    pthread_mutex_unlock(&p->mu);
+    return yes;
+}
+
+uint64_t tide_mem_pool_capacity(tide_mem_pool_t *p, const void *ptr)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t i = find(p, ptr);
+    uint64_t cap = i < p->n ? p->b[i].cap : 0;
+    pthread_mutex_unlock(&p->mu);
+    return cap;
+}
+
+void tide_mem_pool_shrink(tide_mem_pool_t *p, void *ptr, size_t bytes)
+{
+    if (p->be->mem_kind != TIDE_MEM_HOST || bytes == 0)
+        return;
+    pthread_mutex_lock(&p->mu);
+    size_t i = find(p, ptr);
+    long pg = sysconf(_SC_PAGESIZE);
+    if (i < p->n && p->b[i].used && bytes < p->b[i].cap && pg > 0) {
+        /* the whole pages past the new end go back to the system (the address stays:
+           it is the caller's shard pointer); the block counts what is left */
+        uintptr_t from = ((uintptr_t)ptr + bytes + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+        uintptr_t to = ((uintptr_t)ptr + p->b[i].cap) & ~((uintptr_t)pg - 1);
+        if (to > from && madvise((void *)from, to - from, MADV_DONTNEED) == 0) {
+            uint64_t cap = (uint64_t)(from - (uintptr_t)ptr);
+            p->st.in_use -= p->b[i].cap - cap;
+            p->b[i].cap = cap;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+tide_status tide_mem_pool_spill_alloc(tide_mem_pool_t *p, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (p->be->host_alloc != NULL) {
+        TIDE_CHECK(p->be->host_alloc(bytes ? bytes : 1, out));
+    } else {
+        *out = tide_malloc(bytes ? bytes : 1);
+        if (*out == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of host memory spilling %zu bytes", bytes);
+        if (bytes >= POPULATE_FROM)
+            populate(*out, bytes); /* the spill copy then takes no page faults */
+    }
+    pthread_mutex_lock(&p->mu);
+    p->st.spill += bytes;
+    if (p->st.spill > p->st.peak_spill)
+        p->st.peak_spill = p->st.spill;
+    pthread_mutex_unlock(&p->mu);
+    return TIDE_OK;
+}
+
+void tide_mem_pool_spill_free(tide_mem_pool_t *p, void *ptr, size_t bytes)
+{
+    if (ptr == NULL)
+        return;
+    if (p->be->host_free != NULL)
+        p->be->host_free(ptr);
+    else
+        tide_free(ptr);
+    pthread_mutex_lock(&p->mu);
+    p->st.spill -= bytes < p->st.spill ? bytes : p->st.spill;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tide_mem_pool_set_limit(tide_mem_pool_t *p, uint64_t limit, int strict)
+{
+    pthread_mutex_lock(&p->mu);
+    p->limit = limit;
+    p->strict = strict;
+    make_room(p, 0);
+    pthread_mutex_unlock(&p->mu);
+}
+
+tide_status tide_mem_pool_reserve(tide_mem_pool_t *p, const uint64_t *sizes, size_t n,
+                                  uint64_t room)
+{
+    tide_status rc = TIDE_OK;
+    uint64_t added = 0;
+    for (size_t k = 0; k < n && rc == TIDE_OK; k++) {
+        if (sizes[k] == 0)
+            continue;
+        pthread_mutex_lock(&p->mu);
+        /* a cached block that fits already counts: the switch will take it */
+        size_t i = best_fit(p, sizes[k]);
+        if (i < p->n) {
+            p->b[i].used = 2; /* claimed for this reservation round */
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        if (room > 0 && added + sizes[k] > room) {
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        void *ptr = NULL;
+        rc = alloc_locked(p, sizes[k], 0, &ptr);
+        if (rc == TIDE_OK) {
+            p->b[p->n - 1].used = 2;
+            added += sizes[k];
+        }
+        pthread_mutex_unlock(&p->mu);
+        /* populated in alloc_locked; where the kernel could not, touch it here, outside
+           the lock (the slow part: page faults) */
+        if (rc == TIDE_OK && p->be->mem_kind == TIDE_MEM_HOST &&
+            (sizes[k] < POPULATE_FROM || !populate(ptr, sizes[k])))
+            memset(ptr, 0, (size_t)sizes[k]);
+    }
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->n; i++)
+        if (p->b[i].used == 2)
+            p->b[i].used = 0;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void tide_mem_pool_trim(tide_mem_pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = p->n; i-- > 0;)
+        if (!p->b[i].used)
+            drop_block(p, i);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tide_mem_pool_mark(tide_mem_pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->st.peak_in_use = p->st.in_use;
+    p->st.peak_held = p->st.in_use + p->st.cached;
+    p->st.peak_spill = p->st.spill;
+    p->st.fresh = p->st.reused = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tide_mem_pool_stats_get(tide_mem_pool_t *p, tide_mem_pool_stats *out)
+{
+    pthread_mutex_lock(&p->mu);
+    *out = p->st;
+    out->limit = p->limit;
+    out->strict = p->strict;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -9,6 +9,7 @@ PACKAGES=(
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
   libcriterion-dev libopenblas-dev
   procps curl
+  python3-torch python3-mpi4py python3-pip
 )
 
 missing=()

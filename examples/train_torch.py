@@ -42,6 +42,11 @@ from tide import Action, Group, TideError  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
+    return parse_args_for(sys.argv[1:])
+
+
+def parse_args_for(argv) -> argparse.Namespace:
+    """The flags below from argv (defaults: train_mlp's default model)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job", default="train_torch")
     ap.add_argument("--dp", type=int, default=1)
@@ -63,7 +68,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--kill-worker", type=int, default=-1, help="test: this worker dies...")
     ap.add_argument("--kill-at", type=int, default=-1, help="...inside this step (SIGKILL)")
     ap.add_argument("--time-out", help="append per-step seconds (json lines) for benchmarks")
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
 # ---- the state -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ PACKAGES=(
   libcriterion-dev libopenblas-dev
   procps curl
   iproute2 util-linux  # scripts/cluster.sh: ip netns, tc, unshare
+  python3-torch python3-mpi4py python3-pip
 )
 
 missing=()

@@ -1,0 +1,723 @@
+"""The binding proper: Runtime, Collection, Layout, views, collectives; see tide.h."""
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+from ctypes import byref, c_int, c_void_p
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _lib as L
+
+try:
+    import torch
+except ImportError:  # the package imports without torch; tensor calls then fail clearly
+    torch = None  # type: ignore
+
+PRE, POST, ALL = -1, -2, -3  # owning layer of a tensor besides a layer index
+
+
+class Status(enum.IntEnum):
+    """tide_status (include/tide/status.h)."""
+    OK = 0
+    ERR_INVALID = -1
+    ERR_NOMEM = -2
+    ERR_IO = -3
+    ERR_PROTOCOL = -4
+    ERR_TIMEOUT = -5
+    ERR_ABORTED = -6
+    ERR_PEER = -7
+    ERR_NOT_FOUND = -8
+    ERR_EXISTS = -9
+    ERR_STALE = -10
+    ERR_DENIED = -11
+    ERR_UNSUPPORTED = -12
+    ERR_NO_HOLDER = -13
+    ERR_BUSY = -14
+    ERR_RANGE = -15
+    ERR_NO_DEVICE = -16
+    ERR_CLOSED = -17
+    ERR_BACKEND = -18
+    ERR_INTERNAL = -19
+
+
+class TideError(Exception):
+    """A failed tide call: .status (Status), .message (tide_strerror), .detail."""
+
+    def __init__(self, status: int, detail: str = "", what: str = "") -> None:
+        try:
+            self.status: Union[Status, int] = Status(status)
+        except ValueError:
+            self.status = status
+        try:
+            self.message = L.lib().tide_strerror(int(status)).decode()
+        except OSError:
+            self.message = getattr(self.status, "name", str(status))
+        self.detail = detail
+        text = "%s%s (%s)" % (what + ": " if what else "", self.message,
+                              getattr(self.status, "name", status))
+        super().__init__(text + (": " + detail if detail else ""))
+
+
+def _invalid(msg: str) -> TideError:
+    return TideError(Status.ERR_INVALID, msg)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        detail = L.lib().tide_last_error() or b""
+        raise TideError(rc, detail.decode(errors="replace"), what)
+
+
+class Action(enum.Enum):
+    """What Runtime.step_begin asks the program to do (tide_step_action)."""
+    RUN = 0          # run step view.step, then step_end
+    RECONFIGURE = 1  # switch now: reshard
+    FINISHED = 2     # the job ended: stop
+    FINISH = 3       # complete the failed step alone (apply the update computed), step_end
+
+
+class Group(enum.Enum):
+    """The communicators of the current layout."""
+    ALL = "all"
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"
+
+
+class ReduceOp(enum.Enum):
+    SUM = 0
+    MAX = 1
+
+
+_DTYPES: Dict[Any, int] = {}
+_DTYPE_OF: Dict[int, Any] = {}
+if torch is not None:
+    _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3,
+               torch.int32: 4, torch.int64: 5, torch.uint8: 6}
+    _DTYPE_OF = {v: k for k, v in _DTYPES.items()}
+
+
+def _need_torch() -> None:
+    if torch is None:
+        raise TideError(Status.ERR_UNSUPPORTED, "PyTorch is not installed")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a Collection, as declared."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: Any
+    layer: int
+    tp_split: Optional[int]  # dimension split over tp, None: replicated
+    tp_segments: int
+    dp_sharded: bool
+
+
+class Collection:
+    """A job's state as named tensors (tide_collection_t): frozen once a Runtime joins."""
+
+    def __init__(self, num_layers: int) -> None:
+        if not _is_int(num_layers) or num_layers < 1 or num_layers > 1 << 20:
+            raise _invalid("num_layers must be an int in 1..2^20, got %r" % (num_layers,))
+        self._ptr = c_void_p()
+        _check(L.lib().tide_collection_new(byref(self._ptr), num_layers), "tide_collection_new")
+        self.num_layers = num_layers
+        self.specs: List[TensorSpec] = []
+        self._index: Dict[str, int] = {}
+        self.frozen = False
+
+    def add(self, name: str, shape: Sequence[int], dtype: Any = None, *, layer: int = ALL,
+            tp_split: Optional[int] = None, tp_segments: int = 1,
+            dp_sharded: bool = False) -> int:
+        """Appends a tensor; returns its index. layer: >= 0, PRE, POST or ALL; tp_split: the
+        dimension split over tp (None: replicated); dp_sharded: ZeRO-1 ranges over dp."""
+        _need_torch()
+        if self.frozen:
+            raise _invalid("collection is frozen: a runtime joined with it")
+        if not isinstance(name, str):
+            raise _invalid("tensor name must be a str, got %s" % type(name).__name__)
+        raw = name.encode()
+        if not raw or len(raw) >= L.NAME_MAX or b"\0" in raw:
+            raise _invalid("tensor name must be 1..%d bytes without NUL: %r" % (L.NAME_MAX - 1, name))
+        if name in self._index:
+            raise TideError(Status.ERR_EXISTS, "tensor %r is already in the collection" % name)
+        if isinstance(shape, int) or not isinstance(shape, (tuple, list, torch.Size)):
+            raise _invalid("shape of %r must be a tuple of ints" % name)
+        shape = tuple(shape)
+        if not 1 <= len(shape) <= L.MAX_DIMS or not all(_is_int(s) and 0 < s < 1 << 62 for s in shape):
+            raise _invalid("shape of %r must have 1..%d positive dims, got %r" % (name, L.MAX_DIMS, shape))
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in _DTYPES:
+            raise _invalid("dtype of %r must be one of %s, got %r" % (
+                name, ", ".join(str(d) for d in _DTYPES), dtype))
+        if not _is_int(layer) or not (layer >= ALL and layer < self.num_layers):
+            raise _invalid("layer of %r must be PRE, POST, ALL or 0..%d, got %r" % (
+                name, self.num_layers - 1, layer))
+        if tp_split is not None and (not _is_int(tp_split) or not 0 <= tp_split < len(shape)):
+            raise _invalid("tp_split of %r must be None or a dim in 0..%d" % (name, len(shape) - 1))
+        if not _is_int(tp_segments) or tp_segments < 1:
+            raise _invalid("tp_segments of %r must be an int >= 1" % name)
+        d = L.TensorDesc()
+        d.name = raw
+        d.dtype = _DTYPES[dtype]
+        d.ndim = len(shape)
+        for i, s in enumerate(shape):
+            d.shape[i] = s
+        d.layer = layer
+        d.tp = 0 if tp_split is None else 1
+        d.tp_dim = tp_split or 0
+        d.tp_segments = tp_segments
+        d.dp = 1 if dp_sharded else 0
+        _check(L.lib().tide_collection_add(self._ptr, byref(d)), "collection add %r" % name)
+        self._index[name] = len(self.specs)
+        self.specs.append(TensorSpec(name, shape, dtype, layer, tp_split, tp_segments,
+                                     bool(dp_sharded)))
+        return len(self.specs) - 1
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def index(self, name: str) -> int:
+        """Index of tensor name; TideError(ERR_NOT_FOUND) when absent."""
+        if name not in self._index:
+            raise TideError(Status.ERR_NOT_FOUND, "no tensor %r in the collection" % (name,))
+        return self._index[name]
+
+    def names(self) -> List[str]:
+        return [s.name for s in self.specs]
+
+    def local_shape(self, i: int, tp: int, dp: int, nbytes: int) -> Tuple[int, ...]:
+        """Shape of tensor i's local buffer of nbytes: the tp shard's shape, flat when
+        DP-sharded (a range of the flattened shard)."""
+        s = self.specs[i]
+        if s.dp_sharded and dp > 1:
+            return (nbytes // _elem_size(s.dtype),)
+        shape = list(s.shape)
+        if s.tp_split is not None:
+            shape[s.tp_split] //= tp
+        return tuple(shape)
+
+    def extract(self, layout: "Layout", name: str, coord: Tuple[int, int, int], full: Any) -> Any:
+        """Coordinate (p, d, t)'s local shard of the full tensor `name` (a new tensor)."""
+        i = self.index(name)
+        p, d, t = layout._coord(coord)
+        spec = self.specs[i]
+        _check_tensor(full, spec.dtype, "full tensor %r" % name, device="cpu")
+        if tuple(full.shape) != spec.shape:
+            raise _invalid("full tensor %r must have shape %r, got %r" % (name, spec.shape, tuple(full.shape)))
+        nb = L.lib().tide_shard_bytes(layout._ptr, self._ptr, i, p, d, t)
+        out = torch.empty(self.local_shape(i, layout.tp, layout.dp, nb), dtype=spec.dtype)
+        if nb:
+            L.lib().tide_shard_extract(layout._ptr, self._ptr, i, p, d, t, full.data_ptr(), out.data_ptr())
+        return out
+
+    def assemble(self, layout: "Layout", shards: Mapping[Tuple[int, int, int], Mapping[str, Any]]) -> Dict[str, Any]:
+        """Full tensors from the local shards of every coordinate of layout (one
+        {name: tensor} per (p, d, t); a held tensor missing at its coordinate is an error)."""
+        _need_torch()
+        full = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in self.specs}
+        for p in range(layout.pp):
+            for d in range(layout.dp):
+                for t in range(layout.tp):
+                    got = shards.get((p, d, t))
+                    if got is None:
+                        raise _invalid("no shards for coordinate %r" % ((p, d, t),))
+                    for i, s in enumerate(self.specs):
+                        nb = L.lib().tide_shard_bytes(layout._ptr, self._ptr, i, p, d, t)
+                        if nb == 0:
+                            continue
+                        x = got.get(s.name)
+                        _check_tensor(x, s.dtype, "shard %r at %r" % (s.name, (p, d, t)), device="cpu", nbytes=nb)
+                        L.lib().tide_shard_insert(layout._ptr, self._ptr, i, p, d, t, x.data_ptr(),
+                                                  full[s.name].data_ptr())
+        return full
+
+    def __del__(self) -> None:
+        p = getattr(self, "_ptr", None)
+        if p is not None and p.value and not getattr(self, "_borrowed", 0):
+            L.lib().tide_collection_destroy(byref(p))
+
+
+def _elem_size(dtype: Any) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _check_tensor(x: Any, dtype: Any, what: str, device: Optional[str] = None,
+                  nbytes: Optional[int] = None) -> None:
+    _need_torch()
+    if not isinstance(x, torch.Tensor):
+        raise _invalid("%s must be a torch.Tensor, got %s" % (what, type(x).__name__))
+    if dtype is not None and x.dtype != dtype:
+        raise _invalid("%s must be %s, got %s" % (what, dtype, x.dtype))
+    if device is not None and x.device.type != device:
+        raise _invalid("%s must be on %s, got %s" % (what, device, x.device))
+    if not x.is_contiguous():
+        raise _invalid("%s must be contiguous" % what)
+    if x.requires_grad and x.grad_fn is not None:
+        raise _invalid("%s must be a leaf tensor (not an autograd result)" % what)
+    if nbytes is not None and x.numel() * x.element_size() != nbytes:
+        raise _invalid("%s must hold %d bytes, got %d" % (what, nbytes, x.numel() * x.element_size()))
+
+
+@dataclass(frozen=True)
+class LayoutInfo:
+    """A layout's shape (a snapshot; see tide_layout_t)."""
+    dp: int
+    tp: int
+    pp: int
+    num_layers: int
+    micro_batches: int
+    stage_start: Tuple[int, ...]
+    workers: Tuple[int, ...]
+
+    def stage_layers(self, p: int) -> range:
+        """The layers stage p owns."""
+        return range(self.stage_start[p], self.stage_start[p + 1])
+
+
+class Layout:
+    """A layout of its own (tide_layout_t) for shard geometry outside the runtime."""
+
+    def __init__(self, dp: int, tp: int, pp: int, num_layers: int, micro_batches: int = 1,
+                 stage_start: Optional[Sequence[int]] = None) -> None:
+        for k, v in (("dp", dp), ("tp", tp), ("pp", pp), ("num_layers", num_layers),
+                     ("micro_batches", micro_batches)):
+            if not _is_int(v) or not 1 <= v <= 1 << 20:
+                raise _invalid("%s must be an int in 1..2^20, got %r" % (k, v))
+        self._ptr = c_void_p()
+        _check(L.lib().tide_layout_new(byref(self._ptr), dp, tp, pp, num_layers, micro_batches),
+               "tide_layout_new")
+        self.dp, self.tp, self.pp, self.num_layers = dp, tp, pp, num_layers
+        if stage_start is not None:
+            st = list(stage_start)
+            if len(st) != pp + 1 or not all(_is_int(s) for s in st):
+                raise _invalid("stage_start must be %d ints" % (pp + 1))
+            _check(L.lib().tide_layout_set_stages(self._ptr, (c_int * len(st))(*st)),
+                   "tide_layout_set_stages")
+
+    @classmethod
+    def of(cls, info: LayoutInfo) -> "Layout":
+        return cls(info.dp, info.tp, info.pp, info.num_layers, info.micro_batches, info.stage_start)
+
+    def validate(self, coll: Collection) -> None:
+        _check(L.lib().tide_layout_validate(self._ptr, coll._ptr), "layout validate")
+
+    def _coord(self, c: Any) -> Tuple[int, int, int]:
+        if (not isinstance(c, tuple) or len(c) != 3 or not all(_is_int(x) for x in c)
+                or not (0 <= c[0] < self.pp and 0 <= c[1] < self.dp and 0 <= c[2] < self.tp)):
+            raise _invalid("coordinate must be (p, d, t) inside (pp %d, dp %d, tp %d), got %r"
+                           % (self.pp, self.dp, self.tp, c))
+        return c
+
+    def shard_bytes(self, coll: Collection, name: str, coord: Tuple[int, int, int]) -> int:
+        i = coll.index(name)
+        p, d, t = self._coord(coord)
+        return int(L.lib().tide_shard_bytes(self._ptr, coll._ptr, i, p, d, t))
+
+    def __del__(self) -> None:
+        p = getattr(self, "_ptr", None)
+        if p is not None and p.value:
+            L.lib().tide_layout_destroy(byref(p))
+
+
+@dataclass(frozen=True)
+class View:
+    """What this rank is in a layout (a snapshot of tide_view)."""
+    generation: int
+    layout: Optional[LayoutInfo]
+    member: bool
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+    step: int
+    pp_prev: int
+    pp_next: int
+
+    @property
+    def coord(self) -> Tuple[int, int, int]:
+        return (self.pp_rank, self.dp_rank, self.tp_rank)
+
+
+def _layout_info(lp: Any) -> Optional[LayoutInfo]:
+    if not lp:
+        return None
+    l = lp.contents
+    n = l.dp * l.tp * l.pp
+    return LayoutInfo(l.dp, l.tp, l.pp, l.num_layers, l.micro_batches,
+                      tuple(l.stage_start[i] for i in range(l.pp + 1)),
+                      tuple(l.worker[i] for i in range(n)))
+
+
+def _view(vp: Any) -> View:
+    v = vp.contents
+    return View(v.generation, _layout_info(v.layout), bool(v.member), v.pp_rank, v.dp_rank,
+                v.tp_rank, v.step, v.pp_prev, v.pp_next)
+
+
+def _comm_handle(comm: Any) -> int:
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise TideError(Status.ERR_UNSUPPORTED, "mpi4py is required: %s" % e) from None
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise _invalid("comm must be an mpi4py intracommunicator, got %r" % (comm,))
+    if MPI.Query_thread() < MPI.THREAD_FUNNELED:
+        raise TideError(Status.ERR_UNSUPPORTED,
+                        "MPI was initialised below MPI_THREAD_FUNNELED: set "
+                        "mpi4py.rc.thread_level = 'funneled' (or higher) before importing MPI")
+    return MPI._handleof(comm)
+
+
+TensorMap = Dict[str, Any]
+
+
+class Runtime:
+    """One rank's tide runtime (tide_t): a context manager; close() leaves the pool.
+
+    Collective over comm (default MPI.COMM_WORLD); blocks until every rank registered with
+    tided. Keyword settings override the TIDE_* environment defaults. Every method must be
+    called from the thread that created the runtime."""
+
+    _ENDPOINTS = ("endpoint", "key_file", "server_key", "pool", "backend")
+    _INTS = ("device", "mem_bytes", "register_timeout_ms", "join_timeout_ms",
+             "switch_timeout_ms", "staging_cap")
+
+    def __init__(self, comm: Any = None, **settings: Any) -> None:
+        self._t = c_void_p()
+        self._thread = threading.get_ident()
+        self._coll: Optional[Collection] = None
+        self._bufs: TensorMap = {}
+        self.last_reshard: Optional[Dict[str, float]] = None
+        lib = L.lib()
+        o = L.Options()
+        lib.tide_options_init(byref(o))
+        keep = []
+        for k, v in settings.items():
+            if k in self._ENDPOINTS:
+                if not isinstance(v, str) or "\0" in v:
+                    raise _invalid("%s must be a str" % k)
+                keep.append(v.encode())
+                setattr(o, k, keep[-1])
+            elif k in self._INTS:
+                if not _is_int(v) or v < (-1 if k == "device" else 0) or v >= 1 << 62:
+                    raise _invalid("%s must be a non-negative int, got %r" % (k, v))
+                setattr(o, k, v)
+            else:
+                raise _invalid("unknown setting %r (known: %s)" % (k, ", ".join(self._ENDPOINTS + self._INTS)))
+        h = _comm_handle(comm)
+        _check(lib.tide_new(byref(self._t), byref(o), c_void_p(h)), "tide_new")
+        self._lib = lib
+        self._vp = lib.tide_view_get(self._t)
+        be = lib.tide_backend(self._t).contents
+        self.backend: str = be.name.decode()
+        self.device_type = "cuda" if be.mem_kind == 1 else "cpu"
+        self._bf16 = bool(be.caps & 1)
+
+    # ---- lifetime -------------------------------------------------------------------------
+
+    def _live(self) -> ctypes.c_void_p:
+        if not self._t or not self._t.value:
+            raise _invalid("the runtime is closed")
+        if threading.get_ident() != self._thread:
+            raise _invalid("tide calls must come from the thread that created the runtime")
+        return self._t
+
+    def close(self) -> None:
+        """Leaves the pool (tide_destroy); idempotent. Registered tensors are released."""
+        if self._t and self._t.value:
+            self._lib.tide_destroy(byref(self._t))
+        self._bufs = {}
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def worker_id(self) -> int:
+        return int(self._lib.tide_worker_id(self._live()))
+
+    @property
+    def pool_size(self) -> int:
+        return int(self._lib.tide_pool_size(self._live()))
+
+    @property
+    def collection(self) -> Collection:
+        if self._coll is None:
+            raise _invalid("join first: the runtime has no collection")
+        return self._coll
+
+    # ---- joining -----------------------------------------------------------------------
+
+    def join(self, job: str, collection: Collection, dp: int = 1, tp: int = 1, pp: int = 1,
+             micro_batches: int = 1, start_step: int = 0) -> View:
+        """Joins online job `job` with its first layout (collective over the pool); returns
+        the view. The collection is frozen from here on."""
+        t = self._live()
+        if self._coll is not None:
+            raise _invalid("this runtime already joined a job")
+        if not isinstance(job, str) or not 1 <= len(job.encode()) <= 127:
+            raise _invalid("job must be a str of 1..127 chars [A-Za-z0-9._:-], got %r" % (job,))
+        if not isinstance(collection, Collection) or len(collection) == 0:
+            raise _invalid("collection must be a non-empty tide.Collection")
+        for k, v in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batches", micro_batches)):
+            if not _is_int(v) or not 1 <= v <= 1 << 20:
+                raise _invalid("%s must be an int in 1..2^20, got %r" % (k, v))
+        if not _is_int(start_step) or start_step < 0:
+            raise _invalid("start_step must be an int >= 0")
+        req = L.JoinReq(job.encode(), collection._ptr, dp, tp, pp, micro_batches, start_step)
+        collection.frozen = True
+        _check(self._lib.tide_join(t, byref(req)), "tide_join")
+        self._coll = collection
+        return self.view
+
+    @property
+    def view(self) -> View:
+        """The current layout and this rank's place in it."""
+        return _view(self._lib.tide_view_get(self._live()))
+
+    @property
+    def next_view(self) -> Optional[View]:
+        """After RECONFIGURE: the layout being switched to; None otherwise."""
+        vp = self._lib.tide_view_next(self._live())
+        return _view(vp) if vp else None
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def _holdings(self, vp: Any) -> List[Tuple[int, int]]:
+        c = self.collection
+        v = vp.contents
+        if not v.member:
+            return []
+        out = []
+        for i in range(len(c)):
+            nb = self._lib.tide_shard_bytes(v.layout, c._ptr, i, v.pp_rank, v.dp_rank, v.tp_rank)
+            if nb:
+                out.append((i, int(nb)))
+        return out
+
+    def _zeros(self, vp: Any) -> TensorMap:
+        c = self.collection
+        v = vp.contents
+        out = {}
+        for i, nb in self._holdings(vp):
+            s = c.specs[i]
+            out[s.name] = torch.zeros(c.local_shape(i, v.layout.contents.tp, v.layout.contents.dp, nb),
+                                      dtype=s.dtype, device=self.device_type)
+        return out
+
+    def zeros(self) -> TensorMap:
+        """Zero tensors for the tensors this rank holds in the current layout, by name, in
+        the shard geometry (empty when not a member)."""
+        self._live()
+        _need_torch()
+        return self._zeros(self._vp)
+
+    def _ptrs(self, vp: Any, state: Mapping[str, Any]) -> Tuple[Any, TensorMap]:
+        c = self.collection
+        if not isinstance(state, Mapping):
+            raise _invalid("state must be a mapping of tensor name -> torch.Tensor")
+        held = self._holdings(vp)
+        want = {c.specs[i].name for i, _ in held}
+        extra = set(state) - want
+        if extra:
+            raise _invalid("state has tensors this rank does not hold here: %s" % ", ".join(sorted(map(str, extra))))
+        missing = want - set(state)
+        if missing:
+            raise _invalid("state lacks tensors this rank holds: %s" % ", ".join(sorted(missing)))
+        arr = (c_void_p * len(c))()
+        keep: TensorMap = {}
+        for i, nb in held:
+            s = c.specs[i]
+            x = state[s.name]
+            _check_tensor(x, s.dtype, "tensor %r" % s.name, device=self.device_type, nbytes=nb)
+            arr[i] = x.data_ptr()
+            keep[s.name] = x
+        return arr, keep
+
+    def set_buffers(self, state: Mapping[str, Any]) -> None:
+        """Registers this rank's local tensors of the current layout (exactly the tensors it
+        holds, each contiguous, of its dtype and shard size, on the backend's device). The
+        runtime keeps references to them until the next reshard."""
+        t = self._live()
+        arr, keep = self._ptrs(self._vp, state)
+        _check(self._lib.tide_set_buffers(t, arr), "tide_set_buffers")
+        self._bufs = keep
+
+    # ---- steps ----------------------------------------------------------------------------
+
+    def step_begin(self) -> Action:
+        """Step boundary (tide_step_begin); idle ranks block here."""
+        a = c_int()
+        _check(self._lib.tide_step_begin(self._live(), byref(a)), "tide_step_begin")
+        return Action(a.value)
+
+    def step_end(self, error: Union[None, int, BaseException] = None) -> None:
+        """Ends the step: error None counts it; a TideError (or a status) discards it."""
+        if error is None:
+            rc = 0
+        elif isinstance(error, TideError):
+            rc = int(error.status)
+        elif _is_int(error) and error in Status.__members__.values():
+            rc = int(error)
+        elif isinstance(error, BaseException):
+            rc = int(Status.ERR_INTERNAL)
+        else:
+            raise _invalid("step_end takes None, a TideError or a Status, got %r" % (error,))
+        _check(self._lib.tide_step_end(self._live(), rc), "tide_step_end")
+
+    def step_can_finish(self) -> None:
+        """From here on this rank could complete the step alone (see tide_step_can_finish)."""
+        self._lib.tide_step_can_finish(self._live())
+
+    def finish(self) -> None:
+        """The job is over (every member after its last step): releases idle ranks."""
+        _check(self._lib.tide_finish(self._live()), "tide_finish")
+
+    def reshard(self, new_state: Optional[Mapping[str, Any]] = None) -> TensorMap:
+        """After RECONFIGURE: moves the registered state into the next layout and returns the
+        new local tensors by name (zero-allocated unless new_state gives them); they are then
+        registered. On failure the old state stays registered and TideError is raised."""
+        t = self._live()
+        vp = self._lib.tide_view_next(t)
+        if not vp:
+            raise _invalid("reshard outside a RECONFIGURE (no next layout)")
+        if new_state is None:
+            new_state = self._zeros(vp)
+        arr, keep = self._ptrs(vp, new_state)
+        st = L.ReshardStats()
+        _check(self._lib.tide_reshard(t, arr, byref(st)), "tide_reshard")
+        self._bufs = keep
+        self.last_reshard = {k: getattr(st, k) for k, _ in L.ReshardStats._fields_}
+        return dict(keep)
+
+    # ---- collectives --------------------------------------------------------------------
+
+    def _comm(self, group: Group) -> int:
+        self._live()
+        if not isinstance(group, Group):
+            raise _invalid("group must be a tide.Group, got %r" % (group,))
+        v = self._vp.contents
+        h = getattr(v, group.value)
+        if not v.member or not h:
+            raise _invalid("this rank has no %s communicator (not a member of the layout)" % group.value)
+        return h
+
+    def _buf(self, x: Any, what: str) -> None:
+        _check_tensor(x, None, what, device=self.device_type)
+
+    def group_size(self, group: Group) -> int:
+        return int(self._lib.tide_coll_comm_size(self._comm(group)))
+
+    def group_rank(self, group: Group) -> int:
+        return int(self._lib.tide_coll_comm_rank(self._comm(group)))
+
+    def allreduce(self, x: Any, group: Group = Group.DP, op: ReduceOp = ReduceOp.SUM) -> Any:
+        """In-place allreduce of tensor x over group; returns x. Blocks."""
+        h = self._comm(group)
+        self._buf(x, "allreduce tensor")
+        dt = _DTYPES.get(x.dtype)
+        if dt not in (0, 3, 4, 5) and not (dt == 2 and self._bf16):
+            raise _invalid("allreduce dtype must be float32, float64, int32 or int64%s, got %s"
+                           % (" or bfloat16" if self._bf16 else "", x.dtype))
+        if not isinstance(op, ReduceOp):
+            raise _invalid("op must be a tide.ReduceOp, got %r" % (op,))
+        p = x.data_ptr()
+        _check(self._lib.tide_coll_allreduce(h, p, p, x.numel(), dt, op.value, None), "allreduce")
+        return x
+
+    def broadcast(self, x: Any, root: int, group: Group = Group.DP) -> Any:
+        """In-place broadcast of x from group rank root; returns x. Blocks."""
+        h = self._comm(group)
+        self._buf(x, "broadcast tensor")
+        n = self._lib.tide_coll_comm_size(h)
+        if not _is_int(root) or not 0 <= root < n:
+            raise _invalid("root must be a rank in 0..%d, got %r" % (n - 1, root))
+        _check(self._lib.tide_coll_broadcast(h, x.data_ptr(), x.numel() * x.element_size(), root, None),
+               "broadcast")
+        return x
+
+    def allgather(self, x: Any, group: Group = Group.DP) -> Any:
+        """A new tensor [group size, *x.shape] of every rank's x. Blocks."""
+        h = self._comm(group)
+        self._buf(x, "allgather tensor")
+        out = torch.empty((self._lib.tide_coll_comm_size(h),) + tuple(x.shape), dtype=x.dtype,
+                          device=x.device)
+        _check(self._lib.tide_coll_allgather(h, x.data_ptr(), out.data_ptr(),
+                                             x.numel() * x.element_size(), None), "allgather")
+        return out
+
+    def barrier(self, group: Group = Group.ALL) -> None:
+        _check(self._lib.tide_coll_barrier(self._comm(group), None), "barrier")
+
+    def p2p(self, group: Group, sends: Iterable[Tuple[int, Any]] = (),
+            recvs: Iterable[Tuple[int, Any]] = (), bubble: bool = True) -> None:
+        """Sends and receives (peer rank in group, tensor) together and waits for all; with
+        bubble the wait is pipeline bubble time (tide_bubble_wait) that offline work may
+        fill. Blocks."""
+        h = self._comm(group)
+        n = self._lib.tide_coll_comm_size(h)
+        ops = []
+        for kind, items in ((1, recvs), (0, sends)):
+            for it in items:
+                if not isinstance(it, tuple) or len(it) != 2:
+                    raise _invalid("p2p entries must be (peer, tensor) tuples, got %r" % (it,))
+                peer, x = it
+                if not _is_int(peer) or not 0 <= peer < n:
+                    raise _invalid("p2p peer must be a rank in 0..%d, got %r" % (n - 1, peer))
+                self._buf(x, "p2p tensor")
+                ops.append((kind, peer, x.data_ptr(), x.numel() * x.element_size()))
+        if not ops:
+            return
+        arr = (L.P2POp * len(ops))(*[L.P2POp(k, p, b, nb, 0, 0) for k, p, b, nb in ops])
+        req = c_void_p()
+        _check(self._lib.tide_coll_p2p_start(h, arr, len(ops), None, byref(req)), "p2p start")
+        try:
+            if bubble:
+                rc = self._lib.tide_bubble_wait(self._t, h, req)
+            else:
+                rc = self._lib.tide_coll_req_wait(h, req)
+        finally:
+            self._lib.tide_coll_req_free(h, byref(req))
+        _check(rc, "p2p wait")
+
+    def pp_exchange(self, send: Any = None, send_to: int = 0, recv: Any = None,
+                    recv_from: int = 0) -> None:
+        """Pipeline transfer with the neighbouring stages: send to the next (+1) or previous
+        (-1) stage and/or receive from one, together; the wait counts as bubble. Blocks."""
+        self._live()
+        v = self._vp.contents
+        sends, recvs = [], []
+        for x, d, lst, what in ((send, send_to, sends, "send"), (recv, recv_from, recvs, "recv")):
+            if x is None:
+                continue
+            if d not in (-1, 1) or isinstance(d, bool):
+                raise _invalid("%s direction must be -1 (previous stage) or +1 (next stage)" % what)
+            peer = v.pp_prev if d < 0 else v.pp_next
+            if peer < 0:
+                raise _invalid("stage %d has no %s stage to %s" % (
+                    v.pp_rank, "previous" if d < 0 else "next", what))
+            lst.append((peer, x))
+        self.p2p(Group.PP, sends, recvs)
+
+    def bubble_stats(self) -> Dict[str, Any]:
+        s = L.BubbleStats()
+        self._lib.tide_bubble_stats_get(self._live(), byref(s))
+        return {"windows": s.windows, "bubble_ms": s.bubble_ms, "filled_ms": s.filled_ms,
+                "task_steps": s.task_steps, "task": s.task.decode()}

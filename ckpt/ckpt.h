@@ -152,8 +152,9 @@ tide_status tide_ckpt_load(const tide_ckpt_t *ck, const tide_layout_t *l, int p,
 
 /* ---- asynchronous saves ----------------------------------------------------------------- */
 
-/* Copies bytes from a registered buffer (host or device) into host memory. */
-typedef tide_status (*tide_ckpt_copy_fn)(void *ctx, void *host_dst, const void *src,
+/* Copies tensor i's local buffer src (host or device memory), bytes long, into host
+   memory. */
+typedef tide_status (*tide_ckpt_copy_fn)(void *ctx, size_t i, void *host_dst, const void *src,
                                          uint64_t bytes);
 
 /* One coordinate's save: what tide_ckpt_saver_submit snapshots and writes. */

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_int.h"
 #include "core/alloc.h"
@@ -52,7 +53,7 @@ static tide_status snapshot(const tide_ckpt_save_req *req, void **staging, uint6
                                    tide_collection_tensor(c, i)->name);
         }
         if (req->copy != NULL)
-            TIDE_CHECK(req->copy(req->copy_ctx, staging[i], req->bufs[i], n));
+            TIDE_CHECK(req->copy(req->copy_ctx, i, staging[i], req->bufs[i], n));
         else
             memcpy(staging[i], req->bufs[i], n);
     }

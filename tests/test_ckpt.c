@@ -412,8 +412,9 @@ Test(ckpt, retention_and_publish_timeout)
     tide_collection_destroy(&c);
 }
 
-static tide_status copy_fn(void *ctx, void *dst, const void *src, uint64_t n)
+static tide_status copy_fn(void *ctx, size_t i, void *dst, const void *src, uint64_t n)
 {
+    (void)i;
     (*(int *)ctx)++;
     memcpy(dst, src, n);
     return TIDE_OK;

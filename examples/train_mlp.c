@@ -501,9 +501,13 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
     if (v->member) {
-        if (ck->resume != NULL)
+        if (ck->resume != NULL) {
             RUN(tide_mlp_ckpt_load(model, me, resume, INT64_MAX, NULL), "--resume");
-        else
+            if (v->layout->worker[0] == me) {
+                printf("train_mlp: resumed at step %lld from %s\n", (long long)start, resume);
+                fflush(stdout);
+            }
+        } else
             RUN(tide_mlp_init(model), "model init");
         RUN(tide_set_buffers(t, tide_mlp_buffers(model)), "tide_set_buffers");
     }
@@ -515,6 +519,8 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
                tide_pool_size(t) - (int)tide_layout_size(v->layout));
         fflush(stdout);
     }
+    if (ck->root != NULL && ck->every > 0) /* libtide snapshots at tide_step_end */
+        RUN(tide_checkpoint_every(t, ck->root, (int)ck->every, (int)ck->keep), "--ckpt-every");
     elastic e = {o, o->steps, 1, 1};
     tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare, NULL};
     RUN(tide_mlp_tide_train(t, model, &h), "training");
@@ -529,7 +535,10 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
         summarize_bubbles(t, members);
     } else
         output_close(o);
-    if (ck->root != NULL && tide_mlp_active(model)) {
+    RUN(tide_checkpoint_wait(t), "periodic checkpoint");
+    /* a periodic save of the last step already holds it (never rewrite a checkpoint) */
+    if (ck->root != NULL && tide_mlp_active(model) &&
+        (ck->every <= 0 || tide_mlp_step_count(model) % ck->every != 0)) {
         tide_mlp_ckpt_opts so = ckpt_opts(ck, tide_mlp_step_count(model));
         RUN(tide_mlp_ckpt_save(model, me, ck->root, &so), "--ckpt-save");
     }
@@ -605,8 +614,7 @@ int main(int argc, char **argv)
         {"ckpt-save", "TIDE_MLP_CKPT_SAVE", TIDE_OPT_STRING, &ckpt_save, NULL,
          "after the last step, save a checkpoint under this root (ROOT/step-N)", 0, 0},
         {"ckpt-every", "TIDE_CKPT_EVERY", TIDE_OPT_INT, &ckpt_every, "0",
-         "standalone: also save under --ckpt-save after every N steps (0: only at the end)", 0,
-         1 << 30},
+         "also save under --ckpt-save after every N steps (0: only at the end)", 0, 1 << 30},
         {"ckpt-keep", "TIDE_CKPT_KEEP", TIDE_OPT_INT, &ckpt_keep, "3",
          "complete checkpoints kept under --ckpt-save (older ones pruned; 0: all)", 0, 1 << 20},
         {"ckpt-async", "TIDE_CKPT_ASYNC", TIDE_OPT_BOOL, &ckpt_async, "1",
@@ -640,8 +648,8 @@ int main(int argc, char **argv)
         rc = tide_errorf(TIDE_ERR_INVALID, "--stages with --tide: the first layout splits the "
                                            "layers evenly; give uneven stages to `tidectl resize "
                                            "--stages`");
-    if (rc == TIDE_OK && tide && ckpt_every > 0)
-        rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-every is for standalone runs (without --tide)");
+    if (rc == TIDE_OK && ckpt_every > 0 && ckpt_save == NULL)
+        rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-every needs --ckpt-save ROOT");
     if (rc != TIDE_OK || help) {
         if (g_rank == 0) {
             if (rc != TIDE_OK)

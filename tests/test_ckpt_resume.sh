@@ -7,14 +7,23 @@
 #     shard files byte-identical to those a job resumed in that layout saves again, and
 #     runs resumed from either continue with identical losses;
 #  4. a bit-flipped shard of step 8 is refused naming the file and the run resumes from
-#     step 4; tide-ckpt verify names the file and fails.
-# Usage: test_ckpt_resume.sh TRAIN_MLP TIDE_CKPT MPIEXEC [MPIEXEC_FLAGS...]
+#     step 4; tide-ckpt verify names the file and fails;
+#  5. elastic mode (libtide's tide_checkpoint_every under tided): a --tide run in
+#     (2, 2, 2) checkpoints every 3 steps asynchronously; a --tide job resumes from it in
+#     (1, 4, 2) and a standalone one in (4, 1, 2).
+# Usage: test_ckpt_resume.sh TRAIN_MLP TIDE_CKPT TIDED MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
-TRAIN=$1 TOOL=$2
-shift 2
+TRAIN=$1 TOOL=$2 TIDED=$3
+shift 3
 MPI=("$@")
 W=$(mktemp -d /tmp/tide-ckpt-e2e-XXXXXX)
-trap 'rm -rf "$W"' EXIT
+TIDED_PID=
+cleanup() {
+  [ -z "$TIDED_PID" ] || kill "$TIDED_PID" 2>/dev/null || true
+  [ -z "$TIDED_PID" ] || wait "$TIDED_PID" 2>/dev/null || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
 COMMON=(--layers 6 --print-every 100)
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -64,4 +73,25 @@ grep -q "shard-p1-d0-t1.bin is corrupted" "$W/v.log" || { cat "$W/v.log"; fail "
   > "$W/fb.log" 2>&1 || { cat "$W/fb.log"; fail "fallback run"; }
 grep -q "shard-p1-d0-t1.bin is corrupted" "$W/fb.log" || { cat "$W/fb.log"; fail "no refusal"; }
 grep -q "resumed at step 4" "$W/fb.log" || { cat "$W/fb.log"; fail "no fallback to step 4"; }
+
+# 5. elastic mode
+"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$W/endpoint" --state "$W/state.db" \
+  --heartbeat-ms 100 --miss-limit 50 > "$W/tided.log" 2>&1 &
+TIDED_PID=$!
+for _ in $(seq 100); do [ -s "$W/endpoint" ] && break; sleep 0.1; done
+[ -s "$W/endpoint" ] || fail "tided did not start"
+E=$(cat "$W/endpoint")
+"${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$E" --job ck1 --dp 2 --tp 2 --pp 2 \
+  --steps 7 --ckpt-every 3 --ckpt-save "$W/T" > "$W/t.log" 2>&1 || { cat "$W/t.log"; fail "--tide run"; }
+for s in 3 6 7; do
+  [ -f "$W/T/step-00000000000$s/MANIFEST" ] || { ls -R "$W/T"; fail "--tide: step $s not published"; }
+done
+"$TOOL" verify "$W/T/step-000000000006" || fail "verify of libtide's checkpoint"
+"${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$E" --job ck2 --dp 1 --tp 4 --pp 2 \
+  --steps 10 --resume "$W/T" > "$W/t2.log" 2>&1 || { cat "$W/t2.log"; fail "--tide resume"; }
+grep -q "resumed at step 7" "$W/t2.log" || { cat "$W/t2.log"; fail "--tide resume step"; }
+grep -q "10 steps done" "$W/t2.log" || { cat "$W/t2.log"; fail "--tide resumed run did not finish"; }
+"${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 4 --tp 1 --pp 2 --steps 9 \
+  --resume "$W/T/step-000000000006" > "$W/t3.log" 2>&1 || { cat "$W/t3.log"; fail "standalone resume"; }
+grep -q "resumed at step 6" "$W/t3.log" || { cat "$W/t3.log"; fail "standalone resume step"; }
 echo "PASS test_ckpt_resume"

@@ -49,7 +49,14 @@ struct tide {
     tide_coll_comm_t *c_all, *c_tp, *c_dp, *c_pp; /* current layout */
     tide_coll_comm_t *c_switch;                   /* participants of the running switch */
     tide_coll_comm_t *n_all, *n_tp, *n_dp, *n_pp; /* new layout's, while being built */
+    struct tide__ckpt *ckpt; /* checkpoint saver and periodic setting (ckpt.c); NULL: none */
 };
+
+/* ckpt.c: a periodic checkpoint when one is due (end of a counted step; main thread). */
+void tide__ckpt_step_end(tide_t *t);
+
+/* ckpt.c: waits for the save being written, then frees the checkpoint state. */
+void tide__ckpt_destroy(tide_t *t);
 
 /* Destroys n communicators (NULL entries fine) and nulls them. */
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);

@@ -4,13 +4,13 @@
  *
  * Encodings are explicit little-endian whatever the host.
  *   shard-*.sum  "TIDESUM1", u64 save_id, u64 bytes, u32 chunk, u32 n_chunks,
- *                u32 crc[n_chunks], u32 CRC-32 of all before
+ *                u64 hash[n_chunks], u64 XXH3-64 of all before
  *   MANIFEST     "TIDECKPT", u32 version, u32 chunk, i64 step, u64 save_id,
  *                i32 num_layers, u32 n_tensors, per tensor: name[96], u32 dtype,
  *                u32 ndim, i64 shape[4], i32 layer, u32 tp, u32 tp_dim, u32 tp_segments,
  *                u32 dp; i32 dp, tp, pp, micro_batches, i32 stage_start[pp + 1];
  *                u32 n_shards, per shard: i32 p, d, t, u64 bytes, u32 n_chunks,
- *                u32 crc[n_chunks]; u32 CRC-32 of all before
+ *                u64 hash[n_chunks]; u64 XXH3-64 of all before
  */
 #include <dirent.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include "ckpt/ckpt_int.h"
 #include "core/alloc.h"
@@ -101,17 +101,9 @@ tide_status tide__ckpt_fsync_dir(const char *dir)
     return TIDE_OK;
 }
 
-uint32_t tide__ckpt_crc(const void *buf, uint64_t n)
+uint64_t tide__ckpt_hash(const void *buf, uint64_t n)
 {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    const Bytef *q = buf;
-    while (n > 0) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        crc = crc32(crc, q, k);
-        q += k;
-        n -= k;
-    }
-    return (uint32_t)crc;
+    return (uint64_t)XXH3_64bits(buf, (size_t)n);
 }
 
 void tide__ckpt_fault(const char *point)
@@ -324,17 +316,20 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
 
     uint32_t chunk = TIDE_CKPT_CHUNK_BYTES;
     uint32_t n_chunks = (uint32_t)((total + chunk - 1) / chunk);
-    uint32_t *crc = tide_calloc(n_chunks, sizeof *crc);
-    if (crc == NULL)
+    uint64_t *crc = tide_calloc(n_chunks ? n_chunks : 1, sizeof *crc);
+    XXH3_state_t *hs = XXH3_createState();
+    if (crc == NULL || hs == NULL || XXH3_64bits_reset(hs) != XXH_OK) {
+        tide_free(crc);
+        XXH3_freeState(hs);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %s's checksums", path);
+    }
     int fd = -1;
     tide_status rc = TIDE_OK;
     enc e = {0};
     TIDE_CHECK_GOTO(tide__ckpt_open_file(path, O_WRONLY | O_CREAT | O_TRUNC, &fd), rc, out);
-    /* The CRC of chunk k runs over bytes [k * chunk, (k + 1) * chunk) of the file, which
-       may span tensors: keep the running CRC and where in the chunk we are. */
+    /* The hash of chunk k runs over bytes [k * chunk, (k + 1) * chunk) of the file, which
+       may span tensors: keep the running hash state and where in the chunk we are. */
     uint64_t pos = 0;
-    uLong cur = crc32(0L, Z_NULL, 0);
     for (size_t i = 0; i < tide_collection_size(c); i++) {
         if (!tide_ckpt_saves(l, c, i, p, d, t))
             continue;
@@ -347,18 +342,18 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
         while (n > 0) {
             uint64_t room = chunk - pos % chunk;
             uint64_t k = n < room ? n : room;
-            cur = crc32(cur, q, (uInt)k);
+            (void)XXH3_64bits_update(hs, q, (size_t)k);
             pos += k;
             q += k;
             n -= k;
             if (pos % chunk == 0) {
-                crc[pos / chunk - 1] = (uint32_t)cur;
-                cur = crc32(0L, Z_NULL, 0);
+                crc[pos / chunk - 1] = (uint64_t)XXH3_64bits_digest(hs);
+                (void)XXH3_64bits_reset(hs);
             }
         }
     }
     if (pos % chunk != 0)
-        crc[pos / chunk] = (uint32_t)cur;
+        crc[pos / chunk] = (uint64_t)XXH3_64bits_digest(hs);
     if (fsync(fd) != 0)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "fsync of %s: %s", path, strerror(errno));
     if (close(fd) != 0) {
@@ -372,9 +367,9 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
     put_u32(&e, chunk);
     put_u32(&e, n_chunks);
     for (uint32_t k = 0; k < n_chunks; k++)
-        put_u32(&e, crc[k]);
+        put_u64(&e, crc[k]);
     if (!e.oom)
-        put_u32(&e, tide__ckpt_crc(e.buf, e.len));
+        put_u64(&e, tide__ckpt_hash(e.buf, e.len));
     if (e.oom)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's checksums", path);
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
@@ -386,6 +381,7 @@ out:
         close(fd);
     tide_free(e.buf);
     tide_free(crc);
+    XXH3_freeState(hs);
     return rc;
 }
 
@@ -421,7 +417,7 @@ out:
 /* Parses a .sum file into *bytes / crc (caller frees *crc); TIDE_ERR_NOT_FOUND when absent
    or of another save_id (a crashed attempt's, not this save's). */
 static tide_status read_sum(const char *path, uint64_t save_id, uint64_t *bytes, uint32_t *n_chunks,
-                            uint32_t **crc)
+                            uint64_t **crc)
 {
     uint8_t *b = NULL;
     size_t len = 0;
@@ -436,8 +432,8 @@ static tide_status read_sum(const char *path, uint64_t save_id, uint64_t *bytes,
     uint32_t chunk = get_u32(&x);
     *n_chunks = get_u32(&x);
     if (x.short_read || memcmp(magic, MAGIC_SUM, 8) != 0 || chunk != TIDE_CKPT_CHUNK_BYTES ||
-        len != 8 + 8 + 8 + 4 + 4 + 4 * (size_t)*n_chunks + 4 ||
-        tide__ckpt_crc(b, len - 4) != (x.off = len - 4, get_u32(&x)))
+        len != 8 + 8 + 8 + 4 + 4 + 8 * (size_t)*n_chunks + 8 ||
+        tide__ckpt_hash(b, len - 8) != (x.off = len - 8, get_u64(&x)))
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is not a valid checksum file", path);
     if (id != save_id)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOT_FOUND, "%s belongs to another save", path);
@@ -445,7 +441,7 @@ static tide_status read_sum(const char *path, uint64_t save_id, uint64_t *bytes,
     TIDE_CHECK_ALLOC_GOTO(*crc, rc, out);
     x.off = 8 + 8 + 8 + 4 + 4;
     for (uint32_t k = 0; k < *n_chunks; k++)
-        (*crc)[k] = get_u32(&x);
+        (*crc)[k] = get_u64(&x);
 out:
     tide_free(b);
     return rc;
@@ -510,7 +506,8 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
                 tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
                 snprintf(path, sizeof path, "%s/%s", dir, name);
                 uint64_t bytes = 0;
-                uint32_t n_chunks = 0, *crc = NULL;
+                uint32_t n_chunks = 0;
+                uint64_t *crc = NULL;
                 for (;;) {
                     rc = read_sum(path, save_id, &bytes, &n_chunks, &crc);
                     if (rc != TIDE_ERR_NOT_FOUND || tide_now_ns() >= deadline)
@@ -536,11 +533,11 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
                 put_u64(&e, bytes);
                 put_u32(&e, n_chunks);
                 for (uint32_t k = 0; k < n_chunks; k++)
-                    put_u32(&e, crc[k]);
+                    put_u64(&e, crc[k]);
                 tide_free(crc);
             }
     if (!e.oom)
-        put_u32(&e, tide__ckpt_crc(e.buf, e.len));
+        put_u64(&e, tide__ckpt_hash(e.buf, e.len));
     if (e.oom)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's manifest", dir);
     /* every shard is fsynced and its entry too (each writer fsynced dir after its .sum) */
@@ -589,12 +586,13 @@ tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
                        "%s is format version %u; this tide reads version %d", path, version,
                        TIDE_CKPT_VERSION);
-    if (len < 8 + 4 + 4 ||
-        tide__ckpt_crc(b, len - 4) != ((uint32_t)b[len - 4] | (uint32_t)b[len - 3] << 8 |
-                                       (uint32_t)b[len - 2] << 16 | (uint32_t)b[len - 1] << 24))
+    uint64_t stored = 0;
+    for (int k = 0; len >= 8 + 4 + 8 && k < 8; k++)
+        stored |= (uint64_t)b[len - 8 + (size_t)k] << (8 * k);
+    if (len < 8 + 4 + 8 || tide__ckpt_hash(b, len - 8) != stored)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
                        "%s is corrupted or truncated (its checksum does not match)", path);
-    x.len = len - 4;
+    x.len = len - 8;
     ck->chunk = get_u32(&x);
     ck->step = (int64_t)get_u64(&x);
     ck->save_id = get_u64(&x);
@@ -677,12 +675,12 @@ tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir)
                            "%s: shard (p %d, d %d, t %d) of %" PRIu64
                            " bytes does not fit the saved layout (%" PRIu64 " bytes)",
                            path, s->p, s->d, s->t, s->bytes, want);
-        if ((uint64_t)s->n_chunks * 4 > x.len - x.off)
+        if ((uint64_t)s->n_chunks * 8 > x.len - x.off)
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is truncated in shard %u", path, k);
-        s->crc = tide_calloc(s->n_chunks ? s->n_chunks : 1, sizeof *s->crc);
-        TIDE_CHECK_ALLOC_GOTO(s->crc, rc, out);
+        s->hash = tide_calloc(s->n_chunks ? s->n_chunks : 1, sizeof *s->hash);
+        TIDE_CHECK_ALLOC_GOTO(s->hash, rc, out);
         for (uint32_t j = 0; j < s->n_chunks; j++)
-            s->crc[j] = get_u32(&x);
+            s->hash[j] = get_u64(&x);
         tide__ckpt_shard_name(s->p, s->d, s->t, "bin", s->file, sizeof s->file);
         ck->shard_of[idx] = (int)k;
         ck->n_shards++;
@@ -712,7 +710,7 @@ void tide_ckpt_close(tide_ckpt_t **self_p)
         return;
     tide_ckpt_t *ck = *self_p;
     for (size_t k = 0; ck->shards != NULL && k < ck->n_shards; k++)
-        tide_free(ck->shards[k].crc);
+        tide_free(ck->shards[k].hash);
     tide_free(ck->shards);
     tide_free(ck->shard_of);
     tide_collection_destroy(&ck->coll);
@@ -780,7 +778,7 @@ tide_status tide_ckpt_verify(const tide_ckpt_t *ck)
             uint64_t off = (uint64_t)j * ck->chunk;
             uint64_t n = s->bytes - off < ck->chunk ? s->bytes - off : ck->chunk;
             rc = tide__ckpt_read_at(fd, buf, n, off, path);
-            if (rc == TIDE_OK && tide__ckpt_crc(buf, n) != s->crc[j])
+            if (rc == TIDE_OK && tide__ckpt_hash(buf, n) != s->hash[j])
                 rc = tide_errorf(TIDE_ERR_INVALID,
                                  "%s is corrupted: bytes %" PRIu64 "..%" PRIu64
                                  " do not match the manifest's checksum",

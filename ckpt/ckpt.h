@@ -7,8 +7,8 @@
  *                             one writer of (see tide_ckpt_saves), raw, in collection
  *                             order, each exactly tide_shard_bytes long
  *   MANIFEST                  the collection (every tensor's desc), the layout (degrees,
- *                             stages), the step, each shard's size and one CRC-32 (zlib)
- *                             per chunk of it; versioned, with a CRC-32 of its own
+ *                             stages), the step, each shard's size and one XXH3-64 hash
+ *                             (libxxhash) per chunk of it; versioned, with a hash of its own
  * A checkpoint is complete exactly when MANIFEST exists: shards are written and fsynced
  * first (each writer then drops a small shard-*.sum with its sizes and checksums, renamed
  * into place), the publisher waits for every .sum, then writes MANIFEST.tmp, fsyncs it,
@@ -19,7 +19,7 @@
  *
  * Loading: the saved layout is the old layout of a reshard plan whose holders are the
  * shard files; a rank of any new (dp, tp, pp, stages) reads exactly the chunks that
- * hold its bytes (chunks of 1 MiB, each checked against its CRC before use).
+ * hold its bytes (chunks of 1 MiB, each checked against its hash before use).
  *
  * Workload: a save every few minutes to hours, MiB to GiB per rank, sequential writes;
  * one load per restart, mostly sequential reads. Units: bytes, ms.
@@ -119,7 +119,7 @@ void tide_ckpt_shard_info(const tide_ckpt_t *ck, size_t k, int *p, int *d, int *
                           const char **file);
 
 /*
- * Reads every shard whole and checks its size and every chunk's CRC. TIDE_ERR_INVALID
+ * Reads every shard whole and checks its size and every chunk's hash. TIDE_ERR_INVALID
  * (or TIDE_ERR_NOT_FOUND for a missing file) naming the file and the chunk otherwise.
  * Blocking file I/O.
  */
@@ -142,7 +142,7 @@ typedef struct tide_ckpt_load_stats {
  * Fills coordinate (p, d, t) of layout l (any degrees and stages of the checkpoint's
  * collection; worker ids do not matter) from the checkpoint: bufs[i] is the host buffer
  * of tensor i, tide_shard_bytes(l, ...) long, or NULL to skip the tensor. Reads only the
- * chunks that hold the needed bytes and checks each chunk's CRC before using it: a
+ * chunks that hold the needed bytes and checks each chunk's hash before using it: a
  * truncated or corrupted shard fails with TIDE_ERR_INVALID naming the file, and nothing
  * of it is trusted. No communication: every rank of a job loads its own part in
  * parallel. stats may be NULL. Blocking file I/O; any thread.

@@ -16,8 +16,8 @@ typedef struct tide__ckpt_shard {
     int p, d, t;
     uint64_t bytes;
     uint32_t n_chunks;
-    uint32_t *crc; /* n_chunks CRC-32s, chunk k = bytes [k * chunk, (k + 1) * chunk) */
-    char file[64]; /* "shard-p0-d0-t0.bin" */
+    uint64_t *hash; /* n_chunks XXH3-64s, chunk k = bytes [k * chunk, (k + 1) * chunk) */
+    char file[64];  /* "shard-p0-d0-t0.bin" */
 } tide__ckpt_shard;
 
 struct tide_ckpt {
@@ -47,8 +47,8 @@ tide_status tide__ckpt_read_at(int fd, void *buf, uint64_t n, uint64_t off, cons
 /* fsync of the directory dir (its entries reach the disk). */
 tide_status tide__ckpt_fsync_dir(const char *dir);
 
-/* CRC-32 (zlib) of n bytes. */
-uint32_t tide__ckpt_crc(const void *buf, uint64_t n);
+/* XXH3-64 (libxxhash) of n bytes. */
+uint64_t tide__ckpt_hash(const void *buf, uint64_t n);
 
 /* Offset of tensor i inside coordinate (p, d, t)'s shard file (sum of the saved tensors
    before it). */

@@ -6,7 +6,8 @@
  * job's ranks share nothing with the saving job's. A file holds only what its
  * coordinate was the one writer of, so tensors are planned in classes by who writes
  * them (dp-sharded?, tp-split?, every stage?), each with the writers of that class as
- * the only live holders. Reads are chunk-aligned so that every byte used is checked.
+ * the only live holders. Reads are chunk-aligned so that every byte used is checked against its
+ * chunk's hash.
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -193,7 +194,7 @@ static tide_status read_shard(const tide_ckpt_t *ck, const tide__ckpt_shard *sh,
         for (uint32_t q = j; q < e; q++) {
             uint64_t qo = (uint64_t)q * chunk;
             uint64_t qn = sh->bytes - qo < chunk ? sh->bytes - qo : chunk;
-            if (tide__ckpt_crc(buf + pos[q], qn) != sh->crc[q])
+            if (tide__ckpt_hash(buf + pos[q], qn) != sh->hash[q])
                 TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
                                "%s is corrupted: bytes %" PRIu64 "..%" PRIu64
                                " do not match the manifest's checksum",

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
-  libcriterion-dev libopenblas-dev zlib1g-dev
+  libcriterion-dev libopenblas-dev libxxhash-dev
   procps curl
 )
 

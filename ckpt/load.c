@@ -20,6 +20,8 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
+#define WINDOW_BYTES (8u << 20) /* bytes read (and checked) at once from a shard file */
+
 /* One planned read: count runs of run bytes from a shard file into a buffer. */
 typedef struct rd {
     uint64_t file_off, src_stride;
@@ -133,44 +135,60 @@ out:
     return rc;
 }
 
-/* Reads the chunks of shard sh that reads r need, checks them, copies the runs out. */
+/* Copies the parts of read r that lie in file bytes [wa, wb), held at win. */
+static void copy_window(const rd *r, uint64_t wa, uint64_t wb, const uint8_t *win)
+{
+    uint64_t a0 = r->file_off;
+    uint64_t end = a0 + (r->count - 1) * r->src_stride + r->run;
+    if (end <= wa || a0 >= wb)
+        return;
+    uint64_t q = 0;
+    if (r->count > 1 && r->src_stride > 0 && wa > a0 + r->run)
+        q = (wa - a0 - r->run) / r->src_stride;
+    for (; q < r->count; q++) {
+        uint64_t a = a0 + q * r->src_stride;
+        if (a >= wb)
+            break;
+        uint64_t lo = a > wa ? a : wa, hi = a + r->run < wb ? a + r->run : wb;
+        if (lo < hi)
+            memcpy(r->dst + q * r->dst_stride + (lo - a), win + (lo - wa), hi - lo);
+    }
+}
+
+/* Reads the chunks of shard sh that the reads s need, in windows of consecutive needed
+   chunks (one pread each, a reused buffer), checks every chunk's hash, then copies the
+   runs out of the window. */
 static tide_status read_shard(const tide_ckpt_t *ck, const tide__ckpt_shard *sh, const src *s,
                               tide_ckpt_load_stats *st)
 {
     char path[TIDE_CKPT_PATH_MAX + 128];
     snprintf(path, sizeof path, "%s/%s", ck->dir, sh->file);
     uint64_t chunk = ck->chunk;
+    uint32_t win_chunks = (uint32_t)(WINDOW_BYTES / chunk) ? (uint32_t)(WINDOW_BYTES / chunk) : 1;
     tide_status rc = TIDE_OK;
-    uint64_t *pos = tide_calloc(sh->n_chunks ? sh->n_chunks : 1, sizeof *pos);
-    uint8_t *buf = NULL;
+    uint8_t *need = tide_calloc(sh->n_chunks ? sh->n_chunks : 1, 1);
+    uint8_t *win = NULL;
     int fd = -1;
-    TIDE_CHECK_ALLOC_GOTO(pos, rc, out);
-    const uint64_t none = UINT64_MAX;
-    for (uint32_t j = 0; j < sh->n_chunks; j++)
-        pos[j] = none;
+    TIDE_CHECK_ALLOC_GOTO(need, rc, out);
+    int any = 0;
     for (size_t k = 0; k < s->n; k++) {
         const rd *r = &s->r[k];
-        uint64_t end = r->file_off + (r->count - 1) * r->src_stride + r->run;
         if (r->run == 0 || r->count == 0)
             continue;
+        uint64_t end = r->file_off + (r->count - 1) * r->src_stride + r->run;
         if (end > sh->bytes)
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL, "%s: read past the shard's end", path);
         for (uint64_t q = 0; q < r->count; q++) {
             uint64_t a = r->file_off + q * r->src_stride;
             for (uint64_t j = a / chunk; j <= (a + r->run - 1) / chunk; j++)
-                pos[j] = 0;
+                need[j] = 1;
         }
+        any = 1;
     }
-    uint64_t need = 0;
-    for (uint32_t j = 0; j < sh->n_chunks; j++)
-        if (pos[j] != none) {
-            pos[j] = need;
-            need += (uint64_t)j + 1 == sh->n_chunks ? sh->bytes - (uint64_t)j * chunk : chunk;
-        }
-    if (need == 0)
+    if (!any)
         goto out;
-    buf = tide_malloc(need);
-    TIDE_CHECK_ALLOC_GOTO(buf, rc, out);
+    win = tide_malloc((size_t)win_chunks * chunk);
+    TIDE_CHECK_ALLOC_GOTO(win, rc, out);
     TIDE_CHECK_GOTO(tide__ckpt_open_file(path, O_RDONLY, &fd), rc, out);
     struct stat stt;
     if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size != sh->bytes)
@@ -178,45 +196,40 @@ static tide_status read_shard(const tide_ckpt_t *ck, const tide__ckpt_shard *sh,
                        "%s has %lld bytes; the manifest says %" PRIu64 " (truncated?)", path,
                        (long long)stt.st_size, sh->bytes);
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    /* one read per run of consecutive needed chunks */
     for (uint32_t j = 0; j < sh->n_chunks;) {
-        if (pos[j] == none) {
+        if (!need[j]) {
             j++;
             continue;
         }
         uint32_t e = j;
-        while (e < sh->n_chunks && pos[e] != none)
+        while (e < sh->n_chunks && need[e] && e - j < win_chunks)
             e++;
-        uint64_t off = (uint64_t)j * chunk;
-        uint64_t len = (e == sh->n_chunks ? sh->bytes : (uint64_t)e * chunk) - off;
-        TIDE_CHECK_GOTO(tide__ckpt_read_at(fd, buf + pos[j], len, off, path), rc, out);
-        st->bytes_read += len;
+        uint64_t wa = (uint64_t)j * chunk;
+        uint64_t wb = e == sh->n_chunks ? sh->bytes : (uint64_t)e * chunk;
+        TIDE_CHECK_GOTO(tide__ckpt_read_at(fd, win, wb - wa, wa, path), rc, out);
+        st->bytes_read += wb - wa;
         for (uint32_t q = j; q < e; q++) {
             uint64_t qo = (uint64_t)q * chunk;
             uint64_t qn = sh->bytes - qo < chunk ? sh->bytes - qo : chunk;
-            if (tide__ckpt_hash(buf + pos[q], qn) != sh->hash[q])
+            if (tide__ckpt_hash(win + (qo - wa), qn) != sh->hash[q])
                 TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
                                "%s is corrupted: bytes %" PRIu64 "..%" PRIu64
                                " do not match the manifest's checksum",
                                path, qo, qo + qn - 1);
         }
+        for (size_t k = 0; k < s->n; k++)
+            if (s->r[k].run > 0 && s->r[k].count > 0)
+                copy_window(&s->r[k], wa, wb, win);
         j = e;
     }
     st->files++;
-    /* a run's chunks are all needed, so they sit contiguously in buf */
-    for (size_t k = 0; k < s->n; k++) {
-        const rd *r = &s->r[k];
-        for (uint64_t q = 0; q < r->count; q++) {
-            uint64_t a = r->file_off + q * r->src_stride;
-            memcpy(r->dst + q * r->dst_stride, buf + pos[a / chunk] + a % chunk, r->run);
-        }
-        st->bytes_needed += r->run * r->count;
-    }
+    for (size_t k = 0; k < s->n; k++)
+        st->bytes_needed += s->r[k].run * s->r[k].count;
 out:
     if (fd >= 0)
         close(fd);
-    tide_free(buf);
-    tide_free(pos);
+    tide_free(win);
+    tide_free(need);
     return rc;
 }
 

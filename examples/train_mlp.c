@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -204,16 +205,114 @@ static int summarize(output *o, int generations, MPI_Comm comm)
     return code;
 }
 
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+/* --ckpt-save ROOT, --ckpt-every, --ckpt-keep, --ckpt-async, --resume DIR. */
+typedef struct ckpt_cfg {
+    const char *root;   /* save under this root (NULL: no saves) */
+    const char *resume; /* resume from the newest complete checkpoint under this (or NULL) */
+    long long every;    /* also save after every this many steps (0: only at the end) */
+    long long keep;     /* checkpoints kept under root */
+    int async;          /* periodic saves on a background thread */
+    uint64_t nonce;     /* this run's, the same on every rank: save ids of its saves */
+    tide_ckpt_saver_t *saver;
+    int saves;
+    double blocked_s; /* training time the periodic saves took from the loop */
+} ckpt_cfg;
+
+static tide_mlp_ckpt_opts ckpt_opts(const ckpt_cfg *k, int64_t step)
+{
+    tide_mlp_ckpt_opts o = {k->nonce ^ ((uint64_t)step * 0x9e3779b97f4a7c15ull), (int)k->keep, 0};
+    return o;
+}
+
+/* A periodic save after `done` steps (main thread; every rank of the layout). */
+static void ckpt_periodic(ckpt_cfg *k, const tide_mlp_t *m, int32_t me, int64_t done, int64_t total)
+{
+    if (k->root == NULL || k->every <= 0 || done % k->every != 0 || done >= total)
+        return;
+    uint64_t t0 = tide_now_ns();
+    tide_mlp_ckpt_opts o = ckpt_opts(k, done);
+    if (k->async) {
+        if (k->saver == NULL)
+            RUN(tide_ckpt_saver_new(&k->saver), "checkpoint saver");
+        RUN(tide_mlp_ckpt_save_async(k->saver, m, me, k->root, &o), "periodic checkpoint");
+    } else
+        RUN(tide_mlp_ckpt_save(m, me, k->root, &o), "periodic checkpoint");
+    k->blocked_s += (double)(tide_now_ns() - t0) * 1e-9;
+    k->saves++;
+}
+
+/*
+ * --resume: every rank loads its part of the newest complete checkpoint; ranks read
+ * different files, so they agree on whether all succeeded, and fall back together to
+ * the checkpoint before a damaged one. Collective over MPI_COMM_WORLD. Returns the step.
+ */
+static int64_t ckpt_resume(const ckpt_cfg *k, tide_mlp_t *m)
+{
+    int64_t before = INT64_MAX;
+    for (;;) {
+        char path[4096];
+        int64_t step = 0;
+        RUN(tide_ckpt_find(k->resume, before, path, sizeof path, &step), "--resume");
+        tide_status rc = tide_mlp_ckpt_load(m, g_rank, path, INT64_MAX, NULL);
+        int bad = rc != TIDE_OK, any = 0;
+        if (bad) {
+            fprintf(stderr, "train_mlp: rank %d: checkpoint refused: %s: %s\n", g_rank,
+                    tide_strerror(rc), tide_last_error());
+            fflush(stderr);
+        }
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (!any) {
+            if (g_rank == 0) {
+                printf("train_mlp: resumed at step %lld from %s\n", (long long)step, path);
+                fflush(stdout);
+            }
+            return step;
+        }
+        if (g_rank == 0) {
+            printf("train_mlp: checkpoint %s (step %lld) cannot be loaded; trying the one "
+                   "before it\n",
+                   path, (long long)step);
+            fflush(stdout);
+        }
+        before = step;
+    }
+}
+
+/* The final save (synchronous, after any periodic one is written) and the report. */
+static void ckpt_final(ckpt_cfg *k, const tide_mlp_t *m, int32_t me, int first_rank)
+{
+    if (k->saver != NULL) {
+        RUN(tide_ckpt_saver_wait(k->saver), "periodic checkpoint");
+        tide_ckpt_saver_destroy(&k->saver);
+    }
+    if (k->root == NULL)
+        return;
+    uint64_t t0 = tide_now_ns();
+    int64_t step = tide_mlp_active(m) ? tide_mlp_step_count(m) : 0;
+    tide_mlp_ckpt_opts o = ckpt_opts(k, step);
+    RUN(tide_mlp_ckpt_save(m, me, k->root, &o), "--ckpt-save");
+    if (first_rank) {
+        printf("train_mlp: checkpoint of step %lld written under %s in %.0f ms (this rank); "
+               "%d periodic saves (%s) took %.3f s from the training loop\n",
+               (long long)step, k->root, (double)(tide_now_ns() - t0) * 1e-6, k->saves,
+               k->async ? "asynchronous" : "synchronous", k->blocked_s);
+        fflush(stdout);
+    }
+}
+
 /* ---- standalone: one layout over MPI ------------------------------------------------------ */
 
 static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tide_mlp_device dev,
-                          output *o, const char *ckpt_load, const char *ckpt_save)
+                          output *o, ckpt_cfg *ck)
 {
     tide_mlp_t *model = NULL;
     tide_mlp_mpi_t *mpi = NULL;
     RUN(tide_mlp_new(&model, cfg, layout, g_rank, dev), "model");
-    if (ckpt_load != NULL)
-        RUN(tide_mlp_ckpt_load(model, g_rank, ckpt_load), "--ckpt-load");
+    int64_t from = 0;
+    if (ck->resume != NULL)
+        from = ckpt_resume(ck, model);
     else
         RUN(tide_mlp_init(model), "model init");
     RUN(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, layout), "MPI groups");
@@ -221,12 +320,7 @@ static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tid
     tide_layout_format(layout, lbuf, sizeof lbuf);
     int active = tide_mlp_active(model);
     int first_rank = layout->worker[0] == g_rank;
-    int64_t from = active ? tide_mlp_step_count(model) : 0;
-    MPI_Bcast(&from, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-    if (g_rank == 0 && ckpt_load != NULL) {
-        printf("train_mlp: resumed at step %lld from %s\n", (long long)from, ckpt_load);
-        fflush(stdout);
-    }
+    uint64_t loop0 = tide_now_ns();
     for (int64_t s = from; s < o->steps && active; s++) {
         double loss = 0.0;
         int64_t t0 = wall_us();
@@ -236,17 +330,15 @@ static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tid
         /* the first step of a process pays for page faults and warm-up */
         record_step(o, first_rank, 0, lbuf, s, loss, dt, t0, wall_us(), s > from);
         pace(o, dt);
+        ckpt_periodic(ck, model, g_rank, s + 1, o->steps);
     }
-    if (ckpt_save != NULL) {
-        uint64_t t0 = tide_now_ns();
-        RUN(tide_mlp_ckpt_save(model, g_rank, ckpt_save), "--ckpt-save");
-        if (first_rank) {
-            printf("train_mlp: checkpoint of step %lld written to %s in %.0f ms (this rank)\n",
-                   (long long)tide_mlp_step_count(model), ckpt_save,
-                   (double)(tide_now_ns() - t0) * 1e-6);
-            fflush(stdout);
-        }
+    double loop_s = (double)(tide_now_ns() - loop0) * 1e-9;
+    if (first_rank && ck->root != NULL) {
+        printf("train_mlp: training loop %.6f s for %lld steps\n", loop_s,
+               (long long)(o->steps - from));
+        fflush(stdout);
     }
+    ckpt_final(ck, model, g_rank, first_rank);
     int code = summarize(o, 1, MPI_COMM_WORLD);
     tide_mlp_mpi_destroy(&mpi);
     tide_mlp_destroy(&model);
@@ -390,8 +482,7 @@ static void summarize_bubbles(const tide_t *t, MPI_Comm comm)
 }
 
 static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char *job, int dp,
-                    int tp, int pp, int micro, tide_mlp_device dev, output *o,
-                    const char *ckpt_save)
+                    int tp, int pp, int micro, tide_mlp_device dev, output *o, const ckpt_cfg *ck)
 {
     tide_options opt;
     tide_options_init(&opt);
@@ -403,14 +494,26 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     RUN(tide_mlp_collection_new(cfg, &coll), "model collection");
     tide_t *t = NULL;
     RUN(tide_new(&t, &opt, MPI_COMM_WORLD), "tide_new (is tided running? --endpoint)");
-    tide_join_req jr = {job, coll, dp, tp, pp, micro, 0};
+    char resume[4096];
+    int64_t start = 0;
+    if (ck->resume != NULL)
+        RUN(tide_ckpt_find(ck->resume, INT64_MAX, resume, sizeof resume, &start), "--resume");
+    tide_join_req jr = {job, coll, dp, tp, pp, micro, start};
     RUN(tide_join(t, &jr), "tide_join");
     const tide_view *v = tide_view_get(t);
     int32_t me = tide_worker_id(t);
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
-    if (v->member)
-        RUN(tide_mlp_init(model), "model init");
+    if (v->member) {
+        if (ck->resume != NULL) {
+            RUN(tide_mlp_ckpt_load(model, me, resume, INT64_MAX, NULL), "--resume");
+            if (v->layout->worker[0] == me) {
+                printf("train_mlp: resumed at step %lld from %s\n", (long long)start, resume);
+                fflush(stdout);
+            }
+        } else
+            RUN(tide_mlp_init(model), "model init");
+    }
     /* the runtime owns the state from here: switches rebuild it in place */
     RUN(tide_mlp_tide_give(t, model), "tide_give_buffers");
     if (is_first_rank(t)) {
@@ -421,6 +524,8 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
                tide_pool_size(t) - (int)tide_layout_size(v->layout));
         fflush(stdout);
     }
+    if (ck->root != NULL && ck->every > 0) /* libtide snapshots at tide_step_end */
+        RUN(tide_checkpoint_every(t, ck->root, (int)ck->every, (int)ck->keep), "--ckpt-every");
     elastic e = {o, o->steps, 1, 1};
     tide_mlp_tide_hooks h = {&e, e_on_step, NULL, e_after_switch, e_done, !o->prepare, NULL};
     RUN(tide_mlp_tide_train(t, model, &h), "training");
@@ -435,8 +540,13 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
         summarize_bubbles(t, members);
     } else
         output_close(o);
-    if (ckpt_save != NULL && tide_mlp_active(model))
-        RUN(tide_mlp_ckpt_save(model, me, ckpt_save), "--ckpt-save");
+    RUN(tide_checkpoint_wait(t), "periodic checkpoint");
+    /* a periodic save of the last step already holds it (never rewrite a checkpoint) */
+    if (ck->root != NULL && tide_mlp_active(model) &&
+        (ck->every <= 0 || tide_mlp_step_count(model) % ck->every != 0)) {
+        tide_mlp_ckpt_opts so = ckpt_opts(ck, tide_mlp_step_count(model));
+        RUN(tide_mlp_ckpt_save(model, me, ck->root, &so), "--ckpt-save");
+    }
     /* every member is out of the runtime before one says bye (its bye ends the job) */
     if (members != MPI_COMM_NULL) {
         MPI_Barrier(members);
@@ -461,7 +571,8 @@ int main(int argc, char **argv)
     long long layers, hidden, ffn, vocab, seq, batch, micro, steps, seed, dp, tp, pp, every,
         pace_ms;
     double lr;
-    int zero1 = 0, tide = 0, prepare = 1;
+    long long ckpt_every, ckpt_keep;
+    int zero1 = 0, tide = 0, prepare = 1, ckpt_async = 1;
     const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL,
                *trace_out = NULL, *endpoint = NULL, *job = NULL, *ckpt_save = NULL,
                *ckpt_load = NULL;
@@ -506,9 +617,18 @@ int main(int argc, char **argv)
         {"trace-out", "TIDE_MLP_TRACE_OUT", TIDE_OPT_STRING, &trace_out, NULL,
          "write step and switch timing records here (wall clock, us)", 0, 0},
         {"ckpt-save", "TIDE_MLP_CKPT_SAVE", TIDE_OPT_STRING, &ckpt_save, NULL,
-         "after the last step, write a per-rank checkpoint into this directory", 0, 0},
-        {"ckpt-load", "TIDE_MLP_CKPT_LOAD", TIDE_OPT_STRING, &ckpt_load, NULL,
-         "standalone: resume from this checkpoint directory (any layout)", 0, 0},
+         "after the last step, save a checkpoint under this root (ROOT/step-N)", 0, 0},
+        {"ckpt-every", "TIDE_CKPT_EVERY", TIDE_OPT_INT, &ckpt_every, "0",
+         "also save under --ckpt-save after every N steps (0: only at the end)", 0, 1 << 30},
+        {"ckpt-keep", "TIDE_CKPT_KEEP", TIDE_OPT_INT, &ckpt_keep, "3",
+         "complete checkpoints kept under --ckpt-save (older ones pruned; 0: all)", 0, 1 << 20},
+        {"ckpt-async", "TIDE_CKPT_ASYNC", TIDE_OPT_BOOL, &ckpt_async, "1",
+         "periodic saves written on a background thread while training goes on", 0, 0},
+        {"resume", "TIDE_MLP_RESUME", TIDE_OPT_STRING, &ckpt_load, NULL,
+         "resume from the newest complete checkpoint under this root or directory (any "
+         "layout; a damaged one falls back to the one before)",
+         0, 0},
+        {"ckpt-load", NULL, TIDE_OPT_STRING, &ckpt_load, NULL, "same as --resume", 0, 0},
         {"prepare-switch", "TIDE_MLP_PREPARE_SWITCH", TIDE_OPT_BOOL, &prepare, "1",
          "--tide: allocate and first-touch the next layout's buffers while steps run "
          "(tide_set_prepare); 0: at the switch step",
@@ -533,8 +653,8 @@ int main(int argc, char **argv)
         rc = tide_errorf(TIDE_ERR_INVALID, "--stages with --tide: the first layout splits the "
                                            "layers evenly; give uneven stages to `tidectl resize "
                                            "--stages`");
-    if (rc == TIDE_OK && tide && ckpt_load != NULL)
-        rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-load is for standalone runs (without --tide)");
+    if (rc == TIDE_OK && ckpt_every > 0 && ckpt_save == NULL)
+        rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-every needs --ckpt-save ROOT");
     if (rc != TIDE_OK || help) {
         if (g_rank == 0) {
             if (rc != TIDE_OK)
@@ -607,9 +727,12 @@ int main(int argc, char **argv)
     output_reset(&o);
     MPI_Barrier(MPI_COMM_WORLD);
 
-    int code = tide ? run_tide(&cfg, endpoint, job, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o,
-                               ckpt_save)
-                    : run_standalone(&cfg, layout, dev, &o, ckpt_load, ckpt_save);
+    ckpt_cfg ck = {ckpt_save, ckpt_load, ckpt_every, ckpt_keep, ckpt_async, 0, NULL, 0, 0.0};
+    ck.nonce = tide_now_ns() ^ (uint64_t)getpid() << 20; /* a crashed run's files are not ours */
+    MPI_Bcast(&ck.nonce, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    int code =
+        tide ? run_tide(&cfg, endpoint, job, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o, &ck)
+             : run_standalone(&cfg, layout, dev, &o, &ck);
     if (!tide) /* --tide: ranks may have died; members agreed on code in summarize */
         MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     tide_layout_destroy(&layout);

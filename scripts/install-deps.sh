@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
-  libcriterion-dev libopenblas-dev
+  libcriterion-dev libopenblas-dev libxxhash-dev
   procps curl
   iproute2 util-linux  # scripts/cluster.sh: ip netns, tc, unshare
   python3-torch python3-mpi4py python3-pip

@@ -32,7 +32,7 @@ if(TARGET tide_mlp)
   tide_add_mpi_test(test_train_mlp_ckpt_missing NP 1 TARGET train_mlp
                     ARGS --steps 1 --ckpt-load /nonexistent/tide-ckpt TIMEOUT 30)
   set_tests_properties(test_train_mlp_ckpt_missing PROPERTIES
-                       PASS_REGULAR_EXPRESSION "cannot open /nonexistent/tide-ckpt/layout.ckpt")
+                       PASS_REGULAR_EXPRESSION "cannot open checkpoint root /nonexistent/tide-ckpt")
 
   if(TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide)
     add_executable(test_examples_tide test_examples_tide.c)

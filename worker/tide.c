@@ -378,6 +378,7 @@ void tide_destroy(tide_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_t *t = *self_p;
+    tide__ckpt_destroy(t); /* the last checkpoint is written before the rank leaves */
     if (t->ctl != NULL)
         tide__task_stop(t, &t->btask, 1); /* a bubble task goes back to tided's queue */
     tide__ctl_destroy(&t->ctl, 1);        /* no abort callback can run after this */
@@ -857,9 +858,10 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
         return tide_errorf(TIDE_ERR_INVALID, "tide_step_end without tide_step_begin");
     tide__ctl_prepare_release(t->ctl); /* a held ack goes out by the end of a step */
     tide__bubble_boundary(t);
-    if (step_rc == TIDE_OK)
+    if (step_rc == TIDE_OK) {
         tide__ctl_add_step(t->ctl, tide_now_ns() - t->step_t0);
-    else
+        tide__ckpt_step_end(t);
+    } else
         TIDE_WARN(SUBSYS, "rank %d: step %lld failed (%s); not counted", t->rank,
                   (long long)t->view.step, tide_strerror(step_rc));
     return TIDE_OK;

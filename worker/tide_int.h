@@ -60,12 +60,18 @@ struct tide {
     int switch_cancel; /* set (__atomic) by an abort of the switch: ends a creation that
                           has no communicator to abort yet */
     tide_coll_comm_t *n_all, *n_tp, *n_dp, *n_pp; /* new layout's, while being built */
+    struct tide__ckpt *ckpt; /* checkpoint saver and periodic setting (ckpt.c); NULL: none */
 };
 
 /* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
    TIDE_ERR_INVALID naming who, the tensor and both kinds. Any thread. */
 tide_status tide__check_buf(const tide_t *t, const char *who, size_t i, const void *buf,
                             uint64_t bytes);
+/* ckpt.c: a periodic checkpoint when one is due (end of a counted step; main thread). */
+void tide__ckpt_step_end(tide_t *t);
+
+/* ckpt.c: waits for the save being written, then frees the checkpoint state. */
+void tide__ckpt_destroy(tide_t *t);
 
 /* Destroys n communicators (NULL entries fine) and nulls them. */
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);

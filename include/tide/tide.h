@@ -389,6 +389,33 @@ tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
  */
 tide_status tide_finish(tide_t *t);
 
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+/*
+ * Saves the registered buffers as the checkpoint of step tide_view_get(t)->step under
+ * root (root/step-<012 step>/: one shard file per coordinate that is the one writer of
+ * some bytes, and a manifest the layout's first member publishes once every shard is on
+ * disk; see ckpt/ckpt.h). Call it on every member at the same step boundary (after
+ * tide_step_end, before the next tide_step_begin); idle ranks return at once. It copies
+ * this rank's part to host staging (device buffers too) and returns: a background thread
+ * writes it while training goes on, and the buffers may change right away. If the
+ * previous save is still being written, it waits for it first. No communication. A job
+ * restarted under any (dp, tp, pp, stages) loads it (tide-ckpt, train_mlp --resume).
+ */
+tide_status tide_checkpoint(tide_t *t, const char *root);
+
+/*
+ * Periodic checkpoints: from now on tide_step_end of every every-th step (0: none) calls
+ * tide_checkpoint(t, root); the publisher keeps the newest keep complete checkpoints
+ * (0: all) and removes older ones. A periodic save that fails is logged and reported by
+ * tide_checkpoint_wait; training goes on. Main thread.
+ */
+tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
+
+/* Waits until this rank's checkpoint being written (if any) is on disk (and, on the
+   publisher, published); returns the last save's status. Main thread. */
+tide_status tide_checkpoint_wait(tide_t *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,211 @@
+/*
+ * ckpt: tide's checkpoint format, its crash-safe writer, its strict reader, loading into
+ * any layout, and an asynchronous saver. Pure file I/O plus the reshard planner; no MPI.
+ *
+ * A checkpoint root holds one directory per saved step, ROOT/step-<012 step>/:
+ *   shard-p<P>-d<D>-t<T>.bin  the tensors coordinate (P, D, T) of the saved layout is the
+ *                             one writer of (see tide_ckpt_saves), raw, in collection
+ *                             order, each exactly tide_shard_bytes long
+ *   MANIFEST                  the collection (every tensor's desc), the layout (degrees,
+ *                             stages), the step, each shard's size and one XXH3-64 hash
+ *                             (libxxhash) per chunk of it; versioned, with a hash of its own
+ * A checkpoint is complete exactly when MANIFEST exists: shards are written and fsynced
+ * first (each writer then drops a small shard-*.sum with its sizes and checksums, renamed
+ * into place), the publisher waits for every .sum, then writes MANIFEST.tmp, fsyncs it,
+ * renames it to MANIFEST and fsyncs the directory. A crash at any moment leaves the
+ * previous complete checkpoint, or the new one, never a half-written one that looks
+ * complete. Only one copy of each byte is written: dp replicas, tp-replicated tensors
+ * and every-stage tensors are written by one coordinate each.
+ *
+ * Loading: the saved layout is the old layout of a reshard plan whose holders are the
+ * shard files; a rank of any new (dp, tp, pp, stages) reads exactly the chunks that
+ * hold its bytes (chunks of 1 MiB, each checked against its hash before use).
+ *
+ * Workload: a save every few minutes to hours, MiB to GiB per rank, sequential writes;
+ * one load per restart, mostly sequential reads. Units: bytes, ms.
+ */
+#ifndef TIDE_CKPT_H
+#define TIDE_CKPT_H
+
+#include <stdint.h>
+
+#include <tide/status.h>
+#include "reshard/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_CKPT_VERSION     1
+#define TIDE_CKPT_CHUNK_BYTES (1u << 20) /* bytes per checksum chunk of a shard */
+
+/* 1 when coordinate (p, d, t) of l is the one writer of tensor i: it holds bytes of it,
+   and it is dp rank 0 (unless the tensor is ZeRO-1 sharded), tp rank 0 (unless split
+   over tp) and stage 0 (when every stage holds the tensor). Any thread. */
+int tide_ckpt_saves(const tide_layout_t *l, const tide_collection_t *c, size_t i, int p, int d,
+                    int t);
+
+/* Bytes coordinate (p, d, t) writes (0: it writes no file). Any thread. */
+uint64_t tide_ckpt_shard_size(const tide_layout_t *l, const tide_collection_t *c, int p, int d,
+                              int t);
+
+/* Writes ROOT/step-<012 step> into buf (len bytes). */
+void tide_ckpt_step_dir(const char *root, int64_t step, char *buf, size_t len);
+
+/* ---- writing ------------------------------------------------------------------------- */
+
+/*
+ * Writes coordinate (p, d, t)'s shard of a checkpoint into dir (created when missing):
+ * bufs[i] is its local buffer of tensor i in host memory (tide_shard_bytes long; only
+ * the tensors it saves are read; NULL elsewhere is fine), fsyncs it, then renames its
+ * checksum file into place. save_id tells this save's files from a crashed earlier
+ * attempt at the same step (same value on every writer of one save). Writes nothing
+ * when the coordinate saves nothing. Blocking file I/O; any thread.
+ */
+tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
+                                  const tide_collection_t *c, int p, int d, int t,
+                                  const void *const *bufs, uint64_t save_id);
+
+/*
+ * Publishes the checkpoint in dir once every coordinate of l that saves something has
+ * written its shard with save_id (waits up to timeout_ms for them, polling the
+ * directory): writes the manifest crash-safely (temp, fsync, rename, fsync dir). Fails
+ * with TIDE_ERR_TIMEOUT naming a missing shard; the directory then stays incomplete and
+ * is never loaded. Blocking; any thread; exactly one process per save calls it.
+ */
+tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tide_collection_t *c,
+                              int64_t step, uint64_t save_id, int timeout_ms);
+
+/*
+ * Keeps the newest `keep` complete checkpoints under root (keep >= 1) and removes older
+ * ones, and incomplete step directories older than the newest complete one (a newer
+ * incomplete one may be a save in progress). Blocking; any thread.
+ */
+tide_status tide_ckpt_prune(const char *root, int keep);
+
+/*
+ * Finds the newest complete checkpoint under root with step < before (INT64_MAX: any):
+ * its directory into path (len bytes) and its step into *step. root may itself be a
+ * checkpoint directory (it has a MANIFEST): then that one. TIDE_ERR_NOT_FOUND when none.
+ */
+tide_status tide_ckpt_find(const char *root, int64_t before, char *path, size_t len, int64_t *step);
+
+/* ---- reading ---------------------------------------------------------------------------- */
+
+/* An opened checkpoint: its manifest, parsed and checked. Opaque. */
+typedef struct tide_ckpt tide_ckpt_t;
+
+/*
+ * Opens the checkpoint in dir and reads its manifest strictly: magic, version, its own
+ * checksum, a valid collection and layout, and one shard record per writing coordinate
+ * with the size that layout implies. Errors name the file: TIDE_ERR_NOT_FOUND (no
+ * MANIFEST: incomplete or not a checkpoint), TIDE_ERR_INVALID (truncated, corrupted,
+ * another version). Shards are not read here (tide_ckpt_verify). Caller owns *out.
+ */
+tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir);
+
+/* Frees *self_p and sets it to NULL; NULL is fine. */
+void tide_ckpt_close(tide_ckpt_t **self_p);
+
+/* The saved step, collection and layout; borrowed, valid as long as ck. */
+int64_t tide_ckpt_step(const tide_ckpt_t *ck);
+const tide_collection_t *tide_ckpt_collection(const tide_ckpt_t *ck);
+const tide_layout_t *tide_ckpt_layout(const tide_ckpt_t *ck);
+const char *tide_ckpt_dir(const tide_ckpt_t *ck);
+
+/* Number of shard files and shard k's coordinate, size and file name (borrowed). */
+size_t tide_ckpt_num_shards(const tide_ckpt_t *ck);
+void tide_ckpt_shard_info(const tide_ckpt_t *ck, size_t k, int *p, int *d, int *t, uint64_t *bytes,
+                          const char **file);
+
+/*
+ * Reads every shard whole and checks its size and every chunk's hash. TIDE_ERR_INVALID
+ * (or TIDE_ERR_NOT_FOUND for a missing file) naming the file and the chunk otherwise.
+ * Blocking file I/O.
+ */
+tide_status tide_ckpt_verify(const tide_ckpt_t *ck);
+
+/*
+ * Checks that c describes the same tensors as the checkpoint (names, dtypes, shapes,
+ * rules, layers); TIDE_ERR_INVALID naming the first difference otherwise.
+ */
+tide_status tide_ckpt_check_collection(const tide_ckpt_t *ck, const tide_collection_t *c);
+
+/* What a load read. */
+typedef struct tide_ckpt_load_stats {
+    uint64_t bytes_needed; /* bytes of the destination buffers filled */
+    uint64_t bytes_read;   /* bytes read from shard files (whole chunks) */
+    uint64_t files;        /* shard files opened */
+} tide_ckpt_load_stats;
+
+/*
+ * Fills coordinate (p, d, t) of layout l (any degrees and stages of the checkpoint's
+ * collection; worker ids do not matter) from the checkpoint: bufs[i] is the host buffer
+ * of tensor i, tide_shard_bytes(l, ...) long, or NULL to skip the tensor. Reads only the
+ * chunks that hold the needed bytes and checks each chunk's hash before using it: a
+ * truncated or corrupted shard fails with TIDE_ERR_INVALID naming the file, and nothing
+ * of it is trusted. No communication: every rank of a job loads its own part in
+ * parallel. stats may be NULL. Blocking file I/O; any thread.
+ */
+tide_status tide_ckpt_load(const tide_ckpt_t *ck, const tide_layout_t *l, int p, int d, int t,
+                           void *const *bufs, tide_ckpt_load_stats *stats);
+
+/* ---- asynchronous saves ----------------------------------------------------------------- */
+
+/* Copies tensor i's local buffer src (host or device memory), bytes long, into host
+   memory. */
+typedef tide_status (*tide_ckpt_copy_fn)(void *ctx, size_t i, void *host_dst, const void *src,
+                                         uint64_t bytes);
+
+/* One coordinate's save: what tide_ckpt_saver_submit snapshots and writes. */
+typedef struct tide_ckpt_save_req {
+    const char *root;              /* checkpoint root; the step's directory goes under it */
+    const tide_layout_t *layout;   /* copied */
+    const tide_collection_t *coll; /* borrowed: must outlive the saver */
+    int p, d, t;                   /* this coordinate */
+    int64_t step;                  /* steps completed by the state */
+    uint64_t save_id;              /* the same on every writer of this save */
+    int publish;                   /* 1 on exactly one writer: publishes (and prunes) */
+    int keep;                      /* publisher: checkpoints kept (>= 1; 0: all) */
+    int publish_timeout_ms;        /* publisher: wait for the other shards, ms */
+    void *const *bufs;             /* tensor i's local buffer (NULL where not held) */
+    tide_ckpt_copy_fn copy;        /* NULL: memcpy (host buffers) */
+    void *copy_ctx;
+} tide_ckpt_save_req;
+
+/* A background writer thread with reusable host staging. Opaque. */
+typedef struct tide_ckpt_saver tide_ckpt_saver_t;
+
+/* Starts the writer thread; caller owns *out. */
+tide_status tide_ckpt_saver_new(tide_ckpt_saver_t **out);
+
+/*
+ * Snapshots req's buffers into the saver's host staging (the saved tensors only, with
+ * req->copy) and returns; the thread then writes the shard and, on the publisher,
+ * publishes and prunes. If the previous save is still being written, waits for it
+ * first (its status is returned by that wait, see tide_ckpt_saver_wait) unless it
+ * failed: then that failure is returned and nothing is submitted. The caller may change
+ * its buffers as soon as this returns. One caller thread.
+ */
+tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
+
+/* Waits until nothing is being written; returns the last save's status. */
+tide_status tide_ckpt_saver_wait(tide_ckpt_saver_t *s);
+
+/* 1 while a save is being written. Any thread. */
+int tide_ckpt_saver_busy(tide_ckpt_saver_t *s);
+
+/* Waits for the pending save, stops the thread, frees *self_p, sets it to NULL. */
+void tide_ckpt_saver_destroy(tide_ckpt_saver_t **self_p);
+
+/*
+ * The same save done synchronously on the calling thread (no staging copy when copy is
+ * NULL). Blocking.
+ */
+tide_status tide_ckpt_save(const tide_ckpt_save_req *req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_CKPT_H */

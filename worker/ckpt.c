@@ -1,0 +1,146 @@
+/*
+ * Checkpoints of the registered buffers (tide_checkpoint, tide_checkpoint_every): at a
+ * step boundary the buffers this rank is the one writer of are copied to host staging
+ * (device buffers through the backend's copy_host) and a background thread of the
+ * checkpoint module writes them, the layout's first member publishing the manifest and
+ * pruning; training goes on meanwhile. No communication: the members of a layout agree
+ * on the save by calling at the same step (tide_step_end does for periodic saves), and
+ * on its id by computing it from what they share (job, generation, step, tided's ids
+ * of the layout's workers, which a relaunch does not reuse).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt/ckpt.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/tide_int.h"
+
+#define SUBSYS "tide.ckpt"
+
+struct tide__ckpt {
+    tide_ckpt_saver_t *saver;
+    char root[4096]; /* periodic saves' root ("" when none) */
+    int every, keep;
+    int64_t last_step; /* step of the last save submitted, -1 none */
+};
+
+static tide_status get_state(tide_t *t, struct tide__ckpt **out)
+{
+    if (t->ckpt == NULL) {
+        t->ckpt = tide_calloc(1, sizeof *t->ckpt);
+        if (t->ckpt == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for checkpoint state");
+        t->ckpt->last_step = -1;
+    }
+    if (t->ckpt->saver == NULL)
+        TIDE_CHECK(tide_ckpt_saver_new(&t->ckpt->saver));
+    *out = t->ckpt;
+    return TIDE_OK;
+}
+
+static tide_status copy_to_host(void *ctx, size_t i, void *dst, const void *src, uint64_t bytes)
+{
+    const tide_coll_backend_v1 *be = ctx;
+    (void)i;
+    return be->copy_host(dst, src, (size_t)bytes, 1, NULL);
+}
+
+/* FNV-1a over bytes, continued from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ b[k]) * 0x100000001b3ull;
+    return h;
+}
+
+tide_status tide_checkpoint(tide_t *t, const char *root)
+{
+    if (t == NULL || root == NULL || root[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint: no runtime or directory");
+    if (!t->view.member)
+        return TIDE_OK;
+    if (t->bufs == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint: register the buffers first "
+                                             "(tide_set_buffers)");
+    struct tide__ckpt *k = NULL;
+    TIDE_CHECK(get_state(t, &k));
+    const tide_layout_t *l = t->layout;
+    uint64_t id = fnv(0xcbf29ce484222325ull, t->job, strlen(t->job));
+    id = fnv(id, &t->view.generation, sizeof t->view.generation);
+    id = fnv(id, &t->view.step, sizeof t->view.step);
+    for (size_t w = 0; w < tide_layout_size(l); w++)
+        id = fnv(id, &t->coord_ids[l->worker[w]], sizeof t->coord_ids[0]);
+    tide_ckpt_save_req req = {
+        .root = root,
+        .layout = l,
+        .coll = t->coll,
+        .p = t->view.pp_rank,
+        .d = t->view.dp_rank,
+        .t = t->view.tp_rank,
+        .step = t->view.step,
+        .save_id = id,
+        .publish = l->worker[0] == t->rank,
+        .keep = k->keep,
+        .publish_timeout_ms = 600000,
+        .bufs = t->bufs,
+        .copy = t->be->mem_kind == TIDE_MEM_HOST ? NULL : copy_to_host,
+        .copy_ctx = (void *)t->be,
+    };
+    uint64_t t0 = tide_now_ns();
+    TIDE_CHECK(tide_ckpt_saver_submit(k->saver, &req));
+    k->last_step = t->view.step;
+    TIDE_INFO(SUBSYS, "rank %d: checkpoint of step %lld snapshotted in %.1f ms; writing under %s",
+              t->rank, (long long)t->view.step, (double)(tide_now_ns() - t0) * 1e-6, root);
+    return TIDE_OK;
+}
+
+tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep)
+{
+    if (t == NULL || every < 0 || keep < 0 || (every > 0 && (root == NULL || root[0] == '\0')))
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint_every: needs a root, every >= 0 "
+                                             "and keep >= 0");
+    if (root != NULL && strlen(root) >= sizeof t->ckpt->root)
+        return tide_errorf(TIDE_ERR_INVALID, "checkpoint root too long: %s", root);
+    struct tide__ckpt *k = NULL;
+    TIDE_CHECK(get_state(t, &k));
+    snprintf(k->root, sizeof k->root, "%s", root != NULL ? root : "");
+    k->every = every;
+    k->keep = keep;
+    return TIDE_OK;
+}
+
+tide_status tide_checkpoint_wait(tide_t *t)
+{
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint_wait: no runtime");
+    if (t->ckpt == NULL || t->ckpt->saver == NULL)
+        return TIDE_OK;
+    return tide_ckpt_saver_wait(t->ckpt->saver);
+}
+
+void tide__ckpt_step_end(tide_t *t)
+{
+    struct tide__ckpt *k = t->ckpt;
+    if (k == NULL || k->every <= 0 || !t->view.member || t->view.step <= 0 ||
+        t->view.step % k->every != 0 || t->view.step == k->last_step)
+        return;
+    /* a failed save must not stop training: it is logged, and tide_checkpoint_wait says */
+    if (tide_checkpoint(t, k->root) != TIDE_OK)
+        TIDE_ERROR(SUBSYS, "rank %d: periodic checkpoint of step %lld not taken: %s", t->rank,
+                   (long long)t->view.step, tide_last_error());
+}
+
+void tide__ckpt_destroy(tide_t *t)
+{
+    if (t->ckpt == NULL)
+        return;
+    if (t->ckpt->saver != NULL && tide_ckpt_saver_wait(t->ckpt->saver) != TIDE_OK)
+        TIDE_ERROR(SUBSYS, "rank %d: the last checkpoint failed: %s", t->rank, tide_last_error());
+    tide_ckpt_saver_destroy(&t->ckpt->saver);
+    tide_free(t->ckpt);
+    t->ckpt = NULL;
+}

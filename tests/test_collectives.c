@@ -248,6 +248,8 @@ Test(coll_mem, registered_backends_are_found_and_names_stay_unique)
     old.name = "old";
     old.version = 0;
     cr_expect_eq(tide_coll_backend_register(&old), TIDE_ERR_UNSUPPORTED);
+}
+
 /* ---- the memory pool behind in-place switches (collectives/pool.h) ---- */
 
 static tide_mem_pool_t *host_pool(void)

@@ -8,7 +8,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
   libcriterion-dev libopenblas-dev
-  procps curl
+  procps curl shellcheck
 )
 
 missing=()

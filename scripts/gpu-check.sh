@@ -1,134 +1,338 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU: installs dependencies, builds tide with
-# CUDA/NCCL into build-gpu/, runs every gpu-labelled test (among them the collectives
-# conformance suite on the nccl backend: one-rank communicators, self send/recv, the
-# reshard executor on device buffers) and prints a short table. Each step runs under a
-# timeout (STEP_TIMEOUT seconds, default 900) and the summary always prints; the exit
-# status is 0 only when every step passed and no gpu test failed.
+# gpu-check: the one command that proves tide's GPU path on a machine with ONE NVIDIA GPU.
 #
-#   bash scripts/gpu-check.sh            # BUILD_DIR=build-gpu, JOBS=nproc
-#   STEP_TIMEOUT=300 bash scripts/gpu-check.sh
+# NCCL refuses two ranks on one device of one host, but accepts them when each rank has
+# its own NCCL_HOSTID: every rank is then a host of its own and NCCL carries their
+# traffic over its socket transport on loopback. Every multi-rank step below starts its
+# ranks through a wrapper that sets NCCL_HOSTID=gpu-check-<rank> and TIDE_DEVICE=0.
 #
-# Logs of every step are kept in $BUILD_DIR/gpu-check-logs/.
+# Steps (each under its own timeout, STEP_TIMEOUT seconds, default 240; a summary table
+# at the end; exit 1 when any step failed):
+#   gpu-info        a device must answer; a present but broken driver is a failure
+#   build           configure with CUDA/NCCL (fails when NCCL is not found) and build
+#   gpu-tests       ctest -L gpu (single-process GPU tests)
+#   conf-np2/np4    the collectives conformance suite on the nccl backend, 2 and 4 ranks
+#                   (abort while a peer never arrives, cancelled creation included)
+#   kill-rank       a rank SIGKILLed inside an allreduce: survivors get ABORTED (from NCCL
+#                   itself or the watchdog), rebuild without it and reduce exactly
+#   train-ref       never-resized runs: train_mlp --device cuda on 4 ranks, and on cpu
+#   train-elastic   tided + train_mlp --tide --device cuda on 4 ranks, resized live
+#                   (dp2,tp2,pp1) -> (dp1,tp2,pp2) -> (dp2,tp1,pp2) -> (dp4,tp1,pp1):
+#                   dp, tp and pp each change; losses compared per step with both refs
+#   train-recover   the same job on (dp2,tp2); a rank is SIGKILLed; tided recovers it on
+#                   the nccl backend and training completes every step
+#   resize-bench    resize_bench on CUDA (live resize vs checkpoint-restart)
+# Not yet here: reshard_bench on nccl against plain NCCL send/recv (reshard_bench runs
+# on the mpi backend only so far).
+#
+#   bash scripts/gpu-check.sh               # BUILD_DIR=build-gpu, JOBS=nproc
+#   bash scripts/gpu-check.sh --cpu-dry     # the same steps on cpu/mpi (CI runs this)
+#   GPU_CHECK_DRY_BENCH=1 bash scripts/gpu-check.sh --cpu-dry   # resize_bench too
+#
+# --cpu-dry runs every step that does not need a GPU with --device cpu and the mpi
+# backend, through the same functions, wrapper and comparisons (SKIP_BUILD=1 reuses
+# BUILD_DIR as it is): the script's logic, tided/tidectl driving, loss comparison and
+# failure reporting are exercised in CI by the ctest gpu_check_cpu_dry. Logs of every
+# step: $BUILD_DIR/gpu-check-logs/ (dry: gpu-check-dry-logs/).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SRC_DIR="${SRC_DIR:-$ROOT}"
-BUILD_DIR="${BUILD_DIR:-$ROOT/build-gpu}"
+DRY=0
+[ "${1:-}" = "--cpu-dry" ] && DRY=1
+if [ $DRY -eq 1 ]; then
+  BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+  LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-dry-logs}"
+  DEVICE=cpu BACKEND=mpi STEPS="${GPU_CHECK_STEPS:-60}" REF_TOL=1e-5 CPU_TOL=1e-5
+  PACE=100 CONF_NPS="2" # ctest runs the conformance suite at 2, 4 and 8 ranks anyway
+else
+  BUILD_DIR="${BUILD_DIR:-$ROOT/build-gpu}"
+  LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-logs}"
+  # cuBLAS/cuDNN-free kernels, but reduction order differs from the CPU's: looser there
+  DEVICE=cuda BACKEND=nccl STEPS="${GPU_CHECK_STEPS:-80}" REF_TOL=1e-4 CPU_TOL=1e-3
+  PACE=100 CONF_NPS="2 4"
+fi
 JOBS="${JOBS:-$(nproc)}"
-STEP_TIMEOUT="${STEP_TIMEOUT:-900}"
-LOGS="$BUILD_DIR/gpu-check-logs"
+STEP_TIMEOUT="${STEP_TIMEOUT:-240}"
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
 
-# MPI programs started without mpirun (singletons) and as root on rented machines.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader,tcp}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+[ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+RECOVER_FLAGS="--enable-recovery --mca async_mpi_finalize 1"
 
-STEPS=()
+# Every rank of a multi-rank step starts through this wrapper: its own NCCL "host" and
+# the one GPU. The same on cpu (the variables are then unused).
+WRAP="$LOGS/rank-wrapper"
+cat >"$WRAP" <<'EOF'
+#!/usr/bin/env bash
+export NCCL_HOSTID="gpu-check-${OMPI_COMM_WORLD_RANK:-0}" TIDE_DEVICE=0
+exec "$@"
+EOF
+chmod +x "$WRAP"
+
+MODEL=(--layers 4 --hidden 64 --ffn 256 --vocab 64 --seq 16 --global-batch 32
+       --micro-batches 4 --lr 0.003 --seed 1234)
+# the dry run in CI: the same shapes of work on a smaller model (2 shared cores)
+[ $DRY -eq 1 ] && MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
+  --micro-batches 4 --lr 0.003 --seed 1234)
+TRAIN="$BUILD_DIR/examples/train_mlp"
+TIDED="$BUILD_DIR/coordinator/tided"
+TIDECTL="$BUILD_DIR/coordinator/tidectl"
+
+STEPS_DONE=()
 FAILED=0
 
-# step NAME CMD...: runs CMD under the timeout, logs to $LOGS/NAME.log, records the result.
+# step NAME FUNCTION: runs the function in a child bash under the timeout, logs to
+# $LOGS/NAME.log and records the result; the child's own timeout kills what it started.
 step() {
-  local name="$1"
-  shift
-  local t0 rc status
+  local name="$1" fn="$2" t0 rc status dt
   t0=$(date +%s)
-  printf '== %-12s ' "$name"
-  if declare -F "$1" >/dev/null; then
-    # a function of this script: run it in a child bash (timeout needs a program)
-    timeout --kill-after=15 "$STEP_TIMEOUT" bash -c "$1" >"$LOGS/$name.log" 2>&1
-  else
-    timeout --kill-after=15 "$STEP_TIMEOUT" "$@" >"$LOGS/$name.log" 2>&1
-  fi
+  printf '== %-14s ' "$name"
+  timeout --kill-after=15 "$STEP_TIMEOUT" bash -c "$fn" >"$LOGS/$name.log" 2>&1
   rc=$?
+  dt=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then
     status=ok
+  elif [ $rc -eq 77 ]; then
+    status=skipped
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     status="TIMEOUT(${STEP_TIMEOUT}s)"
   else
     status="FAILED(rc=$rc)"
   fi
-  local dt=$(($(date +%s) - t0))
   echo "$status (${dt}s)"
-  if [ "$status" != ok ]; then
+  if [ "$status" != ok ] && [ "$status" != skipped ]; then
     FAILED=1
     tail -n 25 "$LOGS/$name.log" | sed 's/^/   | /'
   fi
-  STEPS+=("$(printf '%-12s %-18s %6ss' "$name" "$status" "$dt")")
+  STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$name" "$status" "$dt" \
+    "$(grep -h '^RESULT: ' "$LOGS/$name.log" | tail -1 | cut -c9-)")")
   return $rc
 }
 
+# ---- the steps (each runs in its own bash: exported below) -------------------------------
+
 gpu_info() {
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  else
-    echo "nvidia-smi not found"
+  if [ "$DRY" = 1 ]; then echo "RESULT: cpu dry run"; return 0; fi
+  if ! command -v nvidia-smi >/dev/null 2>&1 && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    echo "no NVIDIA device on this machine"
+    return 77
+  fi
+  # a device node or nvidia-smi exists: the driver must answer
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || {
+    echo "an NVIDIA device is present but the driver does not answer"
+    return 1
+  }
+  echo "RESULT: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+}
+
+build() {
+  if [ "${SKIP_BUILD:-0}" = 1 ]; then echo "RESULT: reused $BUILD_DIR"; return 0; fi
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_CUDA=ON \
+    -DTIDE_SANITIZE=OFF || return 1
+  grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" || {
+    echo "NCCL was not found: the nccl backend is not built"
+    return 1
+  }
+  cmake --build "$BUILD_DIR" -j "$JOBS" || return 1
+}
+
+gpu_tests() {
+  if [ "$DRY" = 1 ]; then echo "RESULT: needs a GPU"; return 77; fi
+  cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 200 || return 1
+  if grep -q 'SKIP: ' Testing/Temporary/LastTest.log 2>/dev/null; then
+    echo "a GPU is present but a gpu test skipped itself"
     return 1
   fi
 }
 
-configure() {
-  cmake -S "$SRC_DIR" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_CUDA=ON \
-    -DTIDE_SANITIZE=OFF || return 1
-  # The GPU checks are pointless without CUDA and NCCL: say so instead of skipping.
-  grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" || {
-    echo "NCCL was not found: the nccl backend and the gpu tests are not built"
+conformance() { # conformance NP
+  local out="$LOGS/conf-$1.out"
+  $MPIRUN -np "$1" "$WRAP" "$BUILD_DIR/tests/test_collectives_conformance" --backend "$BACKEND" \
+    | tee "$out"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q 'conformance: all passed' "$out" || return 1
+  echo "RESULT: $(grep -o 'all passed in .*' "$out")"
+}
+
+kill_rank() {
+  local out="$LOGS/kill-rank.out"
+  # shellcheck disable=SC2086
+  $MPIRUN $RECOVER_FLAGS -np 4 "$WRAP" "$BUILD_DIR/tests/test_collectives_recovery" \
+    --backend "$BACKEND" 2>&1 | tee "$out"
+  grep -q 'recovery: passed' "$out" || return 1
+  echo "RESULT: $(grep -c 'the backend saw the dead peer' "$out") of 3 survivors saw it in" \
+    "$BACKEND itself"
+}
+
+# Never-resized references: the first elastic layout on DEVICE, and on cpu.
+train_ref() {
+  $MPIRUN -np 4 "$WRAP" "$TRAIN" --device "$DEVICE" --dp 2 --tp 2 --steps "$STEPS" \
+    "${MODEL[@]}" --print-every 10 --loss-out "$LOGS/loss-ref.txt" || return 1
+  if [ "$DEVICE" != cpu ]; then
+    $MPIRUN -np 4 "$TRAIN" --device cpu --dp 2 --tp 2 --steps "$STEPS" "${MODEL[@]}" \
+      --print-every 10 --loss-out "$LOGS/loss-cpu.txt" || return 1
+  else
+    cp "$LOGS/loss-ref.txt" "$LOGS/loss-cpu.txt"
+  fi
+  echo "RESULT: $(wc -l <"$LOGS/loss-ref.txt") steps"
+}
+
+# compare A B TOL: per step, relative loss difference; fails above TOL or on a missing step
+compare() {
+  awk -v tol="$3" -v steps="$STEPS" '
+    FNR == NR { ref[$1] = $2; next }
+    { got[$1] = $2 }
+    END {
+      for (s = 0; s < steps; s++) {
+        if (!(s in ref) || !(s in got)) { printf "step %d missing\n", s; bad = 1; continue }
+        d = ref[s] - got[s]; if (d < 0) d = -d
+        r = d / (ref[s] > 0 ? ref[s] : 1); if (r > worst) worst = r
+      }
+      printf "%s vs %s: largest relative difference %.2e (limit %s)\n", ARGV[1], ARGV[2], worst, tol
+      exit (bad || worst > tol)
+    }' "$1" "$2"
+}
+
+# tided on a free port in dir $1 (extra flags after); sets EP and TIDED_PID
+start_tided() {
+  local dir="$1"
+  shift
+  "$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$dir/endpoint" \
+    --state "$dir/state.db" "$@" >"$dir/tided.log" 2>&1 &
+  TIDED_PID=$!
+  for _ in $(seq 200); do [ -s "$dir/endpoint" ] && break; sleep 0.05; done
+  [ -s "$dir/endpoint" ] || { echo "tided did not start"; return 1; }
+  EP="$(cat "$dir/endpoint")"
+}
+
+job_field() { # job_field JOB NAME: a numeric field of the job in `tidectl jobs --json`
+  "$TIDECTL" --endpoint "$EP" jobs --json 2>/dev/null | grep -o "{\"name\":\"$1\"[^}]*}" |
+    grep -o "\"$2\":[0-9]*" | head -1 | cut -d: -f2
+}
+
+wait_gen() { # wait_gen JOB GEN MORE_STEPS PID: until JOB runs GEN and did MORE_STEPS in it
+  local start="" s
+  for _ in $(seq 1500); do
+    if [ "$(job_field "$1" gen)" = "$2" ]; then
+      s=$(job_field "$1" step)
+      [ -n "$s" ] || s=0
+      [ -n "$start" ] || start=$s
+      [ "$s" -ge $((start + $3)) ] && return 0
+    fi
+    kill -0 "$4" 2>/dev/null || { echo "training exited before generation $2 ran $3 steps"; return 1; }
+    sleep 0.1
+  done
+  echo "job $1 did not reach generation $2"
+  return 1
+}
+
+train_elastic() {
+  local dir="$LOGS/elastic" pid rc
+  mkdir -p "$dir"
+  start_tided "$dir" || return 1
+  trap 'kill $pid $TIDED_PID 2>/dev/null; wait 2>/dev/null' EXIT
+  $MPIRUN -np 4 "$WRAP" "$TRAIN" --tide --endpoint "$EP" --job gpucheck --device "$DEVICE" \
+    --dp 2 --tp 2 --pp 1 --steps "$STEPS" "${MODEL[@]}" --pace-ms "$PACE" --print-every 10 \
+    --loss-out "$LOGS/loss-elastic.txt" >"$dir/train.log" 2>&1 &
+  pid=$!
+  local gen=1
+  wait_gen gpucheck 1 3 $pid || return 1
+  for l in "1 2 2 2" "2 1 2 2" "4 1 1 0"; do
+    set -- $l # dp tp pp, then the steps to see in the generation before the next resize
+    gen=$((gen + 1))
+    "$TIDECTL" --endpoint "$EP" resize gpucheck --dp "$1" --tp "$2" --pp "$3" || return 1
+    wait_gen gpucheck $gen "$4" $pid || { tail -20 "$dir/train.log"; return 1; }
+    echo "generation $gen: (dp $1, tp $2, pp $3) running"
+  done
+  wait $pid
+  rc=$?
+  [ $rc -eq 0 ] || { tail -30 "$dir/train.log"; return 1; }
+  compare "$LOGS/loss-ref.txt" "$LOGS/loss-elastic.txt" "$REF_TOL" || return 1
+  compare "$LOGS/loss-cpu.txt" "$LOGS/loss-elastic.txt" "$CPU_TOL" || return 1
+  echo "RESULT: 4 generations, loss within $REF_TOL of never-resized, $CPU_TOL of cpu"
+}
+
+train_recover() {
+  local dir="$LOGS/recover" pid victim
+  mkdir -p "$dir"
+  start_tided "$dir" --heartbeat-ms 100 --miss-limit 15 || return 1
+  trap 'kill $pid $TIDED_PID 2>/dev/null; wait 2>/dev/null' EXIT
+  # shellcheck disable=SC2086
+  $MPIRUN $RECOVER_FLAGS -np 4 "$WRAP" "$TRAIN" --tide --endpoint "$EP" --job gpurecover \
+    --device "$DEVICE" --dp 2 --tp 2 --steps "$STEPS" "${MODEL[@]}" --pace-ms "$PACE" \
+    --print-every 10 --loss-out "$LOGS/loss-recover.txt" >"$dir/train.log" 2>&1 &
+  pid=$!
+  wait_gen gpurecover 1 5 $pid || return 1
+  # rank 3, a child of mpirun (the wrapper execs train_mlp); rank 0 writes the losses
+  victim=""
+  for c in $(pgrep -P "$pid"); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=3' && victim=$c
+  done
+  [ -n "$victim" ] || { echo "no rank to kill"; return 1; }
+  kill -KILL "$victim"
+  echo "killed rank pid $victim"
+  wait_gen gpurecover 2 3 $pid || { tail -30 "$dir/train.log"; return 1; }
+  wait $pid # mpirun reports the killed rank: its status is not the survivors'
+  compare "$LOGS/loss-ref.txt" "$LOGS/loss-recover.txt" "$REF_TOL" || return 1
+  echo "RESULT: recovered to generation 2, all $STEPS steps, loss within $REF_TOL"
+}
+
+resize_bench() {
+  if [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_BENCH:-0}" != 1 ]; then
+    # a minute of CI time for one command line: GPU_CHECK_DRY_BENCH=1 runs it on cpu
+    echo "RESULT: dry run: set GPU_CHECK_DRY_BENCH=1 to run it on cpu"
+    return 77
+  fi
+  local dev=cuda args=()
+  [ "$DRY" = 1 ] && dev=cpu args=(--layers 2 --hidden 64 --ffn 256 --vocab 64 --runs 1)
+  cat >"$LOGS/train_mlp_1gpu" <<EOF
+#!/usr/bin/env bash
+export NCCL_HOSTID="gpu-check-\${OMPI_COMM_WORLD_RANK:-0}" TIDE_DEVICE=0
+exec "$TRAIN" --device $dev "\$@"
+EOF
+  chmod +x "$LOGS/train_mlp_1gpu"
+  "$BUILD_DIR/benchmarks/resize_bench" --train "$LOGS/train_mlp_1gpu" --np 4 --from 2,2,1 \
+    --to 1,2,2 --work "$LOGS/resize_bench.d" --out "$LOGS/resize_bench.json" "${args[@]}" ||
     return 1
-  }
+  echo "RESULT: table in resize-bench.log, numbers in $LOGS/resize_bench.json"
 }
 
-build() {
-  # Keep going past modules that fail so that the GPU tests that can build do.
-  cmake --build "$BUILD_DIR" -j "$JOBS" -- -k
-}
+export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
+  WRAP TRAIN TIDED TIDECTL
+export -f gpu_info build gpu_tests conformance kill_rank train_ref compare start_tided \
+  job_field wait_gen train_elastic train_recover resize_bench
+# arrays do not export: the functions rebuild MODEL from this string
+MODEL_STR="${MODEL[*]}"
+export MODEL_STR
+pre='MODEL=($MODEL_STR); '
 
-run_gpu_tests() {
-  (cd "$BUILD_DIR" && ctest -L gpu -V --timeout 600 -j 1)
-}
-
-# train_mlp on one GPU vs the CPU path, same seed: the loss of every step must agree
-# within f32 tolerance (the unit-level comparison is test_examples_gpu above).
-train_mlp_cuda() {
-  local exe="$BUILD_DIR/examples/train_mlp" out="$BUILD_DIR/gpu-check-logs"
-  "$exe" --device cuda --steps 30 --print-every 10 --loss-out "$out/loss-cuda.txt" || return 1
-  "$exe" --device cpu --steps 30 --print-every 10 --loss-out "$out/loss-cpu.txt" || return 1
-  paste "$out/loss-cpu.txt" "$out/loss-cuda.txt" | awk '
-    { d = $2 - $4; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1); if (r > worst) worst = r;
-      printf "step %3d  cpu %.6f  cuda %.6f  rel %.2e\n", $1, $2, $4, r }
-    END { printf "largest relative difference %.2e (limit 1e-3 after 30 Adam steps)\n", worst; exit (worst > 1e-3) }'
-}
-
-export SRC_DIR BUILD_DIR JOBS
-export -f gpu_info configure build run_gpu_tests train_mlp_cuda
-
-step install-deps bash "$ROOT/scripts/install-deps.sh"
-step gpu-info gpu_info
-HAVE_GPU=$?
-step configure configure
-CONFIGURED=$?
-if [ $CONFIGURED -eq 0 ]; then
-  step build build
-  step gpu-tests run_gpu_tests
-  step train-mlp train_mlp_cuda
+echo "gpu-check: $([ $DRY = 1 ] && echo 'cpu dry run (mpi backend, --device cpu)' ||
+  echo "one GPU, nccl backend")"
+step gpu-info "${pre}gpu_info"
+HAVE=$?
+if [ $HAVE -eq 77 ]; then
+  echo "gpu-check: no GPU on this machine: nothing checked"
+  exit 0
+fi
+step build "${pre}build"
+if [ $FAILED -eq 0 ]; then
+  step gpu-tests "${pre}gpu_tests"
+  for n in $CONF_NPS; do step "conf-np$n" "${pre}conformance $n"; done
+  step kill-rank "${pre}kill_rank"
+  step train-ref "${pre}train_ref" && step train-elastic "${pre}train_elastic"
+  step train-recover "${pre}train_recover"
+  step resize-bench "${pre}resize_bench"
 fi
 
 echo
 echo "---- gpu-check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ----"
-for s in "${STEPS[@]}"; do echo "$s"; done
-if [ -f "$LOGS/gpu-tests.log" ]; then
-  echo
-  printf '%-44s %-10s %s\n' "gpu test" "result" "time"
-  # ctest lines: " 1/3 Test #6: name .......   Passed    1.23 sec"
-  grep -E 'Test +#[0-9]+: ' "$LOGS/gpu-tests.log" |
-    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*(\*\*\*)? *([A-Za-z ]+[A-Za-z]) +([0-9.]+ sec).*/\1|\3|\4/' |
-    awk -F'|' '{ printf "%-44s %-10s %s\n", $1, $2, $3 }'
-  if grep -q 'SKIP: ' "$LOGS/gpu-tests.log"; then
-    echo "note: tests skipped themselves: $(grep -ho 'SKIP: .*' "$LOGS/gpu-tests.log" | head -1)"
-    [ $HAVE_GPU -eq 0 ] && FAILED=1 # a GPU is present, so a skip is a failure here
-  fi
-  grep -hE '^[0-9]+: (conformance|[a-z_]+: passed)' "$LOGS/gpu-tests.log" | sed 's/^/  /' | head -30
-fi
+printf '%-14s %-18s %6s  %s\n' step status time result
+for s in "${STEPS_DONE[@]}"; do echo "$s"; done
+echo "not yet: reshard_bench on nccl vs plain NCCL send/recv"
 echo "logs: $LOGS"
 if [ $FAILED -ne 0 ]; then
   echo "gpu-check: FAILED"

@@ -8,7 +8,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libsqlite3-dev sqlite3
   libcriterion-dev libopenblas-dev libxxhash-dev
-  procps curl
+  procps curl shellcheck
   iproute2 util-linux  # scripts/cluster.sh: ip netns, tc, unshare
   python3-torch python3-mpi4py python3-pip
 )

@@ -1,0 +1,25 @@
+# scripts/: the shell entry points. Every script must parse (bash -n) and pass
+# shellcheck at warning level (label unit); scripts/gpu-check.sh runs its steps on the
+# cpu with the mpi backend (--cpu-dry, label mpi): the same functions, rank wrapper,
+# tided/tidectl driving, loss comparisons and summary a GPU machine runs, on this
+# build (SKIP_BUILD=1), so that the GPU check cannot rot where no GPU is.
+find_program(TIDE_SHELLCHECK shellcheck)
+file(GLOB tide_scripts ${PROJECT_SOURCE_DIR}/scripts/*.sh)
+string(REPLACE ";" " " tide_scripts "${tide_scripts}")
+set(tide_lint "for s in ${tide_scripts}; do bash -n \"$s\" || exit 1; done")
+if(TIDE_SHELLCHECK)
+  string(APPEND tide_lint "; ${TIDE_SHELLCHECK} -S warning ${tide_scripts}")
+endif()
+add_test(NAME scripts_lint COMMAND bash -c "${tide_lint}")
+set_tests_properties(scripts_lint PROPERTIES LABELS unit TIMEOUT 60)
+
+# resize_bench is defined later (benchmarks/ comes after tests/)
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TIDE_BUILD_BENCHMARKS)
+  add_test(NAME gpu_check_cpu_dry
+           COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --cpu-dry)
+  set_tests_properties(gpu_check_cpu_dry PROPERTIES
+                       LABELS mpi TIMEOUT 400 RUN_SERIAL TRUE
+                       ENVIRONMENT "SKIP_BUILD=1;BUILD_DIR=${PROJECT_BINARY_DIR}"
+                       PASS_REGULAR_EXPRESSION "gpu-check: all passed"
+                       FAIL_REGULAR_EXPRESSION "gpu-check: FAILED")
+endif()

@@ -5,7 +5,7 @@
  * Run with 8 ranks: `mpirun -np 8 reshard_bench [--min-mib 64] [--max-mib 2048]`.
  * For state sizes doubling from --min-mib to --max-mib (one replica of an MLP model
  * with Adam moments, f32) and the layout pairs DP 2->4, TP 2->4, PP 2->4 and
- * (2,2,2)->(1,4,2), it places the new layout the way tided does by default
+ * (2,2,2)->(1,4,2) and (1,4,2)->(2,4,1), it places the new layout the way tided does by default
  * (tide_reshard_place, the map that sends the fewest bytes; --placement default: the
  * plain rank order), plans the reshard, then times four things:
  *   mpi:      every rank exchanges with each peer exactly the bytes the plan moves
@@ -70,6 +70,9 @@ static const pair_spec pairs[] = {
     {"TP 2->4", 1, 2, 1, 1, 4, 1},
     {"PP 2->4", 1, 1, 2, 1, 1, 4},
     {"(2,2,2)->(1,4,2)", 2, 2, 2, 1, 4, 2},
+    /* on 2 hosts x 4 ranks: one pipeline stage per host back to one replica per host,
+       every byte it moves crosses the link */
+    {"(1,4,2)->(2,4,1)", 1, 4, 2, 2, 4, 1},
 };
 
 /* The four timings of a (pair, size), each the median over the repetitions of the
@@ -562,7 +565,7 @@ int main(int argc, char **argv)
         {"placement", "TIDE_BENCH_PLACEMENT", TIDE_OPT_STRING, &placement, "optimal",
          "new layout's map: optimal (fewest bytes, tided's default) or default (rank order)", 0, 0},
         {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
-         "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2)); -1: all", -1, 3},
+         "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2), 4 (1,4,2)); -1: all", -1, 4},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
          "repetitions, interleaved (the median is reported)", 1, 1000},
         {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, "bench-out/reshard_bench.json",

@@ -15,6 +15,8 @@
 #                                                 every process of it is SIGKILLed at once
 #   cluster.sh check                              exit 0 if this machine can make one, else
 #                                                 print why and exit 77
+#   cluster.sh gc                                 remove clusters whose --owner PID is gone
+#                                                 (a test killed by its timeout: no trap ran)
 #
 # The env file (/run/tide-cluster/NAME/env) sets TIDE_CLUSTER_NAME, TIDE_CLUSTER_HOSTS
 # ("h1 h2"), TIDE_CLUSTER_ADDR (the machine's bridge address), TIDE_CLUSTER_SUBNET and
@@ -57,6 +59,7 @@ while [ $# -gt 0 ]; do
     --name=*) NAME=${1#--name=}; shift ;;
     --rate) RATE=$2; shift 2 ;;
     --rate=*) RATE=${1#--rate=}; shift ;;
+    --owner) OWNER=$2; shift 2 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -182,6 +185,7 @@ TIDE_CLUSTER_MPI="$mpi"
 export TIDE_CLUSTER_NAME TIDE_CLUSTER_HOSTS TIDE_CLUSTER_ADDR TIDE_CLUSTER_SUBNET TIDE_CLUSTER_MPI
 EOF
   TIDE_CLUSTER_HOSTS=$hosts
+  if [ -n "${OWNER:-}" ]; then echo "$OWNER" >"$DIR/owner"; fi
   if [ -n "${RATE:-}" ]; then shape "$RATE"; fi
   trap - ERR
   echo "$DIR/env"
@@ -207,6 +211,16 @@ case "$cmd" in
     ip link set "tcv$NAME${BASH_REMATCH[1]}" down
     pids=$(ip netns pids "$(ns "$1")")
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true ;;
+  gc)
+    for d in "$RUN_DIR"/*/; do
+      [ -f "$d/owner" ] || continue
+      o=$(cat "$d/owner")
+      if ! kill -0 "$o" 2>/dev/null; then
+        n=$(basename "$d")
+        echo "cluster.sh: removing cluster '$n' (owner $o is gone)" >&2
+        bash "$0" down --name "$n"
+      fi
+    done ;;
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "cluster.sh: cannot make a cluster here: $why"; exit 77; fi ;;

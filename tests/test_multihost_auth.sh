@@ -22,7 +22,7 @@ MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
 STEPS=500
 
 note "tided at $EP; the never-resized reference run (dp 2 tp 2) on h1"
-"${MPI[@]}" --host h1:4 -np 4 "$TRAIN" "${MODEL[@]}" --dp 2 --tp 2 --steps $STEPS \
+timeout 120 "${MPI[@]}" --host h1:4 -np 4 "$TRAIN" "${MODEL[@]}" --dp 2 --tp 2 --steps $STEPS \
   --loss-out "$MH_TMP/ref.loss" --print-every 1000 >"$MH_TMP/ref.log" 2>&1 ||
   { cat "$MH_TMP/ref.log" >&2; fail "reference run"; }
 
@@ -72,16 +72,18 @@ set -e
 
 note "... and by libtide: a rank with an unknown key, and one with no key"
 set +e
-out=$("${MPI[@]}" --host h2:1 -np 1 -x TIDE_ENDPOINT="$EP" \
+out=$(timeout 60 "${MPI[@]}" --host h2:1 -np 1 -x TIDE_ENDPOINT="$EP" \
   -x TIDE_KEY="$MH_TMP/other/stranger.key" -x TIDE_SERVER_KEY="$KEYS/server.pub" \
   "$TRAIN" --tide --job other "${MODEL[@]}" --steps 1 2>&1); rc=$?
 set -e
+[ $rc -ne 124 ] || fail "libtide with an unknown key: no answer in 60 s: $out"
 [ $rc -ne 0 ] && grep -q "CURVE handshake failed (key not allowed)" <<<"$out" ||
   fail "libtide with an unknown key: rc $rc: $out"
 set +e
-out=$("${MPI[@]}" --host h2:1 -np 1 -x TIDE_ENDPOINT="$EP" \
+out=$(timeout 60 "${MPI[@]}" --host h2:1 -np 1 -x TIDE_ENDPOINT="$EP" \
   "$TRAIN" --tide --job other "${MODEL[@]}" --steps 1 2>&1); rc=$?
 set -e
+[ $rc -ne 124 ] || fail "libtide without a key: no answer in 60 s: $out"
 [ $rc -ne 0 ] && grep -q "tided requires CURVE: set TIDE_KEY" <<<"$out" ||
   fail "libtide without a key: rc $rc: $out"
 note "the admin key resizes the job across the hosts: (2,2,1) -> (1,4,1)"

@@ -5,7 +5,7 @@
  * Run with 8 ranks: `mpirun -np 8 reshard_bench [--min-mib 64] [--max-mib 2048]`.
  * For state sizes doubling from --min-mib to --max-mib (one replica of an MLP model
  * with Adam moments, f32) and the layout pairs DP 2->4, TP 2->4, PP 2->4 and
- * (2,2,2)->(1,4,2), it places the new layout the way tided does by default
+ * (2,2,2)->(1,4,2) and (1,4,2)->(2,4,1), it places the new layout the way tided does by default
  * (tide_reshard_place, the map that sends the fewest bytes; --placement default: the
  * plain rank order), plans the reshard, then times four things:
  *   mpi:      every rank exchanges with each peer exactly the bytes the plan moves
@@ -27,6 +27,11 @@
  * TIDE_COLL_CMA=0 turns that path off for a comparison). Numbers (medians, min,
  * max) go to --out (default bench-out/reshard_bench.json).
  *
+ * Across hosts (ranks whose hostnames differ, e.g. `mpirun --host h1:4,h2:4` on
+ * scripts/cluster.sh with a shaped link), placement knows each rank's host as tided
+ * does, and the table adds "x-host": the plan's bytes between ranks on different hosts,
+ * with the chosen placement and with the plain rank order ("x-host rank").
+ *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
  * plus at most the staging cap; pick --max-mib to fit the machine. On a machine with
  * fewer cores than ranks every rank shares the cores, baselines and executor alike:
@@ -42,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "benchmarks/bench_out.h"
 #include "collectives/collectives.h"
@@ -64,6 +70,9 @@ static const pair_spec pairs[] = {
     {"TP 2->4", 1, 2, 1, 1, 4, 1},
     {"PP 2->4", 1, 1, 2, 1, 1, 4},
     {"(2,2,2)->(1,4,2)", 2, 2, 2, 1, 4, 2},
+    /* on 2 hosts x 4 ranks: one pipeline stage per host back to one replica per host,
+       every byte it moves crosses the link */
+    {"(1,4,2)->(2,4,1)", 1, 4, 2, 2, 4, 1},
 };
 
 /* The four timings of a (pair, size), each the median over the repetitions of the
@@ -79,11 +88,26 @@ typedef struct result {
     double ratio_e2e; /* mpi_copy / exec: whole resize against MPI + memcpy */
     double ratio_p2p; /* mpi / exec: whole resize against the network bytes alone */
     uint64_t peak_staging, cap;
-    uint64_t direct; /* bytes the network run received by single copy (all ranks) */
+    uint64_t direct;               /* bytes the network run received by single copy (all ranks) */
+    uint64_t cross, cross_default; /* plan bytes between hosts: chosen placement, rank order */
     int ok;
 } result;
 
 static int me, np;
+static int g_host[64]; /* host index of each rank (ranks with equal hostnames share one) */
+static int g_hosts = 1;
+
+/* Bytes of plan sent between ranks of different hosts. */
+static uint64_t cross_bytes(const tide_plan_t *plan)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const tide_xfer *x = &plan->items[i];
+        if (x->src != x->dst && g_host[x->src] != g_host[x->dst])
+            b += x->run * x->count;
+    }
+    return b;
+}
 static int g_optimal = 1; /* --placement: 1 optimal (tided's default), 0 rank order */
 
 /* Page size the baseline aligns its messages to (bytes), and the extra room each slab
@@ -379,7 +403,7 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
     /* every rank of this machine is a worker on one host, as tided would offer them */
     tide_place_worker pw[64];
     for (int w = 0; w < np && w < 64; w++)
-        pw[w] = (tide_place_worker){w, 0};
+        pw[w] = (tide_place_worker){w, g_host[w]};
     tide_place_request pr = {.dp = ps->ndp,
                              .tp = ps->ntp,
                              .pp = ps->npp,
@@ -394,6 +418,16 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
         tide_reshard_plan(ol, nl, col, NULL, 0, &plan) != TIDE_OK) {
         TIDE_ERROR(BENCH, "%s: planning failed: %s", ps->name, tide_last_error());
         goto out;
+    }
+    r->cross = r->cross_default = cross_bytes(plan);
+    if (g_optimal) {
+        tide_layout_t *dl = NULL;
+        tide_plan_t *dplan = NULL;
+        if (tide_reshard_place_default(col, &pr, &dl) == TIDE_OK &&
+            tide_reshard_plan(ol, dl, col, NULL, 0, &dplan) == TIDE_OK)
+            r->cross_default = cross_bytes(dplan);
+        tide_plan_destroy(&dplan);
+        tide_layout_destroy(&dl);
     }
     int bad = make_slabs(ol, col, &olds, 0x5a) || make_slabs(nl, col, &news, 0) ||
               volumes_new(plan, &olds, &v) || network_plan(plan, &net);
@@ -499,9 +533,11 @@ static int write_json(const char *path, const result *res, int n, long long cap_
                        "\"ratio_p2p\": null, ");
         fprintf(f,
                 "\"ratio_e2e\": %.3f, \"peak_staging\": %llu, \"staging_cap\": %llu, "
-                "\"bytes_direct\": %llu}%s\n",
+                "\"bytes_direct\": %llu, \"hosts\": %d, \"bytes_cross_host\": %llu, "
+                "\"bytes_cross_host_rank_order\": %llu}%s\n",
                 r->ratio_e2e, (unsigned long long)r->peak_staging, (unsigned long long)r->cap,
-                (unsigned long long)r->direct, i + 1 < n ? "," : "");
+                (unsigned long long)r->direct, g_hosts, (unsigned long long)r->cross,
+                (unsigned long long)r->cross_default, i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     return fclose(f) == 0 ? 0 : -1;
@@ -529,7 +565,7 @@ int main(int argc, char **argv)
         {"placement", "TIDE_BENCH_PLACEMENT", TIDE_OPT_STRING, &placement, "optimal",
          "new layout's map: optimal (fewest bytes, tided's default) or default (rank order)", 0, 0},
         {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
-         "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2)); -1: all", -1, 3},
+         "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2), 4 (1,4,2)); -1: all", -1, 4},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
          "repetitions, interleaved (the median is reported)", 1, 1000},
         {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, "bench-out/reshard_bench.json",
@@ -541,6 +577,27 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
+    {
+        /* hosts by hostname, numbered in rank order of first appearance */
+        char(*names)[64] = tide_calloc((size_t)np, 64);
+        char mine[64] = "";
+        gethostname(mine, sizeof mine - 1);
+        if (names != NULL) {
+            MPI_Allgather(mine, 64, MPI_CHAR, names, 64, MPI_CHAR, MPI_COMM_WORLD);
+            g_hosts = 0;
+            for (int w = 0; w < np && w < 64; w++) {
+                int h = g_hosts;
+                for (int v = 0; v < w; v++)
+                    if (strcmp(names[v], names[w]) == 0) {
+                        h = g_host[v];
+                        break;
+                    }
+                g_host[w] = h;
+                g_hosts += h == g_hosts;
+            }
+            tide_free(names);
+        }
+    }
     tide_status rc = tide_opts_parse(opts, argc, argv, &npos, &help);
     if (rc != TIDE_OK || help) {
         if (me == 0) {
@@ -591,6 +648,10 @@ int main(int argc, char **argv)
     if (me == 0) {
         printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB, %s placement\n", np,
                cap_mib, placement);
+        if (g_hosts > 1)
+            printf("%d hosts: under each row, the bytes sent between hosts with this placement "
+                   "and with the plain rank order\n",
+                   g_hosts);
         printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
                "sent", "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net",
                "r_e2e", "r_p2p", "peak stg", "direct");
@@ -627,6 +688,9 @@ int main(int argc, char **argv)
                        r->med[M_EXEC_NET], r->med[M_EXEC], gbs, rn, r->ratio_e2e, rp,
                        (double)r->peak_staging / 1048576.0, (double)r->direct / 1048576.0,
                        r->peak_staging <= r->cap ? "" : " (over cap!)");
+                if (g_hosts > 1)
+                    printf("%-18s across hosts %4.0f MiB, rank order %4.0f MiB\n", "",
+                           (double)r->cross / 1048576.0, (double)r->cross_default / 1048576.0);
                 fflush(stdout);
             }
         }

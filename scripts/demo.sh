@@ -10,7 +10,24 @@
 # --bubbles`), and ends with the loss curve of this run next to a run of the same model
 # that was never resized (bubble filling included, the losses are the same).
 # Everything it started is stopped on exit. About 2 minutes once built.
+#
+# `demo.sh --hosts N` (N >= 2, root: network namespaces) instead runs the job on N hosts
+# of a cluster made on this machine (scripts/cluster.sh, 1 Gbit/s links): CURVE keys from
+# `tidectl keygen`, tided --auth on the bridge address, `mpirun --host h1:4,h2:4,...`
+# train_mlp --tide with tensor parallelism inside each host and data parallelism across
+# them, `tidectl status` showing the hosts, and a resize whose --dry-run says how many
+# bytes cross hosts. The cluster is removed on exit.
 set -euo pipefail
+HOSTS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) HOSTS=${2:-}; shift 2 || true ;;
+    --hosts=*) HOSTS=${1#--hosts=}; shift ;;
+    *) echo "usage: demo.sh [--hosts N]" >&2; exit 2 ;;
+  esac
+done
+[[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ne 1 ] && [ "$HOSTS" -le 8 ] ||
+  { echo "demo.sh: --hosts takes 2..8" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/install-deps.sh"
 export BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -48,6 +65,80 @@ cleanup() {
 trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+# ---- several hosts -----------------------------------------------------------------------
+if [ "$HOSTS" -ge 2 ]; then
+  CLUSTER="$ROOT/scripts/cluster.sh"
+  if ! why=$(bash "$CLUSTER" check); then echo "demo: --hosts: $why"; exit 1; fi
+  CNAME="demo$$"
+  CNAME=${CNAME:0:8}
+  cleanup_hosts() {
+    cleanup
+    bash "$CLUSTER" down --name "$CNAME" || true
+  }
+  trap cleanup_hosts EXIT
+  say "scripts/cluster.sh up $HOSTS: $HOSTS hosts (network namespaces), 1 Gbit/s uplinks"
+  . "$(bash "$CLUSTER" up "$HOSTS" --name "$CNAME" --rate 1gbit)"
+  echo "hosts: $TIDE_CLUSTER_HOSTS on $TIDE_CLUSTER_SUBNET; this machine is $TIDE_CLUSTER_ADDR"
+  KEYS="$OUT/keys"
+  rm -rf "$KEYS"
+  say "tidectl keygen: tided's key pair, an admin key (ops), a worker key (job)"
+  "$TIDECTL" keygen "$KEYS" --role server
+  "$TIDECTL" keygen "$KEYS" --role admin --name ops
+  "$TIDECTL" keygen "$KEYS" --role worker --name job >/dev/null
+  "$TIDED" --endpoint "tcp://$TIDE_CLUSTER_ADDR:*" --endpoint-file "$OUT/endpoint" --auth "$KEYS" \
+    --state "$OUT/state.db" >"$OUT/tided.log" 2>&1 &
+  TIDED_PID=$!
+  for _ in $(seq 200); do [ -s "$OUT/endpoint" ] && break; sleep 0.05; done
+  [ -s "$OUT/endpoint" ] || { echo "demo: tided did not start; see $OUT/tided.log"; exit 1; }
+  EP="$(cat "$OUT/endpoint")"
+  say "tided --auth $KEYS listening on $EP"
+  ctl() { "$TIDECTL" --endpoint "$EP" --key "$KEYS/ops.key" --server-key "$KEYS/server.pub" "$@"; }
+  hostlist=""
+  for i in $(seq "$HOSTS"); do hostlist="$hostlist${hostlist:+,}h$i:4"; done
+  say "mpirun --host $hostlist train_mlp --tide --dp $HOSTS --tp 4 (log $OUT/train.log)"
+  # the environment does not reach the hosts' daemons: everything as flags
+  mpirun $TIDE_CLUSTER_MPI --oversubscribe --bind-to none --mca btl self,vader,tcp \
+    --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 \
+    --host "$hostlist" -np $((4 * HOSTS)) -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/job.key" \
+    -x TIDE_SERVER_KEY="$KEYS/server.pub" "$TRAIN" --tide --job "$JOB" --dp "$HOSTS" --tp 4 \
+    "${MODEL[@]}" --steps 100000 --pace-ms 100 --print-every 20 >"$OUT/train.log" \
+    2>"$OUT/train.err" &
+  TRAIN_PID=$!
+  gen_is() { # the job runs generation $1
+    local row
+    row=$(ctl jobs --json 2>/dev/null | grep -o "{\"name\":\"$JOB\"[^}]*}" || true)
+    grep -q "\"state\":\"running\"" <<<"$row" && grep -q "\"gen\":$1," <<<"$row"
+  }
+  wait_running() {
+    for _ in $(seq 600); do
+      kill -0 "$TRAIN_PID" 2>/dev/null || { echo "demo: train_mlp exited; see $OUT/train.err"; exit 1; }
+      gen_is "$1" && return 0
+      sleep 0.1
+    done
+    echo "demo: job $JOB did not run generation $1; see $OUT/train.err"; exit 1
+  }
+  wait_running 1
+  sleep 3
+  say "tidectl status: $((4 * HOSTS)) workers on $HOSTS hosts, each TP group inside one host"
+  ctl status
+  say "tidectl resize $JOB --dp 1 --tp 4 --pp $HOSTS --dry-run (what would cross hosts)"
+  ctl resize "$JOB" --dp 1 --tp 4 --pp "$HOSTS" --dry-run
+  say "tidectl resize $JOB --dp 1 --tp 4 --pp $HOSTS"
+  ctl resize "$JOB" --dp 1 --tp 4 --pp "$HOSTS"
+  wait_running 2
+  sleep 3
+  say "tidectl status (generation 2: one pipeline stage per host)"
+  ctl status
+  say "tidectl resize $JOB --dp $HOSTS --tp 4 --pp 1 (back: the stages cross the links)"
+  ctl resize "$JOB" --dp "$HOSTS" --tp 4 --pp 1
+  wait_running 3
+  sleep 2
+  ctl status
+  grep "generation\|joined" "$OUT/train.log" || true
+  say "done: tided, the job and the $HOSTS hosts are stopped on exit"
+  exit 0
+fi
 
 # ---- tided -------------------------------------------------------------------------------
 "$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$OUT/endpoint" \

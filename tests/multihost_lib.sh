@@ -36,11 +36,13 @@ mh_setup() {
     echo "SKIP: $why"
     exit "$MH_SKIP"
   fi
+  # clusters of tests that were killed (ctest's timeout sends SIGKILL: no trap runs)
+  bash "$CLUSTER" gc || true
   trap mh_cleanup EXIT
   trap 'exit 1' INT TERM
   MH_TMP=$(mktemp -d /tmp/tide-mh.XXXXXX)
   local env
-  env=$(bash "$CLUSTER" up "$1" --name "$MH_NAME" ${2:+--rate "$2"})
+  env=$(bash "$CLUSTER" up "$1" --name "$MH_NAME" --owner $$ ${2:+--rate "$2"})
   # shellcheck disable=SC1090
   . "$env"
   KEYS="$MH_TMP/keys"

@@ -248,6 +248,41 @@ static int cmp_id_pos(const void *a, const void *b)
     return x->pos < y->pos ? -1 : (x->pos > y->pos);
 }
 
+/*
+ * Sorts by (id, pos). Ids are usually dense pool ranks: a counting sort over
+ * them (pos ascending within an id, as tmp is filled in pos order) costs
+ * O(n + max id) instead of qsort's O(n log n) calls through a pointer; this
+ * runs for every validation, several times per placement decision.
+ */
+static tide_status sort_id_pos(id_pos *tmp, size_t n)
+{
+    int32_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        max = tmp[i].id > max ? tmp[i].id : max;
+    size_t range = (size_t)max + 1;
+    if (range > 4 * n + 1024) { /* sparse ids */
+        qsort(tmp, n, sizeof *tmp, cmp_id_pos);
+        return TIDE_OK;
+    }
+    uint32_t *start = tide_calloc(range + 1, sizeof *start);
+    id_pos *out = tide_calloc(n ? n : 1, sizeof *out);
+    if (start == NULL || out == NULL) {
+        tide_free(start);
+        tide_free(out);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory indexing %zu workers", n);
+    }
+    for (size_t i = 0; i < n; i++)
+        start[tmp[i].id + 1]++;
+    for (size_t k = 0; k < range; k++)
+        start[k + 1] += start[k];
+    for (size_t i = 0; i < n; i++)
+        out[start[tmp[i].id]++] = tmp[i];
+    memcpy(tmp, out, n * sizeof *tmp);
+    tide_free(out);
+    tide_free(start);
+    return TIDE_OK;
+}
+
 tide_status tide__worker_index_new(const tide_layout_t *l, tide__worker_index *ix)
 {
     memset(ix, 0, sizeof *ix);
@@ -266,7 +301,7 @@ tide_status tide__worker_index_new(const tide_layout_t *l, tide__worker_index *i
                            p, d, t);
         }
     }
-    qsort(tmp, n, sizeof *tmp, cmp_id_pos);
+    TIDE_CHECK_GOTO(sort_id_pos(tmp, n), rc, fail);
     for (size_t i = 1; i < n; i++) {
         if (tmp[i].id == tmp[i - 1].id) {
             int p0, d0, t0, p1, d1, t1;

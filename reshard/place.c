@@ -1080,7 +1080,8 @@ static tide_status assign_dp(placer *pl)
     int64_t *wt = pc_calloc(pl, (size_t)nd * (size_t)nd, sizeof *wt);
     int *a = pc_calloc(pl, (size_t)nd, sizeof *a), *prev = pc_calloc(pl, (size_t)nd, sizeof *prev);
     char *taken = pc_calloc(pl, (size_t)nd, 1);
-    if (!zb || !wt || !a || !prev || !taken) {
+    int *keep = pc_calloc(pl, (size_t)nd, sizeof *keep);
+    if (!zb || !wt || !a || !prev || !taken || !keep) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory matching dp ranks");
         goto out;
     }
@@ -1117,17 +1118,20 @@ static tide_status assign_dp(placer *pl)
         for (int j = 0; j < nd; j++) {
             int g = q * nd + j;
             const pworker *first = &pl->w[pl->gmember[(size_t)g * (size_t)ntp]];
+            /* members keeping their old (q, d, t), per d: one pass over the group */
+            memset(keep, 0, (size_t)nd * sizeof *keep);
+            for (int t = 0; t < ntp; t++) {
+                const pworker *x = &pl->w[pl->gmember[(size_t)g * (size_t)ntp + (size_t)t]];
+                if (x->op == q && x->ot == t && x->od >= 0 && x->od < nd)
+                    keep[x->od]++;
+            }
             for (int d = 0; d < nd; d++) {
-                int64_t neigh = 0, role = 0;
+                int64_t neigh = 0, role = keep[d];
                 if (q > 0) {
                     const pworker *pf = &pl->w[pl->gmember[(size_t)prev[d] * (size_t)ntp]];
                     neigh = pf->host == first->host                                        ? 2
                             : (pf->host - first->host == 1 || first->host - pf->host == 1) ? 1
                                                                                            : 0;
-                }
-                for (int t = 0; t < ntp; t++) {
-                    const pworker *x = &pl->w[pl->gmember[(size_t)g * (size_t)ntp + (size_t)t]];
-                    role += x->op == q && x->od == d && x->ot == t;
                 }
                 wt[(size_t)j * (size_t)nd + (size_t)d] =
                     (zb[(size_t)j * (size_t)nd + (size_t)d] >> zs) * m1 + neigh * m2 + role;
@@ -1162,6 +1166,7 @@ out:
     tide_free(a);
     tide_free(prev);
     tide_free(taken);
+    tide_free(keep);
     return rc;
 }
 

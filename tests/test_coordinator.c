@@ -208,6 +208,136 @@ Test(policy, placement_survives_allocation_failures)
     free(c);
 }
 
+/* Every TP group of l on one host, by the candidates' hosts. */
+static int tp_groups_inside_hosts(const tide_layout_t *l, const int32_t *host_of_rank)
+{
+    for (size_t k = 0; k < tide_layout_size(l); k += (size_t)l->tp)
+        for (int t = 1; t < l->tp; t++)
+            if (host_of_rank[l->worker[k + (size_t)t]] != host_of_rank[l->worker[k]])
+                return 0;
+    return 1;
+}
+
+/*
+ * Random failure sequences on clusters of hosts of uneven sizes: single GPUs
+ * and whole hosts fail and come back; after each change the job recovers (a
+ * member died) or resizes to the largest dp the rule allows. No layout ever
+ * chosen has a TP group across hosts, and the dp chosen is exactly the
+ * largest whose groups the live hosts hold.
+ */
+Test(policy, random_failures_never_put_a_tp_group_across_hosts)
+{
+    uint64_t s = 0x5ca1e;
+    int decisions = 0, reduced = 0;
+    for (int run = 0; run < 12; run++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        static const int tps[] = {2, 4, 8};
+        int tp = tps[(s >> 33) % 3], pp = 1 + (int)((s >> 40) % 3),
+            hosts = 6 + (int)((s >> 45) % 10);
+        int gpus = tp + (int)((s >> 50) % (unsigned)tp); /* tp .. 2 tp - 1 per host */
+        int n = hosts * gpus, layers = 6;
+        int32_t *host = calloc((size_t)n, sizeof *host);
+        uint8_t *alive = calloc((size_t)n, 1), *member = calloc((size_t)n, 1);
+        tide_policy_worker *cand = calloc((size_t)n, sizeof *cand);
+        int32_t *pre = calloc((size_t)n, sizeof *pre);
+        for (int w = 0; w < n; w++) {
+            host[w] = w / gpus;
+            alive[w] = 1;
+        }
+        tide_layout_t *job = NULL;
+        for (int step = 0; step < 40; step++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int w = (int)((s >> 33) % (uint64_t)n);
+            if ((s >> 20) % 4 == 0) /* a whole host goes down or comes back */
+                for (int g = 0; g < gpus; g++)
+                    alive[host[w] * gpus + g] = !alive[host[w] * gpus + g];
+            else
+                alive[w] = !alive[w];
+            size_t k = 0;
+            int lost = 0;
+            for (int x = 0; x < n; x++) {
+                lost += member[x] && !alive[x];
+                if (alive[x])
+                    cand[k++] = (tide_policy_worker){x, host[x],
+                                                     member[x] ? TIDE_PW_MEMBER : TIDE_PW_IDLE, 0};
+            }
+            int by_count = (int)k / (tp * pp);
+            int dp = tide_policy_tp_fit_dp(cand, k, tp, pp, by_count);
+            /* the rule, recomputed here: whole groups per live host */
+            int slots = 0;
+            for (int h = 0; h < hosts; h++) {
+                int up = 0;
+                for (int g = 0; g < gpus; g++)
+                    up += alive[h * gpus + g];
+                slots += up / tp;
+            }
+            cr_assert_eq(dp, slots / pp < by_count ? slots / pp : by_count);
+            reduced += dp < by_count;
+            tide_layout_t *l = NULL;
+            size_t np = 0;
+            tide_status rc;
+            if (job != NULL && lost) {
+                rc = tide_policy_recover(job, NULL, cand, k, &l, pre, &np);
+                if (rc == TIDE_OK)
+                    cr_assert_leq(l->dp, dp, "recovery chose dp %d, the hosts hold %d", l->dp, dp);
+            } else if (dp >= 1) {
+                tide_resize_req req = {dp, tp, pp, layers, 1, NULL, 0, 0};
+                rc = tide_policy_place(job, NULL, &req, cand, k, &l, pre, &np);
+                cr_assert_eq(rc, TIDE_OK, "run %d step %d: dp %d: %s", run, step, dp,
+                             tide_last_error());
+            } else {
+                continue;
+            }
+            if (rc != TIDE_OK) {
+                cr_assert_eq(rc, TIDE_ERR_NO_DEVICE, "%s", tide_last_error());
+                cr_assert_eq(dp, 0, "recovery refused with room for dp %d: %s", dp,
+                             tide_last_error());
+                continue;
+            }
+            decisions++;
+            cr_assert(tp_groups_inside_hosts(l, host),
+                      "run %d step %d: a TP group of %d spans "
+                      "hosts",
+                      run, step, tp);
+            memset(member, 0, (size_t)n);
+            for (size_t i = 0; i < tide_layout_size(l); i++)
+                member[l->worker[i]] = 1;
+            tide_layout_destroy(&job);
+            job = l;
+        }
+        tide_layout_destroy(&job);
+        free(host);
+        free(alive);
+        free(member);
+        free(cand);
+        free(pre);
+    }
+    cr_log_info("%d layouts chosen, %d times a smaller dp so TP groups fit in hosts", decisions,
+                reduced);
+    cr_expect(decisions > 100 && reduced > 10, "%d decisions, %d reduced", decisions, reduced);
+}
+
+/* A layout whose TP groups do not fit in hosts is refused with the room, unless allowed. */
+Test(policy, resize_without_room_for_tp_groups_is_refused_unless_allowed)
+{
+    tide_policy_worker *c = workers(12, 3, TIDE_PW_IDLE); /* 4 hosts of 3: one group of 2 each */
+    tide_resize_req req = {5, 2, 1, 4, 1, NULL, 0, 0};
+    tide_layout_t *l = NULL;
+    int32_t pre[12];
+    size_t np = 0;
+    cr_assert_eq(tide_policy_tp_fit_dp(c, 12, 2, 1, 6), 4);
+    cr_assert_eq(tide_policy_place(NULL, NULL, &req, c, 12, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    cr_expect(strstr(tide_last_error(), "needs 5 TP groups of 2 workers, each inside one host") !=
+                  NULL,
+              "%s", tide_last_error());
+    cr_assert_null(l);
+    req.tp_across_hosts = 1;
+    cr_assert_eq(tide_policy_place(NULL, NULL, &req, c, 12, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
+    tide_layout_destroy(&l);
+    free(c);
+}
+
 Test(policy, backfill_by_priority_then_submission)
 {
     tide_policy_offline q[4] = {{10, 0, 0}, {11, 5, 0}, {12, 5, 0}, {13, -3, 0}};

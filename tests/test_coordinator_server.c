@@ -830,6 +830,19 @@ Test(tided, dry_run_compares_the_chosen_map_with_the_rank_order, .init = setup, 
     admin_call(admin, &m, &r, TIDE_MSG_ERROR);
     cr_assert(strstr(r.u.error.message, "does not divide") != NULL, "%s", r.u.error.message);
     tide_msg_clear(&r);
+    /* tp 4 on hosts of 2: a TP group would span hosts; refused with the room, unless the
+     * resize allows it (tidectl resize --allow-tp-across-hosts) */
+    m.u.resize.tp = 4;
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_assert(strstr(r.u.error.message, "needs 1 TP groups of 4 workers, each inside one host") !=
+                      NULL &&
+                  strstr(r.u.error.message, "room for 0") != NULL,
+              "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    m.u.resize.tp_across_hosts = 1;
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    cr_assert_eq(r.u.resize_reply.layout.tp, 4);
+    tide_msg_clear(&r);
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
     zmq_close(admin);

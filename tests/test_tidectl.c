@@ -564,6 +564,12 @@ Test(tidectl_cli, resize_dry_run_sends_the_layout_and_prints_the_plan)
               r.out);
     cr_expect(strstr(r.out, "rank order") == NULL, "not a dry run: no comparison");
     cr_expect_eq(f.last.u.resize.n_stages, 0u, "no --stages: tided splits evenly");
+    cr_expect_eq(f.last.u.resize.tp_across_hosts, 0, "TP groups inside hosts by default");
+    run_free(&r);
+    r = run_cli("--endpoint", f.endpoint, "resize", "llm", "--dp", "1", "--tp", "2", "--pp", "1",
+                "--allow-tp-across-hosts", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_expect_eq(f.last.u.resize.tp_across_hosts, 1);
     run_free(&r);
     fake_stop(&f);
 }

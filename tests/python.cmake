@@ -6,6 +6,6 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
     add_test(NAME test_python_${mode}
              COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_python.sh ${mode} ${PROJECT_SOURCE_DIR}
                      ${PROJECT_BINARY_DIR} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
-    _tide_test_props(test_python_${mode} "mpi;python" 240)
+    _tide_test_props(test_python_${mode} "mpi;python" 300)
   endforeach()
 endif()

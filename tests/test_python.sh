@@ -41,7 +41,9 @@ export TIDE_ENDPOINT
 TIDE_ENDPOINT=$(cat "$WORK/endpoint")
 CTL="$BUILD/coordinator/tidectl"
 EX="$SRC/examples/train_torch.py"
-STEPS=20
+STEPS=16
+# a small model: the test is about the binding, and the machine may be shared
+MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16)
 wait_for() { # FILE REGEX SECONDS
   for _ in $(seq $(($3 * 10))); do
     grep -qE "$2" "$1" && return 0
@@ -59,12 +61,12 @@ if [ "$MODE" = api ]; then
 fi
 
 # the never-resized reference, one rank
-"${MPIRUN[@]}" -np 1 "$PY" "$EX" --job ref --steps $STEPS --loss-out "$WORK/ref.loss" \
+"${MPIRUN[@]}" -np 1 "$PY" "$EX" "${MODEL[@]}" --job ref --steps $STEPS --loss-out "$WORK/ref.loss" \
   >"$WORK/ref.log" 2>&1 || fail "the reference run failed"
 
 mkdir "$WORK/check"
 if [ "$MODE" = resize ]; then
-  "${MPIRUN[@]}" -np 4 "$PY" "$EX" --job el --dp 2 --pp 2 --steps $STEPS --step-ms 60 \
+  "${MPIRUN[@]}" -np 4 "$PY" "$EX" "${MODEL[@]}" --job el --dp 2 --pp 2 --steps $STEPS --step-ms 60 \
     --loss-out "$WORK/el.loss" --check-dir "$WORK/check" >"$WORK/job.log" 2>&1 &
   JOB_PID=$!
   wait_for "$WORK/job.log" '^train_torch: step 0 ' 60
@@ -79,13 +81,13 @@ if [ "$MODE" = resize ]; then
   JOB_PID=""
   last=$(sed -n 's/.*generation 4 .* from step \([0-9]*\).*/\1/p' "$WORK/job.log")
   [ "${last:-$STEPS}" -lt $STEPS ] || fail "the last resize came after the final step"
-  "$PY" "$SRC/tests/python_check_state.py" "$WORK/check" >"$WORK/check.log" 2>&1 ||
+  "$PY" "$SRC/tests/python_check_state.py" "$WORK/check" "${MODEL[@]}" >"$WORK/check.log" 2>&1 ||
     fail "state across the switches: $(tail -n 1 "$WORK/check.log")"
   [ "$(grep -c bit-identical "$WORK/check.log")" -eq 3 ] || fail "expected 3 checked switches"
   cat "$WORK/check.log"
 else
   # worker 3 = (pp 1, dp 1) dies inside step 6; (pp 1, dp 0) holds its replica
-  "${MPIRUN[@]}" --enable-recovery --mca async_mpi_finalize 1 -np 4 "$PY" "$EX" --job rec \
+  "${MPIRUN[@]}" --enable-recovery --mca async_mpi_finalize 1 -np 4 "$PY" "$EX" "${MODEL[@]}" --job rec \
     --dp 2 --pp 2 --steps $STEPS --step-ms 20 --kill-worker 3 --kill-at 6 \
     --loss-out "$WORK/el.loss" --check-dir "$WORK/check" >"$WORK/job.log" 2>&1 &
   JOB_PID=$!
@@ -95,7 +97,7 @@ else
   wait "$JOB_PID" 2>/dev/null
   JOB_PID=""
   grep -q "worker 3 done" "$WORK/job.log" && fail "the killed worker finished"
-  "$PY" "$SRC/tests/python_check_state.py" "$WORK/check" >"$WORK/check.log" 2>&1 ||
+  "$PY" "$SRC/tests/python_check_state.py" "$WORK/check" "${MODEL[@]}" >"$WORK/check.log" 2>&1 ||
     fail "state across the recovery: $(tail -n 1 "$WORK/check.log")"
   cat "$WORK/check.log"
   "$CTL" events --json >"$WORK/events.log" 2>&1 || true

@@ -75,7 +75,6 @@ class BubbleStats(Structure):
 _PROTOS = {
     # include/tide/status.h
     "tide_strerror": (c_char_p, [c_int]),
-    "tide_status_name": (c_char_p, [c_int]),
     "tide_last_error": (c_char_p, []),
     # include/tide/tide.h
     "tide_options_init": (None, [POINTER(Options)]),
@@ -99,7 +98,6 @@ _PROTOS = {
     "tide_collection_new": (c_int, [POINTER(c_void_p), c_int]),
     "tide_collection_add": (c_int, [c_void_p, POINTER(TensorDesc)]),
     "tide_collection_destroy": (None, [POINTER(c_void_p)]),
-    "tide_collection_size": (c_size_t, [c_void_p]),
     "tide_layout_new": (c_int, [POINTER(c_void_p), c_int, c_int, c_int, c_int, c_int]),
     "tide_layout_set_stages": (c_int, [c_void_p, POINTER(c_int)]),
     "tide_layout_validate": (c_int, [c_void_p, c_void_p]),

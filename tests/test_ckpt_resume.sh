@@ -41,7 +41,8 @@ fi
 grep -q "TIDE_CKPT_FAULT=shards:1: exiting" "$W/crash.log" || { cat "$W/crash.log"; fail "no crash"; }
 [ -d "$W/R/step-000000000010" ] || fail "the crashed save left no trace (was it reached?)"
 [ ! -f "$W/R/step-000000000010/MANIFEST" ] || fail "the crashed save was published"
-"$TOOL" info "$W/R" | grep -q "step 8$" || { "$TOOL" info "$W/R"; fail "newest is not step 8"; }
+"$TOOL" info "$W/R" > "$W/info.log" || fail "tide-ckpt info"
+grep -q "step 8$" "$W/info.log" || { cat "$W/info.log"; fail "newest is not step 8"; }
 
 # 3. verify, convert, and the same layout loaded by a job
 "$TOOL" verify "$W/R" || fail "verify"

@@ -297,7 +297,15 @@ Test(reliability, client_that_never_reads_costs_bounded_memory, .init = setup, .
     long after = peak_rss_kib(proc.pid);
     long grew_kib = after - before;
     cr_log_info("status reply %zu bytes; tided peak RSS %ld -> %ld KiB", one, before, after);
-    cr_assert_lt((double)grew_kib * 1024.0, 0.03 * (double)one * n_flood,
+    /* ASan's quarantine keeps freed blocks mapped, so a sanitizer build's tided holds
+       more; a tided that kept the replies would still grow several times more (86 MB
+       for the 750 MB flood in a plain build before the bound) */
+#if defined(__SANITIZE_ADDRESS__)
+    const double share = 0.10;
+#else
+    const double share = 0.03;
+#endif
+    cr_assert_lt((double)grew_kib * 1024.0, share * (double)one * n_flood,
                  "tided grew %ld KiB for a client that never reads (%d replies of %zu bytes)",
                  grew_kib, n_flood, one);
     cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");

@@ -234,7 +234,9 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
                                "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
                                tide_collection_tensor(t->coll, i)->name,
                                (unsigned long long)my_nb[i]);
-            TIDE_CHECK_GOTO(tide__check_buf(t, "tide_reshard", i, new_bufs[i], my_nb[i]), rc, fail);
+            if (!in_place) /* in place: the runtime's own pool memory, of the right kind */
+                TIDE_CHECK_GOTO(tide__check_buf(t, "tide_reshard", i, new_bufs[i], my_nb[i]), rc,
+                                fail);
         }
         if (!in_place)
             new_rows[t->rank] = (void *)new_bufs;

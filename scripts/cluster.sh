@@ -103,7 +103,7 @@ down() {
   ip link delete "$BR" 2>/dev/null || true
   rm -rf /etc/netns/tide-"$NAME"-h*
   for h in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
-             grep -E "^tcv$NAME[0-9]+$" || true); do
+             grep -E "^tcv${NAME}[0-9]+$" || true); do
     ip link delete "$h" 2>/dev/null || true
   done
   rm -rf "$DIR"

@@ -78,6 +78,7 @@ if [ "$HOSTS" -ge 2 ]; then
   }
   trap cleanup_hosts EXIT
   say "scripts/cluster.sh up $HOSTS: $HOSTS hosts (network namespaces), 1 Gbit/s uplinks"
+  # shellcheck disable=SC1090 # the env file cluster.sh writes
   . "$(bash "$CLUSTER" up "$HOSTS" --name "$CNAME" --rate 1gbit)"
   echo "hosts: $TIDE_CLUSTER_HOSTS on $TIDE_CLUSTER_SUBNET; this machine is $TIDE_CLUSTER_ADDR"
   KEYS="$OUT/keys"

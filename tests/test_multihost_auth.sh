@@ -86,8 +86,8 @@ set -e
 [ $rc -ne 124 ] || fail "libtide without a key: no answer in 60 s: $out"
 [ $rc -ne 0 ] && grep -q "tided requires CURVE: set TIDE_KEY" <<<"$out" ||
   fail "libtide without a key: rc $rc: $out"
-note "the admin key resizes the job across the hosts: (2,2,1) -> (1,4,1)"
-ctl ops resize $JOB --dp 1 --tp 4 --pp 1 || fail "admin resize"
+note "the admin key resizes the job across the hosts: (2,2,1) -> (1,4,1), its TP group spanning both (allowed explicitly)"
+ctl ops resize $JOB --dp 1 --tp 4 --pp 1 --allow-tp-across-hosts || fail "admin resize"
 for _ in $(seq 300); do
   grep -q "generation 2 from step" "$MH_TMP/job.log" && break
   sleep 0.1

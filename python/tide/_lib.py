@@ -22,7 +22,7 @@ class Options(Structure):
                 ("pool", c_char_p), ("backend", c_char_p), ("device", c_int),
                 ("mem_bytes", c_uint64), ("register_timeout_ms", c_int),
                 ("join_timeout_ms", c_int), ("switch_timeout_ms", c_int),
-                ("staging_cap", c_uint64)]
+                ("staging_cap", c_uint64), ("mem_strict", c_int)]
 
 
 class JoinReq(Structure):
@@ -63,7 +63,11 @@ class ReshardStats(Structure):
     _fields_ = [("bytes_sent", c_uint64), ("bytes_recv", c_uint64), ("bytes_local", c_uint64),
                 ("plan_ms", c_double), ("move_ms", c_double), ("comm_ms", c_double),
                 ("total_ms", c_double), ("wait_ms", c_double), ("sync_ms", c_double),
-                ("groups_ms", c_double), ("teardown_ms", c_double), ("prepared", c_int)]
+                ("groups_ms", c_double), ("teardown_ms", c_double), ("prepared", c_int),
+                ("state_old", c_uint64), ("state_new", c_uint64), ("staging_cap", c_uint64),
+                ("mem_limit", c_uint64), ("peak_extra", c_uint64), ("no_room", c_uint64),
+                ("bytes_kept", c_uint64), ("bytes_shrunk", c_uint64), ("bytes_rebuilt", c_uint64),
+                ("bytes_spilled", c_uint64), ("fresh_bytes", c_uint64)]
 
 
 class BubbleStats(Structure):

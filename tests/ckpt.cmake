@@ -10,5 +10,5 @@ if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided)
                    $<TARGET_FILE:train_mlp> $<TARGET_FILE:tide-ckpt> $<TARGET_FILE:tided>
                    ${TIDE_MPIEXEC}
                    ${TIDE_MPIEXEC_FLAGS})
-  _tide_test_props(test_ckpt_resume "mpi" 180)
+  _tide_test_props(test_ckpt_resume "mpi" 400)
 endif()

@@ -164,8 +164,7 @@ static void job_of(void *admin, tide_proto_job_state_t *state, uint64_t *gen)
  * large worker table and never reads a reply. Every heartbeat is sent on time, so no
  * worker of the job may be declared failed, and the job keeps its generation.
  */
-Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .fini = teardown,
-     .timeout = 60)
+Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .fini = teardown)
 {
     const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "3", NULL};
     start(extra);
@@ -251,8 +250,7 @@ static long peak_rss_kib(pid_t pid)
  * tided keeps a bounded queue per connection (the rest are dropped or refused), so
  * its peak memory stays far below what the replies would take, and others are served.
  */
-Test(reliability, client_that_never_reads_costs_bounded_memory, .init = setup, .fini = teardown,
-     .timeout = 60)
+Test(reliability, client_that_never_reads_costs_bounded_memory, .init = setup, .fini = teardown)
 {
     start(NULL);
     void *bulk = conn(5000);
@@ -315,8 +313,7 @@ Test(reliability, client_that_never_reads_costs_bounded_memory, .init = setup, .
  * Thousands of malformed messages make a few log lines, not one each: repeated
  * warnings are rate-limited, with a count of what was suppressed.
  */
-Test(reliability, malformed_flood_is_logged_at_a_bounded_rate, .init = setup, .fini = teardown,
-     .timeout = 60)
+Test(reliability, malformed_flood_is_logged_at_a_bounded_rate, .init = setup, .fini = teardown)
 {
     char logpath[400];
     snprintf(logpath, sizeof logpath, "%s/tided.log", proc.dir);
@@ -496,8 +493,7 @@ static void damage_files(damage d, const uint8_t *db, size_t db_len, const uint8
  * left as it was; an intact file (and a WAL whose last write was torn by a crash,
  * which SQLite handles) still starts with its job.
  */
-Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fini = teardown,
-     .timeout = 90)
+Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fini = teardown)
 {
     /* two snapshots: after kill -9 (the WAL holds the commits) and after a clean stop */
     make_state();
@@ -567,7 +563,7 @@ Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fi
  * jobs and events instead of stopping.
  */
 Test(reliability, full_disk_keeps_reads_served_and_refuses_changes, .init = setup,
-     .fini = teardown, .timeout = 60)
+     .fini = teardown)
 {
     struct rlimit old, lim;
     cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
@@ -668,7 +664,7 @@ static tide_proto_job_state_t wait_not_running(void *admin, const char *name)
  * name starts it again, with or without the cancel.
  */
 Test(reliability, job_with_all_ranks_gone_can_be_cancelled_and_relaunched, .init = setup,
-     .fini = teardown, .timeout = 60)
+     .fini = teardown)
 {
     const char *extra[] = {"--heartbeat-ms", "50", "--miss-limit", "3", NULL};
     start(extra);
@@ -770,8 +766,7 @@ static int free_port(void)
  * More idle connections than tided has metrics slots (they connect and never send a
  * request) do not lock a scraper out; an offline job with an empty command is refused.
  */
-Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .fini = teardown,
-     .timeout = 60)
+Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .fini = teardown)
 {
     int port = free_port();
     char addr[64];
@@ -812,8 +807,7 @@ Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .f
 }
 
 /* Metrics bound to a non-loopback address start with a warning saying what is exposed. */
-Test(reliability, metrics_on_a_public_address_warn, .init = setup, .fini = teardown,
-     .timeout = 30)
+Test(reliability, metrics_on_a_public_address_warn, .init = setup, .fini = teardown)
 {
     int port = free_port();
     char addr[64];

@@ -20,7 +20,7 @@ if(TARGET tide_mlp)
                     ARGS relayout 2 TIMEOUT 60)
   # Distributed checkpoints: save under one layout, load under another.
   tide_add_mpi_test(test_examples_ckpt NP 8 SOURCES test_examples_ckpt.c LIBS tide_mlp
-                    TIMEOUT 60)
+                    TIMEOUT 240)
   # The program itself: flags, layout, loss printed identically on all ranks.
   tide_add_mpi_test(test_train_mlp_np8 NP 8 TARGET train_mlp
                     ARGS --dp 2 --tp 2 --pp 2 --steps 3 --print-every 1 TIMEOUT 60)

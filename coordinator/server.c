@@ -11,7 +11,11 @@
  *
  * Liveness never depends on how long the loop was busy: a message is stamped
  * with the time it is read, and a worker is judged at the last time the queue
- * was seen empty (drained_ns), when everything it sent before has been read. No
+ * was seen empty (drained_ns), when everything it sent before has been read. When
+ * tided itself did not run on time (its failure scan overdue by more than a heartbeat
+ * period: CPU starvation, a slow disk commit, a paused VM), messages may still sit in
+ * ZeroMQ's I/O thread or the kernel; it gives every worker one more failure timeout
+ * instead of judging them by its own lateness. No
  * client can starve the others: ZeroMQ reads connections round-robin, and a
  * client whose operator requests used PEER_PASS_MS of handler time in a pass
  * gets its further ones in that pass refused (TIDE_ERR_BUSY, cheap) instead of
@@ -1813,7 +1817,20 @@ tide_status tide_server_run(tide_server_t *s)
             s->next_scan_ns = now_ns_cached + scan_every;
         }
         if (now_ns_cached >= s->next_scan_ns) {
-            scan_failures(s, s->drained_ns);
+            uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
+            if (s->last_scan_ns != 0 && now_ns_cached - s->last_scan_ns > scan_every + hb) {
+                s->grace_until_ns = now_ns_cached + hb * (uint64_t)s->cfg.miss_limit;
+                TIDE_WARN_LIMITED("server",
+                                  "tided did not run for %llu ms (starved of CPU or blocked on "
+                                  "disk): workers get %lld ms more before any is declared "
+                                  "failed",
+                                  (unsigned long long)((now_ns_cached - s->last_scan_ns) /
+                                                       1000000ull),
+                                  (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
+            }
+            s->last_scan_ns = now_ns_cached;
+            if (now_ns_cached >= s->grace_until_ns)
+                scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
             s->next_scan_ns = now_ns_cached + scan_every;
         }

@@ -96,6 +96,8 @@ struct tide_server {
     uint64_t next_scan_ns;
     uint64_t drained_ns; /* last time the ROUTER queue was seen empty: every message sent
                             before it has been read (liveness is judged at this time) */
+    uint64_t last_scan_ns;  /* when the failure scan last ran */
+    uint64_t grace_until_ns; /* tided itself was stalled: no worker is failed before this */
     /* fairness: handler time per client in the current pass */
     tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
     uint64_t pass_no;

@@ -159,14 +159,14 @@ static void job_of(void *admin, tide_proto_job_state_t *state, uint64_t *gen)
 }
 
 /*
- * A job trains (three workers heartbeating every 50 ms, failure after 3 x 100 ms of
+ * A job trains (three workers heartbeating every 100 ms, failure after 3 x 200 ms of
  * silence) while one client pipelines thousands of expensive status requests over a
  * large worker table and never reads a reply. Every heartbeat is sent on time, so no
  * worker of the job may be declared failed, and the job keeps its generation.
  */
 Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .fini = teardown)
 {
-    const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "3", NULL};
+    const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "3", NULL};
     start(extra);
     fake w[3];
     for (int i = 0; i < 3; i++) {
@@ -178,7 +178,7 @@ Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .f
         cr_assert_eq(coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r), 0);
         tide_msg_clear(&r);
     }
-    beater b = {.w = w, .n = 3, .period_ms = 50};
+    beater b = {.w = w, .n = 3, .period_ms = 100};
     cr_assert_eq(pthread_create(&beat_th, NULL, beat, &b), 0);
     beat_stop = &b.stop;
 
@@ -201,7 +201,7 @@ Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .f
     tide_proto_buf_init(&enc);
     tide_msg_init(&m, TIDE_MSG_STATUS);
     cr_assert_eq(tide_proto_encode(&m, &enc), TIDE_OK);
-    const int n_flood = 400; /* a few seconds of tided's time when each is served */
+    const int n_flood = 1000; /* several seconds of tided's time when each is served */
     for (int i = 0; i < n_flood; i++)
         cr_assert_eq(zmq_send(hostile, enc.data, enc.len, 0), (int)enc.len);
     tide_proto_buf_destroy(&enc);
@@ -210,7 +210,7 @@ Test(reliability, expensive_flood_never_fails_healthy_workers, .init = setup, .f
     atomic_store(&b.stop, 1);
     pthread_join(beat_th, NULL);
     beat_stop = NULL;
-    cr_assert_lt(b.max_gap_ns, 250000000ull,
+    cr_assert_lt(b.max_gap_ns, 450000000ull,
                  "the test's own heartbeat thread was late (%llu ms): machine overloaded",
                  (unsigned long long)(b.max_gap_ns / 1000000ull));
     void *admin = conn(30000);

@@ -203,7 +203,21 @@ static tide_status chunk_sizes(exec *x)
     TIDE_CHECK_ALLOC_GOTO(pairs, rc, out);
     TIDE_CHECK_ALLOC_GOTO(nstreams, rc, out);
     size_t m = 0;
-    for (size_t i = 0; i < p->n; i++) {
+    if (p->stream_count != NULL) {
+        /* a worker's part of the plan (tide_reshard_plan_for) carries everyone's count */
+        for (size_t k = 0; k < p->n_stream; k++) {
+            int32_t w = p->stream_worker[k];
+            int q = w >= 0 && (size_t)w < x->a->n_workers ? rank_of(x, w) : -1;
+            if (q >= 0 && q < x->n)
+                nstreams[q] = (int)p->stream_count[k];
+            else if (p->stream_count[k] > 0)
+                TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
+                               "plan gives worker %d peer streams but it is on no rank of this "
+                               "%d-rank communicator",
+                               (int)w, x->n);
+        }
+    }
+    for (size_t i = 0; i < p->n && p->stream_count == NULL; i++) {
         const tide_xfer *it = &p->items[i];
         if (it->src == it->dst || item_bytes(it) == 0)
             continue;

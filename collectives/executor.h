@@ -22,10 +22,11 @@
  * Staging memory: every stream owns its staging slots, so no stream ever waits for
  * another's memory (no deadlock whatever the plan). Rank q's chunk size is
  *     c_q = min(max_chunk, staging_cap / (depth_q * streams_q))
- * and a pair uses min(c_src, c_dst), computed by both ends from the full plan; hence
- * peak staging <= staging_cap on every rank. Because of that, every rank must pass the
- * same full plan (tide_reshard_plan, not tide_reshard_plan_for) and the same
- * staging_cap and max_chunk; the mpi backend detects a disagreement on sizes
+ * and a pair uses min(c_src, c_dst), computed by both ends from the same plan; hence
+ * peak staging <= staging_cap on every rank. Because of that, every rank must pass
+ * either the same full plan (tide_reshard_plan) or its own part of it
+ * (tide_reshard_plan_for, whose stream counts give every rank's streams_q), and the
+ * same staging_cap and max_chunk; the mpi backend detects a disagreement on sizes
  * (TIDE_ERR_PROTOCOL) instead of corrupting memory.
  *
  * Memory: staging slots come from opts->pool when given (reused across calls); in-place
@@ -57,7 +58,7 @@ extern "C" {
 typedef void (*tide_exec_progress_fn)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
 
 typedef struct tide_exec_args {
-    const tide_plan_t *plan;             /* the full plan; the same on every rank */
+    const tide_plan_t *plan;             /* the full plan, or this rank's worker's plan_for */
     size_t n_workers;                    /* > every worker id in the plan */
     size_t n_tensors;                    /* > every tensor index in the plan */
     const int *rank_of_worker;           /* [n_workers]: communicator rank running each worker

@@ -129,6 +129,8 @@ typedef struct planner {
     size_t *cnt; /* per rank: items (M_COUNT), then write cursor (M_WRITE) */
     uint64_t *send, *recv;
     uint32_t *last_dst; /* per rank: 1 + rank of the last destination it sent to */
+    uint64_t *sk_dv;      /* M_COLLECT: per node, bytes the current destination takes */
+    uint32_t *sk_touched; /* M_COLLECT: the nodes it takes from */
     tide_plan_summary sum;
     tide_xfer *out;
     size_t out_n, out_cap;
@@ -173,6 +175,8 @@ static void planner_free(planner *pl)
     tide_free(pl->send);
     tide_free(pl->recv);
     tide_free(pl->last_dst);
+    tide_free(pl->sk_dv);
+    tide_free(pl->sk_touched);
     tide_free(pl->out);
     memset(pl, 0, sizeof *pl);
 }
@@ -796,7 +800,14 @@ static const int *dst_coords(const planner *pl, uint32_t r, int *pn, int *dn, in
     return oc;
 }
 
-/* Walks every destination in id order and every tensor of its stage in index order. */
+static tide_status skip_dst(planner *pl, uint32_t r, int pn, int dn, int tn, const int *ocp,
+                            int *skipped);
+
+/*
+ * Walks every destination in id order and every tensor of its stage in index
+ * order. M_COLLECT skips, by groups, the destinations the filtered worker
+ * neither is nor sends to (their bytes only move the node cursors).
+ */
 static tide_status walk(planner *pl, int mode)
 {
     pl->mode = mode;
@@ -807,6 +818,12 @@ static tide_status walk(planner *pl, int mode)
         int pn, dn, tn, oc[3];
         const int *ocp = dst_coords(pl, r, &pn, &dn, &tn, oc);
         pl->pool_n = 0;
+        if (mode == M_COLLECT && pl->ids[r] != pl->filter) {
+            int skipped = 0;
+            TIDE_CHECK(skip_dst(pl, r, pn, dn, tn, ocp, &skipped));
+            if (skipped)
+                continue;
+        }
         for (size_t k = pl->soff[pn]; k < pl->soff[pn + 1]; k++) {
             uint32_t i = pl->slist[k], n;
             const piece_t *p;
@@ -864,6 +881,69 @@ static tide_status walk_volume(planner *pl)
     tide_status rc = walk(pl, M_VOLUME); /* fails at the first tensor in plan order */
     return rc != TIDE_OK ? rc
                          : tide_errorf(TIDE_ERR_INTERNAL, "reshard plan: missing holder not found");
+}
+
+/*
+ * For plan_for: destination r (not the filtered worker) by groups. When the
+ * filtered worker sends it nothing (it is none of the senders whose quotas
+ * cover r's chunk of each node stream), moves the node cursors past r's
+ * chunks exactly as the tensor-by-tensor walk would and sets *skipped.
+ */
+static tide_status skip_dst(planner *pl, uint32_t r, int pn, int dn, int tn, const int *ocp,
+                            int *skipped)
+{
+    const tide_layout_t *o = pl->o;
+    size_t nt = 0;
+    *skipped = 0;
+    for (size_t k = pl->goff[pn]; k < pl->goff[pn + 1]; k++) {
+        const group *gr = &pl->grp[k];
+        uint32_t n;
+        const piece_t *p;
+        TIDE_CHECK(get_pieces(pl, r, gr->cls, dn, tn, &p, &n));
+        for (uint32_t x = 0; x < n; x++) {
+            int pk = gr->pk, dk = p[x].dk, tk = p[x].tk;
+            if (ocp != NULL && (pk == o->pp || ocp[0] == pk) && (dk == o->dp || ocp[1] == dk) &&
+                (tk == o->tp || ocp[2] == tk))
+                continue;
+            size_t id = node_id(pl, pk, dk, tk);
+            if (pl->sk_dv[id] == 0)
+                pl->sk_touched[nt++] = (uint32_t)id;
+            pl->sk_dv[id] += (p[x].b - p[x].a) * gr->count;
+        }
+    }
+    int involved = 0;
+    for (size_t k = 0; k < nt && !involved; k++) {
+        const node_state *ns = &pl->ns[pl->sk_touched[k]];
+        uint64_t v = pl->sk_dv[pl->sk_touched[k]], used = ns->used;
+        for (uint32_t j = ns->j; j < ns->s_n && v > 0; j++, used = 0) {
+            uint64_t take = pl->sq[ns->s_off + j] - used;
+            involved = pl->ids[pl->snd[ns->s_off + j]] == pl->filter;
+            if (involved)
+                break;
+            v -= take < v ? take : v;
+        }
+    }
+    for (size_t k = 0; k < nt; k++) {
+        uint32_t id = pl->sk_touched[k];
+        node_state *ns = &pl->ns[id];
+        uint64_t v = pl->sk_dv[id];
+        pl->sk_dv[id] = 0;
+        while (!involved && v > 0) {
+            if (ns->j >= ns->s_n)
+                return tide_errorf(TIDE_ERR_INTERNAL,
+                                   "reshard plan: a holder node ran out of quota");
+            uint64_t take = pl->sq[ns->s_off + ns->j] - ns->used;
+            take = take < v ? take : v;
+            ns->used += take;
+            v -= take;
+            if (ns->used == pl->sq[ns->s_off + ns->j]) {
+                ns->j++;
+                ns->used = 0;
+            }
+        }
+    }
+    *skipped = !involved;
+    return TIDE_OK;
 }
 
 /* ---- balancing ----------------------------------------------------------------------------- */
@@ -1268,6 +1348,9 @@ static int cmp_xfer(const void *a, const void *b)
     return (x->dst_off > y->dst_off) - (x->dst_off < y->dst_off);
 }
 
+static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
+                               uint32_t *streams);
+
 tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                   const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
                                   int32_t worker, tide_plan_t **out)
@@ -1280,10 +1363,38 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
     if (rc != TIDE_OK)
         return rc;
     tide_plan_t *plan = NULL;
+    uint32_t *streams = NULL;
+    int32_t *stream_worker = NULL;
     TIDE_CHECK_GOTO(plan_prepare(&pl), rc, fail);
+    /* the totals first (they move the node cursors), then only this worker's part */
+    tide_plan_totals t;
+    memset(&t, 0, sizeof t);
+    streams = pl_calloc(&pl, pl.nr ? pl.nr : 1, sizeof *streams);
+    TIDE_CHECK_ALLOC_GOTO(streams, rc, fail);
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, streams), rc, fail);
+    for (uint32_t r = 0; r < pl.nr; r++)
+        t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
+    TIDE_CHECK_GOTO(balanced_bound(&pl, &t.balanced_bound), rc, fail);
+    reset_cursors(&pl);
+    pl.sk_dv = pl_calloc(&pl, pl.n_nodes, sizeof *pl.sk_dv);
+    TIDE_CHECK_ALLOC_GOTO(pl.sk_dv, rc, fail);
+    pl.sk_touched = pl_calloc(&pl, pl.n_nodes, sizeof *pl.sk_touched);
+    TIDE_CHECK_ALLOC_GOTO(pl.sk_touched, rc, fail);
     pl.filter = worker;
     TIDE_CHECK_GOTO(walk(&pl, M_COLLECT), rc, fail);
-    TIDE_CHECK_GOTO(plan_finish_summary(&pl), rc, fail);
+    pl.sum.bytes_sent = pl.sum.lower_bound = pl.bytes_needed;
+    pl.sum.bytes_local = pl.bytes_local;
+    pl.sum.max_send = t.max_send;
+    pl.sum.max_recv = t.max_recv;
+    pl.sum.balanced_bound = t.balanced_bound;
+    pl.sum.messages = t.messages;
+    pl.sum.n_xfers = pl.sum.n_copies = 0; /* counted over the kept items below */
+    for (size_t k = 0; k < pl.out_n; k++) {
+        if (pl.out[k].src == pl.out[k].dst)
+            pl.sum.n_copies++;
+        else
+            pl.sum.n_xfers++;
+    }
     /* Items where worker is the source come out sorted; those it receives need ordering. */
     if (pl.out_n > 1)
         qsort(pl.out, pl.out_n, sizeof *pl.out, cmp_xfer);
@@ -1294,6 +1405,13 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
     plan->n = pl.out_n;
     plan->summary = pl.sum;
     pl.out = NULL;
+    stream_worker = pl_calloc(&pl, pl.nr ? pl.nr : 1, sizeof *stream_worker);
+    TIDE_CHECK_ALLOC_GOTO(stream_worker, rc, fail);
+    for (uint32_t r = 0; r < pl.nr; r++)
+        stream_worker[r] = pl.ids[r];
+    plan->stream_worker = stream_worker;
+    plan->stream_count = streams;
+    plan->n_stream = pl.nr;
     tide__reshard_set_peak(pl.mem_bytes);
     planner_free(&pl);
     *out = plan;
@@ -1301,6 +1419,10 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
 fail:
     tide__reshard_set_peak(pl.mem_bytes);
     planner_free(&pl);
+    if (plan == NULL || plan->stream_count != streams) {
+        tide_free(streams);
+        tide_free(stream_worker);
+    }
     tide_plan_destroy(&plan);
     return rc;
 }
@@ -1311,9 +1433,11 @@ fail:
  * stream, and the full walk cuts each stream at the same quotas, so the
  * senders whose quotas cover the chunk are exactly those that send this
  * destination something. Counts distinct (sender, destination) pairs and the
- * largest receive volume.
+ * largest receive volume; streams (NULL: not wanted) gets, per rank, the pairs
+ * it is part of.
  */
-static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv)
+static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
+                               uint32_t *streams)
 {
     tide_status rc = TIDE_OK;
     const tide_layout_t *o = pl->o;
@@ -1366,6 +1490,10 @@ static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_re
                 if (stamp[sr] != r + 1) {
                     stamp[sr] = r + 1;
                     (*messages)++;
+                    if (streams != NULL) {
+                        streams[sr]++;
+                        streams[r]++;
+                    }
                 }
                 b += pl->sq[ns->s_off + j];
             }
@@ -1400,7 +1528,7 @@ tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layo
     memset(&t, 0, sizeof t);
     TIDE_CHECK_GOTO(walk_volume(&pl), rc, out);
     TIDE_CHECK_GOTO(balance(&pl), rc, out);
-    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv), rc, out);
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, NULL), rc, out);
     for (uint32_t r = 0; r < pl.nr; r++)
         t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
     t.bytes_sent = t.lower_bound = pl.bytes_needed;
@@ -1418,6 +1546,8 @@ void tide_plan_destroy(tide_plan_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_free((*self_p)->items);
+    tide_free((*self_p)->stream_worker);
+    tide_free((*self_p)->stream_count);
     tide_free(*self_p);
     *self_p = NULL;
 }

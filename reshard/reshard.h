@@ -242,6 +242,13 @@ typedef struct tide_plan {
     tide_xfer *items;        /* sorted by (src, dst, tensor, dst_off) */
     size_t n;
     tide_plan_summary summary;
+    /* tide_reshard_plan_for only (NULL and 0 for a full plan): for every worker of the
+       whole plan, sorted by id, the number of its peer streams (distinct sender ->
+       receiver pairs with bytes that it is part of), so that each rank can size its
+       chunks as from the full plan (collectives/executor.h) */
+    int32_t *stream_worker;
+    uint32_t *stream_count;
+    size_t n_stream;
 } tide_plan_t;
 
 /*
@@ -258,7 +265,13 @@ tide_status tide_reshard_plan(const tide_layout_t *old_l, const tide_layout_t *n
 
 /*
  * The same plan restricted to the items where worker is src or dst, in the
- * same order; equal to filtering tide_reshard_plan's result. Caller owns *out.
+ * same order; equal to filtering tide_reshard_plan's result, so the union over
+ * workers is the plan. Its summary holds the whole plan's totals, with
+ * n_xfers / n_copies counting this worker's items. Destinations the worker
+ * does not send to are passed by tensor class, not tensor by tensor: a
+ * worker's share of the plan, not the whole plan. stream_worker/stream_count
+ * give every worker's peer-stream count, which the executor needs to run a
+ * plan_for on each rank instead of the full plan. Caller owns *out.
  */
 tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                   const tide_collection_t *c, const uint8_t *alive,

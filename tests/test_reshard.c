@@ -468,6 +468,51 @@ typedef struct stats {
     int cases, no_holder, checked_opt;
 } stats;
 
+/* Streams of worker w in the full plan: distinct (src, dst) pairs with bytes, src != dst,
+ * that w is part of. */
+static uint32_t streams_in_plan(const tide_plan_t *plan, int32_t w)
+{
+    uint32_t n = 0;
+    for (size_t k = 0; k < plan->n; k++) {
+        const tide_xfer *x = &plan->items[k];
+        if (x->src == x->dst || x->run * x->count == 0 || (x->src != w && x->dst != w))
+            continue;
+        int seen = 0; /* items are sorted by (src, dst): an earlier item of the pair is adjacent */
+        for (size_t j = k; j-- > 0 && plan->items[j].src == x->src &&
+                           plan->items[j].dst == x->dst;)
+            if (plan->items[j].run * plan->items[j].count > 0)
+                seen = 1;
+        n += !seen;
+    }
+    return n;
+}
+
+/* plan_for's per-worker stream counts (what the executor sizes chunks from) equal the
+ * full plan's, for every worker it lists, and it lists every worker of the plan. */
+static void check_stream_counts(const tide_plan_t *plan, const tide_plan_t *pf, uint64_t seed)
+{
+    cr_assert(pf->stream_count != NULL && pf->stream_worker != NULL,
+              "seed %llu: plan_for carries no stream counts", (unsigned long long)seed);
+    for (size_t k = 0; k < pf->n_stream; k++) {
+        int32_t w = pf->stream_worker[k];
+        cr_assert(k == 0 || pf->stream_worker[k - 1] < w, "seed %llu: stream workers unsorted",
+                  (unsigned long long)seed);
+        uint32_t want = streams_in_plan(plan, w);
+        cr_assert_eq(pf->stream_count[k], want, "seed %llu: worker %d has %u streams, plan %u",
+                     (unsigned long long)seed, (int)w, pf->stream_count[k], want);
+    }
+    for (size_t k = 0; k < plan->n; k++) {
+        const tide_xfer *x = &plan->items[k];
+        int found_s = 0, found_d = 0;
+        for (size_t j = 0; j < pf->n_stream; j++) {
+            found_s |= pf->stream_worker[j] == x->src;
+            found_d |= pf->stream_worker[j] == x->dst;
+        }
+        cr_assert(found_s && found_d, "seed %llu: worker of item %zu not in the stream list",
+                  (unsigned long long)seed, k);
+    }
+}
+
 static void check_case(uint64_t seed, stats *st)
 {
     rcase rc;
@@ -580,8 +625,18 @@ static void check_case(uint64_t seed, stats *st)
         }
         cr_assert_eq(m, pf->n, "seed %llu: plan_for(%d) has %zu items, filter %zu",
                      (unsigned long long)seed, w, pf->n, m);
-        cr_assert(memcmp(&pf->summary, &plan->summary, sizeof pf->summary) == 0,
+        /* the summary: the whole plan's totals; item counts of this worker's part */
+        tide_plan_summary want = plan->summary;
+        want.n_xfers = want.n_copies = 0;
+        for (size_t k = 0; k < pf->n; k++) {
+            if (pf->items[k].src == pf->items[k].dst)
+                want.n_copies++;
+            else
+                want.n_xfers++;
+        }
+        cr_assert(memcmp(&pf->summary, &want, sizeof pf->summary) == 0,
                   "seed %llu: plan_for summary differs", (unsigned long long)seed);
+        check_stream_counts(plan, pf, seed);
         tide_plan_destroy(&pf);
     }
     /* Deterministic. */
@@ -684,6 +739,24 @@ Test(reshard_random, totals_match_the_plan_at_cluster_scale)
                       k, odp, otp, opp, ndp, ntp, npp, (unsigned long long)t.messages,
                       (unsigned long long)ps->messages, (unsigned long long)t.max_send,
                       (unsigned long long)ps->max_send);
+            /* each worker's own part is the plan filtered to it (sampled workers) */
+            for (int q = 0; q < 6; q++) {
+                int32_t w = (int32_t)(splitmix(&s) % pool);
+                tide_plan_t *pf = NULL;
+                cr_assert_eq(tide_reshard_plan_for(o, n, c, alive, pool, w, &pf), TIDE_OK, "%s",
+                             tide_last_error());
+                size_t m = 0;
+                for (size_t x = 0; x < plan->n; x++) {
+                    const tide_xfer *it = &plan->items[x];
+                    if (it->src != w && it->dst != w)
+                        continue;
+                    cr_assert(m < pf->n && memcmp(it, &pf->items[m], sizeof *it) == 0,
+                              "case %d: plan_for(%d) item %zu differs", k, (int)w, m);
+                    m++;
+                }
+                cr_assert_eq(m, pf->n, "case %d: plan_for(%d)", k, (int)w);
+                tide_plan_destroy(&pf);
+            }
         }
         tide_plan_destroy(&plan);
         free(ids);

@@ -304,6 +304,46 @@ fail:
     return rc;
 }
 
+tide_status tide_coll_pool_new_ranked(tide_coll_pool_t **out, MPI_Comm comm, const int *prank,
+                                      int size)
+{
+    if (out == NULL || prank == NULL || size < 1)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_new_ranked: out, ranks and a size");
+    *out = NULL;
+    tide_coll_pool_t *pool = NULL;
+    TIDE_CHECK(tide_coll_pool_new(&pool, comm));
+    tide_status rc = TIDE_OK;
+    int n = pool->size, me = pool->rank;
+    pool->crank = tide_malloc((size_t)size * sizeof *pool->crank);
+    TIDE_CHECK_ALLOC_GOTO(pool->crank, rc, fail);
+    for (int r = 0; r < size; r++)
+        pool->crank[r] = -1;
+    for (int c = 0; c < n; c++) {
+        if (prank[c] < 0 || prank[c] >= size || pool->crank[prank[c]] >= 0)
+            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
+                           "pool rank %d of process %d is outside [0, %d) or given twice",
+                           prank[c], c, size);
+        pool->crank[prank[c]] = c;
+    }
+    pool->rank = prank[me];
+    pool->size = size;
+    *out = pool;
+    return TIDE_OK;
+fail:
+    tide_coll_pool_destroy(&pool);
+    return rc;
+}
+
+MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool)
+{
+    return pool ? pool->comm : MPI_COMM_NULL;
+}
+
+int tide_coll_pool_comm_rank(const tide_coll_pool_t *pool, int r)
+{
+    return pool != NULL ? tide__pool_crank(pool, r) : -1;
+}
+
 void tide_coll_pool_destroy(tide_coll_pool_t **self_p)
 {
     if (self_p == NULL || *self_p == NULL)
@@ -315,6 +355,7 @@ void tide_coll_pool_destroy(tide_coll_pool_t **self_p)
        safe with dead ranks in the pool. */
     if (!fin)
         MPI_Comm_free(&pool->comm);
+    tide_free(pool->crank);
     tide_free(pool);
     *self_p = NULL;
 }
@@ -405,12 +446,12 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
     mine->tag = tag;
     if (!root) {
         /* in[0] receives the root's answer. */
-        MPI_CHECK_GOTO(MPI_Irecv(&in[0], (int)sizeof in[0], MPI_BYTE, members[0], mpitag,
-                                 pool->comm, &reqs[0]),
-                       rc, out);
+        int c0 = tide__pool_crank(pool, members[0]);
         MPI_CHECK_GOTO(
-            MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, members[0], mpitag, pool->comm, &reqs[1]),
-            rc, out);
+            MPI_Irecv(&in[0], (int)sizeof in[0], MPI_BYTE, c0, mpitag, pool->comm, &reqs[0]), rc,
+            out);
+        MPI_CHECK_GOTO(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, c0, mpitag, pool->comm, &reqs[1]),
+                       rc, out);
         rc = wait_deadline(reqs, 2, deadline, cancel, tag);
         if (rc == TIDE_ERR_TIMEOUT) {
             rc = tide_errorf(TIDE_ERR_TIMEOUT,
@@ -434,8 +475,8 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
     }
 
     for (int i = 1; i < n; i++)
-        MPI_CHECK_GOTO(MPI_Irecv(&in[i], (int)sizeof in[i], MPI_BYTE, members[i], mpitag,
-                                 pool->comm, &reqs[i]),
+        MPI_CHECK_GOTO(MPI_Irecv(&in[i], (int)sizeof in[i], MPI_BYTE,
+                                 tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]),
                        rc, out);
     rc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
     if (rc == TIDE_ERR_TIMEOUT) {
@@ -469,9 +510,9 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
     if (payload_len)
         memcpy(mine->payload, payload, payload_len);
     for (int i = 1; i < n; i++)
-        MPI_CHECK_GOTO(
-            MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, members[i], mpitag, pool->comm, &reqs[i]),
-            rc, out);
+        MPI_CHECK_GOTO(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE,
+                                 tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]),
+                       rc, out);
     tide_status wrc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
     if (wrc == TIDE_ERR_TIMEOUT)
         wrc = tide_errorf(TIDE_ERR_TIMEOUT,
@@ -545,6 +586,11 @@ static tide_status check_members(const tide_coll_pool_t *pool, const int *member
                                members[i], pool->size);
         if (members[i] == pool->rank)
             self = 1;
+        if (tide__pool_crank(pool, members[i]) < 0)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "member %d is pool rank %d, which this process cannot reach (it "
+                               "was not connected when its pool last joined)",
+                               i, members[i]);
         for (int j = 0; j < i; j++)
             if (members[j] == members[i])
                 return tide_errorf(TIDE_ERR_INVALID,

@@ -310,6 +310,21 @@ int tide_coll_pool_rank(const tide_coll_pool_t *pool);
 /* Number of processes in the pool. */
 int tide_coll_pool_size(const tide_coll_pool_t *pool);
 
+/* Creates a pool of `size` pool ranks over comm (duplicated), whose process c holds pool
+   rank prank[c]; pool ranks no process of comm holds are unreachable (members of a job
+   that died before its pool joined another). Used when separately launched pools are
+   connected into one (MPI_Intercomm_merge): pool ranks stay the job's ranks. Collective
+   over comm; main thread (or the one thread calling MPI); caller owns *out. */
+tide_status tide_coll_pool_new_ranked(tide_coll_pool_t **out, MPI_Comm comm, const int *prank,
+                                      int size);
+
+/* The pool's private communicator (borrowed; for connecting pools). Any thread. */
+MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool);
+
+/* The rank in tide_coll_pool_comm(pool) of the process holding pool rank r, or -1 when
+   none does. Any thread. */
+int tide_coll_pool_comm_rank(const tide_coll_pool_t *pool, int r);
+
 /* ---- communicators ------------------------------------------------------------- */
 
 /* Creates a communicator of backend be over params->members (validated: in range,

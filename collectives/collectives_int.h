@@ -26,9 +26,20 @@ extern "C" {
 #define TIDE_COLL_MAX_TAG 16383
 
 struct tide_coll_pool {
-    MPI_Comm comm; /* private duplicate of the world given to tide_coll_pool_new */
-    int rank, size;
+    MPI_Comm comm;  /* private duplicate of the world given to tide_coll_pool_new */
+    int rank, size; /* this process's pool rank; pool ranks (reachable or not) */
+    int *crank;     /* [size]: comm rank of each pool rank, -1 when it is not in comm (a
+                       pool that joined others: see tide_coll_pool_new_ranked); NULL:
+                       pool rank == comm rank */
 };
+
+/* The rank in pool->comm of pool rank r, or -1 when r is not reachable there. */
+static inline int tide__pool_crank(const tide_coll_pool_t *pool, int r)
+{
+    if (r < 0 || r >= pool->size)
+        return -1;
+    return pool->crank ? pool->crank[r] : r;
+}
 
 struct tide_coll_comm {
     const tide_coll_backend_v1 *be;

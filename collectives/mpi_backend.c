@@ -383,8 +383,19 @@ static tide_status finish_create(tide_coll_comm_t *c, int tag)
     mpi_comm *m = impl(c);
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
     tide_status rc = TIDE_OK;
+    /* the members' ranks in the pool's communicator (the pool ranks themselves unless
+       the pool joined others); a failure here is local to a joined pool's member, whose
+       peers then time out in the creation below */
+    int *cr = c->members;
+    if (c->pool->crank != NULL) {
+        cr = tide_malloc((size_t)c->size * sizeof *cr);
+        if (cr == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory creating a communicator");
+        for (int i = 0; i < c->size; i++)
+            cr[i] = tide__pool_crank(c->pool, c->members[i]);
+    }
     MPI_CHECK_GOTO(MPI_Comm_group(c->pool->comm, &pg), rc, out);
-    MPI_CHECK_GOTO(MPI_Group_incl(pg, c->size, c->members, &g), rc, out);
+    MPI_CHECK_GOTO(MPI_Group_incl(pg, c->size, cr, &g), rc, out);
     /* Collective over the group's members only (Open MPI allocates the context id with
        point-to-point messages among them), so dead pool ranks outside it do not matter. */
     MPI_CHECK_GOTO(MPI_Comm_create_group(c->pool->comm, g, 2 * tag + 1, &m->comm), rc, out);
@@ -398,6 +409,8 @@ out:
         MPI_Group_free(&g);
     if (pg != MPI_GROUP_NULL)
         MPI_Group_free(&pg);
+    if (cr != c->members)
+        tide_free(cr);
     return rc;
 }
 

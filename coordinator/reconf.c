@@ -67,7 +67,7 @@ static int cmp_host_ref(const void *a, const void *b)
 }
 
 tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
-                             tide_policy_worker **out, size_t *n_out)
+                             int joining, tide_policy_worker **out, size_t *n_out)
 {
     tide_coord_state_t *st = s->st;
     *out = NULL;
@@ -82,13 +82,17 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
     size_t n = 0;
     for (size_t i = 0; i < st->n_workers; i++) {
         const tide_coord_worker_t *w = &st->workers[i];
-        if (w->pool[0] == '\0' || w->id == exclude_id || strcmp(w->pool, j->pool) != 0)
+        if (w->pool[0] == '\0' || w->id == exclude_id)
+            continue;
+        int p = tide_coord_job_pool_find(j, w->pool);
+        if (p < 0 || (!j->pools[p].connected && !joining))
             continue;
         if (w->state == TIDE_WS_FAILED || w->state == TIDE_WS_DRAINING)
             continue;
-        tide_policy_worker pw = {w->rank, 0, TIDE_PW_IDLE, 0};
+        int32_t jr = j->pools[p].base + w->rank;
+        tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
         if (w->state == TIDE_WS_ONLINE && w->job == j->id && j->layout &&
-            tide_coord_layout_has(j->layout, w->rank)) {
+            tide_coord_layout_has(j->layout, jr)) {
             pw.cls = TIDE_PW_MEMBER;
         } else if (w->joined != j->id) {
             continue; /* runs another program: cannot take a coordinate of this job */
@@ -167,9 +171,9 @@ static uint64_t cross_host_bytes(tide_server_t *s, const tide_coord_job_t *j,
         if (x->src == x->dst)
             continue;
         /* items are sorted by (src, dst): look the pair up once per run of items */
-        if (a == NULL || a->rank != x->src)
+        if (a == NULL || tide_coord_job_rank(j, a) != x->src)
             a = tide__job_worker(s, j, x->src);
-        if (b == NULL || b->rank != x->dst)
+        if (b == NULL || tide_coord_job_rank(j, b) != x->dst)
             b = tide__job_worker(s, j, x->dst);
         if (a != NULL && b != NULL && strcmp(a->host, b->host) != 0)
             bytes += x->run * x->count;
@@ -252,16 +256,33 @@ static void plan_estimate(tide_server_t *s, const tide_coord_job_t *j, const tid
 
 /* ---- sending the phases ---------------------------------------------------------------------- */
 
+/* The join's port name to w, a rank of the joining pool. */
+static void send_port(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN_PORT);
+    m.u.join_port.worker = w->id;
+    snprintf(m.u.join_port.job, sizeof m.u.join_port.job, "%s", j->name);
+    m.u.join_port.gen = j->reconf->gen;
+    snprintf(m.u.join_port.port, sizeof m.u.join_port.port, "%s", j->reconf->port);
+    tide__send_worker(s, w, &m);
+}
+
 static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
 {
     tide_reconf_t *r = j->reconf;
     tide_msg_t m;
     if (r->phase == TIDE_RP_PREPARE) {
-        tide_msg_init(&m, TIDE_MSG_LAYOUT);
-        snprintf(m.u.layout.job, sizeof m.u.layout.job, "%s", j->name);
+        tide__layout_msg_init(&m, j, w);
         tide__proto_layout(&m.u.layout.layout, r->layout, r->gen);
         m.u.layout.has_prev = 1;
         tide__proto_layout(&m.u.layout.prev, j->layout, j->generation);
+        if (r->join_pool >= 0) { /* borrowed: the message is encoded, never cleared */
+            m.u.layout.join_old = r->join_old;
+            m.u.layout.n_join_old = (uint32_t)r->n_join_old;
+            m.u.layout.join_new = r->join_new;
+            m.u.layout.n_join_new = (uint32_t)r->n_join_new;
+        }
         tide__send_worker(s, w, &m);
         tide_msg_init(&m, TIDE_MSG_PREPARE);
         snprintf(m.u.prepare.job, sizeof m.u.prepare.job, "%s", j->name);
@@ -275,6 +296,9 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
         m.u.commit.recover = r->recover;
     }
     tide__send_worker(s, w, &m);
+    if (r->phase == TIDE_RP_COMMIT && r->port[0] != '\0' && w->pool[0] != '\0' &&
+        tide_coord_job_pool_find(j, w->pool) == r->join_pool)
+        send_port(s, j, w);
 }
 
 static void send_all(tide_server_t *s, tide_coord_job_t *j, int only_unacked)
@@ -293,13 +317,90 @@ static void send_all(tide_server_t *s, tide_coord_job_t *j, int only_unacked)
 void tide__reconf_resend_to(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
 {
     tide_reconf_t *r = j->reconf;
-    long i = r ? tide_reconf_find(r, w->rank) : -1;
+    int32_t jr = tide_coord_job_rank(j, w);
+    long i = r && jr >= 0 ? tide_reconf_find(r, jr) : -1;
     if (i < 0 || r->gone[i] || r->acked[i])
         return;
     send_phase(s, j, w);
 }
 
 /* ---- start ----------------------------------------------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * When layout places j on ranks of a pool that joined but is not connected, r becomes
+ * the generation that connects it: every live rank of j's connected pools (the side
+ * that accepts; all of them, since the connection is collective over them) and every
+ * live rank of the joining pool (the side that connects) take part. One pool per
+ * generation. Offline work on a connected rank outside the layouts is preempted for
+ * the connection (its acks wait for that work to stop).
+ */
+static tide_status setup_join(tide_server_t *s, tide_coord_job_t *j, tide_reconf_t *r)
+{
+    int jp = -1;
+    for (size_t i = 0; i < tide_layout_size(r->layout); i++) {
+        int32_t rk = 0;
+        int p = tide_coord_job_locate(j, r->layout->worker[i], &rk);
+        if (p < 0 || j->pools[p].connected)
+            continue;
+        if (jp >= 0 && p != jp)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "the layout places job %s on pools %s and %s, neither connected "
+                               "yet: connect one pool per resize",
+                               j->name, j->pools[jp].name, j->pools[p].name);
+        jp = p;
+    }
+    if (jp < 0)
+        return TIDE_OK;
+    tide_coord_state_t *st = s->st;
+    int32_t *o = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *o);
+    int32_t *n = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *n);
+    size_t no = 0, nn = 0;
+    tide_status rc = TIDE_OK;
+    if (o == NULL || n == NULL) {
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory listing the ranks of a join");
+        goto out;
+    }
+    for (size_t i = 0; i < st->n_workers; i++) {
+        tide_coord_worker_t *w = &st->workers[i];
+        int p = w->pool[0] != '\0' ? tide_coord_job_pool_find(j, w->pool) : -1;
+        if (p < 0 || (p != jp && !j->pools[p].connected) || w->joined != j->id ||
+            w->state == TIDE_WS_FAILED)
+            continue;
+        int32_t jr = j->pools[p].base + w->rank;
+        if (p == jp)
+            n[nn++] = jr;
+        else
+            o[no++] = jr;
+    }
+    qsort(o, no, sizeof *o, cmp_i32);
+    qsort(n, nn, sizeof *n, cmp_i32);
+    if (no == 0)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
+                       "job %s has no live rank to connect pool %s to", j->name, j->pools[jp].name);
+    for (size_t i = 0; i < tide_layout_size(r->layout); i++) {
+        int32_t x = r->layout->worker[i], rk = 0;
+        if (tide_coord_job_locate(j, x, &rk) == jp && !bsearch(&x, n, nn, sizeof *n, cmp_i32))
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
+                           "job rank %d of pool %s has not joined job %s", x, j->pools[jp].name,
+                           j->name);
+    }
+    TIDE_CHECK_GOTO(tide_reconf_set_join(r, jp, o, no, n, nn), rc, out);
+    for (size_t i = 0; i < no; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, o[i]);
+        if (w != NULL && w->state == TIDE_WS_OFFLINE)
+            tide__preempt_for(s, j, w, r->gen);
+    }
+out:
+    tide_free(o);
+    tide_free(n);
+    return rc;
+}
 
 tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
                                const int32_t *preempt, size_t n_preempt, int recover,
@@ -308,6 +409,11 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     tide_reconf_t *r = NULL;
     uint64_t gen = j->gen_issued + 1;
     TIDE_CHECK(tide_reconf_new(&r, j->layout, layout, gen, recover));
+    tide_status rc = setup_join(s, j, r);
+    if (rc != TIDE_OK) {
+        tide_reconf_destroy(&r);
+        return rc;
+    }
     uint64_t now = tide_now_ns();
     j->gen_issued = gen;
     r->started_ms = tide_wall_ms();
@@ -326,6 +432,8 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     for (size_t i = 0; i < r->n_parts; i++) {
         if (r->old_member[i] || r->gone[i])
             continue;
+        if (r->join_pool >= 0 && !tide_coord_layout_has(r->layout, r->parts[i]))
+            continue; /* takes part in the join only */
         tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
         if (w != NULL && w->state == TIDE_WS_IDLE) {
             w->job = j->id;
@@ -393,7 +501,7 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
     tide_collection_t *c = NULL;
     tide_status rc = tide__job_collection(j, &c);
     if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, -1, &cand, &n);
+        rc = tide__candidates(s, j, -1, 1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
         rc = pre ? tide_policy_place(j->layout, c, &req, cand, n, &l, pre, &n_pre)
@@ -466,7 +574,8 @@ static tide_coord_job_t *report_job(tide_server_t *s, tide_coord_worker_t *w, co
                           r ? ", another one is" : "");
         return NULL;
     }
-    *idx = strcmp(w->pool, j->pool) == 0 ? tide_reconf_find(r, w->rank) : -1;
+    int32_t jr = tide_coord_job_rank(j, w);
+    *idx = jr >= 0 ? tide_reconf_find(r, jr) : -1;
     if (*idx < 0) {
         tide__reply_error(s, TIDE_ERR_INVALID,
                           "%s: worker %d does not take part in generation %llu of job %s", what,
@@ -529,7 +638,7 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
         tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
         if (w == NULL)
             continue;
-        if (tide_coord_layout_has(r->layout, w->rank)) {
+        if (tide_coord_layout_has(r->layout, r->parts[i])) {
             w->state = TIDE_WS_ONLINE;
             w->job = j->id;
         } else {
@@ -546,6 +655,15 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
     if (dur > c->resize_ns_max)
         c->resize_ns_max = dur;
     c->bytes_resharded += r->bytes_moved > r->planned_bytes ? r->bytes_moved : r->planned_bytes;
+    if (r->join_pool >= 0 && r->join_pool < j->n_pools) {
+        tide_coord_job_pool *jp = &j->pools[r->join_pool];
+        jp->connected = 1;
+        tide__event(s, j->name, "pool_connected",
+                    "generation %llu connected pool %s (job ranks %d..%d) to the job's %zu "
+                    "ranks",
+                    (unsigned long long)r->gen, jp->name, jp->base, jp->base + jp->size - 1,
+                    r->n_join_old);
+    }
     tide_layout_destroy(&j->layout);
     j->layout = r->layout;
     r->layout = NULL;
@@ -606,7 +724,7 @@ static int lost_old_member(tide_server_t *s, const tide_coord_job_t *j)
     if (j->layout == NULL)
         return 0;
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
-        const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pool, j->layout->worker[i]);
+        const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
         if (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id)
             return 1;
     }
@@ -634,9 +752,16 @@ static void abort_only(tide_server_t *s, tide_coord_job_t *j, const char *reason
         }
     }
     s->st->counters.resizes_aborted++;
-    tide__event(s, j->name, "resize_aborted",
-                "generation %llu abandoned: %s; generation %llu stays", (unsigned long long)r->gen,
-                reason, (unsigned long long)j->generation);
+    if (r->join_pool >= 0 && r->join_pool < j->n_pools)
+        tide__event(s, j->name, "resize_aborted",
+                    "generation %llu abandoned: %s; pool %s stays unconnected and generation %llu "
+                    "goes on",
+                    (unsigned long long)r->gen, reason, j->pools[r->join_pool].name,
+                    (unsigned long long)j->generation);
+    else
+        tide__event(s, j->name, "resize_aborted",
+                    "generation %llu abandoned: %s; generation %llu stays",
+                    (unsigned long long)r->gen, reason, (unsigned long long)j->generation);
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);
@@ -694,7 +819,7 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
     memset(alive, 1, n);
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
         int32_t r = j->layout->worker[i];
-        const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pool, r);
+        const tide_coord_worker_t *w = tide__job_worker(s, j, r);
         if (r >= 0 && (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id))
             alive[r] = 0;
     }
@@ -762,7 +887,7 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
     tide_collection_t *c = NULL;
     tide_status rc = tide__job_collection(j, &c);
     if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, -1, &cand, &n);
+        rc = tide__candidates(s, j, -1, 1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
         rc = pre ? tide_policy_recover(j->layout, c, cand, n, &l, pre, &n_pre)
@@ -807,7 +932,8 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
 void tide__reconf_participant_failed(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
 {
     tide_reconf_t *r = j->reconf;
-    long i = tide_reconf_find(r, w->rank);
+    int32_t jr = tide_coord_job_rank(j, w);
+    long i = jr >= 0 ? tide_reconf_find(r, jr) : -1;
     if (i < 0)
         return;
     r->gone[i] = 1;
@@ -852,4 +978,28 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
             send_all(s, j, 1);
         }
     }
+}
+
+void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_join_port_t *m)
+{
+    long i;
+    tide_coord_job_t *j = report_job(s, w, m->job, m->gen, &i, "join_port");
+    if (j == NULL)
+        return;
+    tide_reconf_t *r = j->reconf;
+    if (r->join_pool < 0 || r->n_join_old == 0 || r->parts[i] != r->join_old[0]) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "join_port: generation %llu of job %s connects no pool through worker %d",
+                          (unsigned long long)m->gen, j->name, w->id);
+        return;
+    }
+    snprintf(r->port, sizeof r->port, "%s", m->port);
+    for (size_t k = 0; k < r->n_join_new; k++) {
+        tide_coord_worker_t *x = tide__job_worker(s, j, r->join_new[k]);
+        long xi = tide_reconf_find(r, r->join_new[k]);
+        if (x != NULL && xi >= 0 && !r->gone[xi])
+            send_port(s, j, x);
+    }
+    TIDE_INFO("reconf", "job %s generation %llu: port of the join relayed to %zu ranks of pool %s",
+              j->name, (unsigned long long)r->gen, r->n_join_new, j->pools[r->join_pool].name);
 }

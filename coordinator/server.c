@@ -204,7 +204,20 @@ void tide__event(tide_server_t *s, const char *job, const char *kind, const char
 
 tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank)
 {
-    return tide_coord_worker_find(s->st, j->pool, rank);
+    int32_t r = 0;
+    int p = tide_coord_job_locate(j, rank, &r);
+    return p < 0 ? NULL : tide_coord_worker_find(s->st, j->pools[p].name, r);
+}
+
+void tide__layout_msg_init(tide_msg_t *m, const tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    tide_msg_init(m, TIDE_MSG_LAYOUT);
+    snprintf(m->u.layout.job, sizeof m->u.layout.job, "%s", j->name);
+    int p = tide_coord_job_pool_find(j, w->pool);
+    m->u.layout.base = p >= 0 ? j->pools[p].base : 0;
+    m->u.layout.world = tide_coord_job_world(j, 0);
+    if (m->u.layout.world < 1)
+        m->u.layout.world = 1;
 }
 
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen)
@@ -274,8 +287,7 @@ static tide_coord_worker_t *sender(tide_server_t *s, int32_t id, tide_msg_type_t
 static void send_layout(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w)
 {
     tide_msg_t m;
-    tide_msg_init(&m, TIDE_MSG_LAYOUT);
-    snprintf(m.u.layout.job, sizeof m.u.layout.job, "%s", j->name);
+    tide__layout_msg_init(&m, j, w);
     tide__proto_layout(&m.u.layout.layout, j->layout, j->generation);
     m.u.layout.has_prev = 0;
     tide__send_worker(s, w, &m);
@@ -328,9 +340,12 @@ static void job_lost_worker(tide_server_t *s, tide_coord_job_t *j, tide_coord_wo
 {
     if (j == NULL || j->kind != TIDE_CJOB_ONLINE)
         return;
-    if (j->reconf != NULL && tide_reconf_find(j->reconf, w->rank) >= 0)
+    int32_t jr = tide_coord_job_rank(j, w);
+    if (jr < 0)
+        return;
+    if (j->reconf != NULL && tide_reconf_find(j->reconf, jr) >= 0)
         tide__reconf_participant_failed(s, j, w);
-    else if (j->layout != NULL && tide_coord_layout_has(j->layout, w->rank))
+    else if (j->layout != NULL && tide_coord_layout_has(j->layout, jr))
         tide__recover(s, j, reason);
 }
 
@@ -510,7 +525,7 @@ static void handle_bye(tide_server_t *s, const tide_proto_bye_t *m)
         return;
     tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
     if (j != NULL && j->kind == TIDE_CJOB_ONLINE && j->reconf == NULL && j->layout != NULL &&
-        w->state == TIDE_WS_ONLINE && tide_coord_layout_has(j->layout, w->rank) &&
+        w->state == TIDE_WS_ONLINE && tide_coord_layout_has(j->layout, tide_coord_job_rank(j, w)) &&
         (j->state == TIDE_JS_RUNNING || j->state == TIDE_JS_STALLED))
         end_job(s, j, w); /* the training program finished; w->job is 0 now */
     int64_t jid = tide__worker_down(s, w, "worker_left", "left (bye)");
@@ -539,7 +554,7 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     int32_t *pre = NULL;
     tide_layout_t *l = NULL;
     tide_collection_t *coll = NULL;
-    if (tide__candidates(s, j, -1, &cand, &n) != TIDE_OK) {
+    if (tide__candidates(s, j, -1, 0, &cand, &n) != TIDE_OK) {
         TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
         return;
     }
@@ -637,6 +652,29 @@ static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const voi
     }
 }
 
+/* 1 when join m describes the same model as job j's first join (layers and tensors). */
+static int same_model(const tide_coord_job_t *j, const tide_proto_join_t *m)
+{
+    if (j->join_blob == NULL)
+        return 1;
+    tide_msg_t jm;
+    if (tide_proto_decode(j->join_blob, j->join_len, &jm) != TIDE_OK)
+        return 0;
+    const tide_proto_join_t *o = &jm.u.join;
+    int same = jm.type == TIDE_MSG_JOIN && o->num_layers == m->num_layers &&
+               o->n_tensors == m->n_tensors && o->total_bytes == m->total_bytes;
+    for (uint32_t i = 0; same && i < m->n_tensors; i++) {
+        const tide_proto_tensor_t *a = &o->tensors[i], *b = &m->tensors[i];
+        same = strcmp(a->name, b->name) == 0 && a->dtype == b->dtype && a->ndim == b->ndim &&
+               memcmp(a->shape, b->shape, sizeof a->shape) == 0 && a->layer == b->layer &&
+               a->tp == b->tp && a->tp_dim == b->tp_dim && a->tp_segments == b->tp_segments &&
+               a->dp == b->dp;
+    }
+    tide_msg_clear(&jm);
+    tide_error_clear();
+    return same;
+}
+
 static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     tide_coord_worker_t *w = sender(s, m->worker, TIDE_MSG_JOIN);
@@ -658,27 +696,32 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
             return;
         }
         snprintf(j->name, sizeof j->name, "%s", m->job);
-        snprintf(j->pool, sizeof j->pool, "%s", w->pool);
+        j->n_pools = 0;
+        rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "%s", tide_last_error());
+            return;
+        }
         j->state = TIDE_JS_QUEUED;
         j->created_ms = tide_wall_ms();
         keep_join(j, m, raw, len);
         tide__event(s, j->name, "job_created",
                     "online job in pool %s: %d layers, %llu bytes of state, %u tensors, first "
                     "layout (dp %d, tp %d, pp %d)",
-                    j->pool, j->num_layers, (unsigned long long)j->total_bytes, m->n_tensors, m->dp,
+                    w->pool, j->num_layers, (unsigned long long)j->total_bytes, m->n_tensors, m->dp,
                     m->tp, m->pp);
         tide__save_job(s, j);
     } else if (j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
         return;
     } else if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_CANCELLED ||
-               (strcmp(j->pool, w->pool) != 0 && live_members(s, j) == 0)) {
+               (tide_coord_job_pool_find(j, w->pool) < 0 && live_members(s, j) == 0)) {
         /* the job ended, or every rank of its launch is gone (it could only wait forever):
            a new run of the program under the same name starts it again */
         if (j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
             tide__event(s, j->name, "job_ended",
                         "every rank of pool %s is gone (job was %s): pool %s relaunches it",
-                        j->pool, tide_jstate_name(j->state), w->pool);
+                        j->pools[0].name, tide_jstate_name(j->state), w->pool);
             release_job(s, j, TIDE_JS_DONE);
         }
         tide_layout_t *probe = NULL;
@@ -690,7 +733,12 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
             return;
         }
         tide_layout_destroy(&j->layout);
-        snprintf(j->pool, sizeof j->pool, "%s", w->pool);
+        j->n_pools = 0;
+        rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "%s", tide_last_error());
+            return;
+        }
         j->state = TIDE_JS_QUEUED;
         j->generation = j->gen_issued = 0;
         j->step = 0;
@@ -699,14 +747,37 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         tide__event(s, j->name, "job_created",
                     "online job %s runs again in pool %s: %d layers, %u tensors, first layout "
                     "(dp %d, tp %d, pp %d)",
-                    j->name, j->pool, j->num_layers, m->n_tensors, m->dp, m->tp, m->pp);
+                    j->name, w->pool, j->num_layers, m->n_tensors, m->dp, m->tp, m->pp);
         tide__save_job(s, j);
-    } else if (strcmp(j->pool, w->pool) != 0) {
-        tide__reply_error(s, TIDE_ERR_INVALID,
-                          "job %s runs in pool %s; worker %d is in pool %s (one mpirun launch "
-                          "per job)",
-                          m->job, j->pool, w->id, w->pool);
-        return;
+    } else if (tide_coord_job_pool_find(j, w->pool) < 0) {
+        /* a pool launched later for a running job: its ranks join as idle ranks of the
+           job, connected to its communicators by the resize that first places them */
+        if (j->layout == NULL) {
+            tide__reply_error(s, TIDE_ERR_BUSY,
+                              "job %s is still placing its first layout in pool %s; pool %s can "
+                              "join it once it runs",
+                              m->job, j->pools[0].name, w->pool);
+            return;
+        }
+        if (!same_model(j, m)) {
+            tide__reply_error(s, TIDE_ERR_INVALID,
+                              "pool %s joins job %s with another model (its tensors differ "
+                              "from the job's): launch the same program",
+                              w->pool, m->job);
+            return;
+        }
+        tide_status rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 0);
+        if (rc != TIDE_OK) {
+            tide__reply_error(s, rc, "pool %s cannot join job %s: %s", w->pool, m->job,
+                              tide_last_error());
+            return;
+        }
+        const tide_coord_job_pool *jp = &j->pools[j->n_pools - 1];
+        tide__event(s, j->name, "pool_joined",
+                    "pool %s (%d ranks, host %s) joined as job ranks %d..%d; a resize places "
+                    "the job on them",
+                    jp->name, jp->size, w->host, jp->base, jp->base + jp->size - 1);
+        tide__save_job(s, j);
     }
     if (w->joined != j->id) {
         w->joined = j->id;
@@ -723,6 +794,13 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     }
     if (w->state == TIDE_WS_ONLINE && w->job == j->id) {
         send_layout(s, j, w); /* a member joining again (after a tided restart) */
+        return;
+    }
+    int jp = tide_coord_job_pool_find(j, w->pool);
+    if (jp > 0 && !j->pools[jp].connected) {
+        /* a joining pool's rank starts idle at the job's generation, knowing its job rank */
+        send_layout(s, j, w);
+        s->want_backfill = 1;
         return;
     }
     reply_ok(s, j->name, "joined job %s; not in its layout: waiting idle for a resize", j->name);
@@ -1121,7 +1199,7 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
             tide_collection_t *coll = NULL;
             tide_status rc = tide__job_collection(j, &coll);
             if (rc == TIDE_OK)
-                rc = tide__candidates(s, j, w->id, &cand, &n);
+                rc = tide__candidates(s, j, w->id, 0, &cand, &n);
             int32_t *pre = rc == TIDE_OK ? tide_malloc((n ? n : 1) * sizeof *pre) : NULL;
             if (rc == TIDE_OK && pre == NULL)
                 rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the drain");
@@ -1305,6 +1383,12 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         tide_coord_worker_t *w = sender(s, m->u.done.worker, m->type);
         if (w != NULL)
             tide__handle_done(s, w, &m->u.done);
+        break;
+    }
+    case TIDE_MSG_JOIN_PORT: {
+        tide_coord_worker_t *w = sender(s, m->u.join_port.worker, m->type);
+        if (w != NULL)
+            tide__handle_join_port(s, w, &m->u.join_port);
         break;
     }
     case TIDE_MSG_FAILURE:
@@ -1653,6 +1737,14 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         for (size_t k = 0; k < r->n_parts; k++) {
             tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
             r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
+        }
+        /* a join's ranks and port are not stored: one that no rank switched yet is
+           abandoned at once (the job stays on its layout; the resize can be repeated) */
+        for (size_t k = 0; !r->switched && k < tide_layout_size(r->layout); k++) {
+            int32_t rk = 0;
+            int p = tide_coord_job_locate(j, r->layout->worker[k], &rk);
+            if (p >= 0 && !j->pools[p].connected)
+                r->deadline_ns = now;
         }
     }
     return pending;

@@ -134,11 +134,15 @@ void tide__save_job(tide_server_t *s, const tide_coord_job_t *j);
 void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
     TIDE_PRINTF(4, 5);
 
-/* The worker with pool rank `rank` of job j's pool, or NULL. */
+/* The worker holding job rank `rank` of job j (through its pools), or NULL. */
 tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank);
 
 /* Fills a proto layout from a layout (arrays borrowed: do not tide_msg_clear). */
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen);
+
+/* Starts a layout message of job j for worker w: job, w's pool base and the job's ranks
+   (layout and prev left for the caller). */
+void tide__layout_msg_init(tide_msg_t *m, const tide_coord_job_t *j, const tide_coord_worker_t *w);
 
 /* Makes a worker leave whatever it does and marks it failed (reason for the event). */
 void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason);
@@ -161,6 +165,11 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m);
 void tide__handle_prepare_ack(tide_server_t *s, tide_coord_worker_t *w,
                               const tide_proto_prepare_ack_t *m);
 void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_done_t *m);
+
+/* Handles "join_port" from the accepting side's first rank of a join: relays the port
+   name to the joining pool's ranks. */
+void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w,
+                            const tide_proto_join_port_t *m);
 
 /*
  * Starts a reconfiguration of j to layout (ownership moves in): preempts the
@@ -198,9 +207,11 @@ void tide__reconf_resend_to(tide_server_t *s, tide_coord_job_t *j, tide_coord_wo
  */
 tide_status tide__job_collection(const tide_coord_job_t *j, tide_collection_t **out);
 
-/* Fills candidate workers for j (members alive, idle and offline joined workers). */
+/* Fills candidate workers for j (members alive, idle and offline joined workers), their
+   ranks the job ranks; joining: also the ranks of pools that joined j but are not yet
+   connected (a resize may connect one; recovery never does). Caller owns *out. */
 tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
-                             tide_policy_worker **out, size_t *n);
+                             int joining, tide_policy_worker **out, size_t *n);
 
 /* ---- metrics.c ----------------------------------------------------------------------------- */
 

@@ -58,6 +58,7 @@ tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_
     r->recover = recover;
     r->phase = TIDE_RP_PREPARE;
     r->switch_step = -1;
+    r->join_pool = -1;
     r->parts = tide_malloc((n_old + n_new) * sizeof *r->parts);
     TIDE_CHECK_ALLOC_GOTO(r->parts, rc, fail);
     if (n_old)
@@ -89,6 +90,165 @@ fail:
     return rc;
 }
 
+static int32_t *dup_ranks(const int32_t *a, size_t n)
+{
+    int32_t *d = tide_malloc((n ? n : 1) * sizeof *d);
+    if (d != NULL && n > 0)
+        memcpy(d, a, n * sizeof *d);
+    return d;
+}
+
+tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old, size_t n_old,
+                                 const int32_t *new_ranks, size_t n_new)
+{
+    size_t n = r->n_parts + n_old + n_new;
+    int32_t *parts = tide_malloc((n ? n : 1) * sizeof *parts);
+    uint8_t *old_member = tide_calloc(n ? n : 1, 1);
+    uint8_t *acked = tide_calloc(n ? n : 1, 1), *gone = tide_calloc(n ? n : 1, 1);
+    int64_t *ack_step = tide_malloc((n ? n : 1) * sizeof *ack_step);
+    int32_t *jo = dup_ranks(old, n_old), *jn = dup_ranks(new_ranks, n_new);
+    if (parts == NULL || old_member == NULL || acked == NULL || gone == NULL ||
+        ack_step == NULL || jo == NULL || jn == NULL) {
+        tide_free(parts);
+        tide_free(old_member);
+        tide_free(acked);
+        tide_free(gone);
+        tide_free(ack_step);
+        tide_free(jo);
+        tide_free(jn);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing a join's participants");
+    }
+    memcpy(parts, r->parts, r->n_parts * sizeof *parts);
+    if (n_old)
+        memcpy(parts + r->n_parts, old, n_old * sizeof *parts);
+    if (n_new)
+        memcpy(parts + r->n_parts + n_old, new_ranks, n_new * sizeof *parts);
+    qsort(parts, n, sizeof *parts, cmp_i32_);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || parts[i] != parts[k - 1])
+            parts[k++] = parts[i];
+    for (size_t i = 0; i < k; i++) {
+        long o = tide_reconf_find(r, parts[i]);
+        old_member[i] = o >= 0 ? r->old_member[o] : 0;
+        ack_step[i] = -1;
+    }
+    tide_free(r->parts);
+    tide_free(r->old_member);
+    tide_free(r->acked);
+    tide_free(r->gone);
+    tide_free(r->ack_step);
+    tide_free(r->join_old);
+    tide_free(r->join_new);
+    r->parts = parts;
+    r->n_parts = k;
+    r->old_member = old_member;
+    r->acked = acked;
+    r->gone = gone;
+    r->ack_step = ack_step;
+    r->join_pool = pool;
+    r->join_old = jo;
+    r->n_join_old = n_old;
+    r->join_new = jn;
+    r->n_join_new = n_new;
+    return TIDE_OK;
+}
+
+/* ---- a job's pools ----------------------------------------------------------------------- */
+
+int tide_coord_job_pool_find(const tide_coord_job_t *j, const char *name)
+{
+    for (int i = 0; i < j->n_pools; i++)
+        if (strcmp(j->pools[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int32_t tide_coord_job_rank(const tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    int i = tide_coord_job_pool_find(j, w->pool);
+    if (i < 0 || w->rank < 0 || w->rank >= j->pools[i].size)
+        return -1;
+    return j->pools[i].base + w->rank;
+}
+
+int tide_coord_job_locate(const tide_coord_job_t *j, int32_t jrank, int32_t *rank)
+{
+    for (int i = 0; i < j->n_pools; i++) {
+        const tide_coord_job_pool *p = &j->pools[i];
+        if (jrank >= p->base && jrank - p->base < p->size) {
+            *rank = jrank - p->base;
+            return i;
+        }
+    }
+    return -1;
+}
+
+int32_t tide_coord_job_world(const tide_coord_job_t *j, int connected_only)
+{
+    int32_t n = 0;
+    for (int i = 0; i < j->n_pools; i++)
+        if (!connected_only || j->pools[i].connected)
+            n = j->pools[i].base + j->pools[i].size > n ? j->pools[i].base + j->pools[i].size : n;
+    return n;
+}
+
+tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32_t size,
+                                    int connected)
+{
+    if (j->n_pools >= TIDE_COORD_JOB_POOLS_MAX)
+        return tide_errorf(TIDE_ERR_RANGE, "job %s already spans %d pools, the most one job may",
+                           j->name, TIDE_COORD_JOB_POOLS_MAX);
+    int32_t base = tide_coord_job_world(j, 0);
+    if (size < 1 || (int64_t)base + size > (int64_t)(1 << 20))
+        return tide_errorf(TIDE_ERR_RANGE, "pool %s of %d ranks does not fit job %s's %d job ranks",
+                           name, size, j->name, base);
+    tide_coord_job_pool *p = &j->pools[j->n_pools++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->base = base;
+    p->size = size;
+    p->connected = connected;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out)
+{
+    size_t cap = (size_t)j->n_pools * (TIDE_COORD_NAME_MAX + 32) + 1;
+    char *t = tide_malloc(cap);
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's pools", j->name);
+    size_t len = 0;
+    t[0] = '\0';
+    for (int i = 0; i < j->n_pools; i++)
+        len += (size_t)snprintf(t + len, cap - len, "%s%s %d %d", i ? ";" : "", j->pools[i].name,
+                                j->pools[i].size, j->pools[i].connected);
+    *out = t;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text, int32_t size0)
+{
+    j->n_pools = 0;
+    if (text == NULL || text[0] == '\0')
+        return TIDE_OK;
+    if (strchr(text, ' ') == NULL) /* a state file from before jobs spanned pools */
+        return tide_coord_job_add_pool(j, text, size0 > 0 ? size0 : 1, 1);
+    const char *p = text;
+    while (*p) {
+        char name[TIDE_COORD_NAME_MAX];
+        int size = 0, conn = 0, used = 0;
+        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 || (conn != 0 && conn != 1))
+            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name, text);
+        TIDE_CHECK(tide_coord_job_add_pool(j, name, size, conn));
+        p += used;
+        if (*p == ';')
+            p++;
+        else if (*p != '\0')
+            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name, text);
+    }
+    return TIDE_OK;
+}
+
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank)
 {
     const int32_t *hit = bsearch(&rank, r->parts, r->n_parts, sizeof *r->parts, cmp_i32_);
@@ -106,6 +266,8 @@ void tide_reconf_destroy(tide_reconf_t **self_p)
     tide_free(r->ack_step);
     tide_free(r->old_member);
     tide_free(r->gone);
+    tide_free(r->join_old);
+    tide_free(r->join_new);
     tide_free(r);
     *self_p = NULL;
 }

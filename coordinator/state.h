@@ -116,8 +116,26 @@ typedef struct tide_reconf {
     uint64_t resend_ns;     /* monotonic: next retransmission of the phase message */
     char reason[160];       /* "resize by admin", "recovery: worker 7 failed" */
     uint64_t planned_bytes; /* bytes the reshard plan sends (0 when not estimated) */
+    int join_pool;          /* index in the job's pools of the pool this generation connects,
+                               -1 when none (not stored: a join tided restarts in is aborted) */
+    int32_t *join_old;      /* job ranks of the connected side taking part, sorted (owned) */
+    size_t n_join_old;
+    int32_t *join_new;      /* job ranks of the joining pool taking part, sorted (owned) */
+    size_t n_join_new;
+    char port[1024];        /* the connected side's MPI port name, once sent ("" before) */
     uint64_t bytes_moved;   /* bytes participants reported sending */
 } tide_reconf_t;
+
+#define TIDE_COORD_JOB_POOLS_MAX 16 /* pools (mpirun launches) one online job may span */
+
+/* A pool of an online job: its ranks are job ranks [base, base + size). */
+typedef struct tide_coord_job_pool {
+    char name[TIDE_COORD_NAME_MAX];
+    int32_t base;  /* job rank of its rank 0 */
+    int32_t size;  /* ranks in the pool */
+    int connected; /* shares the job's communicators: the launching pool, or a pool that
+                      joined later once the generation connecting it committed */
+} tide_coord_job_pool;
 
 typedef struct tide_coord_job {
     int64_t id;
@@ -126,8 +144,9 @@ typedef struct tide_coord_job {
     tide_jstate state;
     int64_t created_ms;
     /* online */
-    char pool[TIDE_COORD_NAME_MAX];
-    tide_layout_t *layout; /* committed layout (owned); worker ids are pool ranks */
+    tide_coord_job_pool pools[TIDE_COORD_JOB_POOLS_MAX]; /* [0]: the launching pool */
+    int n_pools;
+    tide_layout_t *layout; /* committed layout (owned); worker ids are job ranks */
     uint64_t generation;   /* committed generation */
     uint64_t gen_issued;   /* largest generation ever issued (aborted ones are never reused) */
     int64_t step;          /* steps completed, from heartbeats */
@@ -222,6 +241,40 @@ tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind
  */
 tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_layout_t *layout,
                             uint64_t gen, int recover);
+
+/* Makes r the generation that connects job pool `pool`: old (n_old, sorted job ranks of
+   the connected side) and new (n_new, the joining pool's) take part besides the layouts'
+   participants. Copies both lists. */
+tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old, size_t n_old,
+                                 const int32_t *new_ranks, size_t n_new);
+
+/* ---- a job's pools ----------------------------------------------------------------------- */
+
+/* Index of pool `name` among j's pools, or -1. */
+int tide_coord_job_pool_find(const tide_coord_job_t *j, const char *name);
+
+/* w's job rank in j (its pool's base plus its rank), or -1 when its pool is not j's. */
+int32_t tide_coord_job_rank(const tide_coord_job_t *j, const tide_coord_worker_t *w);
+
+/* The pool index of job rank jrank (its rank in that pool in *rank), or -1. */
+int tide_coord_job_locate(const tide_coord_job_t *j, int32_t jrank, int32_t *rank);
+
+/* Job ranks of j: one past the last rank of its last pool (connected_only: of its
+   connected pools). */
+int32_t tide_coord_job_world(const tide_coord_job_t *j, int connected_only);
+
+/* Appends pool `name` of `size` ranks after j's last pool; TIDE_ERR_RANGE when j spans
+   TIDE_COORD_JOB_POOLS_MAX pools or the job ranks would pass the protocol's limit. */
+tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32_t size,
+                                    int connected);
+
+/* j's pools as text ("name size connected" per pool, ';' between) into a tide_malloc'd
+   string (caller frees). */
+tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out);
+
+/* Parses tide_coord_job_pools_to_text's text (or a bare pool name, of size `size0`) into
+   j's pools; TIDE_ERR_PROTOCOL on malformed text. */
+tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text, int32_t size0);
 
 /* Index of rank among r's participants, or -1. O(log n). */
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank);

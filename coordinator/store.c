@@ -519,9 +519,10 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
 {
     TIDE_CHECK(need_txn(s, "put_job"));
     tide_status rc = TIDE_OK;
-    char *layout = NULL, *rc_layout = NULL, *argv = NULL;
+    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL;
     size_t argv_len = 0;
     sqlite3_stmt *st = s->st[ST_JOB];
+    TIDE_CHECK_GOTO(tide_coord_job_pools_to_text(j, &pools), rc, out);
     if (j->layout)
         TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
     if (j->reconf)
@@ -532,7 +533,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int(st, 3, (int)j->kind);
     sqlite3_bind_int(st, 4, (int)j->state);
     sqlite3_bind_int64(st, 5, j->created_ms);
-    sqlite3_bind_text(st, 6, j->pool, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, pools, -1, SQLITE_STATIC);
     if (layout)
         sqlite3_bind_text(st, 7, layout, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 8, (sqlite3_int64)j->generation);
@@ -570,6 +571,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
 out:
     tide_free(layout);
     tide_free(rc_layout);
+    tide_free(pools);
     tide_free(argv);
     return rc;
 }
@@ -663,7 +665,9 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         copy_text(j->name, sizeof j->name, sqlite3_column_text(q, 1));
         j->state = (tide_jstate)state;
         j->created_ms = sqlite3_column_int64(q, 4);
-        copy_text(j->pool, sizeof j->pool, sqlite3_column_text(q, 5));
+        const char *pools = (const char *)sqlite3_column_text(q, 5);
+        const tide_coord_worker_t *w0 = pools ? tide_coord_worker_find(st, pools, 0) : NULL;
+        TIDE_CHECK_GOTO(tide_coord_job_pools_from_text(j, pools, w0 ? w0->pool_size : 0), rc, out);
         const char *layout = (const char *)sqlite3_column_text(q, 6);
         if (layout != NULL)
             TIDE_CHECK_GOTO(tide_coord_layout_from_text(layout, &j->layout), rc, out);

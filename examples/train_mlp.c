@@ -561,7 +561,9 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
 int main(int argc, char **argv)
 {
     int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    /* MULTIPLE: a job that grows onto a pool launched later connects the pools on a
+       thread of libtide's (worker/join.c); otherwise only the main thread calls MPI */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     int size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

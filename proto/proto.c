@@ -297,9 +297,37 @@ static const tide__field join_fields[] = {
      .sub = &tensor_schema},
 };
 
+static tide_status check_ranks(tide__ctx *c, const char *key, const int32_t *r, uint32_t n,
+                               int32_t world)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (r[i] >= world)
+            return tide__fail(c, "field '%s[%u]' = %d must be below field 'world' = %d", key, i,
+                              r[i], world);
+        if (i > 0 && r[i] <= r[i - 1])
+            return tide__fail(c, "field '%s' must be strictly increasing", key);
+    }
+    return TIDE_OK;
+}
+
 static tide_status check_layout_msg(const void *base, tide__ctx *c)
 {
     const tide_proto_layout_msg_t *m = base;
+    if (m->base >= m->world)
+        return tide__fail(c, "field 'base' = %d must be below field 'world' = %d", m->base,
+                          m->world);
+    TIDE_CHECK(check_ranks(c, "join_old", m->join_old, m->n_join_old, m->world));
+    TIDE_CHECK(check_ranks(c, "join_new", m->join_new, m->n_join_new, m->world));
+    if ((m->n_join_old == 0) != (m->n_join_new == 0))
+        return tide__fail(c, "fields 'join_old' and 'join_new' must be both empty or both given");
+    if (m->n_join_new > 0 && !m->has_prev)
+        return tide__fail(c, "a join needs field 'prev' (a job's first layout connects nothing)");
+    for (uint32_t i = 0, k = 0; i < m->n_join_new; i++) {
+        while (k < m->n_join_old && m->join_old[k] < m->join_new[i])
+            k++;
+        if (k < m->n_join_old && m->join_old[k] == m->join_new[i])
+            return tide__fail(c, "job rank %d is on both sides of the join", m->join_new[i]);
+    }
     if (!m->has_prev)
         return TIDE_OK;
     if (m->prev.gen >= m->layout.gen)
@@ -325,6 +353,29 @@ static const tide__field layout_msg_fields[] = {
      .count_off = TIDE__NO_OFF,
      .sub = &layout_schema,
      .has_off = offsetof(tide_proto_layout_msg_t, has_prev)},
+    F_INT(tide_proto_layout_msg_t, base, "base", 0, TIDE_PROTO_WORKERS_MAX - 1),
+    F_INT(tide_proto_layout_msg_t, world, "world", 1, TIDE_PROTO_WORKERS_MAX),
+    {.key = "join_old",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_msg_t, join_old),
+     .min = 0,
+     .max = TIDE_PROTO_WORKERS_MAX - 1,
+     .count_off = offsetof(tide_proto_layout_msg_t, n_join_old),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+    {.key = "join_new",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_msg_t, join_new),
+     .min = 0,
+     .max = TIDE_PROTO_WORKERS_MAX - 1,
+     .count_off = offsetof(tide_proto_layout_msg_t, n_join_new),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+};
+
+static const tide__field join_port_fields[] = {
+    F_WORKER(tide_proto_join_port_t, worker),
+    F_JOB(tide_proto_join_port_t, job),
+    F_GEN(tide_proto_join_port_t, gen),
+    F_STR(tide_proto_join_port_t, port, "port", TIDE__CS_TEXT, 1),
 };
 
 static const tide__field prepare_fields[] = {
@@ -613,6 +664,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_BYE] = SCHEMA(bye_fields, tide_proto_bye_t, 0, NULL),
     [TIDE_MSG_JOIN] = SCHEMA(join_fields, tide_proto_join_t, 1, check_join),
     [TIDE_MSG_LAYOUT] = SCHEMA(layout_msg_fields, tide_proto_layout_msg_t, 1, check_layout_msg),
+    [TIDE_MSG_JOIN_PORT] = SCHEMA(join_port_fields, tide_proto_join_port_t, 0, NULL),
     [TIDE_MSG_PREPARE] = SCHEMA(prepare_fields, tide_proto_prepare_t, 0, NULL),
     [TIDE_MSG_PREPARE_ACK] = SCHEMA(prepare_ack_fields, tide_proto_prepare_ack_t, 0, NULL),
     [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),
@@ -678,6 +730,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_HEARTBEAT:
     case TIDE_MSG_BYE:
     case TIDE_MSG_JOIN:
+    case TIDE_MSG_JOIN_PORT:
     case TIDE_MSG_PREPARE_ACK:
     case TIDE_MSG_DONE:
     case TIDE_MSG_FAILURE:

@@ -199,13 +199,36 @@ typedef struct tide_proto_join {
  * "layout" tided -> worker: the job's layout for generation layout.gen, and the
  * previous generation's layout to reshard from ("prev": nil for a job's first
  * layout, has_prev = 0; else prev.gen < layout.gen).
+ * Layouts name workers by job rank: a job spans one or more pools (mpirun launches),
+ * each a range of job ranks starting at its base; the first pool's base is 0. "base"
+ * is the receiving worker's pool's base and "world" the job ranks of every pool
+ * connected once this generation runs. A generation that connects a pool launched
+ * later lists the job ranks of both sides of the connection: "join_old" (the ranks
+ * already connected that take part, sorted) and "join_new" (the joining pool's, sorted);
+ * both are empty otherwise.
  */
 typedef struct tide_proto_layout_msg {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
     tide_proto_layout_t layout;        /* "layout" */
     int has_prev;
     tide_proto_layout_t prev; /* "prev": map or nil */
+    int32_t base;             /* "base": [0, 2^20) */
+    int32_t world;            /* "world": [1, 2^20], > base */
+    int32_t *join_old;        /* "join_old": owned */
+    uint32_t n_join_old;      /* <= TIDE_PROTO_WORKERS_MAX */
+    int32_t *join_new;        /* "join_new": owned */
+    uint32_t n_join_new;      /* <= TIDE_PROTO_WORKERS_MAX */
 } tide_proto_layout_msg_t;
+
+/* "join_port" worker -> tided -> workers: the MPI port name the connected side of a
+   join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
+   the joining pool's ranks, which connect to it (MPI_Comm_connect). */
+typedef struct tide_proto_join_port {
+    int32_t worker;                       /* "worker": the sender (tided: the receiver) */
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
+    uint64_t gen;                         /* "gen": the generation that connects */
+    char port[TIDE_PROTO_TEXT_MAX + 1];   /* "port": MPI port name */
+} tide_proto_join_port_t;
 
 /* "prepare" tided -> workers: stop at the proposed step boundary for generation gen. */
 typedef struct tide_proto_prepare {
@@ -459,6 +482,7 @@ typedef struct tide_proto_error {
     X(BYE, "bye", bye)                                                                             \
     X(JOIN, "join", join)                                                                          \
     X(LAYOUT, "layout", layout)                                                                    \
+    X(JOIN_PORT, "join_port", join_port)                                                           \
     X(PREPARE, "prepare", prepare)                                                                 \
     X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
     X(COMMIT, "commit", commit)                                                                    \
@@ -521,6 +545,7 @@ typedef struct tide_msg {
         tide_proto_bye_t bye;
         tide_proto_join_t join;
         tide_proto_layout_msg_t layout;
+        tide_proto_join_port_t join_port;
         tide_proto_prepare_t prepare;
         tide_proto_prepare_ack_t prepare_ack;
         tide_proto_commit_t commit;

@@ -211,8 +211,32 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
                 x->prev.stage_start[s] = s;
             x->prev.stage_start[x->prev.pp] = x->prev.num_layers;
         }
+        x->world = (int32_t)urange(r, 1, 64);
+        x->base = (int32_t)urange(r, 0, (uint64_t)x->world - 1);
+        if (x->has_prev && x->world >= 2 && (next(r) & 1)) {
+            /* a join: ranks [0, cut) already connected, [cut, world) joining */
+            int32_t cut = (int32_t)urange(r, 1, (uint64_t)x->world - 1);
+            x->n_join_old = (uint32_t)cut;
+            x->n_join_new = (uint32_t)(x->world - cut);
+            x->join_old = tide_malloc(x->n_join_old * sizeof *x->join_old);
+            x->join_new = tide_malloc(x->n_join_new * sizeof *x->join_new);
+            if (x->join_old == NULL || x->join_new == NULL)
+                return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling a join");
+            for (int32_t k = 0; k < x->world; k++) {
+                if (k < cut)
+                    x->join_old[k] = k;
+                else
+                    x->join_new[k - cut] = k;
+            }
+        }
         return TIDE_OK;
     }
+    case TIDE_MSG_JOIN_PORT:
+        m->u.join_port.worker = worker_id(r);
+        NAME(r, m->u.join_port.job);
+        m->u.join_port.gen = urange(r, 0, UINT64_MAX);
+        rstr(r, m->u.join_port.port, 1, TIDE_PROTO_TEXT_MAX, 2);
+        return TIDE_OK;
     case TIDE_MSG_PREPARE:
         NAME(r, m->u.prepare.job);
         m->u.prepare.gen = urange(r, 0, UINT64_MAX);

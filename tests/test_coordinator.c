@@ -486,7 +486,7 @@ Test(store, round_trip_and_reload)
     tide_coord_job_t *j = NULL;
     cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_ONLINE, &j), TIDE_OK);
     snprintf(j->name, sizeof j->name, "train");
-    snprintf(j->pool, sizeof j->pool, "p");
+    cr_assert_eq(tide_coord_job_add_pool(j, "p", 16, 1), TIDE_OK);
     cr_assert_eq(tide_layout_new(&j->layout, 1, 1, 1, 4, 1), TIDE_OK);
     j->layout->worker[0] = 3;
     j->generation = j->gen_issued = 7;

@@ -50,6 +50,8 @@ struct tide__ctl {
     char job[TIDE_PROTO_NAME_MAX + 1];
     tide__agree agree;
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
+    uint64_t port_gen;   /* generation the join port below belongs to (0: none) */
+    char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
     void *abort_ctx;
     int halt_code; /* tided halted the job (a tide_status); 0: not halted */
@@ -186,10 +188,32 @@ static int layout_has(const tide_proto_layout_t *l, int32_t rank)
 
 /* ---- handlers (background thread) ------------------------------------------------------- */
 
+static void on_join_port(tide__ctl_t *ctl, const tide_proto_join_port_t *p)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (strcmp(p->job, ctl->job) == 0 && p->gen >= ctl->port_gen) {
+        ctl->port_gen = p->gen;
+        snprintf(ctl->port, sizeof ctl->port, "%s", p->port);
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+int tide__ctl_join_port(tide__ctl_t *ctl, uint64_t gen, char *port, size_t len)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int have = ctl->port_gen == gen && ctl->port[0] != '\0';
+    if (have)
+        snprintf(port, len, "%s", ctl->port);
+    pthread_mutex_unlock(&ctl->mu);
+    return have;
+}
+
 static void on_layout(tide__ctl_t *ctl, tide_msg_t *m)
 {
     tide_proto_layout_msg_t *lm = &m->u.layout;
-    int32_t me = ctl->reg.rank;
+    /* layouts name job ranks: this pool's ranks start at the base tided gives it */
+    int32_t me = lm->base + ctl->reg.rank;
     pthread_mutex_lock(&ctl->mu);
     if (strcmp(lm->job, ctl->job) != 0) {
         pthread_mutex_unlock(&ctl->mu);
@@ -453,6 +477,9 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         break;
     case TIDE_MSG_LAYOUT:
         on_layout(ctl, &m);
+        break;
+    case TIDE_MSG_JOIN_PORT:
+        on_join_port(ctl, &m.u.join_port);
         break;
     case TIDE_MSG_PREPARE:
         on_prepare(ctl, &m.u.prepare);

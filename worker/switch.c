@@ -122,6 +122,14 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     uint64_t **ob = NULL, **nb = NULL;
     uint64_t *my_ob = NULL, *my_nb = NULL;
     tide_coll_comm_t *sw = NULL, *g[4] = {NULL, NULL, NULL, NULL};
+    /* a join (join.c): both sides' job ranks, what it hands over, and what it replaced */
+    tide__join_req jreq;
+    memset(&jreq, 0, sizeof jreq);
+    tide__join_result jres = {NULL, MPI_COMM_NULL, NULL};
+    int32_t *j_old = NULL, *j_new = NULL, *old_ids = NULL;
+    tide_coll_pool_t *old_pool = NULL;
+    MPI_Comm old_end = MPI_COMM_NULL;
+    int old_size = 0, joined = 0, bystander = 0;
     tide_exec_stats es;
     memset(&es, 0, sizeof es);
     tide_reshard_stats st;
@@ -138,8 +146,43 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
     rc = pl ? tide__layout_from_proto(&pl->prev, &prev)
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
+    if (rc == TIDE_OK && pl->n_join_new > 0) { /* this generation connects a pool */
+        jreq.gen = gen;
+        jreq.world = pl->world;
+        jreq.n_old = pl->n_join_old;
+        jreq.n_new = pl->n_join_new;
+        j_old = tide_malloc((size_t)pl->n_join_old * sizeof *j_old);
+        j_new = tide_malloc((size_t)pl->n_join_new * sizeof *j_new);
+        if (j_old == NULL || j_new == NULL) {
+            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory for generation %llu's join",
+                             (unsigned long long)gen);
+        } else {
+            memcpy(j_old, pl->join_old, (size_t)pl->n_join_old * sizeof *j_old);
+            memcpy(j_new, pl->join_new, (size_t)pl->n_join_new * sizeof *j_new);
+            jreq.old_ranks = j_old;
+            jreq.new_ranks = j_new;
+        }
+    }
     tide__ctl_unlock(t->ctl);
     TIDE_CHECK_GOTO(rc, rc, fail);
+    if (j_new != NULL) {
+        /* one communicator over both pools first: the switch's groups are made over it */
+        uint64_t tj = tide_now_ns();
+        TIDE_CHECK_GOTO(tide__join_connect(t, &jreq, &jres), rc, fail);
+        old_pool = t->pool;
+        old_end = t->end_comm;
+        old_ids = t->coord_ids;
+        old_size = t->size;
+        t->pool = jres.pool;
+        t->end_comm = jres.end_comm;
+        t->coord_ids = jres.ids;
+        t->size = jreq.world;
+        jres.pool = NULL;
+        jres.ids = NULL;
+        jres.end_comm = MPI_COMM_NULL;
+        joined = 1;
+        st.join_ms = (double)(tide_now_ns() - tj) / 1e6;
+    }
     int in_place = new_bufs == NULL && t->owned;
     if (nv->member && new_bufs == NULL && !in_place)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
@@ -152,9 +195,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     TIDE_CHECK_GOTO(tide_layout_validate(nl, t->coll), rc, fail);
     TIDE_CHECK_GOTO(tide_layout_validate(prev, t->coll), rc, fail);
     for (size_t i = 0; i < tide_layout_size(nl); i++)
-        if (nl->worker[i] >= t->size)
+        if (nl->worker[i] >= t->size || tide_coll_pool_comm_rank(t->pool, nl->worker[i]) < 0)
             TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                           "generation %llu names worker %d; the pool has %d ranks",
+                           "generation %llu names job rank %d, which no process connected to "
+                           "this rank holds (job ranks: %d)",
                            (unsigned long long)gen, nl->worker[i], t->size);
 
     /* participants: the new layout's members and the old one's live members */
@@ -184,8 +228,12 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     qsort(parts, (size_t)np, sizeof *parts, cmp_int);
     for (int k = 0; k < np; k++)
         rank_of[parts[k]] = k;
-    if (rank_of[t->rank] < 0)
+    if (rank_of[t->rank] < 0 && !joined)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "rank %d switches but takes no part", t->rank);
+    /* a rank outside both layouts took part in the join only: it stays idle, connected */
+    bystander = rank_of[t->rank] < 0;
+    if (bystander)
+        goto commit;
 
     uint64_t tc = tide_now_ns();
     tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
@@ -296,6 +344,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     st.groups_ms = (double)(tide_now_ns() - tc) / 1e6;
     st.comm_ms = st.sync_ms + st.groups_ms;
 
+commit:;
     /* commit locally: new comms, layout, buffers and step */
     tide_coll_comm_t *old[5];
     tide__ctl_lock(t->ctl);
@@ -324,6 +373,12 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     uint64_t td = tide_now_ns();
     for (int i = 0; i < 5; i++)
         tide_coll_comm_destroy(&old[i]);
+    if (joined) { /* the old layout's groups are gone: so can their pool be */
+        tide_coll_pool_destroy(&old_pool);
+        tide_free(old_ids);
+        old_ids = NULL;
+        MPI_Comm_free(&old_end);
+    }
     tide_layout_destroy(&t->layout);
     t->layout = t->next_layout;
     t->next_layout = NULL;
@@ -378,11 +433,23 @@ fail:
         tide__ctl_unlock(t->ctl);
         tide__destroy_comms(g, 4);
         tide_coll_comm_destroy(&sw);
+        if (joined) { /* back to the pool the old layout's groups live on */
+            tide_coll_pool_destroy(&t->pool);
+            MPI_Comm_free(&t->end_comm);
+            tide_free(t->coord_ids);
+            t->pool = old_pool;
+            t->end_comm = old_end;
+            t->coord_ids = old_ids;
+            t->size = old_size;
+            old_ids = NULL;
+        }
         t->has_next = 0;
         report_done(t, gen, rc, 0, (double)(tide_now_ns() - t0) / 1e6);
         tide_errorf(rc, "%s", detail);
     }
 out:
+    tide_free(j_old);
+    tide_free(j_new);
     tide_layout_destroy(&prev);
     tide_plan_destroy(&plan);
     tide_free(alive);

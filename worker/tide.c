@@ -517,6 +517,43 @@ static tide_status join_answer(tide_t *t, const char *job, tide_msg_t *layout, i
     }
 }
 
+/* Makes this pool's ranks job ranks [base, base + size) of a job of `world` ranks: a new
+   pool over the same processes, and the coordinator ids of the others unknown (-1) until
+   a join connects them. Collective over the pool (every rank joins); main thread. */
+static tide_status rebase(tide_t *t, int32_t base, int32_t world)
+{
+    int n = t->size, me = t->rank;
+    if (base < 0 || world < base + n)
+        return tide_errorf(TIDE_ERR_PROTOCOL,
+                           "tided gives this pool of %d ranks job ranks from %d in a job of %d", n,
+                           base, world);
+    int *prank = tide_malloc((size_t)n * sizeof *prank);
+    int32_t *ids = tide_malloc((size_t)world * sizeof *ids);
+    tide_coll_pool_t *np = NULL;
+    tide_status rc = TIDE_OK;
+    if (prank == NULL || ids == NULL)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory renumbering the pool");
+    for (int c = 0; c < n; c++)
+        prank[c] = base + c;
+    for (int32_t r = 0; r < world; r++)
+        ids[r] = r >= base && r < base + n ? t->coord_ids[r - base] : -1;
+    TIDE_CHECK_GOTO(tide_coll_pool_new_ranked(&np, tide_coll_pool_comm(t->pool), prank, world), rc,
+                    out);
+    tide_coll_pool_destroy(&t->pool);
+    t->pool = np;
+    tide_free(t->coord_ids);
+    t->coord_ids = ids;
+    ids = NULL;
+    t->rank = base + me;
+    t->size = world;
+    TIDE_INFO(SUBSYS, "pool rank %d is job rank %d of %d (this pool joined a running job)", me,
+              t->rank, world);
+out:
+    tide_free(prank);
+    tide_free(ids);
+    return rc;
+}
+
 tide_status tide_join(tide_t *t, const tide_join_req *req)
 {
     if (t == NULL || req == NULL || req->collection == NULL)
@@ -610,6 +647,9 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     rc = tide_proto_decode(b.data, len, &first);
     tide_proto_buf_destroy(&b);
     TIDE_CHECK_GOTO(rc, rc, out);
+    /* a pool launched later for a running job: its ranks are job ranks from base on */
+    if (first.u.layout.base != 0 || first.u.layout.world != t->size)
+        TIDE_CHECK_GOTO(rebase(t, first.u.layout.base, first.u.layout.world), rc, out);
     tide_layout_t *l = NULL;
     TIDE_CHECK_GOTO(tide__layout_from_proto(&first.u.layout.layout, &l), rc, out);
     rc = tide_layout_validate(l, req->collection);
@@ -900,14 +940,49 @@ tide_status tide_finish(tide_t *t)
     t->finished = 1;
     if (!t->view.member || t->layout->worker[0] != t->rank)
         return TIDE_OK;
-    int64_t step = t->view.step;
+    /* the send buffer outlives an abandoned request: MPI may still read it later */
+    static int64_t end_step;
+    end_step = t->view.step;
+    MPI_Request *reqs = tide_malloc((size_t)t->size * sizeof *reqs);
+    int *who = tide_malloc((size_t)t->size * sizeof *who);
+    if (reqs == NULL || who == NULL) {
+        tide_free(reqs);
+        tide_free(who);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory releasing the idle ranks");
+    }
+    int n = 0;
     for (int r = 0; r < t->size; r++) {
         int p, d, tt;
-        if (tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
+        /* end_comm holds the processes of the pool's communicator, in its order */
+        int c = tide_coll_pool_comm_rank(t->pool, r);
+        if (c < 0 || tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
             continue;
-        if (MPI_Send(&step, 1, MPI_INT64_T, r, TAG_END, t->end_comm) != MPI_SUCCESS)
+        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) !=
+            MPI_SUCCESS)
             TIDE_WARN(SUBSYS, "could not release idle rank %d", r);
+        else
+            who[n++] = r;
     }
+    /* an idle rank that died (a pool that left) never takes its message: not waited for
+       past a bound, or the job's end would hang on it */
+    uint64_t deadline = tide_now_ns() + 2000ull * 1000000ull;
+    int all = n == 0;
+    while (!all && tide_now_ns() < deadline) {
+        if (MPI_Testall(n, reqs, &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            break;
+        if (!all)
+            usleep(1000);
+    }
+    for (int i = 0; !all && i < n; i++) {
+        int done = 0;
+        if (reqs[i] != MPI_REQUEST_NULL && MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+            !done) {
+            TIDE_WARN(SUBSYS, "idle rank %d did not take the job's end within 2 s (gone?)", who[i]);
+            MPI_Request_free(&reqs[i]);
+        }
+    }
+    tide_free(reqs);
+    tide_free(who);
     tide_error_clear();
     return TIDE_OK;
 }

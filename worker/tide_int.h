@@ -124,4 +124,29 @@ void tide__bubble_boundary(tide_t *t);
    thread. */
 uint64_t tide__bubble_batch(double expect_ms, double elapsed_ms, double est_ms);
 
+/* A generation that connects a pool launched later (join.c): job ranks of both sides. */
+typedef struct tide__join_req {
+    uint64_t gen;
+    int32_t world;              /* job ranks once connected */
+    const int32_t *old_ranks;   /* the connected side taking part, sorted */
+    uint32_t n_old;
+    const int32_t *new_ranks;   /* the joining pool's ranks, sorted */
+    uint32_t n_new;
+} tide__join_req;
+
+/* What a join hands over: the pool over every connected process (numbered by job rank),
+   a duplicate of its communicator for job-end messages, and each job rank's coordinator
+   id (-1 where no process holds it). All owned by the caller. */
+typedef struct tide__join_result {
+    tide_coll_pool_t *pool;
+    MPI_Comm end_comm;
+    int32_t *ids; /* [world] */
+} tide__join_result;
+
+/* Connects this rank's side of generation jr->gen's join to the other (MPI accept or
+   connect through tided's relayed port, then merge) within the switch timeout or until
+   tided aborts the switch; on failure the connecting thread is abandoned and nothing
+   changes. Needs MPI_THREAD_MULTIPLE. Blocks; main thread. */
+tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out);
+
 #endif /* TIDE_WORKER_TIDE_INT_H */

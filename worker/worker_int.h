@@ -217,6 +217,10 @@ tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
    in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
 tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 
+/* 1 with the MPI port name of generation gen's join (relayed by tided) copied into port
+   (len bytes), 0 while none came. Any thread. */
+int tide__ctl_join_port(tide__ctl_t *ctl, uint64_t gen, char *port, size_t len);
+
 /* Sets the abort callback. */
 void tide__ctl_set_abort(tide__ctl_t *ctl, tide__abort_fn fn, void *ctx);
 

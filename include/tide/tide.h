@@ -326,6 +326,8 @@ typedef struct tide_reshard_stats {
     uint64_t bytes_rebuilt;        /* new shards in pool blocks */
     uint64_t bytes_spilled;        /* old shards spilled to host memory */
     uint64_t fresh_bytes;          /* pool memory newly taken from the system during the switch */
+    double join_ms; /* connecting a pool launched later to the job (MPI accept/connect and
+                       merge), ms; 0 when the switch connected none */
 } tide_reshard_stats;
 
 /*

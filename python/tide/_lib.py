@@ -67,7 +67,7 @@ class ReshardStats(Structure):
                 ("state_old", c_uint64), ("state_new", c_uint64), ("staging_cap", c_uint64),
                 ("mem_limit", c_uint64), ("peak_extra", c_uint64), ("no_room", c_uint64),
                 ("bytes_kept", c_uint64), ("bytes_shrunk", c_uint64), ("bytes_rebuilt", c_uint64),
-                ("bytes_spilled", c_uint64), ("fresh_bytes", c_uint64)]
+                ("bytes_spilled", c_uint64), ("fresh_bytes", c_uint64), ("join_ms", c_double)]
 
 
 class BubbleStats(Structure):

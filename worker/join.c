@@ -1,0 +1,376 @@
+/*
+ * worker/join: connecting a pool launched later (a separate mpirun) to the processes of
+ * a running job, at the switch of the generation that first places the job on it.
+ *
+ * The connected side (every live rank of the job's connected pools, tided's join_old)
+ * accepts on a port its first rank opens; the joining pool (join_new) connects to it,
+ * the port name relayed by tided; both merge the intercommunicator into one
+ * communicator, whose processes then form the job's pool, still numbered by job rank
+ * (tide_coll_pool_new_ranked). Open MPI needs both launches started with --ompi-server
+ * for this.
+ *
+ * MPI_Comm_accept and MPI_Comm_connect never return when the other side dies before
+ * connecting (Open MPI 4.1 has no timeout for them), so the whole connection runs on a
+ * thread of its own while the main thread waits with the switch's deadline and abort
+ * flag. A connection that does not finish in time is abandoned: the thread is left
+ * blocked (it holds only its own state, freed by whichever side finishes last) and the
+ * job goes on with its old layout. That is why a join needs MPI_THREAD_MULTIPLE: the
+ * main thread calls MPI again while the abandoned thread waits inside it.
+ *
+ * Workload: once per join; the connection itself takes milliseconds.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/tide_int.h"
+
+#define SUBSYS "worker"
+
+/* Shared by the main thread and the connecting thread; freed by the last to let go. */
+typedef struct jconn {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    int abandoned; /* the main thread gave up: the thread cleans up after itself */
+    int done;      /* the thread finished (rc says how) */
+    tide_status rc;
+    char why[256];
+    /* in */
+    MPI_Comm parent; /* the pool's communicator (borrowed while not abandoned) */
+    int *granks;     /* the side's ranks in parent */
+    int n_group, tag;
+    int accept;   /* 1: the connected side (accepts, low half); 0: the joining pool */
+    int root;     /* this process opens the port (accept side) */
+    int32_t jrank, id, world;
+    char port[MPI_MAX_PORT_NAME];
+    int port_ready; /* accept root: opened; connect side: given by the main thread */
+    /* out */
+    tide_coll_pool_t *pool;
+    MPI_Comm end_comm;
+    int32_t *ids; /* [world] coordinator ids, -1 where no process holds the job rank */
+} jconn;
+
+static void jc_release(jconn *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last)
+        return;
+    tide_coll_pool_destroy(&j->pool);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && j->end_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&j->end_comm);
+    tide_free(j->ids);
+    tide_free(j->granks);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    tide_free(j);
+}
+
+static int mpi_fail(jconn *j, int err, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(err, s, &len);
+    pthread_mutex_lock(&j->mu);
+    j->rc = TIDE_ERR_BACKEND;
+    snprintf(j->why, sizeof j->why, "%s failed: %s", what, s);
+    pthread_mutex_unlock(&j->mu);
+    return -1;
+}
+
+/* The connection, on its own thread: side group, port, accept or connect, merge, then
+   the job's pool over the merged processes. */
+static int connect_run(jconn *j)
+{
+    MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    MPI_Comm side = MPI_COMM_NULL, inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    int err = MPI_Comm_group(j->parent, &pg);
+    if (err == MPI_SUCCESS)
+        err = MPI_Group_incl(pg, j->n_group, j->granks, &g);
+    if (err == MPI_SUCCESS)
+        err = MPI_Comm_create_group(j->parent, g, j->tag, &side);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (pg != MPI_GROUP_NULL)
+        MPI_Group_free(&pg);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Comm_create_group of the join's side");
+    MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
+    if (j->accept) {
+        if (j->root) {
+            char port[MPI_MAX_PORT_NAME];
+            err = MPI_Open_port(MPI_INFO_NULL, port);
+            if (err != MPI_SUCCESS) {
+                MPI_Comm_free(&side);
+                return mpi_fail(j, err, "MPI_Open_port");
+            }
+            pthread_mutex_lock(&j->mu);
+            memcpy(j->port, port, sizeof port);
+            j->port_ready = 1;
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&j->mu);
+        }
+        err = MPI_Comm_accept(j->port, MPI_INFO_NULL, 0, side, &inter);
+    } else {
+        pthread_mutex_lock(&j->mu);
+        while (!j->port_ready && !j->abandoned)
+            pthread_cond_wait(&j->cv, &j->mu);
+        int go = !j->abandoned;
+        pthread_mutex_unlock(&j->mu);
+        if (!go) {
+            MPI_Comm_free(&side);
+            return -1;
+        }
+        const char *fault = getenv("TIDE_JOIN_FAULT"); /* tests: "connect:R" */
+        if (fault != NULL && strncmp(fault, "connect:", 8) == 0 && atoi(fault + 8) == j->jrank) {
+            TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits before connecting", fault,
+                      j->jrank);
+            _exit(86);
+        }
+        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, side, &inter);
+    }
+    MPI_Comm_free(&side);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
+    MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    pthread_mutex_lock(&j->mu);
+    int late = j->abandoned;
+    pthread_mutex_unlock(&j->mu);
+    if (late) { /* the other side connected after the deadline: undo it together */
+        MPI_Comm_disconnect(&inter);
+        return -1;
+    }
+    err = MPI_Intercomm_merge(inter, j->accept ? 0 : 1, &merged);
+    MPI_Comm_disconnect(&inter);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Intercomm_merge");
+    MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+    int n = 0;
+    MPI_Comm_size(merged, &n);
+    int32_t mine[2] = {j->jrank, j->id};
+    int32_t *all = tide_malloc((size_t)n * sizeof mine);
+    int *prank = tide_malloc((size_t)n * sizeof *prank);
+    j->ids = tide_malloc((size_t)j->world * sizeof *j->ids);
+    if (all == NULL || prank == NULL || j->ids == NULL) {
+        tide_free(all);
+        tide_free(prank);
+        MPI_Comm_free(&merged);
+        pthread_mutex_lock(&j->mu);
+        j->rc = TIDE_ERR_NOMEM;
+        snprintf(j->why, sizeof j->why, "out of memory after connecting %d processes", n);
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    err = MPI_Allgather(mine, 2, MPI_INT32_T, all, 2, MPI_INT32_T, merged);
+    tide_status rc = TIDE_OK;
+    if (err == MPI_SUCCESS) {
+        for (int32_t r = 0; r < j->world; r++)
+            j->ids[r] = -1;
+        for (int c = 0; c < n; c++) {
+            prank[c] = all[2 * c];
+            if (prank[c] >= 0 && prank[c] < j->world)
+                j->ids[prank[c]] = all[2 * c + 1];
+        }
+        rc = tide_coll_pool_new_ranked(&j->pool, merged, prank, j->world);
+        if (rc == TIDE_OK && MPI_Comm_dup(merged, &j->end_comm) != MPI_SUCCESS)
+            rc = tide_errorf(TIDE_ERR_BACKEND, "MPI_Comm_dup of the connected processes failed");
+        if (rc == TIDE_OK)
+            MPI_Comm_set_errhandler(j->end_comm, MPI_ERRORS_RETURN);
+    }
+    tide_free(all);
+    tide_free(prank);
+    MPI_Comm_free(&merged);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Allgather over the connected processes");
+    if (rc != TIDE_OK) {
+        pthread_mutex_lock(&j->mu);
+        j->rc = rc;
+        snprintf(j->why, sizeof j->why, "%s", tide_last_error());
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    return 0;
+}
+
+static void *connect_thread(void *arg)
+{
+    jconn *j = arg;
+    int ok = connect_run(j) == 0;
+    pthread_mutex_lock(&j->mu);
+    if (ok)
+        j->rc = TIDE_OK;
+    else if (j->rc == TIDE_OK)
+        j->rc = TIDE_ERR_ABORTED;
+    j->done = 1;
+    int abandoned = j->abandoned;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned && j->root && j->port_ready)
+        MPI_Close_port(j->port);
+    jc_release(j);
+    return NULL;
+}
+
+static int find_rank(const int32_t *a, uint32_t n, int32_t r)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (a[i] == r)
+            return (int)i;
+    return -1;
+}
+
+static void send_port(tide_t *t, uint64_t gen, const char *port)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN_PORT);
+    m.u.join_port.worker = tide__ctl_worker_id(t->ctl);
+    snprintf(m.u.join_port.job, sizeof m.u.join_port.job, "%s", t->job);
+    m.u.join_port.gen = gen;
+    snprintf(m.u.join_port.port, sizeof m.u.join_port.port, "%s", port);
+    if (tide__ctl_send(t->ctl, &m) != TIDE_OK)
+        TIDE_WARN(SUBSYS, "could not send the join's port to tided: %s", tide_last_error());
+}
+
+tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->end_comm = MPI_COMM_NULL;
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED,
+                           "connecting pool ranks to job %s needs MPI_THREAD_MULTIPLE (this rank "
+                           "initialised MPI with a lower level: use MPI_Init_thread with "
+                           "MPI_THREAD_MULTIPLE in every pool of a job that grows)",
+                           t->job);
+    int oi = find_rank(jr->old_ranks, jr->n_old, t->rank);
+    int ni = find_rank(jr->new_ranks, jr->n_new, t->rank);
+    if ((oi < 0) == (ni < 0))
+        return tide_errorf(TIDE_ERR_PROTOCOL,
+                           "generation %llu's join lists job rank %d on %s side",
+                           (unsigned long long)jr->gen, t->rank, oi < 0 ? "neither" : "either");
+    const int32_t *side = oi >= 0 ? jr->old_ranks : jr->new_ranks;
+    uint32_t n_side = oi >= 0 ? jr->n_old : jr->n_new;
+    jconn *j = tide_calloc(1, sizeof *j);
+    if (j == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
+    j->granks = tide_malloc((size_t)n_side * sizeof *j->granks);
+    if (j->granks == NULL) {
+        tide_free(j);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
+    }
+    for (uint32_t i = 0; i < n_side; i++) {
+        j->granks[i] = tide_coll_pool_comm_rank(t->pool, side[i]);
+        if (j->granks[i] < 0) {
+            tide_free(j->granks);
+            tide_free(j);
+            return tide_errorf(TIDE_ERR_PROTOCOL,
+                               "generation %llu's join names job rank %d, which this rank "
+                               "cannot reach",
+                               (unsigned long long)jr->gen, side[i]);
+        }
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    j->rc = TIDE_OK;
+    j->parent = tide_coll_pool_comm(t->pool);
+    j->n_group = (int)n_side;
+    j->tag = 2 * tide__gen_tag(jr->gen, 5) + 1;
+    j->accept = oi >= 0;
+    j->root = oi == 0;
+    j->jrank = t->rank;
+    j->id = tide__ctl_worker_id(t->ctl);
+    j->world = jr->world;
+    j->end_comm = MPI_COMM_NULL;
+    pthread_t th;
+    if (pthread_create(&th, NULL, connect_thread, j) != 0) {
+        j->refs = 1;
+        jc_release(j);
+        return tide_errorf(TIDE_ERR_IO, "could not start the thread that connects the pool");
+    }
+    pthread_detach(th);
+    uint64_t t0 = tide_now_ns();
+    uint64_t deadline = t0 + (uint64_t)t->opts.switch_timeout_ms * 1000000ull;
+    int sent = 0;
+    tide_status rc = TIDE_OK;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->done) {
+            rc = j->rc;
+            if (rc != TIDE_OK)
+                rc = tide_errorf(rc, "connecting the pools of job %s: %s", t->job, j->why);
+            break;
+        }
+        if (j->accept && j->root && j->port_ready && !sent) {
+            char port[MPI_MAX_PORT_NAME];
+            memcpy(port, j->port, sizeof port);
+            pthread_mutex_unlock(&j->mu);
+            send_port(t, jr->gen, port); /* tided relays it to the joining pool */
+            sent = 1;
+            pthread_mutex_lock(&j->mu);
+            continue;
+        }
+        if (!j->accept && !j->port_ready) {
+            char port[MPI_MAX_PORT_NAME];
+            pthread_mutex_unlock(&j->mu);
+            int have = tide__ctl_join_port(t->ctl, jr->gen, port, sizeof port);
+            pthread_mutex_lock(&j->mu);
+            if (have) {
+                memcpy(j->port, port, sizeof port);
+                j->port_ready = 1;
+                pthread_cond_broadcast(&j->cv);
+            }
+        }
+        uint64_t now = tide_now_ns();
+        int cancel = __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED);
+        if (now >= deadline || cancel) {
+            j->abandoned = 1;
+            pthread_cond_broadcast(&j->cv);
+            rc = tide_errorf(cancel ? TIDE_ERR_ABORTED : TIDE_ERR_TIMEOUT,
+                             "connecting the pools of job %s %s after %.0f ms (%s); the "
+                             "connecting thread is left waiting inside MPI",
+                             t->job, cancel ? "was aborted by tided" : "timed out",
+                             (double)(now - t0) / 1e6,
+                             j->accept ? (j->port_ready ? "accepting; the joining pool never "
+                                                          "connected"
+                                                        : "before the port was opened")
+                                       : (j->port_ready ? "connecting; the job never accepted"
+                                                        : "no port came from tided"));
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    }
+    if (rc == TIDE_OK) {
+        out->pool = j->pool;
+        out->end_comm = j->end_comm;
+        out->ids = j->ids;
+        j->pool = NULL;
+        j->end_comm = MPI_COMM_NULL;
+        j->ids = NULL;
+    }
+    pthread_mutex_unlock(&j->mu);
+    jc_release(j);
+    if (rc == TIDE_OK)
+        TIDE_INFO(SUBSYS, "job rank %d: pools of job %s connected (%d job ranks) in %.1f ms",
+                  t->rank, t->job, jr->world, (double)(tide_now_ns() - t0) / 1e6);
+    return rc;
+}

@@ -445,6 +445,14 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
                 "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
                 (unsigned long long)gen, tide_layout_format(j->layout, from, sizeof from),
                 tide_layout_format(r->layout, to, sizeof to), reason, r->n_parts, n_preempt);
+    if (r->join_pool >= 0) {
+        const tide_coord_job_pool *jp = &j->pools[r->join_pool];
+        tide__event(s, j->name, "join_started",
+                    "generation %llu connects pool %s (%zu ranks) to the job's %zu ranks "
+                    "(MPI accept/connect: every pool's mpirun needs --ompi-server%s%s)",
+                    (unsigned long long)gen, jp->name, r->n_join_new, r->n_join_old,
+                    s->cfg.ompi_server ? " " : "", s->cfg.ompi_server ? s->cfg.ompi_server : "");
+    }
     tide__save_job(s, j);
     send_all(s, j, 0);
     return TIDE_OK;

@@ -906,6 +906,8 @@ static void handle_status(tide_server_t *s)
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_STATUS_REPLY);
     m.u.status_reply.time_ms = tide_wall_ms();
+    snprintf(m.u.status_reply.ompi_server, sizeof m.u.status_reply.ompi_server, "%s",
+             s->cfg.ompi_server ? s->cfg.ompi_server : "");
     size_t n = 0;
     for (size_t i = 0; i < st->n_workers; i++)
         n += st->workers[i].pool[0] != '\0';

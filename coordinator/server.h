@@ -36,6 +36,8 @@ typedef struct tide_server_config {
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
     int max_attempts;          /* offline job attempts before it is marked failed */
+    const char *ompi_server; /* the ompi-server URI pools that join a running job must be
+                                launched with (mpirun --ompi-server), or NULL; shown by status */
     int64_t batch_ms; /* min time between loop passes that did not fill a batch, ms: requests
                          arriving meanwhile are handled together (one wakeup, not one each) */
 } tide_server_config;

@@ -279,7 +279,9 @@ static void table_print(table_t *t, FILE *out)
 static void status_json(FILE *out, const tide_proto_status_reply_t *r)
 {
     {
-        fprintf(out, "{\"time_ms\":%lld,\"gpus\":[", (long long)r->time_ms);
+        fprintf(out, "{\"time_ms\":%lld,\"ompi_server\":", (long long)r->time_ms);
+        tidectl_json_str(out, r->ompi_server);
+        fprintf(out, ",\"gpus\":[");
         for (uint32_t i = 0; i < r->n_rows; i++) {
             const tide_proto_gpu_row_t *g = &r->rows[i];
             fprintf(out, "%s{\"worker\":%d,\"host\":", i ? "," : "", g->worker);
@@ -349,6 +351,9 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
     fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed\n",
             r->n_rows, count[TIDE_WORKER_ONLINE], count[TIDE_WORKER_OFFLINE],
             count[TIDE_WORKER_IDLE], count[TIDE_WORKER_DRAINING], count[TIDE_WORKER_FAILED]);
+    if (r->ompi_server[0] != '\0')
+        fprintf(out, "pools join running jobs through ompi-server %s (mpirun --ompi-server)\n",
+                r->ompi_server);
     if (r->n_rows == 0) {
         tide_free(t.cells);
         fprintf(out, "no workers registered yet (start a pool with mpirun; it registers itself)\n");

@@ -28,6 +28,7 @@ struct settings {
     const char *endpoint_file;
     const char *state;
     const char *metrics;
+    const char *ompi_server;
     const char *auth;
     const char *log;
     long long heartbeat_ms;
@@ -71,6 +72,10 @@ int main(int argc, char **argv)
          "gather requests for up to this long between loop passes (fewer wakeups under load; "
          "0: wake for every request)",
          0, 100},
+        {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s.ompi_server, NULL,
+         "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
+         "launched with (mpirun --ompi-server); shown by tidectl status",
+         0, 0},
         {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s.link_gbps, "80",
          "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &s.log, "warn", "log level: error, warn, info, debug",
@@ -98,6 +103,7 @@ int main(int argc, char **argv)
     cfg.endpoint_file = s.endpoint_file;
     cfg.state_path = s.state;
     cfg.metrics = s.metrics;
+    cfg.ompi_server = s.ompi_server;
     cfg.auth_dir = s.auth;
     cfg.heartbeat_ms = s.heartbeat_ms;
     cfg.miss_limit = (int)s.miss_limit;

@@ -270,6 +270,22 @@ out:
     return rc;
 }
 
+/* 1 when a switch that failed with rc (tided aborted it, or it timed out: a pool that
+   was joining died) left this rank on generation g0 with every buffer where it was, so
+   training goes on under the old layout; a failure after state moved ends the rank. */
+static int switch_failed_cleanly(const tide_t *t, const tide_mlp_t *m, tide_status rc, uint64_t g0)
+{
+    if (rc != TIDE_ERR_ABORTED && rc != TIDE_ERR_TIMEOUT)
+        return 0;
+    if (tide_view_get(t)->generation != g0)
+        return 0;
+    size_t n = tide_collection_size(tide_mlp_collection(m));
+    for (size_t i = 0; i < n; i++)
+        if (tide_buffer_moved(t, i))
+            return 0;
+    return 1;
+}
+
 static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, prepared *pre)
 {
     tide_mlp_tide_comm comm;
@@ -280,7 +296,14 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
         if (a == TIDE_STEP_FINISHED)
             return TIDE_OK;
         if (a == TIDE_STEP_RECONFIGURE) {
-            TIDE_CHECK(switch_layout(t, m, h, pre));
+            uint64_t g0 = tide_view_get(t)->generation;
+            tide_status rc = switch_layout(t, m, h, pre);
+            if (rc != TIDE_OK && !switch_failed_cleanly(t, m, rc, g0))
+                return rc;
+            if (rc != TIDE_OK)
+                TIDE_WARN(SUBSYS, "rank %d: the switch failed before moving anything (%s); "
+                          "generation %llu goes on",
+                          tide_worker_id(t), tide_last_error(), (unsigned long long)g0);
             loop_comm_init(&comm, t, m, h);
             continue;
         }

@@ -515,6 +515,7 @@ static const tide__schema gpu_row_schema = {gpu_row_fields, NELEM(gpu_row_fields
 
 static const tide__field status_reply_fields[] = {
     F_INT(tide_proto_status_reply_t, time_ms, "time_ms", 0, INT64_MAX),
+    F_TEXT(tide_proto_status_reply_t, ompi_server, "ompi_server"),
     {.key = "rows",
      .kind = TIDE__K_STRUCT_ARRAY,
      .off = offsetof(tide_proto_status_reply_t, rows),

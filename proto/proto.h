@@ -357,6 +357,8 @@ typedef struct tide_proto_gpu_row {
 /* "status_reply": "time_ms" (tided's wall clock) and "rows" (array of row maps). */
 typedef struct tide_proto_status_reply {
     int64_t time_ms;
+    char ompi_server[TIDE_PROTO_TEXT_MAX + 1]; /* "ompi_server": the URI pools that join a
+                                                  running job are launched with, "" if unset */
     tide_proto_gpu_row_t *rows; /* owned */
     uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
 } tide_proto_status_reply_t;

@@ -328,6 +328,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
     case TIDE_MSG_STATUS_REPLY: {
         tide_proto_status_reply_t *x = &m->u.status_reply;
         x->time_ms = irange(r, 0, INT64_MAX);
+        TEXT(r, x->ompi_server);
         uint32_t n = (uint32_t)urange(r, 0, 8);
         x->rows = rows(n, sizeof *x->rows);
         if (n && x->rows == NULL)

@@ -148,10 +148,50 @@ Test(agree, idle_rank_waits_for_commit_and_abort_clears)
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
     cr_assert_eq(tide__agree_abort(&a, 3), TIDE__ABORT_SWITCHING, "abort during the switch");
     tide__agree_switch_failed(&a);
-    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT);
+    cr_assert_eq(a.p_gen, 0, "aborted while switching, then failed: nothing is pending");
+    cr_assert_eq(a.gen, 1, "the old generation goes on");
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "still idle");
+    cr_assert_eq(tide__agree_layout(&a, 4, 1, 0), 1, "the next generation is taken");
+    cr_assert_eq(tide__agree_prepare(&a, 4, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&a, 4, 9, 0), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
     tide__agree_switched(&a);
     cr_assert_eq(a.completed, 9, "joins at the switch step");
     cr_assert_eq(a.member, 1);
+}
+
+Test(agree, member_whose_switch_fails_after_an_abort_runs_the_old_generation)
+{
+    /* a join that timed out or was aborted by tided leaves the job on its layout */
+    tide__agree a;
+    tide__agree_init(&a, 5);
+    tide__agree_first(&a, 1, 1);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN);
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 5);
+    cr_assert_eq(tide__agree_end(&a, 1), 0);
+    cr_assert_eq(tide__agree_commit(&a, 2, 6, 0), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    /* the switch fails first (its own deadline), tided's abort comes after */
+    tide__agree_switch_failed(&a);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "failed: waits for tided");
+    cr_assert_eq(tide__agree_abort(&a, 2), TIDE__ABORT_CLEARED);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN, "then trains on generation 1");
+    cr_assert_eq(a.gen, 1);
+    cr_assert_eq(tide__agree_end(&a, 1), 0);
+    /* tided's abort first (while switching), then the switch fails */
+    cr_assert_eq(tide__agree_layout(&a, 3, 1, 1), 1);
+    cr_assert_eq(tide__agree_prepare(&a, 3, &ack), 1);
+    cr_assert_eq(tide__agree_end(&a, 1), -1, "no step is running");
+    cr_assert_eq(tide__agree_commit(&a, 3, 7, 0), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    cr_assert_eq(tide__agree_abort(&a, 3), TIDE__ABORT_SWITCHING);
+    tide__agree_switch_failed(&a);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN, "no abort left to wait for");
+    cr_assert_eq(a.gen, 1);
+    cr_assert_eq(a.completed, 7);
 }
 
 /* A rank in step 10 of generation 3 that marked the step can_finish, then got the

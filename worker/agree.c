@@ -12,7 +12,7 @@ static void clear_pending(tide__agree *a)
 {
     a->p_gen = 0;
     a->p_member = a->p_old = a->p_acked = a->p_committed = 0;
-    a->p_switching = a->p_failed = 0;
+    a->p_switching = a->p_failed = a->p_aborted = 0;
     a->p_ack = a->p_switch = 0;
 }
 
@@ -95,8 +95,10 @@ tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen)
         return TIDE__ABORT_SWITCHED;
     if (gen != a->p_gen || a->p_gen == 0)
         return TIDE__ABORT_IGNORED;
-    if (a->p_switching)
+    if (a->p_switching) {
+        a->p_aborted = 1; /* the switch fails with it, and then nothing is pending */
         return TIDE__ABORT_SWITCHING;
+    }
     clear_pending(a);
     return TIDE__ABORT_CLEARED;
 }
@@ -161,6 +163,10 @@ void tide__agree_switched(tide__agree *a)
 
 void tide__agree_switch_failed(tide__agree *a)
 {
+    if (a->p_aborted) { /* tided abandoned it already: the old generation goes on */
+        clear_pending(a);
+        return;
+    }
     a->p_switching = 0;
     a->p_failed = 1;
 }

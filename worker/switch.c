@@ -184,6 +184,8 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
         st.join_ms = (double)(tide_now_ns() - tj) / 1e6;
     }
     int in_place = new_bufs == NULL && t->owned;
+    if (t->moved != NULL) /* tide_buffer_moved reports this switch, failed or not */
+        memset(t->moved, 0, t->n_tensors);
     if (nv->member && new_bufs == NULL && !in_place)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
                        "tide_reshard: this rank is in the new layout: pass its new buffers "

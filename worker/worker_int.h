@@ -111,6 +111,7 @@ typedef struct tide__agree {
     int64_t p_switch; /* the switch step S */
     int p_switching;  /* the main thread runs the switch */
     int p_failed;     /* the switch failed: wait for abort or a newer generation */
+    int p_aborted;    /* tided aborted it while the switch ran: its failure ends it */
 } tide__agree;
 
 /* Starts with no generation and start_step steps completed. */
@@ -148,7 +149,8 @@ int tide__agree_end(tide__agree *a, int ok);
 /* The switch succeeded: the pending generation runs from its switch step. */
 void tide__agree_switched(tide__agree *a);
 
-/* The switch failed: wait for tided's abort (or a newer generation). */
+/* The switch failed: wait for tided's abort (or a newer generation); when the abort
+   came while it ran, nothing is pending any more and the old generation goes on. */
 void tide__agree_switch_failed(tide__agree *a);
 
 /* ---- offline command runner ------------------------------------------------------------ */

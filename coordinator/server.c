@@ -362,6 +362,23 @@ void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *r
  * pending): state done, members idle, no recovery. Byes of its other ranks are
  * then plain leaves.
  */
+/* Tells the live ranks that joined j but hold none of its coordinates that it ended: a
+   pool that never got connected (or whose peers cannot reach it) stops waiting. */
+static void tell_idle_job_end(tide_server_t *s, const tide_coord_job_t *j)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOB_END);
+    snprintf(m.u.job_end.job, sizeof m.u.job_end.job, "%s", j->name);
+    m.u.job_end.step = j->step > 0 ? (uint64_t)j->step : 0;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        tide_coord_worker_t *w = &s->st->workers[i];
+        if (w->pool[0] == '\0' || w->joined != j->id || w->state == TIDE_WS_FAILED ||
+            (w->job == j->id && w->state == TIDE_WS_ONLINE))
+            continue;
+        tide__send_worker(s, w, &m);
+    }
+}
+
 static void end_job(tide_server_t *s, tide_coord_job_t *j, const tide_coord_worker_t *by)
 {
     size_t freed = 0;
@@ -383,6 +400,7 @@ static void end_job(tide_server_t *s, tide_coord_job_t *j, const tide_coord_work
                 by->id, by->rank, (long long)j->step, (unsigned long long)j->generation,
                 was == TIDE_JS_STALLED ? " (it was stalled)" : "", freed);
     tide__save_job(s, j);
+    tell_idle_job_end(s, j);
     s->want_backfill = 1;
 }
 

@@ -430,9 +430,10 @@ static int e_done(void *ctx, const tide_view *v)
 }
 
 /*
- * An MPI communicator over the members of t's current layout, in layout order (worker id
- * = rank in MPI_COMM_WORLD), created among them only (MPI_Comm_create_group), so that
- * ranks that died or left never take part; MPI_COMM_NULL on a rank outside the layout.
+ * An MPI communicator over the members of t's current layout, in layout order, created
+ * among them only (MPI_Comm_create_group over tide_world: the job's processes, which span
+ * several launches once a pool joined), so that ranks that died or left never take part;
+ * MPI_COMM_NULL on a rank outside the layout.
  */
 static tide_status members_comm(tide_t *t, MPI_Comm *out)
 {
@@ -445,12 +446,12 @@ static tide_status members_comm(tide_t *t, MPI_Comm *out)
     if (ranks == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %zu members", n);
     for (size_t i = 0; i < n; i++)
-        ranks[i] = v->layout->worker[i];
+        ranks[i] = tide_world_rank(t, v->layout->worker[i]);
     MPI_Group world, group;
-    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Comm_group(tide_world(t), &world);
     int rc = MPI_Group_incl(world, (int)n, ranks, &group);
     if (rc == MPI_SUCCESS) {
-        rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, 7201, out);
+        rc = MPI_Comm_create_group(tide_world(t), group, 7201, out);
         MPI_Group_free(&group);
     }
     MPI_Group_free(&world);
@@ -544,7 +545,12 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     /* a periodic save of the last step already holds it (never rewrite a checkpoint) */
     if (ck->root != NULL && tide_mlp_active(model) &&
         (ck->every <= 0 || tide_mlp_step_count(model) % ck->every != 0)) {
-        tide_mlp_ckpt_opts so = ckpt_opts(ck, tide_mlp_step_count(model));
+        /* one save id over the last layout, which may span launches whose nonces differ
+           (a pool that joined the job): its first member's */
+        ckpt_cfg k = *ck;
+        if (members != MPI_COMM_NULL)
+            MPI_Bcast(&k.nonce, 1, MPI_UINT64_T, 0, members);
+        tide_mlp_ckpt_opts so = ckpt_opts(&k, tide_mlp_step_count(model));
         RUN(tide_mlp_ckpt_save(model, me, ck->root, &so), "--ckpt-save");
     }
     /* every member is out of the runtime before one says bye (its bye ends the job) */

@@ -371,6 +371,11 @@ static const tide__field layout_msg_fields[] = {
      .cmax = TIDE_PROTO_WORKERS_MAX},
 };
 
+static const tide__field job_end_fields[] = {
+    F_JOB(tide_proto_job_end_t, job),
+    F_U64(tide_proto_job_end_t, step, "step"),
+};
+
 static const tide__field join_port_fields[] = {
     F_WORKER(tide_proto_join_port_t, worker),
     F_JOB(tide_proto_join_port_t, job),
@@ -666,6 +671,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_JOIN] = SCHEMA(join_fields, tide_proto_join_t, 1, check_join),
     [TIDE_MSG_LAYOUT] = SCHEMA(layout_msg_fields, tide_proto_layout_msg_t, 1, check_layout_msg),
     [TIDE_MSG_JOIN_PORT] = SCHEMA(join_port_fields, tide_proto_join_port_t, 0, NULL),
+    [TIDE_MSG_JOB_END] = SCHEMA(job_end_fields, tide_proto_job_end_t, 0, NULL),
     [TIDE_MSG_PREPARE] = SCHEMA(prepare_fields, tide_proto_prepare_t, 0, NULL),
     [TIDE_MSG_PREPARE_ACK] = SCHEMA(prepare_ack_fields, tide_proto_prepare_ack_t, 0, NULL),
     [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),

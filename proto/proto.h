@@ -220,6 +220,13 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_join_new;      /* <= TIDE_PROTO_WORKERS_MAX */
 } tide_proto_layout_msg_t;
 
+/* "job_end" tided -> worker: the job this idle rank joined has ended (its last member
+   said bye) after `step` steps; the rank stops waiting for a layout. */
+typedef struct tide_proto_job_end {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t step;                     /* "step": steps the job completed */
+} tide_proto_job_end_t;
+
 /* "join_port" worker -> tided -> workers: the MPI port name the connected side of a
    join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
    the joining pool's ranks, which connect to it (MPI_Comm_connect). */
@@ -485,6 +492,7 @@ typedef struct tide_proto_error {
     X(JOIN, "join", join)                                                                          \
     X(LAYOUT, "layout", layout)                                                                    \
     X(JOIN_PORT, "join_port", join_port)                                                           \
+    X(JOB_END, "job_end", job_end)                                                                 \
     X(PREPARE, "prepare", prepare)                                                                 \
     X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
     X(COMMIT, "commit", commit)                                                                    \
@@ -548,6 +556,7 @@ typedef struct tide_msg {
         tide_proto_join_t join;
         tide_proto_layout_msg_t layout;
         tide_proto_join_port_t join_port;
+        tide_proto_job_end_t job_end;
         tide_proto_prepare_t prepare;
         tide_proto_prepare_ack_t prepare_ack;
         tide_proto_commit_t commit;

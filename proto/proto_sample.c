@@ -231,6 +231,10 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         }
         return TIDE_OK;
     }
+    case TIDE_MSG_JOB_END:
+        NAME(r, m->u.job_end.job);
+        m->u.job_end.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
     case TIDE_MSG_JOIN_PORT:
         m->u.join_port.worker = worker_id(r);
         NAME(r, m->u.join_port.job);

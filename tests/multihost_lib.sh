@@ -14,6 +14,7 @@ MH_NAME="m$$"
 MH_TMP=""
 TIDED_PID=""
 MH_PIDS=""
+MH_TIDED_ARGS=() # more flags for tided (mh_tided_start)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { echo "-- $*"; }
@@ -69,7 +70,7 @@ mh_tided_start() {
   rm -f "$MH_TMP/endpoint"
   "$TIDED" --endpoint "$ep" --endpoint-file "$MH_TMP/endpoint" --auth "$KEYS" \
     --state "$MH_TMP/state.db" --heartbeat-ms 100 --miss-limit 30 \
-    --resize-timeout-ms 60000 >>"$MH_TMP/tided.log" 2>&1 &
+    --resize-timeout-ms 60000 "${MH_TIDED_ARGS[@]}" >>"$MH_TMP/tided.log" 2>&1 &
   TIDED_PID=$!
   local i
   for i in $(seq 200); do

@@ -50,6 +50,8 @@ struct tide__ctl {
     char job[TIDE_PROTO_NAME_MAX + 1];
     tide__agree agree;
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
+    int job_ended;       /* tided said the job ended (job_end) */
+    int64_t end_step;
     uint64_t port_gen;   /* generation the join port below belongs to (0: none) */
     char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
@@ -187,6 +189,27 @@ static int layout_has(const tide_proto_layout_t *l, int32_t rank)
 }
 
 /* ---- handlers (background thread) ------------------------------------------------------- */
+
+static void on_job_end(tide__ctl_t *ctl, const tide_proto_job_end_t *e)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (strcmp(e->job, ctl->job) == 0) {
+        ctl->job_ended = 1;
+        ctl->end_step = (int64_t)e->step;
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int ended = ctl->job_ended;
+    if (ended && step != NULL)
+        *step = ctl->end_step;
+    pthread_mutex_unlock(&ctl->mu);
+    return ended;
+}
 
 static void on_join_port(tide__ctl_t *ctl, const tide_proto_join_port_t *p)
 {
@@ -480,6 +503,9 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         break;
     case TIDE_MSG_JOIN_PORT:
         on_join_port(ctl, &m.u.join_port);
+        break;
+    case TIDE_MSG_JOB_END:
+        on_job_end(ctl, &m.u.job_end);
         break;
     case TIDE_MSG_PREPARE:
         on_prepare(ctl, &m.u.prepare);

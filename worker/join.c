@@ -89,12 +89,21 @@ static int mpi_fail(jconn *j, int err, const char *what)
     return -1;
 }
 
-/* The connection, on its own thread: side group, port, accept or connect, merge, then
-   the job's pool over the merged processes. */
+/* The connection, on its own thread. Only the two sides' first ranks meet through the
+   port (accept and connect over MPI_COMM_SELF), since a rank left waiting inside
+   MPI_Comm_accept or MPI_Comm_connect on a larger communicator holds Open MPI's
+   communicator-id allocation and so blocks every communicator its process creates
+   later; the others wait in MPI_Intercomm_create for their first rank, which holds
+   nothing. Then the two sides merge, and the job's pool is made over the merged
+   processes. Once started it runs to the end, abandoned or not, so that no peer is
+   left inside it; an abandoned result is freed by the last to let go. */
 static int connect_run(jconn *j)
 {
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
-    MPI_Comm side = MPI_COMM_NULL, inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+    MPI_Comm i1 = MPI_COMM_NULL; /* the first ranks' intercommunicator: kept until the end
+                                    (disconnecting it would disconnect the launches) */
+    MPI_Comm merged = MPI_COMM_NULL;
     int err = MPI_Comm_group(j->parent, &pg);
     if (err == MPI_SUCCESS)
         err = MPI_Group_incl(pg, j->n_group, j->granks, &g);
@@ -107,8 +116,24 @@ static int connect_run(jconn *j)
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, "MPI_Comm_create_group of the join's side");
     MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
-    if (j->accept) {
-        if (j->root) {
+    if (!j->accept) {
+        /* the joining pool is whole before its first rank connects: a rank of it that dies
+           now leaves the job's side waiting only in accept (the first rank) and in the
+           side's own collectives, which hold nothing the job needs later */
+        const char *fault = getenv("TIDE_JOIN_FAULT"); /* tests: "connect:R" */
+        if (fault != NULL && strncmp(fault, "connect:", 8) == 0 && atoi(fault + 8) == j->jrank) {
+            TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits before connecting", fault,
+                      j->jrank);
+            _exit(86);
+        }
+        err = MPI_Barrier(side);
+        if (err != MPI_SUCCESS) {
+            MPI_Comm_free(&side);
+            return mpi_fail(j, err, "MPI_Barrier of the joining pool");
+        }
+    }
+    if (j->root) {
+        if (j->accept) {
             char port[MPI_MAX_PORT_NAME];
             err = MPI_Open_port(MPI_INFO_NULL, port);
             if (err != MPI_SUCCESS) {
@@ -120,39 +145,44 @@ static int connect_run(jconn *j)
             j->port_ready = 1;
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&j->mu);
+            err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
+        } else {
+            pthread_mutex_lock(&j->mu);
+            while (!j->port_ready && !j->abandoned)
+                pthread_cond_wait(&j->cv, &j->mu);
+            int go = !j->abandoned;
+            pthread_mutex_unlock(&j->mu);
+            if (!go) { /* never connected: the other side's first rank waits alone */
+                MPI_Comm_free(&side);
+                return -1;
+            }
+            err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
         }
-        err = MPI_Comm_accept(j->port, MPI_INFO_NULL, 0, side, &inter);
-    } else {
-        pthread_mutex_lock(&j->mu);
-        while (!j->port_ready && !j->abandoned)
-            pthread_cond_wait(&j->cv, &j->mu);
-        int go = !j->abandoned;
-        pthread_mutex_unlock(&j->mu);
-        if (!go) {
+        if (err != MPI_SUCCESS) {
             MPI_Comm_free(&side);
-            return -1;
+            return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
         }
-        const char *fault = getenv("TIDE_JOIN_FAULT"); /* tests: "connect:R" */
-        if (fault != NULL && strncmp(fault, "connect:", 8) == 0 && atoi(fault + 8) == j->jrank) {
-            TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits before connecting", fault,
-                      j->jrank);
-            _exit(86);
+        MPI_Comm_set_errhandler(i1, MPI_ERRORS_RETURN);
+        err = MPI_Intercomm_merge(i1, j->accept ? 0 : 1, &pair);
+        if (err != MPI_SUCCESS) {
+            MPI_Comm_free(&i1);
+            MPI_Comm_free(&side);
+            return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
         }
-        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, side, &inter);
     }
+    /* the first ranks are paired (pair: accept side 0, joining side 1): both sides meet */
+    err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
+                               j->tag + 2, &inter);
+    if (pair != MPI_COMM_NULL)
+        MPI_Comm_free(&pair);
+    if (i1 != MPI_COMM_NULL)
+        MPI_Comm_free(&i1);
     MPI_Comm_free(&side);
     if (err != MPI_SUCCESS)
-        return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
+        return mpi_fail(j, err, "MPI_Intercomm_create of the join");
     MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
-    pthread_mutex_lock(&j->mu);
-    int late = j->abandoned;
-    pthread_mutex_unlock(&j->mu);
-    if (late) { /* the other side connected after the deadline: undo it together */
-        MPI_Comm_disconnect(&inter);
-        return -1;
-    }
     err = MPI_Intercomm_merge(inter, j->accept ? 0 : 1, &merged);
-    MPI_Comm_disconnect(&inter);
+    MPI_Comm_free(&inter);
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, "MPI_Intercomm_merge");
     MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
@@ -222,6 +252,18 @@ static void *connect_thread(void *arg)
     return NULL;
 }
 
+/* Where the connection stood when it was abandoned; j->mu held. */
+static const char *stage(const jconn *j)
+{
+    if (!j->root)
+        return j->accept ? "the job's ranks waited for their first rank to accept"
+                         : "the pool's ranks waited for their first rank to connect";
+    if (j->accept)
+        return j->port_ready ? "accepting; the joining pool never connected"
+                             : "before the port was opened";
+    return j->port_ready ? "connecting; the job never accepted" : "no port came from tided";
+}
+
 static int find_rank(const int32_t *a, uint32_t n, int32_t r)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -289,7 +331,7 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     j->n_group = (int)n_side;
     j->tag = 2 * tide__gen_tag(jr->gen, 5) + 1;
     j->accept = oi >= 0;
-    j->root = oi == 0;
+    j->root = oi == 0 || ni == 0; /* each side's first rank meets the other's */
     j->jrank = t->rank;
     j->id = tide__ctl_worker_id(t->ctl);
     j->world = jr->world;
@@ -343,11 +385,7 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
                              "connecting thread is left waiting inside MPI",
                              t->job, cancel ? "was aborted by tided" : "timed out",
                              (double)(now - t0) / 1e6,
-                             j->accept ? (j->port_ready ? "accepting; the joining pool never "
-                                                          "connected"
-                                                        : "before the port was opened")
-                                       : (j->port_ready ? "connecting; the job never accepted"
-                                                        : "no port came from tided"));
+                             stage(j));
             break;
         }
         struct timespec ts;

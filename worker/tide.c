@@ -407,6 +407,16 @@ int32_t tide_worker_id(const tide_t *t)
     return t ? t->rank : -1;
 }
 
+MPI_Comm tide_world(const tide_t *t)
+{
+    return t ? t->end_comm : MPI_COMM_NULL;
+}
+
+int tide_world_rank(const tide_t *t, int32_t w)
+{
+    return t ? tide_coll_pool_comm_rank(t->pool, w) : -1;
+}
+
 int tide_pool_size(const tide_t *t)
 {
     return t ? t->size : 0;
@@ -783,6 +793,14 @@ tide_status tide_bind_device(const tide_t *t)
 /* An idle rank: was the job ended by its members (tide_finish)? */
 static int job_ended(tide_t *t)
 {
+    int64_t last = 0;
+    if (tide__ctl_job_ended(t->ctl, &last)) {
+        /* tided's word: the members that could release this rank cannot reach it (its
+           pool never got connected to theirs) or are gone */
+        TIDE_INFO(SUBSYS, "job %s ended at step %lld (tided); idle rank %d released", t->job,
+                  (long long)last, t->rank);
+        return 1;
+    }
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_END, t->end_comm, &flag, &st) != MPI_SUCCESS || !flag)

@@ -219,6 +219,10 @@ tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
    in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
 tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 
+/* 1 (and the job's last step in *step, may be NULL) once tided said the job ended
+   (job_end, sent to its idle ranks), else 0. Any thread; takes ctl's lock. */
+int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step);
+
 /* 1 with the MPI port name of generation gen's join (relayed by tided) copied into port
    (len bytes), 0 while none came. Any thread. */
 int tide__ctl_join_port(tide__ctl_t *ctl, uint64_t gen, char *port, size_t len);

@@ -124,11 +124,23 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
  */
 void tide_destroy(tide_t **self_p);
 
-/* This rank's worker id: its rank in the pool (= the ids layouts use). Any thread. */
+/* This rank's worker id: its job rank (= the ids layouts use): its rank in its launch, plus
+   the job ranks of the launches before it when its pool joined a running job. Any thread. */
 int32_t tide_worker_id(const tide_t *t);
 
 /* Number of ranks in the pool. Any thread. */
 int tide_pool_size(const tide_t *t);
+
+/* An MPI communicator over every process connected to this rank's job: the launch's own
+   world at first, and after a pool launched later joined the job, the processes of all
+   its connected launches (so MPI_COMM_WORLD no longer names them all). Borrowed: it is
+   replaced when a pool joins, so read it again after each TIDE_STEP_RECONFIGURE.
+   Main thread. */
+MPI_Comm tide_world(const tide_t *t);
+
+/* The rank in tide_world(t) of worker w (a job rank, as layouts name workers), or -1 when
+   no connected process holds it. Main thread. */
+int tide_world_rank(const tide_t *t, int32_t w);
 
 /* The collectives backend in use (its mem_kind says where buffers live). */
 const tide_coll_backend_v1 *tide_backend(const tide_t *t);

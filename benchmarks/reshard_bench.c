@@ -32,6 +32,17 @@
  * does, and the table adds "x-host": the plan's bytes between ranks on different hosts,
  * with the chosen placement and with the plain rank order ("x-host rank").
  *
+ * --backend nccl (built with CUDA and NCCL): the same plans, executor and timings on
+ * the nccl backend, every shard and staging buffer device memory (allocated and zeroed
+ * through the backend table on the rank's device: TIDE_DEVICE, else its index on the
+ * host), against plain NCCL: one ncclSend / ncclRecv per (src, dst) pair of exactly the
+ * bytes the plan moves between them, in one ncclGroupStart/End, on a communicator of
+ * the same ranks made with ncclCommInitRank, and for "nccl+cp" one cudaMemcpyAsync of
+ * the local bytes on a second stream. Columns and JSON keys say nccl for mpi; numbers
+ * go to bench-out/reshard_bench_nccl.json by default. On one GPU, give each rank its
+ * own NCCL_HOSTID (scripts/gpu-check.sh does): NCCL then runs them as hosts of their
+ * own, over its socket transport.
+ *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
  * plus at most the staging cap; pick --max-mib to fit the machine. On a machine with
  * fewer cores than ranks every rank shares the cores, baselines and executor alike:
@@ -58,6 +69,11 @@
 #include "core/opts.h"
 #include "reshard/reshard.h"
 
+#if defined(TIDE_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
 #define BENCH "bench"
 
 typedef struct pair_spec {
@@ -78,7 +94,9 @@ static const pair_spec pairs[] = {
 /* The four timings of a (pair, size), each the median over the repetitions of the
    slowest rank's seconds. */
 enum { M_MPI, M_MPI_COPY, M_EXEC_NET, M_EXEC, M_COUNT };
-static const char *const m_names[M_COUNT] = {"mpi", "mpi_copy", "exec_net", "exec"};
+static const char *const m_names_mpi[M_COUNT] = {"mpi", "mpi_copy", "exec_net", "exec"};
+static const char *const m_names_nccl[M_COUNT] = {"nccl", "nccl_copy", "exec_net", "exec"};
+static const char *const *m_names = m_names_mpi;
 
 typedef struct result {
     const char *pair;
@@ -109,6 +127,40 @@ static uint64_t cross_bytes(const tide_plan_t *plan)
     return b;
 }
 static int g_optimal = 1; /* --placement: 1 optimal (tided's default), 0 rank order */
+
+/* The backend the executor runs on, and where shards live: host memory (mpi) or device
+   memory of g_dev (nccl), allocated and zeroed through the backend table. */
+static const tide_coll_backend_v1 *g_be;
+static int g_dev;
+static int g_nccl; /* --backend nccl: device shards, plain-NCCL baselines */
+
+/* bytes of g_be's memory, every byte written now (host: fill, so that no page fault
+   lands in a timed region; device: zeroed on the device); NULL when out of memory. */
+static char *bench_alloc(uint64_t bytes, int fill)
+{
+    void *p = NULL;
+    if (!g_nccl) {
+        p = tide_malloc((size_t)bytes);
+        if (p != NULL)
+            memset(p, fill, (size_t)bytes);
+        return p;
+    }
+    if (tide_coll_mem_alloc(g_be, g_dev, (size_t)bytes, &p) != TIDE_OK)
+        return NULL;
+    if (tide_coll_mem_zero(g_be, g_dev, p, (size_t)bytes) != TIDE_OK) {
+        g_be->mem_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void bench_free(void *p)
+{
+    if (!g_nccl)
+        tide_free(p);
+    else if (p != NULL)
+        g_be->mem_free(p);
+}
 
 /* Page size the baseline aligns its messages to (bytes), and the extra room each slab
    has for that: one page per peer and one for the slab's own start. */
@@ -149,12 +201,11 @@ static int make_slabs(const tide_layout_t *l, const tide_collection_t *c, slabs 
     uint64_t total = 0;
     for (size_t i = 0; i < T; i++)
         total += tide_shard_bytes(l, c, i, p, d, t);
-    /* SLACK at the end: room for the baseline's page-aligned messages (see baseline). */
-    s->mem[me] = tide_malloc((size_t)(total + SLACK));
+    /* SLACK at the end: room for the baseline's page-aligned messages (see baseline).
+       Every page touched now, so that no page fault lands inside a timed region. */
+    s->mem[me] = bench_alloc(total + SLACK, fill);
     if (s->mem[me] == NULL)
         return -1;
-    /* Touch every page now so that no page fault lands inside a timed region. */
-    memset(s->mem[me], fill, (size_t)(total + SLACK));
     s->bytes[me] = total;
     uint64_t at = 0;
     for (size_t i = 0; i < T; i++) {
@@ -175,7 +226,7 @@ static void free_slabs(slabs *s)
         tide_free(s->size[w]);
     }
     if (s->mem)
-        tide_free(s->mem[me]);
+        bench_free(s->mem[me]);
     tide_free(s->mem);
     tide_free(s->bytes);
     tide_free(s->ptr);
@@ -183,13 +234,21 @@ static void free_slabs(slabs *s)
     memset(s, 0, sizeof *s);
 }
 
+/* One message of a baseline: a send to or a receive from peer of len bytes at buf. */
+typedef struct bmsg {
+    int peer, send;
+    char *buf;
+    uint64_t len;
+} bmsg;
+
 /* What this rank moves in a plan, for the plain-MPI baselines: bytes sent to and
    received from each peer (network transfers only) and bytes copied locally. */
 typedef struct volumes {
     uint64_t *to, *from; /* [np] bytes */
     uint64_t local;      /* bytes */
-    int n_msgs;          /* MPI requests the baseline posts */
+    int n_msgs;          /* messages the baseline posts */
     MPI_Request *reqs;   /* [n_msgs] */
+    bmsg *msgs;          /* [n_msgs] */
     char *scratch;       /* a send source when the old slab is shorter than a piece */
 } volumes;
 
@@ -222,14 +281,14 @@ static int volumes_new(const tide_plan_t *plan, const slabs *olds, volumes *v)
                 scratch = 1;
     }
     v->reqs = tide_calloc((size_t)v->n_msgs + 1, sizeof *v->reqs);
-    if (v->reqs == NULL)
+    v->msgs = tide_calloc((size_t)v->n_msgs + 1, sizeof *v->msgs);
+    if (v->reqs == NULL || v->msgs == NULL)
         return -1;
     if (scratch) {
         /* Allocated and touched here, so that no allocation or page fault is timed. */
-        v->scratch = tide_malloc((size_t)PIECE);
+        v->scratch = bench_alloc(PIECE, 0x5a);
         if (v->scratch == NULL)
             return -1;
-        memset(v->scratch, 0x5a, (size_t)PIECE);
     }
     return 0;
 }
@@ -239,20 +298,21 @@ static void volumes_free(volumes *v)
     tide_free(v->to);
     tide_free(v->from);
     tide_free(v->reqs);
-    tide_free(v->scratch);
+    tide_free(v->msgs);
+    bench_free(v->scratch);
     memset(v, 0, sizeof *v);
 }
 
-/*
- * The plain-MPI baseline: every rank exchanges with each peer exactly the bytes the
- * plan moves between them, as one contiguous MPI_Isend / MPI_Irecv per (src, dst)
- * pair (pieces of 1 GiB), receiving into its new slab and sending from its old slab
- * (consecutive peers get consecutive ranges, so no two peers read the same bytes).
- * With copy set it also copies the plan's local bytes, old slab to new slab, with one
- * memcpy between posting and MPI_Waitall: the same work as the executor, done the
- * simplest fast way. Returns the slowest rank's seconds.
- */
-static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
+/* Where the baseline's messages go, computed once per repetition before the clock
+   starts: every rank exchanges with each peer exactly the bytes the plan moves between
+   them, as one contiguous message per (src, dst) pair (pieces of --base-piece-mib),
+   receiving into its new slab and sending from its old slab (consecutive peers get
+   consecutive ranges, so no two peers read the same bytes); sends first, starting with
+   the next rank (not everyone with rank 0), then receives. *cdst / *csrc: where the
+   local bytes are copied (NULL when they do not fit beside the receives). Returns the
+   message count (<= v->n_msgs). */
+static int baseline_msgs(const volumes *v, slabs *olds, slabs *news, bmsg *m, char **cdst,
+                         const char **csrc)
 {
     int n = 0;
     /* Every message starts on a page boundary at both ends (the slabs' SLACK makes
@@ -273,22 +333,20 @@ static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
         room = news->bytes[me] + SLACK - (uint64_t)(b - nbase);
         nbase = b;
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
     for (int q = 1; q <= np; q++) {
-        int p = (me + q) % np; /* start with the next rank, not everyone with rank 0 */
+        int p = (me + q) % np;
         for (uint64_t off = 0; off < v->to[p]; off += PIECE) {
             uint64_t len = v->to[p] - off < PIECE ? v->to[p] - off : PIECE;
             /* Distinct source ranges for different peers while the slab allows: two
                receivers pulling the same pages at once contend on them (single-copy
                transports pin the sender's pages). */
-            const char *src = v->scratch;
+            char *src = v->scratch;
             if (len <= have) {
                 uint64_t start = at + len <= have ? at : 0;
                 src = obase + start;
                 at = align_up(start + len);
             }
-            MPI_Isend(src, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
+            m[n++] = (bmsg){p, 1, src, len};
         }
     }
     /* Receives after the sends, as in the mpi backend: a receive matching a message
@@ -296,16 +354,136 @@ static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
     for (int p = 0; p < np; p++)
         for (uint64_t off = 0; off < v->from[p]; off += PIECE) {
             uint64_t len = v->from[p] - off < PIECE ? v->from[p] - off : PIECE;
-            MPI_Irecv(nbase + recv_at, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
+            m[n++] = (bmsg){p, 0, nbase + recv_at, len};
             recv_at = align_up(recv_at + len);
         }
     /* New slab = received bytes then local bytes; the copy never overlaps a receive. */
-    if (copy && v->local > 0 && recv_at + v->local <= room && v->local <= have)
-        memcpy(nbase + recv_at, obase, (size_t)v->local);
+    *cdst = NULL;
+    *csrc = NULL;
+    if (v->local > 0 && recv_at + v->local <= room && v->local <= have) {
+        *cdst = nbase + recv_at;
+        *csrc = obase;
+    }
+    return n;
+}
+
+/*
+ * The plain-MPI baseline: baseline_msgs' messages as MPI_Isend / MPI_Irecv, then
+ * MPI_Waitall. With copy set it also copies the plan's local bytes, old slab to new
+ * slab, with one memcpy between posting and MPI_Waitall: the same work as the
+ * executor, done the simplest fast way. Returns the slowest rank's seconds.
+ */
+static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+    char *cdst;
+    const char *csrc;
+    int n = baseline_msgs(v, olds, news, v->msgs, &cdst, &csrc);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < n; i++) {
+        const bmsg *m = &v->msgs[i];
+        if (m->send)
+            MPI_Isend(m->buf, (int)m->len, MPI_BYTE, m->peer, 7, MPI_COMM_WORLD, &v->reqs[i]);
+        else
+            MPI_Irecv(m->buf, (int)m->len, MPI_BYTE, m->peer, 7, MPI_COMM_WORLD, &v->reqs[i]);
+    }
+    if (copy && cdst != NULL)
+        memcpy(cdst, csrc, (size_t)v->local);
     MPI_Waitall(n, v->reqs, MPI_STATUSES_IGNORE);
     double t = MPI_Wtime() - t0, tmax = 0;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return tmax;
+}
+
+#if defined(TIDE_HAVE_NCCL)
+/* The plain-NCCL baseline's communicator (ncclCommInitRank over all ranks, on g_dev)
+   and its streams: [0] the messages, [1] the local copy. */
+static ncclComm_t g_nc;
+static cudaStream_t g_ns[2];
+
+static void nccl_die(const char *what, const char *why)
+{
+    fprintf(stderr, "reshard_bench: rank %d: %s failed: %s\n", me, what, why);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+#define BENCH_NCCL(expr)                                                                           \
+    do {                                                                                           \
+        ncclResult_t bench__r = (expr);                                                            \
+        if (bench__r != ncclSuccess)                                                               \
+            nccl_die(#expr, ncclGetErrorString(bench__r));                                         \
+    } while (0)
+#define BENCH_CUDA(expr)                                                                           \
+    do {                                                                                           \
+        cudaError_t bench__e = (expr);                                                             \
+        if (bench__e != cudaSuccess)                                                               \
+            nccl_die(#expr, cudaGetErrorString(bench__e));                                         \
+    } while (0)
+
+static void nccl_baseline_init(void)
+{
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (me == 0)
+        BENCH_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    BENCH_NCCL(ncclCommInitRank(&g_nc, np, id, me));
+    for (int i = 0; i < 2; i++)
+        BENCH_CUDA(cudaStreamCreateWithFlags(&g_ns[i], cudaStreamNonBlocking));
+}
+
+static void nccl_baseline_fini(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (g_ns[i] != NULL)
+            cudaStreamDestroy(g_ns[i]);
+    if (g_nc != NULL) {
+        ncclCommFinalize(g_nc);
+        ncclCommDestroy(g_nc);
+    }
+}
+
+/*
+ * The plain-NCCL baseline: baseline_msgs' messages as ncclSend / ncclRecv of bytes in
+ * one group on one stream, and with copy set the plan's local bytes as one
+ * cudaMemcpyAsync on a second stream, overlapping them; then both streams synchronised.
+ * Returns the slowest rank's seconds.
+ */
+static double baseline_nccl(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+    char *cdst;
+    const char *csrc;
+    int n = baseline_msgs(v, olds, news, v->msgs, &cdst, &csrc);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    BENCH_NCCL(ncclGroupStart());
+    for (int i = 0; i < n; i++) {
+        const bmsg *m = &v->msgs[i];
+        if (m->send)
+            BENCH_NCCL(ncclSend(m->buf, (size_t)m->len, ncclInt8, m->peer, g_nc, g_ns[0]));
+        else
+            BENCH_NCCL(ncclRecv(m->buf, (size_t)m->len, ncclInt8, m->peer, g_nc, g_ns[0]));
+    }
+    BENCH_NCCL(ncclGroupEnd());
+    if (copy && cdst != NULL)
+        BENCH_CUDA(
+            cudaMemcpyAsync(cdst, csrc, (size_t)v->local, cudaMemcpyDeviceToDevice, g_ns[1]));
+    BENCH_CUDA(cudaStreamSynchronize(g_ns[0]));
+    BENCH_CUDA(cudaStreamSynchronize(g_ns[1]));
+    double t = MPI_Wtime() - t0, tmax = 0;
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return tmax;
+}
+#endif
+
+/* The baseline of the backend in use: plain MPI, or plain NCCL. */
+static double baseline_any(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        return baseline_nccl(v, olds, news, copy);
+#endif
+    return baseline(v, olds, news, copy);
 }
 
 /* The plan without its local copies: the executor's network phase alone. */
@@ -459,10 +637,10 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
             double t = -1;
             switch (m) {
             case M_MPI:
-                t = baseline(&v, &olds, &news, 0);
+                t = baseline_any(&v, &olds, &news, 0);
                 break;
             case M_MPI_COPY:
-                t = baseline(&v, &olds, &news, 1);
+                t = baseline_any(&v, &olds, &news, 1);
                 break;
             case M_EXEC_NET:
                 t = exec_once(comm, &net, col, &olds, &news, &o, r);
@@ -509,9 +687,11 @@ static int write_json(const char *path, const result *res, int n, long long cap_
         return -1;
     fprintf(
         f,
-        "{\n  \"benchmark\": \"reshard_bench\",\n  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
+        "{\n  \"benchmark\": \"reshard_bench\",\n  \"backend\": \"%s\",\n  \"baseline\": \"%s\",\n"
+        "  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
         "  \"placement\": \"%s\",\n  \"results\": [\n",
-        np, cap_mib, g_optimal ? "optimal" : "default");
+        g_be->name, g_nccl ? "ncclSend/ncclRecv" : "MPI_Isend/MPI_Irecv", np, cap_mib,
+        g_optimal ? "optimal" : "default");
     for (int i = 0; i < n; i++) {
         const result *r = &res[i];
         fprintf(f,
@@ -524,13 +704,15 @@ static int write_json(const char *path, const result *res, int n, long long cap_
                     r->med[m], r->min[m], r->max[m]);
         if (r->sent > 0)
             fprintf(f,
-                    "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
+                    "\"%s_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
                     "\"ratio_p2p\": %.3f, ",
-                    (double)r->sent / r->med[M_MPI] / 1e9,
+                    m_names[M_MPI], (double)r->sent / r->med[M_MPI] / 1e9,
                     (double)r->sent / r->med[M_EXEC_NET] / 1e9, r->ratio_net, r->ratio_p2p);
         else /* nothing sent: no network phase to compare */
-            fprintf(f, "\"mpi_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
-                       "\"ratio_p2p\": null, ");
+            fprintf(f,
+                    "\"%s_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
+                    "\"ratio_p2p\": null, ",
+                    m_names[M_MPI]);
         fprintf(f,
                 "\"ratio_e2e\": %.3f, \"peak_staging\": %llu, \"staging_cap\": %llu, "
                 "\"bytes_direct\": %llu, \"hosts\": %d, \"bytes_cross_host\": %llu, "
@@ -547,7 +729,7 @@ int main(int argc, char **argv)
 {
     long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 5, pack_kib = 0,
               piece_mib = 1024, only_pair = -1;
-    const char *out = "bench-out/reshard_bench.json", *log = NULL, *placement = NULL;
+    const char *out = NULL, *log = NULL, *placement = NULL, *backend = NULL;
     int help = 0, npos = 0;
     tide_opt opts[] = {
         {"min-mib", "TIDE_BENCH_MIN_MIB", TIDE_OPT_INT, &min_mib, "64", "smallest state (MiB)", 1,
@@ -568,8 +750,12 @@ int main(int argc, char **argv)
          "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2), 4 (1,4,2)); -1: all", -1, 4},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
          "repetitions, interleaved (the median is reported)", 1, 1000},
-        {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, "bench-out/reshard_bench.json",
-         "where the numbers go (JSON)", 0, 0},
+        {"backend", "TIDE_BENCH_BACKEND", TIDE_OPT_STRING, &backend, "mpi",
+         "mpi (host memory, against plain MPI) or nccl (device memory, against plain NCCL)", 0, 0},
+        {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, NULL,
+         "where the numbers go (JSON); default bench-out/reshard_bench.json, "
+         "bench-out/reshard_bench_nccl.json for nccl",
+         0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log, NULL, "log level", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -617,6 +803,26 @@ int main(int argc, char **argv)
         return 2;
     }
     g_optimal = strcmp(placement, "optimal") == 0;
+    if (strcmp(backend, "mpi") != 0 && strcmp(backend, "nccl") != 0) {
+        if (me == 0)
+            fprintf(stderr, "reshard_bench: --backend takes mpi or nccl, not %s\n", backend);
+        MPI_Finalize();
+        return 2;
+    }
+    g_nccl = strcmp(backend, "nccl") == 0;
+#if !defined(TIDE_HAVE_NCCL)
+    if (g_nccl) {
+        if (me == 0)
+            fprintf(stderr, "reshard_bench: --backend nccl: this build has no NCCL (built "
+                            "without CUDA/NCCL, or with -DTIDE_CUDA=OFF)\n");
+        MPI_Finalize();
+        return 2;
+    }
+#endif
+    if (g_nccl)
+        m_names = m_names_nccl;
+    if (out == NULL)
+        out = g_nccl ? "bench-out/reshard_bench_nccl.json" : "bench-out/reshard_bench.json";
     if (log) {
         tide_log_level lv;
         if (tide_log_parse_level(log, &lv) == TIDE_OK)
@@ -637,24 +843,44 @@ int main(int argc, char **argv)
     for (int i = 0; i < np && i < 1024; i++)
         members[i] = i;
     tide_coll_comm_params cp = {.members = members, .n_members = np, .tag = 1};
-    if (tide_coll_backend_find("mpi", &be) != TIDE_OK ||
+    /* the rank's device, as libtide picks it: TIDE_DEVICE, else its index on the host */
+    g_dev = 0;
+    {
+        const char *d = getenv("TIDE_DEVICE");
+        MPI_Comm node;
+        if (d != NULL && d[0] != '\0')
+            g_dev = atoi(d);
+        else if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
+                                     &node) == MPI_SUCCESS) {
+            MPI_Comm_rank(node, &g_dev);
+            MPI_Comm_free(&node);
+        }
+    }
+    if (tide_coll_backend_find(backend, &be) != TIDE_OK ||
+        tide_coll_device_bind(be, g_dev) != TIDE_OK ||
         tide_coll_pool_new(&pool, MPI_COMM_WORLD) != TIDE_OK ||
         tide_coll_comm_new(&comm, be, pool, &cp) != TIDE_OK) {
         fprintf(stderr, "reshard_bench: %s\n", tide_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    g_be = be;
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        nccl_baseline_init();
+#endif
     result res[64];
     int nres = 0;
     if (me == 0) {
-        printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB, %s placement\n", np,
-               cap_mib, placement);
+        printf("reshard_bench: %d ranks, %s backend (baseline: plain %s), staging cap %lld MiB, "
+               "%s placement\n",
+               np, be->name, g_nccl ? "NCCL send/recv" : "MPI point-to-point", cap_mib, placement);
         if (g_hosts > 1)
             printf("%d hosts: under each row, the bytes sent between hosts with this placement "
                    "and with the plain rank order\n",
                    g_hosts);
         printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
-               "sent", "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net",
-               "r_e2e", "r_p2p", "peak stg", "direct");
+               "sent", "local", g_nccl ? "nccl s" : "mpi s", g_nccl ? "ncl+cp s" : "mpi+cp s",
+               "net s", "exec s", "net GB/s", "r_net", "r_e2e", "r_p2p", "peak stg", "direct");
     }
     int failed = 0;
     for (long long mib = min_mib; mib <= max_mib && nres < 60; mib *= 2) {
@@ -702,6 +928,10 @@ int main(int argc, char **argv)
         else
             failed = 1;
     }
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        nccl_baseline_fini();
+#endif
     tide_coll_comm_destroy(&comm);
     tide_coll_pool_destroy(&pool);
     MPI_Finalize();

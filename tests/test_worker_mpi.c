@@ -22,7 +22,8 @@
  * generation every rank gives its buffers to the runtime (tide_give_buffers) and the
  * last two switches rebuild them in place (tide_reshard(t, NULL)), the preparation
  * thread reserving pool memory for them (it must allocate there, bound). Every member
- * but comm_abort and p2p_direct (any thread, never the device, by contract) is checked,
+ * the mpi table has, and the device ones a device backend adds (mem_alloc_on, mem_zero),
+ * is checked but comm_abort and p2p_direct (any thread, never the device, by contract),
  * on every communicator too: they dispatch through the table they were made with.
  *
  * Communicators at once: the recording backend counts the communicators alive in the

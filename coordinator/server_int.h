@@ -103,6 +103,8 @@ struct tide_server {
     uint64_t pass_no;
     uint64_t refused_busy; /* requests refused because their client used its pass budget */
     int want_backfill;
+    uint64_t next_backfill_ns; /* monotonic: a backfill then (a retry's backoff or a join
+                                  grace ends); 0: none pending */
     int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */
     int http_fd;

@@ -427,15 +427,26 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
     tide_layout_destroy(&dflt);
     tide_collection_destroy(&c);
     uint64_t gen = j->gen_issued + 1;
-    tide__proto_layout(&rr->layout, l, gen);
+    /* the operator sees the members as tided's worker ids (tidectl status), not pool ranks */
+    tide_layout_t *shown = NULL;
+    rc = tide__layout_worker_ids(s, j, l, &shown);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&l);
+        tide_free(pre);
+        tide__reply_error(s, rc, "cannot resize %s: %s", j->name, tide_last_error());
+        return;
+    }
+    tide__proto_layout(&rr->layout, shown, gen);
     if (m->dry_run) {
         tide__reply(s, &reply);
+        tide_layout_destroy(&shown);
         tide_layout_destroy(&l);
         tide_free(pre);
         return;
     }
     uint64_t planned = rr->bytes_sent;
-    tide__reply(s, &reply); /* encoded now: l is still alive */
+    tide__reply(s, &reply); /* encoded now: shown is still alive */
+    tide_layout_destroy(&shown);
     char why[128];
     snprintf(why, sizeof why, "resize by %s", s->who);
     rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
@@ -681,26 +692,38 @@ static void keep_switched(tide_server_t *s, tide_coord_job_t *j, const char *rea
 static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j,
                                      const tide_collection_t *c, const tide_layout_t *l)
 {
+    /* planned over tided's worker ids (a relabelling: the same plan), so that the reason a
+       recovery is impossible names workers as tidectl status does */
+    tide_layout_t *old_ids = NULL, *new_ids = NULL;
+    tide_status rc = tide__layout_worker_ids(s, j, j->layout, &old_ids);
+    if (rc == TIDE_OK)
+        rc = tide__layout_worker_ids(s, j, l, &new_ids);
     size_t n = 0;
-    for (size_t i = 0; i < tide_layout_size(j->layout); i++)
-        if ((size_t)j->layout->worker[i] + 1 > n)
-            n = (size_t)j->layout->worker[i] + 1;
-    for (size_t i = 0; i < tide_layout_size(l); i++)
-        if ((size_t)l->worker[i] + 1 > n)
-            n = (size_t)l->worker[i] + 1;
-    uint8_t *alive = tide_malloc(n ? n : 1);
-    if (alive == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
+    for (size_t i = 0; rc == TIDE_OK && i < tide_layout_size(old_ids); i++)
+        if ((size_t)old_ids->worker[i] + 1 > n)
+            n = (size_t)old_ids->worker[i] + 1;
+    for (size_t i = 0; rc == TIDE_OK && i < tide_layout_size(new_ids); i++)
+        if ((size_t)new_ids->worker[i] + 1 > n)
+            n = (size_t)new_ids->worker[i] + 1;
+    uint8_t *alive = rc == TIDE_OK ? tide_malloc(n ? n : 1) : NULL;
+    if (rc == TIDE_OK && alive == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&old_ids);
+        tide_layout_destroy(&new_ids);
+        return rc;
+    }
     memset(alive, 1, n);
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
-        int32_t r = j->layout->worker[i];
-        const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pool, r);
-        if (r >= 0 && (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id))
-            alive[r] = 0;
+        const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
+        if (w->state == TIDE_WS_FAILED || w->job != j->id)
+            alive[old_ids->worker[i]] = 0;
     }
     tide_plan_totals t;
-    tide_status rc = tide_reshard_plan_totals(j->layout, l, c, alive, n, &t);
+    rc = tide_reshard_plan_totals(old_ids, new_ids, c, alive, n, &t);
     tide_free(alive);
+    tide_layout_destroy(&old_ids);
+    tide_layout_destroy(&new_ids);
     if (rc != TIDE_OK)
         return tide_errorf(rc,
                            "its state cannot be rebuilt from the survivors: %s; restart it from "
@@ -829,11 +852,14 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
         if (now_ns >= r->deadline_ns) {
             char why[300];
             size_t at =
-                (size_t)snprintf(why, sizeof why, "timed out after %lld ms waiting for rank",
+                (size_t)snprintf(why, sizeof why, "timed out after %lld ms waiting for worker",
                                  (long long)s->cfg.resize_timeout_ms);
             for (size_t i = 0; i < r->n_parts && at < sizeof why - 16; i++)
-                if (!r->gone[i] && !r->acked[i])
-                    at += (size_t)snprintf(why + at, sizeof why - at, " %d", r->parts[i]);
+                if (!r->gone[i] && !r->acked[i]) {
+                    const tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+                    at += (size_t)snprintf(why + at, sizeof why - at, " %d",
+                                           w != NULL ? (int)w->id : -1);
+                }
             if (r->phase == TIDE_RP_COMMIT && r->switched) {
                 /* G stays: the silent participants are failed first, then one recovery */
                 for (size_t i = 0; i < r->n_parts; i++) {

@@ -357,7 +357,7 @@ typedef struct elastic {
 static int is_first_rank(tide_t *t)
 {
     const tide_view *v = tide_view_get(t);
-    return v->member && v->layout->worker[0] == tide_worker_id(t);
+    return v->member && v->layout->worker[0] == tide_pool_rank(t);
 }
 
 static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
@@ -393,7 +393,7 @@ static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
                 "move %.3f groups %.3f teardown %.3f reshard %.3f adopt %.3f prepared %d "
                 "prepare %.3f sent %llu recv %llu local %llu state_old %llu state_new %llu cap "
                 "%llu peak_extra %llu no_room %llu spilled %llu fresh %llu\n",
-                (unsigned long long)v->generation, (int)tide_worker_id(t), v->member, st->wait_ms,
+                (unsigned long long)v->generation, tide_pool_rank(t), v->member, st->wait_ms,
                 sw->alloc_ms, st->sync_ms, st->plan_ms, st->move_ms, st->groups_ms, st->teardown_ms,
                 st->total_ms, sw->adopt_ms, sw->prepared, sw->prepare_ms,
                 (unsigned long long)st->bytes_sent, (unsigned long long)st->bytes_recv,
@@ -494,6 +494,15 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     RUN(tide_mlp_collection_new(cfg, &coll), "model collection");
     tide_t *t = NULL;
     RUN(tide_new(&t, &opt, MPI_COMM_WORLD), "tide_new (is tided running? --endpoint)");
+    {
+        /* every rank: the id an operator sees for it (tidectl status, drain, events) */
+        char host[256] = "?";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        printf("train_mlp: pool rank %d is worker %d on host %s device %d\n", tide_pool_rank(t),
+               (int)tide_worker_id(t), host, tide_device(t));
+        fflush(stdout);
+    }
     char resume[4096];
     int64_t start = 0;
     if (ck->resume != NULL)
@@ -501,7 +510,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     tide_join_req jr = {job, coll, dp, tp, pp, micro, start};
     RUN(tide_join(t, &jr), "tide_join");
     const tide_view *v = tide_view_get(t);
-    int32_t me = tide_worker_id(t);
+    int32_t me = tide_pool_rank(t);
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
     if (v->member) {

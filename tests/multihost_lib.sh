@@ -26,8 +26,9 @@ mh_cleanup() {
   if [ -n "$MH_TMP" ] && [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$MH_TMP"; fi
 }
 
-# mh_setup N [RATE]: the cluster of N hosts, keys, and tided on the bridge address.
-mh_setup() {
+# Exits 77 (skip) with the reason when no cluster can be made here, or fails with it
+# under TIDE_REQUIRE_NETNS=1.
+mh_require_netns() {
   local why
   if ! why=$(bash "$CLUSTER" check); then
     if [ "${TIDE_REQUIRE_NETNS:-0}" = 1 ]; then
@@ -36,6 +37,11 @@ mh_setup() {
     echo "SKIP: $why"
     exit "$MH_SKIP"
   fi
+}
+
+# mh_setup N [RATE]: the cluster of N hosts, keys, and tided on the bridge address.
+mh_setup() {
+  mh_require_netns
   # clusters of tests that were killed (ctest's timeout sends SIGKILL: no trap runs)
   bash "$CLUSTER" gc || true
   trap mh_cleanup EXIT

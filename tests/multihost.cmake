@@ -12,7 +12,7 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET test_examples
     _tide_test_props(${name} "mpi;multihost" ${T_TIMEOUT})
   endfunction()
   tide_add_multihost_test(test_multihost_cluster TIMEOUT 120)
-  tide_add_multihost_test(test_multihost_auth TIMEOUT 300)
+  tide_add_multihost_test(test_multihost_auth TIMEOUT 480)
   tide_add_multihost_test(test_multihost_resize TIMEOUT 120)
   tide_add_multihost_test(test_multihost_lost TIMEOUT 180)
   tide_add_multihost_test(test_multihost_halt TIMEOUT 180)

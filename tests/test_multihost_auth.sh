@@ -30,7 +30,7 @@ MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
 STEPS=800
 
 note "tided at $EP; the never-resized reference run (dp 2 tp 2) on h1"
-timeout 120 "${MPI[@]}" --host h1:4 -np 4 "$TRAIN" "${MODEL[@]}" --dp 2 --tp 2 --steps $STEPS \
+timeout 240 "${MPI[@]}" --host h1:4 -np 4 "$TRAIN" "${MODEL[@]}" --dp 2 --tp 2 --steps $STEPS \
   --loss-out "$MH_TMP/ref.loss" --state-out "$MH_TMP/ref.state" --print-every 1000 \
   >"$MH_TMP/ref.log" 2>&1 ||
   { cat "$MH_TMP/ref.log" >&2; fail "reference run"; }

@@ -29,8 +29,16 @@
  *
  * Across hosts (ranks whose hostnames differ, e.g. `mpirun --host h1:4,h2:4` on
  * scripts/cluster.sh with a shaped link), placement knows each rank's host as tided
- * does, and the table adds "x-host": the plan's bytes between ranks on different hosts,
- * with the chosen placement and with the plain rank order ("x-host rank").
+ * does, and the table adds under each row the plan's bytes between ranks on different
+ * hosts, with the chosen placement and with the plain rank order, and the cross-host
+ * goal: when the link is the bottleneck, the executor's network phase runs at >= 0.9 of
+ * plain point-to-point (the baseline) over the same link (r_net >= 0.9). The link's rate
+ * is measured first (the ranks of the first host and as many of another, paired, send
+ * each other --probe-mib in all at once over MPI, best of 3); a pair is link-bound when
+ * the busiest host's outgoing cross-host bytes at that rate take >= 0.8 of the baseline's
+ * time (the baseline then runs at the link's speed, and the link, not the copies,
+ * decides). Pairs that move nothing across hosts, or are not link-bound, say so and have
+ * no cross-host goal.
  *
  * --backend nccl (built with CUDA and NCCL): the same plans, executor and timings on
  * the nccl backend, every shard and staging buffer device memory (allocated and zeroed
@@ -108,12 +116,98 @@ typedef struct result {
     uint64_t peak_staging, cap;
     uint64_t direct;               /* bytes the network run received by single copy (all ranks) */
     uint64_t cross, cross_default; /* plan bytes between hosts: chosen placement, rank order */
+    uint64_t cross_out_max;        /* the most cross-host bytes one host sends (its uplink) */
     int ok;
 } result;
 
 static int me, np;
 static int g_host[64]; /* host index of each rank (ranks with equal hostnames share one) */
 static int g_hosts = 1;
+static double g_link_Bps; /* measured rate of one host's link to another (bytes/s); 0: one host */
+
+#define X_GOAL     0.9 /* cross-host goal: r_net when the link is the bottleneck */
+#define LINK_BOUND 0.8 /* link-bound: the busiest uplink's share of the baseline's time */
+
+/* The most bytes of plan that one host sends to other hosts. */
+static uint64_t cross_out_max(const tide_plan_t *plan)
+{
+    uint64_t out[64] = {0}, m = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const tide_xfer *x = &plan->items[i];
+        if (x->src != x->dst && g_host[x->src] != g_host[x->dst])
+            out[g_host[x->src]] += x->run * x->count;
+    }
+    for (int h = 0; h < g_hosts && h < 64; h++)
+        m = out[h] > m ? out[h] : m;
+    return m;
+}
+
+/* Share of the baseline's time that the busiest uplink's cross-host bytes take at the
+   measured link rate (>= LINK_BOUND: link-bound); 0 without cross-host bytes. */
+static double link_share(const result *r)
+{
+    if (g_link_Bps <= 0 || r->cross_out_max == 0 || r->med[M_MPI] <= 0)
+        return 0.0;
+    return (double)r->cross_out_max / g_link_Bps / r->med[M_MPI];
+}
+
+/*
+ * The link's rate: the ranks of the first host and as many of the next host, paired in
+ * rank order, send each other their part of `bytes` at once (one stream per pair, as a
+ * plan's traffic flows; each direction is one host's uplink), best of 3; bytes/s of one
+ * direction, on every rank. Collective over MPI_COMM_WORLD; 0 with one host or when out
+ * of memory.
+ */
+static double probe_link(uint64_t bytes)
+{
+    int a[64], b[64], na = 0, nb = 0, other = -1;
+    for (int w = 0; w < np && w < 64; w++) {
+        if (g_host[w] == g_host[0])
+            a[na++] = w;
+        else if (other < 0 || g_host[w] == other) {
+            other = g_host[w];
+            b[nb++] = w;
+        }
+    }
+    int pairs_n = na < nb ? na : nb, peer = -1;
+    for (int k = 0; k < pairs_n; k++) {
+        if (me == a[k])
+            peer = b[k];
+        if (me == b[k])
+            peer = a[k];
+    }
+    uint64_t part = pairs_n > 0 ? bytes / (uint64_t)pairs_n : 0;
+    double best = 0.0;
+    char *sb = NULL, *rb = NULL;
+    int ok = 1;
+    if (peer >= 0) {
+        sb = tide_malloc((size_t)part + 1);
+        rb = tide_malloc((size_t)part + 1);
+        ok = sb != NULL && rb != NULL;
+        if (ok)
+            memset(sb, 0x3c, (size_t)part);
+    }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    for (int k = 0; pairs_n > 0 && all_ok && k < 3; k++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        /* int counts: sent in pieces of at most 1 GiB */
+        for (uint64_t at = 0; peer >= 0 && at < part; at += 1u << 30) {
+            int n = (int)(part - at < (1u << 30) ? part - at : (1u << 30));
+            MPI_Request q[2];
+            MPI_Irecv(rb + at, n, MPI_BYTE, peer, 77, MPI_COMM_WORLD, &q[0]);
+            MPI_Isend(sb + at, n, MPI_BYTE, peer, 77, MPI_COMM_WORLD, &q[1]);
+            MPI_Waitall(2, q, MPI_STATUSES_IGNORE);
+        }
+        double t = MPI_Wtime() - t0, worst = 0.0;
+        MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        best = fmax(best, worst > 0 ? (double)(part * (uint64_t)pairs_n) / worst : 0.0);
+    }
+    tide_free(sb);
+    tide_free(rb);
+    return best;
+}
 
 /* Bytes of plan sent between ranks of different hosts. */
 static uint64_t cross_bytes(const tide_plan_t *plan)
@@ -598,6 +692,7 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
         goto out;
     }
     r->cross = r->cross_default = cross_bytes(plan);
+    r->cross_out_max = cross_out_max(plan);
     if (g_optimal) {
         tide_layout_t *dl = NULL;
         tide_plan_t *dplan = NULL;
@@ -713,13 +808,21 @@ static int write_json(const char *path, const result *res, int n, long long cap_
                     "\"%s_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
                     "\"ratio_p2p\": null, ",
                     m_names[M_MPI]);
+        double share = link_share(r);
+        const char *met = share < LINK_BOUND || r->sent == 0 ? "null"
+                          : r->ratio_net >= X_GOAL           ? "true"
+                                                             : "false";
         fprintf(f,
                 "\"ratio_e2e\": %.3f, \"peak_staging\": %llu, \"staging_cap\": %llu, "
                 "\"bytes_direct\": %llu, \"hosts\": %d, \"bytes_cross_host\": %llu, "
-                "\"bytes_cross_host_rank_order\": %llu}%s\n",
+                "\"bytes_cross_host_rank_order\": %llu, \"cross_host_out_max\": %llu, "
+                "\"link_bytes_per_s\": %.0f, \"link_share\": %.3f, \"link_bound\": %s, "
+                "\"cross_host_goal\": %.2f, \"cross_host_goal_met\": %s}%s\n",
                 r->ratio_e2e, (unsigned long long)r->peak_staging, (unsigned long long)r->cap,
                 (unsigned long long)r->direct, g_hosts, (unsigned long long)r->cross,
-                (unsigned long long)r->cross_default, i + 1 < n ? "," : "");
+                (unsigned long long)r->cross_default, (unsigned long long)r->cross_out_max,
+                g_link_Bps, share, share >= LINK_BOUND ? "true" : "false", X_GOAL, met,
+                i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     return fclose(f) == 0 ? 0 : -1;
@@ -727,6 +830,7 @@ static int write_json(const char *path, const result *res, int n, long long cap_
 
 int main(int argc, char **argv)
 {
+    long long probe_mib = 64;
     long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 5, pack_kib = 0,
               piece_mib = 1024, only_pair = -1;
     const char *out = NULL, *log = NULL, *placement = NULL, *backend = NULL;
@@ -748,6 +852,8 @@ int main(int argc, char **argv)
          "new layout's map: optimal (fewest bytes, tided's default) or default (rank order)", 0, 0},
         {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
          "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2), 4 (1,4,2)); -1: all", -1, 4},
+        {"probe-mib", "TIDE_BENCH_PROBE_MIB", TIDE_OPT_INT, &probe_mib, "64",
+         "across hosts: bytes each way of the link-rate probe (MiB)", 1, 1 << 14},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
          "repetitions, interleaved (the median is reported)", 1, 1000},
         {"backend", "TIDE_BENCH_BACKEND", TIDE_OPT_STRING, &backend, "mpi",
@@ -868,6 +974,8 @@ int main(int argc, char **argv)
     if (g_nccl)
         nccl_baseline_init();
 #endif
+    if (g_hosts > 1)
+        g_link_Bps = probe_link((uint64_t)probe_mib << 20);
     result res[64];
     int nres = 0;
     if (me == 0) {
@@ -875,9 +983,10 @@ int main(int argc, char **argv)
                "%s placement\n",
                np, be->name, g_nccl ? "NCCL send/recv" : "MPI point-to-point", cap_mib, placement);
         if (g_hosts > 1)
-            printf("%d hosts: under each row, the bytes sent between hosts with this placement "
-                   "and with the plain rank order\n",
-                   g_hosts);
+            printf("%d hosts, link %.1f MB/s each way (measured): under each row, the bytes "
+                   "sent between hosts with this placement and with the plain rank order, and "
+                   "the cross-host goal (r_net >= %.1f when the link is the bottleneck)\n",
+                   g_hosts, g_link_Bps / 1e6, X_GOAL);
         printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
                "sent", "local", g_nccl ? "nccl s" : "mpi s", g_nccl ? "ncl+cp s" : "mpi+cp s",
                "net s", "exec s", "net GB/s", "r_net", "r_e2e", "r_p2p", "peak stg", "direct");
@@ -914,9 +1023,26 @@ int main(int argc, char **argv)
                        r->med[M_EXEC_NET], r->med[M_EXEC], gbs, rn, r->ratio_e2e, rp,
                        (double)r->peak_staging / 1048576.0, (double)r->direct / 1048576.0,
                        r->peak_staging <= r->cap ? "" : " (over cap!)");
-                if (g_hosts > 1)
-                    printf("%-18s across hosts %4.0f MiB, rank order %4.0f MiB\n", "",
-                           (double)r->cross / 1048576.0, (double)r->cross_default / 1048576.0);
+                if (g_hosts > 1) {
+                    double share = link_share(r);
+                    char goal[160];
+                    if (r->cross == 0)
+                        snprintf(goal, sizeof goal, "nothing crosses hosts: no cross-host goal");
+                    else if (share < LINK_BOUND)
+                        snprintf(
+                            goal, sizeof goal,
+                            "not link-bound (the link takes %.0f%% of the baseline's time): no "
+                            "cross-host goal",
+                            100.0 * share);
+                    else
+                        snprintf(
+                            goal, sizeof goal,
+                            "link-bound (%.0f%% of the baseline's time): goal r_net >= %.1f %s",
+                            100.0 * share, X_GOAL, r->ratio_net >= X_GOAL ? "met" : "NOT met");
+                    printf("%-18s across hosts %4.0f MiB, rank order %4.0f MiB; %s\n", "",
+                           (double)r->cross / 1048576.0, (double)r->cross_default / 1048576.0,
+                           goal);
+                }
                 fflush(stdout);
             }
         }

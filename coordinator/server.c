@@ -210,6 +210,28 @@ tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *
     return tide_coord_worker_find(s->st, j->pool, rank);
 }
 
+tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
+                                    const tide_layout_t *l, tide_layout_t **out)
+{
+    *out = NULL;
+    tide_layout_t *c = NULL;
+    TIDE_CHECK(tide_layout_copy(&c, l));
+    for (size_t i = 0; i < tide_layout_size(c); i++) {
+        const tide_coord_worker_t *w = tide__job_worker(s, j, c->worker[i]);
+        if (w == NULL) {
+            int32_t rank = c->worker[i];
+            tide_layout_destroy(&c);
+            return tide_errorf(TIDE_ERR_NOT_FOUND,
+                               "job %s: rank %d of pool %s holds a coordinate but is not "
+                               "registered",
+                               j->name, (int)rank, j->pool);
+        }
+        c->worker[i] = w->id;
+    }
+    *out = c;
+    return TIDE_OK;
+}
+
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen)
 {
     out->gen = gen;

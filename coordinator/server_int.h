@@ -139,6 +139,13 @@ void tide__event(tide_server_t *s, const char *job, const char *kind, const char
 /* The worker with pool rank `rank` of job j's pool, or NULL. */
 tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank);
 
+/* A copy of layout l of job j (pool ranks) naming each member by tided's worker id
+ * instead, the id operators see (tidectl, events, metrics): for display and for messages
+ * that name workers. Caller destroys *out. TIDE_ERR_NOT_FOUND when a rank of l has no
+ * registered worker. Event loop thread. */
+tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
+                                    const tide_layout_t *l, tide_layout_t **out);
+
 /* Fills a proto layout from a layout (arrays borrowed: do not tide_msg_clear). */
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen);
 

@@ -544,8 +544,8 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
         fprintf(out, "resizing %s to generation %llu\n", r->job, (unsigned long long)l->gen);
     fprintf(out, "  layout        dp %d, tp %d, pp %d; stages %s; %d micro-batches\n", l->dp, l->tp,
             l->pp, stages, l->micro_batches);
-    /* Layouts name workers by their rank in the job's pool (tidectl status: DEV on one host). */
-    fprintf(out, "  pool ranks    %zu:", n);
+    /* tided's worker ids, the WORKER column of tidectl status (what drain takes) */
+    fprintf(out, "  workers       %zu:", n);
     for (size_t i = 0; i < n && i < 32; i++)
         fprintf(out, " %d", l->worker[i]);
     fprintf(out, "%s  (order: pp, dp, tp)\n", n > 32 ? " ..." : "");

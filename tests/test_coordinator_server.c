@@ -912,6 +912,93 @@ static int is_gen2_running(const tide_proto_job_row_t *r)
     return r->gen == 2 && r->state == TIDE_JOB_RUNNING;
 }
 
+/*
+ * One worker identity: ranks registered in reverse (rank r gets worker id 3 - r, never
+ * its rank), so every reply, drain and metric that named a worker by its pool rank
+ * instead of tided's id would fail here.
+ */
+Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = teardown)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--metrics", addr, NULL};
+    start(extra);
+    fake w[4];
+    tide_msg_t m, r;
+    for (int i = 3; i >= 0; i--) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 4);
+        cr_assert_eq(w[i].id, 3 - i, "rank %d registered as worker %d", i, (int)w[i].id);
+    }
+    for (int i = 0; i < 4; i++)
+        fake_join(&w[i], 4);
+    for (int i = 0; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    /* the resize reply names the new layout's members by worker id; the layout sent to the
+       workers holds their pool ranks */
+    mk_resize(&m, 2, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    int32_t shown[2] = {r.u.resize_reply.layout.worker[0], r.u.resize_reply.layout.worker[1]};
+    tide_msg_clear(&r);
+    expect_type(w[0].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.layout.gen, 2);
+    int32_t ranks[2] = {r.u.layout.layout.worker[0], r.u.layout.layout.worker[1]};
+    tide_msg_clear(&r);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(shown[k], 3 - ranks[k],
+                     "member %d: the resize reply says worker %d; it is pool rank %d = worker %d",
+                     k, (int)shown[k], (int)ranks[k], 3 - (int)ranks[k]);
+    for (int i = 0; i < 4; i++)
+        ack_prepare(&w[i], 2, 4);
+    for (int i = 0; i < 4; i++)
+        commit_done(&w[i], 2, 0);
+    wait_job(admin, is_gen2_running);
+    /* metrics: one series per worker under its id, with its pool rank, host and device */
+    static char text[1 << 16];
+    scrape(port, text, sizeof text);
+    for (int i = 0; i < 4; i++) {
+        char name[256];
+        snprintf(name, sizeof name,
+                 "tide_worker_info{worker=\"%d\",pool=\"" POOL "\",rank=\"%d\",host=\"%s\","
+                 "device=\"%d\",kind=\"gpu\"}",
+                 3 - i, i, i < 2 ? "host0" : "host1", i % 2);
+        cr_assert_eq(sample(text, name), 1);
+        int member = i == ranks[0] || i == ranks[1];
+        snprintf(name, sizeof name, "tide_worker_state{worker=\"%d\",state=\"%s\",job=\"%s\"}",
+                 3 - i, member ? "online" : "idle", member ? "train" : "");
+        cr_assert_eq(sample(text, name), 1);
+    }
+    /* drain takes the worker id: the job moves off pool rank ranks[0], not off rank shown[0] */
+    tide_msg_init(&m, TIDE_MSG_DRAIN);
+    m.u.drain.worker = shown[0];
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    expect_type(w[ranks[1]].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.layout.gen, 3);
+    size_t n = (size_t)r.u.layout.layout.dp * r.u.layout.layout.tp * r.u.layout.layout.pp;
+    for (size_t k = 0; k < n; k++)
+        cr_assert_neq(r.u.layout.layout.worker[k], ranks[0],
+                      "drain of worker %d left its pool rank %d in the layout", (int)shown[0],
+                      (int)ranks[0]);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
+    int draining = -1;
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+        if (r.u.status_reply.rows[i].state == TIDE_WORKER_DRAINING)
+            draining = r.u.status_reply.rows[i].worker;
+    tide_msg_clear(&r);
+    cr_assert_eq(draining, shown[0], "status shows worker %d draining, not %d", draining,
+                 (int)shown[0]);
+    zmq_close(admin);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
 Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
 {
     int port = free_port();

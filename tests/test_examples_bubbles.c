@@ -300,7 +300,7 @@ int main(int argc, char **argv)
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->member && v->layout->pp == 2, "both ranks are the pipeline's two stages");
     tide_mlp_t *m = NULL;
-    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
 

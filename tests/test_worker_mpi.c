@@ -552,6 +552,51 @@ static void *controller(void *arg)
     return NULL;
 }
 
+/*
+ * One worker identity: every rank's tide_worker_id is tided's id of it, the id
+ * tide_pool_worker_id gives every rank for it, and the row of `tidectl status` with that
+ * id is this rank's device (its index on the host = its rank here). Collective.
+ */
+static void check_worker_ids(tide_t *t, const char *endpoint, int rank, int size)
+{
+    int32_t me = tide_worker_id(t), ids[16];
+    MT_ASSERT(size <= 16 && me >= 0, "rank %d: worker id %d", rank, (int)me);
+    MPI_Allgather(&me, 1, MPI_INT32_T, ids, 1, MPI_INT32_T, MPI_COMM_WORLD);
+    for (int r = 0; r < size; r++) {
+        MT_ASSERT(tide_pool_worker_id(t, r) == ids[r],
+                  "rank %d: tide_pool_worker_id(%d) = %d, but that rank's tide_worker_id is %d",
+                  rank, r, (int)tide_pool_worker_id(t, r), (int)ids[r]);
+        for (int q = 0; q < r; q++)
+            MT_ASSERT(ids[q] != ids[r], "ranks %d and %d share worker id %d", q, r, (int)ids[r]);
+    }
+    MT_ASSERT(tide_pool_worker_id(t, -1) == -1 && tide_pool_worker_id(t, size) == -1 &&
+                  tide_pool_worker_id(NULL, 0) == -1 && tide_worker_id(NULL) == -1 &&
+                  tide_pool_rank(NULL) == -1,
+              "out-of-range ranks and NULL give -1");
+    if (rank != 0)
+        return;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(s, endpoint);
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_STATUS);
+    MT_ASSERT(request(s, &q, &r) == 0 && r.type == TIDE_MSG_STATUS_REPLY, "no status reply");
+    for (int k = 0; k < size; k++) {
+        const tide_proto_gpu_row_t *row = NULL;
+        for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+            if (r.u.status_reply.rows[i].worker == ids[k])
+                row = &r.u.status_reply.rows[i];
+        MT_ASSERT(row != NULL, "tidectl status has no worker %d (rank %d's tide_worker_id)",
+                  (int)ids[k], k);
+        MT_ASSERT(row->device == k, "status: worker %d on device %d; rank %d runs on device %d",
+                  (int)ids[k], row->device, k, k);
+    }
+    tide_msg_clear(&r);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
 /* ---- the test ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -601,7 +646,8 @@ int main(int argc, char **argv)
     o.device = -1; /* the rank's index on the host: its rank, as mpirun runs them on one */
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
-    MT_ASSERT(tide_worker_id(t) == rank, "worker id is the pool rank");
+    MT_ASSERT(tide_pool_rank(t) == rank, "pool rank %d, MPI rank %d", tide_pool_rank(t), rank);
+    check_worker_ids(t, cs.endpoint, rank, size);
     MT_ASSERT(tide_device(t) == rank && want_dev == rank,
               "rank %d: device %d chosen, %d bound; want the rank's index on the host", rank,
               tide_device(t), want_dev);

@@ -426,7 +426,19 @@ void tide_destroy(tide_t **self_p)
 
 int32_t tide_worker_id(const tide_t *t)
 {
+    return t ? tide__ctl_worker_id(t->ctl) : -1;
+}
+
+int tide_pool_rank(const tide_t *t)
+{
     return t ? t->rank : -1;
+}
+
+int32_t tide_pool_worker_id(const tide_t *t, int rank)
+{
+    if (t == NULL || rank < 0 || rank >= t->size)
+        return -1;
+    return t->coord_ids[rank];
 }
 
 int tide_pool_size(const tide_t *t)

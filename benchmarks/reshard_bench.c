@@ -29,8 +29,27 @@
  *
  * Across hosts (ranks whose hostnames differ, e.g. `mpirun --host h1:4,h2:4` on
  * scripts/cluster.sh with a shaped link), placement knows each rank's host as tided
- * does, and the table adds "x-host": the plan's bytes between ranks on different hosts,
- * with the chosen placement and with the plain rank order ("x-host rank").
+ * does, and the table adds under each row the plan's bytes between ranks on different
+ * hosts, with the chosen placement and with the plain rank order, and the cross-host
+ * goal: when the link is the bottleneck, the executor's network phase runs at >= 0.9 of
+ * plain point-to-point (the baseline) over the same link (r_net >= 0.9). The link's rate
+ * is measured first (the ranks of the first host and as many of another, paired, send
+ * each other --probe-mib in all at once over MPI, best of 3); a pair is link-bound when
+ * the busiest host's outgoing cross-host bytes at that rate take >= 0.8 of the baseline's
+ * time (the baseline then runs at the link's speed, and the link, not the copies,
+ * decides). Pairs that move nothing across hosts, or are not link-bound, say so and have
+ * no cross-host goal.
+ *
+ * --backend nccl (built with CUDA and NCCL): the same plans, executor and timings on
+ * the nccl backend, every shard and staging buffer device memory (allocated and zeroed
+ * through the backend table on the rank's device: TIDE_DEVICE, else its index on the
+ * host), against plain NCCL: one ncclSend / ncclRecv per (src, dst) pair of exactly the
+ * bytes the plan moves between them, in one ncclGroupStart/End, on a communicator of
+ * the same ranks made with ncclCommInitRank, and for "nccl+cp" one cudaMemcpyAsync of
+ * the local bytes on a second stream. Columns and JSON keys say nccl for mpi; numbers
+ * go to bench-out/reshard_bench_nccl.json by default. On one GPU, give each rank its
+ * own NCCL_HOSTID (scripts/gpu-check.sh does): NCCL then runs them as hosts of their
+ * own, over its socket transport.
  *
  * Memory: each rank holds its old and new shards (DP 2->4 at size S: 2 S on ranks 0-1)
  * plus at most the staging cap; pick --max-mib to fit the machine. On a machine with
@@ -58,6 +77,11 @@
 #include "core/opts.h"
 #include "reshard/reshard.h"
 
+#if defined(TIDE_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
 #define BENCH "bench"
 
 typedef struct pair_spec {
@@ -78,7 +102,9 @@ static const pair_spec pairs[] = {
 /* The four timings of a (pair, size), each the median over the repetitions of the
    slowest rank's seconds. */
 enum { M_MPI, M_MPI_COPY, M_EXEC_NET, M_EXEC, M_COUNT };
-static const char *const m_names[M_COUNT] = {"mpi", "mpi_copy", "exec_net", "exec"};
+static const char *const m_names_mpi[M_COUNT] = {"mpi", "mpi_copy", "exec_net", "exec"};
+static const char *const m_names_nccl[M_COUNT] = {"nccl", "nccl_copy", "exec_net", "exec"};
+static const char *const *m_names = m_names_mpi;
 
 typedef struct result {
     const char *pair;
@@ -90,12 +116,98 @@ typedef struct result {
     uint64_t peak_staging, cap;
     uint64_t direct;               /* bytes the network run received by single copy (all ranks) */
     uint64_t cross, cross_default; /* plan bytes between hosts: chosen placement, rank order */
+    uint64_t cross_out_max;        /* the most cross-host bytes one host sends (its uplink) */
     int ok;
 } result;
 
 static int me, np;
 static int g_host[64]; /* host index of each rank (ranks with equal hostnames share one) */
 static int g_hosts = 1;
+static double g_link_Bps; /* measured rate of one host's link to another (bytes/s); 0: one host */
+
+#define X_GOAL     0.9 /* cross-host goal: r_net when the link is the bottleneck */
+#define LINK_BOUND 0.8 /* link-bound: the busiest uplink's share of the baseline's time */
+
+/* The most bytes of plan that one host sends to other hosts. */
+static uint64_t cross_out_max(const tide_plan_t *plan)
+{
+    uint64_t out[64] = {0}, m = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const tide_xfer *x = &plan->items[i];
+        if (x->src != x->dst && g_host[x->src] != g_host[x->dst])
+            out[g_host[x->src]] += x->run * x->count;
+    }
+    for (int h = 0; h < g_hosts && h < 64; h++)
+        m = out[h] > m ? out[h] : m;
+    return m;
+}
+
+/* Share of the baseline's time that the busiest uplink's cross-host bytes take at the
+   measured link rate (>= LINK_BOUND: link-bound); 0 without cross-host bytes. */
+static double link_share(const result *r)
+{
+    if (g_link_Bps <= 0 || r->cross_out_max == 0 || r->med[M_MPI] <= 0)
+        return 0.0;
+    return (double)r->cross_out_max / g_link_Bps / r->med[M_MPI];
+}
+
+/*
+ * The link's rate: the ranks of the first host and as many of the next host, paired in
+ * rank order, send each other their part of `bytes` at once (one stream per pair, as a
+ * plan's traffic flows; each direction is one host's uplink), best of 3; bytes/s of one
+ * direction, on every rank. Collective over MPI_COMM_WORLD; 0 with one host or when out
+ * of memory.
+ */
+static double probe_link(uint64_t bytes)
+{
+    int a[64], b[64], na = 0, nb = 0, other = -1;
+    for (int w = 0; w < np && w < 64; w++) {
+        if (g_host[w] == g_host[0])
+            a[na++] = w;
+        else if (other < 0 || g_host[w] == other) {
+            other = g_host[w];
+            b[nb++] = w;
+        }
+    }
+    int pairs_n = na < nb ? na : nb, peer = -1;
+    for (int k = 0; k < pairs_n; k++) {
+        if (me == a[k])
+            peer = b[k];
+        if (me == b[k])
+            peer = a[k];
+    }
+    uint64_t part = pairs_n > 0 ? bytes / (uint64_t)pairs_n : 0;
+    double best = 0.0;
+    char *sb = NULL, *rb = NULL;
+    int ok = 1;
+    if (peer >= 0) {
+        sb = tide_malloc((size_t)part + 1);
+        rb = tide_malloc((size_t)part + 1);
+        ok = sb != NULL && rb != NULL;
+        if (ok)
+            memset(sb, 0x3c, (size_t)part);
+    }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    for (int k = 0; pairs_n > 0 && all_ok && k < 3; k++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        /* int counts: sent in pieces of at most 1 GiB */
+        for (uint64_t at = 0; peer >= 0 && at < part; at += 1u << 30) {
+            int n = (int)(part - at < (1u << 30) ? part - at : (1u << 30));
+            MPI_Request q[2];
+            MPI_Irecv(rb + at, n, MPI_BYTE, peer, 77, MPI_COMM_WORLD, &q[0]);
+            MPI_Isend(sb + at, n, MPI_BYTE, peer, 77, MPI_COMM_WORLD, &q[1]);
+            MPI_Waitall(2, q, MPI_STATUSES_IGNORE);
+        }
+        double t = MPI_Wtime() - t0, worst = 0.0;
+        MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        best = fmax(best, worst > 0 ? (double)(part * (uint64_t)pairs_n) / worst : 0.0);
+    }
+    tide_free(sb);
+    tide_free(rb);
+    return best;
+}
 
 /* Bytes of plan sent between ranks of different hosts. */
 static uint64_t cross_bytes(const tide_plan_t *plan)
@@ -109,6 +221,40 @@ static uint64_t cross_bytes(const tide_plan_t *plan)
     return b;
 }
 static int g_optimal = 1; /* --placement: 1 optimal (tided's default), 0 rank order */
+
+/* The backend the executor runs on, and where shards live: host memory (mpi) or device
+   memory of g_dev (nccl), allocated and zeroed through the backend table. */
+static const tide_coll_backend_v1 *g_be;
+static int g_dev;
+static int g_nccl; /* --backend nccl: device shards, plain-NCCL baselines */
+
+/* bytes of g_be's memory, every byte written now (host: fill, so that no page fault
+   lands in a timed region; device: zeroed on the device); NULL when out of memory. */
+static char *bench_alloc(uint64_t bytes, int fill)
+{
+    void *p = NULL;
+    if (!g_nccl) {
+        p = tide_malloc((size_t)bytes);
+        if (p != NULL)
+            memset(p, fill, (size_t)bytes);
+        return p;
+    }
+    if (tide_coll_mem_alloc(g_be, g_dev, (size_t)bytes, &p) != TIDE_OK)
+        return NULL;
+    if (tide_coll_mem_zero(g_be, g_dev, p, (size_t)bytes) != TIDE_OK) {
+        g_be->mem_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void bench_free(void *p)
+{
+    if (!g_nccl)
+        tide_free(p);
+    else if (p != NULL)
+        g_be->mem_free(p);
+}
 
 /* Page size the baseline aligns its messages to (bytes), and the extra room each slab
    has for that: one page per peer and one for the slab's own start. */
@@ -149,12 +295,11 @@ static int make_slabs(const tide_layout_t *l, const tide_collection_t *c, slabs 
     uint64_t total = 0;
     for (size_t i = 0; i < T; i++)
         total += tide_shard_bytes(l, c, i, p, d, t);
-    /* SLACK at the end: room for the baseline's page-aligned messages (see baseline). */
-    s->mem[me] = tide_malloc((size_t)(total + SLACK));
+    /* SLACK at the end: room for the baseline's page-aligned messages (see baseline).
+       Every page touched now, so that no page fault lands inside a timed region. */
+    s->mem[me] = bench_alloc(total + SLACK, fill);
     if (s->mem[me] == NULL)
         return -1;
-    /* Touch every page now so that no page fault lands inside a timed region. */
-    memset(s->mem[me], fill, (size_t)(total + SLACK));
     s->bytes[me] = total;
     uint64_t at = 0;
     for (size_t i = 0; i < T; i++) {
@@ -175,7 +320,7 @@ static void free_slabs(slabs *s)
         tide_free(s->size[w]);
     }
     if (s->mem)
-        tide_free(s->mem[me]);
+        bench_free(s->mem[me]);
     tide_free(s->mem);
     tide_free(s->bytes);
     tide_free(s->ptr);
@@ -183,13 +328,21 @@ static void free_slabs(slabs *s)
     memset(s, 0, sizeof *s);
 }
 
+/* One message of a baseline: a send to or a receive from peer of len bytes at buf. */
+typedef struct bmsg {
+    int peer, send;
+    char *buf;
+    uint64_t len;
+} bmsg;
+
 /* What this rank moves in a plan, for the plain-MPI baselines: bytes sent to and
    received from each peer (network transfers only) and bytes copied locally. */
 typedef struct volumes {
     uint64_t *to, *from; /* [np] bytes */
     uint64_t local;      /* bytes */
-    int n_msgs;          /* MPI requests the baseline posts */
+    int n_msgs;          /* messages the baseline posts */
     MPI_Request *reqs;   /* [n_msgs] */
+    bmsg *msgs;          /* [n_msgs] */
     char *scratch;       /* a send source when the old slab is shorter than a piece */
 } volumes;
 
@@ -222,14 +375,14 @@ static int volumes_new(const tide_plan_t *plan, const slabs *olds, volumes *v)
                 scratch = 1;
     }
     v->reqs = tide_calloc((size_t)v->n_msgs + 1, sizeof *v->reqs);
-    if (v->reqs == NULL)
+    v->msgs = tide_calloc((size_t)v->n_msgs + 1, sizeof *v->msgs);
+    if (v->reqs == NULL || v->msgs == NULL)
         return -1;
     if (scratch) {
         /* Allocated and touched here, so that no allocation or page fault is timed. */
-        v->scratch = tide_malloc((size_t)PIECE);
+        v->scratch = bench_alloc(PIECE, 0x5a);
         if (v->scratch == NULL)
             return -1;
-        memset(v->scratch, 0x5a, (size_t)PIECE);
     }
     return 0;
 }
@@ -239,20 +392,21 @@ static void volumes_free(volumes *v)
     tide_free(v->to);
     tide_free(v->from);
     tide_free(v->reqs);
-    tide_free(v->scratch);
+    tide_free(v->msgs);
+    bench_free(v->scratch);
     memset(v, 0, sizeof *v);
 }
 
-/*
- * The plain-MPI baseline: every rank exchanges with each peer exactly the bytes the
- * plan moves between them, as one contiguous MPI_Isend / MPI_Irecv per (src, dst)
- * pair (pieces of 1 GiB), receiving into its new slab and sending from its old slab
- * (consecutive peers get consecutive ranges, so no two peers read the same bytes).
- * With copy set it also copies the plan's local bytes, old slab to new slab, with one
- * memcpy between posting and MPI_Waitall: the same work as the executor, done the
- * simplest fast way. Returns the slowest rank's seconds.
- */
-static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
+/* Where the baseline's messages go, computed once per repetition before the clock
+   starts: every rank exchanges with each peer exactly the bytes the plan moves between
+   them, as one contiguous message per (src, dst) pair (pieces of --base-piece-mib),
+   receiving into its new slab and sending from its old slab (consecutive peers get
+   consecutive ranges, so no two peers read the same bytes); sends first, starting with
+   the next rank (not everyone with rank 0), then receives. *cdst / *csrc: where the
+   local bytes are copied (NULL when they do not fit beside the receives). Returns the
+   message count (<= v->n_msgs). */
+static int baseline_msgs(const volumes *v, slabs *olds, slabs *news, bmsg *m, char **cdst,
+                         const char **csrc)
 {
     int n = 0;
     /* Every message starts on a page boundary at both ends (the slabs' SLACK makes
@@ -273,22 +427,20 @@ static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
         room = news->bytes[me] + SLACK - (uint64_t)(b - nbase);
         nbase = b;
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
     for (int q = 1; q <= np; q++) {
-        int p = (me + q) % np; /* start with the next rank, not everyone with rank 0 */
+        int p = (me + q) % np;
         for (uint64_t off = 0; off < v->to[p]; off += PIECE) {
             uint64_t len = v->to[p] - off < PIECE ? v->to[p] - off : PIECE;
             /* Distinct source ranges for different peers while the slab allows: two
                receivers pulling the same pages at once contend on them (single-copy
                transports pin the sender's pages). */
-            const char *src = v->scratch;
+            char *src = v->scratch;
             if (len <= have) {
                 uint64_t start = at + len <= have ? at : 0;
                 src = obase + start;
                 at = align_up(start + len);
             }
-            MPI_Isend(src, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
+            m[n++] = (bmsg){p, 1, src, len};
         }
     }
     /* Receives after the sends, as in the mpi backend: a receive matching a message
@@ -296,16 +448,136 @@ static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
     for (int p = 0; p < np; p++)
         for (uint64_t off = 0; off < v->from[p]; off += PIECE) {
             uint64_t len = v->from[p] - off < PIECE ? v->from[p] - off : PIECE;
-            MPI_Irecv(nbase + recv_at, (int)len, MPI_BYTE, p, 7, MPI_COMM_WORLD, &v->reqs[n++]);
+            m[n++] = (bmsg){p, 0, nbase + recv_at, len};
             recv_at = align_up(recv_at + len);
         }
     /* New slab = received bytes then local bytes; the copy never overlaps a receive. */
-    if (copy && v->local > 0 && recv_at + v->local <= room && v->local <= have)
-        memcpy(nbase + recv_at, obase, (size_t)v->local);
+    *cdst = NULL;
+    *csrc = NULL;
+    if (v->local > 0 && recv_at + v->local <= room && v->local <= have) {
+        *cdst = nbase + recv_at;
+        *csrc = obase;
+    }
+    return n;
+}
+
+/*
+ * The plain-MPI baseline: baseline_msgs' messages as MPI_Isend / MPI_Irecv, then
+ * MPI_Waitall. With copy set it also copies the plan's local bytes, old slab to new
+ * slab, with one memcpy between posting and MPI_Waitall: the same work as the
+ * executor, done the simplest fast way. Returns the slowest rank's seconds.
+ */
+static double baseline(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+    char *cdst;
+    const char *csrc;
+    int n = baseline_msgs(v, olds, news, v->msgs, &cdst, &csrc);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < n; i++) {
+        const bmsg *m = &v->msgs[i];
+        if (m->send)
+            MPI_Isend(m->buf, (int)m->len, MPI_BYTE, m->peer, 7, MPI_COMM_WORLD, &v->reqs[i]);
+        else
+            MPI_Irecv(m->buf, (int)m->len, MPI_BYTE, m->peer, 7, MPI_COMM_WORLD, &v->reqs[i]);
+    }
+    if (copy && cdst != NULL)
+        memcpy(cdst, csrc, (size_t)v->local);
     MPI_Waitall(n, v->reqs, MPI_STATUSES_IGNORE);
     double t = MPI_Wtime() - t0, tmax = 0;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return tmax;
+}
+
+#if defined(TIDE_HAVE_NCCL)
+/* The plain-NCCL baseline's communicator (ncclCommInitRank over all ranks, on g_dev)
+   and its streams: [0] the messages, [1] the local copy. */
+static ncclComm_t g_nc;
+static cudaStream_t g_ns[2];
+
+static void nccl_die(const char *what, const char *why)
+{
+    fprintf(stderr, "reshard_bench: rank %d: %s failed: %s\n", me, what, why);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+#define BENCH_NCCL(expr)                                                                           \
+    do {                                                                                           \
+        ncclResult_t bench__r = (expr);                                                            \
+        if (bench__r != ncclSuccess)                                                               \
+            nccl_die(#expr, ncclGetErrorString(bench__r));                                         \
+    } while (0)
+#define BENCH_CUDA(expr)                                                                           \
+    do {                                                                                           \
+        cudaError_t bench__e = (expr);                                                             \
+        if (bench__e != cudaSuccess)                                                               \
+            nccl_die(#expr, cudaGetErrorString(bench__e));                                         \
+    } while (0)
+
+static void nccl_baseline_init(void)
+{
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (me == 0)
+        BENCH_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    BENCH_NCCL(ncclCommInitRank(&g_nc, np, id, me));
+    for (int i = 0; i < 2; i++)
+        BENCH_CUDA(cudaStreamCreateWithFlags(&g_ns[i], cudaStreamNonBlocking));
+}
+
+static void nccl_baseline_fini(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (g_ns[i] != NULL)
+            cudaStreamDestroy(g_ns[i]);
+    if (g_nc != NULL) {
+        ncclCommFinalize(g_nc);
+        ncclCommDestroy(g_nc);
+    }
+}
+
+/*
+ * The plain-NCCL baseline: baseline_msgs' messages as ncclSend / ncclRecv of bytes in
+ * one group on one stream, and with copy set the plan's local bytes as one
+ * cudaMemcpyAsync on a second stream, overlapping them; then both streams synchronised.
+ * Returns the slowest rank's seconds.
+ */
+static double baseline_nccl(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+    char *cdst;
+    const char *csrc;
+    int n = baseline_msgs(v, olds, news, v->msgs, &cdst, &csrc);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    BENCH_NCCL(ncclGroupStart());
+    for (int i = 0; i < n; i++) {
+        const bmsg *m = &v->msgs[i];
+        if (m->send)
+            BENCH_NCCL(ncclSend(m->buf, (size_t)m->len, ncclInt8, m->peer, g_nc, g_ns[0]));
+        else
+            BENCH_NCCL(ncclRecv(m->buf, (size_t)m->len, ncclInt8, m->peer, g_nc, g_ns[0]));
+    }
+    BENCH_NCCL(ncclGroupEnd());
+    if (copy && cdst != NULL)
+        BENCH_CUDA(
+            cudaMemcpyAsync(cdst, csrc, (size_t)v->local, cudaMemcpyDeviceToDevice, g_ns[1]));
+    BENCH_CUDA(cudaStreamSynchronize(g_ns[0]));
+    BENCH_CUDA(cudaStreamSynchronize(g_ns[1]));
+    double t = MPI_Wtime() - t0, tmax = 0;
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return tmax;
+}
+#endif
+
+/* The baseline of the backend in use: plain MPI, or plain NCCL. */
+static double baseline_any(const volumes *v, slabs *olds, slabs *news, int copy)
+{
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        return baseline_nccl(v, olds, news, copy);
+#endif
+    return baseline(v, olds, news, copy);
 }
 
 /* The plan without its local copies: the executor's network phase alone. */
@@ -420,6 +692,7 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
         goto out;
     }
     r->cross = r->cross_default = cross_bytes(plan);
+    r->cross_out_max = cross_out_max(plan);
     if (g_optimal) {
         tide_layout_t *dl = NULL;
         tide_plan_t *dplan = NULL;
@@ -459,10 +732,10 @@ static int run_one(tide_coll_comm_t *comm, const pair_spec *ps, const tide_colle
             double t = -1;
             switch (m) {
             case M_MPI:
-                t = baseline(&v, &olds, &news, 0);
+                t = baseline_any(&v, &olds, &news, 0);
                 break;
             case M_MPI_COPY:
-                t = baseline(&v, &olds, &news, 1);
+                t = baseline_any(&v, &olds, &news, 1);
                 break;
             case M_EXEC_NET:
                 t = exec_once(comm, &net, col, &olds, &news, &o, r);
@@ -509,9 +782,11 @@ static int write_json(const char *path, const result *res, int n, long long cap_
         return -1;
     fprintf(
         f,
-        "{\n  \"benchmark\": \"reshard_bench\",\n  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
+        "{\n  \"benchmark\": \"reshard_bench\",\n  \"backend\": \"%s\",\n  \"baseline\": \"%s\",\n"
+        "  \"ranks\": %d,\n  \"staging_cap_mib\": %lld,\n"
         "  \"placement\": \"%s\",\n  \"results\": [\n",
-        np, cap_mib, g_optimal ? "optimal" : "default");
+        g_be->name, g_nccl ? "ncclSend/ncclRecv" : "MPI_Isend/MPI_Irecv", np, cap_mib,
+        g_optimal ? "optimal" : "default");
     for (int i = 0; i < n; i++) {
         const result *r = &res[i];
         fprintf(f,
@@ -524,20 +799,30 @@ static int write_json(const char *path, const result *res, int n, long long cap_
                     r->med[m], r->min[m], r->max[m]);
         if (r->sent > 0)
             fprintf(f,
-                    "\"mpi_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
+                    "\"%s_gbs\": %.3f, \"exec_net_gbs\": %.3f, \"ratio_net\": %.3f, "
                     "\"ratio_p2p\": %.3f, ",
-                    (double)r->sent / r->med[M_MPI] / 1e9,
+                    m_names[M_MPI], (double)r->sent / r->med[M_MPI] / 1e9,
                     (double)r->sent / r->med[M_EXEC_NET] / 1e9, r->ratio_net, r->ratio_p2p);
         else /* nothing sent: no network phase to compare */
-            fprintf(f, "\"mpi_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
-                       "\"ratio_p2p\": null, ");
+            fprintf(f,
+                    "\"%s_gbs\": null, \"exec_net_gbs\": null, \"ratio_net\": null, "
+                    "\"ratio_p2p\": null, ",
+                    m_names[M_MPI]);
+        double share = link_share(r);
+        const char *met = share < LINK_BOUND || r->sent == 0 ? "null"
+                          : r->ratio_net >= X_GOAL           ? "true"
+                                                             : "false";
         fprintf(f,
                 "\"ratio_e2e\": %.3f, \"peak_staging\": %llu, \"staging_cap\": %llu, "
                 "\"bytes_direct\": %llu, \"hosts\": %d, \"bytes_cross_host\": %llu, "
-                "\"bytes_cross_host_rank_order\": %llu}%s\n",
+                "\"bytes_cross_host_rank_order\": %llu, \"cross_host_out_max\": %llu, "
+                "\"link_bytes_per_s\": %.0f, \"link_share\": %.3f, \"link_bound\": %s, "
+                "\"cross_host_goal\": %.2f, \"cross_host_goal_met\": %s}%s\n",
                 r->ratio_e2e, (unsigned long long)r->peak_staging, (unsigned long long)r->cap,
                 (unsigned long long)r->direct, g_hosts, (unsigned long long)r->cross,
-                (unsigned long long)r->cross_default, i + 1 < n ? "," : "");
+                (unsigned long long)r->cross_default, (unsigned long long)r->cross_out_max,
+                g_link_Bps, share, share >= LINK_BOUND ? "true" : "false", X_GOAL, met,
+                i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     return fclose(f) == 0 ? 0 : -1;
@@ -545,9 +830,10 @@ static int write_json(const char *path, const result *res, int n, long long cap_
 
 int main(int argc, char **argv)
 {
+    long long probe_mib = 64;
     long long min_mib = 64, max_mib = 2048, cap_mib = 256, chunk_mib = 0, reps = 5, pack_kib = 0,
               piece_mib = 1024, only_pair = -1;
-    const char *out = "bench-out/reshard_bench.json", *log = NULL, *placement = NULL;
+    const char *out = NULL, *log = NULL, *placement = NULL, *backend = NULL;
     int help = 0, npos = 0;
     tide_opt opts[] = {
         {"min-mib", "TIDE_BENCH_MIN_MIB", TIDE_OPT_INT, &min_mib, "64", "smallest state (MiB)", 1,
@@ -566,10 +852,16 @@ int main(int argc, char **argv)
          "new layout's map: optimal (fewest bytes, tided's default) or default (rank order)", 0, 0},
         {"pair", "TIDE_BENCH_PAIR", TIDE_OPT_INT, &only_pair, "-1",
          "run only this layout pair (0 DP, 1 TP, 2 PP, 3 (2,2,2), 4 (1,4,2)); -1: all", -1, 4},
+        {"probe-mib", "TIDE_BENCH_PROBE_MIB", TIDE_OPT_INT, &probe_mib, "64",
+         "across hosts: bytes each way of the link-rate probe (MiB)", 1, 1 << 14},
         {"reps", "TIDE_BENCH_REPS", TIDE_OPT_INT, &reps, "5",
          "repetitions, interleaved (the median is reported)", 1, 1000},
-        {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, "bench-out/reshard_bench.json",
-         "where the numbers go (JSON)", 0, 0},
+        {"backend", "TIDE_BENCH_BACKEND", TIDE_OPT_STRING, &backend, "mpi",
+         "mpi (host memory, against plain MPI) or nccl (device memory, against plain NCCL)", 0, 0},
+        {"out", "TIDE_BENCH_OUT", TIDE_OPT_STRING, &out, NULL,
+         "where the numbers go (JSON); default bench-out/reshard_bench.json, "
+         "bench-out/reshard_bench_nccl.json for nccl",
+         0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &log, NULL, "log level", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -617,6 +909,26 @@ int main(int argc, char **argv)
         return 2;
     }
     g_optimal = strcmp(placement, "optimal") == 0;
+    if (strcmp(backend, "mpi") != 0 && strcmp(backend, "nccl") != 0) {
+        if (me == 0)
+            fprintf(stderr, "reshard_bench: --backend takes mpi or nccl, not %s\n", backend);
+        MPI_Finalize();
+        return 2;
+    }
+    g_nccl = strcmp(backend, "nccl") == 0;
+#if !defined(TIDE_HAVE_NCCL)
+    if (g_nccl) {
+        if (me == 0)
+            fprintf(stderr, "reshard_bench: --backend nccl: this build has no NCCL (built "
+                            "without CUDA/NCCL, or with -DTIDE_CUDA=OFF)\n");
+        MPI_Finalize();
+        return 2;
+    }
+#endif
+    if (g_nccl)
+        m_names = m_names_nccl;
+    if (out == NULL)
+        out = g_nccl ? "bench-out/reshard_bench_nccl.json" : "bench-out/reshard_bench.json";
     if (log) {
         tide_log_level lv;
         if (tide_log_parse_level(log, &lv) == TIDE_OK)
@@ -637,24 +949,47 @@ int main(int argc, char **argv)
     for (int i = 0; i < np && i < 1024; i++)
         members[i] = i;
     tide_coll_comm_params cp = {.members = members, .n_members = np, .tag = 1};
-    if (tide_coll_backend_find("mpi", &be) != TIDE_OK ||
+    /* the rank's device, as libtide picks it: TIDE_DEVICE, else its index on the host */
+    g_dev = 0;
+    {
+        const char *d = getenv("TIDE_DEVICE");
+        MPI_Comm node;
+        if (d != NULL && d[0] != '\0')
+            g_dev = atoi(d);
+        else if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
+                                     &node) == MPI_SUCCESS) {
+            MPI_Comm_rank(node, &g_dev);
+            MPI_Comm_free(&node);
+        }
+    }
+    if (tide_coll_backend_find(backend, &be) != TIDE_OK ||
+        tide_coll_device_bind(be, g_dev) != TIDE_OK ||
         tide_coll_pool_new(&pool, MPI_COMM_WORLD) != TIDE_OK ||
         tide_coll_comm_new(&comm, be, pool, &cp) != TIDE_OK) {
         fprintf(stderr, "reshard_bench: %s\n", tide_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    g_be = be;
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        nccl_baseline_init();
+#endif
+    if (g_hosts > 1)
+        g_link_Bps = probe_link((uint64_t)probe_mib << 20);
     result res[64];
     int nres = 0;
     if (me == 0) {
-        printf("reshard_bench: %d ranks, mpi backend, staging cap %lld MiB, %s placement\n", np,
-               cap_mib, placement);
+        printf("reshard_bench: %d ranks, %s backend (baseline: plain %s), staging cap %lld MiB, "
+               "%s placement\n",
+               np, be->name, g_nccl ? "NCCL send/recv" : "MPI point-to-point", cap_mib, placement);
         if (g_hosts > 1)
-            printf("%d hosts: under each row, the bytes sent between hosts with this placement "
-                   "and with the plain rank order\n",
-                   g_hosts);
+            printf("%d hosts, link %.1f MB/s each way (measured): under each row, the bytes "
+                   "sent between hosts with this placement and with the plain rank order, and "
+                   "the cross-host goal (r_net >= %.1f when the link is the bottleneck)\n",
+                   g_hosts, g_link_Bps / 1e6, X_GOAL);
         printf("%-18s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %6s %9s %8s\n", "pair", "state",
-               "sent", "local", "mpi s", "mpi+cp s", "net s", "exec s", "net GB/s", "r_net",
-               "r_e2e", "r_p2p", "peak stg", "direct");
+               "sent", "local", g_nccl ? "nccl s" : "mpi s", g_nccl ? "ncl+cp s" : "mpi+cp s",
+               "net s", "exec s", "net GB/s", "r_net", "r_e2e", "r_p2p", "peak stg", "direct");
     }
     int failed = 0;
     for (long long mib = min_mib; mib <= max_mib && nres < 60; mib *= 2) {
@@ -688,9 +1023,26 @@ int main(int argc, char **argv)
                        r->med[M_EXEC_NET], r->med[M_EXEC], gbs, rn, r->ratio_e2e, rp,
                        (double)r->peak_staging / 1048576.0, (double)r->direct / 1048576.0,
                        r->peak_staging <= r->cap ? "" : " (over cap!)");
-                if (g_hosts > 1)
-                    printf("%-18s across hosts %4.0f MiB, rank order %4.0f MiB\n", "",
-                           (double)r->cross / 1048576.0, (double)r->cross_default / 1048576.0);
+                if (g_hosts > 1) {
+                    double share = link_share(r);
+                    char goal[160];
+                    if (r->cross == 0)
+                        snprintf(goal, sizeof goal, "nothing crosses hosts: no cross-host goal");
+                    else if (share < LINK_BOUND)
+                        snprintf(
+                            goal, sizeof goal,
+                            "not link-bound (the link takes %.0f%% of the baseline's time): no "
+                            "cross-host goal",
+                            100.0 * share);
+                    else
+                        snprintf(
+                            goal, sizeof goal,
+                            "link-bound (%.0f%% of the baseline's time): goal r_net >= %.1f %s",
+                            100.0 * share, X_GOAL, r->ratio_net >= X_GOAL ? "met" : "NOT met");
+                    printf("%-18s across hosts %4.0f MiB, rank order %4.0f MiB; %s\n", "",
+                           (double)r->cross / 1048576.0, (double)r->cross_default / 1048576.0,
+                           goal);
+                }
                 fflush(stdout);
             }
         }
@@ -702,6 +1054,10 @@ int main(int argc, char **argv)
         else
             failed = 1;
     }
+#if defined(TIDE_HAVE_NCCL)
+    if (g_nccl)
+        nccl_baseline_fini();
+#endif
     tide_coll_comm_destroy(&comm);
     tide_coll_pool_destroy(&pool);
     MPI_Finalize();

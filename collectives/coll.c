@@ -618,6 +618,9 @@ tide_status tide_coll_comm_new(tide_coll_comm_t **out, const tide_coll_backend_v
                            be->name, be->version, TIDE_COLL_BACKEND_VERSION);
     TIDE_CHECK(check_members(pool, params->members, params->n_members, params->tag));
     TIDE_CHECK(be->comm_create(pool, params, out));
+    /* the communicator dispatches through the table it was made with: a registered
+       wrapper of a built backend (tide_coll_backend_register) sees every later call */
+    (*out)->be = be;
     return TIDE_OK;
 }
 
@@ -684,6 +687,8 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
     rc = be->comm_split(parent, color, key, color >= 0 ? members : NULL, m, out);
     if (rc != TIDE_OK)
         tide__check_hop(__FILE__, __LINE__, "comm_split", rc);
+    else if (*out != NULL)
+        (*out)->be = be; /* the parent's table, as in tide_coll_comm_new */
     parent->split_seq++;
 out_free:
     if (dev)

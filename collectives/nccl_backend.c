@@ -323,6 +323,11 @@ static tide_status nccl_split(tide_coll_comm_t *parent, int color, int key, cons
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* the waits below watch the parent's abort flag */
     ncclComm_t nc = NULL;
+    /* The whole split, both waits, is bounded by the parent's abort flag (the caller's
+       cancel: libtide publishes the parent so that an abort of the switch reaches it)
+       and by one deadline, the creation timeout, as tide_coll_comm_new is. */
+    uint64_t ms = parent->timeout_ms ? parent->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
+    uint64_t deadline = tide_now_ns() + ms * 1000000ull;
     /* Every parent rank calls it, NOCOLOR ones included. */
     ncclResult_t r =
         ncclCommSplit(impl(parent)->nc, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
@@ -330,14 +335,19 @@ static tide_status nccl_split(tide_coll_comm_t *parent, int color, int key, cons
         rc = failed(parent, r, "ncclCommSplit");
         goto fail;
     }
-    TIDE_CHECK_GOTO(settle(parent, impl(parent)->nc, NULL, 0), rc, fail_nc);
+    rc = settle(parent, impl(parent)->nc, NULL, deadline);
+    if (rc != TIDE_OK) {
+        /* the parent is stuck inside the split (a member never came): nothing more can
+           run on it, and its destroy must not wait for a flush */
+        if (impl(parent)->nc != NULL)
+            hard_abort(parent);
+        goto fail_nc;
+    }
     if (color < 0)
         return TIDE_OK;
     if (nc == NULL)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "ncclCommSplit gave no communicator");
-    /* bounded by the parent's abort flag and the creation timeout */
-    uint64_t ms = parent->timeout_ms ? parent->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
-    TIDE_CHECK_GOTO(settle(parent, nc, NULL, tide_now_ns() + ms * 1000000ull), rc, fail_nc);
+    TIDE_CHECK_GOTO(settle(parent, nc, NULL, deadline), rc, fail_nc);
     impl(c)->nc = nc;
     int got = -1, count = -1;
     ncclCommUserRank(nc, &got);

@@ -3,7 +3,7 @@
  * listener (--metrics HOST:PORT) served from tided's event loop: non-blocking
  * sockets polled by zmq_poll next to the ROUTER socket, one response per
  * connection, then close. Workload: a scrape every few seconds; a response is
- * a few KB plus one line per online job.
+ * a few KB plus one line per online job and three per worker (~1.5 MB at 10^4).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -140,6 +140,58 @@ static void put(text *t, const char *fmt, ...)
     }
 }
 
+/* v as a Prometheus label value (backslash, quote and newline escaped) into buf. */
+static const char *label(const char *v, char *buf, size_t len)
+{
+    size_t k = 0;
+    for (; *v != '\0' && k + 3 < len; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') {
+            buf[k++] = '\\';
+            buf[k++] = *v == '\n' ? 'n' : *v;
+        } else {
+            buf[k++] = *v;
+        }
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
+/* One series per registered worker, labelled worker="ID": tided's worker id, the one
+   tidectl status, drain, events and libtide's tide_worker_id name. */
+static void put_workers(text *t, tide_coord_state_t *st)
+{
+    char pool[2 * TIDE_COORD_NAME_MAX], host[2 * TIDE_COORD_HOST_MAX], job[2 * TIDE_COORD_NAME_MAX];
+    put(t, "# HELP tide_worker_info Where each worker is: its pool, rank in the pool, host and "
+           "device (worker: tided's worker id, the WORKER of tidectl status).\n"
+           "# TYPE tide_worker_info gauge\n");
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const tide_coord_worker_t *w = &st->workers[i];
+        if (w->pool[0])
+            put(t,
+                "tide_worker_info{worker=\"%d\",pool=\"%s\",rank=\"%d\",host=\"%s\","
+                "device=\"%d\",kind=\"%s\"} 1\n",
+                (int)w->id, label(w->pool, pool, sizeof pool), (int)w->rank,
+                label(w->host, host, sizeof host), (int)w->device,
+                tide_proto_device_kind_name((tide_proto_device_kind_t)w->kind));
+    }
+    put(t, "# HELP tide_worker_state Each worker's state and the online job holding it (1 per "
+           "worker).\n# TYPE tide_worker_state gauge\n");
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const tide_coord_worker_t *w = &st->workers[i];
+        if (!w->pool[0])
+            continue;
+        const tide_coord_job_t *j = w->job ? tide_coord_job_get(st, w->job) : NULL;
+        put(t, "tide_worker_state{worker=\"%d\",state=\"%s\",job=\"%s\"} 1\n", (int)w->id,
+            tide_wstate_name(w->state), label(j ? j->name : "", job, sizeof job));
+    }
+    put(t, "# HELP tide_worker_step Steps each worker reported completed.\n"
+           "# TYPE tide_worker_step gauge\n");
+    for (size_t i = 0; i < st->n_workers; i++)
+        if (st->workers[i].pool[0])
+            put(t, "tide_worker_step{worker=\"%d\"} %lld\n", (int)st->workers[i].id,
+                (long long)st->workers[i].step);
+}
+
 tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
 {
     tide_coord_state_t *st = s->st;
@@ -152,6 +204,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
             "# TYPE tide_gpus gauge\n");
     for (int i = 0; i < 5; i++)
         put(&t, "tide_gpus{state=\"%s\"} %zu\n", tide_wstate_name((tide_wstate)i), by_state[i]);
+    put_workers(&t, st);
     size_t jobs[2][8] = {{0}};
     for (size_t i = 0; i < st->n_jobs; i++)
         if ((unsigned)st->jobs[i]->state < 8)

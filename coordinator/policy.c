@@ -125,8 +125,8 @@ int tide_policy_tp_fit_dp(const tide_policy_worker *cand, size_t n, int tp, int 
  * first, until they have it (or every candidate is offered: placement then
  * refuses with the counts).
  */
-static tide_status offer_whole_hosts(const tide_policy_worker *cand, const cand_key *keys,
-                                     size_t n, const tide_resize_req *req, size_t *offer)
+static tide_status offer_whole_hosts(const tide_policy_worker *cand, const cand_key *keys, size_t n,
+                                     const tide_resize_req *req, size_t *offer)
 {
     if (req->tp <= 1)
         return TIDE_OK;
@@ -352,13 +352,24 @@ tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
     /* O(nq * ni) at worst; both are a pool's worth at most, and the scan stops once
        every worker is taken */
     size_t n = 0;
-    for (size_t i = 0; i < nq && n < ni; i++)
-        for (size_t k = 0; k < ni; k++) {
+    for (size_t i = 0; i < nq && n < ni; i++) {
+        /* a retry goes elsewhere than where it just failed, when it can */
+        size_t pick = ni, fallback = ni;
+        for (size_t k = 0; k < ni && pick == ni; k++) {
             if (taken[k] || (q[i].mem_cap > 0 && w[k].memory > 0 && w[k].memory < q[i].mem_cap))
                 continue;
-            taken[k] = 1;
-            out[n++] = (tide_policy_assignment){q[i].job, w[k].worker};
-            break;
+            if (w[k].worker == q[i].avoid && q[i].avoid >= 0) {
+                fallback = k;
+                continue;
+            }
+            pick = k;
+        }
+        if (pick == ni)
+            pick = fallback;
+        if (pick == ni)
+            continue;
+        taken[pick] = 1;
+        out[n++] = (tide_policy_assignment){q[i].job, w[pick].worker};
         }
     *n_out = n;
     tide_free(q);

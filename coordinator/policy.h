@@ -99,6 +99,8 @@ typedef struct tide_policy_offline {
     int64_t job;
     int32_t priority; /* higher first; ties by lower job id (submission order) */
     uint64_t mem_cap; /* bytes of device memory the job needs; 0 = no cap */
+    int32_t avoid;    /* worker its last attempt failed on (taken only when no other
+                         fits), -1 when none */
 } tide_policy_offline;
 
 /* An idle worker offered to offline work. */
@@ -114,9 +116,10 @@ typedef struct tide_policy_assignment {
 
 /*
  * Pairs queued offline jobs (highest priority first) with idle workers: each
- * job takes the lowest-id idle worker whose memory holds its mem_cap; a job
- * that fits on no idle worker waits and does not hold back lower-priority jobs
- * that fit. Writes the pairs to out (room for min(nq, ni)) and their count to
+ * job takes the lowest-id idle worker whose memory holds its mem_cap, other
+ * than the one its last attempt failed on unless no other fits; a job that
+ * fits on no idle worker waits and does not hold back lower-priority jobs that
+ * fit. Writes the pairs to out (room for min(nq, ni)) and their count to
  * *n_out. Pure.
  */
 tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,

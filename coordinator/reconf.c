@@ -543,15 +543,26 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
     tide_layout_destroy(&dflt);
     tide_collection_destroy(&c);
     uint64_t gen = j->gen_issued + 1;
-    tide__proto_layout(&rr->layout, l, gen);
+    /* the operator sees the members as tided's worker ids (tidectl status), not pool ranks */
+    tide_layout_t *shown = NULL;
+    rc = tide__layout_worker_ids(s, j, l, &shown);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&l);
+        tide_free(pre);
+        tide__reply_error(s, rc, "cannot resize %s: %s", j->name, tide_last_error());
+        return;
+    }
+    tide__proto_layout(&rr->layout, shown, gen);
     if (m->dry_run) {
         tide__reply(s, &reply);
+        tide_layout_destroy(&shown);
         tide_layout_destroy(&l);
         tide_free(pre);
         return;
     }
     uint64_t planned = rr->bytes_sent;
-    tide__reply(s, &reply); /* encoded now: l is still alive */
+    tide__reply(s, &reply); /* encoded now: shown is still alive */
+    tide_layout_destroy(&shown);
     char why[128];
     snprintf(why, sizeof why, "resize by %s", s->who);
     rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
@@ -807,38 +818,80 @@ static void keep_switched(tide_server_t *s, tide_coord_job_t *j, const char *rea
  * Whether every byte of j's state that recovery layout l needs still has a live holder
  * (the plan the workers will compute, over the same live set find_dead derives from
  * tided's status: a worker failed or no longer in the job is dead). A job whose lost
- * state had no replica (dp 1, or ZeRO-1 moments) cannot be recovered from replicas;
- * starting that switch anyway makes every participant fail its plan, abort, and tided
- * recover again, endlessly. TIDE_ERR_NO_HOLDER with the plan's detail then.
+ * state had no replica (dp 1, pp stages on a lost host, ZeRO-1 moments) cannot be
+ * recovered from replicas; starting that switch anyway makes every participant fail its
+ * plan, abort, and tided recover again, endlessly. TIDE_ERR_NO_HOLDER with the plan's
+ * detail then. With l NULL: whether any layout could be rebuilt, however many workers
+ * joined (the old layout with each dead member replaced by a new worker).
  */
 static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j,
                                      const tide_collection_t *c, const tide_layout_t *l)
 {
+    /* planned over tided's worker ids (a relabelling: the same plan), so that the reason a
+       recovery is impossible names workers as tidectl status does */
+    tide_layout_t *old_ids = NULL, *new_ids = NULL;
+    tide_status rc = tide__layout_worker_ids(s, j, j->layout, &old_ids);
+    if (rc == TIDE_OK)
+        rc = l != NULL ? tide__layout_worker_ids(s, j, l, &new_ids)
+                       : tide_layout_copy(&new_ids, old_ids);
     size_t n = 0;
-    for (size_t i = 0; i < tide_layout_size(j->layout); i++)
-        if ((size_t)j->layout->worker[i] + 1 > n)
-            n = (size_t)j->layout->worker[i] + 1;
-    for (size_t i = 0; i < tide_layout_size(l); i++)
-        if ((size_t)l->worker[i] + 1 > n)
-            n = (size_t)l->worker[i] + 1;
-    uint8_t *alive = tide_malloc(n ? n : 1);
-    if (alive == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
+    for (size_t i = 0; rc == TIDE_OK && i < tide_layout_size(old_ids); i++)
+        if ((size_t)old_ids->worker[i] + 1 > n)
+            n = (size_t)old_ids->worker[i] + 1;
+    for (size_t i = 0; rc == TIDE_OK && i < tide_layout_size(new_ids); i++)
+        if ((size_t)new_ids->worker[i] + 1 > n)
+            n = (size_t)new_ids->worker[i] + 1;
+    size_t fresh = n; /* ids past every worker's: the stand-ins of the dead (l NULL) */
+    if (rc == TIDE_OK && l == NULL)
+        n += tide_layout_size(old_ids);
+    uint8_t *alive = rc == TIDE_OK ? tide_malloc(n ? n : 1) : NULL;
+    if (rc == TIDE_OK && alive == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&old_ids);
+        tide_layout_destroy(&new_ids);
+        return rc;
+    }
     memset(alive, 1, n);
+    size_t first_fresh = fresh;
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
-        int32_t r = j->layout->worker[i];
-        const tide_coord_worker_t *w = tide__job_worker(s, j, r);
-        if (r >= 0 && (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id))
-            alive[r] = 0;
+        const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
+        if (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id) {
+            alive[old_ids->worker[i]] = 0;
+            if (l == NULL)
+                new_ids->worker[i] = (int32_t)fresh++;
+        }
     }
     tide_plan_totals t;
-    tide_status rc = tide_reshard_plan_totals(j->layout, l, c, alive, n, &t);
+    rc = tide_reshard_plan_totals(old_ids, new_ids, c, alive, n, &t);
+    char why[TIDE_PROTO_TEXT_MAX + 1];
+    snprintf(why, sizeof why, "%s", rc != TIDE_OK ? tide_last_error() : "");
+    if (rc != TIDE_OK && l == NULL) {
+        /* the plan names a stand-in's id as the worker that needs the bytes: name the dead
+           worker it replaces instead */
+        char *at = strstr(why, "needed by worker ");
+        long id = at != NULL ? strtol(at + 17, NULL, 10) : -1;
+        for (size_t i = 0; id >= (long)first_fresh && i < tide_layout_size(new_ids); i++)
+            if (new_ids->worker[i] == id) {
+                char rest[TIDE_PROTO_TEXT_MAX + 1];
+                const char *tail = at + 17;
+                while (*tail >= '0' && *tail <= '9')
+                    tail++;
+                snprintf(rest, sizeof rest, "%s", tail);
+                snprintf(at, sizeof why - (size_t)(at - why),
+                         "needed by any worker that replaces worker %d%s", (int)old_ids->worker[i],
+                         rest);
+                break;
+            }
+    }
     tide_free(alive);
+    tide_layout_destroy(&old_ids);
+    tide_layout_destroy(&new_ids);
     if (rc != TIDE_OK)
         return tide_errorf(rc,
-                           "its state cannot be rebuilt from the survivors: %s; restart it from "
-                           "a checkpoint",
-                           tide_last_error());
+                           "its state cannot be rebuilt from the survivors%s: %s; restart it "
+                           "from a checkpoint",
+                           l == NULL ? ", however many workers join" : "", why);
     return TIDE_OK;
 }
 
@@ -904,6 +957,16 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
     tide_free(cand);
     if (rc == TIDE_OK && c != NULL)
         rc = recovery_feasible(s, j, c, l);
+    if (rc == TIDE_ERR_NO_DEVICE && c != NULL) {
+        /* too few workers for a layout: waiting for more helps only when the survivors
+           still hold all of the state (a pipeline stage lost with its host does not) */
+        char wait_why[TIDE_PROTO_TEXT_MAX + 1];
+        snprintf(wait_why, sizeof wait_why, "%s", tide_last_error());
+        if (recovery_feasible(s, j, c, NULL) == TIDE_ERR_NO_HOLDER)
+            rc = TIDE_ERR_NO_HOLDER;
+        else
+            tide_errorf(rc, "%s", wait_why);
+    }
     tide_collection_destroy(&c);
     if (rc != TIDE_OK) {
         tide_free(pre);
@@ -963,11 +1026,14 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
         if (now_ns >= r->deadline_ns) {
             char why[300];
             size_t at =
-                (size_t)snprintf(why, sizeof why, "timed out after %lld ms waiting for rank",
+                (size_t)snprintf(why, sizeof why, "timed out after %lld ms waiting for worker",
                                  (long long)s->cfg.resize_timeout_ms);
             for (size_t i = 0; i < r->n_parts && at < sizeof why - 16; i++)
-                if (!r->gone[i] && !r->acked[i])
-                    at += (size_t)snprintf(why + at, sizeof why - at, " %d", r->parts[i]);
+                if (!r->gone[i] && !r->acked[i]) {
+                    const tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
+                    at += (size_t)snprintf(why + at, sizeof why - at, " %d",
+                                           w != NULL ? (int)w->id : -1);
+                }
             if (r->phase == TIDE_RP_COMMIT && r->switched) {
                 /* G stays: the silent participants are failed first, then one recovery */
                 for (size_t i = 0; i < r->n_parts; i++) {

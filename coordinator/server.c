@@ -42,7 +42,8 @@
 #define BATCH 2048 /* requests per loop iteration before timers and the commit */
 #define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
 #define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
-#define HWM 1000 /* messages queued per connection each way (was 2^20): a client that never
+#define HWM                                                                                        \
+    1000 /* messages queued per connection each way (was 2^20): a client that never                \
                     reads loses replies past it, one that floods waits in its own queue */
 
 static uint64_t now_ns_cached;
@@ -59,6 +60,8 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->grace_ms = 10000;
     cfg->link_bytes_per_s = 10e9;
     cfg->max_attempts = 3;
+    cfg->retry_backoff_ms = 1000;
+    cfg->join_grace_ms = 30000;
     cfg->batch_ms = 2;
 }
 
@@ -220,6 +223,28 @@ void tide__layout_msg_init(tide_msg_t *m, const tide_coord_job_t *j, const tide_
         m->u.layout.world = 1;
 }
 
+tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
+                                    const tide_layout_t *l, tide_layout_t **out)
+{
+    *out = NULL;
+    tide_layout_t *c = NULL;
+    TIDE_CHECK(tide_layout_copy(&c, l));
+    for (size_t i = 0; i < tide_layout_size(c); i++) {
+        const tide_coord_worker_t *w = tide__job_worker(s, j, c->worker[i]);
+        if (w == NULL) {
+            int32_t rank = c->worker[i];
+            tide_layout_destroy(&c);
+            return tide_errorf(TIDE_ERR_NOT_FOUND,
+                               "job %s: job rank %d holds a coordinate but no registered "
+                               "worker holds it",
+                               j->name, (int)rank);
+        }
+        c->worker[i] = w->id;
+    }
+    *out = c;
+    return TIDE_OK;
+}
+
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen)
 {
     out->gen = gen;
@@ -293,18 +318,48 @@ static void send_layout(tide_server_t *s, const tide_coord_job_t *j, const tide_
     tide__send_worker(s, w, &m);
 }
 
-/* Offline job j leaves its worker: requeued, or failed after max_attempts. */
-static void requeue(tide_server_t *s, tide_coord_job_t *j, const char *why)
+/* Backoff before the retry after the n-th failure: base * 2^(n-1), at most 60 s (ms). */
+static int64_t retry_backoff_ms(const tide_server_t *s, int32_t failures)
+{
+    int64_t ms = s->cfg.retry_backoff_ms;
+    for (int32_t i = 1; i < failures && ms < 60000; i++)
+        ms *= 2;
+    return ms > 60000 ? 60000 : ms;
+}
+
+/*
+ * Offline job j leaves its worker w_id. failed: the attempt's own failure (the command
+ * exited nonzero or could not start): it counts against max_attempts, and the retry
+ * waits its backoff and prefers another worker. Otherwise (preempted, the worker left,
+ * failed or drains) the job is requeued as it was: no attempt is used up.
+ */
+static void requeue(tide_server_t *s, tide_coord_job_t *j, int32_t w_id, int failed,
+                    const char *why)
 {
     j->worker = -1;
-    if (j->attempts >= j->max_attempts) {
+    if (failed) {
+        j->failures++;
+        j->last_failed = w_id;
+    }
+    if (failed && j->failures >= j->max_attempts) {
         j->state = TIDE_JS_FAILED;
-        tide__event(s, j->name, "offline_failed", "%s; gave up after %d attempts", why,
-                    j->attempts);
+        tide__event(s, j->name, "offline_failed", "%s; gave up after %d failed attempts", why,
+                    j->failures);
+    } else if (failed) {
+        int64_t ms = retry_backoff_ms(s, j->failures);
+        j->state = TIDE_JS_QUEUED;
+        j->retry_at_ns = now_ns_cached + (uint64_t)ms * 1000000ull;
+        if (s->next_backfill_ns == 0 || j->retry_at_ns < s->next_backfill_ns)
+            s->next_backfill_ns = j->retry_at_ns;
+        tide__event(s, j->name, "offline_requeued",
+                    "%s; failure %d of %d: retried in %lld ms, on another worker than %d when "
+                    "one is free",
+                    why, j->failures, j->max_attempts, (long long)ms, w_id);
     } else {
         j->state = TIDE_JS_QUEUED;
-        tide__event(s, j->name, "offline_requeued", "%s; requeued (attempt %d of %d done)", why,
-                    j->attempts, j->max_attempts);
+        tide__event(s, j->name, "offline_requeued",
+                    "%s; requeued, not counted as a failure (%d of %d failures)", why, j->failures,
+                    j->max_attempts);
     }
     tide__save_job(s, j);
     s->want_backfill = 1;
@@ -323,8 +378,9 @@ int64_t tide__worker_down(tide_server_t *s, tide_coord_worker_t *w, const char *
         w->offline_job = 0;
         if (oj != NULL && oj->state == TIDE_JS_ASSIGNED && oj->worker == w->id) {
             char why[160];
-            snprintf(why, sizeof why, "worker %d failed", w->id);
-            requeue(s, oj, why);
+            snprintf(why, sizeof why, "attempt %d: worker %d %s", oj->attempts, w->id,
+                     strcmp(kind, "worker_left") == 0 ? "left" : "failed");
+            requeue(s, oj, w->id, 0, why);
         }
     }
     int64_t jid = w->job;
@@ -445,6 +501,7 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
             return;
         }
         w->pid = m->pid;
+        w->registered_ns = now_ns_cached;
         tide__event(s, "", "worker_registered", "worker %d: %s rank %d/%d on %s %s %d (%llu bytes)",
                     w->id, m->pool, m->rank, m->size, m->host, tide_proto_device_kind_name(m->kind),
                     m->device, (unsigned long long)m->mem_bytes);
@@ -454,6 +511,7 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
         w->offline_job = 0;
         w->joined = 0;
         w->pid = m->pid;
+        w->registered_ns = now_ns_cached;
         tide__event(s, "", "worker_back", "worker %d (%s rank %d) registered again after failing",
                     w->id, m->pool, m->rank);
     } else if (w->pid != m->pid) {
@@ -465,6 +523,7 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
         w->state = TIDE_WS_IDLE;
         w->joined = 0;
         w->pid = m->pid;
+        w->registered_ns = now_ns_cached;
     } else {
         TIDE_INFO("server", "worker %d (%s rank %d) registered again (%s)", w->id, m->pool, m->rank,
                   tide_wstate_name(w->state));
@@ -589,7 +648,8 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     pre = tide_malloc((k ? k : 1) * sizeof *pre);
     if (pre == NULL)
         goto out;
-    tide_resize_req req = {j->req_dp, j->req_tp, j->req_pp, j->num_layers, j->req_micro, NULL, 0, 0};
+    tide_resize_req req = {j->req_dp,    j->req_tp, j->req_pp, j->num_layers,
+                           j->req_micro, NULL,      0,         0};
     tide_status rc = tide__job_collection(j, &coll);
     if (rc == TIDE_OK)
         rc = tide_policy_place(NULL, coll, &req, cand, k, &l, pre, &n_pre);
@@ -825,6 +885,31 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     s->want_backfill = 1;
 }
 
+/* Records what worker w reported of attempt m->attempt of j (tidectl logs reads it). */
+static void save_attempt(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w,
+                         const tide_proto_offline_status_t *m)
+{
+    if (!store_ready(s))
+        return;
+    tide_store_attempt_t *a = tide_calloc(1, sizeof *a);
+    if (a == NULL) {
+        TIDE_WARN_LIMITED("server", "out of memory recording attempt %u of %s", m->attempt,
+                          j->name);
+        return;
+    }
+    a->job = j->id;
+    a->attempt = (int32_t)m->attempt;
+    a->worker = w->id;
+    snprintf(a->host, sizeof a->host, "%s", w->host);
+    snprintf(a->log, sizeof a->log, "%s", m->log);
+    a->state = (int)m->state;
+    a->exit_code = m->exit_code;
+    a->time_ms = tide_wall_ms();
+    snprintf(a->tail, sizeof a->tail, "%s", m->tail);
+    store_result(s, tide_store_put_attempt(s->store, a));
+    tide_free(a);
+}
+
 static void handle_offline_status(tide_server_t *s, const tide_proto_offline_status_t *m)
 {
     tide_coord_worker_t *w = sender(s, m->worker, TIDE_MSG_OFFLINE_STATUS);
@@ -837,8 +922,6 @@ static void handle_offline_status(tide_server_t *s, const tide_proto_offline_sta
     }
     switch (m->state) {
     case TIDE_JOB_RUNNING:
-        reply_ok(s, j->name, "%s", "");
-        return;
     case TIDE_JOB_DONE:
     case TIDE_JOB_FAILED:
     case TIDE_JOB_PREEMPTED:
@@ -851,12 +934,25 @@ static void handle_offline_status(tide_server_t *s, const tide_proto_offline_sta
                           tide_proto_job_state_name(m->state));
         return;
     }
-    if (w->offline_job == j->id) {
+    /* A report of an earlier attempt (settled already: requeued when it was preempted or
+       its worker drained) is recorded for tidectl logs and frees the worker, nothing more. */
+    int current = m->attempt == (uint32_t)j->attempts;
+    int runs_here = j->state == TIDE_JS_ASSIGNED && j->worker == w->id;
+    save_attempt(s, j, w, m);
+    if (m->state == TIDE_JOB_RUNNING) {
+        reply_ok(s, j->name, "%s", "");
+        return;
+    }
+    if (w->offline_job == j->id && (current || !runs_here)) {
         w->offline_job = 0;
         if (w->state == TIDE_WS_OFFLINE)
             w->state = TIDE_WS_IDLE;
         tide__save_worker(s, w);
         s->want_backfill = 1;
+    }
+    if (!current) {
+        reply_ok(s, j->name, "%s", "");
+        return;
     }
     if (j->state == TIDE_JS_ASSIGNED && j->worker == w->id) {
         char why[160];
@@ -869,7 +965,7 @@ static void handle_offline_status(tide_server_t *s, const tide_proto_offline_sta
         } else {
             snprintf(why, sizeof why, "attempt %d on worker %d ended %s (exit code %d)",
                      j->attempts, w->id, tide_proto_job_state_name(m->state), m->exit_code);
-            requeue(s, j, why);
+            requeue(s, j, w->id, m->state == TIDE_JOB_FAILED, why);
         }
     }
     reply_ok(s, j->name, "%s", "");
@@ -1062,6 +1158,57 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
     tide_free(ev);
 }
 
+static void handle_logs(tide_server_t *s, const tide_proto_logs_t *q)
+{
+    const tide_coord_job_t *j = tide_coord_job_by_name(s->st, q->job);
+    if (j == NULL || j->kind != TIDE_CJOB_OFFLINE) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND,
+                          "no offline job named %s (tidectl jobs lists them)", q->job);
+        return;
+    }
+    tide_store_attempt_t *at = NULL;
+    size_t n = 0;
+    tide_status rc =
+        tide_store_attempts(s->store, j->id, (int32_t)q->attempt, TIDE_PROTO_ATTEMPTS_MAX, &at, &n);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
+        return;
+    }
+    if (q->attempt != 0 && n == 0) {
+        tide_free(at);
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND,
+                          "job %s has no report of attempt %u (it ran %d attempts)", j->name,
+                          q->attempt, j->attempts);
+        return;
+    }
+    tide_proto_attempt_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    if (rows == NULL) {
+        tide_free(at);
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu attempts", n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        rows[i].attempt = (uint32_t)at[i].attempt;
+        rows[i].worker = at[i].worker;
+        snprintf(rows[i].host, sizeof rows[i].host, "%s", at[i].host);
+        snprintf(rows[i].log, sizeof rows[i].log, "%s", at[i].log);
+        rows[i].state = at[i].state >= 0 && at[i].state <= TIDE_JOB_CANCELLED
+                            ? (tide_proto_job_state_t)at[i].state
+                            : TIDE_JOB_FAILED;
+        rows[i].exit_code = at[i].exit_code;
+        rows[i].time_ms = at[i].time_ms > 0 ? at[i].time_ms : 0;
+        snprintf(rows[i].tail, sizeof rows[i].tail, "%s", at[i].tail);
+    }
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_LOGS_REPLY);
+    snprintf(m.u.logs_reply.job, sizeof m.u.logs_reply.job, "%s", j->name);
+    m.u.logs_reply.rows = rows;
+    m.u.logs_reply.n_rows = (uint32_t)n;
+    tide__reply(s, &m);
+    tide_free(rows);
+    tide_free(at);
+}
+
 static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
 {
     if (tide_coord_job_by_name(s->st, m->name) != NULL) {
@@ -1077,7 +1224,8 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
                           "offline work (kind command or plugin)");
         return;
     }
-    if (m->kind == TIDE_JOB_COMMAND && (m->argc == 0 || m->argv[0] == NULL || m->argv[0][0] == '\0')) {
+    if (m->kind == TIDE_JOB_COMMAND &&
+        (m->argc == 0 || m->argv[0] == NULL || m->argv[0][0] == '\0')) {
         tide__reply_error(s, TIDE_ERR_INVALID,
                           "offline job %s has an empty command: give the program and its "
                           "arguments (tidectl submit --offline -- PROGRAM ARGS...)",
@@ -1152,8 +1300,10 @@ static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
         tide__event(s, j->name, "cancelled", "cancelled by %s: none of its ranks was alive",
                     s->who);
         tide__save_job(s, j);
-        reply_ok(s, j->name, "cancelled %s (none of its ranks was alive); a new launch may use "
-                 "its name", j->name);
+        reply_ok(s, j->name,
+                 "cancelled %s (none of its ranks was alive); a new launch may use "
+                 "its name",
+                 j->name);
         return;
     }
     if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_FAILED || j->state == TIDE_JS_CANCELLED) {
@@ -1200,7 +1350,7 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
         if (oj != NULL && oj->state == TIDE_JS_ASSIGNED && oj->worker == w->id) {
             send_preempt(s, oj, w);
             s->st->counters.preemptions++;
-            requeue(s, oj, "its worker is draining");
+            requeue(s, oj, w->id, 0, "its worker is draining");
         }
         break;
     }
@@ -1287,7 +1437,27 @@ static void assign(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w
     a->mem_cap = j->mem_cap;
     a->bubbles = j->bubbles;
     a->attempt = (uint32_t)j->attempts;
+    a->grace_ms = (int)(j->grace_ms > 600000 ? 600000 : j->grace_ms < 0 ? 0 : j->grace_ms);
     tide__send_worker(s, w, &m);
+}
+
+/* A pool's ranks register and join their job a moment apart: between the two, and until
+   the job placed its first layout, they are not offered offline work (the job would
+   have to preempt it to start). A worker that joins no job gets it after join_grace_ms. */
+static int ready_for_offline(tide_server_t *s, const tide_coord_worker_t *w, uint64_t *wake_ns)
+{
+    if (w->joined != 0) {
+        const tide_coord_job_t *j = tide_coord_job_get(s->st, w->joined);
+        return j == NULL || j->layout != NULL || j->state == TIDE_JS_DONE ||
+               j->state == TIDE_JS_CANCELLED || j->state == TIDE_JS_FAILED;
+    }
+    uint64_t grace = (uint64_t)(s->cfg.join_grace_ms > 0 ? s->cfg.join_grace_ms : 0) * 1000000ull;
+    if (w->registered_ns == 0 || now_ns_cached >= w->registered_ns + grace)
+        return 1;
+    uint64_t at = w->registered_ns + grace;
+    if (*wake_ns == 0 || at < *wake_ns)
+        *wake_ns = at;
+    return 0;
 }
 
 /* Offers idle workers to queued offline work by priority, then bubbles to plugins. */
@@ -1295,31 +1465,48 @@ static void backfill(tide_server_t *s)
 {
     tide_coord_state_t *st = s->st;
     s->want_backfill = 0;
+    s->next_backfill_ns = 0;
     for (size_t i = 0; i < st->n_jobs; i++)
         if (st->jobs[i]->kind == TIDE_CJOB_ONLINE && st->jobs[i]->state == TIDE_JS_STALLED)
             tide__recover(s, st->jobs[i], "retrying after workers changed");
     size_t nq = 0, ni = 0, n_pairs = 0;
-    for (size_t i = 0; i < st->n_jobs; i++)
-        nq += st->jobs[i]->kind == TIDE_CJOB_OFFLINE && st->jobs[i]->state == TIDE_JS_QUEUED;
-    if (nq == 0)
+    uint64_t wake = 0;
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        tide_coord_job_t *j = st->jobs[i];
+        if (j->kind != TIDE_CJOB_OFFLINE || j->state != TIDE_JS_QUEUED)
+            continue;
+        if (j->retry_at_ns > now_ns_cached) {
+            if (wake == 0 || j->retry_at_ns < wake)
+                wake = j->retry_at_ns; /* backing off after a failure */
+            continue;
+        }
+        nq++;
+    }
+    if (nq == 0) {
+        s->next_backfill_ns = wake;
         return;
+    }
     tide_policy_offline *q = tide_malloc(nq * sizeof *q);
     tide_policy_idle *idle = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *idle);
     tide_policy_assignment *pairs = tide_malloc(nq * sizeof *pairs);
     if (q == NULL || idle == NULL || pairs == NULL)
         goto out;
     nq = 0;
-    for (size_t i = 0; i < st->n_jobs; i++)
-        if (st->jobs[i]->kind == TIDE_CJOB_OFFLINE && st->jobs[i]->state == TIDE_JS_QUEUED)
-            q[nq++] =
-                (tide_policy_offline){st->jobs[i]->id, st->jobs[i]->priority, st->jobs[i]->mem_cap};
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        const tide_coord_job_t *j = st->jobs[i];
+        if (j->kind == TIDE_CJOB_OFFLINE && j->state == TIDE_JS_QUEUED &&
+            j->retry_at_ns <= now_ns_cached)
+            q[nq++] = (tide_policy_offline){j->id, j->priority, j->mem_cap, j->last_failed};
+    }
     for (size_t i = 0; i < st->n_workers; i++) {
         const tide_coord_worker_t *w = &st->workers[i];
-        /* connected since tided started, holding nothing, not reserved by a resize */
+        /* connected since tided started, holding nothing, not reserved by a resize, and
+           past the moment between registering and its job's first layout */
         if (w->pool[0] && w->state == TIDE_WS_IDLE && w->job == 0 && w->offline_job == 0 &&
-            w->rid_len > 0)
+            w->rid_len > 0 && ready_for_offline(s, w, &wake))
             idle[ni++] = (tide_policy_idle){w->id, w->memory};
     }
+    s->next_backfill_ns = wake;
     if (tide_policy_assign(q, nq, idle, ni, pairs, &n_pairs) != TIDE_OK)
         goto out;
     for (size_t i = 0; i < n_pairs; i++)
@@ -1329,7 +1516,7 @@ static void backfill(tide_server_t *s)
     for (size_t i = 0; i < st->n_jobs; i++) {
         tide_coord_job_t *j = st->jobs[i];
         if (j->kind != TIDE_CJOB_OFFLINE || j->state != TIDE_JS_QUEUED || !j->bubbles ||
-            j->okind != TIDE_OFFLINE_PLUGIN)
+            j->okind != TIDE_OFFLINE_PLUGIN || j->retry_at_ns > now_ns_cached)
             continue;
         tide_coord_worker_t *best = NULL;
         for (size_t k = 0; k < st->n_workers; k++) {
@@ -1373,8 +1560,7 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
                           tide_msg_type_name(m->type), s->who, key);
         tide__reply_error(s, TIDE_ERR_DENIED, "'%s' needs %s key; %s may only %s",
                           tide_msg_type_name(m->type), key, s->who,
-                          s->role == TIDE__ROLE_WORKER
-                              ? "register, report and read status and jobs"
+                          s->role == TIDE__ROLE_WORKER ? "register, report and read status and jobs"
                               : "read status and jobs");
         return;
     }
@@ -1440,6 +1626,9 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         break;
     case TIDE_MSG_EVENTS:
         handle_events(s, &m->u.events);
+        break;
+    case TIDE_MSG_LOGS:
+        handle_logs(s, &m->u.logs);
         break;
     default:
         tide__reply_error(s, TIDE_ERR_PROTOCOL, "unexpected message '%s'",
@@ -1932,18 +2121,20 @@ tide_status tide_server_run(tide_server_t *s)
             uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
             if (s->last_scan_ns != 0 && now_ns_cached - s->last_scan_ns > scan_every + hb) {
                 s->grace_until_ns = now_ns_cached + hb * (uint64_t)s->cfg.miss_limit;
-                TIDE_WARN_LIMITED("server",
+                TIDE_WARN_LIMITED(
+                    "server",
                                   "tided did not run for %llu ms (starved of CPU or blocked on "
                                   "disk): workers get %lld ms more before any is declared "
                                   "failed",
-                                  (unsigned long long)((now_ns_cached - s->last_scan_ns) /
-                                                       1000000ull),
+                    (unsigned long long)((now_ns_cached - s->last_scan_ns) / 1000000ull),
                                   (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
             }
             s->last_scan_ns = now_ns_cached;
             if (now_ns_cached >= s->grace_until_ns)
                 scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
+            if (s->next_backfill_ns != 0 && now_ns_cached >= s->next_backfill_ns)
+                s->want_backfill = 1; /* a retry's backoff or a join grace ended */
             s->next_scan_ns = now_ns_cached + scan_every;
         }
         if (s->want_backfill && s->fatal == TIDE_OK)

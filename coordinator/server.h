@@ -35,7 +35,11 @@ typedef struct tide_server_config {
     int64_t resize_timeout_ms; /* a reconfiguration not done by then falls back, ms */
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
-    int max_attempts;          /* offline job attempts before it is marked failed */
+    int max_attempts;          /* failed offline attempts before the job is marked failed */
+    int64_t retry_backoff_ms;  /* a failed attempt's retry waits this, doubled per failure
+                                  (at most 60 s), ms */
+    int64_t join_grace_ms;     /* a worker that registered and joined no job is offered
+                                  offline work after this long, ms */
     const char *ompi_server; /* the ompi-server URI pools that join a running job must be
                                 launched with (mpirun --ompi-server), or NULL; shown by status */
     int64_t batch_ms; /* min time between loop passes that did not fill a batch, ms: requests

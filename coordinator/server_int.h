@@ -103,6 +103,8 @@ struct tide_server {
     uint64_t pass_no;
     uint64_t refused_busy; /* requests refused because their client used its pass budget */
     int want_backfill;
+    uint64_t next_backfill_ns; /* monotonic: a backfill then (a retry's backoff or a join
+                                  grace ends); 0: none pending */
     int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */
     int http_fd;
@@ -136,6 +138,13 @@ void tide__event(tide_server_t *s, const char *job, const char *kind, const char
 
 /* The worker holding job rank `rank` of job j (through its pools), or NULL. */
 tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank);
+
+/* A copy of layout l of job j (pool ranks) naming each member by tided's worker id
+ * instead, the id operators see (tidectl, events, metrics): for display and for messages
+ * that name workers. Caller destroys *out. TIDE_ERR_NOT_FOUND when a rank of l has no
+ * registered worker. Event loop thread. */
+tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
+                                    const tide_layout_t *l, tide_layout_t **out);
 
 /* Fills a proto layout from a layout (arrays borrowed: do not tide_msg_clear). */
 void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen);

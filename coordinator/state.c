@@ -443,6 +443,7 @@ tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind
     j->id = id;
     j->kind = kind;
     j->worker = -1;
+    j->last_failed = -1;
     j->max_attempts = 3;
     j->grace_ms = 10000;
     st->jobs[st->n_jobs++] = j;

@@ -94,6 +94,8 @@ typedef struct tide_coord_worker {
     size_t rid_len;                        /* 0: no connection since tided started */
     int delim;                             /* its envelope has an empty delimiter frame */
     uint64_t last_hb_ns;                   /* monotonic ns of its previous heartbeat */
+    uint64_t registered_ns; /* monotonic ns of its registration with this tided process
+                               (0: before a restart) */
 } tide_coord_worker_t;
 
 /* Pending reconfiguration of an online job (owned by the job). */
@@ -165,10 +167,16 @@ typedef struct tide_coord_job {
     uint32_t argc;
     uint64_t mem_cap;     /* bytes, 0 = no cap */
     int bubbles;          /* may run inside pipeline bubbles */
-    int32_t attempts;     /* times started */
+    int32_t attempts;     /* times started (the attempt number of the latest run) */
+    int32_t failures;     /* attempts that failed (the command's own failure: a nonzero exit,
+                             or it could not start); preemptions, the worker leaving or
+                             failing are not counted */
     int32_t max_attempts; /* give up after this many failures */
     int32_t worker;       /* coordinator worker id running it, -1 when none */
     int64_t grace_ms;     /* SIGTERM -> SIGKILL grace on preemption */
+    /* offline, volatile (a restart forgets them) */
+    int32_t last_failed;  /* worker of the last failed attempt (tried last), -1 when none */
+    uint64_t retry_at_ns; /* monotonic: not offered to a worker before (backoff), 0: now */
 } tide_coord_job_t;
 
 /* Counters exported as metrics; monotonically increasing unless noted. */

@@ -29,7 +29,18 @@
 
 #define SCHEMA_VERSION "1"
 
-enum { ST_WORKER, ST_JOB, ST_EVENT, ST_EVENTS, ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST__COUNT };
+enum {
+    ST_WORKER,
+    ST_JOB,
+    ST_EVENT,
+    ST_EVENTS,
+    ST_ATTEMPT,
+    ST_ATTEMPTS,
+    ST_BEGIN,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST__COUNT
+};
 
 struct tide_store {
     sqlite3 *db;
@@ -54,11 +65,14 @@ static const char *const schema =
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
-    " rc_switched INTEGER);"
+    " rc_switched INTEGER, failures INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
     "CREATE INDEX IF NOT EXISTS events_time ON events(time_ms);"
+    "CREATE TABLE IF NOT EXISTS offline_attempts("
+    " job INTEGER NOT NULL, attempt INTEGER NOT NULL, worker INTEGER, host TEXT, log TEXT,"
+    " state INTEGER, exit_code INTEGER, time_ms INTEGER, tail BLOB, PRIMARY KEY(job, attempt));"
     "CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events"
     " BEGIN SELECT RAISE(ABORT, 'the event table is append-only'); END;"
     "CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events"
@@ -74,12 +88,17 @@ static const char *const sql[ST__COUNT] = {
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
-        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched) VALUES(?1,?2,?3,?4,?5,?6,"
-        "?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,"
-        "?29,?30,?31,?32,?33,?34,?35)",
+        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures) VALUES(?1,?2,?3,"
+        "?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,"
+        "?27,?28,?29,?30,?31,?32,?33,?34,?35,?36)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
+    [ST_ATTEMPT] = "INSERT OR REPLACE INTO offline_attempts(job, attempt, worker, host, log, state,"
+                   " exit_code, time_ms, tail) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    [ST_ATTEMPTS] = "SELECT job, attempt, worker, host, log, state, exit_code, time_ms, tail FROM"
+                    " (SELECT * FROM offline_attempts WHERE job = ?1 AND (?2 = 0 OR attempt = ?2)"
+                    " ORDER BY attempt DESC LIMIT ?3) ORDER BY attempt",
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
@@ -129,6 +148,7 @@ static tide_status add_columns(tide_store_t *s)
     static const char *const cols[][3] = {
         {"workers", "owner", "TEXT"},
         {"jobs", "rc_switched", "INTEGER"},
+        {"jobs", "failures", "INTEGER"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];
@@ -196,8 +216,10 @@ static tide_status check_wal(const char *path)
         goto out; /* an empty WAL holds nothing */
     uint32_t magic = be32(hdr);
     if (got < sizeof hdr || (magic & 0xFFFFFFFEu) != 0x377f0682u) {
-        rc = tide_errorf(TIDE_ERR_IO, "state file %s: its write-ahead log %s is damaged (bad "
-                         "header); " DAMAGED_HOW_TO, path, wal);
+        rc = tide_errorf(TIDE_ERR_IO,
+                         "state file %s: its write-ahead log %s is damaged (bad "
+                         "header); " DAMAGED_HOW_TO,
+                         path, wal);
         goto out;
     }
     int big = magic & 1;
@@ -205,8 +227,10 @@ static tide_status check_wal(const char *path)
     uint32_t ck[2] = {0, 0};
     wal_cksum(big, hdr, 24, ck);
     if (ck[0] != be32(hdr + 24) || ck[1] != be32(hdr + 28)) {
-        rc = tide_errorf(TIDE_ERR_IO, "state file %s: its write-ahead log %s is damaged (header "
-                         "checksum); " DAMAGED_HOW_TO, path, wal);
+        rc = tide_errorf(TIDE_ERR_IO,
+                         "state file %s: its write-ahead log %s is damaged (header "
+                         "checksum); " DAMAGED_HOW_TO,
+                         path, wal);
         goto out;
     }
     if (pgsz < 512 || pgsz > 65536 || (pgsz & (pgsz - 1)) != 0)
@@ -298,13 +322,13 @@ static tide_status check_integrity(tide_store_t *s)
     }
     sqlite3_finalize(q);
     if (src != SQLITE_DONE && src != SQLITE_OK)
-        return tide_errorf(TIDE_ERR_IO, "state file %s is damaged (%s); " DAMAGED_HOW_TO,
-                           s->path, sqlite3_errstr(src));
+        return tide_errorf(TIDE_ERR_IO, "state file %s is damaged (%s); " DAMAGED_HOW_TO, s->path,
+                           sqlite3_errstr(src));
     if (!ok || rows != 1)
-        return tide_errorf(TIDE_ERR_IO,
-                           "state file %s is damaged: integrity_check reports '%s'%s; "
-                           DAMAGED_HOW_TO,
-                           s->path, first, rows > 1 ? " and more" : "");
+        return tide_errorf(
+            TIDE_ERR_IO,
+            "state file %s is damaged: integrity_check reports '%s'%s; " DAMAGED_HOW_TO, s->path,
+            first, rows > 1 ? " and more" : "");
     return TIDE_OK;
 }
 
@@ -557,6 +581,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int(st, 25, j->worker);
     sqlite3_bind_int64(st, 26, j->grace_ms);
     sqlite3_bind_int(st, 34, j->num_layers);
+    sqlite3_bind_int(st, 36, j->failures);
     if (j->reconf) {
         sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
         sqlite3_bind_int(st, 28, j->reconf->recover);
@@ -648,8 +673,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         "SELECT id, name, kind, state, created_ms, pool, layout, generation, gen_issued, step,"
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
-        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched FROM"
-        " jobs ORDER BY id",
+        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
+        " failures FROM jobs ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading jobs");
@@ -699,6 +724,7 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         j->worker = sqlite3_column_int(q, 24);
         j->grace_ms = sqlite3_column_int64(q, 25);
         j->num_layers = sqlite3_column_int(q, 33);
+        j->failures = sqlite3_column_int(q, 35);
         const char *rcl = (const char *)sqlite3_column_text(q, 31);
         if (rcl != NULL) {
             tide_layout_t *nl = NULL;
@@ -756,6 +782,68 @@ tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_
     }
     if (k < limit && src != SQLITE_DONE) {
         tide_status rc = db_error(s, src, "reading events");
+        sqlite3_reset(q);
+        tide_free(r);
+        return rc;
+    }
+    sqlite3_reset(q);
+    *rows = r;
+    *n = k;
+    return TIDE_OK;
+}
+
+tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *a)
+{
+    TIDE_CHECK(need_txn(s, "put_attempt"));
+    sqlite3_stmt *st = s->st[ST_ATTEMPT];
+    sqlite3_bind_int64(st, 1, a->job);
+    sqlite3_bind_int(st, 2, a->attempt);
+    sqlite3_bind_int(st, 3, a->worker);
+    sqlite3_bind_text(st, 4, a->host, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, a->log, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, a->state);
+    sqlite3_bind_int(st, 7, a->exit_code);
+    sqlite3_bind_int64(st, 8, a->time_ms);
+    sqlite3_bind_blob(st, 9, a->tail, (int)strnlen(a->tail, sizeof a->tail), SQLITE_STATIC);
+    return step_done(s, ST_ATTEMPT, "saving an offline attempt");
+}
+
+tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, uint32_t limit,
+                                tide_store_attempt_t **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    if (limit == 0)
+        return TIDE_OK;
+    tide_store_attempt_t *r = tide_calloc(limit, sizeof *r);
+    if (r == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory reading %u attempts", limit);
+    sqlite3_stmt *q = s->st[ST_ATTEMPTS];
+    sqlite3_bind_int64(q, 1, job);
+    sqlite3_bind_int(q, 2, attempt);
+    sqlite3_bind_int64(q, 3, limit);
+    size_t k = 0;
+    int src = SQLITE_DONE;
+    while (k < limit && (src = sqlite3_step(q)) == SQLITE_ROW) {
+        tide_store_attempt_t *a = &r[k++];
+        a->job = sqlite3_column_int64(q, 0);
+        a->attempt = sqlite3_column_int(q, 1);
+        a->worker = sqlite3_column_int(q, 2);
+        copy_text(a->host, sizeof a->host, sqlite3_column_text(q, 3));
+        copy_text(a->log, sizeof a->log, sqlite3_column_text(q, 4));
+        a->state = sqlite3_column_int(q, 5);
+        a->exit_code = sqlite3_column_int(q, 6);
+        a->time_ms = sqlite3_column_int64(q, 7);
+        int len = sqlite3_column_bytes(q, 8);
+        const void *tail = sqlite3_column_blob(q, 8);
+        if (len >= (int)sizeof a->tail)
+            len = (int)sizeof a->tail - 1;
+        if (tail != NULL && len > 0)
+            memcpy(a->tail, tail, (size_t)len);
+        a->tail[len > 0 ? len : 0] = '\0';
+    }
+    if (k < limit && src != SQLITE_DONE) {
+        tide_status rc = db_error(s, src, "reading offline attempts");
         sqlite3_reset(q);
         tide_free(r);
         return rc;

@@ -35,6 +35,19 @@ typedef struct tide_store_event {
     char detail[1024];
 } tide_store_event_t;
 
+/* One attempt of an offline command job, as its worker last reported it. */
+typedef struct tide_store_attempt {
+    int64_t job;     /* job id */
+    int32_t attempt; /* >= 1 */
+    int32_t worker;  /* coordinator worker id */
+    char host[TIDE_COORD_HOST_MAX];
+    char log[1024]; /* the output file's path on host, "" when none */
+    int state;      /* proto's tide_proto_job_state_t */
+    int exit_code;
+    int64_t time_ms; /* wall clock of the report */
+    char tail[8192]; /* the output's last bytes, "" while it runs */
+} tide_store_attempt_t;
+
 /*
  * Opens (creating if needed) the state file at path in WAL mode; sync_full
  * selects synchronous=FULL (durable across power loss) over NORMAL (durable
@@ -81,6 +94,16 @@ tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st);
  */
 tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,
                               tide_store_event_t **rows, size_t *n);
+
+/* Writes (insert or replace) one attempt's report; needs an open transaction. */
+tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *a);
+
+/*
+ * The attempts of job (all when attempt is 0, else that one), the latest `limit` of them,
+ * oldest first; *rows is tide_malloc'd (caller frees with tide_free).
+ */
+tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, uint32_t limit,
+                                tide_store_attempt_t **rows, size_t *n);
 
 /* Number of events stored. */
 tide_status tide_store_event_count(tide_store_t *s, uint64_t *out);

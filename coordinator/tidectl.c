@@ -61,6 +61,9 @@ typedef struct settings {
     const char *since;
     long long after;
     long long limit;
+    /* logs */
+    long long attempt;
+    int all;
     /* top */
     long long interval_ms;
     long long count;
@@ -546,8 +549,8 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
         fprintf(out, "resizing %s to generation %llu\n", r->job, (unsigned long long)l->gen);
     fprintf(out, "  layout        dp %d, tp %d, pp %d; stages %s; %d micro-batches\n", l->dp, l->tp,
             l->pp, stages, l->micro_batches);
-    /* Layouts name workers by their rank in the job's pool (tidectl status: DEV on one host). */
-    fprintf(out, "  pool ranks    %zu:", n);
+    /* tided's worker ids, the WORKER column of tidectl status (what drain takes) */
+    fprintf(out, "  workers       %zu:", n);
     for (size_t i = 0; i < n && i < 32; i++)
         fprintf(out, " %d", l->worker[i]);
     fprintf(out, "%s  (order: pp, dp, tp)\n", n > 32 ? " ..." : "");
@@ -1264,6 +1267,98 @@ static int cmd_events(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     return rc;
 }
 
+/* Prints the file at path to out when it can be read; 1 when it did. */
+static int print_file(FILE *out, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return 0;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        fwrite(buf, 1, n, out);
+    fclose(f);
+    return 1;
+}
+
+/*
+ * One attempt's output. The worker that ran it kept the whole (capped) output in a file
+ * on its host, and reported the file's last bytes to tided when the attempt ended: on
+ * the worker's host tidectl prints the file, elsewhere the tail tided holds, saying
+ * where the rest is.
+ */
+static void print_attempt(FILE *out, const char *job, const tide_proto_attempt_row_t *a,
+                          const char *here, int json, int first)
+{
+    char code[32] = "";
+    if (a->state != TIDE_JOB_RUNNING)
+        snprintf(code, sizeof code, ", exit code %d", a->exit_code);
+    int local = a->log[0] != '\0' && strcmp(a->host, here) == 0;
+    if (json) {
+        fprintf(out, "%s{\"job\":", first ? "" : ",");
+        tidectl_json_str(out, job);
+        fprintf(out, ",\"attempt\":%u,\"worker\":%d,\"host\":", a->attempt, a->worker);
+        tidectl_json_str(out, a->host);
+        fprintf(out, ",\"log\":");
+        tidectl_json_str(out, a->log);
+        fprintf(out, ",\"state\":\"%s\",\"exit_code\":%d,\"time_ms\":%lld,\"tail\":",
+                tide_proto_job_state_name(a->state), a->exit_code, (long long)a->time_ms);
+        tidectl_json_str(out, a->tail);
+        fprintf(out, ",\"log_here\":%s}", local && access(a->log, R_OK) == 0 ? "true" : "false");
+        return;
+    }
+    fprintf(out, "== %s attempt %u on worker %d (%s): %s%s; log %s ==\n", job, a->attempt,
+            a->worker, a->host[0] ? a->host : "?", tide_proto_job_state_name(a->state), code,
+            a->log[0] ? a->log : "(none)");
+    if (local && print_file(out, a->log))
+        return;
+    if (a->tail[0] != '\0') {
+        fputs(a->tail, out);
+        if (a->tail[strlen(a->tail) - 1] != '\n')
+            fputc('\n', out);
+        fprintf(out,
+                "[tidectl: the last %zu bytes, as the worker reported them at the end; the "
+                "whole output is in %s on %s]\n",
+                strlen(a->tail), a->log[0] ? a->log : "no file", a->host);
+    } else if (a->state == TIDE_JOB_RUNNING) {
+        fprintf(out, "[tidectl: no end reported yet; the output so far is in %s on %s]\n",
+                a->log[0] ? a->log : "no file", a->host);
+    } else {
+        fprintf(out, "[tidectl: no output recorded]\n");
+    }
+}
+
+static int cmd_logs(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_LOGS);
+    int rc = copy_job(err, "logs", "JOB", argv[0], req.u.logs.job);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    if (s->attempt > 0 && s->all)
+        return usage_error(err, "logs", "give --attempt N or --all, not both");
+    req.u.logs.attempt = (uint32_t)s->attempt;
+    rc = call_once(s, &req, &rep, TIDE_MSG_LOGS_REPLY, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    const tide_proto_logs_reply_t *r = &rep.u.logs_reply;
+    char here[256] = "";
+    if (gethostname(here, sizeof here - 1) != 0)
+        here[0] = '\0';
+    /* default: the latest attempt; --attempt N: that one (tided sent only it); --all */
+    uint32_t from = s->all || s->attempt > 0 || r->n_rows == 0 ? 0 : r->n_rows - 1;
+    if (s->json)
+        fputc('[', out);
+    for (uint32_t i = from; i < r->n_rows; i++)
+        print_attempt(out, r->job, &r->rows[i], here, s->json, i == from);
+    if (s->json)
+        fputs("]\n", out);
+    else if (r->n_rows == 0)
+        fprintf(out, "%s has not run yet\n", r->job);
+    tide_msg_clear(&rep);
+    return TIDECTL_EXIT_OK;
+}
+
 static int cmd_top(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
     conn_t c;
@@ -1486,6 +1581,17 @@ static const command_t commands[] = {
        9223372036854775807LL},
       {"limit", NULL, TIDE_OPT_INT, V(limit), "100", "at most this many events", 1,
        TIDE_PROTO_EVENTS_MAX},
+      OPT_END}},
+    {"logs",
+     "logs JOB [--attempt N | --all] [--json]",
+     "an offline command's output (stdout and stderr), by attempt: the latest by default",
+     cmd_logs,
+     1,
+     1,
+     {{"attempt", NULL, TIDE_OPT_INT, V(attempt), "0", "this attempt (1 is the first run)", 0,
+       UINT32_MAX},
+      {"all", NULL, TIDE_OPT_BOOL, V(all), "0", "every attempt tided recorded (its last 100)", 0,
+       0},
       OPT_END}},
     {"top",
      "top [--interval MS] [--count N] [--json]",

@@ -36,6 +36,8 @@ struct settings {
     long long resize_timeout_ms;
     long long grace_ms;
     long long max_attempts;
+    long long retry_backoff_ms;
+    long long join_grace_ms;
     long long batch_ms;
     double link_gbps;
     int sync_full;
@@ -67,7 +69,17 @@ int main(int argc, char **argv)
         {"grace-ms", "TIDE_GRACE_MS", TIDE_OPT_INT, &s.grace_ms, "10000",
          "SIGTERM-to-SIGKILL grace for preempted offline work", 0, 600000},
         {"max-attempts", "TIDE_MAX_ATTEMPTS", TIDE_OPT_INT, &s.max_attempts, "3",
-         "runs of an offline job before it is marked failed", 1, 1000},
+         "failed runs of an offline job before it is marked failed (preemptions and workers "
+         "leaving do not count)",
+         1, 1000},
+        {"retry-backoff-ms", "TIDE_RETRY_BACKOFF_MS", TIDE_OPT_INT, &s.retry_backoff_ms, "1000",
+         "wait before retrying a failed offline job, doubled per failure up to 60 s; the retry "
+         "prefers another worker",
+         0, 60000},
+        {"join-grace-ms", "TIDE_JOIN_GRACE_MS", TIDE_OPT_INT, &s.join_grace_ms, "30000",
+         "a registered worker gets offline work once its job placed its first layout, or after "
+         "this long if it joins no job",
+         0, 86400000},
         {"batch-ms", "TIDE_BATCH_MS", TIDE_OPT_INT, &s.batch_ms, "2",
          "gather requests for up to this long between loop passes (fewer wakeups under load; "
          "0: wake for every request)",
@@ -111,6 +123,8 @@ int main(int argc, char **argv)
     cfg.resize_timeout_ms = s.resize_timeout_ms;
     cfg.grace_ms = s.grace_ms;
     cfg.max_attempts = (int)s.max_attempts;
+    cfg.retry_backoff_ms = s.retry_backoff_ms;
+    cfg.join_grace_ms = s.join_grace_ms;
     cfg.batch_ms = s.batch_ms;
     cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
 

@@ -206,7 +206,7 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
                                  prepared *pre)
 {
     tide_status rc = TIDE_OK;
-    int32_t me = tide_worker_id(t);
+    int32_t me = tide_pool_rank(t);
     const tide_view *nv = tide_view_next(t);
     if (nv == NULL)
         return tide_errorf(TIDE_ERR_INTERNAL, "reconfigure without a next layout");
@@ -303,7 +303,7 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
             if (rc != TIDE_OK)
                 TIDE_WARN(SUBSYS, "rank %d: the switch failed before moving anything (%s); "
                           "generation %llu goes on",
-                          tide_worker_id(t), tide_last_error(), (unsigned long long)g0);
+                          tide_pool_rank(t), tide_last_error(), (unsigned long long)g0);
             loop_comm_init(&comm, t, m, h);
             continue;
         }
@@ -352,7 +352,7 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
     memset(&pre, 0, sizeof pre);
     pthread_mutex_init(&pre.mu, NULL);
     pre.m = m;
-    pre.me = tide_worker_id(t);
+    pre.me = tide_pool_rank(t);
     pre.host = tide_backend(t)->mem_kind == TIDE_MEM_HOST;
     /* buffers the runtime owns are prepared by the runtime (its pool) */
     tide_status rc = h->no_prepare || tide_buffers(t) != NULL
@@ -385,7 +385,7 @@ tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m)
     }
     TIDE_CHECK_GOTO(be->stream_sync(NULL, NULL), rc, fail);
     TIDE_CHECK_GOTO(tide_give_buffers(t, &b), rc, fail);
-    return tide_mlp_adopt_borrowed(m, v->layout, tide_worker_id(t),
+    return tide_mlp_adopt_borrowed(m, v->layout, tide_pool_rank(t),
                                    v->member ? tide_buffers(t) : NULL);
 fail:
     tide_free_buffers(t, &b);

@@ -38,6 +38,7 @@
 #include "examples/mlp.h"
 #include "examples/mlp_ckpt.h"
 #include "examples/mlp_mpi.h"
+#include "examples/mlp_statefile.h"
 #include "examples/mlp_tide.h"
 
 #define SUBSYS "train_mlp"
@@ -93,6 +94,7 @@ typedef struct output {
     int64_t last_step;  /* -1: ran none */
     double timed_s;     /* step seconds, warm-up steps excluded */
     long long timed_steps;
+    const char *state_out; /* --state-out: the final full state, written by the first rank */
 } output;
 
 /* World rank 0 empties the output files before any step (appends follow). */
@@ -302,6 +304,16 @@ static void ckpt_final(ckpt_cfg *k, const tide_mlp_t *m, int32_t me, int first_r
     }
 }
 
+/* The first rank: writes the gathered full state to --state-out and frees it. */
+static void write_state(const output *o, const tide_collection_t *c, void **full)
+{
+    RUN(tide_mlp_state_write(o->state_out, c, full), "--state-out");
+    printf("train_mlp: final state (%zu tensors) written to %s\n", tide_collection_size(c),
+           o->state_out);
+    fflush(stdout);
+    tide_mlp_full_free(c, &full);
+}
+
 /* ---- standalone: one layout over MPI ------------------------------------------------------ */
 
 static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tide_mlp_device dev,
@@ -339,6 +351,12 @@ static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tid
         fflush(stdout);
     }
     ckpt_final(ck, model, g_rank, first_rank);
+    if (o->state_out != NULL) {
+        void **full = NULL;
+        RUN(tide_mlp_gather(model, MPI_COMM_WORLD, layout->worker[0], &full), "--state-out");
+        if (full != NULL)
+            write_state(o, tide_mlp_collection(model), full);
+    }
     int code = summarize(o, 1, MPI_COMM_WORLD);
     tide_mlp_mpi_destroy(&mpi);
     tide_mlp_destroy(&model);
@@ -357,7 +375,7 @@ typedef struct elastic {
 static int is_first_rank(tide_t *t)
 {
     const tide_view *v = tide_view_get(t);
-    return v->member && v->layout->worker[0] == tide_worker_id(t);
+    return v->member && v->layout->worker[0] == tide_pool_rank(t);
 }
 
 static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
@@ -393,7 +411,7 @@ static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
                 "move %.3f groups %.3f teardown %.3f reshard %.3f adopt %.3f prepared %d "
                 "prepare %.3f sent %llu recv %llu local %llu state_old %llu state_new %llu cap "
                 "%llu peak_extra %llu no_room %llu spilled %llu fresh %llu\n",
-                (unsigned long long)v->generation, (int)tide_worker_id(t), v->member, st->wait_ms,
+                (unsigned long long)v->generation, tide_pool_rank(t), v->member, st->wait_ms,
                 sw->alloc_ms, st->sync_ms, st->plan_ms, st->move_ms, st->groups_ms, st->teardown_ms,
                 st->total_ms, sw->adopt_ms, sw->prepared, sw->prepare_ms,
                 (unsigned long long)st->bytes_sent, (unsigned long long)st->bytes_recv,
@@ -495,6 +513,15 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     RUN(tide_mlp_collection_new(cfg, &coll), "model collection");
     tide_t *t = NULL;
     RUN(tide_new(&t, &opt, MPI_COMM_WORLD), "tide_new (is tided running? --endpoint)");
+    {
+        /* every rank: the id an operator sees for it (tidectl status, drain, events) */
+        char host[256] = "?";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        printf("train_mlp: pool rank %d is worker %d on host %s device %d\n", tide_pool_rank(t),
+               (int)tide_worker_id(t), host, tide_device(t));
+        fflush(stdout);
+    }
     char resume[4096];
     int64_t start = 0;
     if (ck->resume != NULL)
@@ -502,7 +529,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     tide_join_req jr = {job, coll, dp, tp, pp, micro, start};
     RUN(tide_join(t, &jr), "tide_join");
     const tide_view *v = tide_view_get(t);
-    int32_t me = tide_worker_id(t);
+    int32_t me = tide_pool_rank(t);
     tide_mlp_t *model = NULL;
     RUN(tide_mlp_new(&model, cfg, v->layout, me, dev), "model");
     if (v->member) {
@@ -536,6 +563,12 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     MPI_Comm members = MPI_COMM_NULL;
     RUN(members_comm(t, &members), "communicator of the last layout");
     int code = 0;
+    if (o->state_out != NULL && v->member) {
+        void **full = NULL; /* the last layout's members: the survivors after a recovery */
+        RUN(tide_mlp_tide_gather(model, v, &full), "--state-out");
+        if (full != NULL)
+            write_state(o, tide_mlp_collection(model), full);
+    }
     if (members != MPI_COMM_NULL) {
         code = summarize(o, e.generations, members);
         summarize_bubbles(t, members);
@@ -582,8 +615,8 @@ int main(int argc, char **argv)
     long long ckpt_every, ckpt_keep;
     int zero1 = 0, tide = 0, prepare = 1, ckpt_async = 1;
     const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL,
-               *trace_out = NULL, *endpoint = NULL, *job = NULL, *ckpt_save = NULL,
-               *ckpt_load = NULL;
+               *trace_out = NULL, *state_out = NULL, *endpoint = NULL, *job = NULL,
+               *ckpt_save = NULL, *ckpt_load = NULL;
     const tide_opt opts[] = {
         {"tide", "TIDE_MLP_TIDE", TIDE_OPT_BOOL, &tide, "0",
          "elastic mode: join tided through libtide (resize with tidectl)", 0, 0},
@@ -624,6 +657,10 @@ int main(int argc, char **argv)
          "write 'step loss' lines here (first rank of the layout)", 0, 0},
         {"trace-out", "TIDE_MLP_TRACE_OUT", TIDE_OPT_STRING, &trace_out, NULL,
          "write step and switch timing records here (wall clock, us)", 0, 0},
+        {"state-out", "TIDE_MLP_STATE_OUT", TIDE_OPT_STRING, &state_out, NULL,
+         "after the last step, write the whole state here (first rank; compare two runs "
+         "with mlp_state_diff)",
+         0, 0},
         {"ckpt-save", "TIDE_MLP_CKPT_SAVE", TIDE_OPT_STRING, &ckpt_save, NULL,
          "after the last step, save a checkpoint under this root (ROOT/step-N)", 0, 0},
         {"ckpt-every", "TIDE_CKPT_EVERY", TIDE_OPT_INT, &ckpt_every, "0",
@@ -726,6 +763,7 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof o);
     o.loss_path = loss_out;
     o.trace_path = trace_out;
+    o.state_out = state_out;
     o.every = every;
     o.steps = steps;
     o.pace_ms = pace_ms;

@@ -65,7 +65,7 @@ def parse_args_for(argv) -> argparse.Namespace:
     ap.add_argument("--step-ms", type=int, default=0, help="sleep per step (room for a resize)")
     ap.add_argument("--loss-out", help="append 'step loss' lines (first rank of the last stage)")
     ap.add_argument("--check-dir", help="save local shards before and after every switch")
-    ap.add_argument("--kill-worker", type=int, default=-1, help="test: this worker dies...")
+    ap.add_argument("--kill-rank", type=int, default=-1, help="test: this pool rank dies...")
     ap.add_argument("--kill-at", type=int, default=-1, help="...inside this step (SIGKILL)")
     ap.add_argument("--time-out", help="append per-step seconds (json lines) for benchmarks")
     return ap.parse_args(argv)
@@ -192,8 +192,8 @@ class Trainer:
                 out.backward(g)
             if not first:
                 rt.pp_exchange(send=h_in.grad.contiguous(), send_to=-1)
-        if v.member and v.pp_rank >= 0 and self.rt.worker_id == a.kill_worker and int(s["step"][0]) == a.kill_at:
-            print("train_torch: worker %d dies inside step %d" % (a.kill_worker, a.kill_at), flush=True)
+        if v.member and v.pp_rank >= 0 and self.rt.pool_rank == a.kill_rank and int(s["step"][0]) == a.kill_at:
+            print("train_torch: rank %d (worker %d) dies inside step %d" % (a.kill_rank, self.rt.worker_id, a.kill_at), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         flat = torch.cat([s[n].grad.reshape(-1) for n in self.mine])
         if L.dp > 1:
@@ -245,7 +245,7 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     coll = make_collection(a)
     with tide.Runtime(MPI.COMM_WORLD) as rt:
-        me = rt.worker_id
+        me = rt.pool_rank  # the ids of rt.view.layout; rt.worker_id is tided's (tidectl status)
         rt.join(a.job, coll, dp=a.dp, tp=a.tp, pp=a.pp, micro_batches=a.micro_batches)
         state = fresh_state(a, rt, coll) if rt.view.member else {}
         rt.set_buffers(state)
@@ -286,7 +286,7 @@ def main() -> int:
                 if e.status != tide.Status.ERR_ABORTED:
                     raise
                 rt.step_end(e)  # a peer died: not counted, the next begin reconfigures
-                print("train_torch: worker %d: step %d aborted: %s" % (me, v.step, e), flush=True)
+                print("train_torch: rank %d: step %d aborted: %s" % (me, v.step, e), flush=True)
                 continue
             dt = time.perf_counter() - t0
             rt.step_end()
@@ -302,7 +302,7 @@ def main() -> int:
                     f.write("%d %.9f\n" % (v.step, dt))
             if a.step_ms:
                 time.sleep(a.step_ms / 1000.0)
-        print("train_torch: worker %d done" % me, flush=True)
+        print("train_torch: rank %d done" % me, flush=True)
     return 0
 
 

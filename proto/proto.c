@@ -470,6 +470,7 @@ static const tide__field offline_assign_fields[] = {
     F_U64(tide_proto_offline_assign_t, mem_cap, "mem_cap"),
     F_BOOL(tide_proto_offline_assign_t, bubbles, "bubbles"),
     F_INT(tide_proto_offline_assign_t, attempt, "attempt", 1, UINT32_MAX),
+    F_INT(tide_proto_offline_assign_t, grace_ms, "grace_ms", 0, 600000),
 };
 
 static const tide__field preempt_fields[] = {
@@ -480,9 +481,12 @@ static const tide__field preempt_fields[] = {
 static const tide__field offline_status_fields[] = {
     F_WORKER(tide_proto_offline_status_t, worker),
     F_JOB(tide_proto_offline_status_t, job),
+    F_INT(tide_proto_offline_status_t, attempt, "attempt", 1, UINT32_MAX),
     F_ENUM(tide_proto_offline_status_t, state, "state", job_state_names),
     F_INT(tide_proto_offline_status_t, exit_code, "exit_code", -255, 255),
     F_DBL(tide_proto_offline_status_t, progress, "progress", 0.0, 1.0),
+    F_TEXT(tide_proto_offline_status_t, log, "log"),
+    F_TEXT(tide_proto_offline_status_t, tail, "tail"),
 };
 
 static const tide__field bubble_fields[] = {
@@ -645,6 +649,34 @@ static const tide__field events_reply_fields[] = {
      .sub = &event_row_schema},
 };
 
+static const tide__field logs_fields[] = {
+    F_JOB(tide_proto_logs_t, job),
+    F_INT(tide_proto_logs_t, attempt, "attempt", 0, UINT32_MAX),
+};
+
+static const tide__field attempt_row_fields[] = {
+    F_INT(tide_proto_attempt_row_t, attempt, "attempt", 1, UINT32_MAX),
+    F_WORKER(tide_proto_attempt_row_t, worker),
+    F_STR(tide_proto_attempt_row_t, host, "host", TIDE__CS_HOST, 0),
+    F_TEXT(tide_proto_attempt_row_t, log, "log"),
+    F_ENUM(tide_proto_attempt_row_t, state, "state", job_state_names),
+    F_INT(tide_proto_attempt_row_t, exit_code, "exit_code", -255, 255),
+    F_INT(tide_proto_attempt_row_t, time_ms, "time_ms", 0, INT64_MAX),
+    F_TEXT(tide_proto_attempt_row_t, tail, "tail"),
+};
+static const tide__schema attempt_row_schema = {attempt_row_fields, NELEM(attempt_row_fields),
+                                                sizeof(tide_proto_attempt_row_t), 0, NULL};
+
+static const tide__field logs_reply_fields[] = {
+    F_JOB(tide_proto_logs_reply_t, job),
+    {.key = "rows",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_logs_reply_t, rows),
+     .count_off = offsetof(tide_proto_logs_reply_t, n_rows),
+     .cmax = TIDE_PROTO_ATTEMPTS_MAX,
+     .sub = &attempt_row_schema},
+};
+
 static const tide__field ok_fields[] = {
     F_JOB_EMPTY(tide_proto_ok_t, job),
     F_TEXT(tide_proto_ok_t, message, "message"),
@@ -695,6 +727,8 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
     [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, NULL),
     [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
+    [TIDE_MSG_LOGS] = SCHEMA(logs_fields, tide_proto_logs_t, 0, NULL),
+    [TIDE_MSG_LOGS_REPLY] = SCHEMA(logs_reply_fields, tide_proto_logs_reply_t, 1, NULL),
     [TIDE_MSG_OK] = SCHEMA(ok_fields, tide_proto_ok_t, 0, NULL),
     [TIDE_MSG_ERROR] = SCHEMA(error_fields, tide_proto_error_t, 0, NULL),
 };
@@ -752,6 +786,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_CANCEL:
     case TIDE_MSG_DRAIN:
     case TIDE_MSG_EVENTS:
+    case TIDE_MSG_LOGS: /* a command's output may hold anything: admins only */
         return TIDE_ROLE_ADMIN;
     default:
         return TIDE_ROLE_COORDINATOR;

@@ -49,6 +49,7 @@ extern "C" {
 #define TIDE_PROTO_NAME_MAX        127         /* job, pool and plugin names (chars) */
 #define TIDE_PROTO_HOST_MAX        255         /* host names (chars) */
 #define TIDE_PROTO_TEXT_MAX        1023        /* reasons, messages, event details (chars) */
+#define TIDE_PROTO_TAIL_MAX        8191        /* the end of an offline command's output */
 #define TIDE_PROTO_TENSOR_NAME_MAX 95          /* = reshard's TIDE_NAME_MAX - 1 */
 #define TIDE_PROTO_DEGREE_MAX      65536       /* each of dp, tp, pp */
 #define TIDE_PROTO_WORKERS_MAX     (1u << 20)  /* dp * tp * pp, pool size */
@@ -60,6 +61,7 @@ extern "C" {
 #define TIDE_PROTO_ARG_MAX         4095        /* bytes of one argv entry */
 #define TIDE_PROTO_ROWS_MAX        (1u << 16)  /* rows of a status or jobs reply */
 #define TIDE_PROTO_EVENTS_MAX      10000       /* rows of an events reply, and events limit */
+#define TIDE_PROTO_ATTEMPTS_MAX    100         /* rows of a logs reply */
 #define TIDE_PROTO_DEVICE_MAX      1023        /* local device index */
 #define TIDE_PROTO_MS_MAX          1e12        /* any duration in ms (~31 years) */
 
@@ -312,6 +314,8 @@ typedef struct tide_proto_offline_assign {
     uint64_t mem_cap; /* "mem_cap": bytes, 0 = no cap */
     int bubbles;      /* "bubbles": bool, run inside pipeline bubbles */
     uint32_t attempt; /* "attempt": 1 for the first run */
+    int grace_ms;     /* "grace_ms": [0, 600000], SIGTERM -> SIGKILL when the worker stops
+                         the command itself (it leaves or dies) */
 } tide_proto_offline_assign_t;
 
 /* "preempt" tided -> worker: stop offline job `job` within grace_ms. */
@@ -320,13 +324,18 @@ typedef struct tide_proto_preempt {
     int grace_ms;                      /* "grace_ms": [0, 600000] */
 } tide_proto_preempt_t;
 
-/* "offline_status" worker -> tided. */
+/* "offline_status" worker -> tided: attempt `attempt` of offline job `job` runs or ended.
+ * A command's output is in the file `log` on the worker's host; the report of its end
+ * carries the file's last bytes in `tail` (the whole file when it is that short). */
 typedef struct tide_proto_offline_status {
     int32_t worker;                    /* "worker" */
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint32_t attempt;                   /* "attempt": from offline_assign, >= 1 */
     tide_proto_job_state_t state;      /* "state" */
     int exit_code;                     /* "exit_code": [-255, 255]; -N = killed by signal N */
     double progress;                   /* "progress": [0, 1] */
+    char log[TIDE_PROTO_TEXT_MAX + 1];  /* "log": path of the output file, "" when none */
+    char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes, "" while running */
 } tide_proto_offline_status_t;
 
 /* "bubble" worker -> tided: summary of pipeline idle windows over `steps` steps. */
@@ -469,6 +478,31 @@ typedef struct tide_proto_events_reply {
     uint32_t n_rows;              /* <= TIDE_PROTO_EVENTS_MAX */
 } tide_proto_events_reply_t;
 
+/* "logs" tidectl -> tided: offline job `job`'s attempts as their workers reported them
+ * (attempt 0: the latest TIDE_PROTO_ATTEMPTS_MAX). */
+typedef struct tide_proto_logs {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint32_t attempt;                  /* "attempt": 0 = all, else that one */
+} tide_proto_logs_t;
+
+typedef struct tide_proto_attempt_row {
+    uint32_t attempt;                   /* "attempt" */
+    int32_t worker;                     /* "worker" */
+    char host[TIDE_PROTO_HOST_MAX + 1]; /* "host": the worker's host, where log lies */
+    char log[TIDE_PROTO_TEXT_MAX + 1];  /* "log": the output file's path there, "" when none */
+    tide_proto_job_state_t state;       /* "state": as last reported (running: no end yet) */
+    int exit_code;                      /* "exit_code": [-255, 255] */
+    int64_t time_ms;                    /* "time_ms": wall clock of the last report */
+    char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes at the end */
+} tide_proto_attempt_row_t;
+
+/* "logs_reply" tided -> tidectl: "job", "rows" (array of attempt rows, oldest first). */
+typedef struct tide_proto_logs_reply {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    tide_proto_attempt_row_t *rows;    /* owned */
+    uint32_t n_rows;                   /* <= TIDE_PROTO_ATTEMPTS_MAX */
+} tide_proto_logs_reply_t;
+
 /* "ok" tided -> anyone: a request succeeded. */
 typedef struct tide_proto_ok {
     char job[TIDE_PROTO_NAME_MAX + 1];     /* "job": the job concerned, "" when none */
@@ -515,6 +549,8 @@ typedef struct tide_proto_error {
     X(DRAIN, "drain", drain)                                                                       \
     X(EVENTS, "events", events)                                                                    \
     X(EVENTS_REPLY, "events_reply", events_reply)                                                  \
+    X(LOGS, "logs", logs)                                                                          \
+    X(LOGS_REPLY, "logs_reply", logs_reply)                                                        \
     X(OK, "ok", ok)                                                                                \
     X(ERROR, "error", error)
 
@@ -579,6 +615,8 @@ typedef struct tide_msg {
         tide_proto_drain_t drain;
         tide_proto_events_t events;
         tide_proto_events_reply_t events_reply;
+        tide_proto_logs_t logs;
+        tide_proto_logs_reply_t logs_reply;
         tide_proto_ok_t ok;
         tide_proto_error_t error;
     } u;

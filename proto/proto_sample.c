@@ -299,6 +299,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->mem_cap = urange(r, 0, UINT64_MAX);
         x->bubbles = (int)(next(r) & 1);
         x->attempt = (uint32_t)urange(r, 1, UINT32_MAX);
+        x->grace_ms = (int)urange(r, 0, 600000);
         return TIDE_OK;
     }
     case TIDE_MSG_PREEMPT:
@@ -309,9 +310,12 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         tide_proto_offline_status_t *x = &m->u.offline_status;
         x->worker = worker_id(r);
         NAME(r, x->job);
+        x->attempt = (uint32_t)urange(r, 1, UINT32_MAX);
         x->state = (tide_proto_job_state_t)urange(r, 0, TIDE_JOB_CANCELLED);
         x->exit_code = (int)irange(r, -255, 255);
         x->progress = drange(r, 0, 1);
+        TEXT(r, x->log);
+        TEXT(r, x->tail);
         return TIDE_OK;
     }
     case TIDE_MSG_BUBBLE: {
@@ -458,6 +462,31 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             NAME0(r, e->job);
             NAME(r, e->kind);
             TEXT(r, e->detail);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_LOGS:
+        NAME(r, m->u.logs.job);
+        m->u.logs.attempt = (uint32_t)urange(r, 0, UINT32_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_LOGS_REPLY: {
+        tide_proto_logs_reply_t *x = &m->u.logs_reply;
+        NAME(r, x->job);
+        uint32_t n = (uint32_t)urange(r, 0, 4);
+        x->rows = rows(n, sizeof *x->rows);
+        if (n && x->rows == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling rows");
+        x->n_rows = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_attempt_row_t *a = &x->rows[i];
+            a->attempt = (uint32_t)urange(r, 1, UINT32_MAX);
+            a->worker = worker_id(r);
+            HOST(r, a->host);
+            TEXT(r, a->log);
+            a->state = (tide_proto_job_state_t)urange(r, 0, TIDE_JOB_CANCELLED);
+            a->exit_code = (int)irange(r, -255, 255);
+            a->time_ms = irange(r, 0, INT64_MAX);
+            TEXT(r, a->tail);
         }
         return TIDE_OK;
     }

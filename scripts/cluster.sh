@@ -22,12 +22,16 @@
 # ("h1 h2"), TIDE_CLUSTER_ADDR (the machine's bridge address), TIDE_CLUSTER_SUBNET and
 # TIDE_CLUSTER_MPI (mpirun flags: agent, interfaces, --allow-run-as-root when root; the
 # environment does not reach orted, so these must be flags). NAME: up to 8 of [a-z0-9]
-# (interface names are short); default "c" plus this shell's PID. Needs root, iproute2
-# and util-linux. Host names are h1..hN inside every cluster.
+# (interface names are short). `up` without --name picks a name no cluster has ("c" and
+# this shell's PID, then a suffix); the other commands default to $TIDE_CLUSTER_NAME (set
+# by sourcing the env file), else need --name. Clusters made at once never share a name,
+# a subnet or an interface: names and subnets are picked under one machine-wide lock.
+# Needs root, iproute2 and util-linux. Host names are h1..hN inside every cluster.
 set -euo pipefail
 
 RUN_DIR=${TIDE_CLUSTER_RUN_DIR:-/run/tide-cluster}
-LOCK=$RUN_DIR/.lock
+# one lock for the whole machine, whatever RUN_DIR: subnets and interfaces are machine-wide
+LOCK=/run/lock/tide-cluster.lock
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 
@@ -51,7 +55,7 @@ why_not() {
   fi
 }
 
-NAME="c$$"
+NAME=""
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,10 +68,22 @@ while [ $# -gt 0 ]; do
   esac
 done
 set -- "${ARGS[@]+"${ARGS[@]}"}"
-[[ "$NAME" =~ ^[a-z0-9]{1,8}$ ]] || die "--name '$NAME': up to 8 of a-z 0-9"
-DIR=$RUN_DIR/$NAME
-BR="tcb$NAME"
+if [ -z "$NAME" ] && [ "${1:-}" != up ]; then NAME=${TIDE_CLUSTER_NAME:-}; fi
+# Sets the globals naming cluster $NAME's directory, bridge and namespaces.
+names() {
+  [[ "$NAME" =~ ^[a-z0-9]{1,8}$ ]] || die "--name '$NAME': up to 8 of a-z 0-9"
+  DIR=$RUN_DIR/$NAME
+  BR="tcb$NAME"
+}
+# veth ends of host $2: "tcv"/"tcp" + NAME + "-" + index (the dash keeps cluster "a1" host
+# 12 apart from cluster "a11" host 2), at most 3 + 8 + 1 + 2 = 14 characters
+veth() { echo "$1$NAME-$2"; }
 ns() { echo "tide-$NAME-$1"; }
+case "${1:-}" in
+  up | check | gc | "") ;;
+  *) [ -n "$NAME" ] || die "which cluster? give --name NAME (or source its env file: TIDE_CLUSTER_NAME)"
+     names ;;
+esac
 
 load() {
   [ -f "$DIR/env" ] || die "no cluster '$NAME' (no $DIR/env)"
@@ -103,7 +119,7 @@ down() {
   ip link delete "$BR" 2>/dev/null || true
   rm -rf /etc/netns/tide-"$NAME"-h*
   for h in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
-             grep -E "^tcv${NAME}[0-9]+$" || true); do
+             grep -E "^tc[vp]${NAME}-[0-9]+$" || true); do
     ip link delete "$h" 2>/dev/null || true
   done
   rm -rf "$DIR"
@@ -115,10 +131,27 @@ up() {
   local why
   why=$(why_not)
   [ -z "$why" ] || die "$why"
-  mkdir -p "$RUN_DIR"
+  mkdir -p "$RUN_DIR" "$(dirname "$LOCK")"
   exec 9>"$LOCK"
   flock 9
+  if [ -z "$NAME" ]; then
+    # a name no cluster has: not in use here, no namespace or bridge of that name left over
+    local base="c$$" suffix="" nsl
+    nsl=$(ip netns list 2>/dev/null || true)
+    for suffix in "" a b c d e f g h i j k l m n o p q r s t u v w x y z; do
+      NAME=${base:0:$((8 - ${#suffix}))}$suffix
+      [ ! -e "$RUN_DIR/$NAME" ] && ! ip link show "tcb$NAME" >/dev/null 2>&1 &&
+        ! grep -q "^tide-$NAME-" <<<"$nsl" && break
+      NAME=""
+    done
+    [ -n "$NAME" ] || die "no free cluster name for c$$: give --name"
+  fi
+  names
   [ ! -e "$DIR" ] || die "cluster '$NAME' exists: cluster.sh down --name $NAME first"
+  if ip link show "$BR" >/dev/null 2>&1 ||
+     grep -q "^tide-$NAME-" <<<"$(ip netns list 2>/dev/null || true)"; then
+    die "cluster '$NAME' has no $DIR but its bridge or namespaces exist (another RUN_DIR?): pick another --name"
+  fi
   # a /24 that no interface of this machine uses yet (the lock makes the pick atomic)
   local k used
   used=$(ip -o -4 addr show | awk '{print $4}')
@@ -134,7 +167,9 @@ up() {
   ip link set "$BR" up
   local hosts="" i
   for i in $(seq 1 "$n"); do
-    local h="h$i" v="tcv$NAME$i" p="tcp$NAME$i" s
+    local h="h$i" v p s
+    v=$(veth tcv "$i")
+    p=$(veth tcp "$i")
     s=$(ns "$h")
     ip netns add "$s"
     ip link add "$v" type veth peer name "$p"
@@ -208,7 +243,7 @@ case "$cmd" in
     [[ "$1" =~ ^h([0-9]+)$ ]] || die "kill-host HOST: h1..hN"
     # as when the host loses power: its link goes silent first (no FIN or RST reaches
     # the others; their packets to it are dropped), then all of its processes die at once
-    ip link set "tcv$NAME${BASH_REMATCH[1]}" down
+    ip link set "$(veth tcv "${BASH_REMATCH[1]}")" down
     pids=$(ip netns pids "$(ns "$1")")
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true ;;
   gc)

@@ -70,16 +70,16 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 if [ "$HOSTS" -ge 2 ]; then
   CLUSTER="$ROOT/scripts/cluster.sh"
   if ! why=$(bash "$CLUSTER" check); then echo "demo: --hosts: $why"; exit 1; fi
-  CNAME="demo$$"
-  CNAME=${CNAME:0:8}
+  CNAME="" # cluster.sh picks a name no other cluster has (others may make theirs at once)
   cleanup_hosts() {
     cleanup
-    bash "$CLUSTER" down --name "$CNAME" || true
+    if [ -n "$CNAME" ]; then bash "$CLUSTER" down --name "$CNAME" || true; fi
   }
   trap cleanup_hosts EXIT
   say "scripts/cluster.sh up $HOSTS: $HOSTS hosts (network namespaces), 1 Gbit/s uplinks"
   # shellcheck disable=SC1090 # the env file cluster.sh writes
-  . "$(bash "$CLUSTER" up "$HOSTS" --name "$CNAME" --rate 1gbit)"
+  . "$(bash "$CLUSTER" up "$HOSTS" --owner $$ --rate 1gbit)"
+  CNAME=$TIDE_CLUSTER_NAME
   echo "hosts: $TIDE_CLUSTER_HOSTS on $TIDE_CLUSTER_SUBNET; this machine is $TIDE_CLUSTER_ADDR"
   KEYS="$OUT/keys"
   rm -rf "$KEYS"

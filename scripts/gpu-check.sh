@@ -6,11 +6,16 @@
 # traffic over its socket transport on loopback. Every multi-rank step below starts its
 # ranks through a wrapper that sets NCCL_HOSTID=gpu-check-<rank> and TIDE_DEVICE=0.
 #
-# Steps (each under its own timeout, STEP_TIMEOUT seconds, default 240; a summary table
-# at the end; exit 1 when any step failed):
+# Steps (each under its own timeout, STEP_TIMEOUT seconds, default 240, and all of them,
+# build included, under one budget, GPU_CHECK_BUDGET seconds, default 480 (the 8 minutes
+# the check must fit in; --cpu-dry: 300): a step never gets more time than the budget
+# has left, steps the budget cannot reach are reported NOT RUN, and a run over budget
+# fails. A summary table at the end; exit 1 when any step failed):
 #   gpu-info        a device must answer; a present but broken driver is a failure
 #   build           configure with CUDA/NCCL (fails when NCCL is not found) and build
-#   gpu-tests       ctest -L gpu (single-process GPU tests)
+#   gpu-tests       ctest -L gpu (single-process GPU tests; a skip is a failure here),
+#                   run from a folder of its own so that a ctest running this script keeps
+#                   its own Testing/ logs
 #   conf-np2/np4    the collectives conformance suite on the nccl backend, 2 and 4 ranks
 #                   (abort while a peer never arrives, cancelled creation included)
 #   kill-rank       a rank SIGKILLed inside an allreduce: survivors get ABORTED (from NCCL
@@ -21,36 +26,43 @@
 #                   dp, tp and pp each change; losses compared per step with both refs
 #   train-recover   the same job on (dp2,tp2); a rank is SIGKILLed; tided recovers it on
 #                   the nccl backend and training completes every step
+#   reshard-bench   reshard_bench --backend nccl on 8 ranks: the reshard executor on
+#                   device memory against plain ncclSend/ncclRecv of the same bytes between
+#                   the same rank pairs (ratios in the table, numbers in the logs' JSON)
 #   resize-bench    resize_bench on CUDA (live resize vs checkpoint-restart)
-# Not yet here: reshard_bench on nccl against plain NCCL send/recv (reshard_bench runs
-# on the mpi backend only so far).
 #
 #   bash scripts/gpu-check.sh               # BUILD_DIR=build-gpu, JOBS=nproc
 #   bash scripts/gpu-check.sh --cpu-dry     # the same steps on cpu/mpi (CI runs this)
-#   GPU_CHECK_DRY_BENCH=1 bash scripts/gpu-check.sh --cpu-dry   # resize_bench too
 #
-# --cpu-dry runs every step that does not need a GPU with --device cpu and the mpi
-# backend, through the same functions, wrapper and comparisons (SKIP_BUILD=1 reuses
-# BUILD_DIR as it is): the script's logic, tided/tidectl driving, loss comparison and
-# failure reporting are exercised in CI by the ctest gpu_check_cpu_dry. Logs of every
-# step: $BUILD_DIR/gpu-check-logs/ (dry: gpu-check-dry-logs/).
+# --cpu-dry runs every step, through the same functions, rank wrapper, command lines and
+# comparisons, with --device cpu, the mpi backend and small sizes (SKIP_BUILD=1 reuses
+# BUILD_DIR as it is): gpu-info only says so, gpu-tests runs ctest -L gpu and accepts
+# skips (no GPU), reshard-bench runs on mpi against plain MPI, resize-bench on a tiny
+# model. The ctest gpu_check_cpu_dry runs it in CI. Logs of every step:
+# $BUILD_DIR/gpu-check-logs/ (dry: gpu-check-dry-logs/).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY=0
 [ "${1:-}" = "--cpu-dry" ] && DRY=1
+START=$(date +%s)
 if [ $DRY -eq 1 ]; then
   BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
   LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-dry-logs}"
   DEVICE=cpu BACKEND=mpi STEPS="${GPU_CHECK_STEPS:-60}" REF_TOL=1e-5 CPU_TOL=1e-5
   PACE=100 CONF_NPS="2" # ctest runs the conformance suite at 2, 4 and 8 ranks anyway
+  BUDGET="${GPU_CHECK_BUDGET:-300}"
+  RB_ARGS="--min-mib 4 --max-mib 4 --reps 1" # MiB of state, one size
 else
   BUILD_DIR="${BUILD_DIR:-$ROOT/build-gpu}"
   LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-logs}"
   # cuBLAS/cuDNN-free kernels, but reduction order differs from the CPU's: looser there
   DEVICE=cuda BACKEND=nccl STEPS="${GPU_CHECK_STEPS:-80}" REF_TOL=1e-4 CPU_TOL=1e-3
   PACE=100 CONF_NPS="2 4"
+  BUDGET="${GPU_CHECK_BUDGET:-480}"
+  RB_ARGS="--min-mib 128 --max-mib 256 --reps 3"
 fi
+DEADLINE=$((START + BUDGET))
 JOBS="${JOBS:-$(nproc)}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-240}"
 rm -rf "$LOGS"
@@ -86,13 +98,24 @@ TIDECTL="$BUILD_DIR/coordinator/tidectl"
 STEPS_DONE=()
 FAILED=0
 
-# step NAME FUNCTION: runs the function in a child bash under the timeout, logs to
-# $LOGS/NAME.log and records the result; the child's own timeout kills what it started.
+# step NAME FUNCTION: runs the function in a child bash under the step's timeout (never
+# past the budget's deadline), logs to $LOGS/NAME.log and records the result; the child's
+# own timeout kills what it started. A step the budget cannot reach is NOT RUN (failed).
 step() {
-  local name="$1" fn="$2" t0 rc status dt
+  local name="$1" fn="$2" t0 rc status dt limit left
   t0=$(date +%s)
   printf '== %-14s ' "$name"
-  timeout --kill-after=15 "$STEP_TIMEOUT" bash -c "$fn" >"$LOGS/$name.log" 2>&1
+  left=$((DEADLINE - t0))
+  if [ "$left" -le 0 ]; then
+    echo "NOT RUN (budget of ${BUDGET}s spent)"
+    FAILED=1
+    STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$name" "NOT-RUN(budget)" 0 \
+      "the ${BUDGET}s budget was spent before this step")")
+    return 1
+  fi
+  limit=$STEP_TIMEOUT
+  [ "$left" -lt "$limit" ] && limit=$left
+  timeout --kill-after=10 "$limit" bash -c "$fn" >"$LOGS/$name.log" 2>&1
   rc=$?
   dt=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then
@@ -100,7 +123,8 @@ step() {
   elif [ $rc -eq 77 ]; then
     status=skipped
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    status="TIMEOUT(${STEP_TIMEOUT}s)"
+    status="TIMEOUT(${limit}s)"
+    [ "$limit" -lt "$STEP_TIMEOUT" ] && status="TIMEOUT(budget)"
   else
     status="FAILED(rc=$rc)"
   fi
@@ -141,13 +165,26 @@ build() {
   cmake --build "$BUILD_DIR" -j "$JOBS" || return 1
 }
 
+# ctest -L gpu over BUILD_DIR's tests, from a folder of its own (its CTestTestfile names
+# the build tree), so that its Testing/ logs are not those of a ctest running this script.
 gpu_tests() {
-  if [ "$DRY" = 1 ]; then echo "RESULT: needs a GPU"; return 77; fi
-  cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 200 || return 1
-  if grep -q 'SKIP: ' Testing/Temporary/LastTest.log 2>/dev/null; then
+  local dir="$LOGS/ctest-gpu" log n skipped
+  mkdir -p "$dir"
+  printf 'subdirs("%s")\n' "$BUILD_DIR" >"$dir/CTestTestfile.cmake"
+  (cd "$dir" && ctest -L gpu --output-on-failure --timeout 200) || return 1
+  log="$dir/Testing/Temporary/LastTest.log"
+  n=$(grep -c '^[0-9]*/[0-9]* Testing: ' "$log" 2>/dev/null)
+  skipped=$(grep -c '^SKIP: ' "$log" 2>/dev/null)
+  if [ "$DRY" = 1 ]; then
+    echo "RESULT: ${n:-0} gpu tests: $((${n:-0} - ${skipped:-0})) passed, ${skipped:-0} skipped (dry)"
+    return 0
+  fi
+  [ "${n:-0}" -gt 0 ] || { echo "no gpu tests in $BUILD_DIR (built without CUDA?)"; return 1; }
+  if [ "${skipped:-0}" -gt 0 ]; then
     echo "a GPU is present but a gpu test skipped itself"
     return 1
   fi
+  echo "RESULT: $n gpu tests passed"
 }
 
 conformance() { # conformance NP
@@ -281,30 +318,46 @@ train_recover() {
   echo "RESULT: recovered to generation 2, all $STEPS steps, loss within $REF_TOL"
 }
 
+# reshard_bench on BACKEND: the executor against plain send/recv of the same bytes
+# between the same rank pairs (nccl: ncclSend/ncclRecv; dry: MPI); 8 ranks, the (2,2,2)
+# layout's. RESULT: the network-phase ratios (plain / executor) over the layout pairs.
+reshard_bench() {
+  local out="$LOGS/reshard_bench.json" ratios
+  # shellcheck disable=SC2086
+  $MPIRUN -np 8 "$WRAP" "$BUILD_DIR/benchmarks/reshard_bench" --backend "$BACKEND" $RB_ARGS \
+    --out "$out" || return 1
+  grep -q "\"backend\": \"$BACKEND\"" "$out" || { echo "no $BACKEND numbers in $out"; return 1; }
+  # the largest state's rows: "pair ratio" (null: the plan sends nothing)
+  ratios=$(grep '"pair"' "$out" |
+    sed -E 's/.*"pair": "([^"]*)", "state_bytes": ([0-9]+).*"ratio_net": ([0-9.]+|null).*/\2|\1 \3/' |
+    awk -F'|' '{ st[NR] = $1; row[NR] = $2; if ($1 + 0 > max) max = $1 + 0 }
+      END { for (i = 1; i <= NR; i++) if (st[i] + 0 == max) { printf "%s%s", sep, row[i]; sep = ", " } }')
+  [ -n "$ratios" ] || { echo "no ratios in $out"; return 1; }
+  echo "RESULT: r_net, plain $BACKEND / executor: $ratios"
+}
+
 resize_bench() {
-  if [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_BENCH:-0}" != 1 ]; then
-    # a minute of CI time for one command line: GPU_CHECK_DRY_BENCH=1 runs it on cpu
-    echo "RESULT: dry run: set GPU_CHECK_DRY_BENCH=1 to run it on cpu"
-    return 77
-  fi
-  local dev=cuda args=()
-  [ "$DRY" = 1 ] && dev=cpu args=(--layers 2 --hidden 64 --ffn 256 --vocab 64 --runs 1)
+  local dev=cuda args=() pace=""
+  # dry: a tiny model, paced so that the resize lands inside the live run
+  [ "$DRY" = 1 ] && dev=cpu pace="--pace-ms 50" \
+    args=(--layers 2 --hidden 64 --ffn 256 --vocab 64 --runs 1 --steps-after 20)
   cat >"$LOGS/train_mlp_1gpu" <<EOF
 #!/usr/bin/env bash
 export NCCL_HOSTID="gpu-check-\${OMPI_COMM_WORLD_RANK:-0}" TIDE_DEVICE=0
-exec "$TRAIN" --device $dev "\$@"
+exec "$TRAIN" --device $dev $pace "\$@"
 EOF
   chmod +x "$LOGS/train_mlp_1gpu"
   "$BUILD_DIR/benchmarks/resize_bench" --train "$LOGS/train_mlp_1gpu" --np 4 --from 2,2,1 \
     --to 1,2,2 --work "$LOGS/resize_bench.d" --out "$LOGS/resize_bench.json" "${args[@]}" ||
     return 1
-  echo "RESULT: table in resize-bench.log, numbers in $LOGS/resize_bench.json"
+  echo "RESULT: live / checkpoint-restart downtime" \
+    "$(grep -o '(1/[0-9.]*; goal <= 1/30: [a-zA-Z ]*)' "$LOGS/resize-bench.log" | head -1)"
 }
 
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
-  WRAP TRAIN TIDED TIDECTL
+  WRAP TRAIN TIDED TIDECTL RB_ARGS
 export -f gpu_info build gpu_tests conformance kill_rank train_ref compare start_tided \
-  job_field wait_gen train_elastic train_recover resize_bench
+  job_field wait_gen train_elastic train_recover reshard_bench resize_bench
 # arrays do not export: the functions rebuild MODEL from this string
 MODEL_STR="${MODEL[*]}"
 export MODEL_STR
@@ -325,14 +378,20 @@ if [ $FAILED -eq 0 ]; then
   step kill-rank "${pre}kill_rank"
   step train-ref "${pre}train_ref" && step train-elastic "${pre}train_elastic"
   step train-recover "${pre}train_recover"
+  step reshard-bench "${pre}reshard_bench"
   step resize-bench "${pre}resize_bench"
 fi
 
+TOTAL=$(($(date +%s) - START))
 echo
 echo "---- gpu-check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ----"
 printf '%-14s %-18s %6s  %s\n' step status time result
 for s in "${STEPS_DONE[@]}"; do echo "$s"; done
-echo "not yet: reshard_bench on nccl vs plain NCCL send/recv"
+echo "total: ${TOTAL}s of a ${BUDGET}s budget (GPU_CHECK_BUDGET)"
+if [ "$TOTAL" -gt "$BUDGET" ]; then
+  echo "gpu-check: over its budget by $((TOTAL - BUDGET))s"
+  FAILED=1
+fi
 echo "logs: $LOGS"
 if [ $FAILED -ne 0 ]; then
   echo "gpu-check: FAILED"

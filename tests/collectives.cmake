@@ -39,3 +39,16 @@ if(TIDE_HAVE_NCCL)
 endif()
 
 tide_add_unit_test(test_collectives SOURCES test_collectives.c LIBS tide_collectives)
+
+# The gate of every GPU test (tests/gpu_test.h): skip only where no NVIDIA device exists,
+# fail where one is present but CUDA cannot use it (a fake device node in a private
+# mount namespace). Runs everywhere CUDA is built, GPU or not (label unit).
+if(TIDE_HAVE_CUDA)
+  add_executable(test_gpu_skip test_gpu_skip.c)
+  target_link_libraries(test_gpu_skip PRIVATE CUDA::cudart)
+  target_include_directories(test_gpu_skip PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME test_gpu_skip
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_skip.sh $<TARGET_FILE:test_gpu_skip>)
+  _tide_test_props(test_gpu_skip "unit" 60)
+  set_tests_properties(test_gpu_skip PROPERTIES PASS_REGULAR_EXPRESSION "test_gpu_skip: passed")
+endif()

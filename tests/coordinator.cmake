@@ -8,8 +8,9 @@ if(TARGET tided)
   tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c
                      LIBS tide_proto PkgConfig::ZMQ TIMEOUT 60)
   target_compile_definitions(test_coordinator_server PRIVATE
-                             TIDED_PATH="$<TARGET_FILE:tided>")
-  add_dependencies(test_coordinator_server tided)
+                             TIDED_PATH="$<TARGET_FILE:tided>"
+                             TIDECTL_PATH="$<TARGET_FILE:tidectl>")
+  add_dependencies(test_coordinator_server tided tidectl)
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_reliability SOURCES test_reliability.c

@@ -85,8 +85,12 @@ if(TARGET tide_mlp AND TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide
   target_link_libraries(test_examples_bubbles PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
                                                       MPI::MPI_C tide_core ${CMAKE_DL_LIBS})
   target_include_directories(test_examples_bubbles PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  add_dependencies(test_examples_bubbles tided tidectl tide_task_matmul)
+  # task_probe: a test plugin that writes the tide_task_env it was given (device, ...)
+  add_library(tide_task_probe MODULE task_probe.c)
+  target_include_directories(tide_task_probe PRIVATE ${PROJECT_SOURCE_DIR}/include)
+  add_dependencies(test_examples_bubbles tided tidectl tide_task_matmul tide_task_probe)
   tide_add_mpi_test(test_examples_bubbles NP 2 TARGET test_examples_bubbles
                     ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl>
-                         $<TARGET_FILE:tide_task_matmul> TIMEOUT 120)
+                         $<TARGET_FILE:tide_task_matmul> $<TARGET_FILE:tide_task_probe>
+                    TIMEOUT 120)
 endif()

@@ -9,6 +9,7 @@ MH_SKIP=${TIDE_TEST_SKIP_RC:-77}
 TIDED="$TIDE_BUILD/coordinator/tided"
 TIDECTL="$TIDE_BUILD/coordinator/tidectl"
 TRAIN="$TIDE_BUILD/examples/train_mlp"
+STATE_DIFF="$TIDE_BUILD/examples/mlp_state_diff"
 CLUSTER="$TIDE_SRC/scripts/cluster.sh"
 MH_NAME="m$$"
 MH_TMP=""
@@ -27,8 +28,9 @@ mh_cleanup() {
   if [ -n "$MH_TMP" ] && [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$MH_TMP"; fi
 }
 
-# mh_setup N [RATE]: the cluster of N hosts, keys, and tided on the bridge address.
-mh_setup() {
+# Exits 77 (skip) with the reason when no cluster can be made here, or fails with it
+# under TIDE_REQUIRE_NETNS=1.
+mh_require_netns() {
   local why
   if ! why=$(bash "$CLUSTER" check); then
     if [ "${TIDE_REQUIRE_NETNS:-0}" = 1 ]; then
@@ -37,6 +39,11 @@ mh_setup() {
     echo "SKIP: $why"
     exit "$MH_SKIP"
   fi
+}
+
+# mh_setup N [RATE]: the cluster of N hosts, keys, and tided on the bridge address.
+mh_setup() {
+  mh_require_netns
   # clusters of tests that were killed (ctest's timeout sends SIGKILL: no trap runs)
   bash "$CLUSTER" gc || true
   trap mh_cleanup EXIT
@@ -64,13 +71,17 @@ mh_setup() {
   mh_tided_start
 }
 
-# Starts tided on the bridge address with the keys (again on the same port after a stop).
+# Starts tided on the bridge address with the keys (again on the same port after a stop);
+# with MH_METRICS=HOST:PORT also its Prometheus metrics there.
 mh_tided_start() {
   local ep=${EP:-"tcp://$TIDE_CLUSTER_ADDR:*"}
   rm -f "$MH_TMP/endpoint"
+  local metrics=()
+  if [ -n "${MH_METRICS:-}" ]; then metrics=(--metrics "$MH_METRICS"); fi
   "$TIDED" --endpoint "$ep" --endpoint-file "$MH_TMP/endpoint" --auth "$KEYS" \
     --state "$MH_TMP/state.db" --heartbeat-ms 100 --miss-limit 30 \
-    --resize-timeout-ms 60000 "${MH_TIDED_ARGS[@]}" >>"$MH_TMP/tided.log" 2>&1 &
+    --resize-timeout-ms 60000 "${metrics[@]+"${metrics[@]}"}" \
+    "${MH_TIDED_ARGS[@]+"${MH_TIDED_ARGS[@]}"}" >>"$MH_TMP/tided.log" 2>&1 &
   TIDED_PID=$!
   local i
   for i in $(seq 200); do
@@ -111,4 +122,22 @@ compare_losses() {
       if (d > tol * (m > 1e-30 ? m : 1)) { printf "step %d: loss %.9g, never-resized %.9g\n", $1, $2, ref[$1] > "/dev/stderr"; bad = 1 }
       n++ }
     END { if (bad || n == 0) exit 1; print n }' "$2" "$1"
+}
+
+# compare_states A B RTOL: the whole final states of two runs (train_mlp --state-out) are
+# the same tensors, integers equal, floats within RTOL in relative L2 norm; fails otherwise.
+compare_states() {
+  [ -s "$1" ] || fail "no final state in $1"
+  [ -s "$2" ] || fail "no final state in $2"
+  "$STATE_DIFF" "$1" "$2" --rtol "$3" || fail "the final state differs from the never-resized run"
+}
+
+# A TCP port on 127.0.0.1 that nothing listens on now.
+mh_free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  fail "no free port found"
 }

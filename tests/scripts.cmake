@@ -1,8 +1,9 @@
 # scripts/: the shell entry points. Every script must parse (bash -n) and pass
-# shellcheck at warning level (label unit); scripts/gpu-check.sh runs its steps on the
-# cpu with the mpi backend (--cpu-dry, label mpi): the same functions, rank wrapper,
-# tided/tidectl driving, loss comparisons and summary a GPU machine runs, on this
-# build (SKIP_BUILD=1), so that the GPU check cannot rot where no GPU is.
+# shellcheck at warning level (label unit); scripts/gpu-check.sh runs every one of its
+# steps on the cpu with the mpi backend and small sizes (--cpu-dry, label mpi, ~40 s):
+# the same functions, command lines, rank wrapper, tided/tidectl driving, loss
+# comparisons, benchmarks, budget and summary a GPU machine runs, on this build
+# (SKIP_BUILD=1), so that the GPU check cannot rot where no GPU is.
 find_program(TIDE_SHELLCHECK shellcheck)
 file(GLOB tide_scripts ${PROJECT_SOURCE_DIR}/scripts/*.sh)
 string(REPLACE ";" " " tide_scripts "${tide_scripts}")

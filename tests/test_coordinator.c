@@ -340,7 +340,7 @@ Test(policy, resize_without_room_for_tp_groups_is_refused_unless_allowed)
 
 Test(policy, backfill_by_priority_then_submission)
 {
-    tide_policy_offline q[4] = {{10, 0, 0}, {11, 5, 0}, {12, 5, 0}, {13, -3, 0}};
+    tide_policy_offline q[4] = {{10, 0, 0, -1}, {11, 5, 0, -1}, {12, 5, 0, -1}, {13, -3, 0, -1}};
     tide_policy_idle idle[3] = {{7, 0}, {2, 0}, {4, 0}};
     tide_policy_assignment out[3];
     size_t n;
@@ -356,12 +356,32 @@ Test(policy, backfill_by_priority_then_submission)
     cr_assert_eq(n, 0);
 }
 
+/* A retry goes to another worker than the one its last attempt failed on, and back to
+   that one only when no other fits. */
+Test(policy, backfill_retries_elsewhere_than_the_failed_worker)
+{
+    tide_policy_offline q[2] = {{30, 5, 0, 2}, {31, 1, 0, -1}};
+    tide_policy_idle idle[2] = {{2, 0}, {4, 0}};
+    tide_policy_assignment out[2];
+    size_t n;
+    cr_assert_eq(tide_policy_assign(q, 2, idle, 2, out, &n), TIDE_OK);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(out[0].job, 30);
+    cr_assert_eq(out[0].worker, 4, "job 30 failed on worker 2: it goes to 4");
+    cr_assert_eq(out[1].job, 31);
+    cr_assert_eq(out[1].worker, 2);
+    /* only the worker it failed on is free: it runs there rather than wait */
+    cr_assert_eq(tide_policy_assign(q, 1, idle, 1, out, &n), TIDE_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(out[0].worker, 2);
+}
+
 /* A job goes only where its --mem-cap fits; one that fits nowhere waits without
    holding back lower-priority jobs that fit. */
 Test(policy, backfill_respects_memory_caps)
 {
     const uint64_t G = 1ull << 30;
-    tide_policy_offline q[3] = {{20, 9, 80 * G}, {21, 5, 30 * G}, {22, 1, 0}};
+    tide_policy_offline q[3] = {{20, 9, 80 * G, -1}, {21, 5, 30 * G, -1}, {22, 1, 0, -1}};
     tide_policy_idle idle[3] = {{1, 24 * G}, {2, 40 * G}, {3, 0}};
     tide_policy_assignment out[3];
     size_t n;

@@ -912,6 +912,93 @@ static int is_gen2_running(const tide_proto_job_row_t *r)
     return r->gen == 2 && r->state == TIDE_JOB_RUNNING;
 }
 
+/*
+ * One worker identity: ranks registered in reverse (rank r gets worker id 3 - r, never
+ * its rank), so every reply, drain and metric that named a worker by its pool rank
+ * instead of tided's id would fail here.
+ */
+Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = teardown)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--metrics", addr, NULL};
+    start(extra);
+    fake w[4];
+    tide_msg_t m, r;
+    for (int i = 3; i >= 0; i--) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 4);
+        cr_assert_eq(w[i].id, 3 - i, "rank %d registered as worker %d", i, (int)w[i].id);
+    }
+    for (int i = 0; i < 4; i++)
+        fake_join(&w[i], 4);
+    for (int i = 0; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    /* the resize reply names the new layout's members by worker id; the layout sent to the
+       workers holds their pool ranks */
+    mk_resize(&m, 2, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    int32_t shown[2] = {r.u.resize_reply.layout.worker[0], r.u.resize_reply.layout.worker[1]};
+    tide_msg_clear(&r);
+    expect_type(w[0].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.layout.gen, 2);
+    int32_t ranks[2] = {r.u.layout.layout.worker[0], r.u.layout.layout.worker[1]};
+    tide_msg_clear(&r);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(shown[k], 3 - ranks[k],
+                     "member %d: the resize reply says worker %d; it is pool rank %d = worker %d",
+                     k, (int)shown[k], (int)ranks[k], 3 - (int)ranks[k]);
+    for (int i = 0; i < 4; i++)
+        ack_prepare(&w[i], 2, 4);
+    for (int i = 0; i < 4; i++)
+        commit_done(&w[i], 2, 0);
+    wait_job(admin, is_gen2_running);
+    /* metrics: one series per worker under its id, with its pool rank, host and device */
+    static char text[1 << 16];
+    scrape(port, text, sizeof text);
+    for (int i = 0; i < 4; i++) {
+        char name[256];
+        snprintf(name, sizeof name,
+                 "tide_worker_info{worker=\"%d\",pool=\"" POOL "\",rank=\"%d\",host=\"%s\","
+                 "device=\"%d\",kind=\"gpu\"}",
+                 3 - i, i, i < 2 ? "host0" : "host1", i % 2);
+        cr_assert_eq(sample(text, name), 1);
+        int member = i == ranks[0] || i == ranks[1];
+        snprintf(name, sizeof name, "tide_worker_state{worker=\"%d\",state=\"%s\",job=\"%s\"}",
+                 3 - i, member ? "online" : "idle", member ? "train" : "");
+        cr_assert_eq(sample(text, name), 1);
+    }
+    /* drain takes the worker id: the job moves off pool rank ranks[0], not off rank shown[0] */
+    tide_msg_init(&m, TIDE_MSG_DRAIN);
+    m.u.drain.worker = shown[0];
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    expect_type(w[ranks[1]].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.layout.gen, 3);
+    size_t n = (size_t)r.u.layout.layout.dp * r.u.layout.layout.tp * r.u.layout.layout.pp;
+    for (size_t k = 0; k < n; k++)
+        cr_assert_neq(r.u.layout.layout.worker[k], ranks[0],
+                      "drain of worker %d left its pool rank %d in the layout", (int)shown[0],
+                      (int)ranks[0]);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
+    int draining = -1;
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+        if (r.u.status_reply.rows[i].state == TIDE_WORKER_DRAINING)
+            draining = r.u.status_reply.rows[i].worker;
+    tide_msg_clear(&r);
+    cr_assert_eq(draining, shown[0], "status shows worker %d draining, not %d", draining,
+                 (int)shown[0]);
+    zmq_close(admin);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
 Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
 {
     int port = free_port();
@@ -1003,9 +1090,9 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
 }
 
 /* Workers of a freshly launched job register first and join a moment later; offline
-   work queued meanwhile goes to them (they are idle). The job must still start: the
-   worker running that work is preempted for the first layout and the work requeued. */
-Test(tided, first_layout_preempts_offline_work_given_before_the_join, .init = setup,
+   work queued meanwhile must not go to them: the job would have to preempt it to start.
+   Once the first layout is placed, the ranks it left spare get the work. */
+Test(tided, no_offline_work_between_registration_and_the_first_layout, .init = setup,
      .fini = teardown)
 {
     start(NULL);
@@ -1019,35 +1106,274 @@ Test(tided, first_layout_preempts_offline_work_given_before_the_join, .init = se
     m.u.submit.argc = 2;
     admin_call(admin, &m, &r, TIDE_MSG_OK);
     tide_msg_clear(&r);
-    fake w[2];
-    for (int i = 0; i < 2; i++) {
-        fake_connect(&w[i], 5000);
-        fake_register(&w[i], i, 2);
+    fake w[4];
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 400);
+        fake_register(&w[i], i, 4);
     }
-    expect_type(w[0].sock, TIDE_MSG_OFFLINE_ASSIGN, &r); /* the lowest idle worker */
-    cr_assert_str_eq(r.u.offline_assign.job, "eval");
-    tide_msg_clear(&r);
-    for (int i = 0; i < 2; i++)
-        fake_join(&w[i], 2);
-    /* worker 0 is told to stop eval, and both get generation 1 */
-    expect_type(w[0].sock, TIDE_MSG_PREEMPT, &r);
-    cr_assert_str_eq(r.u.preempt.job, "eval");
-    tide_msg_clear(&r);
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        cr_assert_eq(r.u.layout.layout.gen, 1);
-        cr_assert_eq(r.u.layout.layout.dp, 2);
+    /* registered, not joined: nothing is assigned (each socket times out in 400 ms) */
+    for (int i = 0; i < 4; i++) {
+        cr_assert_neq(coord_recv_type(w[i].sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0,
+                      "rank %d was given offline work before its job's first layout", i);
+    }
+    /* joined, but the job (dp 3) waits for a third rank: still nothing */
+    fake_join(&w[3], 3);
+    fake_join(&w[0], 3);
+    for (int i = 0; i < 4; i += 3) {
+        cr_assert_eq(coord_recv(w[i].sock, &r), 0);
+        cr_assert_eq(r.type, TIDE_MSG_OK, "rank %d: %s", i, tide_msg_type_name(r.type));
         tide_msg_clear(&r);
     }
+    cr_assert_neq(coord_recv_type(w[3].sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0,
+                  "a rank was given offline work while its job waited for its ranks");
+    fake_join(&w[1], 3);
+    fake_join(&w[2], 3);
+    /* the first layout takes three ranks with nothing to preempt; the fourth is spare and
+       gets the work */
+    int set = 5000, spare = -1;
+    for (int i = 0; i < 4; i++) {
+        zmq_setsockopt(w[i].sock, ZMQ_RCVTIMEO, &set, sizeof set);
+        cr_assert_eq(coord_recv(w[i].sock, &r), 0);
+        cr_assert(r.type == TIDE_MSG_LAYOUT || r.type == TIDE_MSG_OK, "rank %d got %s first", i,
+                  tide_msg_type_name(r.type));
+        if (r.type == TIDE_MSG_LAYOUT)
+            cr_assert_eq(r.u.layout.layout.gen, 1);
+        else
+            spare = i;
+        tide_msg_clear(&r);
+    }
+    cr_assert_geq(spare, 0);
+    expect_type(w[spare].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
+    cr_assert_str_eq(r.u.offline_assign.job, "eval");
+    cr_assert_eq(r.u.offline_assign.attempt, 1);
+    tide_msg_clear(&r);
+    cr_assert_eq(count_events(admin, "preempted"), 0, "nothing had to be preempted");
+    zmq_close(admin);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
+/* The report worker f sends about attempt of job: state, exit code, log path and tail. */
+static void report_attempt(fake *f, const char *job, uint32_t attempt, tide_proto_job_state_t st,
+                           int code, const char *log, const char *tail)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
+    m.u.offline_status.worker = f->id;
+    snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "%s", job);
+    m.u.offline_status.attempt = attempt;
+    m.u.offline_status.state = st;
+    m.u.offline_status.exit_code = code;
+    snprintf(m.u.offline_status.log, sizeof m.u.offline_status.log, "%s", log);
+    snprintf(m.u.offline_status.tail, sizeof m.u.offline_status.tail, "%s", tail);
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* The next offline_assign among the spare workers w[from..to): its index, *attempt, *ms. */
+static int next_assign(fake *w, int from, int to, uint32_t *attempt, int timeout_ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (tide_now_ns() < deadline) {
+        for (int i = from; i < to; i++) {
+            zmq_pollitem_t it = {w[i].sock, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&it, 1, 5) <= 0)
+                continue;
+            tide_msg_t r;
+            cr_assert_eq(coord_recv(w[i].sock, &r), 0);
+            int hit = r.type == TIDE_MSG_OFFLINE_ASSIGN;
+            if (hit)
+                *attempt = r.u.offline_assign.attempt;
+    tide_msg_clear(&r);
+            if (hit)
+                return i;
+        }
+    }
+    return -1;
+}
+
+/*
+ * Requeue semantics: a preemption or the worker leaving does not use up an attempt and
+ * is retried at once; a failed attempt counts, is retried after a backoff on another
+ * worker than the one it failed on, and max_attempts failures end the job.
+ */
+Test(tided, only_failures_use_up_attempts_and_retries_back_off_elsewhere, .init = setup,
+     .fini = teardown)
+{
+    const char *extra[] = {"--max-attempts", "2", "--retry-backoff-ms", "600", "--heartbeat-ms",
+                           "10000",          NULL};
+    start(extra);
+    fake w[5];
+    tide_msg_t m, r;
+    for (int i = 0; i < 5; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register(&w[i], i, 5);
+    }
+    for (int i = 0; i < 5; i++)
+        fake_join(&w[i], 2); /* ranks 0, 1 train; 2, 3, 4 are spare */
+    for (int i = 0; i < 5; i++) {
+        expect_type(w[i].sock, i < 2 ? TIDE_MSG_LAYOUT : TIDE_MSG_OK, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[2] = {"sleep", "100"};
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    uint32_t att = 0;
+    cr_assert_eq(next_assign(w, 2, 5, &att, 3000), 2);
+    cr_assert_eq(att, 1);
+    /* attempt 1 preempted: not a failure, retried at once (the same worker may take it) */
+    uint64_t t0 = tide_now_ns();
+    report_attempt(&w[2], "eval", 1, TIDE_JOB_PREEMPTED, -15, "/tmp/x.1.log", "");
+    int k = next_assign(w, 2, 5, &att, 3000);
+    cr_assert_eq(k, 2);
+    cr_assert_eq(att, 2);
+    cr_assert_lt((tide_now_ns() - t0) / 1000000ull, 500, "no backoff after a preemption");
+    /* attempt 2: its worker leaves (bye): not a failure either */
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = w[2].id;
+    cr_assert_eq(coord_send(w[2].sock, &m), 0);
+    t0 = tide_now_ns();
+    k = next_assign(w, 3, 5, &att, 3000);
+    cr_assert_eq(k, 3);
+    cr_assert_eq(att, 3);
+    cr_assert_lt((tide_now_ns() - t0) / 1000000ull, 500, "no backoff after a worker left");
     tide_msg_init(&m, TIDE_MSG_JOBS);
     admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
-    const tide_proto_job_row_t *eval = find_job(&r, "eval");
-    cr_assert_not_null(eval);
-    /* queued again after one attempt: tidectl jobs shows it as preempted */
-    cr_assert_eq(eval->state, TIDE_JOB_PREEMPTED, "eval is requeued, not %s",
-                 tide_proto_job_state_name(eval->state));
+    cr_assert_eq(find_job(&r, "eval")->state, TIDE_JOB_RUNNING,
+                 "two interruptions used up none of its 2 attempts");
     tide_msg_clear(&r);
+    /* attempt 3 fails: retried after the backoff, on worker 4 rather than 3 */
+    t0 = tide_now_ns();
+    report_attempt(&w[3], "eval", 3, TIDE_JOB_FAILED, 1, "/tmp/x.3.log", "boom\n");
+    k = next_assign(w, 3, 5, &att, 5000);
+    uint64_t ms = (tide_now_ns() - t0) / 1000000ull;
+    cr_assert_eq(k, 4, "the retry went to worker index %d, the one it failed on", k);
+    cr_assert_eq(att, 4);
+    cr_assert_geq(ms, 550, "retried after %llu ms, before the backoff", (unsigned long long)ms);
+    /* a late report of an old attempt changes nothing */
+    report_attempt(&w[3], "eval", 1, TIDE_JOB_FAILED, 9, "", "");
+    /* attempt 4 fails: the second failure ends the job */
+    report_attempt(&w[4], "eval", 4, TIDE_JOB_FAILED, 2, "/tmp/x.4.log", "boom again\n");
+    for (int tries = 0; tries < 100; tries++) {
+        tide_msg_init(&m, TIDE_MSG_JOBS);
+        admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+        int failed = find_job(&r, "eval")->state == TIDE_JOB_FAILED;
+        if (failed)
+            break;
+        tide_msg_clear(&r);
+        tide_sleep_ms(20);
+    }
+    const tide_proto_job_row_t *ev = find_job(&r, "eval");
+    cr_assert_eq(ev->state, TIDE_JOB_FAILED, "two failures of max 2: failed, not %s",
+                 tide_proto_job_state_name(ev->state));
+    cr_assert_eq(ev->attempts, 4);
+    tide_msg_clear(&r);
+    cr_assert_eq(count_events(admin, "offline_failed"), 1);
+    cr_assert_neq(next_assign(w, 3, 5, &att, 800), 3, "a failed job is not run again");
     zmq_close(admin);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 5; i++)
         zmq_close(w[i].sock);
+}
+
+/* Runs tidectl with args against this test's tided; its stdout in out. */
+static int tidectl(char *out, size_t cap, const char *const *args)
+{
+    return coord_tidectl(TIDECTL_PATH, proc.endpoint, args, out, cap);
+}
+
+/* tidectl logs: each attempt's output as its worker reported it. On the worker's host the
+   whole file; elsewhere the tail tided keeps, and where the file is. */
+Test(tided, tidectl_logs_shows_each_attempts_output, .init = setup, .fini = teardown)
+{
+    const char *extra[] = {"--heartbeat-ms", "10000", NULL};
+    start(extra);
+    char here[256] = "";
+    gethostname(here, sizeof here - 1);
+    fake a, b;
+    tide_msg_t m, r;
+    fake_connect(&a, 5000);
+    fake_connect(&b, 5000);
+    /* a runs on this host, b on another one; both join a job that placed its layout */
+    coord_mk_register(&m, "pool-l", 0, 3, here, 0, 4000);
+    cr_assert_eq(coord_call(a.sock, &m, &r), 0);
+    a.id = r.u.register_ok.worker;
+    coord_mk_register(&m, "pool-l", 1, 3, "far-away-host", 0, 4001);
+    cr_assert_eq(coord_call(b.sock, &m, &r), 0);
+    b.id = r.u.register_ok.worker;
+    fake t;
+    fake_connect(&t, 5000);
+    coord_mk_register(&m, "pool-l", 2, 3, here, 1, 4002);
+    cr_assert_eq(coord_call(t.sock, &m, &r), 0);
+    t.id = r.u.register_ok.worker;
+    fake_join(&t, 1);
+    fake_join(&a, 1);
+    fake_join(&b, 1);
+    char out[65536];
+    const char *sub[] = {"submit", "--offline", "--name", "ev", "--", "sh", "-c", "x", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, sub), 0, "%s", out);
+    const char *none[] = {"logs", "ev", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, none), 0);
+    cr_expect(strstr(out, "ev has not run yet") != NULL, "%s", out);
+    /* whichever spare worker took attempt 1 reports it from this host with a real file */
+    fake *f[2] = {&a, &b};
+    int first = -1;
+    uint32_t att = 0;
+    for (int tries = 0; tries < 200 && first < 0; tries++)
+        for (int i = 0; i < 2 && first < 0; i++) {
+            zmq_pollitem_t it = {f[i]->sock, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&it, 1, 10) > 0 && coord_recv(f[i]->sock, &r) == 0) {
+                if (r.type == TIDE_MSG_OFFLINE_ASSIGN) {
+                    first = i;
+                    att = r.u.offline_assign.attempt;
+                }
+                tide_msg_clear(&r);
+            }
+        }
+    cr_assert_eq(first, 0, "the lowest idle worker (a) takes attempt 1");
+    char path[400];
+    snprintf(path, sizeof path, "%s/ev.1.log", proc.dir);
+    FILE *lf = fopen(path, "w");
+    cr_assert_not_null(lf);
+    fputs("whole-file line 1\nwhole-file line 2\n", lf);
+    fclose(lf);
+    report_attempt(&a, "ev", att, TIDE_JOB_RUNNING, 0, path, "");
+    cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OK, &r), 0);
+    tide_msg_clear(&r);
+    cr_assert_eq(tidectl(out, sizeof out, none), 0);
+    cr_expect(strstr(out, "attempt 1 on worker") != NULL && strstr(out, "running") != NULL, "%s",
+              out);
+    cr_expect(strstr(out, "whole-file line 2") != NULL, "on its host: the file itself: %s", out);
+    /* it fails; attempt 2 runs on b, on another host, and ends there */
+    report_attempt(&a, "ev", 1, TIDE_JOB_FAILED, 3, path, "line 2\n");
+    cr_assert_eq(coord_recv_type(b.sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0);
+    cr_assert_eq(r.u.offline_assign.attempt, 2);
+    tide_msg_clear(&r);
+    report_attempt(&b, "ev", 2, TIDE_JOB_DONE, 0, "/var/tmp/ev.2.log", "the remote tail\n");
+    cr_assert_eq(coord_recv_type(b.sock, TIDE_MSG_OK, &r), 0);
+    tide_msg_clear(&r);
+    cr_assert_eq(tidectl(out, sizeof out, none), 0);
+    cr_expect(strstr(out, "attempt 2 on worker") != NULL && strstr(out, "done") != NULL, "%s", out);
+    cr_expect(strstr(out, "the remote tail") != NULL, "%s", out);
+    cr_expect(strstr(out, "/var/tmp/ev.2.log on far-away-host") != NULL, "says where: %s", out);
+    cr_expect(strstr(out, "whole-file") == NULL, "the latest attempt only by default: %s", out);
+    const char *one[] = {"logs", "ev", "--attempt", "1", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, one), 0);
+    cr_expect(strstr(out, "failed, exit code 3") != NULL, "%s", out);
+    cr_expect(strstr(out, "whole-file line 1") != NULL, "%s", out);
+    const char *all[] = {"logs", "ev", "--all", "--json", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, all), 0);
+    cr_expect(strstr(out, "\"attempt\":1") != NULL && strstr(out, "\"attempt\":2") != NULL, "%s",
+              out);
+    const char *missing[] = {"logs", "ev", "--attempt", "7", NULL};
+    cr_expect_eq(tidectl(out, sizeof out, missing), 1, "no attempt 7: refused");
+    const char *nojob[] = {"logs", "nope", NULL};
+    cr_expect_eq(tidectl(out, sizeof out, nojob), 1);
+    zmq_close(a.sock);
+    zmq_close(b.sock);
+    zmq_close(t.sock);
 }

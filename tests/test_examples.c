@@ -8,11 +8,14 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "examples/mlp.h"
 #include "examples/mlp_int.h"
+#include "examples/mlp_statefile.h"
 
 #define OK(expr)                                                                                   \
     do {                                                                                           \
@@ -655,4 +658,103 @@ Test(examples, allocation_failures_are_clean)
     }
     cr_expect(failed > 10, "%d allocation sites exercised", failed);
     tide_layout_destroy(&l);
+}
+
+/* ---- the whole-state file (train_mlp --state-out, mlp_state_diff) ------------------------- */
+
+/* Writes the state of collection c filled from seed to path; returns the buffers. */
+static void **write_state_file(const tide_collection_t *c, const char *path)
+{
+    size_t n = tide_collection_size(c);
+    void **full = calloc(n, sizeof *full);
+    cr_assert(full != NULL);
+    for (size_t i = 0; i < n; i++) {
+        const tide_tensor_desc *d = tide_collection_tensor(c, i);
+        uint64_t bytes = tide_tensor_bytes(d);
+        full[i] = calloc(1, (size_t)bytes);
+        cr_assert(full[i] != NULL);
+        if (d->dtype == TIDE_F32)
+            for (uint64_t k = 0; k < bytes / 4; k++)
+                ((float *)full[i])[k] = frand();
+        else
+            memset(full[i], (int)(i + 1), (size_t)bytes);
+    }
+    OK(tide_mlp_state_write(path, c, full));
+    return full;
+}
+
+static void free_state(const tide_collection_t *c, void **full)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++)
+        free(full[i]);
+    free(full);
+}
+
+Test(examples, state_file_round_trip_and_compare)
+{
+    tide_mlp_config cfg;
+    tide_mlp_config_default(&cfg);
+    cfg.layers = 2;
+    cfg.hidden = 8;
+    cfg.ffn = 16;
+    cfg.vocab = 8;
+    tide_collection_t *c = NULL;
+    OK(tide_mlp_collection_new(&cfg, &c));
+    char dir[] = "/tmp/tide-state-XXXXXX";
+    cr_assert(mkdtemp(dir) != NULL);
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    void **full = write_state_file(c, a);
+    OK(tide_mlp_state_write(b, c, full));
+    tide_mlp_state_diff d;
+    OK(tide_mlp_state_compare(a, b, 0.0, &d));
+    cr_assert_eq(d.tensors, tide_collection_size(c));
+    cr_assert_eq(d.identical, d.tensors, "a file read back is bit-identical to itself");
+    /* one float element off by 1e-3 of the tensor's norm: within 1e-2, not within 1e-4 */
+    size_t f = 0;
+    while (tide_collection_tensor(c, f)->dtype != TIDE_F32)
+        f++;
+    const tide_tensor_desc *fd = tide_collection_tensor(c, f);
+    float *x = full[f];
+    double norm = 0.0;
+    for (uint64_t k = 0; k < tide_tensor_bytes(fd) / 4; k++)
+        norm += (double)x[k] * x[k];
+    x[0] += (float)(1e-3 * sqrt(norm));
+    OK(tide_mlp_state_write(b, c, full));
+    OK(tide_mlp_state_compare(b, a, 1e-2, &d));
+    cr_assert_eq(d.identical, d.tensors - 1);
+    cr_assert(fabs(d.worst_rel - 1e-3) < 1e-4, "relative difference %g", d.worst_rel);
+    cr_assert_str_eq(d.worst, fd->name);
+    cr_assert_eq(tide_mlp_state_compare(b, a, 1e-4, &d), TIDE_ERR_RANGE);
+    cr_assert(strstr(tide_last_error(), fd->name) != NULL, "%s", tide_last_error());
+    x[0] -= (float)(1e-3 * sqrt(norm));
+    /* an integer tensor (the step counter) must be equal */
+    size_t s = 0;
+    while (tide_collection_tensor(c, s)->dtype == TIDE_F32)
+        s++;
+    ((unsigned char *)full[s])[0] ^= 1;
+    OK(tide_mlp_state_write(b, c, full));
+    cr_assert_eq(tide_mlp_state_compare(a, b, 1.0, &d), TIDE_ERR_INVALID);
+    cr_assert(strstr(tide_last_error(), tide_collection_tensor(c, s)->name) != NULL, "%s",
+              tide_last_error());
+    /* a flipped byte and a truncated file are refused on reading */
+    FILE *fp = fopen(b, "r+b");
+    cr_assert(fp != NULL);
+    fseek(fp, -1, SEEK_END);
+    int last = fgetc(fp);
+    fseek(fp, -1, SEEK_END);
+    fputc(last ^ 0x40, fp);
+    fclose(fp);
+    cr_assert_eq(tide_mlp_state_compare(a, b, 1.0, &d), TIDE_ERR_IO);
+    cr_assert(strstr(tide_last_error(), "does not match its hash") != NULL, "%s",
+              tide_last_error());
+    cr_assert_eq(truncate(b, 100), 0);
+    cr_assert_eq(tide_mlp_state_compare(a, b, 1.0, &d), TIDE_ERR_IO);
+    cr_assert_eq(tide_mlp_state_compare(a, dir, 1.0, &d), TIDE_ERR_IO);
+    free_state(c, full);
+    remove(a);
+    remove(b);
+    rmdir(dir);
+    tide_collection_destroy(&c);
 }

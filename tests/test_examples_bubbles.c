@@ -1,13 +1,17 @@
 /*
  * MPI integration test of bubble filling (2 ranks, host memory): usage
- * test_examples_bubbles TIDED TIDECTL PLUGIN, PLUGIN the task_matmul plugin.
+ * test_examples_bubbles TIDED TIDECTL PLUGIN PROBE, PLUGIN the task_matmul plugin,
+ * PROBE tests/task_probe.c's (it writes the tide_task_env it got).
  *
  * Rank 0 starts tided on a free loopback port; both ranks run train_mlp's elastic loop
  * (tide_mlp_tide_train) in a two-stage pipeline (dp 1, tp 1, pp 2) whose pipeline waits
  * go through tide_bubble_wait. Once the job has run a few steps, a controller thread on
- * rank 0 queues two offline plugin jobs with `tidectl submit --offline --plugin PLUGIN
- * --bubbles`: "mm" runs to its end, "spin" (too long to finish) is cancelled with
- * `tidectl cancel` while it fills bubbles.
+ * rank 0 queues offline plugin jobs with `tidectl submit --offline --plugin ... --bubbles`:
+ * "probe" (PROBE) writes the environment the runtime gave it, "mm" runs to its end,
+ * "spin" (too long to finish) is cancelled with `tidectl cancel` while it fills bubbles.
+ * The ranks run on devices 3 and 5 (tide_options.device), so that a plugin told 0, -1
+ * or its rank is caught: "probe" must have been given env.device == tide_device(t) of
+ * the rank that ran it, gpu 0 and no stream (host memory).
  * Checked: tided gives the jobs to the pipeline's workers and their steps run inside
  * bubbles (task steps and filled time > 0, filled <= bubble time, on the ranks that
  * ran them); "mm" ends done with the same result as the plugin run to its end in one
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,8 +68,8 @@ static void job_state(const char *exe, const char *ep, const char *name, char *s
 /* ---- the controller (rank 0 thread) -------------------------------------------------------- */
 
 typedef struct ctl_state {
-    const char *tidectl, *plugin;
-    char endpoint[256], mm_out[320];
+    const char *tidectl, *plugin, *probe;
+    char endpoint[256], mm_out[320], probe_out[320];
     volatile int started; /* the job has run a few steps */
     volatile int mm_done, spin_cancelled, error;
     char why[512];
@@ -89,6 +94,17 @@ static void *controller(void *arg)
     ctl_state *cs = arg;
     while (!cs->started)
         tide_sleep_ms(10);
+    const char *probe[] = {"submit",  "--offline", "--name", "probe",       "--bubbles", "--plugin",
+                           cs->probe, "--",        "--out",  cs->probe_out, NULL};
+    if (coord_tidectl(cs->tidectl, cs->endpoint, probe, NULL, 0) != 0) {
+        snprintf(cs->why, sizeof cs->why, "tidectl submit probe failed");
+        cs->error = 1;
+        return NULL;
+    }
+    if (wait_state(cs, "probe", "done", 30000) != 0) {
+        cs->error = 1;
+        return NULL;
+    }
     const char *mm[] = {"submit",   "--offline", "--name", "mm",    "--bubbles", "--plugin",
                         cs->plugin, "--",        MM_ARGS,  "--out", cs->mm_out,  NULL};
     if (coord_tidectl(cs->tidectl, cs->endpoint, mm, NULL, 0) != 0) {
@@ -216,8 +232,8 @@ static void reference_task(const char *plugin, const char *out_path, char *text,
 
 int main(int argc, char **argv)
 {
-    if (argc < 4) {
-        fprintf(stderr, "usage: test_examples_bubbles TIDED TIDECTL PLUGIN\n");
+    if (argc < 5) {
+        fprintf(stderr, "usage: test_examples_bubbles TIDED TIDECTL PLUGIN PROBE\n");
         return 2;
     }
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
@@ -232,6 +248,7 @@ int main(int argc, char **argv)
         }
         snprintf(cs.endpoint, sizeof cs.endpoint, "%s", g_coord.endpoint);
         snprintf(cs.mm_out, sizeof cs.mm_out, "%s/mm.out", g_coord.dir);
+        snprintf(cs.probe_out, sizeof cs.probe_out, "%s/probe.env", g_coord.dir);
     }
     int prov = 0, size = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
@@ -242,16 +259,26 @@ int main(int argc, char **argv)
     MPI_Bcast(g_coord.dir, sizeof g_coord.dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     setenv("TIDE_TASK_DIR", g_coord.dir, 1); /* preempted tasks save their blobs here */
     cs.tidectl = argv[2];
-    /* tided names plugins, never paths: libNAME.so in the workers' TIDE_PLUGIN_DIR */
-    static char dir[512], name[128];
-    snprintf(dir, sizeof dir, "%s", argv[3]);
-    char *slash = strrchr(dir, '/');
-    MT_ASSERT(slash != NULL && strncmp(slash + 1, "lib", 3) == 0, "plugin path %s", argv[3]);
-    snprintf(name, sizeof name, "%s", slash + 4);
-    *slash = '\0';
-    name[strcspn(name, ".")] = '\0';
+    /* tided names plugins, never paths: libNAME.so in the workers' TIDE_PLUGIN_DIR, here
+       a directory of links to the two plugins */
+    static char dir[400], name[2][128];
+    snprintf(dir, sizeof dir, "%s/plugins", g_coord.dir);
+    if (g_rank == 0)
+        MT_ASSERT(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    for (int k = 0; k < 2; k++) {
+        const char *path = argv[3 + k], *base = strrchr(path, '/');
+        MT_ASSERT(base != NULL && strncmp(base + 1, "lib", 3) == 0, "plugin path %s", path);
+        snprintf(name[k], sizeof name[k], "%s", base + 4);
+        name[k][strcspn(name[k], ".")] = '\0';
+        char link[600];
+        snprintf(link, sizeof link, "%s%s", dir, base);
+        if (g_rank == 0)
+            MT_ASSERT(symlink(path, link) == 0, "symlink %s", link);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
     setenv("TIDE_PLUGIN_DIR", dir, 1);
-    cs.plugin = name;
+    cs.plugin = name[0];
+    cs.probe = name[1];
 
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
@@ -262,14 +289,18 @@ int main(int argc, char **argv)
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
     o.register_timeout_ms = 20000;
+    o.device = 3 + 2 * g_rank; /* neither 0 nor the rank: what a plugin must be told */
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    int devices[2] = {-1, -1}, mine_dev = tide_device(t);
+    MT_ASSERT(mine_dev == o.device, "tide_device %d, options said %d", mine_dev, o.device);
+    MPI_Allgather(&mine_dev, 1, MPI_INT, devices, 1, MPI_INT, MPI_COMM_WORLD);
     tide_join_req jr = {JOB, coll, 1, 1, 2, 4, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->member && v->layout->pp == 2, "both ranks are the pipeline's two stages");
     tide_mlp_t *m = NULL;
-    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_set_buffers(t, tide_mlp_buffers(m)));
 
@@ -321,6 +352,28 @@ int main(int argc, char **argv)
     MT_ASSERT(bs.task[0] == '\0', "rank %d still runs offline job %s after the cancel", g_rank,
               bs.task);
 
+    /* "probe" was told the device of the worker that ran it */
+    if (g_rank == 0) {
+        char line[256] = "";
+        FILE *f = fopen(cs.probe_out, "r");
+        MT_ASSERT(f != NULL && fgets(line, sizeof line, f) != NULL, "probe wrote no %s",
+                  cs.probe_out);
+        fclose(f);
+        unlink(cs.probe_out);
+        int r = -1, dev = -1, gpu = -1;
+        char stream[16] = "";
+        MT_ASSERT(sscanf(line, "rank=%d device=%d gpu=%d stream=%15s", &r, &dev, &gpu, stream) ==
+                          4 &&
+                      r >= 0 && r < 2,
+                  "probe's line: %s", line);
+        MT_ASSERT(dev == devices[r],
+                  "the plugin on rank %d was told device %d; the worker's device is %d", r, dev,
+                  devices[r]);
+        MT_ASSERT(gpu == 0 && strcmp(stream, "null") == 0,
+                  "a host-memory worker gave its plugin gpu=%d stream=%s", gpu, stream);
+        printf("probe: the plugin ran on rank %d with env.device %d = tide_device\n", r, dev);
+    }
+
     /* "mm" computed what the plugin computes run in one go */
     if (g_rank == 0) {
         char got[256] = "", want[256] = "", ref_path[400];
@@ -359,6 +412,12 @@ int main(int argc, char **argv)
         char blob[400];
         snprintf(blob, sizeof blob, "%s/spin.ckpt", g_coord.dir);
         unlink(blob);
+        for (int k = 0; k < 2; k++) {
+            char link[600];
+            snprintf(link, sizeof link, "%s%s", dir, strrchr(argv[3 + k], '/'));
+            unlink(link);
+        }
+        rmdir(dir);
         coord_stop(&g_coord, SIGTERM);
         coord_cleanup(&g_coord);
     }

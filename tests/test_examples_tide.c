@@ -345,7 +345,7 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     uint64_t slack = (uint64_t)r->n_tensors * 4096;
     MT_ASSERT(st->rs.peak_extra <= st->rs.staging_cap + st->rs.no_room + slack,
               "rank %d: generation %llu took %llu bytes more (cap %llu, no room %llu)",
-              (int)tide_worker_id(t), (unsigned long long)g, (unsigned long long)st->rs.peak_extra,
+              (int)tide_pool_rank(t), (unsigned long long)g, (unsigned long long)st->rs.peak_extra,
               (unsigned long long)st->rs.staging_cap, (unsigned long long)st->rs.no_room);
     r->kept += st->rs.bytes_kept;
     r->shrunk += st->rs.bytes_shrunk;
@@ -353,7 +353,7 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->spilled += st->rs.bytes_spilled;
     MT_ASSERT(st->rs.bytes_kept + st->rs.bytes_shrunk + st->rs.bytes_rebuilt == st->rs.state_new,
               "rank %d: new shards kept %llu + shrunk %llu + rebuilt %llu != %llu",
-              (int)tide_worker_id(t), (unsigned long long)st->rs.bytes_kept,
+              (int)tide_pool_rank(t), (unsigned long long)st->rs.bytes_kept,
               (unsigned long long)st->rs.bytes_shrunk, (unsigned long long)st->rs.bytes_rebuilt,
               (unsigned long long)st->rs.state_new);
     MT_ASSERT(st->rs.plan_ms >= 0 && st->rs.move_ms >= 0 && st->rs.sync_ms >= 0 &&
@@ -477,7 +477,7 @@ int main(int argc, char **argv)
     rec.gen_size[1] = (int64_t)tide_layout_size(v->layout);
     check_tp_in_host(v->layout, 1);
     tide_mlp_t *m = NULL;
-    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     if (v->member)
         MT_OK(tide_mlp_init(m));
     /* the runtime owns the state and rebuilds it in place at every switch */

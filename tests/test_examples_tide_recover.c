@@ -308,7 +308,7 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
         hash_state(t, m, r->pre);
-        if (tide_worker_id(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode) {
+        if (tide_pool_rank(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode) {
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
             raise(SIGKILL);
@@ -331,7 +331,7 @@ static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
                : g_lastreduce_mode ? point == TIDE_MLP_AT_LOSS
                                    : 0;
     if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
-        tide_worker_id(t) == g_victim) {
+        tide_pool_rank(t) == g_victim) {
         fprintf(stderr, "[rank %d] killing myself inside step %d, %s\n", g_rank, KILL_AT,
                 g_midstep_mode ? "before its gradient allreduce" : "inside its last reductions");
         fflush(stderr);
@@ -563,7 +563,7 @@ int main(int argc, char **argv)
             rec.spare = r;
     MT_ASSERT(g_spare_mode ? rec.spare >= 0 : rec.spare < 0, "spare rank %d", rec.spare);
     tide_mlp_t *m = NULL;
-    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_worker_id(t), TIDE_MLP_CPU));
+    MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     if (v->member)
         MT_OK(tide_mlp_init(m));
     /* as train_mlp: the runtime owns the state and recovers it in place */

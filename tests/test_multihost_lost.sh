@@ -4,8 +4,9 @@
 # of h2 is killed at once (its MPI ranks and Open MPI's daemon: the host lost power).
 # Checked: tided declares exactly h2's four workers failed and recovers the job over h1
 # from its replica, (dp 1, tp 4); the survivors train to the end; the loss of every
-# step, the redone one included, equals the never-resized run within relative 1e-5
-# (Adam's state and the data cursor came through the recovery intact). Printed: the
+# step, the redone one included, equals the never-resized run within relative 1e-5, and
+# so does the whole final state (parameters and Adam moments within relative 1e-4 in L2
+# per tensor, the step counter and the data cursor equal: mlp_state_diff). Printed: the
 # time from the kill to tided's failure verdict (detection), to the recovery layout
 # (plan), the survivors' switch (move) and their first step after it (resume).
 # (mpirun itself never exits once a daemon is lost: the test stops it after the ranks
@@ -25,7 +26,8 @@ KILL_AT=12
 
 note "the never-resized reference run (dp 2, tp 4) on h1"
 "${MPI[@]}" --host h1:8 -np 8 "$TRAIN" "${MODEL[@]}" --dp 2 --tp 4 --steps $STEPS \
-  --loss-out "$MH_TMP/ref.loss" --print-every 1000 >"$MH_TMP/ref.log" 2>&1 ||
+  --loss-out "$MH_TMP/ref.loss" --state-out "$MH_TMP/ref.state" --print-every 1000 \
+  >"$MH_TMP/ref.log" 2>&1 ||
   { cat "$MH_TMP/ref.log" >&2; fail "reference run"; }
 
 note "train_mlp --tide (dp 2, tp 4) on h1:4,h2:4"
@@ -33,6 +35,7 @@ note "train_mlp --tide (dp 2, tp 4) on h1:4,h2:4"
   -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/pool1.key" -x TIDE_SERVER_KEY="$KEYS/server.pub" \
   "$TRAIN" --tide --job $JOB "${MODEL[@]}" --dp 2 --tp 4 --steps $STEPS --pace-ms 50 \
   --print-every 1000 --loss-out "$MH_TMP/tide.loss" --trace-out "$MH_TMP/trace" \
+  --state-out "$MH_TMP/tide.state" \
   >"$MH_TMP/job.log" 2>&1 &
 MH_PIDS=$!
 wait_busy 8 60
@@ -53,7 +56,7 @@ note "killed every process of h2 after step $step"
 
 # the survivors finish: their summary line, then mpirun is stopped (it waits for h2)
 for _ in $(seq 1200); do
-  grep -q "steps done in" "$MH_TMP/job.log" && break
+  grep -q "steps done in" "$MH_TMP/job.log" && [ -s "$MH_TMP/tide.state" ] && break
   grep -q "train_mlp: rank .*: " "$MH_TMP/job.log" && break
   sleep 0.1
 done
@@ -76,6 +79,7 @@ jobs=$(ctl ops jobs --json)
 grep -q '"dp":1,"tp":4,"pp":1' <<<"$jobs" || { echo "$jobs"; fail "no (1,4,1) recovery layout"; }
 n=$(compare_losses "$MH_TMP/tide.loss" "$MH_TMP/ref.loss" 1e-5) ||
   fail "losses differ from the never-resized run"
+compare_states "$MH_TMP/tide.state" "$MH_TMP/ref.state" 1e-4
 
 # timings: tided's events (ms since the epoch) and the survivors' trace
 t_fail=$(grep -o '"time_ms":[0-9]*,"job":[^,]*,"kind":"worker_failed"' <<<"$ev" | head -1 |
@@ -98,4 +102,4 @@ printf 'recovered %d ms later (generation %s; the other 3 failures restart it), 
   $((t_done - t_plan)) "$gen"
 printf 'switch %.1f ms of which move %.1f ms, first step done %d ms after the kill\n' \
   "$total_ms" "$move_ms" $(((first / 1000) - kill_ms))
-echo "PASS: host h2 lost; the job recovered on h1 (dp 1, tp 4) and $n steps match the never-resized run"
+echo "PASS: host h2 lost; the job recovered on h1 (dp 1, tp 4); $n steps and the final state match the never-resized run"

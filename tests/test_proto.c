@@ -116,6 +116,13 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
                  "event rows");
         x.u.events_reply.rows = y.u.events_reply.rows = NULL;
         break;
+    case TIDE_MSG_LOGS_REPLY:
+        if (a->u.logs_reply.n_rows != b->u.logs_reply.n_rows)
+            return snprintf(why, len, "row counts differ"), 0;
+        SAME_ARR(a->u.logs_reply.rows, b->u.logs_reply.rows, a->u.logs_reply.n_rows,
+                 "attempt rows");
+        x.u.logs_reply.rows = y.u.logs_reply.rows = NULL;
+        break;
     case TIDE_MSG_RESIZE:
         if (a->u.resize.n_stages != b->u.resize.n_stages)
             return snprintf(why, len, "stage counts differ"), 0;

@@ -86,17 +86,17 @@ if [ "$MODE" = resize ]; then
   [ "$(grep -c bit-identical "$WORK/check.log")" -eq 3 ] || fail "expected 3 checked switches"
   cat "$WORK/check.log"
 else
-  # worker 3 = (pp 1, dp 1) dies inside step 6; (pp 1, dp 0) holds its replica
+  # pool rank 3 = (pp 1, dp 1) dies inside step 6; (pp 1, dp 0) holds its replica
   "${MPIRUN[@]}" --enable-recovery --mca async_mpi_finalize 1 -np 4 "$PY" "$EX" "${MODEL[@]}" --job rec \
-    --dp 2 --pp 2 --steps $STEPS --step-ms 20 --kill-worker 3 --kill-at 6 \
+    --dp 2 --pp 2 --steps $STEPS --step-ms 20 --kill-rank 3 --kill-at 6 \
     --loss-out "$WORK/el.loss" --check-dir "$WORK/check" >"$WORK/job.log" 2>&1 &
   JOB_PID=$!
-  wait_for "$WORK/job.log" 'worker 3 dies inside step 6' 60
+  wait_for "$WORK/job.log" 'rank 3 \(worker [0-9]+\) dies inside step 6' 60
   wait_for "$WORK/job.log" 'generation 2 ' 60
-  for w in 0 1 2; do wait_for "$WORK/job.log" "worker $w done" 90; done
+  for w in 0 1 2; do wait_for "$WORK/job.log" "rank $w done" 90; done
   wait "$JOB_PID" 2>/dev/null
   JOB_PID=""
-  grep -q "worker 3 done" "$WORK/job.log" && fail "the killed worker finished"
+  grep -q "rank 3 done" "$WORK/job.log" && fail "the killed worker finished"
   "$PY" "$SRC/tests/python_check_state.py" "$WORK/check" "${MODEL[@]}" >"$WORK/check.log" 2>&1 ||
     fail "state across the recovery: $(tail -n 1 "$WORK/check.log")"
   cat "$WORK/check.log"

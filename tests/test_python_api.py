@@ -98,6 +98,10 @@ expect("Runtime timeout", lambda: tide.Runtime(MPI.COMM_WORLD, join_timeout_ms=-
 expect("Runtime no tided", lambda: tide.Runtime(MPI.COMM_WORLD, endpoint="tcp://127.0.0.1:1",
                                                  register_timeout_ms=300), Status.ERR_TIMEOUT, "tide_new")
 rt = tide.Runtime(MPI.COMM_WORLD)
+ok("pool_rank", rt.pool_rank == MPI.COMM_WORLD.Get_rank())
+ok("pool_worker_id of self", rt.worker_id >= 0 and rt.pool_worker_id(rt.pool_rank) == rt.worker_id)
+ok("pool_worker_id out of range", rt.pool_worker_id(-1) == -1 and rt.pool_worker_id(rt.pool_size) == -1)
+expect("pool_worker_id type", lambda: rt.pool_worker_id("0"), I, "rank must be an int")
 expect("zeros before join", lambda: rt.zeros(), I, "join first")
 expect("join job", lambda: rt.join("", c), I, "job must be")
 expect("join collection", lambda: rt.join("api", "c"), I, "tide.Collection")

@@ -18,7 +18,19 @@
  * device (tide_device, the rank's index on the host). A tide_prepare_fn allocates the
  * next layout's buffers with tide_alloc_buffers on libtide's preparation thread, and the
  * switches move into them: the test fails if any thread libtide starts touches the
- * backend before binding, as the preparation thread once did.
+ * backend before binding, as the preparation thread once did. After the third
+ * generation every rank gives its buffers to the runtime (tide_give_buffers) and the
+ * last two switches rebuild them in place (tide_reshard(t, NULL)), the preparation
+ * thread reserving pool memory for them (it must allocate there, bound). Every member
+ * the mpi table has, and the device ones a device backend adds (mem_alloc_on, mem_zero),
+ * is checked but comm_abort and p2p_direct (any thread, never the device, by contract),
+ * on every communicator too: they dispatch through the table they were made with.
+ *
+ * Communicators at once: the recording backend counts the communicators alive in the
+ * process (created or split, not yet destroyed). A switch holds at most the old
+ * layout's four groups and the new layout's four (the switch communicator is released
+ * once the new all is split off it): every rank's peak must be <= 8, and a rank that is
+ * a member of both layouts of some switch reaches it exactly.
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -43,8 +55,13 @@
 #define MAX_GEN   8
 #define JOB       "wtest"
 
-static const int plan_dp[] = {2, 1, 2, 1}, plan_tp[] = {1, 2, 1, 2}, plan_pp[] = {2, 3, 1, 2};
-#define N_GENS 4
+static const int plan_dp[] = {2, 1, 2, 1, 3}, plan_tp[] = {1, 2, 1, 2, 2},
+                 plan_pp[] = {2, 3, 1, 2, 1};
+#define N_GENS   5
+#define GIVE_GEN 3 /* after the switch to it, the runtime owns every rank's buffers */
+/* The most communicators a rank holds during a switch: the old layout's all/tp/dp/pp and
+   the new layout's (what tide__build_groups promises). */
+#define COMM_BOUND 8
 
 /* ---- the recording backend ----------------------------------------------------------- */
 
@@ -53,6 +70,11 @@ static const tide_coll_backend_v1 *under; /* the mpi backend */
 static _Thread_local int bound = -1;      /* this thread's "current device" */
 static int want_dev = -1;                 /* the first device bound in this process */
 static int n_violations, n_bound_threads, n_checked;
+static _Thread_local int is_main; /* 1 on the program's main thread */
+static int owned_phase;           /* the runtime owns the buffers, no prepare fn is set */
+static int n_reserve_allocs;      /* owned phase: allocations on libtide's own threads */
+static int n_live, n_peak;        /* communicators alive in this process, and the most */
+static int n_comm_ops;            /* operations on communicators the wrapper saw */
 
 static void rec_check(const char *what)
 {
@@ -75,11 +97,23 @@ static tide_status rec_bind(int device)
     return TIDE_OK;
 }
 
+/* A communicator came into being: counts it and keeps the peak. */
+static void rec_born(void)
+{
+    int live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
+    int peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 0, __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED))
+        ;
+}
+
 static tide_status rec_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                               tide_coll_comm_t **out)
 {
     rec_check("comm_create");
     tide_status rc = under->comm_create(pool, p, out);
+    if (rc == TIDE_OK && *out != NULL)
+        rec_born();
     return rc;
 }
 
@@ -87,7 +121,68 @@ static tide_status rec_split(tide_coll_comm_t *parent, int color, int key, const
                              int n, tide_coll_comm_t **out)
 {
     rec_check("comm_split");
-    return under->comm_split(parent, color, key, members, n, out);
+    tide_status rc = under->comm_split(parent, color, key, members, n, out);
+    if (rc == TIDE_OK && *out != NULL)
+        rec_born();
+    return rc;
+}
+
+static void rec_destroy(tide_coll_comm_t *c)
+{
+    rec_check("comm_destroy");
+    __atomic_sub_fetch(&n_live, 1, __ATOMIC_RELAXED);
+    under->comm_destroy(c);
+}
+
+static tide_status rec_req_test(tide_coll_comm_t *c, tide_coll_req_t *req, int *done)
+{
+    rec_check("req_test");
+    return under->req_test(c, req, done);
+}
+
+static tide_status rec_req_wait(tide_coll_comm_t *c, tide_coll_req_t *req)
+{
+    rec_check("req_wait");
+    return under->req_wait(c, req);
+}
+
+static void rec_req_free(tide_coll_comm_t *c, tide_coll_req_t *req)
+{
+    rec_check("req_free");
+    under->req_free(c, req);
+}
+
+static tide_status rec_broadcast(tide_coll_comm_t *c, void *buf, size_t bytes, int root,
+                                 tide_coll_stream_t s)
+{
+    rec_check("broadcast");
+    return under->broadcast(c, buf, bytes, root, s);
+}
+
+static tide_status rec_reduce_scatter(tide_coll_comm_t *c, const void *send, void *recv,
+                                      size_t count, tide_dtype dt, tide_red_op op,
+                                      tide_coll_stream_t s)
+{
+    rec_check("reduce_scatter");
+    return under->reduce_scatter(c, send, recv, count, dt, op, s);
+}
+
+static uint64_t rec_direct_bytes(const tide_coll_comm_t *c)
+{
+    rec_check("direct_bytes");
+    return under->direct_bytes(c);
+}
+
+static void rec_free(void *ptr)
+{
+    rec_check("mem_free");
+    under->mem_free(ptr);
+}
+
+static tide_status rec_mem_check(const void *ptr, size_t bytes, const char *what)
+{
+    rec_check("mem_check");
+    return under->mem_check(ptr, bytes, what);
 }
 
 static tide_status rec_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
@@ -95,6 +190,7 @@ static tide_status rec_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
                                  tide_coll_req_t **out)
 {
     rec_check("p2p_start");
+    __atomic_add_fetch(&n_comm_ops, 1, __ATOMIC_RELAXED);
     return under->p2p_start(c, ops, peers, n, s, out);
 }
 
@@ -102,6 +198,7 @@ static tide_status rec_allreduce(tide_coll_comm_t *c, const void *send, void *re
                                  tide_dtype dt, tide_red_op op, tide_coll_stream_t s)
 {
     rec_check("allreduce");
+    __atomic_add_fetch(&n_comm_ops, 1, __ATOMIC_RELAXED);
     return under->allreduce(c, send, recv, count, dt, op, s);
 }
 
@@ -109,12 +206,14 @@ static tide_status rec_allgather(tide_coll_comm_t *c, const void *send, void *re
                                  tide_coll_stream_t s)
 {
     rec_check("allgather");
+    __atomic_add_fetch(&n_comm_ops, 1, __ATOMIC_RELAXED);
     return under->allgather(c, send, recv, bytes, s);
 }
 
 static tide_status rec_barrier(tide_coll_comm_t *c, tide_coll_stream_t s)
 {
     rec_check("barrier");
+    __atomic_add_fetch(&n_comm_ops, 1, __ATOMIC_RELAXED);
     return under->barrier(c, s);
 }
 
@@ -127,6 +226,8 @@ static tide_status rec_alloc(size_t bytes, void **out)
 static tide_status rec_alloc_on(int device, size_t bytes, void **out)
 {
     rec_check("mem_alloc_on");
+    if (!is_main && __atomic_load_n(&owned_phase, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&n_reserve_allocs, 1, __ATOMIC_RELAXED);
     if (device != __atomic_load_n(&want_dev, __ATOMIC_RELAXED))
         rec_check("mem_alloc_on another device");
     return under->mem_alloc(bytes, out);
@@ -168,10 +269,19 @@ static void rec_register(void)
     rec.device_bind = rec_bind;
     rec.comm_create = rec_create;
     rec.comm_split = rec_split;
+    rec.comm_destroy = rec_destroy;
     rec.p2p_start = rec_p2p_start;
+    rec.req_test = rec_req_test;
+    rec.req_wait = rec_req_wait;
+    rec.req_free = rec_req_free;
     rec.allreduce = rec_allreduce;
+    rec.broadcast = rec_broadcast;
     rec.allgather = rec_allgather;
+    rec.reduce_scatter = rec_reduce_scatter;
     rec.barrier = rec_barrier;
+    rec.direct_bytes = rec_direct_bytes;
+    rec.mem_check = rec_mem_check;
+    rec.mem_free = rec_free;
     rec.mem_alloc = rec_alloc;
     rec.mem_alloc_on = rec_alloc_on;
     rec.mem_zero = rec_zero;
@@ -442,6 +552,51 @@ static void *controller(void *arg)
     return NULL;
 }
 
+/*
+ * One worker identity: every rank's tide_worker_id is tided's id of it, the id
+ * tide_pool_worker_id gives every rank for it, and the row of `tidectl status` with that
+ * id is this rank's device (its index on the host = its rank here). Collective.
+ */
+static void check_worker_ids(tide_t *t, const char *endpoint, int rank, int size)
+{
+    int32_t me = tide_worker_id(t), ids[16];
+    MT_ASSERT(size <= 16 && me >= 0, "rank %d: worker id %d", rank, (int)me);
+    MPI_Allgather(&me, 1, MPI_INT32_T, ids, 1, MPI_INT32_T, MPI_COMM_WORLD);
+    for (int r = 0; r < size; r++) {
+        MT_ASSERT(tide_pool_worker_id(t, r) == ids[r],
+                  "rank %d: tide_pool_worker_id(%d) = %d, but that rank's tide_worker_id is %d",
+                  rank, r, (int)tide_pool_worker_id(t, r), (int)ids[r]);
+        for (int q = 0; q < r; q++)
+            MT_ASSERT(ids[q] != ids[r], "ranks %d and %d share worker id %d", q, r, (int)ids[r]);
+    }
+    MT_ASSERT(tide_pool_worker_id(t, -1) == -1 && tide_pool_worker_id(t, size) == -1 &&
+                  tide_pool_worker_id(NULL, 0) == -1 && tide_worker_id(NULL) == -1 &&
+                  tide_pool_rank(NULL) == -1,
+              "out-of-range ranks and NULL give -1");
+    if (rank != 0)
+        return;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(s, endpoint);
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_STATUS);
+    MT_ASSERT(request(s, &q, &r) == 0 && r.type == TIDE_MSG_STATUS_REPLY, "no status reply");
+    for (int k = 0; k < size; k++) {
+        const tide_proto_gpu_row_t *row = NULL;
+        for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+            if (r.u.status_reply.rows[i].worker == ids[k])
+                row = &r.u.status_reply.rows[i];
+        MT_ASSERT(row != NULL, "tidectl status has no worker %d (rank %d's tide_worker_id)",
+                  (int)ids[k], k);
+        MT_ASSERT(row->device == k, "status: worker %d on device %d; rank %d runs on device %d",
+                  (int)ids[k], row->device, k, k);
+    }
+    tide_msg_clear(&r);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
 /* ---- the test ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -454,6 +609,7 @@ int main(int argc, char **argv)
     }
     if (is_root)
         start_tided(argv[1]); /* before MPI_Init: fork is safe here */
+    is_main = 1;
     int prov = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     int rank, size;
@@ -490,7 +646,8 @@ int main(int argc, char **argv)
     o.device = -1; /* the rank's index on the host: its rank, as mpirun runs them on one */
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
-    MT_ASSERT(tide_worker_id(t) == rank, "worker id is the pool rank");
+    MT_ASSERT(tide_pool_rank(t) == rank, "pool rank %d, MPI rank %d", tide_pool_rank(t), rank);
+    check_worker_ids(t, cs.endpoint, rank, size);
     MT_ASSERT(tide_device(t) == rank && want_dev == rank,
               "rank %d: device %d chosen, %d bound; want the rank's index on the host", rank,
               tide_device(t), want_dev);
@@ -539,6 +696,7 @@ int main(int argc, char **argv)
     switch_at[1] = 0;
     gen_size[1] = 4;
     int64_t final_at = -1;
+    int owned = 0; /* the runtime owns the buffers (tide_give_buffers) */
     for (;;) {
         tide_step_action a;
         MT_OK(tide_step_begin(t, &a));
@@ -548,11 +706,31 @@ int main(int argc, char **argv)
             const tide_view *nv = tide_view_next(t);
             v = tide_view_get(t);
             int64_t s = nv->step;
+            uint64_t g = nv->generation;
+            MT_ASSERT(g < MAX_GEN, "generation %llu", (unsigned long long)g);
+            gen_size[g] = (int64_t)tide_layout_size(nv->layout);
+            if (owned) {
+                /* runtime-owned: rebuilt in place, the preparation thread having reserved
+                   the pool's blocks for the growth */
+                if (v->member)
+                    check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank,
+                                 tide_buffers(t), s, "before the in-place switch");
+                tide_reshard_stats st;
+                MT_OK(tide_reshard(t, NULL, &st));
+                v = tide_view_get(t);
+                MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
+                if (v->member)
+                    check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank,
+                                 tide_buffers(t), s, "after the in-place switch");
+                switch_at[g] = s;
+                if (g == N_GENS)
+                    final_at = s;
+                continue;
+            }
             if (v->member)
                 check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank, bufs, s,
                              "before the switch");
             void **nb = NULL;
-            uint64_t g = nv->generation;
             pthread_mutex_lock(&pre.mu);
             if (pre.gen == g && pre.bufs != NULL) {
                 nb = pre.bufs;
@@ -562,8 +740,6 @@ int main(int argc, char **argv)
             pthread_mutex_unlock(&pre.mu);
             if (nb == NULL)
                 MT_OK(tide_alloc_buffers(t, nv, &nb));
-            MT_ASSERT(g < MAX_GEN, "generation %llu", (unsigned long long)g);
-            gen_size[g] = (int64_t)tide_layout_size(nv->layout);
             tide_reshard_stats st;
             MT_OK(tide_reshard(t, nb, &st));
             v = tide_view_get(t);
@@ -576,6 +752,19 @@ int main(int argc, char **argv)
             switch_at[g] = s;
             if (g == N_GENS)
                 final_at = s;
+            if (g == GIVE_GEN) {
+                /* from now on the runtime owns the buffers; the program prepares nothing,
+                   so every allocation on libtide's threads is its pool reservation */
+                MT_OK(tide_set_prepare(t, NULL, NULL));
+                pthread_mutex_lock(&pre.mu);
+                tide_free_buffers(t, &pre.bufs);
+                pthread_mutex_unlock(&pre.mu);
+                __atomic_store_n(&owned_phase, 1, __ATOMIC_RELAXED);
+                MT_OK(tide_give_buffers(t, &bufs));
+                MT_ASSERT(bufs == NULL && tide_buffers(t) != NULL,
+                          "tide_give_buffers takes the table");
+                owned = 1;
+            }
             continue;
         }
         v = tide_view_get(t);
@@ -585,7 +774,7 @@ int main(int argc, char **argv)
             MT_OK(tide_finish(t));
             break;
         }
-        apply_step(coll, bufs, v, s);
+        apply_step(coll, owned ? tide_buffers(t) : bufs, v, s);
         ran[s]++;
         /* a collective per step over the layout: members agree on the step index */
         double mine = (double)s, lo = 0, hi = 0;
@@ -626,28 +815,47 @@ int main(int argc, char **argv)
                   total[k], want, g);
     }
     if (rank == 0)
-        printf("switch steps: gen2 %lld, gen3 %lld, gen4 %lld; %lld steps\n", (long long)hi[2],
-               (long long)hi[3], (long long)hi[4], (long long)end);
+        printf("switch steps: gen2 %lld, gen3 %lld, gen4 %lld, gen5 %lld; %lld steps\n",
+               (long long)hi[2], (long long)hi[3], (long long)hi[4], (long long)hi[5],
+               (long long)end);
     /* device binding: no thread touched the backend unbound, and the preparation thread
        did (it moved the switches' buffers) */
     MT_OK(tide_set_prepare(t, NULL, NULL)); /* waits for a running preparation */
-    int counts[3] = {__atomic_load_n(&n_violations, __ATOMIC_RELAXED), pre.used,
-                     __atomic_load_n(&n_bound_threads, __ATOMIC_RELAXED) > 1},
-        sums[3];
-    MPI_Allreduce(counts, sums, 3, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    int counts[4] = {__atomic_load_n(&n_violations, __ATOMIC_RELAXED), pre.used,
+                     __atomic_load_n(&n_bound_threads, __ATOMIC_RELAXED) > 1,
+                     __atomic_load_n(&n_reserve_allocs, __ATOMIC_RELAXED)},
+        sums[4];
+    MPI_Allreduce(counts, sums, 4, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MT_ASSERT(sums[0] == 0, "%d backend calls on threads without the rank's device bound", sums[0]);
     MT_ASSERT(sums[1] > 0 && sums[2] > 0,
               "no switch moved into buffers of the preparation thread (%d used, %d ranks bound "
               "a second thread)",
               sums[1], sums[2]);
-    MT_ASSERT(n_checked > 0, "the recording backend saw no calls");
+    MT_ASSERT(sums[3] > 0,
+              "the preparation thread reserved no pool memory for the runtime-owned switches");
+    MT_ASSERT(n_checked > 0 && __atomic_load_n(&n_comm_ops, __ATOMIC_RELAXED) > 0,
+              "the recording backend saw no operations on its communicators (%d calls)", n_checked);
     if (rank == 0)
         printf("device binding: %d switches into prepared buffers, %d ranks bound a second "
-               "thread, no unbound backend call\n",
-               sums[1], sums[2]);
+               "thread, %d pool reservations there, no unbound backend call\n",
+               sums[1], sums[2], sums[3]);
+    /* communicators at once: within the bound on every rank, and the bound is reached */
+    int peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED), peak_max = 0;
+    MPI_Allreduce(&peak, &peak_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MT_ASSERT(peak <= COMM_BOUND, "rank %d held %d communicators at once (bound %d)", rank, peak,
+              COMM_BOUND);
+    MT_ASSERT(peak_max == COMM_BOUND,
+              "no rank held the old and new layouts' groups at once (most %d): the count is "
+              "not measuring switches",
+              peak_max);
+    if (rank == 0)
+        printf("communicators: at most %d alive at once on any rank (bound %d)\n", peak_max,
+               COMM_BOUND);
     tide_free_buffers(t, &pre.bufs);
     tide_free_buffers(t, &bufs);
     tide_destroy(&t);
+    MT_ASSERT(__atomic_load_n(&n_live, __ATOMIC_RELAXED) == 0,
+              "rank %d: %d communicators outlived tide_destroy", rank, n_live);
     tide_collection_destroy(&coll);
     mt_pass("test_worker_mpi");
     MPI_Finalize();

@@ -12,10 +12,13 @@
  * every 2 ms while an ack waits for the program's preparation (tide_set_prepare).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -43,6 +46,7 @@ struct tide__ctl {
     pthread_cond_t cv;
     /* --- under mu --- */
     int stop;
+    int leave; /* destroy began: stop the offline command (SIGTERM, grace), take no more */
     int32_t worker_id;
     int registered;
     int ever_registered; /* a worker id was assigned once (bye is meaningful) */
@@ -67,7 +71,8 @@ struct tide__ctl {
     int plugin_ready;
     char plugin_job[TIDE_PROTO_NAME_MAX + 1];
     int plugin_grace;         /* -1: not preempted */
-    pid_t child_pid;          /* mirror of child.pid for tests */
+    pid_t child_pid;          /* mirror of child.pid for tests and destroy */
+    int child_grace;          /* mirror of child.grace_ms */
     tide__prepare_fn prep_fn; /* the program prepares new layouts (NULL: no) */
     void *prep_ctx;
     uint64_t prep_want_gen;     /* prepare of this generation held (ack deferred) */
@@ -81,6 +86,12 @@ struct tide__ctl {
     /* --- background thread only --- */
     tide__mailbox_t *replies;
     tide__child child;
+    uint32_t child_attempt;    /* attempt number of the command running in child */
+    char log_dir[512];         /* TIDE_LOG_DIR: where attempts' output goes */
+    uint64_t log_cap;          /* TIDE_OFFLINE_LOG_CAP: bytes kept per attempt */
+    int contain_known;         /* the containment below was decided (once, at first use) */
+    char cg_parent[1024];      /* cgroup v2 directory for attempts' cgroups, "" when none */
+    int leaving;               /* leave seen while a command ran: it is being stopped */
     uint64_t deferred_ack_gen; /* prepare_ack waiting for the offline child to stop */
     tide_proto_buf_t buf;
     uint64_t next_hb_ns, next_reg_ns;
@@ -133,8 +144,9 @@ static void send_heartbeat(tide__ctl_t *ctl)
     ctl->next_hb_ns = tide_now_ns() + (uint64_t)hb * 1000000ull;
 }
 
-static void send_offline_status(tide__ctl_t *ctl, const char *job, tide_proto_job_state_t st,
-                                int exit_code)
+static void send_offline_status(tide__ctl_t *ctl, const char *job, uint32_t attempt,
+                                tide_proto_job_state_t st, int exit_code, const char *log,
+                                const char *tail)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
@@ -142,6 +154,7 @@ static void send_offline_status(tide__ctl_t *ctl, const char *job, tide_proto_jo
     m.u.offline_status.worker = ctl->worker_id;
     pthread_mutex_unlock(&ctl->mu);
     snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "%s", job);
+    m.u.offline_status.attempt = attempt > 0 ? attempt : 1;
     m.u.offline_status.state = st;
     if (exit_code > 255)
         exit_code = 255;
@@ -149,7 +162,60 @@ static void send_offline_status(tide__ctl_t *ctl, const char *job, tide_proto_jo
         exit_code = -255;
     m.u.offline_status.exit_code = exit_code;
     m.u.offline_status.progress = st == TIDE_JOB_DONE ? 1.0 : 0.0;
+    snprintf(m.u.offline_status.log, sizeof m.u.offline_status.log, "%s", log ? log : "");
+    snprintf(m.u.offline_status.tail, sizeof m.u.offline_status.tail, "%s", tail ? tail : "");
     send_dealer(ctl, &m);
+}
+
+/* The last bytes of an attempt's output file (NULs shown as '?'), into out (len bytes). */
+static void read_tail(const char *path, char *out, size_t len)
+{
+    out[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    size_t want = len - 1;
+    off_t from = sb.st_size > (off_t)want ? sb.st_size - (off_t)want : 0;
+    ssize_t n = pread(fd, out, want, from);
+    close(fd);
+    if (n < 0)
+        n = 0;
+    for (ssize_t i = 0; i < n; i++)
+        if (out[i] == '\0')
+            out[i] = '?';
+    out[n] = '\0';
+}
+
+/* Makes the attempts' log directory (mode 0700). The default one under /tmp must be a
+   directory of this user's, not a link someone left there. */
+static tide_status log_dir_ready(const char *dir, int is_default)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p != '\0'; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return tide_errorf(TIDE_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0700) != 0 && errno != EEXIST)
+        return tide_errorf(TIDE_ERR_IO, "cannot create the offline log directory %s: %s", path,
+                           strerror(errno));
+    struct stat sb;
+    if ((is_default ? lstat(path, &sb) : stat(path, &sb)) != 0 || !S_ISDIR(sb.st_mode))
+        return tide_errorf(TIDE_ERR_IO, "the offline log directory %s is not a directory", path);
+    if (is_default && sb.st_uid != getuid())
+        return tide_errorf(TIDE_ERR_DENIED,
+                           "the offline log directory %s belongs to another user: set "
+                           "TIDE_LOG_DIR",
+                           path);
+    return TIDE_OK;
 }
 
 static void send_ack(tide__ctl_t *ctl, uint64_t gen, int64_t step)
@@ -389,39 +455,80 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
         }
         pthread_mutex_unlock(&ctl->mu);
         if (busy)
-            send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 0);
+            send_offline_status(ctl, a->job, a->attempt, TIDE_JOB_PREEMPTED, -15, "", "");
+        return;
+    }
+    pthread_mutex_lock(&ctl->mu);
+    int leave = ctl->leave;
+    pthread_mutex_unlock(&ctl->mu);
+    if (leave) {
+        /* not the job's failure: it never started, and goes elsewhere */
+        TIDE_INFO(SUBSYS, "offline job %s assigned while this worker leaves: not started", a->job);
+        send_offline_status(ctl, a->job, a->attempt, TIDE_JOB_PREEMPTED, -15, "", "");
         return;
     }
     if (ctl->child.pid > 0) {
         TIDE_WARN(SUBSYS, "offline job %s assigned while %s runs: refused", a->job, ctl->child.job);
-        send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 0);
+        send_offline_status(ctl, a->job, a->attempt, TIDE_JOB_PREEMPTED, -15, "", "");
         return;
     }
-    char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[160], vis[128];
+    char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[160], vis[128], att[48];
+    char log[1024], logenv[1100];
     snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", ctl->reg.device);
     snprintf(name, sizeof name, "TIDE_OFFLINE_JOB=%s", a->job);
     snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
-    char *env[4] = {dev, name, cap, cuda};
-    size_t n_env = 3;
+    snprintf(att, sizeof att, "TIDE_OFFLINE_ATTEMPT=%u", a->attempt);
+    /* one file per job, attempt and worker process: attempts on one host never share it */
+    snprintf(log, sizeof log, "%s/%s.%u.%d.log", ctl->log_dir, a->job, a->attempt, (int)getpid());
+    snprintf(logenv, sizeof logenv, "TIDE_OFFLINE_LOG=%s", log);
+    char *env[6] = {dev, name, cap, att, logenv, cuda};
+    size_t n_env = 5;
     tide_status rc = TIDE_OK;
     if (ctl->reg.kind == TIDE_DEVICE_GPU) {
         /* the child sees this worker's GPU only, as its device 0 */
         rc = tide__cuda_visible(getenv("CUDA_VISIBLE_DEVICES"), ctl->reg.device, vis, sizeof vis);
         snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%s", vis);
-        n_env = 4;
+        n_env = 6;
+    }
+    if (!ctl->contain_known) {
+        /* decided once per worker, and said once: what keeps an attempt together */
+        char why[512] = "";
+        ctl->contain_known = 1;
+        if (tide__offline_cgroup_parent(ctl->cg_parent, sizeof ctl->cg_parent, why, sizeof why))
+            TIDE_INFO(SUBSYS,
+                      "offline commands are contained by a cgroup v2 per attempt under %s "
+                      "(killed with cgroup.kill), their keeper as subreaper, and "
+                      "PR_SET_PDEATHSIG",
+                      ctl->cg_parent);
+        else
+            TIDE_INFO(SUBSYS,
+                      "offline commands are contained by their keeper as subreaper of the "
+                      "attempt, a process group and PR_SET_PDEATHSIG; no cgroup (%s)",
+                      why);
     }
     if (rc == TIDE_OK)
-        rc = tide__child_spawn(&ctl->child, a->job, a->argv, a->argc, env, n_env);
+        rc = log_dir_ready(ctl->log_dir, getenv("TIDE_LOG_DIR") == NULL);
+    char cg[1300] = "";
+    if (ctl->cg_parent[0] != '\0')
+        snprintf(cg, sizeof cg, "%s/tide-%d-%s-%u", ctl->cg_parent, (int)getpid(), a->job,
+                 a->attempt);
+    if (rc == TIDE_OK) {
+        tide__child_cfg cc = {a->job,       a->argv,     a->argc,          env, n_env, log,
+                              ctl->log_cap, a->grace_ms, cg[0] ? cg : NULL};
+        rc = tide__child_spawn(&ctl->child, &cc);
+    }
     if (rc != TIDE_OK) {
         TIDE_WARN(SUBSYS, "%s", tide_last_error());
-        send_offline_status(ctl, a->job, TIDE_JOB_FAILED, 127);
+        send_offline_status(ctl, a->job, a->attempt, TIDE_JOB_FAILED, 127, "", tide_last_error());
         return;
     }
+    ctl->child_attempt = a->attempt;
     pthread_mutex_lock(&ctl->mu);
     ctl->child_pid = ctl->child.pid;
+    ctl->child_grace = ctl->child.grace_ms;
     snprintf(ctl->child_job, sizeof ctl->child_job, "%s", a->job);
     pthread_mutex_unlock(&ctl->mu);
-    send_offline_status(ctl, a->job, TIDE_JOB_RUNNING, 0);
+    send_offline_status(ctl, a->job, a->attempt, TIDE_JOB_RUNNING, 0, log, "");
 }
 
 static void on_preempt(tide__ctl_t *ctl, const tide_proto_preempt_t *p)
@@ -432,8 +539,10 @@ static void on_preempt(tide__ctl_t *ctl, const tide_proto_preempt_t *p)
     }
     pthread_mutex_lock(&ctl->mu);
     int unstarted = 0;
+    uint32_t attempt = 0;
     if (strcmp(ctl->plugin_job, p->job) == 0) {
         if (ctl->plugin_ready) {
+            attempt = ctl->plugin.u.offline_assign.attempt;
             /* The main thread never took it (busy joining or stepping): it stops here,
                with nothing to save; tided waits for this report to reuse the worker. */
             tide_msg_clear(&ctl->plugin);
@@ -449,7 +558,7 @@ static void on_preempt(tide__ctl_t *ctl, const tide_proto_preempt_t *p)
     }
     pthread_mutex_unlock(&ctl->mu);
     if (unstarted)
-        send_offline_status(ctl, p->job, TIDE_JOB_PREEMPTED, -15);
+        send_offline_status(ctl, p->job, attempt, TIDE_JOB_PREEMPTED, -15, "", "");
 }
 
 static void child_tick(tide__ctl_t *ctl)
@@ -466,8 +575,11 @@ static void child_tick(tide__ctl_t *ctl)
     pthread_mutex_lock(&ctl->mu);
     ctl->child_pid = 0;
     ctl->child_job[0] = '\0';
+    pthread_cond_broadcast(&ctl->cv); /* destroy may wait for it */
     pthread_mutex_unlock(&ctl->mu);
-    send_offline_status(ctl, ctl->child.job, st, code);
+    char tail[TIDE_PROTO_TAIL_MAX + 1];
+    read_tail(ctl->child.log, tail, sizeof tail);
+    send_offline_status(ctl, ctl->child.job, ctl->child_attempt, st, code, ctl->child.log, tail);
     pthread_mutex_lock(&ctl->mu);
     int64_t step = ctl->agree.p_ack;
     uint64_t gen = ctl->deferred_ack_gen;
@@ -659,6 +771,17 @@ static void *run(void *arg)
         pthread_mutex_lock(&ctl->mu);
         int stop = ctl->stop, registered = ctl->registered;
         pthread_mutex_unlock(&ctl->mu);
+        pthread_mutex_lock(&ctl->mu);
+        int leave = ctl->leave;
+        pthread_mutex_unlock(&ctl->mu);
+        if (leave && ctl->child.pid > 0 && !ctl->leaving) {
+            /* The worker leaves: its command gets SIGTERM and its grace, as a preemption
+               would, while heartbeats go on; destroy waits for its end before the bye. */
+            ctl->leaving = 1;
+            TIDE_INFO(SUBSYS, "leaving: stopping offline job %s (grace %d ms)", ctl->child.job,
+                      ctl->child.grace_ms);
+            tide__child_preempt(&ctl->child, ctl->child.grace_ms, tide_now_ns());
+        }
         if (stop) {
             forward_main(ctl); /* a last bye */
             break;
@@ -789,6 +912,18 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     ctl->reg = cfg->reg;
     ctl->hb_fixed_ms = cfg->heartbeat_ms;
     ctl->plugin_grace = -1;
+    const char *log_dir = getenv("TIDE_LOG_DIR");
+    if (log_dir != NULL && log_dir[0] != '\0')
+        snprintf(ctl->log_dir, sizeof ctl->log_dir, "%s", log_dir);
+    else
+        snprintf(ctl->log_dir, sizeof ctl->log_dir, "/tmp/tide-logs-%u", (unsigned)getuid());
+    const char *cap_env = getenv("TIDE_OFFLINE_LOG_CAP");
+    char *cap_end = NULL;
+    unsigned long long cap = cap_env ? strtoull(cap_env, &cap_end, 10) : 0;
+    ctl->log_cap = cap_env && cap_end != cap_env && *cap_end == '\0' ? cap : TIDE__LOG_CAP_DEFAULT;
+    if (cap_env != NULL && ctl->log_cap != cap)
+        TIDE_WARN(SUBSYS, "TIDE_OFFLINE_LOG_CAP=%s is not a byte count; using %llu", cap_env,
+                  (unsigned long long)ctl->log_cap);
     tide__agree_init(&ctl->agree, 0);
     tide_proto_buf_init(&ctl->buf);
     pthread_condattr_t ca;
@@ -897,6 +1032,18 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         return;
     tide__ctl_t *ctl = *self_p;
     if (ctl->thread_started) {
+        /* the offline command first, while heartbeats go on: SIGTERM, then its grace */
+        pthread_mutex_lock(&ctl->mu);
+        ctl->leave = 1;
+        pthread_mutex_unlock(&ctl->mu);
+        zmq_send(ctl->pair_main, "", 0, 0); /* wake the thread */
+        pthread_mutex_lock(&ctl->mu);
+        uint64_t until = tide_now_ns() + ((uint64_t)TIDE__KEEPER_SLACK_MS + 2000u +
+                                          (uint64_t)(ctl->child_grace > 0 ? ctl->child_grace : 0)) *
+                                             1000000ull;
+        while (ctl->child_pid > 0 && tide_now_ns() < until)
+            tide__ctl_wait(ctl, 50);
+        pthread_mutex_unlock(&ctl->mu);
         pthread_mutex_lock(&ctl->mu);
         int registered = ctl->ever_registered;
         int32_t id = ctl->worker_id;
@@ -916,9 +1063,12 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
     if (ctl->prep_started) /* the background thread is gone: only this thread joins */
         pthread_join(ctl->prep_thread, NULL);
     if (ctl->child.pid > 0) {
-        /* the worker leaves: its offline work cannot outlive it */
-        tide__child_kill(&ctl->child);
-        send_offline_status(ctl, ctl->child.job, TIDE_JOB_PREEMPTED, -9);
+        /* the thread never ran the stop (it failed): the work cannot outlive the worker */
+        int code = tide__child_stop(&ctl->child, ctl->child.grace_ms);
+        char tail[TIDE_PROTO_TAIL_MAX + 1];
+        read_tail(ctl->child.log, tail, sizeof tail);
+        send_offline_status(ctl, ctl->child.job, ctl->child_attempt, TIDE_JOB_PREEMPTED, code,
+                            ctl->child.log, tail);
     }
     if (ctl->mon)
         zmq_close(ctl->mon);

@@ -29,12 +29,14 @@
 
 #define SUBSYS "worker"
 
-static void report(tide_t *t, const char *job, tide_proto_job_state_t st, int code, double prog)
+static void report(tide_t *t, const char *job, uint32_t attempt, tide_proto_job_state_t st,
+                   int code, double prog)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
     m.u.offline_status.worker = tide__ctl_worker_id(t->ctl);
     snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "%s", job);
+    m.u.offline_status.attempt = attempt > 0 ? attempt : 1;
     m.u.offline_status.state = st;
     m.u.offline_status.exit_code = code < -255 ? -255 : code > 255 ? 255 : code;
     m.u.offline_status.progress = prog < 0 ? 0 : prog > 1 ? 1 : prog;
@@ -126,7 +128,7 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     tide__task *k = tide_calloc(1, sizeof *k);
     if (k == NULL) {
         TIDE_WARN(SUBSYS, "offline job %s: out of memory loading it", m->u.offline_assign.job);
-        report(t, m->u.offline_assign.job, TIDE_JOB_FAILED, 12, 0);
+        report(t, m->u.offline_assign.job, m->u.offline_assign.attempt, TIDE_JOB_FAILED, 12, 0);
         tide_msg_clear(m);
         return NULL;
     }
@@ -171,7 +173,7 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     if (a->attempt > 1)
         restore_blob(k->ops, k->state, k->job);
     k->end = TIDE_JOB_RUNNING;
-    report(t, k->job, TIDE_JOB_RUNNING, 0, 0);
+    report(t, k->job, a->attempt, TIDE_JOB_RUNNING, 0, 0);
     return k;
 fail:
     tide__task_stop(t, &k, 0);
@@ -222,9 +224,10 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
     tide__ctl_plugin_finished(t->ctl, k->job);
     tide__ctl_unlock(t->ctl);
     if (k->end != TIDE_JOB_RUNNING)
-        report(t, k->job, k->end, k->end_code, k->progress);
+        report(t, k->job, k->m.u.offline_assign.attempt, k->end, k->end_code, k->progress);
     else
-        report(t, k->job, TIDE_JOB_FAILED, 1, k->progress); /* stopped without a cause */
+        report(t, k->job, k->m.u.offline_assign.attempt, TIDE_JOB_FAILED, 1,
+               k->progress); /* stopped without a cause */
     tide_msg_clear(&k->m);
     tide_free(k);
     *k_p = NULL;

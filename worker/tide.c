@@ -96,12 +96,22 @@ int tide__gen_tag(uint64_t gen, int k)
 }
 
 /* Publishes group k (0 all, 1 tp, 2 dp, 3 pp) of the layout being built, so that an
-   abort of the switch (abort_cb) reaches it while the others are made. */
+   abort of the switch (abort_cb) reaches it while the others are made; ctl's lock held.
+   An abort that came before it was published (switch_cancel, set under the same lock)
+   found nothing to end: it is aborted here, so the next split fails at once instead of
+   waiting on peers that gave up. */
+static void publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c)
+{
+    tide_coll_comm_t **slot[4] = {&t->n_all, &t->n_tp, &t->n_dp, &t->n_pp};
+    *slot[k] = c;
+    if (c != NULL && __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
+        tide_coll_comm_abort(c);
+}
+
 static void publish_new(tide_t *t, int k, tide_coll_comm_t *c)
 {
     tide__ctl_lock(t->ctl);
-    tide_coll_comm_t **slot[4] = {&t->n_all, &t->n_tp, &t->n_dp, &t->n_pp};
-    *slot[k] = c;
+    publish_new_locked(t, k, c);
     tide__ctl_unlock(t->ctl);
 }
 
@@ -117,15 +127,20 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
     out[0] = out[1] = out[2] = out[3] = NULL;
     tide_status rc = TIDE_OK;
     int *members = NULL;
-    if (parent_p != NULL && *parent_p != NULL) {
+    int split = parent_p != NULL && *parent_p != NULL;
+    if (split) {
         /* every rank of the parent takes part; ranks outside l get nothing */
         int key = member ? (int)tide_layout_index(l, p, d, tt) : 0;
         TIDE_CHECK_GOTO(tide_coll_comm_split(*parent_p, member ? 0 : -1, key, &out[0]), rc, fail);
         /* the parent's work is done: release it now, so that at most the old layout's
-           four, the new all and its splits exist at once */
+           four, the new all and its splits exist at once. The new all is published in
+           the same hold of the lock that unpublishes the parent, so an abort of the
+           switch always finds one of them (or is seen by publish_new_locked). */
         tide__ctl_lock(t->ctl);
         if (t->c_switch == *parent_p)
             t->c_switch = NULL;
+        if (out[0] != NULL)
+            publish_new_locked(t, 0, out[0]);
         tide__ctl_unlock(t->ctl);
         tide_coll_comm_destroy(parent_p);
     } else if (member) {
@@ -143,7 +158,8 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         tide_free(members);
         return TIDE_OK;
     }
-    publish_new(t, 0, out[0]);
+    if (!split)
+        publish_new(t, 0, out[0]); /* a split's was published with the parent's release */
     /* tp, dp and pp split off all (ncclCommSplit for nccl: no bootstrap of their own).
        Colour: the coordinates the group shares; key: the rank inside it. Every member
        of all splits three times, in the same order. */
@@ -153,6 +169,12 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], color[k], key[k], &out[k + 1]), rc, fail);
         publish_new(t, k + 1, out[k + 1]);
     }
+    /* an abort of the switch after the last split aborted what was published: say so
+       here rather than hand back groups that fail their first operation */
+    if (__atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_ABORTED,
+                       "the switch to generation %llu was aborted while its groups were built",
+                       (unsigned long long)gen);
     tide_free(members);
     return TIDE_OK;
 fail:
@@ -404,6 +426,11 @@ void tide_destroy(tide_t **self_p)
 
 int32_t tide_worker_id(const tide_t *t)
 {
+    return t ? tide__ctl_worker_id(t->ctl) : -1;
+}
+
+int tide_pool_rank(const tide_t *t)
+{
     return t ? t->rank : -1;
 }
 
@@ -415,6 +442,13 @@ MPI_Comm tide_world(const tide_t *t)
 int tide_world_rank(const tide_t *t, int32_t w)
 {
     return t ? tide_coll_pool_comm_rank(t->pool, w) : -1;
+}
+
+int32_t tide_pool_worker_id(const tide_t *t, int rank)
+{
+    if (t == NULL || rank < 0 || rank >= t->size)
+        return -1;
+    return t->coord_ids[rank];
 }
 
 int tide_pool_size(const tide_t *t)
@@ -1033,9 +1067,8 @@ tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
         if (n == 0)
             continue;
         /* the rank's device by name: this may run on the program's preparation thread */
-        TIDE_CHECK_GOTO(t->mem != NULL
-                            ? tide_mem_pool_alloc(t->mem, (size_t)n, &b[i])
-                            : tide_coll_mem_alloc(t->be, t->device, (size_t)n, &b[i]),
+        TIDE_CHECK_GOTO(t->mem != NULL ? tide_mem_pool_alloc(t->mem, (size_t)n, &b[i])
+                                       : tide_coll_mem_alloc(t->be, t->device, (size_t)n, &b[i]),
                         rc, fail);
         TIDE_CHECK_GOTO(tide_coll_mem_zero(t->be, t->device, b[i], (size_t)n), rc, fail);
     }

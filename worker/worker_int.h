@@ -4,7 +4,8 @@
  *
  *   mailbox   a mutex/condvar FIFO of decoded messages (background -> main thread)
  *   agree     the step-agreement state machine of one rank (pure, no I/O)
- *   child     the offline command runner (posix_spawn, SIGTERM, grace, SIGKILL)
+ *   child     the offline command runner (its keeper: cgroup or subreaper, capped
+ *             output, SIGTERM, grace, SIGKILL)
  *   ctl       the control client: a background thread that owns the ZeroMQ DEALER
  *             socket (registration, heartbeats, commands from tided, offline work)
  *             and the state the main thread consults at step boundaries
@@ -155,19 +156,55 @@ void tide__agree_switch_failed(tide__agree *a);
 
 /* ---- offline command runner ------------------------------------------------------------ */
 
+#define TIDE__SHIM_NAME       "tide-offline-run" /* the attempt's keeper (offline_run.c) */
+#define TIDE__KEEPER_SLACK_MS 3000 /* after the grace: the keeper's time to end the attempt */
+#define TIDE__LOG_CAP_DEFAULT (16ull << 20) /* bytes of an attempt's output kept */
+
 typedef struct tide__child {
-    pid_t pid; /* 0: none */
+    pid_t pid; /* the keeper's; 0: none */
     char job[TIDE_PROTO_NAME_MAX + 1];
-    int preempted;       /* SIGTERM sent because of a preemption */
-    int killed;          /* SIGKILL sent */
+    char log[1024];           /* the attempt's output file */
+    char cgroup[1024];        /* the attempt's cgroup v2 directory ("" when none) */
+    int grace_ms;             /* SIGTERM -> SIGKILL when the worker stops it on its own */
+    int preempted;            /* SIGTERM sent (a preemption, or the worker leaving) */
+    int killed;               /* the grace ended: SIGKILL asked of the keeper */
     uint64_t kill_at_ns; /* monotonic: SIGKILL when still alive then (0: not scheduled) */
+    uint64_t hard_kill_at_ns; /* monotonic: the keeper itself is killed (0: not scheduled) */
 } tide__child;
 
-/* Starts argv (argv[argc] need not be NULL) as a child in its own process group, with
-   the extra "NAME=value" entries of env added to the environment. TIDE_ERR_IO with the
-   reason when it cannot start (bad path: TIDE_ERR_NOT_FOUND). Any thread. */
-tide_status tide__child_spawn(tide__child *c, const char *job, char *const *argv, uint32_t argc,
-                              char *const *env, size_t n_env);
+typedef struct tide__child_cfg {
+    const char *job;
+    char *const *argv; /* the command; argv[argc] need not be NULL */
+    uint32_t argc;
+    char *const *env; /* "NAME=value" entries added to (or replacing) the environment */
+    size_t n_env;
+    const char *log_path; /* stdout and stderr of the attempt (created, truncated) */
+    uint64_t log_cap;     /* bytes of output kept; the rest is discarded after a marker */
+    int grace_ms;         /* SIGTERM -> SIGKILL when the worker dies */
+    const char *cgroup;   /* cgroup v2 directory to create for the attempt, or NULL */
+} tide__child_cfg;
+
+/* Starts cfg's command through its keeper (TIDE__SHIM_NAME, found by tide__offline_shim)
+   in a process group and, with cfg->cgroup, a cgroup of its own; the environment is the
+   worker's without the MPI runtime's variables (tide__offline_env_keep), plus cfg->env.
+   TIDE_ERR_INVALID for an empty command, TIDE_ERR_NOT_FOUND without a keeper, TIDE_ERR_IO
+   when it cannot start. A command that cannot be started ends with exit code 127 (the
+   reason in the log). Any thread; c is then polled by that thread only. */
+tide_status tide__child_spawn(tide__child *c, const tide__child_cfg *cfg);
+
+/* 0 when the environment entry "NAME=value" is an MPI runtime's (OMPI_*, PMIX_*, PMI_*,
+   OPAL_*, ...), which an offline command must not inherit; 1 otherwise. Pure. */
+int tide__offline_env_keep(const char *entry);
+
+/* The keeper's path: $TIDE_OFFLINE_SHIM, else beside libtide.so (lib/tide/) or the
+   build tree's worker/; TIDE_ERR_NOT_FOUND naming what was tried. Any thread. */
+tide_status tide__offline_shim(char *out, size_t len);
+
+/* Whether attempts can have a cgroup v2 of their own: 1 and the directory to make them
+   in (this process's cgroup, or $TIDE_OFFLINE_CGROUP when it is a path), else 0 and why
+   (no cgroup2 mount, not writable, TIDE_OFFLINE_CGROUP=0). Probes the file system once
+   per call (mkdir/rmdir); any thread. */
+int tide__offline_cgroup_parent(char *out, size_t len, char *why, size_t why_len);
 
 /* The CUDA_VISIBLE_DEVICES value that shows a child only local device index device,
    given the worker's own value parent (NULL or "": every device visible): the entry at
@@ -175,15 +212,16 @@ tide_status tide__child_spawn(tide__child *c, const char *job, char *const *argv
    out (len bytes); TIDE_ERR_RANGE when parent lists fewer devices. Pure; any thread. */
 tide_status tide__cuda_visible(const char *parent, int device, char *out, size_t len);
 
-/* Sends SIGTERM to the child's group and schedules SIGKILL after grace_ms. */
+/* SIGTERM to the attempt; SIGKILL after grace_ms (sent from tide__child_poll). */
 void tide__child_preempt(tide__child *c, int grace_ms, uint64_t now_ns);
 
-/* Reaps without blocking: 1 when the child ended (*exit_code: status, or -signal),
+/* Reaps without blocking: 1 when the attempt ended (*exit_code: status, or -signal),
    0 while it runs; sends the scheduled SIGKILL when due. */
 int tide__child_poll(tide__child *c, uint64_t now_ns, int *exit_code);
 
-/* Kills the child's group at once and reaps it (blocking, bounded by the kill). */
-void tide__child_kill(tide__child *c);
+/* Stops the attempt as a preemption would (SIGTERM, grace_ms, SIGKILL) and waits for it
+   to end (blocks up to grace_ms plus the keeper's slack); its exit code. */
+int tide__child_stop(tide__child *c, int grace_ms);
 
 /* ---- control client ------------------------------------------------------------------- */
 

@@ -124,9 +124,22 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
  */
 void tide_destroy(tide_t **self_p);
 
-/* This rank's worker id: its job rank (= the ids layouts use): its rank in its launch, plus
-   the job ranks of the launches before it when its pool joined a running job. Any thread. */
+/* This rank's worker id: the id tided gave it at registration, kept in tided's state
+   file (so the same across tided restarts) and the one operators see: the WORKER column
+   of `tidectl status`, the id `tidectl drain` takes, events, metrics and the workers of
+   `tidectl resize`. Not an index into a layout (that is tide_pool_rank). -1 for NULL.
+   Any thread. */
 int32_t tide_worker_id(const tide_t *t);
+
+/* This rank's job rank: the ids a layout's worker map holds (tide_view.layout->worker[]).
+   Its rank in the world given to tide_new, plus, when its launch joined a running job
+   (see "Growing a job" in the README), the job ranks of the launches before it. -1 for
+   NULL. Any thread. */
+int tide_pool_rank(const tide_t *t);
+
+/* tided's worker id (tide_worker_id) of pool rank rank, as registered by tide_new;
+   -1 when t is NULL or rank is not in [0, tide_pool_size). Any thread. */
+int32_t tide_pool_worker_id(const tide_t *t, int rank);
 
 /* Number of ranks in the pool. Any thread. */
 int tide_pool_size(const tide_t *t);

@@ -85,6 +85,8 @@ _PROTOS = {
     "tide_new": (c_int, [POINTER(c_void_p), POINTER(Options), c_void_p]),
     "tide_destroy": (None, [POINTER(c_void_p)]),
     "tide_worker_id": (c_int32, [c_void_p]),
+    "tide_pool_rank": (c_int, [c_void_p]),
+    "tide_pool_worker_id": (c_int32, [c_void_p, c_int]),
     "tide_pool_size": (c_int, [c_void_p]),
     "tide_backend": (POINTER(BackendS), [c_void_p]),
     "tide_join": (c_int, [c_void_p, POINTER(JoinReq)]),

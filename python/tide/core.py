@@ -451,7 +451,19 @@ class Runtime:
 
     @property
     def worker_id(self) -> int:
+        """tided's id of this rank: the WORKER of `tidectl status`, drain, events, metrics."""
         return int(self._lib.tide_worker_id(self._live()))
+
+    @property
+    def pool_rank(self) -> int:
+        """This rank in its pool: the ids a layout's worker map holds (view.layout)."""
+        return int(self._lib.tide_pool_rank(self._live()))
+
+    def pool_worker_id(self, rank: int) -> int:
+        """tided's worker id of pool rank `rank` (-1 when out of range)."""
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise _invalid("pool_worker_id: rank must be an int, not %s" % type(rank).__name__)
+        return int(self._lib.tide_pool_worker_id(self._live(), rank))
 
     @property
     def pool_size(self) -> int:

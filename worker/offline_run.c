@@ -1,0 +1,488 @@
+/*
+ * tide-offline-run: the keeper of one attempt of an offline command job. libtide starts
+ * it (posix_spawn) instead of the command itself; it starts the command and keeps
+ * everything the command spawns inside the attempt, so that nothing outlives a
+ * preemption or the worker:
+ *
+ *   - it is the child subreaper of the attempt (PR_SET_CHILD_SUBREAPER): a descendant
+ *     whose parent exits, even one that called setsid, is re-parented to it, so "every
+ *     process of the attempt" is "every descendant of this process";
+ *   - with --cgroup DIR, the command runs in that cgroup v2 (created here, killed with
+ *     cgroup.kill or pid by pid, removed at the end): what the kernel counts as the
+ *     attempt, whatever it does;
+ *   - the worker's death reaches it as SIGTERM (PR_SET_PDEATHSIG), the command's as
+ *     SIGKILL when this process itself is killed;
+ *   - SIGTERM (a preemption, the worker leaving or dying) is passed to every process of
+ *     the attempt, and SIGKILL follows after --grace ms, or at once on SIGUSR1; when the
+ *     command ends, whatever it left behind is killed;
+ *   - the command's stdout and stderr go to --log FILE, at most --cap bytes, then one
+ *     marker line and the rest is discarded (never into the worker's own output).
+ *
+ * It exits with the command's exit status, or dies of the signal that killed the
+ * command, so the worker sees what the command did. 125: it could not run the attempt
+ * (bad arguments, log file); 127: the command could not be started (the reason is in the
+ * log). Single-threaded (fork is fine here); one process per attempt, idle in poll.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_SETUP   125
+#define REAP_WAIT_MS 5000 /* bound on the wait for killed processes to go */
+
+typedef struct run {
+    pid_t parent;      /* the worker; its death reads as SIGTERM */
+    long grace_ms;     /* SIGTERM -> SIGKILL */
+    const char *log;   /* output file */
+    uint64_t cap;      /* bytes of output kept */
+    const char *cgdir; /* cgroup v2 directory of the attempt, or NULL */
+    int cg_ok;         /* the command was moved into cgdir */
+    char **argv;       /* the command */
+    pid_t cmd;
+    int log_fd;
+    uint64_t written, dropped;
+} run;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void log_line(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A line of the keeper's own in the log (not counted against the cap). */
+static void log_line(run *r, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0 || r->log_fd < 0)
+        return;
+    if ((size_t)n >= sizeof buf)
+        n = (int)sizeof buf - 1;
+    if (write(r->log_fd, buf, (size_t)n) < 0) {
+        /* nowhere else to say it */
+    }
+}
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    int err = errno;
+    close(fd);
+    errno = err;
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+/* Sends sig to every pid listed in the cgroup's cgroup.procs; the number signalled. */
+static int signal_cgroup(const run *r, int sig)
+{
+    if (!r->cg_ok)
+        return 0;
+    if (sig == SIGKILL && write_file(r->cgdir, "cgroup.kill", "1") == 0)
+        return 1; /* the kernel kills every member, forks racing it included */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", r->cgdir);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return 0;
+    int n = 0;
+    long pid;
+    while (fscanf(f, "%ld", &pid) == 1)
+        if (pid > 0 && (pid_t)pid != getpid() && kill((pid_t)pid, sig) == 0)
+            n++;
+    fclose(f);
+    return n;
+}
+
+static int cgroup_empty(const run *r)
+{
+    if (!r->cg_ok)
+        return 1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", r->cgdir);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return 1;
+    long pid;
+    int empty = fscanf(f, "%ld", &pid) != 1;
+    fclose(f);
+    return empty;
+}
+
+/* Parent pid of pid from /proc/PID/stat, or -1. */
+static pid_t ppid_of(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    int ppid = -1;
+    char state;
+    if (p == NULL || sscanf(p + 1, " %c %d", &state, &ppid) != 2)
+        return -1;
+    return (pid_t)ppid;
+}
+
+/*
+ * Sends sig to every descendant of this process (a subreaper: orphans of the attempt are
+ * its children, so the descendants are the whole attempt). Returns how many it found.
+ * Scans /proc once: O(processes on the host).
+ */
+static int signal_descendants(int sig)
+{
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return 0;
+    size_t cap = 1024, n = 0;
+    pid_t *pid = malloc(cap * sizeof *pid), *ppid = malloc(cap * sizeof *ppid);
+    struct dirent *e;
+    while (pid != NULL && ppid != NULL && (e = readdir(d)) != NULL) {
+        char *end;
+        long v = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || v <= 0)
+            continue;
+        pid_t pp = ppid_of((pid_t)v);
+        if (pp < 0)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            pid_t *a = realloc(pid, cap * sizeof *pid), *b = NULL;
+            if (a != NULL)
+                pid = a;
+            b = realloc(ppid, cap * sizeof *ppid);
+            if (b != NULL)
+                ppid = b;
+            if (a == NULL || b == NULL)
+                break;
+        }
+        pid[n] = (pid_t)v;
+        ppid[n] = pp;
+        n++;
+    }
+    closedir(d);
+    int found = 0;
+    if (pid != NULL && ppid != NULL) {
+        /* mark descendants: repeat until no new one is found (depth passes) */
+        unsigned char *in = calloc(n ? n : 1, 1);
+        for (int changed = 1; in != NULL && changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (in[i])
+                    continue;
+                int mine = ppid[i] == getpid();
+                for (size_t k = 0; k < n && !mine; k++)
+                    mine = in[k] && pid[k] == ppid[i];
+                if (mine) {
+                    in[i] = 1;
+                    changed = 1;
+                }
+            }
+        }
+        for (size_t i = 0; in != NULL && i < n; i++)
+            if (in[i] && kill(pid[i], sig) == 0)
+                found++;
+        free(in);
+    }
+    free(pid);
+    free(ppid);
+    return found;
+}
+
+static void signal_attempt(run *r, int sig)
+{
+    signal_cgroup(r, sig);
+    signal_descendants(sig);
+}
+
+/* Appends output to the log within the cap; the first byte past it writes the marker. */
+static void take_output(run *r, const char *buf, size_t n)
+{
+    if (r->written < r->cap) {
+        size_t room = (size_t)(r->cap - r->written);
+        size_t k = n < room ? n : room;
+        ssize_t w = write(r->log_fd, buf, k);
+        if (w > 0)
+            r->written += (uint64_t)w;
+        buf += k;
+        n -= k;
+        if (n > 0 && r->written >= r->cap)
+            log_line(r, "\n[tide: output cap of %llu bytes reached; the rest is discarded]\n",
+                     (unsigned long long)r->cap);
+    }
+    r->dropped += n;
+}
+
+/* Reaps every child that ended (orphans of the attempt included); notes the command's. */
+static void reap(run *r, int *status, int *cmd_done)
+{
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+        if (p == r->cmd) {
+            *status = st;
+            *cmd_done = 1;
+        }
+}
+
+static int usage(const char *why)
+{
+    fprintf(stderr,
+            "tide-offline-run: %s\n"
+            "usage: tide-offline-run --parent PID --grace MS --log FILE --cap BYTES "
+            "[--cgroup DIR] -- PROGRAM [ARGS...]\n"
+            "(started by libtide for offline command jobs; not meant to be run by hand)\n",
+            why);
+    return EXIT_SETUP;
+}
+
+/* The command's process: its own group, in the cgroup, output to the pipe. */
+static void exec_command(run *r, int out_fd, int go_fd)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* this keeper killed: the command goes too */
+    char c;
+    while (read(go_fd, &c, 1) < 0 && errno == EINTR) {
+        /* the keeper moves it into the cgroup first */
+    }
+    close(go_fd);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0)
+        dup2(null, 0);
+    dup2(out_fd, 1);
+    dup2(out_fd, 2);
+    execvp(r->argv[0], r->argv);
+    dprintf(2, "[tide: cannot start %s: %s]\n", r->argv[0], strerror(errno));
+    _exit(127);
+}
+
+int main(int argc, char **argv)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    r.log_fd = -1;
+    r.grace_ms = -1;
+    long long cap = -1, parent = -1;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (v == NULL)
+            return usage("a flag without its value");
+        char *end = NULL;
+        if (strcmp(a, "--parent") == 0)
+            parent = strtoll(v, &end, 10);
+        else if (strcmp(a, "--grace") == 0)
+            r.grace_ms = strtol(v, &end, 10);
+        else if (strcmp(a, "--cap") == 0)
+            cap = strtoll(v, &end, 10);
+        else if (strcmp(a, "--log") == 0)
+            r.log = v;
+        else if (strcmp(a, "--cgroup") == 0)
+            r.cgdir = v;
+        else
+            return usage("unknown flag");
+        if (end != NULL && (*end != '\0' || end == v))
+            return usage("a number is malformed");
+        i++;
+    }
+    if (i >= argc || argv[i][0] == '\0')
+        return usage("no command after --");
+    if (parent <= 0 || r.grace_ms < 0 || cap < 0 || r.log == NULL)
+        return usage("--parent, --grace, --log and --cap are required");
+    r.parent = (pid_t)parent;
+    r.cap = (uint64_t)cap;
+    r.argv = argv + i;
+
+    /* Signals arrive through a signalfd; blocked before anything can send them. */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGUSR1);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != r.parent)
+        return EXIT_SETUP; /* the worker died before we could watch it: start nothing */
+    if (sfd < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+        fprintf(stderr, "tide-offline-run: signalfd/subreaper: %s\n", strerror(errno));
+        return EXIT_SETUP;
+    }
+    r.log_fd = open(r.log, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (r.log_fd < 0) {
+        fprintf(stderr, "tide-offline-run: cannot open the log %s: %s\n", r.log, strerror(errno));
+        return EXIT_SETUP;
+    }
+    if (r.cgdir != NULL && mkdir(r.cgdir, 0755) != 0 && errno != EEXIST) {
+        log_line(&r, "[tide: cannot create cgroup %s (%s): contained by a subreaper only]\n",
+                 r.cgdir, strerror(errno));
+        r.cgdir = NULL;
+    }
+    int out[2], go[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
+        log_line(&r, "[tide: pipe: %s]\n", strerror(errno));
+        return EXIT_SETUP;
+    }
+    r.cmd = fork();
+    if (r.cmd < 0) {
+        log_line(&r, "[tide: fork: %s]\n", strerror(errno));
+        return EXIT_SETUP;
+    }
+    if (r.cmd == 0) {
+        close(out[0]);
+        close(go[1]);
+        exec_command(&r, out[1], go[0]);
+    }
+    close(out[1]);
+    close(go[0]);
+    setpgid(r.cmd, r.cmd); /* both set it: no race with the first kill */
+    if (r.cgdir != NULL) {
+        char pid[32];
+        snprintf(pid, sizeof pid, "%d", (int)r.cmd);
+        if (write_file(r.cgdir, "cgroup.procs", pid) == 0) {
+            r.cg_ok = 1;
+        } else {
+            log_line(&r, "[tide: cannot join cgroup %s (%s): contained by a subreaper only]\n",
+                     r.cgdir, strerror(errno));
+            rmdir(r.cgdir);
+        }
+    }
+    if (write(go[1], "g", 1) < 0) {
+        /* the command died already: its status says so */
+    }
+    close(go[1]);
+
+    int status = 0, cmd_done = 0, pipe_open = 1, term = 0;
+    uint64_t kill_at = 0, reap_until = 0;
+    char buf[65536];
+    for (;;) {
+        reap(&r, &status, &cmd_done);
+        int grace_left = 0;
+        if (cmd_done) {
+            /* The command is gone. What it left behind goes too: at once, or, when the
+               attempt was told to stop, once its grace is over (they may be cleaning up). */
+            uint64_t t = now_ms();
+            grace_left = term && kill_at != 0 && t < kill_at;
+            int sig = grace_left ? 0 : SIGKILL;
+            int left = signal_descendants(sig);
+            if (!cgroup_empty(&r)) {
+                if (sig != 0)
+                    signal_cgroup(&r, sig);
+                left++;
+            }
+            reap(&r, &status, &cmd_done);
+            if (left == 0)
+                break;
+            if (!grace_left && reap_until == 0)
+                reap_until = t + REAP_WAIT_MS;
+            if (reap_until != 0 && t >= reap_until) {
+                log_line(&r, "[tide: processes of the attempt still alive after %d ms]\n",
+                         REAP_WAIT_MS);
+                break;
+            }
+        }
+        int timeout = -1;
+        if (cmd_done) {
+            timeout = grace_left ? 50 : 10;
+        } else if (kill_at != 0) {
+            uint64_t t = now_ms();
+            timeout = t >= kill_at ? 0 : (int)(kill_at - t);
+        }
+        struct pollfd pf[2] = {{sfd, POLLIN, 0}, {pipe_open ? out[0] : -1, POLLIN, 0}};
+        if (poll(pf, 2, timeout) < 0 && errno != EINTR)
+            break;
+        if (pf[1].revents != 0) {
+            ssize_t k = read(out[0], buf, sizeof buf);
+            if (k > 0) {
+                take_output(&r, buf, (size_t)k);
+            } else if (k == 0 || errno != EINTR) {
+                pipe_open = 0;
+                close(out[0]);
+            }
+        }
+        if (pf[0].revents != 0) {
+            struct signalfd_siginfo si;
+            if (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                int sig = (int)si.ssi_signo;
+                if (sig == SIGUSR1) {
+                    kill_at = now_ms(); /* the worker says the grace is over */
+                } else if (sig != SIGCHLD && !term) {
+                    term = 1;
+                    log_line(&r, "\n[tide: %s: SIGTERM to the attempt, SIGKILL in %ld ms]\n",
+                             getppid() != r.parent ? "the worker is gone" : "stopping", r.grace_ms);
+                    signal_attempt(&r, SIGTERM);
+                    kill_at = now_ms() + (uint64_t)r.grace_ms;
+                }
+            }
+        }
+        if (kill_at != 0 && now_ms() >= kill_at) {
+            signal_attempt(&r, SIGKILL);
+            kill_at = 0;
+        }
+    }
+    if (pipe_open) {
+        /* every writer is dead (or stuck past REAP_WAIT_MS): read what is left */
+        fcntl(out[0], F_SETFL, O_NONBLOCK);
+        ssize_t k;
+        while ((k = read(out[0], buf, sizeof buf)) > 0)
+            take_output(&r, buf, (size_t)k);
+        close(out[0]);
+    }
+    if (r.dropped > 0)
+        log_line(&r, "[tide: %llu bytes of output discarded in all]\n",
+                 (unsigned long long)r.dropped);
+    close(r.log_fd);
+    if (r.cg_ok && rmdir(r.cgdir) != 0 && errno != ENOENT)
+        fprintf(stderr, "tide-offline-run: cannot remove cgroup %s: %s\n", r.cgdir,
+                strerror(errno));
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        prctl(PR_SET_PDEATHSIG, 0);
+        raise(sig);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_SETUP;
+}

@@ -61,7 +61,7 @@ static int reap(pid_t pid, const char *what, const char *log, int64_t *exit_us)
 typedef struct settings {
     const char *tided, *train, *mpirun, *out, *work, *from, *to, *placement, *single_copy;
     long long np, layers, hidden, ffn, vocab, seq, batch, micro, before, after, runs;
-    int keep, prepare;
+    int keep, prepare, grow;
 } settings;
 
 /* One rank's part of the live switch (train_mlp's rank_switch records), ms. */
@@ -100,6 +100,12 @@ static int parse_layout(const char *s, int *dp, int *tp, int *pp)
 static void mpi_cmd(bench_cmd *c, const settings *s, int np, int dp, int tp, int pp, int64_t steps)
 {
     bench_mpirun(c, s->mpirun, np);
+    if (s->grow) { /* the job's launches connect through it (--grow) */
+        static char uri[1100]; /* the same for every launch */
+        snprintf(uri, sizeof uri, "file:%s/ompi.uri", s->work);
+        bench_add(c, "--ompi-server");
+        bench_add(c, uri);
+    }
     bench_add(c, s->train);
     bench_addf(c, "--layers", s->layers);
     bench_addf(c, "--hidden", s->hidden);
@@ -230,6 +236,52 @@ static void job_state(void *sock, uint64_t *gen, int64_t *step, int *running)
     tide_msg_clear(&r);
 }
 
+/* --grow: the ompi-server both launches name (stopped at exit). */
+static pid_t g_ompi_server = -1;
+
+static void stop_ompi_server(void)
+{
+    if (g_ompi_server > 0) {
+        kill(g_ompi_server, SIGTERM);
+        waitpid(g_ompi_server, NULL, 0);
+        g_ompi_server = -1;
+    }
+}
+
+static int start_ompi_server(const char *work)
+{
+    static char uri[1100], log[1100];
+    snprintf(uri, sizeof uri, "%s/ompi.uri", work);
+    snprintf(log, sizeof log, "%s/ompi-server.log", work);
+    char *const argv[] = {"ompi-server", "--no-daemonize", "-r", uri, NULL};
+    g_ompi_server = spawn_logged(argv, log);
+    if (g_ompi_server < 0)
+        return -1;
+    atexit(stop_ompi_server);
+    for (int i = 0; i < 200; i++) {
+        struct stat st;
+        if (stat(uri, &st) == 0 && st.st_size > 0)
+            return 0;
+        tide_sleep_ms(25);
+    }
+    fprintf(stderr, "resize_bench: ompi-server did not start; see %s\n", log);
+    return -1;
+}
+
+/* Workers tided lists idle (the ranks of a launch that joined the job, before the grow). */
+static int idle_workers(void *sock)
+{
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_STATUS);
+    if (coord_call(sock, &q, &r) != 0)
+        return -1;
+    int n = 0;
+    for (uint32_t i = 0; r.type == TIDE_MSG_STATUS_REPLY && i < r.u.status_reply.n_rows; i++)
+        n += r.u.status_reply.rows[i].state == TIDE_WORKER_IDLE;
+    tide_msg_clear(&r);
+    return n;
+}
+
 static int resize(void *sock, int dp, int tp, int pp, int optimal)
 {
     tide_msg_t q, r;
@@ -281,9 +333,49 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     int rc = -1;
     void *ctx = zmq_ctx_new();
     void *sock = coord_connect(ctx, cp.endpoint, NULL, NULL, NULL, 10000);
-    pid_t pid = spawn_logged(c.argv, log);
+    pid_t pid = spawn_logged(c.argv, log), pid2 = -1;
     if (pid < 0 || sock == NULL)
         goto out;
+    int n_new = to[0] * to[1] * to[2] - from[0] * from[1] * from[2];
+    if (s->grow) {
+        /* a second launch of the program joins the running job; the resize places the job
+           on both (tided connects them at the switch) */
+        char log2[1100], tr2[1100];
+        snprintf(log2, sizeof log2, "%s/grow.log", s->work);
+        snprintf(tr2, sizeof tr2, "%s/grow.trace", s->work);
+        bench_cmd c2;
+        mpi_cmd(&c2, s, n_new, from[0], from[1], from[2], total);
+        const char *tail[] = {"--tide", "--endpoint", cp.endpoint, "--job", JOB, "--trace-out",
+                              tr2};
+        for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++)
+            bench_add(&c2, tail[i]);
+        bench_add(&c2, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
+        int64_t t0 = bench_wall_us();
+        for (;;) { /* the job runs its first layout before the other launch joins it */
+            uint64_t gen;
+            int64_t step;
+            int running;
+            job_state(sock, &gen, &step, &running);
+            if (gen == 1 && running)
+                break;
+            if (bench_wall_us() - t0 > 120000000) {
+                fprintf(stderr, "resize_bench: the job did not start; see %s\n", log);
+                goto out;
+            }
+            tide_sleep_ms(20);
+        }
+        pid2 = spawn_logged(c2.argv, log2);
+        if (pid2 < 0)
+            goto out;
+        while (idle_workers(sock) < n_new) {
+            if (bench_wall_us() - t0 > 120000000) {
+                fprintf(stderr, "resize_bench: the joining launch's %d ranks did not join; see %s\n",
+                        n_new, log2);
+                goto out;
+            }
+            tide_sleep_ms(20);
+        }
+    }
     /* resize once the first layout has run --steps-before steps */
     int sent = 0;
     while (!sent) {
@@ -309,6 +401,14 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
         goto out;
     }
     pid = -1;
+    if (pid2 > 0) {
+        char log2[1100];
+        snprintf(log2, sizeof log2, "%s/grow.log", s->work);
+        int bad = reap(pid2, "the joining launch", log2, NULL) != 0;
+        pid2 = -1;
+        if (bad)
+            goto out;
+    }
     if (read_trace(tr, t) != 0)
         goto out;
     int64_t k = t->switch_step;
@@ -329,6 +429,10 @@ out:
     if (pid > 0) {
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
+    }
+    if (pid2 > 0) {
+        kill(pid2, SIGTERM);
+        waitpid(pid2, NULL, 0);
     }
     if (sock != NULL)
         zmq_close(sock);
@@ -444,6 +548,11 @@ int main(int argc, char **argv)
          "live: new buffers allocated and first-touched before the switch step "
          "(train_mlp --prepare-switch); 0: at the switch",
          0, 0},
+        {"grow", NULL, TIDE_OPT_BOOL, &s.grow, "0",
+         "live: the job starts on --from's ranks and grows onto a second launch of the "
+         "program (the rest of --to's ranks) that joins it while it trains (ompi-server "
+         "started here); checkpoint-restart relaunches onto --to's ranks",
+         0, 0},
         {"runs", NULL, TIDE_OPT_INT, &s.runs, "3",
          "live and checkpoint-restart pairs, alternated; medians are reported", 1, 50},
         {"out", NULL, TIDE_OPT_STRING, &s.out, "bench-out/resize_bench.json", "results file", 0, 0},
@@ -467,6 +576,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "resize_bench: --np %lld is smaller than a layout\n", s.np);
         return 2;
     }
+    if (s.grow && to[0] * to[1] * to[2] <= from[0] * from[1] * from[2]) {
+        fprintf(stderr, "resize_bench: --grow needs a --to layout larger than --from\n");
+        return 2;
+    }
+    if (s.grow) /* the job's first launch holds exactly --from's ranks */
+        s.np = from[0] * from[1] * from[2];
     signal(SIGPIPE, SIG_IGN);
     /* Shared memory and yield when idle, as tide's tests use on one machine. Tests turn
        Open MPI's single-copy (CMA) transfers off because some sandboxes forbid
@@ -482,6 +597,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "resize_bench: cannot create %s: %s\n", s.work, strerror(errno));
         return 1;
     }
+    if (s.grow && start_ompi_server(s.work) != 0)
+        return 1;
     /* model size, as train_mlp counts it: per parameter itself and two Adam moments */
     double params = (double)s.layers * (2.0 * (double)s.hidden * (double)s.ffn + (double)s.ffn +
                                         3.0 * (double)s.hidden) +
@@ -539,10 +656,13 @@ int main(int argc, char **argv)
     printf("live: tide_reshard %.1f ms on the first rank; restart: save + exit %.1f ms, relaunch + "
            "load %.1f ms\n",
            live.reshard_ms, rst.stop_ms, rst.restart_ms);
-    printf("downtime ratio live / checkpoint-restart (medians of %lld runs) = %.4f (1/%.1f; goal "
-           "<= 1/30: %s); losses of the two ways agree to %.1e (relative)\n",
-           s.runs, ratio, ratio > 0 ? 1.0 / ratio : 0.0,
-           ratio > 0 && ratio <= 1.0 / 30.0 ? "met" : "NOT met", worst);
+    /* a grow onto a new launch pays for connecting it too (the goal: 1/10) */
+    double goal = s.grow ? 10.0 : 30.0;
+    printf("downtime ratio live%s / checkpoint-restart (medians of %lld runs) = %.4f (1/%.1f; "
+           "goal <= 1/%.0f: %s); losses of the two ways agree to %.1e (relative)\n",
+           s.grow ? " (join of a new launch + reshard)" : "", s.runs, ratio,
+           ratio > 0 ? 1.0 / ratio : 0.0, goal, ratio > 0 && ratio <= 1.0 / goal ? "met" : "NOT met",
+           worst);
 
     /* where each rank's part of the live downtime went */
     printf(
@@ -594,13 +714,14 @@ int main(int argc, char **argv)
             "\"steps_per_s_after\":%.4f},"
             "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
             "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
-            "\"ratio\":%.6f,\"goal_ratio\":0.0333,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
+            "\"ratio\":%.6f,\"goal_ratio\":%.4f,\"grow\":%d,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
             "\"first_touch_gbs\":%.3f,\"populate_gbs\":%.3f,\"mem_goal_met\":%d,"
             "\"runs\":%lld,\"live_runs_ms\":[",
             state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
             (long long)live.switch_step, (long long)live.last_step, live.downtime_ms,
             live.reshard_ms, live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms,
-            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, worst, s.prepare, touch_gbs,
+            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, s.grow ? 0.1 : 1.0 / 30.0, s.grow,
+            worst, s.prepare, touch_gbs,
             populate_gbs, mem_ok, s.runs);
     for (long long i = 0; i < s.runs; i++)
         fprintf(f, "%s%.3f", i ? "," : "", lives[i].downtime_ms);

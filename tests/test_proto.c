@@ -70,6 +70,13 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
                 return snprintf(why, len, "prev degrees differ"), 0;
             SAME_LAYOUT(a->u.layout.prev, b->u.layout.prev, x.u.layout.prev, y.u.layout.prev);
         }
+        if (a->u.layout.n_join_old != b->u.layout.n_join_old ||
+            a->u.layout.n_join_new != b->u.layout.n_join_new)
+            return snprintf(why, len, "join sizes differ"), 0;
+        SAME_ARR(a->u.layout.join_old, b->u.layout.join_old, a->u.layout.n_join_old, "join_old");
+        SAME_ARR(a->u.layout.join_new, b->u.layout.join_new, a->u.layout.n_join_new, "join_new");
+        x.u.layout.join_old = y.u.layout.join_old = NULL;
+        x.u.layout.join_new = y.u.layout.join_new = NULL;
         break;
     case TIDE_MSG_RESIZE_REPLY:
         if (a->u.resize_reply.layout.pp != b->u.resize_reply.layout.pp ||
@@ -346,6 +353,7 @@ static tide_msg_t layout_msg(void)
     l->stage_start = stages4;
     l->worker = workers4;
     m.u.layout.has_prev = 0;
+    m.u.layout.world = 4;
     return m;
 }
 
@@ -433,6 +441,79 @@ Test(proto_roundtrip, layout_with_previous_generation)
     cr_expect_eq(d.u.layout.layout.worker[3], 13);
     tide_msg_clear(&d);
     tide_free(bytes);
+}
+
+Test(proto_roundtrip, join_of_a_later_pool_and_its_bad_forms)
+{
+    /* job ranks 0..11 connected, 12..13 joining; the layout takes 10, 11, 12, 13 */
+    tide_msg_t m = layout_msg(), d;
+    int prev_stages[2] = {0, 24};
+    int32_t prev_workers[2] = {10, 11}, old_side[3] = {0, 10, 11}, new_side[2] = {12, 13};
+    int32_t grown[4] = {10, 11, 12, 13};
+    m.u.layout.layout.worker = grown;
+    m.u.layout.has_prev = 1;
+    m.u.layout.prev = (tide_proto_layout_t){.gen = 4,
+                                            .dp = 2,
+                                            .tp = 1,
+                                            .pp = 1,
+                                            .num_layers = 24,
+                                            .micro_batches = 8,
+                                            .stage_start = prev_stages,
+                                            .worker = prev_workers};
+    m.u.layout.base = 12;
+    m.u.layout.world = 14;
+    m.u.layout.join_old = old_side;
+    m.u.layout.n_join_old = 3;
+    m.u.layout.join_new = new_side;
+    m.u.layout.n_join_new = 2;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.layout.base, 12);
+    cr_expect_eq(d.u.layout.world, 14);
+    cr_assert_eq(d.u.layout.n_join_old, 3u);
+    cr_assert_eq(d.u.layout.n_join_new, 2u);
+    cr_expect_eq(d.u.layout.join_old[2], 11);
+    cr_expect_eq(d.u.layout.join_new[1], 13);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    /* each bad form is refused with the reason, on encode and on decode */
+    struct {
+        int32_t base, world;
+        int32_t o[3], n[2];
+        uint32_t no, nn;
+        const char *why;
+    } bad[] = {
+        {14, 14, {0, 10, 11}, {12, 13}, 3, 2, "field 'base' = 14 must be below field 'world'"},
+        {0, 13, {0, 10, 11}, {12, 13}, 3, 2, "field 'join_new[1]' = 13 must be below"},
+        {0, 14, {0, 11, 10}, {12, 13}, 3, 2, "field 'join_old' must be strictly increasing"},
+        {0, 14, {0, 10, 12}, {12, 13}, 3, 2, "job rank 12 is on both sides of the join"},
+        {0, 14, {0, 10, 11}, {12, 13}, 3, 0, "must be both empty or both given"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tide_msg_t b = m;
+        b.u.layout.base = bad[i].base;
+        b.u.layout.world = bad[i].world;
+        b.u.layout.join_old = bad[i].o;
+        b.u.layout.n_join_old = bad[i].no;
+        b.u.layout.join_new = bad[i].n;
+        b.u.layout.n_join_new = bad[i].nn;
+        tide_proto_buf_t buf;
+        tide_proto_buf_init(&buf);
+        cr_expect_neq(tide_proto_encode(&b, &buf), TIDE_OK, "case %zu encoded", i);
+        cr_expect(strstr(tide_last_error(), bad[i].why) != NULL, "case %zu: %s", i,
+                  tide_last_error());
+        tide_proto_buf_destroy(&buf);
+    }
+    /* a first layout cannot connect anything */
+    tide_msg_t f = m;
+    f.u.layout.has_prev = 0;
+    tide_proto_buf_t buf;
+    tide_proto_buf_init(&buf);
+    cr_expect_neq(tide_proto_encode(&f, &buf), TIDE_OK);
+    cr_expect(strstr(tide_last_error(), "a join needs field 'prev'") != NULL, "%s",
+              tide_last_error());
+    tide_proto_buf_destroy(&buf);
 }
 
 Test(proto_roundtrip, largest_layout_is_accepted_and_one_more_worker_is_not)

@@ -423,7 +423,7 @@ Test(tidectl_format, status_table_is_aligned)
     f = open_memstream(&s, &len);
     tidectl_print_status(f, &rep.u.status_reply, 1);
     fclose(f);
-    cr_expect(strstr(s, "{\"time_ms\":1700000001000,\"gpus\":[{\"worker\":0,\"host\":\"node-a\""),
+    cr_expect(strstr(s, "{\"time_ms\":1700000001000,\"ompi_server\":\"\",\"gpus\":[{\"worker\":0,\"host\":\"node-a\""),
               "%s", s);
     cr_expect(strstr(s, "\"job\":null"), "%s", s);
     cr_expect(strstr(s, "\"offline\":\"sweep\""), "%s", s);

@@ -426,13 +426,25 @@ static void tell_idle_job_end(tide_server_t *s, const tide_coord_job_t *j)
     tide_msg_init(&m, TIDE_MSG_JOB_END);
     snprintf(m.u.job_end.job, sizeof m.u.job_end.job, "%s", j->name);
     m.u.job_end.step = j->step > 0 ? (uint64_t)j->step : 0;
+    int32_t world = tide_coord_job_world(j, 0);
+    uint8_t *member = tide_calloc(world > 0 ? (size_t)world : 1, 1);
+    if (member == NULL) {
+        TIDE_WARN("server", "job %s: out of memory telling its idle ranks it ended", j->name);
+        return;
+    }
+    for (size_t i = 0; j->layout != NULL && i < tide_layout_size(j->layout); i++)
+        if (j->layout->worker[i] >= 0 && j->layout->worker[i] < world)
+            member[j->layout->worker[i]] = 1;
     for (size_t i = 0; i < s->st->n_workers; i++) {
         tide_coord_worker_t *w = &s->st->workers[i];
-        if (w->pool[0] == '\0' || w->joined != j->id || w->state == TIDE_WS_FAILED ||
-            (w->job == j->id && w->state == TIDE_WS_ONLINE))
+        if (w->pool[0] == '\0' || w->joined != j->id || w->state == TIDE_WS_FAILED)
             continue;
+        int32_t jr = tide_coord_job_rank(j, w);
+        if (jr >= 0 && jr < world && member[jr])
+            continue; /* members end the job themselves */
         tide__send_worker(s, w, &m);
     }
+    tide_free(member);
 }
 
 static void end_job(tide_server_t *s, tide_coord_job_t *j, const tide_coord_worker_t *by)

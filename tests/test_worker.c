@@ -440,6 +440,7 @@ Test(ctl, register_heartbeat_prepare_commit_against_fake_tided)
     set_layout(&m.u.layout.layout, 2, 2, w_new, s_new);
     m.u.layout.has_prev = 1;
     set_layout(&m.u.layout.prev, 1, 1, w_old, s_old);
+    m.u.layout.world = 4; /* one launch of 4 ranks: job ranks are its ranks */
     fake_send(&f, &m);
     tide_msg_init(&m, TIDE_MSG_PREPARE);
     snprintf(m.u.prepare.job, sizeof m.u.prepare.job, "jobA");

@@ -13,10 +13,13 @@
 #
 # `demo.sh --hosts N` (N >= 2, root: network namespaces) instead runs the job on N hosts
 # of a cluster made on this machine (scripts/cluster.sh, 1 Gbit/s links): CURVE keys from
-# `tidectl keygen`, tided --auth on the bridge address, `mpirun --host h1:4,h2:4,...`
-# train_mlp --tide with tensor parallelism inside each host and data parallelism across
-# them, `tidectl status` showing the hosts, and a resize whose --dry-run says how many
-# bytes cross hosts. The cluster is removed on exit.
+# `tidectl keygen`, tided --auth on the bridge address, train_mlp --tide launched on h1
+# and then on each further host by an mpirun of its own that joins the running job
+# (README "Growing a job"), tensor parallelism inside each host and data parallelism
+# across them, `tidectl status` showing the hosts, and a resize whose --dry-run says how
+# many bytes cross hosts. Then host hN is lost (the job recovers onto the others) and a
+# launch on a spare host h(N+1), started later, joins the job, which grows back onto it.
+# The cluster is removed on exit.
 set -euo pipefail
 HOSTS=0
 while [ $# -gt 0 ]; do
@@ -53,12 +56,12 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 export TIDE_PLUGIN_DIR="$BUILD_DIR/examples" TIDE_TASK_DIR="$OUT"
 if [ "$(id -u)" -eq 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 
-TIDED_PID="" TRAIN_PID=""
+TIDED_PID="" TRAIN_PID="" MORE_PIDS=""
 cleanup() {
-  for p in $TRAIN_PID $TIDED_PID; do
+  for p in $TRAIN_PID $MORE_PIDS $TIDED_PID; do
     kill "$p" 2>/dev/null || true
   done
-  for p in $TRAIN_PID $TIDED_PID; do
+  for p in $TRAIN_PID $MORE_PIDS $TIDED_PID; do
     wait "$p" 2>/dev/null || true
   done
 }
@@ -76,10 +79,16 @@ if [ "$HOSTS" -ge 2 ]; then
     if [ -n "$CNAME" ]; then bash "$CLUSTER" down --name "$CNAME" || true; fi
   }
   trap cleanup_hosts EXIT
-  say "scripts/cluster.sh up $HOSTS: $HOSTS hosts (network namespaces), 1 Gbit/s uplinks"
+  SPARE=h$((HOSTS + 1)) # a host that arrives later
+  say "scripts/cluster.sh up $((HOSTS + 1)): $HOSTS hosts for the job and $SPARE for later, 1 Gbit/s uplinks"
   # shellcheck disable=SC1090 # the env file cluster.sh writes
-  . "$(bash "$CLUSTER" up "$HOSTS" --owner $$ --rate 1gbit)"
+  . "$(bash "$CLUSTER" up "$((HOSTS + 1))" --owner $$ --rate 1gbit)"
   CNAME=$TIDE_CLUSTER_NAME
+  # launches that join a running job connect through an ompi-server (on the bridge)
+  ompi-server --no-daemonize -r "$OUT/ompi.uri" --mca oob_tcp_if_include "$TIDE_CLUSTER_SUBNET" \
+    >"$OUT/ompi-server.log" 2>&1 &
+  MORE_PIDS="$MORE_PIDS $!"
+  for _ in $(seq 100); do [ -s "$OUT/ompi.uri" ] && break; sleep 0.05; done
   echo "hosts: $TIDE_CLUSTER_HOSTS on $TIDE_CLUSTER_SUBNET; this machine is $TIDE_CLUSTER_ADDR"
   KEYS="$OUT/keys"
   rm -rf "$KEYS"
@@ -88,38 +97,61 @@ if [ "$HOSTS" -ge 2 ]; then
   "$TIDECTL" keygen "$KEYS" --role admin --name ops
   "$TIDECTL" keygen "$KEYS" --role worker --name job >/dev/null
   "$TIDED" --endpoint "tcp://$TIDE_CLUSTER_ADDR:*" --endpoint-file "$OUT/endpoint" --auth "$KEYS" \
-    --state "$OUT/state.db" >"$OUT/tided.log" 2>&1 &
+    --state "$OUT/state.db" --heartbeat-ms 200 --miss-limit 10 \
+    --ompi-server "file:$OUT/ompi.uri" >"$OUT/tided.log" 2>&1 &
   TIDED_PID=$!
   for _ in $(seq 200); do [ -s "$OUT/endpoint" ] && break; sleep 0.05; done
   [ -s "$OUT/endpoint" ] || { echo "demo: tided did not start; see $OUT/tided.log"; exit 1; }
   EP="$(cat "$OUT/endpoint")"
   say "tided --auth $KEYS listening on $EP"
   ctl() { "$TIDECTL" --endpoint "$EP" --key "$KEYS/ops.key" --server-key "$KEYS/server.pub" "$@"; }
-  hostlist=""
-  for i in $(seq "$HOSTS"); do hostlist="$hostlist${hostlist:+,}h$i:4"; done
-  say "mpirun --host $hostlist train_mlp --tide --dp $HOSTS --tp 4 (log $OUT/train.log)"
-  # the environment does not reach the hosts' daemons: everything as flags
-  mpirun $TIDE_CLUSTER_MPI --oversubscribe --bind-to none --mca btl self,vader,tcp \
-    --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 \
-    --host "$hostlist" -np $((4 * HOSTS)) -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/job.key" \
-    -x TIDE_SERVER_KEY="$KEYS/server.pub" "$TRAIN" --tide --job "$JOB" --dp "$HOSTS" --tp 4 \
-    "${MODEL[@]}" --steps 100000 --pace-ms 100 --print-every 20 >"$OUT/train.log" \
-    2>"$OUT/train.err" &
+  # launch HOSTLIST NP LOG: train_mlp --tide on those hosts, mpirun on the first of them (as
+  # on a cluster; a launch's first rank must be on mpirun's host for a later join), the
+  # environment as flags (it does not reach the hosts' daemons)
+  launch() {
+    bash "$CLUSTER" exec "${1%%:*}" --name "$CNAME" \
+      mpirun $TIDE_CLUSTER_MPI --oversubscribe --bind-to none --mca btl self,vader,tcp \
+      --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 \
+      --ompi-server "file:$OUT/ompi.uri" --enable-recovery --mca async_mpi_finalize 1 \
+      --host "$1" -np "$2" -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/job.key" \
+      -x TIDE_SERVER_KEY="$KEYS/server.pub" "$TRAIN" --tide --job "$JOB" --dp "$(($2 / 4))" \
+      --tp 4 "${MODEL[@]}" --steps 100000 --pace-ms 100 --print-every 20 >"$3.log" 2>"$3.err" &
+  }
+  # one launch per host, each joining the job started on h1 (Open MPI 4.1 connects
+  # launches only through mpirun's own host: README "Growing a job")
+  say "on h1: mpirun --host h1:4 train_mlp --tide --dp 1 --tp 4 (log $OUT/train.log)"
+  launch "h1:4" 4 "$OUT/train"
   TRAIN_PID=$!
-  gen_is() { # the job runs generation $1
+  job_gen() { # the generation the job runs, or 0 while it is not running one
     local row
     row=$(ctl jobs --json 2>/dev/null | grep -o "{\"name\":\"$JOB\"[^}]*}" || true)
-    grep -q "\"state\":\"running\"" <<<"$row" && grep -q "\"gen\":$1," <<<"$row"
+    if grep -q "\"state\":\"running\"" <<<"$row"; then
+      sed -n 's/.*"gen":\([0-9]*\),.*/\1/p' <<<"$row"
+    else
+      echo 0
+    fi
   }
-  wait_running() {
+  wait_running() { # until the job runs generation $1 or a later one
     for _ in $(seq 600); do
       kill -0 "$TRAIN_PID" 2>/dev/null || { echo "demo: train_mlp exited; see $OUT/train.err"; exit 1; }
-      gen_is "$1" && return 0
+      [ "$(job_gen)" -ge "$1" ] && return 0
       sleep 0.1
     done
     echo "demo: job $JOB did not run generation $1; see $OUT/train.err"; exit 1
   }
   wait_running 1
+  for i in $(seq 2 "$HOSTS"); do
+    g=$(job_gen)
+    say "on h$i: the same program launched later joins the job; tidectl resize $JOB --dp $i --tp 4"
+    launch "h$i:4" 4 "$OUT/train-h$i"
+    MORE_PIDS="$MORE_PIDS $!"
+    for _ in $(seq 600); do
+      [ "$(ctl events 2>/dev/null | grep -c pool_joined)" -ge $((i - 1)) ] && break
+      sleep 0.1
+    done
+    ctl resize "$JOB" --dp "$i" --tp 4 >/dev/null
+    wait_running $((g + 1))
+  done
   sleep 3
   say "tidectl status: $((4 * HOSTS)) workers on $HOSTS hosts, each TP group inside one host"
   ctl status
@@ -136,8 +168,31 @@ if [ "$HOSTS" -ge 2 ]; then
   wait_running 3
   sleep 2
   ctl status
+  g=$(job_gen)
+  say "h$HOSTS loses power (scripts/cluster.sh kill-host h$HOSTS): the job recovers onto the others"
+  bash "$CLUSTER" kill-host "h$HOSTS" --name "$CNAME"
+  wait_running $((g + 1))
+  sleep 2
+  ctl status
+  g=$(job_gen)
+  say "a replacement host $SPARE arrives: the same program launched there joins the job"
+  launch "$SPARE:4" 4 "$OUT/train-$SPARE"
+  MORE_PIDS="$MORE_PIDS $!"
+  for _ in $(seq 600); do
+    [ "$(ctl events 2>/dev/null | grep -c pool_joined)" -ge "$HOSTS" ] && break
+    sleep 0.1
+  done
+  sleep 1
+  ctl status
+  say "tidectl resize $JOB --dp $HOSTS --tp 4: the job grows back onto $SPARE"
+  ctl resize "$JOB" --dp "$HOSTS" --tp 4
+  wait_running $((g + 1))
+  sleep 3
+  ctl status
+  say "tidectl events: the lost host, the recovery, the join and the grow"
+  ctl events | grep "worker_failed\|recover\|pool_\|join_\|resized" | tail -12 || true
   grep "generation\|joined" "$OUT/train.log" || true
-  say "done: tided, the job and the $HOSTS hosts are stopped on exit"
+  say "done: tided, the job and the $((HOSTS + 1)) hosts are stopped on exit"
   exit 0
 fi
 

@@ -78,6 +78,7 @@ typedef struct rank_rec {
        it took over what it held, what the new shards needed beyond the old, spilled to
        host, newly taken from the system */
     unsigned long long state_old, state_new, cap, peak_extra, no_room, spilled, fresh;
+    double join; /* connecting a launch that joined (--grow), ms; part of sync_peers' stage */
 } rank_rec;
 
 /* One run's trace: per step its start/end (wall us) and loss; the switch step if any. */
@@ -165,6 +166,8 @@ static int read_trace(const char *path, trace *t)
                            &r->state_old, &r->state_new, &r->cap, &r->peak_extra, &r->no_room,
                            &r->spilled, &r->fresh) != 7)
                     memset(&r->state_old, 0, 7 * sizeof r->state_old);
+                const char *jn = strstr(line, " join ");
+                r->join = jn != NULL ? atof(jn + 6) : 0.0;
                 t->n_ranks++;
             }
         } else if (sscanf(line, "switch gen %lld step %lld total_ms %lf move_ms %lf at_us %lld", &g,
@@ -411,6 +414,14 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     }
     if (read_trace(tr, t) != 0)
         goto out;
+    if (s->grow) { /* the joining launch's ranks: their part of the switch too */
+        static trace t2;
+        char tr2[1100];
+        snprintf(tr2, sizeof tr2, "%s/grow.trace", s->work);
+        if (read_trace(tr2, &t2) == 0)
+            for (int i = 0; i < t2.n_ranks && t->n_ranks < MAX_RANKS; i++)
+                t->ranks[t->n_ranks++] = t2.ranks[i];
+    }
     int64_t k = t->switch_step;
     if (k < 2 || t->last != total - 1 || k + 2 > t->last || t->end[k - 1] < 0 || t->start[k] < 0) {
         fprintf(stderr,
@@ -671,16 +682,16 @@ int main(int argc, char **argv)
     printf("%5s %4s", "rank", "new");
     for (int p = 0; p < PH_N; p++)
         printf(" %11s", ph_name[p]);
-    printf(" %9s %8s %8s %9s %9s %9s\n", "reshard", "prepared", "prepare", "sent_MiB", "recv_MiB",
-           "local_MiB");
+    printf(" %9s %8s %8s %9s %9s %9s %8s\n", "reshard", "prepared", "prepare", "sent_MiB",
+           "recv_MiB", "local_MiB", "join");
     for (int i = 0; i < tl.n_ranks; i++) {
         const rank_rec *r = &tl.ranks[i];
         printf("%5d %4d", r->rank, r->member);
         for (int p = 0; p < PH_N; p++)
             printf(" %11.1f", r->ph[p]);
-        printf(" %9.1f %8d %8.1f %9.1f %9.1f %9.1f\n", r->reshard, r->prepared, r->prepare,
+        printf(" %9.1f %8d %8.1f %9.1f %9.1f %9.1f %8.1f\n", r->reshard, r->prepared, r->prepare,
                (double)r->sent / 1048576.0, (double)r->recv / 1048576.0,
-               (double)r->local / 1048576.0);
+               (double)r->local / 1048576.0, r->join);
     }
 
     /* memory: each rank's peak over what it held, against the staging cap plus what the

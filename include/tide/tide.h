@@ -76,9 +76,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tide/api.h>
+#include <tide/collection.h> /* the tensor collection, layouts, shard geometry */
+#include <tide/comm.h>       /* the collective calls of a step */
 #include <tide/status.h>
-#include "collectives/collectives.h"
-#include "reshard/reshard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,7 +107,7 @@ typedef struct tide_options {
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
-void tide_options_init(tide_options *o);
+TIDE_API void tide_options_init(tide_options *o);
 
 /*
  * Joins the pool: checks MPI's thread level, builds the collectives pool over world
@@ -115,32 +116,38 @@ void tide_options_init(tide_options *o);
  * rank is registered. Fails with TIDE_ERR_TIMEOUT and a hint when tided does not
  * answer within register_timeout_ms. Caller owns *out.
  */
-tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
+TIDE_API tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
 
 /*
  * Leaves: stops offline work and the heartbeat thread, says bye to tided, frees the
  * communicators. Never blocks on peers. The program's buffers stay the program's.
  * Sets *self_p to NULL; NULL is fine.
  */
-void tide_destroy(tide_t **self_p);
+TIDE_API void tide_destroy(tide_t **self_p);
 
 /* This rank's worker id: its rank in the pool (= the ids layouts use). Any thread. */
-int32_t tide_worker_id(const tide_t *t);
+TIDE_API int32_t tide_worker_id(const tide_t *t);
 
 /* Number of ranks in the pool. Any thread. */
-int tide_pool_size(const tide_t *t);
+TIDE_API int tide_pool_size(const tide_t *t);
 
-/* The collectives backend in use (its mem_kind says where buffers live). */
-const tide_coll_backend_v1 *tide_backend(const tide_t *t);
+/* Name of the collectives backend in use ("mpi", "nccl"); static; "" for NULL. Any
+   thread. */
+TIDE_API const char *tide_backend_name(const tide_t *t);
+
+/* Where the runtime's buffers live (TIDE_MEM_HOST on mpi, TIDE_MEM_DEVICE: the rank's GPU
+   on nccl): the state buffers given to it and the buffers of the collective calls.
+   TIDE_MEM_HOST for NULL. Any thread. */
+TIDE_API tide_mem_kind tide_buffer_kind(const tide_t *t);
 
 /* The rank's device index (local to its host), chosen by tide_new; -1 for NULL. Any
    thread. */
-int tide_device(const tide_t *t);
+TIDE_API int tide_device(const tide_t *t);
 
 /* Makes the rank's device current on the calling thread (cudaSetDevice for the nccl
    backend; nothing for mpi). Call it first on every thread of the program that uses the
    GPU, other than the one that called tide_new. Any thread. */
-tide_status tide_bind_device(const tide_t *t);
+TIDE_API tide_status tide_bind_device(const tide_t *t);
 
 /* ---- joining an online job ------------------------------------------------------------ */
 
@@ -160,7 +167,7 @@ typedef struct tide_join_req {
  * member. Members then fill their buffers (fresh or from a checkpoint) and register
  * them with tide_set_buffers before the first step.
  */
-tide_status tide_join(tide_t *t, const tide_join_req *req);
+TIDE_API tide_status tide_join(tide_t *t, const tide_join_req *req);
 
 /* What this rank is in a layout. Filled by the runtime; read-only for the program. */
 typedef struct tide_view {
@@ -179,14 +186,14 @@ typedef struct tide_view {
 } tide_view;
 
 /* The current layout and this rank's place in it (member 0 when idle); borrowed. */
-const tide_view *tide_view_get(const tide_t *t);
+TIDE_API const tide_view *tide_view_get(const tide_t *t);
 
 /*
  * After tide_step_begin returned TIDE_STEP_RECONFIGURE: the layout being switched to
  * and this rank's place in it (communicators NULL: they exist after tide_reshard);
  * borrowed. NULL at any other time.
  */
-const tide_view *tide_view_next(const tide_t *t);
+TIDE_API const tide_view *tide_view_next(const tide_t *t);
 
 /*
  * Hands this rank's buffers of the current layout to the runtime: *bufs_p from
@@ -196,17 +203,17 @@ const tide_view *tide_view_next(const tide_t *t);
  * place at each switch. They are freed by tide_destroy. On failure nothing changes.
  * Main thread.
  */
-tide_status tide_give_buffers(tide_t *t, void ***bufs_p);
+TIDE_API tide_status tide_give_buffers(tide_t *t, void ***bufs_p);
 
 /* The buffers of the current layout the runtime owns (tide_give_buffers), one per
    collection tensor, NULL where not held (all NULL on an idle rank); NULL when the
    runtime owns none. Borrowed: valid until the next tide_reshard. Main thread. */
-void *const *tide_buffers(const tide_t *t);
+TIDE_API void *const *tide_buffers(const tide_t *t);
 
 /* 1 when tensor i's buffer changed address in the last tide_reshard (the program must
    take tide_buffers(t)[i] again), 0 when it stayed (its bytes may still have changed:
    a shard that shrank was rebuilt inside it). Main thread. */
-int tide_buffer_moved(const tide_t *t, size_t i);
+TIDE_API int tide_buffer_moved(const tide_t *t, size_t i);
 
 /*
  * Registers this rank's local buffers of the current layout: bufs[i] for collection
@@ -214,7 +221,7 @@ int tide_buffer_moved(const tide_t *t, size_t i);
  * backend's memory kind, NULL where the rank holds nothing. The array is copied; the
  * buffers stay the program's and must live until the next switch.
  */
-tide_status tide_set_buffers(tide_t *t, void *const *bufs);
+TIDE_API tide_status tide_set_buffers(tide_t *t, void *const *bufs);
 
 /* ---- steps ----------------------------------------------------------------------------- */
 
@@ -238,14 +245,14 @@ typedef enum tide_step_action {
  * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica; the detail says what to
  * do) once tided gave up on the job; the program should then exit.
  */
-tide_status tide_step_begin(tide_t *t, tide_step_action *action);
+TIDE_API tide_status tide_step_begin(tide_t *t, tide_step_action *action);
 
 /*
  * Ends the step begun last: step_rc TIDE_OK counts it (view->step advances); any other
  * status (a collective aborted by a peer failure) discards it. Returns TIDE_OK, or
  * TIDE_ERR_INVALID when no step was begun.
  */
-tide_status tide_step_end(tide_t *t, tide_status step_rc);
+TIDE_API tide_status tide_step_end(tide_t *t, tide_status step_rc);
 
 /*
  * Inside a step: from here on this rank could complete the step without any peer (every
@@ -257,13 +264,13 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc);
  * switch step. Do not call it when the update needs another collective (ZeRO-1's
  * sharded update). No-op outside a step. Never blocks; main thread.
  */
-void tide_step_can_finish(tide_t *t);
+TIDE_API void tide_step_can_finish(tide_t *t);
 
 /* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided.
    For waits the runtime may fill with offline work, use tide_bubble_wait instead. Main
    thread; never block. */
-void tide_bubble_begin(tide_t *t);
-void tide_bubble_end(tide_t *t);
+TIDE_API void tide_bubble_begin(tide_t *t);
+TIDE_API void tide_bubble_end(tide_t *t);
 
 /*
  * Waits for a pipeline transfer (req, from tide_coll_p2p_start on comm, usually the
@@ -279,7 +286,7 @@ void tide_bubble_end(tide_t *t);
  * step. Returns the transfer's status (req is completed, not freed). Blocks until the
  * transfer completes; main thread.
  */
-tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req);
+TIDE_API tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req);
 
 /* This rank's bubbles since tide_new. */
 typedef struct tide_bubble_stats {
@@ -291,7 +298,7 @@ typedef struct tide_bubble_stats {
 } tide_bubble_stats;
 
 /* Copies this rank's bubble statistics into *out. Main thread. */
-void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out);
+TIDE_API void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out);
 
 /* ---- switching layouts ----------------------------------------------------------------- */
 
@@ -339,7 +346,7 @@ typedef struct tide_reshard_stats {
  * switch) the old layout, buffers and communicators stay registered where they are
  * intact and the status says why. Blocks; collective over the switch's participants.
  */
-tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
+TIDE_API tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
 /* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime
  * rebuilds them in place for the new layout (see "Memory" at the top; a rank that joins
  * gets pool buffers, one that leaves gives its memory back to the system); afterwards
@@ -355,10 +362,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
  * call it. Free with tide_free_buffers (back to the pool), or hand them to the runtime
  * with tide_give_buffers. Any thread.
  */
-tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
+TIDE_API tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
 
 /* Frees buffers from tide_alloc_buffers and sets *bufs_p to NULL; NULL is fine. */
-void tide_free_buffers(const tide_t *t, void ***bufs_p);
+TIDE_API void tide_free_buffers(const tide_t *t, void ***bufs_p);
 
 /* Prepares this rank for a switch; see tide_set_prepare. pending: the announced layout
    and this rank's place in it (communicators NULL; valid during the call). */
@@ -381,13 +388,36 @@ typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
  * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn
  * is logged and only skips the preparation. fn NULL: none (the default). Main thread.
  */
-tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
+TIDE_API tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
 
 /*
  * The job is over (call on every member after its last step): releases the pool's
  * idle ranks (their tide_step_begin returns TIDE_STEP_FINISHED). Does not wait.
  */
-tide_status tide_finish(tide_t *t);
+TIDE_API tide_status tide_finish(tide_t *t);
+
+/* ---- memory of the runtime's kind ------------------------------------------------------ */
+
+/* Allocates bytes of tide_buffer_kind memory (on the rank's device for nccl, whatever the
+   calling thread's current device); not zeroed. Free with tide_mem_free. Any thread. */
+TIDE_API tide_status tide_mem_alloc(const tide_t *t, size_t bytes, void **out);
+
+/* Frees memory from tide_mem_alloc; NULL is fine. Any thread. */
+TIDE_API void tide_mem_free(const tide_t *t, void *ptr);
+
+/* Copies bytes from src to dst, both tide_buffer_kind memory (not overlapping); returns
+   when the copy is done. TIDE_ERR_INVALID when either is of the wrong kind. Main thread
+   (or one that called tide_bind_device). */
+TIDE_API tide_status tide_mem_copy(const tide_t *t, void *dst, const void *src, size_t bytes);
+
+/* Copies bytes from src (tide_buffer_kind memory) to host memory; returns when done. Main
+   thread (or one that called tide_bind_device). */
+TIDE_API tide_status tide_copy_to_host(const tide_t *t, void *host, const void *src, size_t bytes);
+
+/* Copies bytes from host memory to dst (tide_buffer_kind memory); returns when done. Main
+   thread (or one that called tide_bind_device). */
+TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void *host,
+                                         size_t bytes);
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
@@ -402,7 +432,7 @@ tide_status tide_finish(tide_t *t);
  * previous save is still being written, it waits for it first. No communication. A job
  * restarted under any (dp, tp, pp, stages) loads it (tide-ckpt, train_mlp --resume).
  */
-tide_status tide_checkpoint(tide_t *t, const char *root);
+TIDE_API tide_status tide_checkpoint(tide_t *t, const char *root);
 
 /*
  * Periodic checkpoints: from now on tide_step_end of every every-th step (0: none) calls
@@ -410,11 +440,11 @@ tide_status tide_checkpoint(tide_t *t, const char *root);
  * (0: all) and removes older ones. A periodic save that fails is logged and reported by
  * tide_checkpoint_wait; training goes on. Main thread.
  */
-tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
+TIDE_API tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
 
 /* Waits until this rank's checkpoint being written (if any) is on disk (and, on the
    publisher, published); returns the last save's status. Main thread. */
-tide_status tide_checkpoint_wait(tide_t *t);
+TIDE_API tide_status tide_checkpoint_wait(tide_t *t);
 
 #ifdef __cplusplus
 }

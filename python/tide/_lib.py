@@ -10,7 +10,7 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_int64,
-                    c_size_t, c_uint, c_uint64, c_void_p)
+                    c_size_t, c_uint64, c_void_p)
 from typing import List, Optional
 
 MAX_DIMS = 4
@@ -54,11 +54,6 @@ class P2POp(Structure):
                 ("run", c_size_t), ("stride", c_size_t)]
 
 
-class BackendS(Structure):
-    """The leading fields of tide_coll_backend_v1 (read-only here)."""
-    _fields_ = [("version", c_int), ("name", c_char_p), ("mem_kind", c_int), ("caps", c_uint)]
-
-
 class ReshardStats(Structure):
     _fields_ = [("bytes_sent", c_uint64), ("bytes_recv", c_uint64), ("bytes_local", c_uint64),
                 ("plan_ms", c_double), ("move_ms", c_double), ("comm_ms", c_double),
@@ -86,7 +81,8 @@ _PROTOS = {
     "tide_destroy": (None, [POINTER(c_void_p)]),
     "tide_worker_id": (c_int32, [c_void_p]),
     "tide_pool_size": (c_int, [c_void_p]),
-    "tide_backend": (POINTER(BackendS), [c_void_p]),
+    "tide_backend_name": (c_char_p, [c_void_p]),
+    "tide_buffer_kind": (c_int, [c_void_p]),
     "tide_join": (c_int, [c_void_p, POINTER(JoinReq)]),
     "tide_view_get": (POINTER(ViewS), [c_void_p]),
     "tide_view_next": (POINTER(ViewS), [c_void_p]),
@@ -98,7 +94,7 @@ _PROTOS = {
     "tide_bubble_stats_get": (None, [c_void_p, POINTER(BubbleStats)]),
     "tide_reshard": (c_int, [c_void_p, POINTER(c_void_p), POINTER(ReshardStats)]),
     "tide_finish": (c_int, [c_void_p]),
-    # reshard/reshard.h: collection, layout, shard geometry
+    # include/tide/collection.h: collection, layout, shard geometry
     "tide_collection_new": (c_int, [POINTER(c_void_p), c_int]),
     "tide_collection_add": (c_int, [c_void_p, POINTER(TensorDesc)]),
     "tide_collection_destroy": (None, [POINTER(c_void_p)]),
@@ -111,9 +107,10 @@ _PROTOS = {
                                   c_void_p]),
     "tide_shard_insert": (None, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_void_p,
                                  c_void_p]),
-    # collectives/collectives.h: operations on the view's communicators
+    # include/tide/comm.h: operations on the view's communicators
     "tide_coll_comm_rank": (c_int, [c_void_p]),
     "tide_coll_comm_size": (c_int, [c_void_p]),
+    "tide_coll_comm_has_dtype": (c_int, [c_void_p, c_int]),
     "tide_coll_allreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int,
                                     c_void_p]),
     "tide_coll_broadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p]),

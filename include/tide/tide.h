@@ -446,6 +446,23 @@ TIDE_API tide_status tide_checkpoint_every(tide_t *t, const char *root, int ever
    publisher, published); returns the last save's status. Main thread. */
 TIDE_API tide_status tide_checkpoint_wait(tide_t *t);
 
+/* ---- for language bindings ------------------------------------------------------------ */
+
+/*
+ * The layout of the public structs as this library was compiled: sizeof(type) for a
+ * type name of include/tide/ ("tide_view", "tide_options", "tide_join_req",
+ * "tide_layout_t", "tide_tensor_desc", "tide_p2p_op", "tide_reshard_stats",
+ * "tide_bubble_stats"); 0 for a name it does not know. A binding that mirrors these
+ * structs by hand compares its copies with these before any other call, so that a
+ * library and a binding of different versions fail with a message instead of
+ * corrupting memory. Any thread.
+ */
+TIDE_API size_t tide_abi_sizeof(const char *type);
+
+/* offsetof(type, field) for a field of one of the types above; (size_t)-1 for an unknown
+   type or field. Any thread. */
+TIDE_API size_t tide_abi_offsetof(const char *type, const char *field);
+
 #ifdef __cplusplus
 }
 #endif

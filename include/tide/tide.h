@@ -425,7 +425,8 @@ TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void 
  * Saves the registered buffers as the checkpoint of step tide_view_get(t)->step under
  * root (root/step-<012 step>/: one shard file per coordinate that is the one writer of
  * some bytes, and a manifest the layout's first member publishes once every shard is on
- * disk; see ckpt/ckpt.h). Call it on every member at the same step boundary (after
+ * disk; README section "Checkpoints", installed as share/doc/tide/README.md). Call it on
+ * every member at the same step boundary (after
  * tide_step_end, before the next tide_step_begin); idle ranks return at once. It copies
  * this rank's part to host staging (device buffers too) and returns: a background thread
  * writes it while training goes on, and the buffers may change right away. If the

@@ -227,10 +227,11 @@ tide_status tide_coll_backend_find(const char *name, const tide_coll_backend_v1 
 const char *tide_coll_backend_names(void);
 
 /* Adds be (static storage, version TIDE_COLL_BACKEND_VERSION, a name no other backend
-   has) to the backends tide_coll_backend_find knows: an out-of-tree transport, or a
-   test's wrapper of a built one. At most 4. Call it before any thread uses the table
-   (main thread, before tide_new). Communicators made through be (tide_coll_comm_new,
-   and splits of them) dispatch every later call through be, so a wrapper sees them all. */
+   has) to the backends tide_coll_backend_find knows: a transport linked with tide's
+   static libraries (libtide.so exports none of this header), or a test's wrapper of a
+   built one. At most 4. Call it before any thread uses the table (main thread, before
+   tide_new). Communicators made through be (tide_coll_comm_new, and splits of them)
+   dispatch every later call through be, so a wrapper sees them all. */
 tide_status tide_coll_backend_register(const tide_coll_backend_v1 *be);
 
 /* Makes device the calling thread's current device for backend be (nccl:

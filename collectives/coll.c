@@ -744,6 +744,11 @@ const tide_coll_backend_v1 *tide_coll_comm_backend(const tide_coll_comm_t *comm)
     return comm ? comm->be : NULL;
 }
 
+int tide_coll_comm_has_dtype(const tide_coll_comm_t *comm, tide_dtype dtype)
+{
+    return comm != NULL && tide_coll_backend_has_dtype(comm->be, dtype);
+}
+
 /* ---- operations ------------------------------------------------------------------------ */
 
 /* Common entry check: a live communicator. */

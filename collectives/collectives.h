@@ -2,7 +2,9 @@
  * collectives: tide's data plane. One backend interface, a versioned table of
  * function pointers (tide_coll_backend_v1), with an "mpi" backend (host memory,
  * Open MPI) and an "nccl" backend (device memory, built when CUDA/NCCL are found),
- * plus thin tide_coll_* wrappers that check arguments and dispatch.
+ * plus thin tide_coll_* wrappers that check arguments and dispatch. The operations a
+ * program calls on its layout's communicators, and their types, are the public part
+ * (<tide/comm.h>); pools, communicator creation and the backend table stay here.
  *
  * Workload: a handful of communicators per job (world, tp, dp, pp groups), rebuilt at
  * each layout change; operations from a few bytes (barriers, step agreement) to
@@ -43,41 +45,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tide/comm.h> /* the operations a program calls, their types */
 #include <tide/status.h>
-#include "reshard/reshard.h" /* tide_dtype */
+#include "reshard/reshard.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Where a backend's buffers live. */
-typedef enum tide_mem_kind {
-    TIDE_MEM_HOST = 0,   /* ordinary host memory (mpi) */
-    TIDE_MEM_DEVICE = 1, /* CUDA device memory of the current device (nccl) */
-} tide_mem_kind;
-
-/* Reduction operators. */
-typedef enum tide_red_op {
-    TIDE_RED_SUM = 0,
-    TIDE_RED_MAX = 1,
-} tide_red_op;
-
-/* One entry of a grouped point-to-point batch. */
-typedef enum tide_p2p_kind {
-    TIDE_P2P_SEND = 0,
-    TIDE_P2P_RECV = 1,
-} tide_p2p_kind;
-
-typedef struct tide_p2p_op {
-    tide_p2p_kind kind;
-    int peer;     /* communicator rank; may be the caller's own rank (self send/recv) */
-    void *buf;    /* backend memory kind; read for a send, written for a receive */
-    size_t bytes; /* may be 0; a send and its matching receive must agree */
-    size_t run;   /* 0: buf holds bytes contiguous bytes. Otherwise (backends with
-                     TIDE_COLL_CAP_STRIDED) bytes / run runs of run bytes, the k-th at
-                     buf + k * stride; either end may be strided, the other not */
-    size_t stride;
-} tide_p2p_op;
 
 /* The OTHER end's layout of a p2p op, for tide_coll_p2p_start_peers: the matching op's
    run and stride as in tide_p2p_op (run 0: contiguous), valid when known is 1. Set by
@@ -102,12 +76,6 @@ typedef struct tide_p2p_peer {
 /* A worker pool: the processes of one mpirun launch, over an MPI communicator. */
 typedef struct tide_coll_pool tide_coll_pool_t;
 
-/* A communicator over an ordered subset of a pool's ranks. Opaque. */
-typedef struct tide_coll_comm tide_coll_comm_t;
-
-/* An in-flight grouped point-to-point batch (tide_coll_p2p_start). Opaque. */
-typedef struct tide_coll_req tide_coll_req_t;
-
 /* Parameters of tide_coll_comm_new. */
 typedef struct tide_coll_comm_params {
     const int *members;  /* pool ranks, in the order of the new ranks; caller is one of them */
@@ -122,9 +90,6 @@ typedef struct tide_coll_comm_params {
                             TIDE_ERR_ABORTED: a member that died costs milliseconds, not the
                             timeout. Read while the call runs only. */
 } tide_coll_comm_params;
-
-/* Opaque stream handle: a cudaStream_t for nccl (NULL = default stream); ignored by mpi. */
-typedef void *tide_coll_stream_t;
 
 #define TIDE_COLL_BACKEND_VERSION 1
 
@@ -262,10 +227,11 @@ tide_status tide_coll_backend_find(const char *name, const tide_coll_backend_v1 
 const char *tide_coll_backend_names(void);
 
 /* Adds be (static storage, version TIDE_COLL_BACKEND_VERSION, a name no other backend
-   has) to the backends tide_coll_backend_find knows: an out-of-tree transport, or a
-   test's wrapper of a built one. At most 4. Call it before any thread uses the table
-   (main thread, before tide_new). Communicators made through be (tide_coll_comm_new,
-   and splits of them) dispatch every later call through be, so a wrapper sees them all. */
+   has) to the backends tide_coll_backend_find knows: a transport linked with tide's
+   static libraries (libtide.so exports none of this header), or a test's wrapper of a
+   built one. At most 4. Call it before any thread uses the table (main thread, before
+   tide_new). Communicators made through be (tide_coll_comm_new, and splits of them)
+   dispatch every later call through be, so a wrapper sees them all. */
 tide_status tide_coll_backend_register(const tide_coll_backend_v1 *be);
 
 /* Makes device the calling thread's current device for backend be (nccl:
@@ -349,12 +315,6 @@ void tide_coll_comm_abort(tide_coll_comm_t *comm);
 /* 1 once comm has been aborted (or an operation on it failed); any thread. */
 int tide_coll_comm_aborted(const tide_coll_comm_t *comm);
 
-/* This process's rank in comm. */
-int tide_coll_comm_rank(const tide_coll_comm_t *comm);
-
-/* Number of ranks in comm. */
-int tide_coll_comm_size(const tide_coll_comm_t *comm);
-
 /* Pool rank of comm rank r (r < size); -1 when out of range. */
 int tide_coll_comm_pool_rank(const tide_coll_comm_t *comm, int r);
 
@@ -363,48 +323,15 @@ const tide_coll_backend_v1 *tide_coll_comm_backend(const tide_coll_comm_t *comm)
 
 /* ---- operations (see the table above for the contract of each) ----------------- */
 
-/* Posts and waits for a batch of sends and receives. Blocks; owner thread. */
-tide_status tide_coll_group_p2p(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
-                                tide_coll_stream_t stream);
-
-/* Posts a batch; the caller tests/waits and frees *out. Does not block; owner thread. */
-tide_status tide_coll_p2p_start(tide_coll_comm_t *comm, const tide_p2p_op *ops, size_t n,
-                                tide_coll_stream_t stream, tide_coll_req_t **out);
+/* The operations a program calls (allreduce, broadcast, allgather, reduce-scatter,
+   barrier, p2p_start, group_p2p, req_test/wait/free, comm_rank/size) are declared in
+   <tide/comm.h>. */
 
 /* tide_coll_p2p_start with peers ([n], or NULL) giving the other end's layout of each op
    (see tide_p2p_peer). Does not block; owner thread. */
 tide_status tide_coll_p2p_start_peers(tide_coll_comm_t *comm, const tide_p2p_op *ops,
                                       const tide_p2p_peer *peers, size_t n,
                                       tide_coll_stream_t stream, tide_coll_req_t **out);
-
-/* Tests a batch without blocking; *done = 1 once complete. Owner thread. */
-tide_status tide_coll_req_test(tide_coll_comm_t *comm, tide_coll_req_t *req, int *done);
-
-/* Waits for a batch. Blocks; owner thread. */
-tide_status tide_coll_req_wait(tide_coll_comm_t *comm, tide_coll_req_t *req);
-
-/* Frees *req_p (complete or abandoned) and sets it to NULL; NULL is fine. Owner thread. */
-void tide_coll_req_free(tide_coll_comm_t *comm, tide_coll_req_t **req_p);
-
-/* Allreduce of count elements (f32, f64, bf16 where supported, i32, i64). Blocks. */
-tide_status tide_coll_allreduce(tide_coll_comm_t *comm, const void *send, void *recv, size_t count,
-                                tide_dtype dtype, tide_red_op op, tide_coll_stream_t stream);
-
-/* Broadcast of bytes from root. Blocks. */
-tide_status tide_coll_broadcast(tide_coll_comm_t *comm, void *buf, size_t bytes, int root,
-                                tide_coll_stream_t stream);
-
-/* Allgather of bytes per rank into recv (size * bytes). Blocks. */
-tide_status tide_coll_allgather(tide_coll_comm_t *comm, const void *send, void *recv, size_t bytes,
-                                tide_coll_stream_t stream);
-
-/* Reduce-scatter: each rank receives count reduced elements. Blocks. */
-tide_status tide_coll_reduce_scatter(tide_coll_comm_t *comm, const void *send, void *recv,
-                                     size_t count, tide_dtype dtype, tide_red_op op,
-                                     tide_coll_stream_t stream);
-
-/* Barrier. Blocks. */
-tide_status tide_coll_barrier(tide_coll_comm_t *comm, tide_coll_stream_t stream);
 
 #ifdef __cplusplus
 }

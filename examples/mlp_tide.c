@@ -88,7 +88,7 @@ void tide_mlp_tide_comm_init(tide_mlp_tide_comm *c, tide_t *t)
     c->t = t;
     c->v = tide_view_get(t);
     c->comm.ctx = c;
-    c->comm.device_memory = tide_backend(t)->mem_kind == TIDE_MEM_DEVICE;
+    c->comm.device_memory = tide_buffer_kind(t) == TIDE_MEM_DEVICE;
     c->comm.allreduce = a_allreduce;
     c->comm.exchange = a_exchange;
     c->comm.at = a_at;
@@ -353,7 +353,7 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
     pthread_mutex_init(&pre.mu, NULL);
     pre.m = m;
     pre.me = tide_pool_rank(t);
-    pre.host = tide_backend(t)->mem_kind == TIDE_MEM_HOST;
+    pre.host = tide_buffer_kind(t) == TIDE_MEM_HOST;
     /* buffers the runtime owns are prepared by the runtime (its pool) */
     tide_status rc = h->no_prepare || tide_buffers(t) != NULL
                          ? TIDE_OK
@@ -370,7 +370,6 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
 tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m)
 {
     const tide_view *v = tide_view_get(t);
-    const tide_coll_backend_v1 *be = tide_backend(t);
     const tide_collection_t *c = tide_mlp_collection(m);
     void **b = NULL;
     tide_status rc = TIDE_OK;
@@ -379,11 +378,8 @@ tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m)
         uint64_t bytes = 0;
         void *src = tide_mlp_buffer(m, i, &bytes);
         if (b[i] != NULL && bytes > 0)
-            TIDE_CHECK_GOTO(
-                be->copy2d(b[i], (size_t)bytes, src, (size_t)bytes, (size_t)bytes, 1, NULL), rc,
-                fail);
+            TIDE_CHECK_GOTO(tide_mem_copy(t, b[i], src, (size_t)bytes), rc, fail);
     }
-    TIDE_CHECK_GOTO(be->stream_sync(NULL, NULL), rc, fail);
     TIDE_CHECK_GOTO(tide_give_buffers(t, &b), rc, fail);
     return tide_mlp_adopt_borrowed(m, v->layout, tide_pool_rank(t),
                                    v->member ? tide_buffers(t) : NULL);
@@ -412,26 +408,25 @@ static uint64_t packed_bytes(const tide_layout_t *l, const tide_collection_t *c,
 }
 
 /* Receives (root) or sends (others) one coordinate's packed shards over v->all, staging
- * through backend memory when the backend is not host memory. */
-static tide_status move_packed(const tide_view *v, tide_p2p_kind kind, int peer, uint8_t *host,
-                               uint64_t n)
+ * through the runtime's memory when that is not host memory. */
+static tide_status move_packed(const tide_t *t, const tide_view *v, tide_p2p_kind kind, int peer,
+                               uint8_t *host, uint64_t n)
 {
-    const tide_coll_backend_v1 *be = tide_coll_comm_backend(v->all);
-    if (be->mem_kind == TIDE_MEM_HOST || n == 0) {
+    if (tide_buffer_kind(t) == TIDE_MEM_HOST || n == 0) {
         tide_p2p_op op = {kind, peer, host, (size_t)n, 0, 0};
         return tide_coll_group_p2p(v->all, &op, 1, NULL);
     }
     void *dev = NULL;
     tide_status rc = TIDE_OK;
-    TIDE_CHECK(be->mem_alloc((size_t)n, &dev));
+    TIDE_CHECK(tide_mem_alloc(t, (size_t)n, &dev));
     if (kind == TIDE_P2P_SEND)
-        TIDE_CHECK_GOTO(be->copy_host(dev, host, (size_t)n, 0, NULL), rc, out);
+        TIDE_CHECK_GOTO(tide_copy_from_host(t, dev, host, (size_t)n), rc, out);
     tide_p2p_op op = {kind, peer, dev, (size_t)n, 0, 0};
     TIDE_CHECK_GOTO(tide_coll_group_p2p(v->all, &op, 1, NULL), rc, out);
     if (kind == TIDE_P2P_RECV)
-        TIDE_CHECK_GOTO(be->copy_host(host, dev, (size_t)n, 1, NULL), rc, out);
+        TIDE_CHECK_GOTO(tide_copy_to_host(t, host, dev, (size_t)n), rc, out);
 out:
-    be->mem_free(dev);
+    tide_mem_free(t, dev);
     return rc;
 }
 
@@ -459,7 +454,8 @@ static tide_status pack_local(const tide_mlp_t *m, const tide_view *v, uint8_t *
     return TIDE_OK;
 }
 
-tide_status tide_mlp_tide_gather(const tide_mlp_t *m, const tide_view *v, void ***full_out)
+tide_status tide_mlp_tide_gather(const tide_t *rt, const tide_mlp_t *m, const tide_view *v,
+                                 void ***full_out)
 {
     tide_status rc = TIDE_OK;
     const tide_collection_t *c = tide_mlp_collection(m);
@@ -478,7 +474,7 @@ tide_status tide_mlp_tide_gather(const tide_mlp_t *m, const tide_view *v, void *
     if (me != 0) {
         uint64_t nb = 0;
         TIDE_CHECK(pack_local(m, v, &tmp, &nb));
-        rc = move_packed(v, TIDE_P2P_SEND, 0, tmp, nb);
+        rc = move_packed(rt, v, TIDE_P2P_SEND, 0, tmp, nb);
         tide_free(tmp);
         return rc;
     }
@@ -502,7 +498,7 @@ tide_status tide_mlp_tide_gather(const tide_mlp_t *m, const tide_view *v, void *
                 }
                 packed[r] = tide_malloc(nb ? nb : 1);
                 TIDE_CHECK_ALLOC_GOTO(packed[r], rc, out);
-                TIDE_CHECK_GOTO(move_packed(v, TIDE_P2P_RECV, (int)r, packed[r], nb), rc, out);
+                TIDE_CHECK_GOTO(move_packed(rt, v, TIDE_P2P_RECV, (int)r, packed[r], nb), rc, out);
             }
     /* pass 0 assembles the canonical copies, pass 1 checks every other replica */
     for (int pass = 0; pass < 2; pass++)

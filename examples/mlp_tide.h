@@ -113,7 +113,8 @@ tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m);
  * fails with TIDE_ERR_INTERNAL naming the tensor and coordinate. Collective over the
  * layout's members; blocking; for checks and small models (the root holds it all).
  */
-tide_status tide_mlp_tide_gather(const tide_mlp_t *m, const tide_view *v, void ***full_out);
+tide_status tide_mlp_tide_gather(const tide_t *t, const tide_mlp_t *m, const tide_view *v,
+                                 void ***full_out);
 
 #ifdef __cplusplus
 }

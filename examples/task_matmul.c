@@ -6,13 +6,18 @@
  * preempted attempt resumes where it stopped and the result is the same as an
  * uninterrupted run.
  *
- *   tidectl submit --offline --plugin /path/libtide_task_matmul.so [--bubbles] -- \
+ *   TIDE_PLUGIN_DIR=<dir of libtide_task_matmul.so> on the workers, then
+ *   tidectl submit --offline --plugin tide_task_matmul [--bubbles] -- \
  *       [--n 256] [--rounds 20] [--rows 8] [--out FILE]
  *
  * --rows sets the rows of C per step (the step time, ~2 n^2 rows flops). --out FILE gets
  * "rounds n checksum" once the task is done (tests compare it with a run that was never
  * preempted). Workload: n up to a few thousand; steps of microseconds to milliseconds.
+ * Installed as source too (share/tide/examples/task_matmul/): it builds on its own with
+ *   cc -std=c11 -fPIC -shared -I PREFIX/include task_matmul.c -o libmy_task.so
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -26,13 +26,14 @@ static inline uint64_t mlp_hash_bytes(const void *p, uint64_t n)
     return h | 1;
 }
 
-/* Gathers m's whole state over the members of view v (tide_mlp_tide_gather); on the
+/* Gathers m's whole state over the members of view v of runtime t (tide_mlp_tide_gather); on the
    layout's first member out[i] gets the hash of collection tensor i, elsewhere out is
    left alone. Collective over v's members; blocking; main thread. */
-static inline tide_status mlp_state_hashes(const tide_mlp_t *m, const tide_view *v, uint64_t *out)
+static inline tide_status mlp_state_hashes(const tide_t *t, const tide_mlp_t *m, const tide_view *v,
+                                           uint64_t *out)
 {
     void **full = NULL;
-    tide_status rc = tide_mlp_tide_gather(m, v, &full);
+    tide_status rc = tide_mlp_tide_gather(t, m, v, &full);
     if (rc != TIDE_OK || full == NULL)
         return rc;
     const tide_collection_t *c = tide_mlp_collection(m);

@@ -289,7 +289,7 @@ static uint64_t plan_cross_bytes(const tide_layout_t *old_l, const tide_layout_t
 /* The full state over the members of the current view, hashed on the root. */
 static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
 {
-    MT_OK(mlp_state_hashes(m, tide_view_get(t), out));
+    MT_OK(mlp_state_hashes(t, m, tide_view_get(t), out));
 }
 
 static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,

@@ -293,7 +293,7 @@ typedef struct record {
 /* The full state over the members of the current view, hashed on the root. */
 static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
 {
-    MT_OK(mlp_state_hashes(m, tide_view_get(t), out));
+    MT_OK(mlp_state_hashes(t, m, tide_view_get(t), out));
 }
 
 static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
@@ -681,7 +681,7 @@ int main(int argc, char **argv)
     /* the final state, gathered over the recovered layout, against the never-failed run's */
     void **full = NULL;
     if (fv->member)
-        MT_OK(tide_mlp_tide_gather(m, fv, &full));
+        MT_OK(tide_mlp_tide_gather(t, m, fv, &full));
     double worst_loss = 0.0;
     if (g_rank == 0) {
         MT_ASSERT(full != NULL, "rank 0 gathered nothing");

@@ -4,7 +4,10 @@
 # quickstart built from the installed copy with find_package(tide) and with pkg-config,
 # both run without LD_LIBRARY_PATH under mpirun against the installed tided, resized
 # live with the installed tidectl (dp 2 -> 1 -> 2), and the final state compared with a
-# never-resized run of the same program.
+# never-resized run of the same program. Also: only include/tide/ is installed under
+# include/, each public header compiles alone, the quickstart and the plugin example build
+# from those headers only, libtide.so exports exactly the functions they declare, and the
+# documentation they point to is installed.
 #   usage: test_install.sh BUILD_DIR MPIRUN [MPIRUN FLAGS...]
 # EXTRA_CFLAGS: flags the program needs to load this build's libtide (sanitizers).
 set -euo pipefail
@@ -31,12 +34,30 @@ unset LD_LIBRARY_PATH
 
 cmake --install "$BUILD" --prefix "$WORK/first" >"$WORK/install.log" 2>&1 || fail "cmake --install"
 mv "$WORK/first" "$WORK/prefix"
-P="$WORK/prefix"
+P=$(cd "$WORK/prefix" && pwd -P)
 EX="$P/share/tide/examples/quickstart"
 [ -f "$EX/quickstart.c" ] || fail "the quickstart example is not installed under share/tide"
-for h in tide.h tide_task.h status.h; do
+for h in tide.h tide_task.h status.h collection.h comm.h api.h; do
   [ -f "$P/include/tide/$h" ] || fail "include/tide/$h is not installed"
 done
+# include/ holds tide/ and nothing else (no module headers under generic names such as
+# include/reshard/ or include/collectives/)
+others=$(find "$P/include" -mindepth 1 -maxdepth 1 ! -name tide -printf '%f ')
+[ -z "$others" ] || fail "installed under include/ besides tide/: $others"
+# the documentation the installed headers point to is installed too
+for ref in $(grep -ohE 'share/[A-Za-z0-9_./-]+[A-Za-z0-9_]' "$P"/include/tide/*.h | sort -u); do
+  [ -e "$P/$ref" ] || fail "an installed header points to $ref, which is not installed"
+done
+for md in $(grep -ohE '[A-Za-z0-9_]+\.md' "$P"/include/tide/*.h | sort -u); do
+  [ -n "$(find "$P/share" -name "$md")" ] || fail "an installed header points to $md, which is not installed"
+done
+# the plugin example: the library where TIDE_PLUGIN_DIR can point, and its source
+PLUGIN=$(find "$P" -name libtide_task_matmul.so | head -n 1)
+[ -n "$PLUGIN" ] || fail "the plugin example libtide_task_matmul.so is not installed"
+nm -D --defined-only "$PLUGIN" | grep -q ' tide_task_v1_get$' ||
+  fail "the installed plugin does not export tide_task_v1_get"
+PLUGIN_SRC="$P/share/tide/examples/task_matmul/task_matmul.c"
+[ -f "$PLUGIN_SRC" ] || fail "the plugin example's source is not installed"
 
 # 1. find_package(tide)
 cmake -S "$EX" -B "$WORK/qs-cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \
@@ -52,6 +73,46 @@ FLAGS=$(PKG_CONFIG_PATH="$PCDIR" pkg-config --cflags --libs tide) || fail "pkg-c
 cc -std=c11 -O2 -Wall -Wextra -Werror ${EXTRA_CFLAGS:-} "$EX/quickstart.c" $FLAGS \
   -o "$WORK/qs-pc" >"$WORK/cc.log" 2>&1 || fail "cc \$(pkg-config --cflags --libs tide)"
 QS_PC="$WORK/qs-pc"
+
+# Only the installed headers: each public header compiles alone, the quickstart's tide
+# headers all come from the prefix, and the plugin example builds from its installed
+# source with include/tide/ alone.
+# shellcheck disable=SC2086
+for h in "$P"/include/tide/*.h; do
+  printf '#include <tide/%s>\ntypedef int not_empty;\n' "$(basename "$h")" |
+    cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c - $FLAGS >>"$WORK/cc.log" 2>&1 ||
+    fail "include/tide/$(basename "$h") does not compile alone with pkg-config's flags"
+done
+# shellcheck disable=SC2086
+deps=$(cc -std=c11 -M "$EX/quickstart.c" $FLAGS | sed 's/\\$//' | tr ' ' '\n' |
+  grep -E '/(tide|reshard|collectives|core)/[^/]*\.h$' || true)
+for d in $deps; do
+  d=$(realpath -m "$d") # tide.pc's paths go through lib/pkgconfig/../..
+  case "$d" in
+    "$P"/include/tide/*) ;;
+    *) fail "quickstart.c includes $d, not a header of the installed include/tide/" ;;
+  esac
+done
+[ -n "$deps" ] || fail "cc -M lists no tide header for quickstart.c"
+cc -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -I"$P/include" "$PLUGIN_SRC" \
+  -o "$WORK/libplugin.so" >>"$WORK/cc.log" 2>&1 || fail "the plugin example does not build from include/tide/"
+
+# libtide exports exactly the functions include/tide/*.h declare, computed from the
+# headers by the compiler (-aux-info: every prototype of the translation unit with the
+# file it comes from; static inline helpers excluded) and from the installed library.
+LIBTIDE=$(find "$P" -name 'libtide.so' | head -n 1)
+for h in "$P"/include/tide/*.h; do echo "#include <tide/$(basename "$h")>"; done >"$WORK/all.c"
+# shellcheck disable=SC2086
+cc -std=c11 -fsyntax-only -aux-info "$WORK/aux.txt" "$WORK/all.c" -I"$P/include" $FLAGS >>"$WORK/cc.log" 2>&1 ||
+  fail "cc -aux-info over the installed headers (gcc is needed for this check)"
+grep -F "/* $P/include/tide/" "$WORK/aux.txt" | grep -v ' static ' |
+  sed -E 's@^/\* [^*]* \*/ extern @@; s@^[^(]*[ *]([A-Za-z_][A-Za-z0-9_]*) \(.*@\1@' |
+  sort -u >"$WORK/declared.txt"
+nm -D --defined-only "$LIBTIDE" | awk '{print $3}' | sed 's/@.*//' | sort -u >"$WORK/exported.txt"
+[ "$(wc -l <"$WORK/declared.txt")" -ge 50 ] || fail "only $(wc -l <"$WORK/declared.txt") declarations found in include/tide/"
+if ! diff "$WORK/declared.txt" "$WORK/exported.txt" >"$WORK/symbols.diff"; then
+  fail "libtide.so's exports differ from include/tide/ ('<' declared, not exported; '>' exported, not declared): $(grep '^[<>]' "$WORK/symbols.diff" | tr '\n' ' ')"
+fi
 
 # Both find the installed libtide by themselves.
 for exe in "$QS_CMAKE" "$QS_PC"; do
@@ -115,6 +176,7 @@ GOT=$(fingerprint "$WORK/job.log")
 last=$(sed -n 's/.*generation 3 dp 2 from step \([0-9]*\).*/\1/p' "$WORK/job.log")
 [ "${last:-$STEPS}" -lt $STEPS ] || fail "the last resize came after the final step"
 [ "$GOT" = "$REF" ] || fail "state after two live resizes ($GOT) differs from the never-resized run ($REF)"
-echo "test_install: find_package and pkg-config builds ok; resized dp 2 -> 1 -> 2 at steps" \
+echo "test_install: $(wc -l <"$WORK/declared.txt") public functions, all exported and nothing else;" \
+  "find_package and pkg-config builds ok; resized dp 2 -> 1 -> 2 at steps" \
   "$(sed -n 's/.*generation \([23]\) dp . from step \([0-9]*\).*/\2/p' "$WORK/job.log" | tr '\n' ' ')" \
   "; state $GOT equals the never-resized run"

@@ -7,7 +7,8 @@
 # a step under `mpirun --enable-recovery`, the survivors recovering from its dp replica
 # and finishing with the never-resized run's losses.
 # (api) every public call of the binding fed bad input raises a clear TideError, and the
-# runtime still works afterwards (tests/test_python_api.py).
+# runtime still works afterwards; struct mirrors that drifted from the library's layout
+# are refused with AbiError (tests/test_python_api.py).
 #   usage: test_python.sh MODE(resize|recover|api) SOURCE_DIR BUILD_DIR MPIRUN [FLAGS...]
 # Exit 77 (skip) only when /usr/bin/python3 lacks torch or mpi4py.
 set -uo pipefail

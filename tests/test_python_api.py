@@ -154,5 +154,49 @@ rt.close()
 expect("closed", lambda: rt.step_begin(), I, "closed")
 expect("closed allreduce", lambda: rt.allreduce(x), I, "closed")
 ok("SYMBOLS", "tide_new" in tide.SYMBOLS)
+
+# the struct mirrors against the library's layout: a drifted copy is refused, by name
+from tide import _lib as L  # noqa: E402
+import ctypes  # noqa: E402
+
+
+def abi_refused(what, fields, name, text):
+    global passed, failed
+    st = type("Drifted", (ctypes.Structure,), {"_c_name_": name, "_fields_": fields})
+    try:
+        L.check_abi(L.lib(), [st], "libtide")
+    except L.AbiError as e:
+        if text in str(e) and "different versions" in str(e):
+            passed += 1
+            return
+        print("FAIL abi %s: %s" % (what, e))
+    except Exception as e:
+        print("FAIL abi %s: %s: %s" % (what, type(e).__name__, e))
+    else:
+        print("FAIL abi %s: accepted" % what)
+    failed += 1
+
+
+ok("abi of the binding", L.check_abi(L.lib()) is None)
+vf, of = list(L.ViewS._fields_), list(L.Options._fields_)
+abi_refused("field missing", of[:-1], "tide_options",
+            "tide_options is %d bytes in the library" % ctypes.sizeof(L.Options))
+abi_refused("fields swapped", [vf[1], vf[0]] + vf[2:], "tide_view",
+            "tide_view.layout is at offset 8 in the library, 0 in")
+abi_refused("field retyped", vf[:2] + [("member", ctypes.c_int64)] + vf[3:], "tide_view",
+            "tide_view.pp_rank is at offset 20 in the library, 24 in")
+abi_refused("field renamed", [("gen", vf[0][1])] + vf[1:], "tide_view", "tide_view has no field gen")
+abi_refused("struct unknown", vf, "tide_viewx", "does not know struct tide_viewx")
+# loading checks them: a binding whose mirror drifted never gets the library
+saved = (L._lib, L.STRUCTS)
+L._lib = None
+L.STRUCTS = (type("Drifted", (ctypes.Structure,), {"_c_name_": "tide_options", "_fields_": of[:-1]}),)
+try:
+    L.lib()
+    ok("load refuses a drifted mirror", False)
+except L.AbiError as e:
+    ok("load refuses a drifted mirror", "tide_options is" in str(e))
+finally:
+    L._lib, L.STRUCTS = saved
 print("test_python_api: %d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

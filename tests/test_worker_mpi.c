@@ -31,6 +31,10 @@
  * layout's four groups and the new layout's four (the switch communicator is released
  * once the new all is split off it): every rank's peak must be <= 8, and a rank that is
  * a member of both layouts of some switch reaches it exactly.
+ *
+ * The runtime's memory calls (tide_mem_alloc, tide_mem_copy, tide_copy_to/from_host) go
+ * through the recording backend too, and refuse memory its mem_check says is of another
+ * kind.
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -46,7 +50,9 @@
 
 #include <tide/tide.h>
 
+#include "collectives/collectives.h" /* a recording wrapper of the mpi backend */
 #include "core/clock.h"
+#include "core/error.h"
 #include "mpi_test.h"
 #include "proto/proto.h"
 
@@ -179,9 +185,16 @@ static void rec_free(void *ptr)
     under->mem_free(ptr);
 }
 
+/* Memory the "device" refuses as not its kind: what the program's tide_mem_copy and
+   tide_copy_* must refuse before copying. */
+static unsigned char foreign[64];
+
 static tide_status rec_mem_check(const void *ptr, size_t bytes, const char *what)
 {
     rec_check("mem_check");
+    const unsigned char *p = ptr;
+    if (p + bytes > foreign && p < foreign + sizeof foreign)
+        return tide_errorf(TIDE_ERR_INVALID, "%s is not rec memory", what);
     return under->mem_check(ptr, bytes, what);
 }
 
@@ -289,6 +302,48 @@ static void rec_register(void)
     rec.copy_host = rec_copy_host;
     rec.stream_sync = rec_sync;
     MT_OK(tide_coll_backend_register(&rec));
+}
+
+/* The runtime's memory calls (tide.h, "memory of the runtime's kind") on the backend in
+   use: a round trip host -> backend -> backend -> host, and the refusals. */
+static void check_memory_calls(const tide_t *t)
+{
+    MT_ASSERT(strcmp(tide_backend_name(t), "rec") == 0, "backend name '%s', want rec",
+              tide_backend_name(t));
+    MT_ASSERT(tide_buffer_kind(t) == TIDE_MEM_HOST, "rec keeps host memory");
+    MT_ASSERT(strcmp(tide_backend_name(NULL), "") == 0 && tide_buffer_kind(NULL) == TIDE_MEM_HOST,
+              "NULL runtime: empty name, host kind");
+    enum { N = 4096 };
+    unsigned char in[N], out[N];
+    for (int i = 0; i < N; i++)
+        in[i] = (unsigned char)(i * 7 + 3);
+    memset(out, 0, sizeof out);
+    void *a = NULL, *b = NULL;
+    MT_OK(tide_mem_alloc(t, N, &a));
+    MT_OK(tide_mem_alloc(t, N, &b));
+    MT_OK(tide_copy_from_host(t, a, in, N));
+    MT_OK(tide_mem_copy(t, b, a, N));
+    MT_OK(tide_copy_to_host(t, out, b, N));
+    MT_ASSERT(memcmp(in, out, N) == 0, "host -> backend -> backend -> host changed the bytes");
+    MT_OK(tide_mem_copy(t, b, NULL, 0)); /* 0 bytes: nothing to copy, nothing to check */
+    tide_status rc = tide_mem_copy(t, b, NULL, 8);
+    MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "NULL source") != NULL,
+              "NULL source: %s (%s)", tide_status_name(rc), tide_last_error());
+    rc = tide_mem_copy(t, foreign, a, sizeof foreign);
+    MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "the destination") != NULL,
+              "memory of another kind as the destination: %s (%s)", tide_status_name(rc),
+              tide_last_error());
+    rc = tide_copy_to_host(t, out, foreign, sizeof foreign);
+    MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "the source") != NULL,
+              "memory of another kind as the source: %s (%s)", tide_status_name(rc),
+              tide_last_error());
+    MT_OK(tide_copy_to_host(t, foreign, a, sizeof foreign)); /* the host side is not checked */
+    rc = tide_copy_from_host(NULL, a, in, 8);
+    MT_ASSERT(rc == TIDE_ERR_INVALID, "NULL runtime: %s", tide_status_name(rc));
+    MT_ASSERT(tide_mem_alloc(t, 8, NULL) == TIDE_ERR_INVALID, "NULL out refused");
+    tide_mem_free(t, a);
+    tide_mem_free(t, b);
+    tide_mem_free(t, NULL);
 }
 
 /* The program's preparation (tide_set_prepare): the next layout's buffers, allocated on
@@ -652,6 +707,7 @@ int main(int argc, char **argv)
               "rank %d: device %d chosen, %d bound; want the rank's index on the host", rank,
               tide_device(t), want_dev);
     MT_ASSERT(bound == rank, "tide_new binds the device on the calling thread");
+    check_memory_calls(t);
     prepared pre;
     memset(&pre, 0, sizeof pre);
     pthread_mutex_init(&pre.mu, NULL);

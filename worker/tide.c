@@ -456,9 +456,72 @@ int tide_pool_size(const tide_t *t)
     return t ? t->size : 0;
 }
 
-const tide_coll_backend_v1 *tide_backend(const tide_t *t)
+const char *tide_backend_name(const tide_t *t)
 {
-    return t ? t->be : NULL;
+    return t ? t->be->name : "";
+}
+
+tide_mem_kind tide_buffer_kind(const tide_t *t)
+{
+    return t ? t->be->mem_kind : TIDE_MEM_HOST;
+}
+
+/* ---- memory of the backend's kind ------------------------------------------------------- */
+
+tide_status tide_mem_alloc(const tide_t *t, size_t bytes, void **out)
+{
+    if (out == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_mem_alloc: out is NULL");
+    *out = NULL;
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_mem_alloc: the runtime is NULL");
+    return tide_coll_mem_alloc(t->be, t->device, bytes ? bytes : 1, out);
+}
+
+void tide_mem_free(const tide_t *t, void *ptr)
+{
+    if (t != NULL && ptr != NULL)
+        t->be->mem_free(ptr);
+}
+
+/* The common checks of the copies: a runtime, buffers where there are bytes, and each
+ * backend-side buffer of the backend's kind. */
+static tide_status copy_args(const tide_t *t, const char *op, const void *dst, int dst_be,
+                             const void *src, int src_be, size_t bytes)
+{
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "%s: the runtime is NULL", op);
+    if (bytes == 0)
+        return TIDE_OK;
+    if (dst == NULL || src == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "%s: NULL %s for %zu bytes", op,
+                           dst == NULL ? "destination" : "source", bytes);
+    if (dst_be)
+        TIDE_CHECK(tide_coll_mem_check(t->be, dst, bytes, "the destination"));
+    if (src_be)
+        TIDE_CHECK(tide_coll_mem_check(t->be, src, bytes, "the source"));
+    return TIDE_OK;
+}
+
+tide_status tide_mem_copy(const tide_t *t, void *dst, const void *src, size_t bytes)
+{
+    TIDE_CHECK(copy_args(t, "tide_mem_copy", dst, 1, src, 1, bytes));
+    if (bytes == 0)
+        return TIDE_OK;
+    TIDE_CHECK(t->be->copy2d(dst, bytes, src, bytes, bytes, 1, NULL));
+    return t->be->stream_sync(NULL, NULL);
+}
+
+tide_status tide_copy_to_host(const tide_t *t, void *host, const void *src, size_t bytes)
+{
+    TIDE_CHECK(copy_args(t, "tide_copy_to_host", host, 0, src, 1, bytes));
+    return bytes == 0 ? TIDE_OK : t->be->copy_host(host, src, bytes, 1, NULL);
+}
+
+tide_status tide_copy_from_host(const tide_t *t, void *dst, const void *host, size_t bytes)
+{
+    TIDE_CHECK(copy_args(t, "tide_copy_from_host", dst, 1, host, 0, bytes));
+    return bytes == 0 ? TIDE_OK : t->be->copy_host(dst, host, bytes, 0, NULL);
 }
 
 const tide_view *tide_view_get(const tide_t *t)

@@ -6,6 +6,8 @@
 #ifndef TIDE_STATUS_H
 #define TIDE_STATUS_H
 
+#include <tide/api.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,17 +40,17 @@ typedef enum tide_status { TIDE_STATUS_MAP(TIDE__STATUS_ENUM) } tide_status;
 #undef TIDE__STATUS_ENUM
 
 /* Returns a static, human-readable message for rc; never NULL; any thread. */
-const char *tide_strerror(tide_status rc);
+TIDE_API const char *tide_strerror(tide_status rc);
 
 /* Returns the static symbolic name of rc ("TIDE_ERR_INVALID"); never NULL; any thread. */
-const char *tide_status_name(tide_status rc);
+TIDE_API const char *tide_status_name(tide_status rc);
 
 /*
  * Returns the detail message of the last error set on the calling thread with
  * tide_errorf (for example "tp=3 does not divide dimension 1 of fc1.weight"),
  * or "" when none; the string is thread-local and valid until the next error.
  */
-const char *tide_last_error(void);
+TIDE_API const char *tide_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -76,9 +76,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tide/api.h>
+#include <tide/collection.h> /* the tensor collection, layouts, shard geometry */
+#include <tide/comm.h>       /* the collective calls of a step */
 #include <tide/status.h>
-#include "collectives/collectives.h"
-#include "reshard/reshard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,7 +107,7 @@ typedef struct tide_options {
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
-void tide_options_init(tide_options *o);
+TIDE_API void tide_options_init(tide_options *o);
 
 /*
  * Joins the pool: checks MPI's thread level, builds the collectives pool over world
@@ -115,57 +116,63 @@ void tide_options_init(tide_options *o);
  * rank is registered. Fails with TIDE_ERR_TIMEOUT and a hint when tided does not
  * answer within register_timeout_ms. Caller owns *out.
  */
-tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
+TIDE_API tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world);
 
 /*
  * Leaves: stops offline work and the heartbeat thread, says bye to tided, frees the
  * communicators. Never blocks on peers. The program's buffers stay the program's.
  * Sets *self_p to NULL; NULL is fine.
  */
-void tide_destroy(tide_t **self_p);
+TIDE_API void tide_destroy(tide_t **self_p);
 
 /* This rank's worker id: the id tided gave it at registration, kept in tided's state
    file (so the same across tided restarts) and the one operators see: the WORKER column
    of `tidectl status`, the id `tidectl drain` takes, events, metrics and the workers of
    `tidectl resize`. Not an index into a layout (that is tide_pool_rank). -1 for NULL.
    Any thread. */
-int32_t tide_worker_id(const tide_t *t);
+TIDE_API int32_t tide_worker_id(const tide_t *t);
 
 /* This rank's job rank: the ids a layout's worker map holds (tide_view.layout->worker[]).
    Its rank in the world given to tide_new, plus, when its launch joined a running job
    (see "Growing a job" in the README), the job ranks of the launches before it. -1 for
    NULL. Any thread. */
-int tide_pool_rank(const tide_t *t);
+TIDE_API int tide_pool_rank(const tide_t *t);
 
 /* tided's worker id (tide_worker_id) of pool rank rank, as registered by tide_new;
    -1 when t is NULL or rank is not in [0, tide_pool_size). Any thread. */
-int32_t tide_pool_worker_id(const tide_t *t, int rank);
+TIDE_API int32_t tide_pool_worker_id(const tide_t *t, int rank);
 
 /* Number of ranks in the pool. Any thread. */
-int tide_pool_size(const tide_t *t);
+TIDE_API int tide_pool_size(const tide_t *t);
 
 /* An MPI communicator over every process connected to this rank's job: the launch's own
    world at first, and after a pool launched later joined the job, the processes of all
    its connected launches (so MPI_COMM_WORLD no longer names them all). Borrowed: it is
    replaced when a pool joins, so read it again after each TIDE_STEP_RECONFIGURE.
    Main thread. */
-MPI_Comm tide_world(const tide_t *t);
+TIDE_API MPI_Comm tide_world(const tide_t *t);
 
 /* The rank in tide_world(t) of worker w (a job rank, as layouts name workers), or -1 when
    no connected process holds it. Main thread. */
-int tide_world_rank(const tide_t *t, int32_t w);
+TIDE_API int tide_world_rank(const tide_t *t, int32_t w);
 
-/* The collectives backend in use (its mem_kind says where buffers live). */
-const tide_coll_backend_v1 *tide_backend(const tide_t *t);
+/* Name of the collectives backend in use ("mpi", "nccl"); static; "" for NULL. Any
+   thread. */
+TIDE_API const char *tide_backend_name(const tide_t *t);
+
+/* Where the runtime's buffers live (TIDE_MEM_HOST on mpi, TIDE_MEM_DEVICE: the rank's GPU
+   on nccl): the state buffers given to it and the buffers of the collective calls.
+   TIDE_MEM_HOST for NULL. Any thread. */
+TIDE_API tide_mem_kind tide_buffer_kind(const tide_t *t);
 
 /* The rank's device index (local to its host), chosen by tide_new; -1 for NULL. Any
    thread. */
-int tide_device(const tide_t *t);
+TIDE_API int tide_device(const tide_t *t);
 
 /* Makes the rank's device current on the calling thread (cudaSetDevice for the nccl
    backend; nothing for mpi). Call it first on every thread of the program that uses the
    GPU, other than the one that called tide_new. Any thread. */
-tide_status tide_bind_device(const tide_t *t);
+TIDE_API tide_status tide_bind_device(const tide_t *t);
 
 /* ---- joining an online job ------------------------------------------------------------ */
 
@@ -185,7 +192,7 @@ typedef struct tide_join_req {
  * member. Members then fill their buffers (fresh or from a checkpoint) and register
  * them with tide_set_buffers before the first step.
  */
-tide_status tide_join(tide_t *t, const tide_join_req *req);
+TIDE_API tide_status tide_join(tide_t *t, const tide_join_req *req);
 
 /* What this rank is in a layout. Filled by the runtime; read-only for the program. */
 typedef struct tide_view {
@@ -204,14 +211,14 @@ typedef struct tide_view {
 } tide_view;
 
 /* The current layout and this rank's place in it (member 0 when idle); borrowed. */
-const tide_view *tide_view_get(const tide_t *t);
+TIDE_API const tide_view *tide_view_get(const tide_t *t);
 
 /*
  * After tide_step_begin returned TIDE_STEP_RECONFIGURE: the layout being switched to
  * and this rank's place in it (communicators NULL: they exist after tide_reshard);
  * borrowed. NULL at any other time.
  */
-const tide_view *tide_view_next(const tide_t *t);
+TIDE_API const tide_view *tide_view_next(const tide_t *t);
 
 /*
  * Hands this rank's buffers of the current layout to the runtime: *bufs_p from
@@ -221,17 +228,17 @@ const tide_view *tide_view_next(const tide_t *t);
  * place at each switch. They are freed by tide_destroy. On failure nothing changes.
  * Main thread.
  */
-tide_status tide_give_buffers(tide_t *t, void ***bufs_p);
+TIDE_API tide_status tide_give_buffers(tide_t *t, void ***bufs_p);
 
 /* The buffers of the current layout the runtime owns (tide_give_buffers), one per
    collection tensor, NULL where not held (all NULL on an idle rank); NULL when the
    runtime owns none. Borrowed: valid until the next tide_reshard. Main thread. */
-void *const *tide_buffers(const tide_t *t);
+TIDE_API void *const *tide_buffers(const tide_t *t);
 
 /* 1 when tensor i's buffer changed address in the last tide_reshard (the program must
    take tide_buffers(t)[i] again), 0 when it stayed (its bytes may still have changed:
    a shard that shrank was rebuilt inside it). Main thread. */
-int tide_buffer_moved(const tide_t *t, size_t i);
+TIDE_API int tide_buffer_moved(const tide_t *t, size_t i);
 
 /*
  * Registers this rank's local buffers of the current layout: bufs[i] for collection
@@ -239,7 +246,7 @@ int tide_buffer_moved(const tide_t *t, size_t i);
  * backend's memory kind, NULL where the rank holds nothing. The array is copied; the
  * buffers stay the program's and must live until the next switch.
  */
-tide_status tide_set_buffers(tide_t *t, void *const *bufs);
+TIDE_API tide_status tide_set_buffers(tide_t *t, void *const *bufs);
 
 /* ---- steps ----------------------------------------------------------------------------- */
 
@@ -263,14 +270,14 @@ typedef enum tide_step_action {
  * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica; the detail says what to
  * do) once tided gave up on the job; the program should then exit.
  */
-tide_status tide_step_begin(tide_t *t, tide_step_action *action);
+TIDE_API tide_status tide_step_begin(tide_t *t, tide_step_action *action);
 
 /*
  * Ends the step begun last: step_rc TIDE_OK counts it (view->step advances); any other
  * status (a collective aborted by a peer failure) discards it. Returns TIDE_OK, or
  * TIDE_ERR_INVALID when no step was begun.
  */
-tide_status tide_step_end(tide_t *t, tide_status step_rc);
+TIDE_API tide_status tide_step_end(tide_t *t, tide_status step_rc);
 
 /*
  * Inside a step: from here on this rank could complete the step without any peer (every
@@ -282,13 +289,13 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc);
  * switch step. Do not call it when the update needs another collective (ZeRO-1's
  * sharded update). No-op outside a step. Never blocks; main thread.
  */
-void tide_step_can_finish(tide_t *t);
+TIDE_API void tide_step_can_finish(tide_t *t);
 
 /* Time spent waiting on pipeline neighbours inside a step (bubbles), reported to tided.
    For waits the runtime may fill with offline work, use tide_bubble_wait instead. Main
    thread; never block. */
-void tide_bubble_begin(tide_t *t);
-void tide_bubble_end(tide_t *t);
+TIDE_API void tide_bubble_begin(tide_t *t);
+TIDE_API void tide_bubble_end(tide_t *t);
 
 /*
  * Waits for a pipeline transfer (req, from tide_coll_p2p_start on comm, usually the
@@ -304,7 +311,7 @@ void tide_bubble_end(tide_t *t);
  * step. Returns the transfer's status (req is completed, not freed). Blocks until the
  * transfer completes; main thread.
  */
-tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req);
+TIDE_API tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t *req);
 
 /* This rank's bubbles since tide_new. */
 typedef struct tide_bubble_stats {
@@ -316,7 +323,7 @@ typedef struct tide_bubble_stats {
 } tide_bubble_stats;
 
 /* Copies this rank's bubble statistics into *out. Main thread. */
-void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out);
+TIDE_API void tide_bubble_stats_get(const tide_t *t, tide_bubble_stats *out);
 
 /* ---- switching layouts ----------------------------------------------------------------- */
 
@@ -366,7 +373,7 @@ typedef struct tide_reshard_stats {
  * switch) the old layout, buffers and communicators stay registered where they are
  * intact and the status says why. Blocks; collective over the switch's participants.
  */
-tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
+TIDE_API tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
 /* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime
  * rebuilds them in place for the new layout (see "Memory" at the top; a rank that joins
  * gets pool buffers, one that leaves gives its memory back to the system); afterwards
@@ -382,10 +389,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
  * call it. Free with tide_free_buffers (back to the pool), or hand them to the runtime
  * with tide_give_buffers. Any thread.
  */
-tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
+TIDE_API tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out);
 
 /* Frees buffers from tide_alloc_buffers and sets *bufs_p to NULL; NULL is fine. */
-void tide_free_buffers(const tide_t *t, void ***bufs_p);
+TIDE_API void tide_free_buffers(const tide_t *t, void ***bufs_p);
 
 /* Prepares this rank for a switch; see tide_set_prepare. pending: the announced layout
    and this rank's place in it (communicators NULL; valid during the call). */
@@ -408,13 +415,36 @@ typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
  * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn
  * is logged and only skips the preparation. fn NULL: none (the default). Main thread.
  */
-tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
+TIDE_API tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
 
 /*
  * The job is over (call on every member after its last step): releases the pool's
  * idle ranks (their tide_step_begin returns TIDE_STEP_FINISHED). Does not wait.
  */
-tide_status tide_finish(tide_t *t);
+TIDE_API tide_status tide_finish(tide_t *t);
+
+/* ---- memory of the runtime's kind ------------------------------------------------------ */
+
+/* Allocates bytes of tide_buffer_kind memory (on the rank's device for nccl, whatever the
+   calling thread's current device); not zeroed. Free with tide_mem_free. Any thread. */
+TIDE_API tide_status tide_mem_alloc(const tide_t *t, size_t bytes, void **out);
+
+/* Frees memory from tide_mem_alloc; NULL is fine. Any thread. */
+TIDE_API void tide_mem_free(const tide_t *t, void *ptr);
+
+/* Copies bytes from src to dst, both tide_buffer_kind memory (not overlapping); returns
+   when the copy is done. TIDE_ERR_INVALID when either is of the wrong kind. Main thread
+   (or one that called tide_bind_device). */
+TIDE_API tide_status tide_mem_copy(const tide_t *t, void *dst, const void *src, size_t bytes);
+
+/* Copies bytes from src (tide_buffer_kind memory) to host memory; returns when done. Main
+   thread (or one that called tide_bind_device). */
+TIDE_API tide_status tide_copy_to_host(const tide_t *t, void *host, const void *src, size_t bytes);
+
+/* Copies bytes from host memory to dst (tide_buffer_kind memory); returns when done. Main
+   thread (or one that called tide_bind_device). */
+TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void *host,
+                                         size_t bytes);
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
@@ -422,14 +452,15 @@ tide_status tide_finish(tide_t *t);
  * Saves the registered buffers as the checkpoint of step tide_view_get(t)->step under
  * root (root/step-<012 step>/: one shard file per coordinate that is the one writer of
  * some bytes, and a manifest the layout's first member publishes once every shard is on
- * disk; see ckpt/ckpt.h). Call it on every member at the same step boundary (after
+ * disk; README section "Checkpoints", installed as share/doc/tide/README.md). Call it on
+ * every member at the same step boundary (after
  * tide_step_end, before the next tide_step_begin); idle ranks return at once. It copies
  * this rank's part to host staging (device buffers too) and returns: a background thread
  * writes it while training goes on, and the buffers may change right away. If the
  * previous save is still being written, it waits for it first. No communication. A job
  * restarted under any (dp, tp, pp, stages) loads it (tide-ckpt, train_mlp --resume).
  */
-tide_status tide_checkpoint(tide_t *t, const char *root);
+TIDE_API tide_status tide_checkpoint(tide_t *t, const char *root);
 
 /*
  * Periodic checkpoints: from now on tide_step_end of every every-th step (0: none) calls
@@ -437,11 +468,28 @@ tide_status tide_checkpoint(tide_t *t, const char *root);
  * (0: all) and removes older ones. A periodic save that fails is logged and reported by
  * tide_checkpoint_wait; training goes on. Main thread.
  */
-tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
+TIDE_API tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
 
 /* Waits until this rank's checkpoint being written (if any) is on disk (and, on the
    publisher, published); returns the last save's status. Main thread. */
-tide_status tide_checkpoint_wait(tide_t *t);
+TIDE_API tide_status tide_checkpoint_wait(tide_t *t);
+
+/* ---- for language bindings ------------------------------------------------------------ */
+
+/*
+ * The layout of the public structs as this library was compiled: sizeof(type) for a
+ * type name of include/tide/ ("tide_view", "tide_options", "tide_join_req",
+ * "tide_layout_t", "tide_tensor_desc", "tide_p2p_op", "tide_reshard_stats",
+ * "tide_bubble_stats"); 0 for a name it does not know. A binding that mirrors these
+ * structs by hand compares its copies with these before any other call, so that a
+ * library and a binding of different versions fail with a message instead of
+ * corrupting memory. Any thread.
+ */
+TIDE_API size_t tide_abi_sizeof(const char *type);
+
+/* offsetof(type, field) for a field of one of the types above; (size_t)-1 for an unknown
+   type or field. Any thread. */
+TIDE_API size_t tide_abi_offsetof(const char *type, const char *field);
 
 #ifdef __cplusplus
 }

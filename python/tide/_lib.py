@@ -3,6 +3,9 @@
 The library is found, in order, at $TIDE_LIB, next to this package (libtide.so copied in),
 in $TIDE_BUILD_DIR/worker, in a build/worker folder above this file (a source checkout),
 then where the dynamic loader finds libtide (ctypes.util.find_library, /usr/local/lib).
+Only names declared in include/tide/ are used. The structs are mirrored by hand, so each
+is checked against the library's own layout (tide_abi_sizeof / tide_abi_offsetof) when it
+loads: a library of another version raises AbiError instead of corrupting memory.
 """
 from __future__ import annotations
 
@@ -10,14 +13,15 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_int64,
-                    c_size_t, c_uint, c_uint64, c_void_p)
-from typing import List, Optional
+                    c_size_t, c_uint64, c_void_p)
+from typing import List, Optional, Sequence
 
 MAX_DIMS = 4
 NAME_MAX = 96
 
 
 class Options(Structure):
+    _c_name_ = "tide_options"
     _fields_ = [("endpoint", c_char_p), ("key_file", c_char_p), ("server_key", c_char_p),
                 ("pool", c_char_p), ("backend", c_char_p), ("device", c_int),
                 ("mem_bytes", c_uint64), ("register_timeout_ms", c_int),
@@ -26,17 +30,20 @@ class Options(Structure):
 
 
 class JoinReq(Structure):
+    _c_name_ = "tide_join_req"
     _fields_ = [("job", c_char_p), ("collection", c_void_p), ("dp", c_int), ("tp", c_int),
                 ("pp", c_int), ("micro_batches", c_int), ("start_step", c_int64)]
 
 
 class LayoutS(Structure):
+    _c_name_ = "tide_layout_t"
     _fields_ = [("dp", c_int), ("tp", c_int), ("pp", c_int), ("num_layers", c_int),
                 ("micro_batches", c_int), ("stage_start", POINTER(c_int)),
                 ("worker", POINTER(c_int32))]
 
 
 class ViewS(Structure):
+    _c_name_ = "tide_view"
     _fields_ = [("generation", c_uint64), ("layout", POINTER(LayoutS)), ("member", c_int),
                 ("pp_rank", c_int), ("dp_rank", c_int), ("tp_rank", c_int), ("step", c_int64),
                 ("all", c_void_p), ("tp", c_void_p), ("dp", c_void_p), ("pp", c_void_p),
@@ -44,22 +51,20 @@ class ViewS(Structure):
 
 
 class TensorDesc(Structure):
+    _c_name_ = "tide_tensor_desc"
     _fields_ = [("name", c_char * NAME_MAX), ("dtype", c_int), ("ndim", c_int),
                 ("shape", c_int64 * MAX_DIMS), ("layer", c_int), ("tp", c_int),
                 ("tp_dim", c_int), ("tp_segments", c_int), ("dp", c_int)]
 
 
 class P2POp(Structure):
+    _c_name_ = "tide_p2p_op"
     _fields_ = [("kind", c_int), ("peer", c_int), ("buf", c_void_p), ("bytes", c_size_t),
                 ("run", c_size_t), ("stride", c_size_t)]
 
 
-class BackendS(Structure):
-    """The leading fields of tide_coll_backend_v1 (read-only here)."""
-    _fields_ = [("version", c_int), ("name", c_char_p), ("mem_kind", c_int), ("caps", c_uint)]
-
-
 class ReshardStats(Structure):
+    _c_name_ = "tide_reshard_stats"
     _fields_ = [("bytes_sent", c_uint64), ("bytes_recv", c_uint64), ("bytes_local", c_uint64),
                 ("plan_ms", c_double), ("move_ms", c_double), ("comm_ms", c_double),
                 ("total_ms", c_double), ("wait_ms", c_double), ("sync_ms", c_double),
@@ -71,12 +76,52 @@ class ReshardStats(Structure):
 
 
 class BubbleStats(Structure):
+    _c_name_ = "tide_bubble_stats"
     _fields_ = [("windows", c_uint64), ("bubble_ms", c_double), ("filled_ms", c_double),
                 ("task_steps", c_uint64), ("task", c_char * 128)]
 
 
+# Every struct mirrored above, checked against the library's own layout at load time.
+STRUCTS = (Options, JoinReq, LayoutS, ViewS, TensorDesc, P2POp, ReshardStats, BubbleStats)
+
+
+class AbiError(OSError):
+    """The loaded libtide lays out a struct differently from this binding (a library and a
+    binding of different versions): calling it would corrupt memory."""
+
+
+def check_abi(cdll: ctypes.CDLL, structs: Sequence[type] = STRUCTS, path: str = "libtide") -> None:
+    """Raises AbiError naming the first struct whose size, or field whose offset, differs
+    between the binding's mirror and the library (tide_abi_sizeof / tide_abi_offsetof)."""
+    unknown = ctypes.c_size_t(-1).value
+    for st in structs:
+        name = st._c_name_
+        want = cdll.tide_abi_sizeof(name.encode())
+        if want == 0:
+            raise AbiError("%s does not know struct %s, which the tide binding mirrors: the "
+                           "library and the binding are from different versions" % (path, name))
+        for field, _ in st._fields_:
+            off = cdll.tide_abi_offsetof(name.encode(), field.encode())
+            have = getattr(st, field).offset
+            if off == unknown:
+                raise AbiError("%s: %s has no field %s, which the tide binding mirrors: the "
+                               "library and the binding are from different versions"
+                               % (path, name, field))
+            if off != have:
+                raise AbiError("%s: %s.%s is at offset %d in the library, %d in the tide "
+                               "binding: the library and the binding are from different versions"
+                               % (path, name, field, off, have))
+        if want != ctypes.sizeof(st):
+            raise AbiError("%s: %s is %d bytes in the library, %d in the tide binding: the "
+                           "library and the binding are from different versions"
+                           % (path, name, want, ctypes.sizeof(st)))
+
+
 # name: (restype, argtypes). Every C symbol the binding calls is listed here and nowhere else.
 _PROTOS = {
+    # include/tide/tide.h: the layout of the structs above, checked before any other call
+    "tide_abi_sizeof": (c_size_t, [c_char_p]),
+    "tide_abi_offsetof": (c_size_t, [c_char_p, c_char_p]),
     # include/tide/status.h
     "tide_strerror": (c_char_p, [c_int]),
     "tide_last_error": (c_char_p, []),
@@ -88,7 +133,8 @@ _PROTOS = {
     "tide_pool_rank": (c_int, [c_void_p]),
     "tide_pool_worker_id": (c_int32, [c_void_p, c_int]),
     "tide_pool_size": (c_int, [c_void_p]),
-    "tide_backend": (POINTER(BackendS), [c_void_p]),
+    "tide_backend_name": (c_char_p, [c_void_p]),
+    "tide_buffer_kind": (c_int, [c_void_p]),
     "tide_join": (c_int, [c_void_p, POINTER(JoinReq)]),
     "tide_view_get": (POINTER(ViewS), [c_void_p]),
     "tide_view_next": (POINTER(ViewS), [c_void_p]),
@@ -100,7 +146,7 @@ _PROTOS = {
     "tide_bubble_stats_get": (None, [c_void_p, POINTER(BubbleStats)]),
     "tide_reshard": (c_int, [c_void_p, POINTER(c_void_p), POINTER(ReshardStats)]),
     "tide_finish": (c_int, [c_void_p]),
-    # reshard/reshard.h: collection, layout, shard geometry
+    # include/tide/collection.h: collection, layout, shard geometry
     "tide_collection_new": (c_int, [POINTER(c_void_p), c_int]),
     "tide_collection_add": (c_int, [c_void_p, POINTER(TensorDesc)]),
     "tide_collection_destroy": (None, [POINTER(c_void_p)]),
@@ -113,9 +159,10 @@ _PROTOS = {
                                   c_void_p]),
     "tide_shard_insert": (None, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_void_p,
                                  c_void_p]),
-    # collectives/collectives.h: operations on the view's communicators
+    # include/tide/comm.h: operations on the view's communicators
     "tide_coll_comm_rank": (c_int, [c_void_p]),
     "tide_coll_comm_size": (c_int, [c_void_p]),
+    "tide_coll_comm_has_dtype": (c_int, [c_void_p, c_int]),
     "tide_coll_allreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int,
                                     c_void_p]),
     "tide_coll_broadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p]),
@@ -176,6 +223,7 @@ def lib() -> ctypes.CDLL:
             f = getattr(cdll, name)
             f.restype = res
             f.argtypes = args
+        check_abi(cdll, STRUCTS, path)
         _lib = cdll
         return cdll
     raise OSError("libtide.so not found; set TIDE_LIB to its path. Tried: " + "; ".join(tried))

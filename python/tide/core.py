@@ -417,10 +417,9 @@ class Runtime:
         _check(lib.tide_new(byref(self._t), byref(o), c_void_p(h)), "tide_new")
         self._lib = lib
         self._vp = lib.tide_view_get(self._t)
-        be = lib.tide_backend(self._t).contents
-        self.backend: str = be.name.decode()
-        self.device_type = "cuda" if be.mem_kind == 1 else "cpu"
-        self._bf16 = bool(be.caps & 1)
+        self.backend: str = lib.tide_backend_name(self._t).decode()
+        self.device_type = "cuda" if lib.tide_buffer_kind(self._t) == 1 else "cpu"
+        self._red_dtypes: Optional[frozenset] = None  # tide_coll_comm_has_dtype's answers
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -645,9 +644,12 @@ class Runtime:
         h = self._comm(group)
         self._buf(x, "allreduce tensor")
         dt = _DTYPES.get(x.dtype)
-        if dt not in (0, 3, 4, 5) and not (dt == 2 and self._bf16):
+        if self._red_dtypes is None:  # one backend per runtime: ask it once
+            self._red_dtypes = frozenset(d for d in set(_DTYPES.values())
+                                         if self._lib.tide_coll_comm_has_dtype(h, d))
+        if dt not in self._red_dtypes:
             raise _invalid("allreduce dtype must be float32, float64, int32 or int64%s, got %s"
-                           % (" or bfloat16" if self._bf16 else "", x.dtype))
+                           % (" or bfloat16" if 2 in self._red_dtypes else "", x.dtype))
         if not isinstance(op, ReduceOp):
             raise _invalid("op must be a tide.ReduceOp, got %r" % (op,))
         p = x.data_ptr()

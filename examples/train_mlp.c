@@ -566,7 +566,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     int code = 0;
     if (o->state_out != NULL && v->member) {
         void **full = NULL; /* the last layout's members: the survivors after a recovery */
-        RUN(tide_mlp_tide_gather(model, v, &full), "--state-out");
+        RUN(tide_mlp_tide_gather(t, model, v, &full), "--state-out");
         if (full != NULL)
             write_state(o, tide_mlp_collection(model), full);
     }

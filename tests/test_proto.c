@@ -417,20 +417,27 @@ Test(proto_roundtrip, heartbeat_is_small_and_exact)
     tide_free(bytes);
 }
 
+/* The previous generation of layout_msg(): gen 4, dp 2 over 24 layers on the given
+   arrays (the caller's: no clear). */
+static tide_proto_layout_t prev_layout(int *stages, int32_t *workers)
+{
+    return (tide_proto_layout_t){.gen = 4,
+                                 .dp = 2,
+                                 .tp = 1,
+                                 .pp = 1,
+                                 .num_layers = 24,
+                                 .micro_batches = 8,
+                                 .stage_start = stages,
+                                 .worker = workers};
+}
+
 Test(proto_roundtrip, layout_with_previous_generation)
 {
     tide_msg_t m = layout_msg(), d;
     int prev_stages[2] = {0, 24};
     int32_t prev_workers[2] = {10, 11};
     m.u.layout.has_prev = 1;
-    m.u.layout.prev = (tide_proto_layout_t){.gen = 4,
-                                            .dp = 2,
-                                            .tp = 1,
-                                            .pp = 1,
-                                            .num_layers = 24,
-                                            .micro_batches = 8,
-                                            .stage_start = prev_stages,
-                                            .worker = prev_workers};
+    m.u.layout.prev = prev_layout(prev_stages, prev_workers);
     size_t len;
     uint8_t *bytes = encode_copy(&m, &len);
     cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
@@ -452,14 +459,7 @@ Test(proto_roundtrip, join_of_a_later_pool_and_its_bad_forms)
     int32_t grown[4] = {10, 11, 12, 13};
     m.u.layout.layout.worker = grown;
     m.u.layout.has_prev = 1;
-    m.u.layout.prev = (tide_proto_layout_t){.gen = 4,
-                                            .dp = 2,
-                                            .tp = 1,
-                                            .pp = 1,
-                                            .num_layers = 24,
-                                            .micro_batches = 8,
-                                            .stage_start = prev_stages,
-                                            .worker = prev_workers};
+    m.u.layout.prev = prev_layout(prev_stages, prev_workers);
     m.u.layout.base = 12;
     m.u.layout.world = 14;
     m.u.layout.join_old = old_side;

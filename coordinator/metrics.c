@@ -263,6 +263,15 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         (double)s->filled_ns_total / 1e9, (unsigned long long)c->preemptions,
         (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
         (unsigned long long)c->bad_requests, (unsigned long long)c->denied);
+    put(&t,
+        "# HELP tide_busy_refusals_total Requests refused because their client used its share "
+        "of a pass.\n# TYPE tide_busy_refusals_total counter\ntide_busy_refusals_total %llu\n"
+        "# HELP tide_dropped_messages_total Messages not delivered: client gone, or its queue "
+        "and backlog full.\n# TYPE tide_dropped_messages_total counter\n"
+        "tide_dropped_messages_total %llu\n"
+        "# HELP tide_backlogged_clients Clients whose replies wait in tided's backlog.\n"
+        "# TYPE tide_backlogged_clients gauge\ntide_backlogged_clients %zu\n",
+        (unsigned long long)s->refused_busy, (unsigned long long)s->dropped_out, s->n_backlog);
     if (t.oom) {
         tide_free(t.p);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory rendering metrics");

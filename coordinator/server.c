@@ -19,7 +19,9 @@
  * client can starve the others: ZeroMQ reads connections round-robin, and a
  * client whose operator requests used PEER_PASS_MS of handler time in a pass
  * gets its further ones in that pass refused (TIDE_ERR_BUSY, cheap) instead of
- * served. Per-connection queues are bounded (HWM messages each way).
+ * served, and so does one whose replies queued PEER_PASS_BYTES in that pass. Per-connection
+ * queues are bounded (HWM messages each way), so a client that never reads its replies
+ * costs tided a bounded amount of memory.
  *
  * Envelope: DEALER clients send [payload] (ROUTER sees [id][payload]); REQ-style
  * clients may add an empty delimiter ([id][][payload]); replies mirror it.
@@ -42,9 +44,15 @@
 #define BATCH 2048 /* requests per loop iteration before timers and the commit */
 #define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
 #define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
-#define HWM                                                                                        \
-    1000 /* messages queued per connection each way (was 2^20): a client that never                \
-                    reads loses replies past it, one that floods waits in its own queue */
+/* Messages queued per connection each way; a client that floods waits in its own queue.
+ * ZeroMQ counts messages, not bytes, so this
+ * (with ZeroMQ's low-water slack of half of it) times the largest reply is what such a
+ * client can hold in tided: 64 status replies of a 200-worker cluster are 2 MB, where
+ * 1000 were 30-45 MB. A burst beyond it waits in tided's backlog for the client
+ * (TIDE__BACKLOG_BYTES), so a client that never reads holds at most
+ * 1.5 * HWM * its largest reply + TIDE__BACKLOG_BYTES + PEER_PASS_BYTES in tided. */
+#define HWM 64
+#define PEER_PASS_BYTES (4u << 20) /* reply bytes one client's requests may queue per pass */
 
 static uint64_t now_ns_cached;
 
@@ -134,17 +142,116 @@ static void reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
     tide__reply(s, &m);
 }
 
+/* Sends o's frames; 0, or the errno of the first frame (EAGAIN: its queue is full). */
+static int send_frames(tide_server_t *s, const tide__out *o)
+{
+    if (zmq_send(s->router, o->rid, o->rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return errno;
+    /* the later frames of a message whose first frame went in cannot be refused */
+    if (o->delim)
+        zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s->router, o->data, o->len, ZMQ_DONTWAIT);
+    return 0;
+}
+
+static tide__backlog *backlog_find(tide_server_t *s, const unsigned char *rid, size_t rid_len)
+{
+    for (size_t i = 0; i < s->n_backlog; i++)
+        if (s->backlog[i].rid_len == rid_len && memcmp(s->backlog[i].rid, rid, rid_len) == 0)
+            return &s->backlog[i];
+    return NULL;
+}
+
+/* Frees what b holds and removes it from the table. */
+static void backlog_remove(tide_server_t *s, tide__backlog *b)
+{
+    for (size_t i = b->head; i < b->n; i++) {
+        tide_free(b->msgs[i].data);
+        s->dropped_out++;
+    }
+    tide_free(b->msgs);
+    *b = s->backlog[--s->n_backlog];
+}
+
+/* Takes o (and its data) into b, or drops it when b is full; NULL b drops it too. */
+static void backlog_push(tide_server_t *s, tide__backlog *b, tide__out *o)
+{
+    if (b != NULL && b->bytes + o->len <= TIDE__BACKLOG_BYTES) {
+        if (b->n == b->cap) {
+            size_t cap = b->cap ? b->cap * 2 : 16;
+            tide__out *m = tide_reallocarray(b->msgs, cap, sizeof *m);
+            if (m != NULL) {
+                b->msgs = m;
+                b->cap = cap;
+            }
+        }
+        if (b->n < b->cap) {
+            b->msgs[b->n++] = *o;
+            b->bytes += o->len;
+            return;
+        }
+    }
+    TIDE_WARN_LIMITED("server", "dropped a %zu-byte message for a client that does not read "
+                      "its replies (its queue and tided's backlog for it are full)", o->len);
+    tide_free(o->data);
+    s->dropped_out++;
+}
+
+/* Sends what waits in backlogs, oldest first, until a client's queue is full again. */
+static void drain_backlogs(tide_server_t *s)
+{
+    for (size_t i = 0; i < s->n_backlog;) {
+        tide__backlog *b = &s->backlog[i];
+        int r = 0;
+        while (b->head < b->n && (r = send_frames(s, &b->msgs[b->head])) == 0) {
+            b->bytes -= b->msgs[b->head].len;
+            tide_free(b->msgs[b->head].data);
+            b->head++;
+        }
+        if (r == EAGAIN) {
+            if (b->head > 0) { /* keep the array; move the waiting ones to its front */
+                memmove(b->msgs, b->msgs + b->head, (b->n - b->head) * sizeof *b->msgs);
+                b->n -= b->head;
+                b->head = 0;
+            }
+            i++;
+            continue;
+        }
+        backlog_remove(s, b); /* drained, or the client is gone */
+    }
+}
+
+/*
+ * Sends the batch's messages. A client's ZeroMQ queue holds HWM messages; past that,
+ * ROUTER_MANDATORY makes ZeroMQ say so instead of dropping, and the rest wait in
+ * tided's backlog for that client, bounded in bytes, so a burst of replies to a client
+ * that pipelines requests is delivered and one that never reads costs a bounded amount.
+ */
 static void flush_out(tide_server_t *s)
 {
+    drain_backlogs(s);
     for (size_t i = 0; i < s->n_out; i++) {
         tide__out *o = &s->out[i];
-        /* A full queue or a vanished peer drops the message: senders retransmit. */
-        if (zmq_send(s->router, o->rid, o->rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
-            if (o->delim)
-                zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-            zmq_send(s->router, o->data, o->len, ZMQ_DONTWAIT);
+        tide__backlog *b = backlog_find(s, o->rid, o->rid_len);
+        if (b == NULL) {
+            int r = send_frames(s, o);
+            if (r == 0) {
+                tide_free(o->data);
+                continue;
+            }
+            if (r != EAGAIN) { /* the client is gone: senders retransmit */
+                tide_free(o->data);
+                s->dropped_out++;
+                continue;
+            }
+            if (s->n_backlog < TIDE__BACKLOG_PEERS) {
+                b = &s->backlog[s->n_backlog++];
+                memset(b, 0, sizeof *b);
+                memcpy(b->rid, o->rid, o->rid_len);
+                b->rid_len = o->rid_len;
+            }
         }
-        tide_free(o->data);
+        backlog_push(s, b, o);
     }
     s->n_out = 0;
 }
@@ -154,6 +261,8 @@ static void drop_out(tide_server_t *s)
     for (size_t i = 0; i < s->n_out; i++)
         tide_free(s->out[i].data);
     s->n_out = 0;
+    while (s->n_backlog > 0)
+        backlog_remove(s, &s->backlog[0]);
 }
 
 /* ---- durable changes ----------------------------------------------------------------------- */
@@ -1663,6 +1772,7 @@ static tide__peer_cost *peer_cost(tide_server_t *s)
         if (p->pass != s->pass_no) {
             p->pass = s->pass_no;
             p->ns = 0;
+            p->bytes = 0;
             p->rid_len = s->rid_len;
             memcpy(p->rid, s->rid, s->rid_len);
             return p;
@@ -1698,7 +1808,8 @@ static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size
         return;
     }
     tide__peer_cost *p = peer_cost(s);
-    if (p != NULL && p->ns >= (uint64_t)PEER_PASS_MS * 1000000ull) {
+    if (p != NULL &&
+        (p->ns >= (uint64_t)PEER_PASS_MS * 1000000ull || p->bytes >= PEER_PASS_BYTES)) {
         s->refused_busy++;
         tide__reply_error(s, TIDE_ERR_BUSY,
                           "tided is still serving this client's earlier requests: send one "
@@ -1706,9 +1817,13 @@ static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size
         return;
     }
     uint64_t t0 = now_ns_cached;
+    size_t out0 = s->n_out;
     dispatch(s, m, raw, len);
-    if (p != NULL)
+    if (p != NULL) {
         p->ns += tide_now_ns() - t0;
+        for (size_t i = out0; i < s->n_out; i++)
+            p->bytes += s->out[i].len;
+    }
 }
 
 /* Receives and handles one request; 0 when none was waiting. */
@@ -1893,6 +2008,8 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    int mandatory = 1; /* a full queue says EAGAIN instead of dropping: see flush_out */
+    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     if (s->auth_on) {
         int one = 1;
         zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "tide", 4);
@@ -2096,6 +2213,8 @@ tide_status tide_server_run(tide_server_t *s)
         long timeout = s->next_scan_ns > now ? (long)((s->next_scan_ns - now) / 1000000ull) + 1 : 0;
         if (s->want_backfill)
             timeout = 0;
+        else if (s->n_backlog > 0 && timeout > 2)
+            timeout = 2; /* a client's full queue may have room again: see flush_out */
         int r = zmq_poll(items, n, timeout);
         if (r < 0) {
             if (errno == EINTR)

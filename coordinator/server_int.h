@@ -21,6 +21,8 @@
 #define TIDE__METRICS_CLIENTS 16
 #define TIDE__METRICS_REQ_MAX 4096 /* bytes of one HTTP request head */
 #define TIDE__PEER_SLOTS      1024 /* clients tracked per pass for the fairness budget */
+#define TIDE__BACKLOG_PEERS   64 /* clients whose full queues tided holds messages for */
+#define TIDE__BACKLOG_BYTES   (4u << 20) /* bytes held for one such client */
 
 typedef enum tide__role {
     TIDE__ROLE_NONE = 0,
@@ -53,10 +55,22 @@ typedef struct tide__out {
     size_t len;
 } tide__out;
 
-/* Handler time one client used in the current loop pass (fairness, see server.c). */
+/* Messages for one client whose ZeroMQ queue was full, kept in order (and within
+ * TIDE__BACKLOG_BYTES) until it drains; what does not fit is dropped, as a vanished peer's. */
+typedef struct tide__backlog {
+    unsigned char rid[TIDE_COORD_RID_MAX];
+    size_t rid_len;
+    tide__out *msgs; /* msgs[head..n) wait, oldest first */
+    size_t head, n, cap;
+    size_t bytes; /* encoded bytes waiting */
+} tide__backlog;
+
+/* Handler time and reply bytes one client used in the current loop pass (fairness and
+ * memory, see server.c). */
 typedef struct tide__peer_cost {
     uint64_t pass; /* loop pass this slot belongs to; an older pass frees it */
     uint64_t ns;   /* handler time spent on this client's requests in that pass */
+    size_t bytes;  /* bytes of replies queued for this client in that pass */
     size_t rid_len;
     unsigned char rid[TIDE_COORD_RID_MAX];
 } tide__peer_cost;
@@ -86,6 +100,9 @@ struct tide_server {
     tide_proto_buf_t buf;
     tide__out *out;
     size_t n_out, cap_out;
+    tide__backlog backlog[TIDE__BACKLOG_PEERS]; /* backlog[0..n_backlog) are in use */
+    size_t n_backlog;
+    uint64_t dropped_out; /* messages dropped: peer gone, or its queue and backlog full */
     /* the request being handled */
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;

@@ -20,7 +20,9 @@
  * participant switched at the same step; every step ran exactly once on every member of
  * the layout active then (none lost or repeated); each generation has the requested
  * layout; the loss of every step equals on all members and matches the never-resized
- * run (the first layout over plain MPI, same steps) within relative 1e-5.
+ * run (the first layout over plain MPI, same steps) within relative 1e-5; the whole final
+ * state (parameters, moments, step, data cursor) is the never-resized run's, integers
+ * equal and floats within relative L2 1e-4 (reduction order differs between layouts).
  * Across hosts (hostnames differ between ranks) also: no tensor-parallel group of any
  * generation spans two hosts; the bytes each switch moved in all (every rank's reshard
  * counters) and across hosts (its plan over the ranks' real hostnames) are what
@@ -41,6 +43,7 @@
 #include "core/alloc.h"
 #include "core/keyfile.h"
 #include "examples/mlp_mpi.h"
+#include "examples/mlp_statefile.h"
 #include "examples/mlp_tide.h"
 #include "mlp_state.h"
 #include "mpi_test.h"
@@ -50,6 +53,7 @@
 #define MAX_GEN   6
 #define MAX_T     256 /* collection tensors */
 #define REL_TOL   1e-5
+#define STATE_RTOL 1e-4 /* relative L2 of a float tensor of the final state */
 #define GAP       3 /* steps each generation runs before the next resize is sent */
 #define TAIL      4 /* steps run after the last switch */
 
@@ -374,7 +378,19 @@ static int h_done(void *ctx, const tide_view *v)
 
 /* ---- the never-resized run ---------------------------------------------------------------- */
 
-static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss)
+/* Writes the whole state of m (gathered by the caller; NULL off the gathering rank) to
+   path; collective only in that the caller gathered. */
+static void write_state(const char *path, const tide_collection_t *c, void **full)
+{
+    if (full == NULL)
+        return;
+    MT_OK(tide_mlp_state_write(path, c, full));
+}
+
+/* The never-resized run: the first layout over plain MPI for the same steps; its losses
+   into loss (every rank) and its final state into the file state_path (rank 0). */
+static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss,
+                      const char *state_path)
 {
     const gen_spec *g = &g_mode->gen[0];
     tide_layout_t *l = NULL;
@@ -391,6 +407,10 @@ static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss)
     }
     /* every active rank has the same losses; rank 0 is active in every first layout */
     MPI_Bcast(loss, (int)steps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    void **full = NULL;
+    MT_OK(tide_mlp_gather(m, MPI_COMM_WORLD, 0, &full));
+    write_state(state_path, tide_mlp_collection(m), full);
+    tide_mlp_full_free(tide_mlp_collection(m), &full);
     tide_mlp_mpi_destroy(&mpi);
     tide_mlp_destroy(&m);
     tide_layout_destroy(&l);
@@ -493,6 +513,24 @@ int main(int argc, char **argv)
         MT_ASSERT(!cs.error, "controller: %s", cs.why);
         MT_ASSERT(cs.sent == g_mode->n_gens - 1, "controller sent %d resizes", cs.sent);
     }
+    /* the final state, gathered over the last layout, into a file rank 0 compares with the
+       never-resized run's (the ranks share a file system, also across the test cluster's
+       hosts) */
+    char state_dir[64] = "";
+    if (g_rank == 0)
+        MT_ASSERT(mkdtemp(strcpy(state_dir, "/tmp/tide-state.XXXXXX")) != NULL, "mkdtemp");
+    MPI_Bcast(state_dir, sizeof state_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char resized_path[128], ref_path[128];
+    snprintf(resized_path, sizeof resized_path, "%s/resized.state", state_dir);
+    snprintf(ref_path, sizeof ref_path, "%s/never-resized.state", state_dir);
+    {
+        const tide_view *last = tide_view_get(t);
+        void **full = NULL;
+        if (last->member)
+            MT_OK(tide_mlp_tide_gather(t, m, last, &full));
+        write_state(resized_path, tide_mlp_collection(m), full);
+        tide_mlp_full_free(tide_mlp_collection(m), &full);
+    }
     /* everyone is out of the runtime before anyone says bye */
     MPI_Barrier(MPI_COMM_WORLD);
     tide_destroy(&t);
@@ -571,7 +609,7 @@ int main(int argc, char **argv)
     }
     MPI_Allreduce(MPI_IN_PLACE, llo, MAX_STEPS, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, lhi, MAX_STEPS, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    reference(&cfg, end, ref);
+    reference(&cfg, end, ref, ref_path);
     double worst = 0.0;
     for (int64_t k = 0; k < end; k++) {
         MT_ASSERT(llo[k] == lhi[k], "step %lld: loss differs between members (%.9g vs %.9g)",
@@ -583,6 +621,18 @@ int main(int argc, char **argv)
                   (long long)k, llo[k], ref[k], rel);
     }
     MT_ASSERT(ref[end - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0], ref[end - 1]);
+    if (g_rank == 0) {
+        tide_mlp_state_diff d;
+        tide_status src = tide_mlp_state_compare(resized_path, ref_path, STATE_RTOL, &d);
+        MT_ASSERT(src == TIDE_OK, "the final state is not the never-resized run's: %s",
+                  tide_last_error());
+        printf("final state equals the never-resized run's: %zu tensors, %zu bit-identical, "
+               "worst relative L2 difference %.3g\n",
+               d.tensors, d.identical, d.worst_rel);
+        unlink(resized_path);
+        unlink(ref_path);
+        rmdir(state_dir);
+    }
     if (g_rank == 0) {
         printf("%s: switches at steps", g_mode->name);
         for (int g = 2; g <= n_gens; g++)

@@ -6,9 +6,10 @@
 # from its replica, (dp 1, tp 4); the survivors train to the end; the loss of every
 # step, the redone one included, equals the never-resized run within relative 1e-5, and
 # so does the whole final state (parameters and Adam moments within relative 1e-4 in L2
-# per tensor, the step counter and the data cursor equal: mlp_state_diff). Printed: the
-# time from the kill to tided's failure verdict (detection), to the recovery layout
-# (plan), the survivors' switch (move) and their first step after it (resume).
+# per tensor, the step counter and the data cursor equal: mlp_state_diff). Printed, in ms
+# from the kill: tided's failure verdicts (detection), the recovery that committed
+# (plan), the survivors' switch done with its phases (move), their first step after it
+# (resume); the times must come in that order.
 # (mpirun itself never exits once a daemon is lost: the test stops it after the ranks
 # printed their summary.)
 # usage: test_multihost_lost.sh BUILD_DIR SOURCE_DIR
@@ -81,25 +82,41 @@ n=$(compare_losses "$MH_TMP/tide.loss" "$MH_TMP/ref.loss" 1e-5) ||
   fail "losses differ from the never-resized run"
 compare_states "$MH_TMP/tide.state" "$MH_TMP/ref.state" 1e-4
 
-# timings: tided's events (ms since the epoch) and the survivors' trace
-t_fail=$(grep -o '"time_ms":[0-9]*,"job":[^,]*,"kind":"worker_failed"' <<<"$ev" | head -1 |
-         grep -o '[0-9]\{10,\}')
-t_plan=$(grep -o '"time_ms":[0-9]*,"job":"'$JOB'","kind":"recovery_started"' <<<"$ev" |
-         head -1 | grep -o '[0-9]\{10,\}')
-t_done=$(grep -o '"time_ms":[0-9]*,"job":"'$JOB'","kind":"recovered"' <<<"$ev" | head -1 |
-         grep -o '[0-9]\{10,\}')
+# timings: tided's events (ms since the epoch) and the survivors' trace (wall clock)
+field() { # field NAME LINE: the value after NAME in a "key value key value" line
+  awk -v k="$1" '{ for (i = 1; i < NF; i++) if ($i == k) { print $(i + 1); exit } }' <<<"$2"
+}
+ev_times() { # ev_times KIND [HOST]: the times of events KIND (of workers on HOST), in order
+  grep -o "\"time_ms\":[0-9]*,\"job\":[^,]*,\"kind\":\"$1\",\"detail\":\"[^\"]*" <<<"$ev" |
+    { if [ -n "${2:-}" ]; then grep " on $2 "; else cat; fi; } | grep -o '"time_ms":[0-9]*' |
+    grep -o '[0-9]*$' || true
+}
+t_fail1=$(ev_times worker_failed h2 | head -1)
+t_fail4=$(ev_times worker_failed h2 | tail -1)
+t_done=$(ev_times recovered | head -1)
+# the recovery that committed: the last one started before the job recovered (each later
+# failure of the same host restarts it with one survivor less to ask)
+t_plan=$(ev_times recovery_started | awk -v d="${t_done:-0}" '$1 <= d' | tail -1)
 sw=$(grep '^switch gen' "$MH_TMP/trace" | head -1)
-gen=$(awk '{ print $3 }' <<<"$sw")
-at_us=$(awk '{ for (i = 1; i < NF; i++) if ($i == "at_us") print $(i + 1) }' <<<"$sw")
-total_ms=$(awk '{ for (i = 1; i < NF; i++) if ($i == "total_ms") print $(i + 1) }' <<<"$sw")
-move_ms=$(awk '{ for (i = 1; i < NF; i++) if ($i == "move_ms") print $(i + 1) }' <<<"$sw")
+gen=$(field gen "$sw")
+at_us=$(field at_us "$sw")
+rs=$(awk -v g="$gen" '$1 == "rank_switch" && $3 == g && $7 == 1 { print; exit }' "$MH_TMP/trace")
 first=$(awk -v g="$gen" '$1 == "step" && $4 == g { print $8; exit }' "$MH_TMP/trace")
-[ -n "$t_fail" ] && [ -n "$t_plan" ] && [ -n "$t_done" ] && [ -n "$at_us" ] && [ -n "$first" ] ||
-  { echo "$ev"; fail "missing timing events"; }
-printf 'lost host h2: detection %d ms (kill -> first worker_failed), plan %d ms (-> recovery_started), ' \
-  $((t_fail - kill_ms)) $((t_plan - t_fail))
-printf 'recovered %d ms later (generation %s; the other 3 failures restart it), ' \
-  $((t_done - t_plan)) "$gen"
-printf 'switch %.1f ms of which move %.1f ms, first step done %d ms after the kill\n' \
-  "$total_ms" "$move_ms" $(((first / 1000) - kill_ms))
+[ -n "$t_fail1" ] && [ -n "$t_fail4" ] && [ -n "$t_plan" ] && [ -n "$t_done" ] &&
+  [ -n "$at_us" ] && [ -n "$first" ] && [ -n "$rs" ] ||
+  { echo "$ev"; cat "$MH_TMP/trace"; fail "missing timing events"; }
+sw_end=$((at_us / 1000))
+first_ms=$((first / 1000))
+[ "$t_fail1" -ge "$kill_ms" ] && [ "$t_plan" -ge "$t_fail4" ] && [ "$sw_end" -ge "$t_plan" ] &&
+  [ "$first_ms" -ge "$sw_end" ] ||
+  fail "timings out of order: kill $kill_ms, failed $t_fail1..$t_fail4, recovery $t_plan, switch end $sw_end, first step $first_ms"
+printf 'lost host h2 (times from the kill, ms): detection %d (first of h2 failed) .. %d (all four);' \
+  $((t_fail1 - kill_ms)) $((t_fail4 - kill_ms))
+printf ' plan %d (the committed recovery started, %d after the last verdict);' \
+  $((t_plan - kill_ms)) $((t_plan - t_fail4))
+printf ' move: switch done %d (%d after the plan: agree %.1f, plan %.1f, move %.1f, groups %.1f on a survivor);' \
+  $((sw_end - kill_ms)) $((sw_end - t_plan)) "$(field wait "$rs")" "$(field plan "$rs")" \
+  "$(field move "$rs")" "$(field groups "$rs")"
+printf ' resume: first step after it done %d (tided committed at %d)\n' \
+  $((first_ms - kill_ms)) $((t_done - kill_ms))
 echo "PASS: host h2 lost; the job recovered on h1 (dp 1, tp 4); $n steps and the final state match the never-resized run"

@@ -4,6 +4,10 @@
 # (exit 77) with the reason, unless TIDE_REQUIRE_NETNS=1 (.ci/run) makes that a failure.
 # Each test makes its own uniquely named cluster and removes it on exit.
 if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET test_examples_tide)
+  # what a launch across the cluster's hosts looks like to MPI (test_multihost_cluster)
+  add_executable(mh_probe mh_probe.c)
+  target_link_libraries(mh_probe PRIVATE MPI::MPI_C tide_core)
+  target_include_directories(mh_probe PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   function(tide_add_multihost_test name)
     cmake_parse_arguments(T "" "TIMEOUT" "ARGS" ${ARGN})
     add_test(NAME ${name}

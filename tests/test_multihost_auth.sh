@@ -130,12 +130,18 @@ set -e
 [ $rc -ne 124 ] || fail "libtide without a key: no answer in 60 s: $out"
 [ $rc -ne 0 ] && grep -q "tided requires CURVE: set TIDE_KEY" <<<"$out" ||
   fail "libtide without a key: rc $rc: $out"
+# Waits (30 s) until the job's log shows generation $1, else fails with the log's tail.
+wait_generation() {
+  for _ in $(seq 300); do
+    grep -q "generation $1 from step" "$MH_TMP/job.log" && return 0
+    sleep 0.1
+  done
+  tail -20 "$MH_TMP/job.log" >&2
+  fail "the job never switched to generation $1"
+}
 note "the admin key resizes the job across the hosts: (2,2,1) -> (1,4,1), its TP group spanning both (allowed explicitly)"
 ctl ops resize $JOB --dp 1 --tp 4 --pp 1 --allow-tp-across-hosts || fail "admin resize"
-for _ in $(seq 300); do
-  grep -q "generation 2 from step" "$MH_TMP/job.log" && break
-  sleep 0.1
-done
+wait_generation 2
 
 note "tided killed (SIGKILL) and restarted on the bridge address while the job trains"
 kill -9 "$TIDED_PID"
@@ -146,10 +152,7 @@ wait_busy 4 30
 check_ids "after the tided restart"
 note "the restarted tided resizes the job back: (1,4,1) -> (2,2,1)"
 ctl ops resize $JOB --dp 2 --tp 2 --pp 1 || fail "resize after the restart"
-for _ in $(seq 300); do
-  grep -q "generation 3 from step" "$MH_TMP/job.log" && break
-  sleep 0.1
-done
+wait_generation 3
 
 # pool rank 0's worker id is never 0 (the one-rank pool has it): a drain that took the
 # id for a pool rank would move the job off another rank, or off none

@@ -4,7 +4,11 @@
 # three names, three subnets and their own interfaces; clusters whose names would give
 # the same veth names without a separator ("a1" host 12, "a11" host 2) coexist; `down`
 # without --name takes TIDE_CLUSTER_NAME from the sourced env file and removes that
-# cluster only; a command that does not say which cluster is refused.
+# cluster only; a command that does not say which cluster is refused. A launch across two
+# hosts looks to Open MPI like two nodes (MPI_COMM_TYPE_SHARED splits the ranks exactly by
+# host), and a host's shaped uplink makes a byte between hosts cost more than one inside a
+# host: `shape 200mbit` holds rank-to-rank MPI between hosts near 25 MB/s while shared
+# memory inside a host stays many times faster, and `shape off` lifts it.
 # usage: test_multihost_cluster.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 TIDE_BUILD=$1 TIDE_SRC=$2
@@ -67,4 +71,34 @@ set +e
 out=$(env -u TIDE_CLUSTER_NAME bash "$CLUSTER" down 2>&1); rc=$?
 set -e
 [ $rc -ne 0 ] && grep -q "which cluster" <<<"$out" || fail "down without a name: rc $rc: $out"
-echo "PASS: concurrent clusters get their own names, subnets and interfaces; down removes only its own"
+
+note "MPI across two hosts of cluster 2: one node per host, and a shaped link between them"
+probe() { # probe: mh_probe's line for 2 ranks on each of h1 and h2 of cluster 2
+  # shellcheck disable=SC1090
+  (. "$(cat "$T/env2")"
+   # shellcheck disable=SC2086
+   timeout 120 mpirun $TIDE_CLUSTER_MPI --oversubscribe --bind-to none \
+     --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none \
+     --host h1:2,h2:2 -np 4 "$TIDE_BUILD/tests/mh_probe" 16) 2>&1 | tee "$T/probe.log" |
+    grep '^mh_probe:' || { cat "$T/probe.log" >&2; fail "mh_probe across h1 and h2"; }
+}
+field() { awk -v k="$1" '{ for (i = 1; i < NF; i++) if ($i == k) print $(i + 1) }' <<<"$2"; }
+# shellcheck disable=SC1090
+(. "$(cat "$T/env2")"; bash "$CLUSTER" shape 200mbit)
+line=$(probe)
+echo "shaped 200mbit: $line"
+grep -q ' hosts 2 ranks 4 shared-split per-host ' <<<"$line" || fail "not one node per host: $line"
+l=$(field local_mbs "$line") r=$(field remote_mbs "$line")
+# 200 Mbit/s is 25 MB/s: the token bucket's burst lets a little more through
+awk -v r="$r" 'BEGIN { exit !(r > 5 && r < 40) }' ||
+  fail "between hosts at 200mbit MPI ran at $r MB/s (want about 25)"
+awk -v l="$l" -v r="$r" 'BEGIN { exit !(l > 4 * r) }' ||
+  fail "inside a host $l MB/s, between hosts $r MB/s: a host-to-host byte must cost more"
+# shellcheck disable=SC1090
+(. "$(cat "$T/env2")"; bash "$CLUSTER" shape off)
+line=$(probe)
+echo "unshaped: $line"
+r2=$(field remote_mbs "$line")
+awk -v r="$r" -v r2="$r2" 'BEGIN { exit !(r2 > 2 * r) }' ||
+  fail "shape off left the link at $r2 MB/s (shaped: $r MB/s)"
+echo "PASS: concurrent clusters get their own names, subnets and interfaces; down removes only its own; MPI sees one node per host, and a shaped link costs what its rate says"

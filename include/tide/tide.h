@@ -371,7 +371,11 @@ typedef struct tide_reshard_stats {
  * program's to free) and tide_view_get describes the new layout; a rank that left is
  * idle and its next tide_step_begin waits. On failure (a peer died, tided aborted the
  * switch) the old layout, buffers and communicators stay registered where they are
- * intact and the status says why. Blocks; collective over the switch's participants.
+ * intact and the status says why. The program's own mistakes (a member passing no table,
+ * a NULL buffer where it holds bytes, memory of the wrong kind, a table while the runtime
+ * owns the buffers) are refused with TIDE_ERR_INVALID before anything starts: the switch
+ * stays pending and the call may be repeated with the right buffers. Blocks; collective
+ * over the switch's participants.
  */
 TIDE_API tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
 /* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime

@@ -131,6 +131,74 @@ Test(agree, recovery_abandons_the_step_in_progress)
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
 }
 
+/* A member dies while tide_join builds the first layout's communicators: the recovery's
+   commit tells the control thread to abandon the build (else it waits for the dead
+   member until the switch timeout), and the rank, with no communicators, switches. */
+Test(agree, a_recovery_abandons_the_first_layouts_build)
+{
+    tide__agree a;
+    tide__agree_init(&a, 5);
+    tide__agree_first(&a, 1, 1);
+    a.building = 1;
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 5);
+    cr_assert_eq(tide__agree_commit(&a, 2, 5, 1), TIDE__COMMIT_ABORT_BUILD);
+    a.building = 0;
+    a.groups_dead = 1; /* tide_join: the build was abandoned */
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH, "the recovery's switch, no step");
+    tide__agree_switched(&a);
+    cr_assert_eq(a.groups_dead, 0, "the switch brought communicators");
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN);
+}
+
+/* Only a recovery from the layout being built abandons it: a resize announced meanwhile
+   waits for it, and a rank outside the old layout builds nothing. */
+Test(agree, only_a_recovery_abandons_the_build)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    a.building = 1;
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&a, 2, 0, 0), TIDE__COMMIT_OK, "a resize");
+    tide__agree b;
+    tide__agree_init(&b, 0);
+    tide__agree_first(&b, 1, 0);
+    b.building = 0;
+    cr_assert_eq(tide__agree_layout(&b, 2, 1, 0), 1);
+    cr_assert_eq(tide__agree_prepare(&b, 2, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&b, 2, 0, 1), TIDE__COMMIT_OK, "not in the old layout");
+}
+
+/* A step that failed on dead communicators (nccl's socket error with every peer alive)
+   is not retried on them: the rank waits at the boundary until a new layout switches
+   it to new ones (libtide bounds that wait: tide_step_begin). */
+Test(agree, dead_groups_run_no_step_until_a_switch)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    run_steps(&a, 3);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN);
+    cr_assert_eq(tide__agree_end(&a, 0), 0);
+    a.groups_dead = 1;
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "a step on dead communicators");
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 3);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "announced, not committed");
+    cr_assert_eq(tide__agree_commit(&a, 2, 3, 1), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    tide__agree_switched(&a);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN, "new communicators: steps again");
+}
+
 Test(agree, idle_rank_waits_for_commit_and_abort_clears)
 {
     tide__agree a;

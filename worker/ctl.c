@@ -56,7 +56,7 @@ struct tide__ctl {
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     int job_ended;       /* tided said the job ended (job_end) */
     int64_t end_step;
-    uint64_t port_gen;   /* generation the join port below belongs to (0: none) */
+    uint64_t port_gen;                  /* generation the join port below belongs to (0: none) */
     char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
     void *abort_ctx;
@@ -378,6 +378,13 @@ static void on_commit(tide__ctl_t *ctl, const tide_proto_commit_t *c)
                   "runs: a peer failed; aborting the step's communicators",
                   (unsigned long long)c->gen, (unsigned long long)c->step);
         ctl->abort_fn(ctl->abort_ctx, 0);
+    }
+    if (r == TIDE__COMMIT_ABORT_BUILD && ctl->abort_fn != NULL) {
+        TIDE_WARN(SUBSYS,
+                  "recovery generation %llu while the first layout's communicators are built: "
+                  "a member failed; abandoning them",
+                  (unsigned long long)c->gen);
+        ctl->abort_fn(ctl->abort_ctx, 1); /* they are published as a switch's new groups */
     }
     if (r == TIDE__COMMIT_DUP && ctl->done_gen == c->gen && ctl->done_bytes != NULL)
         zmq_send(ctl->dealer, ctl->done_bytes, ctl->done_len, ZMQ_DONTWAIT);

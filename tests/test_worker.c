@@ -432,7 +432,8 @@ static void *fake_register(void *arg)
     return NULL;
 }
 
-static tide__ctl_t *start_ctl(fake *f)
+/* A control client registered with f as a worker of the given kind on local device. */
+static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
 {
     tide__ctl_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -441,8 +442,8 @@ static tide__ctl_t *start_ctl(fake *f)
     cfg.reg.rank = 3;
     cfg.reg.size = 4;
     snprintf(cfg.reg.host, sizeof cfg.reg.host, "hostx");
-    cfg.reg.device = 0;
-    cfg.reg.kind = TIDE_DEVICE_CPU;
+    cfg.reg.device = device;
+    cfg.reg.kind = kind;
     cfg.reg.mem_bytes = 1 << 20;
     cfg.reg.pid = (int)getpid();
     cfg.register_timeout_ms = 5000;
@@ -455,6 +456,11 @@ static tide__ctl_t *start_ctl(fake *f)
     cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
     cr_assert_eq(tide__ctl_worker_id(ctl), 42);
     return ctl;
+}
+
+static tide__ctl_t *start_ctl(fake *f)
+{
+    return start_ctl_on(f, TIDE_DEVICE_CPU, 0);
 }
 
 static void set_layout(tide_proto_layout_t *l, uint64_t gen, int dp, int32_t *workers, int *stages)
@@ -952,6 +958,46 @@ Test(ctl, offline_command_reported_and_preempted)
     cr_assert_eq(tide__ctl_offline_pid(ctl, NULL, 0), 0);
     tide__ctl_destroy(&ctl, 0);
     fake_close(&f);
+}
+
+/* What an offline command of a worker on local device 2 sees (CUDA_VISIBLE_DEVICES=4,5,6,7
+   in the worker's environment), as its output's tail reports it. */
+static char *command_sees(int kind)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl_on(&f, kind, 2);
+    char *argv[] = {"/bin/sh", "-c", "echo \"dev=$TIDE_OFFLINE_DEVICE vis=$CUDA_VISIBLE_DEVICES\""};
+    send_assign(&f, "sees", argv, 3, 1000);
+    tide_msg_t st;
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
+    tide_msg_clear(&st);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_DONE, "%s", st.u.offline_status.tail);
+    char *tail = strdup(st.u.offline_status.tail);
+    tide_msg_clear(&st);
+    tide__ctl_destroy(&ctl, 0);
+    fake_close(&f);
+    return tail;
+}
+
+/* The device index a command gets and the devices it sees agree: on a GPU worker it sees
+   only the worker's GPU (the worker's device 2 is physical GPU 6 here), as its device 0,
+   and TIDE_OFFLINE_DEVICE says 0; a CPU worker's command gets the worker's index and the
+   worker's own CUDA_VISIBLE_DEVICES. */
+Test(ctl, offline_command_device_index_matches_what_it_sees)
+{
+    char dir[64];
+    tmp_dir(dir, sizeof dir);
+    setenv("TIDE_LOG_DIR", dir, 1);
+    setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7", 1);
+    char *gpu = command_sees(TIDE_DEVICE_GPU);
+    cr_expect_str_eq(gpu, "dev=0 vis=6\n");
+    free(gpu);
+    char *cpu = command_sees(TIDE_DEVICE_CPU);
+    cr_expect_str_eq(cpu, "dev=2 vis=4,5,6,7\n");
+    free(cpu);
 }
 
 /* A worker that leaves while its command runs gives the command SIGTERM and the job's

@@ -481,7 +481,11 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
     }
     char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[160], vis[128], att[48];
     char log[1024], logenv[1100];
-    snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", ctl->reg.device);
+    /* TIDE_OFFLINE_DEVICE is the index the child passes to its own device calls: on a GPU
+       worker, CUDA_VISIBLE_DEVICES (below) shows the child this worker's GPU only, as its
+       device 0, so it is 0 there; on a CPU worker, the worker's index on its host */
+    int gpu = ctl->reg.kind == TIDE_DEVICE_GPU;
+    snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", gpu ? 0 : ctl->reg.device);
     snprintf(name, sizeof name, "TIDE_OFFLINE_JOB=%s", a->job);
     snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
     snprintf(att, sizeof att, "TIDE_OFFLINE_ATTEMPT=%u", a->attempt);
@@ -491,7 +495,7 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
     char *env[6] = {dev, name, cap, att, logenv, cuda};
     size_t n_env = 5;
     tide_status rc = TIDE_OK;
-    if (ctl->reg.kind == TIDE_DEVICE_GPU) {
+    if (gpu) {
         /* the child sees this worker's GPU only, as its device 0 */
         rc = tide__cuda_visible(getenv("CUDA_VISIBLE_DEVICES"), ctl->reg.device, vis, sizeof vis);
         snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%s", vis);

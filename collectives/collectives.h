@@ -174,7 +174,10 @@ typedef struct tide_coll_backend_v1 {
     tide_status (*copy_host)(void *dst, const void *src, size_t bytes, int to_host,
                              tide_coll_stream_t stream);
     /* Waits until the work queued on stream has finished (checks the abort flag of comm
-       when not NULL). Blocks; caller's thread. */
+       when not NULL). On a comm already aborted it waits for nothing: it does the owner
+       thread's half of the abort (nccl: ncclCommAbort, which ends kernels stuck on
+       peers) and returns TIDE_ERR_ABORTED; the executor calls it so after a failure,
+       before the synchronous device work of its cleanup. Blocks; caller's thread. */
     tide_status (*stream_sync)(tide_coll_comm_t *comm, tide_coll_stream_t stream);
 
     /* Optional (NULL where a backend has no single-copy path). 1 when p2p messages

@@ -1134,6 +1134,21 @@ static tide_status agree(exec *x, tide_status local, int *failed_rank)
     return TIDE_OK;
 }
 
+/* After a failure once data moved: aborts the communicator through the backend, then has
+   this thread, its owner, do its half of the abort at once (stream_sync on an aborted
+   communicator: nccl calls ncclCommAbort there, which ends kernels still waiting on peers,
+   and waits for nothing). The cleanup that follows does synchronous device work (staging
+   freed with cudaFree, ip_undo's copies back from host on this stream): behind a transfer
+   kernel whose peer gave up, it would never return. rc and its message are kept. */
+static void abort_first(exec *x, tide_status rc)
+{
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", tide_last_error());
+    tide_coll_comm_abort(x->comm);
+    (void)x->be->stream_sync(x->comm, x->cstream);
+    tide_errorf(rc, "%s", detail);
+}
+
 static void release(exec *x)
 {
     for (size_t k = 0; k < x->n_streams; k++) {
@@ -1278,9 +1293,10 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
         TIDE_CHECK_GOTO(ip_finish(&x), rc, out);
 out:
     /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
-       the communicator dead (before that, every rank returned together and it lives). */
+       the communicator dead (before that, every rank returned together and it lives),
+       and it is aborted before anything below touches the device. */
     if (rc != TIDE_OK && started)
-        tide__comm_kill(comm);
+        abort_first(&x, rc);
     release(&x);
     if (x.ip != NULL && rc != TIDE_OK && x.cls != NULL)
         ip_undo(&x);

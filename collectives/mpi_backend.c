@@ -790,8 +790,10 @@ static tide_status host_copy(void *dst, const void *src, size_t bytes, int to_ho
 
 static tide_status host_sync(tide_coll_comm_t *c, tide_coll_stream_t stream)
 {
-    (void)c;
-    (void)stream;
+    (void)stream; /* host copies are done when they return: nothing to wait for */
+    if (c != NULL && tide__comm_is_aborted(c))
+        return tide_errorf(TIDE_ERR_ABORTED, "communicator aborted (rank %d of %d)", c->rank,
+                           c->size);
     return TIDE_OK;
 }
 

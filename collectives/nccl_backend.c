@@ -52,7 +52,14 @@ static tide_status cuda_error(cudaError_t e, const char *expr, const char *file,
     return tide_errorf(rc, "%s failed: %s", expr, cudaGetErrorString(e));
 }
 
-/* 1 for the results a dead or unreachable peer causes. */
+/* 1 for the results a dead or unreachable peer causes. ncclSystemError is also what a
+   local fault gives (a socket or NIC error, every peer alive); it is mapped all the same,
+   because a dead peer seen by the socket and IB transports looks exactly like that. When
+   nobody died, no recovery comes for it: libtide does not retry the step on the dead
+   communicators (tide_step_end marks them dead, tide_step_begin runs no step on them)
+   but waits for tided's next layout for at most the switch timeout, then fails with
+   TIDE_ERR_TIMEOUT saying no new layout came; the program exits and tided recovers the
+   job around it (worker/tide.c, tests/test_worker_faults.c deadcomm). */
 static int tide__nccl_peer_failed(ncclResult_t r)
 {
     return r == ncclRemoteError || r == ncclSystemError;

@@ -26,3 +26,15 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TIDE_BUILD_BENCHMARK
                        PASS_REGULAR_EXPRESSION "gpu-check: all passed"
                        FAIL_REGULAR_EXPRESSION "gpu-check: FAILED")
 endif()
+
+# gpu-check.sh's decisions that need no GPU (tests/test_gpu_check.sh): gpu-info with device
+# nodes but no nvidia-smi asks the CUDA driver (faked), a broken or missing driver fails,
+# no node means no GPU; a failed train-ref leaves train-elastic NOT-RUN in the summary.
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND NOT TIDE_SANITIZE)
+  add_test(NAME gpu_check_paths
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh ${PROJECT_BINARY_DIR})
+  set_tests_properties(gpu_check_paths PROPERTIES
+                       LABELS mpi TIMEOUT 120
+                       PASS_REGULAR_EXPRESSION "test_gpu_check: passed"
+                       FAIL_REGULAR_EXPRESSION "FAILED: ")
+endif()

@@ -19,7 +19,10 @@
  * TIDE_ERR_PROTOCOL at both ends; abort while a push is pending); the reshard executor on random
  * hand-made strided plans and, when reshard/ is built, on random planner plans, with
  * the gathered state bit-identical, progress reported and staging under the cap; the
- * executor's argument and allocation-failure agreement.
+ * executor's argument and allocation-failure agreement; a failure once data moves (an
+ * injected device copy error, through a recording wrapper of the backend) aborting the
+ * communicator before the cleanup's device work (staging freed, spilled shards copied
+ * back), which restores the old shards.
  *
  * Sizes are small so that 8 oversubscribed ranks on 2 cores finish in seconds.
  */
@@ -35,6 +38,7 @@
 #include "collectives/executor.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/error.h"
 #include "mpi_test.h"
 #ifdef TIDE_HAVE_CUDA
 #include "gpu_test.h"
@@ -1406,6 +1410,228 @@ static void test_executor_errors(void)
     mt_pass("executor_errors");
 }
 
+/* ---- executor: a failure once data moves aborts before the cleanup --------------------------- */
+
+/* The backend in use, wrapped: after the executor's agreement (its one allreduce) the next
+   copy2d fails, as a device copy that faults would, and from that failure on every call
+   is logged in order. On nccl the transfers already posted may be stuck on a peer that
+   gave up: the communicator must be aborted (comm_abort, then the owner thread's
+   stream_sync on it, which calls ncclCommAbort) before any synchronous device work of the
+   cleanup, or that work waits forever behind them. */
+enum { EV_FAIL, EV_ABORT, EV_SYNC_COMM, EV_DEVICE, EV_OTHER };
+static tide_coll_backend_v1 arec;
+static int arec_arm_next, arec_armed, arec_failed, arec_n;
+static int arec_log[256];
+static const char *arec_what[256];
+
+static void arec_note(int ev, const char *what)
+{
+    if (arec_failed && arec_n < 256) {
+        arec_what[arec_n] = what;
+        arec_log[arec_n++] = ev;
+    }
+}
+
+static tide_status arec_allreduce(tide_coll_comm_t *c, const void *send, void *recv, size_t count,
+                                  tide_dtype dt, tide_red_op op, tide_coll_stream_t s)
+{
+    arec_note(EV_OTHER, "allreduce");
+    tide_status rc = be->allreduce(c, send, recv, count, dt, op, s);
+    if (arec_arm_next)
+        arec_armed = 1; /* the agreement is done: data moves from now on */
+    return rc;
+}
+
+static tide_status arec_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h,
+                               tide_coll_stream_t s)
+{
+    if (arec_armed && !arec_failed) {
+        arec_failed = 1;
+        arec_note(EV_FAIL, "copy2d (failing)");
+        return tide_errorf(TIDE_ERR_BACKEND, "injected: a device copy failed");
+    }
+    arec_note(EV_DEVICE, "copy2d");
+    return be->copy2d(dst, dp, src, sp, w, h, s);
+}
+
+static tide_status arec_copy_host(void *dst, const void *src, size_t bytes, int to_host,
+                                  tide_coll_stream_t s)
+{
+    arec_note(EV_DEVICE, "copy_host");
+    return be->copy_host(dst, src, bytes, to_host, s);
+}
+
+static tide_status arec_sync(tide_coll_comm_t *c, tide_coll_stream_t s)
+{
+    arec_note(c != NULL ? EV_SYNC_COMM : EV_DEVICE,
+              c != NULL ? "stream_sync(comm)" : "stream_sync");
+    return be->stream_sync(c, s);
+}
+
+static void arec_abort(tide_coll_comm_t *c)
+{
+    arec_note(EV_ABORT, "comm_abort");
+    if (be->comm_abort != NULL)
+        be->comm_abort(c);
+}
+
+static tide_status arec_alloc(size_t bytes, void **out)
+{
+    arec_note(EV_DEVICE, "mem_alloc");
+    return be->mem_alloc(bytes, out);
+}
+
+static tide_status arec_alloc_on(int device, size_t bytes, void **out)
+{
+    arec_note(EV_DEVICE, "mem_alloc_on");
+    return be->mem_alloc_on(device, bytes, out);
+}
+
+static void arec_free(void *ptr)
+{
+    arec_note(EV_DEVICE, "mem_free");
+    be->mem_free(ptr);
+}
+
+static tide_status arec_host_alloc(size_t bytes, void **out)
+{
+    arec_note(EV_DEVICE, "host_alloc");
+    return be->host_alloc(bytes, out);
+}
+
+static void arec_host_free(void *ptr)
+{
+    arec_note(EV_DEVICE, "host_free"); /* cudaFreeHost waits for the device too */
+    be->host_free(ptr);
+}
+
+/* Each rank rebuilds its worker w in place: tensor 0 grows from 64 to 128 bytes (its own
+   old bytes, copied locally, then worker w-1's, received), tensor 1 (256 bytes) leaves. A
+   memory limit of 1 byte spills both old shards to host, so that the undo after the
+   failure copies them back (ip_undo's copy_host). Every rank's local copy fails. */
+static void test_executor_abort_first(void)
+{
+    arec = *be;
+    arec.name = "arec";
+    arec.allreduce = arec_allreduce;
+    arec.copy2d = arec_copy2d;
+    arec.copy_host = arec_copy_host;
+    arec.stream_sync = arec_sync;
+    arec.comm_abort = arec_abort;
+    arec.mem_alloc = arec_alloc;
+    arec.mem_free = arec_free;
+    if (be->mem_alloc_on != NULL)
+        arec.mem_alloc_on = arec_alloc_on;
+    if (be->host_alloc != NULL) {
+        arec.host_alloc = arec_host_alloc;
+        arec.host_free = arec_host_free;
+    }
+    MT_OK(tide_coll_backend_register(&arec));
+    int *m = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        m[i] = i;
+    tide_coll_comm_params cp = {
+        .members = m, .n_members = np, .tag = next_tag++, .timeout_ms = 20000};
+    tide_coll_comm_t *c = NULL;
+    MT_OK(tide_coll_comm_new(&c, &arec, pool, &cp));
+    free(m);
+
+    tide_mem_pool_t *mp = NULL;
+    MT_OK(tide_mem_pool_new(&mp, &arec, 0));
+    uint64_t old_bytes[2] = {64, 256}, new_bytes[2] = {128, 0};
+    unsigned char want[2][256];
+    void *bufs[2];
+    for (int t = 0; t < 2; t++) {
+        MT_OK(tide_mem_pool_alloc(mp, (size_t)old_bytes[t], &bufs[t]));
+        for (uint64_t i = 0; i < old_bytes[t]; i++)
+            want[t][i] = (unsigned char)(me * 31 + t * 7 + (int)i);
+        put(bufs[t], want[t], (size_t)old_bytes[t]);
+    }
+    tide_xfer *items = calloc((size_t)np * 2, sizeof *items);
+    for (int w = 0; w < np; w++) {
+        items[2 * w] = (tide_xfer){.tensor = 0, .src = w, .dst = w, .run = 64, .count = 1};
+        items[2 * w + 1] = (tide_xfer){
+            .tensor = 0, .src = (w + np - 1) % np, .dst = w, .dst_off = 64, .run = 64, .count = 1};
+    }
+    tide_plan_t plan = {.items = items, .n = (size_t)np * 2};
+    uint8_t moved[2] = {0, 0};
+    tide_exec_in_place ip = {.pool = mp,
+                             .worker = me,
+                             .bufs = bufs,
+                             .old_bytes = old_bytes,
+                             .new_bytes = new_bytes,
+                             .moved = moved,
+                             .limit = 1,
+                             .strict = 0};
+    const uint64_t **ob = calloc((size_t)np, sizeof *ob), **nb = calloc((size_t)np, sizeof *nb);
+    ob[me] = old_bytes;
+    nb[me] = new_bytes;
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = 2,
+                        .old_bytes = (const uint64_t *const *)ob,
+                        .new_bytes = (const uint64_t *const *)nb,
+                        .in_place = &ip};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    o.pack_below = 1; /* messages in place: the only copy2d is the local copy */
+    tide_exec_stats st;
+    arec_arm_next = 1;
+    tide_status rc = tide_reshard_execute(c, &a, &o, &st);
+    arec_arm_next = arec_armed = 0;
+    MT_ASSERT(arec_failed, "the injected copy failure was never reached");
+    MT_ASSERT(rc == TIDE_ERR_BACKEND && strstr(tide_last_error(), "injected") != NULL,
+              "the failed reshard says %s (%s), not the copy's failure", tide_status_name(rc),
+              tide_last_error());
+    MT_ASSERT(st.bytes_spilled == 320,
+              "both old shards spilled (%llu bytes), so that the undo "
+              "copies them back",
+              (unsigned long long)st.bytes_spilled);
+    MT_ASSERT(tide_coll_comm_aborted(c), "a failure once data moved leaves the communicator dead");
+    /* the order: abort, the owner's half of it, and only then device work */
+    int abort_at = -1, sync_at = -1, device_at = -1;
+    for (int i = 1; i < arec_n; i++) {
+        if (arec_log[i] == EV_ABORT && abort_at < 0)
+            abort_at = i;
+        if (arec_log[i] == EV_SYNC_COMM && abort_at >= 0 && sync_at < 0)
+            sync_at = i;
+        if (arec_log[i] == EV_DEVICE && device_at < 0)
+            device_at = i;
+    }
+    MT_ASSERT(device_at > 0, "the cleanup after the failure did no device work (%d calls)", arec_n);
+    MT_ASSERT(abort_at > 0 && sync_at > abort_at && sync_at < device_at,
+              "after the failure, %s came before the communicator was aborted (comm_abort at "
+              "call %d, its owner's stream_sync at %d, first device work at %d)",
+              arec_what[device_at], abort_at, sync_at, device_at);
+    int copies_back = 0;
+    for (int i = 0; i < arec_n; i++)
+        copies_back += arec_log[i] == EV_DEVICE && strcmp(arec_what[i], "copy_host") == 0;
+    MT_ASSERT(copies_back >= 2, "the undo copied %d spilled shards back", copies_back);
+    /* and the undo gave the old shards back */
+    for (int t = 0; t < 2; t++) {
+        unsigned char got[256];
+        MT_ASSERT(bufs[t] != NULL && tide_mem_pool_owns(mp, bufs[t]),
+                  "tensor %d's old shard is not back in a pool block", t);
+        get(got, bufs[t], (size_t)old_bytes[t]);
+        MT_ASSERT(memcmp(got, want[t], (size_t)old_bytes[t]) == 0,
+                  "tensor %d's old shard differs after the undo", t);
+        MT_ASSERT(moved[t] == 1,
+                  "tensor %d came back from its spill into a block of the pool "
+                  "(maybe at its old address): moved must say so",
+                  t);
+    }
+    arec_failed = 0;
+    arec_n = 0;
+    tide_coll_comm_destroy(&c);
+    for (int t = 0; t < 2; t++)
+        tide_mem_pool_free(mp, bufs[t]);
+    tide_mem_pool_destroy(&mp);
+    free(items);
+    free(ob);
+    free(nb);
+    mt_pass("executor_abort_before_cleanup");
+}
+
 /* ---- executor: reshard planner plans --------------------------------------------------------- */
 
 #ifdef TIDE_TEST_HAVE_RESHARD
@@ -1654,6 +1880,7 @@ int main(int argc, char **argv)
     test_direct_errors();
     test_executor_random();
     test_executor_errors();
+    test_executor_abort_first();
 #ifdef TIDE_TEST_HAVE_RESHARD
     test_executor_reshard();
 #else

@@ -131,6 +131,74 @@ Test(agree, recovery_abandons_the_step_in_progress)
     cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
 }
 
+/* A member dies while tide_join builds the first layout's communicators: the recovery's
+   commit tells the control thread to abandon the build (else it waits for the dead
+   member until the switch timeout), and the rank, with no communicators, switches. */
+Test(agree, a_recovery_abandons_the_first_layouts_build)
+{
+    tide__agree a;
+    tide__agree_init(&a, 5);
+    tide__agree_first(&a, 1, 1);
+    a.building = 1;
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 5);
+    cr_assert_eq(tide__agree_commit(&a, 2, 5, 1), TIDE__COMMIT_ABORT_BUILD);
+    a.building = 0;
+    a.groups_dead = 1; /* tide_join: the build was abandoned */
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH, "the recovery's switch, no step");
+    tide__agree_switched(&a);
+    cr_assert_eq(a.groups_dead, 0, "the switch brought communicators");
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN);
+}
+
+/* Only a recovery from the layout being built abandons it: a resize announced meanwhile
+   waits for it, and a rank outside the old layout builds nothing. */
+Test(agree, only_a_recovery_abandons_the_build)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    a.building = 1;
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&a, 2, 0, 0), TIDE__COMMIT_OK, "a resize");
+    tide__agree b;
+    tide__agree_init(&b, 0);
+    tide__agree_first(&b, 1, 0);
+    b.building = 0;
+    cr_assert_eq(tide__agree_layout(&b, 2, 1, 0), 1);
+    cr_assert_eq(tide__agree_prepare(&b, 2, &ack), 1);
+    cr_assert_eq(tide__agree_commit(&b, 2, 0, 1), TIDE__COMMIT_OK, "not in the old layout");
+}
+
+/* A step that failed on dead communicators (nccl's socket error with every peer alive)
+   is not retried on them: the rank waits at the boundary until a new layout switches
+   it to new ones (libtide bounds that wait: tide_step_begin). */
+Test(agree, dead_groups_run_no_step_until_a_switch)
+{
+    tide__agree a;
+    tide__agree_init(&a, 0);
+    tide__agree_first(&a, 1, 1);
+    run_steps(&a, 3);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN);
+    cr_assert_eq(tide__agree_end(&a, 0), 0);
+    a.groups_dead = 1;
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "a step on dead communicators");
+    cr_assert_eq(tide__agree_layout(&a, 2, 1, 1), 1);
+    int64_t ack;
+    cr_assert_eq(tide__agree_prepare(&a, 2, &ack), 1);
+    cr_assert_eq(ack, 3);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_WAIT, "announced, not committed");
+    cr_assert_eq(tide__agree_commit(&a, 2, 3, 1), TIDE__COMMIT_OK);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_SWITCH);
+    tide__agree_switched(&a);
+    cr_assert_eq(tide__agree_begin(&a), TIDE__BEGIN_RUN, "new communicators: steps again");
+}
+
 Test(agree, idle_rank_waits_for_commit_and_abort_clears)
 {
     tide__agree a;
@@ -364,7 +432,8 @@ static void *fake_register(void *arg)
     return NULL;
 }
 
-static tide__ctl_t *start_ctl(fake *f)
+/* A control client registered with f as a worker of the given kind on local device. */
+static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
 {
     tide__ctl_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -373,8 +442,8 @@ static tide__ctl_t *start_ctl(fake *f)
     cfg.reg.rank = 3;
     cfg.reg.size = 4;
     snprintf(cfg.reg.host, sizeof cfg.reg.host, "hostx");
-    cfg.reg.device = 0;
-    cfg.reg.kind = TIDE_DEVICE_CPU;
+    cfg.reg.device = device;
+    cfg.reg.kind = kind;
     cfg.reg.mem_bytes = 1 << 20;
     cfg.reg.pid = (int)getpid();
     cfg.register_timeout_ms = 5000;
@@ -387,6 +456,11 @@ static tide__ctl_t *start_ctl(fake *f)
     cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
     cr_assert_eq(tide__ctl_worker_id(ctl), 42);
     return ctl;
+}
+
+static tide__ctl_t *start_ctl(fake *f)
+{
+    return start_ctl_on(f, TIDE_DEVICE_CPU, 0);
 }
 
 static void set_layout(tide_proto_layout_t *l, uint64_t gen, int dp, int32_t *workers, int *stages)
@@ -884,6 +958,46 @@ Test(ctl, offline_command_reported_and_preempted)
     cr_assert_eq(tide__ctl_offline_pid(ctl, NULL, 0), 0);
     tide__ctl_destroy(&ctl, 0);
     fake_close(&f);
+}
+
+/* What an offline command of a worker on local device 2 sees (CUDA_VISIBLE_DEVICES=4,5,6,7
+   in the worker's environment), as its output's tail reports it. */
+static char *command_sees(int kind)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl_on(&f, kind, 2);
+    char *argv[] = {"/bin/sh", "-c", "echo \"dev=$TIDE_OFFLINE_DEVICE vis=$CUDA_VISIBLE_DEVICES\""};
+    send_assign(&f, "sees", argv, 3, 1000);
+    tide_msg_t st;
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
+    tide_msg_clear(&st);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_DONE, "%s", st.u.offline_status.tail);
+    char *tail = strdup(st.u.offline_status.tail);
+    tide_msg_clear(&st);
+    tide__ctl_destroy(&ctl, 0);
+    fake_close(&f);
+    return tail;
+}
+
+/* The device index a command gets and the devices it sees agree: on a GPU worker it sees
+   only the worker's GPU (the worker's device 2 is physical GPU 6 here), as its device 0,
+   and TIDE_OFFLINE_DEVICE says 0; a CPU worker's command gets the worker's index and the
+   worker's own CUDA_VISIBLE_DEVICES. */
+Test(ctl, offline_command_device_index_matches_what_it_sees)
+{
+    char dir[64];
+    tmp_dir(dir, sizeof dir);
+    setenv("TIDE_LOG_DIR", dir, 1);
+    setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7", 1);
+    char *gpu = command_sees(TIDE_DEVICE_GPU);
+    cr_expect_str_eq(gpu, "dev=0 vis=6\n");
+    free(gpu);
+    char *cpu = command_sees(TIDE_DEVICE_CPU);
+    cr_expect_str_eq(cpu, "dev=2 vis=4,5,6,7\n");
+    free(cpu);
 }
 
 /* A worker that leaves while its command runs gives the command SIGTERM and the job's

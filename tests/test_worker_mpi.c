@@ -34,7 +34,11 @@
  *
  * The runtime's memory calls (tide_mem_alloc, tide_mem_copy, tide_copy_to/from_host) go
  * through the recording backend too, and refuse memory its mem_check says is of another
- * kind.
+ * kind. So do the places where the program's buffers enter libtide: tide_set_buffers after
+ * the join, and tide_reshard before the first switch (a member's missing table too, and a
+ * table passed once the runtime owns the buffers), with TIDE_ERR_INVALID naming the call,
+ * the tensor and the backend's reason; a refused tide_reshard leaves its switch pending
+ * and the same switch then runs with the right buffers.
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -185,16 +189,21 @@ static void rec_free(void *ptr)
     under->mem_free(ptr);
 }
 
-/* Memory the "device" refuses as not its kind: what the program's tide_mem_copy and
-   tide_copy_* must refuse before copying. */
-static unsigned char foreign[64];
+/* Memory the "device" refuses as not its kind (as nccl refuses host memory): what the
+   program's tide_mem_copy and tide_copy_*, tide_set_buffers and tide_reshard must refuse
+   before using it. Larger than any shard of the toy job, so that a check that is missing
+   shows as a call that succeeds, not as memory overwritten. */
+static unsigned char foreign[4096];
 
 static tide_status rec_mem_check(const void *ptr, size_t bytes, const char *what)
 {
     rec_check("mem_check");
     const unsigned char *p = ptr;
     if (p + bytes > foreign && p < foreign + sizeof foreign)
-        return tide_errorf(TIDE_ERR_INVALID, "%s is not rec memory", what);
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "%s (%zu bytes at %p) is host memory, but the rec backend moves device "
+                           "memory",
+                           what, bytes, ptr);
     return under->mem_check(ptr, bytes, what);
 }
 
@@ -344,6 +353,63 @@ static void check_memory_calls(const tide_t *t)
     tide_mem_free(t, a);
     tide_mem_free(t, b);
     tide_mem_free(t, NULL);
+}
+
+/* ---- buffers of the wrong kind where they enter libtide ---------------------------------- */
+
+/* The first tensor a rank holds bytes of under view v (the view's rank must be a member). */
+static size_t first_held(const tide_collection_t *c, const tide_view *v)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++)
+        if (tide_shard_bytes(v->layout, c, i, v->pp_rank, v->dp_rank, v->tp_rank) > 0)
+            return i;
+    MT_ASSERT(0, "a member holds no tensor");
+    return 0;
+}
+
+/* A copy of the n-entry table bufs with entry i replaced by memory of another kind. */
+static void **with_foreign(void *const *bufs, size_t n, size_t i)
+{
+    void **b = malloc(n * sizeof *b);
+    memcpy(b, bufs, n * sizeof *b);
+    b[i] = foreign;
+    return b;
+}
+
+/* who must have refused a buffer of tensor `tensor` of another kind, saying who, which
+   tensor and why (the backend's reason). */
+static void expect_refused(tide_status rc, const char *who, const char *tensor)
+{
+    MT_ASSERT(rc == TIDE_ERR_INVALID, "%s took memory of another kind for tensor %s: %s", who,
+              tensor, tide_status_name(rc));
+    char want[200];
+    snprintf(want, sizeof want, "%s: tensor %s (", who, tensor);
+    const char *e = tide_last_error();
+    MT_ASSERT(strstr(e, want) != NULL &&
+                  strstr(e, "is host memory, but the rec backend moves device memory") != NULL,
+              "%s: the refusal does not say what and why: %s", who, e);
+}
+
+/* Before the switch to nv's generation runs: tide_reshard refuses a member's missing
+   table and a table holding memory of another kind before anything starts, and the switch
+   stays pending for the call with the right buffers. */
+static void check_reshard_refusals(tide_t *t, const tide_collection_t *c, const tide_view *nv,
+                                   void **nb)
+{
+    if (!nv->member)
+        return; /* a rank that leaves passes no buffers */
+    uint64_t g = nv->generation;
+    tide_status rc = tide_reshard(t, NULL, NULL);
+    MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "pass its new buffers") != NULL,
+              "a member's tide_reshard without buffers: %s (%s)", tide_status_name(rc),
+              tide_last_error());
+    size_t i = first_held(c, nv);
+    void **bad = with_foreign(nb, tide_collection_size(c), i);
+    expect_refused(tide_reshard(t, bad, NULL), "tide_reshard", tide_collection_tensor(c, i)->name);
+    free(bad);
+    MT_ASSERT(tide_view_next(t) == nv && nv->generation == g && tide_view_get(t)->generation < g,
+              "a refused tide_reshard must leave the switch to generation %llu pending",
+              (unsigned long long)g);
 }
 
 /* The program's preparation (tide_set_prepare): the next layout's buffers, allocated on
@@ -737,6 +803,11 @@ int main(int argc, char **argv)
                                bufs[i]);
             free(full);
         }
+        size_t i = first_held(coll, v);
+        void **bad = with_foreign(bufs, tide_collection_size(coll), i);
+        expect_refused(tide_set_buffers(t, bad), "tide_set_buffers",
+                       tide_collection_tensor(coll, i)->name);
+        free(bad);
         MT_OK(tide_set_buffers(t, bufs));
     }
     pthread_t th;
@@ -771,6 +842,13 @@ int main(int argc, char **argv)
                 if (v->member)
                     check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank,
                                  tide_buffers(t), s, "before the in-place switch");
+                if (g == GIVE_GEN + 1) {
+                    tide_status rc = tide_reshard(t, tide_buffers(t), NULL);
+                    MT_ASSERT(rc == TIDE_ERR_INVALID &&
+                                  strstr(tide_last_error(), "the runtime owns") != NULL,
+                              "a table passed while the runtime owns the buffers: %s (%s)",
+                              tide_status_name(rc), tide_last_error());
+                }
                 tide_reshard_stats st;
                 MT_OK(tide_reshard(t, NULL, &st));
                 v = tide_view_get(t);
@@ -796,6 +874,8 @@ int main(int argc, char **argv)
             pthread_mutex_unlock(&pre.mu);
             if (nb == NULL)
                 MT_OK(tide_alloc_buffers(t, nv, &nb));
+            if (g == 2)
+                check_reshard_refusals(t, coll, nv, nb);
             tide_reshard_stats st;
             MT_OK(tide_reshard(t, nb, &st));
             v = tide_view_get(t);

@@ -1,6 +1,6 @@
 # worker/ (libtide) tests: unit tests of the runtime pieces (mailbox, step agreement,
-# control client against a fake tided, offline runner) and an MPI integration test that
-# resizes a toy job through the real tided.
+# control client against a fake tided, offline runner), an MPI integration test that
+# resizes a toy job through the real tided, and one of the failures around communicators.
 tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto
                    PkgConfig::ZMQ TIMEOUT 60)
 if(TARGET tided)
@@ -8,4 +8,28 @@ if(TARGET tided)
                     LIBS tide_worker tide_proto PkgConfig::ZMQ
                     ARGS $<TARGET_FILE:tided> TIMEOUT 120)
   add_dependencies(test_worker_mpi tided)
+
+  # Failures around communicators (tests/test_worker_faults.c): a member dying while
+  # tide_join builds the first layout's communicators, one dying while a switch builds
+  # the new layout's, and collectives failing with every peer alive. A rank dies in the
+  # first two: --enable-recovery keeps mpirun from tearing the job down, async_mpi_finalize
+  # keeps MPI_Finalize from waiting for it (see collectives.cmake).
+  add_executable(test_worker_faults test_worker_faults.c)
+  target_link_libraries(test_worker_faults PRIVATE tide_worker tide_proto PkgConfig::ZMQ
+                                                   MPI::MPI_C tide_core)
+  target_include_directories(test_worker_faults PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_dependencies(test_worker_faults tided)
+  foreach(mode join build deadcomm)
+    if(mode STREQUAL "deadcomm")
+      set(np 2)
+    else()
+      set(np 3)
+    endif()
+    tide_add_mpi_test(test_worker_faults_${mode} NP ${np} TARGET test_worker_faults
+                      ARGS $<TARGET_FILE:tided> ${mode} TIMEOUT 150
+                      MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
+    set_tests_properties(test_worker_faults_${mode} PROPERTIES
+                         PASS_REGULAR_EXPRESSION "test_worker_faults: passed"
+                         FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
+  endforeach()
 endif()

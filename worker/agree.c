@@ -80,6 +80,11 @@ tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t ste
        (its last reduction waits for the dead peer), so abandon it and finish it. */
     if (recover && a->p_old && a->in_step && a->can_finish && a->completed + 1 == step)
         return TIDE__COMMIT_ABORT_STEP;
+    /* A recovery from the first layout while tide_join still builds its communicators: a
+       member died, so the build waits on it in vain (until the switch timeout). Abandoned,
+       the rank switches from its start step like the other survivors. */
+    if (recover && a->p_old && a->building)
+        return TIDE__COMMIT_ABORT_BUILD;
     return TIDE__COMMIT_OK;
 }
 
@@ -131,9 +136,9 @@ tide__begin tide__agree_begin(tide__agree *a)
     }
     if (a->p_gen != 0 && (a->p_failed || a->p_switching))
         return TIDE__BEGIN_WAIT;
-    if (!a->member)
-        return TIDE__BEGIN_WAIT;
-    a->deferred = 0; /* no recovery wants it finished: it is redone */
+    if (!a->member || a->groups_dead)
+        return TIDE__BEGIN_WAIT; /* idle, or nothing to run a step on: a new layout first */
+    a->deferred = 0;             /* no recovery wants it finished: it is redone */
     a->in_step = 1;
     return TIDE__BEGIN_RUN;
 }
@@ -158,6 +163,7 @@ void tide__agree_switched(tide__agree *a)
     a->completed = a->p_switch;
     a->in_step = 0;
     a->can_finish = a->deferred = 0;
+    a->groups_dead = 0;
     clear_pending(a);
 }
 

@@ -56,7 +56,7 @@ struct tide__ctl {
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     int job_ended;       /* tided said the job ended (job_end) */
     int64_t end_step;
-    uint64_t port_gen;   /* generation the join port below belongs to (0: none) */
+    uint64_t port_gen;                  /* generation the join port below belongs to (0: none) */
     char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
     void *abort_ctx;
@@ -379,6 +379,13 @@ static void on_commit(tide__ctl_t *ctl, const tide_proto_commit_t *c)
                   (unsigned long long)c->gen, (unsigned long long)c->step);
         ctl->abort_fn(ctl->abort_ctx, 0);
     }
+    if (r == TIDE__COMMIT_ABORT_BUILD && ctl->abort_fn != NULL) {
+        TIDE_WARN(SUBSYS,
+                  "recovery generation %llu while the first layout's communicators are built: "
+                  "a member failed; abandoning them",
+                  (unsigned long long)c->gen);
+        ctl->abort_fn(ctl->abort_ctx, 1); /* they are published as a switch's new groups */
+    }
     if (r == TIDE__COMMIT_DUP && ctl->done_gen == c->gen && ctl->done_bytes != NULL)
         zmq_send(ctl->dealer, ctl->done_bytes, ctl->done_len, ZMQ_DONTWAIT);
     pthread_cond_broadcast(&ctl->cv);
@@ -474,7 +481,11 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
     }
     char dev[48], name[TIDE_PROTO_NAME_MAX + 32], cap[64], cuda[160], vis[128], att[48];
     char log[1024], logenv[1100];
-    snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", ctl->reg.device);
+    /* TIDE_OFFLINE_DEVICE is the index the child passes to its own device calls: on a GPU
+       worker, CUDA_VISIBLE_DEVICES (below) shows the child this worker's GPU only, as its
+       device 0, so it is 0 there; on a CPU worker, the worker's index on its host */
+    int gpu = ctl->reg.kind == TIDE_DEVICE_GPU;
+    snprintf(dev, sizeof dev, "TIDE_OFFLINE_DEVICE=%d", gpu ? 0 : ctl->reg.device);
     snprintf(name, sizeof name, "TIDE_OFFLINE_JOB=%s", a->job);
     snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
     snprintf(att, sizeof att, "TIDE_OFFLINE_ATTEMPT=%u", a->attempt);
@@ -484,7 +495,7 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
     char *env[6] = {dev, name, cap, att, logenv, cuda};
     size_t n_env = 5;
     tide_status rc = TIDE_OK;
-    if (ctl->reg.kind == TIDE_DEVICE_GPU) {
+    if (gpu) {
         /* the child sees this worker's GPU only, as its device 0 */
         rc = tide__cuda_visible(getenv("CUDA_VISIBLE_DEVICES"), ctl->reg.device, vis, sizeof vis);
         snprintf(cuda, sizeof cuda, "CUDA_VISIBLE_DEVICES=%s", vis);

@@ -107,11 +107,46 @@ static void report_done(tide_t *t, uint64_t gen, tide_status rc, uint64_t bytes,
         TIDE_WARN(SUBSYS, "could not report done: %s", tide_last_error());
 }
 
+/* The program's buffers for the new layout, checked before anything starts: a mistake of
+   the program (a missing table or buffer, memory of the wrong kind) is refused with nothing
+   done, no peer waited for and nothing reported, so the switch stays pending and the call
+   may be repeated with the right buffers. Checked later, it would fail the whole switch
+   for every participant after its handshake. A layout that does not fit the collection
+   is not the program's mistake: it is left to the switch itself, which fails on it. */
+static tide_status check_new_bufs(const tide_t *t, void *const *new_bufs)
+{
+    const tide_view *nv = &t->next_view;
+    const tide_layout_t *nl = t->next_layout;
+    if (new_bufs != NULL && t->owned)
+        return tide_errorf(
+            TIDE_ERR_INVALID,
+            "tide_reshard: the runtime owns this rank's buffers (tide_give_buffers): "
+            "pass NULL and it rebuilds them in place");
+    if (!nv->member || t->owned || tide_layout_validate(nl, t->coll) != TIDE_OK) {
+        tide_error_clear();
+        return TIDE_OK;
+    }
+    if (new_bufs == NULL)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_reshard: this rank is in the new layout: pass its new buffers "
+                           "(or give the runtime its buffers: tide_give_buffers)");
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        uint64_t n = tide_shard_bytes(nl, t->coll, i, nv->pp_rank, nv->dp_rank, nv->tp_rank);
+        if (n > 0 && new_bufs[i] == NULL)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
+                               tide_collection_tensor(t->coll, i)->name, (unsigned long long)n);
+        TIDE_CHECK(tide__check_buf(t, "tide_reshard", i, new_bufs[i], n));
+    }
+    return TIDE_OK;
+}
+
 tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats)
 {
     if (t == NULL || !t->has_next)
         return tide_errorf(TIDE_ERR_INVALID, "tide_reshard: call it after tide_step_begin "
                                              "returned TIDE_STEP_RECONFIGURE");
+    TIDE_CHECK(check_new_bufs(t, new_bufs));
     uint64_t t0 = tide_now_ns();
     tide_status rc = TIDE_OK;
     tide_layout_t *prev = NULL;
@@ -186,14 +221,6 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     int in_place = new_bufs == NULL && t->owned;
     if (t->moved != NULL) /* tide_buffer_moved reports this switch, failed or not */
         memset(t->moved, 0, t->n_tensors);
-    if (nv->member && new_bufs == NULL && !in_place)
-        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                       "tide_reshard: this rank is in the new layout: pass its new buffers "
-                       "(or give the runtime its buffers: tide_give_buffers)");
-    if (new_bufs != NULL && t->owned)
-        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                       "tide_reshard: the runtime owns this rank's buffers (tide_give_buffers): "
-                       "pass NULL and it rebuilds them in place");
     TIDE_CHECK_GOTO(tide_layout_validate(nl, t->coll), rc, fail);
     TIDE_CHECK_GOTO(tide_layout_validate(prev, t->coll), rc, fail);
     for (size_t i = 0; i < tide_layout_size(nl); i++)
@@ -248,8 +275,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
 
     uint64_t tp0 = tide_now_ns();
     /* this rank's part only: O(its items), not the whole job's (milliseconds at 10^4) */
-    TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc,
-                    fail);
+    TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc, fail);
     st.plan_ms = (double)(tide_now_ns() - tp0) / 1e6;
 
     old_rows = tide_calloc(nw, sizeof *old_rows);
@@ -279,17 +305,9 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide_error_clear();
     ob[t->rank] = my_ob;
     if (nv->member) {
-        for (size_t i = 0; i < t->n_tensors; i++) {
+        for (size_t i = 0; i < t->n_tensors; i++)
             my_nb[i] = tide_shard_bytes(nl, t->coll, i, nv->pp_rank, nv->dp_rank, nv->tp_rank);
-            if (my_nb[i] > 0 && !in_place && new_bufs[i] == NULL)
-                TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                               "tide_reshard: new buffer of tensor %s (%llu bytes) is NULL",
-                               tide_collection_tensor(t->coll, i)->name,
-                               (unsigned long long)my_nb[i]);
-            if (!in_place) /* in place: the runtime's own pool memory, of the right kind */
-                TIDE_CHECK_GOTO(tide__check_buf(t, "tide_reshard", i, new_bufs[i], my_nb[i]), rc,
-                                fail);
-        }
+        /* new_bufs passed check_new_bufs; in place, the runtime's own pool memory */
         if (!in_place)
             new_rows[t->rank] = (void *)new_bufs;
     }

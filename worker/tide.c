@@ -65,7 +65,9 @@ void tide_options_init(tide_options *o)
 
 /* ---- communicators and aborts ------------------------------------------------------------ */
 
-/* Runs on the background thread with ctl's lock held: only flags are set. */
+/* Runs on the background thread with ctl's lock held: only flags are set. which 0: the
+   step's communicators; else the switch's (and the first layout's while tide_join builds
+   them: they are published in the same slots). */
 static void abort_cb(void *ctx, int which)
 {
     tide_t *t = ctx;
@@ -150,8 +152,10 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
         for (size_t i = 0; i < n; i++)
             members[i] = l->worker[i];
+        /* the control thread's abort of the build (switch_cancel: a recovery because a
+           member died, a halt) ends the handshake at once, not after the timeout */
         tide_coll_comm_params cp = {members, (int)n, tide__gen_tag(gen, 1),
-                                    (uint32_t)t->opts.switch_timeout_ms, NULL};
+                                    (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
         TIDE_CHECK_GOTO(tide_coll_comm_new(&out[0], t->be, t->pool, &cp), rc, fail);
     }
     if (!member) {
@@ -772,7 +776,12 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     uint64_t gen = first.u.layout.layout.gen;
     tide__fill_view(&t->view, gen, l, t->rank, req->start_step);
     tide__ctl_lock(t->ctl);
-    tide__agree_first(tide__ctl_agree(t->ctl), gen, t->view.member);
+    tide__agree *ag = tide__ctl_agree(t->ctl);
+    tide__agree_first(ag, gen, t->view.member);
+    /* from here a recovery (or halt) aborts the build below: switch_cancel, set by the
+       control thread under this lock from now on */
+    ag->building = t->view.member;
+    __atomic_store_n(&t->switch_cancel, 0, __ATOMIC_RELAXED);
     tide__ctl_unlock(t->ctl);
     t->bufs = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *t->bufs);
     TIDE_CHECK_ALLOC_GOTO(t->bufs, rc, out);
@@ -783,16 +792,35 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     /* the first layout's communicators, among its members only */
     if (t->view.member) {
         tide_coll_comm_t *g[4];
-        TIDE_CHECK_GOTO(tide__build_groups(t, l, gen, NULL, 1, t->view.pp_rank, t->view.dp_rank,
-                                           t->view.tp_rank, g),
-                        rc, out);
+        rc = tide__build_groups(t, l, gen, NULL, 1, t->view.pp_rank, t->view.dp_rank,
+                                t->view.tp_rank, g);
         tide__ctl_lock(t->ctl);
-        tide__unpublish_new(t);
-        t->c_all = g[0];
-        t->c_tp = g[1];
-        t->c_dp = g[2];
-        t->c_pp = g[3];
+        ag = tide__ctl_agree(t->ctl);
+        ag->building = 0;
+        int abandoned =
+            rc == TIDE_ERR_ABORTED && __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED);
+        if (rc == TIDE_OK) {
+            tide__unpublish_new(t);
+            t->c_all = g[0];
+            t->c_tp = g[1];
+            t->c_dp = g[2];
+            t->c_pp = g[3];
+        } else if (abandoned) {
+            /* the control thread ended the build: tided recovers the job (or halted it).
+               The rank joined; with no communicators it runs no step, and its first
+               tide_step_begin switches to the recovery (or reports the halt). */
+            ag->groups_dead = 1;
+        }
         tide__ctl_unlock(t->ctl);
+        if (abandoned) {
+            TIDE_WARN(SUBSYS,
+                      "rank %d: generation %llu's communicators were abandoned while being built "
+                      "(%s); the job's next generation replaces them",
+                      t->rank, (unsigned long long)gen, tide_last_error());
+            tide_error_clear();
+            rc = TIDE_OK;
+        }
+        TIDE_CHECK_GOTO(rc, rc, out);
     }
     t->view.all = t->c_all;
     t->view.tp = t->c_tp;
@@ -979,6 +1007,26 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
         /* WAIT: at the boundary for a commit, or idle outside the layout */
         if (idle_from == 0)
             idle_from = tide_now_ns();
+        if (a->member && a->groups_dead) {
+            /* the layout's communicators failed (tide_step_end). When a peer died, tided's
+               recovery comes within its failure timeout and switches this rank. When none
+               did (nccl maps its socket and IB errors to ABORTED: a flaky link or NIC looks
+               like a dead peer), none ever comes: the rank gives up after the switch
+               timeout rather than wait forever, and tided recovers the job around it once
+               its heartbeats stop. */
+            uint64_t bound = (uint64_t)t->opts.switch_timeout_ms * 1000000ull;
+            if (tide_now_ns() - idle_from >= bound) {
+                rc = tide_errorf(TIDE_ERR_TIMEOUT,
+                                 "rank %d: generation %llu's communicators failed at step %lld "
+                                 "and no new layout replaced them within %d ms "
+                                 "(TIDE_SWITCH_TIMEOUT_MS): tided knows of no dead peer, so "
+                                 "the failure was not a lost worker (a network or device "
+                                 "fault?); this rank gives up",
+                                 t->rank, (unsigned long long)a->gen, (long long)a->completed,
+                                 t->opts.switch_timeout_ms);
+                break;
+            }
+        }
         int idle = !a->member && a->p_gen == 0;
         tide__ctl_unlock(t->ctl);
         if (idle && job_ended(t)) {
@@ -1000,6 +1048,19 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
     return rc;
 }
 
+/* 1 when a member's step communicators are gone or dead (aborted, or an operation on
+   them failed): no step can run on them. Main thread. */
+static int step_groups_dead(const tide_t *t)
+{
+    if (!t->view.member)
+        return 0;
+    const tide_coll_comm_t *c[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp};
+    for (size_t i = 0; i < 4; i++)
+        if (tide_coll_comm_aborted(c[i])) /* NULL counts: never built */
+            return 1;
+    return 0;
+}
+
 tide_status tide_step_end(tide_t *t, tide_status step_rc)
 {
     if (t == NULL || t->ctl == NULL)
@@ -1007,6 +1068,10 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
     tide__ctl_lock(t->ctl);
     tide__agree *a = tide__ctl_agree(t->ctl);
     int r = tide__agree_end(a, step_rc == TIDE_OK);
+    /* a step that failed on a dead communicator is not retried on it (it would fail at
+       once, for as long as no new layout comes): tide_step_begin waits for one */
+    if (r == 0 && step_rc != TIDE_OK && step_groups_dead(t))
+        a->groups_dead = 1;
     t->view.step = a->completed;
     tide__ctl_unlock(t->ctl);
     if (r != 0)
@@ -1072,8 +1137,7 @@ tide_status tide_finish(tide_t *t)
         int c = tide_coll_pool_comm_rank(t->pool, r);
         if (c < 0 || tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
             continue;
-        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) !=
-            MPI_SUCCESS)
+        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) != MPI_SUCCESS)
             TIDE_WARN(SUBSYS, "could not release idle rank %d", r);
         else
             who[n++] = r;
@@ -1090,8 +1154,8 @@ tide_status tide_finish(tide_t *t)
     }
     for (int i = 0; !all && i < n; i++) {
         int done = 0;
-        if (reqs[i] != MPI_REQUEST_NULL && MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-            !done) {
+        if (reqs[i] != MPI_REQUEST_NULL &&
+            MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
             TIDE_WARN(SUBSYS, "idle rank %d did not take the job's end within 2 s (gone?)", who[i]);
             MPI_Request_free(&reqs[i]);
         }

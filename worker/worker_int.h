@@ -80,10 +80,12 @@ typedef enum tide__begin {
 } tide__begin;
 
 typedef enum tide__commit_result {
-    TIDE__COMMIT_OK = 0,         /* recorded */
-    TIDE__COMMIT_ABORT_STEP = 1, /* recorded; the step in progress must be abandoned */
-    TIDE__COMMIT_DUP = 2,        /* already switched to this generation: resend done */
-    TIDE__COMMIT_IGNORED = 3,    /* unknown or stale generation */
+    TIDE__COMMIT_OK = 0,          /* recorded */
+    TIDE__COMMIT_ABORT_STEP = 1,  /* recorded; the step in progress must be abandoned */
+    TIDE__COMMIT_DUP = 2,         /* already switched to this generation: resend done */
+    TIDE__COMMIT_IGNORED = 3,     /* unknown or stale generation */
+    TIDE__COMMIT_ABORT_BUILD = 4, /* recorded; the first layout's communicators, still being
+                                     built (tide_join), can never be: abandon the build */
 } tide__commit_result;
 
 typedef enum tide__abort_result {
@@ -113,6 +115,9 @@ typedef struct tide__agree {
     int p_switching;  /* the main thread runs the switch */
     int p_failed;     /* the switch failed: wait for abort or a newer generation */
     int p_aborted;    /* tided aborted it while the switch ran: its failure ends it */
+    int building;     /* tide_join builds the first layout's communicators */
+    int groups_dead;  /* the running layout's communicators failed (or their build was
+                         abandoned): no step can run on them until a switch replaces them */
 } tide__agree;
 
 /* Starts with no generation and start_step steps completed. */
@@ -131,7 +136,7 @@ int tide__agree_prepare(tide__agree *a, uint64_t gen, int64_t *ack_step);
 
 /* A `commit` for gen with switch step `step`; recover: a recovery (the old layout's
    collectives cannot complete, so a step in progress is abandoned even when it would
-   end at S). */
+   end at S, and so is a build of the first layout's communicators: ABORT_BUILD). */
 tide__commit_result tide__agree_commit(tide__agree *a, uint64_t gen, int64_t step, int recover);
 
 /* The step in progress can be completed without peers from now on (see above). */
@@ -141,13 +146,15 @@ void tide__agree_can_finish(tide__agree *a);
 tide__abort_result tide__agree_abort(tide__agree *a, uint64_t gen);
 
 /* The decision at a step boundary; RUN and FINISH mark the step begun, SWITCH marks
-   switching. */
+   switching. With groups_dead set it never says RUN: a step on dead communicators
+   fails at once, and would be retried for as long as no new generation comes. */
 tide__begin tide__agree_begin(tide__agree *a);
 
 /* The step begun last ended: ok counts it. Returns 0, or -1 when no step was begun. */
 int tide__agree_end(tide__agree *a, int ok);
 
-/* The switch succeeded: the pending generation runs from its switch step. */
+/* The switch succeeded: the pending generation runs from its switch step (with its new
+   communicators: groups_dead is cleared). */
 void tide__agree_switched(tide__agree *a);
 
 /* The switch failed: wait for tided's abort (or a newer generation); when the abort
@@ -168,7 +175,7 @@ typedef struct tide__child {
     int grace_ms;             /* SIGTERM -> SIGKILL when the worker stops it on its own */
     int preempted;            /* SIGTERM sent (a preemption, or the worker leaving) */
     int killed;               /* the grace ended: SIGKILL asked of the keeper */
-    uint64_t kill_at_ns; /* monotonic: SIGKILL when still alive then (0: not scheduled) */
+    uint64_t kill_at_ns;      /* monotonic: SIGKILL when still alive then (0: not scheduled) */
     uint64_t hard_kill_at_ns; /* monotonic: the keeper itself is killed (0: not scheduled) */
 } tide__child;
 

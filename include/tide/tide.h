@@ -68,6 +68,12 @@
  * fail in that step. So update the state only after a last collective that spans the
  * whole layout (train_mlp reduces the loss over dp, pp and then tp after its gradient
  * allreduce); a rank that completed a step the recovery redoes gets TIDE_ERR_STALE.
+ * A step is never run again on communicators that failed: tide_step_begin waits for
+ * the layout that replaces them, and when none comes within the switch timeout (the
+ * collectives failed with every peer alive: a network fault) it returns
+ * TIDE_ERR_TIMEOUT. A member that dies while tide_join builds the first layout's
+ * communicators ends the build at once: tide_join returns and the first
+ * tide_step_begin switches to the recovery.
  */
 #ifndef TIDE_TIDE_H
 #define TIDE_TIDE_H
@@ -99,7 +105,9 @@ typedef struct tide_options {
     uint64_t mem_bytes;     /* TIDE_MEM_BYTES: device memory reported, bytes; 0: host RAM */
     int register_timeout_ms; /* TIDE_REGISTER_TIMEOUT_MS: wait for tided's answers, ms; 10000 */
     int join_timeout_ms;     /* TIDE_JOIN_TIMEOUT_MS: wait for the first layout, ms; 120000 */
-    int switch_timeout_ms;   /* TIDE_SWITCH_TIMEOUT_MS: peers to arrive in a switch, ms; 120000 */
+    int switch_timeout_ms;   /* TIDE_SWITCH_TIMEOUT_MS: peers to arrive in a switch (and in the
+                                first layout's communicators), and a new layout to replace
+                                communicators that failed, ms; 120000 */
     uint64_t staging_cap;    /* TIDE_STAGING_CAP: reshard staging memory, bytes; 0: default */
     int mem_strict;          /* TIDE_MEM_STRICT: 1: a switch of given buffers that would hold more
                                 than the larger of the rank's old and new state plus the staging cap
@@ -371,7 +379,11 @@ typedef struct tide_reshard_stats {
  * program's to free) and tide_view_get describes the new layout; a rank that left is
  * idle and its next tide_step_begin waits. On failure (a peer died, tided aborted the
  * switch) the old layout, buffers and communicators stay registered where they are
- * intact and the status says why. Blocks; collective over the switch's participants.
+ * intact and the status says why. The program's own mistakes (a member passing no table,
+ * a NULL buffer where it holds bytes, memory of the wrong kind, a table while the runtime
+ * owns the buffers) are refused with TIDE_ERR_INVALID before anything starts: the switch
+ * stays pending and the call may be repeated with the right buffers. Blocks; collective
+ * over the switch's participants.
  */
 TIDE_API tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *stats);
 /* With buffers given to the runtime (tide_give_buffers), pass new_bufs NULL: the runtime

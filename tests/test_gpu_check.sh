@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# test_gpu_check: scripts/gpu-check.sh's decisions that need no GPU to check.
+#   gpu-info (--info), nvidia-smi absent (GPU_CHECK_SMI), device nodes faked
+#   (GPU_CHECK_DEVICES), the CUDA driver faked by a small libcuda (GPU_CHECK_LIBCUDA):
+#     1. no device node: no GPU, nothing checked, exit 0;
+#     2. a node and a driver that answers: gpu-info passes, naming the device;
+#     3. a node and a driver whose cuInit fails: gpu-info fails (present but broken);
+#     4. a node and no driver at all: gpu-info fails.
+#   5. --cpu-dry with train_mlp failing (GPU_CHECK_TRAIN=false) and only train-ref and
+#      train-elastic selected (GPU_CHECK_ONLY): train-ref fails, and train-elastic, which
+#      needs its losses, is in the summary as NOT-RUN; the check fails.
+# Usage: test_gpu_check.sh BUILD_DIR (a build with tided, tidectl and train_mlp).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${1:?usage: test_gpu_check.sh BUILD_DIR}"
+TMP=$(mktemp -d /tmp/tide-gpu-check-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+
+# a fake CUDA driver: cuInit returns $1, one device named "Fake GPU 9000"
+fake_driver() {
+  cat >"$TMP/fake.c" <<EOF
+#include <string.h>
+int cuInit(unsigned f) { (void)f; return $1; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDeviceGetName(char *s, int len, int d) { (void)d; strncpy(s, "Fake GPU 9000", (size_t)len); return 0; }
+EOF
+  cc -shared -fPIC -o "$TMP/libcuda-$1.so.1" "$TMP/fake.c" || fail "cannot build a fake libcuda"
+}
+fake_driver 0
+fake_driver 100
+mkdir -p "$TMP/dev"
+: >"$TMP/dev/nvidia0"
+
+# info CASE DEVICES LIBCUDA: runs gpu-check.sh --info; its output in $TMP/CASE.out, status in RC
+info() {
+  GPU_CHECK_SMI="$TMP/no-nvidia-smi" GPU_CHECK_DEVICES="$2" GPU_CHECK_LIBCUDA="$3" \
+    GPU_CHECK_LOGS="$TMP/logs-$1" BUILD_DIR="$BUILD" bash "$ROOT/scripts/gpu-check.sh" --info \
+    >"$TMP/$1.out" 2>&1
+  RC=$?
+}
+
+info none "$TMP/none/nvidia[0-9]*" "$TMP/libcuda-0.so.1"
+[ $RC -eq 0 ] && grep -q 'no GPU on this machine' "$TMP/none.out" ||
+  fail "no device node: want 'no GPU', exit 0 (got $RC): $(cat "$TMP/none.out")"
+
+info works "$TMP/dev/nvidia[0-9]*" "$TMP/libcuda-0.so.1"
+[ $RC -eq 0 ] && grep -q 'gpu-check: all passed' "$TMP/works.out" &&
+  grep -q 'gpu-info .*ok .*Fake GPU 9000 (1 device)' "$TMP/works.out" ||
+  fail "a device node and a working driver without nvidia-smi must pass (got $RC): $(cat "$TMP/works.out")"
+
+info broken "$TMP/dev/nvidia[0-9]*" "$TMP/libcuda-100.so.1"
+[ $RC -ne 0 ] && grep -q 'gpu-check: FAILED' "$TMP/broken.out" &&
+  grep -q 'cuInit failed: CUDA error 100' "$TMP/broken.out" ||
+  fail "a device node and a driver that fails cuInit must fail (got $RC): $(cat "$TMP/broken.out")"
+
+info nodriver "$TMP/dev/nvidia[0-9]*" "$TMP/absent/libcuda.so.1"
+[ $RC -ne 0 ] && grep -q 'cannot load the CUDA driver' "$TMP/nodriver.out" ||
+  fail "a device node without a driver must fail (got $RC): $(cat "$TMP/nodriver.out")"
+
+GPU_CHECK_ONLY="train-ref train-elastic" GPU_CHECK_TRAIN=/bin/false SKIP_BUILD=1 \
+  BUILD_DIR="$BUILD" GPU_CHECK_LOGS="$TMP/logs-dry" bash "$ROOT/scripts/gpu-check.sh" --cpu-dry \
+  >"$TMP/dry.out" 2>&1
+RC=$?
+summary=$(sed -n '/gpu-check summary/,$p' "$TMP/dry.out")
+[ $RC -ne 0 ] && echo "$summary" | grep -q '^train-ref .*FAILED' &&
+  echo "$summary" | grep -q '^train-elastic .*NOT-RUN .*train-ref failed' &&
+  echo "$summary" | grep -q 'gpu-check: FAILED' ||
+  fail "train-ref failing must leave train-elastic NOT-RUN in the summary (got $RC): $(cat "$TMP/dry.out")"
+echo "test_gpu_check: passed"

@@ -1,0 +1,513 @@
+/*
+ * MPI integration test of libtide's failure paths around communicators, with the real
+ * tided (100 ms heartbeats, failure after 15 missed) and a fault-injecting wrapper of the
+ * mpi backend ("faults"). Usage, under `mpirun --enable-recovery`:
+ *   test_worker_faults TIDED MODE
+ *   join      3 ranks join a job (dp 3); rank 2 dies as it starts building the first
+ *             layout's communicators, while the others wait for it in the handshake.
+ *             tided's recovery must end that wait (tide_join honours the control
+ *             thread's abort): tide_join returns well before the switch timeout (60 s),
+ *             and the survivors switch to the recovery layout at step 0 and train.
+ *   build     3 ranks, (dp 3) -> (dp 1, tp 3): rank 2 dies in the switch right after the
+ *             new all was split off the switch communicator, while the survivors release
+ *             that communicator. The recording backend holds each survivor inside that
+ *             release until an abort reaches one of its communicators (at most 10 s): an
+ *             abort that finds neither the switch communicator nor the new all (the race
+ *             commit dc11ad9 fixed by publishing the new all in the same hold of the lock)
+ *             never comes, and the survivors' next split then waits for the dead rank
+ *             forever (its allgather of colours over the new all). Checked: the
+ *             survivors' tide_reshard fails with TIDE_ERR_ABORTED within 25 s (a watchdog
+ *             fails the test after 40 s), and the job recovers from (dp 3) and trains.
+ *   deadcomm  2 ranks (dp 2): every rank's allreduce of step 3 fails with TIDE_ERR_ABORTED
+ *             (what nccl reports for ncclSystemError) while nobody died. No recovery ever
+ *             comes: the step must not be retried on the dead communicators (it would be,
+ *             forever), and tide_step_begin must give up after the switch timeout (3 s)
+ *             with TIDE_ERR_TIMEOUT saying why.
+ * The state is a toy collection whose values are a function of tensor, element and steps
+ * completed; every switch is checked bit for bit before and after. A failed check kills
+ * every rank (MPI_Abort does not end the others under --enable-recovery).
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tide/tide.h>
+
+#include "collectives/collectives.h" /* the fault-injecting wrapper of the mpi backend */
+#include "coord_harness.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "mpi_test.h"
+
+#define JOB       "faults"
+#define LAYERS    2
+#define VICTIM    2 /* pool rank that dies (join, build) */
+#define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
+#define MAX_STEPS 400
+
+enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM };
+static int g_mode, g_rank;
+
+/* ---- failing checks end every rank -------------------------------------------------------- */
+
+static int g_pids[16], g_npids;
+
+static void fail_all(void)
+{
+    fflush(stderr);
+    fflush(stdout);
+    int me = (int)getpid();
+    for (int i = 0; i < g_npids; i++)
+        if (g_pids[i] > 0 && g_pids[i] != me)
+            kill(g_pids[i], SIGKILL);
+    _exit(1);
+}
+
+#undef MT_FAIL
+#define MT_FAIL(...)                                                                               \
+    do {                                                                                           \
+        fprintf(stderr, "[rank %d] %s:%d: FAILED: ", g_rank, __FILE__, __LINE__);                  \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        fail_all();                                                                                \
+    } while (0)
+
+/* ---- the fault-injecting backend ---------------------------------------------------------- */
+
+static tide_coll_backend_v1 fb;
+static const tide_coll_backend_v1 *under;
+static int g_creates;             /* comm_create calls of this process */
+static int g_in_switch, g_splits; /* build: inside tide_reshard; splits there */
+static int g_switch_destroys;     /* build: destroys there after the first split */
+static int g_aborts;              /* comm_abort calls (atomic: libtide's control thread) */
+static int g_fail_allreduce;      /* deadcomm: the next allreduce fails */
+
+static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
+                             tide_coll_comm_t **out)
+{
+    if (g_mode == MODE_JOIN && g_rank == VICTIM && g_creates++ == 0) {
+        fprintf(stderr, "[rank %d] dies before building the first layout's communicators\n",
+                g_rank);
+        _exit(0);
+    }
+    return under->comm_create(pool, p, out);
+}
+
+static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const int *members, int n,
+                            tide_coll_comm_t **out)
+{
+    if (g_in_switch)
+        g_splits++;
+    return under->comm_split(parent, color, key, members, n, out);
+}
+
+/* In the switch of build mode, the first destroy after the first split is build_groups
+   releasing the switch communicator, the new all just split off it. */
+static void fb_destroy(tide_coll_comm_t *c)
+{
+    if (g_mode == MODE_BUILD && g_in_switch && g_splits == 1 && g_switch_destroys++ == 0) {
+        if (g_rank == VICTIM) {
+            fprintf(stderr, "[rank %d] dies while the switch's groups are built\n", g_rank);
+            _exit(0);
+        }
+        /* hold the survivor here until an abort of the switch reaches a communicator it
+           published; one that found nothing published never comes */
+        uint64_t until = tide_now_ns() + 10ull * 1000000000ull;
+        while (__atomic_load_n(&g_aborts, __ATOMIC_RELAXED) == 0 && tide_now_ns() < until)
+            tide_sleep_ms(5);
+        if (__atomic_load_n(&g_aborts, __ATOMIC_RELAXED) == 0)
+            fprintf(stderr, "[rank %d] no abort reached the switch's communicators in 10 s\n",
+                    g_rank);
+    }
+    under->comm_destroy(c);
+}
+
+static void fb_abort(tide_coll_comm_t *c)
+{
+    __atomic_add_fetch(&g_aborts, 1, __ATOMIC_RELAXED);
+    under->comm_abort(c);
+}
+
+static tide_status fb_allreduce(tide_coll_comm_t *c, const void *send, void *recv, size_t count,
+                                tide_dtype dt, tide_red_op op, tide_coll_stream_t s)
+{
+    if (g_fail_allreduce) {
+        g_fail_allreduce = 0;
+        return tide_errorf(TIDE_ERR_ABORTED,
+                           "injected: ncclSystemError (a socket error) with every peer alive");
+    }
+    return under->allreduce(c, send, recv, count, dt, op, s);
+}
+
+static void fb_register(void)
+{
+    MT_OK(tide_coll_backend_find("mpi", &under));
+    fb = *under;
+    fb.name = "faults";
+    fb.comm_create = fb_create;
+    fb.comm_split = fb_split;
+    fb.comm_destroy = fb_destroy;
+    fb.comm_abort = fb_abort;
+    fb.allreduce = fb_allreduce;
+    MT_OK(tide_coll_backend_register(&fb));
+}
+
+/* ---- watchdog: a switch that hangs fails the test, not ctest's timeout ----------------------- */
+
+static uint64_t g_switch_t0; /* monotonic ns when the running tide_reshard began; 0: none */
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        tide_sleep_ms(100);
+        uint64_t t0 = __atomic_load_n(&g_switch_t0, __ATOMIC_RELAXED);
+        if (t0 != 0 && tide_now_ns() - t0 > 40ull * 1000000000ull)
+            MT_FAIL("tide_reshard has run for 40 s: a participant died while the new "
+                    "layout's groups were built, and nothing ended the wait for it");
+    }
+    return NULL;
+}
+
+/* ---- the toy state --------------------------------------------------------------------------- */
+
+static tide_collection_t *make_collection(void)
+{
+    tide_collection_t *c = NULL;
+    MT_OK(tide_collection_new(&c, LAYERS));
+    tide_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.name, sizeof d.name, "w");
+    d.dtype = TIDE_F32;
+    d.ndim = 2;
+    d.shape[0] = 12;
+    d.shape[1] = 4;
+    d.layer = 0;
+    d.tp = TIDE_TP_SPLIT;
+    d.tp_segments = 1;
+    d.dp = TIDE_DP_REPLICATED;
+    MT_OK(tide_collection_add(c, &d));
+    snprintf(d.name, sizeof d.name, "v");
+    d.ndim = 1;
+    d.shape[0] = 8;
+    d.shape[1] = 0;
+    d.layer = 1;
+    d.tp = TIDE_TP_REPLICATED;
+    MT_OK(tide_collection_add(c, &d));
+    snprintf(d.name, sizeof d.name, "step");
+    d.dtype = TIDE_I64;
+    d.shape[0] = 1;
+    d.layer = TIDE_LAYER_ALL;
+    MT_OK(tide_collection_add(c, &d));
+    return c;
+}
+
+/* The full tensor i after s completed steps (malloc'd). */
+static void *expected_full(const tide_collection_t *c, size_t i, int64_t s)
+{
+    const tide_tensor_desc *d = tide_collection_tensor(c, i);
+    uint64_t bytes = tide_tensor_bytes(d);
+    void *b = malloc(bytes);
+    if (d->dtype == TIDE_I64) {
+        ((int64_t *)b)[0] = s;
+        return b;
+    }
+    float *f = b;
+    for (size_t k = 0; k < bytes / 4; k++)
+        f[k] = (float)(i * 100 + k) + (float)s;
+    return b;
+}
+
+/* Fills (fill) or checks bufs against view v's shards of the state after s steps. */
+static void shards(const tide_collection_t *c, const tide_view *v, void *const *bufs, int64_t s,
+                   int fill, const char *when)
+{
+    for (size_t i = 0; v->member && i < tide_collection_size(c); i++) {
+        uint64_t n = tide_shard_bytes(v->layout, c, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        if (n == 0)
+            continue;
+        void *full = expected_full(c, i, s), *want = malloc(n);
+        tide_shard_extract(v->layout, c, i, v->pp_rank, v->dp_rank, v->tp_rank, full, want);
+        if (fill)
+            memcpy(bufs[i], want, n);
+        else
+            MT_ASSERT(memcmp(bufs[i], want, n) == 0,
+                      "%s: tensor %s differs from the state after %lld steps", when,
+                      tide_collection_tensor(c, i)->name, (long long)s);
+        free(want);
+        free(full);
+    }
+}
+
+/* One training step on the local shards: s -> s + 1. */
+static void apply_step(const tide_collection_t *c, const tide_view *v, void *const *bufs)
+{
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        uint64_t n = tide_shard_bytes(v->layout, c, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        if (n == 0)
+            continue;
+        if (tide_collection_tensor(c, i)->dtype == TIDE_I64) {
+            ((int64_t *)bufs[i])[0]++;
+            continue;
+        }
+        float *f = bufs[i];
+        for (size_t k = 0; k < n / 4; k++)
+            f[k] += 1.0f;
+    }
+}
+
+/* ---- tided --------------------------------------------------------------------------------- */
+
+static coord_proc g_coord;
+
+static void resize(const char *endpoint, int dp, int tp, int pp)
+{
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, endpoint, NULL, NULL, NULL, 10000);
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_RESIZE);
+    snprintf(q.u.resize.job, sizeof q.u.resize.job, JOB);
+    q.u.resize.dp = dp;
+    q.u.resize.tp = tp;
+    q.u.resize.pp = pp;
+    q.u.resize.placement = TIDE_PLACEMENT_DEFAULT;
+    MT_ASSERT(s != NULL && coord_call(s, &q, &r) == 0 && r.type == TIDE_MSG_RESIZE_REPLY,
+              "resize refused: %s", r.type == TIDE_MSG_ERROR ? r.u.error.message : "no reply");
+    tide_msg_clear(&r);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
+/* ---- the test ------------------------------------------------------------------------------- */
+
+typedef struct result {
+    int64_t switches;   /* switches that succeeded */
+    int64_t last_gen;   /* the generation switched to last */
+    int64_t switch_at;  /* its switch step */
+    int64_t aborted;    /* switches that failed (build: the one the victim died in) */
+    int64_t steps;      /* steps this rank completed */
+    int64_t join_ms;    /* tide_join */
+    int64_t gave_up_ms; /* deadcomm: from the failed step's end to tide_step_begin's error */
+} result;
+
+static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
+{
+    const tide_view *v = tide_view_get(t);
+    void **bufs = NULL;
+    MT_OK(tide_alloc_buffers(t, v, &bufs));
+    if (v->member) {
+        shards(coll, v, bufs, v->step, 1, "");
+        MT_OK(tide_set_buffers(t, bufs));
+    }
+    int resized = 0, faulted = 0;
+    int64_t final_gen = g_mode == MODE_JOIN ? 2 : 3;
+    for (int iter = 0; iter < 100000; iter++) {
+        tide_step_action a;
+        uint64_t tb = tide_now_ns();
+        tide_status rc = tide_step_begin(t, &a);
+        if (faulted) {
+            /* deadcomm: no recovery comes; the rank gives up, bounded, and says why */
+            res->gave_up_ms = (int64_t)((tide_now_ns() - tb) / 1000000ull);
+            if (rc == TIDE_OK && a == TIDE_STEP_RUN)
+                MT_FAIL("after a collective failed with every peer alive, tide_step_begin "
+                        "hands the step out again, to run on the dead communicators: it fails "
+                        "at once, and is retried for as long as no new layout comes (forever)");
+            MT_ASSERT(rc == TIDE_ERR_TIMEOUT && strstr(tide_last_error(), "no new layout") &&
+                          strstr(tide_last_error(), "communicators failed"),
+                      "after a collective failed with every peer alive, tide_step_begin gave %s "
+                      "(%s)",
+                      tide_status_name(rc), tide_last_error());
+            break;
+        }
+        MT_OK(rc);
+        if (a == TIDE_STEP_FINISHED)
+            break;
+        if (a == TIDE_STEP_RECONFIGURE) {
+            const tide_view *nv = tide_view_next(t);
+            v = tide_view_get(t);
+            int64_t s = nv->step;
+            uint64_t g = nv->generation;
+            if (v->member)
+                shards(coll, v, bufs, s, 0, "before the switch");
+            void **nb = NULL;
+            MT_OK(tide_alloc_buffers(t, nv, &nb));
+            uint64_t t0 = tide_now_ns();
+            g_in_switch = 1;
+            g_splits = g_switch_destroys = 0;
+            __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
+            rc = tide_reshard(t, nb, NULL);
+            __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
+            g_in_switch = 0;
+            double secs = (double)(tide_now_ns() - t0) / 1e9;
+            if (rc != TIDE_OK) {
+                MT_ASSERT(g_mode == MODE_BUILD && g == 2,
+                          "the switch to generation %llu failed: %s (%s)", (unsigned long long)g,
+                          tide_status_name(rc), tide_last_error());
+                MT_ASSERT(rc == TIDE_ERR_ABORTED && secs < 25.0,
+                          "a switch whose participant died while its groups were built must "
+                          "fail with TIDE_ERR_ABORTED once tided aborts it; it gave %s after "
+                          "%.1f s (switch timeout 60 s): %s",
+                          tide_status_name(rc), secs, tide_last_error());
+                res->aborted++;
+                tide_free_buffers(t, &nb);
+                continue;
+            }
+            v = tide_view_get(t);
+            MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
+            if (v->member)
+                shards(coll, v, nb, s, 0, "after the switch");
+            tide_free_buffers(t, &bufs);
+            bufs = nb;
+            res->switches++;
+            res->last_gen = (int64_t)g;
+            res->switch_at = s;
+            continue;
+        }
+        v = tide_view_get(t);
+        int64_t s = v->step;
+        MT_ASSERT(s < MAX_STEPS, "the job did not get to its end within %d steps", MAX_STEPS);
+        if (res->last_gen == final_gen && s >= res->switch_at + 3) {
+            MT_OK(tide_finish(t));
+            break;
+        }
+        if (g_mode == MODE_BUILD && g_rank == 0 && !resized && v->generation == 1 &&
+            s == FAIL_STEP) {
+            resize(endpoint, 1, 3, 1);
+            resized = 1;
+        }
+        if (g_mode == MODE_DEADCOMM && s == FAIL_STEP && !faulted)
+            g_fail_allreduce = faulted = 1;
+        double mine = (double)s, hi = 0;
+        rc = tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL);
+        /* build: the steps after the failed switch run on the old layout, the dead rank's
+           too, until the recovery aborts them */
+        MT_ASSERT(rc == TIDE_OK || faulted || (res->aborted > 0 && rc == TIDE_ERR_ABORTED),
+                  "step %lld: %s (%s)", (long long)s, tide_status_name(rc), tide_last_error());
+        MT_ASSERT(rc != TIDE_OK || hi == mine, "members run different steps");
+        if (rc == TIDE_OK) /* a step whose collectives failed changes no state */
+            apply_step(coll, v, bufs);
+        tide_sleep_ms(10);
+        MT_OK(tide_step_end(t, rc));
+        if (rc == TIDE_OK)
+            res->steps++;
+    }
+    tide_free_buffers(t, &bufs);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3 || (strcmp(argv[2], "join") != 0 && strcmp(argv[2], "build") != 0 &&
+                     strcmp(argv[2], "deadcomm") != 0)) {
+        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm\n");
+        return 2;
+    }
+    g_mode = strcmp(argv[2], "join") == 0    ? MODE_JOIN
+             : strcmp(argv[2], "build") == 0 ? MODE_BUILD
+                                             : MODE_DEADCOMM;
+    const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
+    int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
+    if (is_root) { /* before MPI_Init: fork is safe here */
+        const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "15", "--resize-timeout-ms",
+                               "30000",          NULL};
+        if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], flags, NULL) != 0)
+            g_coord.endpoint[0] = '\0';
+    }
+    int prov = 0, size = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int want_np = g_mode == MODE_DEADCOMM ? 2 : 3;
+    MT_ASSERT(size == want_np, "run mode %s with %d ranks, not %d", argv[2], want_np, size);
+    int mypid = (int)getpid();
+    MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
+    g_npids = size;
+    char endpoint[256] = "";
+    if (g_rank == 0)
+        snprintf(endpoint, sizeof endpoint, "%s", g_coord.endpoint);
+    MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MT_ASSERT(endpoint[0] != '\0', "tided did not start");
+
+    fb_register();
+    pthread_t wd;
+    pthread_create(&wd, NULL, watchdog, NULL);
+    pthread_detach(wd);
+    tide_options o;
+    tide_options_init(&o);
+    o.endpoint = endpoint;
+    o.backend = "faults";
+    o.register_timeout_ms = 20000;
+    /* long, so that a wait the fixes end early shows; deadcomm: the bound it gives up at */
+    o.switch_timeout_ms = g_mode == MODE_DEADCOMM ? 3000 : 60000;
+    tide_t *t = NULL;
+    MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    tide_collection_t *coll = make_collection();
+    tide_join_req jr = {JOB, coll, size, 1, 1, 1, 0};
+    result res;
+    memset(&res, 0, sizeof res);
+    uint64_t t0 = tide_now_ns();
+    MT_OK(tide_join(t, &jr));
+    res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
+    MT_ASSERT(g_rank != VICTIM || g_mode == MODE_BUILD || g_mode == MODE_DEADCOMM,
+              "the victim survived its join");
+    if (g_mode == MODE_JOIN)
+        MT_ASSERT(res.join_ms < 20000,
+                  "tide_join took %lld ms: a member died while the first layout's "
+                  "communicators were built, and the build waited for it (switch timeout "
+                  "60 s) instead of ending with tided's recovery",
+                  (long long)res.join_ms);
+    run(t, coll, endpoint, &res);
+    MT_ASSERT(g_mode == MODE_DEADCOMM || g_rank != VICTIM, "the victim is still alive");
+
+    /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
+    MPI_Comm surv = MPI_COMM_NULL;
+    if (g_mode == MODE_DEADCOMM) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &surv);
+    } else {
+        MPI_Group wg, sg;
+        int victim = VICTIM;
+        MPI_Comm_group(MPI_COMM_WORLD, &wg);
+        MPI_Group_excl(wg, 1, &victim, &sg);
+        MT_ASSERT(MPI_Comm_create_group(MPI_COMM_WORLD, sg, 4711, &surv) == MPI_SUCCESS,
+                  "communicator of the survivors");
+        MPI_Group_free(&sg);
+        MPI_Group_free(&wg);
+    }
+    int64_t lo[7], hi[7];
+    MPI_Allreduce(&res, lo, 7, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(&res, hi, 7, MPI_INT64_T, MPI_MAX, surv);
+    if (g_mode == MODE_JOIN) {
+        MT_ASSERT(lo[0] == 1 && hi[0] == 1 && lo[1] == 2 && lo[2] == 0 && hi[2] == 0,
+                  "every survivor switched once, to the recovery (generation 2) at step 0");
+        MT_ASSERT(lo[4] >= 3, "the survivors trained after the recovery");
+    } else if (g_mode == MODE_BUILD) {
+        MT_ASSERT(lo[3] == 1 && hi[3] == 1, "every survivor's switch to generation 2 failed once");
+        MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
+                  "every survivor then switched to the recovery (generation 3) at one step");
+    } else {
+        MT_ASSERT(lo[4] == FAIL_STEP && hi[4] == FAIL_STEP, "steps before the failure");
+        MT_ASSERT(lo[6] >= 2500 && hi[6] < 20000,
+                  "tide_step_begin gave up after %lld..%lld ms (switch timeout 3000 ms)",
+                  (long long)lo[6], (long long)hi[6]);
+    }
+    if (g_rank == 0) {
+        printf("%s: tide_join %lld..%lld ms, switches %lld, failed switches %lld, last "
+               "generation %lld at step %lld, gave up after %lld ms\n",
+               argv[2], (long long)lo[5], (long long)hi[5], (long long)lo[0], (long long)lo[3],
+               (long long)lo[1], (long long)lo[2], (long long)lo[6]);
+        printf("test_worker_faults: passed\n");
+        fflush(stdout);
+    }
+    tide_destroy(&t);
+    tide_collection_destroy(&coll);
+    MPI_Comm_free(&surv);
+    MPI_Finalize();
+    if (is_root) {
+        coord_stop(&g_coord, SIGTERM);
+        coord_cleanup(&g_coord);
+    }
+    return 0;
+}

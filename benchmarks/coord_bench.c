@@ -174,7 +174,10 @@ static int run_one(const char *tided, long workers, int clients, int shared, lon
         return -1;
     /* a long miss limit: workers registered early stay alive through the baseline phase;
      * liveness under load is checked from last_seen instead (stale rows) */
-    const char *extra[] = {"--heartbeat-ms", "1000", "--miss-limit", "60", NULL};
+    /* every simulated rank declares a pool of 2^20 (one pool, ids from many clients): above
+     * the default --max-client-workers, which bounds what one real client registers */
+    const char *extra[] = {"--heartbeat-ms", "1000", "--miss-limit", "60", "--max-client-workers",
+                           "1048576",        NULL};
     if (coord_start(&p, tided, extra, NULL) != 0) {
         fprintf(stderr, "coord_bench: tided did not start\n");
         return -1;

@@ -121,8 +121,24 @@ tide_status tide__mpi_error(int err, const char *expr, const char *file, int lin
     return tide_errorf(TIDE_ERR_BACKEND, "%s failed: %s", expr, msg);
 }
 
+/* Monotonic ns the lease runs out at; 0: no lease. */
+static _Atomic uint64_t lease_until_ns;
+
+void tide_coll_lease_set(uint64_t until_ns)
+{
+    atomic_store_explicit(&lease_until_ns, until_ns, memory_order_release);
+}
+
+int tide_coll_lease_expired(void)
+{
+    uint64_t until = atomic_load_explicit(&lease_until_ns, memory_order_acquire);
+    return until != 0 && tide_now_ns() >= until;
+}
+
 int tide__mpi_abandon(MPI_Request *reqs, int n)
 {
+    if (tide_coll_lease_expired())
+        return n; /* not one more MPI call: see tide_coll_lease_set */
     int active = 0;
     for (int i = 0; i < n; i++) {
         if (reqs[i] != MPI_REQUEST_NULL) {
@@ -321,8 +337,8 @@ tide_status tide_coll_pool_new_ranked(tide_coll_pool_t **out, MPI_Comm comm, con
     for (int c = 0; c < n; c++) {
         if (prank[c] < 0 || prank[c] >= size || pool->crank[prank[c]] >= 0)
             TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID,
-                           "pool rank %d of process %d is outside [0, %d) or given twice",
-                           prank[c], c, size);
+                           "pool rank %d of process %d is outside [0, %d) or given twice", prank[c],
+                           c, size);
         pool->crank[prank[c]] = c;
     }
     pool->rank = prank[me];
@@ -352,8 +368,9 @@ void tide_coll_pool_destroy(tide_coll_pool_t **self_p)
     int fin = 0;
     MPI_Finalized(&fin);
     /* MPI_Comm_free is local in Open MPI (no synchronisation with peers), so this is
-       safe with dead ranks in the pool. */
-    if (!fin)
+       safe with dead ranks in the pool; a process whose lease ran out lets the handle go
+       without calling MPI at all */
+    if (!fin && !tide_coll_lease_expired())
         MPI_Comm_free(&pool->comm);
     tide_free(pool->crank);
     tide_free(pool);
@@ -403,11 +420,12 @@ static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns,
         MPI_CHECK(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE));
         if (flag)
             return TIDE_OK;
-        if (tide__cancelled(cancel))
+        if (tide__cancelled(cancel) || tide_coll_lease_expired())
             return tide_errorf(TIDE_ERR_ABORTED,
-                               "communicator creation (tag %d) was cancelled while waiting for "
-                               "its members",
-                               tag);
+                               "communicator creation (tag %d) was %s while waiting for its "
+                               "members",
+                               tag,
+                               tide__cancelled(cancel) ? "cancelled" : "fenced (lease ran out)");
         if (tide_now_ns() >= deadline_ns)
             return TIDE_ERR_TIMEOUT;
         tide__backoff_pause(&bo);
@@ -450,8 +468,9 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
         MPI_CHECK_GOTO(
             MPI_Irecv(&in[0], (int)sizeof in[0], MPI_BYTE, c0, mpitag, pool->comm, &reqs[0]), rc,
             out);
-        MPI_CHECK_GOTO(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, c0, mpitag, pool->comm, &reqs[1]),
-                       rc, out);
+        MPI_CHECK_GOTO(
+            MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, c0, mpitag, pool->comm, &reqs[1]), rc,
+            out);
         rc = wait_deadline(reqs, 2, deadline, cancel, tag);
         if (rc == TIDE_ERR_TIMEOUT) {
             rc = tide_errorf(TIDE_ERR_TIMEOUT,
@@ -617,6 +636,9 @@ tide_status tide_coll_comm_new(tide_coll_comm_t **out, const tide_coll_backend_v
         return tide_errorf(TIDE_ERR_UNSUPPORTED, "backend '%s' has interface version %d, not %d",
                            be->name, be->version, TIDE_COLL_BACKEND_VERSION);
     TIDE_CHECK(check_members(pool, params->members, params->n_members, params->tag));
+    if (tide_coll_lease_expired())
+        return tide_errorf(TIDE_ERR_ABORTED, "no new communicator: this process's lease ran out "
+                                             "(it may have been declared failed)");
     TIDE_CHECK(be->comm_create(pool, params, out));
     /* the communicator dispatches through the table it was made with: a registered
        wrapper of a built backend (tide_coll_backend_register) sees every later call */
@@ -719,7 +741,8 @@ void tide_coll_comm_abort(tide_coll_comm_t *comm)
 
 int tide_coll_comm_aborted(const tide_coll_comm_t *comm)
 {
-    return comm == NULL || atomic_load(&((tide_coll_comm_t *)comm)->aborted) != 0;
+    return comm == NULL || atomic_load(&((tide_coll_comm_t *)comm)->aborted) != 0 ||
+           tide_coll_lease_expired();
 }
 
 int tide_coll_comm_rank(const tide_coll_comm_t *comm)

@@ -315,7 +315,8 @@ void tide_coll_comm_destroy(tide_coll_comm_t **self_p);
    every later one fails at once. Any thread, never blocks, idempotent. */
 void tide_coll_comm_abort(tide_coll_comm_t *comm);
 
-/* 1 once comm has been aborted (or an operation on it failed); any thread. */
+/* 1 once comm has been aborted (or an operation on it failed, or the process's lease ran
+   out); any thread. */
 int tide_coll_comm_aborted(const tide_coll_comm_t *comm);
 
 /* Pool rank of comm rank r (r < size); -1 when out of range. */
@@ -323,6 +324,22 @@ int tide_coll_comm_pool_rank(const tide_coll_comm_t *comm, int r);
 
 /* The backend comm was created with. */
 const tide_coll_backend_v1 *tide_coll_comm_backend(const tide_coll_comm_t *comm);
+
+/* ---- lease: a process that was given up must not touch its peers ---------------- */
+
+/*
+ * Fences this process's communication by time. Once the monotonic clock (tide_now_ns)
+ * passes until_ns, every communicator of every pool counts as aborted: operations and
+ * creations fail with TIDE_ERR_ABORTED, and what they leave behind is abandoned without
+ * another call into MPI or NCCL, because the process may have been declared failed while
+ * it was stopped and its peers gave up its messages (any further progress could deliver
+ * into buffers they have reused). 0, the default, means no lease. The worker runtime
+ * renews it with each heartbeat, to the failure timeout after it; any thread.
+ */
+void tide_coll_lease_set(uint64_t until_ns);
+
+/* 1 once a lease was set and has run out. Any thread, never blocks. */
+int tide_coll_lease_expired(void);
 
 /* ---- operations (see the table above for the contract of each) ----------------- */
 

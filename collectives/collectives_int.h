@@ -69,7 +69,8 @@ static inline void tide__comm_kill(tide_coll_comm_t *comm)
 
 static inline int tide__comm_is_aborted(tide_coll_comm_t *comm)
 {
-    return comm != NULL && atomic_load_explicit(&comm->aborted, memory_order_relaxed) != 0;
+    return comm != NULL && (atomic_load_explicit(&comm->aborted, memory_order_relaxed) != 0 ||
+                            tide_coll_lease_expired());
 }
 
 /*
@@ -126,7 +127,9 @@ static inline int tide__cancelled(const int *cancel)
 /*
  * Gives up on MPI requests after an abort or timeout: cancels each active one, waits
  * up to 50 ms for the cancellations, then frees what is left (MPI keeps those alive in
- * the background). Returns how many were still active when freed. Caller's thread.
+ * the background). Returns how many were still active when freed. Once the lease ran
+ * out it makes no MPI call at all (cancelling and testing progress the engine) and
+ * returns n: the requests stay as they are. Caller's thread.
  */
 int tide__mpi_abandon(MPI_Request *reqs, int n);
 

@@ -193,6 +193,15 @@ static tide_status batch_post(struct tide_coll_req *b, MPI_Comm comm, int send, 
 static void batch_abandon(tide_coll_comm_t *c, struct tide_coll_req *b)
 {
     mpi_comm *m = impl(c);
+    if (tide_coll_lease_expired() && (b->left > 0 || b->xs_left > 0)) {
+        /* given up by its peers, maybe: not one more MPI call or single copy (either
+           would progress what they abandoned); requests, scratch and descriptors stay */
+        m->quarantine = 1;
+        b->leak_xs = b->n_xs > 0;
+        b->xs_left = 0;
+        b->left = 0;
+        return;
+    }
     if (b->xs_left > 0 && tide__cma_abandon(&m->cma, m->comm, b->xs, b->n_xs, &m->quarantine))
         b->leak_xs = 1;
     b->xs_left = 0;

@@ -196,13 +196,14 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
 {
     tide_coord_state_t *st = s->st;
     text t = {0};
-    size_t by_state[5] = {0};
+    /* a worker that said bye is "left", never counted as failed */
+    size_t by_state[TIDE_WS_LEFT + 1] = {0};
     for (size_t i = 0; i < st->n_workers; i++)
-        if (st->workers[i].pool[0] && (unsigned)st->workers[i].state < 5)
+        if (st->workers[i].pool[0] && (unsigned)st->workers[i].state <= TIDE_WS_LEFT)
             by_state[st->workers[i].state]++;
     put(&t, "# HELP tide_gpus Workers (one per GPU or CPU device) by state.\n"
             "# TYPE tide_gpus gauge\n");
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i <= TIDE_WS_LEFT; i++)
         put(&t, "tide_gpus{state=\"%s\"} %zu\n", tide_wstate_name((tide_wstate)i), by_state[i]);
     put_workers(&t, st);
     size_t jobs[2][8] = {{0}};

@@ -277,7 +277,7 @@ out:
  * inside one host (the workers left over stay free for offline work).
  */
 static int recover_tp_inside_hosts(const tide_layout_t *old, const tide_policy_worker *cand,
-                                        size_t n, int dp)
+                                   size_t n, int dp)
 {
     int fit = tide_policy_tp_fit_dp(cand, n, old->tp, old->pp, dp);
     if (fit < dp)
@@ -292,7 +292,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
                                 int32_t *preempt, size_t *n_preempt)
 {
     tide_resize_req req = {old->dp,          old->tp, old->pp, old->num_layers, old->micro_batches,
-                           old->stage_start, 0, 0};
+                           old->stage_start, 0,       0};
     size_t group = (size_t)old->tp * (size_t)old->pp;
     if (n < group) {
         *n_preempt = 0;
@@ -370,7 +370,7 @@ tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
             continue;
         taken[pick] = 1;
         out[n++] = (tide_policy_assignment){q[i].job, w[pick].worker};
-        }
+    }
     *n_out = n;
     tide_free(q);
     tide_free(w);
@@ -400,7 +400,7 @@ size_t tide_policy_expired(const tide_coord_worker_t *workers, size_t n, uint64_
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const tide_coord_worker_t *w = &workers[i];
-        if (w->pool[0] == '\0' || w->state == TIDE_WS_FAILED)
+        if (w->pool[0] == '\0' || tide_coord_worker_gone(w))
             continue;
         if (now_ns > w->last_seen_ns && now_ns - w->last_seen_ns > limit)
             out[k++] = w->id;

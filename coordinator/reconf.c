@@ -87,7 +87,7 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
         int p = tide_coord_job_pool_find(j, w->pool);
         if (p < 0 || (!j->pools[p].connected && !joining))
             continue;
-        if (w->state == TIDE_WS_FAILED || w->state == TIDE_WS_DRAINING)
+        if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
             continue;
         int32_t jr = j->pools[p].base + w->rank;
         tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
@@ -370,7 +370,7 @@ static tide_status setup_join(tide_server_t *s, tide_coord_job_t *j, tide_reconf
         tide_coord_worker_t *w = &st->workers[i];
         int p = w->pool[0] != '\0' ? tide_coord_job_pool_find(j, w->pool) : -1;
         if (p < 0 || (p != jp && !j->pools[p].connected) || w->joined != j->id ||
-            w->state == TIDE_WS_FAILED)
+            tide_coord_worker_gone(w))
             continue;
         int32_t jr = j->pools[p].base + w->rank;
         if (p == jp)
@@ -381,8 +381,8 @@ static tide_status setup_join(tide_server_t *s, tide_coord_job_t *j, tide_reconf
     qsort(o, no, sizeof *o, cmp_i32);
     qsort(n, nn, sizeof *n, cmp_i32);
     if (no == 0)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
-                       "job %s has no live rank to connect pool %s to", j->name, j->pools[jp].name);
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "job %s has no live rank to connect pool %s to",
+                       j->name, j->pools[jp].name);
     for (size_t i = 0; i < tide_layout_size(r->layout); i++) {
         int32_t x = r->layout->worker[i], rk = 0;
         if (tide_coord_job_locate(j, x, &rk) == jp && !bsearch(&x, n, nn, sizeof *n, cmp_i32))
@@ -422,7 +422,7 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     snprintf(r->reason, sizeof r->reason, "%s", reason);
     for (size_t i = 0; i < r->n_parts; i++) {
         tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[i]);
-        r->gone[i] = w == NULL || w->state == TIDE_WS_FAILED;
+        r->gone[i] = w == NULL || tide_coord_worker_gone(w);
     }
     j->reconf = r;
     j->state = TIDE_JS_RESIZING;
@@ -744,7 +744,7 @@ static int lost_old_member(tide_server_t *s, const tide_coord_job_t *j)
         return 0;
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
         const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
-        if (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id)
+        if (w == NULL || tide_coord_worker_gone(w) || w->job != j->id)
             return 1;
     }
     return 0;
@@ -856,7 +856,7 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
     size_t first_fresh = fresh;
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
         const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
-        if (w == NULL || w->state == TIDE_WS_FAILED || w->job != j->id) {
+        if (w == NULL || tide_coord_worker_gone(w) || w->job != j->id) {
             alive[old_ids->worker[i]] = 0;
             if (l == NULL)
                 new_ids->worker[i] = (int32_t)fresh++;
@@ -907,7 +907,7 @@ static void halt_members(tide_server_t *s, const tide_coord_job_t *j, tide_statu
     snprintf(m.u.halt.reason, sizeof m.u.halt.reason, "%s", why);
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
         tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
-        if (w != NULL && w->state != TIDE_WS_FAILED && w->job == j->id)
+        if (w != NULL && !tide_coord_worker_gone(w) && w->job == j->id)
             tide__send_worker(s, w, &m);
     }
 }
@@ -991,8 +991,7 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         snprintf(why + at, sizeof why - at,
                  "; dp %d, not %zu: each TP group of %d must sit inside one host (the other "
                  "workers stay free for offline work)",
-                 l->dp, by_count < (size_t)j->layout->dp ? by_count : (size_t)j->layout->dp,
-                 l->tp);
+                 l->dp, by_count < (size_t)j->layout->dp ? by_count : (size_t)j->layout->dp, l->tp);
     s->st->counters.recoveries++;
     rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
     tide_free(pre);
@@ -1054,7 +1053,8 @@ void tide__reconf_tick(tide_server_t *s, uint64_t now_ns)
     }
 }
 
-void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_join_port_t *m)
+void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w,
+                            const tide_proto_join_port_t *m)
 {
     long i;
     tide_coord_job_t *j = report_job(s, w, m->job, m->gen, &i, "join_port");

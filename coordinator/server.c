@@ -41,9 +41,9 @@
 #include "coordinator/policy.h"
 #include "coordinator/server_int.h"
 
-#define BATCH 2048 /* requests per loop iteration before timers and the commit */
-#define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
-#define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
+#define BATCH        2048 /* requests per loop iteration before timers and the commit */
+#define PASS_MS      50   /* handler time of one pass before timers, the commit and the replies */
+#define PEER_PASS_MS 10   /* handler time one client's operator requests may use per pass */
 /* Messages queued per connection each way; a client that floods waits in its own queue.
  * ZeroMQ counts messages, not bytes, so this
  * (with ZeroMQ's low-water slack of half of it) times the largest reply is what such a
@@ -51,7 +51,7 @@
  * 1000 were 30-45 MB. A burst beyond it waits in tided's backlog for the client
  * (TIDE__BACKLOG_BYTES), so a client that never reads holds at most
  * 1.5 * HWM * its largest reply + TIDE__BACKLOG_BYTES + PEER_PASS_BYTES in tided. */
-#define HWM 64
+#define HWM             64
 #define PEER_PASS_BYTES (4u << 20) /* reply bytes one client's requests may queue per pass */
 
 static uint64_t now_ns_cached;
@@ -71,6 +71,10 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->retry_backoff_ms = 1000;
     cfg->join_grace_ms = 30000;
     cfg->batch_ms = 2;
+    cfg->retention_ms = 3600000;
+    cfg->max_client_workers = 65536;
+    cfg->status_page = 16384; /* 16384 rows of the longest names stay far below a message's
+                                 32 MiB */
 }
 
 /* ---- outbox ------------------------------------------------------------------------------ */
@@ -191,8 +195,10 @@ static void backlog_push(tide_server_t *s, tide__backlog *b, tide__out *o)
             return;
         }
     }
-    TIDE_WARN_LIMITED("server", "dropped a %zu-byte message for a client that does not read "
-                      "its replies (its queue and tided's backlog for it are full)", o->len);
+    TIDE_WARN_LIMITED("server",
+                      "dropped a %zu-byte message for a client that does not read "
+                      "its replies (its queue and tided's backlog for it are full)",
+                      o->len);
     tide_free(o->data);
     s->dropped_out++;
 }
@@ -393,7 +399,7 @@ static int may_speak(tide_server_t *s, const tide_coord_worker_t *w, tide_msg_ty
         return 0;
     }
     TIDE_WARN_LIMITED("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
-              tide_msg_type_name(type), w->id, s->who, w->owner);
+                      tide_msg_type_name(type), w->id, s->who, w->owner);
     tide__reply_error(s, TIDE_ERR_DENIED,
                       "worker %d was registered with another key; %s may only speak for the "
                       "workers it registered",
@@ -401,8 +407,44 @@ static int may_speak(tide_server_t *s, const tide_coord_worker_t *w, tide_msg_ty
     return 0;
 }
 
+/* 1 when w is a process tided gave up on while it held a part of an online job that then
+ * went on without it: it may still hold that generation's communicators. */
+static int is_fenced(const tide_coord_worker_t *w)
+{
+    return w->state == TIDE_WS_FAILED && w->fenced_job != 0;
+}
+
+/*
+ * Answers a message of fenced worker w with "fenced" (never with a request to register
+ * again, which would put a process that still holds the old generation's communicators
+ * back into the pool as idle). The first time in this tided process, an event says so.
+ */
+static void tell_fenced(tide_server_t *s, tide_coord_worker_t *w)
+{
+    const tide_coord_job_t *j = tide_coord_job_get(s->st, w->fenced_job);
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_FENCED);
+    m.u.fenced.worker = w->id;
+    snprintf(m.u.fenced.job, sizeof m.u.fenced.job, "%s", j != NULL ? j->name : "");
+    m.u.fenced.gen = j != NULL ? j->generation : 0;
+    snprintf(m.u.fenced.reason, sizeof m.u.fenced.reason,
+             "worker %d (%s rank %d) was declared failed while it held a part of job %s, which "
+             "went on without it (generation %llu now): this process must not touch its old "
+             "peers again and must exit; a new process on its rank may register",
+             w->id, w->pool, w->rank, j != NULL ? j->name : "?",
+             (unsigned long long)(j != NULL ? j->generation : 0));
+    tide__reply(s, &m);
+    if (!w->fence_told) {
+        w->fence_told = 1;
+        tide__event(s, j != NULL ? j->name : "", "worker_fenced",
+                    "worker %d (%s rank %d, pid %d) spoke again after job %s went on without it: "
+                    "told it was fenced; it stays failed",
+                    w->id, w->pool, w->rank, w->pid, j != NULL ? j->name : "?");
+    }
+}
+
 /* The sending worker by id, checked against the sender's key and touched; NULL after an
- * error reply. */
+ * error (or fenced) reply. */
 static tide_coord_worker_t *sender(tide_server_t *s, int32_t id, tide_msg_type_t type)
 {
     tide_coord_worker_t *w = tide_coord_worker_get(s->st, id);
@@ -414,6 +456,10 @@ static tide_coord_worker_t *sender(tide_server_t *s, int32_t id, tide_msg_type_t
     }
     if (!may_speak(s, w, type))
         return NULL;
+    if (is_fenced(w)) {
+        tell_fenced(s, w);
+        return NULL;
+    }
     touch(s, w);
     return w;
 }
@@ -477,9 +523,16 @@ static void requeue(tide_server_t *s, tide_coord_job_t *j, int32_t w_id, int fai
 int64_t tide__worker_down(tide_server_t *s, tide_coord_worker_t *w, const char *kind,
                           const char *reason)
 {
-    if (w->state == TIDE_WS_FAILED)
+    if (tide_coord_worker_gone(w))
         return 0;
-    w->state = TIDE_WS_FAILED;
+    int left = strcmp(kind, "worker_left") == 0;
+    const tide_coord_job_t *held = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
+    /* a failure while holding a part of an online job fences this process: the job goes
+       on without it, and it is told so when it speaks again instead of rejoining the pool */
+    if (!left && held != NULL && held->kind == TIDE_CJOB_ONLINE)
+        w->fenced_job = held->id;
+    w->state = left ? TIDE_WS_LEFT : TIDE_WS_FAILED;
+    w->gone_ms = tide_wall_ms();
     tide__event(s, "", kind, "worker %d (%s rank %d on %s device %d): %s", w->id, w->pool, w->rank,
                 w->host, w->device, reason);
     if (w->offline_job != 0) {
@@ -516,7 +569,7 @@ static void job_lost_worker(tide_server_t *s, tide_coord_job_t *j, tide_coord_wo
 
 void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason)
 {
-    if (w->state == TIDE_WS_FAILED)
+    if (tide_coord_worker_gone(w))
         return;
     int64_t jid = tide__worker_down(s, w, "worker_failed", reason);
     job_lost_worker(s, jid ? tide_coord_job_get(s->st, jid) : NULL, w, reason);
@@ -546,7 +599,7 @@ static void tell_idle_job_end(tide_server_t *s, const tide_coord_job_t *j)
             member[j->layout->worker[i]] = 1;
     for (size_t i = 0; i < s->st->n_workers; i++) {
         tide_coord_worker_t *w = &s->st->workers[i];
-        if (w->pool[0] == '\0' || w->joined != j->id || w->state == TIDE_WS_FAILED)
+        if (w->pool[0] == '\0' || w->joined != j->id || tide_coord_worker_gone(w))
             continue;
         int32_t jr = tide_coord_job_rank(j, w);
         if (jr >= 0 && jr < world && member[jr])
@@ -598,11 +651,52 @@ static const char *pool_owner(tide_server_t *s, const char *pool)
     return NULL;
 }
 
+/* Live workers the requesting client holds registered: with --auth those of its key,
+ * else those whose last message came over its connection. */
+static size_t client_workers(tide_server_t *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        const tide_coord_worker_t *w = &s->st->workers[i];
+        if (w->pool[0] == '\0' || tide_coord_worker_gone(w))
+            continue;
+        if (s->auth_on ? strcmp(w->owner, s->who) == 0
+                       : w->rid_len == s->rid_len && memcmp(w->rid, s->rid, s->rid_len) == 0)
+            n++;
+    }
+    return n;
+}
+
 static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
 {
     tide_coord_worker_t *w = tide_coord_worker_find(s->st, m->pool, m->rank);
     if (w != NULL && w->owner[0] != '\0' && !may_speak(s, w, TIDE_MSG_REGISTER))
         return; /* another key registered this (pool, rank): it may not take the id over */
+    if (w != NULL && is_fenced(w) && w->pid == m->pid) {
+        tell_fenced(s, w); /* the same process, back after its job went on without it */
+        return;
+    }
+    int cap = s->cfg.max_client_workers;
+    if (cap > 0 && m->size > cap) {
+        tide__reply_error(s, TIDE_ERR_RANGE,
+                          "pool %s declares %d ranks, more than the %d one pool may register "
+                          "(tided --max-client-workers)",
+                          m->pool, m->size, cap);
+        return;
+    }
+    if (cap > 0 && (w == NULL || tide_coord_worker_gone(w)) && client_workers(s) >= (size_t)cap) {
+        s->st->counters.denied++;
+        TIDE_WARN_LIMITED("server",
+                          "refused rank %d of pool %s from %s: it already holds %d "
+                          "registered workers",
+                          m->rank, m->pool, s->who, cap);
+        tide__reply_error(s, TIDE_ERR_RANGE,
+                          "%s already holds %d registered workers, the most one client may "
+                          "(tided --max-client-workers): register each rank from its own "
+                          "process, or raise the limit",
+                          s->auth_on ? s->who : "this connection", cap);
+        return;
+    }
     const char *owner = s->auth_on && w == NULL ? pool_owner(s, m->pool) : NULL;
     if (owner != NULL && strcmp(owner, s->who) != 0) {
         s->st->counters.denied++;
@@ -626,15 +720,21 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
         tide__event(s, "", "worker_registered", "worker %d: %s rank %d/%d on %s %s %d (%llu bytes)",
                     w->id, m->pool, m->rank, m->size, m->host, tide_proto_device_kind_name(m->kind),
                     m->device, (unsigned long long)m->mem_bytes);
-    } else if (w->state == TIDE_WS_FAILED) {
+    } else if (tide_coord_worker_gone(w)) {
+        /* a new process on the rank (or the same one, when it held no online job) */
+        int was_left = w->state == TIDE_WS_LEFT;
         w->state = TIDE_WS_IDLE;
         w->job = 0;
         w->offline_job = 0;
         w->joined = 0;
+        w->gone_ms = 0;
+        w->fenced_job = 0;
+        w->fence_told = 0;
         w->pid = m->pid;
         w->registered_ns = now_ns_cached;
-        tide__event(s, "", "worker_back", "worker %d (%s rank %d) registered again after failing",
-                    w->id, m->pool, m->rank);
+        tide__event(s, "", "worker_back",
+                    "worker %d (%s rank %d, pid %d) registered again after %s", w->id, m->pool,
+                    m->rank, m->pid, was_left ? "leaving" : "failing");
     } else if (w->pid != m->pid) {
         /* A new process on the same rank: whatever the old one held is gone. */
         char why[128];
@@ -643,6 +743,8 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
         tide__worker_failed(s, w, why);
         w->state = TIDE_WS_IDLE;
         w->joined = 0;
+        w->gone_ms = 0;
+        w->fenced_job = 0; /* the process that held the job is gone; this one holds nothing */
         w->pid = m->pid;
         w->registered_ns = now_ns_cached;
     } else {
@@ -663,6 +765,8 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
     tide_msg_init(&r, TIDE_MSG_REGISTER_OK);
     r.u.register_ok.worker = w->id;
     r.u.register_ok.heartbeat_ms = (int)s->cfg.heartbeat_ms;
+    int64_t fail_ms = s->cfg.heartbeat_ms * (int64_t)s->cfg.miss_limit;
+    r.u.register_ok.fail_ms = (int)(fail_ms > INT32_MAX ? INT32_MAX : fail_ms);
     tide__reply(s, &r);
     /* a participant of a pending switch gets its part again (tided may have restarted) */
     tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
@@ -674,10 +778,18 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
 static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
 {
     tide_coord_worker_t *w = tide_coord_worker_get(s->st, m->worker);
-    if (w == NULL || w->state == TIDE_WS_FAILED) {
+    if (w != NULL && tide_coord_worker_gone(w) && !may_speak(s, w, TIDE_MSG_HEARTBEAT))
+        return;
+    if (w != NULL && is_fenced(w)) {
+        tell_fenced(s, w);
+        return;
+    }
+    if (w == NULL || tide_coord_worker_gone(w)) {
         tide__reply_error(s, w ? TIDE_ERR_STALE : TIDE_ERR_NOT_FOUND,
                           "worker %d is %s: register again", m->worker,
-                          w ? "marked failed (missed heartbeats)" : "unknown");
+                          w == NULL                  ? "unknown"
+                          : w->state == TIDE_WS_LEFT ? "gone (it said bye)"
+                                                     : "marked failed (missed heartbeats)");
         return;
     }
     if (!may_speak(s, w, TIDE_MSG_HEARTBEAT))
@@ -811,7 +923,7 @@ static size_t live_members(const tide_server_t *s, const tide_coord_job_t *j)
     size_t n = 0;
     for (size_t i = 0; i < s->st->n_workers; i++) {
         const tide_coord_worker_t *w = &s->st->workers[i];
-        n += w->pool[0] != '\0' && w->job == j->id && w->state != TIDE_WS_FAILED;
+        n += w->pool[0] != '\0' && w->job == j->id && !tide_coord_worker_gone(w);
     }
     return n;
 }
@@ -1135,7 +1247,18 @@ static void copy_name(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
-static void handle_status(tide_server_t *s)
+/* 1 when status lists w: a registered worker, and one that left only when asked for all. */
+static int listed(const tide_coord_worker_t *w, int all)
+{
+    return w->pool[0] != '\0' && (all || w->state != TIDE_WS_LEFT);
+}
+
+/*
+ * One page of the worker table: the listed workers with id >= q->from, in id order, at
+ * most min(q->limit, --status-page) of them, with the listing's total and where the next
+ * page starts. Nothing is ever cut silently: a reader follows `next` until it is -1.
+ */
+static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
 {
     tide_coord_state_t *st = s->st;
     tide_msg_t m;
@@ -1143,26 +1266,40 @@ static void handle_status(tide_server_t *s)
     m.u.status_reply.time_ms = tide_wall_ms();
     snprintf(m.u.status_reply.ompi_server, sizeof m.u.status_reply.ompi_server, "%s",
              s->cfg.ompi_server ? s->cfg.ompi_server : "");
-    size_t n = 0;
-    for (size_t i = 0; i < st->n_workers; i++)
-        n += st->workers[i].pool[0] != '\0';
-    if (n > TIDE_PROTO_ROWS_MAX)
-        n = TIDE_PROTO_ROWS_MAX;
+    size_t page = s->cfg.status_page > 0 ? (size_t)s->cfg.status_page : TIDE_PROTO_ROWS_MAX;
+    if (page > TIDE_PROTO_ROWS_MAX)
+        page = TIDE_PROTO_ROWS_MAX;
+    if (q->limit > 0 && q->limit < page)
+        page = q->limit;
+    size_t total = 0, n = 0;
+    for (size_t i = 0; i < st->n_workers; i++) {
+        if (!listed(&st->workers[i], q->all))
+            continue;
+        total++;
+        n += i >= (size_t)q->from && n < page;
+    }
     tide_proto_gpu_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
     int32_t *row_of = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *row_of);
     if (rows == NULL || row_of == NULL) {
         tide_free(rows);
         tide_free(row_of);
-        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory building the status of %zu workers", n);
+        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory building a status page of %zu workers",
+                          n);
         return;
     }
     size_t k = 0;
+    int32_t next = -1;
     int64_t wall = tide_wall_ms();
     for (size_t i = 0; i < st->n_workers; i++) {
         row_of[i] = -1;
         const tide_coord_worker_t *w = &st->workers[i];
-        if (w->pool[0] == '\0' || k >= n)
+        if (i < (size_t)q->from || !listed(w, q->all))
             continue;
+        if (k >= n) {
+            if (next < 0)
+                next = w->id; /* the first listed worker past this page */
+            continue;
+        }
         row_of[i] = (int32_t)k;
         tide_proto_gpu_row_t *r = &rows[k++];
         r->worker = w->id;
@@ -1183,7 +1320,7 @@ static void handle_status(tide_server_t *s)
         if (j != NULL)
             copy_name(r->job, sizeof r->job, j->name);
     }
-    for (size_t i = 0; i < st->n_jobs; i++) {
+    for (size_t i = 0; i < st->n_jobs && k > 0; i++) {
         const tide_coord_job_t *j = st->jobs[i];
         if (j->kind != TIDE_CJOB_ONLINE || j->layout == NULL)
             continue;
@@ -1203,9 +1340,49 @@ static void handle_status(tide_server_t *s)
     }
     m.u.status_reply.rows = rows;
     m.u.status_reply.n_rows = (uint32_t)k;
+    m.u.status_reply.total = (uint32_t)total;
+    m.u.status_reply.next = next;
     tide__reply(s, &m);
     tide_free(rows);
     tide_free(row_of);
+}
+
+/*
+ * Which of job m->job's ranks m->ranks are alive members now: held by a worker that is
+ * neither failed nor gone and still holds a part of the job. A switch decides from this
+ * which old members' state it must take from replicas, so the answer is exact for exactly
+ * the ranks asked, whatever the size of the worker table.
+ */
+static void handle_liveness(tide_server_t *s, const tide_proto_liveness_t *m)
+{
+    if (sender(s, m->worker, TIDE_MSG_LIVENESS) == NULL)
+        return;
+    tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
+    if (j == NULL || j->kind != TIDE_CJOB_ONLINE) {
+        tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no online job named %s", m->job);
+        return;
+    }
+    int32_t *alive = tide_malloc(m->n_ranks * sizeof *alive);
+    if (alive == NULL) {
+        tide__reply_error(s, TIDE_ERR_NOMEM,
+                          "out of memory answering a liveness request of %u "
+                          "ranks",
+                          m->n_ranks);
+        return;
+    }
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
+        const tide_coord_worker_t *w = tide__job_worker(s, j, m->ranks[i]);
+        alive[i] = w != NULL && !tide_coord_worker_gone(w) && w->job == j->id;
+    }
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_LIVENESS_REPLY);
+    snprintf(r.u.liveness_reply.job, sizeof r.u.liveness_reply.job, "%s", j->name);
+    r.u.liveness_reply.ranks = m->ranks; /* borrowed: encoded before the request is freed */
+    r.u.liveness_reply.n_ranks = m->n_ranks;
+    r.u.liveness_reply.alive = alive;
+    r.u.liveness_reply.n_alive = m->n_ranks;
+    tide__reply(s, &r);
+    tide_free(alive);
 }
 
 static void handle_jobs(tide_server_t *s)
@@ -1453,7 +1630,9 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
     }
     switch (w->state) {
     case TIDE_WS_FAILED:
-        tide__reply_error(s, TIDE_ERR_INVALID, "worker %d has failed: nothing to drain", w->id);
+    case TIDE_WS_LEFT:
+        tide__reply_error(s, TIDE_ERR_INVALID, "worker %d has %s: nothing to drain", w->id,
+                          w->state == TIDE_WS_LEFT ? "left" : "failed");
         return;
     case TIDE_WS_DRAINING:
         reply_ok(s, "", "worker %d is already draining", w->id);
@@ -1682,7 +1861,7 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         tide__reply_error(s, TIDE_ERR_DENIED, "'%s' needs %s key; %s may only %s",
                           tide_msg_type_name(m->type), key, s->who,
                           s->role == TIDE__ROLE_WORKER ? "register, report and read status and jobs"
-                              : "read status and jobs");
+                                                       : "read status and jobs");
         return;
     }
     if (m->type != TIDE_MSG_HEARTBEAT)
@@ -1728,7 +1907,10 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         handle_bubble(s, &m->u.bubble);
         break;
     case TIDE_MSG_STATUS:
-        handle_status(s);
+        handle_status(s, &m->u.status);
+        break;
+    case TIDE_MSG_LIVENESS:
+        handle_liveness(s, &m->u.liveness);
         break;
     case TIDE_MSG_JOBS:
         handle_jobs(s);
@@ -1795,7 +1977,8 @@ static int is_operator_request(tide_msg_type_t t)
 static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size_t len)
 {
     if (s->readonly[0] != '\0' && m->type != TIDE_MSG_STATUS && m->type != TIDE_MSG_JOBS &&
-        m->type != TIDE_MSG_EVENTS && m->type != TIDE_MSG_HEARTBEAT) {
+        m->type != TIDE_MSG_EVENTS && m->type != TIDE_MSG_HEARTBEAT &&
+        m->type != TIDE_MSG_LIVENESS) {
         tide__reply_error(s, TIDE_ERR_IO,
                           "tided cannot save changes to its state file (%s): it serves status, "
                           "jobs and events only. Free disk space or fix the file system, then "
@@ -1892,7 +2075,7 @@ static int recv_one(tide_server_t *s)
             char detail[512];
             snprintf(detail, sizeof detail, "%s", tide_last_error());
             TIDE_WARN_LIMITED("server", "malformed message from %s (%zu bytes): %s", s->who,
-                      zmq_msg_size(payload), detail);
+                              zmq_msg_size(payload), detail);
             tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
                               detail);
         } else {
@@ -1971,6 +2154,12 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     if (cfg->heartbeat_ms < 10 || cfg->miss_limit < 1)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_RANGE,
                        "heartbeat period must be >= 10 ms and the miss limit >= 1");
+    if (cfg->retention_ms < 0 || cfg->max_client_workers < 1 || cfg->status_page < 1 ||
+        cfg->status_page > (int)TIDE_PROTO_ROWS_MAX)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_RANGE,
+                       "retention must be >= 0 ms, the per-client worker limit >= 1 and the "
+                       "status page 1..%u rows",
+                       TIDE_PROTO_ROWS_MAX);
     int with_auth = cfg->auth_dir != NULL && cfg->auth_dir[0] != '\0';
     if (!with_auth && !endpoint_is_local(cfg->endpoint))
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_DENIED,
@@ -2058,9 +2247,13 @@ void tide_server_stop(tide_server_t *s)
  * workers and its pending reconfigurations their full deadline. */
 static size_t after_load(tide_server_t *s, uint64_t now)
 {
+    int64_t wall = tide_wall_ms();
     for (size_t i = 0; i < s->st->n_workers; i++) {
-        s->st->workers[i].last_seen_ns = now;
-        s->st->workers[i].last_hb_ns = now;
+        tide_coord_worker_t *w = &s->st->workers[i];
+        w->last_seen_ns = now;
+        w->last_hb_ns = now;
+        if (w->pool[0] != '\0' && tide_coord_worker_gone(w) && w->gone_ms == 0)
+            w->gone_ms = wall; /* a state file from before gone_ms: retention starts now */
     }
     size_t pending = 0;
     for (size_t i = 0; i < s->st->n_jobs; i++) {
@@ -2074,7 +2267,7 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         r->resend_ns = now;
         for (size_t k = 0; k < r->n_parts; k++) {
             tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
-            r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
+            r->gone[k] = w == NULL || tide_coord_worker_gone(w);
         }
         /* a join's ranks and port are not stored: one that no rank switched yet is
            abandoned at once (the job stays on its layout; the resize can be repeated) */
@@ -2161,6 +2354,69 @@ static void finish_batch(tide_server_t *s)
             return;
     }
     flush_out(s);
+}
+
+/* 1 while a job still refers to w: it holds or runs something, it is in the layout or the
+ * pending switch of an online job that has not ended, or it was fenced from one (a process
+ * that comes back must still be told so), or an assigned offline job names it. */
+static int worker_referenced(const tide_server_t *s, const tide_coord_worker_t *w)
+{
+    if (w->job != 0 || w->offline_job != 0)
+        return 1;
+    for (size_t i = 0; i < s->st->n_jobs; i++) {
+        const tide_coord_job_t *j = s->st->jobs[i];
+        if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_CANCELLED)
+            continue;
+        if (j->kind == TIDE_CJOB_OFFLINE) {
+            if (j->state == TIDE_JS_ASSIGNED && j->worker == w->id)
+                return 1;
+            continue;
+        }
+        if (j->state == TIDE_JS_FAILED)
+            continue;
+        if (w->fenced_job == j->id)
+            return 1;
+        int32_t jr = tide_coord_job_rank(j, w);
+        if (jr < 0)
+            continue;
+        if (j->layout != NULL && tide_coord_layout_has(j->layout, jr))
+            return 1;
+        if (j->reconf != NULL && tide_reconf_find(j->reconf, jr) >= 0)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * Forgets the workers that left or failed more than the retention period ago and that no
+ * job refers to any more: their slots and state file rows go, their ids are never handed
+ * out again. Without this the table (and every status reply) grows with every launch.
+ */
+static void forget_workers(tide_server_t *s)
+{
+    int64_t now_ms = tide_wall_ms();
+    size_t forgotten = 0;
+    for (size_t i = 0; i < s->st->n_workers; i++) {
+        tide_coord_worker_t *w = &s->st->workers[i];
+        if (w->pool[0] == '\0' || !tide_coord_worker_gone(w) ||
+            now_ms - w->gone_ms < s->cfg.retention_ms || worker_referenced(s, w))
+            continue;
+        int32_t id = w->id;
+        TIDE_DEBUG("server", "forgetting worker %d (%s rank %d, %s since %lld ms)", id, w->pool,
+                   w->rank, tide_wstate_name(w->state), (long long)(now_ms - w->gone_ms));
+        tide_coord_worker_remove(s->st, id);
+        if (store_ready(s))
+            store_result(s, tide_store_del_worker(s->store, id, s->st->next_worker_id));
+        forgotten++;
+    }
+    if (forgotten > 0) {
+        TIDE_INFO("server", "forgot %zu workers that left or failed more than %lld ms ago",
+                  forgotten, (long long)s->cfg.retention_ms);
+        tide__event(s, "", "workers_forgotten",
+                    "%zu workers that left or failed more than %lld ms ago (and that no job "
+                    "refers to) were removed from the worker table",
+                    forgotten, (long long)s->cfg.retention_ms);
+    }
 }
 
 static void scan_failures(tide_server_t *s, uint64_t now)
@@ -2254,16 +2510,21 @@ tide_status tide_server_run(tide_server_t *s)
                 s->grace_until_ns = now_ns_cached + hb * (uint64_t)s->cfg.miss_limit;
                 TIDE_WARN_LIMITED(
                     "server",
-                                  "tided did not run for %llu ms (starved of CPU or blocked on "
-                                  "disk): workers get %lld ms more before any is declared "
-                                  "failed",
+                    "tided did not run for %llu ms (starved of CPU or blocked on "
+                    "disk): workers get %lld ms more before any is declared "
+                    "failed",
                     (unsigned long long)((now_ns_cached - s->last_scan_ns) / 1000000ull),
-                                  (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
+                    (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
             }
             s->last_scan_ns = now_ns_cached;
             if (now_ns_cached >= s->grace_until_ns)
                 scan_failures(s, s->drained_ns);
             tide__reconf_tick(s, now_ns_cached);
+            if (now_ns_cached >= s->next_forget_ns) {
+                forget_workers(s);
+                s->next_forget_ns = now_ns_cached + 1000000000ull; /* ms-scale retention
+                                                                       needs no finer scan */
+            }
             if (s->next_backfill_ns != 0 && now_ns_cached >= s->next_backfill_ns)
                 s->want_backfill = 1; /* a retry's backoff or a join grace ended */
             s->next_scan_ns = now_ns_cached + scan_every;

@@ -28,10 +28,10 @@ typedef struct tide_server_config {
     const char *endpoint_file; /* if set, the bound endpoint is written there (for port *) */
     const char *state_path;    /* SQLite state file */
     const char *metrics;       /* HOST:PORT for Prometheus text, or NULL/"" for none */
-    const char *auth_dir;      /* CURVE key directory (core/keyfile.h; README "Key files"), or NULL */
-    int64_t heartbeat_ms;      /* expected worker heartbeat period, ms */
-    int miss_limit;            /* missed heartbeats before a worker is failed */
-    int sync_full;             /* SQLite synchronous=FULL (else NORMAL) */
+    const char *auth_dir; /* CURVE key directory (core/keyfile.h; README "Key files"), or NULL */
+    int64_t heartbeat_ms; /* expected worker heartbeat period, ms */
+    int miss_limit;       /* missed heartbeats before a worker is failed */
+    int sync_full;        /* SQLite synchronous=FULL (else NORMAL) */
     int64_t resize_timeout_ms; /* a reconfiguration not done by then falls back, ms */
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
@@ -40,10 +40,16 @@ typedef struct tide_server_config {
                                   (at most 60 s), ms */
     int64_t join_grace_ms;     /* a worker that registered and joined no job is offered
                                   offline work after this long, ms */
-    const char *ompi_server; /* the ompi-server URI pools that join a running job must be
-                                launched with (mpirun --ompi-server), or NULL; shown by status */
-    int64_t batch_ms; /* min time between loop passes that did not fill a batch, ms: requests
-                         arriving meanwhile are handled together (one wakeup, not one each) */
+    const char *ompi_server;   /* the ompi-server URI pools that join a running job must be
+                                  launched with (mpirun --ompi-server), or NULL; shown by status */
+    int64_t batch_ms;       /* min time between loop passes that did not fill a batch, ms: requests
+                               arriving meanwhile are handled together (one wakeup, not one each) */
+    int64_t retention_ms;   /* a worker that left (bye) or failed is forgotten this long after,
+                               once no job refers to it (its row leaves the state file), ms */
+    int max_client_workers; /* live workers one client may have registered (with auth: one
+                               key; without: one connection), and the ranks one pool may
+                               declare */
+    int status_page;        /* rows of one status reply at most (tidectl follows the pages) */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

@@ -19,9 +19,9 @@
 #include "proto/proto.h"
 
 #define TIDE__METRICS_CLIENTS 16
-#define TIDE__METRICS_REQ_MAX 4096 /* bytes of one HTTP request head */
-#define TIDE__PEER_SLOTS      1024 /* clients tracked per pass for the fairness budget */
-#define TIDE__BACKLOG_PEERS   64 /* clients whose full queues tided holds messages for */
+#define TIDE__METRICS_REQ_MAX 4096       /* bytes of one HTTP request head */
+#define TIDE__PEER_SLOTS      1024       /* clients tracked per pass for the fairness budget */
+#define TIDE__BACKLOG_PEERS   64         /* clients whose full queues tided holds messages for */
 #define TIDE__BACKLOG_BYTES   (4u << 20) /* bytes held for one such client */
 
 typedef enum tide__role {
@@ -50,7 +50,7 @@ typedef struct tide__out {
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;
     int delim;
-    int reply; /* the answer to a request (else a command tided sends on its own) */
+    int reply;     /* the answer to a request (else a command tided sends on its own) */
     uint8_t *data; /* encoded message (tide_malloc) */
     size_t len;
 } tide__out;
@@ -95,7 +95,7 @@ struct tide_server {
     tide_store_t *store;
     tide_coord_state_t *st;
     volatile sig_atomic_t stop;
-    tide_status fatal; /* a store failure of the batch: nothing of it is sent (see readonly) */
+    tide_status fatal;  /* a store failure of the batch: nothing of it is sent (see readonly) */
     char readonly[512]; /* non-empty: the state file failed; only reads are served, why */
     tide_proto_buf_t buf;
     tide__out *out;
@@ -111,10 +111,11 @@ struct tide_server {
     char who[96]; /* "admin:alice" / "worker:pool3" / "loopback" for logs */
     /* timers, monotonic ns */
     uint64_t next_scan_ns;
-    uint64_t drained_ns; /* last time the ROUTER queue was seen empty: every message sent
-                            before it has been read (liveness is judged at this time) */
-    uint64_t last_scan_ns;  /* when the failure scan last ran */
+    uint64_t drained_ns;     /* last time the ROUTER queue was seen empty: every message sent
+                                before it has been read (liveness is judged at this time) */
+    uint64_t last_scan_ns;   /* when the failure scan last ran */
     uint64_t grace_until_ns; /* tided itself was stalled: no worker is failed before this */
+    uint64_t next_forget_ns; /* next pass over workers past their retention */
     /* fairness: handler time per client in the current pass */
     tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
     uint64_t pass_no;
@@ -122,7 +123,7 @@ struct tide_server {
     int want_backfill;
     uint64_t next_backfill_ns; /* monotonic: a backfill then (a retry's backoff or a join
                                   grace ends); 0: none pending */
-    int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
+    int bubble_wait;           /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */
     int http_fd;
     tide__http http[TIDE__METRICS_CLIENTS];

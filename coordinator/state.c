@@ -18,8 +18,8 @@
 
 const char *tide_wstate_name(tide_wstate s)
 {
-    static const char *const n[] = {"idle", "online", "offline", "failed", "draining"};
-    return ((unsigned)s < 5) ? n[s] : "?";
+    static const char *const n[] = {"idle", "online", "offline", "failed", "draining", "left"};
+    return ((unsigned)s < 6) ? n[s] : "?";
 }
 
 const char *tide_jstate_name(tide_jstate s)
@@ -107,8 +107,8 @@ tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old,
     uint8_t *acked = tide_calloc(n ? n : 1, 1), *gone = tide_calloc(n ? n : 1, 1);
     int64_t *ack_step = tide_malloc((n ? n : 1) * sizeof *ack_step);
     int32_t *jo = dup_ranks(old, n_old), *jn = dup_ranks(new_ranks, n_new);
-    if (parts == NULL || old_member == NULL || acked == NULL || gone == NULL ||
-        ack_step == NULL || jo == NULL || jn == NULL) {
+    if (parts == NULL || old_member == NULL || acked == NULL || gone == NULL || ack_step == NULL ||
+        jo == NULL || jn == NULL) {
         tide_free(parts);
         tide_free(old_member);
         tide_free(acked);
@@ -237,14 +237,17 @@ tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text
     while (*p) {
         char name[TIDE_COORD_NAME_MAX];
         int size = 0, conn = 0, used = 0;
-        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 || (conn != 0 && conn != 1))
-            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name, text);
+        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 ||
+            (conn != 0 && conn != 1))
+            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name,
+                               text);
         TIDE_CHECK(tide_coord_job_add_pool(j, name, size, conn));
         p += used;
         if (*p == ';')
             p++;
         else if (*p != '\0')
-            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name, text);
+            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name,
+                               text);
     }
     return TIDE_OK;
 }
@@ -363,6 +366,32 @@ tide_coord_worker_t *tide_coord_worker_get(tide_coord_state_t *st, int32_t id)
     return &st->workers[id];
 }
 
+int tide_coord_worker_gone(const tide_coord_worker_t *w)
+{
+    return w->state == TIDE_WS_FAILED || w->state == TIDE_WS_LEFT;
+}
+
+void tide_coord_worker_remove(tide_coord_state_t *st, int32_t id)
+{
+    if (tide_coord_worker_get(st, id) == NULL)
+        return;
+    /* linear probing: empty the slot, then re-insert the rest of its cluster so that no
+       lookup stops at the hole before reaching a key placed past it */
+    size_t mask = st->hash_cap - 1;
+    size_t i = (size_t)key_hash(st->workers[id].pool, st->workers[id].rank) & mask;
+    while (st->hash[i] != id)
+        i = (i + 1) & mask;
+    st->hash[i] = -1;
+    memset(&st->workers[id], 0, sizeof st->workers[id]);
+    for (size_t k = (i + 1) & mask; st->hash[k] >= 0; k = (k + 1) & mask) {
+        int32_t moved = st->hash[k];
+        st->hash[k] = -1;
+        hash_insert(st, moved);
+    }
+    while (st->n_workers > 0 && st->workers[st->n_workers - 1].pool[0] == '\0')
+        st->n_workers--; /* scans stop at the last live id; next_worker_id stays */
+}
+
 tide_status tide_coord_worker_add(tide_coord_state_t *st, int32_t id, const char *pool,
                                   int32_t rank, tide_coord_worker_t **out)
 {
@@ -374,9 +403,13 @@ tide_status tide_coord_worker_add(tide_coord_state_t *st, int32_t id, const char
     if (tide_coord_worker_find(st, pool, rank) != NULL)
         return tide_errorf(TIDE_ERR_EXISTS, "worker %s/%d already registered", pool, rank);
     if (id < 0)
-        id = (int32_t)st->n_workers;
+        id = st->next_worker_id > (int32_t)st->n_workers ? st->next_worker_id
+                                                         : (int32_t)st->n_workers;
     if (id >= (int32_t)MAX_COORDS)
-        return tide_errorf(TIDE_ERR_RANGE, "too many workers (limit %u)", MAX_COORDS);
+        return tide_errorf(TIDE_ERR_RANGE,
+                           "too many worker ids handed out (limit %u): restart tided with a "
+                           "fresh --state once its jobs have ended",
+                           MAX_COORDS);
     if ((size_t)id < st->n_workers && st->workers[id].pool[0] != '\0')
         return tide_errorf(TIDE_ERR_EXISTS, "worker id %d already used", id);
     size_t need = (size_t)id + 1 > st->n_workers ? (size_t)id + 1 : st->n_workers;
@@ -401,6 +434,8 @@ tide_status tide_coord_worker_add(tide_coord_state_t *st, int32_t id, const char
     w->state = TIDE_WS_IDLE;
     if (need > st->n_workers)
         st->n_workers = need;
+    if (id + 1 > st->next_worker_id)
+        st->next_worker_id = id + 1;
     hash_insert(st, id);
     *out = w;
     return TIDE_OK;

@@ -31,9 +31,13 @@ typedef enum tide_wstate {
     TIDE_WS_IDLE = 0,    /* registered, holds nothing, may be offered offline work */
     TIDE_WS_ONLINE = 1,  /* holds a coordinate of an online job's layout */
     TIDE_WS_OFFLINE = 2, /* runs an offline job */
-    TIDE_WS_FAILED = 3,  /* missed its heartbeats; returns to idle when it registers again */
+    TIDE_WS_FAILED = 3,  /* missed its heartbeats (or reported a failure); a new process on its
+                            rank returns it to idle; the same process comes back idle only
+                            when it held no online job (else it is fenced: see fenced_job) */
     TIDE_WS_DRAINING =
-        4, /* an operator drained it: never offered work again until it re-registers */
+        4,            /* an operator drained it: never offered work again until it re-registers */
+    TIDE_WS_LEFT = 5, /* said bye: not a failure; hidden from status, forgotten after the
+                         retention period */
 } tide_wstate;
 
 typedef enum tide_job_kind {
@@ -80,6 +84,10 @@ typedef struct tide_coord_worker {
     int32_t pid;
     char owner[TIDE_COORD_OWNER_MAX]; /* with --auth: the key that registered it ("worker:NAME");
                                          only that key may speak for this worker id */
+    int64_t gone_ms;    /* wall ms when it failed or left (0 while alive): the retention clock */
+    int64_t fenced_job; /* the online job it held a coordinate of (or took part in a switch of)
+                           when it failed (0: none): that job goes on without it, so this
+                           process is told it was fenced whenever it speaks again */
     /* volatile: rebuilt from heartbeats after a restart */
     uint64_t last_seen_ns;                 /* monotonic ns of the last message from it */
     int64_t step;                          /* steps the worker reported completed */
@@ -96,6 +104,7 @@ typedef struct tide_coord_worker {
     uint64_t last_hb_ns;                   /* monotonic ns of its previous heartbeat */
     uint64_t registered_ns; /* monotonic ns of its registration with this tided process
                                (0: before a restart) */
+    int fence_told;         /* the worker_fenced event was recorded (once per tided process) */
 } tide_coord_worker_t;
 
 /* Pending reconfiguration of an online job (owned by the job). */
@@ -122,10 +131,10 @@ typedef struct tide_reconf {
                                -1 when none (not stored: a join tided restarts in is aborted) */
     int32_t *join_old;      /* job ranks of the connected side taking part, sorted (owned) */
     size_t n_join_old;
-    int32_t *join_new;      /* job ranks of the joining pool taking part, sorted (owned) */
+    int32_t *join_new; /* job ranks of the joining pool taking part, sorted (owned) */
     size_t n_join_new;
-    char port[1024];        /* the connected side's MPI port name, once sent ("" before) */
-    uint64_t bytes_moved;   /* bytes participants reported sending */
+    char port[1024];      /* the connected side's MPI port name, once sent ("" before) */
+    uint64_t bytes_moved; /* bytes participants reported sending */
 } tide_reconf_t;
 
 #define TIDE_COORD_JOB_POOLS_MAX 16 /* pools (mpirun launches) one online job may span */
@@ -195,8 +204,10 @@ typedef struct tide_coord_counters {
 } tide_coord_counters;
 
 typedef struct tide_coord_state {
-    tide_coord_worker_t *workers; /* index = worker id */
+    tide_coord_worker_t *workers; /* index = worker id; a forgotten worker's slot is zeroed */
     size_t n_workers, cap_workers;
+    int32_t next_worker_id; /* the id the next new worker gets: ids are never reused, so a
+                               process tided forgot can never speak for a newer worker */
     tide_coord_job_t **jobs;
     size_t n_jobs, cap_jobs;
     int64_t next_job_id;
@@ -218,11 +229,18 @@ void tide_coord_state_destroy(tide_coord_state_t **self_p);
 /* Worker with (pool, rank), or NULL. O(1). */
 tide_coord_worker_t *tide_coord_worker_find(tide_coord_state_t *st, const char *pool, int32_t rank);
 
-/* Worker by coordinator id, or NULL when out of range. */
+/* Worker by coordinator id, or NULL when out of range or forgotten. */
 tide_coord_worker_t *tide_coord_worker_get(tide_coord_state_t *st, int32_t id);
 
+/* 1 when w failed or left: it holds nothing and is waited for by nobody. */
+int tide_coord_worker_gone(const tide_coord_worker_t *w);
+
+/* Forgets worker id: its slot is zeroed and (pool, rank) may register anew (with a new
+   id; this one is never handed out again). No-op for an unknown id. */
+void tide_coord_worker_remove(tide_coord_state_t *st, int32_t id);
+
 /*
- * Adds a worker with the next id (or id when >= 0, used by reload) for
+ * Adds a worker with the next id (next_worker_id; or id when >= 0, used by reload) for
  * (pool, rank); TIDE_ERR_EXISTS when that pair is known. The returned
  * pointer is valid until the next add (the array may move).
  */

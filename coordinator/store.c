@@ -31,6 +31,8 @@
 
 enum {
     ST_WORKER,
+    ST_DEL_WORKER,
+    ST_NEXT_ID,
     ST_JOB,
     ST_EVENT,
     ST_EVENTS,
@@ -55,7 +57,7 @@ static const char *const schema =
     " id INTEGER PRIMARY KEY, pool TEXT NOT NULL, rank INTEGER NOT NULL, pool_size INTEGER,"
     " host TEXT NOT NULL, device INTEGER, memory INTEGER, kind INTEGER, pid INTEGER,"
     " state INTEGER NOT NULL, job INTEGER, offline_job INTEGER, joined INTEGER, owner TEXT,"
-    " UNIQUE(pool, rank));"
+    " gone_ms INTEGER, fenced_job INTEGER, UNIQUE(pool, rank));"
     "CREATE TABLE IF NOT EXISTS jobs("
     " id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind INTEGER NOT NULL,"
     " state INTEGER NOT NULL, created_ms INTEGER, pool TEXT, layout TEXT, generation INTEGER,"
@@ -81,8 +83,11 @@ static const char *const schema =
 
 static const char *const sql[ST__COUNT] = {
     [ST_WORKER] = "INSERT OR REPLACE INTO workers(id, pool, rank, pool_size, host, device, memory,"
-                  " kind, pid, state, job, offline_job, joined, owner)"
-                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
+                  " kind, pid, state, job, offline_job, joined, owner, gone_ms, fenced_job)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+    [ST_DEL_WORKER] = "DELETE FROM workers WHERE id = ?1",
+    /* the ids handed out so far: a forgotten worker's id is never reused, restarts included */
+    [ST_NEXT_ID] = "INSERT OR REPLACE INTO meta(key, value) VALUES('next_worker_id', ?1)",
     [ST_JOB] =
         "INSERT OR REPLACE INTO jobs(id, name, kind, state, created_ms, pool, layout,"
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
@@ -146,8 +151,8 @@ static tide_status step_done(tide_store_t *s, int which, const char *what)
 static tide_status add_columns(tide_store_t *s)
 {
     static const char *const cols[][3] = {
-        {"workers", "owner", "TEXT"},
-        {"jobs", "rc_switched", "INTEGER"},
+        {"workers", "owner", "TEXT"},         {"workers", "gone_ms", "INTEGER"},
+        {"workers", "fenced_job", "INTEGER"}, {"jobs", "rc_switched", "INTEGER"},
         {"jobs", "failures", "INTEGER"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
@@ -169,8 +174,8 @@ static tide_status add_columns(tide_store_t *s)
     return TIDE_OK;
 }
 
-#define DAMAGED_HOW_TO                                                                              \
-    "tided will not start from it; keep it for inspection and restore a backup copy, or start "   \
+#define DAMAGED_HOW_TO                                                                             \
+    "tided will not start from it; keep it for inspection and restore a backup copy, or start "    \
     "with another --state file (the jobs and workers it held are then unknown to tided)"
 
 static uint32_t be32(const uint8_t *p)
@@ -495,7 +500,20 @@ tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
     sqlite3_bind_int64(st, 12, w->offline_job);
     sqlite3_bind_int64(st, 13, w->joined);
     sqlite3_bind_text(st, 14, w->owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 15, w->gone_ms);
+    sqlite3_bind_int64(st, 16, w->fenced_job);
     return step_done(s, ST_WORKER, "saving a worker");
+}
+
+tide_status tide_store_del_worker(tide_store_t *s, int32_t id, int32_t next_id)
+{
+    TIDE_CHECK(need_txn(s, "del_worker"));
+    sqlite3_bind_int(s->st[ST_DEL_WORKER], 1, id);
+    TIDE_CHECK(step_done(s, ST_DEL_WORKER, "forgetting a worker"));
+    char v[16];
+    snprintf(v, sizeof v, "%d", (int)next_id);
+    sqlite3_bind_text(s->st[ST_NEXT_ID], 1, v, -1, SQLITE_TRANSIENT);
+    return step_done(s, ST_NEXT_ID, "recording the worker ids handed out");
 }
 
 /* argv as one blob of NUL-terminated strings. */
@@ -630,8 +648,8 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
     sqlite3_stmt *q = NULL;
     int src = sqlite3_prepare_v2(s->db,
                                  "SELECT id, pool, rank, pool_size, host, device, memory, kind, "
-                                 "pid, state, job, offline_job, joined, owner FROM workers ORDER "
-                                 "BY id",
+                                 "pid, state, job, offline_job, joined, owner, gone_ms, fenced_job "
+                                 "FROM workers ORDER BY id",
                                  -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading workers");
@@ -649,7 +667,7 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
         w->kind = sqlite3_column_int(q, 7);
         w->pid = sqlite3_column_int(q, 8);
         int state = sqlite3_column_int(q, 9);
-        if (state < TIDE_WS_IDLE || state > TIDE_WS_DRAINING)
+        if (state < TIDE_WS_IDLE || state > TIDE_WS_LEFT)
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "state file %s: worker %d has bad state %d",
                            s->path, w->id, state);
         w->state = (tide_wstate)state;
@@ -657,9 +675,30 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
         w->offline_job = sqlite3_column_int64(q, 11);
         w->joined = sqlite3_column_int64(q, 12);
         copy_text(w->owner, sizeof w->owner, sqlite3_column_text(q, 13));
+        w->gone_ms = sqlite3_column_int64(q, 14);
+        w->fenced_job = sqlite3_column_int64(q, 15);
     }
     if (src != SQLITE_DONE)
         rc = db_error(s, src, "loading workers");
+    if (rc != TIDE_OK)
+        goto out;
+    /* ids handed out before: those of forgotten workers stay used */
+    sqlite3_finalize(q);
+    q = NULL;
+    src = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = 'next_worker_id'", -1, &q,
+                             NULL);
+    if (src != SQLITE_OK)
+        return db_error(s, src, "loading the next worker id");
+    if ((src = sqlite3_step(q)) == SQLITE_ROW) {
+        long long next = sqlite3_column_int64(q, 0);
+        if (next < 0 || next > INT32_MAX)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "state file %s: bad next worker id %lld", s->path,
+                           next);
+        if ((int32_t)next > st->next_worker_id)
+            st->next_worker_id = (int32_t)next;
+    } else if (src != SQLITE_DONE) {
+        rc = db_error(s, src, "loading the next worker id");
+    }
 out:
     sqlite3_finalize(q);
     return rc;

@@ -74,6 +74,10 @@ void tide_store_rollback(tide_store_t *s);
 /* Writes (insert or replace) worker w's durable fields; needs an open transaction. */
 tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w);
 
+/* Deletes worker id's row and records next_id, the first id never handed out (so that a
+   restart never reuses a forgotten worker's id); needs an open transaction. */
+tide_status tide_store_del_worker(tide_store_t *s, int32_t id, int32_t next_id);
+
 /* Writes job j (and its pending reconfiguration, or none); needs an open transaction. */
 tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j);
 

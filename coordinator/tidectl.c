@@ -317,13 +317,13 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
     static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1};
     table_t t;
     table_init(&t, 12, head, right);
-    int count[5] = {0};
+    int count[TIDE_WORKER_LEFT + 1] = {0};
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r->rows[i];
         char(*c)[CELL] = table_row(&t);
         if (c == NULL)
             break;
-        if ((int)g->state >= 0 && (int)g->state < 5)
+        if ((int)g->state >= 0 && (int)g->state <= TIDE_WORKER_LEFT)
             count[g->state]++;
         snprintf(c[0], CELL, "%d", g->worker);
         term_str(g->host, 40, c[1], CELL); /* long enough for most FQDNs */
@@ -351,9 +351,12 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
             snprintf(c[11], CELL, "-");
         }
     }
-    fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed\n",
-            r->n_rows, count[TIDE_WORKER_ONLINE], count[TIDE_WORKER_OFFLINE],
-            count[TIDE_WORKER_IDLE], count[TIDE_WORKER_DRAINING], count[TIDE_WORKER_FAILED]);
+    fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed", r->n_rows,
+            count[TIDE_WORKER_ONLINE], count[TIDE_WORKER_OFFLINE], count[TIDE_WORKER_IDLE],
+            count[TIDE_WORKER_DRAINING], count[TIDE_WORKER_FAILED]);
+    if (count[TIDE_WORKER_LEFT] > 0)
+        fprintf(out, ", %d left", count[TIDE_WORKER_LEFT]);
+    fputc('\n', out);
     if (r->ompi_server[0] != '\0')
         fprintf(out, "pools join running jobs through ompi-server %s (mpirun --ompi-server)\n",
                 r->ompi_server);
@@ -1021,11 +1024,87 @@ static int usage_error(FILE *err, const char *cmd, const char *fmt, ...)
     return TIDECTL_EXIT_USAGE;
 }
 
+/*
+ * The whole worker table (all: with the workers that left) into *out, one status page
+ * after another as tided cuts them (a STATUS_REPLY holding every row; the caller clears
+ * it). The pages follow tided's `next` cursor, which only grows, so this ends; a worker
+ * that registers or goes meanwhile may be missed or seen, never doubled.
+ */
+static int fetch_status(conn_t *c, int all, tide_msg_t *out, FILE *err)
+{
+    tide_msg_init(out, TIDE_MSG_STATUS_REPLY);
+    tide_proto_status_reply_t *acc = &out->u.status_reply;
+    size_t cap = 0;
+    int32_t from = 0;
+    for (;;) {
+        tide_msg_t req, rep;
+        tide_msg_init(&req, TIDE_MSG_STATUS);
+        req.u.status.from = from;
+        req.u.status.all = all;
+        int rc = conn_call(c, &req, &rep, err);
+        if (rc == TIDECTL_EXIT_OK && rep.type != TIDE_MSG_STATUS_REPLY) {
+            char msg[TIDE_PROTO_TEXT_MAX + 2];
+            if (rep.type == TIDE_MSG_ERROR)
+                fprintf(err, "tidectl: tided refused status: %s (%s)\n",
+                        term_str(rep.u.error.message, sizeof msg - 1, msg, sizeof msg),
+                        tide_status_name((tide_status)rep.u.error.code));
+            else
+                fprintf(err, "tidectl: tided answered status with '%s'\n",
+                        tide_msg_type_name(rep.type));
+            tide_msg_clear(&rep);
+            rc = TIDECTL_EXIT_REFUSED;
+        }
+        if (rc != TIDECTL_EXIT_OK) {
+            tide_msg_clear(out);
+            return rc;
+        }
+        const tide_proto_status_reply_t *pg = &rep.u.status_reply;
+        if (acc->n_rows + (size_t)pg->n_rows > cap) {
+            size_t ncap = cap ? cap : 256;
+            while (ncap < acc->n_rows + (size_t)pg->n_rows)
+                ncap *= 2;
+            tide_proto_gpu_row_t *r = tide_reallocarray(acc->rows, ncap, sizeof *r);
+            if (r == NULL) {
+                fprintf(err, "tidectl: out of memory listing %zu workers\n",
+                        acc->n_rows + (size_t)pg->n_rows);
+                tide_msg_clear(&rep);
+                tide_msg_clear(out);
+                return TIDECTL_EXIT_LOCAL;
+            }
+            acc->rows = r;
+            cap = ncap;
+        }
+        if (pg->n_rows > 0)
+            memcpy(acc->rows + acc->n_rows, pg->rows, pg->n_rows * sizeof *pg->rows);
+        acc->n_rows += pg->n_rows;
+        acc->time_ms = pg->time_ms;
+        acc->total = pg->total;
+        memcpy(acc->ompi_server, pg->ompi_server, sizeof acc->ompi_server);
+        int32_t next = pg->next;
+        tide_msg_clear(&rep);
+        if (next < 0)
+            break;
+        if (next <= from) { /* proto checks next > every row; a page always moves on */
+            fprintf(err, "tidectl: tided's status page did not move on (next %d after %d)\n", next,
+                    from);
+            tide_msg_clear(out);
+            return TIDECTL_EXIT_REFUSED;
+        }
+        from = next;
+    }
+    acc->next = -1;
+    return TIDECTL_EXIT_OK;
+}
+
 static int cmd_status(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
-    tide_msg_t req, rep;
-    tide_msg_init(&req, TIDE_MSG_STATUS);
-    int rc = call_once(s, &req, &rep, TIDE_MSG_STATUS_REPLY, err);
+    conn_t c;
+    int rc = conn_open(&c, s, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    tide_msg_t rep;
+    rc = fetch_status(&c, s->all, &rep, err);
+    conn_close(&c);
     if (rc == TIDECTL_EXIT_OK) {
         tidectl_print_status(out, &rep.u.status_reply, s->json);
         tide_msg_clear(&rep);
@@ -1370,8 +1449,7 @@ static int cmd_top(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
         if (i > 0)
             tide_sleep_ms((uint64_t)s->interval_ms);
         tide_msg_t req, st, jobs;
-        tide_msg_init(&req, TIDE_MSG_STATUS);
-        rc = conn_call(&c, &req, &st, err);
+        rc = fetch_status(&c, 0, &st, err);
         if (rc != TIDECTL_EXIT_OK)
             break;
         tide_msg_init(&req, TIDE_MSG_JOBS);
@@ -1517,12 +1595,14 @@ static int cmd_keygen(settings_t *s, int argc, char **argv, FILE *out, FILE *err
 
 static const command_t commands[] = {
     {"status",
-     "status [--json]",
+     "status [--all] [--json]",
      "table of GPUs: host, device, state, job, role, step, bubble %",
      cmd_status,
      0,
      0,
-     {OPT_END}},
+     {{"all", NULL, TIDE_OPT_BOOL, V(all), "0",
+       "also list the workers that left (bye), until tided forgets them (--retention-ms)", 0, 0},
+      OPT_END}},
     {"jobs", "jobs [--json]", "table of online and offline jobs", cmd_jobs, 0, 0, {OPT_END}},
     {"resize",
      "resize JOB [--dp N] [--tp N] [--pp N] [--stages 0-11,12-23] [--dry-run] [--placement P] "

@@ -39,6 +39,9 @@ struct settings {
     long long retry_backoff_ms;
     long long join_grace_ms;
     long long batch_ms;
+    long long retention_ms;
+    long long max_client_workers;
+    long long status_page;
     double link_gbps;
     int sync_full;
 };
@@ -84,6 +87,18 @@ int main(int argc, char **argv)
          "gather requests for up to this long between loop passes (fewer wakeups under load; "
          "0: wake for every request)",
          0, 100},
+        {"retention-ms", "TIDE_RETENTION_MS", TIDE_OPT_INT, &s.retention_ms, "3600000",
+         "a worker that left (bye) or failed is forgotten this long after (removed from the "
+         "worker table and the state file), once no job refers to it",
+         0, 2592000000LL},
+        {"max-client-workers", "TIDE_MAX_CLIENT_WORKERS", TIDE_OPT_INT, &s.max_client_workers,
+         "65536",
+         "live workers one client may register (with --auth: one key; without: one connection), "
+         "and the ranks one pool may declare",
+         1, 1048576},
+        {"status-page", "TIDE_STATUS_PAGE", TIDE_OPT_INT, &s.status_page, "16384",
+         "rows of one status reply at most; longer listings come in pages (tidectl follows them)",
+         1, 65536},
         {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s.ompi_server, NULL,
          "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
          "launched with (mpirun --ompi-server); shown by tidectl status",
@@ -126,6 +141,9 @@ int main(int argc, char **argv)
     cfg.retry_backoff_ms = s.retry_backoff_ms;
     cfg.join_grace_ms = s.join_grace_ms;
     cfg.batch_ms = s.batch_ms;
+    cfg.retention_ms = s.retention_ms;
+    cfg.max_client_workers = (int)s.max_client_workers;
+    cfg.status_page = (int)s.status_page;
     cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
 
     tide_server_t *srv = NULL;

@@ -21,7 +21,8 @@ _Static_assert(sizeof(tide_proto_job_state_t) == sizeof(int), "enums are stored 
 /* ---- enum names -------------------------------------------------------------------------- */
 
 static const char *const device_kind_names[] = {"cpu", "gpu"};
-static const char *const worker_state_names[] = {"idle", "online", "offline", "failed", "draining"};
+static const char *const worker_state_names[] = {"idle",   "online",   "offline",
+                                                 "failed", "draining", "left"};
 static const char *const job_kind_names[] = {"online", "command", "plugin"};
 static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
                                               "preempted", "done",    "failed",   "cancelled"};
@@ -250,9 +251,19 @@ static const tide__field register_fields[] = {
     F_INT(tide_proto_register_t, pid, "pid", 1, INT32_MAX),
 };
 
+static tide_status check_register_ok(const void *base, tide__ctx *c)
+{
+    const tide_proto_register_ok_t *m = base;
+    if (m->fail_ms < m->heartbeat_ms)
+        return tide__fail(c, "field 'fail_ms' = %d must be at least field 'heartbeat_ms' = %d",
+                          m->fail_ms, m->heartbeat_ms);
+    return TIDE_OK;
+}
+
 static const tide__field register_ok_fields[] = {
     F_WORKER(tide_proto_register_ok_t, worker),
     F_INT(tide_proto_register_ok_t, heartbeat_ms, "heartbeat_ms", 10, 600000),
+    F_INT(tide_proto_register_ok_t, fail_ms, "fail_ms", 10, INT32_MAX),
 };
 
 static const tide__field heartbeat_fields[] = {
@@ -425,6 +436,68 @@ static const tide__field done_fields[] = {
     F_MS(tide_proto_done_t, ms, "ms"),
 };
 
+static const tide__field fenced_fields[] = {
+    F_WORKER(tide_proto_fenced_t, worker),
+    F_JOB_EMPTY(tide_proto_fenced_t, job),
+    F_GEN(tide_proto_fenced_t, gen),
+    F_TEXT(tide_proto_fenced_t, reason, "reason"),
+};
+
+/* Liveness ranks: 1..2^20 job ranks, strictly increasing (each asked once). */
+static tide_status check_liveness_ranks(tide__ctx *c, const int32_t *r, uint32_t n)
+{
+    if (n == 0)
+        return tide__fail(c, "field 'ranks' must name at least one job rank");
+    for (uint32_t i = 1; i < n; i++)
+        if (r[i] <= r[i - 1])
+            return tide__fail(c,
+                              "field 'ranks' must be strictly increasing (ranks[%u] = %d "
+                              "after %d)",
+                              i, r[i], r[i - 1]);
+    return TIDE_OK;
+}
+
+static tide_status check_liveness(const void *base, tide__ctx *c)
+{
+    const tide_proto_liveness_t *m = base;
+    return check_liveness_ranks(c, m->ranks, m->n_ranks);
+}
+
+static tide_status check_liveness_reply(const void *base, tide__ctx *c)
+{
+    const tide_proto_liveness_reply_t *m = base;
+    TIDE_CHECK(check_liveness_ranks(c, m->ranks, m->n_ranks));
+    if (m->n_alive != m->n_ranks)
+        return tide__fail(c, "field 'alive' has %u entries where field 'ranks' has %u", m->n_alive,
+                          m->n_ranks);
+    return TIDE_OK;
+}
+
+#define RANKS_FIELD(T)                                                                             \
+    {                                                                                              \
+        .key = "ranks", .kind = TIDE__K_I32_ARRAY, .off = offsetof(T, ranks), .min = 0,            \
+        .max = TIDE_PROTO_WORKERS_MAX - 1, .count_off = offsetof(T, n_ranks),                      \
+        .cmax = TIDE_PROTO_WORKERS_MAX                                                             \
+    }
+
+static const tide__field liveness_fields[] = {
+    F_WORKER(tide_proto_liveness_t, worker),
+    F_JOB(tide_proto_liveness_t, job),
+    RANKS_FIELD(tide_proto_liveness_t),
+};
+
+static const tide__field liveness_reply_fields[] = {
+    F_JOB(tide_proto_liveness_reply_t, job),
+    RANKS_FIELD(tide_proto_liveness_reply_t),
+    {.key = "alive",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_liveness_reply_t, alive),
+     .min = 0,
+     .max = 1,
+     .count_off = offsetof(tide_proto_liveness_reply_t, n_alive),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+};
+
 static const tide__field failure_fields[] = {
     F_WORKER(tide_proto_failure_t, worker),
     F_JOB_EMPTY(tide_proto_failure_t, job),
@@ -522,6 +595,38 @@ static const tide__field gpu_row_fields[] = {
 static const tide__schema gpu_row_schema = {gpu_row_fields, NELEM(gpu_row_fields),
                                             sizeof(tide_proto_gpu_row_t), 0, NULL};
 
+static const tide__field status_fields[] = {
+    F_INT(tide_proto_status_t, from, "from", 0, INT32_MAX),
+    F_INT(tide_proto_status_t, limit, "limit", 0, TIDE_PROTO_ROWS_MAX),
+    F_BOOL(tide_proto_status_t, all, "all"),
+};
+
+/* A page says where the next one starts and never holds more than the listing: a client
+   following `next` always makes progress and knows when it has everything. */
+static tide_status check_status_reply(const void *base, tide__ctx *c)
+{
+    const tide_proto_status_reply_t *m = base;
+    if (m->n_rows > m->total)
+        return tide__fail(c, "field 'rows' has %u entries, more than field 'total' = %u", m->n_rows,
+                          m->total);
+    if (m->next >= 0 && m->n_rows == 0)
+        return tide__fail(c, "field 'next' = %d announces another page after an empty one",
+                          m->next);
+    for (uint32_t i = 0; i < m->n_rows; i++) {
+        if (i > 0 && m->rows[i].worker <= m->rows[i - 1].worker)
+            return tide__fail(c,
+                              "field 'rows' must be in increasing worker order (rows[%u]."
+                              "worker = %d after %d)",
+                              i, m->rows[i].worker, m->rows[i - 1].worker);
+        if (m->next >= 0 && m->rows[i].worker >= m->next)
+            return tide__fail(c,
+                              "field 'next' = %d must be above every row's worker (rows[%u]."
+                              "worker = %d)",
+                              m->next, i, m->rows[i].worker);
+    }
+    return TIDE_OK;
+}
+
 static const tide__field status_reply_fields[] = {
     F_INT(tide_proto_status_reply_t, time_ms, "time_ms", 0, INT64_MAX),
     F_TEXT(tide_proto_status_reply_t, ompi_server, "ompi_server"),
@@ -531,6 +636,8 @@ static const tide__field status_reply_fields[] = {
      .count_off = offsetof(tide_proto_status_reply_t, n_rows),
      .cmax = TIDE_PROTO_ROWS_MAX,
      .sub = &gpu_row_schema},
+    F_INT(tide_proto_status_reply_t, total, "total", 0, INT32_MAX),
+    F_INT(tide_proto_status_reply_t, next, "next", -1, INT32_MAX),
 };
 
 static const tide__field job_row_fields[] = {
@@ -697,7 +804,8 @@ static const tide__field error_fields[] = {
 
 static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_REGISTER] = SCHEMA(register_fields, tide_proto_register_t, 0, check_register),
-    [TIDE_MSG_REGISTER_OK] = SCHEMA(register_ok_fields, tide_proto_register_ok_t, 0, NULL),
+    [TIDE_MSG_REGISTER_OK] =
+        SCHEMA(register_ok_fields, tide_proto_register_ok_t, 0, check_register_ok),
     [TIDE_MSG_HEARTBEAT] = SCHEMA(heartbeat_fields, tide_proto_heartbeat_t, 0, NULL),
     [TIDE_MSG_BYE] = SCHEMA(bye_fields, tide_proto_bye_t, 0, NULL),
     [TIDE_MSG_JOIN] = SCHEMA(join_fields, tide_proto_join_t, 1, check_join),
@@ -710,14 +818,19 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_ABORT] = SCHEMA(abort_fields, tide_proto_abort_t, 0, NULL),
     [TIDE_MSG_HALT] = SCHEMA(halt_fields, tide_proto_halt_t, 0, NULL),
     [TIDE_MSG_DONE] = SCHEMA(done_fields, tide_proto_done_t, 0, NULL),
+    [TIDE_MSG_FENCED] = SCHEMA(fenced_fields, tide_proto_fenced_t, 0, NULL),
+    [TIDE_MSG_LIVENESS] = SCHEMA(liveness_fields, tide_proto_liveness_t, 1, check_liveness),
+    [TIDE_MSG_LIVENESS_REPLY] =
+        SCHEMA(liveness_reply_fields, tide_proto_liveness_reply_t, 1, check_liveness_reply),
     [TIDE_MSG_FAILURE] = SCHEMA(failure_fields, tide_proto_failure_t, 0, NULL),
     [TIDE_MSG_OFFLINE_ASSIGN] =
         SCHEMA(offline_assign_fields, tide_proto_offline_assign_t, 1, check_offline_assign),
     [TIDE_MSG_PREEMPT] = SCHEMA(preempt_fields, tide_proto_preempt_t, 0, NULL),
     [TIDE_MSG_OFFLINE_STATUS] = SCHEMA(offline_status_fields, tide_proto_offline_status_t, 0, NULL),
     [TIDE_MSG_BUBBLE] = SCHEMA(bubble_fields, tide_proto_bubble_t, 0, NULL),
-    [TIDE_MSG_STATUS] = {NULL, 0, sizeof(tide_proto_empty_t), 0, NULL},
-    [TIDE_MSG_STATUS_REPLY] = SCHEMA(status_reply_fields, tide_proto_status_reply_t, 1, NULL),
+    [TIDE_MSG_STATUS] = SCHEMA(status_fields, tide_proto_status_t, 0, NULL),
+    [TIDE_MSG_STATUS_REPLY] =
+        SCHEMA(status_reply_fields, tide_proto_status_reply_t, 1, check_status_reply),
     [TIDE_MSG_JOBS] = {NULL, 0, sizeof(tide_proto_empty_t), 0, NULL},
     [TIDE_MSG_JOBS_REPLY] = SCHEMA(jobs_reply_fields, tide_proto_jobs_reply_t, 1, NULL),
     [TIDE_MSG_RESIZE] = SCHEMA(resize_fields, tide_proto_resize_t, 1, check_resize),
@@ -777,6 +890,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_FAILURE:
     case TIDE_MSG_OFFLINE_STATUS:
     case TIDE_MSG_BUBBLE:
+    case TIDE_MSG_LIVENESS: /* a switch's exact question about its own job's ranks */
         return TIDE_ROLE_WORKER;
     case TIDE_MSG_STATUS:
     case TIDE_MSG_JOBS:

@@ -82,6 +82,7 @@ typedef enum tide_proto_worker_state {
     TIDE_WORKER_OFFLINE = 2,  /* "offline": running offline work */
     TIDE_WORKER_FAILED = 3,   /* "failed": missed heartbeats or reported failure */
     TIDE_WORKER_DRAINING = 4, /* "draining": leaves its job, takes no new work */
+    TIDE_WORKER_LEFT = 5,     /* "left": said bye; forgotten after tided's retention */
 } tide_proto_worker_state_t;
 
 typedef enum tide_proto_job_kind {
@@ -158,10 +159,13 @@ typedef struct tide_proto_register {
     int pid;                            /* "pid": [1, INT32_MAX] */
 } tide_proto_register_t;
 
-/* "register_ok" tided -> worker. */
+/* "register_ok" tided -> worker. fail_ms is how long tided waits for a message from the
+   worker before it declares it failed: a worker silent that long (stopped, starved) must
+   assume it was fenced (its lease ran out) and touch no peer again. */
 typedef struct tide_proto_register_ok {
     int32_t worker;   /* "worker": id assigned by tided */
     int heartbeat_ms; /* "heartbeat_ms": [10, 600000] */
+    int fail_ms;      /* "fail_ms": [heartbeat_ms, INT32_MAX], the failure timeout, ms */
 } tide_proto_register_ok_t;
 
 /* "heartbeat" worker -> tided, every heartbeat_ms. Durations cover the last interval. */
@@ -233,10 +237,10 @@ typedef struct tide_proto_job_end {
    join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
    the joining pool's ranks, which connect to it (MPI_Comm_connect). */
 typedef struct tide_proto_join_port {
-    int32_t worker;                       /* "worker": the sender (tided: the receiver) */
-    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
-    uint64_t gen;                         /* "gen": the generation that connects */
-    char port[TIDE_PROTO_TEXT_MAX + 1];   /* "port": MPI port name */
+    int32_t worker;                     /* "worker": the sender (tided: the receiver) */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
+    uint64_t gen;                       /* "gen": the generation that connects */
+    char port[TIDE_PROTO_TEXT_MAX + 1]; /* "port": MPI port name */
 } tide_proto_join_port_t;
 
 /* "prepare" tided -> workers: stop at the proposed step boundary for generation gen. */
@@ -279,6 +283,39 @@ typedef struct tide_proto_halt {
     int code;                             /* "code": a tide_status, [-1000, -1] */
     char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
 } tide_proto_halt_t;
+
+/* "fenced" tided -> worker: tided declared this worker failed while it held a coordinate
+   of online job `job` (or took part in its switch), and the job went on without it (it
+   runs generation gen now). The worker must touch none of its old peers again and leave;
+   tided keeps it failed and answers every further message of this process so. */
+typedef struct tide_proto_fenced {
+    int32_t worker;                       /* "worker": the fenced worker's id */
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job": the job it was fenced from ("" if gone) */
+    uint64_t gen;                         /* "gen": the job's generation now (0 if unknown) */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason": why it was declared failed */
+} tide_proto_fenced_t;
+
+/* "liveness" worker -> tided: which of job `job`'s ranks are alive members of it now. A
+   switch asks it for the old members that leave the layout (their state comes from
+   replicas when they are gone); an exact answer for exactly these ranks, whatever the
+   size of the cluster. ranks: 1..2^20 job ranks, strictly increasing. */
+typedef struct tide_proto_liveness {
+    int32_t worker;                    /* "worker": the asking worker */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t *ranks;                    /* "ranks": owned */
+    uint32_t n_ranks;
+} tide_proto_liveness_t;
+
+/* "liveness_reply" tided -> worker: alive[i] is 1 when job rank ranks[i] is held by a
+   worker that is neither failed nor gone and still holds a coordinate of (or a part in) the
+   job, else 0. ranks echoes the request; alive has as many entries. */
+typedef struct tide_proto_liveness_reply {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t *ranks;                    /* "ranks": owned, as asked */
+    uint32_t n_ranks;
+    int32_t *alive; /* "alive": owned, 0 or 1 per rank */
+    uint32_t n_alive;
+} tide_proto_liveness_reply_t;
 
 /* "done" worker -> tided: the worker finished (or failed) switching to gen. */
 typedef struct tide_proto_done {
@@ -328,12 +365,12 @@ typedef struct tide_proto_preempt {
  * A command's output is in the file `log` on the worker's host; the report of its end
  * carries the file's last bytes in `tail` (the whole file when it is that short). */
 typedef struct tide_proto_offline_status {
-    int32_t worker;                    /* "worker" */
-    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t worker;                     /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
     uint32_t attempt;                   /* "attempt": from offline_assign, >= 1 */
-    tide_proto_job_state_t state;      /* "state" */
-    int exit_code;                     /* "exit_code": [-255, 255]; -N = killed by signal N */
-    double progress;                   /* "progress": [0, 1] */
+    tide_proto_job_state_t state;       /* "state" */
+    int exit_code;                      /* "exit_code": [-255, 255]; -N = killed by signal N */
+    double progress;                    /* "progress": [0, 1] */
     char log[TIDE_PROTO_TEXT_MAX + 1];  /* "log": path of the output file, "" when none */
     char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes, "" while running */
 } tide_proto_offline_status_t;
@@ -352,7 +389,14 @@ typedef struct tide_proto_bubble {
 
 /* ---- tidectl <-> tided --------------------------------------------------------------------- */
 
-/* "status" tidectl -> tided: no fields. "jobs": no fields. */
+/* "status" tidectl (or any reader) -> tided: one page of the worker table, the workers
+   with id >= from in id order, at most limit rows (0: as many as tided puts in one reply,
+   its --status-page). Workers that left are listed only with all. "jobs": no fields. */
+typedef struct tide_proto_status {
+    int32_t from;   /* "from": first worker id of the page, [0, INT32_MAX] */
+    uint32_t limit; /* "limit": [0, 65536] rows */
+    int all;        /* "all": bool, list workers that left too */
+} tide_proto_status_t;
 
 /* One GPU (worker) row of a status reply. */
 typedef struct tide_proto_gpu_row {
@@ -370,13 +414,18 @@ typedef struct tide_proto_gpu_row {
     int64_t last_seen_ms;                  /* "last_seen_ms": wall clock of last heartbeat */
 } tide_proto_gpu_row_t;
 
-/* "status_reply": "time_ms" (tided's wall clock) and "rows" (array of row maps). */
+/* "status_reply": "time_ms" (tided's wall clock), "rows" (array of row maps, ascending
+   worker ids), "total" (rows of the whole listing now, every page together) and "next" (the
+   `from` of the next page, -1 when this page ends the listing). Never cut silently: a
+   listing longer than one reply comes in pages, each saying where the next one starts. */
 typedef struct tide_proto_status_reply {
     int64_t time_ms;
     char ompi_server[TIDE_PROTO_TEXT_MAX + 1]; /* "ompi_server": the URI pools that join a
                                                   running job are launched with, "" if unset */
-    tide_proto_gpu_row_t *rows; /* owned */
-    uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
+    tide_proto_gpu_row_t *rows;                /* owned */
+    uint32_t n_rows; /* <= TIDE_PROTO_ROWS_MAX, <= total; >= 1 unless next is -1 */
+    uint32_t total;  /* "total": [0, INT32_MAX] */
+    int32_t next;    /* "next": [-1, INT32_MAX], above every row's worker id */
 } tide_proto_status_reply_t;
 
 /* One job row of a jobs reply. Online-only fields are 0 for offline jobs and vice versa. */
@@ -428,8 +477,8 @@ typedef struct tide_proto_resize_reply {
     uint64_t messages;                 /* "messages": (src, dst) pairs */
     double est_ms;                     /* "est_ms": estimated switch time, ms */
     uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
-    uint64_t bytes_default; /* "bytes_default": bytes_sent under the plain rank order over the
-                               same kind of workers (for comparing placements), bytes */
+    uint64_t bytes_default;      /* "bytes_default": bytes_sent under the plain rank order over the
+                                    same kind of workers (for comparing placements), bytes */
     uint64_t cross_host;         /* "cross_host": part of bytes_sent between workers on
                                     different hosts (as registered), bytes */
     uint64_t cross_host_default; /* "cross_host_default": the same under the rank order */
@@ -533,6 +582,9 @@ typedef struct tide_proto_error {
     X(ABORT, "abort", abort_)                                                                      \
     X(HALT, "halt", halt)                                                                          \
     X(DONE, "done", done)                                                                          \
+    X(FENCED, "fenced", fenced)                                                                    \
+    X(LIVENESS, "liveness", liveness)                                                              \
+    X(LIVENESS_REPLY, "liveness_reply", liveness_reply)                                            \
     X(FAILURE, "failure", failure)                                                                 \
     X(OFFLINE_ASSIGN, "offline_assign", offline_assign)                                            \
     X(PREEMPT, "preempt", preempt)                                                                 \
@@ -568,10 +620,10 @@ typedef enum tide_msg_role {
     TIDE_ROLE_WORKER = 1,      /* a worker key may send it (register and reports) */
     TIDE_ROLE_ADMIN = 2,       /* an admin key may send it (tidectl requests that act) */
     TIDE_ROLE_READER = 3,      /* any known key, worker or admin: read-only cluster views
-                                  (status, jobs); libtide reads status to learn failed peers */
+                                  (status, jobs) */
 } tide_msg_role_t;
 
-/* An empty struct for the field-less requests (status, jobs). */
+/* An empty struct for the field-less requests (jobs). */
 typedef struct tide_proto_empty {
     char unused_;
 } tide_proto_empty_t;
@@ -599,12 +651,15 @@ typedef struct tide_msg {
         tide_proto_abort_t abort_;
         tide_proto_halt_t halt;
         tide_proto_done_t done;
+        tide_proto_fenced_t fenced;
+        tide_proto_liveness_t liveness;
+        tide_proto_liveness_reply_t liveness_reply;
         tide_proto_failure_t failure;
         tide_proto_offline_assign_t offline_assign;
         tide_proto_preempt_t preempt;
         tide_proto_offline_status_t offline_status;
         tide_proto_bubble_t bubble;
-        tide_proto_empty_t status;
+        tide_proto_status_t status;
         tide_proto_status_reply_t status_reply;
         tide_proto_empty_t jobs;
         tide_proto_jobs_reply_t jobs_reply;

@@ -150,6 +150,8 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
     case TIDE_MSG_REGISTER_OK:
         m->u.register_ok.worker = worker_id(r);
         m->u.register_ok.heartbeat_ms = (int)urange(r, 10, 600000);
+        m->u.register_ok.fail_ms =
+            (int)urange(r, (uint64_t)m->u.register_ok.heartbeat_ms, INT32_MAX);
         return TIDE_OK;
     case TIDE_MSG_HEARTBEAT: {
         tide_proto_heartbeat_t *x = &m->u.heartbeat;
@@ -273,6 +275,49 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->ms = drange(r, 0, TIDE_PROTO_MS_MAX);
         return TIDE_OK;
     }
+    case TIDE_MSG_FENCED:
+        m->u.fenced.worker = worker_id(r);
+        NAME0(r, m->u.fenced.job);
+        m->u.fenced.gen = urange(r, 0, UINT64_MAX);
+        TEXT(r, m->u.fenced.reason);
+        return TIDE_OK;
+    case TIDE_MSG_LIVENESS:
+    case TIDE_MSG_LIVENESS_REPLY: {
+        int reply = m->type == TIDE_MSG_LIVENESS_REPLY;
+        uint32_t n = (uint32_t)urange(r, 1, 8);
+        int32_t *ranks = tide_malloc(n * sizeof *ranks);
+        int32_t *alive = reply ? tide_malloc(n * sizeof *alive) : NULL;
+        if (ranks == NULL || (reply && alive == NULL)) {
+            tide_free(ranks);
+            tide_free(alive);
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling ranks");
+        }
+        /* strictly increasing, often ending at the largest job rank */
+        int32_t at = (int32_t)urange(r, 0, 16);
+        for (uint32_t i = 0; i < n; i++) {
+            ranks[i] = at;
+            at += (int32_t)urange(r, 1, 1000);
+        }
+        if ((next(r) & 3) == 0) /* above every earlier one (each at most 8016) */
+            ranks[n - 1] = (int32_t)TIDE_PROTO_WORKERS_MAX - 1;
+        for (uint32_t i = 0; reply && i < n; i++)
+            alive[i] = (int32_t)(next(r) & 1);
+        if (reply) {
+            tide_proto_liveness_reply_t *x = &m->u.liveness_reply;
+            NAME(r, x->job);
+            x->ranks = ranks;
+            x->n_ranks = n;
+            x->alive = alive;
+            x->n_alive = n;
+        } else {
+            tide_proto_liveness_t *x = &m->u.liveness;
+            x->worker = worker_id(r);
+            NAME(r, x->job);
+            x->ranks = ranks;
+            x->n_ranks = n;
+        }
+        return TIDE_OK;
+    }
     case TIDE_MSG_HALT:
         NAME(r, m->u.halt.job);
         m->u.halt.gen = urange(r, 0, UINT64_MAX);
@@ -331,6 +376,10 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         return TIDE_OK;
     }
     case TIDE_MSG_STATUS:
+        m->u.status.from = (int32_t)urange(r, 0, INT32_MAX);
+        m->u.status.limit = (uint32_t)urange(r, 0, TIDE_PROTO_ROWS_MAX);
+        m->u.status.all = (int)(next(r) & 1);
+        return TIDE_OK;
     case TIDE_MSG_JOBS:
         return TIDE_OK;
     case TIDE_MSG_STATUS_REPLY: {
@@ -342,13 +391,16 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         if (n && x->rows == NULL)
             return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling rows");
         x->n_rows = n;
+        /* ascending worker ids, below the next page's start when there is one */
+        int32_t id = (int32_t)urange(r, 0, 1000);
         for (uint32_t i = 0; i < n; i++) {
             tide_proto_gpu_row_t *g = &x->rows[i];
-            g->worker = worker_id(r);
+            g->worker = id;
+            id += (int32_t)urange(r, 1, 1000);
             HOST(r, g->host);
             g->device = (int)urange(r, 0, TIDE_PROTO_DEVICE_MAX);
             g->kind = (tide_proto_device_kind_t)urange(r, 0, 1);
-            g->state = (tide_proto_worker_state_t)urange(r, 0, TIDE_WORKER_DRAINING);
+            g->state = (tide_proto_worker_state_t)urange(r, 0, TIDE_WORKER_LEFT);
             g->mem_bytes = urange(r, 0, UINT64_MAX);
             NAME0(r, g->job);
             g->stage = (int)irange(r, -1, TIDE_PROTO_DEGREE_MAX - 1);
@@ -359,6 +411,8 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             NAME0(r, g->offline);
             g->last_seen_ms = irange(r, 0, INT64_MAX);
         }
+        x->total = n + (uint32_t)urange(r, 0, 100000);
+        x->next = n > 0 && (next(r) & 1) ? id : -1;
         return TIDE_OK;
     }
     case TIDE_MSG_JOBS_REPLY: {

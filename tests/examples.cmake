@@ -50,7 +50,8 @@ if(TARGET tide_mlp)
     # victim dying between its backward pass and its gradient allreduce; lastreduce: dying
     # inside the step's last reductions, so some survivors finish the step alone; spare: a 9th, idle
     # rank takes its place; zero1: the lost ZeRO-1 moments have no replica, so tided must
-    # stall the job and say why). --enable-recovery keeps mpirun from tearing the job down when
+    # stall the job and say why; stopped: the victim is SIGSTOPped instead, resumed once the
+    # job recovered without it, and must be fenced and leave). --enable-recovery keeps mpirun from tearing the job down when
     # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
     # collectives.cmake); the pass line is printed after every check on every survivor.
     add_executable(test_examples_tide_recover test_examples_tide_recover.c)
@@ -58,7 +59,7 @@ if(TARGET tide_mlp)
                                                              PkgConfig::ZMQ MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide_recover tided tidectl)
-    foreach(mode replica midstep lastreduce spare zero1)
+    foreach(mode replica midstep lastreduce spare zero1 stopped)
       if(mode STREQUAL "spare")
         set(np 9)
       else()
@@ -72,6 +73,8 @@ if(TARGET tide_mlp)
                            PASS_REGULAR_EXPRESSION "test_examples_tide_recover: passed"
                            FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
     endforeach()
+    # stopped: the victim waits stopped for the recovery, then must be fenced and leave
+    set_tests_properties(test_examples_tide_recover_stopped PROPERTIES TIMEOUT 120)
   endif()
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)

@@ -584,6 +584,73 @@ Test(store, round_trip_and_reload)
     rm_db(path);
 }
 
+/* Forgetting workers keeps the (pool, rank) index whole (every other worker is still
+   found, whatever probe chains the removed ones sat in), never hands an id out again, and
+   the store deletes the row and remembers the ids handed out, so a reload neither brings
+   the worker back nor reuses its id; gone_ms and fenced_job survive a reload. */
+Test(state, forgotten_workers_leave_the_index_and_their_ids_are_never_reused)
+{
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_worker_t *w = NULL;
+    for (int r = 0; r < 300; r++)
+        cr_assert_eq(tide_coord_worker_add(st, -1, r % 3 ? "a" : "b", r, &w), TIDE_OK);
+    for (int r = 0; r < 300; r += 7)
+        tide_coord_worker_remove(st, tide_coord_worker_find(st, r % 3 ? "a" : "b", r)->id);
+    tide_coord_worker_remove(st, 299); /* the last id: the scans get shorter, ids do not */
+    for (int r = 0; r < 300; r++) {
+        w = tide_coord_worker_find(st, r % 3 ? "a" : "b", r);
+        if (r % 7 == 0 || r == 299) {
+            cr_assert_null(w, "worker of rank %d was forgotten", r);
+            cr_assert_null(tide_coord_worker_get(st, r));
+        } else {
+            cr_assert_not_null(w, "rank %d lost from the index", r);
+            cr_assert_eq(w->id, r);
+        }
+    }
+    tide_coord_worker_remove(st, 0); /* forgotten already: nothing happens */
+    cr_assert_eq(tide_coord_worker_add(st, -1, "b", 0, &w), TIDE_OK, "its (pool, rank) is free");
+    cr_assert_eq(w->id, 300, "a new id, not the forgotten one");
+    tide_coord_state_destroy(&st);
+
+    char path[64];
+    tmp_path(path, sizeof path);
+    tide_store_t *s = NULL;
+    cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_worker_t *a = NULL, *b = NULL;
+    cr_assert_eq(tide_coord_worker_add(st, -1, "p", 0, &a), TIDE_OK);
+    cr_assert_eq(tide_coord_worker_add(st, -1, "p", 1, &b), TIDE_OK);
+    a = tide_coord_worker_get(st, 0);
+    a->state = TIDE_WS_FAILED;
+    a->gone_ms = 1234;
+    a->fenced_job = 5;
+    b->state = TIDE_WS_LEFT;
+    b->gone_ms = 99;
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_put_worker(s, a), TIDE_OK);
+    cr_assert_eq(tide_store_put_worker(s, b), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    tide_coord_worker_remove(st, 1);
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_del_worker(s, 1, st->next_worker_id), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+    cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
+    cr_assert_null(tide_coord_worker_find(st, "p", 1), "a forgotten worker came back");
+    a = tide_coord_worker_find(st, "p", 0);
+    cr_assert_not_null(a);
+    cr_assert(a->state == TIDE_WS_FAILED && a->gone_ms == 1234 && a->fenced_job == 5);
+    cr_assert_eq(tide_coord_worker_add(st, -1, "q", 0, &w), TIDE_OK);
+    cr_assert_eq(w->id, 2, "id 1 was handed out before: never again");
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+    rm_db(path);
+}
+
 Test(store, garbage_file_is_refused)
 {
     char path[64];

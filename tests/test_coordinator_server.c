@@ -379,11 +379,54 @@ Test(tided, missed_heartbeats_trigger_recovery_over_survivors, .init = setup, .f
         if (r.u.status_reply.rows[i].worker == w[2].id)
             cr_assert_eq(r.u.status_reply.rows[i].state, TIDE_WORKER_FAILED);
     tide_msg_clear(&r);
-    /* a heartbeat from the failed worker is told to register again */
+    /* the failed member comes back (it was only stopped): it is told it was fenced, never
+       to register again, and registering again as the same process changes nothing */
     coord_mk_heartbeat(&m, w[2].id, 5, 1);
     cr_assert_eq(coord_call(w[2].sock, &m, &r), 0);
-    cr_assert_eq(r.type, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_STALE);
+    cr_assert_eq(r.type, TIDE_MSG_FENCED, "got %s", tide_msg_type_name(r.type));
+    cr_assert_eq(r.u.fenced.worker, w[2].id);
+    cr_assert_str_eq(r.u.fenced.job, "train");
+    cr_assert(strstr(r.u.fenced.reason, "must exit") != NULL, "%s", r.u.fenced.reason);
+    tide_msg_clear(&r);
+    coord_mk_register(&m, POOL, 2, 3, "host1", 0, 1002); /* fake_register's pid for rank 2 */
+    cr_assert_eq(coord_call(w[2].sock, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_FENCED, "the same process may not rejoin: got %s",
+                 tide_msg_type_name(r.type));
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS); /* nor report anything */
+    m.u.offline_status.worker = w[2].id;
+    snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "x");
+    m.u.offline_status.attempt = 1;
+    cr_assert_eq(coord_call(w[2].sock, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_FENCED, "got %s", tide_msg_type_name(r.type));
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
+    int listed = 0;
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+        if (r.u.status_reply.rows[i].worker == w[2].id) {
+            listed = 1;
+            cr_assert_eq(r.u.status_reply.rows[i].state, TIDE_WORKER_FAILED,
+                         "a fenced worker stays failed, never idle");
+        }
+    cr_assert(listed);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 1000;
+    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
+    int fenced_ev = 0, back_ev = 0;
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows; i++) {
+        fenced_ev += strcmp(r.u.events_reply.rows[i].kind, "worker_fenced") == 0;
+        back_ev += strcmp(r.u.events_reply.rows[i].kind, "worker_back") == 0;
+    }
+    cr_assert_eq(fenced_ev, 1, "one worker_fenced event, however often it speaks");
+    cr_assert_eq(back_ev, 0);
+    tide_msg_clear(&r);
+    /* a new process on the rank (another pid: a relaunch) is a fresh idle worker */
+    coord_mk_register(&m, POOL, 2, 3, "host1", 0, 7002);
+    cr_assert_eq(coord_call(w[2].sock, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK, "got %s", tide_msg_type_name(r.type));
+    cr_assert_eq(r.u.register_ok.fail_ms, 300, "the failure timeout is heartbeat x miss limit");
     tide_msg_clear(&r);
     for (int i = 0; i < 3; i++)
         zmq_close(w[i].sock);
@@ -1183,7 +1226,7 @@ static int next_assign(fake *w, int from, int to, uint32_t *attempt, int timeout
             int hit = r.type == TIDE_MSG_OFFLINE_ASSIGN;
             if (hit)
                 *attempt = r.u.offline_assign.attempt;
-    tide_msg_clear(&r);
+            tide_msg_clear(&r);
             if (hit)
                 return i;
         }
@@ -1376,4 +1419,358 @@ Test(tided, tidectl_logs_shows_each_attempts_output, .init = setup, .fini = tear
     zmq_close(a.sock);
     zmq_close(b.sock);
     zmq_close(t.sock);
+}
+
+/* ---- the worker table: left, retention, pages, the register cap, liveness ---------------- */
+
+/* One status page from `from` (limit rows, 0: tided's page), with or without the workers
+   that left; the reply is the caller's. */
+static void status_page(void *sock, int32_t from, uint32_t limit, int all, tide_msg_t *r)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    m.u.status.from = from;
+    m.u.status.limit = limit;
+    m.u.status.all = all;
+    admin_call(sock, &m, r, TIDE_MSG_STATUS_REPLY);
+}
+
+/* The state status lists for worker id (following every page), or -1 when unlisted. */
+static int listed_state(void *sock, int32_t id, int all)
+{
+    int state = -1;
+    int32_t from = 0;
+    do {
+        tide_msg_t r;
+        status_page(sock, from, 0, all, &r);
+        for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+            if (r.u.status_reply.rows[i].worker == id)
+                state = (int)r.u.status_reply.rows[i].state;
+        from = r.u.status_reply.next;
+        tide_msg_clear(&r);
+    } while (from >= 0);
+    return state;
+}
+
+static void heartbeat(fake *f)
+{
+    tide_msg_t m;
+    coord_mk_heartbeat(&m, f->id, 5, 1);
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* A worker that said bye is "left": hidden from status (unless all), not counted as
+   failed, and forgotten after --retention-ms together with workers that failed, unless a
+   job still refers to them (a member fenced from a running job stays); a forgotten id is
+   never handed out again, across a restart too. */
+Test(tided, left_workers_are_hidden_and_forgotten_after_retention, .init = setup, .fini = teardown)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--heartbeat-ms",
+                           "100",
+                           "--miss-limit",
+                           "3",
+                           "--retention-ms",
+                           "800",
+                           "--metrics",
+                           addr,
+                           NULL};
+    start(extra);
+    fake w[4];
+    tide_msg_t m, r;
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 4);
+    }
+    fake_join(&w[0], 2);
+    fake_join(&w[1], 2);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    /* w3 leaves: left, hidden, not failed */
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = w[3].id;
+    admin_call(w[3].sock, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    cr_assert_eq(listed_state(admin, w[3].id, 0), -1, "a worker that left is hidden");
+    cr_assert_eq(listed_state(admin, w[3].id, 1), TIDE_WORKER_LEFT, "--all lists it as left");
+    static char text[1 << 16];
+    scrape(port, text, sizeof text);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"left\"}"), 1);
+    cr_assert_eq(sample(text, "tide_gpus{state=\"failed\"}"), 0, "leaving is not failing");
+    coord_mk_heartbeat(&m, w[3].id, 0, 0);
+    admin_call(w[3].sock, &m, &r, TIDE_MSG_ERROR);
+    cr_assert(strstr(r.u.error.message, "said bye") != NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    /* w2 (idle) and w1 (a member) go silent and fail; w0 survives and takes the recovery */
+    int zero = 20;
+    zmq_setsockopt(w[0].sock, ZMQ_RCVTIMEO, &zero, sizeof zero);
+    int recovered = 0;
+    uint64_t t0 = tide_now_ns();
+    while (!recovered && tide_now_ns() - t0 < 5000000000ull) {
+        heartbeat(&w[0]);
+        if (coord_recv(w[0].sock, &r) != 0)
+            continue;
+        if (r.type == TIDE_MSG_PREPARE && r.u.prepare.gen == 2) {
+            tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
+            m.u.prepare_ack.worker = w[0].id;
+            snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "train");
+            m.u.prepare_ack.gen = 2;
+            m.u.prepare_ack.step = 5;
+            cr_assert_eq(coord_send(w[0].sock, &m), 0);
+        }
+        if (r.type == TIDE_MSG_COMMIT && r.u.commit.gen == 2) {
+            tide_msg_init(&m, TIDE_MSG_DONE);
+            m.u.done.worker = w[0].id;
+            snprintf(m.u.done.job, sizeof m.u.done.job, "train");
+            m.u.done.gen = 2;
+            cr_assert_eq(coord_send(w[0].sock, &m), 0);
+            recovered = 1;
+        }
+        tide_msg_clear(&r);
+    }
+    cr_assert(recovered, "no recovery of train without w1");
+    /* past the retention: w3 (left) and w2 (failed, idle) are forgotten; w1 stays, as the
+       job it was fenced from still runs */
+    int gone = 0;
+    t0 = tide_now_ns();
+    while (!gone && tide_now_ns() - t0 < 6000000000ull) {
+        heartbeat(&w[0]);
+        tide_sleep_ms(50);
+        gone = listed_state(admin, w[3].id, 1) == -1 && listed_state(admin, w[2].id, 1) == -1;
+    }
+    cr_assert(gone, "w2 and w3 not forgotten %d ms after the retention of 800 ms",
+              (int)((tide_now_ns() - t0) / 1000000));
+    cr_assert_eq(listed_state(admin, w[1].id, 1), TIDE_WORKER_FAILED,
+                 "a member fenced from a running job is kept while the job runs");
+    cr_assert_eq(listed_state(admin, w[0].id, 0), TIDE_WORKER_ONLINE);
+    cr_assert_geq(count_events(admin, "workers_forgotten"), 1);
+    coord_mk_heartbeat(&m, w[2].id, 0, 0);
+    admin_call(w[2].sock, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_NOT_FOUND, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    zmq_close(admin);
+    /* the state file forgot them too; a new worker never gets a forgotten id */
+    coord_stop(&proc, SIGKILL);
+    start(extra);
+    admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    cr_assert_eq(listed_state(admin, w[2].id, 1), -1);
+    cr_assert_eq(listed_state(admin, w[3].id, 1), -1);
+    cr_assert_eq(listed_state(admin, w[1].id, 1), TIDE_WORKER_FAILED);
+    fake nw;
+    fake_connect(&nw, 3000);
+    coord_mk_register(&m, "pool-b", 0, 1, "host9", 0, 9000);
+    admin_call(nw.sock, &m, &r, TIDE_MSG_REGISTER_OK);
+    int32_t top = w[0].id;
+    for (int i = 1; i < 4; i++)
+        top = w[i].id > top ? w[i].id : top;
+    cr_assert_gt(r.u.register_ok.worker, top, "id %d reused (ids handed out up to %d)",
+                 r.u.register_ok.worker, top);
+    tide_msg_clear(&r);
+    zmq_close(nw.sock);
+    zmq_close(admin);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
+/* A listing longer than one reply comes in pages (--status-page rows each), each naming
+   where the next starts and the total: nothing is cut, and tidectl shows every row. */
+Test(tided, status_comes_in_pages_and_is_never_cut, .init = setup, .fini = teardown)
+{
+    const char *extra[] = {"--status-page", "3", NULL};
+    start(extra);
+    enum { N = 8 };
+    fake w[N];
+    tide_msg_t m, r;
+    for (int i = 0; i < N; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, N);
+    }
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = w[5].id;
+    admin_call(w[5].sock, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    for (int all = 0; all < 2; all++) {
+        int seen[N] = {0}, pages = 0, rows = 0;
+        int32_t from = 0;
+        do {
+            status_page(admin, from, 0, all, &r);
+            const tide_proto_status_reply_t *p = &r.u.status_reply;
+            cr_assert_eq(p->total, all ? N : N - 1, "total %u", p->total);
+            cr_assert_leq(p->n_rows, 3u, "a page holds at most --status-page rows");
+            for (uint32_t i = 0; i < p->n_rows; i++)
+                for (int k = 0; k < N; k++)
+                    seen[k] += p->rows[i].worker == w[k].id;
+            rows += (int)p->n_rows;
+            pages++;
+            from = p->next;
+            tide_msg_clear(&r);
+        } while (from >= 0 && pages < 10);
+        cr_assert_eq(rows, all ? N : N - 1);
+        cr_assert_eq(pages, all ? 3 : 3);
+        for (int k = 0; k < N; k++)
+            cr_assert_eq(seen[k], (k == 5 && !all) ? 0 : 1, "worker %d seen %d times", w[k].id,
+                         seen[k]);
+    }
+    /* a smaller limit of the reader's own */
+    status_page(admin, 0, 2, 0, &r);
+    cr_assert_eq(r.u.status_reply.n_rows, 2);
+    cr_assert_eq(r.u.status_reply.next, w[2].id);
+    tide_msg_clear(&r);
+    /* tidectl follows the pages */
+    static char out[1 << 16];
+    const char *json[] = {"--json", "status", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, json), 0, "%s", out);
+    for (int k = 0; k < N; k++) {
+        char want[32];
+        snprintf(want, sizeof want, "\"worker\":%d,", w[k].id);
+        cr_assert_eq(strstr(out, want) != NULL, k != 5, "worker %d in tidectl status: %s", w[k].id,
+                     out);
+    }
+    const char *all[] = {"status", "--all", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, all), 0, "%s", out);
+    cr_assert(strstr(out, "8 GPUs: 0 online, 0 offline work, 7 idle, 0 draining, 0 failed, 1 left"),
+              "%s", out);
+    zmq_close(admin);
+    for (int i = 0; i < N; i++)
+        zmq_close(w[i].sock);
+}
+
+/* One client may hold --max-client-workers live workers, and one pool may declare as many
+   ranks; past that registration is refused with the reason. */
+Test(tided, a_client_registers_a_bounded_number_of_workers, .init = setup, .fini = teardown)
+{
+    const char *extra[] = {"--max-client-workers", "3", NULL};
+    start(extra);
+    void *greedy = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    tide_msg_t m, r;
+    int32_t ids[3];
+    for (int i = 0; i < 3; i++) {
+        coord_mk_register(&m, "p", i, 3, "host0", i, 100 + i);
+        admin_call(greedy, &m, &r, TIDE_MSG_REGISTER_OK);
+        ids[i] = r.u.register_ok.worker;
+        tide_msg_clear(&r);
+    }
+    coord_mk_register(&m, "q", 0, 3, "host0", 3, 200);
+    admin_call(greedy, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_RANGE);
+    cr_assert(strstr(r.u.error.message, "--max-client-workers") != NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    /* the same worker registering again is no new one */
+    coord_mk_register(&m, "p", 1, 3, "host0", 1, 101);
+    admin_call(greedy, &m, &r, TIDE_MSG_REGISTER_OK);
+    cr_assert_eq(r.u.register_ok.worker, ids[1]);
+    tide_msg_clear(&r);
+    /* a pool may not declare more ranks than that */
+    void *other = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    coord_mk_register(&m, "big", 0, 4, "host1", 0, 300);
+    admin_call(other, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_RANGE);
+    cr_assert(strstr(r.u.error.message, "declares 4 ranks") != NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    /* another client is not held to the first one's count */
+    coord_mk_register(&m, "q", 0, 3, "host1", 0, 301);
+    admin_call(other, &m, &r, TIDE_MSG_REGISTER_OK);
+    tide_msg_clear(&r);
+    /* a worker that left frees its place */
+    tide_msg_init(&m, TIDE_MSG_BYE);
+    m.u.bye.worker = ids[0];
+    admin_call(greedy, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    coord_mk_register(&m, "q", 1, 3, "host0", 3, 201);
+    admin_call(greedy, &m, &r, TIDE_MSG_REGISTER_OK);
+    tide_msg_clear(&r);
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(other, &m, &r, TIDE_MSG_STATUS_REPLY);
+    cr_assert_eq(r.u.status_reply.total, 4, "3 live workers of greedy's and 1 of the other's");
+    tide_msg_clear(&r);
+    zmq_close(greedy);
+    zmq_close(other);
+}
+
+static int liveness(fake *f, const char *job, const int32_t *ranks, uint32_t n, int32_t *alive)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_LIVENESS);
+    m.u.liveness.worker = f->id;
+    snprintf(m.u.liveness.job, sizeof m.u.liveness.job, "%s", job);
+    m.u.liveness.ranks = (int32_t *)ranks;
+    m.u.liveness.n_ranks = n;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+    for (;;) {
+        cr_assert_eq(coord_recv(f->sock, &r), 0, "no liveness reply");
+        if (r.type == TIDE_MSG_LIVENESS_REPLY || r.type == TIDE_MSG_ERROR)
+            break;
+        tide_msg_clear(&r);
+    }
+    int code = 0;
+    if (r.type == TIDE_MSG_ERROR) {
+        code = r.u.error.code;
+    } else {
+        cr_assert_eq(r.u.liveness_reply.n_ranks, n);
+        cr_assert_eq(memcmp(r.u.liveness_reply.ranks, ranks, n * sizeof *ranks), 0);
+        memcpy(alive, r.u.liveness_reply.alive, n * sizeof *alive);
+    }
+    tide_msg_clear(&r);
+    return code;
+}
+
+/* What a switch decides about old members comes from an exact question about exactly
+   those job ranks, not from a status listing: with one row per status page, liveness still
+   answers for every rank asked. */
+Test(tided, liveness_answers_exactly_the_ranks_asked, .init = setup, .fini = teardown)
+{
+    const char *extra[] = {
+        "--heartbeat-ms", "100", "--miss-limit", "3", "--status-page", "1", NULL};
+    start(extra);
+    fake w[3];
+    tide_msg_t r;
+    for (int i = 0; i < 3; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 3);
+    }
+    fake_join(&w[0], 2);
+    fake_join(&w[1], 2);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    const int32_t ranks[] = {0, 1, 2, 7};
+    int32_t alive[4];
+    cr_assert_eq(liveness(&w[0], "train", ranks, 4, alive), 0);
+    cr_assert(alive[0] == 1 && alive[1] == 1, "the members are alive");
+    cr_assert(alive[2] == 0, "rank 2 holds no part of the job");
+    cr_assert(alive[3] == 0, "no worker holds job rank 7");
+    cr_assert_eq(liveness(&w[0], "nope", ranks, 4, alive), TIDE_ERR_NOT_FOUND);
+    /* rank 1 goes silent: while the recovery is pending, it is reported gone */
+    int ms = 20;
+    zmq_setsockopt(w[0].sock, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    int pending = 0;
+    uint64_t t0 = tide_now_ns();
+    while (!pending && tide_now_ns() - t0 < 5000000000ull) {
+        heartbeat(&w[0]);
+        heartbeat(&w[2]);
+        if (coord_recv(w[0].sock, &r) == 0) {
+            pending = r.type == TIDE_MSG_PREPARE;
+            tide_msg_clear(&r);
+        }
+    }
+    cr_assert(pending, "no recovery after rank 1 went silent");
+    cr_assert_eq(liveness(&w[0], "train", ranks, 2, alive), 0);
+    cr_assert(alive[0] == 1 && alive[1] == 0, "rank 0 alive, rank 1 gone: got %d %d", alive[0],
+              alive[1]);
+    /* the same answer whatever page status shows */
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    status_page(admin, 0, 0, 0, &r);
+    cr_assert_eq(r.u.status_reply.n_rows, 1);
+    cr_assert_eq(r.u.status_reply.total, 3);
+    tide_msg_clear(&r);
+    zmq_close(admin);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
 }

@@ -13,6 +13,13 @@
  *             allreduce and the loss reduction over dp: half of the survivors complete
  *             the step, the others are stuck in its last reductions and must finish it
  *             alone (TIDE_STEP_FINISH), so that all switch after step KILL_AT + 1
+ *   stopped   as midstep, but the victim is stopped (SIGSTOP) instead of killed, until
+ *             tided has declared it failed and committed the recovery without it; then it
+ *             is resumed (SIGCONT). It must learn that it was fenced (tided answers its next
+ *             message so), abort its old communicators and leave: its training returns
+ *             TIDE_ERR_STALE naming the fence, while the survivors finish exactly as if it
+ *             had died. tided must never list it idle or hand it work (it stays failed; no
+ *             worker_back event), and its late messages must not disturb the survivors
  *   spare     9 ranks, one idle in the pool: the spare takes the dead rank's place and
  *             the recovery layout keeps (dp 2, tp 2, pp 2)
  *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
@@ -89,7 +96,7 @@ static void fail_all(void)
         fail_all();                                                                                \
     } while (0)
 
-static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode;
+static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode, g_stopped_mode;
 static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
 static int g_victim = -1;         /* pool rank of the killed member */
 
@@ -149,6 +156,8 @@ static int object_with(const char *hay, const char *needle, char *out, size_t ca
 }
 
 /* Rank 0, after the job's last step and before any bye: what tidectl reports. */
+static tide_t *g_t; /* rank 0's runtime, for the victim's worker id */
+
 static void check_tidectl(const char *tidectl, const char *endpoint, const tide_layout_t *now)
 {
     static char buf[1 << 18];
@@ -191,6 +200,14 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
     snprintf(want, sizeof want, "from step %d,", g_switch_at);
     MT_ASSERT(strstr(obj, want) != NULL, "recovered event: want %s in %s", want, obj);
     MT_ASSERT(count_of(buf, "\"kind\":\"resize_aborted\"") == 0, "a switch was aborted: %s", buf);
+    /* a rank that comes back after the job recovered without it never rejoins the pool */
+    MT_ASSERT(count_of(buf, "\"kind\":\"worker_back\"") == 0,
+              "a failed worker was taken back (stopped mode: the resumed rank must be fenced): %s",
+              buf);
+    snprintf(want, sizeof want, "on worker %d ", tide_pool_worker_id(g_t, g_victim));
+    MT_ASSERT(!object_with(buf, want, obj, sizeof obj) ||
+                  strstr(obj, "\"kind\":\"offline_assigned\"") == NULL,
+              "offline work was given to the failed worker: %s", obj);
 }
 
 /* ---- watchdog (rank 0 thread): the recovery must come, not a hang --------------------------- */
@@ -200,6 +217,12 @@ typedef struct watch {
     const char *tidectl;
     volatile int stop;
     volatile uint64_t killed_ns; /* set when the victim's last step was recorded */
+    /* stopped mode */
+    int victim_pid;       /* the stopped rank's process */
+    int32_t victim_id;    /* its tided worker id */
+    volatile int resumed; /* SIGCONT sent, after the recovery committed */
+    volatile int fenced;  /* tided fenced it and its process is gone */
+    char why[512];        /* what went wrong in the watchdog (stopped mode), "" when nothing */
 } watch;
 
 /* zero1 mode, rank 0's thread (its main thread waits in the step like every survivor, until
@@ -241,9 +264,101 @@ static void check_stalled(watch *w)
     fflush(stdout);
 }
 
+/* The state tided lists for worker id in a status reply (a tidectl --json status), copied
+   into out; "" when it is not listed. */
+static void worker_state_of(const char *status, int32_t id, char *out, size_t cap)
+{
+    char needle[48], obj[1024];
+    snprintf(needle, sizeof needle, "\"worker\":%d,", (int)id);
+    out[0] = '\0';
+    if (!object_with(status, needle, obj, sizeof obj))
+        return;
+    const char *p = strstr(obj, "\"state\":\"");
+    if (p == NULL)
+        return;
+    p += strlen("\"state\":\"");
+    size_t n = strcspn(p, "\"");
+    n = n < cap - 1 ? n : cap - 1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+
+/* stopped mode, rank 0's thread: once tided committed the recovery without the stopped
+   rank, resumes it; from then on tided must list it failed (never idle: it would be handed
+   offline work while its program is stuck in a step of the old generation) until it has
+   been told it was fenced and its process has left. */
+static void watch_stopped(watch *w)
+{
+    static char buf[1 << 18];
+    char st[32];
+    uint64_t deadline = 0;
+    while (!w->stop) {
+        tide_sleep_ms(50);
+        if (w->killed_ns == 0)
+            continue;
+        if (deadline == 0)
+            deadline = tide_now_ns() + 2ull * DETECT_S * 1000000000ull;
+        if (tide_now_ns() > deadline) {
+            snprintf(w->why, sizeof w->why,
+                     "%s within %d s of the stop (victim worker %d, last state '%s')",
+                     w->resumed ? "the resumed rank was not fenced and gone"
+                                : "no recovery committed",
+                     2 * DETECT_S, (int)w->victim_id, st);
+            return;
+        }
+        if (tidectl_json(w->tidectl, w->endpoint, "status", buf, sizeof buf) != 0)
+            continue;
+        worker_state_of(buf, w->victim_id, st, sizeof st);
+        if (!w->resumed) {
+            if (tidectl_json(w->tidectl, w->endpoint, "jobs", buf, sizeof buf) != 0)
+                continue;
+            char obj[1024];
+            if (!object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj) ||
+                strstr(obj, "\"gen\":2,") == NULL || strstr(obj, "\"state\":\"running\"") == NULL)
+                continue;
+            if (strcmp(st, "failed") != 0) {
+                snprintf(w->why, sizeof w->why,
+                         "the recovery committed but the stopped worker %d is '%s', not failed",
+                         (int)w->victim_id, st);
+                return;
+            }
+            fprintf(stderr, "[rank 0] generation 2 committed without rank %d: resuming it\n",
+                    g_victim);
+            kill(w->victim_pid, SIGCONT);
+            w->resumed = 1;
+            continue;
+        }
+        if (st[0] != '\0' && strcmp(st, "failed") != 0) {
+            snprintf(w->why, sizeof w->why,
+                     "tided lists the resumed (fenced) worker %d as '%s': it must stay failed",
+                     (int)w->victim_id, st);
+            return;
+        }
+        if (kill(w->victim_pid, 0) != 0 &&
+            tidectl_json(w->tidectl, w->endpoint, "events", buf, sizeof buf) == 0) {
+            char want[64], obj[2048];
+            snprintf(want, sizeof want, "\"kind\":\"worker_fenced\"");
+            snprintf(st, sizeof st, "worker %d ", (int)w->victim_id);
+            if (!object_with(buf, want, obj, sizeof obj) || strstr(obj, st) == NULL) {
+                snprintf(w->why, sizeof w->why,
+                         "the resumed rank left but tided recorded no worker_fenced event for "
+                         "worker %d",
+                         (int)w->victim_id);
+                return;
+            }
+            w->fenced = 1;
+            return;
+        }
+    }
+}
+
 static void *watchdog(void *arg)
 {
     watch *w = arg;
+    if (g_stopped_mode) {
+        watch_stopped(w);
+        return NULL;
+    }
     if (g_zero1_mode) {
         check_stalled(w);
         return NULL;
@@ -308,7 +423,8 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
         hash_state(t, m, r->pre);
-        if (tide_pool_rank(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode) {
+        if (tide_pool_rank(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode &&
+            !g_stopped_mode) {
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
             raise(SIGKILL);
@@ -327,9 +443,21 @@ static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
 {
     (void)ctx;
     (void)m;
-    int want = g_midstep_mode      ? point == TIDE_MLP_AT_GRADS
-               : g_lastreduce_mode ? point == TIDE_MLP_AT_LOSS
-                                   : 0;
+    int want = g_midstep_mode || g_stopped_mode ? point == TIDE_MLP_AT_GRADS
+               : g_lastreduce_mode              ? point == TIDE_MLP_AT_LOSS
+                                                : 0;
+    if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
+        tide_pool_rank(t) == g_victim && g_stopped_mode) {
+        fprintf(stderr,
+                "[rank %d] stopping myself inside step %d, before its gradient "
+                "allreduce (SIGSTOP)\n",
+                g_rank, KILL_AT);
+        fflush(stderr);
+        raise(SIGSTOP);
+        fprintf(stderr, "[rank %d] resumed inside step %d\n", g_rank, KILL_AT);
+        fflush(stderr);
+        return TIDE_OK; /* on into the old generation's allreduce, as a slow rank would */
+    }
     if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
         tide_pool_rank(t) == g_victim) {
         fprintf(stderr, "[rank %d] killing myself inside step %d, %s\n", g_rank, KILL_AT,
@@ -488,12 +616,13 @@ int main(int argc, char **argv)
 {
     if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
                      strcmp(argv[3], "lastreduce") != 0 && strcmp(argv[3], "spare") != 0 &&
-                     strcmp(argv[3], "zero1") != 0)) {
+                     strcmp(argv[3], "zero1") != 0 && strcmp(argv[3], "stopped") != 0)) {
         fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL "
-                        "replica|midstep|lastreduce|spare|zero1\n");
+                        "replica|midstep|lastreduce|spare|zero1|stopped\n");
         return 2;
     }
     g_midstep_mode = strcmp(argv[3], "midstep") == 0;
+    g_stopped_mode = strcmp(argv[3], "stopped") == 0;
     g_lastreduce_mode = strcmp(argv[3], "lastreduce") == 0;
     g_switch_at = g_lastreduce_mode ? KILL_AT + 1 : KILL_AT;
     g_spare_mode = strcmp(argv[3], "spare") == 0;
@@ -546,6 +675,7 @@ int main(int argc, char **argv)
     o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
+    g_t = t;
     tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0};
     /* tided starts the job with the first 8 workers whose join arrives: in spare mode the
        others give rank 0 (which runs the checks and must lead both layouts) a head start,
@@ -573,12 +703,29 @@ int main(int argc, char **argv)
     if (g_rank == 0) {
         snprintf(wd.endpoint, sizeof wd.endpoint, "%s", endpoint);
         wd.tidectl = argv[2];
+        wd.victim_pid = g_pids[g_victim];
+        wd.victim_id = tide_pool_worker_id(t, g_victim);
         rec.wd = &wd;
         pthread_create(&th, NULL, watchdog, &wd);
     }
 
     tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, h_at};
     tide_status trc = tide_mlp_tide_train(t, m, &h);
+    if (g_stopped_mode && g_rank == g_victim) {
+        /* resumed after the job recovered without it: it must have been told so, and leave
+           without another message to its old peers (no MPI_Finalize: that would progress
+           what its aborted operations left behind) */
+        const char *why = tide_last_error();
+        MT_ASSERT(trc == TIDE_ERR_STALE && strstr(why, "fenced") != NULL,
+                  "the resumed rank's training must end with its fence (TIDE_ERR_STALE naming "
+                  "it); it ended with %s: %s",
+                  tide_strerror(trc), why);
+        fprintf(stderr, "[rank %d] leaving: %s\n", g_rank, why);
+        fflush(stderr);
+        tide_destroy(&t);
+        tide_mlp_destroy(&m);
+        _exit(0);
+    }
     MT_ASSERT(g_rank != g_victim, "the victim is still alive");
     if (g_zero1_mode) {
         /* tided halts the job it cannot recover: every survivor's training ends with the
@@ -638,8 +785,11 @@ int main(int argc, char **argv)
 
     /* tided's view, before anyone says bye (rank 0 is a member: it finished the job) */
     if (g_rank == 0) {
-        wd.stop = 1;
+        if (!g_stopped_mode)
+            wd.stop = 1; /* stopped mode: its watchdog ends once the resumed rank is gone */
         pthread_join(th, NULL);
+        MT_ASSERT(wd.why[0] == '\0', "%s", wd.why);
+        MT_ASSERT(!g_stopped_mode || wd.fenced, "the resumed rank was not seen fenced and gone");
         MT_ASSERT(fv->member && nl->worker[0] == 0, "rank 0 leads the recovered layout");
         check_tidectl(argv[2], endpoint, nl);
     }
@@ -714,9 +864,12 @@ int main(int argc, char **argv)
                "%d) on %d survivors; switch at step %d on all;%s max loss rel diff %.2e to one "
                "process; losses and final state bit-identical to a never-failed run of the same "
                "layouts\n",
-               argv[3], g_victim, g_midstep_mode || g_lastreduce_mode ? "inside" : "after",
-               g_midstep_mode || g_lastreduce_mode ? KILL_AT : KILL_AT - 1, nl ? nl->dp : 0,
-               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g_switch_at,
+               argv[3], g_victim,
+               g_midstep_mode || g_lastreduce_mode ? "inside"
+               : g_stopped_mode                    ? "(stopped, then resumed and fenced) inside"
+                                                   : "after",
+               g_midstep_mode || g_lastreduce_mode || g_stopped_mode ? KILL_AT : KILL_AT - 1,
+               nl ? nl->dp : 0, nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g_switch_at,
                g_lastreduce_mode ? "" : " state bit-identical across the recovery;", worst_loss);
         fflush(stdout);
     }

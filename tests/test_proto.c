@@ -110,6 +110,23 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
                  "status rows");
         x.u.status_reply.rows = y.u.status_reply.rows = NULL;
         break;
+    case TIDE_MSG_LIVENESS:
+        if (a->u.liveness.n_ranks != b->u.liveness.n_ranks)
+            return snprintf(why, len, "rank counts differ"), 0;
+        SAME_ARR(a->u.liveness.ranks, b->u.liveness.ranks, a->u.liveness.n_ranks, "ranks");
+        x.u.liveness.ranks = y.u.liveness.ranks = NULL;
+        break;
+    case TIDE_MSG_LIVENESS_REPLY:
+        if (a->u.liveness_reply.n_ranks != b->u.liveness_reply.n_ranks ||
+            a->u.liveness_reply.n_alive != b->u.liveness_reply.n_alive)
+            return snprintf(why, len, "rank counts differ"), 0;
+        SAME_ARR(a->u.liveness_reply.ranks, b->u.liveness_reply.ranks, a->u.liveness_reply.n_ranks,
+                 "ranks");
+        SAME_ARR(a->u.liveness_reply.alive, b->u.liveness_reply.alive, a->u.liveness_reply.n_alive,
+                 "alive");
+        x.u.liveness_reply.ranks = y.u.liveness_reply.ranks = NULL;
+        x.u.liveness_reply.alive = y.u.liveness_reply.alive = NULL;
+        break;
     case TIDE_MSG_JOBS_REPLY:
         if (a->u.jobs_reply.n_rows != b->u.jobs_reply.n_rows)
             return snprintf(why, len, "row counts differ"), 0;
@@ -849,6 +866,109 @@ Test(proto_refuse, arrays_over_their_limits)
     refuse_edit(&s, OP_SET, "kind", VSTR("online"),
                 "field 'kind' must be \"command\" or \"plugin\"");
     refuse_edit(&s, OP_SET, "plugin", VSTR("p"), "field 'plugin' must be \"\" for a command job");
+}
+
+/* liveness: ranks 1..2^20 job ranks, strictly increasing; its reply echoes them with one
+   0/1 per rank. A request that could match no reply, or a reply that could be misread as
+   another rank's answer, is refused. */
+Test(proto_refuse, liveness_and_its_reply)
+{
+    int32_t ranks[3] = {1, 4, 9}, alive[3] = {1, 0, 1};
+    tide_msg_t q;
+    tide_msg_init(&q, TIDE_MSG_LIVENESS);
+    q.u.liveness.worker = 3;
+    strcpy(q.u.liveness.job, "llm");
+    q.u.liveness.ranks = ranks;
+    q.u.liveness.n_ranks = 3;
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_LIVENESS_REPLY);
+    strcpy(r.u.liveness_reply.job, "llm");
+    r.u.liveness_reply.ranks = ranks;
+    r.u.liveness_reply.n_ranks = 3;
+    r.u.liveness_reply.alive = alive;
+    r.u.liveness_reply.n_alive = 3;
+    const int64_t none[1] = {0};
+    refuse_edit(&q, OP_SET, "ranks", VIARR(none, 0), "field 'ranks' must name at least one");
+    const int64_t unsorted[3] = {4, 1, 9};
+    refuse_edit(&q, OP_SET, "ranks", VIARR(unsorted, 3), "must be strictly increasing");
+    const int64_t twice[3] = {1, 4, 4};
+    refuse_edit(&q, OP_SET, "ranks", VIARR(twice, 3), "must be strictly increasing");
+    const int64_t too_big[1] = {1 << 20};
+    refuse_edit(&q, OP_SET, "ranks", VIARR(too_big, 1),
+                "field 'ranks[0]' must be an integer in [0, 1048575], got 1048576");
+    refuse_edit(&q, OP_DROP, "job", VNIL, "missing field 'job'");
+    refuse_edit(&q, OP_ADD, "gen", VUINT(1), "unknown field 'gen'");
+    const int64_t two[2] = {1, 0};
+    refuse_edit(&r, OP_SET, "alive", VIARR(two, 2),
+                "field 'alive' has 2 entries where field 'ranks' has 3");
+    const int64_t not_bool[3] = {1, 2, 0};
+    refuse_edit(&r, OP_SET, "alive", VIARR(not_bool, 3),
+                "field 'alive[1]' must be an integer in [0, 1], got 2");
+    refuse_edit(&r, OP_SET, "alive", VSTR("yes"), "field 'alive' must be an array of integers");
+    /* the encoder refuses what the decoder would */
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    r.u.liveness_reply.n_alive = 2;
+    cr_expect_eq(tide_proto_encode(&r, &b), TIDE_ERR_INVALID);
+    q.u.liveness.n_ranks = 0;
+    cr_expect_eq(tide_proto_encode(&q, &b), TIDE_ERR_INVALID);
+    tide_proto_buf_destroy(&b);
+}
+
+/* status pages: a reply never holds more rows than its total, its rows come in worker
+   order below the next page's start, and a page that announces another one is not empty
+   (a reader that follows `next` always ends). The request's limit stays within a reply. */
+Test(proto_refuse, status_pages)
+{
+    tide_proto_gpu_row_t rows[2];
+    memset(rows, 0, sizeof rows);
+    for (int i = 0; i < 2; i++) {
+        rows[i].worker = 10 + 5 * i;
+        strcpy(rows[i].host, "h");
+        rows[i].stage = rows[i].dp_rank = rows[i].tp_rank = -1;
+    }
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_STATUS_REPLY);
+    m.u.status_reply.rows = rows;
+    m.u.status_reply.n_rows = 2;
+    m.u.status_reply.total = 9;
+    m.u.status_reply.next = 16;
+    refuse_edit(&m, OP_SET, "total", VUINT(1), "field 'rows' has 2 entries, more than field "
+                                               "'total' = 1");
+    refuse_edit(&m, OP_SET, "next", VINT(15), "field 'next' = 15 must be above every row's "
+                                              "worker (rows[1].worker = 15)");
+    refuse_edit(&m, OP_SET, "next", VINT(-2), "field 'next' must be an integer in [-1, ");
+    refuse_edit(&m, OP_DROP, "total", VNIL, "missing field 'total'");
+    refuse_edit(&m, OP_SET, "rows.1.worker", VUINT(3), "must be in increasing worker order");
+    tide_msg_t e;
+    tide_msg_init(&e, TIDE_MSG_STATUS_REPLY);
+    e.u.status_reply.total = 4;
+    e.u.status_reply.next = -1;
+    refuse_edit(&e, OP_SET, "next", VINT(7), "announces another page after an empty one");
+    tide_msg_t q;
+    tide_msg_init(&q, TIDE_MSG_STATUS);
+    refuse_edit(&q, OP_SET, "limit", VUINT(65537), "field 'limit' must be an integer in [0, "
+                                                   "65536], got 65537");
+    refuse_edit(&q, OP_SET, "from", VINT(-1), "field 'from' must be an integer in [0, ");
+    refuse_edit(&q, OP_SET, "all", VUINT(1), "field 'all' must be");
+    refuse_edit(&q, OP_DROP, "from", VNIL, "missing field 'from'");
+    tide_msg_t ok;
+    tide_msg_init(&ok, TIDE_MSG_REGISTER_OK);
+    ok.u.register_ok.worker = 1;
+    ok.u.register_ok.heartbeat_ms = 1000;
+    ok.u.register_ok.fail_ms = 3000;
+    refuse_edit(&ok, OP_SET, "fail_ms", VUINT(999),
+                "field 'fail_ms' = 999 must be at least field 'heartbeat_ms' = 1000");
+    refuse_edit(&ok, OP_DROP, "fail_ms", VNIL, "missing field 'fail_ms'");
+    tide_msg_t f;
+    tide_msg_init(&f, TIDE_MSG_FENCED);
+    f.u.fenced.worker = 4;
+    strcpy(f.u.fenced.job, "llm");
+    refuse_edit(&f, OP_SET, "job", VSTR("no spaces"), "field 'job'");
+    refuse_edit(&f, OP_DROP, "reason", VNIL, "missing field 'reason'");
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_LIVENESS), TIDE_ROLE_WORKER);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_FENCED), TIDE_ROLE_COORDINATOR);
+    cr_expect_str_eq(tide_proto_worker_state_name(TIDE_WORKER_LEFT), "left");
 }
 
 Test(proto_refuse, nested_rows_name_their_index)

@@ -245,6 +245,38 @@ static void answer_status(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
     g[1].stage = g[1].dp_rank = g[1].tp_rank = -1;
     strcpy(g[1].offline, "sweep");
     g[1].last_seen_ms = 1700000000900;
+    rep->u.status_reply.total = 2;
+    rep->u.status_reply.next = -1;
+}
+
+/* A worker table of 7 rows (ids 0, 3, 6, ... 18; the last one left) that the fake hands
+   out 2 rows a page from the request's `from`: tidectl must follow the pages. */
+static void answer_status_paged(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
+{
+    (void)f;
+    const tide_proto_status_t *q = &req->u.status;
+    int n_all = q->all ? 7 : 6;
+    tide_msg_init(rep, TIDE_MSG_STATUS_REPLY);
+    tide_proto_status_reply_t *x = &rep->u.status_reply;
+    x->time_ms = 1700000001000;
+    x->total = (uint32_t)n_all;
+    x->next = -1;
+    x->rows = tide_calloc(2, sizeof *x->rows);
+    for (int k = 0; k < n_all; k++) {
+        int32_t id = 3 * k;
+        if (id < q->from)
+            continue;
+        if (x->n_rows == 2) {
+            x->next = id;
+            break;
+        }
+        tide_proto_gpu_row_t *g = &x->rows[x->n_rows++];
+        g->worker = id;
+        snprintf(g->host, sizeof g->host, "page-host-%d", (int)id);
+        g->kind = TIDE_DEVICE_CPU;
+        g->state = k == 6 ? TIDE_WORKER_LEFT : TIDE_WORKER_IDLE;
+        g->stage = g->dp_rank = g->tp_rank = -1;
+    }
 }
 
 static void answer_resize(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
@@ -423,7 +455,8 @@ Test(tidectl_format, status_table_is_aligned)
     f = open_memstream(&s, &len);
     tidectl_print_status(f, &rep.u.status_reply, 1);
     fclose(f);
-    cr_expect(strstr(s, "{\"time_ms\":1700000001000,\"ompi_server\":\"\",\"gpus\":[{\"worker\":0,\"host\":\"node-a\""),
+    cr_expect(strstr(s, "{\"time_ms\":1700000001000,\"ompi_server\":\"\",\"gpus\":[{\"worker\":0,"
+                        "\"host\":\"node-a\""),
               "%s", s);
     cr_expect(strstr(s, "\"job\":null"), "%s", s);
     cr_expect(strstr(s, "\"offline\":\"sweep\""), "%s", s);
@@ -534,6 +567,32 @@ Test(tidectl_cli, status_and_jobs)
     run_free(&r);
     fake_stop(&f);
     cr_expect_eq(f.bad_frames, 0, "requests use the [\"\"][payload] envelope");
+}
+
+Test(tidectl_cli, status_follows_every_page_and_all_lists_the_workers_that_left)
+{
+    fake_t f;
+    fake_start(&f, FAKE_REPLY, answer_status_paged, NULL, 0, 0);
+    run_t r = run_cli("--endpoint", f.endpoint, "--json", "status", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    for (int k = 0; k < 6; k++) {
+        char want[48];
+        snprintf(want, sizeof want, "\"worker\":%d,", 3 * k);
+        cr_expect(strstr(r.out, want) != NULL, "row of worker %d missing:\n%s", 3 * k, r.out);
+    }
+    cr_expect_null(strstr(r.out, "\"left\""), "%s", r.out);
+    cr_expect_eq(f.last.u.status.all, 0);
+    cr_expect_eq(f.last.u.status.from, 12, "the last page starts at the id tided named");
+    run_free(&r);
+    r = run_cli("--endpoint", f.endpoint, "status", "--all", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "7 GPUs: 0 online, 0 offline work, 6 idle, 0 draining, 0 failed, "
+                            "1 left"),
+              "%s", r.out);
+    cr_expect(strstr(r.out, "page-host-18"), "%s", r.out);
+    cr_expect_eq(f.last.u.status.all, 1);
+    run_free(&r);
+    fake_stop(&f);
 }
 
 Test(tidectl_cli, resize_dry_run_sends_the_layout_and_prints_the_plan)

@@ -415,6 +415,7 @@ static void fake_send(fake *f, const tide_msg_t *m)
 typedef struct reg_arg {
     fake *f;
     int hb_ms;
+    int fail_ms; /* tided's failure timeout, the worker's lease */
 } reg_arg;
 
 static void *fake_register(void *arg)
@@ -428,12 +429,14 @@ static void *fake_register(void *arg)
     tide_msg_init(&m, TIDE_MSG_REGISTER_OK);
     m.u.register_ok.worker = 42;
     m.u.register_ok.heartbeat_ms = ra->hb_ms;
+    m.u.register_ok.fail_ms = ra->fail_ms;
     fake_send(ra->f, &m);
     return NULL;
 }
 
-/* A control client registered with f as a worker of the given kind on local device. */
-static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
+/* A control client registered with f as a worker of the given kind on local device, with
+   tided's failure timeout fail_ms (the lease). */
+static tide__ctl_t *start_ctl_with(fake *f, int kind, int device, int fail_ms)
 {
     tide__ctl_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -447,7 +450,7 @@ static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
     cfg.reg.mem_bytes = 1 << 20;
     cfg.reg.pid = (int)getpid();
     cfg.register_timeout_ms = 5000;
-    reg_arg ra = {f, 50};
+    reg_arg ra = {f, 50, fail_ms};
     pthread_t th;
     pthread_create(&th, NULL, fake_register, &ra);
     tide__ctl_t *ctl = NULL;
@@ -456,6 +459,18 @@ static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
     cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
     cr_assert_eq(tide__ctl_worker_id(ctl), 42);
     return ctl;
+}
+
+/* A control client registered with a fake tided whose failure timeout is a minute: no
+   lease runs out in a test that does not mean it to. */
+static tide__ctl_t *start_ctl_on(fake *f, int kind, int device)
+{
+    return start_ctl_with(f, kind, device, 60000);
+}
+
+static tide__ctl_t *start_ctl_lease(fake *f, int fail_ms)
+{
+    return start_ctl_with(f, TIDE_DEVICE_CPU, 0, fail_ms);
 }
 
 static tide__ctl_t *start_ctl(fake *f)
@@ -1110,4 +1125,170 @@ Test(offline, cuda_visible_devices_of_a_child)
     cr_expect_eq(tide__cuda_visible("4,5", 2, out, sizeof out), TIDE_ERR_RANGE);
     cr_expect(strstr(tide_last_error(), "CUDA_VISIBLE_DEVICES=4,5") != NULL);
     cr_expect_eq(tide__cuda_visible("4,5", -1, out, sizeof out), TIDE_ERR_INVALID);
+}
+
+/* ---- fencing: tided's word, or the rank's own lease --------------------------------------- */
+
+typedef struct aborts {
+    int step, sw; /* abort callback calls: the step's communicators, the switch's */
+} aborts;
+
+static void count_abort(void *ctx, int which)
+{
+    aborts *a = ctx;
+    if (which == 0)
+        a->step++;
+    else
+        a->sw++;
+}
+
+/* 1 once ctl is fenced (waits up to ms), its reason into why. */
+static int wait_fenced(tide__ctl_t *ctl, char *why, size_t len, int ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)ms * 1000000ull;
+    tide__ctl_lock(ctl);
+    int f = tide__ctl_fenced(ctl, why, len);
+    while (!f && tide_now_ns() < deadline) {
+        tide__ctl_wait(ctl, 20);
+        f = tide__ctl_fenced(ctl, why, len);
+    }
+    tide__ctl_unlock(ctl);
+    return f;
+}
+
+/* 1 when a message of type t reaches the fake within ms (others skipped). */
+static int fake_sees(fake *f, tide_msg_type_t t, int ms)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)ms * 1000000ull;
+    while (tide_now_ns() < deadline) {
+        zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        zmq_msg_recv(&id, f->router, 0);
+        zmq_msg_recv(&body, f->router, 0);
+        tide_msg_t m;
+        int hit = tide_proto_decode(zmq_msg_data(&body), zmq_msg_size(&body), &m) == TIDE_OK &&
+                  m.type == t;
+        if (m.type != TIDE_MSG_NONE)
+            tide_msg_clear(&m);
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+        if (hit)
+            return 1;
+    }
+    return 0;
+}
+
+/* tided's "fenced" answer: the rank's communicators are aborted, its lease expires at once
+   (no further MPI call), it stops heartbeating and never registers again. */
+Test(ctl, tideds_fenced_answer_aborts_and_silences_the_rank)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl(&f);
+    aborts ab = {0, 0};
+    tide__ctl_set_abort(ctl, count_abort, &ab);
+    tide__ctl_set_job(ctl, "jobA", 0);
+    tide__ctl_lock(ctl);
+    tide__agree_first(tide__ctl_agree(ctl), 1, 1);
+    tide__ctl_unlock(ctl);
+    tide_msg_t m;
+    fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000);
+    tide_msg_clear(&m);
+    cr_assert_eq(tide_coll_lease_expired(), 0, "a heartbeating rank holds its lease");
+    tide_msg_init(&m, TIDE_MSG_FENCED);
+    m.u.fenced.worker = 42;
+    snprintf(m.u.fenced.job, sizeof m.u.fenced.job, "jobA");
+    m.u.fenced.gen = 2;
+    snprintf(m.u.fenced.reason, sizeof m.u.fenced.reason, "went on without it");
+    fake_send(&f, &m);
+    char why[TIDE_PROTO_TEXT_MAX + 1];
+    cr_assert(wait_fenced(ctl, why, sizeof why, 3000), "the fenced answer was not taken");
+    cr_assert(strstr(why, "tided fenced worker 42: went on without it") != NULL, "%s", why);
+    tide__ctl_lock(ctl);
+    cr_assert(ab.step == 1 && ab.sw == 1, "step and switch aborted once each (%d, %d)", ab.step,
+              ab.sw);
+    tide__ctl_unlock(ctl);
+    cr_assert_eq(tide_coll_lease_expired(), 1, "no further call into MPI");
+    /* nothing more: no heartbeat, and no registration even when asked */
+    tide_msg_init(&m, TIDE_MSG_ERROR);
+    m.u.error.code = TIDE_ERR_STALE;
+    snprintf(m.u.error.message, sizeof m.u.error.message, "worker 42 is failed: register again");
+    fake_send(&f, &m);
+    cr_assert_eq(fake_sees(&f, TIDE_MSG_HEARTBEAT, 400), 0, "a fenced rank heartbeats");
+    cr_assert_eq(fake_sees(&f, TIDE_MSG_REGISTER, 1200), 0, "a fenced rank registers again");
+    tide__ctl_destroy(&ctl, 0);
+    tide_coll_lease_set(0);
+    fake_close(&f);
+}
+
+/* Sends the parent SIGSTOP after 100 ms and SIGCONT stop_ms later, then exits. */
+static pid_t stop_me(int stop_ms)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        usleep(100 * 1000);
+        kill(parent, SIGSTOP);
+        usleep((useconds_t)stop_ms * 1000);
+        kill(parent, SIGCONT);
+        _exit(0);
+    }
+    return pid;
+}
+
+/* A member stopped past tided's failure timeout fences itself when it resumes, before
+   tided says anything: its lease has run out (no MPI call may follow), its communicators
+   are aborted, and it reports the failure so that the job recovers without it. A rank
+   stopped as long outside any layout only renews its lease. */
+Test(ctl, a_member_stopped_past_its_lease_fences_itself)
+{
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl_lease(&f, 300);
+    aborts ab = {0, 0};
+    tide__ctl_set_abort(ctl, count_abort, &ab);
+    tide__ctl_set_job(ctl, "jobA", 0);
+    tide__ctl_lock(ctl);
+    tide__agree_first(tide__ctl_agree(ctl), 1, 0); /* idle first: outside the layout */
+    tide__ctl_unlock(ctl);
+    pid_t helper = stop_me(600);
+    waitpid(helper, NULL, 0); /* returns once we were stopped and resumed */
+    tide_msg_t m;
+    fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000); /* it goes on heartbeating */
+    tide_msg_clear(&m);
+    char why[TIDE_PROTO_TEXT_MAX + 1];
+    cr_assert_eq(wait_fenced(ctl, why, sizeof why, 300), 0, "an idle rank fenced itself: %s",
+                 why);
+    cr_assert_eq(tide_coll_lease_expired(), 0);
+    /* now a member */
+    tide__ctl_lock(ctl);
+    tide__agree_first(tide__ctl_agree(ctl), 1, 1);
+    tide__ctl_unlock(ctl);
+    fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000);
+    tide_msg_clear(&m);
+    helper = stop_me(600);
+    waitpid(helper, NULL, 0);
+    cr_assert_eq(tide_coll_lease_expired(), 1,
+                 "past its lease before the heartbeat thread even runs again");
+    fake_expect(&f, TIDE_MSG_FAILURE, &m, 3000);
+    cr_assert_eq(m.u.failure.worker, 42);
+    cr_assert_eq(m.u.failure.code, TIDE_ERR_STALE);
+    cr_assert_str_eq(m.u.failure.job, "jobA");
+    cr_assert(strstr(m.u.failure.reason, "past tided's failure timeout of 300 ms") != NULL, "%s",
+              m.u.failure.reason);
+    tide_msg_clear(&m);
+    cr_assert(wait_fenced(ctl, why, sizeof why, 3000));
+    cr_assert(strstr(why, "sent no heartbeat for") != NULL, "%s", why);
+    tide__ctl_lock(ctl);
+    cr_assert(ab.step == 1 && ab.sw == 1, "step and switch aborted (%d, %d)", ab.step, ab.sw);
+    tide__ctl_unlock(ctl);
+    cr_assert_eq(fake_sees(&f, TIDE_MSG_HEARTBEAT, 300), 0, "a fenced rank heartbeats");
+    tide__ctl_destroy(&ctl, 0);
+    tide_coll_lease_set(0);
+    fake_close(&f);
 }

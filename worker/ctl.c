@@ -62,6 +62,10 @@ struct tide__ctl {
     void *abort_ctx;
     int halt_code; /* tided halted the job (a tide_status); 0: not halted */
     char halt_reason[TIDE_PROTO_TEXT_MAX + 1];
+    int fail_ms; /* tided's failure timeout (register_ok), ms; 0 before the first */
+    int fenced;  /* this process was given up (tided said so, or its lease ran out): it sends
+                    nothing more to tided but a last word, and touches no peer */
+    char fence_reason[TIDE_PROTO_TEXT_MAX + 1];
     uint64_t idle_ns, bubble_ns, filled_ns, step_ns;
     uint32_t steps;
     uint8_t *done_bytes; /* last done sent, for duplicate commits */
@@ -95,6 +99,7 @@ struct tide__ctl {
     uint64_t deferred_ack_gen; /* prepare_ack waiting for the offline child to stop */
     tide_proto_buf_t buf;
     uint64_t next_hb_ns, next_reg_ns;
+    uint64_t last_hb_ns; /* monotonic ns of the last heartbeat sent (0: none yet) */
 };
 
 /* ---- helpers (background thread) ------------------------------------------------------ */
@@ -113,11 +118,87 @@ static void send_dealer(tide__ctl_t *ctl, const tide_msg_t *m)
 
 static void send_register(tide__ctl_t *ctl)
 {
+    pthread_mutex_lock(&ctl->mu);
+    int fenced = ctl->fenced;
+    pthread_mutex_unlock(&ctl->mu);
+    ctl->next_reg_ns = tide_now_ns() + REGISTER_RETRY_MS * 1000000ull;
+    if (fenced)
+        return; /* a fenced process never rejoins the pool */
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_REGISTER);
     m.u.reg = ctl->reg;
     send_dealer(ctl, &m);
     ctl->next_reg_ns = tide_now_ns() + REGISTER_RETRY_MS * 1000000ull;
+}
+
+/*
+ * This process was given up: by tided (its "fenced" answer) or by its own lease (it sent
+ * no heartbeat for tided's whole failure timeout, so tided may have declared it failed
+ * and its peers abandoned it). From now on its communicators count as aborted (the lease
+ * is set in the past: see tide_coll_lease_set), the step's and the switch's operations
+ * are aborted, and the program's next tide_step_begin fails with why. tell: also report
+ * the failure to tided, so that a job it did not fail yet recovers without this rank.
+ */
+static void fence(tide__ctl_t *ctl, const char *why, int tell)
+{
+    tide_msg_t f;
+    tide_msg_init(&f, TIDE_MSG_FAILURE);
+    pthread_mutex_lock(&ctl->mu);
+    if (ctl->fenced) {
+        pthread_mutex_unlock(&ctl->mu);
+        return;
+    }
+    ctl->fenced = 1;
+    snprintf(ctl->fence_reason, sizeof ctl->fence_reason, "%s", why);
+    tide_coll_lease_set(1); /* expired: not one more call into MPI or NCCL */
+    if (ctl->abort_fn != NULL) {
+        ctl->abort_fn(ctl->abort_ctx, 0);
+        ctl->abort_fn(ctl->abort_ctx, 1);
+    }
+    f.u.failure.worker = ctl->worker_id;
+    snprintf(f.u.failure.job, sizeof f.u.failure.job, "%s", ctl->job);
+    f.u.failure.gen = ctl->agree.gen;
+    pthread_cond_broadcast(&ctl->cv);
+    pthread_mutex_unlock(&ctl->mu);
+    TIDE_ERROR(SUBSYS, "fenced: %s", why);
+    if (ctl->child.pid > 0) /* tided runs its offline job elsewhere now: never two copies */
+        tide__child_preempt(&ctl->child, ctl->child.grace_ms, tide_now_ns());
+    if (tell) {
+        f.u.failure.code = TIDE_ERR_STALE;
+        snprintf(f.u.failure.reason, sizeof f.u.failure.reason, "%s", why);
+        send_dealer(ctl, &f);
+    }
+}
+
+/* Renews the lease with a heartbeat, or fences this process when it comes too late: a
+ * rank of a job that sent nothing for tided's failure timeout (it was stopped or starved)
+ * may have been declared failed meanwhile, and must not send one more message to peers
+ * that may have given it up. A rank outside any layout holds no communicator: it only
+ * renews (tided re-registers it when it had failed it). */
+static int lease_renew(tide__ctl_t *ctl, uint64_t now)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int fail_ms = ctl->fail_ms;
+    int in_job = ctl->job[0] != '\0' && (ctl->agree.member || ctl->agree.p_gen != 0);
+    int fenced = ctl->fenced;
+    pthread_mutex_unlock(&ctl->mu);
+    if (fenced)
+        return 0;
+    uint64_t fail_ns = (uint64_t)fail_ms * 1000000ull;
+    if (fail_ms > 0 && in_job && ctl->last_hb_ns != 0 && now - ctl->last_hb_ns >= fail_ns) {
+        char why[TIDE_PROTO_TEXT_MAX + 1];
+        snprintf(why, sizeof why,
+                 "this process sent no heartbeat for %llu ms (it was stopped or starved), "
+                 "past tided's failure timeout of %d ms: it may have been declared failed and "
+                 "its job gone on without it, so it leaves without touching its peers",
+                 (unsigned long long)((now - ctl->last_hb_ns) / 1000000ull), fail_ms);
+        fence(ctl, why, 1);
+        return 0;
+    }
+    ctl->last_hb_ns = now;
+    if (fail_ms > 0)
+        tide_coll_lease_set(now + fail_ns);
+    return 1;
 }
 
 static void send_heartbeat(tide__ctl_t *ctl)
@@ -139,9 +220,10 @@ static void send_heartbeat(tide__ctl_t *ctl)
     pthread_mutex_unlock(&ctl->mu);
     if (m.u.heartbeat.idle_ms > TIDE_PROTO_MS_MAX)
         m.u.heartbeat.idle_ms = TIDE_PROTO_MS_MAX;
-    if (ok)
+    uint64_t now = tide_now_ns();
+    if (ok && lease_renew(ctl, now))
         send_dealer(ctl, &m);
-    ctl->next_hb_ns = tide_now_ns() + (uint64_t)hb * 1000000ull;
+    ctl->next_hb_ns = now + (uint64_t)hb * 1000000ull;
 }
 
 static void send_offline_status(tide__ctl_t *ctl, const char *job, uint32_t attempt,
@@ -601,6 +683,15 @@ static void child_tick(tide__ctl_t *ctl)
         send_ack(ctl, gen, step);
 }
 
+/* 1 once this process was fenced; takes ctl's lock. */
+static int tide__ctl_fenced_now(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int f = ctl->fenced;
+    pthread_mutex_unlock(&ctl->mu);
+    return f;
+}
+
 static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
 {
     tide_msg_t m;
@@ -609,17 +700,37 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         return;
     }
     switch (m.type) {
-    case TIDE_MSG_REGISTER_OK:
+    case TIDE_MSG_REGISTER_OK: {
         pthread_mutex_lock(&ctl->mu);
-        ctl->worker_id = m.u.register_ok.worker;
-        ctl->registered = 1;
-        ctl->ever_registered = 1;
-        ctl->hb_ms = ctl->hb_fixed_ms > 0 ? ctl->hb_fixed_ms : m.u.register_ok.heartbeat_ms;
+        int fenced = ctl->fenced;
+        if (!fenced) {
+            ctl->worker_id = m.u.register_ok.worker;
+            ctl->registered = 1;
+            ctl->ever_registered = 1;
+            ctl->hb_ms = ctl->hb_fixed_ms > 0 ? ctl->hb_fixed_ms : m.u.register_ok.heartbeat_ms;
+            ctl->fail_ms = m.u.register_ok.fail_ms;
+        }
         pthread_cond_broadcast(&ctl->cv);
         pthread_mutex_unlock(&ctl->mu);
-        TIDE_INFO(SUBSYS, "registered as worker %d (heartbeat %d ms)", m.u.register_ok.worker,
-                  m.u.register_ok.heartbeat_ms);
+        if (fenced)
+            break;
+        TIDE_INFO(SUBSYS, "registered as worker %d (heartbeat %d ms, failure after %d ms)",
+                  m.u.register_ok.worker, m.u.register_ok.heartbeat_ms, m.u.register_ok.fail_ms);
+        /* tided counts from this message: so does the lease */
+        ctl->last_hb_ns = tide_now_ns();
+        tide_coll_lease_set(ctl->last_hb_ns + (uint64_t)m.u.register_ok.fail_ms * 1000000ull);
         ctl->next_hb_ns = tide_now_ns();
+        break;
+    }
+    case TIDE_MSG_FENCED: {
+        char why[TIDE_PROTO_TEXT_MAX + 64];
+        snprintf(why, sizeof why, "tided fenced worker %d: %s", m.u.fenced.worker,
+                 m.u.fenced.reason);
+        fence(ctl, why, 0);
+        break;
+    }
+    case TIDE_MSG_LIVENESS_REPLY:
+        to_main(ctl, &m);
         break;
     case TIDE_MSG_LAYOUT:
         on_layout(ctl, &m);
@@ -650,7 +761,7 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         break;
     case TIDE_MSG_ERROR:
         if ((m.u.error.code == TIDE_ERR_NOT_FOUND || m.u.error.code == TIDE_ERR_STALE) &&
-            strstr(m.u.error.message, "register") != NULL) {
+            strstr(m.u.error.message, "register") != NULL && !tide__ctl_fenced_now(ctl)) {
             /* tided lost us (new state file) or declared us failed: register again */
             TIDE_WARN(SUBSYS, "tided: %s; registering again", m.u.error.message);
             pthread_mutex_lock(&ctl->mu);
@@ -998,14 +1109,22 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     uint64_t deadline = tide_now_ns() + (uint64_t)timeout * 1000000ull;
     pthread_mutex_lock(&ctl->mu);
     int refused = 0;
-    while (!ctl->registered && !refused && tide_now_ns() < deadline) {
+    while (!ctl->registered && !ctl->fenced && !refused && tide_now_ns() < deadline) {
         tide__ctl_wait(ctl, 50);
         pthread_mutex_unlock(&ctl->mu);
         refused = handshake_refused(ctl);
         pthread_mutex_lock(&ctl->mu);
     }
     int ok = ctl->registered;
+    char fenced[TIDE_PROTO_TEXT_MAX + 1] = "";
+    if (!ok && ctl->fenced)
+        snprintf(fenced, sizeof fenced, "%s", ctl->fence_reason);
     pthread_mutex_unlock(&ctl->mu);
+    if (fenced[0] != '\0')
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_STALE,
+                       "tided refused this process: %s (a process it gave up on cannot rejoin: "
+                       "start a new one)",
+                       fenced);
     if (!ok && refused)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_DENIED,
                        "tided at %s refused the connection: the CURVE handshake failed (%s). %s",
@@ -1231,6 +1350,13 @@ int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len)
     if (ctl->halt_code != 0 && why != NULL && len > 0)
         snprintf(why, len, "%s", ctl->halt_reason);
     return ctl->halt_code;
+}
+
+int tide__ctl_fenced(tide__ctl_t *ctl, char *why, size_t len)
+{
+    if (ctl->fenced && why != NULL && len > 0)
+        snprintf(why, len, "%s", ctl->fence_reason);
+    return ctl->fenced;
 }
 
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job)

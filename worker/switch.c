@@ -27,70 +27,95 @@ static int cmp_int(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Marks old members tided reports failed (or no longer in the job) as not alive.
-   Only needed when some old member is not in the new layout (shrink or recovery). */
-static tide_status find_dead(tide_t *t, const tide_layout_t *prev, const tide_layout_t *nl,
-                             uint8_t *alive)
+static int cmp_i32(const void *a, const void *b)
 {
-    int need = 0;
-    for (size_t i = 0; i < tide_layout_size(prev); i++) {
-        int p, d, tt;
-        if (tide_layout_find(nl, prev->worker[i], &p, &d, &tt) != TIDE_OK)
-            need = 1;
-    }
-    tide_error_clear();
-    if (!need)
-        return TIDE_OK;
-    tide_msg_t m;
-    while (tide__ctl_reply(t->ctl, &m, 0) == TIDE_OK)
-        tide_msg_clear(&m);
-    tide_msg_init(&m, TIDE_MSG_STATUS);
-    TIDE_CHECK(tide__ctl_send(t->ctl, &m));
-    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.register_timeout_ms * 1000000ull;
-    for (;;) {
-        uint64_t now = tide_now_ns();
-        if (now >= deadline)
-            return tide_errorf(TIDE_ERR_TIMEOUT,
-                               "tided did not answer a status request within "
-                               "%d ms (needed to know which old members "
-                               "are alive)",
-                               t->opts.register_timeout_ms);
-        tide_status rc = tide__ctl_reply(t->ctl, &m, (int)((deadline - now) / 1000000ull) + 1);
-        if (rc == TIDE_ERR_TIMEOUT)
-            continue;
-        TIDE_CHECK(rc);
-        if (m.type == TIDE_MSG_STATUS_REPLY)
-            break;
-        if (m.type == TIDE_MSG_ERROR) {
-            rc = tide_errorf(TIDE_ERR_DENIED, "tided refused a status request: %s",
-                             m.u.error.message);
-            tide_msg_clear(&m);
-            return rc;
-        }
-        tide_msg_clear(&m);
-    }
-    for (size_t i = 0; i < tide_layout_size(prev); i++) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Marks the old members that leave the layout and that tided reports gone (failed, left,
+   or no longer in the job) as not alive; *lost = 1 when there is one. Only needed when
+   some old member is not in the new layout (shrink or recovery). tided answers for exactly
+   the ranks asked (a liveness request): the decision never rests on a listing that could
+   be cut, however many workers the cluster has. */
+static tide_status find_dead(tide_t *t, const tide_layout_t *prev, const tide_layout_t *nl,
+                             uint8_t *alive, int *lost)
+{
+    *lost = 0;
+    size_t n_prev = tide_layout_size(prev);
+    int32_t *ask = tide_malloc((n_prev ? n_prev : 1) * sizeof *ask);
+    if (ask == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing the old members");
+    uint32_t n = 0;
+    for (size_t i = 0; i < n_prev; i++) {
         int32_t r = prev->worker[i];
         int p, d, tt;
         if (r < 0 || r >= t->size || tide_layout_find(nl, r, &p, &d, &tt) == TIDE_OK)
             continue;
-        int ok = 0;
-        for (uint32_t k = 0; k < m.u.status_reply.n_rows; k++) {
-            const tide_proto_gpu_row_t *row = &m.u.status_reply.rows[k];
-            if (row->worker == t->coord_ids[r])
-                ok = row->state != TIDE_WORKER_FAILED && strcmp(row->job, t->job) == 0;
-        }
-        if (!ok) {
-            alive[r] = 0;
-            TIDE_WARN(SUBSYS,
-                      "generation switch: old member rank %d is gone; its state comes "
-                      "from replicas",
-                      r);
-        }
+        ask[n++] = r;
     }
     tide_error_clear();
-    tide_msg_clear(&m);
-    return TIDE_OK;
+    qsort(ask, n, sizeof *ask, cmp_i32);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (k == 0 || ask[i] != ask[k - 1])
+            ask[k++] = ask[i];
+    n = k;
+    if (n == 0) {
+        tide_free(ask);
+        return TIDE_OK;
+    }
+    tide_msg_t m;
+    while (tide__ctl_reply(t->ctl, &m, 0) == TIDE_OK)
+        tide_msg_clear(&m);
+    tide_msg_init(&m, TIDE_MSG_LIVENESS);
+    m.u.liveness.worker = tide__ctl_worker_id(t->ctl);
+    snprintf(m.u.liveness.job, sizeof m.u.liveness.job, "%s", t->job);
+    m.u.liveness.ranks = ask;
+    m.u.liveness.n_ranks = n;
+    tide_status rc = tide__ctl_send(t->ctl, &m); /* m borrows ask: never cleared */
+    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.register_timeout_ms * 1000000ull;
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_NONE);
+    while (rc == TIDE_OK) {
+        uint64_t now = tide_now_ns();
+        if (now >= deadline) {
+            rc = tide_errorf(TIDE_ERR_TIMEOUT,
+                             "tided did not answer a liveness request within %d ms (needed to "
+                             "know which old members are alive)",
+                             t->opts.register_timeout_ms);
+            break;
+        }
+        rc = tide__ctl_reply(t->ctl, &r, (int)((deadline - now) / 1000000ull) + 1);
+        if (rc == TIDE_ERR_TIMEOUT) {
+            rc = TIDE_OK;
+            continue;
+        }
+        if (rc != TIDE_OK)
+            break;
+        if (r.type == TIDE_MSG_LIVENESS_REPLY && strcmp(r.u.liveness_reply.job, t->job) == 0 &&
+            r.u.liveness_reply.n_ranks == n &&
+            memcmp(r.u.liveness_reply.ranks, ask, n * sizeof *ask) == 0)
+            break;
+        if (r.type == TIDE_MSG_ERROR) {
+            rc = tide_errorf(TIDE_ERR_DENIED, "tided refused a liveness request: %s",
+                             r.u.error.message);
+            break;
+        }
+        tide_msg_clear(&r); /* a stale reply (an earlier switch's) */
+    }
+    for (uint32_t i = 0; rc == TIDE_OK && i < n; i++) {
+        if (r.u.liveness_reply.alive[i])
+            continue;
+        alive[ask[i]] = 0;
+        *lost = 1;
+        TIDE_WARN(SUBSYS,
+                  "generation switch: old member rank %d is gone; its state comes from replicas",
+                  ask[i]);
+    }
+    tide_msg_clear(&r);
+    tide_free(ask);
+    return rc;
 }
 
 static void report_done(tide_t *t, uint64_t gen, tide_status rc, uint64_t bytes, double ms)
@@ -164,7 +189,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     int32_t *j_old = NULL, *j_new = NULL, *old_ids = NULL;
     tide_coll_pool_t *old_pool = NULL;
     MPI_Comm old_end = MPI_COMM_NULL;
-    int old_size = 0, joined = 0, bystander = 0;
+    int old_size = 0, joined = 0, bystander = 0, lost = 0;
     tide_exec_stats es;
     memset(&es, 0, sizeof es);
     tide_reshard_stats st;
@@ -239,7 +264,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     TIDE_CHECK_ALLOC_GOTO(parts, rc, fail);
     TIDE_CHECK_ALLOC_GOTO(rank_of, rc, fail);
     memset(alive, 1, nw);
-    TIDE_CHECK_GOTO(find_dead(t, prev, nl, alive), rc, fail);
+    TIDE_CHECK_GOTO(find_dead(t, prev, nl, alive, &lost), rc, fail);
     uint8_t *is_part = tide_calloc(nw, 1);
     TIDE_CHECK_ALLOC_GOTO(is_part, rc, fail);
     for (size_t i = 0; i < tide_layout_size(nl); i++)
@@ -391,6 +416,12 @@ commit:;
     tide__ctl_unlock(t->ctl);
     sw = NULL;
     uint64_t td = tide_now_ns();
+    /* The old layout's groups that lost a member are never freed in MPI: that member may
+       only be stopped, and its late messages must land in a communicator nobody reads,
+       not in one of the new generation that reused a freed context id. */
+    for (int i = 0; lost && i < 4; i++)
+        if (old[i] != NULL)
+            tide_coll_comm_abort(old[i]);
     for (int i = 0; i < 5; i++)
         tide_coll_comm_destroy(&old[i]);
     if (joined) { /* the old layout's groups are gone: so can their pool be */

@@ -407,7 +407,17 @@ void tide_destroy(tide_t **self_p)
     tide__ckpt_destroy(t); /* the last checkpoint is written before the rank leaves */
     if (t->ctl != NULL)
         tide__task_stop(t, &t->btask, 1); /* a bubble task goes back to tided's queue */
-    tide__ctl_destroy(&t->ctl, 1);        /* no abort callback can run after this */
+    int fenced = 0;
+    if (t->ctl != NULL) {
+        tide__ctl_lock(t->ctl);
+        fenced = tide__ctl_fenced(t->ctl, NULL, 0);
+        tide__ctl_unlock(t->ctl);
+    }
+    tide__ctl_destroy(&t->ctl, !fenced); /* no abort callback can run after this */
+    /* no more heartbeats: the lease would run out under the frees below. A fenced rank
+       keeps it expired until its last MPI handle is let go without a call into MPI. */
+    if (!fenced)
+        tide_coll_lease_set(0);
     tide_coll_comm_t *c[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp, t->c_switch,
                              t->n_all, t->n_tp, t->n_dp, t->n_pp};
     tide__destroy_comms(c, sizeof c / sizeof c[0]);
@@ -422,8 +432,11 @@ void tide_destroy(tide_t **self_p)
     tide_coll_pool_destroy(&t->pool);
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin && t->end_comm != MPI_COMM_NULL)
+    if (!fin && !fenced && t->end_comm != MPI_COMM_NULL)
         MPI_Comm_free(&t->end_comm);
+    if (fenced)
+        tide_coll_lease_set(0); /* tide's communicators are gone: the program's own MPI is
+                                   its business */
     tide_free(t);
     *self_p = NULL;
 }
@@ -965,6 +978,19 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
     tide__ctl_lock(t->ctl);
     for (;;) {
         char why[TIDE_PROTO_TEXT_MAX + 1];
+        if (tide__ctl_fenced(t->ctl, why, sizeof why)) {
+            /* the job goes on without this rank: it must leave, touching no peer */
+            if (!t->fence_logged)
+                TIDE_ERROR(SUBSYS,
+                           "rank %d of job %s was fenced and must exit now without further "
+                           "communication: %s",
+                           t->rank, t->job, why);
+            t->fence_logged = 1;
+            rc = tide_errorf(TIDE_ERR_STALE,
+                             "rank %d of job %s was fenced (the job went on without it): %s",
+                             t->rank, t->job, why);
+            break;
+        }
         int halted = tide__ctl_halted(t->ctl, why, sizeof why);
         if (halted != 0) {
             rc = tide_errorf((tide_status)halted, "tided halted job %s: %s", t->job, why);
@@ -1117,6 +1143,12 @@ tide_status tide_finish(tide_t *t)
 {
     if (t == NULL || t->layout == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_finish: join a job first");
+    char why[TIDE_PROTO_TEXT_MAX + 1];
+    tide__ctl_lock(t->ctl);
+    int fenced = tide__ctl_fenced(t->ctl, why, sizeof why);
+    tide__ctl_unlock(t->ctl);
+    if (fenced) /* its idle ranks are the job's, which goes on: nothing to release */
+        return tide_errorf(TIDE_ERR_STALE, "tide_finish: rank %d was fenced: %s", t->rank, why);
     t->finished = 1;
     if (!t->view.member || t->layout->worker[0] != t->rank)
         return TIDE_OK;

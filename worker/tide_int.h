@@ -45,6 +45,7 @@ struct tide {
     int owned;
     uint8_t *moved;
     int finished;
+    int fence_logged;            /* tide_step_begin said once that this rank was fenced */
     uint64_t step_t0, bubble_t0; /* monotonic ns */
     /* pipeline bubbles (task.c): the offline task filling them, the index of the next
        wait in this step, the learned length of each wait (ms; 0 = unknown) for the
@@ -127,10 +128,10 @@ uint64_t tide__bubble_batch(double expect_ms, double elapsed_ms, double est_ms);
 /* A generation that connects a pool launched later (join.c): job ranks of both sides. */
 typedef struct tide__join_req {
     uint64_t gen;
-    int32_t world;              /* job ranks once connected */
-    const int32_t *old_ranks;   /* the connected side taking part, sorted */
+    int32_t world;            /* job ranks once connected */
+    const int32_t *old_ranks; /* the connected side taking part, sorted */
     uint32_t n_old;
-    const int32_t *new_ranks;   /* the joining pool's ranks, sorted */
+    const int32_t *new_ranks; /* the joining pool's ranks, sorted */
     uint32_t n_new;
 } tide__join_req;
 

@@ -260,8 +260,8 @@ int32_t tide__ctl_worker_id(tide__ctl_t *ctl);
 /* Encodes msg and hands it to the background thread for sending. Main thread. */
 tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
 
-/* Waits for the next reply (ok, error, status_reply, or a layout for the job named
-   in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
+/* Waits for the next reply (ok, error, status_reply, liveness_reply, or a layout for the
+   job named in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
 tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 
 /* 1 (and the job's last step in *step, may be NULL) once tided said the job ended
@@ -305,6 +305,12 @@ int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out);
 /* With the lock held: the tide_status tided halted the job with (its reason copied into
    why), or 0 while it goes on. */
 int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len);
+
+/* With the lock held: 1 (its reason copied into why, may be NULL) once this process was
+   fenced: tided said the job went on without it, or its lease ran out (no heartbeat for
+   tided's failure timeout while it held a part of a job); else 0. A fenced process must
+   touch none of its old peers again and exit. */
+int tide__ctl_fenced(tide__ctl_t *ctl, char *why, size_t len);
 
 /* With the lock held: grace (ms) when plugin job `job` must stop, else -1. */
 int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);

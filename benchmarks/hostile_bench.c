@@ -7,6 +7,10 @@
  * heartbeats, what the hostile clients sent, and tided's peak resident memory
  * (VmHWM). Writes bench-out/hostile_bench.json (or --out). Exit status 1 when a
  * healthy worker was declared failed.
+ *
+ * --endpoint EP --tided-pid PID: flood a tided that runs already (a real training job
+ * on it, tests/test_flood_job.sh) instead of starting one with simulated workers; then
+ * only what was sent and tided's peak memory are reported (the caller judges the job).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -105,6 +109,45 @@ static void *flood(void *arg)
     return NULL;
 }
 
+/* Registers table idle workers over one connection (a large status reply); returns it. */
+static void *register_table(void *ctx, const char *endpoint, long long table)
+{
+    tide_msg_t m, r;
+    void *bulk = coord_connect(ctx, endpoint, NULL, NULL, NULL, 5000);
+    for (long long i = 0; i < table; i += 100) {
+        long long n = table - i < 100 ? table - i : 100;
+        for (long long k = i; k < i + n; k++) {
+            coord_mk_register(&m, "bulk", (int)k, (int)table, "hostx", (int)(k % 8), 5000);
+            coord_send(bulk, &m);
+        }
+        for (long long k = 0; k < n; k++)
+            if (coord_recv(bulk, &r) == 0)
+                tide_msg_clear(&r);
+    }
+    return bulk;
+}
+
+/* Floods hsh's tided from nh connections (status, malformed, multipart in turn) for
+   seconds; *out gets what each sent (caller frees). The hostile clients have a ZeroMQ
+   context (I/O thread) of their own, as separate processes would: a job's heartbeats
+   from this process must not wait behind their sends. */
+static void run_floods(shared *hsh, int nh, long long seconds, hostile **out)
+{
+    hostile *h = calloc((size_t)nh, sizeof *h);
+    pthread_t *ht = calloc((size_t)nh, sizeof *ht);
+    for (int i = 0; i < nh; i++) {
+        h[i].sh = hsh;
+        h[i].kind = i % 3;
+        pthread_create(&ht[i], NULL, flood, &h[i]);
+    }
+    tide_sleep_ms((uint64_t)seconds * 1000);
+    atomic_store(&hsh->stop, 1);
+    for (int i = 0; i < nh; i++)
+        pthread_join(ht[i], NULL);
+    free(ht);
+    *out = h;
+}
+
 static long proc_kib(pid_t pid, const char *key)
 {
     char path[64], line[256];
@@ -121,10 +164,61 @@ static long proc_kib(pid_t pid, const char *key)
     return kib;
 }
 
+/* --endpoint mode: floods a running tided; prints and writes what was sent and its peak
+   memory. 0, or 1 when tided did not answer afterwards. */
+static int flood_running(const char *endpoint, pid_t pid, long long table, long long seconds,
+                         long long per_kind, const char *out)
+{
+    void *ctx = zmq_ctx_new();
+    void *bulk = register_table(ctx, endpoint, table);
+    long rss_before = pid > 0 ? proc_kib(pid, "VmRSS:") : 0;
+    int nh = (int)per_kind * 3;
+    shared hsh = {.ctx = zmq_ctx_new(), .endpoint = endpoint};
+    hostile *h = NULL;
+    run_floods(&hsh, nh, seconds, &h);
+    /* tided still answers, once it worked through what was queued */
+    void *admin = coord_connect(ctx, endpoint, NULL, NULL, NULL, 30000);
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    int answered = coord_call(admin, &m, &r) == 0;
+    if (answered)
+        tide_msg_clear(&r);
+    long peak = pid > 0 ? proc_kib(pid, "VmHWM:") : 0;
+    long sent[3] = {0, 0, 0};
+    for (int i = 0; i < nh; i++)
+        sent[h[i].kind] += h[i].sent;
+    printf("hostile_bench: %d hostile connections for %lld s against the tided at %s\n", nh,
+           seconds, endpoint);
+    printf("%-34s %12s\n", "measure", "value");
+    printf("%-34s %12ld\n", "status requests sent", sent[0]);
+    printf("%-34s %12ld\n", "malformed messages sent", sent[1]);
+    printf("%-34s %12ld\n", "64-frame multipart messages sent", sent[2]);
+    printf("%-34s %12ld\n", "tided RSS before flood (KiB)", rss_before);
+    printf("%-34s %12ld\n", "tided peak RSS (KiB)", peak);
+    printf("%-34s %12s\n", "tided answered after the flood", answered ? "yes" : "NO");
+    FILE *f = bench_out_open("hostile_bench", out);
+    if (f != NULL) {
+        fprintf(f,
+                "{\"bench\":\"hostile_bench\",\"mode\":\"running\",\"table\":%lld,"
+                "\"hostile_connections\":%d,\"seconds\":%lld,\"status_sent\":%ld,"
+                "\"malformed_sent\":%ld,\"multipart_sent\":%ld,\"tided_rss_before_kib\":%ld,"
+                "\"tided_peak_rss_kib\":%ld,\"answered\":%d}\n",
+                table, nh, seconds, sent[0], sent[1], sent[2], rss_before, peak, answered);
+        fclose(f);
+        printf("wrote %s\n", out);
+    }
+    zmq_close(admin);
+    zmq_close(bulk);
+    zmq_ctx_term(ctx);
+    zmq_ctx_term(hsh.ctx);
+    free(h);
+    return answered ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    const char *out = NULL, *tided = NULL;
-    long long workers = 8, table = 2000, seconds = 10, per_kind = 2;
+    const char *out = NULL, *tided = NULL, *endpoint = NULL;
+    long long workers = 8, table = 2000, seconds = 10, per_kind = 2, tided_pid = 0;
     const tide_opt opts[] = {
         {"tided", "TIDE_TIDED", TIDE_OPT_STRING, &tided, TIDED_PATH, "tided binary", 0, 0},
         {"workers", NULL, TIDE_OPT_INT, &workers, "8", "workers of the training job", 1, 256},
@@ -132,11 +226,17 @@ int main(int argc, char **argv)
         {"seconds", NULL, TIDE_OPT_INT, &seconds, "10", "flood duration", 1, 600},
         {"clients", NULL, TIDE_OPT_INT, &per_kind, "2", "hostile connections per kind", 1, 64},
         {"out", NULL, TIDE_OPT_STRING, &out, "bench-out/hostile_bench.json", "results file", 0, 0},
+        {"endpoint", NULL, TIDE_OPT_STRING, &endpoint, NULL,
+         "flood this running tided (with --tided-pid) instead of starting one", 0, 0},
+        {"tided-pid", NULL, TIDE_OPT_INT, &tided_pid, "0",
+         "the running tided's pid, for its memory (with --endpoint)", 0, 1 << 30},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int code = tide_opts_main(opts, argc, argv, "hostile_bench");
     if (code >= 0)
         return code;
+    if (endpoint != NULL)
+        return flood_running(endpoint, (pid_t)tided_pid, table, seconds, per_kind, out);
     coord_proc p;
     if (coord_tmpdir(&p) != 0)
         return 1;
@@ -177,33 +277,12 @@ int main(int argc, char **argv)
     }
     pthread_t bt;
     pthread_create(&bt, NULL, beat, &j);
-    void *bulk = coord_connect(sh.ctx, p.endpoint, NULL, NULL, NULL, 5000);
-    for (long long i = 0; i < table; i += 100) {
-        long long n = table - i < 100 ? table - i : 100;
-        for (long long k = i; k < i + n; k++) {
-            coord_mk_register(&m, "bulk", (int)k, (int)table, "hostx", (int)(k % 8), 5000);
-            coord_send(bulk, &m);
-        }
-        for (long long k = 0; k < n; k++)
-            if (coord_recv(bulk, &r) == 0)
-                tide_msg_clear(&r);
-    }
+    void *bulk = register_table(sh.ctx, p.endpoint, table);
     long rss_before = proc_kib(p.pid, "VmRSS:");
     int nh = (int)per_kind * 3;
-    hostile *h = calloc((size_t)nh, sizeof *h);
-    pthread_t *ht = calloc((size_t)nh, sizeof *ht);
-    /* the hostile clients get a ZeroMQ context (I/O thread) of their own, as separate
-       processes would: the job's heartbeats must not wait behind their sends here */
     shared hsh = {.ctx = zmq_ctx_new(), .endpoint = p.endpoint};
-    for (int i = 0; i < nh; i++) {
-        h[i].sh = &hsh;
-        h[i].kind = i % 3;
-        pthread_create(&ht[i], NULL, flood, &h[i]);
-    }
-    tide_sleep_ms((uint64_t)seconds * 1000);
-    atomic_store(&hsh.stop, 1);
-    for (int i = 0; i < nh; i++)
-        pthread_join(ht[i], NULL);
+    hostile *h = NULL;
+    run_floods(&hsh, nh, seconds, &h);
     tide_sleep_ms(1000); /* heartbeats go on while tided drains what was queued */
     atomic_store(&sh.stop, 1);
     pthread_join(bt, NULL);
@@ -260,6 +339,5 @@ int main(int argc, char **argv)
     free(j.sock);
     free(j.id);
     free(h);
-    free(ht);
     return failed == 0 && j.failed_replies == 0 ? 0 : 1;
 }

@@ -18,3 +18,11 @@ if(TARGET tided)
   target_compile_definitions(test_reliability PRIVATE TIDED_PATH="$<TARGET_FILE:tided>")
   add_dependencies(test_reliability tided)
 endif()
+# A real training job under a hostile flood (test_flood_job.sh): no healthy worker failed.
+if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_mlp
+   AND TARGET mlp_state_diff) # hostile_bench: benchmarks/, added after tests/
+  add_test(NAME test_flood_job
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_flood_job.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_flood_job "mpi" 240)
+endif()

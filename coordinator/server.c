@@ -1134,7 +1134,15 @@ static void save_attempt(tide_server_t *s, const tide_coord_job_t *j, const tide
     a->attempt = (int32_t)m->attempt;
     a->worker = w->id;
     snprintf(a->host, sizeof a->host, "%s", w->host);
-    snprintf(a->log, sizeof a->log, "%s", m->log);
+    /* only a path of the attempt-log form for this job and attempt: tidectl logs prints
+       the file on that host, and a worker-role client must not choose which */
+    if (tide_proto_attempt_log_ok(m->log, j->name, m->attempt))
+        snprintf(a->log, sizeof a->log, "%s", m->log);
+    else if (m->log[0] != '\0')
+        TIDE_WARN_LIMITED("server",
+                          "worker %d reported '%s' as the log of attempt %u of %s: not an "
+                          "attempt log's path, not kept",
+                          w->id, m->log, m->attempt, j->name);
     a->state = (int)m->state;
     a->exit_code = m->exit_code;
     a->time_ms = tide_wall_ms();

@@ -1346,12 +1346,26 @@ static int cmd_events(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     return rc;
 }
 
-/* Prints the file at path to out when it can be read; 1 when it did. */
-static int print_file(FILE *out, const char *path)
+/* Prints the attempt log at path to out when it is one (tide_proto_attempt_log_ok for job
+   and attempt, a regular file reached without a symbolic link at its end) and can be
+   read; 1 when it did. tided reports paths workers gave: never any other file. */
+static int print_file(FILE *out, const char *path, const char *job, uint32_t attempt)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    if (!tide_proto_attempt_log_ok(path, job, attempt))
         return 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return 0;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        close(fd);
+        return 0;
+    }
     char buf[65536];
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0)
@@ -1383,13 +1397,17 @@ static void print_attempt(FILE *out, const char *job, const tide_proto_attempt_r
         fprintf(out, ",\"state\":\"%s\",\"exit_code\":%d,\"time_ms\":%lld,\"tail\":",
                 tide_proto_job_state_name(a->state), a->exit_code, (long long)a->time_ms);
         tidectl_json_str(out, a->tail);
-        fprintf(out, ",\"log_here\":%s}", local && access(a->log, R_OK) == 0 ? "true" : "false");
+        fprintf(out, ",\"log_here\":%s}",
+                local && tide_proto_attempt_log_ok(a->log, job, a->attempt) &&
+                        access(a->log, R_OK) == 0
+                    ? "true"
+                    : "false");
         return;
     }
     fprintf(out, "== %s attempt %u on worker %d (%s): %s%s; log %s ==\n", job, a->attempt,
             a->worker, a->host[0] ? a->host : "?", tide_proto_job_state_name(a->state), code,
             a->log[0] ? a->log : "(none)");
-    if (local && print_file(out, a->log))
+    if (local && print_file(out, a->log, job, a->attempt))
         return;
     if (a->tail[0] != '\0') {
         fputs(a->tail, out);

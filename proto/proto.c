@@ -1456,6 +1456,39 @@ static int encode_struct(const tide__schema *s, const void *base, msgpack_packer
     return 0;
 }
 
+tide_status tide_proto_attempt_log_path(char *out, size_t n, const char *dir, const char *job,
+                                        uint32_t attempt, int pid)
+{
+    int w = snprintf(out, n, "%s/%s.%u.%d.log", dir, job, attempt, pid);
+    if (w < 0 || (size_t)w >= n)
+        return tide_errorf(TIDE_ERR_RANGE, "the log path of attempt %u of %s under %s is too long",
+                           attempt, job, dir);
+    return TIDE_OK;
+}
+
+int tide_proto_attempt_log_ok(const char *path, const char *job, uint32_t attempt)
+{
+    if (path == NULL || job == NULL || path[0] != '/')
+        return 0;
+    /* no "." or ".." component anywhere: the file is where the path says */
+    for (const char *c = path; *c != '\0';) {
+        while (*c == '/')
+            c++;
+        size_t len = strcspn(c, "/");
+        if ((len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
+            return 0;
+        c += len;
+    }
+    const char *base = strrchr(path, '/') + 1;
+    char want[TIDE_PROTO_NAME_MAX + 32];
+    int w = snprintf(want, sizeof want, "%s.%u.", job, attempt);
+    if (w < 0 || (size_t)w >= sizeof want || strncmp(base, want, (size_t)w) != 0)
+        return 0;
+    const char *pid = base + w;
+    size_t digits = strspn(pid, "0123456789");
+    return digits > 0 && digits <= 10 && strcmp(pid + digits, ".log") == 0;
+}
+
 tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf)
 {
     buf->len = 0;

@@ -545,6 +545,20 @@ typedef struct tide_proto_attempt_row {
     char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes at the end */
 } tide_proto_attempt_row_t;
 
+/*
+ * An offline attempt's output file: DIR/JOB.ATTEMPT.PID.log on the worker's host. The
+ * worker writes it (tide_proto_attempt_log_path) and reports the path; tided keeps only a
+ * path of that form for the job and attempt reported (tide_proto_attempt_log_ok), and
+ * tidectl reads only such a path: a worker-role client cannot make an operator's tidectl
+ * print another file. Both are pure; any thread.
+ */
+/* Writes DIR/JOB.ATTEMPT.PID.log into out (size n); TIDE_ERR_RANGE when it does not fit. */
+tide_status tide_proto_attempt_log_path(char *out, size_t n, const char *dir, const char *job,
+                                        uint32_t attempt, int pid);
+/* 1 when path is absolute, has no "." or ".." component, and its last component is
+   JOB.ATTEMPT.PID.log for this job and attempt (PID: decimal digits); else 0. */
+int tide_proto_attempt_log_ok(const char *path, const char *job, uint32_t attempt);
+
 /* "logs_reply" tided -> tidectl: "job", "rows" (array of attempt rows, oldest first). */
 typedef struct tide_proto_logs_reply {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */

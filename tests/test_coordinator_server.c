@@ -1378,9 +1378,29 @@ Test(tided, tidectl_logs_shows_each_attempts_output, .init = setup, .fini = tear
             }
         }
     cr_assert_eq(first, 0, "the lowest idle worker (a) takes attempt 1");
-    char path[400];
-    snprintf(path, sizeof path, "%s/ev.1.log", proc.dir);
-    FILE *lf = fopen(path, "w");
+    char path[400], secret[400];
+    snprintf(path, sizeof path, "%s/ev.1.4000.log", proc.dir);
+    /* a worker-role client names another file as its log: tided keeps no such path, and
+       tidectl follows no symbolic link to one, so an operator's tidectl never prints it */
+    snprintf(secret, sizeof secret, "%s/secret.key", proc.dir);
+    FILE *lf = fopen(secret, "w");
+    cr_assert_not_null(lf);
+    fputs("TOP-SECRET\n", lf);
+    fclose(lf);
+    report_attempt(&a, "ev", att, TIDE_JOB_RUNNING, 0, secret, "");
+    cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OK, &r), 0);
+    tide_msg_clear(&r);
+    cr_assert_eq(tidectl(out, sizeof out, none), 0);
+    cr_expect(strstr(out, "TOP-SECRET") == NULL && strstr(out, "log (none)") != NULL,
+              "a path that is no attempt log is not kept: %s", out);
+    cr_assert_eq(symlink(secret, path), 0);
+    report_attempt(&a, "ev", att, TIDE_JOB_RUNNING, 0, path, "");
+    cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OK, &r), 0);
+    tide_msg_clear(&r);
+    cr_assert_eq(tidectl(out, sizeof out, none), 0);
+    cr_expect(strstr(out, "TOP-SECRET") == NULL, "no symbolic link is followed: %s", out);
+    cr_assert_eq(unlink(path), 0);
+    lf = fopen(path, "w");
     cr_assert_not_null(lf);
     fputs("whole-file line 1\nwhole-file line 2\n", lf);
     fclose(lf);
@@ -1396,13 +1416,13 @@ Test(tided, tidectl_logs_shows_each_attempts_output, .init = setup, .fini = tear
     cr_assert_eq(coord_recv_type(b.sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0);
     cr_assert_eq(r.u.offline_assign.attempt, 2);
     tide_msg_clear(&r);
-    report_attempt(&b, "ev", 2, TIDE_JOB_DONE, 0, "/var/tmp/ev.2.log", "the remote tail\n");
+    report_attempt(&b, "ev", 2, TIDE_JOB_DONE, 0, "/var/tmp/ev.2.4001.log", "the remote tail\n");
     cr_assert_eq(coord_recv_type(b.sock, TIDE_MSG_OK, &r), 0);
     tide_msg_clear(&r);
     cr_assert_eq(tidectl(out, sizeof out, none), 0);
     cr_expect(strstr(out, "attempt 2 on worker") != NULL && strstr(out, "done") != NULL, "%s", out);
     cr_expect(strstr(out, "the remote tail") != NULL, "%s", out);
-    cr_expect(strstr(out, "/var/tmp/ev.2.log on far-away-host") != NULL, "says where: %s", out);
+    cr_expect(strstr(out, "/var/tmp/ev.2.4001.log on far-away-host") != NULL, "says where: %s", out);
     cr_expect(strstr(out, "whole-file") == NULL, "the latest attempt only by default: %s", out);
     const char *one[] = {"logs", "ev", "--attempt", "1", NULL};
     cr_assert_eq(tidectl(out, sizeof out, one), 0);

@@ -1175,3 +1175,36 @@ Test(proto_names, types_parse_back_and_have_roles)
     cr_expect_eq(tide_proto_placement_parse("best", &p), TIDE_ERR_NOT_FOUND);
     cr_expect(strstr(tide_last_error(), "default, optimal") != NULL);
 }
+
+/* The attempt-log path: the worker's writer and tided's and tidectl's check agree, and
+   nothing else passes the check. */
+Test(proto, attempt_log_paths)
+{
+    char p[256];
+    cr_assert_eq(tide_proto_attempt_log_path(p, sizeof p, "/tmp/tide-logs-0", "sweep", 3, 4242),
+                 TIDE_OK);
+    cr_assert_str_eq(p, "/tmp/tide-logs-0/sweep.3.4242.log");
+    cr_assert(tide_proto_attempt_log_ok(p, "sweep", 3));
+    cr_assert(!tide_proto_attempt_log_ok(p, "sweep", 4), "another attempt");
+    cr_assert(!tide_proto_attempt_log_ok(p, "swee", 3), "another job");
+    cr_assert(!tide_proto_attempt_log_ok(p, "sweep.3", 3));
+    const char *bad[] = {"",
+                         "sweep.3.1.log",
+                         "relative/sweep.3.1.log",
+                         "/etc/passwd",
+                         "/root/.tide/admin.key",
+                         "/tmp/sweep.3..log",
+                         "/tmp/sweep.3.12a.log",
+                         "/tmp/sweep.3.1.log.bak",
+                         "/tmp/sweep.3.12345678901.log",
+                         "/tmp/../etc/sweep.3.1.log",
+                         "/tmp/./sweep.3.1.log",
+                         "/tmp/x/../sweep.3.1.log",
+                         NULL};
+    for (int i = 0; bad[i] != NULL; i++)
+        cr_expect(!tide_proto_attempt_log_ok(bad[i], "sweep", 3), "'%s' passed", bad[i]);
+    cr_assert(tide_proto_attempt_log_ok("//tmp//sweep.3.1.log", "sweep", 3));
+    cr_assert(!tide_proto_attempt_log_ok(NULL, "sweep", 3));
+    cr_assert_eq(tide_proto_attempt_log_path(p, 16, "/tmp/tide-logs-0", "sweep", 3, 1),
+                 TIDE_ERR_RANGE);
+}

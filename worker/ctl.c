@@ -572,7 +572,9 @@ static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
     snprintf(cap, sizeof cap, "TIDE_OFFLINE_MEM_CAP=%llu", (unsigned long long)a->mem_cap);
     snprintf(att, sizeof att, "TIDE_OFFLINE_ATTEMPT=%u", a->attempt);
     /* one file per job, attempt and worker process: attempts on one host never share it */
-    snprintf(log, sizeof log, "%s/%s.%u.%d.log", ctl->log_dir, a->job, a->attempt, (int)getpid());
+    if (tide_proto_attempt_log_path(log, sizeof log, ctl->log_dir, a->job, a->attempt,
+                                    (int)getpid()) != TIDE_OK)
+        log[0] = '\0'; /* cannot be: log_dir is at most 511 bytes; then no file, said below */
     snprintf(logenv, sizeof logenv, "TIDE_OFFLINE_LOG=%s", log);
     char *env[6] = {dev, name, cap, att, logenv, cuda};
     size_t n_env = 5;

@@ -56,14 +56,17 @@ extern "C" {
 #define TIDE_PROTO_LAYERS_MAX      (1u << 20)  /* layers of a model */
 #define TIDE_PROTO_MICRO_MAX       65536       /* micro-batches per step */
 #define TIDE_PROTO_TENSORS_MAX     (1u << 17)  /* tensors in a join's collection */
-#define TIDE_PROTO_DIMS_MAX        4           /* tensor rank */
-#define TIDE_PROTO_ARGV_MAX        256         /* argv entries of an offline command */
-#define TIDE_PROTO_ARG_MAX         4095        /* bytes of one argv entry */
-#define TIDE_PROTO_ROWS_MAX        (1u << 16)  /* rows of a status or jobs reply */
-#define TIDE_PROTO_EVENTS_MAX      10000       /* rows of an events reply, and events limit */
-#define TIDE_PROTO_ATTEMPTS_MAX    100         /* rows of a logs reply */
-#define TIDE_PROTO_DEVICE_MAX      1023        /* local device index */
-#define TIDE_PROTO_MS_MAX          1e12        /* any duration in ms (~31 years) */
+#define TIDE_PROTO_FIT_MAX         32          /* fit rules of a join (= TIDE_FIT_RULES_MAX) */
+#define TIDE_PROTO_FIT_WHAT_MAX    95 /* chars of a fit rule's what (= TIDE_FIT_WHAT_MAX - 1) */
+#define TIDE_PROTO_FIT_N_MAX       (INT64_C(1) << 62) /* a fit rule's n */
+#define TIDE_PROTO_DIMS_MAX        4                  /* tensor rank */
+#define TIDE_PROTO_ARGV_MAX        256                /* argv entries of an offline command */
+#define TIDE_PROTO_ARG_MAX         4095               /* bytes of one argv entry */
+#define TIDE_PROTO_ROWS_MAX        (1u << 16)         /* rows of a status or jobs reply */
+#define TIDE_PROTO_EVENTS_MAX      10000 /* rows of an events reply, and events limit */
+#define TIDE_PROTO_ATTEMPTS_MAX    100   /* rows of a logs reply */
+#define TIDE_PROTO_DEVICE_MAX      1023  /* local device index */
+#define TIDE_PROTO_MS_MAX          1e12  /* any duration in ms (~31 years) */
 
 /* Job names: 1..NAME_MAX chars of [A-Za-z0-9._:-]. Hosts: 1..HOST_MAX chars,
  * printable ASCII without spaces. Pool ids and plugin names: like job names.
@@ -144,6 +147,17 @@ typedef struct tide_proto_tensor {
     int dp;
 } tide_proto_tensor_t;
 
+/*
+ * One fit rule of a job (include/tide/collection.h's tide_fit_rule): the degree must
+ * divide n. Wire: map {"degree","n","what"}; degree "dp" | "tp" | "pp"; n in [1, 2^62];
+ * what 0..95 chars of printable ASCII (spaces allowed): what n counts, for refusals.
+ */
+typedef struct tide_proto_fit {
+    int degree;                             /* "degree": 0 dp, 1 tp, 2 pp (tide_degree) */
+    int64_t n;                              /* "n" */
+    char what[TIDE_PROTO_FIT_WHAT_MAX + 1]; /* "what" */
+} tide_proto_fit_t;
+
 /* ---- worker <-> tided ------------------------------------------------------------------- */
 
 /* "register" worker -> tided: a pool process announces its device. */
@@ -184,7 +198,9 @@ typedef struct tide_proto_bye {
  * "join" worker -> tided: the worker runs online job `job` and describes its state.
  * Every worker of the job sends it; tided creates the job on the first one. tensors may
  * be empty (tided can then estimate moves only from total_bytes). Requested initial
- * degrees: dp*tp*pp <= 2^20, pp <= num_layers.
+ * degrees: dp*tp*pp <= 2^20, pp <= num_layers. fit: what layouts the program can run
+ * (0..32 rules; [] when it declared none); that the requested degrees keep them is
+ * tided's check, not the decoder's (a refusal then names the rule).
  */
 typedef struct tide_proto_join {
     int32_t worker;                    /* "worker" */
@@ -195,6 +211,8 @@ typedef struct tide_proto_join {
     int micro_batches;                 /* "micro": [1, 65536] */
     tide_proto_tensor_t *tensors;      /* "tensors": array of tensor maps; owned */
     uint32_t n_tensors;                /* <= TIDE_PROTO_TENSORS_MAX */
+    tide_proto_fit_t *fit;             /* "fit": array of fit rule maps; owned */
+    uint32_t n_fit;                    /* <= TIDE_PROTO_FIT_MAX */
 } tide_proto_join_t;
 
 /*
@@ -233,10 +251,10 @@ typedef struct tide_proto_job_end {
    join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
    the joining pool's ranks, which connect to it (MPI_Comm_connect). */
 typedef struct tide_proto_join_port {
-    int32_t worker;                       /* "worker": the sender (tided: the receiver) */
-    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
-    uint64_t gen;                         /* "gen": the generation that connects */
-    char port[TIDE_PROTO_TEXT_MAX + 1];   /* "port": MPI port name */
+    int32_t worker;                     /* "worker": the sender (tided: the receiver) */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
+    uint64_t gen;                       /* "gen": the generation that connects */
+    char port[TIDE_PROTO_TEXT_MAX + 1]; /* "port": MPI port name */
 } tide_proto_join_port_t;
 
 /* "prepare" tided -> workers: stop at the proposed step boundary for generation gen. */
@@ -328,12 +346,12 @@ typedef struct tide_proto_preempt {
  * A command's output is in the file `log` on the worker's host; the report of its end
  * carries the file's last bytes in `tail` (the whole file when it is that short). */
 typedef struct tide_proto_offline_status {
-    int32_t worker;                    /* "worker" */
-    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t worker;                     /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
     uint32_t attempt;                   /* "attempt": from offline_assign, >= 1 */
-    tide_proto_job_state_t state;      /* "state" */
-    int exit_code;                     /* "exit_code": [-255, 255]; -N = killed by signal N */
-    double progress;                   /* "progress": [0, 1] */
+    tide_proto_job_state_t state;       /* "state" */
+    int exit_code;                      /* "exit_code": [-255, 255]; -N = killed by signal N */
+    double progress;                    /* "progress": [0, 1] */
     char log[TIDE_PROTO_TEXT_MAX + 1];  /* "log": path of the output file, "" when none */
     char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes, "" while running */
 } tide_proto_offline_status_t;
@@ -375,8 +393,8 @@ typedef struct tide_proto_status_reply {
     int64_t time_ms;
     char ompi_server[TIDE_PROTO_TEXT_MAX + 1]; /* "ompi_server": the URI pools that join a
                                                   running job are launched with, "" if unset */
-    tide_proto_gpu_row_t *rows; /* owned */
-    uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
+    tide_proto_gpu_row_t *rows;                /* owned */
+    uint32_t n_rows;                           /* <= TIDE_PROTO_ROWS_MAX */
 } tide_proto_status_reply_t;
 
 /* One job row of a jobs reply. Online-only fields are 0 for offline jobs and vice versa. */
@@ -428,8 +446,8 @@ typedef struct tide_proto_resize_reply {
     uint64_t messages;                 /* "messages": (src, dst) pairs */
     double est_ms;                     /* "est_ms": estimated switch time, ms */
     uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
-    uint64_t bytes_default; /* "bytes_default": bytes_sent under the plain rank order over the
-                               same kind of workers (for comparing placements), bytes */
+    uint64_t bytes_default;      /* "bytes_default": bytes_sent under the plain rank order over the
+                                    same kind of workers (for comparing placements), bytes */
     uint64_t cross_host;         /* "cross_host": part of bytes_sent between workers on
                                     different hosts (as registered), bytes */
     uint64_t cross_host_default; /* "cross_host_default": the same under the rank order */

@@ -527,7 +527,7 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     int64_t start = 0;
     if (ck->resume != NULL)
         RUN(tide_ckpt_find(ck->resume, INT64_MAX, resume, sizeof resume, &start), "--resume");
-    tide_join_req jr = {job, coll, dp, tp, pp, micro, start};
+    tide_join_req jr = {job, coll, dp, tp, pp, micro, start, NULL, 0};
     RUN(tide_join(t, &jr), "tide_join");
     const tide_view *v = tide_view_get(t);
     int32_t me = tide_pool_rank(t);

@@ -546,7 +546,7 @@ int main(int argc, char **argv)
     o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
-    tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0};
+    tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0, NULL, 0};
     /* tided starts the job with the first 8 workers whose join arrives: in spare mode the
        others give rank 0 (which runs the checks and must lead both layouts) a head start,
        so that the spare is never rank 0, however slowly rank 0 runs (sanitizers) */

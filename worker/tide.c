@@ -584,6 +584,18 @@ static tide_status send_join(tide_t *t, const tide_join_req *req)
     j->micro_batches = req->micro_batches;
     j->tensors = ts;
     j->n_tensors = (uint32_t)n;
+    /* checked by tide_join (tide_fit_check): at most TIDE_FIT_RULES_MAX, each well formed */
+    tide_proto_fit_t fit[TIDE_FIT_RULES_MAX];
+    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX &&
+                       TIDE_PROTO_FIT_WHAT_MAX + 1 == TIDE_FIT_WHAT_MAX,
+                   "proto carries every fit rule libtide takes");
+    for (int i = 0; i < req->n_fit; i++) {
+        fit[i].degree = (int)req->fit[i].degree;
+        fit[i].n = req->fit[i].n;
+        memcpy(fit[i].what, req->fit[i].what, sizeof fit[i].what);
+    }
+    j->fit = req->n_fit > 0 ? fit : NULL;
+    j->n_fit = (uint32_t)req->n_fit;
     tide_status rc = tide__ctl_send(t->ctl, &m);
     tide_free(ts);
     return rc;
@@ -679,6 +691,16 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
                          "job %s: dp, tp, pp and micro-batches must be >= 1 and "
                          "start_step >= 0",
                          req->job);
+    else if (req->n_fit < 0)
+        rc = tide_errorf(TIDE_ERR_INVALID, "job %s: n_fit is %d (must be >= 0)", req->job,
+                         req->n_fit);
+    else if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp) != TIDE_OK)
+        /* the program's own first layout: said here, before tided starts a job that would
+           refuse it */
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "job %s: the first layout (dp %d, tp %d, pp %d) is not one the "
+                         "program can run by its own fit rules: %s",
+                         req->job, req->dp, req->tp, req->pp, tide_last_error());
     else if ((int64_t)req->dp * req->tp * req->pp > t->size)
         rc = tide_errorf(TIDE_ERR_INVALID,
                          "job %s asks for dp %d x tp %d x pp %d = %lld workers; "
@@ -1072,8 +1094,7 @@ tide_status tide_finish(tide_t *t)
         int c = tide_coll_pool_comm_rank(t->pool, r);
         if (c < 0 || tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
             continue;
-        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) !=
-            MPI_SUCCESS)
+        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) != MPI_SUCCESS)
             TIDE_WARN(SUBSYS, "could not release idle rank %d", r);
         else
             who[n++] = r;
@@ -1090,8 +1111,8 @@ tide_status tide_finish(tide_t *t)
     }
     for (int i = 0; !all && i < n; i++) {
         int done = 0;
-        if (reqs[i] != MPI_REQUEST_NULL && MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-            !done) {
+        if (reqs[i] != MPI_REQUEST_NULL &&
+            MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
             TIDE_WARN(SUBSYS, "idle rank %d did not take the job's end within 2 s (gone?)", who[i]);
             MPI_Request_free(&reqs[i]);
         }

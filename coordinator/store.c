@@ -65,7 +65,7 @@ static const char *const schema =
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
-    " rc_switched INTEGER, failures INTEGER);"
+    " rc_switched INTEGER, failures INTEGER, fit TEXT);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
@@ -88,9 +88,9 @@ static const char *const sql[ST__COUNT] = {
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
-        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures) VALUES(?1,?2,?3,"
-        "?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,"
-        "?27,?28,?29,?30,?31,?32,?33,?34,?35,?36)",
+        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit) VALUES(?1,"
+        "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
+        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
@@ -141,7 +141,8 @@ static tide_status step_done(tide_store_t *s, int which, const char *what)
 /*
  * Columns added after schema 1 was first written (same schema version: nothing
  * was deployed): a state file from before gets them empty, which reads as
- * "no key bound" and "no participant switched".
+ * "no key bound", "no participant switched", "no failures counted" and "no fit
+ * rules" (its jobs joined before programs declared them: any layout, as then).
  */
 static tide_status add_columns(tide_store_t *s)
 {
@@ -149,6 +150,7 @@ static tide_status add_columns(tide_store_t *s)
         {"workers", "owner", "TEXT"},
         {"jobs", "rc_switched", "INTEGER"},
         {"jobs", "failures", "INTEGER"},
+        {"jobs", "fit", "TEXT"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];
@@ -169,8 +171,8 @@ static tide_status add_columns(tide_store_t *s)
     return TIDE_OK;
 }
 
-#define DAMAGED_HOW_TO                                                                              \
-    "tided will not start from it; keep it for inspection and restore a backup copy, or start "   \
+#define DAMAGED_HOW_TO                                                                             \
+    "tided will not start from it; keep it for inspection and restore a backup copy, or start "    \
     "with another --state file (the jobs and workers it held are then unknown to tided)"
 
 static uint32_t be32(const uint8_t *p)
@@ -543,10 +545,11 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
 {
     TIDE_CHECK(need_txn(s, "put_job"));
     tide_status rc = TIDE_OK;
-    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL;
+    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL, *fit = NULL;
     size_t argv_len = 0;
     sqlite3_stmt *st = s->st[ST_JOB];
     TIDE_CHECK_GOTO(tide_coord_job_pools_to_text(j, &pools), rc, out);
+    TIDE_CHECK_GOTO(tide_coord_job_fit_to_text(j, &fit), rc, out);
     if (j->layout)
         TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
     if (j->reconf)
@@ -582,6 +585,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int64(st, 26, j->grace_ms);
     sqlite3_bind_int(st, 34, j->num_layers);
     sqlite3_bind_int(st, 36, j->failures);
+    sqlite3_bind_text(st, 37, fit, -1, SQLITE_STATIC);
     if (j->reconf) {
         sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
         sqlite3_bind_int(st, 28, j->reconf->recover);
@@ -597,6 +601,7 @@ out:
     tide_free(layout);
     tide_free(rc_layout);
     tide_free(pools);
+    tide_free(fit);
     tide_free(argv);
     return rc;
 }
@@ -674,7 +679,7 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
         " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures FROM jobs ORDER BY id",
+        " failures, fit FROM jobs ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading jobs");
@@ -725,6 +730,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         j->grace_ms = sqlite3_column_int64(q, 25);
         j->num_layers = sqlite3_column_int(q, 33);
         j->failures = sqlite3_column_int(q, 35);
+        TIDE_CHECK_GOTO(tide_coord_job_fit_from_text(j, (const char *)sqlite3_column_text(q, 36)),
+                        rc, out);
         const char *rcl = (const char *)sqlite3_column_text(q, 31);
         if (rcl != NULL) {
             tide_layout_t *nl = NULL;

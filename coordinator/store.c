@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "coordinator/store.h"
+#include "proto/proto.h"
 
 #define SCHEMA_VERSION "1"
 
@@ -670,6 +671,24 @@ out:
     return rc;
 }
 
+/* A job saved before joins carried fit rules (its fit column is NULL): its stored first
+   join gets "fit": [], so that it decodes under today's schema (placement, estimates and a
+   later pool's join read it). Saved so on the job's next write. */
+static tide_status upgrade_join(tide_store_t *s, tide_coord_job_t *j)
+{
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    tide_status rc = tide_proto_join_upgrade(j->join_blob, j->join_len, &blob, &len);
+    if (rc != TIDE_OK)
+        return tide_errorf(rc == TIDE_ERR_NOMEM ? rc : TIDE_ERR_IO,
+                           "state file %s: job %s's stored join message: %s", s->path, j->name,
+                           tide_last_error());
+    tide_free(j->join_blob);
+    j->join_blob = blob;
+    j->join_len = len;
+    return TIDE_OK;
+}
+
 static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
 {
     sqlite3_stmt *q = NULL;
@@ -732,6 +751,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         j->failures = sqlite3_column_int(q, 35);
         TIDE_CHECK_GOTO(tide_coord_job_fit_from_text(j, (const char *)sqlite3_column_text(q, 36)),
                         rc, out);
+        if (sqlite3_column_type(q, 36) == SQLITE_NULL && j->join_blob != NULL)
+            TIDE_CHECK_GOTO(upgrade_join(s, j), rc, out);
         const char *rcl = (const char *)sqlite3_column_text(q, 31);
         if (rcl != NULL) {
             tide_layout_t *nl = NULL;

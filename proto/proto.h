@@ -697,6 +697,15 @@ tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf);
 tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out);
 
 /*
+ * Brings a "join" message stored by a tided from before joins carried "fit" (a state
+ * file's first join of a job) to the current schema: the same map with "fit": [] (no
+ * rules, as then) added; one that has "fit" is copied unchanged. The result must then
+ * decode (tide_proto_decode), else TIDE_ERR_PROTOCOL with its reason: nothing but the
+ * missing field is forgiven. *out is tide_malloc'd (caller frees). Any thread.
+ */
+tide_status tide_proto_join_upgrade(const void *data, size_t len, uint8_t **out, size_t *out_len);
+
+/*
  * Fills *out with a random valid message of `type` (every field set, arrays small,
  * values often at their limits), drawing from the xorshift state *rng (any nonzero
  * value; advanced). For property tests, fuzz seed corpora and load generators. The

@@ -5,6 +5,7 @@
  * exclusive file). In-process, milliseconds each.
  */
 #include <criterion/criterion.h>
+#include <msgpack.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "coordinator/policy.h"
 #include "coordinator/state.h"
 #include "coordinator/store.h"
+#include "proto/proto.h"
 
 /* n workers, hosts of `per_host` consecutive ranks, all of class cls. */
 static tide_policy_worker *workers(size_t n, int per_host, tide_pw_class cls)
@@ -874,6 +876,44 @@ Test(store, round_trip_and_reload)
     rm_db(path);
 }
 
+/* A join as a tided from before fit rules stored it: encoded today, "fit" left out. */
+static uint8_t *join_without_fit(size_t *len)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = 0;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+    m.u.join.num_layers = 4;
+    m.u.join.dp = m.u.join.tp = m.u.join.pp = m.u.join.micro_batches = 1;
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_assert_eq(tide_proto_encode(&m, &b), TIDE_OK);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)b.data, b.len, &off),
+                 MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, u.data.via.map.size - 1);
+    for (uint32_t k = 0; k < u.data.via.map.size; k++) {
+        const msgpack_object_kv *kv = &u.data.via.map.ptr[k];
+        if (kv->key.via.str.size == 3 && memcmp(kv->key.via.str.ptr, "fit", 3) == 0)
+            continue;
+        msgpack_pack_object(&pk, kv->key);
+        msgpack_pack_object(&pk, kv->val);
+    }
+    uint8_t *out = malloc(sb.size);
+    memcpy(out, sb.data, sb.size);
+    *len = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_proto_buf_destroy(&b);
+    return out;
+}
+
 /* A job's fit rules survive a restart exactly; a state file written before jobs had rules
    gets the column and reads as "no rules"; a damaged rule is refused, not weakened. */
 Test(store, fit_rules_survive_a_restart_and_old_files_migrate)
@@ -946,18 +986,36 @@ Test(store, fit_rules_survive_a_restart_and_old_files_migrate)
         tide_coord_state_destroy(&st);
     }
 
-    /* a state file from before the fit column: opened, migrated, its jobs have no rules */
+    /* a state file from before the fit column: opened, migrated, its jobs have no rules and
+       their stored joins (written without "fit") decode again */
+    size_t old_len = 0;
+    uint8_t *old_join = join_without_fit(&old_len);
     sqlite3 *db = NULL;
     cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
     cr_assert_eq(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN fit", NULL, NULL, NULL), SQLITE_OK,
                  "%s", sqlite3_errmsg(db));
+    sqlite3_stmt *q = NULL;
+    cr_assert_eq(
+        sqlite3_prepare_v2(db, "UPDATE jobs SET join_blob = ?1 WHERE name = 'train'", -1, &q, NULL),
+        SQLITE_OK);
+    sqlite3_bind_blob(q, 1, old_join, (int)old_len, SQLITE_STATIC);
+    cr_assert_eq(sqlite3_step(q), SQLITE_DONE);
+    sqlite3_finalize(q);
     sqlite3_close(db);
+    tide_msg_t jm;
+    cr_assert_eq(tide_proto_decode(old_join, old_len, &jm), TIDE_ERR_PROTOCOL,
+                 "the old join does not decode as it is");
+    free(old_join);
     cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
     cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
     cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
     j = tide_coord_job_by_name(st, "train");
     cr_assert_not_null(j);
     cr_assert_eq(j->n_fit, 0);
+    cr_assert_eq(tide_proto_decode(j->join_blob, j->join_len, &jm), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_expect(jm.type == TIDE_MSG_JOIN && jm.u.join.n_fit == 0 && jm.u.join.num_layers == 4);
+    tide_msg_clear(&jm);
     j->fit[0] = batch16[0];
     j->n_fit = 1;
     cr_assert_eq(tide_store_begin(s), TIDE_OK);

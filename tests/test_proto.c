@@ -610,6 +610,69 @@ Test(proto_roundtrip, join_fit_rules_and_their_bad_forms)
     tide_proto_buf_destroy(&b);
 }
 
+/* A join a tided stored before joins carried "fit" is brought to today's schema with no
+   rules, and nothing else is forgiven. */
+Test(proto_roundtrip, join_from_before_fit_rules_is_upgraded)
+{
+    tide_proto_fit_t fit[1] = {{0, 4, "the batch"}};
+    tide_msg_t m = join_msg(fit, 1);
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    /* the old form: the same map without "fit" */
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)bytes, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    val_t nil = VNIL;
+    repack(&pk, &u.data, "fit", OP_DROP, &nil);
+    expect_refused(sb.data, sb.size, "join: missing field 'fit'");
+    uint8_t *up = NULL;
+    size_t up_len = 0;
+    cr_assert_eq(tide_proto_join_upgrade(sb.data, sb.size, &up, &up_len), TIDE_OK, "%s",
+                 tide_last_error());
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(up, up_len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.join.n_fit, 0u, "an old join declared no rules");
+    m.u.join.fit = NULL;
+    m.u.join.n_fit = 0;
+    char why[128];
+    cr_assert(same_msg(&m, &d, why, sizeof why), "%s", why);
+    tide_msg_clear(&d);
+    tide_free(up);
+    /* one that has "fit" is copied unchanged */
+    cr_assert_eq(tide_proto_join_upgrade(bytes, len, &up, &up_len), TIDE_OK);
+    cr_expect(up_len == len && memcmp(up, bytes, len) == 0);
+    tide_free(up);
+    /* anything else wrong stays wrong */
+    msgpack_sbuffer_clear(&sb);
+    msgpack_unpacked_destroy(&u);
+    msgpack_unpacked_init(&u);
+    off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)bytes, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer bad;
+    msgpack_sbuffer_init(&bad);
+    msgpack_packer_init(&pk, &bad, msgpack_sbuffer_write);
+    repack(&pk, &u.data, "tensors", OP_DROP, &nil);
+    cr_expect_eq(tide_proto_join_upgrade(bad.data, bad.size, &up, &up_len), TIDE_ERR_PROTOCOL);
+    cr_expect(strstr(tide_last_error(), "missing field 'tensors'") != NULL, "%s",
+              tide_last_error());
+    cr_expect_null(up);
+    cr_expect_eq(tide_proto_join_upgrade("\x01", 1, &up, &up_len), TIDE_ERR_PROTOCOL);
+    tide_msg_t hb = heartbeat();
+    uint8_t *hbytes = encode_copy(&hb, &len);
+    cr_expect_eq(tide_proto_join_upgrade(hbytes, len, &up, &up_len), TIDE_ERR_PROTOCOL,
+                 "a heartbeat is no join");
+    tide_free(hbytes);
+    msgpack_sbuffer_destroy(&bad);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_free(bytes);
+}
+
 Test(proto_roundtrip, largest_layout_is_accepted_and_one_more_worker_is_not)
 {
     /* dp * tp * pp = 2^20 exactly */

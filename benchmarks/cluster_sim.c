@@ -151,9 +151,10 @@ static tide_layout_t *decide(const sim_cfg *c, const tide_collection_t *coll,
     tide_layout_t *l = NULL;
     tide_status rc;
     if (old != NULL && lost && !plain && old->dp <= dp) {
-        rc = tide_policy_recover(old, coll, cand, k, &l, pre, &n_pre);
+        rc = tide_policy_recover(old, coll, NULL, 0, cand, k, &l, pre, &n_pre, NULL, 0);
     } else {
-        tide_resize_req req = {dp, (int)c->tp, (int)c->pp, (int)c->layers, 1, NULL, plain, 0};
+        tide_resize_req req = {dp,   (int)c->tp, (int)c->pp, (int)c->layers, 1,
+                               NULL, plain,      0,          NULL,           0};
         rc = tide_policy_place(old, coll, &req, cand, k, &l, pre, &n_pre);
     }
     if (rc == TIDE_OK && old != NULL && l != NULL) {
@@ -189,8 +190,8 @@ int main(int argc, char **argv)
         {"hidden", NULL, TIDE_OPT_INT, &c.hidden, "4096", "model: width", 64, 1 << 16},
         {"tp", NULL, TIDE_OPT_INT, &c.tp, "8", "tensor-parallel degree", 1, 64},
         {"pp", NULL, TIDE_OPT_INT, &c.pp, "4", "pipeline stages", 1, 256},
-        {"max-dp", NULL, TIDE_OPT_INT, &c.max_dp, "0",
-         "largest dp the job takes (0: hosts / 4)", 0, 4096},
+        {"max-dp", NULL, TIDE_OPT_INT, &c.max_dp, "0", "largest dp the job takes (0: hosts / 4)", 0,
+         4096},
         {"days", NULL, TIDE_OPT_INT, &c.days, "7", "simulated days", 1, 365},
         {"tick-s", NULL, TIDE_OPT_INT, &c.tick_s, "60", "time step (s)", 1, 3600},
         {"host-mtbf-h", NULL, TIDE_OPT_DOUBLE, &c.host_mtbf_h, "48",
@@ -354,11 +355,12 @@ int main(int argc, char **argv)
            rst.down / h, "-", rst.idle / h, 100.0 * rst.train / live);
     printf("\ntraining GPU-hours tide / restart = %.3f; resharded %.1f TB with tided's placement, "
            "%.1f TB with the rank order (%.1fx); %d decisions: policy + plan p50 %.1f ms, p99 "
-           "%.1f ms, max %.1f ms (CPU time p50 %.1f ms, p99 %.1f ms); %.0f recoveries needed a checkpoint; %ld TP groups placed "
+           "%.1f ms, max %.1f ms (CPU time p50 %.1f ms, p99 %.1f ms); %.0f recoveries needed a "
+           "checkpoint; %ld TP groups placed "
            "across hosts; wall %.1f s\n",
            rst.train > 0 ? tide.train / rst.train : 0, bytes_tide / 1e12, bytes_plain / 1e12,
-           bytes_tide > 0 ? bytes_plain / bytes_tide : 0, n_decisions, p50, p99, pmax, cpu50,
-           cpu99, lost_restarts, across, wall_s);
+           bytes_tide > 0 ? bytes_plain / bytes_tide : 0, n_decisions, p50, p99, pmax, cpu50, cpu99,
+           lost_restarts, across, wall_s);
     FILE *f = bench_out_open("cluster_sim", c.out);
     if (f != NULL) {
         fprintf(f,
@@ -374,8 +376,8 @@ int main(int argc, char **argv)
                 "\"switch_s\":%.1f,\"restart_s\":%.1f}\n",
                 n, c.days, c.seed, tide.changes, tide.train / h, tide.down / h, tide.offline / h,
                 tide.idle / h, rst.changes, rst.train / h, rst.down / h, rst.idle / h, bytes_tide,
-                bytes_plain, n_decisions, p50, p99, pmax, cpu50, cpu99, across, wall_s, c.link_gbs, c.switch_s,
-                c.restart_s);
+                bytes_plain, n_decisions, p50, p99, pmax, cpu50, cpu99, across, wall_s, c.link_gbs,
+                c.switch_s, c.restart_s);
         fclose(f);
         printf("wrote %s\n", c.out);
     }

@@ -9,6 +9,7 @@
  * without tensors is placed over a stand-in collection (one TP-split tensor
  * per layer), so stage and TP-rank ownership still count.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,12 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
 
     *out = NULL;
     *n_preempt = 0;
+    /* what the program cannot run is refused whatever workers there are: the reason is the
+       program's, and no number of workers changes it */
+    if (tide_fit_check(req->fit, req->n_fit, req->dp, req->tp, req->pp) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "(dp %d, tp %d, pp %d) is not a layout the job's program can run: %s",
+                           req->dp, req->tp, req->pp, tide_last_error());
     TIDE_CHECK(tide_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
     if (req->stage_start != NULL)
         memcpy(l->stage_start, req->stage_start, ((size_t)req->pp + 1) * sizeof(int));
@@ -271,48 +278,122 @@ out:
     return rc;
 }
 
-/*
- * Recovery's TP-inside-host rule, kept apart from the enumeration of
- * candidate layouts: the dp to use instead of dp so that every TP group fits
- * inside one host (the workers left over stay free for offline work).
- */
-static int recover_tp_inside_hosts(const tide_layout_t *old, const tide_policy_worker *cand,
-                                   size_t n, int dp)
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int want)
 {
-    int fit = tide_policy_tp_fit_dp(cand, n, old->tp, old->pp, dp);
-    if (fit < dp)
-        TIDE_INFO("policy",
-                  "recovery: dp %d instead of %d so that each TP group of %d sits inside one host",
-                  fit, dp, old->tp);
-    return fit;
+    for (int dp = want; dp >= 1; dp--)
+        if (tide_fit_check(fit, n_fit, dp, tp, pp) == TIDE_OK)
+            return dp;
+    return 0;
 }
 
-tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
-                                const tide_policy_worker *cand, size_t n, tide_layout_t **out,
-                                int32_t *preempt, size_t *n_preempt)
+/* Appends printf text to why[0..len) at *at, "; " between parts; never overflows. */
+static void why_add(char *why, size_t len, size_t *at, const char *fmt, ...) TIDE_PRINTF(4, 5);
+static void why_add(char *why, size_t len, size_t *at, const char *fmt, ...)
 {
-    tide_resize_req req = {old->dp,          old->tp, old->pp, old->num_layers, old->micro_batches,
-                           old->stage_start, 0,       0};
-    size_t group = (size_t)old->tp * (size_t)old->pp;
-    if (n < group) {
-        *n_preempt = 0;
+    if (why == NULL || *at + 1 >= len)
+        return;
+    if (*at > 0 && why[*at - 1] != ' ') {
+        int w = snprintf(why + *at, len - *at, "; ");
+        *at += w < 0 ? 0 : (size_t)w;
+        if (*at >= len)
+            *at = len - 1;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(why + *at, len - *at, fmt, ap);
+    va_end(ap);
+    *at += w < 0 ? 0 : (size_t)w;
+    if (*at >= len)
+        *at = len - 1;
+}
+
+/*
+ * Recovery's dp: three limits applied in turn, each kept apart so that the event can say
+ * which one cost replicas: the candidates' count, TP groups inside hosts
+ * (tide_policy_tp_fit_dp) and the program's fit rules (tide_policy_fit_dp). 0 with the
+ * error set when none leaves a dp.
+ */
+static tide_status recover_dp(const tide_layout_t *old, const tide_fit_rule *fit, size_t n_fit,
+                              const tide_policy_worker *cand, size_t n, int *dp_out, char *why,
+                              size_t why_len)
+{
+    size_t group = (size_t)old->tp * (size_t)old->pp, at = 0;
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    *dp_out = 0;
+    if (n < group)
         return tide_errorf(TIDE_ERR_NO_DEVICE,
                            "recovery needs at least tp * pp = %zu workers for one replica; only "
                            "%zu are available in the pool; the job waits for workers",
                            group, n);
-    }
-    if (n < tide_layout_size(old))
-        req.dp = (int)(n / group); /* the largest dp that fits the same tp and pp */
-    req.dp = recover_tp_inside_hosts(old, cand, n, req.dp);
-    if (req.dp == 0) {
-        *n_preempt = 0;
+    int by_count = n < tide_layout_size(old) ? (int)(n / group) : old->dp;
+    int by_hosts = tide_policy_tp_fit_dp(cand, n, old->tp, old->pp, by_count);
+    if (by_hosts == 0)
         return tide_errorf(TIDE_ERR_NO_DEVICE,
                            "recovery needs a host with %d free workers for each of the %d TP "
                            "groups of one replica; the %zu available workers' hosts do not "
                            "have that room; the job waits for workers",
                            old->tp, old->pp, n);
+    int dp = tide_policy_fit_dp(fit, n_fit, old->tp, old->pp, by_hosts);
+    if (dp == 0) {
+        tide_fit_check(fit, n_fit, 1, old->tp, old->pp); /* the rule tp or pp breaks */
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "the job's own layout (tp %d, pp %d) breaks its program's fit rules "
+                           "(%s): no dp can recover it",
+                           old->tp, old->pp, tide_last_error());
     }
-    return tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt);
+    *dp_out = dp;
+    if (dp == old->dp)
+        return TIDE_OK;
+    why_add(why, why_len, &at, "dp %d instead of %d: ", dp, old->dp);
+    if (by_count < old->dp)
+        why_add(why, why_len, &at, "the %zu available workers hold at most dp %d of tp %d x pp %d",
+                n, by_count, old->tp, old->pp);
+    if (by_hosts < by_count)
+        why_add(why, why_len, &at,
+                "each TP group of %d must sit inside one host, and the hosts hold dp %d", old->tp,
+                by_hosts);
+    if (dp < by_hosts) {
+        tide_fit_check(fit, n_fit, by_hosts, old->tp, old->pp);
+        why_add(why, why_len, &at, "the job's program cannot run dp %d: %s", by_hosts,
+                tide_last_error());
+    }
+    TIDE_INFO("policy", "recovery: %s", why != NULL ? why : "smaller dp");
+    return TIDE_OK;
+}
+
+tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
+                                const tide_fit_rule *fit, size_t n_fit,
+                                const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                int32_t *preempt, size_t *n_preempt, char *why, size_t why_len)
+{
+    *out = NULL;
+    *n_preempt = 0;
+    tide_resize_req req = {
+        old->dp, old->tp, old->pp, old->num_layers, old->micro_batches, old->stage_start, 0,
+        0,       fit,     n_fit};
+    TIDE_CHECK(recover_dp(old, fit, n_fit, cand, n, &req.dp, why, why_len));
+    TIDE_CHECK(tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt));
+    if (req.dp == old->dp || why == NULL || why_len == 0)
+        return TIDE_OK;
+    /* what the smaller layout leaves: survivors and idle workers free for offline work */
+    size_t need = tide_layout_size(*out), idle = 0;
+    int32_t *used = tide_malloc(need * sizeof *used);
+    if (used == NULL) {
+        tide_layout_destroy(out);
+        *n_preempt = 0;
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory describing a recovery");
+    }
+    memcpy(used, (*out)->worker, need * sizeof *used);
+    qsort(used, need, sizeof *used, cmp_i32);
+    for (size_t i = 0; i < n; i++)
+        idle += cand[i].cls != TIDE_PW_OFFLINE &&
+                bsearch(&cand[i].rank, used, need, sizeof *used, cmp_i32) == NULL;
+    tide_free(used);
+    size_t at = strlen(why);
+    why_add(why, why_len, &at, "%zu worker%s left idle for offline work", idle,
+            idle == 1 ? "" : "s");
+    return TIDE_OK;
 }
 
 static int cmp_offline(const void *a, const void *b)

@@ -45,8 +45,11 @@ typedef struct tide_resize_req {
                                else stages as even as possible */
     int plain; /* 1: `--placement default`: the plain rank order over the workers chosen by
                   preference, no byte minimisation */
-    int tp_across_hosts; /* 1: the job allows a TP group to span hosts; 0 (default): every
-                            TP group inside one host, or TIDE_ERR_NO_DEVICE */
+    int tp_across_hosts;      /* 1: the job allows a TP group to span hosts; 0 (default): every
+                                 TP group inside one host, or TIDE_ERR_NO_DEVICE */
+    const tide_fit_rule *fit; /* the job's fit rules (what its program can run), borrowed;
+                                 NULL: any layout */
+    size_t n_fit;             /* rules in fit */
 } tide_resize_req;
 
 /*
@@ -72,6 +75,9 @@ int tide_policy_tp_fit_dp(const tide_policy_worker *cand, size_t n, int tp, int 
  * coordinates). req->plain: the first dp*tp*pp offered workers in preference
  * order (members, idle, offline; each by rank) mapped in rank order
  * (tide_reshard_place_default). old may be NULL (first layout).
+ * A layout the job's program cannot run (req->fit, tide_fit_check) is
+ * TIDE_ERR_INVALID naming the rule ("dp 3 does not divide 4 (the global batch
+ * 16 / 4 micro-batches)"), whatever the candidates;
  * TIDE_ERR_NO_DEVICE with a detail when too few candidates exist; a collection
  * the new tp does not divide fails with reshard's detail. Caller owns *out
  * (tide_layout_destroy). Pure.
@@ -83,16 +89,29 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
 /*
  * Recovery after losing workers: candidates hold the surviving members, idle
  * and offline workers of the pool. Keeps the old degrees when enough
- * candidates exist (replacing lost coordinates), else the largest dp that
- * fits with the same tp and pp and whose TP groups fit inside hosts
- * (tide_policy_tp_fit_dp; the remaining workers stay free for offline work);
- * placed like tide_policy_place (coll as there). TIDE_ERR_NO_DEVICE when not
- * even dp 1 fits.
+ * candidates exist (replacing lost coordinates), else the largest dp with the
+ * same tp and pp that the candidates hold, whose TP groups fit inside hosts
+ * (tide_policy_tp_fit_dp) and that the job's program can run (fit, n_fit: its
+ * rules; NULL: any); the remaining workers stay free for offline work. Placed
+ * like tide_policy_place (coll as there). TIDE_ERR_NO_DEVICE when not even dp
+ * 1 fits; TIDE_ERR_INVALID when the old tp or pp break the rules (no dp helps).
+ * When dp shrinks, why (why_len bytes; may be NULL) gets the reasons and what
+ * is left idle, for the event ("dp 2 instead of 4: the 3 available workers
+ * hold at most dp 3; dp 3 does not divide 4 (the global batch 16 / 4
+ * micro-batches); 1 worker left idle for offline work"), else "".
  * Caller owns *out. Pure.
  */
 tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_t *coll,
+                                const tide_fit_rule *fit, size_t n_fit,
                                 const tide_policy_worker *cand, size_t n, tide_layout_t **out,
-                                int32_t *preempt, size_t *n_preempt);
+                                int32_t *preempt, size_t *n_preempt, char *why, size_t why_len);
+
+/*
+ * The fit rules' part of a dp choice: the largest dp <= want that the job's
+ * program can run with tp and pp (tide_fit_check), 0 when none (then tp or pp
+ * themselves break a rule). want <= 0 gives 0. Pure.
+ */
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int want);
 
 /* One queued offline job as the backfill policy sees it. */
 typedef struct tide_policy_offline {

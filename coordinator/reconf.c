@@ -491,7 +491,9 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
                            j->layout->micro_batches,
                            NULL,
                            m->placement == TIDE_PLACEMENT_DEFAULT,
-                           m->tp_across_hosts};
+                           m->tp_across_hosts,
+                           j->fit,
+                           (size_t)j->n_fit};
     if (m->n_stages != 0) {
         if (m->n_stages != (uint32_t)m->pp + 1 || m->stage_start[m->pp] != j->layout->num_layers) {
             tide__reply_error(s, TIDE_ERR_INVALID,
@@ -691,9 +693,10 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
         j->step = r->switch_step;
     char desc[200];
     tide__event(s, j->name, r->recover ? "recovered" : "resized",
-                "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved",
+                "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
                 (unsigned long long)j->generation, tide_layout_format(j->layout, desc, sizeof desc),
-                (long long)r->switch_step, (double)dur / 1e6, (unsigned long long)r->bytes_moved);
+                (long long)r->switch_step, (double)dur / 1e6, (unsigned long long)r->bytes_moved,
+                r->reason);
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);
@@ -946,12 +949,14 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
     int32_t *pre = NULL;
     tide_layout_t *l = NULL;
     tide_collection_t *c = NULL;
+    char shrink[TIDE_PROTO_TEXT_MAX + 1] = ""; /* why the recovery holds fewer replicas */
     tide_status rc = tide__job_collection(j, &c);
     if (rc == TIDE_OK)
         rc = tide__candidates(s, j, -1, 1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
-        rc = pre ? tide_policy_recover(j->layout, c, cand, n, &l, pre, &n_pre)
+        rc = pre ? tide_policy_recover(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &l, pre,
+                                       &n_pre, shrink, sizeof shrink)
                  : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
     }
     tide_free(cand);
@@ -984,14 +989,8 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         }
         return;
     }
-    char why[256];
-    size_t at = (size_t)snprintf(why, sizeof why, "recovery: %s", reason);
-    size_t by_count = n / ((size_t)l->tp * (size_t)l->pp);
-    if ((size_t)l->dp < by_count && l->dp < j->layout->dp && at < sizeof why)
-        snprintf(why + at, sizeof why - at,
-                 "; dp %d, not %zu: each TP group of %d must sit inside one host (the other "
-                 "workers stay free for offline work)",
-                 l->dp, by_count < (size_t)j->layout->dp ? by_count : (size_t)j->layout->dp, l->tp);
+    char why[TIDE_RECONF_REASON_MAX];
+    snprintf(why, sizeof why, "recovery: %s%s%s", reason, shrink[0] ? "; " : "", shrink);
     s->st->counters.recoveries++;
     rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
     tide_free(pre);

@@ -881,8 +881,8 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     pre = tide_malloc((k ? k : 1) * sizeof *pre);
     if (pre == NULL)
         goto out;
-    tide_resize_req req = {j->req_dp,    j->req_tp, j->req_pp, j->num_layers,
-                           j->req_micro, NULL,      0,         0};
+    tide_resize_req req = {j->req_dp, j->req_tp, j->req_pp, j->num_layers, j->req_micro,
+                           NULL,      0,         0,         j->fit,        (size_t)j->n_fit};
     tide_status rc = tide__job_collection(j, &coll);
     if (rc == TIDE_OK)
         rc = tide_policy_place(NULL, coll, &req, cand, k, &l, pre, &n_pre);
@@ -946,6 +946,35 @@ static void release_job(tide_server_t *s, tide_coord_job_t *j, tide_jstate to)
     s->want_backfill = 1;
 }
 
+/* The join's fit rules as reshard's tide_fit_rule into out (room for TIDE_FIT_RULES_MAX);
+   their count. The decoder bounded them. */
+static int fit_from_join(const tide_proto_join_t *m, tide_fit_rule *out)
+{
+    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX &&
+                       TIDE_PROTO_FIT_WHAT_MAX + 1 == TIDE_FIT_WHAT_MAX,
+                   "a job keeps every fit rule a join carries");
+    for (uint32_t i = 0; i < m->n_fit; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].degree = (tide_degree)m->fit[i].degree;
+        out[i].n = m->fit[i].n;
+        memcpy(out[i].what, m->fit[i].what, sizeof out[i].what);
+    }
+    return (int)m->n_fit;
+}
+
+/* A join's first layout against its own fit rules; TIDE_ERR_INVALID naming the rule. */
+static tide_status join_fits(const tide_proto_join_t *m)
+{
+    tide_fit_rule fit[TIDE_FIT_RULES_MAX];
+    int n = fit_from_join(m, fit);
+    if (tide_fit_check(fit, (size_t)n, m->dp, m->tp, m->pp) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "its first layout (dp %d, tp %d, pp %d) is not one its program can "
+                           "run: %s",
+                           m->dp, m->tp, m->pp, tide_last_error());
+    return TIDE_OK;
+}
+
 static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     j->req_dp = m->dp;
@@ -954,6 +983,7 @@ static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const voi
     j->req_micro = m->micro_batches;
     j->num_layers = m->num_layers;
     j->total_bytes = m->total_bytes;
+    j->n_fit = fit_from_join(m, j->fit);
     tide_free(j->join_blob);
     j->join_blob = tide_malloc(len);
     j->join_len = 0;
@@ -973,7 +1003,11 @@ static int same_model(const tide_coord_job_t *j, const tide_proto_join_t *m)
         return 0;
     const tide_proto_join_t *o = &jm.u.join;
     int same = jm.type == TIDE_MSG_JOIN && o->num_layers == m->num_layers &&
-               o->n_tensors == m->n_tensors && o->total_bytes == m->total_bytes;
+               o->n_tensors == m->n_tensors && o->total_bytes == m->total_bytes &&
+               o->n_fit == m->n_fit;
+    for (uint32_t i = 0; same && i < m->n_fit; i++) /* the same program: the same limits */
+        same = o->fit[i].degree == m->fit[i].degree && o->fit[i].n == m->fit[i].n &&
+               strcmp(o->fit[i].what, m->fit[i].what) == 0;
     for (uint32_t i = 0; same && i < m->n_tensors; i++) {
         const tide_proto_tensor_t *a = &o->tensors[i], *b = &m->tensors[i];
         same = strcmp(a->name, b->name) == 0 && a->dtype == b->dtype && a->ndim == b->ndim &&
@@ -997,6 +1031,8 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         tide_status rc =
             tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
         tide_layout_destroy(&probe);
+        if (rc == TIDE_OK)
+            rc = join_fits(m);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
             return;
@@ -1016,11 +1052,12 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         j->state = TIDE_JS_QUEUED;
         j->created_ms = tide_wall_ms();
         keep_join(j, m, raw, len);
+        char fit[TIDE_FIT_RULES_MAX * (TIDE_FIT_WHAT_MAX + 32)];
         tide__event(s, j->name, "job_created",
                     "online job in pool %s: %d layers, %llu bytes of state, %u tensors, first "
-                    "layout (dp %d, tp %d, pp %d)",
+                    "layout (dp %d, tp %d, pp %d); fit: %s",
                     w->pool, j->num_layers, (unsigned long long)j->total_bytes, m->n_tensors, m->dp,
-                    m->tp, m->pp);
+                    m->tp, m->pp, tide_fit_format(j->fit, (size_t)j->n_fit, fit, sizeof fit));
         tide__save_job(s, j);
     } else if (j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
@@ -1039,6 +1076,8 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         tide_status rc =
             tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
         tide_layout_destroy(&probe);
+        if (rc == TIDE_OK)
+            rc = join_fits(m);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
             return;
@@ -1055,10 +1094,12 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         j->step = 0;
         j->throughput = 0;
         keep_join(j, m, raw, len);
+        char fit[TIDE_FIT_RULES_MAX * (TIDE_FIT_WHAT_MAX + 32)];
         tide__event(s, j->name, "job_created",
                     "online job %s runs again in pool %s: %d layers, %u tensors, first layout "
-                    "(dp %d, tp %d, pp %d)",
-                    j->name, w->pool, j->num_layers, m->n_tensors, m->dp, m->tp, m->pp);
+                    "(dp %d, tp %d, pp %d); fit: %s",
+                    j->name, w->pool, j->num_layers, m->n_tensors, m->dp, m->tp, m->pp,
+                    tide_fit_format(j->fit, (size_t)j->n_fit, fit, sizeof fit));
         tide__save_job(s, j);
     } else if (tide_coord_job_pool_find(j, w->pool) < 0) {
         /* a pool launched later for a running job: its ranks join as idle ranks of the
@@ -1072,8 +1113,8 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         }
         if (!same_model(j, m)) {
             tide__reply_error(s, TIDE_ERR_INVALID,
-                              "pool %s joins job %s with another model (its tensors differ "
-                              "from the job's): launch the same program",
+                              "pool %s joins job %s with another model (its tensors or fit "
+                              "rules differ from the job's): launch the same program",
                               w->pool, m->job);
             return;
         }
@@ -1675,6 +1716,7 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
             size_t n = 0, n_pre = 0;
             tide_layout_t *l = NULL;
             tide_collection_t *coll = NULL;
+            char shrink[TIDE_PROTO_TEXT_MAX + 1] = "";
             tide_status rc = tide__job_collection(j, &coll);
             if (rc == TIDE_OK)
                 rc = tide__candidates(s, j, w->id, 0, &cand, &n);
@@ -1682,7 +1724,8 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
             if (rc == TIDE_OK && pre == NULL)
                 rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the drain");
             if (rc == TIDE_OK)
-                rc = tide_policy_recover(j->layout, coll, cand, n, &l, pre, &n_pre);
+                rc = tide_policy_recover(j->layout, coll, j->fit, (size_t)j->n_fit, cand, n, &l,
+                                         pre, &n_pre, shrink, sizeof shrink);
             tide_free(cand);
             tide_collection_destroy(&coll);
             if (rc != TIDE_OK) {
@@ -1694,8 +1737,8 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
             }
             w->state = TIDE_WS_DRAINING;
             tide__save_worker(s, w);
-            char why[96];
-            snprintf(why, sizeof why, "drain worker %d", w->id);
+            char why[TIDE_RECONF_REASON_MAX];
+            snprintf(why, sizeof why, "drain worker %d%s%s", w->id, shrink[0] ? "; " : "", shrink);
             rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
             tide_free(pre);
             if (rc != TIDE_OK) {

@@ -252,6 +252,88 @@ tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text
     return TIDE_OK;
 }
 
+tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out)
+{
+    size_t cap = (size_t)j->n_fit * (TIDE_FIT_WHAT_MAX + 32) + 1;
+    char *t = tide_malloc(cap);
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's fit rules", j->name);
+    size_t len = 0;
+    t[0] = '\0';
+    /* what is one printable line (tide_fit_check): it cannot hold the separator */
+    for (int i = 0; i < j->n_fit; i++) {
+        const tide_fit_rule *r = &j->fit[i];
+        len += (size_t)snprintf(t + len, cap - len, "%s %lld%s%s\n", tide_degree_name(r->degree),
+                                (long long)r->n, r->what[0] ? " " : "", r->what);
+    }
+    *out = t;
+    return TIDE_OK;
+}
+
+/* One "DEGREE N[ WHAT]" line [p, end) into *r, exactly as tide_coord_job_fit_to_text wrote
+   it (no other spacing, signs or leading zeros); 0 when it is not. */
+static int parse_fit_line(const char *p, const char *end, tide_fit_rule *r)
+{
+    memset(r, 0, sizeof *r);
+    if (end - p < 4 || p[2] != ' ')
+        return 0;
+    if (strncmp(p, "dp", 2) == 0)
+        r->degree = TIDE_DEGREE_DP;
+    else if (strncmp(p, "tp", 2) == 0)
+        r->degree = TIDE_DEGREE_TP;
+    else if (strncmp(p, "pp", 2) == 0)
+        r->degree = TIDE_DEGREE_PP;
+    else
+        return 0;
+    const char *q = p + 3;
+    if (*q < '1' || *q > '9')
+        return 0;
+    int64_t n = 0;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        if (n > (INT64_MAX - (*q - '0')) / 10)
+            return 0;
+        n = n * 10 + (*q - '0');
+    }
+    r->n = n;
+    if (q == end)
+        return 1;
+    if (*q != ' ' || end - (q + 1) >= TIDE_FIT_WHAT_MAX || q + 1 == end)
+        return 0;
+    memcpy(r->what, q + 1, (size_t)(end - (q + 1)));
+    return 1;
+}
+
+tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text)
+{
+    tide_status rc = TIDE_OK;
+    j->n_fit = 0;
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        const char *end = strchr(p, '\n');
+        if (end == NULL)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL,
+                           "job %s: stored fit rule %d is not terminated: '%s'", j->name, j->n_fit,
+                           p);
+        if (j->n_fit == TIDE_FIT_RULES_MAX)
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "job %s: more than %d stored fit rules",
+                           j->name, TIDE_FIT_RULES_MAX);
+        if (!parse_fit_line(p, end, &j->fit[j->n_fit]))
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL,
+                           "job %s: malformed stored fit rule %d: '%.*s'", j->name, j->n_fit,
+                           (int)(end - p), p);
+        j->n_fit++;
+        p = end + 1;
+    }
+    /* the rules as a program would have to send them: a damaged one is refused, not read
+       as a weaker rule */
+    if (tide_fit_check(j->fit, (size_t)j->n_fit, 1, 1, 1) != TIDE_OK)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "job %s: stored fit rules: %s", j->name,
+                       tide_last_error());
+out:
+    if (rc != TIDE_OK)
+        j->n_fit = 0;
+    return rc;
+}
+
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank)
 {
     const int32_t *hit = bsearch(&rank, r->parts, r->n_parts, sizeof *r->parts, cmp_i32_);

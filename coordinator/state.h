@@ -107,6 +107,8 @@ typedef struct tide_coord_worker {
     int fence_told;         /* the worker_fenced event was recorded (once per tided process) */
 } tide_coord_worker_t;
 
+#define TIDE_RECONF_REASON_MAX 640 /* bytes of a reconfiguration's reason, NUL included */
+
 /* Pending reconfiguration of an online job (owned by the job). */
 typedef struct tide_reconf {
     uint64_t gen; /* generation being installed */
@@ -117,19 +119,20 @@ typedef struct tide_reconf {
     tide_layout_t *layout; /* new layout (owned) */
     int32_t *parts;        /* participant ranks: old members (alive) then new-only ones, sorted */
     size_t n_parts;
-    uint8_t *acked;         /* per participant: prepare_ack (PREPARE) or done (COMMIT) seen */
-    int64_t *ack_step;      /* per participant: completed steps it reported in prepare_ack */
-    uint8_t *old_member;    /* per participant: holds a coordinate of the old layout */
-    uint8_t *gone;          /* per participant: failed; never waited for */
-    int64_t started_ms;     /* wall clock when requested */
-    uint64_t started_ns;    /* monotonic, for the duration metric (reset on reload) */
-    uint64_t deadline_ns;   /* monotonic: abort (fallback) when passed */
-    uint64_t resend_ns;     /* monotonic: next retransmission of the phase message */
-    char reason[160];       /* "resize by admin", "recovery: worker 7 failed" */
-    uint64_t planned_bytes; /* bytes the reshard plan sends (0 when not estimated) */
-    int join_pool;          /* index in the job's pools of the pool this generation connects,
-                               -1 when none (not stored: a join tided restarts in is aborted) */
-    int32_t *join_old;      /* job ranks of the connected side taking part, sorted (owned) */
+    uint8_t *acked;       /* per participant: prepare_ack (PREPARE) or done (COMMIT) seen */
+    int64_t *ack_step;    /* per participant: completed steps it reported in prepare_ack */
+    uint8_t *old_member;  /* per participant: holds a coordinate of the old layout */
+    uint8_t *gone;        /* per participant: failed; never waited for */
+    int64_t started_ms;   /* wall clock when requested */
+    uint64_t started_ns;  /* monotonic, for the duration metric (reset on reload) */
+    uint64_t deadline_ns; /* monotonic: abort (fallback) when passed */
+    uint64_t resend_ns;   /* monotonic: next retransmission of the phase message */
+    char reason[TIDE_RECONF_REASON_MAX]; /* "resize by admin", "recovery: worker 7 failed; dp 2
+                                            instead of 4: ..." */
+    uint64_t planned_bytes;              /* bytes the reshard plan sends (0 when not estimated) */
+    int join_pool;     /* index in the job's pools of the pool this generation connects,
+                          -1 when none (not stored: a join tided restarts in is aborted) */
+    int32_t *join_old; /* job ranks of the connected side taking part, sorted (owned) */
     size_t n_join_old;
     int32_t *join_new; /* job ranks of the joining pool taking part, sorted (owned) */
     size_t n_join_new;
@@ -167,7 +170,9 @@ typedef struct tide_coord_job {
     uint64_t total_bytes;                  /* one replica of the job's state, bytes (from join) */
     uint8_t *join_blob;                    /* the first join message as received (tensors), owned */
     size_t join_len;
-    tide_reconf_t *reconf; /* pending reconfiguration or NULL */
+    tide_fit_rule fit[TIDE_FIT_RULES_MAX]; /* what layouts its program can run (from join) */
+    int n_fit;                             /* rules in fit; 0: any layout the collection allows */
+    tide_reconf_t *reconf;                 /* pending reconfiguration or NULL */
     /* offline */
     int32_t priority; /* higher runs first */
     tide_offline_kind okind;
@@ -301,6 +306,14 @@ tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out);
 /* Parses tide_coord_job_pools_to_text's text (or a bare pool name, of size `size0`) into
    j's pools; TIDE_ERR_PROTOCOL on malformed text. */
 tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text, int32_t size0);
+
+/* j's fit rules as text, one "DEGREE N WHAT" line per rule ("dp 4 the global batch"),
+   into a tide_malloc'd string (caller frees); "" when it has none. */
+tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out);
+
+/* Parses tide_coord_job_fit_to_text's text (NULL or "": no rules) into j's rules strictly;
+   TIDE_ERR_PROTOCOL naming the line on anything malformed. */
+tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text);
 
 /* Index of rank among r's participants, or -1. O(log n). */
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank);

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "coordinator/store.h"
+#include "proto/proto.h"
 
 #define SCHEMA_VERSION "1"
 
@@ -67,7 +68,7 @@ static const char *const schema =
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
-    " rc_switched INTEGER, failures INTEGER);"
+    " rc_switched INTEGER, failures INTEGER, fit TEXT);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
@@ -93,9 +94,9 @@ static const char *const sql[ST__COUNT] = {
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
-        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures) VALUES(?1,?2,?3,"
-        "?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,"
-        "?27,?28,?29,?30,?31,?32,?33,?34,?35,?36)",
+        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit) VALUES(?1,"
+        "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
+        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
@@ -146,7 +147,8 @@ static tide_status step_done(tide_store_t *s, int which, const char *what)
 /*
  * Columns added after schema 1 was first written (same schema version: nothing
  * was deployed): a state file from before gets them empty, which reads as
- * "no key bound" and "no participant switched".
+ * "no key bound", "no participant switched", "no failures counted" and "no fit
+ * rules" (its jobs joined before programs declared them: any layout, as then).
  */
 static tide_status add_columns(tide_store_t *s)
 {
@@ -154,6 +156,7 @@ static tide_status add_columns(tide_store_t *s)
         {"workers", "owner", "TEXT"},         {"workers", "gone_ms", "INTEGER"},
         {"workers", "fenced_job", "INTEGER"}, {"jobs", "rc_switched", "INTEGER"},
         {"jobs", "failures", "INTEGER"},
+        {"jobs", "fit", "TEXT"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];
@@ -561,10 +564,11 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
 {
     TIDE_CHECK(need_txn(s, "put_job"));
     tide_status rc = TIDE_OK;
-    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL;
+    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL, *fit = NULL;
     size_t argv_len = 0;
     sqlite3_stmt *st = s->st[ST_JOB];
     TIDE_CHECK_GOTO(tide_coord_job_pools_to_text(j, &pools), rc, out);
+    TIDE_CHECK_GOTO(tide_coord_job_fit_to_text(j, &fit), rc, out);
     if (j->layout)
         TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
     if (j->reconf)
@@ -600,6 +604,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int64(st, 26, j->grace_ms);
     sqlite3_bind_int(st, 34, j->num_layers);
     sqlite3_bind_int(st, 36, j->failures);
+    sqlite3_bind_text(st, 37, fit, -1, SQLITE_STATIC);
     if (j->reconf) {
         sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
         sqlite3_bind_int(st, 28, j->reconf->recover);
@@ -615,6 +620,7 @@ out:
     tide_free(layout);
     tide_free(rc_layout);
     tide_free(pools);
+    tide_free(fit);
     tide_free(argv);
     return rc;
 }
@@ -704,6 +710,24 @@ out:
     return rc;
 }
 
+/* A job saved before joins carried fit rules (its fit column is NULL): its stored first
+   join gets "fit": [], so that it decodes under today's schema (placement, estimates and a
+   later pool's join read it). Saved so on the job's next write. */
+static tide_status upgrade_join(tide_store_t *s, tide_coord_job_t *j)
+{
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    tide_status rc = tide_proto_join_upgrade(j->join_blob, j->join_len, &blob, &len);
+    if (rc != TIDE_OK)
+        return tide_errorf(rc == TIDE_ERR_NOMEM ? rc : TIDE_ERR_IO,
+                           "state file %s: job %s's stored join message: %s", s->path, j->name,
+                           tide_last_error());
+    tide_free(j->join_blob);
+    j->join_blob = blob;
+    j->join_len = len;
+    return TIDE_OK;
+}
+
 static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
 {
     sqlite3_stmt *q = NULL;
@@ -713,7 +737,7 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
         " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures FROM jobs ORDER BY id",
+        " failures, fit FROM jobs ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading jobs");
@@ -764,6 +788,10 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         j->grace_ms = sqlite3_column_int64(q, 25);
         j->num_layers = sqlite3_column_int(q, 33);
         j->failures = sqlite3_column_int(q, 35);
+        TIDE_CHECK_GOTO(tide_coord_job_fit_from_text(j, (const char *)sqlite3_column_text(q, 36)),
+                        rc, out);
+        if (sqlite3_column_type(q, 36) == SQLITE_NULL && j->join_blob != NULL)
+            TIDE_CHECK_GOTO(upgrade_join(s, j), rc, out);
         const char *rcl = (const char *)sqlite3_column_text(q, 31);
         if (rcl != NULL) {
             tide_layout_t *nl = NULL;

@@ -6,6 +6,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -301,7 +302,8 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
             if (rc != TIDE_OK && !switch_failed_cleanly(t, m, rc, g0))
                 return rc;
             if (rc != TIDE_OK)
-                TIDE_WARN(SUBSYS, "rank %d: the switch failed before moving anything (%s); "
+                TIDE_WARN(SUBSYS,
+                          "rank %d: the switch failed before moving anything (%s); "
                           "generation %llu goes on",
                           tide_pool_rank(t), tide_last_error(), (unsigned long long)g0);
             loop_comm_init(&comm, t, m, h);
@@ -365,6 +367,29 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
     reap_join(&pre);
     pthread_mutex_destroy(&pre.mu);
     return rc;
+}
+
+tide_status tide_mlp_tide_fit(const tide_mlp_config *cfg, int micro_batches, tide_fit_rule *out,
+                              int *n_out)
+{
+    *n_out = 0;
+    if (micro_batches < 1 || cfg->global_batch % micro_batches != 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "the global batch %lld does not split into %d micro-batches",
+                           (long long)cfg->global_batch, micro_batches);
+    memset(out, 0, TIDE_MLP_FIT_RULES * sizeof *out);
+    out[0].degree = TIDE_DEGREE_DP;
+    out[0].n = cfg->global_batch / micro_batches;
+    snprintf(out[0].what, sizeof out[0].what, "the global batch %lld / %d micro-batches",
+             (long long)cfg->global_batch, micro_batches);
+    out[1].degree = TIDE_DEGREE_TP;
+    out[1].n = cfg->ffn;
+    snprintf(out[1].what, sizeof out[1].what, "the FFN width");
+    out[2].degree = TIDE_DEGREE_TP;
+    out[2].n = cfg->vocab;
+    snprintf(out[2].what, sizeof out[2].what, "the vocabulary");
+    *n_out = TIDE_MLP_FIT_RULES;
+    return TIDE_OK;
 }
 
 tide_status tide_mlp_tide_give(tide_t *t, tide_mlp_t *m)

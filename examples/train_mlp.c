@@ -527,7 +527,13 @@ static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char
     int64_t start = 0;
     if (ck->resume != NULL)
         RUN(tide_ckpt_find(ck->resume, INT64_MAX, resume, sizeof resume, &start), "--resume");
-    tide_join_req jr = {job, coll, dp, tp, pp, micro, start};
+    /* what the model can run: tided then refuses a resize to anything else and recovers
+       only to layouts it can (losing a rank of dp 4 with a batch of 16 in 4 micro-batches
+       gives dp 2, not dp 3) */
+    tide_fit_rule fit[TIDE_MLP_FIT_RULES];
+    int n_fit = 0;
+    RUN(tide_mlp_tide_fit(cfg, micro, fit, &n_fit), "model limits");
+    tide_join_req jr = {job, coll, dp, tp, pp, micro, start, fit, n_fit};
     RUN(tide_join(t, &jr), "tide_join");
     const tide_view *v = tide_view_get(t);
     int32_t me = tide_pool_rank(t);

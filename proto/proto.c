@@ -27,6 +27,7 @@ static const char *const job_kind_names[] = {"online", "command", "plugin"};
 static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
                                               "preempted", "done",    "failed",   "cancelled"};
 static const char *const placement_names[] = {"default", "optimal"};
+static const char *const degree_names[] = {"dp", "tp", "pp"};
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -278,6 +279,14 @@ static const tide__field heartbeat_fields[] = {
 
 static const tide__field bye_fields[] = {F_WORKER(tide_proto_bye_t, worker)};
 
+static const tide__field fit_fields[] = {
+    F_ENUM(tide_proto_fit_t, degree, "degree", degree_names),
+    F_INT(tide_proto_fit_t, n, "n", 1, TIDE_PROTO_FIT_N_MAX),
+    F_STR(tide_proto_fit_t, what, "what", TIDE__CS_LINE, 0),
+};
+static const tide__schema fit_schema = {fit_fields, NELEM(fit_fields), sizeof(tide_proto_fit_t), 0,
+                                        NULL};
+
 static tide_status check_join(const void *base, tide__ctx *c)
 {
     const tide_proto_join_t *m = base;
@@ -306,6 +315,12 @@ static const tide__field join_fields[] = {
      .count_off = offsetof(tide_proto_join_t, n_tensors),
      .cmax = TIDE_PROTO_TENSORS_MAX,
      .sub = &tensor_schema},
+    {.key = "fit",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_join_t, fit),
+     .count_off = offsetof(tide_proto_join_t, n_fit),
+     .cmax = TIDE_PROTO_FIT_MAX,
+     .sub = &fit_schema},
 };
 
 static tide_status check_ranks(tide__ctx *c, const char *key, const int32_t *r, uint32_t n,
@@ -1053,6 +1068,9 @@ tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, s
             return tide__fail(
                 c, "%s may hold only printable ASCII without spaces (byte %zu is 0x%02x)", fn, k,
                 ch);
+        if (f->charset == TIDE__CS_LINE && (ch < 0x20 || ch >= 0x7f))
+            return tide__fail(c, "%s may hold only printable ASCII (byte %zu is 0x%02x)", fn, k,
+                              ch);
     }
     return TIDE_OK;
 }

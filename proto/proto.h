@@ -56,14 +56,17 @@ extern "C" {
 #define TIDE_PROTO_LAYERS_MAX      (1u << 20)  /* layers of a model */
 #define TIDE_PROTO_MICRO_MAX       65536       /* micro-batches per step */
 #define TIDE_PROTO_TENSORS_MAX     (1u << 17)  /* tensors in a join's collection */
-#define TIDE_PROTO_DIMS_MAX        4           /* tensor rank */
-#define TIDE_PROTO_ARGV_MAX        256         /* argv entries of an offline command */
-#define TIDE_PROTO_ARG_MAX         4095        /* bytes of one argv entry */
-#define TIDE_PROTO_ROWS_MAX        (1u << 16)  /* rows of a status or jobs reply */
-#define TIDE_PROTO_EVENTS_MAX      10000       /* rows of an events reply, and events limit */
-#define TIDE_PROTO_ATTEMPTS_MAX    100         /* rows of a logs reply */
-#define TIDE_PROTO_DEVICE_MAX      1023        /* local device index */
-#define TIDE_PROTO_MS_MAX          1e12        /* any duration in ms (~31 years) */
+#define TIDE_PROTO_FIT_MAX         32          /* fit rules of a join (= TIDE_FIT_RULES_MAX) */
+#define TIDE_PROTO_FIT_WHAT_MAX    95 /* chars of a fit rule's what (= TIDE_FIT_WHAT_MAX - 1) */
+#define TIDE_PROTO_FIT_N_MAX       (INT64_C(1) << 62) /* a fit rule's n */
+#define TIDE_PROTO_DIMS_MAX        4                  /* tensor rank */
+#define TIDE_PROTO_ARGV_MAX        256                /* argv entries of an offline command */
+#define TIDE_PROTO_ARG_MAX         4095               /* bytes of one argv entry */
+#define TIDE_PROTO_ROWS_MAX        (1u << 16)         /* rows of a status or jobs reply */
+#define TIDE_PROTO_EVENTS_MAX      10000 /* rows of an events reply, and events limit */
+#define TIDE_PROTO_ATTEMPTS_MAX    100   /* rows of a logs reply */
+#define TIDE_PROTO_DEVICE_MAX      1023  /* local device index */
+#define TIDE_PROTO_MS_MAX          1e12  /* any duration in ms (~31 years) */
 
 /* Job names: 1..NAME_MAX chars of [A-Za-z0-9._:-]. Hosts: 1..HOST_MAX chars,
  * printable ASCII without spaces. Pool ids and plugin names: like job names.
@@ -145,6 +148,17 @@ typedef struct tide_proto_tensor {
     int dp;
 } tide_proto_tensor_t;
 
+/*
+ * One fit rule of a job (include/tide/collection.h's tide_fit_rule): the degree must
+ * divide n. Wire: map {"degree","n","what"}; degree "dp" | "tp" | "pp"; n in [1, 2^62];
+ * what 0..95 chars of printable ASCII (spaces allowed): what n counts, for refusals.
+ */
+typedef struct tide_proto_fit {
+    int degree;                             /* "degree": 0 dp, 1 tp, 2 pp (tide_degree) */
+    int64_t n;                              /* "n" */
+    char what[TIDE_PROTO_FIT_WHAT_MAX + 1]; /* "what" */
+} tide_proto_fit_t;
+
 /* ---- worker <-> tided ------------------------------------------------------------------- */
 
 /* "register" worker -> tided: a pool process announces its device. */
@@ -188,7 +202,9 @@ typedef struct tide_proto_bye {
  * "join" worker -> tided: the worker runs online job `job` and describes its state.
  * Every worker of the job sends it; tided creates the job on the first one. tensors may
  * be empty (tided can then estimate moves only from total_bytes). Requested initial
- * degrees: dp*tp*pp <= 2^20, pp <= num_layers.
+ * degrees: dp*tp*pp <= 2^20, pp <= num_layers. fit: what layouts the program can run
+ * (0..32 rules; [] when it declared none); that the requested degrees keep them is
+ * tided's check, not the decoder's (a refusal then names the rule).
  */
 typedef struct tide_proto_join {
     int32_t worker;                    /* "worker" */
@@ -199,6 +215,8 @@ typedef struct tide_proto_join {
     int micro_batches;                 /* "micro": [1, 65536] */
     tide_proto_tensor_t *tensors;      /* "tensors": array of tensor maps; owned */
     uint32_t n_tensors;                /* <= TIDE_PROTO_TENSORS_MAX */
+    tide_proto_fit_t *fit;             /* "fit": array of fit rule maps; owned */
+    uint32_t n_fit;                    /* <= TIDE_PROTO_FIT_MAX */
 } tide_proto_join_t;
 
 /*
@@ -746,6 +764,15 @@ tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf);
  * input, TIDE_ERR_NOMEM for allocation failure. Any thread.
  */
 tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out);
+
+/*
+ * Brings a "join" message stored by a tided from before joins carried "fit" (a state
+ * file's first join of a job) to the current schema: the same map with "fit": [] (no
+ * rules, as then) added; one that has "fit" is copied unchanged. The result must then
+ * decode (tide_proto_decode), else TIDE_ERR_PROTOCOL with its reason: nothing but the
+ * missing field is forgiven. *out is tide_malloc'd (caller frees). Any thread.
+ */
+tide_status tide_proto_join_upgrade(const void *data, size_t len, uint8_t **out, size_t *out_len);
 
 /*
  * Fills *out with a random valid message of `type` (every field set, arrays small,

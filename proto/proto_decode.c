@@ -584,3 +584,68 @@ out:
     msgpack_unpacked_destroy(&u);
     return rc;
 }
+
+/* msgpack-c's sbuffer writer, with tide's allocator (so failures are injectable). */
+static int upgrade_write(void *data, const char *buf, size_t len)
+{
+    tide_proto_buf_t *b = data;
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + len)
+            cap *= 2;
+        uint8_t *p = tide_realloc(b->data, cap);
+        if (p == NULL)
+            return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, buf, len);
+    b->len += len;
+    return 0;
+}
+
+tide_status tide_proto_join_upgrade(const void *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    if (data == NULL || len == 0 || len > TIDE_PROTO_MAX_MSG_BYTES)
+        return tide_errorf(TIDE_ERR_PROTOCOL, "join: %zu bytes are no stored join message", len);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_status rc = TIDE_OK;
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(&u, data, len, &off);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_NOMEM, "join: out of memory unpacking %zu bytes", len);
+    if (ur != MSGPACK_UNPACK_SUCCESS || off != len || u.data.type != MSGPACK_OBJECT_MAP)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_PROTOCOL,
+                       "join: the stored message is not one msgpack map (code %d)", (int)ur);
+    const msgpack_object_map *m = &u.data.via.map;
+    int has_fit = 0;
+    for (uint32_t k = 0; k < m->size; k++)
+        has_fit |= key_is(&m->ptr[k].key, "fit");
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, upgrade_write);
+    int bad = msgpack_pack_map(&pk, m->size + (has_fit ? 0 : 1));
+    for (uint32_t k = 0; k < m->size && !bad; k++)
+        bad = msgpack_pack_object(&pk, m->ptr[k].key) || msgpack_pack_object(&pk, m->ptr[k].val);
+    if (!bad && !has_fit)
+        bad = msgpack_pack_str(&pk, 3) || msgpack_pack_str_body(&pk, "fit", 3) ||
+              msgpack_pack_array(&pk, 0);
+    if (bad)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_NOMEM, "join: out of memory upgrading %zu bytes", len);
+    tide_msg_t check;
+    TIDE_CHECK_GOTO(tide_proto_decode(b.data, b.len, &check), rc, done);
+    tide_msg_type_t type = check.type;
+    tide_msg_clear(&check);
+    if (type != TIDE_MSG_JOIN)
+        TIDE_FAIL_GOTO(rc, done, TIDE_ERR_PROTOCOL, "join: the stored message is a '%s'",
+                       tide_msg_type_name(type));
+    *out = tide_proto_buf_release(&b, out_len);
+done:
+    tide_proto_buf_destroy(&b);
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}

@@ -31,6 +31,7 @@ enum {
     TIDE__CS_NAME = 0, /* [A-Za-z0-9._:-] */
     TIDE__CS_HOST = 1, /* printable ASCII without space */
     TIDE__CS_TEXT = 2, /* any byte but NUL */
+    TIDE__CS_LINE = 3, /* printable ASCII, spaces allowed: one line of text for people */
 };
 
 #define TIDE__F_UNSIGNED 1u

@@ -66,6 +66,8 @@ static void rstr(rng_t *r, char *dst, size_t minlen, size_t maxlen, int cls)
             dst[i] = name_chars[next(r) % (sizeof name_chars - 1)];
         else if (cls == 1)
             dst[i] = (char)(0x21 + next(r) % 94); /* printable, no space */
+        else if (cls == 3)
+            dst[i] = (char)(0x20 + next(r) % 95); /* printable, space too */
         else
             dst[i] = (char)(1 + next(r) % 255); /* any byte but NUL */
     }
@@ -194,6 +196,16 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             t->tp_dim = (int)urange(r, 0, (uint64_t)t->ndim - 1);
             t->tp_segments = (int)urange(r, 1, 64);
             t->dp = (int)urange(r, 0, 1);
+        }
+        uint32_t nf = (uint32_t)urange(r, 0, 4);
+        x->fit = rows(nf, sizeof *x->fit);
+        if (nf && x->fit == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling fit rules");
+        x->n_fit = nf;
+        for (uint32_t i = 0; i < nf; i++) {
+            x->fit[i].degree = (int)urange(r, 0, 2);
+            x->fit[i].n = irange(r, 1, TIDE_PROTO_FIT_N_MAX);
+            rstr(r, x->fit[i].what, 0, TIDE_PROTO_FIT_WHAT_MAX, 3);
         }
         return TIDE_OK;
     }

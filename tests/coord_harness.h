@@ -102,11 +102,12 @@ extern char **environ;
 
 /*
  * Runs `TIDECTL --endpoint ENDPOINT args...` (args NULL-terminated, at most 28) and waits
- * for it; its stdout goes into out (cap bytes, NUL-terminated) when out is not NULL.
- * Returns its exit status, or -1 when it could not run. Blocks; any thread.
+ * for it; its stdout (and its stderr too when with_stderr) goes into out (cap bytes,
+ * NUL-terminated) when out is not NULL. Returns its exit status, or -1 when it could not
+ * run. Blocks; any thread.
  */
-static inline int coord_tidectl(const char *tidectl, const char *endpoint, const char *const *args,
-                                char *out, size_t cap)
+static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
+                                   const char *const *args, char *out, size_t cap, int with_stderr)
 {
     const char *argv[32] = {tidectl, "--endpoint", endpoint};
     int n = 3;
@@ -119,6 +120,8 @@ static inline int coord_tidectl(const char *tidectl, const char *endpoint, const
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    if (with_stderr) /* the reason of a refusal: tidectl prints it on stderr */
+        posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
     posix_spawn_file_actions_addclose(&fa, fd[0]);
     pid_t pid;
     int rc = posix_spawn(&pid, tidectl, &fa, NULL, (char *const *)argv, environ);
@@ -144,6 +147,13 @@ static inline int coord_tidectl(const char *tidectl, const char *endpoint, const
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* coord_tidectl_io with stdout only. */
+static inline int coord_tidectl(const char *tidectl, const char *endpoint, const char *const *args,
+                                char *out, size_t cap)
+{
+    return coord_tidectl_io(tidectl, endpoint, args, out, cap, 0);
+}
+
 /* Sends sig to tided and reaps it; returns its wait status. */
 static inline int coord_stop(coord_proc *p, int sig)
 {
@@ -159,10 +169,9 @@ static inline int coord_stop(coord_proc *p, int sig)
 /* Removes the temporary directory's files. */
 static inline void coord_cleanup(coord_proc *p)
 {
-    const char *names[] = {"state.db",   "state.db-wal", "state.db-shm", "endpoint",
-                           "server.key", "server.pub",   "admin.key",    "admin.pub",
-                           "w.key",      "w.pub",        "stranger.key", "w2.pub",
-                           "r.pub",      NULL};
+    const char *names[] = {"state.db",     "state.db-wal", "state.db-shm", "endpoint", "server.key",
+                           "server.pub",   "admin.key",    "admin.pub",    "w.key",    "w.pub",
+                           "stranger.key", "w2.pub",       "r.pub",        NULL};
     char path[512];
     for (int i = 0; names[i]; i++) {
         snprintf(path, sizeof path, "%s/%s", p->dir, names[i]);

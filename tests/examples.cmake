@@ -51,7 +51,9 @@ if(TARGET tide_mlp)
     # inside the step's last reductions, so some survivors finish the step alone; spare: a 9th, idle
     # rank takes its place; zero1: the lost ZeRO-1 moments have no replica, so tided must
     # stall the job and say why; stopped: the victim is SIGSTOPped instead, resumed once the
-    # job recovered without it, and must be fenced and leave). --enable-recovery keeps mpirun from tearing the job down when
+    # job recovered without it, and must be fenced and leave; layout: dp 4 whose batch dp 3
+    # cannot split recovers to dp 2 and refuses `tidectl resize --dp 3`). --enable-recovery
+    # keeps mpirun from tearing the job down when
     # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
     # collectives.cmake); the pass line is printed after every check on every survivor.
     add_executable(test_examples_tide_recover test_examples_tide_recover.c)
@@ -59,9 +61,11 @@ if(TARGET tide_mlp)
                                                              PkgConfig::ZMQ MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide_recover tided tidectl)
-    foreach(mode replica midstep lastreduce spare zero1 stopped)
+    foreach(mode replica midstep lastreduce spare zero1 stopped layout)
       if(mode STREQUAL "spare")
         set(np 9)
+      elseif(mode STREQUAL "layout")
+        set(np 4)
       else()
         set(np 8)
       endif()

@@ -5,6 +5,7 @@
  * exclusive file). In-process, milliseconds each.
  */
 #include <criterion/criterion.h>
+#include <msgpack.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "coordinator/policy.h"
 #include "coordinator/state.h"
 #include "coordinator/store.h"
+#include "proto/proto.h"
 
 /* n workers, hosts of `per_host` consecutive ranks, all of class cls. */
 static tide_policy_worker *workers(size_t n, int per_host, tide_pw_class cls)
@@ -39,7 +41,7 @@ Test(policy, first_layout_keeps_tp_groups_inside_hosts)
     tide_policy_worker c[16];
     for (int i = 0; i < 16; i++)
         c[i] = (tide_policy_worker){i, i % 4, TIDE_PW_IDLE, 0};
-    tide_resize_req req = {2, 4, 2, 8, 4, NULL, 0, 0};
+    tide_resize_req req = {2, 4, 2, 8, 4, NULL, 0, 0, NULL, 0};
     tide_layout_t *l = NULL;
     int32_t pre[16];
     size_t np = 99;
@@ -65,13 +67,13 @@ Test(policy, same_shape_resize_keeps_every_coordinate)
     tide_policy_worker *c = workers(16, 8, TIDE_PW_MEMBER);
     int32_t pre[16];
     size_t np;
-    tide_resize_req same = {4, 2, 2, 8, 4, NULL, 0, 0};
+    tide_resize_req same = {4, 2, 2, 8, 4, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &same, c, 16, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_arr_eq(l->worker, old->worker, 16 * sizeof(int32_t));
     tide_layout_destroy(&l);
     /* shrinking dp keeps replicas 0 and 1 exactly where they were: nothing moves */
-    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0, 0};
+    tide_resize_req shrink = {2, 2, 2, 8, 4, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &shrink, c, 16, &l, pre, &np), TIDE_OK);
     for (int p = 0; p < 2; p++)
         for (int d = 0; d < 2; d++)
@@ -93,7 +95,7 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     };
     int32_t pre[6];
     size_t np;
-    tide_resize_req req = {4, 1, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req req = {4, 1, 1, 4, 1, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &req, c, 6, &l, pre, &np), TIDE_OK, "%s",
                  tide_last_error());
     cr_assert_eq(np, 1, "one offline job must be preempted, got %zu", np);
@@ -104,7 +106,7 @@ Test(policy, grow_takes_idle_before_offline_and_cheapest_offline_first)
     cr_assert_eq(l->worker[1], 1);
     tide_layout_destroy(&l);
     /* too few workers: a clear error that counts what exists */
-    tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req big = {8, 1, 1, 4, 1, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(old, NULL, &big, c, 6, &l, pre, &np), TIDE_ERR_NO_DEVICE);
     cr_assert_null(l);
     cr_assert(strstr(tide_last_error(), "needs 8 workers") != NULL, "%s", tide_last_error());
@@ -118,15 +120,15 @@ Test(policy, bad_requests_are_refused)
     tide_layout_t *l = NULL;
     int32_t pre[8];
     size_t np;
-    tide_resize_req zero = {0, 1, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req zero = {0, 1, 1, 4, 1, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &zero, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
-    tide_resize_req deep = {1, 1, 8, 4, 1, NULL, 0, 0}; /* pp > layers */
+    tide_resize_req deep = {1, 1, 8, 4, 1, NULL, 0, 0, NULL, 0}; /* pp > layers */
     cr_assert_eq(tide_policy_place(NULL, NULL, &deep, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     int bad_stages[3] = {0, 4, 4}; /* empty second stage */
-    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages, 0, 0};
+    tide_resize_req st = {1, 1, 2, 4, 1, bad_stages, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &st, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     c[3].rank = 2; /* duplicate candidate */
-    tide_resize_req ok = {2, 1, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req ok = {2, 1, 1, 4, 1, NULL, 0, 0, NULL, 0};
     cr_assert_eq(tide_policy_place(NULL, NULL, &ok, c, 8, &l, pre, &np), TIDE_ERR_INVALID);
     cr_assert_null(l);
     free(c);
@@ -146,8 +148,8 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
     c[n++] = (tide_policy_worker){8, 1, TIDE_PW_IDLE, 0};
     int32_t pre[9];
     size_t np;
-    cr_assert_eq(tide_policy_recover(old, NULL, c, n, &l, pre, &np), TIDE_OK, "%s",
-                 tide_last_error());
+    cr_assert_eq(tide_policy_recover(old, NULL, NULL, 0, c, n, &l, pre, &np, NULL, 0), TIDE_OK,
+                 "%s", tide_last_error());
     cr_assert_eq(l->dp, 2);
     for (size_t i = 0; i < 8; i++)
         cr_assert_eq(l->worker[i], old->worker[i] == 5 ? 8 : old->worker[i],
@@ -160,7 +162,7 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
     for (int r = 0; r < 8; r++)
         if (r != 5)
             c[n++] = (tide_policy_worker){r, r / 4, TIDE_PW_MEMBER, 0};
-    cr_assert_eq(tide_policy_recover(old, NULL, c, n, &l, pre, &np), TIDE_OK);
+    cr_assert_eq(tide_policy_recover(old, NULL, NULL, 0, c, n, &l, pre, &np, NULL, 0), TIDE_OK);
     cr_assert_eq(l->dp, 1);
     for (int p = 0; p < 2; p++)
         for (int t = 0; t < 2; t++) {
@@ -173,7 +175,8 @@ Test(policy, recovery_replaces_only_the_lost_coordinate)
         }
     tide_layout_destroy(&l);
     /* fewer than tp * pp survivors: stalled */
-    cr_assert_eq(tide_policy_recover(old, NULL, c, 3, &l, pre, &np), TIDE_ERR_NO_DEVICE);
+    cr_assert_eq(tide_policy_recover(old, NULL, NULL, 0, c, 3, &l, pre, &np, NULL, 0),
+                 TIDE_ERR_NO_DEVICE);
     cr_assert(strstr(tide_last_error(), "at least tp * pp = 4") != NULL, "%s", tide_last_error());
     tide_layout_destroy(&old);
 }
@@ -187,7 +190,7 @@ Test(policy, placement_survives_allocation_failures)
         c[i].cls = TIDE_PW_MEMBER;
     int32_t pre[8];
     size_t np;
-    tide_resize_req req = {4, 2, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req req = {4, 2, 1, 4, 1, NULL, 0, 0, NULL, 0};
     int failures_seen = 0;
     for (long k = 1; k < 64; k++) {
         tide_alloc_fail_at(k, 0);
@@ -206,6 +209,16 @@ Test(policy, placement_survives_allocation_failures)
     cr_assert_gt(failures_seen, 3);
     tide_layout_destroy(&old);
     free(c);
+}
+
+/* Every TP group of l on one host, looking hosts up among the candidates. */
+static int tp_groups_inside_hosts_of(const tide_layout_t *l, const tide_policy_worker *c, size_t n)
+{
+    for (size_t k = 0; k < tide_layout_size(l); k += (size_t)l->tp)
+        for (int t = 1; t < l->tp; t++)
+            if (host_of(c, n, l->worker[k + (size_t)t]) != host_of(c, n, l->worker[k]))
+                return 0;
+    return 1;
 }
 
 /* Every TP group of l on one host, by the candidates' hosts. */
@@ -277,11 +290,11 @@ Test(policy, random_failures_never_put_a_tp_group_across_hosts)
             size_t np = 0;
             tide_status rc;
             if (job != NULL && lost) {
-                rc = tide_policy_recover(job, NULL, cand, k, &l, pre, &np);
+                rc = tide_policy_recover(job, NULL, NULL, 0, cand, k, &l, pre, &np, NULL, 0);
                 if (rc == TIDE_OK)
                     cr_assert_leq(l->dp, dp, "recovery chose dp %d, the hosts hold %d", l->dp, dp);
             } else if (dp >= 1) {
-                tide_resize_req req = {dp, tp, pp, layers, 1, NULL, 0, 0};
+                tide_resize_req req = {dp, tp, pp, layers, 1, NULL, 0, 0, NULL, 0};
                 rc = tide_policy_place(job, NULL, &req, cand, k, &l, pre, &np);
                 cr_assert_eq(rc, TIDE_OK, "run %d step %d: dp %d: %s", run, step, dp,
                              tide_last_error());
@@ -321,7 +334,7 @@ Test(policy, random_failures_never_put_a_tp_group_across_hosts)
 Test(policy, resize_without_room_for_tp_groups_is_refused_unless_allowed)
 {
     tide_policy_worker *c = workers(12, 3, TIDE_PW_IDLE); /* 4 hosts of 3: one group of 2 each */
-    tide_resize_req req = {5, 2, 1, 4, 1, NULL, 0, 0};
+    tide_resize_req req = {5, 2, 1, 4, 1, NULL, 0, 0, NULL, 0};
     tide_layout_t *l = NULL;
     int32_t pre[12];
     size_t np = 0;
@@ -336,6 +349,285 @@ Test(policy, resize_without_room_for_tp_groups_is_refused_unless_allowed)
                  tide_last_error());
     tide_layout_destroy(&l);
     free(c);
+}
+
+/* The rules of a job whose program splits a global batch of 16 in 4 micro-batches per dp
+   rank (dp must divide 4) and 8 heads over tp. */
+static const tide_fit_rule batch16[] = {
+    {TIDE_DEGREE_DP, 4, "the global batch 16 / 4 micro-batches"},
+    {TIDE_DEGREE_TP, 8, "the attention heads"},
+};
+
+/* A resize to a layout the program cannot run is refused with the rule, however many
+   workers there are: before, tided placed it and every rank died applying it. */
+Test(policy, resize_to_a_layout_the_program_cannot_run_is_refused_with_the_rule)
+{
+    tide_policy_worker *c = workers(16, 8, TIDE_PW_IDLE);
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_layout_new(&old, 4, 1, 1, 4, 4), TIDE_OK);
+    for (int i = 0; i < 4; i++)
+        c[i].cls = TIDE_PW_MEMBER;
+    int32_t pre[16];
+    size_t np = 0;
+    tide_resize_req req = {3, 1, 1, 4, 4, NULL, 0, 0, batch16, 2};
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_ERR_INVALID);
+    cr_assert_null(l);
+    cr_expect_str_eq(tide_last_error(),
+                     "(dp 3, tp 1, pp 1) is not a layout the job's program can run: dp 3 does "
+                     "not divide 4 (the global batch 16 / 4 micro-batches)");
+    req.dp = 2;
+    req.tp = 3;
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "tp 3 does not divide 8 (the attention heads)") != NULL,
+              "%s", tide_last_error());
+    /* too few workers as well: the program's reason comes first, more workers would not help */
+    req.dp = 3;
+    req.tp = 1;
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 2, &l, pre, &np), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "dp 3 does not divide 4") != NULL, "%s", tide_last_error());
+    /* what the rules allow is placed as before; without rules anything goes */
+    req.dp = 2;
+    req.tp = 4;
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_expect(l->dp == 2 && l->tp == 4);
+    tide_layout_destroy(&l);
+    req = (tide_resize_req){3, 1, 1, 4, 4, NULL, 0, 0, NULL, 0};
+    cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_OK);
+    tide_layout_destroy(&l);
+    tide_layout_destroy(&old);
+    free(c);
+}
+
+/* dp 4 loses a worker: 3 survivors would make dp 3, which the program cannot run (it died
+   of it before). Recovery takes dp 2, leaves the third survivor idle, and says why. */
+Test(policy, recovery_picks_the_largest_dp_the_program_can_run)
+{
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_layout_new(&old, 4, 1, 1, 4, 4), TIDE_OK); /* ranks 0..3 */
+    tide_policy_worker c[4] = {{0, 0, TIDE_PW_MEMBER, 0},
+                               {1, 0, TIDE_PW_MEMBER, 0},
+                               {3, 0, TIDE_PW_MEMBER, 0},
+                               {7, 0, TIDE_PW_OFFLINE, 5}}; /* rank 2 lost */
+    int32_t pre[4];
+    size_t np = 0;
+    char why[512];
+    cr_assert_eq(tide_policy_recover(old, NULL, batch16, 2, c, 3, &l, pre, &np, why, sizeof why),
+                 TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(l->dp, 2, "recovery chose dp %d", l->dp);
+    cr_assert_eq(tide_fit_check(batch16, 2, l->dp, l->tp, l->pp), TIDE_OK);
+    cr_expect_str_eq(why,
+                     "dp 2 instead of 4: the 3 available workers hold at most dp 3 of tp 1 x pp 1; "
+                     "the job's program cannot run dp 3: dp 3 does not divide 4 (the global "
+                     "batch 16 / 4 micro-batches); 1 worker left idle for offline work");
+    /* the survivors keep their roles: dp ranks 0 and 1 stay where they were */
+    cr_expect(l->worker[0] == 0 && l->worker[1] == 1, "workers %d %d", l->worker[0], l->worker[1]);
+    tide_layout_destroy(&l);
+    /* offline work is not preempted for a replica the program could not use */
+    cr_assert_eq(tide_policy_recover(old, NULL, batch16, 2, c, 4, &l, pre, &np, why, sizeof why),
+                 TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(l->dp, 4, "with the offline worker there are 4 again: dp 4");
+    cr_assert_eq(np, 1);
+    cr_expect_str_eq(why, "");
+    tide_layout_destroy(&l);
+    /* without rules, as before: dp 3 */
+    cr_assert_eq(tide_policy_recover(old, NULL, NULL, 0, c, 3, &l, pre, &np, why, sizeof why),
+                 TIDE_OK);
+    cr_assert_eq(l->dp, 3);
+    cr_expect(strstr(why, "dp 3 instead of 4") != NULL, "%s", why);
+    tide_layout_destroy(&l);
+    /* tp and pp that break the rules leave no dp to recover with */
+    tide_layout_t *bad = NULL;
+    cr_assert_eq(tide_layout_new(&bad, 2, 3, 1, 4, 4), TIDE_OK);
+    tide_policy_worker b[6];
+    for (int i = 0; i < 6; i++)
+        b[i] = (tide_policy_worker){i, 0, TIDE_PW_MEMBER, 0};
+    cr_assert_eq(tide_policy_recover(bad, NULL, batch16, 2, b, 5, &l, pre, &np, why, sizeof why),
+                 TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "tp 3 does not divide 8") != NULL, "%s", tide_last_error());
+    cr_assert_null(l);
+    tide_layout_destroy(&bad);
+    tide_layout_destroy(&old);
+}
+
+/* The TP-inside-host rule and the fit rules together: each limit is applied and named. */
+Test(policy, recovery_combines_tp_inside_hosts_with_the_fit_rules)
+{
+    /* (dp 6, tp 2) on ranks 0..11 loses rank 11; ranks 0..10 and idle 12..14 sit on hosts
+       of 3 GPUs (rank / 3), each with room for one TP group of 2: enough workers for dp 6,
+       room in the hosts for dp 5, and a program that needs dp to divide 6: dp 3 */
+    tide_layout_t *old = NULL, *l = NULL;
+    cr_assert_eq(tide_layout_new(&old, 6, 2, 1, 4, 1), TIDE_OK);
+    tide_policy_worker c[16];
+    size_t n = 0;
+    for (int r = 0; r < 15; r++)
+        if (r != 11)
+            c[n++] = (tide_policy_worker){r, r / 3, r < 12 ? TIDE_PW_MEMBER : TIDE_PW_IDLE, 0};
+    const tide_fit_rule six[] = {{TIDE_DEGREE_DP, 6, "the batch of 6"}};
+    int32_t pre[16];
+    size_t np = 0;
+    char why[512];
+    cr_assert_eq(tide_policy_tp_fit_dp(c, n, 2, 1, 6), 5);
+    cr_assert_eq(tide_policy_recover(old, NULL, six, 1, c, n, &l, pre, &np, why, sizeof why),
+                 TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(l->dp, 3, "dp %d", l->dp);
+    cr_assert(tp_groups_inside_hosts_of(l, c, n), "a TP group spans hosts");
+    cr_expect_str_eq(why, "dp 3 instead of 6: each TP group of 2 must sit inside one host, and "
+                          "the hosts hold dp 5; the job's program cannot run dp 5: dp 5 does not "
+                          "divide 6 (the batch of 6); 8 workers left idle for offline work");
+    tide_layout_destroy(&l);
+    /* without the rules the TP rule alone: dp 5, as before */
+    cr_assert_eq(tide_policy_recover(old, NULL, NULL, 0, c, n, &l, pre, &np, why, sizeof why),
+                 TIDE_OK);
+    cr_assert_eq(l->dp, 5);
+    cr_assert(tp_groups_inside_hosts_of(l, c, n), "a TP group spans hosts");
+    tide_layout_destroy(&l);
+    tide_layout_destroy(&old);
+}
+
+/*
+ * Property: random clusters, random programs (rules on dp, tp and pp) and random failure
+ * sequences. Whatever the recovery picks is a layout the program can run, keeps every TP
+ * group inside a host, and is the largest dp that the survivors, their hosts and the rules
+ * allow together (nothing is given up for no reason); a resize is refused exactly when the
+ * rules forbid it.
+ */
+Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
+{
+    uint64_t s = 0xf17f17ull;
+    int decisions = 0, by_rules = 0, refused = 0;
+    for (int run = 0; run < 40; run++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        static const int tps[] = {1, 2, 4};
+        int tp = tps[(s >> 33) % 3], pp = 1 + (int)((s >> 40) % 3), layers = 12;
+        int gpus = tp * (1 + (int)((s >> 44) % 2)) + (int)((s >> 48) % 2); /* spare GPUs */
+        int hosts = 3 + (int)((s >> 52) % 6);
+        int n = hosts * gpus;
+        /* the program: batch B over M micro-batches; heads over tp; layers over pp */
+        static const int batches[] = {12, 16, 18, 20, 24, 30, 32, 36};
+        int M = 1 + (int)((s >> 20) % 3);
+        int B = batches[(s >> 24) % 8] * M;
+        tide_fit_rule fit[3];
+        memset(fit, 0, sizeof fit);
+        fit[0] = (tide_fit_rule){TIDE_DEGREE_DP, B / M, "the batch"};
+        fit[1] = (tide_fit_rule){TIDE_DEGREE_TP, tp * 3, "the heads"};
+        fit[2] = (tide_fit_rule){TIDE_DEGREE_PP, 12, "the layers"};
+        int dp0 = tide_policy_fit_dp(fit, 3, tp, pp, n / (tp * pp));
+        if (dp0 < 2)
+            continue;
+        int32_t *host = calloc((size_t)n, sizeof *host);
+        uint8_t *alive = calloc((size_t)n, 1), *member = calloc((size_t)n, 1);
+        tide_policy_worker *cand = calloc((size_t)n, sizeof *cand);
+        int32_t *pre = calloc((size_t)n, sizeof *pre);
+        for (int w = 0; w < n; w++) {
+            host[w] = w / gpus;
+            alive[w] = 1;
+        }
+        tide_layout_t *job = NULL;
+        for (int w = 0; w < n; w++)
+            cand[w] = (tide_policy_worker){w, host[w], TIDE_PW_IDLE, 0};
+        size_t np = 0;
+        tide_resize_req first = {tide_policy_tp_fit_dp(cand, (size_t)n, tp, pp, dp0),
+                                 tp,
+                                 pp,
+                                 layers,
+                                 M,
+                                 NULL,
+                                 0,
+                                 0,
+                                 fit,
+                                 3};
+        first.dp = tide_policy_fit_dp(fit, 3, tp, pp, first.dp);
+        cr_assert_eq(tide_policy_place(NULL, NULL, &first, cand, (size_t)n, &job, pre, &np),
+                     TIDE_OK, "run %d: %s", run, tide_last_error());
+        for (size_t i = 0; i < tide_layout_size(job); i++)
+            member[job->worker[i]] = 1;
+        for (int step = 0; step < 30; step++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int w = (int)((s >> 33) % (uint64_t)n);
+            if ((s >> 20) % 5 == 0)
+                for (int g = 0; g < gpus; g++)
+                    alive[host[w] * gpus + g] = !alive[host[w] * gpus + g];
+            else
+                alive[w] = !alive[w];
+            size_t k = 0;
+            int lost = 0;
+            for (int x = 0; x < n; x++) {
+                lost += member[x] && !alive[x];
+                if (alive[x])
+                    cand[k++] = (tide_policy_worker){x, host[x],
+                                                     member[x] ? TIDE_PW_MEMBER : TIDE_PW_IDLE, 0};
+            }
+            /* a random resize the operator asks for: refused exactly when the rules say so */
+            int rdp = 1 + (int)((s >> 40) % 6), rtp = tps[(s >> 46) % 3],
+                rpp = 1 + (int)((s >> 50) % 4);
+            tide_resize_req rr = {rdp, rtp, rpp, layers, M, NULL, 0, 1, fit, 3};
+            tide_layout_t *rl = NULL;
+            tide_status rrc = tide_policy_place(job, NULL, &rr, cand, k, &rl, pre, &np);
+            int allowed = tide_fit_check(fit, 3, rdp, rtp, rpp) == TIDE_OK;
+            if (!allowed) {
+                cr_assert_eq(rrc, TIDE_ERR_INVALID, "resize to a forbidden layout placed");
+                cr_assert(strstr(tide_last_error(), "does not divide") != NULL, "%s",
+                          tide_last_error());
+                refused++;
+            } else if (rrc == TIDE_OK) {
+                cr_assert_eq(tide_fit_check(fit, 3, rl->dp, rl->tp, rl->pp), TIDE_OK);
+            }
+            tide_layout_destroy(&rl);
+            if (!lost)
+                continue;
+            tide_layout_t *l = NULL;
+            char why[1024];
+            tide_status rc =
+                tide_policy_recover(job, NULL, fit, 3, cand, k, &l, pre, &np, why, sizeof why);
+            /* the best dp by hand: count, hosts, rules */
+            int by_count = (int)k / (tp * pp);
+            if (by_count > job->dp)
+                by_count = job->dp;
+            int by_hosts = tide_policy_tp_fit_dp(cand, k, tp, pp, by_count);
+            int best = 0;
+            for (int d = by_hosts; d >= 1 && best == 0; d--)
+                if ((B / M) % d == 0)
+                    best = d;
+            if (rc != TIDE_OK) {
+                cr_assert_eq(rc, TIDE_ERR_NO_DEVICE, "%s", tide_last_error());
+                cr_assert_eq(best, 0, "recovery refused with room for dp %d: %s", best,
+                             tide_last_error());
+                continue;
+            }
+            decisions++;
+            cr_assert_eq(tide_fit_check(fit, 3, l->dp, l->tp, l->pp), TIDE_OK,
+                         "run %d step %d: recovery picked %d x %d x %d: %s", run, step, l->dp,
+                         l->tp, l->pp, tide_last_error());
+            cr_assert_eq(l->dp, best, "run %d step %d: dp %d, the best runnable is %d", run, step,
+                         l->dp, best);
+            cr_assert(tp_groups_inside_hosts(l, host), "run %d step %d: TP group across hosts", run,
+                      step);
+            for (size_t i = 0; i < tide_layout_size(l); i++)
+                cr_assert(alive[l->worker[i]], "a dead worker in the recovery layout");
+            if (best < by_hosts) {
+                by_rules++;
+                cr_assert(strstr(why, "the job's program cannot run dp") != NULL, "%s", why);
+            }
+            memset(member, 0, (size_t)n);
+            for (size_t i = 0; i < tide_layout_size(l); i++)
+                member[l->worker[i]] = 1;
+            tide_layout_destroy(&job);
+            job = l;
+        }
+        tide_layout_destroy(&job);
+        free(host);
+        free(alive);
+        free(member);
+        free(cand);
+        free(pre);
+    }
+    cr_log_info("%d recoveries, %d held back by the program's rules, %d resizes refused", decisions,
+                by_rules, refused);
+    cr_expect(decisions > 100 && by_rules > 10 && refused > 100,
+              "%d decisions, %d by rules, %d "
+              "refused",
+              decisions, by_rules, refused);
 }
 
 Test(policy, backfill_by_priority_then_submission)
@@ -646,6 +938,160 @@ Test(state, forgotten_workers_leave_the_index_and_their_ids_are_never_reused)
     cr_assert(a->state == TIDE_WS_FAILED && a->gone_ms == 1234 && a->fenced_job == 5);
     cr_assert_eq(tide_coord_worker_add(st, -1, "q", 0, &w), TIDE_OK);
     cr_assert_eq(w->id, 2, "id 1 was handed out before: never again");
+
+/* A join as a tided from before fit rules stored it: encoded today, "fit" left out. */
+static uint8_t *join_without_fit(size_t *len)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = 0;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+    m.u.join.num_layers = 4;
+    m.u.join.dp = m.u.join.tp = m.u.join.pp = m.u.join.micro_batches = 1;
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_assert_eq(tide_proto_encode(&m, &b), TIDE_OK);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)b.data, b.len, &off),
+                 MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, u.data.via.map.size - 1);
+    for (uint32_t k = 0; k < u.data.via.map.size; k++) {
+        const msgpack_object_kv *kv = &u.data.via.map.ptr[k];
+        if (kv->key.via.str.size == 3 && memcmp(kv->key.via.str.ptr, "fit", 3) == 0)
+            continue;
+        msgpack_pack_object(&pk, kv->key);
+        msgpack_pack_object(&pk, kv->val);
+    }
+    uint8_t *out = malloc(sb.size);
+    memcpy(out, sb.data, sb.size);
+    *len = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_proto_buf_destroy(&b);
+    return out;
+}
+
+/* A job's fit rules survive a restart exactly; a state file written before jobs had rules
+   gets the column and reads as "no rules"; a damaged rule is refused, not weakened. */
+Test(store, fit_rules_survive_a_restart_and_old_files_migrate)
+{
+    char path[64];
+    tmp_path(path, sizeof path);
+    tide_store_t *s = NULL;
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    tide_coord_job_t *j = NULL, *k = NULL;
+    cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_ONLINE, &j), TIDE_OK);
+    snprintf(j->name, sizeof j->name, "train");
+    cr_assert_eq(tide_coord_job_add_pool(j, "p", 4, 1), TIDE_OK);
+    j->fit[0] = batch16[0];
+    j->fit[1] = batch16[1];
+    j->fit[2] = (tide_fit_rule){TIDE_DEGREE_PP, INT64_C(1) << 62, ""};
+    j->n_fit = 3;
+    cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_ONLINE, &k), TIDE_OK);
+    snprintf(k->name, sizeof k->name, "free");
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_put_job(s, j), TIDE_OK);
+    cr_assert_eq(tide_store_put_job(s, k), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+
+    cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
+    j = tide_coord_job_by_name(st, "train");
+    cr_assert_eq(j->n_fit, 3);
+    cr_assert_arr_eq(j->fit, batch16, sizeof batch16, "the rules come back byte for byte");
+    cr_expect(j->fit[2].degree == TIDE_DEGREE_PP && j->fit[2].n == INT64_C(1) << 62 &&
+              j->fit[2].what[0] == '\0');
+    cr_assert_eq(tide_coord_job_by_name(st, "free")->n_fit, 0);
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+
+    /* damaged rules: each refused at start with the job's name, never read as weaker */
+    static const char *const damaged[] = {
+        "dp 4 the batch",            /* no line end */
+        "dp 0\n",                    /* n below 1 */
+        "dp -4\n",                   /* a sign */
+        "dp 04\n",                   /* not as written */
+        "ep 4\n",                    /* no such degree */
+        "dp  4\n",                   /* spacing */
+        "dp 4 \n",                   /* an empty what is written without its space */
+        "dp 99999999999999999999\n", /* overflow */
+        "tp 4 a\tb\n",               /* not printable */
+    };
+    for (size_t i = 0; i < sizeof damaged / sizeof damaged[0]; i++) {
+        sqlite3 *db = NULL;
+        cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+        sqlite3_stmt *q = NULL;
+        cr_assert_eq(
+            sqlite3_prepare_v2(db, "UPDATE jobs SET fit = ?1 WHERE name = 'train'", -1, &q, NULL),
+            SQLITE_OK);
+        sqlite3_bind_text(q, 1, damaged[i], -1, SQLITE_STATIC);
+        cr_assert_eq(sqlite3_step(q), SQLITE_DONE);
+        sqlite3_finalize(q);
+        sqlite3_close(db);
+        cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+        cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+        cr_assert_eq(tide_store_load(s, st), TIDE_ERR_PROTOCOL, "'%s' was accepted", damaged[i]);
+        cr_expect(strstr(tide_last_error(), "job train") != NULL &&
+                      strstr(tide_last_error(), "fit rule") != NULL,
+                  "%s", tide_last_error());
+        tide_store_close(&s);
+        tide_coord_state_destroy(&st);
+    }
+
+    /* a state file from before the fit column: opened, migrated, its jobs have no rules and
+       their stored joins (written without "fit") decode again */
+    size_t old_len = 0;
+    uint8_t *old_join = join_without_fit(&old_len);
+    sqlite3 *db = NULL;
+    cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN fit", NULL, NULL, NULL), SQLITE_OK,
+                 "%s", sqlite3_errmsg(db));
+    sqlite3_stmt *q = NULL;
+    cr_assert_eq(
+        sqlite3_prepare_v2(db, "UPDATE jobs SET join_blob = ?1 WHERE name = 'train'", -1, &q, NULL),
+        SQLITE_OK);
+    sqlite3_bind_blob(q, 1, old_join, (int)old_len, SQLITE_STATIC);
+    cr_assert_eq(sqlite3_step(q), SQLITE_DONE);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    tide_msg_t jm;
+    cr_assert_eq(tide_proto_decode(old_join, old_len, &jm), TIDE_ERR_PROTOCOL,
+                 "the old join does not decode as it is");
+    free(old_join);
+    cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
+    j = tide_coord_job_by_name(st, "train");
+    cr_assert_not_null(j);
+    cr_assert_eq(j->n_fit, 0);
+    cr_assert_eq(tide_proto_decode(j->join_blob, j->join_len, &jm), TIDE_OK, "%s",
+                 tide_last_error());
+    cr_expect(jm.type == TIDE_MSG_JOIN && jm.u.join.n_fit == 0 && jm.u.join.num_layers == 4);
+    tide_msg_clear(&jm);
+    j->fit[0] = batch16[0];
+    j->n_fit = 1;
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_assert_eq(tide_store_put_job(s, j), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+    cr_assert_eq(tide_store_open(&s, path, 1), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    cr_assert_eq(tide_store_load(s, st), TIDE_OK, "%s", tide_last_error());
+    j = tide_coord_job_by_name(st, "train");
+    cr_assert_eq(j->n_fit, 1);
+    cr_assert_str_eq(j->fit[0].what, "the global batch 16 / 4 micro-batches");
     tide_store_close(&s);
     tide_coord_state_destroy(&st);
     rm_db(path);

@@ -1793,4 +1793,207 @@ Test(tided, liveness_answers_exactly_the_ranks_asked, .init = setup, .fini = tea
     zmq_close(admin);
     for (int i = 0; i < 3; i++)
         zmq_close(w[i].sock);
+
+/* Joins job `job` of layers 4 as f with (dp, tp 1, pp 1), micro-batches and fit rules. */
+static void fake_join_fit(fake *f, const char *job, int dp, int micro, tide_proto_fit_t *fit,
+                          uint32_t n_fit)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = f->id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "%s", job);
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = dp;
+    m.u.join.tp = 1;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = micro;
+    m.u.join.fit = fit;
+    m.u.join.n_fit = n_fit;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* The first event of kind (its detail into out), 0 when none. */
+static int event_detail(void *admin, const char *kind, char *out, size_t cap)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 1000;
+    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
+    int found = 0;
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++)
+        if (strcmp(r.u.events_reply.rows[i].kind, kind) == 0) {
+            snprintf(out, cap, "%s", r.u.events_reply.rows[i].detail);
+            found = 1;
+        }
+    tide_msg_clear(&r);
+    return found;
+}
+
+static int is_gen2_idle3(const tide_proto_job_row_t *r)
+{
+    return r->gen == 2 && r->state == TIDE_JOB_RUNNING;
+}
+
+#define DP3_REASON "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)"
+
+/*
+ * A job that declared it can run only dp dividing 4 (a global batch of 16 in 4 micro-
+ * batches): a resize to dp 3, dry or not, through the protocol and through tidectl, is
+ * refused with that reason and changes nothing; the rule is in the state file, so after
+ * kill -9 and a restart it still holds; a join whose own first layout breaks its rules is
+ * refused; and when one of its 4 workers fails, the recovery takes dp 2 (not the dp 3 the
+ * 3 survivors would hold, which the program cannot run), leaves the third survivor idle
+ * and says so in its events.
+ */
+Test(tided, layouts_the_program_cannot_run_are_refused_and_never_recovered_to, .init = setup,
+     .fini = teardown)
+{
+    const char *extra[] = {"--heartbeat-ms", "10000", NULL};
+    start(extra);
+    tide_proto_fit_t fit[2] = {{0, 4, "the global batch 16 / 4 micro-batches"},
+                               {1, 64, "the hidden size"}};
+    fake w[4];
+    tide_msg_t m, r;
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register(&w[i], i, 4);
+    }
+    for (int i = 0; i < 4; i++)
+        fake_join_fit(&w[i], "train", 4, 4, fit, 2);
+    for (int i = 0; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.layout.dp, 4);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    char detail[1024];
+    cr_assert(event_detail(admin, "job_created", detail, sizeof detail));
+    cr_expect(strstr(detail, "fit: dp divides 4 (the global batch 16 / 4 micro-batches); tp "
+                             "divides 64 (the hidden size)") != NULL,
+              "%s", detail);
+
+    /* a job whose own first layout breaks its rules does not start */
+    fake o;
+    fake_connect(&o, 5000);
+    coord_mk_register(&m, "pool-b", 0, 3, "host9", 0, 4242);
+    cr_assert_eq(coord_call(o.sock, &m, &r), 0);
+    o.id = r.u.register_ok.worker;
+    tide_msg_clear(&r);
+    fake_join_fit(&o, "other", 3, 4, fit, 2);
+    expect_type(o.sock, TIDE_MSG_ERROR, &r);
+    cr_expect(strstr(r.u.error.message,
+                     "job other cannot start: its first layout (dp 3, tp 1, "
+                     "pp 1) is not one its program can run: " DP3_REASON) != NULL,
+              "%s", r.u.error.message);
+    tide_msg_clear(&r);
+
+    for (int dry = 1; dry >= 0; dry--) {
+        mk_resize(&m, 3, dry);
+        admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+        cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);
+        cr_expect(strstr(r.u.error.message,
+                         "cannot resize train: (dp 3, tp 1, pp 1) is not a "
+                         "layout the job's program can run: " DP3_REASON) != NULL,
+                  "%s", r.u.error.message);
+        tide_msg_clear(&r);
+    }
+    char out[8192];
+    const char *dp3[] = {"resize", "train", "--dp", "3", NULL};
+    const char *dp3_dry[] = {"resize", "train", "--dp", "3", "--dry-run", NULL};
+    cr_assert_eq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, dp3, out, sizeof out, 1), 1,
+                 "tidectl resize --dp 3 must exit 1: %s", out);
+    cr_expect(strstr(out, DP3_REASON) != NULL, "%s", out);
+    cr_assert_eq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, dp3_dry, out, sizeof out, 1), 1,
+                 "%s", out);
+    cr_expect(strstr(out, DP3_REASON) != NULL, "%s", out);
+    const char *tp3[] = {"resize", "train", "--dp", "1", "--tp", "3", NULL};
+    cr_assert_eq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, tp3, out, sizeof out, 1), 1);
+    cr_expect(strstr(out, "tp 3 does not divide 64 (the hidden size)") != NULL, "%s", out);
+    /* nothing changed */
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+    const tide_proto_job_row_t *row = find_job(&r, "train");
+    cr_assert(row->gen == 1 && row->dp == 4 && row->state == TIDE_JOB_RUNNING, "gen %llu dp %d",
+              (unsigned long long)row->gen, row->dp);
+    tide_msg_clear(&r);
+    cr_assert_eq(count_events(admin, "resize_started"), 0);
+    /* what the rules allow still goes (a dry run: changes nothing) */
+    mk_resize(&m, 2, 1);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    cr_assert_eq(r.u.resize_reply.layout.dp, 2);
+    tide_msg_clear(&r);
+
+    /* kill -9 and restart: the rules come back from the state file */
+    coord_stop(&proc, SIGKILL);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(o.sock);
+    zmq_close(admin);
+    start(extra);
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register(&w[i], i, 4);
+    }
+    admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    mk_resize(&m, 3, 1);
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_expect(strstr(r.u.error.message, DP3_REASON) != NULL, "after a restart: %s",
+              r.u.error.message);
+    tide_msg_clear(&r);
+    cr_assert_eq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, dp3, out, sizeof out, 1), 1, "%s",
+                 out);
+    cr_expect(strstr(out, DP3_REASON) != NULL, "%s", out);
+
+    /* worker 3 fails: 3 survivors, dp 3 is out: dp 2 and one survivor left idle */
+    tide_msg_init(&m, TIDE_MSG_FAILURE);
+    m.u.failure.worker = w[3].id;
+    snprintf(m.u.failure.job, sizeof m.u.failure.job, "train");
+    m.u.failure.gen = 1;
+    m.u.failure.code = TIDE_ERR_BACKEND;
+    snprintf(m.u.failure.reason, sizeof m.u.failure.reason, "GPU fell off the bus");
+    cr_assert_eq(coord_call(w[3].sock, &m, &r), 0);
+    tide_msg_clear(&r);
+    int in_layout = 0;
+    for (int i = 0; i < 3; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.layout.gen, 2);
+        cr_assert_eq(r.u.layout.layout.dp, 2, "the recovery holds dp %d", r.u.layout.layout.dp);
+        for (int k = 0; k < 2; k++)
+            in_layout += r.u.layout.layout.worker[k] == i;
+        tide_msg_clear(&r);
+        expect_type(w[i].sock, TIDE_MSG_PREPARE, &r);
+        tide_msg_clear(&r);
+        tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
+        m.u.prepare_ack.worker = w[i].id;
+        snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "train");
+        m.u.prepare_ack.gen = 2;
+        m.u.prepare_ack.step = 7;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+    cr_assert_eq(in_layout, 2, "two of the three survivors hold the recovery layout");
+    for (int i = 0; i < 3; i++)
+        commit_done(&w[i], 2, 0);
+    tide_proto_job_row_t jr = wait_job(admin, is_gen2_idle3);
+    cr_assert(jr.gen == 2 && jr.dp == 2 && jr.state == TIDE_JOB_RUNNING, "gen %llu dp %d",
+              (unsigned long long)jr.gen, jr.dp);
+    cr_assert(event_detail(admin, "recovery_started", detail, sizeof detail));
+    cr_expect(strstr(detail, "dp 2 instead of 4") != NULL &&
+                  strstr(detail, "the job's program cannot run dp 3: " DP3_REASON) != NULL &&
+                  strstr(detail, "1 worker left idle for offline work") != NULL,
+              "%s", detail);
+    cr_assert(event_detail(admin, "recovered", detail, sizeof detail));
+    cr_expect(strstr(detail, "dp 2 instead of 4") != NULL, "%s", detail);
+    /* the survivor left out is idle, free for offline work */
+    tide_msg_init(&m, TIDE_MSG_STATUS);
+    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
+    int idle = 0;
+    for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+        idle += r.u.status_reply.rows[i].state == TIDE_WORKER_IDLE &&
+                r.u.status_reply.rows[i].worker != o.id;
+    cr_expect_eq(idle, 1, "one survivor idle");
+    tide_msg_clear(&r);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
 }

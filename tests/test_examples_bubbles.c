@@ -295,7 +295,7 @@ int main(int argc, char **argv)
     int devices[2] = {-1, -1}, mine_dev = tide_device(t);
     MT_ASSERT(mine_dev == o.device, "tide_device %d, options said %d", mine_dev, o.device);
     MPI_Allgather(&mine_dev, 1, MPI_INT, devices, 1, MPI_INT, MPI_COMM_WORLD);
-    tide_join_req jr = {JOB, coll, 1, 1, 2, 4, 0};
+    tide_join_req jr = {JOB, coll, 1, 1, 2, 4, 0, NULL, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->member && v->layout->pp == 2, "both ranks are the pipeline's two stages");

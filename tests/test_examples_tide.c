@@ -487,7 +487,7 @@ int main(int argc, char **argv)
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     const gen_spec *g0 = &g_mode->gen[0];
-    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0};
+    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0, NULL, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->generation == 1 && v->layout->dp == g0->dp && v->layout->tp == g0->tp &&

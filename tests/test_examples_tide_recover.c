@@ -22,6 +22,15 @@
  *             worker_back event), and its late messages must not disturb the survivors
  *   spare     9 ranks, one idle in the pool: the spare takes the dead rank's place and
  *             the recovery layout keeps (dp 2, tp 2, pp 2)
+ *   layout    4 ranks, (dp 4, tp 1, pp 1), a global batch of 16 in 4 micro-batches per dp
+ *             rank, and the model's limits declared at join (tide_mlp_tide_fit, as
+ *             train_mlp --tide): `tidectl resize --dp 3` (and --dry-run) is refused with
+ *             "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)" and exit
+ *             code 1 while the job trains, changing nothing; then a member dies and the 3
+ *             survivors recover to dp 2 (not dp 3, which would kill every rank), the third
+ *             survivor left idle, the events saying why; losses and final state match the
+ *             never-failed runs within f32 reduction-order tolerance (4-member allreduces
+ *             there take another order than libtide's ring)
  *   zero1     8 ranks, Adam moments DP-sharded (ZeRO-1): the dead rank's moment shards
  *             have no replica, so the job cannot be recovered from the survivors; tided
  *             must say so (job stalled, an event naming the lost state) instead of
@@ -96,9 +105,13 @@ static void fail_all(void)
         fail_all();                                                                                \
     } while (0)
 
-static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode, g_stopped_mode;
+static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode, g_stopped_mode,
+    g_layout_mode;
 static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
 static int g_victim = -1;         /* pool rank of the killed member */
+/* the first layout's degrees and the job's micro-batches and global batch, by mode */
+static int g_dp0 = 2, g_tp0 = 2, g_pp0 = 2, g_micro = 4, g_batch = 32;
+#define DP3_REASON "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)"
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
@@ -208,6 +221,39 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
     MT_ASSERT(!object_with(buf, want, obj, sizeof obj) ||
                   strstr(obj, "\"kind\":\"offline_assigned\"") == NULL,
               "offline work was given to the failed worker: %s", obj);
+    MT_ASSERT(count_of(buf, "\"kind\":\"resize_started\"") == 0,
+              "a resize was started (the refused dp 3 must change nothing): %s", buf);
+    if (g_layout_mode) {
+        MT_ASSERT(object_with(buf, "\"kind\":\"job_created\"", obj, sizeof obj) &&
+                      strstr(obj, "fit: dp divides 4 (the global batch 16 / 4 micro-batches); tp "
+                                  "divides 256 (the FFN width); tp divides 64 (the "
+                                  "vocabulary)") != NULL,
+                  "the job's limits are not in its job_created event: %s", obj);
+        MT_ASSERT(object_with(buf, "\"kind\":\"recovery_started\"", obj, sizeof obj) &&
+                      strstr(obj, "dp 2 instead of 4") != NULL &&
+                      strstr(obj, "the job's program cannot run dp 3: " DP3_REASON) != NULL &&
+                      strstr(obj, "1 worker left idle for offline work") != NULL,
+                  "the recovery event must say why dp 2 and what is left idle: %s", obj);
+    }
+}
+
+/* layout mode, rank 0 while the job trains in generation 1: `tidectl resize --dp 3`, with
+   and without --dry-run, is refused with the model's reason and exit code 1. */
+static void check_refused_resize(const char *tidectl, const char *endpoint)
+{
+    static char out[8192];
+    const char *dry[] = {"resize", JOB, "--dp", "3", "--dry-run", NULL};
+    const char *real[] = {"resize", JOB, "--dp", "3", NULL};
+    const char *const *cmds[] = {dry, real};
+    for (int i = 0; i < 2; i++) {
+        int code = coord_tidectl_io(tidectl, endpoint, cmds[i], out, sizeof out, 1);
+        MT_ASSERT(code == 1 && strstr(out, DP3_REASON) != NULL,
+                  "tidectl resize --dp 3%s must be refused (exit 1) with \"" DP3_REASON
+                  "\"; exit %d: %s",
+                  i == 0 ? " --dry-run" : "", code, out);
+    }
+    printf("recover-layout: tidectl resize --dp 3 refused while training: %s", out);
+    fflush(stdout);
 }
 
 /* ---- watchdog (rank 0 thread): the recovery must come, not a hang --------------------------- */
@@ -403,6 +449,7 @@ typedef struct record {
     uint64_t post[MAX_T];   /* right after the recovery (new layout's first member) */
     tide_layout_t *recover; /* generation 2's layout */
     watch *wd;
+    int refused_checked; /* layout mode: the dp 3 resize was refused (rank 0) */
 } record;
 
 /* The full state over the members of the current view, hashed on the root. */
@@ -420,6 +467,10 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     r->loss[step] = loss;
     r->ran[step]++;
     const tide_view *v = tide_view_get(t);
+    if (g_layout_mode && step == 1 && v->generation == 1 && r->wd != NULL && !r->refused_checked) {
+        check_refused_resize(r->wd->tidectl, r->wd->endpoint);
+        r->refused_checked = 1;
+    }
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
         hash_state(t, m, r->pre);
@@ -497,7 +548,13 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->switches++;
     r->switch_at = v->step;
     const tide_layout_t *l = v->layout;
-    if (g_spare_mode)
+    if (g_layout_mode)
+        MT_ASSERT(l->dp == 2 && l->tp == 1 && l->pp == 1,
+                  "3 survivors of (dp 4) with a batch of 16 in 4 micro-batches recover to (dp 2, "
+                  "tp 1, pp 1), the one layout they hold that the model can run; got (%d, %d, "
+                  "%d)",
+                  l->dp, l->tp, l->pp);
+    else if (g_spare_mode)
         MT_ASSERT(l->dp == 2 && l->tp == 2 && l->pp == 2 && layout_has(l, r->spare),
                   "with a spare, the recovery keeps (dp 2, tp 2, pp 2) and takes rank %d; got "
                   "(%d, %d, %d)",
@@ -532,7 +589,7 @@ static void reference_single(const tide_mlp_config *cfg, double *loss)
     tide_mlp_t *m = NULL;
     tide_mlp_comm self;
     tide_mlp_comm_self(&self);
-    MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, 4));
+    MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, g_micro));
     MT_OK(tide_mlp_new(&m, cfg, l, 0, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     for (int64_t s = 0; s < STEPS; s++)
@@ -553,8 +610,9 @@ static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***
     tide_layout_t *l = NULL, *l2 = NULL;
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
-    MT_OK(tide_layout_new(&l, 2, 2, 2, cfg->layers, 4));
-    MT_OK(tide_layout_new(&l2, g_spare_mode ? 2 : 1, 2, 2, cfg->layers, 4));
+    MT_OK(tide_layout_new(&l, g_dp0, g_tp0, g_pp0, cfg->layers, g_micro));
+    MT_OK(tide_layout_new(&l2, g_spare_mode || g_layout_mode ? 2 : 1, g_tp0, g_pp0, cfg->layers,
+                          g_micro));
     MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
@@ -575,14 +633,38 @@ static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***
     tide_layout_destroy(&l2);
 }
 
-/* The recovered job's final state against the never-failed run's: bit for bit. */
-static void compare_state(const tide_collection_t *c, void *const *got, void *const *want)
+/* The relative difference of two f32 tensors of n elements as a whole: |a - b| / |b| (L2
+   norms; an element near zero that the other reduction order moved does not dominate). */
+static double rel_l2_f32(const float *a, const float *b, uint64_t n)
 {
+    double d2 = 0.0, b2 = 0.0;
+    for (uint64_t k = 0; k < n; k++) {
+        double d = (double)a[k] - (double)b[k];
+        d2 += d * d;
+        b2 += (double)b[k] * (double)b[k];
+    }
+    return b2 > 0 ? sqrt(d2 / b2) : sqrt(d2);
+}
+
+/* The recovered job's final state against the never-failed run's: bit for bit, or in
+   layout mode (other reduction orders) within rel_tol for f32 tensors and exactly for the
+   rest (step counter, data cursor). */
+static double compare_state(const tide_collection_t *c, void *const *got, void *const *want,
+                            double rel_tol)
+{
+    double worst = 0.0;
     for (size_t i = 0; i < tide_collection_size(c); i++) {
         const tide_tensor_desc *d = tide_collection_tensor(c, i);
         uint64_t b = tide_tensor_bytes(d);
         if (memcmp(got[i], want[i], b) == 0)
             continue;
+        if (rel_tol > 0 && d->dtype == TIDE_F32) {
+            double rel = rel_l2_f32(got[i], want[i], b / sizeof(float));
+            MT_ASSERT(rel <= rel_tol, "final %s differs from the never-failed run's by rel %.2e",
+                      d->name, rel);
+            worst = fmax(worst, rel);
+            continue;
+        }
         uint64_t k = 0;
         if (d->dtype == TIDE_F32)
             while (k + 1 < b / sizeof(float) &&
@@ -591,6 +673,7 @@ static void compare_state(const tide_collection_t *c, void *const *got, void *co
         MT_FAIL("final %s differs from the never-failed run's (first at element %llu)", d->name,
                 (unsigned long long)k);
     }
+    return worst;
 }
 
 /* The end of a run whose checks all held on every survivor: the pass line (rank 0),
@@ -616,9 +699,10 @@ int main(int argc, char **argv)
 {
     if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
                      strcmp(argv[3], "lastreduce") != 0 && strcmp(argv[3], "spare") != 0 &&
-                     strcmp(argv[3], "zero1") != 0 && strcmp(argv[3], "stopped") != 0)) {
+                     strcmp(argv[3], "zero1") != 0 && strcmp(argv[3], "stopped") != 0 &&
+                     strcmp(argv[3], "layout") != 0)) {
         fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL "
-                        "replica|midstep|lastreduce|spare|zero1|stopped\n");
+                        "replica|midstep|lastreduce|spare|zero1|stopped|layout\n");
         return 2;
     }
     g_midstep_mode = strcmp(argv[3], "midstep") == 0;
@@ -627,6 +711,13 @@ int main(int argc, char **argv)
     g_switch_at = g_lastreduce_mode ? KILL_AT + 1 : KILL_AT;
     g_spare_mode = strcmp(argv[3], "spare") == 0;
     g_zero1_mode = strcmp(argv[3], "zero1") == 0;
+    g_layout_mode = strcmp(argv[3], "layout") == 0;
+    if (g_layout_mode) {
+        g_dp0 = 4;
+        g_tp0 = g_pp0 = 1;
+        g_batch = 16;
+    }
+    int want_size = g_spare_mode ? 9 : g_layout_mode ? 4 : 8;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root)
@@ -635,8 +726,7 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MT_ASSERT(size == (g_spare_mode ? 9 : 8), "run mode %s with %d ranks, not %d", argv[3],
-              g_spare_mode ? 9 : 8, size);
+    MT_ASSERT(size == want_size, "run mode %s with %d ranks, not %d", argv[3], size, want_size);
 
     int mypid = (int)getpid();
     MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
@@ -651,6 +741,7 @@ int main(int argc, char **argv)
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
     cfg.zero1 = g_zero1_mode;
+    cfg.global_batch = g_batch;
     static record rec;
     rec.switch_at = -1;
     rec.spare = -1;
@@ -676,7 +767,11 @@ int main(int argc, char **argv)
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     g_t = t;
-    tide_join_req jr = {JOB, rec.coll, 2, 2, 2, 4, 0};
+    /* the model's limits, declared as train_mlp --tide declares them */
+    tide_fit_rule fit[TIDE_MLP_FIT_RULES];
+    int n_fit = 0;
+    MT_OK(tide_mlp_tide_fit(&cfg, g_micro, fit, &n_fit));
+    tide_join_req jr = {JOB, rec.coll, g_dp0, g_tp0, g_pp0, g_micro, 0, fit, n_fit};
     /* tided starts the job with the first 8 workers whose join arrives: in spare mode the
        others give rank 0 (which runs the checks and must lead both layouts) a head start,
        so that the spare is never rank 0, however slowly rank 0 runs (sanitizers) */
@@ -684,9 +779,11 @@ int main(int argc, char **argv)
         tide_sleep_ms(1000);
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
-    MT_ASSERT(v->generation == 1 && v->layout->dp == 2 && v->layout->tp == 2 && v->layout->pp == 2,
+    MT_ASSERT(v->generation == 1 && v->layout->dp == g_dp0 && v->layout->tp == g_tp0 &&
+                  v->layout->pp == g_pp0,
               "first layout as requested");
-    g_victim = v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
+    g_victim = g_layout_mode ? v->layout->worker[tide_layout_index(v->layout, 0, 3, 0)]
+                             : v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
     MT_ASSERT(g_victim != 0, "rank 0 runs tided and the checks: it must not be the victim");
     for (int r = 0; r < size; r++)
         if (!layout_has(v->layout, r))
@@ -811,7 +908,7 @@ int main(int argc, char **argv)
     static int total[STEPS];
     MPI_Allreduce(rec.ran, total, STEPS, MPI_INT, MPI_SUM, surv);
     for (int k = 0; k < STEPS; k++) {
-        int runs = k < g_switch_at ? 8 - 1 : (int)tide_layout_size(nl);
+        int runs = k < g_switch_at ? g_dp0 * g_tp0 * g_pp0 - 1 : (int)tide_layout_size(nl);
         MT_ASSERT(total[k] == runs,
                   "step %d ran %d times on the survivors, want %d (%s the recovery at step %d)", k,
                   total[k], runs, k < g_switch_at ? "before" : "after", g_switch_at);
@@ -843,14 +940,25 @@ int main(int argc, char **argv)
             MT_ASSERT(rel <= REL_TOL,
                       "step %d: loss %.9g of the recovered run vs %.9g never failed (rel %.2e)", k,
                       llo[k], ref[k], rel);
-            MT_ASSERT(llo[k] == ref_layouts[k],
-                      "step %d: loss %.17g of the recovered run vs %.17g of the never-failed run "
-                      "with the same layouts (bit-identical arithmetic)",
-                      k, llo[k], ref_layouts[k]);
+            if (g_layout_mode) /* 4-member allreduces: another order in the reference */
+                MT_ASSERT(fabs(llo[k] - ref_layouts[k]) <= REL_TOL * fabs(ref_layouts[k]),
+                          "step %d: loss %.17g of the recovered run vs %.17g of the never-failed "
+                          "run with the same layouts",
+                          k, llo[k], ref_layouts[k]);
+            else
+                MT_ASSERT(llo[k] == ref_layouts[k],
+                          "step %d: loss %.17g of the recovered run vs %.17g of the never-failed "
+                          "run with the same layouts (bit-identical arithmetic)",
+                          k, llo[k], ref_layouts[k]);
         }
         MT_ASSERT(ref[STEPS - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
                   ref[STEPS - 1]);
-        compare_state(rec.coll, full, want);
+        double state_rel = compare_state(rec.coll, full, want, g_layout_mode ? 1e-5 : 0.0);
+        if (g_layout_mode)
+            printf("recover-layout: final state within rel %.2e (L2, per tensor) of the "
+                   "never-failed run\n",
+                   state_rel);
+        MT_ASSERT(!g_layout_mode || rec.refused_checked, "the dp 3 resize was never tried");
     }
     tide_mlp_full_free(rec.coll, &full);
     tide_mlp_full_free(rec.coll, &want);
@@ -862,15 +970,15 @@ int main(int argc, char **argv)
     if (g_rank == 0) {
         printf("recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
                "%d) on %d survivors; switch at step %d on all;%s max loss rel diff %.2e to one "
-               "process; losses and final state bit-identical to a never-failed run of the same "
-               "layouts\n",
+               "process; losses and final state %s a never-failed run of the same layouts\n",
                argv[3], g_victim,
                g_midstep_mode || g_lastreduce_mode ? "inside"
                : g_stopped_mode                    ? "(stopped, then resumed and fenced) inside"
                                                    : "after",
                g_midstep_mode || g_lastreduce_mode || g_stopped_mode ? KILL_AT : KILL_AT - 1,
                nl ? nl->dp : 0, nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g_switch_at,
-               g_lastreduce_mode ? "" : " state bit-identical across the recovery;", worst_loss);
+               g_lastreduce_mode ? "" : " state bit-identical across the recovery;", worst_loss,
+               g_layout_mode ? "within f32 reduction-order tolerance of" : "bit-identical to");
         fflush(stdout);
     }
     tide_layout_destroy(&rec.recover);

@@ -54,6 +54,10 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
             return snprintf(why, len, "tensor counts differ"), 0;
         SAME_ARR(a->u.join.tensors, b->u.join.tensors, a->u.join.n_tensors, "tensors");
         x.u.join.tensors = y.u.join.tensors = NULL;
+        if (a->u.join.n_fit != b->u.join.n_fit)
+            return snprintf(why, len, "fit rule counts differ"), 0;
+        SAME_ARR(a->u.join.fit, b->u.join.fit, a->u.join.n_fit, "fit rules");
+        x.u.join.fit = y.u.join.fit = NULL;
         break;
     case TIDE_MSG_LAYOUT:
         if (a->u.layout.layout.pp != b->u.layout.layout.pp ||
@@ -531,6 +535,159 @@ Test(proto_roundtrip, join_of_a_later_pool_and_its_bad_forms)
     cr_expect(strstr(tide_last_error(), "a join needs field 'prev'") != NULL, "%s",
               tide_last_error());
     tide_proto_buf_destroy(&buf);
+}
+
+/* join "llm" of worker 3: 24 layers, dp 4 x tp 2 x pp 1, no tensors, fit rules (borrowed). */
+static tide_msg_t join_msg(tide_proto_fit_t *fit, uint32_t n_fit)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = 3;
+    strcpy(m.u.join.job, "llm");
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 24;
+    m.u.join.dp = 4;
+    m.u.join.tp = 2;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = 4;
+    m.u.join.fit = fit;
+    m.u.join.n_fit = n_fit;
+    return m;
+}
+
+/* What a program can run travels with its join, exactly, and nothing malformed passes:
+   the rules decide which layouts tided refuses, so a damaged rule must not read as a
+   weaker one. */
+Test(proto_roundtrip, join_fit_rules_and_their_bad_forms)
+{
+    tide_proto_fit_t fit[3] = {{0, 4, "the global batch 16 / 4 micro-batches"},
+                               {1, 64, "the hidden size"},
+                               {2, INT64_C(1) << 62, ""}};
+    tide_msg_t m = join_msg(fit, 3);
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    char why[128];
+    cr_assert(same_msg(&m, &d, why, sizeof why), "%s", why);
+    cr_expect_str_eq(d.u.join.fit[0].what, "the global batch 16 / 4 micro-batches");
+    cr_expect_eq(d.u.join.fit[2].n, INT64_C(1) << 62);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+
+    tide_msg_t none = join_msg(NULL, 0); /* a program that declared nothing: "fit": [] */
+    bytes = encode_copy(&none, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.join.n_fit, 0u);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+
+    refuse_edit(&m, OP_DROP, "fit", VNIL, "join: missing field 'fit'");
+    refuse_edit(&m, OP_SET, "fit", VUINT(4), "field 'fit' must be an array");
+    refuse_edit(&m, OP_SET, "fit.0", VUINT(4), "field 'fit[0]' must be a map (got an integer)");
+    refuse_edit(&m, OP_SET, "fit.1.degree", VSTR("ep"),
+                "field 'fit[1].degree' must be one of \"dp\", \"tp\", \"pp\", got \"ep\"");
+    refuse_edit(&m, OP_SET, "fit.0.n", VUINT(0), "field 'fit[0].n' must be an integer in [1, ");
+    refuse_edit(&m, OP_SET, "fit.0.n", VINT(-16), "got -16");
+    refuse_edit(&m, OP_SET, "fit.2.n", VUINT((UINT64_C(1) << 62) + 1), "field 'fit[2].n'");
+    refuse_edit(&m, OP_SET, "fit.0.n", VSTR("16"), "field 'fit[0].n' must be an integer");
+    refuse_edit(&m, OP_SET, "fit.0.what", VSTR("two\nlines"),
+                "field 'fit[0].what' may hold only printable ASCII (byte 3 is 0x0a)");
+    char long_what[100];
+    memset(long_what, 'w', sizeof long_what);
+    refuse_edit(&m, OP_SET, "fit.0.what", VSTRN(long_what, 96),
+                "field 'fit[0].what' is 96 bytes, longer than the limit of 95");
+    refuse_edit(&m, OP_DROP, "fit.1.what", VNIL, "missing field 'fit[1].what'");
+    refuse_edit(&m, OP_ADD, "fit.1.why", VSTR("x"), "unknown field");
+    refuse_edit(&m, OP_DUP, "fit.0.n", VNIL, "duplicate");
+
+    /* one rule more than the limit */
+    tide_proto_fit_t many[TIDE_PROTO_FIT_MAX + 1];
+    memset(many, 0, sizeof many);
+    for (int i = 0; i <= TIDE_PROTO_FIT_MAX; i++)
+        many[i] = (tide_proto_fit_t){0, 8, ""};
+    tide_msg_t ok = join_msg(many, TIDE_PROTO_FIT_MAX);
+    bytes = encode_copy(&ok, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    tide_msg_t over = join_msg(many, TIDE_PROTO_FIT_MAX + 1);
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_expect_eq(tide_proto_encode(&over, &b), TIDE_ERR_INVALID, "encode refuses 33 rules");
+    cr_expect(strstr(tide_last_error(), "field 'fit' has 33 entries, more than the limit of 32") !=
+                  NULL,
+              "%s", tide_last_error());
+    /* nor does encode send a rule decode would refuse */
+    tide_proto_fit_t bad = {5, 4, ""};
+    tide_msg_t bm = join_msg(&bad, 1);
+    cr_expect_eq(tide_proto_encode(&bm, &b), TIDE_ERR_INVALID);
+    bad = (tide_proto_fit_t){0, 0, ""};
+    cr_expect_eq(tide_proto_encode(&bm, &b), TIDE_ERR_INVALID);
+    tide_proto_buf_destroy(&b);
+}
+
+/* A join a tided stored before joins carried "fit" is brought to today's schema with no
+   rules, and nothing else is forgiven. */
+Test(proto_roundtrip, join_from_before_fit_rules_is_upgraded)
+{
+    tide_proto_fit_t fit[1] = {{0, 4, "the batch"}};
+    tide_msg_t m = join_msg(fit, 1);
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    /* the old form: the same map without "fit" */
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)bytes, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    val_t nil = VNIL;
+    repack(&pk, &u.data, "fit", OP_DROP, &nil);
+    expect_refused(sb.data, sb.size, "join: missing field 'fit'");
+    uint8_t *up = NULL;
+    size_t up_len = 0;
+    cr_assert_eq(tide_proto_join_upgrade(sb.data, sb.size, &up, &up_len), TIDE_OK, "%s",
+                 tide_last_error());
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(up, up_len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.join.n_fit, 0u, "an old join declared no rules");
+    m.u.join.fit = NULL;
+    m.u.join.n_fit = 0;
+    char why[128];
+    cr_assert(same_msg(&m, &d, why, sizeof why), "%s", why);
+    tide_msg_clear(&d);
+    tide_free(up);
+    /* one that has "fit" is copied unchanged */
+    cr_assert_eq(tide_proto_join_upgrade(bytes, len, &up, &up_len), TIDE_OK);
+    cr_expect(up_len == len && memcmp(up, bytes, len) == 0);
+    tide_free(up);
+    /* anything else wrong stays wrong */
+    msgpack_sbuffer_clear(&sb);
+    msgpack_unpacked_destroy(&u);
+    msgpack_unpacked_init(&u);
+    off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)bytes, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer bad;
+    msgpack_sbuffer_init(&bad);
+    msgpack_packer_init(&pk, &bad, msgpack_sbuffer_write);
+    repack(&pk, &u.data, "tensors", OP_DROP, &nil);
+    cr_expect_eq(tide_proto_join_upgrade(bad.data, bad.size, &up, &up_len), TIDE_ERR_PROTOCOL);
+    cr_expect(strstr(tide_last_error(), "missing field 'tensors'") != NULL, "%s",
+              tide_last_error());
+    cr_expect_null(up);
+    cr_expect_eq(tide_proto_join_upgrade("\x01", 1, &up, &up_len), TIDE_ERR_PROTOCOL);
+    tide_msg_t hb = heartbeat();
+    uint8_t *hbytes = encode_copy(&hb, &len);
+    cr_expect_eq(tide_proto_join_upgrade(hbytes, len, &up, &up_len), TIDE_ERR_PROTOCOL,
+                 "a heartbeat is no join");
+    tide_free(hbytes);
+    msgpack_sbuffer_destroy(&bad);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    tide_free(bytes);
 }
 
 Test(proto_roundtrip, largest_layout_is_accepted_and_one_more_worker_is_not)

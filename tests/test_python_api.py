@@ -108,7 +108,17 @@ expect("join collection", lambda: rt.join("api", "c"), I, "tide.Collection")
 expect("join dp", lambda: rt.join("api", c, dp=0), I, "dp must be")
 expect("join start_step", lambda: rt.join("api", c, start_step=-1), I, "start_step")
 expect("join bad job chars (C)", lambda: rt.join("a b", c), I, "tide_join")
-rt.join("api-ok", c, dp=1, tp=1, pp=1)
+expect("join fit type", lambda: rt.join("api", c, fit="dp"), I, "fit must be a sequence")
+expect("join fit tuple", lambda: rt.join("api", c, fit=[("dp",)]), I, "fit[0] must be")
+expect("join fit degree", lambda: rt.join("api", c, fit=[("ep", 4)]), I, "degree must be")
+expect("join fit n", lambda: rt.join("api", c, fit=[("tp", 0)]), I, "fit[0]: n must be")
+expect("join fit what", lambda: rt.join("api", c, fit=[("dp", 4, "a\nb")]), I, "printable")
+expect("join fit many", lambda: rt.join("api", c, fit=[("dp", 4)] * 33), I, "at most 32")
+# the C library refuses a first layout the program's own rules forbid, naming the rule
+expect("join fit first layout (C)",
+       lambda: rt.join("api", c, dp=1, tp=2, fit=[("dp", 4), ("tp", 3, "the heads")]), I,
+       "tp 2 does not divide 3 (the heads)")
+rt.join("api-ok", c, dp=1, tp=1, pp=1, fit=[("dp", 4, "the batch"), ("tp", 8)])
 expect("add after join", lambda: c.add("late", (4,)), I, "frozen")
 expect("join twice", lambda: rt.join("api-ok", c), I, "already joined")
 st = rt.zeros()

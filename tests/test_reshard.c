@@ -478,8 +478,7 @@ static uint32_t streams_in_plan(const tide_plan_t *plan, int32_t w)
         if (x->src == x->dst || x->run * x->count == 0 || (x->src != w && x->dst != w))
             continue;
         int seen = 0; /* items are sorted by (src, dst): an earlier item of the pair is adjacent */
-        for (size_t j = k; j-- > 0 && plan->items[j].src == x->src &&
-                           plan->items[j].dst == x->dst;)
+        for (size_t j = k; j-- > 0 && plan->items[j].src == x->src && plan->items[j].dst == x->dst;)
             if (plan->items[j].run * plan->items[j].count > 0)
                 seen = 1;
         n += !seen;
@@ -1252,6 +1251,51 @@ Test(reshard_layout, validation_messages_name_the_problem)
     cr_expect_eq(tide_layout_new(&l, 0, 1, 1, 3, 1), TIDE_ERR_INVALID);
     cr_expect_eq(tide_layout_new(&l, 1, 1, 1, 3, 0), TIDE_ERR_INVALID);
     tide_collection_destroy(&c);
+}
+
+/* Fit rules: each degree divides its numbers; the first broken rule is named with what it
+   counts; malformed rules are refused, not treated as "any layout". */
+Test(reshard_layout, fit_rules_name_the_number_a_degree_does_not_divide)
+{
+    const tide_fit_rule r[] = {
+        {TIDE_DEGREE_DP, 4, "the global batch 16 / 4 micro-batches"},
+        {TIDE_DEGREE_TP, 64, "the hidden size"},
+        {TIDE_DEGREE_TP, 24, ""},
+        {TIDE_DEGREE_PP, 6, "the layers, evenly"},
+    };
+    cr_expect_eq(tide_fit_check(r, 4, 4, 8, 3), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(tide_fit_check(r, 4, 1, 1, 1), TIDE_OK);
+    cr_expect_eq(tide_fit_check(NULL, 0, 3, 5, 7), TIDE_OK, "no rules: any degrees");
+    cr_expect_eq(tide_fit_check(r, 4, 3, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_str_eq(tide_last_error(),
+                     "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)");
+    cr_expect_eq(tide_fit_check(r, 4, 2, 16, 1), TIDE_ERR_INVALID);
+    cr_expect_str_eq(tide_last_error(), "tp 16 does not divide 24");
+    cr_expect_eq(tide_fit_check(r, 4, 2, 2, 4), TIDE_ERR_INVALID);
+    cr_expect_str_eq(tide_last_error(), "pp 4 does not divide 6 (the layers, evenly)");
+    cr_expect_eq(tide_fit_check(r, 4, 0, 1, 1), TIDE_ERR_INVALID);
+
+    tide_fit_rule bad = {TIDE_DEGREE_DP, 0, ""};
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID, "n 0 is malformed");
+    cr_expect(strstr(tide_last_error(), "below 1") != NULL, "%s", tide_last_error());
+    bad = (tide_fit_rule){(tide_degree)3, 4, ""};
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "not dp, tp or pp") != NULL, "%s", tide_last_error());
+    bad = (tide_fit_rule){TIDE_DEGREE_TP, 4, "two\nlines"};
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "printable") != NULL, "%s", tide_last_error());
+    memset(bad.what, 'x', sizeof bad.what);
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "not terminated") != NULL, "%s", tide_last_error());
+    cr_expect_eq(tide_fit_check(NULL, 2, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, TIDE_FIT_RULES_MAX + 1, 1, 1, 1), TIDE_ERR_INVALID);
+
+    char buf[256];
+    cr_expect_str_eq(tide_fit_format(r, 2, buf, sizeof buf),
+                     "dp divides 4 (the global batch 16 / 4 micro-batches); tp divides 64 (the "
+                     "hidden size)");
+    cr_expect_str_eq(tide_fit_format(NULL, 0, buf, sizeof buf), "any layout");
+    cr_expect_str_eq(tide_degree_name(TIDE_DEGREE_PP), "pp");
 }
 
 /* ---- collections and geometry -------------------------------------------------------------- */

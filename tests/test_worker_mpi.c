@@ -780,7 +780,7 @@ int main(int argc, char **argv)
     pre.t = t;
     MT_OK(tide_set_prepare(t, prepare, &pre));
     tide_collection_t *coll = make_collection();
-    tide_join_req jr = {JOB, coll, plan_dp[0], plan_tp[0], plan_pp[0], 2, 0};
+    tide_join_req jr = {JOB, coll, plan_dp[0], plan_tp[0], plan_pp[0], 2, 0, NULL, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->generation == 1, "first generation is 1, got %llu",

@@ -33,6 +33,11 @@
     X(tide_join_req, pp)                                                                           \
     X(tide_join_req, micro_batches)                                                                \
     X(tide_join_req, start_step)                                                                   \
+    X(tide_join_req, fit)                                                                          \
+    X(tide_join_req, n_fit)                                                                        \
+    X(tide_fit_rule, degree)                                                                       \
+    X(tide_fit_rule, n)                                                                            \
+    X(tide_fit_rule, what)                                                                         \
     X(tide_view, generation)                                                                       \
     X(tide_view, layout)                                                                           \
     X(tide_view, member)                                                                           \
@@ -101,6 +106,7 @@
 #define TIDE__ABI_TYPES(X)                                                                         \
     X(tide_options)                                                                                \
     X(tide_join_req)                                                                               \
+    X(tide_fit_rule)                                                                               \
     X(tide_view)                                                                                   \
     X(tide_layout_t)                                                                               \
     X(tide_tensor_desc)                                                                            \

@@ -601,6 +601,18 @@ static tide_status send_join(tide_t *t, const tide_join_req *req)
     j->micro_batches = req->micro_batches;
     j->tensors = ts;
     j->n_tensors = (uint32_t)n;
+    /* checked by tide_join (tide_fit_check): at most TIDE_FIT_RULES_MAX, each well formed */
+    tide_proto_fit_t fit[TIDE_FIT_RULES_MAX];
+    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX &&
+                       TIDE_PROTO_FIT_WHAT_MAX + 1 == TIDE_FIT_WHAT_MAX,
+                   "proto carries every fit rule libtide takes");
+    for (int i = 0; i < req->n_fit; i++) {
+        fit[i].degree = (int)req->fit[i].degree;
+        fit[i].n = req->fit[i].n;
+        memcpy(fit[i].what, req->fit[i].what, sizeof fit[i].what);
+    }
+    j->fit = req->n_fit > 0 ? fit : NULL;
+    j->n_fit = (uint32_t)req->n_fit;
     tide_status rc = tide__ctl_send(t->ctl, &m);
     tide_free(ts);
     return rc;
@@ -696,6 +708,16 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
                          "job %s: dp, tp, pp and micro-batches must be >= 1 and "
                          "start_step >= 0",
                          req->job);
+    else if (req->n_fit < 0)
+        rc = tide_errorf(TIDE_ERR_INVALID, "job %s: n_fit is %d (must be >= 0)", req->job,
+                         req->n_fit);
+    else if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp) != TIDE_OK)
+        /* the program's own first layout: said here, before tided starts a job that would
+           refuse it */
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "job %s: the first layout (dp %d, tp %d, pp %d) is not one the "
+                         "program can run by its own fit rules: %s",
+                         req->job, req->dp, req->tp, req->pp, tide_last_error());
     else if ((int64_t)req->dp * req->tp * req->pp > t->size)
         rc = tide_errorf(TIDE_ERR_INVALID,
                          "job %s asks for dp %d x tp %d x pp %d = %lld workers; "

@@ -170,7 +170,7 @@ int main(int argc, char **argv)
         ret = fail("tide_new", rc);
         goto out;
     }
-    tide_join_req req = {a.job, coll, a.dp, 1, 1, 1, 0};
+    tide_join_req req = {a.job, coll, a.dp, 1, 1, 1, 0, NULL, 0};
     if ((rc = tide_join(t, &req)) != TIDE_OK) {
         ret = fail("tide_join", rc);
         goto out;

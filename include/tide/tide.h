@@ -14,7 +14,7 @@
  *
  *   tide_options o; tide_options_init(&o);              // TIDE_* environment defaults
  *   tide_new(&t, &o, MPI_COMM_WORLD);                   // collective over the pool
- *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0});  // collective
+ *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0, rules, n});  // collective
  *   if (tide_view_get(t)->member) {
  *       tide_alloc_buffers(t, tide_view_get(t), &bufs); // from the runtime's memory pool
  *       init them; tide_give_buffers(t, &bufs);         // the runtime owns them now
@@ -188,8 +188,13 @@ typedef struct tide_join_req {
     const char *job;                     /* job name: [A-Za-z0-9._:-], 1..127 chars */
     const tide_collection_t *collection; /* the job's state; borrowed, must outlive t */
     int dp, tp, pp;                      /* requested first layout */
-    int micro_batches;                   /* micro-batches per step (>= 1) */
+    int micro_batches;                   /* micro-batches per step (>= 1); every layout of
+                                            the job keeps this count */
     int64_t start_step;                  /* steps already completed (0, or a checkpoint's) */
+    const tide_fit_rule *fit;            /* what layouts the program can run (collection.h): each
+                                            degree must divide the n of every rule for it; borrowed
+                                            for the call. NULL: any layout the collection allows */
+    int n_fit;                           /* rules in fit, [0, TIDE_FIT_RULES_MAX] */
 } tide_join_req;
 
 /*
@@ -199,6 +204,15 @@ typedef struct tide_join_req {
  * every rank knows the first layout; tide_view_get then says whether this rank is a
  * member. Members then fill their buffers (fresh or from a checkpoint) and register
  * them with tide_set_buffers before the first step.
+ *
+ * The fit rules are the job's for its whole life (tided keeps them in its state file):
+ * `tidectl resize` to a layout that breaks one is refused with the rule, and a
+ * recovery or drain picks the largest dp that keeps them all (leaving the other
+ * survivors idle, for offline work), so the program never gets a layout it cannot run.
+ * A request whose own first layout breaks them fails with TIDE_ERR_INVALID naming the
+ * rule, before tided is asked. Declare every number the program splits by a degree:
+ * what the collection shows (tp dividing split dimensions, pp up to the layers, stages
+ * covering them) is checked for every layout anyway.
  */
 TIDE_API tide_status tide_join(tide_t *t, const tide_join_req *req);
 
@@ -491,11 +505,10 @@ TIDE_API tide_status tide_checkpoint_wait(tide_t *t);
 /*
  * The layout of the public structs as this library was compiled: sizeof(type) for a
  * type name of include/tide/ ("tide_view", "tide_options", "tide_join_req",
- * "tide_layout_t", "tide_tensor_desc", "tide_p2p_op", "tide_reshard_stats",
- * "tide_bubble_stats"); 0 for a name it does not know. A binding that mirrors these
- * structs by hand compares its copies with these before any other call, so that a
- * library and a binding of different versions fail with a message instead of
- * corrupting memory. Any thread.
+ * "tide_fit_rule", "tide_layout_t", "tide_tensor_desc", "tide_p2p_op",
+ * "tide_reshard_stats", "tide_bubble_stats"); 0 for a name it does not know. A binding that mirrors
+ * these structs by hand compares its copies with these before any other call, so that a library and
+ * a binding of different versions fail with a message instead of corrupting memory. Any thread.
  */
 TIDE_API size_t tide_abi_sizeof(const char *type);
 

@@ -29,10 +29,20 @@ class Options(Structure):
                 ("staging_cap", c_uint64), ("mem_strict", c_int)]
 
 
+FIT_WHAT_MAX = 96
+FIT_RULES_MAX = 32
+
+
+class FitRule(Structure):
+    _c_name_ = "tide_fit_rule"
+    _fields_ = [("degree", c_int), ("n", c_int64), ("what", c_char * FIT_WHAT_MAX)]
+
+
 class JoinReq(Structure):
     _c_name_ = "tide_join_req"
     _fields_ = [("job", c_char_p), ("collection", c_void_p), ("dp", c_int), ("tp", c_int),
-                ("pp", c_int), ("micro_batches", c_int), ("start_step", c_int64)]
+                ("pp", c_int), ("micro_batches", c_int), ("start_step", c_int64),
+                ("fit", POINTER(FitRule)), ("n_fit", c_int)]
 
 
 class LayoutS(Structure):
@@ -82,7 +92,7 @@ class BubbleStats(Structure):
 
 
 # Every struct mirrored above, checked against the library's own layout at load time.
-STRUCTS = (Options, JoinReq, LayoutS, ViewS, TensorDesc, P2POp, ReshardStats, BubbleStats)
+STRUCTS = (Options, FitRule, JoinReq, LayoutS, ViewS, TensorDesc, P2POp, ReshardStats, BubbleStats)
 
 
 class AbiError(OSError):

@@ -104,6 +104,37 @@ def _need_torch() -> None:
         raise TideError(Status.ERR_UNSUPPORTED, "PyTorch is not installed")
 
 
+_DEGREES = {"dp": 0, "tp": 1, "pp": 2}
+
+
+def _fit_rules(fit: Optional[Sequence[Tuple[Any, ...]]]) -> Tuple[Any, int]:
+    """The ctypes array of tide_fit_rule for join's fit argument (None when empty) and its
+    length, checked."""
+    if fit is None:
+        fit = ()
+    if isinstance(fit, (str, bytes)) or not hasattr(fit, "__len__"):
+        raise _invalid("fit must be a sequence of (degree, n[, what]) tuples, got %r" % (fit,))
+    if len(fit) > L.FIT_RULES_MAX:
+        raise _invalid("fit has %d rules; at most %d" % (len(fit), L.FIT_RULES_MAX))
+    arr = (L.FitRule * max(len(fit), 1))()
+    for i, rule in enumerate(fit):
+        if not isinstance(rule, tuple) or len(rule) not in (2, 3):
+            raise _invalid("fit[%d] must be a (degree, n[, what]) tuple, got %r" % (i, rule))
+        degree, n = rule[0], rule[1]
+        what = rule[2] if len(rule) == 3 else ""
+        if degree not in _DEGREES:
+            raise _invalid("fit[%d]: degree must be \"dp\", \"tp\" or \"pp\", got %r"
+                           % (i, degree))
+        if not _is_int(n) or not 1 <= n <= 1 << 62:
+            raise _invalid("fit[%d]: n must be an int in 1..2^62, got %r" % (i, n))
+        if (not isinstance(what, str) or len(what) >= L.FIT_WHAT_MAX
+                or any(not " " <= ch <= "~" for ch in what)):
+            raise _invalid("fit[%d]: what must be a str of 0..%d printable ASCII chars, got %r"
+                           % (i, L.FIT_WHAT_MAX - 1, what))
+        arr[i] = L.FitRule(_DEGREES[degree], n, what.encode())
+    return (arr if len(fit) else None), len(fit)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -477,9 +508,14 @@ class Runtime:
     # ---- joining -----------------------------------------------------------------------
 
     def join(self, job: str, collection: Collection, dp: int = 1, tp: int = 1, pp: int = 1,
-             micro_batches: int = 1, start_step: int = 0) -> View:
+             micro_batches: int = 1, start_step: int = 0,
+             fit: Optional[Sequence[Tuple[Any, ...]]] = None) -> View:
         """Joins online job `job` with its first layout (collective over the pool); returns
-        the view. The collection is frozen from here on."""
+        the view. The collection is frozen from here on. fit: what layouts the program can
+        run, as (degree, n) or (degree, n, what) tuples, degree "dp", "tp" or "pp": that
+        degree must divide n (e.g. ("dp", global_batch // micro_batches, "the global
+        batch")); tided refuses resizes that break one and recovers only to layouts that
+        keep them all (tide_join_req.fit in tide.h)."""
         t = self._live()
         if self._coll is not None:
             raise _invalid("this runtime already joined a job")
@@ -492,7 +528,9 @@ class Runtime:
                 raise _invalid("%s must be an int in 1..2^20, got %r" % (k, v))
         if not _is_int(start_step) or start_step < 0:
             raise _invalid("start_step must be an int >= 0")
-        req = L.JoinReq(job.encode(), collection._ptr, dp, tp, pp, micro_batches, start_step)
+        rules, n_rules = _fit_rules(fit)
+        req = L.JoinReq(job.encode(), collection._ptr, dp, tp, pp, micro_batches, start_step,
+                        rules, n_rules)
         collection.frozen = True
         _check(self._lib.tide_join(t, byref(req)), "tide_join")
         self._coll = collection

@@ -938,6 +938,10 @@ Test(state, forgotten_workers_leave_the_index_and_their_ids_are_never_reused)
     cr_assert(a->state == TIDE_WS_FAILED && a->gone_ms == 1234 && a->fenced_job == 5);
     cr_assert_eq(tide_coord_worker_add(st, -1, "q", 0, &w), TIDE_OK);
     cr_assert_eq(w->id, 2, "id 1 was handed out before: never again");
+    tide_store_close(&s);
+    tide_coord_state_destroy(&st);
+    rm_db(path);
+}
 
 /* A join as a tided from before fit rules stored it: encoded today, "fit" left out. */
 static uint8_t *join_without_fit(size_t *len)

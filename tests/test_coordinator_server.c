@@ -1793,6 +1793,7 @@ Test(tided, liveness_answers_exactly_the_ranks_asked, .init = setup, .fini = tea
     zmq_close(admin);
     for (int i = 0; i < 3; i++)
         zmq_close(w[i].sock);
+}
 
 /* Joins job `job` of layers 4 as f with (dp, tp 1, pp 1), micro-batches and fit rules. */
 static void fake_join_fit(fake *f, const char *job, int dp, int micro, tide_proto_fit_t *fit,

@@ -445,7 +445,7 @@ int main(int argc, char **argv)
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     tide_collection_t *coll = make_collection();
-    tide_join_req jr = {JOB, coll, size, 1, 1, 1, 0};
+    tide_join_req jr = {JOB, coll, size, 1, 1, 1, 0, NULL, 0};
     result res;
     memset(&res, 0, sizeof res);
     uint64_t t0 = tide_now_ns();

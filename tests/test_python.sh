@@ -55,7 +55,7 @@ wait_for() { # FILE REGEX SECONDS
 }
 
 if [ "$MODE" = api ]; then
-  "${MPIRUN[@]}" -np 1 "$PY" "$SRC/tests/test_python_api.py" >"$WORK/api.log" 2>&1 ||
+  TIDECTL="$CTL" "${MPIRUN[@]}" -np 2 "$PY" "$SRC/tests/test_python_api.py" >"$WORK/api.log" 2>&1 ||
     fail "bad input to the public calls: $(tail -n 1 "$WORK/api.log")"
   tail -n 1 "$WORK/api.log"
   exit 0

@@ -14,6 +14,8 @@
 
 Every call runs on the thread that created the Runtime (the MPI thread); errors are
 TideError exceptions carrying tide's status, its message and the C library's detail.
+Tensors handed to the runtime live on rt.device (cpu on the mpi backend, cuda:<tide_device>
+on nccl).
 """
 from ._lib import SYMBOLS
 from .core import (ALL, POST, PRE, Action, Collection, Group, Layout, LayoutInfo, ReduceOp,

@@ -135,6 +135,7 @@ _PROTOS = {
     "tide_pool_size": (c_int, [c_void_p]),
     "tide_backend_name": (c_char_p, [c_void_p]),
     "tide_buffer_kind": (c_int, [c_void_p]),
+    "tide_device": (c_int, [c_void_p]),
     "tide_join": (c_int, [c_void_p, POINTER(JoinReq)]),
     "tide_view_get": (POINTER(ViewS), [c_void_p]),
     "tide_view_next": (POINTER(ViewS), [c_void_p]),

@@ -1,5 +1,6 @@
 # The Python binding (python/tide) through examples/train_torch.py and the real tided,
-# under mpirun; skipped (77) when /usr/bin/python3 lacks torch or mpi4py. Not under the
+# under mpirun, and installed with pip against an installed tide; skipped (77) when
+# /usr/bin/python3 lacks torch or mpi4py. Not under the
 # sanitizers: python3 itself is not built with them, so an ASan libtide cannot load.
 if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
   foreach(mode api resize recover)
@@ -8,4 +9,9 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
                      ${PROJECT_BINARY_DIR} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
     _tide_test_props(test_python_${mode} "mpi;python" 300)
   endforeach()
+  # pip install of ./python against a `cmake --install` prefix, found without TIDE_LIB
+  add_test(NAME test_python_install
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_python_install.sh ${PROJECT_SOURCE_DIR}
+                   ${PROJECT_BINARY_DIR} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_python_install "mpi;python;install" 300)
 endif()

@@ -25,7 +25,8 @@
 #   (tests/gpu_test.h) only where no NVIDIA device exists or CUDA_VISIBLE_DEVICES hides
 #   them all, and where this PyTorch or this build has no CUDA (a missing dependency,
 #   said so); a device PyTorch cannot use fails. TIDE_TEST_DEVICE=cpu runs the same on
-#   the mpi backend (scripts/gpu-check.sh --cpu-dry).
+#   the mpi backend (scripts/gpu-check.sh --cpu-dry). TIDE_TEST_NVIDIA_NODES: the device
+#   node glob (tests/test_gpu_check.sh fakes one).
 #   usage: test_python.sh MODE(resize|recover|api|device) SOURCE_DIR BUILD_DIR MPIRUN [FLAGS...]
 # Exit 77 (skip) when /usr/bin/python3 lacks torch or mpi4py, and as said for device.
 set -uo pipefail
@@ -41,7 +42,7 @@ if [ "$MODE" = device ]; then
     NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)
     TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
     cvd=${CUDA_VISIBLE_DEVICES-unset}
-    if ! compgen -G '/dev/nvidia[0-9]*' >/dev/null && [ "${NGPU:-0}" = 0 ]; then
+    if ! compgen -G "${TIDE_TEST_NVIDIA_NODES:-/dev/nvidia[0-9]*}" >/dev/null && [ "${NGPU:-0}" = 0 ]; then
       echo "SKIP: test_python_gpu: no CUDA device on this machine (no /dev/nvidia* node)"
       exit 77
     fi

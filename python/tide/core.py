@@ -287,7 +287,7 @@ if torch is not None:
 
 
 def _check_tensor(x: Any, dtype: Any, what: str, device: Any = None,
-                  nbytes: Optional[int] = None, whose: str = "") -> None:
+                  nbytes: Optional[int] = None, whose: Any = "") -> None:
     """TideError unless x is a contiguous leaf torch.Tensor of dtype (None: any) on device
     (a torch.device: its type AND index; None: any) holding nbytes (None: any)."""
     _need_torch()
@@ -296,7 +296,8 @@ def _check_tensor(x: Any, dtype: Any, what: str, device: Any = None,
     if dtype is not None and x.dtype != dtype:
         raise _invalid("%s must be %s, got %s" % (what, dtype, x.dtype))
     if device is not None and x.device != device:
-        raise _invalid("%s must be on %s%s, got %s" % (what, device, whose, x.device))
+        raise _invalid("%s must be on %s%s, got %s" % (what, device, whose() if callable(whose) else whose,
+                                                      x.device))
     if not x.is_contiguous():
         raise _invalid("%s must be contiguous" % what)
     if x.requires_grad and x.grad_fn is not None:
@@ -648,7 +649,7 @@ class Runtime:
             s = c.specs[i]
             x = state[s.name]
             _check_tensor(x, s.dtype, "tensor %r" % s.name, device=self.device, nbytes=nb,
-                          whose=self._whose())
+                          whose=self._whose)
             arr[i] = x.data_ptr()
             keep[s.name] = x
         return arr, keep
@@ -731,7 +732,7 @@ class Runtime:
         return " (the runtime's device: tide_device %d, %s backend)" % (self.device_index, self.backend)
 
     def _buf(self, x: Any, what: str) -> None:
-        _check_tensor(x, None, what, device=self.device, whose=self._whose())
+        _check_tensor(x, None, what, device=self.device, whose=self._whose)
 
     def _stream(self) -> Optional[int]:
         """The stream the collectives run on: PyTorch's current stream of the runtime's
@@ -806,9 +807,10 @@ class Runtime:
             raise _invalid("bubble must be a bool, got %r" % (bubble,))
         ops = []
         for kind, items in ((1, recvs), (0, sends)):
-            if not isinstance(items, Iterable) or isinstance(items, (str, bytes, Mapping, torch.Tensor)):
-                raise _invalid("p2p %s must be a list of (peer, tensor) tuples, got %s"
-                               % ("recvs" if kind else "sends", type(items).__name__))
+            if type(items) not in (list, tuple):  # the common case without abc checks (per step)
+                if not isinstance(items, Iterable) or isinstance(items, (str, bytes, Mapping, torch.Tensor)):
+                    raise _invalid("p2p %s must be a list of (peer, tensor) tuples, got %s"
+                                   % ("recvs" if kind else "sends", type(items).__name__))
             for it in items:
                 if not isinstance(it, tuple) or len(it) != 2:
                     raise _invalid("p2p entries must be (peer, tensor) tuples, got %r" % (it,))

@@ -14,9 +14,14 @@ does not split matrices).
     mpirun -np 4 python3 train_torch.py --job t --dp 2 --pp 2 --steps 200 --step-ms 20 &
     tidectl resize t --dp 1 --pp 4
 
+--device cuda: every rank trains on the GPU libtide selected for it (rt.device:
+cuda:<tide_device>, TIDE_DEVICE or the rank's index on its host) over the nccl backend;
+the state, activations and gradients stay on the device and move device to device.
+
 Determinism: torch.set_num_threads(1), parameters a pure function of (seed, name), sample
 k a pure function of (seed, k): every layout sees the same batches, and the loss curve
-equals a never-resized run up to the order of the dp sum.
+equals a never-resized run up to the order of the dp sum (bit-identical while dp and the
+micro-batches stay: a pp-only resize changes no sum).
 """
 from __future__ import annotations
 
@@ -62,9 +67,15 @@ def parse_args_for(argv) -> argparse.Namespace:
     ap.add_argument("--global-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the GPU libtide selects for the rank, over the nccl backend")
     ap.add_argument("--step-ms", type=int, default=0, help="sleep per step (room for a resize)")
     ap.add_argument("--loss-out", help="append 'step loss' lines (first rank of the last stage)")
     ap.add_argument("--check-dir", help="save local shards before and after every switch")
+    ap.add_argument("--state-out", help="save every member's local shards of the final state "
+                    "(DIR/final.w<rank>.pt), and those of --state-at steps")
+    ap.add_argument("--state-at", type=int, action="append", default=[],
+                    help="also save the shards at the start of this step (DIR/at<step>.w<rank>.pt)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="test: this pool rank dies...")
     ap.add_argument("--kill-at", type=int, default=-1, help="...inside this step (SIGKILL)")
     ap.add_argument("--time-out", help="append per-step seconds (json lines) for benchmarks")
@@ -132,6 +143,7 @@ def batch(a, first: int, n: int):
 class Trainer:
     def __init__(self, a, rt: tide.Runtime, coll: tide.Collection) -> None:
         self.a, self.rt, self.coll = a, rt, coll
+        self.dev = rt.device  # where the state lives: libtide's choice
         self.pnames = [p[0] for p in params_of(a)]
         self.pending = None  # (step, [summed grads]) once the step's gradients are reduced
 
@@ -166,10 +178,11 @@ class Trainer:
         saved, local = [], 0.0
         for m in range(L.micro_batches):
             tok, tgt = batch(a, cursor + (v.dp_rank * L.micro_batches + m) * per, per)
+            tok, tgt = tok.to(self.dev), tgt.to(self.dev)
             if first:
                 h_in, h = None, F.embedding(tok, s["embed.weight"])
             else:
-                h_in = torch.empty(per, a.seq, a.hidden)
+                h_in = torch.empty(per, a.seq, a.hidden, device=self.dev)
                 rt.pp_exchange(recv=h_in, recv_from=-1)
                 h = h_in.requires_grad_(True)
             for i in L.stage_layers(v.pp_rank):
@@ -201,7 +214,7 @@ class Trainer:
         grads = [g.view_as(s[n]) for g, n in zip(torch.split(flat, [s[n].numel() for n in self.mine]), self.mine)]
         self.pending = (int(s["step"][0]), grads)
         rt.step_can_finish()  # the update below needs no peer any more
-        lt = torch.tensor([local], dtype=torch.float64)
+        lt = torch.tensor([local], dtype=torch.float64, device=self.dev)
         if L.dp > 1:  # the last reductions span the whole layout (tp = 1)
             rt.allreduce(lt, Group.DP)
         if L.pp > 1:
@@ -232,20 +245,33 @@ class Trainer:
 
 
 def save_shards(rt: tide.Runtime, state: dict, view: tide.View, path: str) -> None:
+    """This rank's local shards (copied to host memory) with their coordinate and layout:
+    what tests/python_check_state.py gathers into the full state."""
     L = view.layout
     torch.save({"coord": view.coord, "layout": (L.dp, L.tp, L.pp, L.num_layers, L.micro_batches,
                                                 L.stage_start),
-                "state": {k: x.detach().clone() for k, x in state.items()}}, path)
+                "state": {k: x.detach().cpu().clone() for k, x in state.items()}}, path)
 
 
 def main() -> int:
     a = parse()
+    if a.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    # on CUDA an op without a deterministic kernel warns instead of stopping the job
+    torch.use_deterministic_algorithms(True, warn_only=a.device == "cuda")
     coll = make_collection(a)
-    with tide.Runtime(MPI.COMM_WORLD) as rt:
+    # device buffers need the device backend (TIDE_BACKEND still wins for cpu)
+    settings = {"backend": "nccl"} if a.device == "cuda" else {}
+    with tide.Runtime(MPI.COMM_WORLD, **settings) as rt:
         me = rt.pool_rank  # the ids of rt.view.layout; rt.worker_id is tided's (tidectl status)
+        if rt.device.type != a.device:
+            raise TideError(tide.Status.ERR_INVALID, "--device %s, but the %s backend takes %s "
+                            "tensors" % (a.device, rt.backend, rt.device.type))
+        if a.device == "cuda":
+            print("train_torch: pool rank %d on %s (tide_device %d, %s backend)" % (
+                me, rt.device, rt.device_index, rt.backend), flush=True)
         rt.join(a.job, coll, dp=a.dp, tp=a.tp, pp=a.pp, micro_batches=a.micro_batches)
         state = fresh_state(a, rt, coll) if rt.view.member else {}
         rt.set_buffers(state)
@@ -273,6 +299,9 @@ def main() -> int:
                 tr.apply()  # the step's last reduction failed after its gradients were summed
                 rt.step_end()
                 continue
+            if a.state_out and v.member and (v.step >= a.steps or v.step in a.state_at):
+                save_shards(rt, state, v, "%s/%s.w%d.pt" % (
+                    a.state_out, "final" if v.step >= a.steps else "at%d" % v.step, me))
             if v.step >= a.steps:
                 rt.finish()
                 break
@@ -293,7 +322,7 @@ def main() -> int:
             if v.pp_rank == v.layout.pp - 1 and v.dp_rank == 0:
                 if a.loss_out:
                     with open(a.loss_out, "a") as f:
-                        f.write("%d %.9e\n" % (v.step, loss))
+                        f.write("%d %.17g\n" % (v.step, loss))  # every bit of the float64
                 if v.step % 10 == 0:
                     print("train_torch: step %d loss %.6f (dp %d, pp %d)" % (
                         v.step, loss, v.layout.dp, v.layout.pp), flush=True)

@@ -13,9 +13,17 @@
 # fails. A summary table at the end; exit 1 when any step failed):
 #   gpu-info        a device must answer; a present but broken driver is a failure
 #   build           configure with CUDA/NCCL (fails when NCCL is not found) and build
-#   gpu-tests       ctest -L gpu (single-process GPU tests; a skip is a failure here),
-#                   run from a folder of its own so that a ctest running this script keeps
-#                   its own Testing/ logs
+#   gpu-tests       ctest -L gpu -LE python (single-process GPU tests; a skip is a failure
+#                   here), run from a folder of its own so that a ctest running this script
+#                   keeps its own Testing/ logs
+#   python-gpu      the Python binding's GPU path (tests/test_python.sh device, the ctest
+#                   test_python_gpu): rt.device, CUDA tensors of another device or index
+#                   refused, collectives and a reshard on CUDA tensors, and
+#                   examples/train_torch.py --device cuda on 2 ranks resized live (dp2,pp1)
+#                   -> (dp1,pp2) -> (dp2,pp1), state and losses against its never-resized
+#                   run. Needs a CUDA build of PyTorch for TIDE_PYTHON (/usr/bin/python3):
+#                   without one the step is "skipped" with that reason; any other skip on a
+#                   machine with a GPU (no device seen, no nccl backend) is a failure
 #   conf-np2/np4    the collectives conformance suite on the nccl backend, 2 and 4 ranks
 #                   (abort while a peer never arrives, cancelled creation included)
 #   kill-rank       a rank SIGKILLed inside an allreduce: survivors get ABORTED (from NCCL
@@ -45,13 +53,13 @@
 # gpu-info asks nvidia-smi when there is one, else, where a device node exists, the CUDA
 # driver itself (a container may have /dev/nvidia* and libcuda without nvidia-smi).
 # Overrides for tests: GPU_CHECK_SMI (nvidia-smi), GPU_CHECK_DEVICES (the device node
-# glob), GPU_CHECK_LIBCUDA (libcuda.so.1), GPU_CHECK_TRAIN (train_mlp).
+# glob, python-gpu's too), GPU_CHECK_LIBCUDA (libcuda.so.1), GPU_CHECK_TRAIN (train_mlp).
 #
 # --cpu-dry runs every step, through the same functions, rank wrapper, command lines and
 # comparisons, with --device cpu, the mpi backend and small sizes (SKIP_BUILD=1 reuses
 # BUILD_DIR as it is): gpu-info only says so, gpu-tests runs ctest -L gpu and accepts
-# skips (no GPU), reshard-bench runs on mpi against plain MPI, resize-bench on a tiny
-# model. The ctest gpu_check_cpu_dry runs it in CI. Logs of every step:
+# skips (no GPU), python-gpu runs the binding's device checks and train_torch on cpu, reshard-bench
+# runs on mpi against plain MPI, resize-bench on a tiny model. The ctest gpu_check_cpu_dry runs it in CI. Logs of every step:
 # $BUILD_DIR/gpu-check-logs/ (dry: gpu-check-dry-logs/).
 set -uo pipefail
 
@@ -268,7 +276,8 @@ gpu_tests() {
   local dir="$LOGS/ctest-gpu" log n skipped
   mkdir -p "$dir"
   printf 'subdirs("%s")\n' "$BUILD_DIR" >"$dir/CTestTestfile.cmake"
-  (cd "$dir" && ctest -L gpu --output-on-failure --timeout 200) || return 1
+  # the python GPU test is a step of its own (python-gpu)
+  (cd "$dir" && ctest -L gpu -LE python --output-on-failure --timeout 200) || return 1
   log="$dir/Testing/Temporary/LastTest.log"
   n=$(grep -c '^[0-9]*/[0-9]* Testing: ' "$log" 2>/dev/null)
   skipped=$(grep -c '^SKIP: ' "$log" 2>/dev/null)
@@ -282,6 +291,30 @@ gpu_tests() {
     return 1
   fi
   echo "RESULT: $n gpu tests passed"
+}
+
+# The Python binding's GPU path: tests/test_python.sh device on DEVICE (dry: cpu, the mpi
+# backend). A skip is only acceptable for a PyTorch without CUDA (a missing dependency,
+# reported) or, dry, without torch at all: gpu-info found a GPU, so any other is a failure.
+python_gpu() {
+  local out="$LOGS/python-gpu.out" rc nccl=0
+  grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null && nccl=1
+  # shellcheck disable=SC2086
+  TIDE_TEST_DEVICE="$DEVICE" TIDE_TEST_HAVE_NCCL=$nccl \
+    TIDE_TEST_NVIDIA_NODES="${GPU_CHECK_DEVICES:-/dev/nvidia[0-9]*}" \
+    bash "$ROOT/tests/test_python.sh" device "$ROOT" "$BUILD_DIR" $MPIRUN 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 77 ]; then
+    if [ "$DRY" = 1 ] || grep -q 'built without CUDA' "$out"; then
+      echo "RESULT: not run: $(grep -m1 -o 'SKIP: .*\|torch/mpi4py missing.*' "$out" | cut -c1-100)"
+      return 77
+    fi
+    echo "a GPU is present (gpu-info) but the python GPU test skipped: $(grep -m1 'SKIP' "$out")"
+    return 1
+  fi
+  [ "$rc" -eq 0 ] || return 1
+  echo "RESULT: $(grep -o 'test_python_device([a-z]*): [0-9]* passed' "$out");" \
+    "$(grep -o 'all within [0-9.e-]* (relative)' "$out") of never-resized"
 }
 
 conformance() { # conformance NP
@@ -454,7 +487,7 @@ EOF
 
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
   WRAP TRAIN TIDED TIDECTL RB_ARGS
-export -f cuda_query gpu_info build gpu_tests conformance kill_rank train_ref compare \
+export -f cuda_query gpu_info build gpu_tests python_gpu conformance kill_rank train_ref compare \
   start_tided job_field wait_gen train_elastic train_recover reshard_bench resize_bench
 # arrays do not export: the functions rebuild MODEL from this string
 MODEL_STR="${MODEL[*]}"
@@ -474,12 +507,13 @@ for n in $CONF_NPS; do CONF_STEPS="$CONF_STEPS conf-np$n"; done
 if [ $INFO -eq 1 ]; then
   : # gpu-info only
 elif ! step build "${pre}build"; then
-  for s in gpu-tests $CONF_STEPS kill-rank train-ref train-elastic train-recover \
+  for s in gpu-tests python-gpu $CONF_STEPS kill-rank train-ref train-elastic train-recover \
     reshard-bench resize-bench; do
     not_run "$s" "the build failed"
   done
 else
   run gpu-tests "${pre}gpu_tests"
+  run python-gpu "${pre}python_gpu"
   for n in $CONF_NPS; do run "conf-np$n" "${pre}conformance $n"; done
   run kill-rank "${pre}kill_rank"
   # train-elastic compares its losses with train-ref's: it needs them from this run

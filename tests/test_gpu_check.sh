@@ -9,6 +9,12 @@
 #   5. --cpu-dry with train_mlp failing (GPU_CHECK_TRAIN=false) and only train-ref and
 #      train-elastic selected (GPU_CHECK_ONLY): train-ref fails, and train-elastic, which
 #      needs its losses, is in the summary as NOT-RUN; the check fails.
+#   python-gpu (GPU_CHECK_ONLY) where gpu-info finds a GPU but CUDA PyTorch sees none
+#   (skipped where PyTorch sees a device: the test would then really run):
+#     6. nvidia-smi answers and no device node: the python GPU test skips for want of a
+#        device, and on a machine with a GPU that skip fails the check;
+#     7. a device node and a working driver: a PyTorch built without CUDA is reported as
+#        not run (skipped, the check passes); one with CUDA that sees no device fails.
 # Usage: test_gpu_check.sh BUILD_DIR (a build with tided, tidectl and train_mlp).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,4 +77,35 @@ summary=$(sed -n '/gpu-check summary/,$p' "$TMP/dry.out")
   echo "$summary" | grep -q '^train-elastic .*NOT-RUN .*train-ref failed' &&
   echo "$summary" | grep -q 'gpu-check: FAILED' ||
   fail "train-ref failing must leave train-elastic NOT-RUN in the summary (got $RC): $(cat "$TMP/dry.out")"
+PY=${TIDE_PYTHON:-/usr/bin/python3}
+TORCH_GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)
+TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
+if [ -z "$TORCH_GPUS" ]; then
+  echo "test_gpu_check: no torch for $PY: python-gpu cases 6-7 not run"
+elif [ "$TORCH_GPUS" != 0 ]; then
+  echo "test_gpu_check: PyTorch sees a GPU here: python-gpu cases 6-7 not run"
+else
+  printf '#!/bin/sh\necho "Fake GPU 9000"\n' >"$TMP/fake-smi"
+  chmod +x "$TMP/fake-smi"
+  # python_only CASE SMI DEVICES: gpu-check with only python-gpu after gpu-info and build
+  python_only() {
+    GPU_CHECK_ONLY=python-gpu GPU_CHECK_SMI="$2" GPU_CHECK_DEVICES="$3" \
+      GPU_CHECK_LIBCUDA="$TMP/libcuda-0.so.1" SKIP_BUILD=1 BUILD_DIR="$BUILD" \
+      GPU_CHECK_LOGS="$TMP/logs-$1" bash "$ROOT/scripts/gpu-check.sh" >"$TMP/$1.out" 2>&1
+    RC=$?
+  }
+  python_only pynodev "$TMP/fake-smi" "$TMP/none/nvidia[0-9]*"
+  [ $RC -ne 0 ] && grep -q '^python-gpu .*FAILED' "$TMP/pynodev.out" &&
+    grep -q 'a GPU is present (gpu-info) but the python GPU test skipped: SKIP: .*no CUDA device' "$TMP/pynodev.out" ||
+    fail "python-gpu skipping on a machine with a GPU must fail the check (got $RC): $(cat "$TMP/pynodev.out")"
+  python_only pynode "$TMP/no-nvidia-smi" "$TMP/dev/nvidia[0-9]*"
+  if [ -z "$TORCH_CUDA" ]; then
+    [ $RC -eq 0 ] && grep -q '^python-gpu .*skipped .*not run: SKIP: .*built without CUDA' "$TMP/pynode.out" &&
+      grep -q 'gpu-check: all passed' "$TMP/pynode.out" ||
+      fail "a PyTorch without CUDA must leave python-gpu skipped with the reason (got $RC): $(cat "$TMP/pynode.out")"
+  else
+    [ $RC -ne 0 ] && grep -q 'PyTorch cannot use it' "$TMP/pynode.out" ||
+      fail "a CUDA PyTorch that sees no device on a machine with one must fail (got $RC): $(cat "$TMP/pynode.out")"
+  fi
+fi
 echo "test_gpu_check: passed"

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Bad input to every public call of the tide Python binding raises TideError with a
 status and a message that names the problem, loses nothing (the runtime works after),
-and never crashes the interpreter. Runs as one rank under mpirun against tided
-($TIDE_ENDPOINT). Prints 'N passed, M failed'; exit 1 when any failed."""
+and never crashes the interpreter. Runs as two ranks under mpirun against tided
+($TIDE_ENDPOINT; $TIDECTL resizes the job from dp 2 to dp 1 so that reshard meets bad
+new states). Tensors on another device (cuda, or cpu:1: the device INDEX must match the
+runtime's, not only its type) are refused; no GPU is needed: a tensor subclass claims the
+device. Prints 'N passed, M failed' (rank 0: both ranks' counts); exit 1 when any failed."""
 import os
+import subprocess
 import sys
 import threading
+import time
 
 import mpi4py
 
@@ -19,6 +24,9 @@ import tide  # noqa: E402
 from tide import Group, Status, TideError  # noqa: E402
 
 passed = failed = 0
+ME = MPI.COMM_WORLD.Get_rank()
+NP = MPI.COMM_WORLD.Get_size()
+assert NP == 2, "run under mpirun -np 2"
 
 
 def expect(what, fn, status, text):
@@ -30,11 +38,11 @@ def expect(what, fn, status, text):
         if e.status == status and text in str(e):
             passed += 1
             return
-        print("FAIL %s: got %s (%s)" % (what, e.status, e))
+        print("rank %d: FAIL %s: got %s (%s)" % (ME, what, e.status, e), flush=True)
     except Exception as e:  # any other exception is a binding bug
-        print("FAIL %s: %s: %s" % (what, type(e).__name__, e))
+        print("rank %d: FAIL %s: %s: %s" % (ME, what, type(e).__name__, e), flush=True)
     else:
-        print("FAIL %s: no exception" % what)
+        print("rank %d: FAIL %s: no exception" % (ME, what), flush=True)
     failed += 1
 
 
@@ -43,8 +51,24 @@ def ok(what, cond):
     if cond:
         passed += 1
     else:
-        print("FAIL %s" % what)
+        print("rank %d: FAIL %s" % (ME, what), flush=True)
         failed += 1
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that says it lives on `fake` (no GPU here to make a real one): what the
+    binding's device check sees of a tensor on another device."""
+    fake = None
+
+    @property
+    def device(self):
+        return self.fake
+
+
+def on(device, x):
+    y = x.as_subclass(OnDevice)
+    y.fake = torch.device(device)
+    return y
 
 
 I = Status.ERR_INVALID
@@ -71,11 +95,39 @@ c.add("v", (8, 4), torch.float32, layer=1, tp_split=0, dp_sharded=True)
 c.add("step", (1,), torch.int64)
 expect("add duplicate", lambda: c.add("w", (4,)), Status.ERR_EXISTS, "already")
 expect("index unknown", lambda: c.index("nope"), Status.ERR_NOT_FOUND, "nope")
+expect("index not str", lambda: c.index(["w"]), I, "name must be a str")
+R = Status.ERR_RANGE
+expect("local_shape index", lambda: c.local_shape(3, 1, 1, 16), R, "tensor index must be an int in 0..2")
+expect("local_shape index -1", lambda: c.local_shape(-1, 1, 1, 16), R, "tensor index")
+expect("local_shape index type", lambda: c.local_shape(0.0, 1, 1, 16), R, "tensor index")
+expect("local_shape name", lambda: c.local_shape("nope", 1, 1, 16), Status.ERR_NOT_FOUND, "nope")
+expect("local_shape tp", lambda: c.local_shape("w", 0, 1, 16), I, "tp must be")
+expect("local_shape dp", lambda: c.local_shape("w", 1, "2", 16), I, "dp must be")
+expect("local_shape nbytes", lambda: c.local_shape("w", 1, 1, -4), I, "nbytes")
+expect("local_shape nbytes partial", lambda: c.local_shape("w", 1, 1, 6), I, "whole number")
+expect("local_shape tp divides", lambda: c.local_shape("w", 3, 1, 32), I, "does not divide")
+ok("local_shape good", c.local_shape("w", 2, 1, 64) == (4, 4) and c.local_shape(1, 2, 2, 32) == (8,))
+ok("names", c.names() == ["w", "v", "step"] and len(c) == 3)
 # ---- Layout and shard geometry ----
 expect("Layout dp 0", lambda: tide.Layout(0, 1, 1, 2), I, "dp must be")
 expect("Layout stages", lambda: tide.Layout(1, 1, 2, 2, 1, [0, 1]), I, "stage_start")
 expect("Layout C stages", lambda: tide.Layout(1, 1, 2, 2, 1, [0, 0, 2]), I, "tide_layout_set_stages")
+expect("Layout stages type", lambda: tide.Layout(1, 1, 2, 2, 1, 5), I, "stage_start")
+expect("Layout stages str", lambda: tide.Layout(1, 1, 2, 2, 1, "012"), I, "stage_start")
 expect("Layout validate", lambda: tide.Layout(1, 3, 1, 2).validate(c), I, "does not divide")
+expect("Layout validate type", lambda: tide.Layout(1, 1, 1, 2).validate("c"), I, "tide.Collection")
+expect("Layout.of type", lambda: tide.Layout.of((1, 1, 1, 2)), I, "LayoutInfo")
+info = tide.LayoutInfo(1, 1, 2, 2, 1, (0, 1, 2), (0, 1))
+ok("stage_layers", info.stage_layers(1) == range(1, 2))
+expect("stage_layers range", lambda: info.stage_layers(2), R, "stage must be an int in 0..1")
+expect("stage_layers type", lambda: info.stage_layers("0"), R, "stage")
+ok("Layout.of", tide.Layout.of(info).pp == 2)
+lay3 = tide.Layout(1, 1, 1, 3)  # 3 layers: not the collection's 2
+expect("shard_bytes layers", lambda: lay3.shard_bytes(c, "w", (0, 0, 0)), I, "3 layers")
+expect("shard_bytes coll type", lambda: lay3.shard_bytes("c", "w", (0, 0, 0)), I, "tide.Collection")
+expect("extract layers", lambda: c.extract(lay3, "w", (0, 0, 0), torch.zeros(8, 4)), I, "3 layers")
+expect("extract layout type", lambda: c.extract("lay", "w", (0, 0, 0), torch.zeros(8, 4)), I, "tide.Layout")
+expect("assemble layers", lambda: c.assemble(lay3, {}), I, "3 layers")
 lay = tide.Layout(2, 2, 2, 2)
 expect("shard_bytes coord", lambda: lay.shard_bytes(c, "w", (0, 2, 0)), I, "coordinate")
 expect("shard_bytes coord type", lambda: lay.shard_bytes(c, "w", [0, 0, 0]), I, "coordinate")
@@ -86,26 +138,38 @@ expect("extract shape", lambda: c.extract(lay, "w", (0, 0, 0), full.t()), I, "")
 expect("extract dtype", lambda: c.extract(lay, "w", (0, 0, 0), full.double()), I, "must be torch.float32")
 expect("extract noncontig", lambda: c.extract(lay, "w", (0, 0, 0), full[:, ::2]), I, "")
 expect("extract not tensor", lambda: c.extract(lay, "w", (0, 0, 0), [1, 2]), I, "torch.Tensor")
+expect("extract device", lambda: c.extract(lay, "w", (0, 0, 0), on("cuda:0", full)), I, "must be on cpu, got cuda:0")
+expect("extract name", lambda: c.extract(lay, "nope", (0, 0, 0), full), Status.ERR_NOT_FOUND, "nope")
 ok("extract good", torch.equal(c.extract(lay, "w", (0, 0, 1), full), full[4:]))
 expect("assemble missing", lambda: c.assemble(lay, {}), I, "no shards")
 sh = {(p, d, t): {} for p in range(2) for d in range(2) for t in range(2)}
 expect("assemble held missing", lambda: c.assemble(lay, sh), I, "shard 'w'")
+expect("assemble type", lambda: c.assemble(lay, [1]), I, "must be a mapping")
+expect("assemble coord type", lambda: c.assemble(lay, {k: [] for k in sh}), I, "must be a mapping name")
+expect("assemble layout type", lambda: c.assemble(None, sh), I, "tide.Layout")
 # ---- Runtime ----
 expect("Runtime comm", lambda: tide.Runtime("world"), I, "mpi4py intracommunicator")
 expect("Runtime setting", lambda: tide.Runtime(MPI.COMM_WORLD, bogus=1), I, "unknown setting")
 expect("Runtime endpoint type", lambda: tide.Runtime(MPI.COMM_WORLD, endpoint=5), I, "endpoint")
 expect("Runtime timeout", lambda: tide.Runtime(MPI.COMM_WORLD, join_timeout_ms=-3), I, "join_timeout_ms")
+expect("Runtime device", lambda: tide.Runtime(MPI.COMM_WORLD, device=-2), I, "device")
 expect("Runtime no tided", lambda: tide.Runtime(MPI.COMM_WORLD, endpoint="tcp://127.0.0.1:1",
                                                  register_timeout_ms=300), Status.ERR_TIMEOUT, "tide_new")
 rt = tide.Runtime(MPI.COMM_WORLD)
-ok("pool_rank", rt.pool_rank == MPI.COMM_WORLD.Get_rank())
+ok("pool_rank", rt.pool_rank == ME)
 ok("pool_worker_id of self", rt.worker_id >= 0 and rt.pool_worker_id(rt.pool_rank) == rt.worker_id)
 ok("pool_worker_id out of range", rt.pool_worker_id(-1) == -1 and rt.pool_worker_id(rt.pool_size) == -1)
 expect("pool_worker_id type", lambda: rt.pool_worker_id("0"), I, "rank must be an int")
+# the device libtide chose: both ranks on one host, so their local indices (mpi: host memory)
+ok("device", rt.device == torch.device("cpu") and rt.device_type == "cpu" and rt.device_index == ME)
 expect("zeros before join", lambda: rt.zeros(), I, "join first")
+expect("collection before join", lambda: rt.collection, I, "join first")
 expect("join job", lambda: rt.join("", c), I, "job must be")
+expect("join job NUL", lambda: rt.join("a\0b", c), I, "job must be")
+expect("join job type", lambda: rt.join(7, c), I, "job must be")
 expect("join collection", lambda: rt.join("api", "c"), I, "tide.Collection")
 expect("join dp", lambda: rt.join("api", c, dp=0), I, "dp must be")
+expect("join pp type", lambda: rt.join("api", c, pp=1.5), I, "pp must be")
 expect("join start_step", lambda: rt.join("api", c, start_step=-1), I, "start_step")
 expect("join bad job chars (C)", lambda: rt.join("a b", c), I, "tide_join")
 expect("join fit type", lambda: rt.join("api", c, fit="dp"), I, "fit must be a sequence")
@@ -118,11 +182,11 @@ expect("join fit many", lambda: rt.join("api", c, fit=[("dp", 4)] * 33), I, "at 
 expect("join fit first layout (C)",
        lambda: rt.join("api", c, dp=1, tp=2, fit=[("dp", 4), ("tp", 3, "the heads")]), I,
        "tp 2 does not divide 3 (the heads)")
-rt.join("api-ok", c, dp=1, tp=1, pp=1, fit=[("dp", 4, "the batch"), ("tp", 8)])
+rt.join("api-ok", c, dp=2, tp=1, pp=1, fit=[("dp", 4, "the batch"), ("tp", 8)])
 expect("add after join", lambda: c.add("late", (4,)), I, "frozen")
 expect("join twice", lambda: rt.join("api-ok", c), I, "already joined")
 st = rt.zeros()
-ok("zeros", sorted(st) == ["step", "v", "w"] and st["v"].shape == (8, 4))
+ok("zeros", sorted(st) == ["step", "v", "w"] and st["v"].shape == (16,) and st["w"].shape == (8, 4))
 expect("set_buffers type", lambda: rt.set_buffers([1]), I, "mapping")
 expect("set_buffers missing", lambda: rt.set_buffers({"w": st["w"]}), I, "lacks tensors")
 expect("set_buffers extra", lambda: rt.set_buffers(dict(st, x=st["w"])), I, "does not hold")
@@ -130,6 +194,12 @@ expect("set_buffers dtype", lambda: rt.set_buffers(dict(st, w=st["w"].double()))
 expect("set_buffers size", lambda: rt.set_buffers(dict(st, w=torch.zeros(4, 4))), I, "bytes")
 expect("set_buffers noncontig", lambda: rt.set_buffers(dict(st, w=torch.zeros(4, 8).t())), I, "contiguous")
 expect("set_buffers not tensor", lambda: rt.set_buffers(dict(st, w=3)), I, "torch.Tensor")
+expect("set_buffers cuda", lambda: rt.set_buffers(dict(st, w=on("cuda:0", st["w"]))), I,
+       "tensor 'w' must be on cpu (the runtime's device: tide_device %d, mpi backend), got cuda:0" % ME)
+expect("set_buffers device index", lambda: rt.set_buffers(dict(st, w=on("cpu:1", st["w"]))), I,
+       "must be on cpu (the runtime's device")
+expect("set_buffers shared", lambda: rt.set_buffers(dict(st, v=st["w"].view(-1)[:16])), I,
+       "set_buffers: tensors v and w share memory")
 rt.set_buffers(st)
 expect("reshard outside", lambda: rt.reshard(), I, "RECONFIGURE")
 ok("next_view None", rt.next_view is None)
@@ -142,28 +212,99 @@ expect("allreduce dtype", lambda: rt.allreduce(torch.ones(4, dtype=torch.uint8))
 expect("allreduce op", lambda: rt.allreduce(x, Group.DP, "sum"), I, "ReduceOp")
 expect("allreduce noncontig", lambda: rt.allreduce(torch.ones(4, 4).t()), I, "contiguous")
 expect("allreduce autograd", lambda: rt.allreduce(torch.ones(4, requires_grad=True) * 2), I, "leaf")
-ok("allreduce good", torch.equal(rt.allreduce(x, Group.ALL), torch.ones(4)))
-expect("broadcast root", lambda: rt.broadcast(x, 1), I, "root")
+expect("allreduce cuda", lambda: rt.allreduce(on("cuda:0", x)), I, "allreduce tensor must be on cpu")
+expect("allreduce device index", lambda: rt.allreduce(on("cpu:1", x)), I, "got cpu:1")
+ok("allreduce good", torch.equal(rt.allreduce(x, Group.ALL), torch.full((4,), 2.0)))
+expect("broadcast root", lambda: rt.broadcast(x, 2), I, "root must be a rank in 0..1")
 expect("broadcast root type", lambda: rt.broadcast(x, "0"), I, "root")
+expect("broadcast group", lambda: rt.broadcast(x, 0, 1), I, "tide.Group")
+expect("broadcast device", lambda: rt.broadcast(on("cuda:1", x), 0), I, "got cuda:1")
+expect("allgather tensor", lambda: rt.allgather([1.0]), I, "torch.Tensor")
+expect("allgather device", lambda: rt.allgather(on("cpu:1", x)), I, "got cpu:1")
+expect("barrier group", lambda: rt.barrier("all"), I, "tide.Group")
+expect("group_size group", lambda: rt.group_size(None), I, "tide.Group")
+expect("group_rank group", lambda: rt.group_rank("dp"), I, "tide.Group")
+ok("group_size/rank", rt.group_size(Group.DP) == 2 and rt.group_rank(Group.DP) == rt.view.dp_rank)
+expect("p2p group", lambda: rt.p2p("pp", sends=[(0, x)]), I, "tide.Group")
 expect("p2p peer", lambda: rt.p2p(Group.PP, sends=[(1, x)]), I, "peer")
 expect("p2p entry", lambda: rt.p2p(Group.PP, sends=[x]), I, "(peer, tensor)")
+expect("p2p sends type", lambda: rt.p2p(Group.PP, sends=5), I, "sends must be a list")
+expect("p2p sends tensor", lambda: rt.p2p(Group.PP, sends=x), I, "sends must be a list")
+expect("p2p recvs dict", lambda: rt.p2p(Group.PP, recvs={0: x}), I, "recvs must be a list")
+expect("p2p bubble", lambda: rt.p2p(Group.PP, sends=[(0, x)], bubble="yes"), I, "bubble must be a bool")
+expect("p2p device", lambda: rt.p2p(Group.PP, recvs=[(0, on("cuda:0", x))]), I, "p2p tensor must be on cpu")
 expect("pp_exchange no stage", lambda: rt.pp_exchange(send=x, send_to=1), I, "no next stage")
 expect("pp_exchange dir", lambda: rt.pp_exchange(recv=x, recv_from=2), I, "direction")
-ok("allgather", rt.allgather(x).shape == (1, 4))
-ok("p2p self", rt.p2p(Group.ALL, sends=[(0, x)], recvs=[(0, torch.empty(4))]) is None)
+expect("pp_exchange dir float", lambda: rt.pp_exchange(recv=x, recv_from=-1.0), I, "direction")
+expect("pp_exchange dir bool", lambda: rt.pp_exchange(send=x, send_to=True), I, "direction")
+ok("allgather", torch.equal(rt.allgather(x), torch.full((2, 4), 2.0)))
+me = rt.group_rank(Group.ALL)
+ok("p2p self", rt.p2p(Group.ALL, sends=[(me, x)], recvs=[(me, torch.empty(4))]) is None)
+ok("bubble_stats", set(rt.bubble_stats()) == {"windows", "bubble_ms", "filled_ms", "task_steps", "task"})
 expect("step_end value", lambda: rt.step_end("ok"), I, "step_end takes")
+expect("step_end bool", lambda: rt.step_end(True), I, "step_end takes")
 errs = []
 th = threading.Thread(target=lambda: errs.append(expect("other thread", rt.step_begin, I, "thread")))
 th.start()
 th.join()
 rt.step_end()
 ok("step counted", rt.view.step == 1)
-ok("still works after bad input", rt.step_begin() is tide.Action.RUN)
-rt.finish()
+
+# ---- reshard: tidectl shrinks the job to dp 1; both ranks meet the switch with bad new
+# states first (refused before anything starts), then move with the right one.
+if ME == 0:
+    r = subprocess.run([os.environ["TIDECTL"], "resize", "api-ok", "--dp", "1"], capture_output=True,
+                       text=True, timeout=60)
+    ok("tidectl resize", r.returncode == 0)
+deadline = time.time() + 60
+while True:
+    a = rt.step_begin()
+    if a is tide.Action.RECONFIGURE or time.time() > deadline:
+        break
+    rt.step_end()
+ok("reconfigure", a is tide.Action.RECONFIGURE)
+nv = rt.next_view
+ok("next_view", nv is not None and nv.layout.dp == 1 and nv.generation == 2)
+keep = rt.view.member and nv.member  # the rank that stays holds every tensor whole
+if keep:
+    good = {"w": torch.zeros(8, 4), "v": torch.zeros(8, 4), "step": torch.zeros(1, dtype=torch.int64)}
+else:
+    good = {}
+expect("reshard type", lambda: rt.reshard([1]), I, "mapping")
+expect("reshard extra", lambda: rt.reshard(dict(good, x=torch.zeros(4))), I, "does not hold")
+if keep:
+    expect("reshard missing", lambda: rt.reshard({"w": good["w"]}), I, "lacks tensors")
+    expect("reshard size", lambda: rt.reshard(dict(good, v=torch.zeros(16))), I, "must hold 128 bytes")
+    expect("reshard dtype", lambda: rt.reshard(dict(good, step=torch.zeros(1))), I, "torch.int64")
+    expect("reshard noncontig", lambda: rt.reshard(dict(good, w=torch.zeros(4, 8).t())), I, "contiguous")
+    expect("reshard not tensor", lambda: rt.reshard(dict(good, w=None)), I, "torch.Tensor")
+    expect("reshard device", lambda: rt.reshard(dict(good, w=on("cuda:0", good["w"]))), I, "got cuda:0")
+    expect("reshard device index", lambda: rt.reshard(dict(good, w=on("cpu:1", good["w"]))), I, "got cpu:1")
+    expect("reshard old state", lambda: rt.reshard(dict(good, w=st["w"])), I,
+           "tensors new w and registered w share memory")
+    expect("reshard shared", lambda: rt.reshard(dict(good, v=good["w"])), I, "new v and new w share memory")
+    ok("still RECONFIGURE after refusals", rt.next_view == nv)
+for t in st.values():
+    t.fill_(1)
+new = rt.reshard(good if keep else None)
+ok("reshard", sorted(new) == (["step", "v", "w"] if keep else []))
+if keep:
+    ok("reshard moved the state", all(bool((t == 1).all()) for t in new.values()))
+    ok("reshard gave the given tensors", all(new[k] is good[k] for k in good))
+    ok("view after reshard", rt.view.generation == 2 and rt.view.layout.dp == 1)
+    ok("still works after bad input", rt.step_begin() is tide.Action.RUN)
+    rt.step_end()
+    ok("step_begin", rt.step_begin() is tide.Action.RUN)
+    rt.finish()
+else:
+    ok("idle after reshard", not rt.view.member)
+    ok("finished", rt.step_begin() is tide.Action.FINISHED)
+expect("reshard after", lambda: rt.reshard(), I, "RECONFIGURE")
 rt.close()
 expect("closed", lambda: rt.step_begin(), I, "closed")
 expect("closed allreduce", lambda: rt.allreduce(x), I, "closed")
-ok("SYMBOLS", "tide_new" in tide.SYMBOLS)
+expect("closed device", lambda: rt.worker_id, I, "closed")
+ok("SYMBOLS", "tide_new" in tide.SYMBOLS and "tide_device" in tide.SYMBOLS)
 
 # the struct mirrors against the library's layout: a drifted copy is refused, by name
 from tide import _lib as L  # noqa: E402
@@ -208,5 +349,7 @@ except L.AbiError as e:
     ok("load refuses a drifted mirror", "tide_options is" in str(e))
 finally:
     L._lib, L.STRUCTS = saved
-print("test_python_api: %d passed, %d failed" % (passed, failed))
+tot = MPI.COMM_WORLD.gather((passed, failed), root=0)
+if ME == 0:
+    print("test_python_api: %d passed, %d failed" % (sum(p for p, _ in tot), sum(f for _, f in tot)))
 sys.exit(1 if failed else 0)

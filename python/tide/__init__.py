@@ -14,10 +14,13 @@
 
 Every call runs on the thread that created the Runtime (the MPI thread); errors are
 TideError exceptions carrying tide's status, its message and the C library's detail.
+Tensors handed to the runtime live on rt.device (cpu on the mpi backend, cuda:<tide_device>
+on nccl). libtide is found as tide._lib's docstring says; library_path() names the one used.
 """
-from ._lib import SYMBOLS
+from ._lib import SYMBOLS, library_path
 from .core import (ALL, POST, PRE, Action, Collection, Group, Layout, LayoutInfo, ReduceOp,
                    Runtime, Status, TensorSpec, TideError, View)
 
 __all__ = ["ALL", "POST", "PRE", "Action", "Collection", "Group", "Layout", "LayoutInfo",
-           "ReduceOp", "Runtime", "Status", "TensorSpec", "TideError", "View", "SYMBOLS"]
+           "ReduceOp", "Runtime", "Status", "TensorSpec", "TideError", "View", "SYMBOLS",
+           "library_path"]

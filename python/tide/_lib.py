@@ -1,8 +1,23 @@
 """Loading libtide and declaring the C functions the binding calls (ctypes, no compiled code).
 
-The library is found, in order, at $TIDE_LIB, next to this package (libtide.so copied in),
-in $TIDE_BUILD_DIR/worker, in a build/worker folder above this file (a source checkout),
-then where the dynamic loader finds libtide (ctypes.util.find_library, /usr/local/lib).
+Where libtide.so is looked for, in this order (the first that loads is used; library_path()
+says which; when none does, OSError lists every place tried and why it failed):
+  1. $TIDE_LIB: that file, and nothing else;
+  2. this package's folder (a libtide.so copied in next to __init__.py);
+  3. a source checkout's build: $TIDE_BUILD_DIR/worker, then build/worker in each of the
+     four folders above this package;
+  4. an installed tide (`cmake --install build --prefix P`), its prefix found from
+     a. $TIDE_PREFIX,
+     b. pkg-config's tide.pc (`pkg-config --variable=libdir tide`, so PKG_CONFIG_PATH
+        counts, as for a C program built against tide),
+     c. the tided on $PATH (P/bin/tided: P),
+     d. the prefix this package is installed in (P/lib/pythonX.Y/site-packages/tide, or
+        P/local/lib/... where Debian's pip puts `pip install --prefix P`), and the venv
+        this Python runs in (sys.prefix),
+     each prefix's lib, lib64 and lib/<multiarch> folders;
+  5. the dynamic loader's own search (ctypes.util.find_library: ldconfig's cache,
+     LD_LIBRARY_PATH);
+  6. the standard prefixes' lib folders: /usr/local then /usr (lib, lib64, lib/<multiarch>).
 Only names declared in include/tide/ are used. The structs are mirrored by hand, so each
 is checked against the library's own layout (tide_abi_sizeof / tide_abi_offsetof) when it
 loads: a library of another version raises AbiError instead of corrupting memory.
@@ -12,9 +27,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_int64,
                     c_size_t, c_uint64, c_void_p)
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 MAX_DIMS = 4
 NAME_MAX = 96
@@ -145,6 +164,7 @@ _PROTOS = {
     "tide_pool_size": (c_int, [c_void_p]),
     "tide_backend_name": (c_char_p, [c_void_p]),
     "tide_buffer_kind": (c_int, [c_void_p]),
+    "tide_device": (c_int, [c_void_p]),
     "tide_join": (c_int, [c_void_p, POINTER(JoinReq)]),
     "tide_view_get": (POINTER(ViewS), [c_void_p]),
     "tide_view_next": (POINTER(ViewS), [c_void_p]),
@@ -187,44 +207,120 @@ _PROTOS = {
 SYMBOLS: List[str] = sorted(_PROTOS)
 
 
-def _candidates() -> List[str]:
-    out: List[str] = []
+LIBNAME = "libtide.so"
+
+
+def _lib_dirs(prefix: str) -> List[str]:
+    """The folders of an installed prefix where GNUInstallDirs may put libtide."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    dirs = [os.path.join(prefix, "lib"), os.path.join(prefix, "lib64")]
+    if multiarch:
+        dirs.append(os.path.join(prefix, "lib", multiarch))
+    return dirs
+
+
+def _pkg_config_libdir() -> Optional[str]:
+    """libdir of the tide.pc that pkg-config finds (None without pkg-config or tide.pc)."""
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--variable=libdir", "tide"], capture_output=True, text=True,
+                           timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = r.stdout.strip()
+    return os.path.normpath(out) if r.returncode == 0 and out else None
+
+
+def _package_prefixes(here: str) -> List[str]:
+    """P when this package lies in P/lib*/pythonX.Y/{site,dist}-packages/tide; Debian's pip
+    puts `pip install --prefix P` under P/local/lib/...: then P/local and P."""
+    parts = here.split(os.sep)
+    for i in range(len(parts) - 1, 1, -1):
+        if parts[i] in ("site-packages", "dist-packages") and parts[i - 1].startswith("python") \
+                and parts[i - 2].startswith("lib"):
+            prefix = os.sep.join(parts[:i - 2]) or os.sep
+            if os.path.basename(prefix) == "local":
+                return [prefix, os.path.dirname(prefix)]
+            return [prefix]
+    return []
+
+
+def candidates() -> List[Tuple[str, str]]:
+    """(path, where it comes from) of every libtide the loader tries, in order (see the
+    module's docstring); a bare name is left to the dynamic loader."""
     env = os.environ.get("TIDE_LIB")
     if env:
-        return [env]  # explicit: nothing else is tried
+        return [(env, "$TIDE_LIB")]  # explicit: nothing else is tried
+    out: List[Tuple[str, str]] = []
     here = os.path.dirname(os.path.abspath(__file__))
-    out.append(os.path.join(here, "libtide.so"))
+    out.append((os.path.join(here, LIBNAME), "the package's folder"))
     bd = os.environ.get("TIDE_BUILD_DIR")
     if bd:
-        out.append(os.path.join(bd, "worker", "libtide.so"))
+        out.append((os.path.join(bd, "worker", LIBNAME), "$TIDE_BUILD_DIR"))
     d = here
     for _ in range(4):
         d = os.path.dirname(d)
-        out.append(os.path.join(d, "build", "worker", "libtide.so"))
+        out.append((os.path.join(d, "build", "worker", LIBNAME), "a source checkout's build"))
+    dirs: List[Tuple[str, str]] = []  # (folder, why): an installed tide's lib folders
+    if os.environ.get("TIDE_PREFIX"):
+        dirs += [(ld, "$TIDE_PREFIX") for ld in _lib_dirs(os.environ["TIDE_PREFIX"])]
+    pc = _pkg_config_libdir()
+    if pc:
+        dirs.append((pc, "pkg-config tide"))
+    tided = shutil.which("tided")
+    if tided:
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(tided)))
+        dirs += [(ld, "the prefix of %s" % tided) for ld in _lib_dirs(prefix)]
+    for pp in _package_prefixes(here):
+        dirs += [(ld, "the package's install prefix") for ld in _lib_dirs(pp)]
+    if sys.prefix != sys.base_prefix:
+        dirs += [(ld, "the venv (sys.prefix)") for ld in _lib_dirs(sys.prefix)]
+    out += [(os.path.join(ld, LIBNAME), why) for ld, why in dirs]
     found = ctypes.util.find_library("tide")
     if found:
-        out.append(found)
-    out += ["/usr/local/lib/libtide.so", "/usr/lib/libtide.so"]
-    return out
+        out.append((found, "the dynamic loader's search"))
+    for prefix in ("/usr/local", "/usr"):
+        for ld in _lib_dirs(prefix):
+            out.append((os.path.join(ld, LIBNAME), "a standard prefix"))
+    seen, uniq = set(), []
+    for path, why in out:
+        key = os.path.normpath(path) if os.sep in path else path
+        if key not in seen:
+            seen.add(key)
+            uniq.append((path, why))
+    return uniq
 
 
 _lib: Optional[ctypes.CDLL] = None
 
 
+_lib_path: Optional[str] = None
+
+
+def library_path() -> str:
+    """The file of the libtide this binding loaded (loading it first)."""
+    lib()
+    assert _lib_path is not None
+    return _lib_path
+
+
 def lib() -> ctypes.CDLL:
-    """The loaded libtide with every prototype declared; raises OSError when not found."""
-    global _lib
+    """The loaded libtide with every prototype declared; raises OSError when none is found
+    (listing every place tried) and AbiError when its structs differ from the binding's."""
+    global _lib, _lib_path
     if _lib is not None:
         return _lib
     tried = []
-    for path in _candidates():
+    for path, why in candidates():
         if os.path.sep in path and not os.path.exists(path):
-            tried.append(path + " (absent)")
+            tried.append("%s [%s]: absent" % (path, why))
             continue
         try:
             cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
-            tried.append("%s (%s)" % (path, e))
+            tried.append("%s [%s]: %s" % (path, why, e))
             continue
         missing = [n for n in _PROTOS if not hasattr(cdll, n)]
         if missing:
@@ -235,5 +331,9 @@ def lib() -> ctypes.CDLL:
             f.argtypes = args
         check_abi(cdll, STRUCTS, path)
         _lib = cdll
+        _lib_path = os.path.realpath(path) if os.path.sep in path else path
         return cdll
-    raise OSError("libtide.so not found; set TIDE_LIB to its path. Tried: " + "; ".join(tried))
+    raise OSError("libtide.so not found. Set TIDE_LIB to its file or TIDE_PREFIX to the prefix "
+                  "tide was installed to (cmake --install --prefix), or put that prefix's bin "
+                  "on PATH or its lib/pkgconfig on PKG_CONFIG_PATH. Looked in, in order:\n  "
+                  + "\n  ".join(tried))

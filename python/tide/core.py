@@ -217,19 +217,42 @@ class Collection:
 
     def index(self, name: str) -> int:
         """Index of tensor name; TideError(ERR_NOT_FOUND) when absent."""
+        if not isinstance(name, str):
+            raise _invalid("tensor name must be a str, got %s" % type(name).__name__)
         if name not in self._index:
             raise TideError(Status.ERR_NOT_FOUND, "no tensor %r in the collection" % (name,))
         return self._index[name]
 
     def names(self) -> List[str]:
+        """The tensors' names in the order they were added (their indices)."""
         return [s.name for s in self.specs]
 
-    def local_shape(self, i: int, tp: int, dp: int, nbytes: int) -> Tuple[int, ...]:
-        """Shape of tensor i's local buffer of nbytes: the tp shard's shape, flat when
-        DP-sharded (a range of the flattened shard)."""
+    def _tensor(self, i: Any) -> int:
+        """i as a tensor index (an int in range, or a name)."""
+        if isinstance(i, str):
+            return self.index(i)
+        if not _is_int(i) or not 0 <= i < len(self.specs):
+            raise TideError(Status.ERR_RANGE, "tensor index must be an int in 0..%d or a name, got %r"
+                            % (len(self.specs) - 1, i))
+        return i
+
+    def local_shape(self, i: Union[int, str], tp: int, dp: int, nbytes: int) -> Tuple[int, ...]:
+        """Shape of tensor i's (an index or a name) local buffer of nbytes under tp and dp
+        degrees: the tp shard's shape, flat when DP-sharded (a range of the flattened shard)."""
+        i = self._tensor(i)
+        for k, v in (("tp", tp), ("dp", dp)):
+            if not _is_int(v) or not 1 <= v <= 1 << 20:
+                raise _invalid("%s must be an int in 1..2^20, got %r" % (k, v))
+        if not _is_int(nbytes) or nbytes < 0:
+            raise _invalid("nbytes must be an int >= 0, got %r" % (nbytes,))
         s = self.specs[i]
+        es = _elem_size(s.dtype)
+        if nbytes % es:
+            raise _invalid("nbytes %d of %r is not a whole number of %s elements" % (nbytes, s.name, s.dtype))
+        if s.tp_split is not None and s.shape[s.tp_split] % tp:
+            raise _invalid("tp %d does not divide dim %d (%d) of %r" % (tp, s.tp_split, s.shape[s.tp_split], s.name))
         if s.dp_sharded and dp > 1:
-            return (nbytes // _elem_size(s.dtype),)
+            return (nbytes // es,)
         shape = list(s.shape)
         if s.tp_split is not None:
             shape[s.tp_split] //= tp
@@ -237,10 +260,12 @@ class Collection:
 
     def extract(self, layout: "Layout", name: str, coord: Tuple[int, int, int], full: Any) -> Any:
         """Coordinate (p, d, t)'s local shard of the full tensor `name` (a new tensor)."""
+        _need_torch()
+        _valid_layout(layout, self)
         i = self.index(name)
         p, d, t = layout._coord(coord)
         spec = self.specs[i]
-        _check_tensor(full, spec.dtype, "full tensor %r" % name, device="cpu")
+        _check_tensor(full, spec.dtype, "full tensor %r" % name, device=_CPU)
         if tuple(full.shape) != spec.shape:
             raise _invalid("full tensor %r must have shape %r, got %r" % (name, spec.shape, tuple(full.shape)))
         nb = L.lib().tide_shard_bytes(layout._ptr, self._ptr, i, p, d, t)
@@ -253,6 +278,10 @@ class Collection:
         """Full tensors from the local shards of every coordinate of layout (one
         {name: tensor} per (p, d, t); a held tensor missing at its coordinate is an error)."""
         _need_torch()
+        _valid_layout(layout, self)
+        if not isinstance(shards, Mapping):
+            raise _invalid("shards must be a mapping (p, d, t) -> {name: tensor}, got %s"
+                           % type(shards).__name__)
         full = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in self.specs}
         for p in range(layout.pp):
             for d in range(layout.dp):
@@ -260,12 +289,15 @@ class Collection:
                     got = shards.get((p, d, t))
                     if got is None:
                         raise _invalid("no shards for coordinate %r" % ((p, d, t),))
+                    if not isinstance(got, Mapping):
+                        raise _invalid("shards of coordinate %r must be a mapping name -> tensor, got %s"
+                                       % ((p, d, t), type(got).__name__))
                     for i, s in enumerate(self.specs):
                         nb = L.lib().tide_shard_bytes(layout._ptr, self._ptr, i, p, d, t)
                         if nb == 0:
                             continue
                         x = got.get(s.name)
-                        _check_tensor(x, s.dtype, "shard %r at %r" % (s.name, (p, d, t)), device="cpu", nbytes=nb)
+                        _check_tensor(x, s.dtype, "shard %r at %r" % (s.name, (p, d, t)), device=_CPU, nbytes=nb)
                         L.lib().tide_shard_insert(layout._ptr, self._ptr, i, p, d, t, x.data_ptr(),
                                                   full[s.name].data_ptr())
         return full
@@ -280,21 +312,37 @@ def _elem_size(dtype: Any) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _check_tensor(x: Any, dtype: Any, what: str, device: Optional[str] = None,
-                  nbytes: Optional[int] = None) -> None:
+_CPU = "cpu"  # the device of the geometry calls' full tensors (a torch.device once torch loads)
+if torch is not None:
+    _CPU = torch.device("cpu")
+
+
+def _check_tensor(x: Any, dtype: Any, what: str, device: Any = None,
+                  nbytes: Optional[int] = None, whose: Any = "") -> None:
+    """TideError unless x is a contiguous leaf torch.Tensor of dtype (None: any) on device
+    (a torch.device: its type AND index; None: any) holding nbytes (None: any)."""
     _need_torch()
     if not isinstance(x, torch.Tensor):
         raise _invalid("%s must be a torch.Tensor, got %s" % (what, type(x).__name__))
     if dtype is not None and x.dtype != dtype:
         raise _invalid("%s must be %s, got %s" % (what, dtype, x.dtype))
-    if device is not None and x.device.type != device:
-        raise _invalid("%s must be on %s, got %s" % (what, device, x.device))
+    if device is not None and x.device != device:
+        raise _invalid("%s must be on %s%s, got %s" % (what, device, whose() if callable(whose) else whose,
+                                                      x.device))
     if not x.is_contiguous():
         raise _invalid("%s must be contiguous" % what)
     if x.requires_grad and x.grad_fn is not None:
         raise _invalid("%s must be a leaf tensor (not an autograd result)" % what)
     if nbytes is not None and x.numel() * x.element_size() != nbytes:
         raise _invalid("%s must hold %d bytes, got %d" % (what, nbytes, x.numel() * x.element_size()))
+
+
+def _valid_layout(layout: Any, coll: "Collection") -> None:
+    """TideError unless layout is a Layout that fits collection coll (tide_layout_validate:
+    the geometry calls index the layout's stages by the collection's layers)."""
+    if not isinstance(layout, Layout):
+        raise _invalid("layout must be a tide.Layout, got %s" % type(layout).__name__)
+    _check(L.lib().tide_layout_validate(layout._ptr, coll._ptr), "layout validate")
 
 
 @dataclass(frozen=True)
@@ -309,7 +357,9 @@ class LayoutInfo:
     workers: Tuple[int, ...]
 
     def stage_layers(self, p: int) -> range:
-        """The layers stage p owns."""
+        """The layers stage p (0..pp-1) owns."""
+        if not _is_int(p) or not 0 <= p < self.pp:
+            raise TideError(Status.ERR_RANGE, "stage must be an int in 0..%d, got %r" % (self.pp - 1, p))
         return range(self.stage_start[p], self.stage_start[p + 1])
 
 
@@ -327,6 +377,8 @@ class Layout:
                "tide_layout_new")
         self.dp, self.tp, self.pp, self.num_layers = dp, tp, pp, num_layers
         if stage_start is not None:
+            if isinstance(stage_start, (str, bytes)) or not isinstance(stage_start, Iterable):
+                raise _invalid("stage_start must be %d ints, got %r" % (pp + 1, stage_start))
             st = list(stage_start)
             if len(st) != pp + 1 or not all(_is_int(s) for s in st):
                 raise _invalid("stage_start must be %d ints" % (pp + 1))
@@ -335,9 +387,15 @@ class Layout:
 
     @classmethod
     def of(cls, info: LayoutInfo) -> "Layout":
+        """A Layout of the shape of info (a view's layout), for the geometry calls."""
+        if not isinstance(info, LayoutInfo):
+            raise _invalid("Layout.of takes a tide.LayoutInfo (view.layout), got %s" % type(info).__name__)
         return cls(info.dp, info.tp, info.pp, info.num_layers, info.micro_batches, info.stage_start)
 
     def validate(self, coll: Collection) -> None:
+        """TideError unless coll fits this layout (layers, tp and dp divisibility)."""
+        if not isinstance(coll, Collection):
+            raise _invalid("validate takes a tide.Collection, got %s" % type(coll).__name__)
         _check(L.lib().tide_layout_validate(self._ptr, coll._ptr), "layout validate")
 
     def _coord(self, c: Any) -> Tuple[int, int, int]:
@@ -348,6 +406,10 @@ class Layout:
         return c
 
     def shard_bytes(self, coll: Collection, name: str, coord: Tuple[int, int, int]) -> int:
+        """Bytes of tensor `name` that coordinate (p, d, t) holds in this layout (0: none)."""
+        if not isinstance(coll, Collection):
+            raise _invalid("shard_bytes takes a tide.Collection, got %s" % type(coll).__name__)
+        _valid_layout(self, coll)
         i = coll.index(name)
         p, d, t = self._coord(coord)
         return int(L.lib().tide_shard_bytes(self._ptr, coll._ptr, i, p, d, t))
@@ -390,6 +452,15 @@ def _view(vp: Any) -> View:
     v = vp.contents
     return View(v.generation, _layout_info(v.layout), bool(v.member), v.pp_rank, v.dp_rank,
                 v.tp_rank, v.step, v.pp_prev, v.pp_next)
+
+
+def _disjoint(named: List[Tuple[str, Any]], what: str) -> None:
+    """TideError when two of the tensors share memory (libtide writes each one whole)."""
+    spans = sorted((x.data_ptr(), x.data_ptr() + x.numel() * x.element_size(), n)
+                   for n, x in named if x.numel())
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise _invalid("%s: tensors %s and %s share memory" % (what, an, bn))
 
 
 def _comm_handle(comm: Any) -> int:
@@ -449,8 +520,28 @@ class Runtime:
         self._lib = lib
         self._vp = lib.tide_view_get(self._t)
         self.backend: str = lib.tide_backend_name(self._t).decode()
+        #: the rank's device index on its host, chosen by libtide (tide_device: TIDE_DEVICE,
+        #: the `device` setting, else the rank's index among its host's ranks)
+        self.device_index: int = int(lib.tide_device(self._t))
+        #: "cuda" when the backend takes device memory (nccl), else "cpu" (mpi: host memory)
         self.device_type = "cuda" if lib.tide_buffer_kind(self._t) == 1 else "cpu"
+        #: where every tensor handed to the runtime must live: torch.device("cuda", device_index)
+        #: on nccl, torch.device("cpu") on mpi (None without PyTorch)
+        self.device: Any = None
         self._red_dtypes: Optional[frozenset] = None  # tide_coll_comm_has_dtype's answers
+        if torch is not None:
+            if self.device_type == "cuda":
+                self.device = torch.device("cuda", self.device_index)
+            else:
+                self.device = torch.device("cpu")
+        if self.device_type == "cuda":
+            if torch is None or not torch.cuda.is_available():
+                self.close()
+                raise TideError(Status.ERR_UNSUPPORTED, "the %s backend takes CUDA device memory and "
+                                "this PyTorch %s" % (self.backend, "is missing" if torch is None
+                                                     else "has no CUDA device"), "tide.Runtime")
+            # libtide made its device current on this thread; PyTorch keeps its own notion
+            torch.cuda.set_device(self.device)
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -519,7 +610,7 @@ class Runtime:
         t = self._live()
         if self._coll is not None:
             raise _invalid("this runtime already joined a job")
-        if not isinstance(job, str) or not 1 <= len(job.encode()) <= 127:
+        if not isinstance(job, str) or not 1 <= len(job.encode()) <= 127 or "\0" in job:
             raise _invalid("job must be a str of 1..127 chars [A-Za-z0-9._:-], got %r" % (job,))
         if not isinstance(collection, Collection) or len(collection) == 0:
             raise _invalid("collection must be a non-empty tide.Collection")
@@ -568,7 +659,7 @@ class Runtime:
         for i, nb in self._holdings(vp):
             s = c.specs[i]
             out[s.name] = torch.zeros(c.local_shape(i, v.layout.contents.tp, v.layout.contents.dp, nb),
-                                      dtype=s.dtype, device=self.device_type)
+                                      dtype=s.dtype, device=self.device)
         return out
 
     def zeros(self) -> TensorMap:
@@ -595,17 +686,19 @@ class Runtime:
         for i, nb in held:
             s = c.specs[i]
             x = state[s.name]
-            _check_tensor(x, s.dtype, "tensor %r" % s.name, device=self.device_type, nbytes=nb)
+            _check_tensor(x, s.dtype, "tensor %r" % s.name, device=self.device, nbytes=nb,
+                          whose=self._whose)
             arr[i] = x.data_ptr()
             keep[s.name] = x
         return arr, keep
 
     def set_buffers(self, state: Mapping[str, Any]) -> None:
         """Registers this rank's local tensors of the current layout (exactly the tensors it
-        holds, each contiguous, of its dtype and shard size, on the backend's device). The
-        runtime keeps references to them until the next reshard."""
+        holds, each contiguous, of its dtype and shard size, on the runtime's device, no two
+        sharing memory). The runtime keeps references to them until the next reshard."""
         t = self._live()
         arr, keep = self._ptrs(self._vp, state)
+        _disjoint(list(keep.items()), "set_buffers")
         _check(self._lib.tide_set_buffers(t, arr), "tide_set_buffers")
         self._bufs = keep
 
@@ -650,6 +743,11 @@ class Runtime:
         if new_state is None:
             new_state = self._zeros(vp)
         arr, keep = self._ptrs(vp, new_state)
+        _disjoint([("new " + n, x) for n, x in keep.items()] +
+                  [("registered " + n, x) for n, x in self._bufs.items()],
+                  "reshard: the new layout's tensors must be memory of their own (both layouts "
+                  "are held during the switch)")
+        self._sync()
         st = L.ReshardStats()
         _check(self._lib.tide_reshard(t, arr, byref(st)), "tide_reshard")
         self._bufs = keep
@@ -668,8 +766,24 @@ class Runtime:
             raise _invalid("this rank has no %s communicator (not a member of the layout)" % group.value)
         return h
 
+    def _whose(self) -> str:
+        return " (the runtime's device: tide_device %d, %s backend)" % (self.device_index, self.backend)
+
     def _buf(self, x: Any, what: str) -> None:
-        _check_tensor(x, None, what, device=self.device_type)
+        _check_tensor(x, None, what, device=self.device, whose=self._whose)
+
+    def _stream(self) -> Optional[int]:
+        """The stream the collectives run on: PyTorch's current stream of the runtime's
+        device (ordered after the kernels that made their tensors); None on the host."""
+        if self.device_type != "cuda":
+            return None
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _sync(self) -> None:
+        """Waits for PyTorch's queued work on the device (before libtide reads or writes
+        tensors on streams of its own: reshard)."""
+        if self.device_type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def group_size(self, group: Group) -> int:
         return int(self._lib.tide_coll_comm_size(self._comm(group)))
@@ -691,7 +805,8 @@ class Runtime:
         if not isinstance(op, ReduceOp):
             raise _invalid("op must be a tide.ReduceOp, got %r" % (op,))
         p = x.data_ptr()
-        _check(self._lib.tide_coll_allreduce(h, p, p, x.numel(), dt, op.value, None), "allreduce")
+        _check(self._lib.tide_coll_allreduce(h, p, p, x.numel(), dt, op.value, self._stream()),
+               "allreduce")
         return x
 
     def broadcast(self, x: Any, root: int, group: Group = Group.DP) -> Any:
@@ -701,8 +816,8 @@ class Runtime:
         n = self._lib.tide_coll_comm_size(h)
         if not _is_int(root) or not 0 <= root < n:
             raise _invalid("root must be a rank in 0..%d, got %r" % (n - 1, root))
-        _check(self._lib.tide_coll_broadcast(h, x.data_ptr(), x.numel() * x.element_size(), root, None),
-               "broadcast")
+        _check(self._lib.tide_coll_broadcast(h, x.data_ptr(), x.numel() * x.element_size(), root,
+                                             self._stream()), "broadcast")
         return x
 
     def allgather(self, x: Any, group: Group = Group.DP) -> Any:
@@ -712,11 +827,12 @@ class Runtime:
         out = torch.empty((self._lib.tide_coll_comm_size(h),) + tuple(x.shape), dtype=x.dtype,
                           device=x.device)
         _check(self._lib.tide_coll_allgather(h, x.data_ptr(), out.data_ptr(),
-                                             x.numel() * x.element_size(), None), "allgather")
+                                             x.numel() * x.element_size(), self._stream()), "allgather")
         return out
 
     def barrier(self, group: Group = Group.ALL) -> None:
-        _check(self._lib.tide_coll_barrier(self._comm(group), None), "barrier")
+        """Returns when every rank of group called it. Blocks."""
+        _check(self._lib.tide_coll_barrier(self._comm(group), self._stream()), "barrier")
 
     def p2p(self, group: Group, sends: Iterable[Tuple[int, Any]] = (),
             recvs: Iterable[Tuple[int, Any]] = (), bubble: bool = True) -> None:
@@ -725,8 +841,14 @@ class Runtime:
         fill. Blocks."""
         h = self._comm(group)
         n = self._lib.tide_coll_comm_size(h)
+        if not isinstance(bubble, bool):
+            raise _invalid("bubble must be a bool, got %r" % (bubble,))
         ops = []
         for kind, items in ((1, recvs), (0, sends)):
+            if type(items) not in (list, tuple):  # the common case without abc checks (per step)
+                if not isinstance(items, Iterable) or isinstance(items, (str, bytes, Mapping, torch.Tensor)):
+                    raise _invalid("p2p %s must be a list of (peer, tensor) tuples, got %s"
+                                   % ("recvs" if kind else "sends", type(items).__name__))
             for it in items:
                 if not isinstance(it, tuple) or len(it) != 2:
                     raise _invalid("p2p entries must be (peer, tensor) tuples, got %r" % (it,))
@@ -739,7 +861,7 @@ class Runtime:
             return
         arr = (L.P2POp * len(ops))(*[L.P2POp(k, p, b, nb, 0, 0) for k, p, b, nb in ops])
         req = c_void_p()
-        _check(self._lib.tide_coll_p2p_start(h, arr, len(ops), None, byref(req)), "p2p start")
+        _check(self._lib.tide_coll_p2p_start(h, arr, len(ops), self._stream(), byref(req)), "p2p start")
         try:
             if bubble:
                 rc = self._lib.tide_bubble_wait(self._t, h, req)
@@ -759,7 +881,7 @@ class Runtime:
         for x, d, lst, what in ((send, send_to, sends, "send"), (recv, recv_from, recvs, "recv")):
             if x is None:
                 continue
-            if d not in (-1, 1) or isinstance(d, bool):
+            if not _is_int(d) or d not in (-1, 1):
                 raise _invalid("%s direction must be -1 (previous stage) or +1 (next stage)" % what)
             peer = v.pp_prev if d < 0 else v.pp_next
             if peer < 0:

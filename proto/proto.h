@@ -207,7 +207,12 @@ typedef struct tide_proto_join {
  * connected once this generation runs. A generation that connects a pool launched
  * later lists the job ranks of both sides of the connection: "join_old" (the ranks
  * already connected that take part, sorted) and "join_new" (the joining pool's, sorted);
- * both are empty otherwise.
+ * both are empty otherwise. A generation that holds no rank of one or more connected
+ * pools releases them (their launches leave the job) and lists the live job ranks of the
+ * launches that stay ("stay", sorted; the layout's ranks are among them) and of those
+ * that leave ("leave", sorted): at the switch each side makes a communicator of its own
+ * ranks and drops the other's. Both are empty otherwise; a generation never both
+ * connects and releases.
  */
 typedef struct tide_proto_layout_msg {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
@@ -220,6 +225,10 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_join_old;      /* <= TIDE_PROTO_WORKERS_MAX */
     int32_t *join_new;        /* "join_new": owned */
     uint32_t n_join_new;      /* <= TIDE_PROTO_WORKERS_MAX */
+    int32_t *stay;            /* "stay": owned */
+    uint32_t n_stay;          /* <= TIDE_PROTO_WORKERS_MAX */
+    int32_t *leave;           /* "leave": owned */
+    uint32_t n_leave;         /* <= TIDE_PROTO_WORKERS_MAX */
 } tide_proto_layout_msg_t;
 
 /* "job_end" tided -> worker: the job this idle rank joined has ended (its last member
@@ -229,14 +238,23 @@ typedef struct tide_proto_job_end {
     uint64_t step;                     /* "step": steps the job completed */
 } tide_proto_job_end_t;
 
+/* "release" tided -> worker: generation gen of the job, committed, released every rank of
+   this worker's pool and dropped its connection to the job's other pools (the pool was
+   in the generation's "leave"): the rank stops waiting for a layout, its program
+   finishes and its mpirun may exit without disturbing the job. */
+typedef struct tide_proto_release {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen": the generation that released the pool */
+} tide_proto_release_t;
+
 /* "join_port" worker -> tided -> workers: the MPI port name the connected side of a
    join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
    the joining pool's ranks, which connect to it (MPI_Comm_connect). */
 typedef struct tide_proto_join_port {
-    int32_t worker;                       /* "worker": the sender (tided: the receiver) */
-    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
-    uint64_t gen;                         /* "gen": the generation that connects */
-    char port[TIDE_PROTO_TEXT_MAX + 1];   /* "port": MPI port name */
+    int32_t worker;                     /* "worker": the sender (tided: the receiver) */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
+    uint64_t gen;                       /* "gen": the generation that connects */
+    char port[TIDE_PROTO_TEXT_MAX + 1]; /* "port": MPI port name */
 } tide_proto_join_port_t;
 
 /* "prepare" tided -> workers: stop at the proposed step boundary for generation gen. */
@@ -328,12 +346,12 @@ typedef struct tide_proto_preempt {
  * A command's output is in the file `log` on the worker's host; the report of its end
  * carries the file's last bytes in `tail` (the whole file when it is that short). */
 typedef struct tide_proto_offline_status {
-    int32_t worker;                    /* "worker" */
-    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t worker;                     /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
     uint32_t attempt;                   /* "attempt": from offline_assign, >= 1 */
-    tide_proto_job_state_t state;      /* "state" */
-    int exit_code;                     /* "exit_code": [-255, 255]; -N = killed by signal N */
-    double progress;                   /* "progress": [0, 1] */
+    tide_proto_job_state_t state;       /* "state" */
+    int exit_code;                      /* "exit_code": [-255, 255]; -N = killed by signal N */
+    double progress;                    /* "progress": [0, 1] */
     char log[TIDE_PROTO_TEXT_MAX + 1];  /* "log": path of the output file, "" when none */
     char tail[TIDE_PROTO_TAIL_MAX + 1]; /* "tail": the output's last bytes, "" while running */
 } tide_proto_offline_status_t;
@@ -375,8 +393,8 @@ typedef struct tide_proto_status_reply {
     int64_t time_ms;
     char ompi_server[TIDE_PROTO_TEXT_MAX + 1]; /* "ompi_server": the URI pools that join a
                                                   running job are launched with, "" if unset */
-    tide_proto_gpu_row_t *rows; /* owned */
-    uint32_t n_rows;            /* <= TIDE_PROTO_ROWS_MAX */
+    tide_proto_gpu_row_t *rows;                /* owned */
+    uint32_t n_rows;                           /* <= TIDE_PROTO_ROWS_MAX */
 } tide_proto_status_reply_t;
 
 /* One job row of a jobs reply. Online-only fields are 0 for offline jobs and vice versa. */
@@ -428,8 +446,8 @@ typedef struct tide_proto_resize_reply {
     uint64_t messages;                 /* "messages": (src, dst) pairs */
     double est_ms;                     /* "est_ms": estimated switch time, ms */
     uint32_t preempted;                /* "preempted": offline jobs preempted (or to be) */
-    uint64_t bytes_default; /* "bytes_default": bytes_sent under the plain rank order over the
-                               same kind of workers (for comparing placements), bytes */
+    uint64_t bytes_default;      /* "bytes_default": bytes_sent under the plain rank order over the
+                                    same kind of workers (for comparing placements), bytes */
     uint64_t cross_host;         /* "cross_host": part of bytes_sent between workers on
                                     different hosts (as registered), bytes */
     uint64_t cross_host_default; /* "cross_host_default": the same under the rank order */
@@ -527,6 +545,7 @@ typedef struct tide_proto_error {
     X(LAYOUT, "layout", layout)                                                                    \
     X(JOIN_PORT, "join_port", join_port)                                                           \
     X(JOB_END, "job_end", job_end)                                                                 \
+    X(RELEASE, "release", release)                                                                 \
     X(PREPARE, "prepare", prepare)                                                                 \
     X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
     X(COMMIT, "commit", commit)                                                                    \
@@ -593,6 +612,7 @@ typedef struct tide_msg {
         tide_proto_layout_msg_t layout;
         tide_proto_join_port_t join_port;
         tide_proto_job_end_t job_end;
+        tide_proto_release_t release;
         tide_proto_prepare_t prepare;
         tide_proto_prepare_ack_t prepare_ack;
         tide_proto_commit_t commit;

@@ -41,9 +41,9 @@
 #include "coordinator/policy.h"
 #include "coordinator/server_int.h"
 
-#define BATCH 2048 /* requests per loop iteration before timers and the commit */
-#define PASS_MS 50 /* handler time of one pass before timers, the commit and the replies */
-#define PEER_PASS_MS 10 /* handler time one client's operator requests may use per pass */
+#define BATCH        2048 /* requests per loop iteration before timers and the commit */
+#define PASS_MS      50   /* handler time of one pass before timers, the commit and the replies */
+#define PEER_PASS_MS 10   /* handler time one client's operator requests may use per pass */
 /* Messages queued per connection each way; a client that floods waits in its own queue.
  * ZeroMQ counts messages, not bytes, so this
  * (with ZeroMQ's low-water slack of half of it) times the largest reply is what such a
@@ -51,7 +51,7 @@
  * 1000 were 30-45 MB. A burst beyond it waits in tided's backlog for the client
  * (TIDE__BACKLOG_BYTES), so a client that never reads holds at most
  * 1.5 * HWM * its largest reply + TIDE__BACKLOG_BYTES + PEER_PASS_BYTES in tided. */
-#define HWM 64
+#define HWM             64
 #define PEER_PASS_BYTES (4u << 20) /* reply bytes one client's requests may queue per pass */
 
 static uint64_t now_ns_cached;
@@ -191,8 +191,10 @@ static void backlog_push(tide_server_t *s, tide__backlog *b, tide__out *o)
             return;
         }
     }
-    TIDE_WARN_LIMITED("server", "dropped a %zu-byte message for a client that does not read "
-                      "its replies (its queue and tided's backlog for it are full)", o->len);
+    TIDE_WARN_LIMITED("server",
+                      "dropped a %zu-byte message for a client that does not read "
+                      "its replies (its queue and tided's backlog for it are full)",
+                      o->len);
     tide_free(o->data);
     s->dropped_out++;
 }
@@ -393,7 +395,7 @@ static int may_speak(tide_server_t *s, const tide_coord_worker_t *w, tide_msg_ty
         return 0;
     }
     TIDE_WARN_LIMITED("auth", "refused '%s' for worker %d from %s: that worker id belongs to %s",
-              tide_msg_type_name(type), w->id, s->who, w->owner);
+                      tide_msg_type_name(type), w->id, s->who, w->owner);
     tide__reply_error(s, TIDE_ERR_DENIED,
                       "worker %d was registered with another key; %s may only speak for the "
                       "workers it registered",
@@ -668,6 +670,11 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
     tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
     if (j != NULL && j->reconf != NULL)
         tide__reconf_resend_to(s, j, w);
+    /* a rank of a pool that left its job: the release again (tided may have restarted
+       before that rank heard it) */
+    tide_coord_job_t *jj = w->joined ? tide_coord_job_get(s->st, w->joined) : NULL;
+    if (jj != NULL && jj->kind == TIDE_CJOB_ONLINE)
+        tide__send_release(s, jj, w);
     s->want_backfill = 1;
 }
 
@@ -1682,7 +1689,7 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         tide__reply_error(s, TIDE_ERR_DENIED, "'%s' needs %s key; %s may only %s",
                           tide_msg_type_name(m->type), key, s->who,
                           s->role == TIDE__ROLE_WORKER ? "register, report and read status and jobs"
-                              : "read status and jobs");
+                                                       : "read status and jobs");
         return;
     }
     if (m->type != TIDE_MSG_HEARTBEAT)
@@ -1892,7 +1899,7 @@ static int recv_one(tide_server_t *s)
             char detail[512];
             snprintf(detail, sizeof detail, "%s", tide_last_error());
             TIDE_WARN_LIMITED("server", "malformed message from %s (%zu bytes): %s", s->who,
-                      zmq_msg_size(payload), detail);
+                              zmq_msg_size(payload), detail);
             tide__reply_error(s, rc == TIDE_ERR_NOMEM ? TIDE_ERR_NOMEM : TIDE_ERR_PROTOCOL, "%s",
                               detail);
         } else {
@@ -2072,6 +2079,17 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         r->started_ns = now;
         r->deadline_ns = now + (uint64_t)s->cfg.resize_timeout_ms * 1000000ull;
         r->resend_ns = now;
+        /* a release's ranks are not stored either: listed again from the pools, and one
+           that no rank switched yet abandoned at once like a join */
+        int release = 0;
+        if (tide__reconf_setup_leave(s, j) != TIDE_OK) {
+            TIDE_WARN("server", "job %s: generation %llu's release cannot be listed again: %s",
+                      j->name, (unsigned long long)r->gen, tide_last_error());
+            release = 1;
+        }
+        release |= r->n_leave > 0;
+        if (release && !r->switched)
+            r->deadline_ns = now;
         for (size_t k = 0; k < r->n_parts; k++) {
             tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
             r->gone[k] = w == NULL || w->state == TIDE_WS_FAILED;
@@ -2254,11 +2272,11 @@ tide_status tide_server_run(tide_server_t *s)
                 s->grace_until_ns = now_ns_cached + hb * (uint64_t)s->cfg.miss_limit;
                 TIDE_WARN_LIMITED(
                     "server",
-                                  "tided did not run for %llu ms (starved of CPU or blocked on "
-                                  "disk): workers get %lld ms more before any is declared "
-                                  "failed",
+                    "tided did not run for %llu ms (starved of CPU or blocked on "
+                    "disk): workers get %lld ms more before any is declared "
+                    "failed",
                     (unsigned long long)((now_ns_cached - s->last_scan_ns) / 1000000ull),
-                                  (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
+                    (long long)s->cfg.heartbeat_ms * s->cfg.miss_limit);
             }
             s->last_scan_ns = now_ns_cached;
             if (now_ns_cached >= s->grace_until_ns)

@@ -19,9 +19,9 @@
 #include "proto/proto.h"
 
 #define TIDE__METRICS_CLIENTS 16
-#define TIDE__METRICS_REQ_MAX 4096 /* bytes of one HTTP request head */
-#define TIDE__PEER_SLOTS      1024 /* clients tracked per pass for the fairness budget */
-#define TIDE__BACKLOG_PEERS   64 /* clients whose full queues tided holds messages for */
+#define TIDE__METRICS_REQ_MAX 4096       /* bytes of one HTTP request head */
+#define TIDE__PEER_SLOTS      1024       /* clients tracked per pass for the fairness budget */
+#define TIDE__BACKLOG_PEERS   64         /* clients whose full queues tided holds messages for */
 #define TIDE__BACKLOG_BYTES   (4u << 20) /* bytes held for one such client */
 
 typedef enum tide__role {
@@ -50,7 +50,7 @@ typedef struct tide__out {
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;
     int delim;
-    int reply; /* the answer to a request (else a command tided sends on its own) */
+    int reply;     /* the answer to a request (else a command tided sends on its own) */
     uint8_t *data; /* encoded message (tide_malloc) */
     size_t len;
 } tide__out;
@@ -95,7 +95,7 @@ struct tide_server {
     tide_store_t *store;
     tide_coord_state_t *st;
     volatile sig_atomic_t stop;
-    tide_status fatal; /* a store failure of the batch: nothing of it is sent (see readonly) */
+    tide_status fatal;  /* a store failure of the batch: nothing of it is sent (see readonly) */
     char readonly[512]; /* non-empty: the state file failed; only reads are served, why */
     tide_proto_buf_t buf;
     tide__out *out;
@@ -111,9 +111,9 @@ struct tide_server {
     char who[96]; /* "admin:alice" / "worker:pool3" / "loopback" for logs */
     /* timers, monotonic ns */
     uint64_t next_scan_ns;
-    uint64_t drained_ns; /* last time the ROUTER queue was seen empty: every message sent
-                            before it has been read (liveness is judged at this time) */
-    uint64_t last_scan_ns;  /* when the failure scan last ran */
+    uint64_t drained_ns;     /* last time the ROUTER queue was seen empty: every message sent
+                                before it has been read (liveness is judged at this time) */
+    uint64_t last_scan_ns;   /* when the failure scan last ran */
     uint64_t grace_until_ns; /* tided itself was stalled: no worker is failed before this */
     /* fairness: handler time per client in the current pass */
     tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
@@ -122,7 +122,7 @@ struct tide_server {
     int want_backfill;
     uint64_t next_backfill_ns; /* monotonic: a backfill then (a retry's backoff or a join
                                   grace ends); 0: none pending */
-    int bubble_wait; /* a --bubbles plugin job waits for a worker with measured bubbles */
+    int bubble_wait;           /* a --bubbles plugin job waits for a worker with measured bubbles */
     /* metrics */
     int http_fd;
     tide__http http[TIDE__METRICS_CLIENTS];
@@ -205,6 +205,16 @@ void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w,
 tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
                                const int32_t *preempt, size_t n_preempt, int recover,
                                const char *reason);
+
+/* Makes j's pending reconfiguration release the connected pools its layout holds no rank
+   of (not for a recovery or a join): every live rank of the job's connected pools takes
+   part, listed on the side that stays or the side that leaves (tide_reconf_set_leave).
+   TIDE_ERR_INVALID when a rank of the new layout is no live rank of a connected pool. */
+tide_status tide__reconf_setup_leave(tide_server_t *s, tide_coord_job_t *j);
+
+/* Tells worker w of a pool of j that left the job (at generation pools[p].left) that it
+   is released: its program may finish. */
+void tide__send_release(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w);
 
 /* Abandons j's pending reconfiguration (abort to participants) and falls back. */
 void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reason);

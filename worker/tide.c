@@ -144,14 +144,16 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         tide__ctl_unlock(t->ctl);
         tide_coll_comm_destroy(parent_p);
     } else if (member) {
-        /* no parent (the first layout): all over the pool, among its members only */
+        /* no parent (the first layout, or a release's): all over the pool, among its
+           members only */
         size_t n = tide_layout_size(l);
         members = tide_malloc(n * sizeof *members);
         TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
         for (size_t i = 0; i < n; i++)
             members[i] = l->worker[i];
+        /* an abort of a switch that builds them so (a release) ends the creation too */
         tide_coll_comm_params cp = {members, (int)n, tide__gen_tag(gen, 1),
-                                    (uint32_t)t->opts.switch_timeout_ms, NULL};
+                                    (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
         TIDE_CHECK_GOTO(tide_coll_comm_new(&out[0], t->be, t->pool, &cp), rc, fail);
     }
     if (!member) {
@@ -887,9 +889,20 @@ tide_status tide_bind_device(const tide_t *t)
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 
-/* An idle rank: was the job ended by its members (tide_finish)? */
+/* An idle rank: was the job ended by its members (tide_finish), or this rank's pool
+   released from it? */
 static int job_ended(tide_t *t)
 {
+    /* tided releases a pool once the generation that left it out is committed, so no
+       peer still waits on this rank's part of that switch: the launch may exit */
+    uint64_t rel = tide__ctl_released(t->ctl);
+    if (rel != 0 && rel <= t->view.generation) {
+        TIDE_INFO(SUBSYS,
+                  "job %s: generation %llu released this rank's pool (its launch left the "
+                  "job); rank %d finishes",
+                  t->job, (unsigned long long)rel, t->rank);
+        return 1;
+    }
     int64_t last = 0;
     if (tide__ctl_job_ended(t->ctl, &last)) {
         /* tided's word: the members that could release this rank cannot reach it (its
@@ -1072,8 +1085,7 @@ tide_status tide_finish(tide_t *t)
         int c = tide_coll_pool_comm_rank(t->pool, r);
         if (c < 0 || tide_layout_find(t->layout, r, &p, &d, &tt) == TIDE_OK)
             continue;
-        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) !=
-            MPI_SUCCESS)
+        if (MPI_Isend(&end_step, 1, MPI_INT64_T, c, TAG_END, t->end_comm, &reqs[n]) != MPI_SUCCESS)
             TIDE_WARN(SUBSYS, "could not release idle rank %d", r);
         else
             who[n++] = r;
@@ -1090,8 +1102,8 @@ tide_status tide_finish(tide_t *t)
     }
     for (int i = 0; !all && i < n; i++) {
         int done = 0;
-        if (reqs[i] != MPI_REQUEST_NULL && MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-            !done) {
+        if (reqs[i] != MPI_REQUEST_NULL &&
+            MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
             TIDE_WARN(SUBSYS, "idle rank %d did not take the job's end within 2 s (gone?)", who[i]);
             MPI_Request_free(&reqs[i]);
         }

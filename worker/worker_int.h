@@ -168,7 +168,7 @@ typedef struct tide__child {
     int grace_ms;             /* SIGTERM -> SIGKILL when the worker stops it on its own */
     int preempted;            /* SIGTERM sent (a preemption, or the worker leaving) */
     int killed;               /* the grace ended: SIGKILL asked of the keeper */
-    uint64_t kill_at_ns; /* monotonic: SIGKILL when still alive then (0: not scheduled) */
+    uint64_t kill_at_ns;      /* monotonic: SIGKILL when still alive then (0: not scheduled) */
     uint64_t hard_kill_at_ns; /* monotonic: the keeper itself is killed (0: not scheduled) */
 } tide__child;
 
@@ -260,6 +260,10 @@ tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 /* 1 (and the job's last step in *step, may be NULL) once tided said the job ended
    (job_end, sent to its idle ranks), else 0. Any thread; takes ctl's lock. */
 int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step);
+
+/* The generation whose commit released this rank's pool from the job (release), or 0.
+   Any thread; takes ctl's lock. */
+uint64_t tide__ctl_released(tide__ctl_t *ctl);
 
 /* 1 with the MPI port name of generation gen's join (relayed by tided) copied into port
    (len bytes), 0 while none came. Any thread. */

@@ -881,6 +881,30 @@ static int same_model(const tide_coord_job_t *j, const tide_proto_join_t *m)
     return same;
 }
 
+/* 1 (after replying the error) when w's pool cannot start job m: its first layout is
+   malformed or needs more ranks than the pool has. Only the launch that starts a job is
+   held to its layout; a pool launched later joins whatever the job runs, at any size. */
+static int refuse_first_layout(tide_server_t *s, const tide_coord_worker_t *w,
+                               const tide_proto_join_t *m)
+{
+    tide_layout_t *probe = NULL;
+    tide_status rc = tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
+    tide_layout_destroy(&probe);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        return 1;
+    }
+    long long need = (long long)m->dp * m->tp * m->pp;
+    if (need > w->pool_size) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "job %s asks for dp %d x tp %d x pp %d = %lld workers; pool %s has %d "
+                          "ranks (a pool launched later joins a running job at any size)",
+                          m->job, m->dp, m->tp, m->pp, need, w->pool, w->pool_size);
+        return 1;
+    }
+    return 0;
+}
+
 static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     tide_coord_worker_t *w = sender(s, m->worker, TIDE_MSG_JOIN);
@@ -888,15 +912,9 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         return;
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
     if (j == NULL) {
-        tide_layout_t *probe = NULL;
-        tide_status rc =
-            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_layout_destroy(&probe);
-        if (rc != TIDE_OK) {
-            tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        if (refuse_first_layout(s, w, m))
             return;
-        }
-        rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_ONLINE, &j);
+        tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_ONLINE, &j);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "%s", tide_last_error());
             return;
@@ -930,17 +948,11 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
                         j->pools[0].name, tide_jstate_name(j->state), w->pool);
             release_job(s, j, TIDE_JS_DONE);
         }
-        tide_layout_t *probe = NULL;
-        tide_status rc =
-            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_layout_destroy(&probe);
-        if (rc != TIDE_OK) {
-            tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        if (refuse_first_layout(s, w, m))
             return;
-        }
         tide_layout_destroy(&j->layout);
         j->n_pools = 0;
-        rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
+        tide_status rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "%s", tide_last_error());
             return;

@@ -1508,3 +1508,37 @@ Test(tided, a_joined_pool_left_out_of_a_resize_is_released, .init = setup, .fini
     zmq_close(w[2].sock);
     zmq_close(admin);
 }
+
+Test(tided, only_the_launch_that_starts_a_job_must_hold_its_first_layout, .init = setup,
+     .fini = teardown)
+{
+    start(NULL);
+    fake w[3];
+    tide_msg_t r;
+    fake_connect(&w[0], 5000);
+    fake_register_in(&w[0], "solo", 0, 1, "host0");
+    /* one rank cannot start a job of dp 2: refused with the sizes, not left waiting */
+    fake_join(&w[0], 2);
+    expect_type(w[0].sock, TIDE_MSG_ERROR, &r);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);
+    cr_assert(strstr(r.u.error.message, "= 2 workers; pool solo has 1 ranks") != NULL, "%s",
+              r.u.error.message);
+    tide_msg_clear(&r);
+    /* a job started by a launch of 2; a launch of 1 joins it later, idle, asking the same */
+    for (int i = 1; i < 3; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register_in(&w[i], "pool-a", i - 1, 2, "host1");
+        fake_join(&w[i], 2);
+    }
+    for (int i = 1; i < 3; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    fake_join(&w[0], 2);
+    expect_type(w[0].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.base, 2, "the late launch is job rank 2");
+    cr_assert_eq(r.u.layout.world, 3);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+}

@@ -681,12 +681,6 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
                          "job %s: dp, tp, pp and micro-batches must be >= 1 and "
                          "start_step >= 0",
                          req->job);
-    else if ((int64_t)req->dp * req->tp * req->pp > t->size)
-        rc = tide_errorf(TIDE_ERR_INVALID,
-                         "job %s asks for dp %d x tp %d x pp %d = %lld workers; "
-                         "the pool has %d ranks",
-                         req->job, req->dp, req->tp, req->pp,
-                         (long long)req->dp * req->tp * req->pp, t->size);
     tide_msg_t first;
     tide_msg_init(&first, TIDE_MSG_NONE);
     if (rc == TIDE_OK) {

@@ -190,7 +190,9 @@ typedef struct tide_join_req {
  * Collective over the pool: every rank calls it with the same request. Returns once
  * every rank knows the first layout; tide_view_get then says whether this rank is a
  * member. Members then fill their buffers (fresh or from a checkpoint) and register
- * them with tide_set_buffers before the first step.
+ * them with tide_set_buffers before the first step. The pool that starts the job needs
+ * dp * tp * pp ranks (tided refuses the join otherwise); a pool launched later for a
+ * running job joins it idle whatever its size, and dp, tp and pp are then not used.
  */
 TIDE_API tide_status tide_join(tide_t *t, const tide_join_req *req);
 

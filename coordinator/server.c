@@ -1588,6 +1588,12 @@ static int ready_for_offline(tide_server_t *s, const tide_coord_worker_t *w, uin
 {
     if (w->joined != 0) {
         const tide_coord_job_t *j = tide_coord_job_get(s->st, w->joined);
+        /* a rank of a pool released from its job is finishing: its program exits */
+        int p =
+            j != NULL && j->kind == TIDE_CJOB_ONLINE ? tide_coord_job_pool_find(j, w->pool) : -1;
+        if (p >= 0 && j->pools[p].left && j->state != TIDE_JS_DONE &&
+            j->state != TIDE_JS_CANCELLED && j->state != TIDE_JS_FAILED)
+            return 0;
         return j == NULL || j->layout != NULL || j->state == TIDE_JS_DONE ||
                j->state == TIDE_JS_CANCELLED || j->state == TIDE_JS_FAILED;
     }

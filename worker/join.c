@@ -131,8 +131,11 @@ static int connect_run(jconn *j)
 {
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
     MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-    MPI_Comm i1 = MPI_COMM_NULL; /* the first ranks' intercommunicator: kept until the end
-                                    (disconnecting it would disconnect the launches) */
+    /* the first ranks' intercommunicator: freed (a local release, not MPI_Comm_disconnect,
+       which would wait on the launches' whole connection) once both sides met; the
+       launches stay connected through the merged communicator until a release (leave.c)
+       drops it on both sides */
+    MPI_Comm i1 = MPI_COMM_NULL;
     MPI_Comm merged = MPI_COMM_NULL;
     int err = MPI_Comm_group(j->parent, &pg);
     if (err == MPI_SUCCESS)

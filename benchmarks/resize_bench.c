@@ -97,11 +97,13 @@ static int parse_layout(const char *s, int *dp, int *tp, int *pp)
     return sscanf(s, "%d,%d,%d", dp, tp, pp) == 3 && *dp >= 1 && *tp >= 1 && *pp >= 1 ? 0 : -1;
 }
 
-/* mpirun -np np train_mlp MODEL --steps .. --dp .. --tp .. --pp .. into c. */
-static void mpi_cmd(bench_cmd *c, const settings *s, int np, int dp, int tp, int pp, int64_t steps)
+/* mpirun -np np train_mlp MODEL --steps .. --dp .. --tp .. --pp .. into c; with
+   connect, the launch names --grow's ompi-server (launches of a job that grows). */
+static void mpi_cmd(bench_cmd *c, const settings *s, int connect, int np, int dp, int tp, int pp,
+                    int64_t steps)
 {
     bench_mpirun(c, s->mpirun, np);
-    if (s->grow) { /* the job's launches connect through it (--grow) */
+    if (connect) {             /* the job's launches connect through it (--grow) */
         static char uri[1100]; /* the same for every launch */
         snprintf(uri, sizeof uri, "file:%s/ompi.uri", s->work);
         bench_add(c, "--ompi-server");
@@ -324,7 +326,7 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     snprintf(tr, sizeof tr, "%s/live.trace", s->work);
     int64_t total = s->before + s->after + 2;
     bench_cmd c;
-    mpi_cmd(&c, s, (int)s->np, from[0], from[1], from[2], total);
+    mpi_cmd(&c, s, s->grow, (int)s->np, from[0], from[1], from[2], total);
     bench_add(&c, "--tide");
     bench_add(&c, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
     bench_add(&c, "--endpoint");
@@ -342,14 +344,15 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
     int n_new = to[0] * to[1] * to[2] - from[0] * from[1] * from[2];
     if (s->grow) {
         /* a second launch of the program joins the running job; the resize places the job
-           on both (tided connects them at the switch) */
+           on both (tided connects them at the switch). It names the job's first layout,
+           which only the launch that started the job must hold: it may be smaller. */
         char log2[1100], tr2[1100];
         snprintf(log2, sizeof log2, "%s/grow.log", s->work);
         snprintf(tr2, sizeof tr2, "%s/grow.trace", s->work);
         bench_cmd c2;
-        mpi_cmd(&c2, s, n_new, from[0], from[1], from[2], total);
-        const char *tail[] = {"--tide", "--endpoint", cp.endpoint, "--job", JOB, "--trace-out",
-                              tr2};
+        mpi_cmd(&c2, s, 1, n_new, from[0], from[1], from[2], total);
+        const char *tail[] = {"--tide", "--endpoint",  cp.endpoint, "--job",
+                              JOB,      "--trace-out", tr2};
         for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++)
             bench_add(&c2, tail[i]);
         bench_add(&c2, s->prepare ? "--prepare-switch=1" : "--prepare-switch=0");
@@ -372,8 +375,9 @@ static int run_live(const settings *s, const int *from, const int *to, trace *t,
             goto out;
         while (idle_workers(sock) < n_new) {
             if (bench_wall_us() - t0 > 120000000) {
-                fprintf(stderr, "resize_bench: the joining launch's %d ranks did not join; see %s\n",
-                        n_new, log2);
+                fprintf(stderr,
+                        "resize_bench: the joining launch's %d ranks did not join; see %s\n", n_new,
+                        log2);
                 goto out;
             }
             tide_sleep_ms(20);
@@ -464,7 +468,8 @@ static int run_restart(const settings *s, const int *from, const int *to, int64_
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", s->work);
     bench_cmd c;
     /* the stopped job: the old layout up to the live run's switch step, then save */
-    mpi_cmd(&c, s, from[0] * from[1] * from[2], from[0], from[1], from[2], switch_step);
+    /* the checkpoint-restart baseline connects no launches: no --ompi-server */
+    mpi_cmd(&c, s, 0, from[0] * from[1] * from[2], from[0], from[1], from[2], switch_step);
     bench_add(&c, "--ckpt-save");
     bench_add(&c, ckpt);
     bench_add(&c, "--trace-out");
@@ -474,7 +479,7 @@ static int run_restart(const settings *s, const int *from, const int *to, int64_
     if (pid < 0 || reap(pid, "the run before the checkpoint", log_a, &exit_a) != 0)
         return -1;
     /* the relaunch: the new layout from the checkpoint to the same last step */
-    mpi_cmd(&c, s, to[0] * to[1] * to[2], to[0], to[1], to[2], last_step + 1);
+    mpi_cmd(&c, s, 0, to[0] * to[1] * to[2], to[0], to[1], to[2], last_step + 1);
     bench_add(&c, "--ckpt-load");
     bench_add(&c, ckpt);
     bench_add(&c, "--trace-out");
@@ -587,6 +592,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "resize_bench: --np %lld is smaller than a layout\n", s.np);
         return 2;
     }
+    for (int k = 0; k < 2; k++) {
+        const int *l = k ? to : from;
+        if (s.batch % ((long long)l[0] * s.micro) != 0) {
+            fprintf(stderr,
+                    "resize_bench: --global-batch %lld is not divisible by %s's dp %d x "
+                    "--micro-batches %lld\n",
+                    s.batch, k ? "--to" : "--from", l[0], s.micro);
+            return 2;
+        }
+    }
     if (s.grow && to[0] * to[1] * to[2] <= from[0] * from[1] * from[2]) {
         fprintf(stderr, "resize_bench: --grow needs a --to layout larger than --from\n");
         return 2;
@@ -672,8 +687,8 @@ int main(int argc, char **argv)
     printf("downtime ratio live%s / checkpoint-restart (medians of %lld runs) = %.4f (1/%.1f; "
            "goal <= 1/%.0f: %s); losses of the two ways agree to %.1e (relative)\n",
            s.grow ? " (join of a new launch + reshard)" : "", s.runs, ratio,
-           ratio > 0 ? 1.0 / ratio : 0.0, goal, ratio > 0 && ratio <= 1.0 / goal ? "met" : "NOT met",
-           worst);
+           ratio > 0 ? 1.0 / ratio : 0.0, goal,
+           ratio > 0 && ratio <= 1.0 / goal ? "met" : "NOT met", worst);
 
     /* where each rank's part of the live downtime went */
     printf(
@@ -717,23 +732,23 @@ int main(int argc, char **argv)
     FILE *f = bench_out_open("resize_bench", s.out);
     if (f == NULL)
         return 1;
-    fprintf(f,
-            "{\"bench\":\"resize_bench\",\"state_gib\":%.4f,\"params\":%.0f,\"from\":[%d,%d,%d],"
-            "\"to\":[%d,%d,%d],\"placement\":\"%s\",\"np\":%lld,\"switch_step\":%lld,\"last_step\":"
-            "%lld,"
-            "\"live\":{\"downtime_ms\":%.3f,\"reshard_ms\":%.3f,\"steps_per_s_before\":%.4f,"
-            "\"steps_per_s_after\":%.4f},"
-            "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
-            "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
-            "\"ratio\":%.6f,\"goal_ratio\":%.4f,\"grow\":%d,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
-            "\"first_touch_gbs\":%.3f,\"populate_gbs\":%.3f,\"mem_goal_met\":%d,"
-            "\"runs\":%lld,\"live_runs_ms\":[",
-            state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
-            (long long)live.switch_step, (long long)live.last_step, live.downtime_ms,
-            live.reshard_ms, live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms,
-            rst.restart_ms, rst.before_sps, rst.after_sps, ratio, s.grow ? 0.1 : 1.0 / 30.0, s.grow,
-            worst, s.prepare, touch_gbs,
-            populate_gbs, mem_ok, s.runs);
+    fprintf(
+        f,
+        "{\"bench\":\"resize_bench\",\"state_gib\":%.4f,\"params\":%.0f,\"from\":[%d,%d,%d],"
+        "\"to\":[%d,%d,%d],\"placement\":\"%s\",\"np\":%lld,\"switch_step\":%lld,\"last_step\":"
+        "%lld,"
+        "\"live\":{\"downtime_ms\":%.3f,\"reshard_ms\":%.3f,\"steps_per_s_before\":%.4f,"
+        "\"steps_per_s_after\":%.4f},"
+        "\"restart\":{\"downtime_ms\":%.3f,\"save_exit_ms\":%.3f,\"relaunch_load_ms\":%.3f,"
+        "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
+        "\"ratio\":%.6f,\"goal_ratio\":%.4f,\"grow\":%d,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
+        "\"first_touch_gbs\":%.3f,\"populate_gbs\":%.3f,\"mem_goal_met\":%d,"
+        "\"runs\":%lld,\"live_runs_ms\":[",
+        state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
+        (long long)live.switch_step, (long long)live.last_step, live.downtime_ms, live.reshard_ms,
+        live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms, rst.restart_ms,
+        rst.before_sps, rst.after_sps, ratio, s.grow ? 0.1 : 1.0 / 30.0, s.grow, worst, s.prepare,
+        touch_gbs, populate_gbs, mem_ok, s.runs);
     for (long long i = 0; i < s.runs; i++)
         fprintf(f, "%s%.3f", i ? "," : "", lives[i].downtime_ms);
     fprintf(f, "],\"restart_runs_ms\":[");

@@ -350,6 +350,77 @@ fail:
     return rc;
 }
 
+tide_status tide_coll_pool_subset(tide_coll_pool_t **out, tide_coll_pool_t *pool,
+                                  const int *members, int n, int tag, uint32_t timeout_ms,
+                                  const int *cancel)
+{
+    if (out == NULL || pool == NULL || members == NULL || n < 1)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_subset: out, pool and members needed");
+    *out = NULL;
+    if (tag < 0 || tag > TIDE_COLL_MAX_TAG)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_subset: tag %d outside [0, %d]", tag,
+                           TIDE_COLL_MAX_TAG);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (tide__pool_crank(pool, members[i]) < 0 || (i > 0 && members[i] <= members[i - 1]))
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_coll_pool_subset: member %d (pool rank %d) is unreachable "
+                               "or out of order",
+                               i, members[i]);
+        if (members[i] == pool->rank)
+            me = i;
+    }
+    if (me < 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_coll_pool_subset: pool rank %d is not among the %d members",
+                           pool->rank, n);
+    tide_status rc = TIDE_OK;
+    MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    tide_coll_pool_t *sub = tide_calloc(1, sizeof *sub);
+    int *cr = tide_malloc((size_t)n * sizeof *cr);
+    if (sub != NULL)
+        sub->crank = tide_malloc((size_t)pool->size * sizeof *sub->crank);
+    if (sub == NULL || cr == NULL || sub->crank == NULL) {
+        /* the same on every member only if all fail alike: the others time out below */
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory making a pool of %d ranks", n);
+        goto fail;
+    }
+    sub->comm = MPI_COMM_NULL;
+    /* MPI_Comm_create_group cannot be abandoned: every member must be there first, within
+       the deadline, or none enters it */
+    TIDE_CHECK_GOTO(tide__pool_handshake(pool, members, n, tag, timeout_ms, cancel, NULL, 0), rc,
+                    fail);
+    for (int r = 0; r < pool->size; r++)
+        sub->crank[r] = -1;
+    for (int i = 0; i < n; i++) {
+        cr[i] = tide__pool_crank(pool, members[i]);
+        sub->crank[members[i]] = i; /* Group_incl keeps the members' order */
+    }
+    MPI_CHECK_GOTO(MPI_Comm_group(pool->comm, &pg), rc, fail);
+    MPI_CHECK_GOTO(MPI_Group_incl(pg, n, cr, &g), rc, fail);
+    MPI_CHECK_GOTO(MPI_Comm_create_group(pool->comm, g, 2 * tag + 1, &sub->comm), rc, fail);
+    MPI_CHECK_GOTO(MPI_Comm_set_errhandler(sub->comm, MPI_ERRORS_RETURN), rc, fail);
+    sub->rank = pool->rank;
+    sub->size = pool->size;
+    MPI_Group_free(&g);
+    MPI_Group_free(&pg);
+    tide_free(cr);
+    *out = sub;
+    return TIDE_OK;
+fail:
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (pg != MPI_GROUP_NULL)
+        MPI_Group_free(&pg);
+    if (sub != NULL && sub->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&sub->comm);
+    if (sub != NULL)
+        tide_free(sub->crank);
+    tide_free(sub);
+    tide_free(cr);
+    return rc;
+}
+
 MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool)
 {
     return pool ? pool->comm : MPI_COMM_NULL;

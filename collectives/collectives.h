@@ -288,6 +288,17 @@ int tide_coll_pool_size(const tide_coll_pool_t *pool);
 tide_status tide_coll_pool_new_ranked(tide_coll_pool_t **out, MPI_Comm comm, const int *prank,
                                       int size);
 
+/* Creates a pool over the processes of pool that hold pool ranks members[0..n) (sorted,
+   distinct, the caller's among them), each keeping its pool rank; the pool's other ranks
+   are unreachable in it. Used when a launch leaves a job: each side keeps a pool of its
+   own and drops the other's processes. Collective over the members only (the others may
+   be dead or doing the same over theirs); bounded by timeout_ms (0: the default) and by
+   *cancel (NULL: none). tag in [0, TIDE_COLL_MAX_TAG], the same on every member and
+   unused by other creations over pool at the time. Caller owns *out. */
+tide_status tide_coll_pool_subset(tide_coll_pool_t **out, tide_coll_pool_t *pool,
+                                  const int *members, int n, int tag, uint32_t timeout_ms,
+                                  const int *cancel);
+
 /* The pool's private communicator (borrowed; for connecting pools). Any thread. */
 MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool);
 

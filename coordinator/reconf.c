@@ -85,8 +85,8 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
         if (w->pool[0] == '\0' || w->id == exclude_id)
             continue;
         int p = tide_coord_job_pool_find(j, w->pool);
-        if (p < 0 || (!j->pools[p].connected && !joining))
-            continue;
+        if (p < 0 || j->pools[p].left || (!j->pools[p].connected && !joining))
+            continue; /* a pool that left: its launch has exited or is exiting */
         if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
             continue;
         int32_t jr = j->pools[p].base + w->rank;
@@ -268,6 +268,18 @@ static void send_port(tide_server_t *s, const tide_coord_job_t *j, const tide_co
     tide__send_worker(s, w, &m);
 }
 
+void tide__send_release(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    int p = tide_coord_job_pool_find(j, w->pool);
+    if (p < 0 || !j->pools[p].left)
+        return;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_RELEASE);
+    snprintf(m.u.release.job, sizeof m.u.release.job, "%s", j->name);
+    m.u.release.gen = j->pools[p].left;
+    tide__send_worker(s, w, &m);
+}
+
 static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w)
 {
     tide_reconf_t *r = j->reconf;
@@ -282,6 +294,12 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
             m.u.layout.n_join_old = (uint32_t)r->n_join_old;
             m.u.layout.join_new = r->join_new;
             m.u.layout.n_join_new = (uint32_t)r->n_join_new;
+        }
+        if (r->n_leave > 0) { /* borrowed, as above */
+            m.u.layout.stay = r->stay;
+            m.u.layout.n_stay = (uint32_t)r->n_stay;
+            m.u.layout.leave = r->leave;
+            m.u.layout.n_leave = (uint32_t)r->n_leave;
         }
         tide__send_worker(s, w, &m);
         tide_msg_init(&m, TIDE_MSG_PREPARE);
@@ -346,6 +364,12 @@ static tide_status setup_join(tide_server_t *s, tide_coord_job_t *j, tide_reconf
     for (size_t i = 0; i < tide_layout_size(r->layout); i++) {
         int32_t rk = 0;
         int p = tide_coord_job_locate(j, r->layout->worker[i], &rk);
+        if (p >= 0 && j->pools[p].left)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "the layout places job %s on job rank %d of pool %s, which left the "
+                               "job at generation %llu",
+                               j->name, r->layout->worker[i], j->pools[p].name,
+                               (unsigned long long)j->pools[p].left);
         if (p < 0 || j->pools[p].connected)
             continue;
         if (jp >= 0 && p != jp)
@@ -402,6 +426,87 @@ out:
     return rc;
 }
 
+/* 1 when pool p of j holds a coordinate of layout l. */
+static int pool_in_layout(const tide_coord_job_t *j, int p, const tide_layout_t *l)
+{
+    for (size_t i = 0; i < tide_layout_size(l); i++) {
+        int32_t rk = 0;
+        if (tide_coord_job_locate(j, l->worker[i], &rk) == p)
+            return 1;
+    }
+    return 0;
+}
+
+tide_status tide__reconf_setup_leave(tide_server_t *s, tide_coord_job_t *j)
+{
+    tide_reconf_t *r = j->reconf;
+    /* A recovery keeps every pool: it runs on whatever survived, and a pool left out of
+       it may be what the job grows back onto. A join connects one pool per generation
+       and releases none: its connected side is collective over every connected pool. */
+    if (r == NULL || r->recover || r->join_pool >= 0)
+        return TIDE_OK;
+    uint32_t mask = 0;
+    for (int p = 0; p < j->n_pools; p++)
+        if (j->pools[p].connected && !j->pools[p].left && !pool_in_layout(j, p, r->layout))
+            mask |= 1u << p;
+    if (mask == 0)
+        return TIDE_OK;
+    tide_coord_state_t *st = s->st;
+    int32_t *stay = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *stay);
+    int32_t *leave = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *leave);
+    size_t ns = 0, nl = 0;
+    tide_status rc = TIDE_OK;
+    if (stay == NULL || leave == NULL)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory listing the ranks of a release");
+    for (size_t i = 0; i < st->n_workers; i++) {
+        tide_coord_worker_t *w = &st->workers[i];
+        int p = w->pool[0] != '\0' ? tide_coord_job_pool_find(j, w->pool) : -1;
+        if (p < 0 || !j->pools[p].connected || j->pools[p].left || w->joined != j->id ||
+            tide_coord_worker_gone(w))
+            continue;
+        int32_t jr = j->pools[p].base + w->rank;
+        if (mask & (1u << p))
+            leave[nl++] = jr;
+        else
+            stay[ns++] = jr;
+    }
+    /* released pools none of whose ranks lives (a lost host) have nobody to tell: they
+       stay as they are, like any dead rank of the job */
+    if (nl == 0)
+        goto out;
+    qsort(stay, ns, sizeof *stay, cmp_i32);
+    qsort(leave, nl, sizeof *leave, cmp_i32);
+    for (size_t i = 0; i < tide_layout_size(r->layout); i++)
+        if (!bsearch(&r->layout->worker[i], stay, ns, sizeof *stay, cmp_i32))
+            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
+                           "job rank %d of job %s's new layout is not a live rank of a connected "
+                           "pool",
+                           r->layout->worker[i], j->name);
+    TIDE_CHECK_GOTO(tide_reconf_set_leave(r, mask, stay, ns, leave, nl), rc, out);
+    /* every live rank of the job takes part (each side makes a communicator of its own):
+       offline work on an idle one is preempted for it (its ack waits for that) */
+    for (size_t i = 0; i < ns + nl; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, i < ns ? stay[i] : leave[i - ns]);
+        if (w != NULL && w->state == TIDE_WS_OFFLINE)
+            tide__preempt_for(s, j, w, r->gen);
+    }
+out:
+    tide_free(stay);
+    tide_free(leave);
+    return rc;
+}
+
+/* The names of the pools in mask (bit p: j's pool p), comma-separated, into buf. */
+static const char *pool_names(const tide_coord_job_t *j, uint32_t mask, char *buf, size_t len)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int p = 0; p < j->n_pools && k < len; p++)
+        if (mask & (1u << p))
+            k += (size_t)snprintf(buf + k, len - k, "%s%s", k ? ", " : "", j->pools[p].name);
+    return buf;
+}
+
 tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
                                const int32_t *preempt, size_t n_preempt, int recover,
                                const char *reason)
@@ -410,6 +515,11 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     uint64_t gen = j->gen_issued + 1;
     TIDE_CHECK(tide_reconf_new(&r, j->layout, layout, gen, recover));
     tide_status rc = setup_join(s, j, r);
+    if (rc == TIDE_OK) {
+        j->reconf = r; /* setup_leave reads it; nothing is sent before the end */
+        rc = tide__reconf_setup_leave(s, j);
+        j->reconf = NULL;
+    }
     if (rc != TIDE_OK) {
         tide_reconf_destroy(&r);
         return rc;
@@ -452,6 +562,15 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
                     "(MPI accept/connect: every pool's mpirun needs --ompi-server%s%s)",
                     (unsigned long long)gen, jp->name, r->n_join_new, r->n_join_old,
                     s->cfg.ompi_server ? " " : "", s->cfg.ompi_server ? s->cfg.ompi_server : "");
+    }
+    if (r->n_leave > 0) {
+        char names[400];
+        tide__event(s, j->name, "release_started",
+                    "generation %llu holds no rank of pool(s) %s: their %zu live ranks leave the "
+                    "job once it commits, and its %zu other live ranks drop their connection to "
+                    "them at the switch",
+                    (unsigned long long)gen, pool_names(j, r->leave_pools, names, sizeof names),
+                    r->n_leave, r->n_stay);
     }
     tide__save_job(s, j);
     send_all(s, j, 0);
@@ -684,6 +803,24 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
                     "ranks",
                     (unsigned long long)r->gen, jp->name, jp->base, jp->base + jp->size - 1,
                     r->n_join_old);
+    }
+    for (int p = 0; r->leave_pools != 0 && p < j->n_pools; p++) {
+        if (!(r->leave_pools & (1u << p)))
+            continue;
+        tide_coord_job_pool *jp = &j->pools[p];
+        jp->connected = 0;
+        jp->left = r->gen;
+        tide__event(s, j->name, "pool_left",
+                    "generation %llu released pool %s (job ranks %d..%d): its launch left the "
+                    "job and may exit",
+                    (unsigned long long)r->gen, jp->name, jp->base, jp->base + jp->size - 1);
+    }
+    /* every participant reported done: no rank still waits on a released one's part of
+       the switch, so they may finish now */
+    for (size_t i = 0; i < r->n_leave; i++) {
+        tide_coord_worker_t *w = tide__job_worker(s, j, r->leave[i]);
+        if (w != NULL && !tide_coord_worker_gone(w))
+            tide__send_release(s, j, w);
     }
     tide_layout_destroy(&j->layout);
     j->layout = r->layout;

@@ -772,6 +772,11 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
     tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
     if (j != NULL && j->reconf != NULL)
         tide__reconf_resend_to(s, j, w);
+    /* a rank of a pool that left its job: the release again (tided may have restarted
+       before that rank heard it) */
+    tide_coord_job_t *jj = w->joined ? tide_coord_job_get(s->st, w->joined) : NULL;
+    if (jj != NULL && jj->kind == TIDE_CJOB_ONLINE)
+        tide__send_release(s, jj, w);
     s->want_backfill = 1;
 }
 
@@ -1020,6 +1025,32 @@ static int same_model(const tide_coord_job_t *j, const tide_proto_join_t *m)
     return same;
 }
 
+/* 1 (after replying the error) when w's pool cannot start job m: its first layout is
+   malformed or needs more ranks than the pool has. Only the launch that starts a job is
+   held to its layout; a pool launched later joins whatever the job runs, at any size. */
+static int refuse_first_layout(tide_server_t *s, const tide_coord_worker_t *w,
+                               const tide_proto_join_t *m)
+{
+    tide_layout_t *probe = NULL;
+    tide_status rc = tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
+    tide_layout_destroy(&probe);
+    if (rc == TIDE_OK)
+        rc = join_fits(m); /* the program's own rules, before a job is made of it */
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        return 1;
+    }
+    long long need = (long long)m->dp * m->tp * m->pp;
+    if (need > w->pool_size) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "job %s asks for dp %d x tp %d x pp %d = %lld workers; pool %s has %d "
+                          "ranks (a pool launched later joins a running job at any size)",
+                          m->job, m->dp, m->tp, m->pp, need, w->pool, w->pool_size);
+        return 1;
+    }
+    return 0;
+}
+
 static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void *raw, size_t len)
 {
     tide_coord_worker_t *w = sender(s, m->worker, TIDE_MSG_JOIN);
@@ -1027,17 +1058,9 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         return;
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
     if (j == NULL) {
-        tide_layout_t *probe = NULL;
-        tide_status rc =
-            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_layout_destroy(&probe);
-        if (rc == TIDE_OK)
-            rc = join_fits(m);
-        if (rc != TIDE_OK) {
-            tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        if (refuse_first_layout(s, w, m))
             return;
-        }
-        rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_ONLINE, &j);
+        tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_ONLINE, &j);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "%s", tide_last_error());
             return;
@@ -1072,19 +1095,11 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
                         j->pools[0].name, tide_jstate_name(j->state), w->pool);
             release_job(s, j, TIDE_JS_DONE);
         }
-        tide_layout_t *probe = NULL;
-        tide_status rc =
-            tide_layout_new(&probe, m->dp, m->tp, m->pp, m->num_layers, m->micro_batches);
-        tide_layout_destroy(&probe);
-        if (rc == TIDE_OK)
-            rc = join_fits(m);
-        if (rc != TIDE_OK) {
-            tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
+        if (refuse_first_layout(s, w, m))
             return;
-        }
         tide_layout_destroy(&j->layout);
         j->n_pools = 0;
-        rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
+        tide_status rc = tide_coord_job_add_pool(j, w->pool, w->pool_size, 1);
         if (rc != TIDE_OK) {
             tide__reply_error(s, rc, "%s", tide_last_error());
             return;
@@ -1799,6 +1814,12 @@ static int ready_for_offline(tide_server_t *s, const tide_coord_worker_t *w, uin
 {
     if (w->joined != 0) {
         const tide_coord_job_t *j = tide_coord_job_get(s->st, w->joined);
+        /* a rank of a pool released from its job is finishing: its program exits */
+        int p =
+            j != NULL && j->kind == TIDE_CJOB_ONLINE ? tide_coord_job_pool_find(j, w->pool) : -1;
+        if (p >= 0 && j->pools[p].left && j->state != TIDE_JS_DONE &&
+            j->state != TIDE_JS_CANCELLED && j->state != TIDE_JS_FAILED)
+            return 0;
         return j == NULL || j->layout != NULL || j->state == TIDE_JS_DONE ||
                j->state == TIDE_JS_CANCELLED || j->state == TIDE_JS_FAILED;
     }
@@ -2316,6 +2337,17 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         r->started_ns = now;
         r->deadline_ns = now + (uint64_t)s->cfg.resize_timeout_ms * 1000000ull;
         r->resend_ns = now;
+        /* a release's ranks are not stored either: listed again from the pools, and one
+           that no rank switched yet abandoned at once like a join */
+        int release = 0;
+        if (tide__reconf_setup_leave(s, j) != TIDE_OK) {
+            TIDE_WARN("server", "job %s: generation %llu's release cannot be listed again: %s",
+                      j->name, (unsigned long long)r->gen, tide_last_error());
+            release = 1;
+        }
+        release |= r->n_leave > 0;
+        if (release && !r->switched)
+            r->deadline_ns = now;
         for (size_t k = 0; k < r->n_parts; k++) {
             tide_coord_worker_t *w = tide__job_worker(s, j, r->parts[k]);
             r->gone[k] = w == NULL || tide_coord_worker_gone(w);

@@ -207,6 +207,16 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
                                const int32_t *preempt, size_t n_preempt, int recover,
                                const char *reason);
 
+/* Makes j's pending reconfiguration release the connected pools its layout holds no rank
+   of (not for a recovery or a join): every live rank of the job's connected pools takes
+   part, listed on the side that stays or the side that leaves (tide_reconf_set_leave).
+   TIDE_ERR_INVALID when a rank of the new layout is no live rank of a connected pool. */
+tide_status tide__reconf_setup_leave(tide_server_t *s, tide_coord_job_t *j);
+
+/* Tells worker w of a pool of j that left the job (at generation pools[p].left) that it
+   is released: its program may finish. */
+void tide__send_release(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w);
+
 /* Abandons j's pending reconfiguration (abort to participants) and falls back. */
 void tide__reconf_abort(tide_server_t *s, tide_coord_job_t *j, const char *reason);
 

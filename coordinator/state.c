@@ -98,15 +98,17 @@ static int32_t *dup_ranks(const int32_t *a, size_t n)
     return d;
 }
 
-tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old, size_t n_old,
-                                 const int32_t *new_ranks, size_t n_new)
+/* Adds the ranks of a (n_a) and b (n_b) to r's participants (a new participant is no old
+   member and has not acked); *a_copy and *b_copy get copies of both lists. */
+static tide_status add_parts(tide_reconf_t *r, const int32_t *a, size_t n_a, const int32_t *b,
+                             size_t n_b, int32_t **a_copy, int32_t **b_copy)
 {
-    size_t n = r->n_parts + n_old + n_new;
+    size_t n = r->n_parts + n_a + n_b;
     int32_t *parts = tide_malloc((n ? n : 1) * sizeof *parts);
     uint8_t *old_member = tide_calloc(n ? n : 1, 1);
     uint8_t *acked = tide_calloc(n ? n : 1, 1), *gone = tide_calloc(n ? n : 1, 1);
     int64_t *ack_step = tide_malloc((n ? n : 1) * sizeof *ack_step);
-    int32_t *jo = dup_ranks(old, n_old), *jn = dup_ranks(new_ranks, n_new);
+    int32_t *jo = dup_ranks(a, n_a), *jn = dup_ranks(b, n_b);
     if (parts == NULL || old_member == NULL || acked == NULL || gone == NULL || ack_step == NULL ||
         jo == NULL || jn == NULL) {
         tide_free(parts);
@@ -116,13 +118,13 @@ tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old,
         tide_free(ack_step);
         tide_free(jo);
         tide_free(jn);
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing a join's participants");
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing a generation's participants");
     }
     memcpy(parts, r->parts, r->n_parts * sizeof *parts);
-    if (n_old)
-        memcpy(parts + r->n_parts, old, n_old * sizeof *parts);
-    if (n_new)
-        memcpy(parts + r->n_parts + n_old, new_ranks, n_new * sizeof *parts);
+    if (n_a)
+        memcpy(parts + r->n_parts, a, n_a * sizeof *parts);
+    if (n_b)
+        memcpy(parts + r->n_parts + n_a, b, n_b * sizeof *parts);
     qsort(parts, n, sizeof *parts, cmp_i32_);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
@@ -138,19 +140,44 @@ tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old,
     tide_free(r->acked);
     tide_free(r->gone);
     tide_free(r->ack_step);
-    tide_free(r->join_old);
-    tide_free(r->join_new);
     r->parts = parts;
     r->n_parts = k;
     r->old_member = old_member;
     r->acked = acked;
     r->gone = gone;
     r->ack_step = ack_step;
+    *a_copy = jo;
+    *b_copy = jn;
+    return TIDE_OK;
+}
+
+tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old, size_t n_old,
+                                 const int32_t *new_ranks, size_t n_new)
+{
+    int32_t *jo = NULL, *jn = NULL;
+    TIDE_CHECK(add_parts(r, old, n_old, new_ranks, n_new, &jo, &jn));
+    tide_free(r->join_old);
+    tide_free(r->join_new);
     r->join_pool = pool;
     r->join_old = jo;
     r->n_join_old = n_old;
     r->join_new = jn;
     r->n_join_new = n_new;
+    return TIDE_OK;
+}
+
+tide_status tide_reconf_set_leave(tide_reconf_t *r, uint32_t pools, const int32_t *stay,
+                                  size_t n_stay, const int32_t *leave, size_t n_leave)
+{
+    int32_t *ls = NULL, *ll = NULL;
+    TIDE_CHECK(add_parts(r, stay, n_stay, leave, n_leave, &ls, &ll));
+    tide_free(r->stay);
+    tide_free(r->leave);
+    r->leave_pools = pools;
+    r->stay = ls;
+    r->n_stay = n_stay;
+    r->leave = ll;
+    r->n_leave = n_leave;
     return TIDE_OK;
 }
 
@@ -208,20 +235,28 @@ tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32
     p->base = base;
     p->size = size;
     p->connected = connected;
+    p->left = 0;
     return TIDE_OK;
 }
 
 tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out)
 {
-    size_t cap = (size_t)j->n_pools * (TIDE_COORD_NAME_MAX + 32) + 1;
+    size_t cap = (size_t)j->n_pools * (TIDE_COORD_NAME_MAX + 48) + 1;
     char *t = tide_malloc(cap);
     if (t == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's pools", j->name);
     size_t len = 0;
     t[0] = '\0';
-    for (int i = 0; i < j->n_pools; i++)
-        len += (size_t)snprintf(t + len, cap - len, "%s%s %d %d", i ? ";" : "", j->pools[i].name,
-                                j->pools[i].size, j->pools[i].connected);
+    for (int i = 0; i < j->n_pools; i++) {
+        const tide_coord_job_pool *p = &j->pools[i];
+        /* a pool that left: state 2 and the generation that released it */
+        if (p->left)
+            len += (size_t)snprintf(t + len, cap - len, "%s%s %d 2 %llu", i ? ";" : "", p->name,
+                                    p->size, (unsigned long long)p->left);
+        else
+            len += (size_t)snprintf(t + len, cap - len, "%s%s %d %d", i ? ";" : "", p->name,
+                                    p->size, p->connected);
+    }
     *out = t;
     return TIDE_OK;
 }
@@ -236,13 +271,18 @@ tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text
     const char *p = text;
     while (*p) {
         char name[TIDE_COORD_NAME_MAX];
-        int size = 0, conn = 0, used = 0;
-        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 ||
-            (conn != 0 && conn != 1))
+        int size = 0, conn = 0, used = 0, more = 0;
+        unsigned long long left = 0;
+        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 || conn < 0 || conn > 2)
             return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name,
                                text);
-        TIDE_CHECK(tide_coord_job_add_pool(j, name, size, conn));
-        p += used;
+        if (conn == 2 && (sscanf(p + used, " %llu%n", &left, &more) != 1 || left == 0))
+            return tide_errorf(TIDE_ERR_PROTOCOL,
+                               "job %s: pool %s left the job at no generation in '%s'", j->name,
+                               name, text);
+        TIDE_CHECK(tide_coord_job_add_pool(j, name, size, conn == 1));
+        j->pools[j->n_pools - 1].left = left;
+        p += used + more;
         if (*p == ';')
             p++;
         else if (*p != '\0')
@@ -353,6 +393,8 @@ void tide_reconf_destroy(tide_reconf_t **self_p)
     tide_free(r->gone);
     tide_free(r->join_old);
     tide_free(r->join_new);
+    tide_free(r->stay);
+    tide_free(r->leave);
     tide_free(r);
     *self_p = NULL;
 }

@@ -137,6 +137,13 @@ typedef struct tide_reconf {
     int32_t *join_new; /* job ranks of the joining pool taking part, sorted (owned) */
     size_t n_join_new;
     char port[1024];      /* the connected side's MPI port name, once sent ("" before) */
+    uint32_t leave_pools; /* bit p: the job's pool p is released by this generation (its
+                             launch leaves the job); 0 when none (not stored: recomputed
+                             when tided restarts) */
+    int32_t *stay;        /* live job ranks of the connected pools that stay, sorted (owned) */
+    size_t n_stay;
+    int32_t *leave; /* live job ranks of the released pools, sorted (owned) */
+    size_t n_leave;
     uint64_t bytes_moved; /* bytes participants reported sending */
 } tide_reconf_t;
 
@@ -149,6 +156,8 @@ typedef struct tide_coord_job_pool {
     int32_t size;  /* ranks in the pool */
     int connected; /* shares the job's communicators: the launching pool, or a pool that
                       joined later once the generation connecting it committed */
+    uint64_t left; /* the committed generation that released the pool (its launch left the
+                      job: never placed or connected again); 0 while it has not left */
 } tide_coord_job_pool;
 
 typedef struct tide_coord_job {
@@ -279,6 +288,13 @@ tide_status tide_reconf_new(tide_reconf_t **out, const tide_layout_t *old, tide_
 tide_status tide_reconf_set_join(tide_reconf_t *r, int pool, const int32_t *old, size_t n_old,
                                  const int32_t *new_ranks, size_t n_new);
 
+/* Makes r the generation that releases the job's pools in mask `pools` (bit p: pool p):
+   stay (n_stay, sorted live job ranks of the connected pools that stay) and leave
+   (n_leave, the released pools') take part besides the layouts' participants. Copies
+   both lists. */
+tide_status tide_reconf_set_leave(tide_reconf_t *r, uint32_t pools, const int32_t *stay,
+                                  size_t n_stay, const int32_t *leave, size_t n_leave);
+
 /* ---- a job's pools ----------------------------------------------------------------------- */
 
 /* Index of pool `name` among j's pools, or -1. */
@@ -299,7 +315,8 @@ int32_t tide_coord_job_world(const tide_coord_job_t *j, int connected_only);
 tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32_t size,
                                     int connected);
 
-/* j's pools as text ("name size connected" per pool, ';' between) into a tide_malloc'd
+/* j's pools as text ("name size connected" per pool, connected 0 or 1, or "name size 2 G"
+   for a pool released at generation G; ';' between) into a tide_malloc'd
    string (caller frees). */
 tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out);
 

@@ -732,7 +732,9 @@ int main(int argc, char **argv)
     tide_mlp_device dev;
     RUN(tide_mlp_device_parse(device, &dev), "--device");
     RUN(tide_mlp_config_check(&cfg), "model flags");
-    if ((long long)size < dp * tp * pp) {
+    /* --tide: tided holds the launch that starts the job to its layout; a launch that
+       joins the running job later (a grow onto new hosts) may be smaller than it */
+    if (!tide && (long long)size < dp * tp * pp) {
         RUN(tide_errorf(TIDE_ERR_INVALID,
                         "layout dp %lld x tp %lld x pp %lld needs %lld ranks; "
                         "mpirun started %d",

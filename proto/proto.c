@@ -323,6 +323,12 @@ static const tide__field join_fields[] = {
      .sub = &fit_schema},
 };
 
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static tide_status check_ranks(tide__ctx *c, const char *key, const int32_t *r, uint32_t n,
                                int32_t world)
 {
@@ -354,6 +360,28 @@ static tide_status check_layout_msg(const void *base, tide__ctx *c)
         if (k < m->n_join_old && m->join_old[k] == m->join_new[i])
             return tide__fail(c, "job rank %d is on both sides of the join", m->join_new[i]);
     }
+    TIDE_CHECK(check_ranks(c, "stay", m->stay, m->n_stay, m->world));
+    TIDE_CHECK(check_ranks(c, "leave", m->leave, m->n_leave, m->world));
+    if ((m->n_stay == 0) != (m->n_leave == 0))
+        return tide__fail(c, "fields 'stay' and 'leave' must be both empty or both given");
+    if (m->n_leave > 0 && m->n_join_new > 0)
+        return tide__fail(c, "a generation either connects a pool ('join_new') or releases pools "
+                             "('leave'), not both");
+    if (m->n_leave > 0 && !m->has_prev)
+        return tide__fail(c,
+                          "a release needs field 'prev' (a job's first layout releases nothing)");
+    for (uint32_t i = 0, k = 0; i < m->n_leave; i++) {
+        while (k < m->n_stay && m->stay[k] < m->leave[i])
+            k++;
+        if (k < m->n_stay && m->stay[k] == m->leave[i])
+            return tide__fail(c, "job rank %d both stays and leaves", m->leave[i]);
+    }
+    /* the new layout runs on the launches that stay: its ranks are among them */
+    size_t nl = (size_t)m->layout.dp * (size_t)m->layout.tp * (size_t)m->layout.pp;
+    for (size_t i = 0; m->n_leave > 0 && m->layout.worker != NULL && i < nl; i++)
+        if (bsearch(&m->layout.worker[i], m->stay, m->n_stay, sizeof *m->stay, cmp_i32) == NULL)
+            return tide__fail(c, "job rank %d of field 'layout' is not in field 'stay'",
+                              m->layout.worker[i]);
     if (!m->has_prev)
         return TIDE_OK;
     if (m->prev.gen >= m->layout.gen)
@@ -395,6 +423,25 @@ static const tide__field layout_msg_fields[] = {
      .max = TIDE_PROTO_WORKERS_MAX - 1,
      .count_off = offsetof(tide_proto_layout_msg_t, n_join_new),
      .cmax = TIDE_PROTO_WORKERS_MAX},
+    {.key = "stay",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_msg_t, stay),
+     .min = 0,
+     .max = TIDE_PROTO_WORKERS_MAX - 1,
+     .count_off = offsetof(tide_proto_layout_msg_t, n_stay),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+    {.key = "leave",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_layout_msg_t, leave),
+     .min = 0,
+     .max = TIDE_PROTO_WORKERS_MAX - 1,
+     .count_off = offsetof(tide_proto_layout_msg_t, n_leave),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+};
+
+static const tide__field release_fields[] = {
+    F_JOB(tide_proto_release_t, job),
+    F_GEN(tide_proto_release_t, gen),
 };
 
 static const tide__field job_end_fields[] = {
@@ -827,6 +874,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_LAYOUT] = SCHEMA(layout_msg_fields, tide_proto_layout_msg_t, 1, check_layout_msg),
     [TIDE_MSG_JOIN_PORT] = SCHEMA(join_port_fields, tide_proto_join_port_t, 0, NULL),
     [TIDE_MSG_JOB_END] = SCHEMA(job_end_fields, tide_proto_job_end_t, 0, NULL),
+    [TIDE_MSG_RELEASE] = SCHEMA(release_fields, tide_proto_release_t, 0, NULL),
     [TIDE_MSG_PREPARE] = SCHEMA(prepare_fields, tide_proto_prepare_t, 0, NULL),
     [TIDE_MSG_PREPARE_ACK] = SCHEMA(prepare_ack_fields, tide_proto_prepare_ack_t, 0, NULL),
     [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),

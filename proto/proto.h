@@ -229,7 +229,12 @@ typedef struct tide_proto_join {
  * connected once this generation runs. A generation that connects a pool launched
  * later lists the job ranks of both sides of the connection: "join_old" (the ranks
  * already connected that take part, sorted) and "join_new" (the joining pool's, sorted);
- * both are empty otherwise.
+ * both are empty otherwise. A generation that holds no rank of one or more connected
+ * pools releases them (their launches leave the job) and lists the live job ranks of the
+ * launches that stay ("stay", sorted; the layout's ranks are among them) and of those
+ * that leave ("leave", sorted): at the switch each side makes a communicator of its own
+ * ranks and drops the other's. Both are empty otherwise; a generation never both
+ * connects and releases.
  */
 typedef struct tide_proto_layout_msg {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
@@ -242,6 +247,10 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_join_old;      /* <= TIDE_PROTO_WORKERS_MAX */
     int32_t *join_new;        /* "join_new": owned */
     uint32_t n_join_new;      /* <= TIDE_PROTO_WORKERS_MAX */
+    int32_t *stay;            /* "stay": owned */
+    uint32_t n_stay;          /* <= TIDE_PROTO_WORKERS_MAX */
+    int32_t *leave;           /* "leave": owned */
+    uint32_t n_leave;         /* <= TIDE_PROTO_WORKERS_MAX */
 } tide_proto_layout_msg_t;
 
 /* "job_end" tided -> worker: the job this idle rank joined has ended (its last member
@@ -250,6 +259,15 @@ typedef struct tide_proto_job_end {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
     uint64_t step;                     /* "step": steps the job completed */
 } tide_proto_job_end_t;
+
+/* "release" tided -> worker: generation gen of the job, committed, released every rank of
+   this worker's pool and dropped its connection to the job's other pools (the pool was
+   in the generation's "leave"): the rank stops waiting for a layout, its program
+   finishes and its mpirun may exit without disturbing the job. */
+typedef struct tide_proto_release {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t gen;                      /* "gen": the generation that released the pool */
+} tide_proto_release_t;
 
 /* "join_port" worker -> tided -> workers: the MPI port name the connected side of a
    join accepts on (MPI_Open_port), sent by its lowest job rank and relayed by tided to
@@ -608,6 +626,7 @@ typedef struct tide_proto_error {
     X(LAYOUT, "layout", layout)                                                                    \
     X(JOIN_PORT, "join_port", join_port)                                                           \
     X(JOB_END, "job_end", job_end)                                                                 \
+    X(RELEASE, "release", release)                                                                 \
     X(PREPARE, "prepare", prepare)                                                                 \
     X(PREPARE_ACK, "prepare_ack", prepare_ack)                                                     \
     X(COMMIT, "commit", commit)                                                                    \
@@ -677,6 +696,7 @@ typedef struct tide_msg {
         tide_proto_layout_msg_t layout;
         tide_proto_join_port_t join_port;
         tide_proto_job_end_t job_end;
+        tide_proto_release_t release;
         tide_proto_prepare_t prepare;
         tide_proto_prepare_ack_t prepare_ack;
         tide_proto_commit_t commit;

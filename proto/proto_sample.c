@@ -242,12 +242,38 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
                 else
                     x->join_new[k - cut] = k;
             }
+        } else if (x->has_prev && (next(r) & 1)) {
+            /* a release: the layout on job ranks [0, n) of the launches that stay, ranks
+               [cut, world) leaving */
+            int32_t n = x->layout.dp * x->layout.tp * x->layout.pp;
+            if (x->world <= n)
+                x->world = n + 1 + (int32_t)urange(r, 0, 8);
+            x->base = (int32_t)urange(r, 0, (uint64_t)x->world - 1);
+            int32_t cut = (int32_t)urange(r, (uint64_t)n, (uint64_t)x->world - 1);
+            for (int32_t k = 0; k < n; k++)
+                x->layout.worker[k] = k;
+            x->n_stay = (uint32_t)cut;
+            x->n_leave = (uint32_t)(x->world - cut);
+            x->stay = tide_malloc((cut ? (size_t)cut : 1) * sizeof *x->stay);
+            x->leave = tide_malloc(x->n_leave * sizeof *x->leave);
+            if (x->stay == NULL || x->leave == NULL)
+                return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling a release");
+            for (int32_t k = 0; k < x->world; k++) {
+                if (k < cut)
+                    x->stay[k] = k;
+                else
+                    x->leave[k - cut] = k;
+            }
         }
         return TIDE_OK;
     }
     case TIDE_MSG_JOB_END:
         NAME(r, m->u.job_end.job);
         m->u.job_end.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_RELEASE:
+        NAME(r, m->u.release.job);
+        m->u.release.gen = urange(r, 1, UINT64_MAX);
         return TIDE_OK;
     case TIDE_MSG_JOIN_PORT:
         m->u.join_port.worker = worker_id(r);

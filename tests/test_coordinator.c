@@ -763,6 +763,34 @@ Test(state, worker_index_and_layout_text)
     tide_layout_destroy(&l);
 }
 
+Test(state, job_pools_text_keeps_a_pool_that_left)
+{
+    tide_coord_job_t j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.name, sizeof j.name, "train");
+    cr_assert_eq(tide_coord_job_add_pool(&j, "pool-a", 2, 1), TIDE_OK);
+    cr_assert_eq(tide_coord_job_add_pool(&j, "pool-b", 2, 0), TIDE_OK);
+    cr_assert_eq(tide_coord_job_add_pool(&j, "pool-c", 4, 1), TIDE_OK);
+    j.pools[1].left = 7; /* released at generation 7 */
+    char *text = NULL;
+    cr_assert_eq(tide_coord_job_pools_to_text(&j, &text), TIDE_OK);
+    cr_assert_str_eq(text, "pool-a 2 1;pool-b 2 2 7;pool-c 4 1");
+    tide_coord_job_t back;
+    memset(&back, 0, sizeof back);
+    cr_assert_eq(tide_coord_job_pools_from_text(&back, text, 0), TIDE_OK, "%s", tide_last_error());
+    tide_free(text);
+    cr_assert_eq(back.n_pools, 3);
+    cr_assert_eq(back.pools[1].left, 7u);
+    cr_assert_eq(back.pools[1].connected, 0);
+    cr_assert_eq(back.pools[2].base, 4);
+    cr_assert_eq(back.pools[2].left, 0u);
+    cr_assert_eq(back.pools[2].connected, 1);
+    /* a pool said to have left at no generation is refused */
+    cr_assert_eq(tide_coord_job_pools_from_text(&back, "pool-a 2 1;pool-b 2 2", 0),
+                 TIDE_ERR_PROTOCOL);
+    cr_assert_eq(tide_coord_job_pools_from_text(&back, "pool-a 2 3", 0), TIDE_ERR_PROTOCOL);
+}
+
 static void tmp_path(char *buf, size_t len)
 {
     snprintf(buf, len, "/tmp/tide-store-XXXXXX");

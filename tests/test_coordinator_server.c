@@ -1998,3 +1998,186 @@ Test(tided, layouts_the_program_cannot_run_are_refused_and_never_recovered_to, .
         zmq_close(w[i].sock);
     zmq_close(admin);
 }
+
+static int is_gen3_running(const tide_proto_job_row_t *r)
+{
+    return r->gen == 3 && r->state == TIDE_JOB_RUNNING;
+}
+
+/* Rank `rank` of pool `pool` (size ranks) on host registers as f. */
+static void fake_register_in(fake *f, const char *pool, int rank, int size, const char *host)
+{
+    tide_msg_t m, r;
+    f->rank = rank;
+    coord_mk_register(&m, pool, rank, size, host, rank, 2000 + rank);
+    cr_assert_eq(coord_call(f->sock, &m, &r), 0, "no register_ok for %s rank %d", pool, rank);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK, "got %s", tide_msg_type_name(r.type));
+    f->id = r.u.register_ok.worker;
+}
+
+/* Every fake gets generation gen's layout (checked by the caller through check) and
+   prepare, acks steps[i], then gets the commit and reports done. */
+static void switch_all(fake *w, int n, uint64_t gen, const uint64_t *steps,
+                       void (*check)(const tide_proto_layout_msg_t *, int))
+{
+    tide_msg_t r;
+    for (int i = 0; i < n; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.layout.gen, gen);
+        check(&r.u.layout, i);
+        tide_msg_clear(&r);
+        ack_prepare(&w[i], gen, steps[i]);
+    }
+    for (int i = 0; i < n; i++)
+        commit_done(&w[i], gen, 0);
+}
+
+static void check_join(const tide_proto_layout_msg_t *l, int i)
+{
+    cr_assert_eq(l->n_join_old, 2u, "fake %d", i);
+    cr_assert_eq(l->n_join_new, 2u, "fake %d", i);
+    cr_assert_eq(l->n_leave, 0u, "a join releases nothing");
+}
+
+static void check_release(const tide_proto_layout_msg_t *l, int i)
+{
+    /* dp 2 keeps the first pool's roles: the joined pool (job ranks 2, 3) leaves */
+    cr_assert_eq(l->layout.dp, 2);
+    cr_assert(l->layout.worker[0] < 2 && l->layout.worker[1] < 2, "fake %d: layout on %d, %d", i,
+              l->layout.worker[0], l->layout.worker[1]);
+    cr_assert_eq(l->n_join_new, 0u);
+    cr_assert_eq(l->n_stay, 2u, "fake %d", i);
+    cr_assert_eq(l->n_leave, 2u, "fake %d", i);
+    cr_assert(l->stay[0] == 0 && l->stay[1] == 1 && l->leave[0] == 2 && l->leave[1] == 3,
+              "fake %d: stay %d,%d leave %d,%d", i, l->stay[0], l->stay[1], l->leave[0],
+              l->leave[1]);
+}
+
+Test(tided, a_joined_pool_left_out_of_a_resize_is_released, .init = setup, .fini = teardown)
+{
+    start(NULL);
+    fake w[4]; /* 0, 1: the launching pool; 2, 3: a pool launched later */
+    tide_msg_t m, r;
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register_in(&w[i], i < 2 ? "pool-a" : "pool-b", i % 2, 2, i < 2 ? "host0" : "host1");
+    }
+    for (int i = 0; i < 2; i++)
+        fake_join(&w[i], 2);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    /* the later pool joins the running job: idle, job ranks 2 and 3 */
+    for (int i = 2; i < 4; i++) {
+        fake_join(&w[i], 2);
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.base, 2);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    /* the grow connects it */
+    mk_resize(&m, 4, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    tide_msg_clear(&r);
+    const uint64_t at10[4] = {10, 10, 0, 0}, at20[4] = {20, 20, 20, 20};
+    switch_all(w, 4, 2, at10, check_join);
+    wait_job(admin, is_gen2_running);
+    cr_assert_eq(count_events(admin, "pool_connected"), 1);
+    /* the shrink holds no rank of it: it leaves, both sides told who stays and who goes */
+    mk_resize(&m, 2, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
+    tide_msg_clear(&r);
+    switch_all(w, 4, 3, at20, check_release);
+    tide_proto_job_row_t row = wait_job(admin, is_gen3_running);
+    cr_assert_eq(row.gen, 3);
+    cr_assert_eq(row.dp, 2);
+    /* once committed, the released ranks (only they) hear it, fenced by the generation */
+    for (int i = 2; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_RELEASE, &r);
+        cr_assert_str_eq(r.u.release.job, "train");
+        cr_assert_eq(r.u.release.gen, 3);
+        tide_msg_clear(&r);
+    }
+    cr_assert_eq(count_events(admin, "release_started"), 1);
+    cr_assert_eq(count_events(admin, "pool_left"), 1);
+    /* its ranks are finishing: no offline work goes to them */
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[2] = {"sleep", "100"};
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    m.u.submit.priority = 3;
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+    tide_sleep_ms(300);
+    tide_msg_init(&m, TIDE_MSG_JOBS);
+    admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+    const tide_proto_job_row_t *ev = find_job(&r, "eval");
+    cr_assert_not_null(ev);
+    cr_assert_eq(ev->state, TIDE_JOB_QUEUED, "offline work went to a released rank (state %d)",
+                 ev->state);
+    tide_msg_clear(&r);
+    /* a pool that left is never placed again: dp 4 has only the first pool's 2 workers */
+    mk_resize(&m, 4, 0);
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_NO_DEVICE, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    /* the release survives a restart of tided: a released rank registering again hears it */
+    coord_stop(&proc, SIGKILL);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+    start(NULL);
+    fake_connect(&w[2], 5000);
+    fake_register_in(&w[2], "pool-b", 0, 2, "host1");
+    expect_type(w[2].sock, TIDE_MSG_RELEASE, &r);
+    cr_assert_eq(r.u.release.gen, 3);
+    tide_msg_clear(&r);
+    /* the job runs on: a rank of the first pool gets no release */
+    fake_connect(&w[0], 5000);
+    fake_register_in(&w[0], "pool-a", 0, 2, "host0");
+    admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    row = wait_job(admin, is_gen3_running);
+    cr_assert_eq(row.state, TIDE_JOB_RUNNING);
+    cr_assert_neq(coord_recv_type(w[0].sock, TIDE_MSG_RELEASE, &r), 0,
+                  "a rank of a pool that stays was released");
+    zmq_close(w[0].sock);
+    zmq_close(w[2].sock);
+    zmq_close(admin);
+}
+
+Test(tided, only_the_launch_that_starts_a_job_must_hold_its_first_layout, .init = setup,
+     .fini = teardown)
+{
+    start(NULL);
+    fake w[3];
+    tide_msg_t r;
+    fake_connect(&w[0], 5000);
+    fake_register_in(&w[0], "solo", 0, 1, "host0");
+    /* one rank cannot start a job of dp 2: refused with the sizes, not left waiting */
+    fake_join(&w[0], 2);
+    expect_type(w[0].sock, TIDE_MSG_ERROR, &r);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);
+    cr_assert(strstr(r.u.error.message, "= 2 workers; pool solo has 1 ranks") != NULL, "%s",
+              r.u.error.message);
+    tide_msg_clear(&r);
+    /* a job started by a launch of 2; a launch of 1 joins it later, idle, asking the same */
+    for (int i = 1; i < 3; i++) {
+        fake_connect(&w[i], 5000);
+        fake_register_in(&w[i], "pool-a", i - 1, 2, "host1");
+        fake_join(&w[i], 2);
+    }
+    for (int i = 1; i < 3; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    fake_join(&w[0], 2);
+    expect_type(w[0].sock, TIDE_MSG_LAYOUT, &r);
+    cr_assert_eq(r.u.layout.base, 2, "the late launch is job rank 2");
+    cr_assert_eq(r.u.layout.world, 3);
+    tide_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+}

@@ -81,6 +81,12 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
         SAME_ARR(a->u.layout.join_new, b->u.layout.join_new, a->u.layout.n_join_new, "join_new");
         x.u.layout.join_old = y.u.layout.join_old = NULL;
         x.u.layout.join_new = y.u.layout.join_new = NULL;
+        if (a->u.layout.n_stay != b->u.layout.n_stay || a->u.layout.n_leave != b->u.layout.n_leave)
+            return snprintf(why, len, "release sizes differ"), 0;
+        SAME_ARR(a->u.layout.stay, b->u.layout.stay, a->u.layout.n_stay, "stay");
+        SAME_ARR(a->u.layout.leave, b->u.layout.leave, a->u.layout.n_leave, "leave");
+        x.u.layout.stay = y.u.layout.stay = NULL;
+        x.u.layout.leave = y.u.layout.leave = NULL;
         break;
     case TIDE_MSG_RESIZE_REPLY:
         if (a->u.resize_reply.layout.pp != b->u.resize_reply.layout.pp ||
@@ -687,6 +693,88 @@ Test(proto_roundtrip, join_from_before_fit_rules_is_upgraded)
     msgpack_sbuffer_destroy(&bad);
     msgpack_sbuffer_destroy(&sb);
     msgpack_unpacked_destroy(&u);
+    tide_free(bytes);
+}
+
+Test(proto_roundtrip, release_of_a_pool_and_its_bad_forms)
+{
+    /* job ranks 0..13 over three launches; the layout keeps 10..13, the launch of ranks
+       2..3 leaves (rank 3 died: only 2 is listed) */
+    tide_msg_t m = layout_msg(), d;
+    int prev_stages[2] = {0, 24};
+    int32_t prev_workers[2] = {2, 11}, stay[5] = {0, 10, 11, 12, 13}, leave[1] = {2};
+    m.u.layout.has_prev = 1;
+    m.u.layout.prev = prev_layout(prev_stages, prev_workers);
+    m.u.layout.world = 14;
+    m.u.layout.stay = stay;
+    m.u.layout.n_stay = 5;
+    m.u.layout.leave = leave;
+    m.u.layout.n_leave = 1;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(d.u.layout.n_stay, 5u);
+    cr_assert_eq(d.u.layout.n_leave, 1u);
+    cr_expect_eq(d.u.layout.stay[4], 13);
+    cr_expect_eq(d.u.layout.leave[0], 2);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    struct {
+        int32_t world;
+        int32_t s[5], l[2];
+        uint32_t ns, nl;
+        int join;
+        const char *why;
+    } bad[] = {
+        {14, {0, 10, 11, 12, 13}, {2, 14}, 5, 2, 0, "field 'leave[1]' = 14 must be below"},
+        {14, {0, 11, 10, 12, 13}, {2}, 5, 1, 0, "field 'stay' must be strictly increasing"},
+        {14, {0, 10, 11, 12, 13}, {3, 2}, 5, 2, 0, "field 'leave' must be strictly increasing"},
+        {14, {0, 10, 11, 12, 13}, {2}, 5, 0, 0, "'stay' and 'leave' must be both empty"},
+        {14, {0, 2, 11, 12, 13}, {2}, 5, 1, 0, "job rank 2 both stays and leaves"},
+        {14, {0, 2, 11, 12, 13}, {10}, 5, 1, 0, "job rank 10 of field 'layout' is not in"},
+        {14, {0, 10, 11, 12, 13}, {2}, 5, 1, 1, "either connects a pool"},
+    };
+    int32_t jo[1] = {0}, jn[1] = {1};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tide_msg_t b = m;
+        b.u.layout.world = bad[i].world;
+        b.u.layout.stay = bad[i].s;
+        b.u.layout.n_stay = bad[i].ns;
+        b.u.layout.leave = bad[i].l;
+        b.u.layout.n_leave = bad[i].nl;
+        if (bad[i].join) {
+            b.u.layout.join_old = jo;
+            b.u.layout.n_join_old = 1;
+            b.u.layout.join_new = jn;
+            b.u.layout.n_join_new = 1;
+        }
+        tide_proto_buf_t buf;
+        tide_proto_buf_init(&buf);
+        cr_expect_neq(tide_proto_encode(&b, &buf), TIDE_OK, "case %zu encoded", i);
+        cr_expect(strstr(tide_last_error(), bad[i].why) != NULL, "case %zu: %s", i,
+                  tide_last_error());
+        tide_proto_buf_destroy(&buf);
+    }
+    tide_msg_t f = m;
+    f.u.layout.has_prev = 0;
+    tide_proto_buf_t buf;
+    tide_proto_buf_init(&buf);
+    cr_expect_neq(tide_proto_encode(&f, &buf), TIDE_OK);
+    cr_expect(strstr(tide_last_error(), "a release needs field 'prev'") != NULL, "%s",
+              tide_last_error());
+    tide_proto_buf_destroy(&buf);
+    /* the message that tells a released pool's ranks, fenced by the generation */
+    tide_msg_t r;
+    tide_msg_init(&r, TIDE_MSG_RELEASE);
+    strcpy(r.u.release.job, "llm");
+    r.u.release.gen = 6;
+    bytes = encode_copy(&r, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.type, TIDE_MSG_RELEASE);
+    cr_expect_str_eq(d.u.release.job, "llm");
+    cr_expect_eq(d.u.release.gen, 6u);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_RELEASE), TIDE_ROLE_COORDINATOR);
+    tide_msg_clear(&d);
     tide_free(bytes);
 }
 

@@ -56,7 +56,8 @@ struct tide__ctl {
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     int job_ended;       /* tided said the job ended (job_end) */
     int64_t end_step;
-    uint64_t port_gen;                  /* generation the join port below belongs to (0: none) */
+    uint64_t released_gen; /* tided released this rank's pool at this generation (0: not) */
+    uint64_t port_gen;     /* generation the join port below belongs to (0: none) */
     char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
     void *abort_ctx;
@@ -357,6 +358,24 @@ int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step)
         *step = ctl->end_step;
     pthread_mutex_unlock(&ctl->mu);
     return ended;
+}
+
+static void on_release(tide__ctl_t *ctl, const tide_proto_release_t *r)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (strcmp(r->job, ctl->job) == 0 && r->gen > ctl->released_gen) {
+        ctl->released_gen = r->gen;
+        pthread_cond_broadcast(&ctl->cv);
+    }
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+uint64_t tide__ctl_released(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    uint64_t gen = ctl->released_gen;
+    pthread_mutex_unlock(&ctl->mu);
+    return gen;
 }
 
 static void on_join_port(tide__ctl_t *ctl, const tide_proto_join_port_t *p)
@@ -742,6 +761,9 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         break;
     case TIDE_MSG_JOB_END:
         on_job_end(ctl, &m.u.job_end);
+        break;
+    case TIDE_MSG_RELEASE:
+        on_release(ctl, &m.u.release);
         break;
     case TIDE_MSG_PREPARE:
         on_prepare(ctl, &m.u.prepare);

@@ -34,6 +34,11 @@
 
 #define SUBSYS "worker"
 
+/* How far a connection got: the first ranks paired (accept/connect and their merge
+   done), both sides met (MPI_Intercomm_create done), all merged (MPI_Intercomm_merge
+   done: the pool is being made over the merged processes). */
+enum { PH_START, PH_PAIRED, PH_MET, PH_MERGED };
+
 /* Shared by the main thread and the connecting thread; freed by the last to let go. */
 typedef struct jconn {
     pthread_mutex_t mu;
@@ -47,11 +52,12 @@ typedef struct jconn {
     MPI_Comm parent; /* the pool's communicator (borrowed while not abandoned) */
     int *granks;     /* the side's ranks in parent */
     int n_group, tag;
-    int accept;   /* 1: the connected side (accepts, low half); 0: the joining pool */
-    int root;     /* this process opens the port (accept side) */
+    int accept; /* 1: the connected side (accepts, low half); 0: the joining pool */
+    int root;   /* this process opens the port (accept side) */
     int32_t jrank, id, world;
     char port[MPI_MAX_PORT_NAME];
     int port_ready; /* accept root: opened; connect side: given by the main thread */
+    int phase;      /* how far the thread got (PH_*), for the reason of an abandon */
     /* out */
     tide_coll_pool_t *pool;
     MPI_Comm end_comm;
@@ -75,6 +81,30 @@ static void jc_release(jconn *j)
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
     tide_free(j);
+}
+
+/* Tests: TIDE_JOIN_FAULT=STAGE:R makes job rank R exit (code 86) at STAGE of the
+   connection, leaving its peers inside MPI there. "connect": the joining pool's rank R
+   before its pool's first rank connects (the job's side waits in accept, holding
+   nothing); "merge": rank R of either side once both sides have met in
+   MPI_Intercomm_create, so that every other process is inside MPI_Intercomm_merge's
+   context-id agreement when it dies: the window that can leave Open MPI state behind. */
+static void join_fault(const jconn *j, const char *stage)
+{
+    const char *f = getenv("TIDE_JOIN_FAULT");
+    size_t n = strlen(stage);
+    if (f == NULL || strncmp(f, stage, n) != 0 || f[n] != ':' || atoi(f + n + 1) != j->jrank)
+        return;
+    TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits at stage %s of the join", f, j->jrank,
+              stage);
+    _exit(86);
+}
+
+static void set_phase(jconn *j, int phase)
+{
+    pthread_mutex_lock(&j->mu);
+    j->phase = phase;
+    pthread_mutex_unlock(&j->mu);
 }
 
 static int mpi_fail(jconn *j, int err, const char *what)
@@ -101,8 +131,11 @@ static int connect_run(jconn *j)
 {
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
     MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-    MPI_Comm i1 = MPI_COMM_NULL; /* the first ranks' intercommunicator: kept until the end
-                                    (disconnecting it would disconnect the launches) */
+    /* the first ranks' intercommunicator: freed (a local release, not MPI_Comm_disconnect,
+       which would wait on the launches' whole connection) once both sides met; the
+       launches stay connected through the merged communicator until a release (leave.c)
+       drops it on both sides */
+    MPI_Comm i1 = MPI_COMM_NULL;
     MPI_Comm merged = MPI_COMM_NULL;
     int err = MPI_Comm_group(j->parent, &pg);
     if (err == MPI_SUCCESS)
@@ -120,12 +153,7 @@ static int connect_run(jconn *j)
         /* the joining pool is whole before its first rank connects: a rank of it that dies
            now leaves the job's side waiting only in accept (the first rank) and in the
            side's own collectives, which hold nothing the job needs later */
-        const char *fault = getenv("TIDE_JOIN_FAULT"); /* tests: "connect:R" */
-        if (fault != NULL && strncmp(fault, "connect:", 8) == 0 && atoi(fault + 8) == j->jrank) {
-            TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits before connecting", fault,
-                      j->jrank);
-            _exit(86);
-        }
+        join_fault(j, "connect");
         err = MPI_Barrier(side);
         if (err != MPI_SUCCESS) {
             MPI_Comm_free(&side);
@@ -169,6 +197,7 @@ static int connect_run(jconn *j)
             MPI_Comm_free(&side);
             return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
         }
+        set_phase(j, PH_PAIRED);
     }
     /* the first ranks are paired (pair: accept side 0, joining side 1): both sides meet */
     err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
@@ -181,11 +210,14 @@ static int connect_run(jconn *j)
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, "MPI_Intercomm_create of the join");
     MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    set_phase(j, PH_MET);
+    join_fault(j, "merge");
     err = MPI_Intercomm_merge(inter, j->accept ? 0 : 1, &merged);
     MPI_Comm_free(&inter);
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, "MPI_Intercomm_merge");
     MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+    set_phase(j, PH_MERGED);
     int n = 0;
     MPI_Comm_size(merged, &n);
     int32_t mine[2] = {j->jrank, j->id};
@@ -255,6 +287,12 @@ static void *connect_thread(void *arg)
 /* Where the connection stood when it was abandoned; j->mu held. */
 static const char *stage(const jconn *j)
 {
+    if (j->phase == PH_MERGED)
+        return "making the pool over the merged processes; a peer never arrived";
+    if (j->phase == PH_MET)
+        return "inside MPI_Intercomm_merge: both sides had met, a peer never arrived";
+    if (j->phase == PH_PAIRED)
+        return "inside MPI_Intercomm_create: the first ranks had connected, a peer never arrived";
     if (!j->root)
         return j->accept ? "the job's ranks waited for their first rank to accept"
                          : "the pool's ranks waited for their first rank to connect";
@@ -299,8 +337,7 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     int oi = find_rank(jr->old_ranks, jr->n_old, t->rank);
     int ni = find_rank(jr->new_ranks, jr->n_new, t->rank);
     if ((oi < 0) == (ni < 0))
-        return tide_errorf(TIDE_ERR_PROTOCOL,
-                           "generation %llu's join lists job rank %d on %s side",
+        return tide_errorf(TIDE_ERR_PROTOCOL, "generation %llu's join lists job rank %d on %s side",
                            (unsigned long long)jr->gen, t->rank, oi < 0 ? "neither" : "either");
     const int32_t *side = oi >= 0 ? jr->old_ranks : jr->new_ranks;
     uint32_t n_side = oi >= 0 ? jr->n_old : jr->n_new;
@@ -384,8 +421,7 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
                              "connecting the pools of job %s %s after %.0f ms (%s); the "
                              "connecting thread is left waiting inside MPI",
                              t->job, cancel ? "was aborted by tided" : "timed out",
-                             (double)(now - t0) / 1e6,
-                             stage(j));
+                             (double)(now - t0) / 1e6, stage(j));
             break;
         }
         struct timespec ts;

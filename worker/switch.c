@@ -190,6 +190,11 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide_coll_pool_t *old_pool = NULL;
     MPI_Comm old_end = MPI_COMM_NULL;
     int old_size = 0, joined = 0, bystander = 0, lost = 0;
+    /* a release (leave.c): both sides' job ranks, and this side's ids for the commit */
+    tide__leave_req lreq;
+    memset(&lreq, 0, sizeof lreq);
+    int32_t *l_stay = NULL, *l_leave = NULL, *side_ids = NULL;
+    int released = 0; /* t->pool is this side's own; old_pool the shared one */
     tide_exec_stats es;
     memset(&es, 0, sizeof es);
     tide_reshard_stats st;
@@ -221,6 +226,22 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
             memcpy(j_new, pl->join_new, (size_t)pl->n_join_new * sizeof *j_new);
             jreq.old_ranks = j_old;
             jreq.new_ranks = j_new;
+        }
+    }
+    if (rc == TIDE_OK && pl->n_leave > 0) { /* this generation releases whole pools */
+        lreq.gen = gen;
+        lreq.n_stay = pl->n_stay;
+        lreq.n_leave = pl->n_leave;
+        l_stay = tide_malloc((size_t)pl->n_stay * sizeof *l_stay);
+        l_leave = tide_malloc((size_t)pl->n_leave * sizeof *l_leave);
+        if (l_stay == NULL || l_leave == NULL) {
+            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory for generation %llu's release",
+                             (unsigned long long)gen);
+        } else {
+            memcpy(l_stay, pl->stay, (size_t)pl->n_stay * sizeof *l_stay);
+            memcpy(l_leave, pl->leave, (size_t)pl->n_leave * sizeof *l_leave);
+            lreq.stay = l_stay;
+            lreq.leave = l_leave;
         }
     }
     tide__ctl_unlock(t->ctl);
@@ -282,9 +303,24 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     qsort(parts, (size_t)np, sizeof *parts, cmp_int);
     for (int k = 0; k < np; k++)
         rank_of[parts[k]] = k;
-    if (rank_of[t->rank] < 0 && !joined)
+    if (rank_of[t->rank] < 0 && !joined && l_leave == NULL)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "rank %d switches but takes no part", t->rank);
-    /* a rank outside both layouts took part in the join only: it stays idle, connected */
+    if (l_leave != NULL) {
+        /* each side's own pool now; the shared one (old_pool) still carries the reshard,
+           whose senders may be on the side that leaves */
+        tide__join_result lres = {NULL, MPI_COMM_NULL, NULL};
+        uint64_t tl = tide_now_ns();
+        TIDE_CHECK_GOTO(tide__leave_split(t, &lreq, &lres), rc, fail);
+        old_pool = t->pool;
+        old_end = t->end_comm;
+        t->pool = lres.pool;
+        t->end_comm = lres.end_comm;
+        side_ids = lres.ids;
+        released = 1;
+        st.sync_ms += (double)(tide_now_ns() - tl) / 1e6;
+    }
+    /* a rank outside both layouts took part in the join or the release only: it stays
+       idle (connected, or on its own side) */
     bystander = rank_of[t->rank] < 0;
     if (bystander)
         goto commit;
@@ -292,11 +328,11 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     uint64_t tc = tide_now_ns();
     tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
                                 (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
-    TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, t->pool, &cp), rc, fail);
+    TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, released ? old_pool : t->pool, &cp), rc, fail);
     tide__ctl_lock(t->ctl);
     t->c_switch = sw;
     tide__ctl_unlock(t->ctl);
-    st.sync_ms = (double)(tide_now_ns() - tc) / 1e6;
+    st.sync_ms += (double)(tide_now_ns() - tc) / 1e6;
 
     uint64_t tp0 = tide_now_ns();
     /* this rank's part only: O(its items), not the whole job's (milliseconds at 10^4) */
@@ -382,10 +418,23 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
 
     tc = tide_now_ns();
-    /* split off sw, which build_groups releases once the new all exists */
-    TIDE_CHECK_GOTO(
-        tide__build_groups(t, nl, gen, &sw, nv->member, nv->pp_rank, nv->dp_rank, nv->tp_rank, g),
-        rc, fail);
+    if (released) {
+        /* the new layout's groups over the launches that stay (t->pool), not split off sw:
+           no communicator of the job may name a process of a launch that leaves */
+        tide__ctl_lock(t->ctl);
+        if (t->c_switch == sw)
+            t->c_switch = NULL;
+        tide__ctl_unlock(t->ctl);
+        tide_coll_comm_destroy(&sw);
+        TIDE_CHECK_GOTO(tide__build_groups(t, nl, gen, NULL, nv->member, nv->pp_rank, nv->dp_rank,
+                                           nv->tp_rank, g),
+                        rc, fail);
+    } else {
+        /* split off sw, which build_groups releases once the new all exists */
+        TIDE_CHECK_GOTO(tide__build_groups(t, nl, gen, &sw, nv->member, nv->pp_rank, nv->dp_rank,
+                                           nv->tp_rank, g),
+                        rc, fail);
+    }
     st.groups_ms = (double)(tide_now_ns() - tc) / 1e6;
     st.comm_ms = st.sync_ms + st.groups_ms;
 
@@ -424,11 +473,18 @@ commit:;
             tide_coll_comm_abort(old[i]);
     for (int i = 0; i < 5; i++)
         tide_coll_comm_destroy(&old[i]);
-    if (joined) { /* the old layout's groups are gone: so can their pool be */
+    if (joined || released) { /* the old layout's groups are gone: so can their pool be */
         tide_coll_pool_destroy(&old_pool);
+        MPI_Comm_free(&old_end);
+    }
+    if (joined) {
         tide_free(old_ids);
         old_ids = NULL;
-        MPI_Comm_free(&old_end);
+    }
+    if (released) { /* the other side's ranks are unreachable from here on */
+        tide_free(t->coord_ids);
+        t->coord_ids = side_ids;
+        side_ids = NULL;
     }
     tide_layout_destroy(&t->layout);
     t->layout = t->next_layout;
@@ -484,12 +540,14 @@ fail:
         tide__ctl_unlock(t->ctl);
         tide__destroy_comms(g, 4);
         tide_coll_comm_destroy(&sw);
-        if (joined) { /* back to the pool the old layout's groups live on */
+        if (joined || released) { /* back to the pool the old layout's groups live on */
             tide_coll_pool_destroy(&t->pool);
             MPI_Comm_free(&t->end_comm);
-            tide_free(t->coord_ids);
             t->pool = old_pool;
             t->end_comm = old_end;
+        }
+        if (joined) {
+            tide_free(t->coord_ids);
             t->coord_ids = old_ids;
             t->size = old_size;
             old_ids = NULL;
@@ -501,6 +559,9 @@ fail:
 out:
     tide_free(j_old);
     tide_free(j_new);
+    tide_free(l_stay);
+    tide_free(l_leave);
+    tide_free(side_ids);
     tide_layout_destroy(&prev);
     tide_plan_destroy(&plan);
     tide_free(alive);

@@ -146,14 +146,16 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         tide__ctl_unlock(t->ctl);
         tide_coll_comm_destroy(parent_p);
     } else if (member) {
-        /* no parent (the first layout): all over the pool, among its members only */
+        /* no parent (the first layout, or a release's): all over the pool, among its
+           members only */
         size_t n = tide_layout_size(l);
         members = tide_malloc(n * sizeof *members);
         TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
         for (size_t i = 0; i < n; i++)
             members[i] = l->worker[i];
         /* the control thread's abort of the build (switch_cancel: a recovery because a
-           member died, a halt) ends the handshake at once, not after the timeout */
+           member died, a halt, or the abort of a release's switch) ends the handshake at
+           once, not after the timeout */
         tide_coll_comm_params cp = {members, (int)n, tide__gen_tag(gen, 1),
                                     (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
         TIDE_CHECK_GOTO(tide_coll_comm_new(&out[0], t->be, t->pool, &cp), rc, fail);
@@ -718,12 +720,6 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
                          "job %s: the first layout (dp %d, tp %d, pp %d) is not one the "
                          "program can run by its own fit rules: %s",
                          req->job, req->dp, req->tp, req->pp, tide_last_error());
-    else if ((int64_t)req->dp * req->tp * req->pp > t->size)
-        rc = tide_errorf(TIDE_ERR_INVALID,
-                         "job %s asks for dp %d x tp %d x pp %d = %lld workers; "
-                         "the pool has %d ranks",
-                         req->job, req->dp, req->tp, req->pp,
-                         (long long)req->dp * req->tp * req->pp, t->size);
     tide_msg_t first;
     tide_msg_init(&first, TIDE_MSG_NONE);
     if (rc == TIDE_OK) {
@@ -950,9 +946,20 @@ tide_status tide_bind_device(const tide_t *t)
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 
-/* An idle rank: was the job ended by its members (tide_finish)? */
+/* An idle rank: was the job ended by its members (tide_finish), or this rank's pool
+   released from it? */
 static int job_ended(tide_t *t)
 {
+    /* tided releases a pool once the generation that left it out is committed, so no
+       peer still waits on this rank's part of that switch: the launch may exit */
+    uint64_t rel = tide__ctl_released(t->ctl);
+    if (rel != 0 && rel <= t->view.generation) {
+        TIDE_INFO(SUBSYS,
+                  "job %s: generation %llu released this rank's pool (its launch left the "
+                  "job); rank %d finishes",
+                  t->job, (unsigned long long)rel, t->rank);
+        return 1;
+    }
     int64_t last = 0;
     if (tide__ctl_job_ended(t->ctl, &last)) {
         /* tided's word: the members that could release this rank cannot reach it (its

@@ -78,17 +78,18 @@ void tide__ckpt_destroy(tide_t *t);
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);
 
 /* The communicator tag of generation gen's k-th creation (0: the switch's participants,
-   1-4: the layout's all/tp/dp/pp groups); the same on every rank. */
+   1-4: the layout's all/tp/dp/pp groups, 5: a join, 7: a release's pools); the same on
+   every rank. */
 int tide__gen_tag(uint64_t gen, int k);
 
 /* Creates layout l's groups that this rank belongs to: all split off *parent_p (every
    rank of the parent calls it; the parent is destroyed once all exists, and unpublished
    from c_switch), or with parent_p NULL made over the pool among l's members only (only
-   they call it); then tp, dp and pp split off all. Each is published in n_* as soon as
-   it exists, so an abort of the switch reaches it; the caller takes them out of n_*
-   (tide__unpublish_new, ctl's lock held) when it commits them; on failure they are
-   destroyed and unpublished here. Non-members get NULLs. out[4] = {all, tp, dp, pp}.
-   Blocks until the members arrive (switch timeout, or an abort); main thread. */
+   they call it: a job's first layout, or a release's over the pool that stays); then tp, dp and pp
+   split off all. Each is published in n_* as soon as it exists, so an abort of the switch reaches
+   it; the caller takes them out of n_* (tide__unpublish_new, ctl's lock held) when it commits them;
+   on failure they are destroyed and unpublished here. Non-members get NULLs. out[4] = {all, tp, dp,
+   pp}. Blocks until the members arrive (switch timeout, or an abort); main thread. */
 tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
                                tide_coll_comm_t **parent_p, int member, int p, int d, int tt,
                                tide_coll_comm_t **out);
@@ -149,5 +150,21 @@ typedef struct tide__join_result {
    tided aborts the switch; on failure the connecting thread is abandoned and nothing
    changes. Needs MPI_THREAD_MULTIPLE. Blocks; main thread. */
 tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out);
+
+/* A generation that releases whole pools (leave.c): the live job ranks of both sides. */
+typedef struct tide__leave_req {
+    uint64_t gen;
+    const int32_t *stay; /* ranks of the launches that stay connected, sorted */
+    uint32_t n_stay;
+    const int32_t *leave; /* ranks of the launches released, sorted */
+    uint32_t n_leave;
+} tide__leave_req;
+
+/* Makes this rank's side of generation lr->gen's release (stay or leave) into a pool of
+   its own: a pool over that side's processes only (numbered by job rank), a duplicate of
+   its communicator for job-end messages, and the coordinator ids of that side (-1
+   elsewhere), in *out (the caller's). Collective over the side; within the switch
+   timeout or until tided aborts the switch. Main thread. */
+tide_status tide__leave_split(tide_t *t, const tide__leave_req *lr, tide__join_result *out);
 
 #endif /* TIDE_WORKER_TIDE_INT_H */

@@ -268,6 +268,10 @@ tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
    (job_end, sent to its idle ranks), else 0. Any thread; takes ctl's lock. */
 int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step);
 
+/* The generation whose commit released this rank's pool from the job (release), or 0.
+   Any thread; takes ctl's lock. */
+uint64_t tide__ctl_released(tide__ctl_t *ctl);
+
 /* 1 with the MPI port name of generation gen's join (relayed by tided) copied into port
    (len bytes), 0 while none came. Any thread. */
 int tide__ctl_join_port(tide__ctl_t *ctl, uint64_t gen, char *port, size_t len);

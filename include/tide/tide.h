@@ -22,7 +22,7 @@
  *   for (;;) {
  *       tide_step_action a;
  *       tide_step_begin(t, &a);                         // idle ranks block in here
- *       if (a == TIDE_STEP_FINISHED) break;             // the job ended (idle ranks)
+ *       if (a == TIDE_STEP_FINISHED) break;             // job ended, or pool released
  *       if (a == TIDE_STEP_RECONFIGURE) {
  *           tide_reshard(t, NULL, NULL);                // rebuilt in place, new comms
  *           point the model at tide_buffers(t) where tide_buffer_moved(t, i); continue;
@@ -203,7 +203,9 @@ typedef struct tide_join_req {
  * Collective over the pool: every rank calls it with the same request. Returns once
  * every rank knows the first layout; tide_view_get then says whether this rank is a
  * member. Members then fill their buffers (fresh or from a checkpoint) and register
- * them with tide_set_buffers before the first step.
+ * them with tide_set_buffers before the first step. The pool that starts the job needs
+ * dp * tp * pp ranks (tided refuses the join otherwise); a pool launched later for a
+ * running job joins it idle whatever its size, and dp, tp and pp are then not used.
  *
  * The fit rules are the job's for its whole life (tided keeps them in its state file):
  * `tidectl resize` to a layout that breaks one is refused with the rule, and a
@@ -275,7 +277,8 @@ TIDE_API tide_status tide_set_buffers(tide_t *t, void *const *bufs);
 typedef enum tide_step_action {
     TIDE_STEP_RUN = 0,         /* run step tide_view_get(t)->step, then tide_step_end */
     TIDE_STEP_RECONFIGURE = 1, /* switch now: tide_view_next, then tide_reshard */
-    TIDE_STEP_FINISHED = 2,    /* the job ended (tide_finish on its members): stop */
+    TIDE_STEP_FINISHED = 2,    /* the job ended (tide_finish on its members), or it
+                                  released this rank's whole pool: stop */
     TIDE_STEP_FINISH = 3,      /* complete step tide_view_get(t)->step, which failed after
                                   tide_step_can_finish, without any collective (apply the
                                   update it had computed), then tide_step_end */
@@ -286,7 +289,11 @@ typedef enum tide_step_action {
  * being agreed it may wait here (at most about one step of its peers) and gets
  * TIDE_STEP_RECONFIGURE exactly when it has completed the agreed switch step. A rank
  * outside the layout blocks here, idle (offline work runs meanwhile), until a layout
- * includes it (TIDE_STEP_RECONFIGURE) or the job ends (TIDE_STEP_FINISHED).
+ * includes it (TIDE_STEP_RECONFIGURE) or the job ends (TIDE_STEP_FINISHED). A pool
+ * launched later that a resize left wholly out of the job (every rank of that mpirun
+ * idle) is released: once that generation is committed its ranks get TIDE_STEP_FINISHED
+ * too, already disconnected from the job's other launches, so the program finishes
+ * (tide_finish, tide_destroy, MPI_Finalize) and its mpirun exits while the job trains on.
  * Errors: TIDE_ERR_STALE when this rank cannot follow (it ran past a recovery's switch
  * step), TIDE_ERR_CLOSED when tided dropped it, and the status tided halted the job with
  * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica; the detail says what to

@@ -839,8 +839,13 @@ static void handle_bye(tide_server_t *s, const tide_proto_bye_t *m)
     if (w == NULL)
         return;
     tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
-    if (j != NULL && j->kind == TIDE_CJOB_ONLINE && j->reconf == NULL && j->layout != NULL &&
-        w->state == TIDE_WS_ONLINE && tide_coord_layout_has(j->layout, tide_coord_job_rank(j, w)) &&
+    int member = j != NULL && j->kind == TIDE_CJOB_ONLINE && j->layout != NULL &&
+                 w->state == TIDE_WS_ONLINE &&
+                 tide_coord_layout_has(j->layout, tide_coord_job_rank(j, w));
+    /* a member's last step is the job's (its last heartbeat may be a period older) */
+    if (member && m->step > (uint64_t)j->step && m->step <= (uint64_t)INT64_MAX)
+        j->step = (int64_t)m->step;
+    if (member && j->reconf == NULL &&
         (j->state == TIDE_JS_RUNNING || j->state == TIDE_JS_STALLED))
         end_job(s, j, w); /* the training program finished; w->job is 0 now */
     int64_t jid = tide__worker_down(s, w, "worker_left", "left (bye)");

@@ -277,7 +277,10 @@ static const tide__field heartbeat_fields[] = {
     F_MS(tide_proto_heartbeat_t, step_ms, "step_ms"),
 };
 
-static const tide__field bye_fields[] = {F_WORKER(tide_proto_bye_t, worker)};
+static const tide__field bye_fields[] = {
+    F_WORKER(tide_proto_bye_t, worker),
+    F_U64(tide_proto_bye_t, step, "step"),
+};
 
 static const tide__field fit_fields[] = {
     F_ENUM(tide_proto_fit_t, degree, "degree", degree_names),

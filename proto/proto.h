@@ -196,6 +196,8 @@ typedef struct tide_proto_heartbeat {
 /* "bye" worker -> tided: orderly exit, no failure handling. */
 typedef struct tide_proto_bye {
     int32_t worker; /* "worker" */
+    uint64_t step;  /* "step": steps the worker's job completed when it left (0 when no job):
+                       the job's last step, which the last heartbeat may not have carried */
 } tide_proto_bye_t;
 
 /*

@@ -177,6 +177,23 @@ static int count_events(void *admin, const char *kind)
     return n;
 }
 
+/* The first event of kind (its detail into out), 0 when none. */
+static int event_detail(void *admin, const char *kind, char *out, size_t cap)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 1000;
+    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
+    int found = 0;
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++)
+        if (strcmp(r.u.events_reply.rows[i].kind, kind) == 0) {
+            snprintf(out, cap, "%s", r.u.events_reply.rows[i].detail);
+            found = 1;
+        }
+    tide_msg_clear(&r);
+    return found;
+}
+
 Test(tided, resize_offline_preemption_and_kill9_restart_mid_switch, .init = setup, .fini = teardown)
 {
     start(NULL);
@@ -674,15 +691,25 @@ Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = te
     expect_type(w[2].sock, TIDE_MSG_OK, &r);
     tide_msg_clear(&r);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
-    /* the program finished: rank 0 says bye first */
+    /* the program finished: rank 0 says bye first, after 17 steps that no heartbeat told */
     tide_msg_init(&m, TIDE_MSG_BYE);
     m.u.bye.worker = w[0].id;
+    m.u.bye.step = 17;
     admin_call(w[0].sock, &m, &r, TIDE_MSG_OK);
     tide_msg_clear(&r);
     tide_proto_job_row_t row = wait_job(admin, is_done);
     cr_assert_eq(row.state, TIDE_JOB_DONE, "state %d", row.state);
     cr_assert_eq(row.gen, 1, "no recovery generation");
+    cr_assert_eq(row.step, 17, "the job's last step is the bye's: %lld", (long long)row.step);
     cr_assert_eq(count_events(admin, "job_ended"), 1);
+    char detail[1024];
+    cr_assert(event_detail(admin, "job_ended", detail, sizeof detail));
+    cr_assert(strstr(detail, "ends at step 17 ") != NULL, "job_ended: %s", detail);
+    /* the idle rank of the job hears that it ended, and at which step */
+    expect_type(w[2].sock, TIDE_MSG_JOB_END, &r);
+    cr_assert_str_eq(r.u.job_end.job, "train");
+    cr_assert_eq(r.u.job_end.step, 17u);
+    tide_msg_clear(&r);
     cr_assert_eq(count_events(admin, "recovery_started"), 0);
     cr_assert_eq(count_events(admin, "stalled"), 0);
     /* rank 1 (a member) is idle and holds no job; rank 0 left */
@@ -1814,22 +1841,6 @@ static void fake_join_fit(fake *f, const char *job, int dp, int micro, tide_prot
     cr_assert_eq(coord_send(f->sock, &m), 0);
 }
 
-/* The first event of kind (its detail into out), 0 when none. */
-static int event_detail(void *admin, const char *kind, char *out, size_t cap)
-{
-    tide_msg_t m, r;
-    tide_msg_init(&m, TIDE_MSG_EVENTS);
-    m.u.events.limit = 1000;
-    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
-    int found = 0;
-    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++)
-        if (strcmp(r.u.events_reply.rows[i].kind, kind) == 0) {
-            snprintf(out, cap, "%s", r.u.events_reply.rows[i].detail);
-            found = 1;
-        }
-    tide_msg_clear(&r);
-    return found;
-}
 
 static int is_gen2_idle3(const tide_proto_job_row_t *r)
 {

@@ -560,6 +560,29 @@ int main(int argc, char **argv)
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
     MT_ASSERT(end < MAX_STEPS, "the job ran to the step limit");
+    /* the members' byes carried the last step: tided's job_ended says it, not the step of
+       a heartbeat a period older */
+    if (g_rank == 0) {
+        static char ev[1 << 16];
+        const char *args[8] = {"events", "--json", "--limit", "1000"};
+        int n = 4;
+        if (cs.admin_key != NULL) {
+            args[n++] = "--key";
+            args[n++] = cs.admin_key;
+            args[n++] = "--server-key";
+            args[n++] = cs.server_key;
+        }
+        char want[64];
+        snprintf(want, sizeof want, "the job ends at step %lld ", (long long)end);
+        int found = 0;
+        for (int tries = 0; tries < 100 && !found; tries++) { /* the byes may still travel */
+            if (coord_tidectl(cs.tidectl, cs.endpoint, args, ev, sizeof ev) == 0)
+                found = strstr(ev, want) != NULL;
+            if (!found)
+                usleep(50000);
+        }
+        MT_ASSERT(found, "no job_ended event saying \"%s\": %s", want, ev);
+    }
 
     /* each step ran once on every member of the layout active then */
     static int total[MAX_STEPS];

@@ -1201,11 +1201,14 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         pthread_mutex_lock(&ctl->mu);
         int registered = ctl->ever_registered;
         int32_t id = ctl->worker_id;
+        /* the step the program really ended at: heartbeats carry it only once a period */
+        int64_t done = ctl->agree.completed;
         pthread_mutex_unlock(&ctl->mu);
         if (say_bye && registered) {
             tide_msg_t m;
             tide_msg_init(&m, TIDE_MSG_BYE);
             m.u.bye.worker = id;
+            m.u.bye.step = done > 0 ? (uint64_t)done : 0;
             tide__ctl_send(ctl, &m);
         }
         pthread_mutex_lock(&ctl->mu);

@@ -218,6 +218,9 @@ typedef struct tide_coll_backend_v1 {
        thread. host_free frees it; NULL is fine. */
     tide_status (*host_alloc)(size_t bytes, void **out);
     void (*host_free)(void *ptr);
+    /* Optional (NULL: a host-memory backend). The memory of device in bytes (nccl:
+       cudaMemGetInfo's total there), what the worker reports to tided. Any thread. */
+    tide_status (*mem_total)(int device, uint64_t *bytes);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */

@@ -651,6 +651,21 @@ static tide_status dev_zero(int device, void *ptr, size_t bytes)
     return rc;
 }
 
+static tide_status total_here(uint64_t *bytes)
+{
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    *bytes = (uint64_t)total_b;
+    return TIDE_OK;
+}
+
+static tide_status dev_mem_total(int device, uint64_t *bytes)
+{
+    tide_status rc = TIDE_OK;
+    ON_DEVICE(device, rc, total_here(bytes));
+    return rc;
+}
+
 static tide_status dev_check(const void *ptr, size_t bytes, const char *what)
 {
     struct cudaPointerAttributes a;
@@ -753,4 +768,5 @@ const tide_coll_backend_v1 tide__coll_nccl_backend = {
     .stream_free = dev_stream_free,
     .host_alloc = pinned_alloc,
     .host_free = pinned_free,
+    .mem_total = dev_mem_total,
 };

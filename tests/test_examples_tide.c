@@ -378,6 +378,41 @@ static int h_done(void *ctx, const tide_view *v)
 
 /* ---- the never-resized run ---------------------------------------------------------------- */
 
+/* Rank 0: every worker row of `tidectl status --json` reports its share of its host's
+   RAM (the host's RAM over the ranks on that host), not the whole RAM once per rank. */
+static void check_status_memory(const ctl_state *cs, int size)
+{
+    static char out[1 << 17];
+    const char *args[8] = {"status", "--json"};
+    int n = 2;
+    if (cs->admin_key != NULL) {
+        args[n++] = "--key";
+        args[n++] = cs->admin_key;
+        args[n++] = "--server-key";
+        args[n++] = cs->server_key;
+    }
+    MT_ASSERT(coord_tidectl(cs->tidectl, cs->endpoint, args, out, sizeof out) == 0,
+              "tidectl status --json failed: %s", out);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t ram = (uint64_t)pages * (uint64_t)psz;
+    int rows = 0;
+    for (const char *p = strstr(out, "{\"worker\":"); p != NULL; p = strstr(p + 1, "{\"worker\":")) {
+        const char *h = strstr(p, "\"host\":\""), *mb = strstr(p, "\"mem_bytes\":");
+        MT_ASSERT(h != NULL && mb != NULL, "a status row without host or memory: %.200s", p);
+        char host[HOST_LEN] = "";
+        sscanf(h + 8, "%63[^\"]", host);
+        int on_host = 0;
+        for (int i = 0; i < size; i++)
+            on_host += strcmp(g_hosts[i], host) == 0;
+        uint64_t got = strtoull(mb + 12, NULL, 10);
+        MT_ASSERT(on_host > 0 && got == ram / (uint64_t)on_host,
+                  "worker row on %s reports %llu bytes; want the host's %llu over its %d ranks",
+                  host, (unsigned long long)got, (unsigned long long)ram, on_host);
+        rows++;
+    }
+    MT_ASSERT(rows == size, "tidectl status shows %d workers, want %d", rows, size);
+}
+
 /* Writes the whole state of m (gathered by the caller; NULL off the gathering rank) to
    path; collective only in that the caller gathered. */
 static void write_state(const char *path, const tide_collection_t *c, void **full)
@@ -496,6 +531,8 @@ int main(int argc, char **argv)
     rec.switch_at[1] = 0;
     rec.gen_size[1] = (int64_t)tide_layout_size(v->layout);
     check_tp_in_host(v->layout, 1);
+    if (g_rank == 0)
+        check_status_memory(&cs, size);
     tide_mlp_t *m = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     if (v->member)

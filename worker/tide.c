@@ -226,15 +226,33 @@ tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t
 
 /* ---- pool ---------------------------------------------------------------------------------- */
 
-static int local_index(MPI_Comm world)
+/* This rank's index among the ranks of world on its host, and how many those are. */
+static void local_ranks(MPI_Comm world, int *index, int *count)
 {
     MPI_Comm node;
-    int r = 0;
+    *index = 0;
+    *count = 1;
     if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
-        return 0;
-    MPI_Comm_rank(node, &r);
+        return;
+    MPI_Comm_rank(node, index);
+    MPI_Comm_size(node, count);
     MPI_Comm_free(&node);
-    return r;
+}
+
+/* The memory a worker reports (tidectl status): TIDE_MEM_BYTES when set; else its
+   device's (a GPU backend); else its share of the host's RAM, which the ranks on the host
+   divide (host-memory mode: each rank's "device" is its part of the RAM, not all of it). */
+static uint64_t worker_mem(const tide_t *t, const tide_options *opts, int local_count)
+{
+    if (opts->mem_bytes > 0)
+        return opts->mem_bytes;
+    uint64_t bytes = 0;
+    if (t->be != NULL && t->be->mem_total != NULL && t->be->mem_total(t->device, &bytes) == TIDE_OK)
+        return bytes;
+    tide_error_clear();
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    return bytes / (uint64_t)(local_count > 0 ? local_count : 1);
 }
 
 /* Every rank learns whether all succeeded; a failing rank keeps its detail. */
@@ -268,7 +286,9 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Comm_dup failed");
     MPI_Comm_set_errhandler(t->end_comm, MPI_ERRORS_RETURN);
     rc = tide_coll_backend_find(opts->backend ? opts->backend : "mpi", &t->be);
-    int dev = opts->device >= 0 ? opts->device : local_index(world);
+    int local = 0, n_local = 1;
+    local_ranks(world, &local, &n_local);
+    int dev = opts->device >= 0 ? opts->device : local;
     t->device = dev;
     /* libtide owns the device: this thread first, then every thread it starts */
     if (rc == TIDE_OK)
@@ -304,11 +324,7 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
     cc.reg.host[sizeof cc.reg.host - 1] = '\0';
     cc.reg.device = dev > TIDE_PROTO_DEVICE_MAX ? TIDE_PROTO_DEVICE_MAX : dev;
     cc.reg.kind = (t->be && t->be->mem_kind == TIDE_MEM_DEVICE) ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
-    cc.reg.mem_bytes = opts->mem_bytes;
-    if (cc.reg.mem_bytes == 0) {
-        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        cc.reg.mem_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-    }
+    cc.reg.mem_bytes = worker_mem(t, opts, n_local);
     cc.reg.pid = (int)getpid();
     if (rc == TIDE_OK)
         rc = tide__ctl_new(&t->ctl, &cc);

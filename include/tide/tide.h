@@ -102,7 +102,8 @@ typedef struct tide_options {
     const char *pool;       /* TIDE_POOL: pool id; NULL: rank 0 makes one ("host-pid") */
     const char *backend;    /* TIDE_BACKEND: "mpi" (host memory, default) or "nccl" */
     int device;             /* TIDE_DEVICE: local device index; -1: this rank's index on its host */
-    uint64_t mem_bytes;     /* TIDE_MEM_BYTES: device memory reported, bytes; 0: host RAM */
+    uint64_t mem_bytes;     /* TIDE_MEM_BYTES: memory reported to tided, bytes; 0: the GPU's
+                               (nccl), or on host memory the host's RAM over its ranks */
     int register_timeout_ms; /* TIDE_REGISTER_TIMEOUT_MS: wait for tided's answers, ms; 10000 */
     int join_timeout_ms;     /* TIDE_JOIN_TIMEOUT_MS: wait for the first layout, ms; 120000 */
     int switch_timeout_ms;   /* TIDE_SWITCH_TIMEOUT_MS: peers to arrive in a switch (and in the

@@ -165,10 +165,12 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     *n_preempt = 0;
     /* what the program cannot run is refused whatever workers there are: the reason is the
        program's, and no number of workers changes it */
-    if (tide_fit_check(req->fit, req->n_fit, req->dp, req->tp, req->pp) != TIDE_OK)
+    if (tide_fit_check(req->fit, req->n_fit, req->dp, req->tp, req->pp, req->micro_batches) !=
+        TIDE_OK)
         return tide_errorf(TIDE_ERR_INVALID,
-                           "(dp %d, tp %d, pp %d) is not a layout the job's program can run: %s",
-                           req->dp, req->tp, req->pp, tide_last_error());
+                           "(dp %d, tp %d, pp %d; %d micro-batches) is not a layout the job's "
+                           "program can run: %s",
+                           req->dp, req->tp, req->pp, req->micro_batches, tide_last_error());
     TIDE_CHECK(tide_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
     if (req->stage_start != NULL)
         memcpy(l->stage_start, req->stage_start, ((size_t)req->pp + 1) * sizeof(int));
@@ -278,10 +280,11 @@ out:
     return rc;
 }
 
-int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int want)
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro,
+                       int want)
 {
     for (int dp = want; dp >= 1; dp--)
-        if (tide_fit_check(fit, n_fit, dp, tp, pp) == TIDE_OK)
+        if (tide_fit_check(fit, n_fit, dp, tp, pp, micro) == TIDE_OK)
             return dp;
     return 0;
 }
@@ -334,9 +337,10 @@ static tide_status recover_dp(const tide_layout_t *old, const tide_fit_rule *fit
                            "groups of one replica; the %zu available workers' hosts do not "
                            "have that room; the job waits for workers",
                            old->tp, old->pp, n);
-    int dp = tide_policy_fit_dp(fit, n_fit, old->tp, old->pp, by_hosts);
+    int dp = tide_policy_fit_dp(fit, n_fit, old->tp, old->pp, old->micro_batches, by_hosts);
     if (dp == 0) {
-        tide_fit_check(fit, n_fit, 1, old->tp, old->pp); /* the rule tp or pp breaks */
+        /* the rule tp, pp or the micro-batches break */
+        tide_fit_check(fit, n_fit, 1, old->tp, old->pp, old->micro_batches);
         return tide_errorf(TIDE_ERR_INVALID,
                            "the job's own layout (tp %d, pp %d) breaks its program's fit rules "
                            "(%s): no dp can recover it",
@@ -354,7 +358,7 @@ static tide_status recover_dp(const tide_layout_t *old, const tide_fit_rule *fit
                 "each TP group of %d must sit inside one host, and the hosts hold dp %d", old->tp,
                 by_hosts);
     if (dp < by_hosts) {
-        tide_fit_check(fit, n_fit, by_hosts, old->tp, old->pp);
+        tide_fit_check(fit, n_fit, by_hosts, old->tp, old->pp, old->micro_batches);
         why_add(why, why_len, &at, "the job's program cannot run dp %d: %s", by_hosts,
                 tide_last_error());
     }

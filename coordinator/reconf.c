@@ -607,7 +607,7 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
                            m->tp,
                            m->pp,
                            j->layout->num_layers,
-                           j->layout->micro_batches,
+                           m->micro_batches > 0 ? m->micro_batches : j->layout->micro_batches,
                            NULL,
                            m->placement == TIDE_PLACEMENT_DEFAULT,
                            m->tp_across_hosts,
@@ -622,6 +622,8 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
             return;
         }
         req.stage_start = m->stage_start;
+    } else if (m->pp == j->layout->pp) {
+        req.stage_start = j->layout->stage_start; /* pp stays: so do its stages */
     }
     tide_policy_worker *cand = NULL;
     size_t n = 0, n_pre = 0, n_pre_d = 0;

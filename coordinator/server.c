@@ -977,7 +977,7 @@ static tide_status join_fits(const tide_proto_join_t *m)
 {
     tide_fit_rule fit[TIDE_FIT_RULES_MAX];
     int n = fit_from_join(m, fit);
-    if (tide_fit_check(fit, (size_t)n, m->dp, m->tp, m->pp) != TIDE_OK)
+    if (tide_fit_check(fit, (size_t)n, m->dp, m->tp, m->pp, m->micro_batches) != TIDE_OK)
         return tide_errorf(TIDE_ERR_INVALID,
                            "its first layout (dp %d, tp %d, pp %d) is not one its program can "
                            "run: %s",

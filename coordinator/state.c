@@ -315,9 +315,12 @@ tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out)
 static int parse_fit_line(const char *p, const char *end, tide_fit_rule *r)
 {
     memset(r, 0, sizeof *r);
-    if (end - p < 4 || p[2] != ' ')
+    size_t name = (size_t)(end - p) > 9 && strncmp(p, "dp_micro ", 9) == 0 ? 8 : 2;
+    if ((size_t)(end - p) < name + 2 || p[name] != ' ')
         return 0;
-    if (strncmp(p, "dp", 2) == 0)
+    if (name == 8)
+        r->degree = TIDE_DEGREE_DP_MICRO;
+    else if (strncmp(p, "dp", 2) == 0)
         r->degree = TIDE_DEGREE_DP;
     else if (strncmp(p, "tp", 2) == 0)
         r->degree = TIDE_DEGREE_TP;
@@ -325,7 +328,7 @@ static int parse_fit_line(const char *p, const char *end, tide_fit_rule *r)
         r->degree = TIDE_DEGREE_PP;
     else
         return 0;
-    const char *q = p + 3;
+    const char *q = p + name + 1;
     if (*q < '1' || *q > '9')
         return 0;
     int64_t n = 0;
@@ -365,7 +368,7 @@ tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text)
     }
     /* the rules as a program would have to send them: a damaged one is refused, not read
        as a weaker rule */
-    if (tide_fit_check(j->fit, (size_t)j->n_fit, 1, 1, 1) != TIDE_OK)
+    if (tide_fit_check(j->fit, (size_t)j->n_fit, 1, 1, 1, 1) != TIDE_OK)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "job %s: stored fit rules: %s", j->name,
                        tide_last_error());
 out:

@@ -45,7 +45,7 @@ typedef struct settings {
     int json;
     const char *log;
     /* resize */
-    long long dp, tp, pp;
+    long long dp, tp, pp, micro;
     const char *stages;
     int dry_run;
     const char *placement;
@@ -83,7 +83,7 @@ typedef struct command {
     const char *summary;
     int (*run)(settings_t *s, int argc, char **argv, FILE *out, FILE *err);
     int nargs_min, nargs_max; /* positional arguments after the command name */
-    tide_opt opts[8];         /* command flags (value pointers patched per run) */
+    tide_opt opts[10];         /* command flags (value pointers patched per run) */
 } command_t;
 
 /* ---- small formatting helpers ------------------------------------------------------------------
@@ -1172,10 +1172,11 @@ static int cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     int rc = copy_job(err, "resize", "JOB", argv[0], r->job);
     if (rc != TIDECTL_EXIT_OK)
         return rc;
-    if (s->dp == 0 && s->tp == 0 && s->pp == 0 && s->stages == NULL)
+    if (s->dp == 0 && s->tp == 0 && s->pp == 0 && s->stages == NULL && s->micro == 0)
         return usage_error(err, "resize",
-                           "give the new layout with --dp, --tp and/or --pp (degrees not given "
-                           "stay as they are)");
+                           "give the new layout with --dp, --tp, --pp and/or --micro-batches "
+                           "(what is not given stays as it is)");
+    r->micro_batches = (int)s->micro;
     r->dp = (int)s->dp;
     r->tp = (int)s->tp;
     r->pp = (int)s->pp;
@@ -1623,8 +1624,8 @@ static const command_t commands[] = {
       OPT_END}},
     {"jobs", "jobs [--json]", "table of online and offline jobs", cmd_jobs, 0, 0, {OPT_END}},
     {"resize",
-     "resize JOB [--dp N] [--tp N] [--pp N] [--stages 0-11,12-23] [--dry-run] [--placement P] "
-     "[--allow-tp-across-hosts] (degrees not given stay as they are)",
+     "resize JOB [--dp N] [--tp N] [--pp N] [--micro-batches N] [--stages 0-11,12-23] "
+     "[--dry-run] [--placement P] [--allow-tp-across-hosts] (what is not given stays as it is)",
      "switch a running job to a new layout (or, with --dry-run, show the reshard plan)",
      cmd_resize,
      1,
@@ -1632,8 +1633,12 @@ static const command_t commands[] = {
      {{"dp", NULL, TIDE_OPT_INT, V(dp), NULL, "data-parallel degree", 1, TIDE_PROTO_DEGREE_MAX},
       {"tp", NULL, TIDE_OPT_INT, V(tp), NULL, "tensor-parallel degree", 1, TIDE_PROTO_DEGREE_MAX},
       {"pp", NULL, TIDE_OPT_INT, V(pp), NULL, "pipeline stages", 1, TIDE_PROTO_DEGREE_MAX},
+      {"micro-batches", NULL, TIDE_OPT_INT, V(micro), NULL,
+       "micro-batches per step of each dp rank (a pipeline's schedule)", 1, TIDE_PROTO_MICRO_MAX},
       {"stages", NULL, TIDE_OPT_STRING, V(stages), NULL,
-       "inclusive layer ranges per stage, e.g. 0-11,12-23 (default: even split)", 0, 0},
+       "inclusive layer ranges per stage, e.g. 0-11,12-23 (default: the job's when pp stays, "
+       "else an even split)",
+       0, 0},
       {"dry-run", NULL, TIDE_OPT_BOOL, V(dry_run), "0",
        "plan only: print bytes to move, largest send, estimated time", 0, 0},
       {"placement", NULL, TIDE_OPT_STRING, V(placement), "optimal",

@@ -378,10 +378,10 @@ tide_status tide_mlp_tide_fit(const tide_mlp_config *cfg, int micro_batches, tid
                            "the global batch %lld does not split into %d micro-batches",
                            (long long)cfg->global_batch, micro_batches);
     memset(out, 0, TIDE_MLP_FIT_RULES * sizeof *out);
-    out[0].degree = TIDE_DEGREE_DP;
-    out[0].n = cfg->global_batch / micro_batches;
-    snprintf(out[0].what, sizeof out[0].what, "the global batch %lld / %d micro-batches",
-             (long long)cfg->global_batch, micro_batches);
+    /* dp x micro-batches, not dp alone: a resize may change the micro-batch count */
+    out[0].degree = TIDE_DEGREE_DP_MICRO;
+    out[0].n = cfg->global_batch;
+    snprintf(out[0].what, sizeof out[0].what, "the global batch");
     out[1].degree = TIDE_DEGREE_TP;
     out[1].n = cfg->ffn;
     snprintf(out[1].what, sizeof out[1].what, "the FFN width");

@@ -98,14 +98,14 @@ tide_status tide_mlp_tide_train(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_ho
 #define TIDE_MLP_FIT_RULES 3 /* rules tide_mlp_tide_fit writes at most */
 
 /*
- * What the model can run, as libtide's fit rules for tide_join_req.fit, from its config
- * and micro_batches (per step and dp rank, the same in every layout of the job): dp
- * divides global_batch / micro_batches (every dp rank takes an equal share of the batch
- * in equal micro-batches); tp divides the FFN width and the vocabulary (fc1 and the
+ * What the model can run, as libtide's fit rules for tide_join_req.fit, from its config:
+ * dp x micro-batches divides global_batch (every dp rank takes an equal share of the
+ * batch in equal micro-batches, whatever count a resize gives the job); tp divides the
+ * FFN width and the vocabulary (fc1 and the
  * vocab-parallel embedding and head are split over tp; named here so that a refusal
  * names them). Writes at most TIDE_MLP_FIT_RULES rules into out and their count into
- * *n_out. TIDE_ERR_INVALID when micro_batches does not divide the global batch (no dp
- * can run it). Pure.
+ * *n_out. TIDE_ERR_INVALID when micro_batches (the first layout's) does not divide the
+ * global batch (no dp can run it). Pure.
  */
 tide_status tide_mlp_tide_fit(const tide_mlp_config *cfg, int micro_batches, tide_fit_rule *out,
                               int *n_out);

@@ -27,7 +27,7 @@ static const char *const job_kind_names[] = {"online", "command", "plugin"};
 static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
                                               "preempted", "done",    "failed",   "cancelled"};
 static const char *const placement_names[] = {"default", "optimal"};
-static const char *const degree_names[] = {"dp", "tp", "pp"};
+static const char *const degree_names[] = {"dp", "tp", "pp", "dp_micro"}; /* tide_degree */
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -756,6 +756,7 @@ static const tide__field resize_fields[] = {
     F_BOOL(tide_proto_resize_t, dry_run, "dry_run"),
     F_ENUM(tide_proto_resize_t, placement, "placement", placement_names),
     F_BOOL(tide_proto_resize_t, tp_across_hosts, "tp_across_hosts"),
+    F_INT(tide_proto_resize_t, micro_batches, "micro", 0, TIDE_PROTO_MICRO_MAX),
 };
 
 static const tide__field resize_reply_fields[] = {

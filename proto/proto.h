@@ -499,6 +499,8 @@ typedef struct tide_proto_resize {
     tide_proto_placement_t placement;  /* "placement": "default" | "optimal" */
     int tp_across_hosts;               /* "tp_across_hosts": bool, the job allows TP groups
                                           to span hosts */
+    int micro_batches;                 /* "micro": micro-batches per step of each dp rank in the
+                                          new layout, [0, TIDE_PROTO_MICRO_MAX]; 0: the job's */
 } tide_proto_resize_t;
 
 /*

@@ -11,22 +11,30 @@
 #include "core/error.h"
 #include "reshard/reshard_int.h"
 
-static const char *const degree_names[] = {"dp", "tp", "pp"};
+static const char *const degree_names[] = {"dp", "tp", "pp", "dp_micro"};
+#define N_DEGREES 4
 
 const char *tide_degree_name(tide_degree degree)
 {
-    return (int)degree >= 0 && (int)degree < 3 ? degree_names[degree] : "?";
+    return (int)degree >= 0 && (int)degree < N_DEGREES ? degree_names[degree] : "?";
+}
+
+/* How a rule's degree reads in text: "dp x micro-batches" for dp_micro. */
+static const char *degree_text(tide_degree degree)
+{
+    return degree == TIDE_DEGREE_DP_MICRO ? "dp x micro-batches" : tide_degree_name(degree);
 }
 
 /* A rule as the program wrote it: known degree, n >= 1, what printable and terminated. */
 static tide_status rule_ok(const tide_fit_rule *r, size_t i)
 {
-    if ((int)r->degree < 0 || (int)r->degree > 2)
-        return tide_errorf(TIDE_ERR_INVALID, "fit rule %zu: degree %d is not dp, tp or pp", i,
+    if ((int)r->degree < 0 || (int)r->degree >= N_DEGREES)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "fit rule %zu: degree %d is not dp, tp, pp or dp_micro", i,
                            (int)r->degree);
     if (r->n < 1)
         return tide_errorf(TIDE_ERR_INVALID, "fit rule %zu: %s must divide %lld, which is below 1",
-                           i, degree_names[r->degree], (long long)r->n);
+                           i, degree_text(r->degree), (long long)r->n);
     const char *end = memchr(r->what, '\0', sizeof r->what);
     if (end == NULL)
         return tide_errorf(TIDE_ERR_INVALID,
@@ -40,25 +48,33 @@ static tide_status rule_ok(const tide_fit_rule *r, size_t i)
     return TIDE_OK;
 }
 
-tide_status tide_fit_check(const tide_fit_rule *rules, size_t n, int dp, int tp, int pp)
+tide_status tide_fit_check(const tide_fit_rule *rules, size_t n, int dp, int tp, int pp,
+                           int micro)
 {
     if (n > TIDE_FIT_RULES_MAX)
         return tide_errorf(TIDE_ERR_INVALID, "%zu fit rules; at most %d", n, TIDE_FIT_RULES_MAX);
     if (n > 0 && rules == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "%zu fit rules announced but none given", n);
-    if (dp < 1 || tp < 1 || pp < 1)
-        return tide_errorf(TIDE_ERR_INVALID, "degrees must be >= 1 (dp %d, tp %d, pp %d)", dp, tp,
-                           pp);
+    if (dp < 1 || tp < 1 || pp < 1 || micro < 1)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "degrees and micro-batches must be >= 1 (dp %d, tp %d, pp %d, "
+                           "micro-batches %d)",
+                           dp, tp, pp, micro);
     for (size_t i = 0; i < n; i++)
         TIDE_CHECK(rule_ok(&rules[i], i));
-    const int deg[3] = {dp, tp, pp};
+    const int64_t deg[N_DEGREES] = {dp, tp, pp, (int64_t)dp * micro};
     for (size_t i = 0; i < n; i++) {
         const tide_fit_rule *r = &rules[i];
         if (r->n % deg[r->degree] == 0)
             continue;
-        return tide_errorf(TIDE_ERR_INVALID, "%s %d does not divide %lld%s%s%s",
-                           degree_names[r->degree], deg[r->degree], (long long)r->n,
-                           r->what[0] ? " (" : "", r->what, r->what[0] ? ")" : "");
+        const char *o = r->what[0] ? " (" : "", *c = r->what[0] ? ")" : "";
+        if (r->degree == TIDE_DEGREE_DP_MICRO)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "dp %d x %d micro-batches = %lld does not divide %lld%s%s%s", dp,
+                               micro, (long long)deg[r->degree], (long long)r->n, o, r->what, c);
+        return tide_errorf(TIDE_ERR_INVALID, "%s %lld does not divide %lld%s%s%s",
+                           degree_names[r->degree], (long long)deg[r->degree], (long long)r->n, o,
+                           r->what, c);
     }
     return TIDE_OK;
 }
@@ -76,7 +92,7 @@ char *tide_fit_format(const tide_fit_rule *rules, size_t n, char *buf, size_t le
     for (size_t i = 0; i < n && at < len; i++) {
         const tide_fit_rule *r = &rules[i];
         int w = snprintf(buf + at, len - at, "%s%s divides %lld%s%.*s%s", i ? "; " : "",
-                         tide_degree_name(r->degree), (long long)r->n, r->what[0] ? " (" : "",
+                         degree_text(r->degree), (long long)r->n, r->what[0] ? " (" : "",
                          TIDE_FIT_WHAT_MAX - 1, r->what, r->what[0] ? ")" : "");
         at += w < 0 ? 0 : (size_t)w;
     }

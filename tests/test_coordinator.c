@@ -373,8 +373,8 @@ Test(policy, resize_to_a_layout_the_program_cannot_run_is_refused_with_the_rule)
     cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_ERR_INVALID);
     cr_assert_null(l);
     cr_expect_str_eq(tide_last_error(),
-                     "(dp 3, tp 1, pp 1) is not a layout the job's program can run: dp 3 does "
-                     "not divide 4 (the global batch 16 / 4 micro-batches)");
+                     "(dp 3, tp 1, pp 1; 4 micro-batches) is not a layout the job's program "
+                     "can run: dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)");
     req.dp = 2;
     req.tp = 3;
     cr_assert_eq(tide_policy_place(old, NULL, &req, c, 16, &l, pre, &np), TIDE_ERR_INVALID);
@@ -415,7 +415,7 @@ Test(policy, recovery_picks_the_largest_dp_the_program_can_run)
     cr_assert_eq(tide_policy_recover(old, NULL, batch16, 2, c, 3, &l, pre, &np, why, sizeof why),
                  TIDE_OK, "%s", tide_last_error());
     cr_assert_eq(l->dp, 2, "recovery chose dp %d", l->dp);
-    cr_assert_eq(tide_fit_check(batch16, 2, l->dp, l->tp, l->pp), TIDE_OK);
+    cr_assert_eq(tide_fit_check(batch16, 2, l->dp, l->tp, l->pp, l->micro_batches), TIDE_OK);
     cr_expect_str_eq(why,
                      "dp 2 instead of 4: the 3 available workers hold at most dp 3 of tp 1 x pp 1; "
                      "the job's program cannot run dp 3: dp 3 does not divide 4 (the global "
@@ -512,7 +512,7 @@ Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
         fit[0] = (tide_fit_rule){TIDE_DEGREE_DP, B / M, "the batch"};
         fit[1] = (tide_fit_rule){TIDE_DEGREE_TP, tp * 3, "the heads"};
         fit[2] = (tide_fit_rule){TIDE_DEGREE_PP, 12, "the layers"};
-        int dp0 = tide_policy_fit_dp(fit, 3, tp, pp, n / (tp * pp));
+        int dp0 = tide_policy_fit_dp(fit, 3, tp, pp, M, n / (tp * pp));
         if (dp0 < 2)
             continue;
         int32_t *host = calloc((size_t)n, sizeof *host);
@@ -537,7 +537,7 @@ Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
                                  0,
                                  fit,
                                  3};
-        first.dp = tide_policy_fit_dp(fit, 3, tp, pp, first.dp);
+        first.dp = tide_policy_fit_dp(fit, 3, tp, pp, M, first.dp);
         cr_assert_eq(tide_policy_place(NULL, NULL, &first, cand, (size_t)n, &job, pre, &np),
                      TIDE_OK, "run %d: %s", run, tide_last_error());
         for (size_t i = 0; i < tide_layout_size(job); i++)
@@ -564,14 +564,14 @@ Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
             tide_resize_req rr = {rdp, rtp, rpp, layers, M, NULL, 0, 1, fit, 3};
             tide_layout_t *rl = NULL;
             tide_status rrc = tide_policy_place(job, NULL, &rr, cand, k, &rl, pre, &np);
-            int allowed = tide_fit_check(fit, 3, rdp, rtp, rpp) == TIDE_OK;
+            int allowed = tide_fit_check(fit, 3, rdp, rtp, rpp, M) == TIDE_OK;
             if (!allowed) {
                 cr_assert_eq(rrc, TIDE_ERR_INVALID, "resize to a forbidden layout placed");
                 cr_assert(strstr(tide_last_error(), "does not divide") != NULL, "%s",
                           tide_last_error());
                 refused++;
             } else if (rrc == TIDE_OK) {
-                cr_assert_eq(tide_fit_check(fit, 3, rl->dp, rl->tp, rl->pp), TIDE_OK);
+                cr_assert_eq(tide_fit_check(fit, 3, rl->dp, rl->tp, rl->pp, rl->micro_batches), TIDE_OK);
             }
             tide_layout_destroy(&rl);
             if (!lost)
@@ -596,7 +596,7 @@ Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
                 continue;
             }
             decisions++;
-            cr_assert_eq(tide_fit_check(fit, 3, l->dp, l->tp, l->pp), TIDE_OK,
+            cr_assert_eq(tide_fit_check(fit, 3, l->dp, l->tp, l->pp, l->micro_batches), TIDE_OK,
                          "run %d step %d: recovery picked %d x %d x %d: %s", run, step, l->dp,
                          l->tp, l->pp, tide_last_error());
             cr_assert_eq(l->dp, best, "run %d step %d: dp %d, the best runnable is %d", run, step,

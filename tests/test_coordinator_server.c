@@ -1905,8 +1905,8 @@ Test(tided, layouts_the_program_cannot_run_are_refused_and_never_recovered_to, .
         admin_call(admin, &m, &r, TIDE_MSG_ERROR);
         cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);
         cr_expect(strstr(r.u.error.message,
-                         "cannot resize train: (dp 3, tp 1, pp 1) is not a "
-                         "layout the job's program can run: " DP3_REASON) != NULL,
+                         "cannot resize train: (dp 3, tp 1, pp 1; 4 micro-batches) is not "
+                         "a layout the job's program can run: " DP3_REASON) != NULL,
                   "%s", r.u.error.message);
         tide_msg_clear(&r);
     }

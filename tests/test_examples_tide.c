@@ -6,6 +6,8 @@
  *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
  *   mixed   (2,2,2) -> (1,4,2) -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)]
  *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
+ *   micro   (2,2,2) with 4 micro-batches per dp rank -> 2 micro-batches -> (1,2,2) with 8 ->
+ *           (2,2,2) with 4 (tidectl resize --micro-batches)
  *   hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks (tests/test_multihost_resize.sh
  *           runs it across the hosts of scripts/cluster.sh, tided outside the job)
  * Rank 0 starts tided on a free loopback port with a temporary state file (or, with
@@ -60,6 +62,7 @@
 typedef struct gen_spec {
     int dp, tp, pp;
     const char *stages; /* NULL: even */
+    int micro;          /* micro-batches per dp rank (tidectl resize --micro-batches); 0: kept */
 } gen_spec;
 
 typedef struct mode {
@@ -69,16 +72,22 @@ typedef struct mode {
 } mode;
 
 static const mode modes[] = {
-    {"dp", 4, 0, 3, {{2, 1, 1, NULL}, {4, 1, 1, NULL}, {1, 1, 1, NULL}}},
-    {"tp", 4, 0, 4, {{1, 1, 1, NULL}, {1, 2, 1, NULL}, {1, 4, 1, NULL}, {1, 2, 1, NULL}}},
-    {"pp", 6, 0, 3, {{1, 1, 1, NULL}, {1, 1, 2, "0-3,4-5"}, {1, 1, 4, "0-0,1-2,3-4,5-5"}}},
-    {"mixed", 4, 0, 4, {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
+    {"dp", 4, 0, 3, {{2, 1, 1, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 1, 1, NULL, 0}}},
+    {"tp", 4, 0, 4, {{1, 1, 1, NULL, 0}, {1, 2, 1, NULL, 0}, {1, 4, 1, NULL, 0}, {1, 2, 1, NULL, 0}}},
+    {"pp", 6, 0, 3, {{1, 1, 1, NULL, 0}, {1, 1, 2, "0-3,4-5", 0}, {1, 1, 4, "0-0,1-2,3-4,5-5", 0}}},
+    {"mixed", 4, 0, 4, {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}}},
     {"mixed-zero1",
      4,
      1,
      4,
-     {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
-    {"hosts", 4, 0, 3, {{2, 4, 1, NULL}, {1, 4, 2, NULL}, {2, 4, 1, NULL}}},
+     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}}},
+    {"hosts", 4, 0, 3, {{2, 4, 1, NULL, 0}, {1, 4, 2, NULL, 0}, {2, 4, 1, NULL, 0}}},
+    /* the micro-batch count changes alone, then with dp (global batch 32: dp x micro divides it) */
+    {"micro",
+     4,
+     0,
+     4,
+     {{2, 2, 2, NULL, 0}, {2, 2, 2, NULL, 2}, {1, 2, 2, NULL, 8}, {2, 2, 2, NULL, 4}}},
 };
 
 static const mode *g_mode;
@@ -138,6 +147,12 @@ static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
         args[n++] = "--stages";
         args[n++] = g->stages;
     }
+    char micro[16];
+    if (g->micro > 0) {
+        snprintf(micro, sizeof micro, "%d", g->micro);
+        args[n++] = "--micro-batches";
+        args[n++] = micro;
+    }
     if (cs->admin_key != NULL) {
         args[n++] = "--key";
         args[n++] = cs->admin_key;
@@ -161,6 +176,12 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
         args[n++] = "--stages";
         args[n++] = g->stages;
     }
+    char micro[16];
+    if (g->micro > 0) {
+        snprintf(micro, sizeof micro, "%d", g->micro);
+        args[n++] = "--micro-batches";
+        args[n++] = micro;
+    }
     if (cs->admin_key != NULL) {
         args[n++] = "--key";
         args[n++] = cs->admin_key;
@@ -181,6 +202,29 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
 }
 
 /* Sends resize k once the job runs generation k at least GAP steps past its switch. */
+/* micro mode: a micro-batch count the model's fit rules forbid (dp 2 x 32 does not
+   divide the global batch 32) is refused with the rule, exit code 1, nothing changed. */
+static int refuse_micro(ctl_state *cs)
+{
+    static char out[4096];
+    const char *args[12] = {"resize", JOB, "--micro-batches", "32"};
+    int n = 4;
+    if (cs->admin_key != NULL) {
+        args[n++] = "--key";
+        args[n++] = cs->admin_key;
+        args[n++] = "--server-key";
+        args[n++] = cs->server_key;
+    }
+    int code = coord_tidectl_io(cs->tidectl, cs->endpoint, args, out, sizeof out, 1);
+    if (code == 1 &&
+        strstr(out, "dp 2 x 32 micro-batches = 64 does not divide 32 (the global batch)") != NULL)
+        return 0;
+    snprintf(cs->why, sizeof cs->why, "resize --micro-batches 32: exit %d, not the refusal: %.800s",
+             code, out);
+    cs->error = 1;
+    return -1;
+}
+
 static void *controller(void *arg)
 {
     ctl_state *cs = arg;
@@ -222,6 +266,8 @@ static void *controller(void *arg)
             tide_sleep_ms(20);
             continue;
         }
+        if (next == 1 && strcmp(g_mode->name, "micro") == 0 && refuse_micro(cs) != 0)
+            break;
         if (tidectl_dry_run(cs, &g_mode->gen[next], next + 1) != 0 ||
             tidectl_resize(cs, &g_mode->gen[next]) != 0) {
             snprintf(cs->why, sizeof cs->why, "tidectl resize to generation %d failed", next + 1);
@@ -338,10 +384,16 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     MT_OK(tide_layout_new(&l, want->dp, want->tp, want->pp, g_mode->layers, 1));
     if (want->stages != NULL)
         MT_OK(tide_layout_parse_stages(l, want->stages));
+    int micro = 4; /* the join's; each resize that names a count changes it */
+    for (uint64_t k = 1; k < g; k++)
+        if (g_mode->gen[k].micro > 0)
+            micro = g_mode->gen[k].micro;
     MT_ASSERT(
         v->layout->dp == want->dp && v->layout->tp == want->tp && v->layout->pp == want->pp &&
+            v->layout->micro_batches == micro &&
             memcmp(v->layout->stage_start, l->stage_start, (size_t)(l->pp + 1) * sizeof(int)) == 0,
-        "generation %llu has another layout than requested", (unsigned long long)g);
+        "generation %llu has another layout than requested (micro-batches %d, want %d)",
+        (unsigned long long)g, v->layout->micro_batches, micro);
     tide_layout_destroy(&l);
     MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
     /* in place: at most the staging cap plus what the new shards needed beyond the old
@@ -457,7 +509,7 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr,
-                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|hosts\n");
+                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|micro|hosts\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
@@ -522,7 +574,11 @@ int main(int argc, char **argv)
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     const gen_spec *g0 = &g_mode->gen[0];
-    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0, NULL, 0};
+    /* the model's limits, as train_mlp --tide declares them: every resize is checked */
+    tide_fit_rule fit[TIDE_MLP_FIT_RULES];
+    int n_fit = 0;
+    MT_OK(tide_mlp_tide_fit(&cfg, 4, fit, &n_fit));
+    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0, fit, n_fit};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->generation == 1 && v->layout->dp == g0->dp && v->layout->tp == g0->tp &&

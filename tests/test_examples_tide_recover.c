@@ -25,7 +25,7 @@
  *   layout    4 ranks, (dp 4, tp 1, pp 1), a global batch of 16 in 4 micro-batches per dp
  *             rank, and the model's limits declared at join (tide_mlp_tide_fit, as
  *             train_mlp --tide): `tidectl resize --dp 3` (and --dry-run) is refused with
- *             "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)" and exit
+ *             "dp 3 x 4 micro-batches = 12 does not divide 16 (the global batch)" and exit
  *             code 1 while the job trains, changing nothing; then a member dies and the 3
  *             survivors recover to dp 2 (not dp 3, which would kill every rank), the third
  *             survivor left idle, the events saying why; losses and final state match the
@@ -111,7 +111,7 @@ static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
 static int g_victim = -1;         /* pool rank of the killed member */
 /* the first layout's degrees and the job's micro-batches and global batch, by mode */
 static int g_dp0 = 2, g_tp0 = 2, g_pp0 = 2, g_micro = 4, g_batch = 32;
-#define DP3_REASON "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)"
+#define DP3_REASON "dp 3 x 4 micro-batches = 12 does not divide 16 (the global batch)"
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
 
@@ -225,7 +225,7 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
               "a resize was started (the refused dp 3 must change nothing): %s", buf);
     if (g_layout_mode) {
         MT_ASSERT(object_with(buf, "\"kind\":\"job_created\"", obj, sizeof obj) &&
-                      strstr(obj, "fit: dp divides 4 (the global batch 16 / 4 micro-batches); tp "
+                      strstr(obj, "fit: dp x micro-batches divides 16 (the global batch); tp "
                                   "divides 256 (the FFN width); tp divides 64 (the "
                                   "vocabulary)") != NULL,
                   "the job's limits are not in its job_created event: %s", obj);

@@ -592,7 +592,7 @@ Test(proto_roundtrip, join_fit_rules_and_their_bad_forms)
     refuse_edit(&m, OP_SET, "fit", VUINT(4), "field 'fit' must be an array");
     refuse_edit(&m, OP_SET, "fit.0", VUINT(4), "field 'fit[0]' must be a map (got an integer)");
     refuse_edit(&m, OP_SET, "fit.1.degree", VSTR("ep"),
-                "field 'fit[1].degree' must be one of \"dp\", \"tp\", \"pp\", got \"ep\"");
+                "field 'fit[1].degree' must be one of \"dp\", \"tp\", \"pp\", \"dp_micro\", got \"ep\"");
     refuse_edit(&m, OP_SET, "fit.0.n", VUINT(0), "field 'fit[0].n' must be an integer in [1, ");
     refuse_edit(&m, OP_SET, "fit.0.n", VINT(-16), "got -16");
     refuse_edit(&m, OP_SET, "fit.2.n", VUINT((UINT64_C(1) << 62) + 1), "field 'fit[2].n'");

@@ -1263,32 +1263,34 @@ Test(reshard_layout, fit_rules_name_the_number_a_degree_does_not_divide)
         {TIDE_DEGREE_TP, 24, ""},
         {TIDE_DEGREE_PP, 6, "the layers, evenly"},
     };
-    cr_expect_eq(tide_fit_check(r, 4, 4, 8, 3), TIDE_OK, "%s", tide_last_error());
-    cr_expect_eq(tide_fit_check(r, 4, 1, 1, 1), TIDE_OK);
-    cr_expect_eq(tide_fit_check(NULL, 0, 3, 5, 7), TIDE_OK, "no rules: any degrees");
-    cr_expect_eq(tide_fit_check(r, 4, 3, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, 4, 4, 8, 3, 1), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(tide_fit_check(r, 4, 1, 1, 1, 1), TIDE_OK);
+    cr_expect_eq(tide_fit_check(NULL, 0, 3, 5, 7, 1), TIDE_OK, "no rules: any degrees");
+    cr_expect_eq(tide_fit_check(r, 4, 3, 1, 1, 1), TIDE_ERR_INVALID);
     cr_expect_str_eq(tide_last_error(),
                      "dp 3 does not divide 4 (the global batch 16 / 4 micro-batches)");
-    cr_expect_eq(tide_fit_check(r, 4, 2, 16, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, 4, 2, 16, 1, 1), TIDE_ERR_INVALID);
     cr_expect_str_eq(tide_last_error(), "tp 16 does not divide 24");
-    cr_expect_eq(tide_fit_check(r, 4, 2, 2, 4), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, 4, 2, 2, 4, 1), TIDE_ERR_INVALID);
     cr_expect_str_eq(tide_last_error(), "pp 4 does not divide 6 (the layers, evenly)");
-    cr_expect_eq(tide_fit_check(r, 4, 0, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, 4, 0, 1, 1, 1), TIDE_ERR_INVALID);
 
     tide_fit_rule bad = {TIDE_DEGREE_DP, 0, ""};
-    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID, "n 0 is malformed");
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1, 1), TIDE_ERR_INVALID, "n 0 is malformed");
     cr_expect(strstr(tide_last_error(), "below 1") != NULL, "%s", tide_last_error());
-    bad = (tide_fit_rule){(tide_degree)3, 4, ""};
-    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
-    cr_expect(strstr(tide_last_error(), "not dp, tp or pp") != NULL, "%s", tide_last_error());
+    bad = (tide_fit_rule){(tide_degree)4, 4, ""};
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect(strstr(tide_last_error(), "not dp, tp, pp or dp_micro") != NULL, "%s",
+              tide_last_error());
+    cr_expect_eq(tide_fit_check(r, 4, 1, 1, 1, 0), TIDE_ERR_INVALID, "0 micro-batches");
     bad = (tide_fit_rule){TIDE_DEGREE_TP, 4, "two\nlines"};
-    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1, 1), TIDE_ERR_INVALID);
     cr_expect(strstr(tide_last_error(), "printable") != NULL, "%s", tide_last_error());
     memset(bad.what, 'x', sizeof bad.what);
-    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(&bad, 1, 1, 1, 1, 1), TIDE_ERR_INVALID);
     cr_expect(strstr(tide_last_error(), "not terminated") != NULL, "%s", tide_last_error());
-    cr_expect_eq(tide_fit_check(NULL, 2, 1, 1, 1), TIDE_ERR_INVALID);
-    cr_expect_eq(tide_fit_check(r, TIDE_FIT_RULES_MAX + 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(NULL, 2, 1, 1, 1, 1), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_fit_check(r, TIDE_FIT_RULES_MAX + 1, 1, 1, 1, 1), TIDE_ERR_INVALID);
 
     char buf[256];
     cr_expect_str_eq(tide_fit_format(r, 2, buf, sizeof buf),
@@ -1296,6 +1298,26 @@ Test(reshard_layout, fit_rules_name_the_number_a_degree_does_not_divide)
                      "hidden size)");
     cr_expect_str_eq(tide_fit_format(NULL, 0, buf, sizeof buf), "any layout");
     cr_expect_str_eq(tide_degree_name(TIDE_DEGREE_PP), "pp");
+    cr_expect_str_eq(tide_degree_name(TIDE_DEGREE_DP_MICRO), "dp_micro");
+}
+
+/* dp_micro: dp times the micro-batch count divides the global batch, whichever count a
+   resize gives the job; the refusal says the product. */
+Test(reshard_layout, fit_rule_over_dp_and_micro_batches)
+{
+    const tide_fit_rule r[] = {{TIDE_DEGREE_DP_MICRO, 16, "the global batch"}};
+    cr_expect_eq(tide_fit_check(r, 1, 4, 1, 1, 4), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(tide_fit_check(r, 1, 2, 1, 1, 8), TIDE_OK);
+    cr_expect_eq(tide_fit_check(r, 1, 8, 1, 1, 2), TIDE_OK);
+    cr_expect_eq(tide_fit_check(r, 1, 4, 1, 1, 8), TIDE_ERR_INVALID, "32 samples of 16");
+    cr_expect_str_eq(tide_last_error(),
+                     "dp 4 x 8 micro-batches = 32 does not divide 16 (the global batch)");
+    cr_expect_eq(tide_fit_check(r, 1, 3, 1, 1, 4), TIDE_ERR_INVALID);
+    cr_expect_str_eq(tide_last_error(),
+                     "dp 3 x 4 micro-batches = 12 does not divide 16 (the global batch)");
+    char buf[128];
+    cr_expect_str_eq(tide_fit_format(r, 1, buf, sizeof buf),
+                     "dp x micro-batches divides 16 (the global batch)");
 }
 
 /* ---- collections and geometry -------------------------------------------------------------- */

@@ -729,7 +729,8 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     else if (req->n_fit < 0)
         rc = tide_errorf(TIDE_ERR_INVALID, "job %s: n_fit is %d (must be >= 0)", req->job,
                          req->n_fit);
-    else if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp) != TIDE_OK)
+    else if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp,
+                            req->micro_batches) != TIDE_OK)
         /* the program's own first layout: said here, before tided starts a job that would
            refuse it */
         rc = tide_errorf(TIDE_ERR_INVALID,

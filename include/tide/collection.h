@@ -181,6 +181,7 @@ typedef enum tide_degree {
     TIDE_DEGREE_DP = 0,
     TIDE_DEGREE_TP = 1,
     TIDE_DEGREE_PP = 2,
+    TIDE_DEGREE_DP_MICRO = 3, /* dp x micro-batches: what splits the global batch */
 } tide_degree;
 
 #define TIDE_FIT_WHAT_MAX  96 /* bytes of tide_fit_rule.what, NUL included */
@@ -189,9 +190,9 @@ typedef enum tide_degree {
 /*
  * One limit of the program on its layouts: the degree must divide n. A program splits
  * things by its degrees and can only split them evenly, e.g. a global batch of B samples
- * in M micro-batches per dp rank: {TIDE_DEGREE_DP, B / M, "the global batch B / M
- * micro-batches"}; attention heads, hidden and FFN widths split over tp: one
- * {TIDE_DEGREE_TP, size, "..."} each. The collection's own limits need no rule (tp divides
+ * in M micro-batches per dp rank: {TIDE_DEGREE_DP_MICRO, B, "the global batch"} (dp x M
+ * must divide B, whatever M a resize chooses); attention heads, hidden and FFN widths
+ * split over tp: one {TIDE_DEGREE_TP, size, "..."} each. The collection's own limits need no rule (tp divides
  * every split dimension; pp is at most the layers and stages cover them all): every
  * layout is checked against those anyway.
  */
@@ -202,20 +203,23 @@ typedef struct tide_fit_rule {
                                      micro-batches"); printable ASCII, may be "" */
 } tide_fit_rule;
 
-/* Static lower-case name of a degree ("dp", "tp", "pp"), "?" when out of range; any thread. */
+/* Static lower-case name of a degree ("dp", "tp", "pp", "dp_micro"), "?" when out of range;
+   any thread. */
 TIDE_API const char *tide_degree_name(tide_degree degree);
 
 /*
- * Checks the degrees (dp, tp, pp) against rules[0..n): TIDE_OK when each degree divides
- * the n of every rule for it, else TIDE_ERR_INVALID naming the first rule broken: "dp 3
- * does not divide 4 (the global batch 16 / 4 micro-batches)". Malformed rules (more than
+ * Checks the degrees (dp, tp, pp) and the micro-batch count against rules[0..n): TIDE_OK
+ * when each degree (dp_micro: dp x micro) divides the n of every rule for it, else
+ * TIDE_ERR_INVALID naming the first rule broken: "dp 3 does not divide 4 (...)", "dp 3 x 4
+ * micro-batches = 12 does not divide 16 (the global batch)". Malformed rules (more than
  * TIDE_FIT_RULES_MAX, an unknown degree, n < 1, what not a printable string) and degrees
  * below 1 are TIDE_ERR_INVALID too. rules may be NULL when n is 0. Pure.
  */
-TIDE_API tide_status tide_fit_check(const tide_fit_rule *rules, size_t n, int dp, int tp, int pp);
+TIDE_API tide_status tide_fit_check(const tide_fit_rule *rules, size_t n, int dp, int tp, int pp,
+                                    int micro);
 
-/* Writes the rules as text ("dp divides 4 (the global batch 16 / 4 micro-batches); tp
-   divides 64 (the hidden size)"; "any layout" when n is 0) into buf; returns buf. */
+/* Writes the rules as text ("dp x micro-batches divides 16 (the global batch); tp divides 64
+   (the hidden size)"; "any layout" when n is 0) into buf; returns buf. */
 TIDE_API char *tide_fit_format(const tide_fit_rule *rules, size_t n, char *buf, size_t len);
 
 /* ---- shard geometry -------------------------------------------------------------- */

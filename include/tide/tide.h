@@ -189,8 +189,9 @@ typedef struct tide_join_req {
     const char *job;                     /* job name: [A-Za-z0-9._:-], 1..127 chars */
     const tide_collection_t *collection; /* the job's state; borrowed, must outlive t */
     int dp, tp, pp;                      /* requested first layout */
-    int micro_batches;                   /* micro-batches per step (>= 1); every layout of
-                                            the job keeps this count */
+    int micro_batches;                   /* micro-batches per step of each dp rank (its
+                                            pipeline), not of the whole job (>= 1); a
+                                            resize may change it (view->layout says) */
     int64_t start_step;                  /* steps already completed (0, or a checkpoint's) */
     const tide_fit_rule *fit;            /* what layouts the program can run (collection.h): each
                                             degree must divide the n of every rule for it; borrowed

@@ -104,7 +104,7 @@ def _need_torch() -> None:
         raise TideError(Status.ERR_UNSUPPORTED, "PyTorch is not installed")
 
 
-_DEGREES = {"dp": 0, "tp": 1, "pp": 2}
+_DEGREES = {"dp": 0, "tp": 1, "pp": 2, "dp_micro": 3}  # tide_degree
 
 
 def _fit_rules(fit: Optional[Sequence[Tuple[Any, ...]]]) -> Tuple[Any, int]:
@@ -123,7 +123,7 @@ def _fit_rules(fit: Optional[Sequence[Tuple[Any, ...]]]) -> Tuple[Any, int]:
         degree, n = rule[0], rule[1]
         what = rule[2] if len(rule) == 3 else ""
         if degree not in _DEGREES:
-            raise _invalid("fit[%d]: degree must be \"dp\", \"tp\" or \"pp\", got %r"
+            raise _invalid("fit[%d]: degree must be \"dp\", \"tp\", \"pp\" or \"dp_micro\", got %r"
                            % (i, degree))
         if not _is_int(n) or not 1 <= n <= 1 << 62:
             raise _invalid("fit[%d]: n must be an int in 1..2^62, got %r" % (i, n))
@@ -603,9 +603,9 @@ class Runtime:
              fit: Optional[Sequence[Tuple[Any, ...]]] = None) -> View:
         """Joins online job `job` with its first layout (collective over the pool); returns
         the view. The collection is frozen from here on. fit: what layouts the program can
-        run, as (degree, n) or (degree, n, what) tuples, degree "dp", "tp" or "pp": that
-        degree must divide n (e.g. ("dp", global_batch // micro_batches, "the global
-        batch")); tided refuses resizes that break one and recovers only to layouts that
+        run, as (degree, n) or (degree, n, what) tuples, degree "dp", "tp", "pp" or
+        "dp_micro" (dp x micro-batches): that degree must divide n (e.g. ("dp_micro",
+        global_batch, "the global batch")); tided refuses resizes that break one and recovers only to layouts that
         keep them all (tide_join_req.fit in tide.h)."""
         t = self._live()
         if self._coll is not None:

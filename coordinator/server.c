@@ -582,11 +582,12 @@ void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *r
  */
 /* Tells the live ranks that joined j but hold none of its coordinates that it ended: a
    pool that never got connected (or whose peers cannot reach it) stops waiting. */
-static void tell_idle_job_end(tide_server_t *s, const tide_coord_job_t *j)
+static void tell_idle_job_end(tide_server_t *s, const tide_coord_job_t *j, const char *why)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_JOB_END);
     snprintf(m.u.job_end.job, sizeof m.u.job_end.job, "%s", j->name);
+    snprintf(m.u.job_end.why, sizeof m.u.job_end.why, "%s", why);
     m.u.job_end.step = j->step > 0 ? (uint64_t)j->step : 0;
     int32_t world = tide_coord_job_world(j, 0);
     uint8_t *member = tide_calloc(world > 0 ? (size_t)world : 1, 1);
@@ -624,13 +625,15 @@ static void end_job(tide_server_t *s, tide_coord_job_t *j, const tide_coord_work
     }
     tide_jstate was = j->state;
     j->state = TIDE_JS_DONE;
-    tide__event(s, j->name, "job_ended",
-                "worker %d (rank %d) left with no switch pending: the job ends at step %lld under "
-                "generation %llu%s; %zu workers released",
-                by->id, by->rank, (long long)j->step, (unsigned long long)j->generation,
-                was == TIDE_JS_STALLED ? " (it was stalled)" : "", freed);
+    char why[512];
+    snprintf(why, sizeof why,
+             "worker %d (rank %d) left with no switch pending: the job ends at step %lld under "
+             "generation %llu%s; %zu workers released",
+             by->id, by->rank, (long long)j->step, (unsigned long long)j->generation,
+             was == TIDE_JS_STALLED ? " (it was stalled)" : "", freed);
+    tide__event(s, j->name, "job_ended", "%s", why);
     tide__save_job(s, j);
-    tell_idle_job_end(s, j);
+    tell_idle_job_end(s, j, why);
     s->want_backfill = 1;
 }
 

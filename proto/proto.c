@@ -450,6 +450,7 @@ static const tide__field release_fields[] = {
 static const tide__field job_end_fields[] = {
     F_JOB(tide_proto_job_end_t, job),
     F_U64(tide_proto_job_end_t, step, "step"),
+    F_TEXT(tide_proto_job_end_t, why, "why"),
 };
 
 static const tide__field join_port_fields[] = {

@@ -255,11 +255,13 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_leave;         /* <= TIDE_PROTO_WORKERS_MAX */
 } tide_proto_layout_msg_t;
 
-/* "job_end" tided -> worker: the job this idle rank joined has ended (its last member
-   said bye) after `step` steps; the rank stops waiting for a layout. */
+/* "job_end" tided -> worker: the job this idle rank joined has ended (a member said bye
+   with no switch pending, or every rank of it is gone) after `step` steps; the rank stops
+   waiting for a layout. */
 typedef struct tide_proto_job_end {
-    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
-    uint64_t step;                     /* "step": steps the job completed */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
+    uint64_t step;                      /* "step": steps the job completed */
+    char why[TIDE_PROTO_TEXT_MAX + 1];  /* "why": tided's job_ended event, for the rank's log */
 } tide_proto_job_end_t;
 
 /* "release" tided -> worker: generation gen of the job, committed, released every rank of

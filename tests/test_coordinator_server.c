@@ -709,6 +709,9 @@ Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = te
     expect_type(w[2].sock, TIDE_MSG_JOB_END, &r);
     cr_assert_str_eq(r.u.job_end.job, "train");
     cr_assert_eq(r.u.job_end.step, 17u);
+    cr_assert(strstr(r.u.job_end.why, "left with no switch pending: the job ends at step 17 ") !=
+                  NULL,
+              "the idle rank is told why: %s", r.u.job_end.why);
     tide_msg_clear(&r);
     cr_assert_eq(count_events(admin, "recovery_started"), 0);
     cr_assert_eq(count_events(admin, "stalled"), 0);

@@ -18,6 +18,11 @@
  *             forever (its allgather of colours over the new all). Checked: the
  *             survivors' tide_reshard fails with TIDE_ERR_ABORTED within 25 s (a watchdog
  *             fails the test after 40 s), and the job recovers from (dp 3) and trains.
+ *   nofinish  3 ranks, a job of dp 2 (one rank idle): the members stop after step 6 without
+ *             tide_finish (an error path of the program) and only destroy their runtimes
+ *             (bye). The idle rank must not wait forever: tided ends the job on the first
+ *             member's bye and tells the idle rank, whose tide_step_begin returns
+ *             TIDE_STEP_FINISHED within 15 s.
  *   deadcomm  2 ranks (dp 2): every rank's allreduce of step 3 fails with TIDE_ERR_ABORTED
  *             (what nccl reports for ncclSystemError) while nobody died. No recovery ever
  *             comes: the step must not be retried on the dead communicators (it would be,
@@ -49,7 +54,8 @@
 #define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
 #define MAX_STEPS 400
 
-enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM };
+enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_NOFINISH };
+#define NOFINISH_AT 6 /* nofinish: the members stop after this many steps */
 static int g_mode, g_rank;
 
 /* ---- failing checks end every rank -------------------------------------------------------- */
@@ -291,7 +297,8 @@ typedef struct result {
     int64_t aborted;    /* switches that failed (build: the one the victim died in) */
     int64_t steps;      /* steps this rank completed */
     int64_t join_ms;    /* tide_join */
-    int64_t gave_up_ms; /* deadcomm: from the failed step's end to tide_step_begin's error */
+    int64_t gave_up_ms; /* deadcomm: from the failed step's end to tide_step_begin's error;
+                           nofinish: the idle rank's wait for TIDE_STEP_FINISHED */
 } result;
 
 static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
@@ -324,8 +331,10 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             break;
         }
         MT_OK(rc);
-        if (a == TIDE_STEP_FINISHED)
+        if (a == TIDE_STEP_FINISHED) {
+            res->gave_up_ms = (int64_t)((tide_now_ns() - tb) / 1000000ull);
             break;
+        }
         if (a == TIDE_STEP_RECONFIGURE) {
             const tide_view *nv = tide_view_next(t);
             v = tide_view_get(t);
@@ -370,6 +379,8 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         v = tide_view_get(t);
         int64_t s = v->step;
         MT_ASSERT(s < MAX_STEPS, "the job did not get to its end within %d steps", MAX_STEPS);
+        if (g_mode == MODE_NOFINISH && s >= NOFINISH_AT)
+            break; /* no tide_finish: the caller destroys the runtime */
         if (res->last_gen == final_gen && s >= res->switch_at + 3) {
             MT_OK(tide_finish(t));
             break;
@@ -401,13 +412,14 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
 int main(int argc, char **argv)
 {
     if (argc < 3 || (strcmp(argv[2], "join") != 0 && strcmp(argv[2], "build") != 0 &&
-                     strcmp(argv[2], "deadcomm") != 0)) {
-        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm\n");
+                     strcmp(argv[2], "deadcomm") != 0 && strcmp(argv[2], "nofinish") != 0)) {
+        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm|nofinish\n");
         return 2;
     }
-    g_mode = strcmp(argv[2], "join") == 0    ? MODE_JOIN
-             : strcmp(argv[2], "build") == 0 ? MODE_BUILD
-                                             : MODE_DEADCOMM;
+    g_mode = strcmp(argv[2], "join") == 0       ? MODE_JOIN
+             : strcmp(argv[2], "build") == 0    ? MODE_BUILD
+             : strcmp(argv[2], "deadcomm") == 0 ? MODE_DEADCOMM
+                                                : MODE_NOFINISH;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root) { /* before MPI_Init: fork is safe here */
@@ -445,13 +457,13 @@ int main(int argc, char **argv)
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     tide_collection_t *coll = make_collection();
-    tide_join_req jr = {JOB, coll, size, 1, 1, 1, 0, NULL, 0};
+    tide_join_req jr = {JOB, coll, g_mode == MODE_NOFINISH ? 2 : size, 1, 1, 1, 0, NULL, 0};
     result res;
     memset(&res, 0, sizeof res);
     uint64_t t0 = tide_now_ns();
     MT_OK(tide_join(t, &jr));
     res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
-    MT_ASSERT(g_rank != VICTIM || g_mode == MODE_BUILD || g_mode == MODE_DEADCOMM,
+    MT_ASSERT(g_rank != VICTIM || g_mode != MODE_JOIN,
               "the victim survived its join");
     if (g_mode == MODE_JOIN)
         MT_ASSERT(res.join_ms < 20000,
@@ -460,11 +472,14 @@ int main(int argc, char **argv)
                   "60 s) instead of ending with tided's recovery",
                   (long long)res.join_ms);
     run(t, coll, endpoint, &res);
-    MT_ASSERT(g_mode == MODE_DEADCOMM || g_rank != VICTIM, "the victim is still alive");
+    if (g_mode == MODE_NOFINISH)
+        tide_destroy(&t); /* the members' bye, before anything waits for the idle rank */
+    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_NOFINISH || g_rank != VICTIM,
+              "the victim is still alive");
 
     /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
     MPI_Comm surv = MPI_COMM_NULL;
-    if (g_mode == MODE_DEADCOMM) {
+    if (g_mode == MODE_DEADCOMM || g_mode == MODE_NOFINISH) {
         MPI_Comm_dup(MPI_COMM_WORLD, &surv);
     } else {
         MPI_Group wg, sg;
@@ -487,6 +502,17 @@ int main(int argc, char **argv)
         MT_ASSERT(lo[3] == 1 && hi[3] == 1, "every survivor's switch to generation 2 failed once");
         MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
                   "every survivor then switched to the recovery (generation 3) at one step");
+    } else if (g_mode == MODE_NOFINISH) {
+        /* two members ran the steps, the idle rank none, and it was released in time */
+        MT_ASSERT(lo[4] == 0 && hi[4] == NOFINISH_AT, "steps %lld..%lld", (long long)lo[4],
+                  (long long)hi[4]);
+        int64_t waited = res.steps == 0 ? res.gave_up_ms : 0, most = 0;
+        MPI_Allreduce(&waited, &most, 1, MPI_INT64_T, MPI_MAX, surv);
+        MT_ASSERT(res.steps != 0 || res.gave_up_ms > 0, "the idle rank was never released");
+        MT_ASSERT(most < 15000,
+                  "the idle rank waited %lld ms for the end of a job whose members stopped "
+                  "without tide_finish",
+                  (long long)most);
     } else {
         MT_ASSERT(lo[4] == FAIL_STEP && hi[4] == FAIL_STEP, "steps before the failure");
         MT_ASSERT(lo[6] >= 2500 && hi[6] < 20000,

@@ -55,6 +55,7 @@ struct tide__ctl {
     tide__agree agree;
     tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
     int job_ended;       /* tided said the job ended (job_end) */
+    char end_why[TIDE_PROTO_TEXT_MAX + 1]; /* and why */
     int64_t end_step;
     uint64_t released_gen; /* tided released this rank's pool at this generation (0: not) */
     uint64_t port_gen;     /* generation the join port below belongs to (0: none) */
@@ -345,17 +346,20 @@ static void on_job_end(tide__ctl_t *ctl, const tide_proto_job_end_t *e)
     if (strcmp(e->job, ctl->job) == 0) {
         ctl->job_ended = 1;
         ctl->end_step = (int64_t)e->step;
+        snprintf(ctl->end_why, sizeof ctl->end_why, "%s", e->why);
         pthread_cond_broadcast(&ctl->cv);
     }
     pthread_mutex_unlock(&ctl->mu);
 }
 
-int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step)
+int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step, char *why, size_t why_len)
 {
     pthread_mutex_lock(&ctl->mu);
     int ended = ctl->job_ended;
     if (ended && step != NULL)
         *step = ctl->end_step;
+    if (ended && why != NULL && why_len > 0)
+        snprintf(why, why_len, "%s", ctl->end_why);
     pthread_mutex_unlock(&ctl->mu);
     return ended;
 }

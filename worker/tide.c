@@ -978,11 +978,12 @@ static int job_ended(tide_t *t)
         return 1;
     }
     int64_t last = 0;
-    if (tide__ctl_job_ended(t->ctl, &last)) {
-        /* tided's word: the members that could release this rank cannot reach it (its
-           pool never got connected to theirs) or are gone */
-        TIDE_INFO(SUBSYS, "job %s ended at step %lld (tided); idle rank %d released", t->job,
-                  (long long)last, t->rank);
+    char why[TIDE_PROTO_TEXT_MAX + 1] = "";
+    if (tide__ctl_job_ended(t->ctl, &last, why, sizeof why)) {
+        /* tided's word: a member stopped without tide_finish (or the members that could
+           release this rank cannot reach it, or are gone) */
+        TIDE_INFO(SUBSYS, "job %s ended at step %lld: tided says %s; idle rank %d released",
+                  t->job, (long long)last, why[0] ? why : "so", t->rank);
         return 1;
     }
     int flag = 0;

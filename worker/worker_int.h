@@ -264,9 +264,10 @@ tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
    job named in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
 tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 
-/* 1 (and the job's last step in *step, may be NULL) once tided said the job ended
-   (job_end, sent to its idle ranks), else 0. Any thread; takes ctl's lock. */
-int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step);
+/* 1 (and the job's last step in *step, tided's reason in why[0..why_len); both may be
+   NULL) once tided said the job ended (job_end, sent to its idle ranks), else 0. Any
+   thread; takes ctl's lock. */
+int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step, char *why, size_t why_len);
 
 /* The generation whose commit released this rank's pool from the job (release), or 0.
    Any thread; takes ctl's lock. */

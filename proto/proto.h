@@ -211,7 +211,10 @@ typedef struct tide_proto_join {
  * connected once this generation runs. A generation that connects a pool launched
  * later lists the job ranks of both sides of the connection: "join_old" (the ranks
  * already connected that take part, sorted) and "join_new" (the joining pool's, sorted);
- * both are empty otherwise.
+ * both are empty otherwise. "recover" says at announcement that the generation is a
+ * recovery after a worker loss (its prev names a dead member), as its commit will: a
+ * worker builds the communicators of a plain resize while the old layout still trains,
+ * and must not wait there for a member that died.
  */
 typedef struct tide_proto_layout_msg {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
@@ -224,6 +227,7 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_join_old;      /* <= TIDE_PROTO_WORKERS_MAX */
     int32_t *join_new;        /* "join_new": owned */
     uint32_t n_join_new;      /* <= TIDE_PROTO_WORKERS_MAX */
+    int recover;              /* "recover": bool, a recovery (see above) */
 } tide_proto_layout_msg_t;
 
 /* "job_end" tided -> worker: the job this idle rank joined has ended (its last member

@@ -1,14 +1,12 @@
 /*
  * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
- * host memory): usage test_examples_tide TIDED TIDECTL MODE, MODE one of
- *   dp      (dp 2) -> (dp 4) -> (dp 1)
- *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
- *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
- *   mixed   (2,2,2) -> (1,4,2) -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)]
- *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
- *   hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks (tests/test_multihost_resize.sh
- *           runs it across the hosts of scripts/cluster.sh, tided outside the job)
- * Rank 0 starts tided on a free loopback port with a temporary state file (or, with
+ * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL MODE, MODE
+ * one of dp      (dp 2) -> (dp 4) -> (dp 1) tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2) pp (pp 1)
+ * -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers mixed   (2,2,2) -> (1,4,2)
+ * -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)] mixed-zero1   the same with the Adam
+ * moments DP-sharded (ZeRO-1) hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks
+ * (tests/test_multihost_resize.sh runs it across the hosts of scripts/cluster.sh, tided outside the
+ * job) Rank 0 starts tided on a free loopback port with a temporary state file (or, with
  * TIDE_TEST_TIDED_ENDPOINT set, uses that tided, with CURVE keys: TIDE_KEY for the ranks,
  * TIDE_TEST_ADMIN_KEY for the resizes, TIDE_SERVER_KEY); every rank
  * runs the elastic loop of train_mlp --tide (tide_mlp_tide_train) on the model; a
@@ -17,7 +15,9 @@
  * Checked: the full state gathered over the old layout's members right before each
  * reshard is bit-identical to the one gathered over the new layout right after it
  * (every tensor, moments, step counter and data cursor included; replicas agree); every
- * participant switched at the same step; every step ran exactly once on every member of
+ * switch took the communicators and plan built during its preparation (stats.prepared,
+ * next to no time on groups at the switch step); every participant switched at the same
+ * step; every step ran exactly once on every member of
  * the layout active then (none lost or repeated); each generation has the requested
  * layout; the loss of every step equals on all members and matches the never-resized
  * run (the first layout over plain MPI, same steps) within relative 1e-5; the whole final
@@ -48,14 +48,14 @@
 #include "mlp_state.h"
 #include "mpi_test.h"
 
-#define JOB       "mlp-test"
-#define MAX_STEPS 1000
-#define MAX_GEN   6
-#define MAX_T     256 /* collection tensors */
-#define REL_TOL   1e-5
+#define JOB        "mlp-test"
+#define MAX_STEPS  1000
+#define MAX_GEN    6
+#define MAX_T      256 /* collection tensors */
+#define REL_TOL    1e-5
 #define STATE_RTOL 1e-4 /* relative L2 of a float tensor of the final state */
-#define GAP       3 /* steps each generation runs before the next resize is sent */
-#define TAIL      4 /* steps run after the last switch */
+#define GAP        3    /* steps each generation runs before the next resize is sent */
+#define TAIL       4    /* steps run after the last switch */
 
 typedef struct gen_spec {
     int dp, tp, pp;
@@ -154,8 +154,8 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
     snprintf(dp, sizeof dp, "%d", g->dp);
     snprintf(tp, sizeof tp, "%d", g->tp);
     snprintf(pp, sizeof pp, "%d", g->pp);
-    const char *args[20] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp, "--dry-run",
-                            "--json"};
+    const char *args[20] = {"resize", JOB,    "--dp", dp,          "--tp",
+                            tp,       "--pp", pp,     "--dry-run", "--json"};
     int n = 10;
     if (g->stages != NULL) {
         args[n++] = "--stages";
@@ -174,8 +174,8 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
         return -1;
     cs->dry_sent[gen] = (uint64_t)sent;
     cs->dry_cross[gen] = (uint64_t)cross;
-    printf("dry run for generation %d: %lld bytes to send, %lld of them across hosts\n", gen,
-           sent, cross);
+    printf("dry run for generation %d: %lld bytes to send, %lld of them across hosts\n", gen, sent,
+           cross);
     fflush(stdout);
     return 0;
 }
@@ -257,6 +257,7 @@ typedef struct record {
     /* bytes over every switch of this rank: new shards kept, shrunk in place, rebuilt
        in pool blocks; old shards spilled to host memory */
     uint64_t kept, shrunk, rebuilt, spilled;
+    double groups_ms; /* the switch steps' time on the new layout's communicators, ms */
 } record;
 
 /* Every tensor-parallel group of l on one host. */
@@ -363,6 +364,17 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     MT_ASSERT(st->rs.plan_ms >= 0 && st->rs.move_ms >= 0 && st->rs.sync_ms >= 0 &&
                   st->rs.groups_ms >= 0 && st->rs.total_ms >= st->rs.move_ms,
               "inconsistent switch timings");
+    /* every resize here is a plain one, every participant alive, on MPI_THREAD_MULTIPLE:
+       its communicators and plan were made while the old layout trained, and the switch
+       step made none (groups_ms: taking them; making them here costs three splits) */
+    MT_ASSERT(st->rs.prepared == 1,
+              "rank %d: generation %llu switched without communicators built ahead",
+              (int)tide_pool_rank(t), (unsigned long long)g);
+    MT_ASSERT(st->rs.groups_ms < 20.0,
+              "rank %d: generation %llu spent %.3f ms on the new layout's communicators at the "
+              "switch step, though they were built ahead",
+              (int)tide_pool_rank(t), (unsigned long long)g, st->rs.groups_ms);
+    r->groups_ms += st->rs.groups_ms;
     if (v->member)
         hash_state(t, m, r->after[g]);
     return TIDE_OK;
@@ -438,10 +450,14 @@ int main(int argc, char **argv)
     if (is_root)
         start_tided(argv[1]); /* before MPI_Init: fork is safe here */
     int prov = 0, size = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    /* as train_mlp: libtide builds the communicators of an announced layout on its
+       preparation thread while the steps run, which needs MPI_THREAD_MULTIPLE */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MT_ASSERT(size == 8, "run with 8 ranks, not %d", size);
+    MT_ASSERT(prov == MPI_THREAD_MULTIPLE, "MPI gives thread level %d, not MPI_THREAD_MULTIPLE",
+              prov);
 
     static ctl_state cs;
     cs.tidectl = argv[2];
@@ -637,8 +653,9 @@ int main(int argc, char **argv)
         printf("%s: switches at steps", g_mode->name);
         for (int g = 2; g <= n_gens; g++)
             printf(" %lld", (long long)hi[g]);
-        printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e\n",
-               (long long)end, n_gens - 1, worst);
+        printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e; "
+               "communicators built ahead, %.3f ms on them at rank 0's switch steps\n",
+               (long long)end, n_gens - 1, worst, rec.groups_ms);
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);

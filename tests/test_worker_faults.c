@@ -23,6 +23,21 @@
  *             comes: the step must not be retried on the dead communicators (it would be,
  *             forever), and tide_step_begin must give up after the switch timeout (3 s)
  *             with TIDE_ERR_TIMEOUT saying why.
+ *   prepdie   3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3): rank 2 dies as its
+ *             preparation thread starts building the new layout's communicators ahead of
+ *             the switch, while the others' preparation threads wait for it in the
+ *             handshake. tided aborts the generation and recovers over the survivors:
+ *             the abort must end their builds (no switch step may wait for a build, the
+ *             watchdog fails any tide_step_begin or tide_reshard past 40 s), and they
+ *             switch to the recovery (built at its switch step, as a recovery is) and
+ *             train.
+ *   prepabort 3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3) while rank 1 stalls in
+ *             a step for 4 s; tided (resize timeout 2 s) aborts the generation after every
+ *             rank built its communicators ahead (5 of them: the switch's, all, tp, dp,
+ *             pp). Nothing may be left of them once the ranks go on in (dp 3): every
+ *             rank holds exactly the old layout's 4 communicators a few steps later (the
+ *             ASan build checks that nothing leaks). A second resize to the same layout
+ *             then switches with communicators built ahead (stats.prepared).
  * The state is a toy collection whose values are a function of tensor, element and steps
  * completed; every switch is checked bit for bit before and after. A failed check kills
  * every rank (MPI_Abort does not end the others under --enable-recovery).
@@ -49,8 +64,11 @@
 #define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
 #define MAX_STEPS 400
 
-enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM };
+#define STALL_MS 4000 /* prepabort: rank 1's stalled step */
+
+enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_PREPDIE, MODE_PREPABORT };
 static int g_mode, g_rank;
+static _Thread_local int g_is_main; /* the program's main thread */
 
 /* ---- failing checks end every rank -------------------------------------------------------- */
 
@@ -85,6 +103,18 @@ static int g_in_switch, g_splits; /* build: inside tide_reshard; splits there */
 static int g_switch_destroys;     /* build: destroys there after the first split */
 static int g_aborts;              /* comm_abort calls (atomic: libtide's control thread) */
 static int g_fail_allreduce;      /* deadcomm: the next allreduce fails */
+static int g_live;                /* communicators alive in this process (atomic) */
+static int g_prep_made;           /* made on a thread of libtide's, not the main one (atomic) */
+static int g_prep_tries;          /* creations begun there (atomic) */
+
+static void born(tide_status rc, tide_coll_comm_t *const *out)
+{
+    if (rc != TIDE_OK || *out == NULL)
+        return;
+    __atomic_add_fetch(&g_live, 1, __ATOMIC_RELAXED);
+    if (!g_is_main)
+        __atomic_add_fetch(&g_prep_made, 1, __ATOMIC_RELAXED);
+}
 
 static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                              tide_coll_comm_t **out)
@@ -94,7 +124,16 @@ static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params
                 g_rank);
         _exit(0);
     }
-    return under->comm_create(pool, p, out);
+    if (!g_is_main)
+        __atomic_add_fetch(&g_prep_tries, 1, __ATOMIC_RELAXED);
+    if (g_mode == MODE_PREPDIE && g_rank == VICTIM && !g_is_main) {
+        fprintf(stderr, "[rank %d] dies as it builds the new layout's communicators ahead\n",
+                g_rank);
+        _exit(0);
+    }
+    tide_status rc = under->comm_create(pool, p, out);
+    born(rc, out);
+    return rc;
 }
 
 static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const int *members, int n,
@@ -102,13 +141,16 @@ static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const 
 {
     if (g_in_switch)
         g_splits++;
-    return under->comm_split(parent, color, key, members, n, out);
+    tide_status rc = under->comm_split(parent, color, key, members, n, out);
+    born(rc, out);
+    return rc;
 }
 
 /* In the switch of build mode, the first destroy after the first split is build_groups
    releasing the switch communicator, the new all just split off it. */
 static void fb_destroy(tide_coll_comm_t *c)
 {
+    __atomic_sub_fetch(&g_live, 1, __ATOMIC_RELAXED);
     if (g_mode == MODE_BUILD && g_in_switch && g_splits == 1 && g_switch_destroys++ == 0) {
         if (g_rank == VICTIM) {
             fprintf(stderr, "[rank %d] dies while the switch's groups are built\n", g_rank);
@@ -159,6 +201,7 @@ static void fb_register(void)
 /* ---- watchdog: a switch that hangs fails the test, not ctest's timeout ----------------------- */
 
 static uint64_t g_switch_t0; /* monotonic ns when the running tide_reshard began; 0: none */
+static uint64_t g_begin_t0;  /* the same for tide_step_begin */
 
 static void *watchdog(void *arg)
 {
@@ -169,6 +212,10 @@ static void *watchdog(void *arg)
         if (t0 != 0 && tide_now_ns() - t0 > 40ull * 1000000000ull)
             MT_FAIL("tide_reshard has run for 40 s: a participant died while the new "
                     "layout's groups were built, and nothing ended the wait for it");
+        t0 = __atomic_load_n(&g_begin_t0, __ATOMIC_RELAXED);
+        if (t0 != 0 && tide_now_ns() - t0 > 40ull * 1000000000ull)
+            MT_FAIL("tide_step_begin has waited for 40 s (a switch step waiting for a build of "
+                    "communicators ahead that waits for a dead participant?)");
     }
     return NULL;
 }
@@ -292,7 +339,12 @@ typedef struct result {
     int64_t steps;      /* steps this rank completed */
     int64_t join_ms;    /* tide_join */
     int64_t gave_up_ms; /* deadcomm: from the failed step's end to tide_step_begin's error */
+    int64_t prepared;   /* switches that took communicators built ahead */
+    int64_t live_after; /* prepabort: communicators alive after the aborted generation */
+    int64_t prep_made;  /* prepabort: made on libtide's preparation thread before it */
+    int64_t prep_tries; /* creations begun there in all */
 } result;
+#define RESULT_N 11
 
 static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
 {
@@ -308,7 +360,9 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
     for (int iter = 0; iter < 100000; iter++) {
         tide_step_action a;
         uint64_t tb = tide_now_ns();
+        __atomic_store_n(&g_begin_t0, tb, __ATOMIC_RELAXED);
         tide_status rc = tide_step_begin(t, &a);
+        __atomic_store_n(&g_begin_t0, 0, __ATOMIC_RELAXED);
         if (faulted) {
             /* deadcomm: no recovery comes; the rank gives up, bounded, and says why */
             res->gave_up_ms = (int64_t)((tide_now_ns() - tb) / 1000000ull);
@@ -339,7 +393,9 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             g_in_switch = 1;
             g_splits = g_switch_destroys = 0;
             __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
-            rc = tide_reshard(t, nb, NULL);
+            tide_reshard_stats st;
+            memset(&st, 0, sizeof st);
+            rc = tide_reshard(t, nb, &st);
             __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
             g_in_switch = 0;
             double secs = (double)(tide_now_ns() - t0) / 1e9;
@@ -362,6 +418,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
                 shards(coll, v, nb, s, 0, "after the switch");
             tide_free_buffers(t, &bufs);
             bufs = nb;
+            res->prepared += st.prepared;
             res->switches++;
             res->last_gen = (int64_t)g;
             res->switch_at = s;
@@ -374,10 +431,25 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             MT_OK(tide_finish(t));
             break;
         }
-        if (g_mode == MODE_BUILD && g_rank == 0 && !resized && v->generation == 1 &&
-            s == FAIL_STEP) {
+        int resizes = g_mode == MODE_BUILD || g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
+        if (resizes && g_rank == 0 && !resized && v->generation == 1 && s == FAIL_STEP) {
             resize(endpoint, 1, 3, 1);
             resized = 1;
+        }
+        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
+            /* the ack goes out once the build ahead is done, but the step (and the others'
+               in its allreduce) ends only after tided's resize deadline: it aborts */
+            tide_sleep_ms(STALL_MS);
+        }
+        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
+            /* the aborted generation's communicators built ahead are gone by now */
+            res->live_after = __atomic_load_n(&g_live, __ATOMIC_RELAXED);
+            res->prep_made = __atomic_load_n(&g_prep_made, __ATOMIC_RELAXED);
+        }
+        if (g_mode == MODE_PREPABORT && g_rank == 0 && resized == 1 && v->generation == 1 &&
+            s == FAIL_STEP + 5) {
+            resize(endpoint, 1, 3, 1); /* the same again: switches, built ahead */
+            resized = 2;
         }
         if (g_mode == MODE_DEADCOMM && s == FAIL_STEP && !faulted)
             g_fail_allreduce = faulted = 1;
@@ -385,7 +457,9 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         rc = tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL);
         /* build: the steps after the failed switch run on the old layout, the dead rank's
            too, until the recovery aborts them */
-        MT_ASSERT(rc == TIDE_OK || faulted || (res->aborted > 0 && rc == TIDE_ERR_ABORTED),
+        /* prepdie: the steps that wait for the dead rank, until the recovery aborts them */
+        MT_ASSERT(rc == TIDE_OK || faulted ||
+                      ((res->aborted > 0 || g_mode == MODE_PREPDIE) && rc == TIDE_ERR_ABORTED),
                   "step %lld: %s (%s)", (long long)s, tide_status_name(rc), tide_last_error());
         MT_ASSERT(rc != TIDE_OK || hi == mine, "members run different steps");
         if (rc == TIDE_OK) /* a step whose collectives failed changes no state */
@@ -400,24 +474,34 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
 
 int main(int argc, char **argv)
 {
-    if (argc < 3 || (strcmp(argv[2], "join") != 0 && strcmp(argv[2], "build") != 0 &&
-                     strcmp(argv[2], "deadcomm") != 0)) {
-        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm\n");
+    static const char *const names[] = {"join", "build", "deadcomm", "prepdie", "prepabort"};
+    g_mode = -1;
+    for (int i = 0; argc >= 3 && i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(argv[2], names[i]) == 0)
+            g_mode = i;
+    if (g_mode < 0) {
+        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm|prepdie|prepabort\n");
         return 2;
     }
-    g_mode = strcmp(argv[2], "join") == 0    ? MODE_JOIN
-             : strcmp(argv[2], "build") == 0 ? MODE_BUILD
-                                             : MODE_DEADCOMM;
+    g_is_main = 1;
+    int prep_mode = g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root) { /* before MPI_Init: fork is safe here */
-        const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "15", "--resize-timeout-ms",
-                               "30000",          NULL};
+        /* prepabort: the resize's deadline passes while rank 1 stalls */
+        const char *flags[] = {"--heartbeat-ms",
+                               "100",
+                               "--miss-limit",
+                               "15",
+                               "--resize-timeout-ms",
+                               g_mode == MODE_PREPABORT ? "2000" : "30000",
+                               NULL};
         if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], flags, NULL) != 0)
             g_coord.endpoint[0] = '\0';
     }
     int prov = 0, size = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    /* the prepare modes: communicators are built ahead only on MPI_THREAD_MULTIPLE */
+    MPI_Init_thread(&argc, &argv, prep_mode ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int want_np = g_mode == MODE_DEADCOMM ? 2 : 3;
@@ -451,8 +535,8 @@ int main(int argc, char **argv)
     uint64_t t0 = tide_now_ns();
     MT_OK(tide_join(t, &jr));
     res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
-    MT_ASSERT(g_rank != VICTIM || g_mode == MODE_BUILD || g_mode == MODE_DEADCOMM,
-              "the victim survived its join");
+    MT_ASSERT(g_rank != VICTIM || g_mode != MODE_JOIN, "the victim survived its join");
+    MT_ASSERT(!prep_mode || prov == MPI_THREAD_MULTIPLE, "MPI gives thread level %d", prov);
     if (g_mode == MODE_JOIN)
         MT_ASSERT(res.join_ms < 20000,
                   "tide_join took %lld ms: a member died while the first layout's "
@@ -460,11 +544,13 @@ int main(int argc, char **argv)
                   "60 s) instead of ending with tided's recovery",
                   (long long)res.join_ms);
     run(t, coll, endpoint, &res);
-    MT_ASSERT(g_mode == MODE_DEADCOMM || g_rank != VICTIM, "the victim is still alive");
+    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_rank != VICTIM,
+              "the victim is still alive");
+    res.prep_tries = __atomic_load_n(&g_prep_tries, __ATOMIC_RELAXED);
 
     /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
     MPI_Comm surv = MPI_COMM_NULL;
-    if (g_mode == MODE_DEADCOMM) {
+    if (g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT) {
         MPI_Comm_dup(MPI_COMM_WORLD, &surv);
     } else {
         MPI_Group wg, sg;
@@ -476,9 +562,10 @@ int main(int argc, char **argv)
         MPI_Group_free(&sg);
         MPI_Group_free(&wg);
     }
-    int64_t lo[7], hi[7];
-    MPI_Allreduce(&res, lo, 7, MPI_INT64_T, MPI_MIN, surv);
-    MPI_Allreduce(&res, hi, 7, MPI_INT64_T, MPI_MAX, surv);
+    int64_t lo[RESULT_N], hi[RESULT_N];
+    _Static_assert(sizeof(result) == RESULT_N * sizeof(int64_t), "result is RESULT_N int64_t");
+    MPI_Allreduce(&res, lo, RESULT_N, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(&res, hi, RESULT_N, MPI_INT64_T, MPI_MAX, surv);
     if (g_mode == MODE_JOIN) {
         MT_ASSERT(lo[0] == 1 && hi[0] == 1 && lo[1] == 2 && lo[2] == 0 && hi[2] == 0,
                   "every survivor switched once, to the recovery (generation 2) at step 0");
@@ -487,6 +574,28 @@ int main(int argc, char **argv)
         MT_ASSERT(lo[3] == 1 && hi[3] == 1, "every survivor's switch to generation 2 failed once");
         MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
                   "every survivor then switched to the recovery (generation 3) at one step");
+    } else if (g_mode == MODE_PREPDIE) {
+        MT_ASSERT(lo[10] >= 1, "a survivor's preparation thread never began a build ahead");
+        MT_ASSERT(lo[3] == 0 && hi[3] == 0 && hi[7] == 0,
+                  "no switch step ran for the generation whose build ahead lost a member, and "
+                  "the recovery's communicators were built at its switch step");
+        MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
+                  "every survivor switched once, to the recovery (generation 3), at one step");
+        MT_ASSERT(lo[4] >= FAIL_STEP + 3, "the survivors trained after the recovery");
+    } else if (g_mode == MODE_PREPABORT) {
+        MT_ASSERT(lo[9] >= 5,
+                  "every rank built the aborted generation's communicators ahead (5: the "
+                  "switch's, all, tp, dp, pp): at least %lld made on the preparation thread",
+                  (long long)lo[9]);
+        MT_ASSERT(lo[8] == 4 && hi[8] == 4,
+                  "after tided aborted the generation, ranks held %lld..%lld communicators: "
+                  "the old layout's 4 and nothing built ahead for the aborted one",
+                  (long long)lo[8], (long long)hi[8]);
+        MT_ASSERT(lo[3] == 0 && hi[3] == 0, "no switch failed (the aborted one never started)");
+        MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
+                  "every rank switched once, to the second resize (generation 3), at one step");
+        MT_ASSERT(lo[7] == 1,
+                  "the second resize switched with communicators built ahead on every rank");
     } else {
         MT_ASSERT(lo[4] == FAIL_STEP && hi[4] == FAIL_STEP, "steps before the failure");
         MT_ASSERT(lo[6] >= 2500 && hi[6] < 20000,
@@ -494,10 +603,10 @@ int main(int argc, char **argv)
                   (long long)lo[6], (long long)hi[6]);
     }
     if (g_rank == 0) {
-        printf("%s: tide_join %lld..%lld ms, switches %lld, failed switches %lld, last "
-               "generation %lld at step %lld, gave up after %lld ms\n",
-               argv[2], (long long)lo[5], (long long)hi[5], (long long)lo[0], (long long)lo[3],
-               (long long)lo[1], (long long)lo[2], (long long)lo[6]);
+        printf("%s: tide_join %lld..%lld ms, switches %lld (%lld built ahead), failed switches "
+               "%lld, last generation %lld at step %lld, gave up after %lld ms\n",
+               argv[2], (long long)lo[5], (long long)hi[5], (long long)lo[0], (long long)lo[7],
+               (long long)lo[3], (long long)lo[1], (long long)lo[2], (long long)lo[6]);
         printf("test_worker_faults: passed\n");
         fflush(stdout);
     }

@@ -1200,11 +1200,12 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     x.depth = 1;
     x.st.staging_cap = x.cap;
     x.pool = args->in_place != NULL ? args->in_place->pool : opts->pool;
+    tide_mem_pool_stats ps0; /* the limit in effect before: the call's own is undone */
+    memset(&ps0, 0, sizeof ps0);
     if (x.pool != NULL) {
-        tide_mem_pool_stats ps;
         tide_mem_pool_mark(x.pool);
-        tide_mem_pool_stats_get(x.pool, &ps);
-        x.st.pool_start = ps.in_use;
+        tide_mem_pool_stats_get(x.pool, &ps0);
+        x.st.pool_start = ps0.in_use;
     }
 
     /* Everything that can fail locally happens before the agreement. */
@@ -1307,6 +1308,10 @@ out:
         x.st.peak_extra = ps.peak_in_use > x.st.pool_start ? ps.peak_in_use - x.st.pool_start : 0;
         x.st.fresh_bytes = ps.fresh;
     }
+    /* the limit bounds this call only: left in place, it would bound (strict: refuse)
+       the blocks prepared ahead of the next switch, which may need more */
+    if (x.ip != NULL && x.ip->limit > 0)
+        tide_mem_pool_set_limit(x.ip->pool, ps0.limit, ps0.strict);
     x.st.seconds = (double)(tide_now_ns() - t0) / 1e9;
     if (stats)
         *stats = x.st;

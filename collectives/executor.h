@@ -91,7 +91,8 @@ typedef struct tide_exec_args {
  * new shards; the transfers then read the host copies. A rank's peak is thus at most
  * limit; the runtime sets it to the larger of its old and new state plus the staging
  * cap. If even spilling cannot make it fit, strict fails the call (TIDE_ERR_NOMEM, on
- * every rank before any byte moves) and a soft limit warns and goes over.
+ * every rank before any byte moves) and a soft limit warns and goes over. The pool's limit
+ * is the call's only: the one it had before is back when the call returns.
  * args->new_bufs[worker] is ignored (may be NULL). On failure bufs still hold the old
  * shards (a spilled one copied back into a pool block: moved says so).
  */

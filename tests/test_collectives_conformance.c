@@ -1607,6 +1607,13 @@ static void test_executor_abort_first(void)
     for (int i = 0; i < arec_n; i++)
         copies_back += arec_log[i] == EV_DEVICE && strcmp(arec_what[i], "copy_host") == 0;
     MT_ASSERT(copies_back >= 2, "the undo copied %d spilled shards back", copies_back);
+    /* the call's memory limit was the call's: left on the pool, it would bound (strict:
+       refuse) what the runtime prepares for the next switch */
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(mp, &ps);
+    MT_ASSERT(ps.limit == 0 && ps.strict == 0,
+              "the reshard left its memory limit (%llu bytes, strict %d) on the pool",
+              (unsigned long long)ps.limit, ps.strict);
     /* and the undo gave the old shards back */
     for (int t = 0; t < 2; t++) {
         unsigned char got[256];

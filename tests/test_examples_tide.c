@@ -1,12 +1,19 @@
 /*
  * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
- * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL MODE, MODE
- * one of dp      (dp 2) -> (dp 4) -> (dp 1) tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2) pp (pp 1)
- * -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers mixed   (2,2,2) -> (1,4,2)
- * -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)] mixed-zero1   the same with the Adam
- * moments DP-sharded (ZeRO-1) hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks
- * (tests/test_multihost_resize.sh runs it across the hosts of scripts/cluster.sh, tided outside the
- * job) Rank 0 starts tided on a free loopback port with a temporary state file (or, with
+ * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL
+ * MODE, MODE one of
+ *   dp      (dp 2) -> (dp 4) -> (dp 1)
+ *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
+ *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
+ *   mixed   (2,2,2) -> (1,4,2) -> (4,1,1) -> (1,2,2; stages 0-2,3-3)   [(dp, tp, pp)]
+ *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
+ *   grow2   (1,4,2) -> (1,2,2) -> (1,1,2): the ranks that stay grow twice in a row, by more
+ *           than the staging cap (16 KiB here), under TIDE_MEM_STRICT: the preparation of
+ *           each grow reserves its pool blocks (a limit a switch left on the pool refused
+ *           the second's: the log must never say that a preparation could not)
+ *   hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks (tests/test_multihost_resize.sh
+ *           runs it across the hosts of scripts/cluster.sh, tided outside the job)
+ * Rank 0 starts tided on a free loopback port with a temporary state file (or, with
  * TIDE_TEST_TIDED_ENDPOINT set, uses that tided, with CURVE keys: TIDE_KEY for the ranks,
  * TIDE_TEST_ADMIN_KEY for the resizes, TIDE_SERVER_KEY); every rank
  * runs the elastic loop of train_mlp --tide (tide_mlp_tide_train) on the model; a
@@ -42,6 +49,7 @@
 #include "coord_harness.h"
 #include "core/alloc.h"
 #include "core/keyfile.h"
+#include "core/log.h"
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_statefile.h"
 #include "examples/mlp_tide.h"
@@ -66,23 +74,43 @@ typedef struct mode {
     const char *name;
     int layers, zero1, n_gens;
     gen_spec gen[MAX_GEN];
+    uint64_t cap; /* staging cap, bytes; 0: 64 KiB */
 } mode;
 
 static const mode modes[] = {
-    {"dp", 4, 0, 3, {{2, 1, 1, NULL}, {4, 1, 1, NULL}, {1, 1, 1, NULL}}},
-    {"tp", 4, 0, 4, {{1, 1, 1, NULL}, {1, 2, 1, NULL}, {1, 4, 1, NULL}, {1, 2, 1, NULL}}},
-    {"pp", 6, 0, 3, {{1, 1, 1, NULL}, {1, 1, 2, "0-3,4-5"}, {1, 1, 4, "0-0,1-2,3-4,5-5"}}},
-    {"mixed", 4, 0, 4, {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
+    {"dp", 4, 0, 3, {{2, 1, 1, NULL}, {4, 1, 1, NULL}, {1, 1, 1, NULL}}, 0},
+    {"tp", 4, 0, 4, {{1, 1, 1, NULL}, {1, 2, 1, NULL}, {1, 4, 1, NULL}, {1, 2, 1, NULL}}, 0},
+    {"pp", 6, 0, 3, {{1, 1, 1, NULL}, {1, 1, 2, "0-3,4-5"}, {1, 1, 4, "0-0,1-2,3-4,5-5"}}, 0},
+    {"mixed",
+     4,
+     0,
+     4,
+     {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}},
+     0},
     {"mixed-zero1",
      4,
      1,
      4,
-     {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}}},
-    {"hosts", 4, 0, 3, {{2, 4, 1, NULL}, {1, 4, 2, NULL}, {2, 4, 1, NULL}}},
+     {{2, 2, 2, NULL}, {1, 4, 2, NULL}, {4, 1, 1, NULL}, {1, 2, 2, "0-2,3-3"}},
+     0},
+    {"hosts", 4, 0, 3, {{2, 4, 1, NULL}, {1, 4, 2, NULL}, {2, 4, 1, NULL}}, 0},
+    {"grow2", 4, 0, 3, {{1, 4, 2, NULL}, {1, 2, 2, NULL}, {1, 1, 2, NULL}}, 16 << 10},
 };
 
 static const mode *g_mode;
 static int g_rank;
+static int g_reserve_refused; /* preparations whose pool reservation failed (libtide's log) */
+
+/* libtide's log, still on stderr, read for what the API does not say: a preparation
+   whose pool reservation failed (the switch then takes fresh memory at its step). */
+static void log_sink(void *ctx, tide_log_level level, const char *line)
+{
+    (void)ctx;
+    (void)level;
+    if (strstr(line, "could not prepare pool memory") != NULL)
+        __atomic_add_fetch(&g_reserve_refused, 1, __ATOMIC_RELAXED);
+    fprintf(stderr, "%s\n", line);
+}
 #define HOST_LEN 64
 static char (*g_hosts)[HOST_LEN]; /* by MPI rank (= worker id): the host each rank runs on */
 static int g_multihost;           /* the ranks run on more than one host */
@@ -434,7 +462,7 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr,
-                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|hosts\n");
+                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|grow2|hosts\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
@@ -492,13 +520,14 @@ int main(int argc, char **argv)
     rec.n_tensors = tide_collection_size(rec.coll);
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
 
+    tide_log_set_sink(log_sink, NULL);
     tide_options o;
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
     o.register_timeout_ms = 20000;
     /* every switch within the larger of a rank's old and new state plus the staging cap,
        or it fails (a small cap, so that the bound is tight) */
-    o.staging_cap = 64 << 10;
+    o.staging_cap = g_mode->cap ? g_mode->cap : 64 << 10;
     o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
@@ -570,6 +599,13 @@ int main(int argc, char **argv)
        limit (tp 4 -> 2, tp/pp -> one rank holding it all) spills old shards to host */
     uint64_t ways[4] = {rec.kept, rec.shrunk, rec.rebuilt, rec.spilled}, all_ways[4];
     MPI_Allreduce(ways, all_ways, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    /* every preparation reserved its pool blocks (TIDE_MEM_STRICT refuses past a limit) */
+    int refused = __atomic_load_n(&g_reserve_refused, __ATOMIC_RELAXED), all_refused = 0;
+    MPI_Allreduce(&refused, &all_refused, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(all_refused == 0,
+              "%d preparations could not reserve pool memory (a limit left on the pool by the "
+              "switch before?)",
+              all_refused);
     int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
     MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");

@@ -354,7 +354,10 @@ fail:
 /* On ctl's preparation thread, when the runtime owns the buffers: blocks for the new
    shards this rank will receive into fresh memory (those it did not hold, or that
    grow), allocated and first-touched now, while the old layout still trains, within
-   the room the switch's memory bound leaves (its growth). The layout and buffers of
+   the room the switch's memory bound leaves: the pool may hold max(held, new state) +
+   staging cap in the switch (tide_reshard's mem_limit), so it reserves up to that over
+   what it holds now (blocks in use and cached). A shard that grows while others shrink
+   needs a block even when the rank's total stays the same. The layout and buffers of
    the current generation do not change while a preparation may run (the switch waits
    for it). */
 static void reserve_pool(tide_t *t, const tide_view *v)
@@ -376,7 +379,13 @@ static void reserve_pool(tide_t *t, const tide_view *v)
         if (n > o)
             sizes[i] = n;
     }
-    uint64_t room = new_total > old_total ? new_total - old_total : 0;
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    uint64_t held = ps.in_use > old_total ? ps.in_use : old_total;
+    uint64_t limit = (held > new_total ? held : new_total) + cap;
+    uint64_t room = limit > ps.in_use + ps.cached ? limit - ps.in_use - ps.cached : 0;
+    /* room 0 would mean no bound to the pool: nothing is reserved then */
     if (room > 0 && tide_mem_pool_reserve(t->mem, sizes, t->n_tensors, room) != TIDE_OK)
         TIDE_WARN(SUBSYS, "rank %d: could not prepare pool memory for generation %llu: %s", t->rank,
                   (unsigned long long)v->generation, tide_last_error());

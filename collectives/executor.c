@@ -901,7 +901,8 @@ static tide_status ip_spill_one(exec *x, size_t i)
 }
 
 /* Makes room for the new shards and the staging (need bytes) under the limit by
-   spilling leaving shards, largest first, then takes the new blocks. */
+   spilling leaving shards, largest first, then shards that would shrink in place (they
+   are rebuilt instead), then takes the new blocks. */
 static tide_status ip_prepare(exec *x, uint64_t staging_need)
 {
     tide_exec_in_place *ip = x->ip;
@@ -932,6 +933,39 @@ static tide_status ip_prepare(exec *x, uint64_t staging_need)
                 rc = ip_spill_one(x, cand[k]);
                 in_use -= cap < in_use ? cap : in_use;
             }
+            /* Still short: a shard that shrinks in place gives its tail back only once every
+               byte of it has been sent, so until then it holds its whole old block. Spilled,
+               that block serves the switch at once and the new shard gets a block of its
+               own (rebuilt): the rank gains the old block less the new shard. Largest gain
+               first. */
+            uint64_t *gain = NULL;
+            nc = 0;
+            if (rc == TIDE_OK && in_use + need > ip->limit) {
+                gain = tide_calloc(nt ? nt : 1, sizeof *gain);
+                if (gain == NULL)
+                    rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing shards to spill");
+                for (size_t i = 0; gain != NULL && i < nt; i++) {
+                    uint64_t cap = x->cls[i] == IP_SHRINK && ip->bufs[i] != NULL
+                                       ? tide_mem_pool_capacity(ip->pool, ip->bufs[i])
+                                       : 0;
+                    if (cap > ip->new_bytes[i]) {
+                        gain[i] = cap - ip->new_bytes[i];
+                        cand[nc++] = i;
+                    }
+                }
+                qsort_r(cand, nc, sizeof *cand, cmp_size_desc, gain);
+            }
+            for (size_t k = 0; k < nc && in_use + need > ip->limit && rc == TIDE_OK; k++) {
+                size_t i = cand[k];
+                uint64_t cap = tide_mem_pool_capacity(ip->pool, ip->bufs[i]);
+                rc = ip_spill_one(x, i);
+                if (rc == TIDE_OK) {
+                    x->cls[i] = IP_REBUILD; /* its local copies now run from the spill */
+                    need += ip->new_bytes[i];
+                    in_use -= cap < in_use ? cap : in_use;
+                }
+            }
+            tide_free(gain);
             tide_free(cand);
             TIDE_CHECK(rc);
             if (x->be->mem_kind != TIDE_MEM_HOST)
@@ -941,7 +975,7 @@ static tide_status ip_prepare(exec *x, uint64_t staging_need)
                     return tide_errorf(TIDE_ERR_NOMEM,
                                        "rank %d needs %llu bytes of new shards and staging over "
                                        "the %llu it holds, past its memory limit of %llu bytes "
-                                       "even with every leaving shard spilled",
+                                       "even with every leaving or shrinking shard spilled",
                                        x->me, (unsigned long long)need, (unsigned long long)in_use,
                                        (unsigned long long)ip->limit);
                 TIDE_WARN(EXEC_LOG, "rank %d goes %llu bytes over its memory limit of %llu bytes",

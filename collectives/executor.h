@@ -88,7 +88,9 @@ typedef struct tide_exec_args {
  * Before any byte moves, when the pool's blocks in use plus the new blocks plus the
  * staging would pass `limit`, old shards that leave (rebuilt or no longer held) are
  * spilled to host memory (pinned on a GPU), largest first, and their blocks serve the
- * new shards; the transfers then read the host copies. A rank's peak is thus at most
+ * new shards; the transfers then read the host copies. If that is not enough, shards that
+ * would shrink in place (and free their tails only at the end) are spilled too and
+ * rebuilt in new blocks, largest gain first. A rank's peak is thus at most
  * limit; the runtime sets it to the larger of its old and new state plus the staging
  * cap. If even spilling cannot make it fit, strict fails the call (TIDE_ERR_NOMEM, on
  * every rank before any byte moves) and a soft limit warns and goes over. The pool's limit

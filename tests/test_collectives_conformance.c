@@ -1639,6 +1639,95 @@ static void test_executor_abort_first(void)
     mt_pass("executor_abort_before_cleanup");
 }
 
+/* In place under a strict limit that spilling the leaving shards cannot meet: tensor 0
+   shrinks in place (old 256 bytes, new = its second half at offset 0), tensor 1 grows
+   (256 -> 512: its own old bytes, then worker w-1's). The rank holds 512 and may hold
+   640 (its new state) + 64 (staging cap): tensor 1 spilled leaves 256 + 512 new, over;
+   tensor 0 spilled too (rebuilt in a new block of 128 instead of shrinking in its 256)
+   fits exactly. Checked: the data, the spills, that every new shard moved, and the
+   pool's peak within the limit. */
+static void test_executor_shrink_spill(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    tide_mem_pool_t *mp = NULL;
+    MT_OK(tide_mem_pool_new(&mp, be, 0));
+    enum { CAP = 64 };
+    uint64_t old_bytes[2] = {256, 256}, new_bytes[2] = {128, 512};
+    unsigned char want0[128], want1[512], mine[2][256];
+    void *bufs[2];
+    int prev = (me + np - 1) % np;
+    for (int t = 0; t < 2; t++) {
+        MT_OK(tide_mem_pool_alloc(mp, 256, &bufs[t]));
+        for (int i = 0; i < 256; i++)
+            mine[t][i] = (unsigned char)(me * 37 + t * 11 + i);
+        put(bufs[t], mine[t], 256);
+    }
+    memcpy(want0, mine[0] + 128, 128);
+    memcpy(want1, mine[1], 256);
+    for (int i = 0; i < 256; i++)
+        want1[256 + i] = (unsigned char)(prev * 37 + 11 + i);
+    tide_xfer *items = calloc((size_t)np * 3, sizeof *items);
+    for (int w = 0; w < np; w++) {
+        items[3 * w] =
+            (tide_xfer){.tensor = 0, .src = w, .dst = w, .src_off = 128, .run = 128, .count = 1};
+        items[3 * w + 1] = (tide_xfer){.tensor = 1, .src = w, .dst = w, .run = 256, .count = 1};
+        items[3 * w + 2] = (tide_xfer){.tensor = 1,
+                                       .src = (w + np - 1) % np,
+                                       .dst = w,
+                                       .dst_off = 256,
+                                       .run = 256,
+                                       .count = 1};
+    }
+    tide_plan_t plan = {.items = items, .n = (size_t)np * 3};
+    uint8_t moved[2] = {0, 0};
+    tide_exec_in_place ip = {.pool = mp,
+                             .worker = me,
+                             .bufs = bufs,
+                             .old_bytes = old_bytes,
+                             .new_bytes = new_bytes,
+                             .moved = moved,
+                             .limit = 640 + CAP,
+                             .strict = 1};
+    const uint64_t **ob = calloc((size_t)np, sizeof *ob), **nb = calloc((size_t)np, sizeof *nb);
+    ob[me] = old_bytes;
+    nb[me] = new_bytes;
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = 2,
+                        .old_bytes = (const uint64_t *const *)ob,
+                        .new_bytes = (const uint64_t *const *)nb,
+                        .in_place = &ip};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    o.staging_cap = CAP;
+    tide_exec_stats st;
+    MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(st.bytes_spilled == 512 && st.bytes_shrunk == 0 && st.bytes_rebuilt == 640,
+              "spilled %llu (want both old shards: 512), shrunk %llu (0), rebuilt %llu (640)",
+              (unsigned long long)st.bytes_spilled, (unsigned long long)st.bytes_shrunk,
+              (unsigned long long)st.bytes_rebuilt);
+    MT_ASSERT(moved[0] && moved[1], "both tensors are in new blocks (moved %d %d)", moved[0],
+              moved[1]);
+    unsigned char got[512];
+    get(got, bufs[0], 128);
+    MT_ASSERT(memcmp(got, want0, 128) == 0, "tensor 0 (rebuilt from its spill) differs");
+    get(got, bufs[1], 512);
+    MT_ASSERT(memcmp(got, want1, 512) == 0, "tensor 1 differs");
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(mp, &ps);
+    MT_ASSERT(ps.peak_in_use <= 640 + CAP,
+              "the pool held %llu bytes in use at its peak, over the limit of %d",
+              (unsigned long long)ps.peak_in_use, 640 + CAP);
+    tide_coll_comm_destroy(&c);
+    for (int t = 0; t < 2; t++)
+        tide_mem_pool_free(mp, bufs[t]);
+    tide_mem_pool_destroy(&mp);
+    free(items);
+    free(ob);
+    free(nb);
+    mt_pass("executor_shrink_spill");
+}
+
 /* ---- executor: reshard planner plans --------------------------------------------------------- */
 
 #ifdef TIDE_TEST_HAVE_RESHARD
@@ -1888,6 +1977,7 @@ int main(int argc, char **argv)
     test_executor_random();
     test_executor_errors();
     test_executor_abort_first();
+    test_executor_shrink_spill();
 #ifdef TIDE_TEST_HAVE_RESHARD
     test_executor_reshard();
 #else

@@ -38,6 +38,12 @@
  *             rank holds exactly the old layout's 4 communicators a few steps later (the
  *             ASan build checks that nothing leaks). A second resize to the same layout
  *             then switches with communicators built ahead (stats.prepared).
+ *   trim      3 ranks, the runtime owning the buffers, (dp 3) -> (dp 2): the rank that
+ *             leaves gives its pool memory back to the system at the end of its switch,
+ *             which must come after its done (tided commits the generation only once
+ *             every participant reported, and freeing GiBs takes a while): the wrapper
+ *             holds the rank's first free of that trim until tided says the generation
+ *             is committed (at most 10 s), which it can only be once the done went out.
  * The state is a toy collection whose values are a function of tensor, element and steps
  * completed; every switch is checked bit for bit before and after. A failed check kills
  * every rank (MPI_Abort does not end the others under --enable-recovery).
@@ -66,7 +72,7 @@
 
 #define STALL_MS 4000 /* prepabort: rank 1's stalled step */
 
-enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_PREPDIE, MODE_PREPABORT };
+enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_PREPDIE, MODE_PREPABORT, MODE_TRIM };
 static int g_mode, g_rank;
 static _Thread_local int g_is_main; /* the program's main thread */
 
@@ -106,6 +112,9 @@ static int g_fail_allreduce;      /* deadcomm: the next allreduce fails */
 static int g_live;                /* communicators alive in this process (atomic) */
 static int g_prep_made;           /* made on a thread of libtide's, not the main one (atomic) */
 static int g_prep_tries;          /* creations begun there (atomic) */
+static int g_leaving;             /* trim: this rank leaves in the running switch */
+static int g_trim_seen = -1;      /* trim: tided committed while the trim's first free waited */
+static char g_endpoint[256];      /* tided's */
 
 static void born(tide_status rc, tide_coll_comm_t *const *out)
 {
@@ -168,6 +177,27 @@ static void fb_destroy(tide_coll_comm_t *c)
     under->comm_destroy(c);
 }
 
+static void job_gen(uint64_t *gen, int *running);
+
+/* trim: the leaving rank's first free of memory in its switch (its pool's trim) waits for
+   tided's commit of the generation, which needs this rank's done */
+static void fb_mem_free(void *ptr)
+{
+    if (g_mode == MODE_TRIM && g_in_switch && g_leaving && g_trim_seen < 0) {
+        g_trim_seen = 0;
+        uint64_t until = tide_now_ns() + 10ull * 1000000000ull;
+        while (tide_now_ns() < until && !g_trim_seen) {
+            uint64_t gen = 0;
+            int running = 0;
+            job_gen(&gen, &running);
+            g_trim_seen = gen == 2 && running;
+            if (!g_trim_seen)
+                tide_sleep_ms(20);
+        }
+    }
+    under->mem_free(ptr);
+}
+
 static void fb_abort(tide_coll_comm_t *c)
 {
     __atomic_add_fetch(&g_aborts, 1, __ATOMIC_RELAXED);
@@ -195,6 +225,7 @@ static void fb_register(void)
     fb.comm_destroy = fb_destroy;
     fb.comm_abort = fb_abort;
     fb.allreduce = fb_allreduce;
+    fb.mem_free = fb_mem_free;
     MT_OK(tide_coll_backend_register(&fb));
 }
 
@@ -329,6 +360,28 @@ static void resize(const char *endpoint, int dp, int tp, int pp)
     zmq_ctx_term(ctx);
 }
 
+/* The job's generation in tided and whether it runs (committed, no switch pending). */
+static void job_gen(uint64_t *gen, int *running)
+{
+    *gen = 0;
+    *running = 0;
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, g_endpoint, NULL, NULL, NULL, 10000);
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_JOBS);
+    tide_msg_init(&r, TIDE_MSG_NONE);
+    if (s != NULL && coord_call(s, &q, &r) == 0 && r.type == TIDE_MSG_JOBS_REPLY)
+        for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++)
+            if (strcmp(r.u.jobs_reply.rows[i].name, JOB) == 0) {
+                *gen = r.u.jobs_reply.rows[i].gen;
+                *running = r.u.jobs_reply.rows[i].state == TIDE_JOB_RUNNING;
+            }
+    tide_msg_clear(&r);
+    if (s != NULL)
+        zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
 /* ---- the test ------------------------------------------------------------------------------- */
 
 typedef struct result {
@@ -343,8 +396,10 @@ typedef struct result {
     int64_t live_after; /* prepabort: communicators alive after the aborted generation */
     int64_t prep_made;  /* prepabort: made on libtide's preparation thread before it */
     int64_t prep_tries; /* creations begun there in all */
+    int64_t trim_seen;  /* trim: the leaving rank saw the commit while its trim waited (1),
+                           did not (0); -1 on the others */
 } result;
-#define RESULT_N 11
+#define RESULT_N 12
 
 static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
 {
@@ -355,8 +410,11 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         shards(coll, v, bufs, v->step, 1, "");
         MT_OK(tide_set_buffers(t, bufs));
     }
+    int owned = g_mode == MODE_TRIM; /* the runtime owns the buffers, rebuilt in place */
+    if (owned)
+        MT_OK(tide_give_buffers(t, &bufs));
     int resized = 0, faulted = 0;
-    int64_t final_gen = g_mode == MODE_JOIN ? 2 : 3;
+    int64_t final_gen = g_mode == MODE_JOIN || g_mode == MODE_TRIM ? 2 : 3;
     for (int iter = 0; iter < 100000; iter++) {
         tide_step_action a;
         uint64_t tb = tide_now_ns();
@@ -386,16 +444,18 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             int64_t s = nv->step;
             uint64_t g = nv->generation;
             if (v->member)
-                shards(coll, v, bufs, s, 0, "before the switch");
+                shards(coll, v, owned ? tide_buffers(t) : bufs, s, 0, "before the switch");
             void **nb = NULL;
-            MT_OK(tide_alloc_buffers(t, nv, &nb));
+            if (!owned)
+                MT_OK(tide_alloc_buffers(t, nv, &nb));
+            g_leaving = v->member && !nv->member;
             uint64_t t0 = tide_now_ns();
             g_in_switch = 1;
             g_splits = g_switch_destroys = 0;
             __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
             tide_reshard_stats st;
             memset(&st, 0, sizeof st);
-            rc = tide_reshard(t, nb, &st);
+            rc = tide_reshard(t, owned ? NULL : nb, &st);
             __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
             g_in_switch = 0;
             double secs = (double)(tide_now_ns() - t0) / 1e9;
@@ -415,9 +475,11 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             v = tide_view_get(t);
             MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
             if (v->member)
-                shards(coll, v, nb, s, 0, "after the switch");
+                shards(coll, v, owned ? tide_buffers(t) : nb, s, 0, "after the switch");
             tide_free_buffers(t, &bufs);
             bufs = nb;
+            if (g_leaving)
+                res->trim_seen = g_trim_seen;
             res->prepared += st.prepared;
             res->switches++;
             res->last_gen = (int64_t)g;
@@ -434,6 +496,10 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         int resizes = g_mode == MODE_BUILD || g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
         if (resizes && g_rank == 0 && !resized && v->generation == 1 && s == FAIL_STEP) {
             resize(endpoint, 1, 3, 1);
+            resized = 1;
+        }
+        if (g_mode == MODE_TRIM && g_rank == 0 && !resized && s == FAIL_STEP) {
+            resize(endpoint, 2, 1, 1); /* one rank leaves */
             resized = 1;
         }
         if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
@@ -463,7 +529,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
                   "step %lld: %s (%s)", (long long)s, tide_status_name(rc), tide_last_error());
         MT_ASSERT(rc != TIDE_OK || hi == mine, "members run different steps");
         if (rc == TIDE_OK) /* a step whose collectives failed changes no state */
-            apply_step(coll, v, bufs);
+            apply_step(coll, v, owned ? tide_buffers(t) : bufs);
         tide_sleep_ms(10);
         MT_OK(tide_step_end(t, rc));
         if (rc == TIDE_OK)
@@ -474,13 +540,15 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
 
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"join", "build", "deadcomm", "prepdie", "prepabort"};
+    static const char *const names[] = {"join",    "build",     "deadcomm",
+                                        "prepdie", "prepabort", "trim"};
     g_mode = -1;
     for (int i = 0; argc >= 3 && i < (int)(sizeof names / sizeof names[0]); i++)
         if (strcmp(argv[2], names[i]) == 0)
             g_mode = i;
     if (g_mode < 0) {
-        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm|prepdie|prepabort\n");
+        fprintf(stderr,
+                "usage: test_worker_faults TIDED join|build|deadcomm|prepdie|prepabort|trim\n");
         return 2;
     }
     g_is_main = 1;
@@ -514,6 +582,7 @@ int main(int argc, char **argv)
         snprintf(endpoint, sizeof endpoint, "%s", g_coord.endpoint);
     MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
     MT_ASSERT(endpoint[0] != '\0', "tided did not start");
+    snprintf(g_endpoint, sizeof g_endpoint, "%s", endpoint);
 
     fb_register();
     pthread_t wd;
@@ -532,6 +601,7 @@ int main(int argc, char **argv)
     tide_join_req jr = {JOB, coll, size, 1, 1, 1, 0};
     result res;
     memset(&res, 0, sizeof res);
+    res.trim_seen = -1;
     uint64_t t0 = tide_now_ns();
     MT_OK(tide_join(t, &jr));
     res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
@@ -544,13 +614,14 @@ int main(int argc, char **argv)
                   "60 s) instead of ending with tided's recovery",
                   (long long)res.join_ms);
     run(t, coll, endpoint, &res);
-    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_rank != VICTIM,
+    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM ||
+                  g_rank != VICTIM,
               "the victim is still alive");
     res.prep_tries = __atomic_load_n(&g_prep_tries, __ATOMIC_RELAXED);
 
     /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
     MPI_Comm surv = MPI_COMM_NULL;
-    if (g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT) {
+    if (g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM) {
         MPI_Comm_dup(MPI_COMM_WORLD, &surv);
     } else {
         MPI_Group wg, sg;
@@ -582,6 +653,13 @@ int main(int argc, char **argv)
         MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
                   "every survivor switched once, to the recovery (generation 3), at one step");
         MT_ASSERT(lo[4] >= FAIL_STEP + 3, "the survivors trained after the recovery");
+    } else if (g_mode == MODE_TRIM) {
+        MT_ASSERT(hi[11] == 1,
+                  "the leaving rank freed its pool before reporting done: tided did not commit "
+                  "the generation while its trim waited (seen %lld)",
+                  (long long)hi[11]);
+        MT_ASSERT(lo[3] == 0 && lo[1] == 2 && hi[1] == 2 && lo[2] == hi[2],
+                  "every rank switched to generation 2 at one step");
     } else if (g_mode == MODE_PREPABORT) {
         MT_ASSERT(lo[9] >= 5,
                   "every rank built the aborted generation's communicators ahead (5: the "

@@ -452,10 +452,6 @@ commit:;
     t->view.pp = t->c_pp;
     for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
-    /* a rank that left gives its memory back to the system: offline work on its device
-       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool) */
-    if (in_place && !t->view.member)
-        tide_mem_pool_trim(t->mem);
     st.bytes_sent = es.bytes_sent;
     st.peak_extra = es.peak_extra;
     st.bytes_kept = es.bytes_kept;
@@ -468,6 +464,12 @@ commit:;
     st.wait_ms = t->switch_wait_ms;
     report_done(t, gen, TIDE_OK, es.bytes_sent, (double)(tide_now_ns() - t0) / 1e6);
     st.teardown_ms = (double)(tide_now_ns() - td) / 1e6;
+    /* a rank that left gives its memory back to the system: offline work on its device
+       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool).
+       After its done: tided commits the generation once every participant reported, and
+       freeing GiBs (unmapping, cudaFree) must not hold the job's commit back. */
+    if (in_place && !t->view.member)
+        tide_mem_pool_trim(t->mem);
     st.total_ms = (double)(tide_now_ns() - t0) / 1e6;
     char desc[160];
     TIDE_INFO(SUBSYS,

@@ -428,12 +428,12 @@ typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
  * Typical use: allocate the new buffers and first-touch them, so that the switch moves
  * data into memory that takes no page faults. fn runs with the rank's device already
  * current on its thread, after the runtime's own preparation of the generation (its
- * communicators, see "Threading"). tide_set_prepare waits while fn runs. fn must be thread-safe
- * against the program's steps and must not call MPI or tide_* other than tide_alloc_buffers,
- * tide_free_buffers, tide_device and tide_bind_device. The generation may still be aborted (the
- * program then frees what it prepared). tide_step_begin returns TIDE_STEP_RECONFIGURE for a
- * generation only after its fn returned. An error from fn is logged and only skips the preparation.
- * fn NULL: none (the default). Main thread.
+ * communicators, see "Threading"). tide_set_prepare waits while fn runs. fn must be
+ * thread-safe against the program's steps and must not call MPI or tide_* other than
+ * tide_alloc_buffers, tide_free_buffers, tide_device and tide_bind_device. The generation
+ * may still be aborted (the program then frees what it prepared). tide_step_begin returns
+ * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn is
+ * logged and only skips the preparation. fn NULL: none (the default). Main thread.
  */
 TIDE_API tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
 

@@ -286,6 +286,11 @@ typedef struct record {
        in pool blocks; old shards spilled to host memory */
     uint64_t kept, shrunk, rebuilt, spilled;
     double groups_ms; /* the switch steps' time on the new layout's communicators, ms */
+    /* the switch running now: this rank's buffers before it, and per tensor whether its
+       new shard is exactly its old one (the same elements) */
+    void *old_ptr[MAX_T];
+    uint8_t same[MAX_T];
+    uint64_t n_same; /* over every switch: shards that did not change (each kept its buffer) */
 } record;
 
 /* Every tensor-parallel group of l on one host. */
@@ -336,10 +341,41 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     return TIDE_OK;
 }
 
+/* 1 when view a's shard of tensor i and view b's are the same elements of it: the full
+   tensor numbered word by word (4 bytes) and both shards cut from it compare equal. */
+static int same_shard(const tide_collection_t *c, size_t i, const tide_view *a, const tide_view *b)
+{
+    if (!a->member || !b->member)
+        return 0;
+    uint64_t na = tide_shard_bytes(a->layout, c, i, a->pp_rank, a->dp_rank, a->tp_rank);
+    uint64_t nb = tide_shard_bytes(b->layout, c, i, b->pp_rank, b->dp_rank, b->tp_rank);
+    if (na != nb || na == 0)
+        return 0;
+    uint64_t bytes = tide_tensor_bytes(tide_collection_tensor(c, i));
+    uint32_t *full = malloc(bytes + 4);
+    unsigned char *sa = malloc(na), *sb = malloc(nb);
+    MT_ASSERT(full != NULL && sa != NULL && sb != NULL, "out of memory");
+    for (uint64_t k = 0; k < bytes / 4 + 1; k++)
+        full[k] = (uint32_t)k;
+    tide_shard_extract(a->layout, c, i, a->pp_rank, a->dp_rank, a->tp_rank, full, sa);
+    tide_shard_extract(b->layout, c, i, b->pp_rank, b->dp_rank, b->tp_rank, full, sb);
+    int same = memcmp(sa, sb, na) == 0;
+    free(full);
+    free(sa);
+    free(sb);
+    return same;
+}
+
 static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
 {
     record *r = ctx;
     const tide_view *nv = tide_view_next(t);
+    const tide_view *v = tide_view_get(t);
+    void *const *b = tide_buffers(t);
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        r->old_ptr[i] = v->member && b != NULL ? b[i] : NULL;
+        r->same[i] = (uint8_t)same_shard(tide_mlp_collection(m), i, v, nv);
+    }
     MT_ASSERT(nv->generation <= MAX_GEN, "generation %llu", (unsigned long long)nv->generation);
     if (tide_view_get(t)->member)
         hash_state(t, m, r->before[nv->generation]);
@@ -384,6 +420,25 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->shrunk += st->rs.bytes_shrunk;
     r->rebuilt += st->rs.bytes_rebuilt;
     r->spilled += st->rs.bytes_spilled;
+    /* tide_buffer_moved says exactly which buffers changed address, and every shard that
+       did not change kept its buffer */
+    void *const *b = tide_buffers(t);
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        void *now = v->member && b != NULL ? b[i] : NULL;
+        MT_ASSERT(tide_buffer_moved(t, i) == (now != r->old_ptr[i]),
+                  "rank %d: generation %llu: tensor %s %s address (%p -> %p), but "
+                  "tide_buffer_moved says %d",
+                  (int)tide_pool_rank(t), (unsigned long long)g,
+                  tide_collection_tensor(r->coll, i)->name,
+                  now != r->old_ptr[i] ? "changed" : "kept its", r->old_ptr[i], now,
+                  tide_buffer_moved(t, i));
+        MT_ASSERT(!r->same[i] || now == r->old_ptr[i],
+                  "rank %d: generation %llu: tensor %s's shard did not change, yet its buffer "
+                  "did (%p -> %p)",
+                  (int)tide_pool_rank(t), (unsigned long long)g,
+                  tide_collection_tensor(r->coll, i)->name, r->old_ptr[i], now);
+        r->n_same += r->same[i];
+    }
     MT_ASSERT(st->rs.bytes_kept + st->rs.bytes_shrunk + st->rs.bytes_rebuilt == st->rs.state_new,
               "rank %d: new shards kept %llu + shrunk %llu + rebuilt %llu != %llu",
               (int)tide_pool_rank(t), (unsigned long long)st->rs.bytes_kept,
@@ -608,6 +663,9 @@ int main(int argc, char **argv)
               all_refused);
     int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
     MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
+    uint64_t all_same = 0;
+    MPI_Allreduce(&rec.n_same, &all_same, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(all_same > 0, "no switch left a shard unchanged: the kept buffers are not checked");
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
@@ -690,8 +748,9 @@ int main(int argc, char **argv)
         for (int g = 2; g <= n_gens; g++)
             printf(" %lld", (long long)hi[g]);
         printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e; "
-               "communicators built ahead, %.3f ms on them at rank 0's switch steps\n",
-               (long long)end, n_gens - 1, worst, rec.groups_ms);
+               "communicators built ahead, %.3f ms on them at rank 0's switch steps; %llu "
+               "unchanged shards kept their buffers\n",
+               (long long)end, n_gens - 1, worst, rec.groups_ms, (unsigned long long)all_same);
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);

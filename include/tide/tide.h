@@ -15,10 +15,9 @@
  *   tide_options o; tide_options_init(&o);              // TIDE_* environment defaults
  *   tide_new(&t, &o, MPI_COMM_WORLD);                   // collective over the pool
  *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0});  // collective
- *   if (tide_view_get(t)->member) {
- *       tide_alloc_buffers(t, tide_view_get(t), &bufs); // from the runtime's memory pool
- *       init them; tide_give_buffers(t, &bufs);         // the runtime owns them now
- *   }
+ *   tide_alloc_buffers(t, tide_view_get(t), &bufs);     // from the runtime's memory pool
+ *   init them; tide_give_buffers(t, &bufs);             // every rank (idle: NULLs); the
+ *                                                       // runtime owns them now
  *   for (;;) {
  *       tide_step_action a;
  *       tide_step_begin(t, &a);                         // idle ranks block in here

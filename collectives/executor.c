@@ -1006,8 +1006,29 @@ static tide_status ip_prepare(exec *x, uint64_t staging_need)
     return TIDE_OK;
 }
 
-/* After every transfer: the shrinks (rows in address order), then the old blocks that
-   left go back to the pool and the spills to the host; bufs become the new shards. */
+/* How many rows from r[0] (n of them, ascending sources, none in place) one pitched copy
+   may move: the same run at constant source and destination steps (each at least the
+   run), every destination below the first source. The rows of a batch are copied in no
+   particular order, so no destination of it may overlap a source of it; rows before it
+   were copied already (stream order), and the sources of those after it lie above every
+   destination here (each row is written at or below its own source, in ascending source
+   order). A tensor-parallel shrink's rows (source step a multiple of the destination's)
+   go in batches that double: O(log rows) copies instead of one per row. */
+static uint64_t ip_batch(const ip_row *r, uint64_t n)
+{
+    if (n < 2 || r[1].run != r[0].run || r[1].src - r[0].src < r[0].run || r[1].dst <= r[0].dst ||
+        r[1].dst - r[0].dst < r[0].run)
+        return 1;
+    uint64_t sp = r[1].src - r[0].src, dp = r[1].dst - r[0].dst, m = 0;
+    while (m < n && r[m].run == r[0].run && r[m].src == r[0].src + m * sp &&
+           r[m].dst == r[0].dst + m * dp && r[m].dst + r[m].run <= r[0].src)
+        m++;
+    return m > 0 ? m : 1;
+}
+
+/* After every transfer: the shrinks (rows in address order; on a device, evenly strided
+   runs of rows in one pitched copy each), then the old blocks that left go back to the
+   pool and the spills to the host; bufs become the new shards. */
 static tide_status ip_finish(exec *x)
 {
     tide_exec_in_place *ip = x->ip;
@@ -1016,15 +1037,24 @@ static tide_status ip_finish(exec *x)
         if (x->cls[i] != IP_SHRINK)
             continue;
         char *base = ip->bufs[i];
-        for (uint64_t k = x->row_at[i]; k < x->row_at[i + 1]; k++) {
+        for (uint64_t k = x->row_at[i]; k < x->row_at[i + 1];) {
             const ip_row *r = &x->rows[k];
-            if (r->dst == r->src)
+            if (r->dst == r->src) {
+                k++;
                 continue;
-            if (x->be->mem_kind == TIDE_MEM_HOST)
+            }
+            if (x->be->mem_kind == TIDE_MEM_HOST) {
                 memmove(base + r->dst, base + r->src, (size_t)r->run);
-            else
-                TIDE_CHECK(x->be->copy2d(base + r->dst, (size_t)r->run, base + r->src,
-                                         (size_t)r->run, (size_t)r->run, 1, x->cstream));
+                k++;
+                continue;
+            }
+            /* up to 2^20 rows: one cudaMemcpyAsync each would cost seconds */
+            uint64_t m = ip_batch(r, x->row_at[i + 1] - k);
+            size_t dp = m > 1 ? (size_t)(r[1].dst - r[0].dst) : (size_t)r->run;
+            size_t sp = m > 1 ? (size_t)(r[1].src - r[0].src) : (size_t)r->run;
+            TIDE_CHECK(x->be->copy2d(base + r->dst, dp, base + r->src, sp, (size_t)r->run,
+                                     (size_t)m, x->cstream));
+            k += m;
         }
         x->st.bytes_local += ip->new_bytes[i];
     }

@@ -1728,6 +1728,107 @@ static void test_executor_shrink_spill(void)
     mt_pass("executor_shrink_spill");
 }
 
+/* A device backend's shrink in place moves its rows with the backend's pitched copy,
+   many rows a call, not one call per row (up to 2^20 rows: seconds of cudaMemcpyAsync).
+   Tensor 0 of 1024 rows of 32 bytes keeps the second half of each row (16 bytes at offset
+   16, new row pitch 16). On the mpi backend the wrapper plays a device backend whose
+   pitched copy moves the rows of one call in reverse order (a device copies them in no
+   order): a batch whose destinations overlap one of its sources corrupts the result. */
+static tide_coll_backend_v1 drec;
+static int drec_copies, drec_rows;
+
+static tide_status drec_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h,
+                               tide_coll_stream_t s)
+{
+    drec_copies++;
+    drec_rows += (int)h;
+    if (be->mem_kind != TIDE_MEM_HOST)
+        return be->copy2d(dst, dp, src, sp, w, h, s);
+    for (size_t k = h; k-- > 0;)
+        memmove((char *)dst + k * dp, (const char *)src + k * sp, w);
+    return TIDE_OK;
+}
+
+static void test_executor_shrink_rows(void)
+{
+    enum { ROWS = 1024, W = 16 };
+    drec = *be;
+    drec.name = "drec";
+    drec.mem_kind = TIDE_MEM_DEVICE; /* on mpi: host memory under a device's rules */
+    drec.copy2d = drec_copy2d;
+    int *m = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        m[i] = i;
+    tide_coll_comm_params cp = {
+        .members = m, .n_members = np, .tag = next_tag++, .timeout_ms = 20000};
+    tide_coll_comm_t *c = NULL;
+    MT_OK(tide_coll_comm_new(&c, &drec, pool, &cp));
+    free(m);
+    tide_mem_pool_t *mp = NULL;
+    MT_OK(tide_mem_pool_new(&mp, &drec, 0));
+    uint64_t old_bytes[1] = {2 * W * ROWS}, new_bytes[1] = {W * ROWS};
+    unsigned char *old = malloc(2 * W * ROWS), *want = malloc(W * ROWS), *got = malloc(W * ROWS);
+    void *bufs[1];
+    MT_OK(tide_mem_pool_alloc(mp, 2 * W * ROWS, &bufs[0]));
+    for (int i = 0; i < 2 * W * ROWS; i++)
+        old[i] = (unsigned char)(me * 13 + i * 7 + i / 251);
+    for (int r = 0; r < ROWS; r++)
+        memcpy(want + r * W, old + r * 2 * W + W, W);
+    put(bufs[0], old, 2 * W * ROWS);
+    tide_xfer *items = calloc((size_t)np, sizeof *items);
+    for (int w = 0; w < np; w++)
+        items[w] = (tide_xfer){.tensor = 0,
+                               .src = w,
+                               .dst = w,
+                               .src_off = W,
+                               .src_stride = 2 * W,
+                               .dst_stride = W,
+                               .run = W,
+                               .count = ROWS};
+    tide_plan_t plan = {.items = items, .n = (size_t)np};
+    uint8_t moved[1] = {0};
+    tide_exec_in_place ip = {.pool = mp,
+                             .worker = me,
+                             .bufs = bufs,
+                             .old_bytes = old_bytes,
+                             .new_bytes = new_bytes,
+                             .moved = moved};
+    const uint64_t **ob = calloc((size_t)np, sizeof *ob), **nb = calloc((size_t)np, sizeof *nb);
+    ob[me] = old_bytes;
+    nb[me] = new_bytes;
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = 1,
+                        .old_bytes = (const uint64_t *const *)ob,
+                        .new_bytes = (const uint64_t *const *)nb,
+                        .in_place = &ip};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    tide_exec_stats st;
+    drec_copies = drec_rows = 0;
+    MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(st.bytes_shrunk == W * ROWS && !moved[0], "tensor 0 shrank in place (%llu bytes)",
+              (unsigned long long)st.bytes_shrunk);
+    get(got, bufs[0], W * ROWS);
+    MT_ASSERT(memcmp(got, want, W * ROWS) == 0, "the rows shrunk in place differ");
+    MT_ASSERT(drec_rows == ROWS && drec_copies <= 24,
+              "%d rows moved in %d copies (one per row costs seconds at 2^20 rows; doubling "
+              "batches take about log2(rows))",
+              drec_rows, drec_copies);
+    if (me == 0)
+        printf("executor_shrink_rows: %d rows in %d pitched copies\n", drec_rows, drec_copies);
+    tide_coll_comm_destroy(&c);
+    tide_mem_pool_free(mp, bufs[0]);
+    tide_mem_pool_destroy(&mp);
+    free(items);
+    free(ob);
+    free(nb);
+    free(old);
+    free(want);
+    free(got);
+    mt_pass("executor_shrink_rows");
+}
+
 /* ---- executor: reshard planner plans --------------------------------------------------------- */
 
 #ifdef TIDE_TEST_HAVE_RESHARD
@@ -1978,6 +2079,7 @@ int main(int argc, char **argv)
     test_executor_errors();
     test_executor_abort_first();
     test_executor_shrink_spill();
+    test_executor_shrink_rows();
 #ifdef TIDE_TEST_HAVE_RESHARD
     test_executor_reshard();
 #else

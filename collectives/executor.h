@@ -166,6 +166,18 @@ void tide_exec_opts_init(tide_exec_opts *opts);
 tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *args,
                                  const tide_exec_opts *opts, tide_exec_stats *stats);
 
+/*
+ * The old shards an in-place run of args (args->in_place with the pool, buffers, sizes and
+ * limit the call will have) would spill to host memory, chosen as the call chooses them,
+ * without moving or allocating anything: sizes[i] (n_tensors entries) is tensor i's old
+ * shard bytes when it would be spilled, else 0. be, n_ranks and rank: the call's
+ * communicator's backend, size and this rank's place in it. So that the spill memory can
+ * be prepared ahead of a switch (tide_mem_pool_spill_reserve). Local; any thread.
+ */
+tide_status tide_exec_plan_spills(const tide_coll_backend_v1 *be, int n_ranks, int rank,
+                                  const tide_exec_args *args, const tide_exec_opts *opts,
+                                  uint64_t *sizes);
+
 #ifdef __cplusplus
 }
 #endif

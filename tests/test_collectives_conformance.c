@@ -1645,12 +1645,42 @@ static void test_executor_abort_first(void)
    640 (its new state) + 64 (staging cap): tensor 1 spilled leaves 256 + 512 new, over;
    tensor 0 spilled too (rebuilt in a new block of 128 instead of shrinking in its 256)
    fits exactly. Checked: the data, the spills, that every new shard moved, and the
-   pool's peak within the limit. */
+   pool's peak within the limit.
+   The spill memory is planned (tide_exec_plan_spills) and prepared (spill_reserve) before
+   the reshard, which then allocates and frees no host memory (the wrapper counts
+   host_alloc and host_free: cudaMallocHost and cudaFreeHost on nccl; on mpi the pool's
+   plain host memory goes through them too); tide_mem_pool_spill_release frees the blocks
+   afterwards on the pool's thread. */
+static tide_coll_backend_v1 srec;
+static int srec_allocs, srec_frees;
+
+static tide_status srec_host_alloc(size_t bytes, void **out)
+{
+    __atomic_add_fetch(&srec_allocs, 1, __ATOMIC_RELAXED);
+    if (be->host_alloc != NULL)
+        return be->host_alloc(bytes, out);
+    *out = malloc(bytes);
+    return *out != NULL ? TIDE_OK : TIDE_ERR_NOMEM;
+}
+
+static void srec_host_free(void *ptr)
+{
+    __atomic_add_fetch(&srec_frees, 1, __ATOMIC_RELAXED);
+    if (be->host_free != NULL)
+        be->host_free(ptr);
+    else
+        free(ptr);
+}
+
 static void test_executor_shrink_spill(void)
 {
     tide_coll_comm_t *c = world_comm();
+    srec = *be;
+    srec.name = "srec";
+    srec.host_alloc = srec_host_alloc;
+    srec.host_free = srec_host_free;
     tide_mem_pool_t *mp = NULL;
-    MT_OK(tide_mem_pool_new(&mp, be, 0));
+    MT_OK(tide_mem_pool_new(&mp, &srec, 0));
     enum { CAP = 64 };
     uint64_t old_bytes[2] = {256, 256}, new_bytes[2] = {128, 512};
     unsigned char want0[128], want1[512], mine[2][256];
@@ -1700,8 +1730,29 @@ static void test_executor_shrink_spill(void)
     tide_exec_opts o;
     tide_exec_opts_init(&o);
     o.staging_cap = CAP;
+    uint64_t planned[2] = {1, 1};
+    MT_OK(tide_exec_plan_spills(be, np, me, &a, &o, planned));
+    MT_ASSERT(planned[0] == 256 && planned[1] == 256,
+              "planned spills %llu and %llu bytes (the reshard spills both old shards)",
+              (unsigned long long)planned[0], (unsigned long long)planned[1]);
+    MT_OK(tide_mem_pool_spill_reserve(mp, planned, 2));
+    MT_ASSERT(srec_allocs == 2, "spill_reserve took %d host blocks for 2 shards", srec_allocs);
+    srec_allocs = 0;
     tide_exec_stats st;
     MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(srec_allocs == 0 && __atomic_load_n(&srec_frees, __ATOMIC_RELAXED) == 0,
+              "the reshard allocated %d and freed %d host spill blocks (all were prepared)",
+              srec_allocs, srec_frees);
+    tide_mem_pool_stats sp;
+    tide_mem_pool_stats_get(mp, &sp);
+    MT_ASSERT(sp.spill_reused == 512 && sp.spill_fresh == 0 && sp.spill == 0 &&
+                  sp.spill_cached == 512,
+              "spill memory: %llu reused, %llu fresh, %llu holding, %llu kept",
+              (unsigned long long)sp.spill_reused, (unsigned long long)sp.spill_fresh,
+              (unsigned long long)sp.spill, (unsigned long long)sp.spill_cached);
+    tide_mem_pool_spill_release(mp);
+    tide_mem_pool_stats_get(mp, &sp);
+    MT_ASSERT(sp.spill_cached == 0, "released spill blocks are still kept");
     MT_ASSERT(st.bytes_spilled == 512 && st.bytes_shrunk == 0 && st.bytes_rebuilt == 640,
               "spilled %llu (want both old shards: 512), shrunk %llu (0), rebuilt %llu (640)",
               (unsigned long long)st.bytes_spilled, (unsigned long long)st.bytes_shrunk,
@@ -1721,7 +1772,9 @@ static void test_executor_shrink_spill(void)
     tide_coll_comm_destroy(&c);
     for (int t = 0; t < 2; t++)
         tide_mem_pool_free(mp, bufs[t]);
-    tide_mem_pool_destroy(&mp);
+    tide_mem_pool_destroy(&mp); /* waits for the pool's thread */
+    MT_ASSERT(srec_frees == 2, "the pool's thread freed %d of the 2 released spill blocks",
+              srec_frees);
     free(items);
     free(ob);
     free(nb);

@@ -99,17 +99,25 @@ static const mode modes[] = {
 
 static const mode *g_mode;
 static int g_rank;
-static int g_reserve_refused; /* preparations whose pool reservation failed (libtide's log) */
+static int g_reserve_refused;  /* preparations whose pool reservation failed (libtide's log) */
+static int g_spill_unprepared; /* switches that spilled into host memory not prepared ahead */
+static int g_spill_prepared;   /* preparations that prepared host spill memory */
 
-/* libtide's log, still on stderr, read for what the API does not say: a preparation
-   whose pool reservation failed (the switch then takes fresh memory at its step). */
+/* libtide's log at level info, read for what the API does not say: a preparation whose
+   pool reservation failed (the switch then takes fresh memory at its step), host spill
+   memory prepared, and a switch that spilled into host memory allocated there (pinned on a
+   GPU: cudaMallocHost on the critical path). Warnings and errors still go to stderr. */
 static void log_sink(void *ctx, tide_log_level level, const char *line)
 {
     (void)ctx;
-    (void)level;
     if (strstr(line, "could not prepare pool memory") != NULL)
         __atomic_add_fetch(&g_reserve_refused, 1, __ATOMIC_RELAXED);
-    fprintf(stderr, "%s\n", line);
+    if (strstr(line, "host spill memory prepared") != NULL)
+        __atomic_add_fetch(&g_spill_prepared, 1, __ATOMIC_RELAXED);
+    if (strstr(line, "allocated at the switch step") != NULL)
+        __atomic_add_fetch(&g_spill_unprepared, 1, __ATOMIC_RELAXED);
+    if (level <= TIDE_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
 }
 #define HOST_LEN 64
 static char (*g_hosts)[HOST_LEN]; /* by MPI rank (= worker id): the host each rank runs on */
@@ -576,6 +584,7 @@ int main(int argc, char **argv)
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
 
     tide_log_set_sink(log_sink, NULL);
+    tide_log_set_level(TIDE_LOG_INFO);
     tide_options o;
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
@@ -655,12 +664,20 @@ int main(int argc, char **argv)
     uint64_t ways[4] = {rec.kept, rec.shrunk, rec.rebuilt, rec.spilled}, all_ways[4];
     MPI_Allreduce(ways, all_ways, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     /* every preparation reserved its pool blocks (TIDE_MEM_STRICT refuses past a limit) */
-    int refused = __atomic_load_n(&g_reserve_refused, __ATOMIC_RELAXED), all_refused = 0;
-    MPI_Allreduce(&refused, &all_refused, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    MT_ASSERT(all_refused == 0,
+    int logged[3] = {__atomic_load_n(&g_reserve_refused, __ATOMIC_RELAXED),
+                     __atomic_load_n(&g_spill_unprepared, __ATOMIC_RELAXED),
+                     __atomic_load_n(&g_spill_prepared, __ATOMIC_RELAXED)},
+        all_logged[3];
+    MPI_Allreduce(logged, all_logged, 3, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(all_logged[0] == 0,
               "%d preparations could not reserve pool memory (a limit left on the pool by the "
               "switch before?)",
-              all_refused);
+              all_logged[0]);
+    /* every spill went into host memory prepared ahead (none of these is a recovery) */
+    MT_ASSERT(all_logged[1] == 0 && (all_ways[3] == 0 || all_logged[2] > 0),
+              "%d switches spilled into host memory allocated at the switch step (%d "
+              "preparations prepared some; %llu bytes spilled)",
+              all_logged[1], all_logged[2], (unsigned long long)all_ways[3]);
     int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
     MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
     uint64_t all_same = 0;

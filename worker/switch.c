@@ -389,6 +389,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     uint64_t tm = tide_now_ns();
     TIDE_CHECK_GOTO(tide_reshard_execute(sw, &ea, &eo, &es), rc, fail);
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
+    if (in_place) {
+        tide_mem_pool_stats_get(t->mem, &ps);
+        if (ps.spill_fresh > 0) /* a recovery or join, or a preparation that failed */
+            TIDE_INFO(SUBSYS,
+                      "rank %d: generation %llu spilled %llu bytes into host memory allocated at "
+                      "the switch step (%llu prepared ahead)",
+                      t->rank, (unsigned long long)gen, (unsigned long long)ps.spill_fresh,
+                      (unsigned long long)ps.spill_reused);
+    }
 
     tc = tide_now_ns();
     /* split off sw, which build_groups releases once the new all exists; built ahead, they
@@ -470,6 +479,10 @@ commit:;
        freeing GiBs (unmapping, cudaFree) must not hold the job's commit back. */
     if (in_place && !t->view.member)
         tide_mem_pool_trim(t->mem);
+    /* the host spill blocks (prepared ahead) are freed by the pool's thread: cudaFreeHost
+       waits for the device */
+    if (in_place)
+        tide_mem_pool_spill_release(t->mem);
     st.total_ms = (double)(tide_now_ns() - t0) / 1e6;
     char desc[160];
     TIDE_INFO(SUBSYS,
@@ -509,6 +522,8 @@ fail:
         }
         t->has_next = 0;
         report_done(t, gen, rc, 0, (double)(tide_now_ns() - t0) / 1e6);
+        if (t->owned)
+            tide_mem_pool_spill_release(t->mem);
         tide_errorf(rc, "%s", detail);
     }
 out:

@@ -392,11 +392,98 @@ static void reserve_pool(tide_t *t, const tide_view *v)
     tide_free(sizes);
 }
 
+/* On ctl's preparation thread, runtime-owned, on a rank in both layouts (only such a rank
+   holds old shards it may have to spill): the host spill blocks (pinned on a GPU) that the
+   switch to pl's generation will take, prepared now, so that it neither allocates them
+   nor frees them (tide_mem_pool_spill_release) on its critical path. The executor's own
+   choice (tide_exec_plan_spills) over this rank's plan, every participant alive, with
+   the memory limit the switch will set (switch.c: mem_limit). */
+static void reserve_spill(tide_t *t, const tide_proto_layout_msg_t *pl, const tide_view *v)
+{
+    if (!v->member || !t->view.member || pl->recover || pl->n_join_new > 0 || !pl->has_prev)
+        return;
+    size_t nw = (size_t)t->size, nt = t->n_tensors ? t->n_tensors : 1;
+    tide_layout_t *prev = NULL, *nl = NULL;
+    tide_plan_t *plan = NULL;
+    int *parts = tide_malloc(nw * sizeof *parts), *rank_of = tide_malloc(nw * sizeof *rank_of);
+    uint8_t *alive = tide_malloc(nw);
+    uint64_t *ob = tide_calloc(nt, sizeof *ob), *nb = tide_calloc(nt, sizeof *nb);
+    uint64_t *sizes = tide_calloc(nt, sizeof *sizes);
+    const uint64_t **obr = tide_calloc(nw, sizeof *obr), **nbr = tide_calloc(nw, sizeof *nbr);
+    tide_status rc = TIDE_OK;
+    if (!parts || !rank_of || !alive || !ob || !nb || !sizes || !obr || !nbr)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory");
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&pl->prev, &prev), rc, out);
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&pl->layout, &nl), rc, out);
+    memset(alive, 1, nw);
+    int np = tide__participants(prev, nl, NULL, t->size, parts);
+    if (np <= 0)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory listing the participants");
+    for (size_t r = 0; r < nw; r++)
+        rank_of[r] = -1;
+    for (int k = 0; k < np; k++)
+        rank_of[parts[k]] = k;
+    const tide_view *cur = &t->view;
+    uint64_t state_old = 0, state_new = 0;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        ob[i] = tide_shard_bytes(t->layout, t->coll, i, cur->pp_rank, cur->dp_rank, cur->tp_rank);
+        nb[i] = tide_shard_bytes(nl, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        state_old += ob[i];
+        state_new += nb[i];
+    }
+    obr[t->rank] = ob;
+    nbr[t->rank] = nb;
+    TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc, out);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t held = ps.in_use > state_old ? ps.in_use : state_old;
+    tide_exec_in_place ip = {t->mem,
+                             t->rank,
+                             t->bufs,
+                             ob,
+                             nb,
+                             NULL,
+                             (held > state_new ? held : state_new) + cap,
+                             t->opts.mem_strict};
+    tide_exec_args ea = {plan, nw, t->n_tensors, rank_of, NULL, NULL, obr, nbr, &ip};
+    tide_exec_opts eo;
+    tide_exec_opts_init(&eo);
+    eo.staging_cap = t->opts.staging_cap;
+    eo.pool = t->mem;
+    TIDE_CHECK_GOTO(tide_exec_plan_spills(t->be, np, rank_of[t->rank], &ea, &eo, sizes), rc, out);
+    uint64_t total = 0;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        total += sizes[i];
+    if (total > 0) {
+        TIDE_CHECK_GOTO(tide_mem_pool_spill_reserve(t->mem, sizes, t->n_tensors), rc, out);
+        TIDE_INFO(SUBSYS, "rank %d: %llu bytes of host spill memory prepared for generation %llu",
+                  t->rank, (unsigned long long)total, (unsigned long long)v->generation);
+    }
+out:
+    if (rc != TIDE_OK)
+        TIDE_WARN(SUBSYS,
+                  "rank %d: could not prepare host spill memory for generation %llu: %s (the "
+                  "switch allocates what it spills)",
+                  t->rank, (unsigned long long)v->generation, tide_last_error());
+    tide_plan_destroy(&plan);
+    tide_layout_destroy(&prev);
+    tide_layout_destroy(&nl);
+    tide_free(parts);
+    tide_free(rank_of);
+    tide_free(alive);
+    tide_free(ob);
+    tide_free(nb);
+    tide_free(sizes);
+    tide_free(obr);
+    tide_free(nbr);
+}
+
 /* On ctl's preparation thread, for every generation this rank takes part in: first the
    communicators (every participant builds them together, so they come before anything
    slow of this rank alone), then, on a member, the pool blocks of the runtime-owned
    buffers and the program's prepare function (tide_set_prepare) for its place in the new
-   layout. */
+   layout: its pool blocks and host spill blocks. */
 static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl)
 {
     tide_t *t = ctx;
@@ -414,8 +501,10 @@ static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl)
     tide_status rc = tide_coll_device_bind(t->be, t->device);
     if (rc == TIDE_OK)
         tide__prebuild(t, gen, pl);
-    if (rc == TIDE_OK && t->owned)
+    if (rc == TIDE_OK && t->owned) {
         reserve_pool(t, &v);
+        reserve_spill(t, pl, &v);
+    }
     /* the program's function: tide_set_prepare waits while it runs, not while the
        communicators above are built (that would tie the program to its peers' pace) */
     pthread_mutex_lock(&t->prep_mu);

@@ -233,6 +233,7 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
         /* the runtime owns the state: it rebuilds it in place, the model follows */
         st.alloc_ms = 0;
         TIDE_CHECK(tide_reshard(t, NULL, &st.rs));
+        st.prepared = st.rs.prepared; /* the runtime prepared it (communicators, plan, pool) */
         const tide_view *v = tide_view_get(t);
         t0 = tide_now_ns();
         size_t moved = 0, n = tide_collection_size(tide_mlp_collection(m));
@@ -301,7 +302,8 @@ static tide_status loop(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_hooks *h, 
             if (rc != TIDE_OK && !switch_failed_cleanly(t, m, rc, g0))
                 return rc;
             if (rc != TIDE_OK)
-                TIDE_WARN(SUBSYS, "rank %d: the switch failed before moving anything (%s); "
+                TIDE_WARN(SUBSYS,
+                          "rank %d: the switch failed before moving anything (%s); "
                           "generation %llu goes on",
                           tide_pool_rank(t), tide_last_error(), (unsigned long long)g0);
             loop_comm_init(&comm, t, m, h);

@@ -19,8 +19,13 @@
  * after the change agrees between the two ways (relative 1e-5). The two ways alternate
  * --runs times (default 3) and each way's median downtime is reported (the machine's
  * load varies from run to run).
- * Goals: live downtime <= 1/30 of checkpoint-restart; each rank's peak extra memory in
- * the switch <= 1.1 x the staging cap + what its new shards needed beyond its old ones. Files:
+ * Goals: live downtime <= 1/30 of checkpoint-restart; each rank's extra memory in the
+ * switch <= 1.1 x the staging cap + what its new shards needed beyond its old ones. The
+ * memory bound is on libtide's pool: device memory on nccl (spills go to pinned host
+ * memory, reported apart), host memory on mpi, where a spill is host memory too, so there
+ * the extra counted is the pool's peak extra plus the host spill. The machine's speed of
+ * first touches of fresh memory decides much of both ways' cost and is printed with the
+ * downtimes. Files:
  * bench-out/resize_bench.json
  * (--out), checkpoint and logs under --work (removed unless --keep).
  */
@@ -78,7 +83,8 @@ typedef struct rank_rec {
        it took over what it held, what the new shards needed beyond the old, spilled to
        host, newly taken from the system */
     unsigned long long state_old, state_new, cap, peak_extra, no_room, spilled, fresh;
-    double join; /* connecting a launch that joined (--grow), ms; part of sync_peers' stage */
+    double join;      /* connecting a launch that joined (--grow), ms; part of sync_peers' stage */
+    char backend[16]; /* the collectives backend the rank ran ("" when the trace says none) */
 } rank_rec;
 
 /* One run's trace: per step its start/end (wall us) and loss; the switch step if any. */
@@ -170,6 +176,10 @@ static int read_trace(const char *path, trace *t)
                     memset(&r->state_old, 0, 7 * sizeof r->state_old);
                 const char *jn = strstr(line, " join ");
                 r->join = jn != NULL ? atof(jn + 6) : 0.0;
+                const char *bk = strstr(line, " backend ");
+                r->backend[0] = '\0';
+                if (bk != NULL && sscanf(bk, " backend %15s", r->backend) != 1)
+                    r->backend[0] = '\0';
                 t->n_ranks++;
             }
         } else if (sscanf(line, "switch gen %lld step %lld total_ms %lf move_ms %lf at_us %lld", &g,
@@ -646,6 +656,8 @@ int main(int argc, char **argv)
 
     static trace tl, ta, tb;
     result live, rst, lives[50], rsts[50];
+    static rank_rec run_ranks[50][MAX_RANKS]; /* each live run's ranks */
+    int run_nranks[50];
     double worst = 0.0;
     for (long long run = 0; run < s.runs; run++) {
         memset(&lives[run], 0, sizeof lives[run]);
@@ -654,6 +666,8 @@ int main(int argc, char **argv)
         fflush(stdout);
         if (run_live(&s, from, to, &tl, &lives[run]) != 0)
             return 1;
+        memcpy(run_ranks[run], tl.ranks, sizeof tl.ranks);
+        run_nranks[run] = tl.n_ranks;
         printf("resize_bench: run %lld/%lld: checkpoint-restart ...\n", run + 1, s.runs);
         fflush(stdout);
         if (run_restart(&s, from, to, lives[run].switch_step, lives[run].last_step, &ta, &tb,
@@ -673,35 +687,73 @@ int main(int argc, char **argv)
     live = lives[median_run(lives, (int)s.runs)];
     rst = rsts[median_run(rsts, (int)s.runs)];
     double ratio = rst.downtime_ms > 0 ? live.downtime_ms / rst.downtime_ms : 0.0;
-    printf("\n%-20s %14s %14s %16s %16s\n", "way", "downtime_ms", "switch_step", "steps/s_before",
+    int mrun = median_run(lives, (int)s.runs);
+    const rank_rec *rr = run_ranks[mrun];
+    int nr = run_nranks[mrun];
+    const char *backend = nr > 0 && rr[0].backend[0] != '\0' ? rr[0].backend : "mpi";
+    int host_mem = strcmp(backend, "nccl") != 0;
+
+    printf("\ndowntime (medians of %lld runs; the gap between the last step of the old layout "
+           "and the first of the new, on the first rank):\n",
+           s.runs);
+    printf("  %-20s %12s %12s %15s %15s\n", "way", "downtime_ms", "switch_step", "steps/s_before",
            "steps/s_after");
-    printf("%-20s %14.1f %14lld %16.3f %16.3f\n", "live (tide)", live.downtime_ms,
+    printf("  %-20s %12.1f %12lld %15.3f %15.3f\n", "live (tide)", live.downtime_ms,
            (long long)live.switch_step, live.before_sps, live.after_sps);
-    printf("%-20s %14.1f %14lld %16.3f %16.3f\n", "checkpoint-restart", rst.downtime_ms,
+    printf("  %-20s %12.1f %12lld %15.3f %15.3f\n", "checkpoint-restart", rst.downtime_ms,
            (long long)rst.switch_step, rst.before_sps, rst.after_sps);
-    printf("live: tide_reshard %.1f ms on the first rank; restart: save + exit %.1f ms, relaunch + "
-           "load %.1f ms\n",
+    printf("  machine: fresh memory first-touched at %.2f GB/s page by page, %.2f GB/s populated "
+           "in one call (the relaunch and any fresh buffer pay it)\n",
+           touch_gbs, populate_gbs);
+    printf("  live: tide_reshard %.1f ms on the first rank; restart: save + exit %.1f ms, "
+           "relaunch + load %.1f ms\n",
            live.reshard_ms, rst.stop_ms, rst.restart_ms);
+
+    /* the split of the median live run: the slowest rank per phase among the old layout's
+       members, whose last step ends the old layout (a rank joining from idle waits and syncs
+       while they still train: not downtime) */
+    double mx[PH_N], mx_reshard = 0.0;
+    int all_prepared = nr > 0;
+    for (int p = 0; p < PH_N; p++)
+        mx[p] = 0.0;
+    for (int i = 0; i < nr; i++) {
+        all_prepared &= rr[i].prepared;
+        if (rr[i].state_old == 0)
+            continue;
+        for (int p = 0; p < PH_N; p++)
+            mx[p] = fmax(mx[p], rr[i].ph[p]);
+        mx_reshard = fmax(mx_reshard, rr[i].reshard);
+    }
+    double comms = mx[PH_SYNC] + mx[PH_GROUPS];
+    printf("  live split, slowest old member per phase (ms): wait %.1f, plan %.1f, move %.1f, "
+           "comms %.1f (sync with the other participants %.1f + new groups %.1f), alloc %.1f, "
+           "teardown %.1f, adopt %.1f, tide_reshard %.1f; communicators and plan built ahead "
+           "on %s\n",
+           mx[PH_WAIT], mx[PH_PLAN], mx[PH_MOVE], comms, mx[PH_SYNC], mx[PH_GROUPS], mx[PH_ALLOC],
+           mx[PH_TEARDOWN], mx[PH_ADOPT], mx_reshard,
+           all_prepared ? "every rank" : "not every rank");
     /* a grow onto a new launch pays for connecting it too (the goal: 1/10) */
     double goal = s.grow ? 10.0 : 30.0;
-    printf("downtime ratio live%s / checkpoint-restart (medians of %lld runs) = %.4f (1/%.1f; "
-           "goal <= 1/%.0f: %s); losses of the two ways agree to %.1e (relative)\n",
-           s.grow ? " (join of a new launch + reshard)" : "", s.runs, ratio,
-           ratio > 0 ? 1.0 / ratio : 0.0, goal,
-           ratio > 0 && ratio <= 1.0 / goal ? "met" : "NOT met", worst);
+    printf("downtime goal: live%s <= 1/%.0f of checkpoint-restart: %.1f ms vs %.1f ms = 1/%.1f: "
+           "%s (first-touch %.2f GB/s); losses of the two ways agree to %.1e (relative)\n",
+           s.grow ? " (join of a new launch + reshard)" : "", goal, live.downtime_ms,
+           rst.downtime_ms, ratio > 0 ? 1.0 / ratio : 0.0,
+           ratio > 0 && ratio <= 1.0 / goal ? "met" : "NOT met", touch_gbs, worst);
 
     /* where each rank's part of the live downtime went */
-    printf(
-        "\nlive switch per rank, last run (ms; wait_commit on a rank joining from idle is its idle "
-        "wait, not downtime; prepare ran ahead on a helper thread, overlapping steps):\n");
-    printf("%5s %4s", "rank", "new");
+    printf("\nlive switch per rank, median run (ms; wait: at the step boundary for tided's commit, "
+           "on a rank joining from idle its idle wait, not downtime; sync: waiting for the other "
+           "participants; groups: the new layout's communicators, 0 when built ahead; prepare: "
+           "the program's own preparation, overlapping steps):\n");
+    printf("%5s %6s", "rank", "role");
     for (int p = 0; p < PH_N; p++)
         printf(" %11s", ph_name[p]);
     printf(" %9s %8s %8s %9s %9s %9s %8s\n", "reshard", "prepared", "prepare", "sent_MiB",
            "recv_MiB", "local_MiB", "join");
-    for (int i = 0; i < tl.n_ranks; i++) {
-        const rank_rec *r = &tl.ranks[i];
-        printf("%5d %4d", r->rank, r->member);
+    for (int i = 0; i < nr; i++) {
+        const rank_rec *r = &rr[i];
+        const char *role = r->state_old > 0 ? (r->member ? "stays" : "leaves") : "joins";
+        printf("%5d %6s", r->rank, role);
         for (int p = 0; p < PH_N; p++)
             printf(" %11.1f", r->ph[p]);
         printf(" %9.1f %8d %8.1f %9.1f %9.1f %9.1f %8.1f\n", r->reshard, r->prepared, r->prepare,
@@ -709,25 +761,43 @@ int main(int argc, char **argv)
                (double)r->local / 1048576.0, r->join);
     }
 
-    /* memory: each rank's peak over what it held, against the staging cap plus what the
-       new shards needed beyond the old ones (goal: <= 1.1 x cap + no_room) */
-    printf("\nlive switch memory per rank, last run (MiB; peak_extra: the most pool memory the "
-           "switch took over what the rank held; no_room: new state beyond the old):\n");
-    printf("%5s %4s %10s %10s %10s %11s %10s %9s %9s %6s\n", "rank", "new", "state_old",
-           "state_new", "cap", "peak_extra", "no_room", "spilled", "fresh", "goal");
-    int mem_ok = 1;
-    for (int i = 0; i < tl.n_ranks; i++) {
-        const rank_rec *r = &tl.ranks[i];
-        int ok = (double)r->peak_extra <= 1.1 * (double)r->cap + (double)r->no_room;
+    /* memory: each rank's extra against the staging cap plus what the new shards needed
+       beyond the old ones (goal: <= 1.1 x cap + no_room) */
+    printf("\nlive switch memory per rank, median run (MiB). Backend %s: ", backend);
+    if (host_mem)
+        printf("libtide's pool is host memory and so is a spill, so the goal counts the pool's "
+               "peak extra plus the host spill.\n");
+    else
+        printf("libtide's pool is device memory and the goal is about it; spills go to pinned "
+               "host memory, reported apart.\n");
+    printf("  pool_extra: the most pool memory the switch held over what the rank held when it "
+           "began (new shards, staging); host_spill: old shards spilled to host memory; no_room: "
+           "new state beyond the old; fresh: pool memory newly taken from the system\n");
+    printf("%5s %6s %10s %10s %8s %9s %11s %11s %10s %10s %9s %5s\n", "rank", "role", "state_old",
+           "state_new", "cap", "no_room", "pool_extra", "host_spill", "counted", "bound", "fresh",
+           "goal");
+    int mem_ok = 1, n_ok = 0;
+    double worst_share = 0.0;
+    for (int i = 0; i < nr; i++) {
+        const rank_rec *r = &rr[i];
+        const char *role = r->state_old > 0 ? (r->member ? "stays" : "leaves") : "joins";
+        double counted = (double)r->peak_extra + (host_mem ? (double)r->spilled : 0.0);
+        double bound = 1.1 * (double)r->cap + (double)r->no_room;
+        int ok = counted <= bound;
         mem_ok &= ok;
-        printf("%5d %4d %10.1f %10.1f %10.1f %11.1f %10.1f %9.1f %9.1f %6s\n", r->rank, r->member,
-               (double)r->state_old / 1048576.0, (double)r->state_new / 1048576.0,
-               (double)r->cap / 1048576.0, (double)r->peak_extra / 1048576.0,
-               (double)r->no_room / 1048576.0, (double)r->spilled / 1048576.0,
-               (double)r->fresh / 1048576.0, ok ? "met" : "NOT");
+        n_ok += ok;
+        worst_share = fmax(worst_share, bound > 0 ? counted / bound : 0.0);
+        printf("%5d %6s %10.1f %10.1f %8.1f %9.1f %11.1f %11.1f %10.1f %10.1f %9.1f %5s\n", r->rank,
+               role, (double)r->state_old / 1048576.0, (double)r->state_new / 1048576.0,
+               (double)r->cap / 1048576.0, (double)r->no_room / 1048576.0,
+               (double)r->peak_extra / 1048576.0, (double)r->spilled / 1048576.0,
+               counted / 1048576.0, bound / 1048576.0, (double)r->fresh / 1048576.0,
+               ok ? "met" : "NOT");
     }
-    printf("peak extra memory <= 1.1 x staging cap + no_room on every rank: %s\n",
-           mem_ok ? "met" : "NOT met");
+    printf("memory goal: per rank %s <= 1.1 x staging cap + no_room: %s on %d of %d ranks (the "
+           "worst at %.0f%% of its bound)\n",
+           host_mem ? "pool extra + host spill" : "pool (device) extra", mem_ok ? "met" : "NOT met",
+           n_ok, nr, 100.0 * worst_share);
 
     FILE *f = bench_out_open("resize_bench", s.out);
     if (f == NULL)
@@ -743,20 +813,21 @@ int main(int argc, char **argv)
         "\"steps_per_s_before\":%.4f,\"steps_per_s_after\":%.4f},"
         "\"ratio\":%.6f,\"goal_ratio\":%.4f,\"grow\":%d,\"loss_max_rel_diff\":%.3e,\"prepare\":%d,"
         "\"first_touch_gbs\":%.3f,\"populate_gbs\":%.3f,\"mem_goal_met\":%d,"
-        "\"runs\":%lld,\"live_runs_ms\":[",
+        "\"backend\":\"%s\",\"mem_goal_counts\":\"%s\",\"runs\":%lld,\"live_runs_ms\":[",
         state_gib, params, from[0], from[1], from[2], to[0], to[1], to[2], s.placement, s.np,
         (long long)live.switch_step, (long long)live.last_step, live.downtime_ms, live.reshard_ms,
         live.before_sps, live.after_sps, rst.downtime_ms, rst.stop_ms, rst.restart_ms,
         rst.before_sps, rst.after_sps, ratio, s.grow ? 0.1 : 1.0 / 30.0, s.grow, worst, s.prepare,
-        touch_gbs, populate_gbs, mem_ok, s.runs);
+        touch_gbs, populate_gbs, mem_ok, backend,
+        host_mem ? "pool_peak_extra+host_spill" : "pool_peak_extra", s.runs);
     for (long long i = 0; i < s.runs; i++)
         fprintf(f, "%s%.3f", i ? "," : "", lives[i].downtime_ms);
     fprintf(f, "],\"restart_runs_ms\":[");
     for (long long i = 0; i < s.runs; i++)
         fprintf(f, "%s%.3f", i ? "," : "", rsts[i].downtime_ms);
-    fprintf(f, "],\"live_ranks\":[");
-    for (int i = 0; i < tl.n_ranks; i++) {
-        const rank_rec *r = &tl.ranks[i];
+    fprintf(f, "],\"live_ranks_run\":%d,\"live_ranks\":[", mrun);
+    for (int i = 0; i < nr; i++) {
+        const rank_rec *r = &rr[i];
         fprintf(f, "%s{\"rank\":%d,\"member\":%d", i ? "," : "", r->rank, r->member);
         for (int p = 0; p < PH_N; p++)
             fprintf(f, ",\"%s_ms\":%.3f", ph_name[p], r->ph[p]);
@@ -764,9 +835,10 @@ int main(int argc, char **argv)
                 ",\"reshard_ms\":%.3f,\"prepared\":%d,\"prepare_ms\":%.3f,\"sent\":%llu,"
                 "\"recv\":%llu,\"local\":%llu,\"state_old\":%llu,\"state_new\":%llu,"
                 "\"staging_cap\":%llu,\"peak_extra\":%llu,\"no_room\":%llu,\"spilled\":%llu,"
-                "\"fresh\":%llu}",
+                "\"fresh\":%llu,\"mem_counted\":%llu}",
                 r->reshard, r->prepared, r->prepare, r->sent, r->recv, r->local, r->state_old,
-                r->state_new, r->cap, r->peak_extra, r->no_room, r->spilled, r->fresh);
+                r->state_new, r->cap, r->peak_extra, r->no_room, r->spilled, r->fresh,
+                r->peak_extra + (host_mem ? r->spilled : 0ull));
     }
     fprintf(f, "]}\n");
     fclose(f);

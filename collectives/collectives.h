@@ -18,9 +18,13 @@
  *   thread); MPI_THREAD_MULTIPLE when other threads also call MPI. A program
  *   initialised with MPI_THREAD_SINGLE is refused (tide_coll_pool_new fails with
  *   TIDE_ERR_UNSUPPORTED), because tide's abort is meant to come from another thread.
- * - The operations of one communicator are called from one thread at a time, the
- *   same thread that created it. Only tide_coll_comm_abort may be called from any
- *   thread at any time; it only sets an atomic flag and never touches MPI or NCCL.
+ * - The operations of one communicator are called from one thread at a time: its
+ *   owner, at first the thread that created it. Ownership may pass to another thread
+ *   once the owner is done with it and the two synchronise (a mutex, a join): libtide
+ *   creates a switch's communicators on its preparation thread and the main thread
+ *   uses them (with MPI_THREAD_MULTIPLE; on nccl the new owner binds the same device).
+ *   Only tide_coll_comm_abort may be called from any thread at any time; it only sets
+ *   an atomic flag and never touches MPI or NCCL.
  *   The thread polling the operation notices it, cancels what it can and returns
  *   TIDE_ERR_ABORTED (within milliseconds; well under the 1 s tide promises).
  * - After an abort, or after any failed operation, the communicator is dead: every

@@ -900,55 +900,109 @@ static tide_status ip_spill_one(exec *x, size_t i)
     return TIDE_OK;
 }
 
-/* Makes room for the new shards and the staging (need bytes) under the limit by
-   spilling leaving shards, largest first, then takes the new blocks. */
+/* The old shards to spill so that the new shards and the staging (staging_need bytes) fit
+   under the limit: leaving shards (rebuilt or no longer held), largest first, then shards
+   that would shrink in place, largest gain first (a shrinking shard gives its tail back
+   only once every byte of it has been sent, so until then it holds its whole old block;
+   spilled, that block serves the switch at once and the new shard is rebuilt in a block of
+   its own). order gets them (n_tensors entries), *n_order how many; *in_use and *need
+   what the pool will hold and take after those spills. Reads the pool, changes nothing:
+   the switch and its preparation (tide_exec_plan_spills) choose alike. */
+static tide_status ip_choose(const exec *x, uint64_t staging_need, size_t *order, size_t *n_order,
+                             uint64_t *in_use_out, uint64_t *need_out)
+{
+    const tide_exec_in_place *ip = x->ip;
+    size_t nt = x->a->n_tensors;
+    uint64_t need = staging_need;
+    for (size_t i = 0; i < nt; i++)
+        if (x->cls[i] == IP_REBUILD)
+            need += ip->new_bytes[i];
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(ip->pool, &ps);
+    uint64_t in_use = ps.in_use;
+    *n_order = 0;
+    if (ip->limit == 0 || in_use + need <= ip->limit) {
+        *in_use_out = in_use;
+        *need_out = need;
+        return TIDE_OK;
+    }
+    size_t *cand = tide_malloc((nt ? nt : 1) * sizeof *cand);
+    uint64_t *gain = tide_calloc(nt ? nt : 1, sizeof *gain);
+    if (cand == NULL || gain == NULL) {
+        tide_free(cand);
+        tide_free(gain);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing shards to spill");
+    }
+    size_t nc = 0;
+    for (size_t i = 0; i < nt; i++)
+        if ((x->cls[i] == IP_REBUILD || x->cls[i] == IP_LEAVE) && ip->old_bytes[i] > 0 &&
+            ip->bufs[i] != NULL)
+            cand[nc++] = i;
+    qsort_r(cand, nc, sizeof *cand, cmp_size_desc, (void *)ip->old_bytes);
+    for (size_t k = 0; k < nc && in_use + need > ip->limit; k++) {
+        uint64_t cap = tide_mem_pool_capacity(ip->pool, ip->bufs[cand[k]]);
+        order[(*n_order)++] = cand[k];
+        in_use -= cap < in_use ? cap : in_use;
+    }
+    nc = 0;
+    for (size_t i = 0; in_use + need > ip->limit && i < nt; i++) {
+        uint64_t cap = x->cls[i] == IP_SHRINK && ip->bufs[i] != NULL
+                           ? tide_mem_pool_capacity(ip->pool, ip->bufs[i])
+                           : 0;
+        if (cap > ip->new_bytes[i]) {
+            gain[i] = cap - ip->new_bytes[i];
+            cand[nc++] = i;
+        }
+    }
+    qsort_r(cand, nc, sizeof *cand, cmp_size_desc, gain);
+    for (size_t k = 0; k < nc && in_use + need > ip->limit; k++) {
+        size_t i = cand[k];
+        uint64_t cap = tide_mem_pool_capacity(ip->pool, ip->bufs[i]);
+        order[(*n_order)++] = i;
+        need += ip->new_bytes[i];
+        in_use -= cap < in_use ? cap : in_use;
+    }
+    tide_free(gain);
+    tide_free(cand);
+    *in_use_out = in_use;
+    *need_out = need;
+    return TIDE_OK;
+}
+
+/* Makes room for the new shards and the staging (need bytes) under the limit by spilling
+   what ip_choose picks (a shrinking shard spilled is rebuilt instead), then takes the new
+   blocks. */
 static tide_status ip_prepare(exec *x, uint64_t staging_need)
 {
     tide_exec_in_place *ip = x->ip;
     size_t nt = x->a->n_tensors;
-    uint64_t need = staging_need;
-    for (size_t i = 0; i < nt; i++) {
+    for (size_t i = 0; i < nt; i++)
         x->ip_old[i] = ip->bufs[i];
-        if (x->cls[i] == IP_REBUILD)
-            need += ip->new_bytes[i];
+    size_t *order = tide_malloc((nt ? nt : 1) * sizeof *order), n_order = 0;
+    if (order == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing shards to spill");
+    uint64_t in_use = 0, need = 0;
+    tide_status rc = ip_choose(x, staging_need, order, &n_order, &in_use, &need);
+    for (size_t k = 0; k < n_order && rc == TIDE_OK; k++) {
+        size_t i = order[k];
+        rc = ip_spill_one(x, i);
+        if (rc == TIDE_OK && x->cls[i] == IP_SHRINK)
+            x->cls[i] = IP_REBUILD; /* its local copies now run from the spill */
     }
-    if (ip->limit > 0) {
-        tide_mem_pool_stats ps;
-        tide_mem_pool_stats_get(ip->pool, &ps);
-        if (ps.in_use + need > ip->limit) {
-            size_t *cand = tide_malloc((nt ? nt : 1) * sizeof *cand);
-            if (cand == NULL)
-                return tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing shards to spill");
-            size_t nc = 0;
-            for (size_t i = 0; i < nt; i++)
-                if ((x->cls[i] == IP_REBUILD || x->cls[i] == IP_LEAVE) && ip->old_bytes[i] > 0 &&
-                    ip->bufs[i] != NULL)
-                    cand[nc++] = i;
-            qsort_r(cand, nc, sizeof *cand, cmp_size_desc, (void *)ip->old_bytes);
-            uint64_t in_use = ps.in_use;
-            tide_status rc = TIDE_OK;
-            for (size_t k = 0; k < nc && in_use + need > ip->limit && rc == TIDE_OK; k++) {
-                uint64_t cap = tide_mem_pool_capacity(ip->pool, ip->bufs[cand[k]]);
-                rc = ip_spill_one(x, cand[k]);
-                in_use -= cap < in_use ? cap : in_use;
-            }
-            tide_free(cand);
-            TIDE_CHECK(rc);
-            if (x->be->mem_kind != TIDE_MEM_HOST)
-                TIDE_CHECK(x->be->stream_sync(NULL, x->cstream));
-            if (in_use + need > ip->limit) {
-                if (ip->strict)
-                    return tide_errorf(TIDE_ERR_NOMEM,
-                                       "rank %d needs %llu bytes of new shards and staging over "
-                                       "the %llu it holds, past its memory limit of %llu bytes "
-                                       "even with every leaving shard spilled",
-                                       x->me, (unsigned long long)need, (unsigned long long)in_use,
-                                       (unsigned long long)ip->limit);
-                TIDE_WARN(EXEC_LOG, "rank %d goes %llu bytes over its memory limit of %llu bytes",
-                          x->me, (unsigned long long)(in_use + need - ip->limit),
-                          (unsigned long long)ip->limit);
-            }
-        }
+    tide_free(order);
+    TIDE_CHECK(rc);
+    if (n_order > 0 && x->be->mem_kind != TIDE_MEM_HOST)
+        TIDE_CHECK(x->be->stream_sync(NULL, x->cstream));
+    if (ip->limit > 0 && in_use + need > ip->limit) {
+        if (ip->strict)
+            return tide_errorf(TIDE_ERR_NOMEM,
+                               "rank %d needs %llu bytes of new shards and staging over the %llu "
+                               "it holds, past its memory limit of %llu bytes even with every "
+                               "leaving or shrinking shard spilled",
+                               x->me, (unsigned long long)need, (unsigned long long)in_use,
+                               (unsigned long long)ip->limit);
+        TIDE_WARN(EXEC_LOG, "rank %d goes %llu bytes over its memory limit of %llu bytes", x->me,
+                  (unsigned long long)(in_use + need - ip->limit), (unsigned long long)ip->limit);
     }
     for (size_t i = 0; i < nt; i++) {
         uint64_t n = ip->new_bytes[i];
@@ -972,8 +1026,29 @@ static tide_status ip_prepare(exec *x, uint64_t staging_need)
     return TIDE_OK;
 }
 
-/* After every transfer: the shrinks (rows in address order), then the old blocks that
-   left go back to the pool and the spills to the host; bufs become the new shards. */
+/* How many rows from r[0] (n of them, ascending sources, none in place) one pitched copy
+   may move: the same run at constant source and destination steps (each at least the
+   run), every destination below the first source. The rows of a batch are copied in no
+   particular order, so no destination of it may overlap a source of it; rows before it
+   were copied already (stream order), and the sources of those after it lie above every
+   destination here (each row is written at or below its own source, in ascending source
+   order). A tensor-parallel shrink's rows (source step a multiple of the destination's)
+   go in batches that double: O(log rows) copies instead of one per row. */
+static uint64_t ip_batch(const ip_row *r, uint64_t n)
+{
+    if (n < 2 || r[1].run != r[0].run || r[1].src - r[0].src < r[0].run || r[1].dst <= r[0].dst ||
+        r[1].dst - r[0].dst < r[0].run)
+        return 1;
+    uint64_t sp = r[1].src - r[0].src, dp = r[1].dst - r[0].dst, m = 0;
+    while (m < n && r[m].run == r[0].run && r[m].src == r[0].src + m * sp &&
+           r[m].dst == r[0].dst + m * dp && r[m].dst + r[m].run <= r[0].src)
+        m++;
+    return m > 0 ? m : 1;
+}
+
+/* After every transfer: the shrinks (rows in address order; on a device, evenly strided
+   runs of rows in one pitched copy each), then the old blocks that left go back to the
+   pool and the spills to the host; bufs become the new shards. */
 static tide_status ip_finish(exec *x)
 {
     tide_exec_in_place *ip = x->ip;
@@ -982,15 +1057,24 @@ static tide_status ip_finish(exec *x)
         if (x->cls[i] != IP_SHRINK)
             continue;
         char *base = ip->bufs[i];
-        for (uint64_t k = x->row_at[i]; k < x->row_at[i + 1]; k++) {
+        for (uint64_t k = x->row_at[i]; k < x->row_at[i + 1];) {
             const ip_row *r = &x->rows[k];
-            if (r->dst == r->src)
+            if (r->dst == r->src) {
+                k++;
                 continue;
-            if (x->be->mem_kind == TIDE_MEM_HOST)
+            }
+            if (x->be->mem_kind == TIDE_MEM_HOST) {
                 memmove(base + r->dst, base + r->src, (size_t)r->run);
-            else
-                TIDE_CHECK(x->be->copy2d(base + r->dst, (size_t)r->run, base + r->src,
-                                         (size_t)r->run, (size_t)r->run, 1, x->cstream));
+                k++;
+                continue;
+            }
+            /* up to 2^20 rows: one cudaMemcpyAsync each would cost seconds */
+            uint64_t m = ip_batch(r, x->row_at[i + 1] - k);
+            size_t dp = m > 1 ? (size_t)(r[1].dst - r[0].dst) : (size_t)r->run;
+            size_t sp = m > 1 ? (size_t)(r[1].src - r[0].src) : (size_t)r->run;
+            TIDE_CHECK(x->be->copy2d(base + r->dst, dp, base + r->src, sp, (size_t)r->run,
+                                     (size_t)m, x->cstream));
+            k += m;
         }
         x->st.bytes_local += ip->new_bytes[i];
     }
@@ -1200,11 +1284,12 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     x.depth = 1;
     x.st.staging_cap = x.cap;
     x.pool = args->in_place != NULL ? args->in_place->pool : opts->pool;
+    tide_mem_pool_stats ps0; /* the limit in effect before: the call's own is undone */
+    memset(&ps0, 0, sizeof ps0);
     if (x.pool != NULL) {
-        tide_mem_pool_stats ps;
         tide_mem_pool_mark(x.pool);
-        tide_mem_pool_stats_get(x.pool, &ps);
-        x.st.pool_start = ps.in_use;
+        tide_mem_pool_stats_get(x.pool, &ps0);
+        x.st.pool_start = ps0.in_use;
     }
 
     /* Everything that can fail locally happens before the agreement. */
@@ -1307,8 +1392,70 @@ out:
         x.st.peak_extra = ps.peak_in_use > x.st.pool_start ? ps.peak_in_use - x.st.pool_start : 0;
         x.st.fresh_bytes = ps.fresh;
     }
+    /* the limit bounds this call only: left in place, it would bound (strict: refuse)
+       the blocks prepared ahead of the next switch, which may need more */
+    if (x.ip != NULL && x.ip->limit > 0)
+        tide_mem_pool_set_limit(x.ip->pool, ps0.limit, ps0.strict);
     x.st.seconds = (double)(tide_now_ns() - t0) / 1e9;
     if (stats)
         *stats = x.st;
+    return rc;
+}
+
+tide_status tide_exec_plan_spills(const tide_coll_backend_v1 *be, int n_ranks, int rank,
+                                  const tide_exec_args *args, const tide_exec_opts *opts,
+                                  uint64_t *sizes)
+{
+    if (be == NULL || args == NULL || args->plan == NULL || args->in_place == NULL ||
+        sizes == NULL || n_ranks < 1 || rank < 0 || rank >= n_ranks)
+        return tide_errorf(TIDE_ERR_INVALID, "planning spills: backend, plan, in-place "
+                                             "arguments and a rank of the communicator needed");
+    memset(sizes, 0, (args->n_tensors ? args->n_tensors : 1) * sizeof *sizes);
+    tide_exec_opts def;
+    tide_exec_opts_init(&def);
+    if (opts == NULL)
+        opts = &def;
+    /* the call's own setup, from the same plan, sizes and pool: the same choice */
+    exec x;
+    memset(&x, 0, sizeof x);
+    x.be = be;
+    x.a = args;
+    x.me = rank;
+    x.n = n_ranks;
+    x.cap = opts->staging_cap ? opts->staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    x.max_chunk = opts->max_chunk ? opts->max_chunk : TIDE_EXEC_DEFAULT_MAX_CHUNK;
+    x.pack_below = opts->pack_below ? opts->pack_below : TIDE_EXEC_DEFAULT_PACK_BELOW;
+    x.depth = 1;
+    x.ip = args->in_place;
+    x.pool = x.ip->pool;
+    tide_status rc = ip_setup(&x, args);
+    if (rc == TIDE_OK)
+        rc = ip_classify(&x);
+    if (rc == TIDE_OK) {
+        x.chunk_of = tide_calloc((size_t)x.n, sizeof *x.chunk_of);
+        if (x.chunk_of == NULL)
+            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning spills");
+    }
+    if (rc == TIDE_OK)
+        rc = chunk_sizes(&x);
+    if (rc == TIDE_OK)
+        rc = build_streams(&x);
+    uint64_t sneed = 0;
+    if (rc == TIDE_OK)
+        rc = alloc_slots(&x, 1, &sneed); /* dry: what the staging will take */
+    if (be->mem_kind != TIDE_MEM_HOST)
+        sneed = x.cap;
+    size_t nt = args->n_tensors, n_order = 0;
+    size_t *order = rc == TIDE_OK ? tide_malloc((nt ? nt : 1) * sizeof *order) : NULL;
+    if (rc == TIDE_OK && order == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning spills");
+    uint64_t in_use = 0, need = 0;
+    if (rc == TIDE_OK)
+        rc = ip_choose(&x, sneed, order, &n_order, &in_use, &need);
+    for (size_t k = 0; rc == TIDE_OK && k < n_order; k++)
+        sizes[order[k]] = x.ip->old_bytes[order[k]];
+    tide_free(order);
+    release(&x);
+    ip_release(&x);
     return rc;
 }

@@ -88,10 +88,13 @@ typedef struct tide_exec_args {
  * Before any byte moves, when the pool's blocks in use plus the new blocks plus the
  * staging would pass `limit`, old shards that leave (rebuilt or no longer held) are
  * spilled to host memory (pinned on a GPU), largest first, and their blocks serve the
- * new shards; the transfers then read the host copies. A rank's peak is thus at most
+ * new shards; the transfers then read the host copies. If that is not enough, shards that
+ * would shrink in place (and free their tails only at the end) are spilled too and
+ * rebuilt in new blocks, largest gain first. A rank's peak is thus at most
  * limit; the runtime sets it to the larger of its old and new state plus the staging
  * cap. If even spilling cannot make it fit, strict fails the call (TIDE_ERR_NOMEM, on
- * every rank before any byte moves) and a soft limit warns and goes over.
+ * every rank before any byte moves) and a soft limit warns and goes over. The pool's limit
+ * is the call's only: the one it had before is back when the call returns.
  * args->new_bufs[worker] is ignored (may be NULL). On failure bufs still hold the old
  * shards (a spilled one copied back into a pool block: moved says so).
  */
@@ -162,6 +165,18 @@ void tide_exec_opts_init(tide_exec_opts *opts);
  */
 tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *args,
                                  const tide_exec_opts *opts, tide_exec_stats *stats);
+
+/*
+ * The old shards an in-place run of args (args->in_place with the pool, buffers, sizes and
+ * limit the call will have) would spill to host memory, chosen as the call chooses them,
+ * without moving or allocating anything: sizes[i] (n_tensors entries) is tensor i's old
+ * shard bytes when it would be spilled, else 0. be, n_ranks and rank: the call's
+ * communicator's backend, size and this rank's place in it. So that the spill memory can
+ * be prepared ahead of a switch (tide_mem_pool_spill_reserve). Local; any thread.
+ */
+tide_status tide_exec_plan_spills(const tide_coll_backend_v1 *be, int n_ranks, int rank,
+                                  const tide_exec_args *args, const tide_exec_opts *opts,
+                                  uint64_t *sizes);
 
 #ifdef __cplusplus
 }

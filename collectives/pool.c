@@ -1,6 +1,9 @@
 /*
  * pool: the block cache behind a rank's state buffers and reshard staging (see pool.h).
- * A flat array of blocks searched linearly: a rank holds tens of them.
+ * A flat array of blocks searched linearly: a rank holds tens of them. Host spill blocks
+ * (pinned on a GPU) sit in a second array of the same kind, prepared ahead and released
+ * by a thread of the pool's own, so that neither cudaMallocHost nor cudaFreeHost runs in
+ * a switch.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -27,6 +30,10 @@ struct tide_mem_pool {
     int device; /* the device the pool's blocks live on (device backends) */
     block *b;
     size_t n, n_cap;
+    block *h; /* host spill blocks: used, or kept for the next spill */
+    size_t nh, nh_cap;
+    pthread_t reaper; /* frees released spill blocks (tide_mem_pool_spill_release) */
+    int reaping;      /* reaper started, not joined */
     uint64_t limit;
     int strict;
     tide_mem_pool_stats st;
@@ -47,14 +54,33 @@ tide_status tide_mem_pool_new(tide_mem_pool_t **out, const tide_coll_backend_v1 
     return TIDE_OK;
 }
 
+static void host_free(const tide_mem_pool_t *p, void *ptr)
+{
+    if (p->be->host_free != NULL)
+        p->be->host_free(ptr);
+    else
+        tide_free(ptr);
+}
+
+static void reap_join(tide_mem_pool_t *p)
+{
+    if (p->reaping)
+        pthread_join(p->reaper, NULL);
+    p->reaping = 0;
+}
+
 void tide_mem_pool_destroy(tide_mem_pool_t **self_p)
 {
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_mem_pool_t *p = *self_p;
+    reap_join(p);
     for (size_t i = 0; i < p->n; i++)
         p->be->mem_free(p->b[i].ptr);
     tide_free(p->b);
+    for (size_t i = 0; i < p->nh; i++)
+        host_free(p, p->h[i].ptr);
+    tide_free(p->h);
     pthread_mutex_destroy(&p->mu);
     tide_free(p);
     *self_p = NULL;
@@ -95,18 +121,24 @@ static void make_room(tide_mem_pool_t *p, uint64_t extra)
     }
 }
 
-static tide_status add_block(tide_mem_pool_t *p, void *ptr, uint64_t cap, int used)
+static tide_status push_block(block **b, size_t *n, size_t *n_cap, void *ptr, uint64_t cap,
+                              int used)
 {
-    if (p->n == p->n_cap) {
-        size_t nc = p->n_cap ? 2 * p->n_cap : 16;
-        block *nb = tide_reallocarray(p->b, nc, sizeof *nb);
+    if (*n == *n_cap) {
+        size_t nc = *n_cap ? 2 * *n_cap : 16;
+        block *nb = tide_reallocarray(*b, nc, sizeof *nb);
         if (nb == NULL)
             return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the pool's block table");
-        p->b = nb;
-        p->n_cap = nc;
+        *b = nb;
+        *n_cap = nc;
     }
-    p->b[p->n++] = (block){ptr, cap, used};
+    (*b)[(*n)++] = (block){ptr, cap, used};
     return TIDE_OK;
+}
+
+static tide_status add_block(tide_mem_pool_t *p, void *ptr, uint64_t cap, int used)
+{
+    return push_block(&p->b, &p->n, &p->n_cap, ptr, cap, used);
 }
 
 /* The cached block to serve bytes from, or p->n: the smallest that fits and is at
@@ -268,37 +300,177 @@ void tide_mem_pool_shrink(tide_mem_pool_t *p, void *ptr, size_t bytes)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Fresh host memory for spills: pinned where the backend has it, else plain and
+   populated (the spill copy then takes no page faults). Outside the lock: slow. */
+static tide_status host_new(const tide_mem_pool_t *p, uint64_t bytes, void **out)
+{
+    *out = NULL;
+    if (p->be->host_alloc != NULL)
+        return p->be->host_alloc(bytes ? (size_t)bytes : 1, out);
+    *out = tide_malloc(bytes ? (size_t)bytes : 1);
+    if (*out == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of host memory spilling %llu bytes",
+                           (unsigned long long)bytes);
+    if (bytes >= POPULATE_FROM && !populate(*out, bytes))
+        memset(*out, 0, (size_t)bytes);
+    return TIDE_OK;
+}
+
+/* With the lock held: the smallest kept spill block of at least bytes, or p->nh. */
+static size_t spill_fit(const tide_mem_pool_t *p, uint64_t bytes)
+{
+    size_t best = p->nh;
+    for (size_t i = 0; i < p->nh; i++)
+        if (!p->h[i].used && p->h[i].cap >= bytes &&
+            (best == p->nh || p->h[i].cap < p->h[best].cap))
+            best = i;
+    return best;
+}
+
 tide_status tide_mem_pool_spill_alloc(tide_mem_pool_t *p, size_t bytes, void **out)
 {
     *out = NULL;
-    if (p->be->host_alloc != NULL) {
-        TIDE_CHECK(p->be->host_alloc(bytes ? bytes : 1, out));
-    } else {
-        *out = tide_malloc(bytes ? bytes : 1);
-        if (*out == NULL)
-            return tide_errorf(TIDE_ERR_NOMEM, "out of host memory spilling %zu bytes", bytes);
-        if (bytes >= POPULATE_FROM)
-            populate(*out, bytes); /* the spill copy then takes no page faults */
-    }
     pthread_mutex_lock(&p->mu);
-    p->st.spill += bytes;
-    if (p->st.spill > p->st.peak_spill)
-        p->st.peak_spill = p->st.spill;
+    size_t i = spill_fit(p, bytes);
+    if (i < p->nh) { /* prepared ahead: no allocation in the switch */
+        p->h[i].used = 1;
+        p->st.spill_cached -= p->h[i].cap;
+        p->st.spill += p->h[i].cap;
+        p->st.spill_reused += p->h[i].cap;
+        if (p->st.spill > p->st.peak_spill)
+            p->st.peak_spill = p->st.spill;
+        *out = p->h[i].ptr;
+        pthread_mutex_unlock(&p->mu);
+        return TIDE_OK;
+    }
     pthread_mutex_unlock(&p->mu);
+    void *ptr = NULL;
+    TIDE_CHECK(host_new(p, bytes, &ptr));
+    pthread_mutex_lock(&p->mu);
+    tide_status rc = push_block(&p->h, &p->nh, &p->nh_cap, ptr, bytes, 1);
+    if (rc == TIDE_OK) {
+        p->st.spill += bytes;
+        p->st.spill_fresh += bytes;
+        if (p->st.spill > p->st.peak_spill)
+            p->st.peak_spill = p->st.spill;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc != TIDE_OK) {
+        host_free(p, ptr);
+        return rc;
+    }
+    *out = ptr;
     return TIDE_OK;
 }
 
 void tide_mem_pool_spill_free(tide_mem_pool_t *p, void *ptr, size_t bytes)
 {
+    (void)bytes; /* the block knows its capacity */
     if (ptr == NULL)
         return;
-    if (p->be->host_free != NULL)
-        p->be->host_free(ptr);
-    else
-        tide_free(ptr);
     pthread_mutex_lock(&p->mu);
-    p->st.spill -= bytes < p->st.spill ? bytes : p->st.spill;
+    for (size_t i = 0; i < p->nh; i++) {
+        if (p->h[i].ptr != ptr || !p->h[i].used)
+            continue;
+        /* kept: freed by tide_mem_pool_spill_release, off the switch's path */
+        p->h[i].used = 0;
+        p->st.spill -= p->h[i].cap;
+        p->st.spill_cached += p->h[i].cap;
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
     pthread_mutex_unlock(&p->mu);
+    TIDE_ERROR(POOL_LOG, "internal: freeing %p, which is no spill block of this pool", ptr);
+}
+
+tide_status tide_mem_pool_spill_reserve(tide_mem_pool_t *p, const uint64_t *sizes, size_t n)
+{
+    tide_status rc = TIDE_OK;
+    for (size_t k = 0; k < n && rc == TIDE_OK; k++) {
+        if (sizes[k] == 0)
+            continue;
+        pthread_mutex_lock(&p->mu);
+        size_t i = spill_fit(p, sizes[k]);
+        if (i < p->nh) {
+            p->h[i].used = 2; /* claimed for this round */
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&p->mu);
+        void *ptr = NULL;
+        rc = host_new(p, sizes[k], &ptr);
+        if (rc != TIDE_OK)
+            break;
+        pthread_mutex_lock(&p->mu);
+        rc = push_block(&p->h, &p->nh, &p->nh_cap, ptr, sizes[k], 2);
+        if (rc == TIDE_OK)
+            p->st.spill_cached += sizes[k];
+        pthread_mutex_unlock(&p->mu);
+        if (rc != TIDE_OK)
+            host_free(p, ptr);
+    }
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->nh; i++)
+        if (p->h[i].used == 2)
+            p->h[i].used = 0;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+typedef struct reap_arg {
+    const tide_coll_backend_v1 *be;
+    int device;
+    block *b;
+    size_t n;
+} reap_arg;
+
+static void *reap_main(void *arg)
+{
+    reap_arg *a = arg;
+    /* a thread starts on device 0: cudaFreeHost needs the pool's device current */
+    if (a->be->device_bind != NULL)
+        (void)a->be->device_bind(a->device);
+    for (size_t i = 0; i < a->n; i++) {
+        if (a->be->host_free != NULL)
+            a->be->host_free(a->b[i].ptr);
+        else
+            tide_free(a->b[i].ptr);
+    }
+    tide_free(a->b);
+    tide_free(a);
+    return NULL;
+}
+
+void tide_mem_pool_spill_release(tide_mem_pool_t *p)
+{
+    reap_join(p); /* the last round is done long since: it began a switch ago */
+    reap_arg *a = tide_calloc(1, sizeof *a);
+    pthread_mutex_lock(&p->mu);
+    size_t k = 0;
+    block *free_b = a != NULL ? tide_calloc(p->nh ? p->nh : 1, sizeof *free_b) : NULL;
+    for (size_t i = 0; i < p->nh; i++) {
+        if (p->h[i].used || free_b == NULL) {
+            p->h[k++] = p->h[i];
+            continue;
+        }
+        p->st.spill_cached -= p->h[i].cap;
+        free_b[a->n++] = p->h[i];
+    }
+    p->nh = k;
+    pthread_mutex_unlock(&p->mu);
+    if (a == NULL || free_b == NULL || a->n == 0) {
+        tide_free(free_b);
+        tide_free(a);
+        return; /* out of memory: they stay kept, freed at the next release or destroy */
+    }
+    a->be = p->be;
+    a->device = p->device;
+    a->b = free_b;
+    if (pthread_create(&p->reaper, NULL, reap_main, a) == 0) {
+        p->reaping = 1;
+        return;
+    }
+    reap_main(a); /* no thread: here, then */
 }
 
 void tide_mem_pool_set_limit(tide_mem_pool_t *p, uint64_t limit, int strict)
@@ -367,6 +539,7 @@ void tide_mem_pool_mark(tide_mem_pool_t *p)
     p->st.peak_held = p->st.in_use + p->st.cached;
     p->st.peak_spill = p->st.spill;
     p->st.fresh = p->st.reused = 0;
+    p->st.spill_fresh = p->st.spill_reused = 0;
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -10,7 +10,12 @@
  * cached is what the pool takes from the system. With a limit set, the pool never holds
  * more than the limit: it gives cached blocks back to the system before it allocates,
  * and an allocation that cannot fit fails with TIDE_ERR_NOMEM (strict) or goes over it
- * with a warning (soft). Host spill memory (pinned on a GPU) is counted apart.
+ * with a warning (soft). Host spill memory (pinned on a GPU) is counted apart, and kept
+ * apart: spill blocks are prepared ahead of a switch (tide_mem_pool_spill_reserve), taken
+ * and given back during it, and freed after it by a thread of the pool's
+ * (tide_mem_pool_spill_release), so that neither the allocation nor the free of pinned
+ * memory (cudaMallocHost, cudaFreeHost: milliseconds per GiB, device-wide waits) lies on
+ * a switch's critical path.
  *
  * Workload: tens of blocks per rank (one per tensor shard, a few staging slots); a
  * switch every few minutes. Every function may be called from any thread (one mutex).
@@ -30,16 +35,19 @@ extern "C" {
 typedef struct tide_mem_pool tide_mem_pool_t;
 
 typedef struct tide_mem_pool_stats {
-    uint64_t in_use;      /* capacity of the blocks handed out (bytes) */
-    uint64_t cached;      /* capacity of the free blocks kept (bytes) */
-    uint64_t peak_in_use; /* most in_use since the last tide_mem_pool_mark (bytes) */
-    uint64_t peak_held;   /* most in_use + cached since the mark (bytes) */
-    uint64_t spill;       /* host spill memory held now (bytes) */
-    uint64_t peak_spill;  /* most spill since the mark (bytes) */
-    uint64_t fresh;       /* bytes allocated from the system since the mark */
-    uint64_t reused;      /* bytes served from cached blocks since the mark */
-    uint64_t limit;       /* the limit in effect (bytes; 0: none) */
-    int strict;           /* 1: allocations over the limit fail */
+    uint64_t in_use;       /* capacity of the blocks handed out (bytes) */
+    uint64_t cached;       /* capacity of the free blocks kept (bytes) */
+    uint64_t peak_in_use;  /* most in_use since the last tide_mem_pool_mark (bytes) */
+    uint64_t peak_held;    /* most in_use + cached since the mark (bytes) */
+    uint64_t spill;        /* host spill memory holding spilled shards now (bytes) */
+    uint64_t peak_spill;   /* most spill since the mark (bytes) */
+    uint64_t spill_cached; /* host spill blocks kept for the next spills (bytes) */
+    uint64_t spill_fresh;  /* spill memory allocated by spills since the mark (bytes) */
+    uint64_t spill_reused; /* spill memory served from kept blocks since the mark (bytes) */
+    uint64_t fresh;        /* bytes allocated from the system since the mark */
+    uint64_t reused;       /* bytes served from cached blocks since the mark */
+    uint64_t limit;        /* the limit in effect (bytes; 0: none) */
+    int strict;            /* 1: allocations over the limit fail */
 } tide_mem_pool_stats;
 
 /* Creates an empty pool over backend be's memory of device (allocated there by name,
@@ -74,10 +82,21 @@ uint64_t tide_mem_pool_capacity(tide_mem_pool_t *p, const void *ptr);
    bytes >= the capacity. */
 void tide_mem_pool_shrink(tide_mem_pool_t *p, void *ptr, size_t bytes);
 
-/* Host memory for a spilled shard (pinned on a GPU), counted as spill; free with
-   tide_mem_pool_spill_free. TIDE_ERR_NOMEM when it cannot be had. */
+/* Host memory for a spilled shard (pinned on a GPU), counted as spill: the smallest kept
+   spill block that fits (prepared ahead), else a fresh one. TIDE_ERR_NOMEM when it cannot
+   be had. tide_mem_pool_spill_free gives it back to the kept blocks (nothing is freed). */
 tide_status tide_mem_pool_spill_alloc(tide_mem_pool_t *p, size_t bytes, void **out);
 void tide_mem_pool_spill_free(tide_mem_pool_t *p, void *ptr, size_t bytes);
+
+/* Prepares spill blocks of the given sizes (n entries, 0s skipped) that the kept ones do
+   not cover yet (allocated and first-touched now: pinned on a GPU), so that a later switch
+   spills without allocating. Blocking (slow); any thread. */
+tide_status tide_mem_pool_spill_reserve(tide_mem_pool_t *p, const uint64_t *sizes, size_t n);
+
+/* Hands every kept spill block not in use to a thread of the pool's that frees it (bound
+   to the pool's device), and returns at once: the end of a switch calls it. Waits only
+   for the previous round's thread. Any thread but one at a time. */
+void tide_mem_pool_spill_release(tide_mem_pool_t *p);
 
 /* Sets the limit on in_use + cached (bytes; 0: none) and whether passing it fails
    (strict) or only warns; gives cached blocks back to the system above it. */

@@ -289,6 +289,7 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
         tide__proto_layout(&m.u.layout.layout, r->layout, r->gen);
         m.u.layout.has_prev = 1;
         tide__proto_layout(&m.u.layout.prev, j->layout, j->generation);
+        m.u.layout.recover = r->recover;
         if (r->join_pool >= 0) { /* borrowed: the message is encoded, never cleared */
             m.u.layout.join_old = r->join_old;
             m.u.layout.n_join_old = (uint32_t)r->n_join_old;

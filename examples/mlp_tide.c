@@ -234,6 +234,7 @@ static tide_status switch_layout(tide_t *t, tide_mlp_t *m, const tide_mlp_tide_h
         /* the runtime owns the state: it rebuilds it in place, the model follows */
         st.alloc_ms = 0;
         TIDE_CHECK(tide_reshard(t, NULL, &st.rs));
+        st.prepared = st.rs.prepared; /* the runtime prepared it (communicators, plan, pool) */
         const tide_view *v = tide_view_get(t);
         t0 = tide_now_ns();
         size_t moved = 0, n = tide_collection_size(tide_mlp_collection(m));

@@ -44,7 +44,8 @@ typedef struct tide_mlp_switch_stats {
     double alloc_ms;       /* new buffers allocated at the switch, ms (~0 when prepared) */
     double adopt_ms;       /* the model adopted the new buffers and freed the old, ms */
     int prepared;          /* the new buffers were allocated and first-touched before the
-                              switch step (tide_set_prepare), overlapping steps */
+                              switch step (tide_set_prepare), overlapping steps; with buffers
+                              the runtime owns: tide_reshard_stats.prepared */
     double prepare_ms;     /* how long that preparation took on its thread, ms */
 } tide_mlp_switch_stats;
 

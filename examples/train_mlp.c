@@ -410,7 +410,7 @@ static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
                 "rank_switch gen %llu rank %d member %d wait %.3f alloc %.3f sync %.3f plan %.3f "
                 "move %.3f groups %.3f teardown %.3f reshard %.3f adopt %.3f prepared %d "
                 "prepare %.3f sent %llu recv %llu local %llu state_old %llu state_new %llu cap "
-                "%llu peak_extra %llu no_room %llu spilled %llu fresh %llu join %.3f\n",
+                "%llu peak_extra %llu no_room %llu spilled %llu fresh %llu join %.3f backend %s\n",
                 (unsigned long long)v->generation, tide_pool_rank(t), v->member, st->wait_ms,
                 sw->alloc_ms, st->sync_ms, st->plan_ms, st->move_ms, st->groups_ms, st->teardown_ms,
                 st->total_ms, sw->adopt_ms, sw->prepared, sw->prepare_ms,
@@ -419,7 +419,7 @@ static tide_status e_after_switch(void *ctx, tide_t *t, const tide_mlp_t *m,
                 (unsigned long long)st->state_new, (unsigned long long)st->staging_cap,
                 (unsigned long long)st->peak_extra, (unsigned long long)st->no_room,
                 (unsigned long long)st->bytes_spilled, (unsigned long long)st->fresh_bytes,
-                st->join_ms);
+                st->join_ms, tide_backend_name(t));
         fflush(rf);
     }
     if (!is_first_rank(t))

@@ -440,6 +440,7 @@ static const tide__field layout_msg_fields[] = {
      .max = TIDE_PROTO_WORKERS_MAX - 1,
      .count_off = offsetof(tide_proto_layout_msg_t, n_leave),
      .cmax = TIDE_PROTO_WORKERS_MAX},
+    F_BOOL(tide_proto_layout_msg_t, recover, "recover"),
 };
 
 static const tide__field release_fields[] = {

@@ -237,6 +237,10 @@ typedef struct tide_proto_join {
  * that leave ("leave", sorted): at the switch each side makes a communicator of its own
  * ranks and drops the other's. Both are empty otherwise; a generation never both
  * connects and releases.
+ * "recover" says at announcement that the generation is a recovery after a worker loss
+ * (its prev names a dead member), as its commit will: a worker builds the communicators
+ * of a plain resize while the old layout still trains, and must not wait there for a
+ * member that died.
  */
 typedef struct tide_proto_layout_msg {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
@@ -253,6 +257,7 @@ typedef struct tide_proto_layout_msg {
     uint32_t n_stay;          /* <= TIDE_PROTO_WORKERS_MAX */
     int32_t *leave;           /* "leave": owned */
     uint32_t n_leave;         /* <= TIDE_PROTO_WORKERS_MAX */
+    int recover;              /* "recover": bool, a recovery (see above) */
 } tide_proto_layout_msg_t;
 
 /* "job_end" tided -> worker: the job this idle rank joined has ended (a member said bye

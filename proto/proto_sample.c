@@ -227,6 +227,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         }
         x->world = (int32_t)urange(r, 1, 64);
         x->base = (int32_t)urange(r, 0, (uint64_t)x->world - 1);
+        x->recover = x->has_prev && (next(r) & 1);
         if (x->has_prev && x->world >= 2 && (next(r) & 1)) {
             /* a join: ranks [0, cut) already connected, [cut, world) joining */
             int32_t cut = (int32_t)urange(r, 1, (uint64_t)x->world - 1);

@@ -481,8 +481,8 @@ EOF
   "$BUILD_DIR/benchmarks/resize_bench" --train "$LOGS/train_mlp_1gpu" --np 4 --from 2,2,1 \
     --to 1,2,2 --work "$LOGS/resize_bench.d" --out "$LOGS/resize_bench.json" "${args[@]}" ||
     return 1
-  echo "RESULT: live / checkpoint-restart downtime" \
-    "$(grep -o '(1/[0-9.]*; goal <= 1/30: [a-zA-Z ]*)' "$LOGS/resize-bench.log" | head -1)"
+  echo "RESULT: $(grep -m1 '^downtime goal:' "$LOGS/resize-bench.log")" \
+    "; $(grep -m1 '^memory goal:' "$LOGS/resize-bench.log")"
 }
 
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \

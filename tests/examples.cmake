@@ -40,7 +40,7 @@ if(TARGET tide_mlp)
                                                      MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide tided tidectl)
-    foreach(mode dp tp pp mixed mixed-zero1 micro)
+    foreach(mode dp tp pp mixed mixed-zero1 micro grow2)
       tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
                         ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90)
     endforeach()

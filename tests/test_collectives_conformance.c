@@ -1607,6 +1607,13 @@ static void test_executor_abort_first(void)
     for (int i = 0; i < arec_n; i++)
         copies_back += arec_log[i] == EV_DEVICE && strcmp(arec_what[i], "copy_host") == 0;
     MT_ASSERT(copies_back >= 2, "the undo copied %d spilled shards back", copies_back);
+    /* the call's memory limit was the call's: left on the pool, it would bound (strict:
+       refuse) what the runtime prepares for the next switch */
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(mp, &ps);
+    MT_ASSERT(ps.limit == 0 && ps.strict == 0,
+              "the reshard left its memory limit (%llu bytes, strict %d) on the pool",
+              (unsigned long long)ps.limit, ps.strict);
     /* and the undo gave the old shards back */
     for (int t = 0; t < 2; t++) {
         unsigned char got[256];
@@ -1630,6 +1637,249 @@ static void test_executor_abort_first(void)
     free(ob);
     free(nb);
     mt_pass("executor_abort_before_cleanup");
+}
+
+/* In place under a strict limit that spilling the leaving shards cannot meet: tensor 0
+   shrinks in place (old 256 bytes, new = its second half at offset 0), tensor 1 grows
+   (256 -> 512: its own old bytes, then worker w-1's). The rank holds 512 and may hold
+   640 (its new state) + 64 (staging cap): tensor 1 spilled leaves 256 + 512 new, over;
+   tensor 0 spilled too (rebuilt in a new block of 128 instead of shrinking in its 256)
+   fits exactly. Checked: the data, the spills, that every new shard moved, and the
+   pool's peak within the limit.
+   The spill memory is planned (tide_exec_plan_spills) and prepared (spill_reserve) before
+   the reshard, which then allocates and frees no host memory (the wrapper counts
+   host_alloc and host_free: cudaMallocHost and cudaFreeHost on nccl; on mpi the pool's
+   plain host memory goes through them too); tide_mem_pool_spill_release frees the blocks
+   afterwards on the pool's thread. */
+static tide_coll_backend_v1 srec;
+static int srec_allocs, srec_frees;
+
+static tide_status srec_host_alloc(size_t bytes, void **out)
+{
+    __atomic_add_fetch(&srec_allocs, 1, __ATOMIC_RELAXED);
+    if (be->host_alloc != NULL)
+        return be->host_alloc(bytes, out);
+    *out = malloc(bytes);
+    return *out != NULL ? TIDE_OK : TIDE_ERR_NOMEM;
+}
+
+static void srec_host_free(void *ptr)
+{
+    __atomic_add_fetch(&srec_frees, 1, __ATOMIC_RELAXED);
+    if (be->host_free != NULL)
+        be->host_free(ptr);
+    else
+        free(ptr);
+}
+
+static void test_executor_shrink_spill(void)
+{
+    tide_coll_comm_t *c = world_comm();
+    srec = *be;
+    srec.name = "srec";
+    srec.host_alloc = srec_host_alloc;
+    srec.host_free = srec_host_free;
+    tide_mem_pool_t *mp = NULL;
+    MT_OK(tide_mem_pool_new(&mp, &srec, 0));
+    enum { CAP = 64 };
+    uint64_t old_bytes[2] = {256, 256}, new_bytes[2] = {128, 512};
+    unsigned char want0[128], want1[512], mine[2][256];
+    void *bufs[2];
+    int prev = (me + np - 1) % np;
+    for (int t = 0; t < 2; t++) {
+        MT_OK(tide_mem_pool_alloc(mp, 256, &bufs[t]));
+        for (int i = 0; i < 256; i++)
+            mine[t][i] = (unsigned char)(me * 37 + t * 11 + i);
+        put(bufs[t], mine[t], 256);
+    }
+    memcpy(want0, mine[0] + 128, 128);
+    memcpy(want1, mine[1], 256);
+    for (int i = 0; i < 256; i++)
+        want1[256 + i] = (unsigned char)(prev * 37 + 11 + i);
+    tide_xfer *items = calloc((size_t)np * 3, sizeof *items);
+    for (int w = 0; w < np; w++) {
+        items[3 * w] =
+            (tide_xfer){.tensor = 0, .src = w, .dst = w, .src_off = 128, .run = 128, .count = 1};
+        items[3 * w + 1] = (tide_xfer){.tensor = 1, .src = w, .dst = w, .run = 256, .count = 1};
+        items[3 * w + 2] = (tide_xfer){.tensor = 1,
+                                       .src = (w + np - 1) % np,
+                                       .dst = w,
+                                       .dst_off = 256,
+                                       .run = 256,
+                                       .count = 1};
+    }
+    tide_plan_t plan = {.items = items, .n = (size_t)np * 3};
+    uint8_t moved[2] = {0, 0};
+    tide_exec_in_place ip = {.pool = mp,
+                             .worker = me,
+                             .bufs = bufs,
+                             .old_bytes = old_bytes,
+                             .new_bytes = new_bytes,
+                             .moved = moved,
+                             .limit = 640 + CAP,
+                             .strict = 1};
+    const uint64_t **ob = calloc((size_t)np, sizeof *ob), **nb = calloc((size_t)np, sizeof *nb);
+    ob[me] = old_bytes;
+    nb[me] = new_bytes;
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = 2,
+                        .old_bytes = (const uint64_t *const *)ob,
+                        .new_bytes = (const uint64_t *const *)nb,
+                        .in_place = &ip};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    o.staging_cap = CAP;
+    uint64_t planned[2] = {1, 1};
+    MT_OK(tide_exec_plan_spills(be, np, me, &a, &o, planned));
+    MT_ASSERT(planned[0] == 256 && planned[1] == 256,
+              "planned spills %llu and %llu bytes (the reshard spills both old shards)",
+              (unsigned long long)planned[0], (unsigned long long)planned[1]);
+    MT_OK(tide_mem_pool_spill_reserve(mp, planned, 2));
+    MT_ASSERT(srec_allocs == 2, "spill_reserve took %d host blocks for 2 shards", srec_allocs);
+    srec_allocs = 0;
+    tide_exec_stats st;
+    MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(srec_allocs == 0 && __atomic_load_n(&srec_frees, __ATOMIC_RELAXED) == 0,
+              "the reshard allocated %d and freed %d host spill blocks (all were prepared)",
+              srec_allocs, srec_frees);
+    tide_mem_pool_stats sp;
+    tide_mem_pool_stats_get(mp, &sp);
+    MT_ASSERT(sp.spill_reused == 512 && sp.spill_fresh == 0 && sp.spill == 0 &&
+                  sp.spill_cached == 512,
+              "spill memory: %llu reused, %llu fresh, %llu holding, %llu kept",
+              (unsigned long long)sp.spill_reused, (unsigned long long)sp.spill_fresh,
+              (unsigned long long)sp.spill, (unsigned long long)sp.spill_cached);
+    tide_mem_pool_spill_release(mp);
+    tide_mem_pool_stats_get(mp, &sp);
+    MT_ASSERT(sp.spill_cached == 0, "released spill blocks are still kept");
+    MT_ASSERT(st.bytes_spilled == 512 && st.bytes_shrunk == 0 && st.bytes_rebuilt == 640,
+              "spilled %llu (want both old shards: 512), shrunk %llu (0), rebuilt %llu (640)",
+              (unsigned long long)st.bytes_spilled, (unsigned long long)st.bytes_shrunk,
+              (unsigned long long)st.bytes_rebuilt);
+    MT_ASSERT(moved[0] && moved[1], "both tensors are in new blocks (moved %d %d)", moved[0],
+              moved[1]);
+    unsigned char got[512];
+    get(got, bufs[0], 128);
+    MT_ASSERT(memcmp(got, want0, 128) == 0, "tensor 0 (rebuilt from its spill) differs");
+    get(got, bufs[1], 512);
+    MT_ASSERT(memcmp(got, want1, 512) == 0, "tensor 1 differs");
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(mp, &ps);
+    MT_ASSERT(ps.peak_in_use <= 640 + CAP,
+              "the pool held %llu bytes in use at its peak, over the limit of %d",
+              (unsigned long long)ps.peak_in_use, 640 + CAP);
+    tide_coll_comm_destroy(&c);
+    for (int t = 0; t < 2; t++)
+        tide_mem_pool_free(mp, bufs[t]);
+    tide_mem_pool_destroy(&mp); /* waits for the pool's thread */
+    MT_ASSERT(srec_frees == 2, "the pool's thread freed %d of the 2 released spill blocks",
+              srec_frees);
+    free(items);
+    free(ob);
+    free(nb);
+    mt_pass("executor_shrink_spill");
+}
+
+/* A device backend's shrink in place moves its rows with the backend's pitched copy,
+   many rows a call, not one call per row (up to 2^20 rows: seconds of cudaMemcpyAsync).
+   Tensor 0 of 1024 rows of 32 bytes keeps the second half of each row (16 bytes at offset
+   16, new row pitch 16). On the mpi backend the wrapper plays a device backend whose
+   pitched copy moves the rows of one call in reverse order (a device copies them in no
+   order): a batch whose destinations overlap one of its sources corrupts the result. */
+static tide_coll_backend_v1 drec;
+static int drec_copies, drec_rows;
+
+static tide_status drec_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h,
+                               tide_coll_stream_t s)
+{
+    drec_copies++;
+    drec_rows += (int)h;
+    if (be->mem_kind != TIDE_MEM_HOST)
+        return be->copy2d(dst, dp, src, sp, w, h, s);
+    for (size_t k = h; k-- > 0;)
+        memmove((char *)dst + k * dp, (const char *)src + k * sp, w);
+    return TIDE_OK;
+}
+
+static void test_executor_shrink_rows(void)
+{
+    enum { ROWS = 1024, W = 16 };
+    drec = *be;
+    drec.name = "drec";
+    drec.mem_kind = TIDE_MEM_DEVICE; /* on mpi: host memory under a device's rules */
+    drec.copy2d = drec_copy2d;
+    int *m = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++)
+        m[i] = i;
+    tide_coll_comm_params cp = {
+        .members = m, .n_members = np, .tag = next_tag++, .timeout_ms = 20000};
+    tide_coll_comm_t *c = NULL;
+    MT_OK(tide_coll_comm_new(&c, &drec, pool, &cp));
+    free(m);
+    tide_mem_pool_t *mp = NULL;
+    MT_OK(tide_mem_pool_new(&mp, &drec, 0));
+    uint64_t old_bytes[1] = {2 * W * ROWS}, new_bytes[1] = {W * ROWS};
+    unsigned char *old = malloc(2 * W * ROWS), *want = malloc(W * ROWS), *got = malloc(W * ROWS);
+    void *bufs[1];
+    MT_OK(tide_mem_pool_alloc(mp, 2 * W * ROWS, &bufs[0]));
+    for (int i = 0; i < 2 * W * ROWS; i++)
+        old[i] = (unsigned char)(me * 13 + i * 7 + i / 251);
+    for (int r = 0; r < ROWS; r++)
+        memcpy(want + r * W, old + r * 2 * W + W, W);
+    put(bufs[0], old, 2 * W * ROWS);
+    tide_xfer *items = calloc((size_t)np, sizeof *items);
+    for (int w = 0; w < np; w++)
+        items[w] = (tide_xfer){.tensor = 0,
+                               .src = w,
+                               .dst = w,
+                               .src_off = W,
+                               .src_stride = 2 * W,
+                               .dst_stride = W,
+                               .run = W,
+                               .count = ROWS};
+    tide_plan_t plan = {.items = items, .n = (size_t)np};
+    uint8_t moved[1] = {0};
+    tide_exec_in_place ip = {.pool = mp,
+                             .worker = me,
+                             .bufs = bufs,
+                             .old_bytes = old_bytes,
+                             .new_bytes = new_bytes,
+                             .moved = moved};
+    const uint64_t **ob = calloc((size_t)np, sizeof *ob), **nb = calloc((size_t)np, sizeof *nb);
+    ob[me] = old_bytes;
+    nb[me] = new_bytes;
+    tide_exec_args a = {.plan = &plan,
+                        .n_workers = (size_t)np,
+                        .n_tensors = 1,
+                        .old_bytes = (const uint64_t *const *)ob,
+                        .new_bytes = (const uint64_t *const *)nb,
+                        .in_place = &ip};
+    tide_exec_opts o;
+    tide_exec_opts_init(&o);
+    tide_exec_stats st;
+    drec_copies = drec_rows = 0;
+    MT_OK(tide_reshard_execute(c, &a, &o, &st));
+    MT_ASSERT(st.bytes_shrunk == W * ROWS && !moved[0], "tensor 0 shrank in place (%llu bytes)",
+              (unsigned long long)st.bytes_shrunk);
+    get(got, bufs[0], W * ROWS);
+    MT_ASSERT(memcmp(got, want, W * ROWS) == 0, "the rows shrunk in place differ");
+    MT_ASSERT(drec_rows == ROWS && drec_copies <= 24,
+              "%d rows moved in %d copies (one per row costs seconds at 2^20 rows; doubling "
+              "batches take about log2(rows))",
+              drec_rows, drec_copies);
+    if (me == 0)
+        printf("executor_shrink_rows: %d rows in %d pitched copies\n", drec_rows, drec_copies);
+    tide_coll_comm_destroy(&c);
+    tide_mem_pool_free(mp, bufs[0]);
+    tide_mem_pool_destroy(&mp);
+    free(items);
+    free(ob);
+    free(nb);
+    free(old);
+    free(want);
+    free(got);
+    mt_pass("executor_shrink_rows");
 }
 
 /* ---- executor: reshard planner plans --------------------------------------------------------- */
@@ -1881,6 +2131,8 @@ int main(int argc, char **argv)
     test_executor_random();
     test_executor_errors();
     test_executor_abort_first();
+    test_executor_shrink_spill();
+    test_executor_shrink_rows();
 #ifdef TIDE_TEST_HAVE_RESHARD
     test_executor_reshard();
 #else

@@ -262,6 +262,7 @@ Test(tided, resize_offline_preemption_and_kill9_restart_mid_switch, .init = setu
         cr_assert_eq(r.u.layout.layout.gen, 2);
         cr_assert_eq(r.u.layout.has_prev, 1);
         cr_assert_eq(r.u.layout.prev.gen, 1);
+        cr_assert_eq(r.u.layout.recover, 0, "a resize is announced as no recovery");
         tide_msg_clear(&r);
         expect_type(w[i].sock, TIDE_MSG_PREPARE, &r);
         cr_assert_eq(r.u.prepare.gen, 2);
@@ -378,6 +379,8 @@ Test(tided, missed_heartbeats_trigger_recovery_over_survivors, .init = setup, .f
             if (r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.gen == 2) {
                 got = 1;
                 cr_assert_eq(r.u.layout.layout.dp, 2, "recovery keeps the survivors only");
+                cr_assert_eq(r.u.layout.recover, 1,
+                             "a recovery is announced as one (workers build nothing ahead)");
                 for (int k = 0; k < 2; k++)
                     cr_assert_neq(r.u.layout.layout.worker[k], 2);
             }
@@ -792,6 +795,7 @@ Test(tided, failure_after_a_done_keeps_the_generation_and_recovers_from_it, .ini
     cr_assert_eq(first.u.layout.prev.gen, 2, "the recovery starts from generation 2");
     cr_assert_eq(first.u.layout.prev.dp, 3);
     cr_assert_eq(first.u.layout.layout.dp, 2, "recovery over the two survivors");
+    cr_assert_eq(first.u.layout.recover, 1, "announced as a recovery");
     tide_msg_clear(&first);
     tide_proto_job_row_t row = wait_job(admin, is_recovering);
     cr_assert_eq(row.gen, 2, "generation 2 is committed");

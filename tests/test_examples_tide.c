@@ -1,6 +1,7 @@
 /*
  * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
- * host memory): usage test_examples_tide TIDED TIDECTL MODE, MODE one of
+ * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL
+ * MODE, MODE one of
  *   dp      (dp 2) -> (dp 4) -> (dp 1)
  *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
  *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
@@ -8,6 +9,10 @@
  *   mixed-zero1   the same with the Adam moments DP-sharded (ZeRO-1)
  *   micro   (2,2,2) with 4 micro-batches per dp rank -> 2 micro-batches -> (1,2,2) with 8 ->
  *           (2,2,2) with 4 (tidectl resize --micro-batches)
+ *   grow2   (1,4,2) -> (1,2,2) -> (1,1,2): the ranks that stay grow twice in a row, by more
+ *           than the staging cap (16 KiB here), under TIDE_MEM_STRICT: the preparation of
+ *           each grow reserves its pool blocks (a limit a switch left on the pool refused
+ *           the second's: the log must never say that a preparation could not)
  *   hosts   (2,4,1) -> (1,4,2) -> (2,4,1) on 2 hosts x 4 ranks (tests/test_multihost_resize.sh
  *           runs it across the hosts of scripts/cluster.sh, tided outside the job)
  * Rank 0 starts tided on a free loopback port with a temporary state file (or, with
@@ -19,7 +24,9 @@
  * Checked: the full state gathered over the old layout's members right before each
  * reshard is bit-identical to the one gathered over the new layout right after it
  * (every tensor, moments, step counter and data cursor included; replicas agree); every
- * participant switched at the same step; every step ran exactly once on every member of
+ * switch took the communicators and plan built during its preparation (stats.prepared,
+ * next to no time on groups at the switch step); every participant switched at the same
+ * step; every step ran exactly once on every member of
  * the layout active then (none lost or repeated); each generation has the requested
  * layout; the loss of every step equals on all members and matches the never-resized
  * run (the first layout over plain MPI, same steps) within relative 1e-5; the whole final
@@ -44,20 +51,21 @@
 #include "coord_harness.h"
 #include "core/alloc.h"
 #include "core/keyfile.h"
+#include "core/log.h"
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_statefile.h"
 #include "examples/mlp_tide.h"
 #include "mlp_state.h"
 #include "mpi_test.h"
 
-#define JOB       "mlp-test"
-#define MAX_STEPS 1000
-#define MAX_GEN   6
-#define MAX_T     256 /* collection tensors */
-#define REL_TOL   1e-5
+#define JOB        "mlp-test"
+#define MAX_STEPS  1000
+#define MAX_GEN    6
+#define MAX_T      256 /* collection tensors */
+#define REL_TOL    1e-5
 #define STATE_RTOL 1e-4 /* relative L2 of a float tensor of the final state */
-#define GAP       3 /* steps each generation runs before the next resize is sent */
-#define TAIL      4 /* steps run after the last switch */
+#define GAP        3    /* steps each generation runs before the next resize is sent */
+#define TAIL       4    /* steps run after the last switch */
 
 typedef struct gen_spec {
     int dp, tp, pp;
@@ -69,29 +77,68 @@ typedef struct mode {
     const char *name;
     int layers, zero1, n_gens;
     gen_spec gen[MAX_GEN];
+    uint64_t cap; /* staging cap, bytes; 0: 64 KiB */
 } mode;
 
 static const mode modes[] = {
-    {"dp", 4, 0, 3, {{2, 1, 1, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 1, 1, NULL, 0}}},
-    {"tp", 4, 0, 4, {{1, 1, 1, NULL, 0}, {1, 2, 1, NULL, 0}, {1, 4, 1, NULL, 0}, {1, 2, 1, NULL, 0}}},
-    {"pp", 6, 0, 3, {{1, 1, 1, NULL, 0}, {1, 1, 2, "0-3,4-5", 0}, {1, 1, 4, "0-0,1-2,3-4,5-5", 0}}},
-    {"mixed", 4, 0, 4, {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}}},
+    {"dp", 4, 0, 3, {{2, 1, 1, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 1, 1, NULL, 0}}, 0},
+    {"tp",
+     4,
+     0,
+     4,
+     {{1, 1, 1, NULL, 0}, {1, 2, 1, NULL, 0}, {1, 4, 1, NULL, 0}, {1, 2, 1, NULL, 0}},
+     0},
+    {"pp",
+     6,
+     0,
+     3,
+     {{1, 1, 1, NULL, 0}, {1, 1, 2, "0-3,4-5", 0}, {1, 1, 4, "0-0,1-2,3-4,5-5", 0}},
+     0},
+    {"mixed",
+     4,
+     0,
+     4,
+     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}},
+     0},
     {"mixed-zero1",
      4,
      1,
      4,
-     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}}},
-    {"hosts", 4, 0, 3, {{2, 4, 1, NULL, 0}, {1, 4, 2, NULL, 0}, {2, 4, 1, NULL, 0}}},
+     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}},
+     0},
+    {"hosts", 4, 0, 3, {{2, 4, 1, NULL, 0}, {1, 4, 2, NULL, 0}, {2, 4, 1, NULL, 0}}, 0},
     /* the micro-batch count changes alone, then with dp (global batch 32: dp x micro divides it) */
     {"micro",
      4,
      0,
      4,
-     {{2, 2, 2, NULL, 0}, {2, 2, 2, NULL, 2}, {1, 2, 2, NULL, 8}, {2, 2, 2, NULL, 4}}},
+     {{2, 2, 2, NULL, 0}, {2, 2, 2, NULL, 2}, {1, 2, 2, NULL, 8}, {2, 2, 2, NULL, 4}},
+     0},
+    {"grow2", 4, 0, 3, {{1, 4, 2, NULL, 0}, {1, 2, 2, NULL, 0}, {1, 1, 2, NULL, 0}}, 16 << 10},
 };
 
 static const mode *g_mode;
 static int g_rank;
+static int g_reserve_refused;  /* preparations whose pool reservation failed (libtide's log) */
+static int g_spill_unprepared; /* switches that spilled into host memory not prepared ahead */
+static int g_spill_prepared;   /* preparations that prepared host spill memory */
+
+/* libtide's log at level info, read for what the API does not say: a preparation whose
+   pool reservation failed (the switch then takes fresh memory at its step), host spill
+   memory prepared, and a switch that spilled into host memory allocated there (pinned on a
+   GPU: cudaMallocHost on the critical path). Warnings and errors still go to stderr. */
+static void log_sink(void *ctx, tide_log_level level, const char *line)
+{
+    (void)ctx;
+    if (strstr(line, "could not prepare pool memory") != NULL)
+        __atomic_add_fetch(&g_reserve_refused, 1, __ATOMIC_RELAXED);
+    if (strstr(line, "host spill memory prepared") != NULL)
+        __atomic_add_fetch(&g_spill_prepared, 1, __ATOMIC_RELAXED);
+    if (strstr(line, "allocated at the switch step") != NULL)
+        __atomic_add_fetch(&g_spill_unprepared, 1, __ATOMIC_RELAXED);
+    if (level <= TIDE_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
+}
 #define HOST_LEN 64
 static char (*g_hosts)[HOST_LEN]; /* by MPI rank (= worker id): the host each rank runs on */
 static int g_multihost;           /* the ranks run on more than one host */
@@ -169,8 +216,8 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
     snprintf(dp, sizeof dp, "%d", g->dp);
     snprintf(tp, sizeof tp, "%d", g->tp);
     snprintf(pp, sizeof pp, "%d", g->pp);
-    const char *args[20] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp, "--dry-run",
-                            "--json"};
+    const char *args[20] = {"resize", JOB,    "--dp", dp,          "--tp",
+                            tp,       "--pp", pp,     "--dry-run", "--json"};
     int n = 10;
     if (g->stages != NULL) {
         args[n++] = "--stages";
@@ -195,8 +242,8 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
         return -1;
     cs->dry_sent[gen] = (uint64_t)sent;
     cs->dry_cross[gen] = (uint64_t)cross;
-    printf("dry run for generation %d: %lld bytes to send, %lld of them across hosts\n", gen,
-           sent, cross);
+    printf("dry run for generation %d: %lld bytes to send, %lld of them across hosts\n", gen, sent,
+           cross);
     fflush(stdout);
     return 0;
 }
@@ -303,6 +350,12 @@ typedef struct record {
     /* bytes over every switch of this rank: new shards kept, shrunk in place, rebuilt
        in pool blocks; old shards spilled to host memory */
     uint64_t kept, shrunk, rebuilt, spilled;
+    double groups_ms; /* the switch steps' time on the new layout's communicators, ms */
+    /* the switch running now: this rank's buffers before it, and per tensor whether its
+       new shard is exactly its old one (the same elements) */
+    void *old_ptr[MAX_T];
+    uint8_t same[MAX_T];
+    uint64_t n_same; /* over every switch: shards that did not change (each kept its buffer) */
 } record;
 
 /* Every tensor-parallel group of l on one host. */
@@ -353,10 +406,41 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     return TIDE_OK;
 }
 
+/* 1 when view a's shard of tensor i and view b's are the same elements of it: the full
+   tensor numbered word by word (4 bytes) and both shards cut from it compare equal. */
+static int same_shard(const tide_collection_t *c, size_t i, const tide_view *a, const tide_view *b)
+{
+    if (!a->member || !b->member)
+        return 0;
+    uint64_t na = tide_shard_bytes(a->layout, c, i, a->pp_rank, a->dp_rank, a->tp_rank);
+    uint64_t nb = tide_shard_bytes(b->layout, c, i, b->pp_rank, b->dp_rank, b->tp_rank);
+    if (na != nb || na == 0)
+        return 0;
+    uint64_t bytes = tide_tensor_bytes(tide_collection_tensor(c, i));
+    uint32_t *full = malloc(bytes + 4);
+    unsigned char *sa = malloc(na), *sb = malloc(nb);
+    MT_ASSERT(full != NULL && sa != NULL && sb != NULL, "out of memory");
+    for (uint64_t k = 0; k < bytes / 4 + 1; k++)
+        full[k] = (uint32_t)k;
+    tide_shard_extract(a->layout, c, i, a->pp_rank, a->dp_rank, a->tp_rank, full, sa);
+    tide_shard_extract(b->layout, c, i, b->pp_rank, b->dp_rank, b->tp_rank, full, sb);
+    int same = memcmp(sa, sb, na) == 0;
+    free(full);
+    free(sa);
+    free(sb);
+    return same;
+}
+
 static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
 {
     record *r = ctx;
     const tide_view *nv = tide_view_next(t);
+    const tide_view *v = tide_view_get(t);
+    void *const *b = tide_buffers(t);
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        r->old_ptr[i] = v->member && b != NULL ? b[i] : NULL;
+        r->same[i] = (uint8_t)same_shard(tide_mlp_collection(m), i, v, nv);
+    }
     MT_ASSERT(nv->generation <= MAX_GEN, "generation %llu", (unsigned long long)nv->generation);
     if (tide_view_get(t)->member)
         hash_state(t, m, r->before[nv->generation]);
@@ -407,6 +491,25 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->shrunk += st->rs.bytes_shrunk;
     r->rebuilt += st->rs.bytes_rebuilt;
     r->spilled += st->rs.bytes_spilled;
+    /* tide_buffer_moved says exactly which buffers changed address, and every shard that
+       did not change kept its buffer */
+    void *const *b = tide_buffers(t);
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        void *now = v->member && b != NULL ? b[i] : NULL;
+        MT_ASSERT(tide_buffer_moved(t, i) == (now != r->old_ptr[i]),
+                  "rank %d: generation %llu: tensor %s %s address (%p -> %p), but "
+                  "tide_buffer_moved says %d",
+                  (int)tide_pool_rank(t), (unsigned long long)g,
+                  tide_collection_tensor(r->coll, i)->name,
+                  now != r->old_ptr[i] ? "changed" : "kept its", r->old_ptr[i], now,
+                  tide_buffer_moved(t, i));
+        MT_ASSERT(!r->same[i] || now == r->old_ptr[i],
+                  "rank %d: generation %llu: tensor %s's shard did not change, yet its buffer "
+                  "did (%p -> %p)",
+                  (int)tide_pool_rank(t), (unsigned long long)g,
+                  tide_collection_tensor(r->coll, i)->name, r->old_ptr[i], now);
+        r->n_same += r->same[i];
+    }
     MT_ASSERT(st->rs.bytes_kept + st->rs.bytes_shrunk + st->rs.bytes_rebuilt == st->rs.state_new,
               "rank %d: new shards kept %llu + shrunk %llu + rebuilt %llu != %llu",
               (int)tide_pool_rank(t), (unsigned long long)st->rs.bytes_kept,
@@ -415,6 +518,17 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     MT_ASSERT(st->rs.plan_ms >= 0 && st->rs.move_ms >= 0 && st->rs.sync_ms >= 0 &&
                   st->rs.groups_ms >= 0 && st->rs.total_ms >= st->rs.move_ms,
               "inconsistent switch timings");
+    /* every resize here is a plain one, every participant alive, on MPI_THREAD_MULTIPLE:
+       its communicators and plan were made while the old layout trained, and the switch
+       step made none (groups_ms: taking them; making them here costs three splits) */
+    MT_ASSERT(st->rs.prepared == 1,
+              "rank %d: generation %llu switched without communicators built ahead",
+              (int)tide_pool_rank(t), (unsigned long long)g);
+    MT_ASSERT(st->rs.groups_ms < 20.0,
+              "rank %d: generation %llu spent %.3f ms on the new layout's communicators at the "
+              "switch step, though they were built ahead",
+              (int)tide_pool_rank(t), (unsigned long long)g, st->rs.groups_ms);
+    r->groups_ms += st->rs.groups_ms;
     if (v->member)
         hash_state(t, m, r->after[g]);
     return TIDE_OK;
@@ -509,7 +623,8 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr,
-                "usage: test_examples_tide TIDED TIDECTL dp|tp|pp|mixed|mixed-zero1|micro|hosts\n");
+                "usage: test_examples_tide TIDED TIDECTL "
+                "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
@@ -525,10 +640,14 @@ int main(int argc, char **argv)
     if (is_root)
         start_tided(argv[1]); /* before MPI_Init: fork is safe here */
     int prov = 0, size = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    /* as train_mlp: libtide builds the communicators of an announced layout on its
+       preparation thread while the steps run, which needs MPI_THREAD_MULTIPLE */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MT_ASSERT(size == 8, "run with 8 ranks, not %d", size);
+    MT_ASSERT(prov == MPI_THREAD_MULTIPLE, "MPI gives thread level %d, not MPI_THREAD_MULTIPLE",
+              prov);
 
     static ctl_state cs;
     cs.tidectl = argv[2];
@@ -563,13 +682,15 @@ int main(int argc, char **argv)
     rec.n_tensors = tide_collection_size(rec.coll);
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
 
+    tide_log_set_sink(log_sink, NULL);
+    tide_log_set_level(TIDE_LOG_INFO);
     tide_options o;
     tide_options_init(&o);
     o.endpoint = cs.endpoint;
     o.register_timeout_ms = 20000;
     /* every switch within the larger of a rank's old and new state plus the staging cap,
        or it fails (a small cap, so that the bound is tight) */
-    o.staging_cap = 64 << 10;
+    o.staging_cap = g_mode->cap ? g_mode->cap : 64 << 10;
     o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
@@ -647,8 +768,26 @@ int main(int argc, char **argv)
        limit (tp 4 -> 2, tp/pp -> one rank holding it all) spills old shards to host */
     uint64_t ways[4] = {rec.kept, rec.shrunk, rec.rebuilt, rec.spilled}, all_ways[4];
     MPI_Allreduce(ways, all_ways, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    /* every preparation reserved its pool blocks (TIDE_MEM_STRICT refuses past a limit) */
+    int logged[3] = {__atomic_load_n(&g_reserve_refused, __ATOMIC_RELAXED),
+                     __atomic_load_n(&g_spill_unprepared, __ATOMIC_RELAXED),
+                     __atomic_load_n(&g_spill_prepared, __ATOMIC_RELAXED)},
+        all_logged[3];
+    MPI_Allreduce(logged, all_logged, 3, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(all_logged[0] == 0,
+              "%d preparations could not reserve pool memory (a limit left on the pool by the "
+              "switch before?)",
+              all_logged[0]);
+    /* every spill went into host memory prepared ahead (none of these is a recovery) */
+    MT_ASSERT(all_logged[1] == 0 && (all_ways[3] == 0 || all_logged[2] > 0),
+              "%d switches spilled into host memory allocated at the switch step (%d "
+              "preparations prepared some; %llu bytes spilled)",
+              all_logged[1], all_logged[2], (unsigned long long)all_ways[3]);
     int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
     MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
+    uint64_t all_same = 0;
+    MPI_Allreduce(&rec.n_same, &all_same, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MT_ASSERT(all_same > 0, "no switch left a shard unchanged: the kept buffers are not checked");
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");
     MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
@@ -753,8 +892,10 @@ int main(int argc, char **argv)
         printf("%s: switches at steps", g_mode->name);
         for (int g = 2; g <= n_gens; g++)
             printf(" %lld", (long long)hi[g]);
-        printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e\n",
-               (long long)end, n_gens - 1, worst);
+        printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e; "
+               "communicators built ahead, %.3f ms on them at rank 0's switch steps; %llu "
+               "unchanged shards kept their buffers\n",
+               (long long)end, n_gens - 1, worst, rec.groups_ms, (unsigned long long)all_same);
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);

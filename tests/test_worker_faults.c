@@ -28,6 +28,27 @@
  *             comes: the step must not be retried on the dead communicators (it would be,
  *             forever), and tide_step_begin must give up after the switch timeout (3 s)
  *             with TIDE_ERR_TIMEOUT saying why.
+ *   prepdie   3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3): rank 2 dies as its
+ *             preparation thread starts building the new layout's communicators ahead of
+ *             the switch, while the others' preparation threads wait for it in the
+ *             handshake. tided aborts the generation and recovers over the survivors:
+ *             the abort must end their builds (no switch step may wait for a build, the
+ *             watchdog fails any tide_step_begin or tide_reshard past 40 s), and they
+ *             switch to the recovery (built at its switch step, as a recovery is) and
+ *             train.
+ *   prepabort 3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3) while rank 1 stalls in
+ *             a step for 4 s; tided (resize timeout 2 s) aborts the generation after every
+ *             rank built its communicators ahead (5 of them: the switch's, all, tp, dp,
+ *             pp). Nothing may be left of them once the ranks go on in (dp 3): every
+ *             rank holds exactly the old layout's 4 communicators a few steps later (the
+ *             ASan build checks that nothing leaks). A second resize to the same layout
+ *             then switches with communicators built ahead (stats.prepared).
+ *   trim      3 ranks, the runtime owning the buffers, (dp 3) -> (dp 2): the rank that
+ *             leaves gives its pool memory back to the system at the end of its switch,
+ *             which must come after its done (tided commits the generation only once
+ *             every participant reported, and freeing GiBs takes a while): the wrapper
+ *             holds the rank's first free of that trim until tided says the generation
+ *             is committed (at most 10 s), which it can only be once the done went out.
  * The state is a toy collection whose values are a function of tensor, element and steps
  * completed; every switch is checked bit for bit before and after. A failed check kills
  * every rank (MPI_Abort does not end the others under --enable-recovery).
@@ -54,9 +75,12 @@
 #define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
 #define MAX_STEPS 400
 
-enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_NOFINISH };
-#define NOFINISH_AT 6 /* nofinish: the members stop after this many steps */
+#define STALL_MS    4000 /* prepabort: rank 1's stalled step */
+#define NOFINISH_AT 6    /* nofinish: the members stop after this many steps */
+
+enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_PREPDIE, MODE_PREPABORT, MODE_TRIM, MODE_NOFINISH };
 static int g_mode, g_rank;
+static _Thread_local int g_is_main; /* the program's main thread */
 
 /* ---- failing checks end every rank -------------------------------------------------------- */
 
@@ -91,6 +115,21 @@ static int g_in_switch, g_splits; /* build: inside tide_reshard; splits there */
 static int g_switch_destroys;     /* build: destroys there after the first split */
 static int g_aborts;              /* comm_abort calls (atomic: libtide's control thread) */
 static int g_fail_allreduce;      /* deadcomm: the next allreduce fails */
+static int g_live;                /* communicators alive in this process (atomic) */
+static int g_prep_made;           /* made on a thread of libtide's, not the main one (atomic) */
+static int g_prep_tries;          /* creations begun there (atomic) */
+static int g_leaving;             /* trim: this rank leaves in the running switch */
+static int g_trim_seen = -1;      /* trim: tided committed while the trim's first free waited */
+static char g_endpoint[256];      /* tided's */
+
+static void born(tide_status rc, tide_coll_comm_t *const *out)
+{
+    if (rc != TIDE_OK || *out == NULL)
+        return;
+    __atomic_add_fetch(&g_live, 1, __ATOMIC_RELAXED);
+    if (!g_is_main)
+        __atomic_add_fetch(&g_prep_made, 1, __ATOMIC_RELAXED);
+}
 
 static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                              tide_coll_comm_t **out)
@@ -100,7 +139,16 @@ static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params
                 g_rank);
         _exit(0);
     }
-    return under->comm_create(pool, p, out);
+    if (!g_is_main)
+        __atomic_add_fetch(&g_prep_tries, 1, __ATOMIC_RELAXED);
+    if (g_mode == MODE_PREPDIE && g_rank == VICTIM && !g_is_main) {
+        fprintf(stderr, "[rank %d] dies as it builds the new layout's communicators ahead\n",
+                g_rank);
+        _exit(0);
+    }
+    tide_status rc = under->comm_create(pool, p, out);
+    born(rc, out);
+    return rc;
 }
 
 static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const int *members, int n,
@@ -108,13 +156,16 @@ static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const 
 {
     if (g_in_switch)
         g_splits++;
-    return under->comm_split(parent, color, key, members, n, out);
+    tide_status rc = under->comm_split(parent, color, key, members, n, out);
+    born(rc, out);
+    return rc;
 }
 
 /* In the switch of build mode, the first destroy after the first split is build_groups
    releasing the switch communicator, the new all just split off it. */
 static void fb_destroy(tide_coll_comm_t *c)
 {
+    __atomic_sub_fetch(&g_live, 1, __ATOMIC_RELAXED);
     if (g_mode == MODE_BUILD && g_in_switch && g_splits == 1 && g_switch_destroys++ == 0) {
         if (g_rank == VICTIM) {
             fprintf(stderr, "[rank %d] dies while the switch's groups are built\n", g_rank);
@@ -130,6 +181,27 @@ static void fb_destroy(tide_coll_comm_t *c)
                     g_rank);
     }
     under->comm_destroy(c);
+}
+
+static void job_gen(uint64_t *gen, int *running);
+
+/* trim: the leaving rank's first free of memory in its switch (its pool's trim) waits for
+   tided's commit of the generation, which needs this rank's done */
+static void fb_mem_free(void *ptr)
+{
+    if (g_mode == MODE_TRIM && g_in_switch && g_leaving && g_trim_seen < 0) {
+        g_trim_seen = 0;
+        uint64_t until = tide_now_ns() + 10ull * 1000000000ull;
+        while (tide_now_ns() < until && !g_trim_seen) {
+            uint64_t gen = 0;
+            int running = 0;
+            job_gen(&gen, &running);
+            g_trim_seen = gen == 2 && running;
+            if (!g_trim_seen)
+                tide_sleep_ms(20);
+        }
+    }
+    under->mem_free(ptr);
 }
 
 static void fb_abort(tide_coll_comm_t *c)
@@ -159,12 +231,14 @@ static void fb_register(void)
     fb.comm_destroy = fb_destroy;
     fb.comm_abort = fb_abort;
     fb.allreduce = fb_allreduce;
+    fb.mem_free = fb_mem_free;
     MT_OK(tide_coll_backend_register(&fb));
 }
 
 /* ---- watchdog: a switch that hangs fails the test, not ctest's timeout ----------------------- */
 
 static uint64_t g_switch_t0; /* monotonic ns when the running tide_reshard began; 0: none */
+static uint64_t g_begin_t0;  /* the same for tide_step_begin */
 
 static void *watchdog(void *arg)
 {
@@ -175,6 +249,10 @@ static void *watchdog(void *arg)
         if (t0 != 0 && tide_now_ns() - t0 > 40ull * 1000000000ull)
             MT_FAIL("tide_reshard has run for 40 s: a participant died while the new "
                     "layout's groups were built, and nothing ended the wait for it");
+        t0 = __atomic_load_n(&g_begin_t0, __ATOMIC_RELAXED);
+        if (t0 != 0 && tide_now_ns() - t0 > 40ull * 1000000000ull)
+            MT_FAIL("tide_step_begin has waited for 40 s (a switch step waiting for a build of "
+                    "communicators ahead that waits for a dead participant?)");
     }
     return NULL;
 }
@@ -288,6 +366,28 @@ static void resize(const char *endpoint, int dp, int tp, int pp)
     zmq_ctx_term(ctx);
 }
 
+/* The job's generation in tided and whether it runs (committed, no switch pending). */
+static void job_gen(uint64_t *gen, int *running)
+{
+    *gen = 0;
+    *running = 0;
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, g_endpoint, NULL, NULL, NULL, 10000);
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_JOBS);
+    tide_msg_init(&r, TIDE_MSG_NONE);
+    if (s != NULL && coord_call(s, &q, &r) == 0 && r.type == TIDE_MSG_JOBS_REPLY)
+        for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++)
+            if (strcmp(r.u.jobs_reply.rows[i].name, JOB) == 0) {
+                *gen = r.u.jobs_reply.rows[i].gen;
+                *running = r.u.jobs_reply.rows[i].state == TIDE_JOB_RUNNING;
+            }
+    tide_msg_clear(&r);
+    if (s != NULL)
+        zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
 /* ---- the test ------------------------------------------------------------------------------- */
 
 typedef struct result {
@@ -299,7 +399,14 @@ typedef struct result {
     int64_t join_ms;    /* tide_join */
     int64_t gave_up_ms; /* deadcomm: from the failed step's end to tide_step_begin's error;
                            nofinish: the idle rank's wait for TIDE_STEP_FINISHED */
+    int64_t prepared;   /* switches that took communicators built ahead */
+    int64_t live_after; /* prepabort: communicators alive after the aborted generation */
+    int64_t prep_made;  /* prepabort: made on libtide's preparation thread before it */
+    int64_t prep_tries; /* creations begun there in all */
+    int64_t trim_seen;  /* trim: the leaving rank saw the commit while its trim waited (1),
+                           did not (0); -1 on the others */
 } result;
+#define RESULT_N 12
 
 static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
 {
@@ -310,12 +417,17 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         shards(coll, v, bufs, v->step, 1, "");
         MT_OK(tide_set_buffers(t, bufs));
     }
+    int owned = g_mode == MODE_TRIM; /* the runtime owns the buffers, rebuilt in place */
+    if (owned)
+        MT_OK(tide_give_buffers(t, &bufs));
     int resized = 0, faulted = 0;
-    int64_t final_gen = g_mode == MODE_JOIN ? 2 : 3;
+    int64_t final_gen = g_mode == MODE_JOIN || g_mode == MODE_TRIM ? 2 : 3;
     for (int iter = 0; iter < 100000; iter++) {
         tide_step_action a;
         uint64_t tb = tide_now_ns();
+        __atomic_store_n(&g_begin_t0, tb, __ATOMIC_RELAXED);
         tide_status rc = tide_step_begin(t, &a);
+        __atomic_store_n(&g_begin_t0, 0, __ATOMIC_RELAXED);
         if (faulted) {
             /* deadcomm: no recovery comes; the rank gives up, bounded, and says why */
             res->gave_up_ms = (int64_t)((tide_now_ns() - tb) / 1000000ull);
@@ -341,14 +453,18 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             int64_t s = nv->step;
             uint64_t g = nv->generation;
             if (v->member)
-                shards(coll, v, bufs, s, 0, "before the switch");
+                shards(coll, v, owned ? tide_buffers(t) : bufs, s, 0, "before the switch");
             void **nb = NULL;
-            MT_OK(tide_alloc_buffers(t, nv, &nb));
+            if (!owned)
+                MT_OK(tide_alloc_buffers(t, nv, &nb));
+            g_leaving = v->member && !nv->member;
             uint64_t t0 = tide_now_ns();
             g_in_switch = 1;
             g_splits = g_switch_destroys = 0;
             __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
-            rc = tide_reshard(t, nb, NULL);
+            tide_reshard_stats st;
+            memset(&st, 0, sizeof st);
+            rc = tide_reshard(t, owned ? NULL : nb, &st);
             __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
             g_in_switch = 0;
             double secs = (double)(tide_now_ns() - t0) / 1e9;
@@ -368,9 +484,12 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             v = tide_view_get(t);
             MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
             if (v->member)
-                shards(coll, v, nb, s, 0, "after the switch");
+                shards(coll, v, owned ? tide_buffers(t) : nb, s, 0, "after the switch");
             tide_free_buffers(t, &bufs);
             bufs = nb;
+            if (g_leaving)
+                res->trim_seen = g_trim_seen;
+            res->prepared += st.prepared;
             res->switches++;
             res->last_gen = (int64_t)g;
             res->switch_at = s;
@@ -385,10 +504,29 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             MT_OK(tide_finish(t));
             break;
         }
-        if (g_mode == MODE_BUILD && g_rank == 0 && !resized && v->generation == 1 &&
-            s == FAIL_STEP) {
+        int resizes = g_mode == MODE_BUILD || g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
+        if (resizes && g_rank == 0 && !resized && v->generation == 1 && s == FAIL_STEP) {
             resize(endpoint, 1, 3, 1);
             resized = 1;
+        }
+        if (g_mode == MODE_TRIM && g_rank == 0 && !resized && s == FAIL_STEP) {
+            resize(endpoint, 2, 1, 1); /* one rank leaves */
+            resized = 1;
+        }
+        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
+            /* the ack goes out once the build ahead is done, but the step (and the others'
+               in its allreduce) ends only after tided's resize deadline: it aborts */
+            tide_sleep_ms(STALL_MS);
+        }
+        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
+            /* the aborted generation's communicators built ahead are gone by now */
+            res->live_after = __atomic_load_n(&g_live, __ATOMIC_RELAXED);
+            res->prep_made = __atomic_load_n(&g_prep_made, __ATOMIC_RELAXED);
+        }
+        if (g_mode == MODE_PREPABORT && g_rank == 0 && resized == 1 && v->generation == 1 &&
+            s == FAIL_STEP + 5) {
+            resize(endpoint, 1, 3, 1); /* the same again: switches, built ahead */
+            resized = 2;
         }
         if (g_mode == MODE_DEADCOMM && s == FAIL_STEP && !faulted)
             g_fail_allreduce = faulted = 1;
@@ -396,11 +534,13 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         rc = tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL);
         /* build: the steps after the failed switch run on the old layout, the dead rank's
            too, until the recovery aborts them */
-        MT_ASSERT(rc == TIDE_OK || faulted || (res->aborted > 0 && rc == TIDE_ERR_ABORTED),
+        /* prepdie: the steps that wait for the dead rank, until the recovery aborts them */
+        MT_ASSERT(rc == TIDE_OK || faulted ||
+                      ((res->aborted > 0 || g_mode == MODE_PREPDIE) && rc == TIDE_ERR_ABORTED),
                   "step %lld: %s (%s)", (long long)s, tide_status_name(rc), tide_last_error());
         MT_ASSERT(rc != TIDE_OK || hi == mine, "members run different steps");
         if (rc == TIDE_OK) /* a step whose collectives failed changes no state */
-            apply_step(coll, v, bufs);
+            apply_step(coll, v, owned ? tide_buffers(t) : bufs);
         tide_sleep_ms(10);
         MT_OK(tide_step_end(t, rc));
         if (rc == TIDE_OK)
@@ -411,25 +551,36 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
 
 int main(int argc, char **argv)
 {
-    if (argc < 3 || (strcmp(argv[2], "join") != 0 && strcmp(argv[2], "build") != 0 &&
-                     strcmp(argv[2], "deadcomm") != 0 && strcmp(argv[2], "nofinish") != 0)) {
-        fprintf(stderr, "usage: test_worker_faults TIDED join|build|deadcomm|nofinish\n");
+    static const char *const names[] = {"join",      "build", "deadcomm", "prepdie",
+                                        "prepabort", "trim",  "nofinish"};
+    g_mode = -1;
+    for (int i = 0; argc >= 3 && i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(argv[2], names[i]) == 0)
+            g_mode = i;
+    if (g_mode < 0) {
+        fprintf(stderr, "usage: test_worker_faults TIDED "
+                        "join|build|deadcomm|prepdie|prepabort|trim|nofinish\n");
         return 2;
     }
-    g_mode = strcmp(argv[2], "join") == 0       ? MODE_JOIN
-             : strcmp(argv[2], "build") == 0    ? MODE_BUILD
-             : strcmp(argv[2], "deadcomm") == 0 ? MODE_DEADCOMM
-                                                : MODE_NOFINISH;
+    g_is_main = 1;
+    int prep_mode = g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root) { /* before MPI_Init: fork is safe here */
-        const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "15", "--resize-timeout-ms",
-                               "30000",          NULL};
+        /* prepabort: the resize's deadline passes while rank 1 stalls */
+        const char *flags[] = {"--heartbeat-ms",
+                               "100",
+                               "--miss-limit",
+                               "15",
+                               "--resize-timeout-ms",
+                               g_mode == MODE_PREPABORT ? "2000" : "30000",
+                               NULL};
         if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], flags, NULL) != 0)
             g_coord.endpoint[0] = '\0';
     }
     int prov = 0, size = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
+    /* the prepare modes: communicators are built ahead only on MPI_THREAD_MULTIPLE */
+    MPI_Init_thread(&argc, &argv, prep_mode ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int want_np = g_mode == MODE_DEADCOMM ? 2 : 3;
@@ -442,6 +593,7 @@ int main(int argc, char **argv)
         snprintf(endpoint, sizeof endpoint, "%s", g_coord.endpoint);
     MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
     MT_ASSERT(endpoint[0] != '\0', "tided did not start");
+    snprintf(g_endpoint, sizeof g_endpoint, "%s", endpoint);
 
     fb_register();
     pthread_t wd;
@@ -460,11 +612,12 @@ int main(int argc, char **argv)
     tide_join_req jr = {JOB, coll, g_mode == MODE_NOFINISH ? 2 : size, 1, 1, 1, 0, NULL, 0};
     result res;
     memset(&res, 0, sizeof res);
+    res.trim_seen = -1;
     uint64_t t0 = tide_now_ns();
     MT_OK(tide_join(t, &jr));
     res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
-    MT_ASSERT(g_rank != VICTIM || g_mode != MODE_JOIN,
-              "the victim survived its join");
+    MT_ASSERT(g_rank != VICTIM || g_mode != MODE_JOIN, "the victim survived its join");
+    MT_ASSERT(!prep_mode || prov == MPI_THREAD_MULTIPLE, "MPI gives thread level %d", prov);
     if (g_mode == MODE_JOIN)
         MT_ASSERT(res.join_ms < 20000,
                   "tide_join took %lld ms: a member died while the first layout's "
@@ -474,12 +627,15 @@ int main(int argc, char **argv)
     run(t, coll, endpoint, &res);
     if (g_mode == MODE_NOFINISH)
         tide_destroy(&t); /* the members' bye, before anything waits for the idle rank */
-    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_NOFINISH || g_rank != VICTIM,
+    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM ||
+                  g_mode == MODE_NOFINISH || g_rank != VICTIM,
               "the victim is still alive");
+    res.prep_tries = __atomic_load_n(&g_prep_tries, __ATOMIC_RELAXED);
 
     /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
     MPI_Comm surv = MPI_COMM_NULL;
-    if (g_mode == MODE_DEADCOMM || g_mode == MODE_NOFINISH) {
+    if (g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM ||
+        g_mode == MODE_NOFINISH) {
         MPI_Comm_dup(MPI_COMM_WORLD, &surv);
     } else {
         MPI_Group wg, sg;
@@ -491,9 +647,10 @@ int main(int argc, char **argv)
         MPI_Group_free(&sg);
         MPI_Group_free(&wg);
     }
-    int64_t lo[7], hi[7];
-    MPI_Allreduce(&res, lo, 7, MPI_INT64_T, MPI_MIN, surv);
-    MPI_Allreduce(&res, hi, 7, MPI_INT64_T, MPI_MAX, surv);
+    int64_t lo[RESULT_N], hi[RESULT_N];
+    _Static_assert(sizeof(result) == RESULT_N * sizeof(int64_t), "result is RESULT_N int64_t");
+    MPI_Allreduce(&res, lo, RESULT_N, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(&res, hi, RESULT_N, MPI_INT64_T, MPI_MAX, surv);
     if (g_mode == MODE_JOIN) {
         MT_ASSERT(lo[0] == 1 && hi[0] == 1 && lo[1] == 2 && lo[2] == 0 && hi[2] == 0,
                   "every survivor switched once, to the recovery (generation 2) at step 0");
@@ -513,6 +670,35 @@ int main(int argc, char **argv)
                   "the idle rank waited %lld ms for the end of a job whose members stopped "
                   "without tide_finish",
                   (long long)most);
+    } else if (g_mode == MODE_PREPDIE) {
+        MT_ASSERT(lo[10] >= 1, "a survivor's preparation thread never began a build ahead");
+        MT_ASSERT(lo[3] == 0 && hi[3] == 0 && hi[7] == 0,
+                  "no switch step ran for the generation whose build ahead lost a member, and "
+                  "the recovery's communicators were built at its switch step");
+        MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
+                  "every survivor switched once, to the recovery (generation 3), at one step");
+        MT_ASSERT(lo[4] >= FAIL_STEP + 3, "the survivors trained after the recovery");
+    } else if (g_mode == MODE_TRIM) {
+        MT_ASSERT(hi[11] == 1,
+                  "the leaving rank freed its pool before reporting done: tided did not commit "
+                  "the generation while its trim waited (seen %lld)",
+                  (long long)hi[11]);
+        MT_ASSERT(lo[3] == 0 && lo[1] == 2 && hi[1] == 2 && lo[2] == hi[2],
+                  "every rank switched to generation 2 at one step");
+    } else if (g_mode == MODE_PREPABORT) {
+        MT_ASSERT(lo[9] >= 5,
+                  "every rank built the aborted generation's communicators ahead (5: the "
+                  "switch's, all, tp, dp, pp): at least %lld made on the preparation thread",
+                  (long long)lo[9]);
+        MT_ASSERT(lo[8] == 4 && hi[8] == 4,
+                  "after tided aborted the generation, ranks held %lld..%lld communicators: "
+                  "the old layout's 4 and nothing built ahead for the aborted one",
+                  (long long)lo[8], (long long)hi[8]);
+        MT_ASSERT(lo[3] == 0 && hi[3] == 0, "no switch failed (the aborted one never started)");
+        MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
+                  "every rank switched once, to the second resize (generation 3), at one step");
+        MT_ASSERT(lo[7] == 1,
+                  "the second resize switched with communicators built ahead on every rank");
     } else {
         MT_ASSERT(lo[4] == FAIL_STEP && hi[4] == FAIL_STEP, "steps before the failure");
         MT_ASSERT(lo[6] >= 2500 && hi[6] < 20000,
@@ -520,10 +706,10 @@ int main(int argc, char **argv)
                   (long long)lo[6], (long long)hi[6]);
     }
     if (g_rank == 0) {
-        printf("%s: tide_join %lld..%lld ms, switches %lld, failed switches %lld, last "
-               "generation %lld at step %lld, gave up after %lld ms\n",
-               argv[2], (long long)lo[5], (long long)hi[5], (long long)lo[0], (long long)lo[3],
-               (long long)lo[1], (long long)lo[2], (long long)lo[6]);
+        printf("%s: tide_join %lld..%lld ms, switches %lld (%lld built ahead), failed switches "
+               "%lld, last generation %lld at step %lld, gave up after %lld ms\n",
+               argv[2], (long long)lo[5], (long long)hi[5], (long long)lo[0], (long long)lo[7],
+               (long long)lo[3], (long long)lo[1], (long long)lo[2], (long long)lo[6]);
         printf("test_worker_faults: passed\n");
         fflush(stdout);
     }

@@ -11,15 +11,17 @@ if(TARGET tided)
 
   # Failures around communicators (tests/test_worker_faults.c): a member dying while
   # tide_join builds the first layout's communicators, one dying while a switch builds
-  # the new layout's, and collectives failing with every peer alive. A rank dies in the
-  # first two: --enable-recovery keeps mpirun from tearing the job down, async_mpi_finalize
+  # the new layout's, collectives failing with every peer alive, a member dying while the
+  # communicators of an announced layout are built ahead (prepdie), an announced
+  # generation aborted after they were (prepabort), and the order of a leaving rank's done
+  # and its pool's trim (trim). A rank dies in some: --enable-recovery keeps mpirun from tearing the job down, async_mpi_finalize
   # keeps MPI_Finalize from waiting for it (see collectives.cmake).
   add_executable(test_worker_faults test_worker_faults.c)
   target_link_libraries(test_worker_faults PRIVATE tide_worker tide_proto PkgConfig::ZMQ
                                                    MPI::MPI_C tide_core)
   target_include_directories(test_worker_faults PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   add_dependencies(test_worker_faults tided)
-  foreach(mode join build deadcomm nofinish)
+  foreach(mode join build deadcomm nofinish prepdie prepabort trim)
     if(mode STREQUAL "deadcomm")
       set(np 2)
     else()

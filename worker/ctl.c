@@ -85,6 +85,8 @@ struct tide__ctl {
     uint64_t prep_done_gen;     /* the last generation prep_fn finished */
     uint64_t prep_released_gen; /* the main thread ended a step: ack now, prepared or not */
     uint64_t prep_start_gen;    /* the last generation prep_fn was started for */
+    uint64_t prep_run_gen;      /* prep_fn must still start for this generation, ack held or
+                                   not: the participants build its communicators together */
     int prep_busy;              /* prep_thread runs prep_fn */
     pthread_t prep_thread;      /* joined by the background thread or destroy only */
     int prep_started;
@@ -425,6 +427,9 @@ static void on_layout(tide__ctl_t *ctl, tide_msg_t *m)
     }
     int member_old = ctl->agree.gen == lm->prev.gen && layout_has(&lm->prev, me);
     if (tide__agree_layout(&ctl->agree, lm->layout.gen, layout_has(&lm->layout, me), member_old)) {
+        /* what was being built ahead for a generation this one replaces is given up */
+        if (ctl->abort_fn != NULL)
+            ctl->abort_fn(ctl->abort_ctx, 2);
         tide_msg_clear(&ctl->p_layout);
         ctl->p_layout = *m;
         tide_msg_init(m, TIDE_MSG_NONE);
@@ -440,8 +445,12 @@ static void on_prepare(tide__ctl_t *ctl, const tide_proto_prepare_t *p)
 {
     int64_t step = 0;
     pthread_mutex_lock(&ctl->mu);
+    int part = ctl->agree.p_member || ctl->agree.p_old;
     if (ctl->prep_fn != NULL && strcmp(p->job, ctl->job) == 0 && p->gen == ctl->agree.p_gen &&
-        ctl->agree.p_member && !ctl->agree.p_acked && ctl->prep_done_gen != p->gen &&
+        part && !ctl->agree.p_acked && ctl->prep_start_gen != p->gen)
+        ctl->prep_run_gen = p->gen; /* started by prep_tick, released ack or not */
+    if (ctl->prep_fn != NULL && strcmp(p->job, ctl->job) == 0 && p->gen == ctl->agree.p_gen &&
+        part && !ctl->agree.p_acked && ctl->prep_done_gen != p->gen &&
         ctl->prep_released_gen != p->gen) {
         /* The program prepares the new layout (allocates and first-touches its buffers)
            on prep_thread while its steps go on; the ack, which bounds the steps left,
@@ -506,6 +515,8 @@ static void on_abort(tide__ctl_t *ctl, const tide_proto_abort_t *a)
                                                          : TIDE__ABORT_IGNORED;
     if (r == TIDE__ABORT_CLEARED)
         tide_msg_clear(&ctl->p_layout);
+    if (r == TIDE__ABORT_CLEARED && ctl->abort_fn != NULL)
+        ctl->abort_fn(ctl->abort_ctx, 2); /* what was built ahead for it is given up */
     if (r == TIDE__ABORT_SWITCHING && ctl->abort_fn != NULL)
         ctl->abort_fn(ctl->abort_ctx, 1);
     int32_t id = ctl->worker_id;
@@ -815,40 +826,55 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
 typedef struct prep_arg {
     tide__ctl_t *ctl;
     uint64_t gen;
-    tide_layout_t *layout;
+    tide_msg_t layout; /* a copy of the pending layout message */
 } prep_arg;
 
 static void *prep_main(void *arg)
 {
     prep_arg *a = arg;
     tide__ctl_t *ctl = a->ctl;
-    ctl->prep_fn(ctl->prep_ctx, a->gen, a->layout); /* prep_fn is fixed while busy */
+    ctl->prep_fn(ctl->prep_ctx, a->gen, &a->layout.u.layout); /* prep_fn is fixed while busy */
     pthread_mutex_lock(&ctl->mu);
     ctl->prep_busy = 0;
     if (a->gen > ctl->prep_done_gen)
         ctl->prep_done_gen = a->gen;
     pthread_cond_broadcast(&ctl->cv);
     pthread_mutex_unlock(&ctl->mu);
-    tide_layout_destroy(&a->layout);
+    tide_msg_clear(&a->layout);
     tide_free(a);
     return NULL;
 }
 
-/* Starts prep_fn for the held generation when it is not running yet. */
+/* A deep copy of a layout message (through its encoding: one reader, one writer). */
+static tide_status copy_layout_msg(const tide_msg_t *m, tide_msg_t *out)
+{
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    tide_status rc = tide_proto_encode(m, &b);
+    if (rc == TIDE_OK)
+        rc = tide_proto_decode(b.data, b.len, out);
+    tide_proto_buf_destroy(&b);
+    return rc;
+}
+
+/* Starts prep_fn for the generation that wants it (prep_run_gen) when it is still
+   pending and no preparation runs (one of a generation it replaced may still be ending:
+   tried again on the next tick). */
 static void prep_start(tide__ctl_t *ctl)
 {
     pthread_mutex_lock(&ctl->mu);
-    uint64_t gen = ctl->prep_want_gen;
-    const tide_proto_layout_msg_t *pl =
-        ctl->p_layout.type == TIDE_MSG_LAYOUT ? &ctl->p_layout.u.layout : NULL;
-    if (gen == 0 || ctl->prep_busy || ctl->prep_start_gen == gen || ctl->prep_fn == NULL ||
-        pl == NULL || pl->layout.gen != gen) {
+    uint64_t gen = ctl->prep_run_gen;
+    const tide_msg_t *pm = ctl->p_layout.type == TIDE_MSG_LAYOUT ? &ctl->p_layout : NULL;
+    if (gen != 0 && (ctl->agree.p_gen != gen || pm == NULL || pm->u.layout.layout.gen != gen))
+        ctl->prep_run_gen = gen = 0; /* gone: aborted or replaced */
+    if (gen == 0 || ctl->prep_busy || ctl->prep_start_gen == gen || ctl->prep_fn == NULL) {
         pthread_mutex_unlock(&ctl->mu);
         return;
     }
     ctl->prep_start_gen = gen;
+    ctl->prep_run_gen = 0;
     prep_arg *a = tide_calloc(1, sizeof *a);
-    tide_status rc = a != NULL ? tide__layout_from_proto(&pl->layout, &a->layout) : TIDE_ERR_NOMEM;
+    tide_status rc = a != NULL ? copy_layout_msg(pm, &a->layout) : TIDE_ERR_NOMEM;
     if (rc == TIDE_OK)
         ctl->prep_busy = 1;
     pthread_mutex_unlock(&ctl->mu);
@@ -862,7 +888,7 @@ static void prep_start(tide__ctl_t *ctl)
             ctl->prep_started = 1;
             return;
         }
-        tide_layout_destroy(&a->layout);
+        tide_msg_clear(&a->layout);
     }
     tide_free(a);
     TIDE_WARN(SUBSYS, "cannot prepare generation %llu; it switches unprepared",
@@ -942,7 +968,7 @@ static void *run(void *arg)
         if (ctl->child.pid > 0 && timeout > 20)
             timeout = 20;
         pthread_mutex_lock(&ctl->mu);
-        int preparing = ctl->prep_want_gen != 0;
+        int preparing = ctl->prep_want_gen != 0 || ctl->prep_run_gen != 0;
         pthread_mutex_unlock(&ctl->mu);
         if (preparing && timeout > 2)
             timeout = 2; /* the program's prepare ends on its thread: ack it promptly */
@@ -1435,6 +1461,10 @@ void tide__ctl_prepare_release(tide__ctl_t *ctl)
 
 void tide__ctl_prepare_wait(tide__ctl_t *ctl)
 {
-    while (ctl->prep_busy)
+    /* also one that is still to start for the pending generation (prep_tick starts it
+       within milliseconds): its peers build communicators in theirs, and this rank's
+       switch must find what they found */
+    while (ctl->prep_busy || (ctl->prep_run_gen != 0 && ctl->prep_run_gen == ctl->agree.p_gen &&
+                              ctl->prep_fn != NULL))
         tide__ctl_wait(ctl, 100);
 }

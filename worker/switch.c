@@ -1,12 +1,13 @@
 /*
  * worker/switch: tide_reshard, one rank's part of a layout switch. Every participant
- * (the new layout's members and the old layout's live members) builds one communicator
- * over all participants, computes its own part of the plan (reshard/), runs it through the
+ * (the new layout's members and the old layout's live members) takes one communicator
+ * over all participants and its own part of the plan (reshard/), both built during the
+ * preparation when they could be (prebuild.c), else made here; runs the plan through the
  * collectives executor from the registered old buffers into the program's new ones (or,
  * when the runtime owns the buffers, rebuilds them in place inside its memory pool,
- * within the larger of the rank's old and new state plus the staging cap), creates the new layout's
- * groups directly over the pool (members only), and reports `done` to tided. Workload: once per
- * resize; the data movement dominates.
+ * within the larger of the rank's old and new state plus the staging cap); takes the new
+ * layout's groups (built ahead, or split off the switch communicator here), and reports
+ * `done` to tided. Workload: once per resize; the data movement dominates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,12 +21,6 @@
 #include "worker/tide_int.h"
 
 #define SUBSYS "worker"
-
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -206,8 +201,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide__ctl_lock(t->ctl);
     tide__agree *a = tide__ctl_agree(t->ctl);
     int old_member = a->p_old;
-    /* an abort of this switch sets it from now on; one that came already leaves it set */
-    __atomic_store_n(&t->switch_cancel, !(a->p_gen == gen && a->p_switching), __ATOMIC_RELAXED);
+    /* an abort of this switch sets it from now on; one that came already (also while the
+       step boundary waited for the preparation) leaves it set */
+    __atomic_store_n(&t->switch_cancel, !(a->p_gen == gen && a->p_switching && !a->p_aborted),
+                     __ATOMIC_RELAXED);
     const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
     rc = pl ? tide__layout_from_proto(&pl->prev, &prev)
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
@@ -286,21 +283,11 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     TIDE_CHECK_ALLOC_GOTO(rank_of, rc, fail);
     memset(alive, 1, nw);
     TIDE_CHECK_GOTO(find_dead(t, prev, nl, alive, &lost), rc, fail);
-    uint8_t *is_part = tide_calloc(nw, 1);
-    TIDE_CHECK_ALLOC_GOTO(is_part, rc, fail);
-    for (size_t i = 0; i < tide_layout_size(nl); i++)
-        is_part[nl->worker[i]] = 1;
-    for (size_t i = 0; i < tide_layout_size(prev); i++)
-        if (prev->worker[i] < (int32_t)nw && alive[prev->worker[i]])
-            is_part[prev->worker[i]] = 1;
-    int np = 0;
-    for (size_t r = 0; r < nw; r++) {
+    int np = tide__participants(prev, nl, alive, t->size, parts);
+    if (np < 0)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_NOMEM, "out of memory listing the participants");
+    for (size_t r = 0; r < nw; r++)
         rank_of[r] = -1;
-        if (is_part[r])
-            parts[np++] = (int)r;
-    }
-    tide_free(is_part);
-    qsort(parts, (size_t)np, sizeof *parts, cmp_int);
     for (int k = 0; k < np; k++)
         rank_of[parts[k]] = k;
     if (rank_of[t->rank] < 0 && !joined && l_leave == NULL)
@@ -326,17 +313,41 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
         goto commit;
 
     uint64_t tc = tide_now_ns();
-    tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
-                                (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
-    TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, released ? old_pool : t->pool, &cp), rc, fail);
+    /* built during the preparation, for exactly this generation and these participants:
+       taken, published as this switch's (so that its abort reaches them). A release builds
+       its groups over the staying side's own pool at the switch, never ahead. */
     tide__ctl_lock(t->ctl);
-    t->c_switch = sw;
+    int prepared = !released && tide__prebuilt_take_locked(t, gen, parts, np, &sw, g, &plan);
+    if (prepared) {
+        t->c_switch = sw;
+        if (__atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
+            tide_coll_comm_abort(sw);
+        for (int k = 0; k < 4; k++)
+            tide__publish_new_locked(t, k, g[k]);
+    }
     tide__ctl_unlock(t->ctl);
+    if (!prepared) {
+        tide__prebuilt_drop(t, 1); /* for another generation or participant set: useless */
+        tide_coll_comm_params cp = {parts, np, tide__gen_tag(gen, 0),
+                                    (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
+        TIDE_CHECK_GOTO(tide_coll_comm_new(&sw, t->be, released ? old_pool : t->pool, &cp), rc,
+                        fail);
+        tide__ctl_lock(t->ctl);
+        t->c_switch = sw;
+        tide__ctl_unlock(t->ctl);
+    } else {
+        /* the wait for the other participants to reach the switch, which a creation here
+           would have included: kept apart from the data movement */
+        TIDE_CHECK_GOTO(tide_coll_barrier(sw, NULL), rc, fail);
+    }
     st.sync_ms += (double)(tide_now_ns() - tc) / 1e6;
+    st.prepared = prepared;
 
     uint64_t tp0 = tide_now_ns();
     /* this rank's part only: O(its items), not the whole job's (milliseconds at 10^4) */
-    TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc, fail);
+    if (plan == NULL)
+        TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc,
+                        fail);
     st.plan_ms = (double)(tide_now_ns() - tp0) / 1e6;
 
     old_rows = tide_calloc(nw, sizeof *old_rows);
@@ -416,6 +427,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     uint64_t tm = tide_now_ns();
     TIDE_CHECK_GOTO(tide_reshard_execute(sw, &ea, &eo, &es), rc, fail);
     st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
+    if (in_place) {
+        tide_mem_pool_stats_get(t->mem, &ps);
+        if (ps.spill_fresh > 0) /* a recovery or join, or a preparation that failed */
+            TIDE_INFO(SUBSYS,
+                      "rank %d: generation %llu spilled %llu bytes into host memory allocated at "
+                      "the switch step (%llu prepared ahead)",
+                      t->rank, (unsigned long long)gen, (unsigned long long)ps.spill_fresh,
+                      (unsigned long long)ps.spill_reused);
+    }
 
     tc = tide_now_ns();
     if (released) {
@@ -429,8 +449,9 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
         TIDE_CHECK_GOTO(tide__build_groups(t, nl, gen, NULL, nv->member, nv->pp_rank, nv->dp_rank,
                                            nv->tp_rank, g),
                         rc, fail);
-    } else {
-        /* split off sw, which build_groups releases once the new all exists */
+    } else if (!prepared) {
+        /* split off sw, which build_groups releases once the new all exists; built ahead,
+           they exist already (sw goes with the old layout's groups at the commit) */
         TIDE_CHECK_GOTO(tide__build_groups(t, nl, gen, &sw, nv->member, nv->pp_rank, nv->dp_rank,
                                            nv->tp_rank, g),
                         rc, fail);
@@ -497,10 +518,6 @@ commit:;
     t->view.pp = t->c_pp;
     for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
-    /* a rank that left gives its memory back to the system: offline work on its device
-       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool) */
-    if (in_place && !t->view.member)
-        tide_mem_pool_trim(t->mem);
     st.bytes_sent = es.bytes_sent;
     st.peak_extra = es.peak_extra;
     st.bytes_kept = es.bytes_kept;
@@ -513,6 +530,16 @@ commit:;
     st.wait_ms = t->switch_wait_ms;
     report_done(t, gen, TIDE_OK, es.bytes_sent, (double)(tide_now_ns() - t0) / 1e6);
     st.teardown_ms = (double)(tide_now_ns() - td) / 1e6;
+    /* a rank that left gives its memory back to the system: offline work on its device
+       needs it; a later layout that takes it back prepares blocks ahead (reserve_pool).
+       After its done: tided commits the generation once every participant reported, and
+       freeing GiBs (unmapping, cudaFree) must not hold the job's commit back. */
+    if (in_place && !t->view.member)
+        tide_mem_pool_trim(t->mem);
+    /* the host spill blocks (prepared ahead) are freed by the pool's thread: cudaFreeHost
+       waits for the device */
+    if (in_place)
+        tide_mem_pool_spill_release(t->mem);
     st.total_ms = (double)(tide_now_ns() - t0) / 1e6;
     char desc[160];
     TIDE_INFO(SUBSYS,
@@ -554,6 +581,8 @@ fail:
         }
         t->has_next = 0;
         report_done(t, gen, rc, 0, (double)(tide_now_ns() - t0) / 1e6);
+        if (t->owned)
+            tide_mem_pool_spill_release(t->mem);
         tide_errorf(rc, "%s", detail);
     }
 out:

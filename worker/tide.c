@@ -66,11 +66,16 @@ void tide_options_init(tide_options *o)
 /* ---- communicators and aborts ------------------------------------------------------------ */
 
 /* Runs on the background thread with ctl's lock held: only flags are set. which 0: the
-   step's communicators; else the switch's (and the first layout's while tide_join builds
-   them: they are published in the same slots). */
+   step's communicators; 1 the switch's (and the first layout's while tide_join builds
+   them: they are published in the same slots) and what is built ahead; 2 only what is
+   built ahead (its generation was aborted or replaced). */
 static void abort_cb(void *ctx, int which)
 {
     tide_t *t = ctx;
+    if (which != 0) /* a build ahead of the switch step ends (2: only that) */
+        tide__prebuilt_cancel_locked(t);
+    if (which == 2)
+        return;
     if (which != 0) /* a communicator of the switch still being made ends too */
         __atomic_store_n(&t->switch_cancel, 1, __ATOMIC_RELAXED);
     tide_coll_comm_t *const step_set[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp};
@@ -102,7 +107,7 @@ int tide__gen_tag(uint64_t gen, int k)
    An abort that came before it was published (switch_cancel, set under the same lock)
    found nothing to end: it is aborted here, so the next split fails at once instead of
    waiting on peers that gave up. */
-static void publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c)
+void tide__publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c)
 {
     tide_coll_comm_t **slot[4] = {&t->n_all, &t->n_tp, &t->n_dp, &t->n_pp};
     *slot[k] = c;
@@ -113,7 +118,7 @@ static void publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c)
 static void publish_new(tide_t *t, int k, tide_coll_comm_t *c)
 {
     tide__ctl_lock(t->ctl);
-    publish_new_locked(t, k, c);
+    tide__publish_new_locked(t, k, c);
     tide__ctl_unlock(t->ctl);
 }
 
@@ -142,7 +147,7 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
         if (t->c_switch == *parent_p)
             t->c_switch = NULL;
         if (out[0] != NULL)
-            publish_new_locked(t, 0, out[0]);
+            tide__publish_new_locked(t, 0, out[0]);
         tide__ctl_unlock(t->ctl);
         tide_coll_comm_destroy(parent_p);
     } else if (member) {
@@ -255,6 +260,8 @@ static uint64_t worker_mem(const tide_t *t, const tide_options *opts, int local_
     return bytes / (uint64_t)(local_count > 0 ? local_count : 1);
 }
 
+static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl);
+
 /* Every rank learns whether all succeeded; a failing rank keeps its detail. */
 static tide_status agree_rc(MPI_Comm comm, tide_status rc, const char *what)
 {
@@ -279,6 +286,8 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory creating the tide runtime");
     t->opts = *opts;
     t->end_comm = MPI_COMM_NULL;
+    pthread_mutex_init(&t->prep_mu, NULL);
+    pthread_cond_init(&t->prep_cv, NULL);
     TIDE_CHECK_GOTO(tide_coll_pool_new(&t->pool, world), rc, fail);
     t->rank = tide_coll_pool_rank(t->pool);
     t->size = tide_coll_pool_size(t->pool);
@@ -335,7 +344,19 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
     if (MPI_Allgather(&me, 1, MPI_INT32_T, t->coord_ids, 1, MPI_INT32_T, t->end_comm) !=
         MPI_SUCCESS)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Allgather of worker ids failed");
+    /* communicators are built ahead of a switch on the preparation thread only when every
+       rank can (MPI_THREAD_MULTIPLE): all participants must build them, or none. A pool
+       that joins later runs MPI_THREAD_MULTIPLE too (join.c needs it). */
+    int level = MPI_THREAD_SINGLE, multi = 0;
+    MPI_Query_thread(&level);
+    multi = level >= MPI_THREAD_MULTIPLE;
+    if (MPI_Allreduce(MPI_IN_PLACE, &multi, 1, MPI_INT, MPI_MIN, t->end_comm) != MPI_SUCCESS)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Allreduce of thread levels failed");
+    t->multi = multi;
     tide__ctl_set_abort(t->ctl, abort_cb, t);
+    /* the runtime's preparation of announced layouts (prep_run): communicators on every
+       participant, pool blocks and the program's tide_set_prepare function on members */
+    tide__ctl_set_prepare(t->ctl, prep_run, t);
     tide__fill_view(&t->view, 0, NULL, t->rank, 0);
     TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend)", t->rank,
               t->size, me, pool, t->be->name);
@@ -351,7 +372,10 @@ fail:
 /* On ctl's preparation thread, when the runtime owns the buffers: blocks for the new
    shards this rank will receive into fresh memory (those it did not hold, or that
    grow), allocated and first-touched now, while the old layout still trains, within
-   the room the switch's memory bound leaves (its growth). The layout and buffers of
+   the room the switch's memory bound leaves: the pool may hold max(held, new state) +
+   staging cap in the switch (tide_reshard's mem_limit), so it reserves up to that over
+   what it holds now (blocks in use and cached). A shard that grows while others shrink
+   needs a block even when the rank's total stays the same. The layout and buffers of
    the current generation do not change while a preparation may run (the switch waits
    for it). */
 static void reserve_pool(tide_t *t, const tide_view *v)
@@ -373,47 +397,170 @@ static void reserve_pool(tide_t *t, const tide_view *v)
         if (n > o)
             sizes[i] = n;
     }
-    uint64_t room = new_total > old_total ? new_total - old_total : 0;
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    uint64_t held = ps.in_use > old_total ? ps.in_use : old_total;
+    uint64_t limit = (held > new_total ? held : new_total) + cap;
+    uint64_t room = limit > ps.in_use + ps.cached ? limit - ps.in_use - ps.cached : 0;
+    /* room 0 would mean no bound to the pool: nothing is reserved then */
     if (room > 0 && tide_mem_pool_reserve(t->mem, sizes, t->n_tensors, room) != TIDE_OK)
         TIDE_WARN(SUBSYS, "rank %d: could not prepare pool memory for generation %llu: %s", t->rank,
                   (unsigned long long)v->generation, tide_last_error());
     tide_free(sizes);
 }
 
-/* On ctl's preparation thread: the program's prepare function for this rank's place in
-   layout l. t->prep_fn and prep_ctx do not change while it runs (tide_set_prepare waits). */
-static void prep_run(void *ctx, uint64_t gen, const tide_layout_t *l)
+/* On ctl's preparation thread, runtime-owned, on a rank in both layouts (only such a rank
+   holds old shards it may have to spill): the host spill blocks (pinned on a GPU) that the
+   switch to pl's generation will take, prepared now, so that it neither allocates them
+   nor frees them (tide_mem_pool_spill_release) on its critical path. The executor's own
+   choice (tide_exec_plan_spills) over this rank's plan, every participant alive, with
+   the memory limit the switch will set (switch.c: mem_limit). */
+static void reserve_spill(tide_t *t, const tide_proto_layout_msg_t *pl, const tide_view *v)
+{
+    if (!v->member || !t->view.member || pl->recover || pl->n_join_new > 0 || pl->n_leave > 0 ||
+        !pl->has_prev)
+        return;
+    size_t nw = (size_t)t->size, nt = t->n_tensors ? t->n_tensors : 1;
+    tide_layout_t *prev = NULL, *nl = NULL;
+    tide_plan_t *plan = NULL;
+    int *parts = tide_malloc(nw * sizeof *parts), *rank_of = tide_malloc(nw * sizeof *rank_of);
+    uint8_t *alive = tide_malloc(nw);
+    uint64_t *ob = tide_calloc(nt, sizeof *ob), *nb = tide_calloc(nt, sizeof *nb);
+    uint64_t *sizes = tide_calloc(nt, sizeof *sizes);
+    const uint64_t **obr = tide_calloc(nw, sizeof *obr), **nbr = tide_calloc(nw, sizeof *nbr);
+    tide_status rc = TIDE_OK;
+    if (!parts || !rank_of || !alive || !ob || !nb || !sizes || !obr || !nbr)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory");
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&pl->prev, &prev), rc, out);
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&pl->layout, &nl), rc, out);
+    memset(alive, 1, nw);
+    int np = tide__participants(prev, nl, NULL, t->size, parts);
+    if (np <= 0)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory listing the participants");
+    for (size_t r = 0; r < nw; r++)
+        rank_of[r] = -1;
+    for (int k = 0; k < np; k++)
+        rank_of[parts[k]] = k;
+    const tide_view *cur = &t->view;
+    uint64_t state_old = 0, state_new = 0;
+    for (size_t i = 0; i < t->n_tensors; i++) {
+        ob[i] = tide_shard_bytes(t->layout, t->coll, i, cur->pp_rank, cur->dp_rank, cur->tp_rank);
+        nb[i] = tide_shard_bytes(nl, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        state_old += ob[i];
+        state_new += nb[i];
+    }
+    obr[t->rank] = ob;
+    nbr[t->rank] = nb;
+    TIDE_CHECK_GOTO(tide_reshard_plan_for(prev, nl, t->coll, alive, nw, t->rank, &plan), rc, out);
+    uint64_t cap = t->opts.staging_cap ? t->opts.staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    tide_mem_pool_stats ps;
+    tide_mem_pool_stats_get(t->mem, &ps);
+    uint64_t held = ps.in_use > state_old ? ps.in_use : state_old;
+    tide_exec_in_place ip = {t->mem,
+                             t->rank,
+                             t->bufs,
+                             ob,
+                             nb,
+                             NULL,
+                             (held > state_new ? held : state_new) + cap,
+                             t->opts.mem_strict};
+    tide_exec_args ea = {plan, nw, t->n_tensors, rank_of, NULL, NULL, obr, nbr, &ip};
+    tide_exec_opts eo;
+    tide_exec_opts_init(&eo);
+    eo.staging_cap = t->opts.staging_cap;
+    eo.pool = t->mem;
+    TIDE_CHECK_GOTO(tide_exec_plan_spills(t->be, np, rank_of[t->rank], &ea, &eo, sizes), rc, out);
+    uint64_t total = 0;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        total += sizes[i];
+    if (total > 0) {
+        TIDE_CHECK_GOTO(tide_mem_pool_spill_reserve(t->mem, sizes, t->n_tensors), rc, out);
+        TIDE_INFO(SUBSYS, "rank %d: %llu bytes of host spill memory prepared for generation %llu",
+                  t->rank, (unsigned long long)total, (unsigned long long)v->generation);
+    }
+out:
+    if (rc != TIDE_OK)
+        TIDE_WARN(SUBSYS,
+                  "rank %d: could not prepare host spill memory for generation %llu: %s (the "
+                  "switch allocates what it spills)",
+                  t->rank, (unsigned long long)v->generation, tide_last_error());
+    tide_plan_destroy(&plan);
+    tide_layout_destroy(&prev);
+    tide_layout_destroy(&nl);
+    tide_free(parts);
+    tide_free(rank_of);
+    tide_free(alive);
+    tide_free(ob);
+    tide_free(nb);
+    tide_free(sizes);
+    tide_free(obr);
+    tide_free(nbr);
+}
+
+/* On ctl's preparation thread, for every generation this rank takes part in: first the
+   communicators (every participant builds them together, so they come before anything
+   slow of this rank alone), then, on a member, the pool blocks of the runtime-owned
+   buffers and the program's prepare function (tide_set_prepare) for its place in the new
+   layout: its pool blocks and host spill blocks. */
+static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl)
 {
     tide_t *t = ctx;
+    if (t->coll == NULL)
+        return; /* no job yet */
+    tide_layout_t *l = NULL;
+    if (tide__layout_from_proto(&pl->layout, &l) != TIDE_OK) {
+        tide_error_clear(); /* the switch step reports it */
+        return;
+    }
     tide_view v;
     tide__fill_view(&v, gen, l, t->rank, -1);
     uint64_t t0 = tide_now_ns();
     /* a new thread starts on device 0: bind before anything is allocated */
     tide_status rc = tide_coll_device_bind(t->be, t->device);
-    if (rc == TIDE_OK && t->owned)
-        reserve_pool(t, &v);
-    if (rc == TIDE_OK && t->prep_fn == NULL)
-        return;
     if (rc == TIDE_OK)
-        rc = t->prep_fn(t->prep_ctx, &v);
+        tide__prebuild(t, gen, pl);
+    if (rc == TIDE_OK && t->owned) {
+        reserve_pool(t, &v);
+        reserve_spill(t, pl, &v);
+    }
+    /* the program's function: tide_set_prepare waits while it runs, not while the
+       communicators above are built (that would tie the program to its peers' pace) */
+    pthread_mutex_lock(&t->prep_mu);
+    tide_prepare_fn fn = v.member ? t->prep_fn : NULL;
+    void *fctx = t->prep_ctx;
+    t->prep_fn_busy = fn != NULL;
+    pthread_mutex_unlock(&t->prep_mu);
+    if (rc == TIDE_OK && fn != NULL)
+        rc = fn(fctx, &v);
+    if (fn != NULL) {
+        pthread_mutex_lock(&t->prep_mu);
+        t->prep_fn_busy = 0;
+        pthread_cond_broadcast(&t->prep_cv);
+        pthread_mutex_unlock(&t->prep_mu);
+    }
     if (rc != TIDE_OK)
         TIDE_WARN(SUBSYS,
                   "rank %d: preparing generation %llu failed (%s: %s); it switches unprepared",
                   t->rank, (unsigned long long)gen, tide_strerror(rc), tide_last_error());
-    else
+    else if (fn != NULL || t->owned)
         TIDE_INFO(SUBSYS, "rank %d: generation %llu prepared in %.1f ms", t->rank,
                   (unsigned long long)gen, (double)(tide_now_ns() - t0) / 1e6);
+    tide_layout_destroy(&l);
 }
 
 tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx)
 {
     if (t == NULL || t->ctl == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_set_prepare: no runtime");
-    tide__ctl_set_prepare(t->ctl, NULL, NULL); /* waits for a running preparation */
+    pthread_mutex_lock(&t->prep_mu);
+    while (t->prep_fn_busy) /* the program's function runs: ctx stays its own until it ends */
+        pthread_cond_wait(&t->prep_cv, &t->prep_mu);
     t->prep_fn = fn;
     t->prep_ctx = ctx;
-    if (fn != NULL || t->owned)
-        tide__ctl_set_prepare(t->ctl, prep_run, t);
+    pthread_mutex_unlock(&t->prep_mu);
+    if (fn == NULL)
+        tide__ctl_prepare_release(t->ctl); /* an ack held for it goes out */
     return TIDE_OK;
 }
 
@@ -429,6 +576,8 @@ void tide_destroy(tide_t **self_p)
     if (t->ctl != NULL) {
         tide__ctl_lock(t->ctl);
         fenced = tide__ctl_fenced(t->ctl, NULL, 0);
+        /* a build ahead of a switch ends now: ctl's destroy joins its thread */
+        tide__prebuilt_cancel_locked(t);
         tide__ctl_unlock(t->ctl);
     }
     tide__ctl_destroy(&t->ctl, !fenced); /* no abort callback can run after this */
@@ -436,6 +585,7 @@ void tide_destroy(tide_t **self_p)
        keeps it expired until its last MPI handle is let go without a call into MPI. */
     if (!fenced)
         tide_coll_lease_set(0);
+    tide__prebuilt_drop(t, 1);
     tide_coll_comm_t *c[] = {t->c_all, t->c_tp, t->c_dp, t->c_pp, t->c_switch,
                              t->n_all, t->n_tp, t->n_dp, t->n_pp};
     tide__destroy_comms(c, sizeof c / sizeof c[0]);
@@ -448,6 +598,8 @@ void tide_destroy(tide_t **self_p)
     tide_mem_pool_destroy(&t->mem);
     tide_free(t->coord_ids);
     tide_coll_pool_destroy(&t->pool);
+    pthread_mutex_destroy(&t->prep_mu);
+    pthread_cond_destroy(&t->prep_cv);
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin && !fenced && t->end_comm != MPI_COMM_NULL)
@@ -900,12 +1052,14 @@ tide_status tide_give_buffers(tide_t *t, void ***bufs_p)
                                "tide_alloc_buffers",
                                tide_collection_tensor(t->coll, i)->name);
     TIDE_CHECK(tide_set_buffers(t, b));
+    /* the runtime prepares its pool for announced layouts from now on (prep_run reads
+       owned on the preparation thread: none runs while it changes) */
+    tide__ctl_lock(t->ctl);
+    tide__ctl_prepare_wait(t->ctl);
     t->owned = 1;
+    tide__ctl_unlock(t->ctl);
     tide_free(b);
     *bufs_p = NULL;
-    /* the runtime prepares its pool for announced layouts (tide_set_prepare's thread) */
-    tide__ctl_set_prepare(t->ctl, NULL, NULL);
-    tide__ctl_set_prepare(t->ctl, prep_run, t);
     return TIDE_OK;
 }
 
@@ -1022,6 +1176,9 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
     }
     uint64_t idle_from = 0, begin_ns = tide_now_ns();
     tide_status rc = TIDE_OK;
+    /* communicators built ahead for a generation that was aborted or replaced are freed
+       here, on the thread that may use them, once their build is over */
+    tide__prebuilt_drop(t, 0);
     tide__ctl_lock(t->ctl);
     for (;;) {
         char why[TIDE_PROTO_TEXT_MAX + 1];
@@ -1102,6 +1259,7 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
         }
         int idle = !a->member && a->p_gen == 0;
         tide__ctl_unlock(t->ctl);
+        tide__prebuilt_drop(t, 0); /* an abort while this rank waits at the boundary */
         if (idle && job_ended(t)) {
             t->finished = 1;
             *action = TIDE_STEP_FINISHED;

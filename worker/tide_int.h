@@ -14,6 +14,26 @@
 /* Slots of per-wait window estimates per step (waits beyond it are never filled). */
 #define TIDE__BUBBLE_SLOTS 256
 
+/* What the preparation of an announced generation built ahead of its switch step
+   (prebuild.c): its switch communicator over the participants, the new layout's groups
+   split off it, and this rank's part of the plan; keyed by generation and participants,
+   so that the switch uses them only for the generation and participant set they were
+   made for. The pointers change under ctl's lock (the abort callback reads them). */
+typedef struct tide__prebuilt {
+    uint64_t gen; /* 0: nothing built (or being built) */
+    int building; /* the preparation thread is making them: only it touches them */
+    int *parts;   /* sorted job ranks of the participants */
+    int np;
+    tide_coll_comm_t *sw;   /* over parts (tag tide__gen_tag(gen, TIDE__TAG_PREBUILT)) */
+    tide_coll_comm_t *g[4]; /* the new layout's all, tp, dp, pp (NULL where not a member) */
+    tide_plan_t *plan;      /* this rank's part, every participant alive */
+    double ms;              /* the build took, ms */
+} tide__prebuilt;
+
+/* tide__gen_tag's k of the switch communicator built ahead: a tag of its own, so that no
+   message of a build that was abandoned matches one made at a switch step. */
+#define TIDE__TAG_PREBUILT 6
+
 struct tide {
     tide_options opts;
     int rank, size;
@@ -61,6 +81,18 @@ struct tide {
     int switch_cancel; /* set (__atomic) by an abort of the switch: ends a creation that
                           has no communicator to abort yet */
     tide_coll_comm_t *n_all, *n_tp, *n_dp, *n_pp; /* new layout's, while being built */
+    /* communicators of an announced generation built while the old layout trains
+       (prebuild.c); multi: every rank of the pool runs MPI_THREAD_MULTIPLE, which building
+       them on the preparation thread needs; prep_cancel (__atomic): the generation being
+       built ahead was aborted or replaced, or the rank leaves: ends the build */
+    tide__prebuilt pre;
+    int multi;
+    int prep_cancel;
+    int prebuild_said; /* the log said once why nothing is built ahead */
+    /* the program's preparation function runs (tide_set_prepare waits for it) */
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv;
+    int prep_fn_busy;
     struct tide__ckpt *ckpt; /* checkpoint saver and periodic setting (ckpt.c); NULL: none */
 };
 
@@ -96,6 +128,42 @@ tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
 
 /* Clears n_*; ctl's lock held. */
 void tide__unpublish_new(tide_t *t);
+
+/* Publishes group k (0 all, 1 tp, 2 dp, 3 pp) of the layout being switched to in n_*, so
+   that an abort of the switch reaches it (one that came already aborts it now); ctl's
+   lock held. */
+void tide__publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c);
+
+/* ---- communicators built ahead (prebuild.c) ---- */
+
+/* Sorted job ranks of the participants of a switch from prev to l (l's members and prev's
+   members alive[r], alive NULL: all) into parts (size entries); their count. Pure. */
+int tide__participants(const tide_layout_t *prev, const tide_layout_t *l, const uint8_t *alive,
+                       int size, int *parts);
+
+/* On the preparation thread: builds generation gen's switch communicator, the new
+   layout's groups and this rank's part of the plan into t->pre, when the switch can use
+   them: a plain resize (pl not a recovery, connecting no pool) that this rank takes part
+   in, every rank of the pool on MPI_THREAD_MULTIPLE. Ends early (nothing kept) when
+   t->prep_cancel is set. Collective over the participants, who all call it for gen. */
+void tide__prebuild(tide_t *t, uint64_t gen, const tide_proto_layout_msg_t *pl);
+
+/* The abort callback's part (ctl's lock held, background thread): ends a build in
+   progress (prep_cancel, and the communicators it published are aborted); a build that
+   is complete is left whole for the main thread to free (tide__prebuilt_drop). */
+void tide__prebuilt_cancel_locked(tide_t *t);
+
+/* Main thread: frees what was built ahead (all), or only when its generation is no
+   longer the pending one (aborted, replaced); never while the preparation thread builds.
+   Takes ctl's lock (none once ctl is gone). */
+void tide__prebuilt_drop(tide_t *t, int all);
+
+/* Main thread, ctl's lock held, at generation gen's switch over parts (np): hands over
+   what was built ahead when it was made for exactly that generation and those
+   participants (1; t->pre emptied, *plan owned by the caller, sw and g[4] theirs), else 0
+   (what was built ahead stays, for tide__prebuilt_drop). */
+int tide__prebuilt_take_locked(tide_t *t, uint64_t gen, const int *parts, int np,
+                               tide_coll_comm_t **sw, tide_coll_comm_t **g, tide_plan_t **plan);
 
 /* Fills v for worker me in layout l (NULL: no layout); communicators NULL. */
 void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t me, int64_t step);

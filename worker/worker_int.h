@@ -244,7 +244,9 @@ typedef struct tide__ctl_config {
 } tide__ctl_config;
 
 /* Callback the background thread runs to abort communicators (with ctl's lock held;
-   it must only call tide_coll_comm_abort). which: 0 the step's, 1 the switch's. */
+   it must only call tide_coll_comm_abort and set flags). which: 0 the step's, 1 the
+   switch's (and what is being built ahead), 2 what is being built ahead for a pending
+   generation that was aborted or replaced. */
 typedef void (*tide__abort_fn)(void *ctx, int which);
 
 /* Connects, starts the background thread and registers (blocks until register_ok or
@@ -325,21 +327,25 @@ int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
    end to tided, which may assign the next job at once. */
 void tide__ctl_plugin_finished(tide__ctl_t *ctl, const char *job);
 
-/* Prepares this rank for generation gen with layout l (borrowed for the call); runs on
-   ctl's preparation thread, never with ctl's lock held. */
-typedef void (*tide__prepare_fn)(void *ctx, uint64_t gen, const struct tide_layout *l);
+/* Prepares this rank for generation gen announced by layout message pl (a copy, borrowed
+   for the call); runs on ctl's preparation thread, never with ctl's lock held. */
+typedef void (*tide__prepare_fn)(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl);
 
 /* Sets the preparation (NULL: none; a held ack is released). While set, the ack of a
-   `prepare` for a layout that includes this rank is held: the background thread runs
-   fn(ctx, gen, layout) on a thread of its own at once and acks when fn returned or the
-   main thread ended a step (tide__ctl_prepare_release), whichever comes first. Waits
-   for a running fn first. Main thread. */
+   `prepare` for a generation this rank takes part in (its new layout includes the rank,
+   or its old one does) is held: the background thread runs fn(ctx, gen, layout) on a
+   thread of its own at once and acks when fn returned or the main thread ended a step
+   (tide__ctl_prepare_release), whichever comes first. fn is started for every such
+   generation that is still pending, also when the ack went out first (a preparation of
+   an earlier generation was still ending): the participants build communicators in it
+   together. Waits for a running fn first. Main thread. */
 void tide__ctl_set_prepare(tide__ctl_t *ctl, tide__prepare_fn fn, void *ctx);
 
 /* The main thread ended a step: a held ack goes out now (the preparation goes on). */
 void tide__ctl_prepare_release(tide__ctl_t *ctl);
 
-/* With the lock held: waits until no preparation runs. */
+/* With the lock held: waits until no preparation runs, nor is still to start for the
+   pending generation. */
 void tide__ctl_prepare_wait(tide__ctl_t *ctl);
 
 /* The offline command job running now ("" when none) and its pid; for tests. */

@@ -9,6 +9,11 @@
  * state is bit-identical whatever dp is and however often the job was resized. At the
  * end, the first member prints the state's FNV-1a fingerprint.
  *
+ * The runtime owns the state's buffers (tide_give_buffers): a switch rebuilds them in
+ * place inside the memory the rank already holds (tide_reshard(t, NULL, ...)), and the
+ * program takes them again from tide_buffers after each one. MPI_THREAD_MULTIPLE lets
+ * libtide build an announced layout's communicators while the steps run.
+ *
  *   tided &
  *   mpirun -np 2 quickstart --job q --dp 2 --steps 200 --step-ms 20 &
  *   tidectl resize q --dp 1      # rank 1 goes idle, rank 0 trains on alone
@@ -153,7 +158,7 @@ int main(int argc, char **argv)
     if (prc != 0)
         return prc;
     int level = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &level);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
     int ret = 1;
     tide_t *t = NULL;
     tide_collection_t *coll = NULL;
@@ -176,13 +181,13 @@ int main(int argc, char **argv)
         goto out;
     }
     const tide_view *view = tide_view_get(t);
-    if (view->member) {
-        /* fresh state: zeros (tide_alloc_buffers zero-fills) */
-        if ((rc = tide_alloc_buffers(t, view, &bufs)) != TIDE_OK ||
-            (rc = tide_set_buffers(t, bufs)) != TIDE_OK) {
-            ret = fail("buffers", rc);
-            goto out;
-        }
+    /* fresh state: zeros (tide_alloc_buffers zero-fills), handed to the runtime. Every rank
+       gives its table: an idle rank's holds NULLs, and a later layout that takes the rank
+       gets its buffers from the runtime. */
+    if ((rc = tide_alloc_buffers(t, view, &bufs)) != TIDE_OK ||
+        (rc = tide_give_buffers(t, &bufs)) != TIDE_OK) {
+        ret = fail("buffers", rc);
+        goto out;
     }
     for (;;) {
         tide_step_action act;
@@ -193,15 +198,12 @@ int main(int argc, char **argv)
         if (act == TIDE_STEP_FINISHED)
             break;
         if (act == TIDE_STEP_RECONFIGURE) {
-            void **next = NULL;
-            if ((rc = tide_alloc_buffers(t, tide_view_next(t), &next)) != TIDE_OK ||
-                (rc = tide_reshard(t, next, NULL)) != TIDE_OK) {
-                tide_free_buffers(t, &next);
+            /* rebuilt in place; tide_buffers(t) has the new layout's (tide_buffer_moved says
+               which changed address) */
+            if ((rc = tide_reshard(t, NULL, NULL)) != TIDE_OK) {
                 ret = fail("switch", rc);
                 goto out;
             }
-            tide_free_buffers(t, &bufs); /* the old layout's buffers are ours to free */
-            bufs = next;
             view = tide_view_get(t);
             if (view->member && view->dp_rank == 0)
                 printf("quickstart: generation %" PRIu64 " dp %d from step %" PRId64 "\n",
@@ -215,10 +217,11 @@ int main(int argc, char **argv)
             ret = fail("step", TIDE_ERR_INTERNAL);
             goto out;
         }
+        double *const *state = (double *const *)tide_buffers(t); /* w, v: the runtime's */
         if (view->step >= a.steps) {
             if (view->dp_rank == 0)
                 printf("quickstart: step %" PRId64 " fingerprint %016" PRIx64 "\n", view->step,
-                       fingerprint(bufs[0], bufs[1], a.n));
+                       fingerprint(state[0], state[1], a.n));
             fflush(stdout);
             tide_finish(t); /* releases the idle ranks */
             break;
@@ -227,7 +230,7 @@ int main(int argc, char **argv)
             ret = fail("dp must divide --batch", TIDE_ERR_INVALID);
             goto out;
         }
-        tide_status step_rc = train_step(view, &a, bufs[0], bufs[1], g);
+        tide_status step_rc = train_step(view, &a, state[0], state[1], g);
         if ((rc = tide_step_end(t, step_rc)) != TIDE_OK) {
             ret = fail("tide_step_end", rc);
             goto out;
@@ -242,7 +245,7 @@ int main(int argc, char **argv)
     ret = 0;
 out:
     if (t != NULL)
-        tide_free_buffers(t, &bufs);
+        tide_free_buffers(t, &bufs); /* not given (a failed start); tide_destroy frees those */
     tide_destroy(&t);
     tide_collection_destroy(&coll);
     free(g);

@@ -15,10 +15,9 @@
  *   tide_options o; tide_options_init(&o);              // TIDE_* environment defaults
  *   tide_new(&t, &o, MPI_COMM_WORLD);                   // collective over the pool
  *   tide_join(t, &(tide_join_req){"job", coll, dp, tp, pp, micro, 0, rules, n});  // collective
- *   if (tide_view_get(t)->member) {
- *       tide_alloc_buffers(t, tide_view_get(t), &bufs); // from the runtime's memory pool
- *       init them; tide_give_buffers(t, &bufs);         // the runtime owns them now
- *   }
+ *   tide_alloc_buffers(t, tide_view_get(t), &bufs);     // from the runtime's memory pool
+ *   init them; tide_give_buffers(t, &bufs);             // every rank (idle: NULLs); the
+ *                                                       // runtime owns them now
  *   for (;;) {
  *       tide_step_action a;
  *       tide_step_begin(t, &a);                         // idle ranks block in here
@@ -43,9 +42,12 @@
  * own buffers (tide_set_buffers + tide_reshard with new buffers) hold both layouts at once.
  *
  * Threading: MPI must be initialised with MPI_Init_thread and at least
- * MPI_THREAD_FUNNELED; the runtime's background thread never calls MPI. Every tide_*
- * function below is called from the program's main (MPI) thread unless its comment
- * says "any thread".
+ * MPI_THREAD_FUNNELED; the runtime's background thread never calls MPI. With
+ * MPI_THREAD_MULTIPLE on every rank of the pool, the runtime builds the communicators
+ * of an announced resize on its preparation thread while the old layout still trains, so
+ * the switch step does not wait for them (tide_reshard_stats.prepared); below it, the
+ * switch step builds them (said once in the log). Every tide_* function below is called
+ * from the program's main (MPI) thread unless its comment says "any thread".
  *
  * Devices: libtide owns the rank's device. tide_new picks it (tide_options.device, else
  * the rank's index among the ranks on its host) and makes it current on the calling
@@ -374,7 +376,11 @@ typedef struct tide_reshard_stats {
                            reach the switch, and its handshake */
     double groups_ms;   /* the new layout's communicators (all, tp, dp, pp) */
     double teardown_ms; /* the old layout's communicators destroyed, done reported */
-    int prepared;       /* 1 when plan and communicators were ready before the switch step */
+    int prepared;       /* 1 when the switch communicator, the new layout's groups and the plan
+                           were made during the preparation, while the old layout trained
+                           (a resize with every participant alive, on MPI_THREAD_MULTIPLE;
+                           not a recovery, nor a join): groups_ms and plan_ms are then
+                           ~0, and sync_ms is only the wait for the other participants */
     /* memory of a switch of given buffers (tide_give_buffers), bytes */
     uint64_t state_old, state_new; /* this rank's shards before and after */
     uint64_t staging_cap;          /* the staging cap in effect */
@@ -443,12 +449,13 @@ typedef tide_status (*tide_prepare_fn)(void *ctx, const tide_view *pending);
  * preparation (the switch may come a step later) and never waits more than a step for it.
  * Typical use: allocate the new buffers and first-touch them, so that the switch moves
  * data into memory that takes no page faults. fn runs with the rank's device already
- * current on its thread. fn must be thread-safe against the program's steps and must not
- * call MPI or tide_* other than tide_alloc_buffers, tide_free_buffers, tide_device and
- * tide_bind_device. The generation may still be aborted
- * (the program then frees what it prepared). tide_step_begin returns
- * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn
- * is logged and only skips the preparation. fn NULL: none (the default). Main thread.
+ * current on its thread, after the runtime's own preparation of the generation (its
+ * communicators, see "Threading"). tide_set_prepare waits while fn runs. fn must be
+ * thread-safe against the program's steps and must not call MPI or tide_* other than
+ * tide_alloc_buffers, tide_free_buffers, tide_device and tide_bind_device. The generation
+ * may still be aborted (the program then frees what it prepared). tide_step_begin returns
+ * TIDE_STEP_RECONFIGURE for a generation only after its fn returned. An error from fn is
+ * logged and only skips the preparation. fn NULL: none (the default). Main thread.
  */
 TIDE_API tide_status tide_set_prepare(tide_t *t, tide_prepare_fn fn, void *ctx);
 

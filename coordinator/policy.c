@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sort.h"
 #include "coordinator/policy.h"
 
 /* Sorting record for candidates: class, then a class-specific key. */
@@ -94,7 +95,7 @@ static tide_status stand_in_collection(const tide_layout_t *old, const tide_resi
 /* TP groups of tp workers the hosts of these workers hold; hosts sorted in place. */
 static long host_slots(int32_t *hosts, size_t n, int tp)
 {
-    qsort(hosts, n, sizeof *hosts, cmp_i32);
+    tide_sort_i32(hosts, n);
     long slots = 0;
     for (size_t i = 0, run = 0; i < n; i++) {
         run++;
@@ -182,7 +183,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     TIDE_CHECK_ALLOC_GOTO(ranks, rc, out);
     for (size_t i = 0; i < n; i++)
         ranks[i] = cand[i].rank;
-    qsort(ranks, n, sizeof *ranks, cmp_i32);
+    tide_sort_i32(ranks, n);
     for (size_t i = 0; i < n; i++) {
         if (ranks[i] < 0 || (i > 0 && ranks[i] == ranks[i - 1]))
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "candidate rank %d is %s", ranks[i],
@@ -192,7 +193,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
         olds = tide_malloc(n_old * sizeof *olds);
         TIDE_CHECK_ALLOC_GOTO(olds, rc, out);
         memcpy(olds, old->worker, n_old * sizeof *olds);
-        qsort(olds, n_old, sizeof *olds, cmp_i32);
+        tide_sort_i32(olds, n_old);
     }
 
     /* preference order: members, idle, then offline work by ascending priority */
@@ -257,7 +258,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
 
     /* the offline work on every chosen worker that runs some is preempted */
     memcpy(ranks, l->worker, need * sizeof *ranks);
-    qsort(ranks, need, sizeof *ranks, cmp_i32);
+    tide_sort_i32(ranks, need);
     for (size_t i = 0; i < n; i++)
         if (cand[i].cls == TIDE_PW_OFFLINE &&
             bsearch(&cand[i].rank, ranks, need, sizeof *ranks, cmp_i32) != NULL)
@@ -385,7 +386,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory describing a recovery");
     }
     memcpy(used, (*out)->worker, need * sizeof *used);
-    qsort(used, need, sizeof *used, cmp_i32);
+    tide_sort_i32(used, need);
     for (size_t i = 0; i < n; i++)
         idle += cand[i].cls != TIDE_PW_OFFLINE &&
                 bsearch(&cand[i].rank, used, need, sizeof *used, cmp_i32) == NULL;

@@ -1449,8 +1449,14 @@ static int cmp_xfer(const void *a, const void *b)
     return (x->dst_off > y->dst_off) - (x->dst_off < y->dst_off);
 }
 
+typedef struct host_map {
+    const int32_t *host_of; /* NULL: cross-host bytes not wanted */
+    size_t n;
+    uint64_t cross; /* out: bytes sent between different known hosts */
+} host_map;
+
 static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
-                               uint32_t *streams);
+                               uint32_t *streams, host_map *hm);
 
 tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                   const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
@@ -1472,7 +1478,7 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
     memset(&t, 0, sizeof t);
     streams = pl_calloc(&pl, pl.nr ? pl.nr : 1, sizeof *streams);
     TIDE_CHECK_ALLOC_GOTO(streams, rc, fail);
-    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, streams), rc, fail);
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, streams, NULL), rc, fail);
     for (uint32_t r = 0; r < pl.nr; r++)
         t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
     TIDE_CHECK_GOTO(balanced_bound(&pl, &t.balanced_bound), rc, fail);
@@ -1535,10 +1541,12 @@ fail:
  * senders whose quotas cover the chunk are exactly those that send this
  * destination something. Counts distinct (sender, destination) pairs and the
  * largest receive volume; streams (NULL: not wanted) gets, per rank, the pairs
- * it is part of.
+ * it is part of; hm (NULL: not wanted) the bytes of the chunks whose sender and
+ * destination are on different hosts (a chunk's bytes from sender j are its overlap
+ * with j's quota of the stream, as the full walk cuts them).
  */
 static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
-                               uint32_t *streams)
+                               uint32_t *streams, host_map *hm)
 {
     tide_status rc = TIDE_OK;
     const tide_layout_t *o = pl->o;
@@ -1547,7 +1555,14 @@ static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_re
     uint64_t *dv = pl_calloc(pl, pl->n_nodes, sizeof *dv);     /* this destination's chunk */
     uint32_t *touched = pl_calloc(pl, pl->n_nodes, sizeof *touched);
     uint32_t *stamp = pl_calloc(pl, pl->nr, sizeof *stamp); /* 1 + last destination, per rank */
-    if (!pos || !base || !dv || !touched || !stamp) {
+    int32_t *host = NULL;                                   /* per rank, -1: unknown */
+    if (hm != NULL) {
+        host = pl_calloc(pl, pl->nr ? pl->nr : 1, sizeof *host);
+        for (uint32_t r = 0; host != NULL && r < pl->nr; r++)
+            host[r] = (size_t)pl->ids[r] < hm->n ? hm->host_of[pl->ids[r]] : -1;
+        hm->cross = 0;
+    }
+    if (!pos || !base || !dv || !touched || !stamp || (hm != NULL && host == NULL)) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory summing the plan");
         goto out;
     }
@@ -1588,6 +1603,10 @@ static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_re
             uint64_t b = base[id];
             for (uint32_t j = ns->j; j < ns->s_n && b < c1; j++) {
                 uint32_t sr = pl->snd[ns->s_off + j];
+                if (host != NULL && host[sr] >= 0 && host[r] >= 0 && host[sr] != host[r]) {
+                    uint64_t e = b + pl->sq[ns->s_off + j];
+                    hm->cross += (e < c1 ? e : c1) - (b > c0 ? b : c0);
+                }
                 if (stamp[sr] != r + 1) {
                     stamp[sr] = r + 1;
                     (*messages)++;
@@ -1612,6 +1631,7 @@ out:
     tide_free(dv);
     tide_free(touched);
     tide_free(stamp);
+    tide_free(host);
     return rc;
 }
 
@@ -1619,8 +1639,21 @@ tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layo
                                      const tide_collection_t *c, const uint8_t *alive,
                                      size_t n_alive, tide_plan_totals *out)
 {
+    return tide_reshard_plan_totals_hosts(old_l, new_l, c, alive, n_alive, NULL, 0, out);
+}
+
+tide_status tide_reshard_plan_totals_hosts(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                           const tide_collection_t *c, const uint8_t *alive,
+                                           size_t n_alive, const int32_t *host_of, size_t n_host,
+                                           tide_plan_totals *out)
+{
     if (out == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_reshard_plan_totals: out is NULL");
+    if (host_of == NULL && n_host > 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_reshard_plan_totals_hosts: %zu hosts but no "
+                           "host map",
+                           n_host);
     memset(out, 0, sizeof *out);
     planner pl;
     TIDE_CHECK(planner_init(&pl, old_l, new_l, c, alive, n_alive, 1));
@@ -1629,7 +1662,10 @@ tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layo
     memset(&t, 0, sizeof t);
     TIDE_CHECK_GOTO(walk_volume(&pl), rc, out);
     TIDE_CHECK_GOTO(balance(&pl), rc, out);
-    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, NULL), rc, out);
+    host_map hm = {host_of, n_host, 0};
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, NULL, host_of ? &hm : NULL), rc,
+                    out);
+    t.cross_host = hm.cross;
     for (uint32_t r = 0; r < pl.nr; r++)
         t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
     t.bytes_sent = t.lower_bound = pl.bytes_needed;

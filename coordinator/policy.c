@@ -474,18 +474,3 @@ int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member,
         return -1;
     return recover ? best : best + 1;
 }
-
-size_t tide_policy_expired(const tide_coord_worker_t *workers, size_t n, uint64_t now_ns,
-                           uint64_t heartbeat_ns, int miss_limit, int32_t *out)
-{
-    uint64_t limit = heartbeat_ns * (uint64_t)(miss_limit > 0 ? miss_limit : 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tide_coord_worker_t *w = &workers[i];
-        if (w->pool[0] == '\0' || tide_coord_worker_gone(w))
-            continue;
-        if (now_ns > w->last_seen_ns && now_ns - w->last_seen_ns > limit)
-            out[k++] = w->id;
-    }
-    return k;
-}

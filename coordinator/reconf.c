@@ -72,42 +72,54 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
     tide_coord_state_t *st = s->st;
     *out = NULL;
     *n_out = 0;
-    tide_policy_worker *c = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *c);
-    host_ref *h = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *h);
-    if (c == NULL || h == NULL) {
+    /* the job's launches' ranks, through the (pool, rank) index: a decision costs the job's
+       size, not the worker table's */
+    size_t cap = 1;
+    for (int p = 0; p < j->n_pools; p++)
+        cap += (size_t)j->pools[p].size;
+    int32_t world = tide_coord_job_world(j, 0);
+    tide_policy_worker *c = tide_malloc(cap * sizeof *c);
+    host_ref *h = tide_malloc(cap * sizeof *h);
+    uint8_t *member = tide_calloc(world > 0 ? (size_t)world : 1, 1); /* job rank in the layout */
+    if (c == NULL || h == NULL || member == NULL) {
         tide_free(c);
         tide_free(h);
+        tide_free(member);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing candidate workers");
     }
+    for (size_t i = 0; j->layout != NULL && i < tide_layout_size(j->layout); i++)
+        if (j->layout->worker[i] >= 0 && j->layout->worker[i] < world)
+            member[j->layout->worker[i]] = 1;
     size_t n = 0;
-    for (size_t i = 0; i < st->n_workers; i++) {
-        const tide_coord_worker_t *w = &st->workers[i];
-        if (w->pool[0] == '\0' || w->id == exclude_id)
-            continue;
-        int p = tide_coord_job_pool_find(j, w->pool);
-        if (p < 0 || j->pools[p].left || (!j->pools[p].connected && !joining))
+    for (int p = 0; p < j->n_pools; p++) {
+        if (j->pools[p].left || (!j->pools[p].connected && !joining))
             continue; /* a pool that left: its launch has exited or is exiting */
-        if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
-            continue;
-        int32_t jr = j->pools[p].base + w->rank;
-        tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
-        if (w->state == TIDE_WS_ONLINE && w->job == j->id && j->layout &&
-            tide_coord_layout_has(j->layout, jr)) {
-            pw.cls = TIDE_PW_MEMBER;
-        } else if (w->joined != j->id) {
-            continue; /* runs another program: cannot take a coordinate of this job */
-        } else if (w->state == TIDE_WS_IDLE && (w->job == 0 || w->job == j->id)) {
-            pw.cls = TIDE_PW_IDLE;
-        } else if (w->state == TIDE_WS_OFFLINE && w->offline_job != 0) {
-            const tide_coord_job_t *oj = tide_coord_job_get(st, w->offline_job);
-            pw.cls = TIDE_PW_OFFLINE;
-            pw.priority = oj ? oj->priority : 0;
-        } else {
-            continue;
+        for (int32_t rank = 0; rank < j->pools[p].size; rank++) {
+            const tide_coord_worker_t *w = tide_coord_worker_find(st, j->pools[p].name, rank);
+            if (w == NULL || w->id == exclude_id)
+                continue;
+            if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
+                continue;
+            int32_t jr = j->pools[p].base + w->rank;
+            tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
+            if (w->state == TIDE_WS_ONLINE && w->job == j->id && jr < world && member[jr]) {
+                pw.cls = TIDE_PW_MEMBER;
+            } else if (w->joined != j->id) {
+                continue; /* runs another program: cannot take a coordinate of this job */
+            } else if (w->state == TIDE_WS_IDLE && (w->job == 0 || w->job == j->id)) {
+                pw.cls = TIDE_PW_IDLE;
+            } else if (w->state == TIDE_WS_OFFLINE && w->offline_job != 0) {
+                const tide_coord_job_t *oj = tide_coord_job_get(st, w->offline_job);
+                pw.cls = TIDE_PW_OFFLINE;
+                pw.priority = oj ? oj->priority : 0;
+            } else {
+                continue;
+            }
+            h[n] = (host_ref){w->host, n};
+            c[n++] = pw;
         }
-        h[n] = (host_ref){w->host, n};
-        c[n++] = pw;
     }
+    tide_free(member);
     qsort(h, n, sizeof *h, cmp_host_ref);
     int32_t host = -1;
     for (size_t i = 0; i < n; i++) {

@@ -116,6 +116,7 @@ struct tide_server {
     uint64_t last_scan_ns;   /* when the failure scan last ran */
     uint64_t grace_until_ns; /* tided itself was stalled: no worker is failed before this */
     uint64_t next_forget_ns; /* next pass over workers past their retention */
+    size_t forget_at;        /* where that pass goes on in the worker table */
     /* fairness: handler time per client in the current pass */
     tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
     uint64_t pass_no;

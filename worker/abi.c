@@ -26,6 +26,7 @@
     X(tide_options, switch_timeout_ms)                                                             \
     X(tide_options, staging_cap)                                                                   \
     X(tide_options, mem_strict)                                                                    \
+    X(tide_options, heartbeat_aggregate)                                                           \
     X(tide_join_req, job)                                                                          \
     X(tide_join_req, collection)                                                                   \
     X(tide_join_req, dp)                                                                           \

@@ -61,6 +61,7 @@ void tide_options_init(tide_options *o)
     o->switch_timeout_ms = (int)env_int("TIDE_SWITCH_TIMEOUT_MS", 120000);
     o->staging_cap = (uint64_t)env_int("TIDE_STAGING_CAP", 0);
     o->mem_strict = env_int("TIDE_MEM_STRICT", 0) != 0;
+    o->heartbeat_aggregate = env_int("TIDE_HEARTBEAT_AGGREGATE", 1) != 0;
 }
 
 /* ---- communicators and aborts ------------------------------------------------------------ */
@@ -226,14 +227,11 @@ tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t
 
 /* ---- pool ---------------------------------------------------------------------------------- */
 
-static int local_index(MPI_Comm world)
+static int local_index(MPI_Comm node)
 {
-    MPI_Comm node;
     int r = 0;
-    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
-        return 0;
-    MPI_Comm_rank(node, &r);
-    MPI_Comm_free(&node);
+    if (node != MPI_COMM_NULL)
+        MPI_Comm_rank(node, &r);
     return r;
 }
 
@@ -268,7 +266,11 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Comm_dup failed");
     MPI_Comm_set_errhandler(t->end_comm, MPI_ERRORS_RETURN);
     rc = tide_coll_backend_find(opts->backend ? opts->backend : "mpi", &t->be);
-    int dev = opts->device >= 0 ? opts->device : local_index(world);
+    /* the ranks of this host: a device index each, and one heartbeat message together */
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        node = MPI_COMM_NULL;
+    int dev = opts->device >= 0 ? opts->device : local_index(node);
     t->device = dev;
     /* libtide owns the device: this thread first, then every thread it starts */
     if (rc == TIDE_OK)
@@ -310,6 +312,13 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         cc.reg.mem_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
     }
     cc.reg.pid = (int)getpid();
+    if (node != MPI_COMM_NULL) {
+        tide_status hrc = tide__hostbeat_open(node, opts->heartbeat_aggregate, &t->host);
+        MPI_Comm_free(&node);
+        if (rc == TIDE_OK)
+            rc = hrc;
+    }
+    cc.host = t->host;
     if (rc == TIDE_OK)
         rc = tide__ctl_new(&t->ctl, &cc);
     TIDE_CHECK_GOTO(agree_rc(t->end_comm, rc, "registering with tided"), rc, fail);
@@ -321,8 +330,10 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Allgather of worker ids failed");
     tide__ctl_set_abort(t->ctl, abort_cb, t);
     tide__fill_view(&t->view, 0, NULL, t->rank, 0);
-    TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend)", t->rank,
-              t->size, me, pool, t->be->name);
+    TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend); heartbeats: %s",
+              t->rank, t->size, me, pool, t->be->name,
+              t->host == NULL ? "its own (TIDE_HEARTBEAT_AGGREGATE=0, or no shared memory)"
+                              : "one message per host, through the lowest local rank running");
     *out = t;
     return TIDE_OK;
 fail:
@@ -416,6 +427,7 @@ void tide_destroy(tide_t **self_p)
         tide__ctl_unlock(t->ctl);
     }
     tide__ctl_destroy(&t->ctl, !fenced); /* no abort callback can run after this */
+    tide__hostbeat_close(&t->host);      /* the control thread that published is gone */
     /* no more heartbeats: the lease would run out under the frees below. A fenced rank
        keeps it expired until its last MPI handle is let go without a call into MPI. */
     if (!fenced)

@@ -112,6 +112,9 @@ typedef struct tide_options {
     int mem_strict;          /* TIDE_MEM_STRICT: 1: a switch of given buffers that would hold more
                                 than the larger of the rank's old and new state plus the staging cap
                                 fails (TIDE_ERR_NOMEM) instead of warning and going over; 0 */
+    int heartbeat_aggregate; /* TIDE_HEARTBEAT_AGGREGATE: 1: the ranks of a host send one heartbeat
+                                message per period together (through shared memory and the lowest
+                                local rank running); 0: each rank sends its own; 1 */
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */

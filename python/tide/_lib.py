@@ -45,7 +45,8 @@ class Options(Structure):
                 ("pool", c_char_p), ("backend", c_char_p), ("device", c_int),
                 ("mem_bytes", c_uint64), ("register_timeout_ms", c_int),
                 ("join_timeout_ms", c_int), ("switch_timeout_ms", c_int),
-                ("staging_cap", c_uint64), ("mem_strict", c_int)]
+                ("staging_cap", c_uint64), ("mem_strict", c_int),
+                ("heartbeat_aggregate", c_int)]
 
 
 FIT_WHAT_MAX = 96

@@ -984,6 +984,9 @@ static int try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     tide_layout_t *l = NULL;
     tide_collection_t *coll = NULL;
     int refused = 0;
+    size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
+    if ((size_t)j->joins < need)
+        return 0; /* too few joined yet: no list of the pool's ranks on every join */
     if (tide__candidates(s, j, -1, 0, &cand, &n) != TIDE_OK) {
         TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
         return 0;
@@ -995,7 +998,6 @@ static int try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     for (size_t i = 0; i < n; i++)
         if (cand[i].cls == TIDE_PW_IDLE || cand[i].cls == TIDE_PW_OFFLINE)
             cand[k++] = cand[i];
-    size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
     if (k < need)
         goto out;
     int fit = tide_policy_tp_fit_dp(cand, k, j->req_tp, j->req_pp, j->req_dp);
@@ -1245,6 +1247,7 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         j->state = TIDE_JS_QUEUED;
         j->generation = j->gen_issued = 0;
         j->step = 0;
+        j->joins = 0;
         j->throughput = 0;
         keep_join(j, m, raw, len);
         char fit[TIDE_FIT_RULES_MAX * (TIDE_FIT_WHAT_MAX + 32)];
@@ -1286,6 +1289,7 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     }
     if (w->joined != j->id) {
         w->joined = j->id;
+        j->joins++;
         tide__save_worker(s, w);
     }
     if (j->layout == NULL) {
@@ -2536,6 +2540,11 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         if (w->pool[0] != '\0')
             tide_coord_worker_seen(s->st, w, now);
         w->last_hb_ns = now;
+        tide_coord_job_t *jj = w->joined && !tide_coord_worker_gone(w)
+                                   ? tide_coord_job_get(s->st, w->joined)
+                                   : NULL;
+        if (jj != NULL)
+            jj->joins++;
         if (w->pool[0] != '\0' && tide_coord_worker_gone(w) && w->gone_ms == 0)
             w->gone_ms = wall; /* a state file from before gone_ms: retention starts now */
     }

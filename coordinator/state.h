@@ -184,6 +184,8 @@ typedef struct tide_coord_job {
     tide_fit_rule fit[TIDE_FIT_RULES_MAX]; /* what layouts its program can run (from join) */
     int n_fit;                             /* rules in fit; 0: any layout the collection allows */
     tide_reconf_t *reconf;                 /* pending reconfiguration or NULL */
+    int32_t joins; /* volatile: workers that joined it, counted as they join (recounted at
+                      load): its first layout is not tried before enough did */
     /* offline */
     int32_t priority; /* higher runs first */
     tide_offline_kind okind;

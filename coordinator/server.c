@@ -52,8 +52,9 @@
  * (TIDE__BACKLOG_BYTES), so a client that never reads holds at most
  * 1.5 * HWM * its largest reply + TIDE__BACKLOG_BYTES + PEER_PASS_BYTES in tided. */
 #define HWM             64
-#define PEER_PASS_BYTES (4u << 20) /* reply bytes one client's requests may queue per pass */
-#define FORGET_SLICE    8192u      /* worker slots the retention pass looks at per second */
+#define PEER_PASS_BYTES (4u << 20)  /* reply bytes one client's requests may queue per pass */
+#define FORGET_SLICE    8192u       /* worker slots the retention pass looks at per second */
+#define SCAN_OUT_BYTES  (64u << 20) /* outbox bytes past which the failure scan waits a pass */
 
 static uint64_t now_ns_cached;
 
@@ -107,6 +108,7 @@ static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len,
     o->delim = delim;
     o->reply = reply;
     o->data = tide_proto_buf_release(&s->buf, &o->len);
+    s->out_bytes += o->len;
 }
 
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
@@ -261,6 +263,7 @@ static void flush_out(tide_server_t *s)
         backlog_push(s, b, o);
     }
     s->n_out = 0;
+    s->out_bytes = 0;
 }
 
 static void drop_out(tide_server_t *s)
@@ -268,6 +271,7 @@ static void drop_out(tide_server_t *s)
     for (size_t i = 0; i < s->n_out; i++)
         tide_free(s->out[i].data);
     s->n_out = 0;
+    s->out_bytes = 0;
     while (s->n_backlog > 0)
         backlog_remove(s, &s->backlog[0]);
 }
@@ -2540,9 +2544,8 @@ static size_t after_load(tide_server_t *s, uint64_t now)
         if (w->pool[0] != '\0')
             tide_coord_worker_seen(s->st, w, now);
         w->last_hb_ns = now;
-        tide_coord_job_t *jj = w->joined && !tide_coord_worker_gone(w)
-                                   ? tide_coord_job_get(s->st, w->joined)
-                                   : NULL;
+        tide_coord_job_t *jj =
+            w->joined && !tide_coord_worker_gone(w) ? tide_coord_job_get(s->st, w->joined) : NULL;
         if (jj != NULL)
             jj->joins++;
         if (w->pool[0] != '\0' && tide_coord_worker_gone(w) && w->gone_ms == 0)
@@ -2733,14 +2736,23 @@ static void forget_workers(tide_server_t *s)
 /* Declares failed the workers silent for miss_limit heartbeats at now: read off the front
  * of the seen list (workers by last message), so a scan costs the expired workers, not
  * the worker table (10^5 workers scanned four times a second were most of tided's idle
- * CPU). */
+ * CPU). Each failure of a job's member starts a recovery that sends its layout to every
+ * participant: when a whole cluster goes silent, one pass would queue failures x members
+ * messages (gigabytes at 10^5 workers). So a pass fails workers only while its outbox
+ * holds less than SCAN_OUT_BYTES and sets scan_more: the next pass, right after this
+ * one's messages went out, goes on. */
 static void scan_failures(tide_server_t *s, uint64_t now)
 {
     uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
     uint64_t limit = hb * (uint64_t)(s->cfg.miss_limit > 0 ? s->cfg.miss_limit : 1);
-    int32_t ids[256];
-    size_t n;
-    do {
+    int32_t ids[16];
+    size_t n = sizeof ids / sizeof ids[0];
+    s->scan_more = 0;
+    while (n == sizeof ids / sizeof ids[0]) {
+        if (s->out_bytes >= SCAN_OUT_BYTES) {
+            s->scan_more = 1;
+            return;
+        }
         n = tide_coord_workers_expired(s->st, now, limit, ids, sizeof ids / sizeof ids[0]);
         for (size_t i = 0; i < n; i++) {
             tide_coord_worker_t *w = &s->st->workers[ids[i]];
@@ -2750,7 +2762,7 @@ static void scan_failures(tide_server_t *s, uint64_t now)
                      (long long)s->cfg.heartbeat_ms);
             tide__worker_failed(s, w, why);
         }
-    } while (n == sizeof ids / sizeof ids[0]);
+    }
 }
 
 tide_status tide_server_run(tide_server_t *s)
@@ -2842,7 +2854,9 @@ tide_status tide_server_run(tide_server_t *s)
             }
             if (s->next_backfill_ns != 0 && now_ns_cached >= s->next_backfill_ns)
                 s->want_backfill = 1; /* a retry's backoff or a join grace ended */
-            s->next_scan_ns = now_ns_cached + scan_every;
+            /* failures left for the next pass (scan_failures): once this one's messages
+               went out */
+            s->next_scan_ns = s->scan_more ? now_ns_cached : now_ns_cached + scan_every;
         }
         if (s->want_backfill && s->fatal == TIDE_OK)
             backfill(s);

@@ -100,6 +100,8 @@ struct tide_server {
     tide_proto_buf_t buf;
     tide__out *out;
     size_t n_out, cap_out;
+    size_t out_bytes; /* encoded bytes in out[] (the batch's messages not yet sent) */
+    int scan_more;    /* the failure scan stopped at its outbox budget: scan again next pass */
     tide__backlog backlog[TIDE__BACKLOG_PEERS]; /* backlog[0..n_backlog) are in use */
     size_t n_backlog;
     uint64_t dropped_out; /* messages dropped: peer gone, or its queue and backlog full */

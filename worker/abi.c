@@ -147,3 +147,11 @@ size_t tide_abi_offsetof(const char *type, const char *field)
             return fields[i].offset;
     return (size_t)-1;
 }
+
+size_t tide_abi_nfields(const char *type)
+{
+    size_t n = 0;
+    for (size_t i = 0; type != NULL && i < sizeof fields / sizeof fields[0]; i++)
+        n += strcmp(fields[i].type, type) == 0;
+    return n;
+}

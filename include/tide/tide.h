@@ -526,6 +526,11 @@ TIDE_API size_t tide_abi_sizeof(const char *type);
    type or field. Any thread. */
 TIDE_API size_t tide_abi_offsetof(const char *type, const char *field);
 
+/* The number of fields the library knows of type (those tide_abi_offsetof answers for), 0
+   for an unknown type: a mirror lacking a trailing field that padding hides from
+   tide_abi_sizeof is caught by its count. Any thread. */
+TIDE_API size_t tide_abi_nfields(const char *type);
+
 #ifdef __cplusplus
 }
 #endif

@@ -63,12 +63,11 @@ extern "C" {
 #define TIDE_PROTO_ARGV_MAX        256                /* argv entries of an offline command */
 #define TIDE_PROTO_ARG_MAX         4095               /* bytes of one argv entry */
 #define TIDE_PROTO_ROWS_MAX        (1u << 16)         /* rows of a status or jobs reply */
-#define TIDE_PROTO_HOST_BEATS_MAX  1024 /* heartbeats one host_heartbeat carries (ranks of a host) \
-                                         */
-#define TIDE_PROTO_EVENTS_MAX   10000   /* rows of an events reply, and events limit */
-#define TIDE_PROTO_ATTEMPTS_MAX 100     /* rows of a logs reply */
-#define TIDE_PROTO_DEVICE_MAX   1023    /* local device index */
-#define TIDE_PROTO_MS_MAX       1e12    /* any duration in ms (~31 years) */
+#define TIDE_PROTO_HOST_BEATS_MAX  1024               /* heartbeats in one host_heartbeat */
+#define TIDE_PROTO_EVENTS_MAX      10000 /* rows of an events reply, and events limit */
+#define TIDE_PROTO_ATTEMPTS_MAX    100   /* rows of a logs reply */
+#define TIDE_PROTO_DEVICE_MAX      1023  /* local device index */
+#define TIDE_PROTO_MS_MAX          1e12  /* any duration in ms (~31 years) */
 
 /* Job names: 1..NAME_MAX chars of [A-Za-z0-9._:-]. Hosts: 1..HOST_MAX chars,
  * printable ASCII without spaces. Pool ids and plugin names: like job names.

@@ -223,6 +223,7 @@ int main(int argc, char **argv)
     if (c.max_dp == 0)
         c.max_dp = c.hosts / 4 > 0 ? c.hosts / 4 : 1;
     int n = (int)(c.hosts * c.gpus);
+    tide_alloc_retain(256u << 20); /* as tided does: decisions reuse the heap */
     uint64_t wall0 = tide_now_ns();
     tide_model_spec spec = {.layers = (int)c.layers,
                             .hidden = c.hidden,

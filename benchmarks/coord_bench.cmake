@@ -1,4 +1,4 @@
-# coord_bench: tided CPU and status latency under 1,000 / 10,000 heartbeating workers.
+# coord_bench: tided CPU and status latency under 1,000 / 10,000 / 100,000 heartbeating workers.
 if(TARGET tided)
   add_executable(coord_bench coord_bench.c)
   target_link_libraries(coord_bench PRIVATE tide_proto tide_core PkgConfig::ZMQ m)

@@ -251,8 +251,12 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "# TYPE tide_preemptions_total counter\ntide_preemptions_total %llu\n"
         "# HELP tide_requests_total Requests handled (heartbeats excluded).\n"
         "# TYPE tide_requests_total counter\ntide_requests_total %llu\n"
-        "# HELP tide_heartbeats_total Heartbeats received.\n"
+        "# HELP tide_heartbeats_total Heartbeats received (one per worker, also inside host "
+        "heartbeats).\n"
         "# TYPE tide_heartbeats_total counter\ntide_heartbeats_total %llu\n"
+        "# HELP tide_heartbeat_messages_total Messages that carried heartbeats (heartbeat and "
+        "host_heartbeat).\n"
+        "# TYPE tide_heartbeat_messages_total counter\ntide_heartbeat_messages_total %llu\n"
         "# HELP tide_bad_requests_total Malformed or unexpected messages answered with an error.\n"
         "# TYPE tide_bad_requests_total counter\ntide_bad_requests_total %llu\n"
         "# HELP tide_denied_total Requests or connections refused by authentication.\n"
@@ -263,7 +267,8 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         (unsigned long long)c->bytes_resharded, (double)s->bubble_ns_total / 1e9,
         (double)s->filled_ns_total / 1e9, (unsigned long long)c->preemptions,
         (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
-        (unsigned long long)c->bad_requests, (unsigned long long)c->denied);
+        (unsigned long long)c->heartbeat_msgs, (unsigned long long)c->bad_requests,
+        (unsigned long long)c->denied);
     put(&t,
         "# HELP tide_busy_refusals_total Requests refused because their client used its share "
         "of a pass.\n# TYPE tide_busy_refusals_total counter\ntide_busy_refusals_total %llu\n"

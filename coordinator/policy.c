@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sort.h"
 #include "coordinator/policy.h"
 
 /* Sorting record for candidates: class, then a class-specific key. */
@@ -94,7 +95,7 @@ static tide_status stand_in_collection(const tide_layout_t *old, const tide_resi
 /* TP groups of tp workers the hosts of these workers hold; hosts sorted in place. */
 static long host_slots(int32_t *hosts, size_t n, int tp)
 {
-    qsort(hosts, n, sizeof *hosts, cmp_i32);
+    tide_sort_i32(hosts, n);
     long slots = 0;
     for (size_t i = 0, run = 0; i < n; i++) {
         run++;
@@ -184,7 +185,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     TIDE_CHECK_ALLOC_GOTO(ranks, rc, out);
     for (size_t i = 0; i < n; i++)
         ranks[i] = cand[i].rank;
-    qsort(ranks, n, sizeof *ranks, cmp_i32);
+    tide_sort_i32(ranks, n);
     for (size_t i = 0; i < n; i++) {
         if (ranks[i] < 0 || (i > 0 && ranks[i] == ranks[i - 1]))
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "candidate rank %d is %s", ranks[i],
@@ -194,7 +195,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
         olds = tide_malloc(n_old * sizeof *olds);
         TIDE_CHECK_ALLOC_GOTO(olds, rc, out);
         memcpy(olds, old->worker, n_old * sizeof *olds);
-        qsort(olds, n_old, sizeof *olds, cmp_i32);
+        tide_sort_i32(olds, n_old);
     }
 
     /* preference order: members, idle, then offline work by ascending priority */
@@ -259,7 +260,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
 
     /* the offline work on every chosen worker that runs some is preempted */
     memcpy(ranks, l->worker, need * sizeof *ranks);
-    qsort(ranks, need, sizeof *ranks, cmp_i32);
+    tide_sort_i32(ranks, need);
     for (size_t i = 0; i < n; i++)
         if (cand[i].cls == TIDE_PW_OFFLINE &&
             bsearch(&cand[i].rank, ranks, need, sizeof *ranks, cmp_i32) != NULL)
@@ -389,7 +390,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory describing a recovery");
     }
     memcpy(used, (*out)->worker, need * sizeof *used);
-    qsort(used, need, sizeof *used, cmp_i32);
+    tide_sort_i32(used, need);
     for (size_t i = 0; i < n; i++)
         idle += cand[i].cls != TIDE_PW_OFFLINE &&
                 bsearch(&cand[i].rank, used, need, sizeof *used, cmp_i32) == NULL;
@@ -476,19 +477,4 @@ int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member,
     if (best < 0)
         return -1;
     return recover ? best : best + 1;
-}
-
-size_t tide_policy_expired(const tide_coord_worker_t *workers, size_t n, uint64_t now_ns,
-                           uint64_t heartbeat_ns, int miss_limit, int32_t *out)
-{
-    uint64_t limit = heartbeat_ns * (uint64_t)(miss_limit > 0 ? miss_limit : 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tide_coord_worker_t *w = &workers[i];
-        if (w->pool[0] == '\0' || tide_coord_worker_gone(w))
-            continue;
-        if (now_ns > w->last_seen_ns && now_ns - w->last_seen_ns > limit)
-            out[k++] = w->id;
-    }
-    return k;
 }

@@ -3,8 +3,8 @@
  * I/O, no clock reads: time comes in as arguments, so tests drive them with a
  * fake clock). Resize validation and placement, recovery layouts after failures,
  * backfilling idle workers with offline work by priority, preemption for online
- * grows, the switch step of a reconfiguration, and failure detection from
- * heartbeat times.
+ * grows and the switch step of a reconfiguration. (Failure detection is the
+ * state's seen list: tide_coord_workers_expired.)
  *
  * Workload: called on the event loop for each resize, failure or idle change;
  * pools of up to ~10^4 workers; everything here is O(n log n) in the pool size.
@@ -156,14 +156,6 @@ tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
  */
 int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member, size_t n,
                                 int recover);
-
-/*
- * Failure detection: writes into out the ids of registered workers that are
- * not already failed and whose last message is older than
- * miss_limit * heartbeat_ns at now_ns; returns their count. out has room for n.
- */
-size_t tide_policy_expired(const tide_coord_worker_t *workers, size_t n, uint64_t now_ns,
-                           uint64_t heartbeat_ns, int miss_limit, int32_t *out);
 
 #ifdef __cplusplus
 }

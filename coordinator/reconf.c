@@ -72,42 +72,54 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
     tide_coord_state_t *st = s->st;
     *out = NULL;
     *n_out = 0;
-    tide_policy_worker *c = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *c);
-    host_ref *h = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *h);
-    if (c == NULL || h == NULL) {
+    /* the job's launches' ranks, through the (pool, rank) index: a decision costs the job's
+       size, not the worker table's */
+    size_t cap = 1;
+    for (int p = 0; p < j->n_pools; p++)
+        cap += (size_t)j->pools[p].size;
+    int32_t world = tide_coord_job_world(j, 0);
+    tide_policy_worker *c = tide_malloc(cap * sizeof *c);
+    host_ref *h = tide_malloc(cap * sizeof *h);
+    uint8_t *member = tide_calloc(world > 0 ? (size_t)world : 1, 1); /* job rank in the layout */
+    if (c == NULL || h == NULL || member == NULL) {
         tide_free(c);
         tide_free(h);
+        tide_free(member);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing candidate workers");
     }
+    for (size_t i = 0; j->layout != NULL && i < tide_layout_size(j->layout); i++)
+        if (j->layout->worker[i] >= 0 && j->layout->worker[i] < world)
+            member[j->layout->worker[i]] = 1;
     size_t n = 0;
-    for (size_t i = 0; i < st->n_workers; i++) {
-        const tide_coord_worker_t *w = &st->workers[i];
-        if (w->pool[0] == '\0' || w->id == exclude_id)
-            continue;
-        int p = tide_coord_job_pool_find(j, w->pool);
-        if (p < 0 || j->pools[p].left || (!j->pools[p].connected && !joining))
+    for (int p = 0; p < j->n_pools; p++) {
+        if (j->pools[p].left || (!j->pools[p].connected && !joining))
             continue; /* a pool that left: its launch has exited or is exiting */
-        if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
-            continue;
-        int32_t jr = j->pools[p].base + w->rank;
-        tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
-        if (w->state == TIDE_WS_ONLINE && w->job == j->id && j->layout &&
-            tide_coord_layout_has(j->layout, jr)) {
-            pw.cls = TIDE_PW_MEMBER;
-        } else if (w->joined != j->id) {
-            continue; /* runs another program: cannot take a coordinate of this job */
-        } else if (w->state == TIDE_WS_IDLE && (w->job == 0 || w->job == j->id)) {
-            pw.cls = TIDE_PW_IDLE;
-        } else if (w->state == TIDE_WS_OFFLINE && w->offline_job != 0) {
-            const tide_coord_job_t *oj = tide_coord_job_get(st, w->offline_job);
-            pw.cls = TIDE_PW_OFFLINE;
-            pw.priority = oj ? oj->priority : 0;
-        } else {
-            continue;
+        for (int32_t rank = 0; rank < j->pools[p].size; rank++) {
+            const tide_coord_worker_t *w = tide_coord_worker_find(st, j->pools[p].name, rank);
+            if (w == NULL || w->id == exclude_id)
+                continue;
+            if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
+                continue;
+            int32_t jr = j->pools[p].base + w->rank;
+            tide_policy_worker pw = {jr, 0, TIDE_PW_IDLE, 0};
+            if (w->state == TIDE_WS_ONLINE && w->job == j->id && jr < world && member[jr]) {
+                pw.cls = TIDE_PW_MEMBER;
+            } else if (w->joined != j->id) {
+                continue; /* runs another program: cannot take a coordinate of this job */
+            } else if (w->state == TIDE_WS_IDLE && (w->job == 0 || w->job == j->id)) {
+                pw.cls = TIDE_PW_IDLE;
+            } else if (w->state == TIDE_WS_OFFLINE && w->offline_job != 0) {
+                const tide_coord_job_t *oj = tide_coord_job_get(st, w->offline_job);
+                pw.cls = TIDE_PW_OFFLINE;
+                pw.priority = oj ? oj->priority : 0;
+            } else {
+                continue;
+            }
+            h[n] = (host_ref){w->host, n};
+            c[n++] = pw;
         }
-        h[n] = (host_ref){w->host, n};
-        c[n++] = pw;
     }
+    tide_free(member);
     qsort(h, n, sizeof *h, cmp_host_ref);
     int32_t host = -1;
     for (size_t i = 0; i < n; i++) {
@@ -160,64 +172,71 @@ out:
     return rc;
 }
 
-/* Bytes of plan sent between workers of j registered on different hosts. */
-static uint64_t cross_host_bytes(tide_server_t *s, const tide_coord_job_t *j,
-                                 const tide_plan_t *plan)
+/*
+ * The host of every job rank of layouts a and b, as indices (host_of[rank]; -1 where no
+ * worker is registered): what reshard counts cross-host bytes with. *n: one past the
+ * largest rank. Caller frees *out.
+ */
+static tide_status rank_hosts(tide_server_t *s, const tide_coord_job_t *j, const tide_layout_t *a,
+                              const tide_layout_t *b, int32_t **out, size_t *n)
 {
-    uint64_t bytes = 0;
-    const tide_coord_worker_t *a = NULL, *b = NULL;
-    for (size_t i = 0; i < plan->n; i++) {
-        const tide_xfer *x = &plan->items[i];
-        if (x->src == x->dst)
-            continue;
-        /* items are sorted by (src, dst): look the pair up once per run of items */
-        if (a == NULL || tide_coord_job_rank(j, a) != x->src)
-            a = tide__job_worker(s, j, x->src);
-        if (b == NULL || tide_coord_job_rank(j, b) != x->dst)
-            b = tide__job_worker(s, j, x->dst);
-        if (a != NULL && b != NULL && strcmp(a->host, b->host) != 0)
-            bytes += x->run * x->count;
+    size_t na = tide_layout_size(a), nb = tide_layout_size(b), top = 0;
+    for (size_t i = 0; i < na; i++)
+        top = (size_t)a->worker[i] + 1 > top ? (size_t)a->worker[i] + 1 : top;
+    for (size_t i = 0; i < nb; i++)
+        top = (size_t)b->worker[i] + 1 > top ? (size_t)b->worker[i] + 1 : top;
+    int32_t *host = tide_malloc((top ? top : 1) * sizeof *host);
+    host_ref *h = tide_malloc((na + nb ? na + nb : 1) * sizeof *h);
+    if (host == NULL || h == NULL) {
+        tide_free(host);
+        tide_free(h);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory mapping %zu ranks to hosts", top);
     }
-    return bytes;
-}
-
-/* 1 when the workers of layout l (worker ids of j's pool) are not all on one host. */
-static int layout_spans_hosts(tide_server_t *s, const tide_coord_job_t *j, const tide_layout_t *l)
-{
-    const tide_coord_worker_t *first = NULL;
-    for (size_t i = 0; l != NULL && i < tide_layout_size(l); i++) {
-        const tide_coord_worker_t *w = tide__job_worker(s, j, l->worker[i]);
-        if (w == NULL)
+    size_t k = 0;
+    for (size_t i = 0; i < top; i++)
+        host[i] = -1;
+    for (size_t i = 0; i < na + nb; i++) {
+        int32_t r = i < na ? a->worker[i] : b->worker[i - na];
+        if (host[r] != -1)
             continue;
-        if (first == NULL)
-            first = w;
-        else if (strcmp(first->host, w->host) != 0)
-            return 1;
+        host[r] = -2; /* seen */
+        const tide_coord_worker_t *w = tide__job_worker(s, j, r);
+        if (w != NULL)
+            h[k++] = (host_ref){w->host, (size_t)r};
     }
-    return 0;
+    for (size_t i = 0; i < top; i++)
+        host[i] = -1;
+    qsort(h, k, sizeof *h, cmp_host_ref);
+    int32_t id = -1;
+    for (size_t i = 0; i < k; i++) {
+        if (i == 0 || strcmp(h[i].host, h[i - 1].host) != 0)
+            id++;
+        host[h[i].idx] = id;
+    }
+    tide_free(h);
+    *out = host;
+    *n = top;
+    return TIDE_OK;
 }
 
 /* Bytes the plan from j's layout to nl sends (*sent) and the part of them that crosses
- * hosts (*cross), with its summary into r when non-NULL. */
+ * hosts (*cross), with its summary into r when non-NULL. The totals only, cross-host bytes
+ * included: the items (every transfer of every worker) are the workers' business, and
+ * building them here cost a resize of a job on many hosts seconds. */
 static tide_status plan_bytes(tide_server_t *s, const tide_coord_job_t *j,
                               const tide_collection_t *c, const tide_layout_t *nl, uint64_t *sent,
                               uint64_t *cross, tide_proto_resize_reply_t *r)
 {
-    tide_plan_totals t; /* the totals only: the items are the workers' business */
-    tide_status rc = tide_reshard_plan_totals(j->layout, nl, c, NULL, 0, &t);
+    tide_plan_totals t;
+    int32_t *host = NULL;
+    size_t n_host = 0;
+    TIDE_CHECK(rank_hosts(s, j, j->layout, nl, &host, &n_host));
+    tide_status rc = tide_reshard_plan_totals_hosts(j->layout, nl, c, NULL, 0, host, n_host, &t);
+    tide_free(host);
     if (rc != TIDE_OK)
         return rc;
     *sent = t.bytes_sent;
-    *cross = 0;
-    if (layout_spans_hosts(s, j, j->layout) || layout_spans_hosts(s, j, nl)) {
-        /* which bytes cross hosts needs the items: only for jobs on several hosts */
-        tide_plan_t *plan = NULL;
-        rc = tide_reshard_plan(j->layout, nl, c, NULL, 0, &plan);
-        if (rc != TIDE_OK)
-            return rc;
-        *cross = cross_host_bytes(s, j, plan);
-        tide_plan_destroy(&plan);
-    }
+    *cross = t.cross_host;
     if (r != NULL) {
         r->bytes_sent = t.bytes_sent;
         r->bytes_local = t.bytes_local;

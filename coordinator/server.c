@@ -52,7 +52,9 @@
  * (TIDE__BACKLOG_BYTES), so a client that never reads holds at most
  * 1.5 * HWM * its largest reply + TIDE__BACKLOG_BYTES + PEER_PASS_BYTES in tided. */
 #define HWM             64
-#define PEER_PASS_BYTES (4u << 20) /* reply bytes one client's requests may queue per pass */
+#define PEER_PASS_BYTES (4u << 20)  /* reply bytes one client's requests may queue per pass */
+#define FORGET_SLICE    8192u       /* worker slots the retention pass looks at per second */
+#define SCAN_OUT_BYTES  (64u << 20) /* outbox bytes past which the failure scan waits a pass */
 
 static uint64_t now_ns_cached;
 
@@ -106,6 +108,7 @@ static void push_out(tide_server_t *s, const unsigned char *rid, size_t rid_len,
     o->delim = delim;
     o->reply = reply;
     o->data = tide_proto_buf_release(&s->buf, &o->len);
+    s->out_bytes += o->len;
 }
 
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
@@ -260,6 +263,7 @@ static void flush_out(tide_server_t *s)
         backlog_push(s, b, o);
     }
     s->n_out = 0;
+    s->out_bytes = 0;
 }
 
 static void drop_out(tide_server_t *s)
@@ -267,6 +271,7 @@ static void drop_out(tide_server_t *s)
     for (size_t i = 0; i < s->n_out; i++)
         tide_free(s->out[i].data);
     s->n_out = 0;
+    s->out_bytes = 0;
     while (s->n_backlog > 0)
         backlog_remove(s, &s->backlog[0]);
 }
@@ -374,7 +379,7 @@ void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64
 
 static void touch(tide_server_t *s, tide_coord_worker_t *w)
 {
-    w->last_seen_ns = now_ns_cached;
+    tide_coord_worker_seen(s->st, w, now_ns_cached);
     if (w->rid_len != s->rid_len || memcmp(w->rid, s->rid, s->rid_len) != 0) {
         memcpy(w->rid, s->rid, s->rid_len);
         w->rid_len = s->rid_len;
@@ -687,7 +692,10 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
                           m->pool, m->size, cap);
         return;
     }
-    if (cap > 0 && (w == NULL || tide_coord_worker_gone(w)) && client_workers(s) >= (size_t)cap) {
+    /* a table of fewer slots than the limit cannot hold a client at it: no scan of the whole
+       table for each of 10^5 registrations */
+    if (cap > 0 && (w == NULL || tide_coord_worker_gone(w)) && s->st->n_workers >= (size_t)cap &&
+        client_workers(s) >= (size_t)cap) {
         s->st->counters.denied++;
         TIDE_WARN_LIMITED("server",
                           "refused rank %d of pool %s from %s: it already holds %d "
@@ -783,26 +791,10 @@ static void handle_register(tide_server_t *s, const tide_proto_register_t *m)
     s->want_backfill = 1;
 }
 
-static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
+/* What a heartbeat of live worker w reports: steps, generation, bubble and busy time. */
+static void apply_heartbeat(tide_server_t *s, tide_coord_worker_t *w,
+                            const tide_proto_heartbeat_t *m)
 {
-    tide_coord_worker_t *w = tide_coord_worker_get(s->st, m->worker);
-    if (w != NULL && tide_coord_worker_gone(w) && !may_speak(s, w, TIDE_MSG_HEARTBEAT))
-        return;
-    if (w != NULL && is_fenced(w)) {
-        tell_fenced(s, w);
-        return;
-    }
-    if (w == NULL || tide_coord_worker_gone(w)) {
-        tide__reply_error(s, w ? TIDE_ERR_STALE : TIDE_ERR_NOT_FOUND,
-                          "worker %d is %s: register again", m->worker,
-                          w == NULL                  ? "unknown"
-                          : w->state == TIDE_WS_LEFT ? "gone (it said bye)"
-                                                     : "marked failed (missed heartbeats)");
-        return;
-    }
-    if (!may_speak(s, w, TIDE_MSG_HEARTBEAT))
-        return;
-    touch(s, w);
     s->st->counters.heartbeats++;
     uint64_t interval = now_ns_cached - w->last_hb_ns;
     uint64_t cap = (uint64_t)s->cfg.heartbeat_ms * 1000000ull * 4;
@@ -833,6 +825,96 @@ static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
             j->step = w->step;
         if (j != NULL && m->step_ms > 0)
             j->throughput = 1000.0 / m->step_ms;
+    }
+}
+
+/* The answer a heartbeat of a worker tided gave up on gets ("register again", or
+   "fenced"), as a message for that worker. */
+static void gone_answer(const tide_coord_worker_t *w, int32_t id, tide_msg_t *out)
+{
+    tide_msg_init(out, TIDE_MSG_ERROR);
+    out->u.error.code = w ? TIDE_ERR_STALE : TIDE_ERR_NOT_FOUND;
+    snprintf(out->u.error.message, sizeof out->u.error.message, "worker %d is %s: register again",
+             id,
+             w == NULL                  ? "unknown"
+             : w->state == TIDE_WS_LEFT ? "gone (it said bye)"
+                                        : "marked failed (missed heartbeats)");
+}
+
+static void handle_heartbeat(tide_server_t *s, const tide_proto_heartbeat_t *m)
+{
+    tide_coord_worker_t *w = tide_coord_worker_get(s->st, m->worker);
+    if (w != NULL && tide_coord_worker_gone(w) && !may_speak(s, w, TIDE_MSG_HEARTBEAT))
+        return;
+    if (w != NULL && is_fenced(w)) {
+        tell_fenced(s, w);
+        return;
+    }
+    if (w == NULL || tide_coord_worker_gone(w)) {
+        tide_msg_t e;
+        gone_answer(w, m->worker, &e);
+        tide__reply(s, &e);
+        return;
+    }
+    if (!may_speak(s, w, TIDE_MSG_HEARTBEAT))
+        return;
+    touch(s, w);
+    apply_heartbeat(s, w, m);
+}
+
+/*
+ * The heartbeats of the ranks of one host, sent by its leader: each entry counts exactly
+ * as that rank's own heartbeat (liveness, accounting, refusals). The leader's own entry is
+ * its heartbeat, answered on its connection. Another rank's is not the leader's to
+ * answer: its route stays its own socket's (tided keeps sending it layouts there), and
+ * what its own heartbeat would have been told (register again, fenced) goes to that
+ * socket; an entry of a worker of another key (with --auth) is refused and skipped.
+ */
+static void handle_host_heartbeat(tide_server_t *s, const tide_proto_host_heartbeat_t *m)
+{
+    for (uint32_t i = 0; i < m->n_beats; i++) {
+        const tide_proto_heartbeat_t *b = &m->beats[i];
+        if (b->worker == m->worker) {
+            handle_heartbeat(s, b);
+            continue;
+        }
+        tide_coord_worker_t *w = tide_coord_worker_get(s->st, b->worker);
+        if (w != NULL && s->auth_on && strcmp(w->owner, s->who) != 0) {
+            s->st->counters.denied++;
+            TIDE_WARN_LIMITED("auth",
+                              "host heartbeat from %s names worker %d, which belongs to %s: "
+                              "entry skipped",
+                              s->who, b->worker, w->owner[0] ? w->owner : "no key yet");
+            continue;
+        }
+        if (w == NULL) {
+            TIDE_WARN_LIMITED("server", "host heartbeat from %s names unknown worker %d", s->who,
+                              b->worker);
+            continue;
+        }
+        if (is_fenced(w) || tide_coord_worker_gone(w)) {
+            /* its own heartbeat would have been answered: answer it where it listens */
+            tide_msg_t e;
+            if (is_fenced(w)) {
+                const tide_coord_job_t *j = tide_coord_job_get(s->st, w->fenced_job);
+                tide_msg_init(&e, TIDE_MSG_FENCED);
+                e.u.fenced.worker = w->id;
+                snprintf(e.u.fenced.job, sizeof e.u.fenced.job, "%s", j != NULL ? j->name : "");
+                e.u.fenced.gen = j != NULL ? j->generation : 0;
+                snprintf(e.u.fenced.reason, sizeof e.u.fenced.reason,
+                         "worker %d (%s rank %d) was declared failed while it held a part of "
+                         "job %s, which went on without it: this process must not touch its "
+                         "old peers again and must exit",
+                         w->id, w->pool, w->rank, j != NULL ? j->name : "?");
+            } else {
+                gone_answer(w, b->worker, &e);
+            }
+            tide__send_worker(s, w, &e);
+            continue;
+        }
+        /* alive: renewed without taking its route (the leader's socket is not its own) */
+        tide_coord_worker_seen(s->st, w, now_ns_cached);
+        apply_heartbeat(s, w, b);
     }
 }
 
@@ -869,17 +951,57 @@ static void handle_failure(tide_server_t *s, const tide_proto_failure_t *m)
     reply_ok(s, m->job, "failure recorded");
 }
 
-/* Gives job j its first layout over idle joined workers, when enough have joined. */
-static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
+static void release_job(tide_server_t *s, tide_coord_job_t *j, tide_jstate to);
+
+/* "host-a: 6, host-b: 6" for the hosts of the candidates (ranks per host), truncated to
+   fit out (len bytes). */
+static void host_summary(tide_server_t *s, const tide_coord_job_t *j,
+                         const tide_policy_worker *cand, size_t n, char *out, size_t len)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int32_t h = 0; at + 1 < len; h++) {
+        size_t count = 0;
+        const char *name = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (cand[i].host == h) {
+                count++;
+                if (name == NULL) {
+                    const tide_coord_worker_t *w = tide__job_worker(s, j, cand[i].rank);
+                    name = w != NULL ? w->host : "?";
+                }
+            }
+        if (count == 0)
+            break;
+        int w = snprintf(out + at, len - at, "%s%s: %zu", h ? ", " : "", name, count);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (at >= len && len > 4)
+        memcpy(out + len - 4, "...", 4);
+}
+
+/*
+ * Gives job j its first layout over idle joined workers, when enough have joined. Returns
+ * 1 after refusing the join being handled (the error is its reply): every rank of the
+ * launch joined, and their hosts cannot hold the first layout's TP groups each inside one
+ * host. More ranks will never come, and a TP group across hosts runs its per-layer
+ * collectives over the network, so the job is failed with the reason (which tide_join
+ * reports on every rank) instead of waiting for ever. Else 0.
+ */
+static int try_first_layout(tide_server_t *s, tide_coord_job_t *j)
 {
     tide_policy_worker *cand = NULL;
     size_t n = 0, n_pre = 0;
     int32_t *pre = NULL;
     tide_layout_t *l = NULL;
     tide_collection_t *coll = NULL;
+    int refused = 0;
+    size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
+    if ((size_t)j->joins < need)
+        return 0; /* too few joined yet: no list of the pool's ranks on every join */
     if (tide__candidates(s, j, -1, 0, &cand, &n) != TIDE_OK) {
         TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
-        return;
+        return 0;
     }
     /* The job's own ranks start it: idle ones first, and those that were given offline
        work between registering and joining (backfill is quick) are preempted for it, or
@@ -888,9 +1010,28 @@ static void try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     for (size_t i = 0; i < n; i++)
         if (cand[i].cls == TIDE_PW_IDLE || cand[i].cls == TIDE_PW_OFFLINE)
             cand[k++] = cand[i];
-    size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
     if (k < need)
         goto out;
+    int fit = tide_policy_tp_fit_dp(cand, k, j->req_tp, j->req_pp, j->req_dp);
+    if (fit < j->req_dp && k >= (size_t)j->pools[0].size) {
+        char hosts[512];
+        host_summary(s, j, cand, k, hosts, sizeof hosts);
+        char why[TIDE_PROTO_TEXT_MAX + 1];
+        snprintf(why, sizeof why,
+                 "job %s cannot start: its first layout (dp %d, tp %d, pp %d) needs %d TP groups "
+                 "of %d workers, each inside one host, and the %zu ranks of pool %s (%s) hold %d "
+                 "dp of them; a TP group across hosts would run its collectives over the "
+                 "network, so the job is refused: ask for %s",
+                 j->name, j->req_dp, j->req_tp, j->req_pp, j->req_dp * j->req_pp, j->req_tp, k,
+                 j->pools[0].name, hosts, fit,
+                 fit > 0 ? "a smaller dp, or launch more ranks per host" : "a smaller tp");
+        tide__event(s, j->name, "job_refused", "%s", why);
+        release_job(s, j, TIDE_JS_FAILED);
+        tide__save_job(s, j);
+        tide__reply_error(s, TIDE_ERR_NO_DEVICE, "%s", why);
+        refused = 1;
+        goto out;
+    }
     pre = tide_malloc((k ? k : 1) * sizeof *pre);
     if (pre == NULL)
         goto out;
@@ -927,6 +1068,7 @@ out:
     tide_collection_destroy(&coll);
     tide_free(pre);
     tide_free(cand);
+    return refused;
 }
 
 /* Keeps the first join message of job j (its tensors) and the layout it asks for. */
@@ -1094,10 +1236,12 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         tide__reply_error(s, TIDE_ERR_EXISTS, "job name %s belongs to an offline job", m->job);
         return;
     } else if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_CANCELLED ||
+               j->state == TIDE_JS_FAILED ||
                (tide_coord_job_pool_find(j, w->pool) < 0 && live_members(s, j) == 0)) {
-        /* the job ended, or every rank of its launch is gone (it could only wait forever):
-           a new run of the program under the same name starts it again */
-        if (j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED) {
+        /* the job ended (or was refused), or every rank of its launch is gone (it could only
+           wait forever): a new run of the program under the same name starts it again */
+        if (j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED &&
+            j->state != TIDE_JS_FAILED) {
             tide__event(s, j->name, "job_ended",
                         "every rank of pool %s is gone (job was %s): pool %s relaunches it",
                         j->pools[0].name, tide_jstate_name(j->state), w->pool);
@@ -1115,6 +1259,7 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
         j->state = TIDE_JS_QUEUED;
         j->generation = j->gen_issued = 0;
         j->step = 0;
+        j->joins = 0;
         j->throughput = 0;
         keep_join(j, m, raw, len);
         char fit[TIDE_FIT_RULES_MAX * (TIDE_FIT_WHAT_MAX + 32)];
@@ -1156,10 +1301,12 @@ static void handle_join(tide_server_t *s, const tide_proto_join_t *m, const void
     }
     if (w->joined != j->id) {
         w->joined = j->id;
+        j->joins++;
         tide__save_worker(s, w);
     }
     if (j->layout == NULL) {
-        try_first_layout(s, j);
+        if (try_first_layout(s, j))
+            return; /* refused: the reply says why */
         if (j->layout == NULL)
             reply_ok(s, j->name, "joined job %s; waiting for %d workers to join", j->name,
                      j->req_dp * j->req_tp * j->req_pp);
@@ -1325,14 +1472,79 @@ static int listed(const tide_coord_worker_t *w, int all)
     return w->pool[0] != '\0' && (all || w->state != TIDE_WS_LEFT);
 }
 
+static int cmp_i32_asc(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_row_worker(const void *key, const void *row)
+{
+    int32_t x = *(const int32_t *)key, y = ((const tide_proto_gpu_row_t *)row)->worker;
+    return (x > y) - (x < y);
+}
+
+/*
+ * The worker ids of job j, ascending, into *out (caller frees): an online job's are the
+ * ranks of its launches that have not left it (through the (pool, rank) index: O(the
+ * job's ranks), whatever the size of the table), an offline job's the worker running it.
+ */
+static tide_status job_worker_ids(tide_server_t *s, const tide_coord_job_t *j, int32_t **out,
+                                  size_t *n)
+{
+    size_t cap = 1;
+    for (int p = 0; j->kind == TIDE_CJOB_ONLINE && p < j->n_pools; p++)
+        cap += j->pools[p].left ? 0 : (size_t)j->pools[p].size;
+    int32_t *ids = tide_malloc(cap * sizeof *ids);
+    if (ids == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing job %s's %zu workers", j->name,
+                           cap);
+    size_t k = 0;
+    if (j->kind == TIDE_CJOB_ONLINE) {
+        for (int p = 0; p < j->n_pools; p++) {
+            if (j->pools[p].left)
+                continue;
+            for (int32_t r = 0; r < j->pools[p].size; r++) {
+                const tide_coord_worker_t *w = tide_coord_worker_find(s->st, j->pools[p].name, r);
+                if (w != NULL)
+                    ids[k++] = w->id;
+            }
+        }
+    } else if (j->worker >= 0 && tide_coord_worker_get(s->st, j->worker) != NULL) {
+        ids[k++] = j->worker;
+    }
+    qsort(ids, k, sizeof *ids, cmp_i32_asc);
+    *out = ids;
+    *n = k;
+    return TIDE_OK;
+}
+
 /*
  * One page of the worker table: the listed workers with id >= q->from, in id order, at
  * most min(q->limit, --status-page) of them, with the listing's total and where the next
  * page starts. Nothing is ever cut silently: a reader follows `next` until it is -1.
+ * With q->job, only that job's workers (job_worker_ids): the page costs the job's size,
+ * not the cluster's.
  */
 static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
 {
     tide_coord_state_t *st = s->st;
+    const tide_coord_job_t *fj = NULL;
+    int32_t *ids = NULL; /* the filter's workers, ascending; NULL: every worker */
+    size_t n_ids = 0;
+    if (q->job[0] != '\0') {
+        fj = tide_coord_job_by_name(st, q->job);
+        if (fj == NULL) {
+            tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no job named %s", q->job);
+            return;
+        }
+        if (job_worker_ids(s, fj, &ids, &n_ids) != TIDE_OK) {
+            tide__reply_error(s, TIDE_ERR_NOMEM, "%s", tide_last_error());
+            return;
+        }
+    }
+    size_t n_iter = ids != NULL ? n_ids : st->n_workers;
+#define AT(k) (&st->workers[ids != NULL ? (size_t)ids[k] : (k)])
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_STATUS_REPLY);
     m.u.status_reply.time_ms = tide_wall_ms();
@@ -1344,17 +1556,16 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
     if (q->limit > 0 && q->limit < page)
         page = q->limit;
     size_t total = 0, n = 0;
-    for (size_t i = 0; i < st->n_workers; i++) {
-        if (!listed(&st->workers[i], q->all))
+    for (size_t k = 0; k < n_iter; k++) {
+        const tide_coord_worker_t *w = AT(k);
+        if (!listed(w, q->all))
             continue;
         total++;
-        n += i >= (size_t)q->from && n < page;
+        n += w->id >= q->from && n < page;
     }
     tide_proto_gpu_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
-    int32_t *row_of = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *row_of);
-    if (rows == NULL || row_of == NULL) {
-        tide_free(rows);
-        tide_free(row_of);
+    if (rows == NULL) {
+        tide_free(ids);
         tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory building a status page of %zu workers",
                           n);
         return;
@@ -1362,17 +1573,15 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
     size_t k = 0;
     int32_t next = -1;
     int64_t wall = tide_wall_ms();
-    for (size_t i = 0; i < st->n_workers; i++) {
-        row_of[i] = -1;
-        const tide_coord_worker_t *w = &st->workers[i];
-        if (i < (size_t)q->from || !listed(w, q->all))
+    for (size_t x = 0; x < n_iter; x++) {
+        const tide_coord_worker_t *w = AT(x);
+        if (w->id < q->from || !listed(w, q->all))
             continue;
         if (k >= n) {
             if (next < 0)
                 next = w->id; /* the first listed worker past this page */
             continue;
         }
-        row_of[i] = (int32_t)k;
         tide_proto_gpu_row_t *r = &rows[k++];
         r->worker = w->id;
         copy_name(r->host, sizeof r->host, w->host[0] ? w->host : "?");
@@ -1392,9 +1601,11 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
         if (j != NULL)
             copy_name(r->job, sizeof r->job, j->name);
     }
+#undef AT
+    /* coordinates: the rows are in worker order, so each member finds its row by search */
     for (size_t i = 0; i < st->n_jobs && k > 0; i++) {
         const tide_coord_job_t *j = st->jobs[i];
-        if (j->kind != TIDE_CJOB_ONLINE || j->layout == NULL)
+        if (j->kind != TIDE_CJOB_ONLINE || j->layout == NULL || (fj != NULL && j != fj))
             continue;
         const tide_layout_t *l = j->layout;
         for (int p = 0; p < l->pp; p++)
@@ -1402,9 +1613,12 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
                 for (int t = 0; t < l->tp; t++) {
                     tide_coord_worker_t *w =
                         tide__job_worker(s, j, l->worker[tide_layout_index(l, p, d, t)]);
-                    if (w == NULL || w->job != j->id || row_of[w->id] < 0)
+                    if (w == NULL || w->job != j->id)
                         continue;
-                    tide_proto_gpu_row_t *r = &rows[row_of[w->id]];
+                    tide_proto_gpu_row_t *r =
+                        bsearch(&w->id, rows, k, sizeof *rows, cmp_row_worker);
+                    if (r == NULL)
+                        continue;
                     r->stage = p;
                     r->dp_rank = d;
                     r->tp_rank = t;
@@ -1416,7 +1630,7 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
     m.u.status_reply.next = next;
     tide__reply(s, &m);
     tide_free(rows);
-    tide_free(row_of);
+    tide_free(ids);
 }
 
 /*
@@ -1944,14 +2158,19 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
                                                        : "read status and jobs");
         return;
     }
-    if (m->type != TIDE_MSG_HEARTBEAT)
+    if (m->type != TIDE_MSG_HEARTBEAT && m->type != TIDE_MSG_HOST_HEARTBEAT)
         s->st->counters.requests++;
+    else
+        s->st->counters.heartbeat_msgs++;
     switch (m->type) {
     case TIDE_MSG_REGISTER:
         handle_register(s, &m->u.reg);
         break;
     case TIDE_MSG_HEARTBEAT:
         handle_heartbeat(s, &m->u.heartbeat);
+        break;
+    case TIDE_MSG_HOST_HEARTBEAT:
+        handle_host_heartbeat(s, &m->u.host_heartbeat);
         break;
     case TIDE_MSG_BYE:
         handle_bye(s, &m->u.bye);
@@ -2058,7 +2277,7 @@ static void dispatch_fair(tide_server_t *s, tide_msg_t *m, const void *raw, size
 {
     if (s->readonly[0] != '\0' && m->type != TIDE_MSG_STATUS && m->type != TIDE_MSG_JOBS &&
         m->type != TIDE_MSG_EVENTS && m->type != TIDE_MSG_HEARTBEAT &&
-        m->type != TIDE_MSG_LIVENESS) {
+        m->type != TIDE_MSG_HOST_HEARTBEAT && m->type != TIDE_MSG_LIVENESS) {
         tide__reply_error(s, TIDE_ERR_IO,
                           "tided cannot save changes to its state file (%s): it serves status, "
                           "jobs and events only. Free disk space or fix the file system, then "
@@ -2330,8 +2549,13 @@ static size_t after_load(tide_server_t *s, uint64_t now)
     int64_t wall = tide_wall_ms();
     for (size_t i = 0; i < s->st->n_workers; i++) {
         tide_coord_worker_t *w = &s->st->workers[i];
-        w->last_seen_ns = now;
+        if (w->pool[0] != '\0')
+            tide_coord_worker_seen(s->st, w, now);
         w->last_hb_ns = now;
+        tide_coord_job_t *jj =
+            w->joined && !tide_coord_worker_gone(w) ? tide_coord_job_get(s->st, w->joined) : NULL;
+        if (jj != NULL)
+            jj->joins++;
         if (w->pool[0] != '\0' && tide_coord_worker_gone(w) && w->gone_ms == 0)
             w->gone_ms = wall; /* a state file from before gone_ms: retention starts now */
     }
@@ -2482,12 +2706,17 @@ static int worker_referenced(const tide_server_t *s, const tide_coord_worker_t *
  * Forgets the workers that left or failed more than the retention period ago and that no
  * job refers to any more: their slots and state file rows go, their ids are never handed
  * out again. Without this the table (and every status reply) grows with every launch.
+ * Runs every second over the next FORGET_SLICE slots only (a cursor goes round the
+ * table): retention is minutes to hours, and a pass over 10^5 workers every second
+ * would be tided's largest steady cost.
  */
 static void forget_workers(tide_server_t *s)
 {
     int64_t now_ms = tide_wall_ms();
-    size_t forgotten = 0;
-    for (size_t i = 0; i < s->st->n_workers; i++) {
+    size_t forgotten = 0, n = s->st->n_workers;
+    size_t slice = n < FORGET_SLICE ? n : FORGET_SLICE;
+    for (size_t k = 0; k < slice; k++) {
+        size_t i = s->forget_at++ % n;
         tide_coord_worker_t *w = &s->st->workers[i];
         if (w->pool[0] == '\0' || !tide_coord_worker_gone(w) ||
             now_ms - w->gone_ms < s->cfg.retention_ms || worker_referenced(s, w))
@@ -2499,6 +2728,8 @@ static void forget_workers(tide_server_t *s)
         if (store_ready(s))
             store_result(s, tide_store_del_worker(s->store, id, s->st->next_worker_id));
         forgotten++;
+        if (s->st->n_workers == 0)
+            break; /* the table shrank to nothing under the cursor */
     }
     if (forgotten > 0) {
         TIDE_INFO("server", "forgot %zu workers that left or failed more than %lld ms ago",
@@ -2510,23 +2741,36 @@ static void forget_workers(tide_server_t *s)
     }
 }
 
+/* Declares failed the workers silent for miss_limit heartbeats at now: read off the front
+ * of the seen list (workers by last message), so a scan costs the expired workers, not
+ * the worker table (10^5 workers scanned four times a second were most of tided's idle
+ * CPU). Each failure of a job's member starts a recovery that sends its layout to every
+ * participant: when a whole cluster goes silent, one pass would queue failures x members
+ * messages (gigabytes at 10^5 workers). So a pass fails workers only while its outbox
+ * holds less than SCAN_OUT_BYTES and sets scan_more: the next pass, right after this
+ * one's messages went out, goes on. */
 static void scan_failures(tide_server_t *s, uint64_t now)
 {
-    tide_coord_state_t *st = s->st;
-    int32_t *ids = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *ids);
-    if (ids == NULL)
-        return;
     uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
-    size_t n = tide_policy_expired(st->workers, st->n_workers, now, hb, s->cfg.miss_limit, ids);
-    for (size_t i = 0; i < n; i++) {
-        tide_coord_worker_t *w = &st->workers[ids[i]];
-        char why[128];
-        snprintf(why, sizeof why, "no message for %llu ms (%d heartbeats of %lld ms missed)",
-                 (unsigned long long)((now - w->last_seen_ns) / 1000000ull), s->cfg.miss_limit,
-                 (long long)s->cfg.heartbeat_ms);
-        tide__worker_failed(s, w, why);
+    uint64_t limit = hb * (uint64_t)(s->cfg.miss_limit > 0 ? s->cfg.miss_limit : 1);
+    int32_t ids[16];
+    size_t n = sizeof ids / sizeof ids[0];
+    s->scan_more = 0;
+    while (n == sizeof ids / sizeof ids[0]) {
+        if (s->out_bytes >= SCAN_OUT_BYTES) {
+            s->scan_more = 1;
+            return;
+        }
+        n = tide_coord_workers_expired(s->st, now, limit, ids, sizeof ids / sizeof ids[0]);
+        for (size_t i = 0; i < n; i++) {
+            tide_coord_worker_t *w = &s->st->workers[ids[i]];
+            char why[128];
+            snprintf(why, sizeof why, "no message for %llu ms (%d heartbeats of %lld ms missed)",
+                     (unsigned long long)((now - w->last_seen_ns) / 1000000ull), s->cfg.miss_limit,
+                     (long long)s->cfg.heartbeat_ms);
+            tide__worker_failed(s, w, why);
+        }
     }
-    tide_free(ids);
 }
 
 tide_status tide_server_run(tide_server_t *s)
@@ -2618,7 +2862,9 @@ tide_status tide_server_run(tide_server_t *s)
             }
             if (s->next_backfill_ns != 0 && now_ns_cached >= s->next_backfill_ns)
                 s->want_backfill = 1; /* a retry's backoff or a join grace ended */
-            s->next_scan_ns = now_ns_cached + scan_every;
+            /* failures left for the next pass (scan_failures): once this one's messages
+               went out */
+            s->next_scan_ns = s->scan_more ? now_ns_cached : now_ns_cached + scan_every;
         }
         if (s->want_backfill && s->fatal == TIDE_OK)
             backfill(s);

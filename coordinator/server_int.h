@@ -100,6 +100,8 @@ struct tide_server {
     tide_proto_buf_t buf;
     tide__out *out;
     size_t n_out, cap_out;
+    size_t out_bytes; /* encoded bytes in out[] (the batch's messages not yet sent) */
+    int scan_more;    /* the failure scan stopped at its outbox budget: scan again next pass */
     tide__backlog backlog[TIDE__BACKLOG_PEERS]; /* backlog[0..n_backlog) are in use */
     size_t n_backlog;
     uint64_t dropped_out; /* messages dropped: peer gone, or its queue and backlog full */
@@ -116,6 +118,7 @@ struct tide_server {
     uint64_t last_scan_ns;   /* when the failure scan last ran */
     uint64_t grace_until_ns; /* tided itself was stalled: no worker is failed before this */
     uint64_t next_forget_ns; /* next pass over workers past their retention */
+    size_t forget_at;        /* where that pass goes on in the worker table */
     /* fairness: handler time per client in the current pass */
     tide__peer_cost *peers; /* TIDE__PEER_SLOTS entries */
     uint64_t pass_no;

@@ -498,10 +498,69 @@ int tide_coord_worker_gone(const tide_coord_worker_t *w)
     return w->state == TIDE_WS_FAILED || w->state == TIDE_WS_LEFT;
 }
 
+static void seen_unlink(tide_coord_state_t *st, tide_coord_worker_t *w)
+{
+    if (!w->in_seen)
+        return;
+    if (w->seen_prev != 0)
+        st->workers[w->seen_prev - 1].seen_next = w->seen_next;
+    else
+        st->seen_head = w->seen_next;
+    if (w->seen_next != 0)
+        st->workers[w->seen_next - 1].seen_prev = w->seen_prev;
+    else
+        st->seen_tail = w->seen_prev;
+    w->seen_prev = w->seen_next = 0;
+    w->in_seen = 0;
+}
+
+void tide_coord_worker_seen(tide_coord_state_t *st, tide_coord_worker_t *w, uint64_t now)
+{
+    w->last_seen_ns = now;
+    if (w->in_seen && w->seen_next == 0)
+        return; /* already the most recent */
+    seen_unlink(st, w);
+    /* after the last worker seen no later than now: the tail itself unless a caller's clock
+       went back */
+    int32_t after = st->seen_tail;
+    while (after != 0 && st->workers[after - 1].last_seen_ns > now)
+        after = st->workers[after - 1].seen_prev;
+    int32_t before = after != 0 ? st->workers[after - 1].seen_next : st->seen_head;
+    w->seen_prev = after;
+    w->seen_next = before;
+    if (after != 0)
+        st->workers[after - 1].seen_next = w->id + 1;
+    else
+        st->seen_head = w->id + 1;
+    if (before != 0)
+        st->workers[before - 1].seen_prev = w->id + 1;
+    else
+        st->seen_tail = w->id + 1;
+    w->in_seen = 1;
+}
+
+size_t tide_coord_workers_expired(tide_coord_state_t *st, uint64_t now, uint64_t limit,
+                                  int32_t *out, size_t max)
+{
+    size_t k = 0;
+    while (st->seen_head != 0 && k < max) {
+        tide_coord_worker_t *w = &st->workers[st->seen_head - 1];
+        if (w->pool[0] != '\0' && !tide_coord_worker_gone(w) &&
+            !(now > w->last_seen_ns && now - w->last_seen_ns > limit))
+            break; /* every worker after it was seen later */
+        int alive = w->pool[0] != '\0' && !tide_coord_worker_gone(w);
+        seen_unlink(st, w);
+        if (alive)
+            out[k++] = w->id;
+    }
+    return k;
+}
+
 void tide_coord_worker_remove(tide_coord_state_t *st, int32_t id)
 {
     if (tide_coord_worker_get(st, id) == NULL)
         return;
+    seen_unlink(st, &st->workers[id]);
     /* linear probing: empty the slot, then re-insert the rest of its cluster so that no
        lookup stops at the hole before reaching a key placed past it */
     size_t mask = st->hash_cap - 1;

@@ -105,6 +105,8 @@ typedef struct tide_coord_worker {
     uint64_t registered_ns; /* monotonic ns of its registration with this tided process
                                (0: before a restart) */
     int fence_told;         /* the worker_fenced event was recorded (once per tided process) */
+    int32_t seen_prev, seen_next; /* 1 + id of its neighbours in the state's seen list, 0: none */
+    int in_seen;                  /* on the seen list (see tide_coord_worker_seen) */
 } tide_coord_worker_t;
 
 #define TIDE_RECONF_REASON_MAX 640 /* bytes of a reconfiguration's reason, NUL included */
@@ -182,6 +184,8 @@ typedef struct tide_coord_job {
     tide_fit_rule fit[TIDE_FIT_RULES_MAX]; /* what layouts its program can run (from join) */
     int n_fit;                             /* rules in fit; 0: any layout the collection allows */
     tide_reconf_t *reconf;                 /* pending reconfiguration or NULL */
+    int32_t joins; /* volatile: workers that joined it, counted as they join (recounted at
+                      load): its first layout is not tried before enough did */
     /* offline */
     int32_t priority; /* higher runs first */
     tide_offline_kind okind;
@@ -214,7 +218,8 @@ typedef struct tide_coord_counters {
     uint64_t requests;
     uint64_t bad_requests;
     uint64_t denied;
-    uint64_t heartbeats;
+    uint64_t heartbeats;     /* one per worker heartbeat, also those inside host heartbeats */
+    uint64_t heartbeat_msgs; /* messages carrying heartbeats (heartbeat, host_heartbeat) */
 } tide_coord_counters;
 
 typedef struct tide_coord_state {
@@ -227,6 +232,9 @@ typedef struct tide_coord_state {
     int64_t next_job_id;
     int32_t *hash; /* open addressing over (pool, rank): worker id or -1 */
     size_t hash_cap;
+    int32_t seen_head, seen_tail; /* 1 + id of the least / most recently seen worker, 0: none:
+                                     workers in last_seen_ns order, so the failure scan reads
+                                     only the expired ones, not the whole table */
     tide_coord_counters counters;
 } tide_coord_state_t;
 
@@ -242,6 +250,21 @@ void tide_coord_state_destroy(tide_coord_state_t **self_p);
 
 /* Worker with (pool, rank), or NULL. O(1). */
 tide_coord_worker_t *tide_coord_worker_find(tide_coord_state_t *st, const char *pool, int32_t rank);
+
+/* w sent a message at monotonic time now: sets last_seen_ns and moves w to the end of the
+   seen list (O(1) when now does not go back). Loop thread. */
+void tide_coord_worker_seen(tide_coord_state_t *st, tide_coord_worker_t *w, uint64_t now);
+
+/*
+ * Failure detection over the seen list: writes into out (room for max) the ids of
+ * registered workers, not failed or gone, whose last message is more than limit ns
+ * older than now, oldest first, and takes them off the list (the caller declares them
+ * failed; a message from one puts it back). Gone and forgotten workers met on the way
+ * leave the list. O(workers returned), not O(workers): the scan stops at the first
+ * worker seen recently.
+ */
+size_t tide_coord_workers_expired(tide_coord_state_t *st, uint64_t now, uint64_t limit,
+                                  int32_t *out, size_t max);
 
 /* Worker by coordinator id, or NULL when out of range or forgotten. */
 tide_coord_worker_t *tide_coord_worker_get(tide_coord_state_t *st, int32_t id);

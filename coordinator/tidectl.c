@@ -70,6 +70,8 @@ typedef struct settings {
     /* keygen */
     const char *role;
     int force;
+    /* status */
+    const char *job;
 } settings_t;
 
 #define OPT_END                                                                                    \
@@ -1025,12 +1027,13 @@ static int usage_error(FILE *err, const char *cmd, const char *fmt, ...)
 }
 
 /*
- * The whole worker table (all: with the workers that left) into *out, one status page
+ * The whole worker table (all: with the workers that left; job: only that job's workers,
+ * NULL or "" for every worker) into *out, one status page
  * after another as tided cuts them (a STATUS_REPLY holding every row; the caller clears
  * it). The pages follow tided's `next` cursor, which only grows, so this ends; a worker
  * that registers or goes meanwhile may be missed or seen, never doubled.
  */
-static int fetch_status(conn_t *c, int all, tide_msg_t *out, FILE *err)
+static int fetch_status(conn_t *c, int all, const char *job, tide_msg_t *out, FILE *err)
 {
     tide_msg_init(out, TIDE_MSG_STATUS_REPLY);
     tide_proto_status_reply_t *acc = &out->u.status_reply;
@@ -1041,6 +1044,7 @@ static int fetch_status(conn_t *c, int all, tide_msg_t *out, FILE *err)
         tide_msg_init(&req, TIDE_MSG_STATUS);
         req.u.status.from = from;
         req.u.status.all = all;
+        snprintf(req.u.status.job, sizeof req.u.status.job, "%s", job ? job : "");
         int rc = conn_call(c, &req, &rep, err);
         if (rc == TIDECTL_EXIT_OK && rep.type != TIDE_MSG_STATUS_REPLY) {
             char msg[TIDE_PROTO_TEXT_MAX + 2];
@@ -1096,14 +1100,22 @@ static int fetch_status(conn_t *c, int all, tide_msg_t *out, FILE *err)
     return TIDECTL_EXIT_OK;
 }
 
+static int copy_job(FILE *err, const char *cmd, const char *what, const char *name, char *dst);
+
 static int cmd_status(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
+    char job[TIDE_PROTO_NAME_MAX + 1] = "";
+    if (s->job != NULL) {
+        int vrc = copy_job(err, "status", "--job", s->job, job);
+        if (vrc != TIDECTL_EXIT_OK)
+            return vrc;
+    }
     conn_t c;
     int rc = conn_open(&c, s, err);
     if (rc != TIDECTL_EXIT_OK)
         return rc;
     tide_msg_t rep;
-    rc = fetch_status(&c, s->all, &rep, err);
+    rc = fetch_status(&c, s->all, job, &rep, err);
     conn_close(&c);
     if (rc == TIDECTL_EXIT_OK) {
         tidectl_print_status(out, &rep.u.status_reply, s->json);
@@ -1468,7 +1480,7 @@ static int cmd_top(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
         if (i > 0)
             tide_sleep_ms((uint64_t)s->interval_ms);
         tide_msg_t req, st, jobs;
-        rc = fetch_status(&c, 0, &st, err);
+        rc = fetch_status(&c, 0, NULL, &st, err);
         if (rc != TIDECTL_EXIT_OK)
             break;
         tide_msg_init(&req, TIDE_MSG_JOBS);
@@ -1614,13 +1626,17 @@ static int cmd_keygen(settings_t *s, int argc, char **argv, FILE *out, FILE *err
 
 static const command_t commands[] = {
     {"status",
-     "status [--all] [--json]",
+     "status [--all] [--job JOB] [--json]",
      "table of GPUs: host, device, state, job, role, step, bubble %",
      cmd_status,
      0,
      0,
      {{"all", NULL, TIDE_OPT_BOOL, V(all), "0",
        "also list the workers that left (bye), until tided forgets them (--retention-ms)", 0, 0},
+      {"job", NULL, TIDE_OPT_STRING, V(job), NULL,
+       "only this job's workers: the ranks of its launches (online), the worker running it "
+       "(offline)",
+       0, 0},
       OPT_END}},
     {"jobs", "jobs [--json]", "table of online and offline jobs", cmd_jobs, 0, 0, {OPT_END}},
     {"resize",

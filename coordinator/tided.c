@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
@@ -146,6 +147,9 @@ int main(int argc, char **argv)
     cfg.status_page = (int)s.status_page;
     cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
 
+    /* a decision at 10^4 workers allocates and frees tens of MB: keep them for the next
+       one instead of faulting fresh pages in each time */
+    tide_alloc_retain(256u << 20);
     tide_server_t *srv = NULL;
     tide_status rc = tide_server_new(&srv, &cfg);
     if (rc != TIDE_OK) {

@@ -6,6 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "alloc.h"
 
@@ -87,4 +90,14 @@ char *tide_strdup(const char *s)
 void tide_free(void *ptr)
 {
     free(ptr);
+}
+
+void tide_alloc_retain(size_t retain)
+{
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest: 32 MiB on 64-bit */
+    mallopt(M_TRIM_THRESHOLD, retain > INT32_MAX ? INT32_MAX : (int)retain);
+#else
+    (void)retain;
+#endif
 }

@@ -40,6 +40,16 @@ void tide_alloc_fail_at(long n, int sticky);
 /* Number of allocations failed by the hook since the last tide_alloc_fail_at; any thread. */
 long tide_alloc_failures(void);
 
+/*
+ * Makes the C library keep freed memory for the next allocations of this process instead
+ * of handing it back to the kernel (up to retain bytes), and serve blocks of up to 32 MiB
+ * from that heap rather than from fresh mappings. For programs that allocate and free the
+ * same tens of MB over and over (tided's decisions, the cluster simulator): every fresh
+ * page costs a fault, and in a virtual machine the faults cost more than the decision's
+ * arithmetic. No-op outside glibc. Call once, at start, before threads.
+ */
+void tide_alloc_retain(size_t retain);
+
 #ifdef __cplusplus
 }
 #endif

@@ -277,6 +277,42 @@ static const tide__field heartbeat_fields[] = {
     F_MS(tide_proto_heartbeat_t, step_ms, "step_ms"),
 };
 
+static const tide__schema heartbeat_schema = {heartbeat_fields, NELEM(heartbeat_fields),
+                                              sizeof(tide_proto_heartbeat_t), 0, NULL};
+
+/* One entry per rank, in worker order, the sender's among them: a duplicated or missing
+   leader entry would count or skip a rank's liveness. */
+static tide_status check_host_heartbeat(const void *base, tide__ctx *c)
+{
+    const tide_proto_host_heartbeat_t *m = base;
+    int own = 0;
+    if (m->n_beats == 0)
+        return tide__fail(c, "field 'beats' must hold at least the sender's own heartbeat");
+    for (uint32_t i = 0; i < m->n_beats; i++) {
+        if (i > 0 && m->beats[i].worker <= m->beats[i - 1].worker)
+            return tide__fail(c,
+                              "field 'beats' must be in strictly increasing worker order "
+                              "(beats[%u].worker = %d after %d)",
+                              i, m->beats[i].worker, m->beats[i - 1].worker);
+        own |= m->beats[i].worker == m->worker;
+    }
+    if (!own)
+        return tide__fail(c, "field 'beats' lacks the sender's own heartbeat (worker %d)",
+                          m->worker);
+    return TIDE_OK;
+}
+
+static const tide__field host_heartbeat_fields[] = {
+    F_WORKER(tide_proto_host_heartbeat_t, worker),
+    {.key = "beats",
+     .kind = TIDE__K_STRUCT_ARRAY,
+     .off = offsetof(tide_proto_host_heartbeat_t, beats),
+     .count_off = offsetof(tide_proto_host_heartbeat_t, n_beats),
+     .cmin = 1,
+     .cmax = TIDE_PROTO_HOST_BEATS_MAX,
+     .sub = &heartbeat_schema},
+};
+
 static const tide__field bye_fields[] = {
     F_WORKER(tide_proto_bye_t, worker),
     F_U64(tide_proto_bye_t, step, "step"),
@@ -666,6 +702,7 @@ static const tide__field status_fields[] = {
     F_INT(tide_proto_status_t, from, "from", 0, INT32_MAX),
     F_INT(tide_proto_status_t, limit, "limit", 0, TIDE_PROTO_ROWS_MAX),
     F_BOOL(tide_proto_status_t, all, "all"),
+    F_JOB_EMPTY(tide_proto_status_t, job),
 };
 
 /* A page says where the next one starts and never holds more than the listing: a client
@@ -875,6 +912,8 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_REGISTER_OK] =
         SCHEMA(register_ok_fields, tide_proto_register_ok_t, 0, check_register_ok),
     [TIDE_MSG_HEARTBEAT] = SCHEMA(heartbeat_fields, tide_proto_heartbeat_t, 0, NULL),
+    [TIDE_MSG_HOST_HEARTBEAT] =
+        SCHEMA(host_heartbeat_fields, tide_proto_host_heartbeat_t, 1, check_host_heartbeat),
     [TIDE_MSG_BYE] = SCHEMA(bye_fields, tide_proto_bye_t, 0, NULL),
     [TIDE_MSG_JOIN] = SCHEMA(join_fields, tide_proto_join_t, 1, check_join),
     [TIDE_MSG_LAYOUT] = SCHEMA(layout_msg_fields, tide_proto_layout_msg_t, 1, check_layout_msg),
@@ -951,6 +990,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     switch (type) {
     case TIDE_MSG_REGISTER:
     case TIDE_MSG_HEARTBEAT:
+    case TIDE_MSG_HOST_HEARTBEAT:
     case TIDE_MSG_BYE:
     case TIDE_MSG_JOIN:
     case TIDE_MSG_JOIN_PORT:

@@ -63,6 +63,7 @@ extern "C" {
 #define TIDE_PROTO_ARGV_MAX        256                /* argv entries of an offline command */
 #define TIDE_PROTO_ARG_MAX         4095               /* bytes of one argv entry */
 #define TIDE_PROTO_ROWS_MAX        (1u << 16)         /* rows of a status or jobs reply */
+#define TIDE_PROTO_HOST_BEATS_MAX  1024               /* heartbeats in one host_heartbeat */
 #define TIDE_PROTO_EVENTS_MAX      10000 /* rows of an events reply, and events limit */
 #define TIDE_PROTO_ATTEMPTS_MAX    100   /* rows of a logs reply */
 #define TIDE_PROTO_DEVICE_MAX      1023  /* local device index */
@@ -192,6 +193,20 @@ typedef struct tide_proto_heartbeat {
     double filled_ms; /* "filled_ms": part of bubble_ms spent in offline task steps, ms */
     double step_ms;   /* "step_ms": mean step time, ms (0 when no step ran) */
 } tide_proto_heartbeat_t;
+
+/*
+ * "host_heartbeat" worker -> tided, every heartbeat_ms, from the leader of the ranks of one
+ * host (the lowest local rank whose control thread runs): the heartbeats of the ranks of
+ * the host whose own control threads published one since the last host heartbeat, each
+ * exactly a "heartbeat" map. tided handles each entry as that rank's heartbeat; a rank
+ * left out is not renewed. beats: 1..1024 entries in strictly increasing worker order,
+ * the sender's own among them.
+ */
+typedef struct tide_proto_host_heartbeat {
+    int32_t worker;                /* "worker": the sending rank (the host's leader) */
+    tide_proto_heartbeat_t *beats; /* "beats": array of heartbeat maps; owned */
+    uint32_t n_beats;
+} tide_proto_host_heartbeat_t;
 
 /* "bye" worker -> tided: orderly exit, no failure handling. */
 typedef struct tide_proto_bye {
@@ -436,11 +451,15 @@ typedef struct tide_proto_bubble {
 
 /* "status" tidectl (or any reader) -> tided: one page of the worker table, the workers
    with id >= from in id order, at most limit rows (0: as many as tided puts in one reply,
-   its --status-page). Workers that left are listed only with all. "jobs": no fields. */
+   its --status-page). Workers that left are listed only with all. job: "" for every
+   worker, else only job `job`'s: the ranks of the launches (pools) of an online job that
+   have not left it, or the worker running an offline job; an unknown job is an error.
+   "jobs": no fields. */
 typedef struct tide_proto_status {
-    int32_t from;   /* "from": first worker id of the page, [0, INT32_MAX] */
-    uint32_t limit; /* "limit": [0, 65536] rows */
-    int all;        /* "all": bool, list workers that left too */
+    int32_t from;                      /* "from": first worker id of the page, [0, INT32_MAX] */
+    uint32_t limit;                    /* "limit": [0, 65536] rows */
+    int all;                           /* "all": bool, list workers that left too */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job": "" or a job name */
 } tide_proto_status_t;
 
 /* One GPU (worker) row of a status reply. */
@@ -632,6 +651,7 @@ typedef struct tide_proto_error {
     X(REGISTER, "register", reg)                                                                   \
     X(REGISTER_OK, "register_ok", register_ok)                                                     \
     X(HEARTBEAT, "heartbeat", heartbeat)                                                           \
+    X(HOST_HEARTBEAT, "host_heartbeat", host_heartbeat)                                            \
     X(BYE, "bye", bye)                                                                             \
     X(JOIN, "join", join)                                                                          \
     X(LAYOUT, "layout", layout)                                                                    \
@@ -702,6 +722,7 @@ typedef struct tide_msg {
         tide_proto_register_t reg;
         tide_proto_register_ok_t register_ok;
         tide_proto_heartbeat_t heartbeat;
+        tide_proto_host_heartbeat_t host_heartbeat;
         tide_proto_bye_t bye;
         tide_proto_join_t join;
         tide_proto_layout_msg_t layout;

@@ -129,6 +129,18 @@ static tide_status argv_fill(rng_t *r, char ***argv, uint32_t *argc, uint32_t mi
     return TIDE_OK;
 }
 
+/* One heartbeat of worker `worker`. */
+static void beat(rng_t *r, tide_proto_heartbeat_t *x, int32_t worker)
+{
+    x->worker = worker;
+    x->step = urange(r, 0, UINT64_MAX);
+    x->gen = urange(r, 0, UINT64_MAX);
+    x->idle_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
+    x->bubble_ms = drange(r, 0, 1000);
+    x->filled_ms = drange(r, 0, x->bubble_ms);
+    x->step_ms = drange(r, 0, 1e4);
+}
+
 static void *rows(size_t n, size_t size)
 {
     return n ? tide_calloc(n, size) : NULL;
@@ -155,15 +167,23 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.register_ok.fail_ms =
             (int)urange(r, (uint64_t)m->u.register_ok.heartbeat_ms, INT32_MAX);
         return TIDE_OK;
-    case TIDE_MSG_HEARTBEAT: {
-        tide_proto_heartbeat_t *x = &m->u.heartbeat;
-        x->worker = worker_id(r);
-        x->step = urange(r, 0, UINT64_MAX);
-        x->gen = urange(r, 0, UINT64_MAX);
-        x->idle_ms = drange(r, 0, TIDE_PROTO_MS_MAX);
-        x->bubble_ms = drange(r, 0, 1000);
-        x->filled_ms = drange(r, 0, x->bubble_ms);
-        x->step_ms = drange(r, 0, 1e4);
+    case TIDE_MSG_HEARTBEAT:
+        beat(r, &m->u.heartbeat, worker_id(r));
+        return TIDE_OK;
+    case TIDE_MSG_HOST_HEARTBEAT: {
+        tide_proto_host_heartbeat_t *x = &m->u.host_heartbeat;
+        uint32_t n = (uint32_t)urange(r, 1, 8);
+        x->beats = rows(n, sizeof *x->beats);
+        if (x->beats == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling heartbeats");
+        x->n_beats = n;
+        /* ascending worker ids (a host's ranks), the sender one of them */
+        int32_t id = (int32_t)urange(r, 0, INT32_MAX - 8 * 1000);
+        for (uint32_t i = 0; i < n; i++) {
+            beat(r, &x->beats[i], id);
+            id += (int32_t)urange(r, 1, 1000);
+        }
+        x->worker = x->beats[urange(r, 0, n - 1)].worker;
         return TIDE_OK;
     }
     case TIDE_MSG_BYE:
@@ -418,6 +438,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.status.from = (int32_t)urange(r, 0, INT32_MAX);
         m->u.status.limit = (uint32_t)urange(r, 0, TIDE_PROTO_ROWS_MAX);
         m->u.status.all = (int)(next(r) & 1);
+        NAME0(r, m->u.status.job);
         return TIDE_OK;
     case TIDE_MSG_JOBS:
         return TIDE_OK;

@@ -1076,16 +1076,25 @@ static tide_status assign_dp(placer *pl)
     int nd = pl->ndp, ntp = pl->ntp;
     size_t nz = 0;
     zent *z = NULL;
-    int64_t *zb = pc_calloc(pl, (size_t)nd * (size_t)nd, sizeof *zb);
-    int64_t *wt = pc_calloc(pl, (size_t)nd * (size_t)nd, sizeof *wt);
+    int64_t *zb = NULL, *wt = NULL;
     int *a = pc_calloc(pl, (size_t)nd, sizeof *a), *prev = pc_calloc(pl, (size_t)nd, sizeof *prev);
     char *taken = pc_calloc(pl, (size_t)nd, 1);
     int *keep = pc_calloc(pl, (size_t)nd, sizeof *keep);
-    if (!zb || !wt || !a || !prev || !taken || !keep) {
+    if (!a || !prev || !taken || !keep) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory matching dp ranks");
         goto out;
     }
     TIDE_CHECK_GOTO(zero_entries(pl, &z, &nz), rc, out);
+    /* Matrices of nd x nd only where they are needed (ZeRO-1 bytes, the exact matching):
+     * at dp 300 each is 700 KB of fresh pages per decision, whose faults cost more than
+     * everything else here; the greedy takes its weights row by row. */
+    int full = nd <= HUNGARIAN_MAX;
+    if (nz > 0) {
+        zb = pc_calloc(pl, (size_t)nd * (size_t)nd, sizeof *zb);
+        TIDE_CHECK_ALLOC_GOTO(zb, rc, out);
+    }
+    wt = pc_calloc(pl, full ? (size_t)nd * (size_t)nd : (size_t)nd, sizeof *wt);
+    TIDE_CHECK_ALLOC_GOTO(wt, rc, out);
     int64_t m2 = ntp + 1, m1 = (int64_t)nd * 3 * m2 + 1;
     size_t zi = 0;
     for (int q = 0; q < pl->npp; q++) {
@@ -1093,11 +1102,11 @@ static tide_status assign_dp(placer *pl)
         while (zi < nz && z[zi].q == q)
             zi++;
         int64_t zmax = 0;
-        for (int j = 0; j < nd; j++)
+        for (int j = 0; j < nd && zi > z0; j++)
             for (int d = 0; d < nd; d++) {
                 uint64_t bytes = 0;
                 int g = q * nd + j;
-                for (int t = 0; t < ntp && zi > z0; t++) {
+                for (int t = 0; t < ntp; t++) {
                     const pworker *x = &pl->w[pl->gmember[(size_t)g * (size_t)ntp + (size_t)t]];
                     if (x->op < 0)
                         continue;
@@ -1115,9 +1124,11 @@ static tide_status assign_dp(placer *pl)
         int zs = 0;
         while ((zmax >> zs) > (INT64_C(1) << 61) / m1 / (nd + 1))
             zs++;
+        memset(taken, 0, (size_t)nd);
         for (int j = 0; j < nd; j++) {
             int g = q * nd + j;
             const pworker *first = &pl->w[pl->gmember[(size_t)g * (size_t)ntp]];
+            int64_t *row = full ? wt + (size_t)j * (size_t)nd : wt;
             /* members keeping their old (q, d, t), per d: one pass over the group */
             memset(keep, 0, (size_t)nd * sizeof *keep);
             for (int t = 0; t < ntp; t++) {
@@ -1133,24 +1144,20 @@ static tide_status assign_dp(placer *pl)
                             : (pf->host - first->host == 1 || first->host - pf->host == 1) ? 1
                                                                                            : 0;
                 }
-                wt[(size_t)j * (size_t)nd + (size_t)d] =
-                    (zb[(size_t)j * (size_t)nd + (size_t)d] >> zs) * m1 + neigh * m2 + role;
+                int64_t zbytes = zb != NULL ? zb[(size_t)j * (size_t)nd + (size_t)d] : 0;
+                row[d] = (zbytes >> zs) * m1 + neigh * m2 + role;
             }
-        }
-        if (nd <= HUNGARIAN_MAX) {
-            TIDE_CHECK_GOTO(hungarian(wt, nd, nd, a, NULL), rc, out);
-        } else { /* greedy: each group in turn takes its best free rank */
-            memset(taken, 0, (size_t)nd);
-            for (int j = 0; j < nd; j++) {
+            if (!full) { /* greedy: each group in turn takes its best free rank */
                 int bd = -1;
                 for (int d = 0; d < nd; d++)
-                    if (!taken[d] && (bd < 0 || wt[(size_t)j * (size_t)nd + (size_t)d] >
-                                                    wt[(size_t)j * (size_t)nd + (size_t)bd]))
+                    if (!taken[d] && (bd < 0 || row[d] > row[bd]))
                         bd = d;
                 taken[bd] = 1;
                 a[j] = bd;
             }
         }
+        if (full)
+            TIDE_CHECK_GOTO(hungarian(wt, nd, nd, a, NULL), rc, out);
         for (int j = 0; j < nd; j++) {
             int g = q * nd + j;
             prev[a[j]] = g;

@@ -35,6 +35,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sort.h"
 #include "reshard/reshard_int.h"
 
 /* Re-pour passes after the first; each is O(node members), a few thousand entries. */
@@ -96,6 +97,8 @@ typedef struct planner {
     /* Worker universe: ranks index ids[], the sorted ids of old and new workers. */
     int32_t *ids;
     uint32_t nr;
+    uint32_t *id_rank; /* id -> rank when ids are dense enough (else NULL: binary search) */
+    size_t n_id_rank;
     int32_t *old_of, *new_of; /* rank -> layout index, or -1 */
     uint32_t *old_rank;       /* old layout index -> rank */
     int32_t *pk_of;           /* tensor -> old stage key (o->pp for ALL) */
@@ -108,6 +111,12 @@ typedef struct planner {
     uint32_t *cls_stamp, *cls_off, *cls_cnt; /* per class: 1 + rank cached, pool slice */
     piece_t *pool;                           /* pieces of the current destination */
     size_t pool_n, pool_cap;
+    /* DP-replicated classes: their pieces depend on the new tp rank only (not on the dp
+       rank), so they are computed once per (class, tp rank) for every destination. */
+    piece_t *fpool;
+    size_t fpool_n, fpool_cap;
+    uint32_t *fc_off, *fc_cnt; /* [class * new tp + tp rank] */
+    uint8_t *fc_done;
     group *grp;   /* (class, old stage) groups of each new stage */
     size_t *goff; /* new pp + 1 offsets into grp */
     /* Holder nodes (pk, dk, tk); the key equal to a degree means "all". */
@@ -128,7 +137,7 @@ typedef struct planner {
     uint64_t bytes_local, bytes_needed;
     size_t *cnt; /* per rank: items (M_COUNT), then write cursor (M_WRITE) */
     uint64_t *send, *recv;
-    uint32_t *last_dst; /* per rank: 1 + rank of the last destination it sent to */
+    uint32_t *last_dst;   /* per rank: 1 + rank of the last destination it sent to */
     uint64_t *sk_dv;      /* M_COLLECT: per node, bytes the current destination takes */
     uint32_t *sk_touched; /* M_COLLECT: the nodes it takes from */
     tide_plan_summary sum;
@@ -160,6 +169,11 @@ static void planner_free(planner *pl)
     tide_free(pl->cls_off);
     tide_free(pl->cls_cnt);
     tide_free(pl->pool);
+    tide_free(pl->fpool);
+    tide_free(pl->fc_off);
+    tide_free(pl->fc_cnt);
+    tide_free(pl->fc_done);
+    tide_free(pl->id_rank);
     tide_free(pl->grp);
     tide_free(pl->goff);
     tide_free(pl->vol);
@@ -195,14 +209,10 @@ static void node_keys(const planner *pl, size_t id, int *pk, int *dk, int *tk)
     *pk = (int)(id / ((size_t)pl->o->dp + 1));
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static uint32_t rank_of(const planner *pl, int32_t id)
 {
+    if (pl->id_rank != NULL)
+        return pl->id_rank[id];
     size_t lo = 0, hi = pl->nr;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -284,6 +294,13 @@ static tide_status build_classes(planner *pl)
     TIDE_CHECK_ALLOC_GOTO(pl->cls_off, rc, out);
     pl->cls_cnt = pl_calloc(pl, pl->n_cls, sizeof *pl->cls_cnt);
     TIDE_CHECK_ALLOC_GOTO(pl->cls_cnt, rc, out);
+    size_t nfc = (size_t)pl->n_cls * (size_t)pl->nl->tp;
+    pl->fc_off = pl_calloc(pl, nfc, sizeof *pl->fc_off);
+    TIDE_CHECK_ALLOC_GOTO(pl->fc_off, rc, out);
+    pl->fc_cnt = pl_calloc(pl, nfc, sizeof *pl->fc_cnt);
+    TIDE_CHECK_ALLOC_GOTO(pl->fc_cnt, rc, out);
+    pl->fc_done = pl_calloc(pl, nfc, sizeof *pl->fc_done);
+    TIDE_CHECK_ALLOC_GOTO(pl->fc_done, rc, out);
 
     int npp = pl->nl->pp;
     size_t total = pl->soff[npp];
@@ -351,12 +368,20 @@ static tide_status planner_init(planner *pl, const tide_layout_t *old_l, const t
     TIDE_CHECK_ALLOC_GOTO(pl->ids, rc, fail);
     memcpy(pl->ids, old_l->worker, no * sizeof *pl->ids);
     memcpy(pl->ids + no, new_l->worker, nn * sizeof *pl->ids);
-    qsort(pl->ids, no + nn, sizeof *pl->ids, cmp_i32);
+    tide_sort_i32(pl->ids, no + nn);
     size_t nr = 0;
     for (size_t k = 0; k < no + nn; k++)
         if (nr == 0 || pl->ids[nr - 1] != pl->ids[k])
             pl->ids[nr++] = pl->ids[k];
     pl->nr = (uint32_t)nr;
+    /* job ranks are dense: a direct map instead of a binary search per lookup */
+    if (nr > 0 && pl->ids[0] >= 0 && (size_t)pl->ids[nr - 1] < 4 * nr + 1024) {
+        pl->n_id_rank = (size_t)pl->ids[nr - 1] + 1;
+        pl->id_rank = pl_calloc(pl, pl->n_id_rank, sizeof *pl->id_rank);
+        TIDE_CHECK_ALLOC_GOTO(pl->id_rank, rc, fail);
+        for (size_t r = 0; r < nr; r++)
+            pl->id_rank[pl->ids[r]] = (uint32_t)r;
+    }
     pl->old_of = pl_calloc(pl, nr, sizeof *pl->old_of);
     TIDE_CHECK_ALLOC_GOTO(pl->old_of, rc, fail);
     pl->new_of = pl_calloc(pl, nr, sizeof *pl->new_of);
@@ -774,10 +799,39 @@ static tide_status class_pieces(planner *pl, uint32_t cls, int dn, int tn)
     return TIDE_OK;
 }
 
-/* The pieces of class cls for destination rank r, computed once per destination. */
+/* The pieces of class cls for destination rank r at new (dn, tn): those of a DP-replicated
+ * class once per (class, tn), the others once per destination. */
 static tide_status get_pieces(planner *pl, uint32_t r, uint32_t cls, int dn, int tn,
                               const piece_t **p, uint32_t *n)
 {
+    if (pl->c->t[pl->cls_rep[cls]].dp != TIDE_DP_SHARDED) {
+        size_t key = (size_t)cls * (size_t)pl->nl->tp + (size_t)tn;
+        if (!pl->fc_done[key]) {
+            size_t at = pl->pool_n;
+            TIDE_CHECK(class_pieces(pl, cls, dn, tn));
+            size_t k = pl->pool_n - at;
+            if (pl->fpool_n + k > pl->fpool_cap) {
+                size_t cap = pl->fpool_cap ? pl->fpool_cap * 2 : 64;
+                while (cap < pl->fpool_n + k)
+                    cap *= 2;
+                piece_t *grown = tide_reallocarray(pl->fpool, cap, sizeof *grown);
+                if (grown == NULL)
+                    return tide_errorf(TIDE_ERR_NOMEM, "out of memory keeping %zu pieces", cap);
+                pl->mem_bytes += (uint64_t)(cap - pl->fpool_cap) * sizeof *grown;
+                pl->fpool = grown;
+                pl->fpool_cap = cap;
+            }
+            memcpy(pl->fpool + pl->fpool_n, pl->pool + at, k * sizeof *pl->fpool);
+            pl->fc_off[key] = (uint32_t)pl->fpool_n;
+            pl->fc_cnt[key] = (uint32_t)k;
+            pl->fc_done[key] = 1;
+            pl->fpool_n += k;
+            pl->pool_n = at;
+        }
+        *p = pl->fpool + pl->fc_off[key];
+        *n = pl->fc_cnt[key];
+        return TIDE_OK;
+    }
     if (pl->cls_stamp[cls] != r + 1) {
         size_t at = pl->pool_n;
         TIDE_CHECK(class_pieces(pl, cls, dn, tn));
@@ -953,47 +1007,94 @@ typedef struct level {
     uint32_t rank, j;
 } level;
 
-static int cmp_level(const void *a, const void *b)
+/* (load, rank) order; ranks are distinct within a node, so it is a total order and the
+ * water level below has one answer whatever order selection visits the members in. */
+static inline int level_less(const level *x, const level *y)
 {
-    const level *x = a, *y = b;
-    if (x->load != y->load)
-        return x->load < y->load ? -1 : 1;
-    return (x->rank > y->rank) - (x->rank < y->rank);
+    return x->load < y->load || (x->load == y->load && x->rank < y->rank);
 }
 
-static int cmp_u32(const void *a, const void *b)
+static inline void level_swap(level *t, uint32_t a, uint32_t b)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
+    level x = t[a];
+    t[a] = t[b];
+    t[b] = x;
+}
+
+/* Partitions t[lo, hi) around a pseudo-random pivot (an xorshift state in *rng: expected
+ * linear time on any input); returns its final index p: t[lo, p) < t[p] < t[p + 1, hi). */
+static uint32_t level_partition(level *t, uint32_t lo, uint32_t hi, uint64_t *rng)
+{
+    uint64_t x = *rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *rng = x;
+    level_swap(t, lo + (uint32_t)(x % (hi - lo)), hi - 1);
+    level p = t[hi - 1];
+    uint32_t at = lo;
+    for (uint32_t i = lo; i + 1 < hi; i++)
+        if (level_less(&t[i], &p))
+            level_swap(t, i, at++);
+    level_swap(t, at, hi - 1);
+    return at;
+}
+
+/* Rearranges t[lo, hi) so that t[lo, lo + n) holds its n smallest members (any order). */
+static void level_select(level *t, uint32_t lo, uint32_t hi, uint32_t n, uint64_t *rng)
+{
+    uint32_t want = lo + n;
+    while (hi - lo > 1 && want > lo && want < hi) {
+        uint32_t p = level_partition(t, lo, hi, rng);
+        if (p == want)
+            return;
+        if (p < want)
+            lo = p + 1;
+        else
+            hi = p;
+    }
 }
 
 /*
  * Water-fills node volume V onto its members given their loads without this
- * node: the lowest members rise to a common level (integer bytes, ties to the
- * lowest rank). Writes the quotas; returns whether any changed.
+ * node: the lowest members rise to a common level (integer bytes, the spare
+ * bytes to the lowest (load, rank)). Writes the quotas; returns whether any
+ * changed. Selection instead of a sort: expected O(members), where sorting every
+ * member of every node on every balancing pass was most of a plan's time at 10^4
+ * workers (nodes of replicated tensors hold thousands of members).
  */
 static int pour(planner *pl, const node_state *ns, uint64_t vol, level *tmp)
 {
     uint32_t m = ns->m_n;
     const uint32_t *mem = pl->mem + ns->m_off;
     uint64_t *q = pl->quota + ns->m_off;
+    uint64_t rng = 0x9e3779b97f4a7c15ull ^ m;
     for (uint32_t j = 0; j < m; j++) {
         tmp[j].load = pl->load[mem[j]];
         tmp[j].rank = mem[j];
         tmp[j].j = j;
     }
-    qsort(tmp, m, sizeof *tmp, cmp_level);
-    /* The largest k whose lowest k members can all be raised to tmp[k-1]'s load within vol. */
+    /* The largest k whose lowest k members can all be raised to the k-th lowest load
+     * within vol (that count only grows with k): tmp[0, lo) are the lo lowest, all of them
+     * raised; cum is their load. */
+    uint32_t lo = 0, hi = m;
     uint64_t cum = 0;
-    uint32_t k = 0;
-    while (k < m) {
-        uint64_t need = (uint64_t)(k + 1) * tmp[k].load - (cum + tmp[k].load);
-        if (need > vol)
-            break;
-        cum += tmp[k].load;
-        k++;
+    while (lo < hi) {
+        uint32_t p = level_partition(tmp, lo, hi, &rng);
+        uint64_t below = cum;
+        for (uint32_t x = lo; x < p; x++)
+            below += tmp[x].load;
+        uint64_t need = (uint64_t)(p + 1) * tmp[p].load - (below + tmp[p].load);
+        if (need <= vol) {
+            cum = below + tmp[p].load;
+            lo = p + 1;
+        } else {
+            hi = p;
+        }
     }
+    uint32_t k = lo;
     uint64_t total = vol + cum, base = total / k, rem = total % k;
+    level_select(tmp, 0, k, (uint32_t)rem, &rng); /* the spare bytes' takers first */
     int changed = 0;
     for (uint32_t x = 0; x < m; x++) {
         uint64_t nq = 0;
@@ -1079,7 +1180,7 @@ static tide_status balance(planner *pl)
                         pl->mem[at++] = pl->old_rank[idx];
                 }
         ns->m_n = (uint32_t)(at - ns->m_off);
-        qsort(pl->mem + ns->m_off, ns->m_n, sizeof *pl->mem, cmp_u32);
+        tide_sort_u32(pl->mem + ns->m_off, ns->m_n);
     }
     TIDE_CHECK_GOTO(sort_act(pl), rc, out_tmp);
 
@@ -1348,8 +1449,14 @@ static int cmp_xfer(const void *a, const void *b)
     return (x->dst_off > y->dst_off) - (x->dst_off < y->dst_off);
 }
 
+typedef struct host_map {
+    const int32_t *host_of; /* NULL: cross-host bytes not wanted */
+    size_t n;
+    uint64_t cross; /* out: bytes sent between different known hosts */
+} host_map;
+
 static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
-                               uint32_t *streams);
+                               uint32_t *streams, host_map *hm);
 
 tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                   const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
@@ -1371,7 +1478,7 @@ tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_
     memset(&t, 0, sizeof t);
     streams = pl_calloc(&pl, pl.nr ? pl.nr : 1, sizeof *streams);
     TIDE_CHECK_ALLOC_GOTO(streams, rc, fail);
-    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, streams), rc, fail);
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, streams, NULL), rc, fail);
     for (uint32_t r = 0; r < pl.nr; r++)
         t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
     TIDE_CHECK_GOTO(balanced_bound(&pl, &t.balanced_bound), rc, fail);
@@ -1434,10 +1541,12 @@ fail:
  * senders whose quotas cover the chunk are exactly those that send this
  * destination something. Counts distinct (sender, destination) pairs and the
  * largest receive volume; streams (NULL: not wanted) gets, per rank, the pairs
- * it is part of.
+ * it is part of; hm (NULL: not wanted) the bytes of the chunks whose sender and
+ * destination are on different hosts (a chunk's bytes from sender j are its overlap
+ * with j's quota of the stream, as the full walk cuts them).
  */
 static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_recv,
-                               uint32_t *streams)
+                               uint32_t *streams, host_map *hm)
 {
     tide_status rc = TIDE_OK;
     const tide_layout_t *o = pl->o;
@@ -1446,7 +1555,14 @@ static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_re
     uint64_t *dv = pl_calloc(pl, pl->n_nodes, sizeof *dv);     /* this destination's chunk */
     uint32_t *touched = pl_calloc(pl, pl->n_nodes, sizeof *touched);
     uint32_t *stamp = pl_calloc(pl, pl->nr, sizeof *stamp); /* 1 + last destination, per rank */
-    if (!pos || !base || !dv || !touched || !stamp) {
+    int32_t *host = NULL;                                   /* per rank, -1: unknown */
+    if (hm != NULL) {
+        host = pl_calloc(pl, pl->nr ? pl->nr : 1, sizeof *host);
+        for (uint32_t r = 0; host != NULL && r < pl->nr; r++)
+            host[r] = (size_t)pl->ids[r] < hm->n ? hm->host_of[pl->ids[r]] : -1;
+        hm->cross = 0;
+    }
+    if (!pos || !base || !dv || !touched || !stamp || (hm != NULL && host == NULL)) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory summing the plan");
         goto out;
     }
@@ -1487,6 +1603,10 @@ static tide_status walk_totals(planner *pl, uint64_t *messages, uint64_t *max_re
             uint64_t b = base[id];
             for (uint32_t j = ns->j; j < ns->s_n && b < c1; j++) {
                 uint32_t sr = pl->snd[ns->s_off + j];
+                if (host != NULL && host[sr] >= 0 && host[r] >= 0 && host[sr] != host[r]) {
+                    uint64_t e = b + pl->sq[ns->s_off + j];
+                    hm->cross += (e < c1 ? e : c1) - (b > c0 ? b : c0);
+                }
                 if (stamp[sr] != r + 1) {
                     stamp[sr] = r + 1;
                     (*messages)++;
@@ -1511,6 +1631,7 @@ out:
     tide_free(dv);
     tide_free(touched);
     tide_free(stamp);
+    tide_free(host);
     return rc;
 }
 
@@ -1518,8 +1639,21 @@ tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layo
                                      const tide_collection_t *c, const uint8_t *alive,
                                      size_t n_alive, tide_plan_totals *out)
 {
+    return tide_reshard_plan_totals_hosts(old_l, new_l, c, alive, n_alive, NULL, 0, out);
+}
+
+tide_status tide_reshard_plan_totals_hosts(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                           const tide_collection_t *c, const uint8_t *alive,
+                                           size_t n_alive, const int32_t *host_of, size_t n_host,
+                                           tide_plan_totals *out)
+{
     if (out == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_reshard_plan_totals: out is NULL");
+    if (host_of == NULL && n_host > 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_reshard_plan_totals_hosts: %zu hosts but no "
+                           "host map",
+                           n_host);
     memset(out, 0, sizeof *out);
     planner pl;
     TIDE_CHECK(planner_init(&pl, old_l, new_l, c, alive, n_alive, 1));
@@ -1528,7 +1662,10 @@ tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layo
     memset(&t, 0, sizeof t);
     TIDE_CHECK_GOTO(walk_volume(&pl), rc, out);
     TIDE_CHECK_GOTO(balance(&pl), rc, out);
-    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, NULL), rc, out);
+    host_map hm = {host_of, n_host, 0};
+    TIDE_CHECK_GOTO(walk_totals(&pl, &t.messages, &t.max_recv, NULL, host_of ? &hm : NULL), rc,
+                    out);
+    t.cross_host = hm.cross;
     for (uint32_t r = 0; r < pl.nr; r++)
         t.max_send = pl.load[r] > t.max_send ? pl.load[r] : t.max_send;
     t.bytes_sent = t.lower_bound = pl.bytes_needed;

@@ -76,7 +76,7 @@ typedef struct tide_plan_summary {
 } tide_plan_summary;
 
 typedef struct tide_plan {
-    tide_xfer *items;        /* sorted by (src, dst, tensor, dst_off) */
+    tide_xfer *items; /* sorted by (src, dst, tensor, dst_off) */
     size_t n;
     tide_plan_summary summary;
     /* tide_reshard_plan_for only (NULL and 0 for a full plan): for every worker of the
@@ -111,17 +111,19 @@ tide_status tide_reshard_plan(const tide_layout_t *old_l, const tide_layout_t *n
  * plan_for on each rank instead of the full plan. Caller owns *out.
  */
 tide_status tide_reshard_plan_for(const tide_layout_t *old_l, const tide_layout_t *new_l,
-                                  const tide_collection_t *c, const uint8_t *alive,
-                                  size_t n_alive, int32_t worker, tide_plan_t **out);
+                                  const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
+                                  int32_t worker, tide_plan_t **out);
 
 /* Frees *self_p and sets it to NULL; NULL is fine. */
 void tide_plan_destroy(tide_plan_t **self_p);
 
-/* The plan's totals, each field equal to the same field of tide_plan_summary. */
+/* The plan's totals, each field equal to the same field of tide_plan_summary;
+   cross_host: see tide_reshard_plan_totals_hosts (0 from tide_reshard_plan_totals). */
 typedef struct tide_plan_totals {
     uint64_t bytes_sent, bytes_local, lower_bound;
     uint64_t max_send, max_recv, balanced_bound;
     uint64_t messages;
+    uint64_t cross_host; /* bytes sent between workers on different hosts */
 } tide_plan_totals;
 
 /*
@@ -134,6 +136,18 @@ typedef struct tide_plan_totals {
 tide_status tide_reshard_plan_totals(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                      const tide_collection_t *c, const uint8_t *alive,
                                      size_t n_alive, tide_plan_totals *out);
+
+/*
+ * tide_reshard_plan_totals, and in out->cross_host the bytes of the plan's items whose
+ * source and destination are on different hosts: host_of[w] (w < n_host) is worker w's
+ * host, any value >= 0; a worker w >= n_host or with host_of[w] < 0 has no known host and
+ * its transfers count as not crossing. Exactly the sum over the full plan's items (what
+ * the workers move), from the same walk as the other totals. Any thread.
+ */
+tide_status tide_reshard_plan_totals_hosts(const tide_layout_t *old_l, const tide_layout_t *new_l,
+                                           const tide_collection_t *c, const uint8_t *alive,
+                                           size_t n_alive, const int32_t *host_of, size_t n_host,
+                                           tide_plan_totals *out);
 
 /* Exact lower bound on bytes sent for (old, new), in bytes. */
 tide_status tide_reshard_lower_bound(const tide_layout_t *old_l, const tide_layout_t *new_l,

@@ -713,19 +713,95 @@ Test(policy, failure_detection_with_a_fake_clock)
     tide_coord_worker_t *w = NULL;
     for (int r = 0; r < 3; r++) {
         cr_assert_eq(tide_coord_worker_add(st, -1, "pool", r, &w), TIDE_OK);
-        w->last_seen_ns = 1000000000ull; /* t = 1 s */
+        tide_coord_worker_seen(st, w, 1000000000ull); /* t = 1 s */
     }
     st->workers[2].state = TIDE_WS_FAILED;
     int32_t out[3];
-    const uint64_t hb = 1000000000ull;
-    cr_assert_eq(tide_policy_expired(st->workers, 3, 3900000000ull, hb, 3, out), 0);
-    st->workers[1].last_seen_ns = 3000000000ull; /* heartbeat at t = 3 s */
-    size_t n = tide_policy_expired(st->workers, 3, 4100000000ull, hb, 3, out);
+    const uint64_t limit = 3 * 1000000000ull; /* 3 heartbeats of 1 s */
+    cr_assert_eq(tide_coord_workers_expired(st, 3900000000ull, limit, out, 3), 0);
+    tide_coord_worker_seen(st, &st->workers[1], 3000000000ull); /* heartbeat at t = 3 s */
+    size_t n = tide_coord_workers_expired(st, 4100000000ull, limit, out, 3);
     cr_assert_eq(n, 1);
     cr_assert_eq(out[0], 0);
-    cr_assert_eq(tide_policy_expired(st->workers, 3, 6100000000ull, hb, 3, out), 2);
+    /* worker 0 was handed out (and left the list): only worker 1 expires later; the failed
+       one never does */
+    n = tide_coord_workers_expired(st, 6100000000ull, limit, out, 3);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(out[0], 1);
+    cr_assert_eq(tide_coord_workers_expired(st, 60000000000ull, limit, out, 3), 0);
     tide_coord_state_destroy(&st);
     cr_assert_null(st);
+}
+
+/* The seen list is the failure scan's only view of the workers: it must stay in order of
+ * last messages through touches in any order, a clock that goes back, forgotten workers
+ * and failed ones, return at most what fits, and expire exactly the silent ones. */
+Test(state, seen_list_orders_workers_by_their_last_message)
+{
+    tide_coord_state_t *st = NULL;
+    cr_assert_eq(tide_coord_state_new(&st), TIDE_OK);
+    enum { N = 200 };
+    uint64_t seen[N];
+    uint64_t x = 0x12345678;
+    tide_coord_worker_t *w = NULL;
+    for (int r = 0; r < N; r++)
+        cr_assert_eq(tide_coord_worker_add(st, -1, "pool", r, &w), TIDE_OK);
+    uint64_t now = 1000;
+    for (int round = 0; round < 5000; round++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int id = (int)(x % N);
+        /* mostly forward, now and then an earlier time (a caller's clock) */
+        uint64_t t = (x >> 20) % 16 == 0 && now > 50 ? now - 50 : (now += 1 + (x >> 40) % 3);
+        tide_coord_worker_seen(st, &st->workers[id], t);
+        seen[id] = t;
+    }
+    /* every worker was seen at least once with overwhelming probability; make sure */
+    for (int id = 0; id < N; id++)
+        if (!st->workers[id].in_seen) {
+            tide_coord_worker_seen(st, &st->workers[id], now);
+            seen[id] = now;
+        }
+    /* the list is in last-seen order and holds everyone once */
+    int count = 0;
+    uint64_t prev = 0;
+    for (int32_t at = st->seen_head; at != 0; at = st->workers[at - 1].seen_next) {
+        cr_assert_geq(st->workers[at - 1].last_seen_ns, prev, "out of order at worker %d", at - 1);
+        prev = st->workers[at - 1].last_seen_ns;
+        count++;
+    }
+    cr_assert_eq(count, N);
+    st->workers[7].state = TIDE_WS_LEFT;
+    tide_coord_worker_remove(st, 9);
+    /* expire everything silent for more than 100 at now: in pieces of 16 */
+    uint64_t limit = 100;
+    int expired = 0, want = 0;
+    for (int id = 0; id < N; id++)
+        want += id != 7 && id != 9 && now - seen[id] > limit;
+    int32_t out[16], first = -1;
+    size_t n;
+    uint64_t last = 0;
+    do {
+        n = tide_coord_workers_expired(st, now, limit, out, 16);
+        cr_assert_leq(n, 16);
+        for (size_t i = 0; i < n; i++) {
+            cr_assert(out[i] != 7 && out[i] != 9, "a gone or forgotten worker expired");
+            cr_assert_gt(now - seen[out[i]], limit);
+            cr_assert_geq(seen[out[i]], last, "oldest first");
+            last = seen[out[i]];
+            first = first < 0 ? out[i] : first;
+            cr_assert(!st->workers[out[i]].in_seen, "an expired worker stays on the list");
+            expired++;
+        }
+    } while (n == 16);
+    cr_assert_eq(expired, want);
+    /* the rest are recent: none expires, and a message puts an expired worker back */
+    cr_assert_eq(tide_coord_workers_expired(st, now, limit, out, 16), 0);
+    cr_assert_geq(first, 0);
+    tide_coord_worker_seen(st, &st->workers[first], now + 1000);
+    cr_assert(st->workers[first].in_seen && st->seen_tail == first + 1);
+    tide_coord_state_destroy(&st);
 }
 
 Test(state, worker_index_and_layout_text)

@@ -16,6 +16,7 @@
 #include "core/keyfile.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "core/sort.h"
 
 /* ---- status ---------------------------------------------------------------- */
 
@@ -464,4 +465,49 @@ Test(core_keyfile, files_are_written_privately_and_never_through_a_symlink)
     unlink(victim);
     unlink(server);
     cr_expect_eq(rmdir(dir), 0, "no temporary file left behind");
+}
+
+static int cmp_i32_ref(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The radix sort against qsort: every size around its small-array cut-off and its digit
+ * width, narrow and full ranges, negative values, and the qsort fallback when its scratch
+ * cannot be allocated. */
+Test(core_sort, radix_sort_agrees_with_qsort)
+{
+    uint64_t x = 88172645463325252ull;
+    size_t sizes[] = {0, 1, 2, 47, 48, 49, 100, 2047, 2048, 2049, 10000, 70000};
+    int32_t *a = malloc(70000 * sizeof *a), *b = malloc(70000 * sizeof *b);
+    cr_assert(a != NULL && b != NULL);
+    for (int fail = 0; fail < 2; fail++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (int range = 0; range < 3; range++) {
+                size_t n = sizes[si];
+                for (size_t i = 0; i < n; i++) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    a[i] = range == 0   ? (int32_t)(x % 64)            /* one digit varies */
+                           : range == 1 ? (int32_t)(x % 20000) - 10000 /* negative too */
+                                        : (int32_t)(uint32_t)x;        /* every bit */
+                    b[i] = a[i];
+                }
+                if (fail)
+                    tide_alloc_fail_at(1, 0);
+                tide_sort_i32(a, n);
+                tide_alloc_fail_at(0, 0);
+                qsort(b, n, sizeof *b, cmp_i32_ref);
+                cr_assert(n == 0 || memcmp(a, b, n * sizeof *a) == 0,
+                          "size %zu, range %d, scratch %s: differs from qsort", n, range,
+                          fail ? "failed" : "allocated");
+            }
+    uint32_t u[] = {0xffffffffu, 0, 0x80000000u, 7, 0x7fffffffu};
+    tide_sort_u32(u, 5);
+    cr_assert(u[0] == 0 && u[1] == 7 && u[2] == 0x7fffffffu && u[3] == 0x80000000u &&
+              u[4] == 0xffffffffu);
+    free(a);
+    free(b);
 }

@@ -120,6 +120,13 @@ static int same_msg(const tide_msg_t *a, const tide_msg_t *b, char *why, size_t 
                  "status rows");
         x.u.status_reply.rows = y.u.status_reply.rows = NULL;
         break;
+    case TIDE_MSG_HOST_HEARTBEAT:
+        if (a->u.host_heartbeat.n_beats != b->u.host_heartbeat.n_beats)
+            return snprintf(why, len, "heartbeat counts differ"), 0;
+        SAME_ARR(a->u.host_heartbeat.beats, b->u.host_heartbeat.beats, a->u.host_heartbeat.n_beats,
+                 "heartbeats");
+        x.u.host_heartbeat.beats = y.u.host_heartbeat.beats = NULL;
+        break;
     case TIDE_MSG_LIVENESS:
         if (a->u.liveness.n_ranks != b->u.liveness.n_ranks)
             return snprintf(why, len, "rank counts differ"), 0;
@@ -1178,10 +1185,12 @@ Test(proto_refuse, status_pages)
     m.u.status_reply.n_rows = 2;
     m.u.status_reply.total = 9;
     m.u.status_reply.next = 16;
-    refuse_edit(&m, OP_SET, "total", VUINT(1), "field 'rows' has 2 entries, more than field "
-                                               "'total' = 1");
-    refuse_edit(&m, OP_SET, "next", VINT(15), "field 'next' = 15 must be above every row's "
-                                              "worker (rows[1].worker = 15)");
+    refuse_edit(&m, OP_SET, "total", VUINT(1),
+                "field 'rows' has 2 entries, more than field "
+                "'total' = 1");
+    refuse_edit(&m, OP_SET, "next", VINT(15),
+                "field 'next' = 15 must be above every row's "
+                "worker (rows[1].worker = 15)");
     refuse_edit(&m, OP_SET, "next", VINT(-2), "field 'next' must be an integer in [-1, ");
     refuse_edit(&m, OP_DROP, "total", VNIL, "missing field 'total'");
     refuse_edit(&m, OP_SET, "rows.1.worker", VUINT(3), "must be in increasing worker order");
@@ -1192,11 +1201,30 @@ Test(proto_refuse, status_pages)
     refuse_edit(&e, OP_SET, "next", VINT(7), "announces another page after an empty one");
     tide_msg_t q;
     tide_msg_init(&q, TIDE_MSG_STATUS);
-    refuse_edit(&q, OP_SET, "limit", VUINT(65537), "field 'limit' must be an integer in [0, "
-                                                   "65536], got 65537");
+    refuse_edit(&q, OP_SET, "limit", VUINT(65537),
+                "field 'limit' must be an integer in [0, "
+                "65536], got 65537");
     refuse_edit(&q, OP_SET, "from", VINT(-1), "field 'from' must be an integer in [0, ");
     refuse_edit(&q, OP_SET, "all", VUINT(1), "field 'all' must be");
     refuse_edit(&q, OP_DROP, "from", VNIL, "missing field 'from'");
+    /* the job filter: "" or a job name, and never absent */
+    refuse_edit(&q, OP_DROP, "job", VNIL, "missing field 'job'");
+    refuse_edit(&q, OP_SET, "job", VSTR("two words"), "field 'job'");
+    refuse_edit(&q, OP_SET, "job", VUINT(3), "field 'job' must be a string");
+    char long_name[TIDE_PROTO_NAME_MAX + 2];
+    memset(long_name, 'j', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    refuse_edit(&q, OP_SET, "job", VSTR(long_name), "field 'job'");
+    strcpy(q.u.status.job, "llm.v2:a-b_c");
+    {
+        size_t len;
+        uint8_t *bytes = encode_copy(&q, &len);
+        tide_msg_t d;
+        cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+        cr_expect_str_eq(d.u.status.job, "llm.v2:a-b_c");
+        tide_msg_clear(&d);
+        tide_free(bytes);
+    }
     tide_msg_t ok;
     tide_msg_init(&ok, TIDE_MSG_REGISTER_OK);
     ok.u.register_ok.worker = 1;
@@ -1214,6 +1242,106 @@ Test(proto_refuse, status_pages)
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_LIVENESS), TIDE_ROLE_WORKER);
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_FENCED), TIDE_ROLE_COORDINATOR);
     cr_expect_str_eq(tide_proto_worker_state_name(TIDE_WORKER_LEFT), "left");
+}
+
+/* host heartbeats: the heartbeats of a host's ranks, each a full heartbeat map, in worker
+   order, the sender's among them; anything else is refused, and the encoder refuses it too. */
+Test(proto_refuse, host_heartbeats)
+{
+    tide_proto_heartbeat_t beats[3];
+    memset(beats, 0, sizeof beats);
+    for (int i = 0; i < 3; i++) {
+        beats[i].worker = 20 + 3 * i;
+        beats[i].step = 100 + (uint64_t)i;
+        beats[i].gen = 2;
+        beats[i].bubble_ms = 1.5 * i;
+        beats[i].step_ms = 250;
+    }
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HOST_HEARTBEAT);
+    m.u.host_heartbeat.worker = 23;
+    m.u.host_heartbeat.beats = beats;
+    m.u.host_heartbeat.n_beats = 3;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    tide_msg_t d;
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    char why[128] = "";
+    cr_assert(same_msg(&m, &d, why, sizeof why), "round trip: %s", why);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_HOST_HEARTBEAT), TIDE_ROLE_WORKER);
+
+    refuse_edit(&m, OP_SET, "beats.2.worker", VUINT(23),
+                "strictly increasing worker order "
+                "(beats[2].worker = 23 after 23)");
+    refuse_edit(&m, OP_SET, "beats.0.worker", VUINT(30), "strictly increasing worker order");
+    refuse_edit(&m, OP_SET, "worker", VUINT(21), "lacks the sender's own heartbeat (worker 21)");
+    refuse_edit(&m, OP_SET, "beats", VIARR(NULL, 0), "at least the sender's own heartbeat");
+    refuse_edit(&m, OP_SET, "beats.1.step", VINT(-1), "field 'beats[1].step'");
+    refuse_edit(&m, OP_SET, "beats.1.bubble_ms", VDBL(-2.0), "field 'beats[1].bubble_ms'");
+    refuse_edit(&m, OP_DROP, "beats.0.gen", VNIL, "missing field 'beats[0].gen'");
+    refuse_edit(&m, OP_ADD, "beats.2.extra", VUINT(1), "unknown field");
+    refuse_edit(&m, OP_SET, "beats.1", VUINT(5), "field 'beats[1]' must be a map");
+    refuse_edit(&m, OP_SET, "beats", VSTR("all"), "field 'beats'");
+    refuse_edit(&m, OP_DROP, "beats", VNIL, "missing field 'beats'");
+    refuse_edit(&m, OP_ADD, "step", VUINT(1), "unknown field 'step'");
+
+    /* one more than a host's ranks may be is refused */
+    size_t n = TIDE_PROTO_HOST_BEATS_MAX + 1;
+    tide_proto_heartbeat_t *many = calloc(n, sizeof *many);
+    cr_assert(many != NULL);
+    for (size_t i = 0; i < n; i++)
+        many[i].worker = (int32_t)i;
+    m.u.host_heartbeat.worker = 0;
+    m.u.host_heartbeat.beats = many;
+    m.u.host_heartbeat.n_beats = (uint32_t)(n - 1);
+    bytes = encode_copy(&m, &len); /* the limit itself is fine */
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    m.u.host_heartbeat.n_beats = (uint32_t)n;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    /* the encoder refuses what the decoder would */
+    m.u.host_heartbeat.n_beats = 3;
+    m.u.host_heartbeat.beats = beats;
+    m.u.host_heartbeat.worker = 99;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    m.u.host_heartbeat.worker = 23;
+    beats[2].worker = 20;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    m.u.host_heartbeat.n_beats = 0;
+    cr_expect_eq(tide_proto_encode(&m, &b), TIDE_ERR_INVALID);
+    tide_proto_buf_destroy(&b);
+    /* the decoder's limit, checked on the wire too (the encoder would not make it) */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    pack_cstr(&pk, "v");
+    msgpack_pack_int(&pk, TIDE_PROTO_VERSION);
+    pack_cstr(&pk, "type");
+    pack_cstr(&pk, "host_heartbeat");
+    pack_cstr(&pk, "worker");
+    msgpack_pack_int(&pk, 0);
+    pack_cstr(&pk, "beats");
+    msgpack_pack_array(&pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        msgpack_pack_map(&pk, 7);
+        pack_cstr(&pk, "worker");
+        msgpack_pack_uint64(&pk, i);
+        const char *keys[] = {"step", "gen", "idle_ms", "bubble_ms", "filled_ms", "step_ms"};
+        for (int k = 0; k < 6; k++) {
+            pack_cstr(&pk, keys[k]);
+            msgpack_pack_uint64(&pk, 0);
+        }
+    }
+    expect_refused(sb.data, sb.size, "field 'beats' has 1025 entries, more than the limit of 1024");
+    msgpack_sbuffer_destroy(&sb);
+    free(many);
 }
 
 Test(proto_refuse, nested_rows_name_their_index)
@@ -1323,10 +1451,11 @@ static void decode_under_failures(const tide_msg_t *m)
 
 Test(proto_alloc, decode_failures_leak_nothing)
 {
-    tide_msg_type_t types[] = {
-        TIDE_MSG_JOIN,           TIDE_MSG_LAYOUT,       TIDE_MSG_SUBMIT,
-        TIDE_MSG_OFFLINE_ASSIGN, TIDE_MSG_STATUS_REPLY, TIDE_MSG_JOBS_REPLY,
-        TIDE_MSG_EVENTS_REPLY,   TIDE_MSG_RESIZE,       TIDE_MSG_RESIZE_REPLY};
+    tide_msg_type_t types[] = {TIDE_MSG_JOIN,         TIDE_MSG_LAYOUT,
+                               TIDE_MSG_SUBMIT,       TIDE_MSG_OFFLINE_ASSIGN,
+                               TIDE_MSG_STATUS_REPLY, TIDE_MSG_JOBS_REPLY,
+                               TIDE_MSG_EVENTS_REPLY, TIDE_MSG_RESIZE,
+                               TIDE_MSG_RESIZE_REPLY, TIDE_MSG_HOST_HEARTBEAT};
     uint64_t rng = 777;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         /* pick a sample that owns at least two arrays or entries */
@@ -1341,6 +1470,7 @@ Test(proto_alloc, decode_failures_leak_nothing)
                       (m.type == TIDE_MSG_JOBS_REPLY && m.u.jobs_reply.n_rows >= 2) ||
                       (m.type == TIDE_MSG_EVENTS_REPLY && m.u.events_reply.n_rows >= 2) ||
                       (m.type == TIDE_MSG_RESIZE && m.u.resize.n_stages >= 2) ||
+                      (m.type == TIDE_MSG_HOST_HEARTBEAT && m.u.host_heartbeat.n_beats >= 2) ||
                       m.type == TIDE_MSG_RESIZE_REPLY;
             if (big)
                 break;

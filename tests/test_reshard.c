@@ -512,6 +512,51 @@ static void check_stream_counts(const tide_plan_t *plan, const tide_plan_t *pf, 
     }
 }
 
+/* Bytes of the plan's items whose ends are on different known hosts (host_of[w], w < n;
+ * -1 unknown): what tide_reshard_plan_totals_hosts must count without the items. */
+static uint64_t items_cross_host(const tide_plan_t *plan, const int32_t *host_of, size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < plan->n; k++) {
+        const tide_xfer *x = &plan->items[k];
+        if (x->src == x->dst || (size_t)x->src >= n || (size_t)x->dst >= n)
+            continue;
+        if (host_of[x->src] >= 0 && host_of[x->dst] >= 0 && host_of[x->src] != host_of[x->dst])
+            bytes += x->run * x->count;
+    }
+    return bytes;
+}
+
+/* Cross-host bytes from the totals walk against the items, for a few host maps: hosts of
+ * `per` consecutive worker ids, random hosts, and some workers with no known host. */
+static void check_cross_host(const tide_layout_t *o, const tide_layout_t *n,
+                             const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
+                             const tide_plan_t *plan, uint64_t *rng, const char *what)
+{
+    size_t nw = (size_t)max_worker(o, n) + 1;
+    int32_t *host = calloc(nw, sizeof *host);
+    cr_assert(host != NULL);
+    for (int map = 0; map < 3; map++) {
+        int per = 1 + (int)(splitmix(rng) % 8);
+        for (size_t w = 0; w < nw; w++)
+            host[w] = map == 0   ? (int32_t)(w / (size_t)per)
+                      : map == 1 ? (int32_t)(splitmix(rng) % 4)
+                                 : (splitmix(rng) % 5 == 0 ? -1 : (int32_t)(w / (size_t)per));
+        /* map 2 also leaves the last worker off the map (n_host below nw) */
+        size_t n_host = map == 2 ? nw - 1 : nw;
+        tide_plan_totals t;
+        cr_assert_eq(tide_reshard_plan_totals_hosts(o, n, c, alive, n_alive, host, n_host, &t),
+                     TIDE_OK, "%s: %s", what, tide_last_error());
+        uint64_t want = items_cross_host(plan, host, n_host);
+        cr_assert_eq(t.cross_host, want,
+                     "%s, host map %d: totals say %llu bytes cross hosts, "
+                     "the plan's items %llu",
+                     what, map, (unsigned long long)t.cross_host, (unsigned long long)want);
+        cr_assert_eq(t.bytes_sent, plan->summary.bytes_sent, "%s", what);
+    }
+    free(host);
+}
+
 static void check_case(uint64_t seed, stats *st)
 {
     rcase rc;
@@ -586,6 +631,14 @@ static void check_case(uint64_t seed, stats *st)
               (unsigned long long)ps->bytes_local, (unsigned long long)ps->max_send,
               (unsigned long long)ps->max_recv, (unsigned long long)ps->balanced_bound,
               (unsigned long long)ps->messages);
+    cr_assert_eq(tt.cross_host, 0, "seed %llu: no host map, no cross-host bytes",
+                 (unsigned long long)seed);
+    {
+        char what[64];
+        snprintf(what, sizeof what, "seed %llu", (unsigned long long)seed);
+        uint64_t hs = seed;
+        check_cross_host(rc.o, rc.n, rc.c, rc.alive, rc.n_alive, plan, &hs, what);
+    }
     /* Balance: the bound is a true lower bound, and the plan meets it on DP-replicated state. */
     if (orc.have_opt) {
         st->checked_opt++;
@@ -738,6 +791,9 @@ Test(reshard_random, totals_match_the_plan_at_cluster_scale)
                       k, odp, otp, opp, ndp, ntp, npp, (unsigned long long)t.messages,
                       (unsigned long long)ps->messages, (unsigned long long)t.max_send,
                       (unsigned long long)ps->max_send);
+            char what[64];
+            snprintf(what, sizeof what, "gpt case %d", k);
+            check_cross_host(o, n, c, alive, pool, plan, &s, what);
             /* each worker's own part is the plan filtered to it (sampled workers) */
             for (int q = 0; q < 6; q++) {
                 int32_t w = (int32_t)(splitmix(&s) % pool);

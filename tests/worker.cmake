@@ -35,3 +35,27 @@ if(TARGET tided)
                          FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
   endforeach()
 endif()
+
+# Host heartbeats with the real tided (tests/test_worker_hostbeat.c): four ranks send one
+# message per period through their leader (and one each with TIDE_HEARTBEAT_AGGREGATE=0);
+# a non-leader or the leader killed is the only worker tided fails. A rank dies in the last
+# two: --enable-recovery keeps mpirun from tearing the job down.
+if(TARGET tided)
+  add_executable(test_worker_hostbeat test_worker_hostbeat.c)
+  target_link_libraries(test_worker_hostbeat PRIVATE tide_worker tide_proto PkgConfig::ZMQ
+                                                     MPI::MPI_C tide_core)
+  target_include_directories(test_worker_hostbeat PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_dependencies(test_worker_hostbeat tided)
+  foreach(mode count member leader)
+    if(mode STREQUAL "count")
+      set(flags "")
+    else()
+      set(flags --enable-recovery --mca async_mpi_finalize 1)
+    endif()
+    tide_add_mpi_test(test_worker_hostbeat_${mode} NP 4 TARGET test_worker_hostbeat
+                      ARGS $<TARGET_FILE:tided> ${mode} TIMEOUT 120 MPI_FLAGS ${flags})
+    set_tests_properties(test_worker_hostbeat_${mode} PROPERTIES
+                         PASS_REGULAR_EXPRESSION "test_worker_hostbeat: passed"
+                         FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
+  endforeach()
+endif()

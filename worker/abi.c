@@ -26,6 +26,7 @@
     X(tide_options, switch_timeout_ms)                                                             \
     X(tide_options, staging_cap)                                                                   \
     X(tide_options, mem_strict)                                                                    \
+    X(tide_options, heartbeat_aggregate)                                                           \
     X(tide_join_req, job)                                                                          \
     X(tide_join_req, collection)                                                                   \
     X(tide_join_req, dp)                                                                           \
@@ -145,4 +146,12 @@ size_t tide_abi_offsetof(const char *type, const char *field)
         if (strcmp(fields[i].type, type) == 0 && strcmp(fields[i].field, field) == 0)
             return fields[i].offset;
     return (size_t)-1;
+}
+
+size_t tide_abi_nfields(const char *type)
+{
+    size_t n = 0;
+    for (size_t i = 0; type != NULL && i < sizeof fields / sizeof fields[0]; i++)
+        n += strcmp(fields[i].type, type) == 0;
+    return n;
 }

@@ -103,21 +103,38 @@ struct tide__ctl {
     uint64_t deferred_ack_gen; /* prepare_ack waiting for the offline child to stop */
     tide_proto_buf_t buf;
     uint64_t next_hb_ns, next_reg_ns;
-    uint64_t last_hb_ns; /* monotonic ns of the last heartbeat sent (0: none yet) */
+    uint64_t last_hb_ns; /* monotonic ns of the last heartbeat sent that carried this rank's
+                            (by itself or, aggregated, by its host's leader; 0: none yet) */
+    /* host aggregation (hostbeat.c); host NULL: this rank sends its own heartbeats */
+    tide__hostbeat_t *host;
+    tide_proto_heartbeat_t *hb_beats; /* room for the host's ranks (leader) */
+    uint64_t *hb_seqs;
+    int *hb_slots;
+    uint64_t next_send_ns; /* leader: the next host heartbeat (0: at once) */
+    uint64_t self_ns;      /* the last heartbeat this rank sent itself (or registered) */
+    int mon_bg;            /* under mu: the background thread reads the monitor from now on */
+    int introduce;         /* under mu: the socket (re)connected: tided must hear this rank
+                              itself once, or it cannot route messages to it */
+    int bye;               /* under mu: destroy sent (or is sending) bye: this rank is off the
+                              host's heartbeats and registers no more */
 };
 
 /* ---- helpers (background thread) ------------------------------------------------------ */
 
-static void send_dealer(tide__ctl_t *ctl, const tide_msg_t *m)
+/* Encodes and sends m to tided without blocking; 1 when handed to ZeroMQ. */
+static int send_dealer(tide__ctl_t *ctl, const tide_msg_t *m)
 {
     if (tide_proto_encode(m, &ctl->buf) != TIDE_OK) {
         TIDE_ERROR(SUBSYS, "cannot encode '%s': %s", tide_msg_type_name(m->type),
                    tide_last_error());
-        return;
+        return 0;
     }
-    if (zmq_send(ctl->dealer, ctl->buf.data, ctl->buf.len, ZMQ_DONTWAIT) < 0)
+    if (zmq_send(ctl->dealer, ctl->buf.data, ctl->buf.len, ZMQ_DONTWAIT) < 0) {
         TIDE_WARN(SUBSYS, "dropped a '%s' to tided: %s", tide_msg_type_name(m->type),
                   zmq_strerror(errno));
+        return 0;
+    }
+    return 1;
 }
 
 static void send_register(tide__ctl_t *ctl)
@@ -155,6 +172,8 @@ static void fence(tide__ctl_t *ctl, const char *why, int tell)
     ctl->fenced = 1;
     snprintf(ctl->fence_reason, sizeof ctl->fence_reason, "%s", why);
     tide_coll_lease_set(1); /* expired: not one more call into MPI or NCCL */
+    if (ctl->host != NULL)
+        tide__hostbeat_inactive(ctl->host); /* no leader speaks for it any more */
     if (ctl->abort_fn != NULL) {
         ctl->abort_fn(ctl->abort_ctx, 0);
         ctl->abort_fn(ctl->abort_ctx, 1);
@@ -174,12 +193,14 @@ static void fence(tide__ctl_t *ctl, const char *why, int tell)
     }
 }
 
-/* Renews the lease with a heartbeat, or fences this process when it comes too late: a
- * rank of a job that sent nothing for tided's failure timeout (it was stopped or starved)
- * may have been declared failed meanwhile, and must not send one more message to peers
- * that may have given it up. A rank outside any layout holds no communicator: it only
- * renews (tided re-registers it when it had failed it). */
-static int lease_renew(tide__ctl_t *ctl, uint64_t now)
+/* Renews the lease from `sent` (monotonic ns), when a heartbeat carrying this rank's was
+ * sent (by itself, or by its host's leader), or fences this process when it comes too
+ * late: a rank of a job that no heartbeat carried for tided's failure timeout (it was
+ * stopped or starved) may have been declared failed meanwhile, and must not send one
+ * more message to peers that may have given it up. A rank outside any layout holds no
+ * communicator: it only renews (tided re-registers it when it had failed it). 1 when
+ * renewed (or nothing newer), 0 when fenced. */
+static int lease_renew(tide__ctl_t *ctl, uint64_t sent)
 {
     pthread_mutex_lock(&ctl->mu);
     int fail_ms = ctl->fail_ms;
@@ -188,20 +209,23 @@ static int lease_renew(tide__ctl_t *ctl, uint64_t now)
     pthread_mutex_unlock(&ctl->mu);
     if (fenced)
         return 0;
+    if (sent <= ctl->last_hb_ns)
+        return 1;
     uint64_t fail_ns = (uint64_t)fail_ms * 1000000ull;
-    if (fail_ms > 0 && in_job && ctl->last_hb_ns != 0 && now - ctl->last_hb_ns >= fail_ns) {
+    if (fail_ms > 0 && in_job && ctl->last_hb_ns != 0 && sent - ctl->last_hb_ns >= fail_ns) {
         char why[TIDE_PROTO_TEXT_MAX + 1];
         snprintf(why, sizeof why,
-                 "this process sent no heartbeat for %llu ms (it was stopped or starved), "
-                 "past tided's failure timeout of %d ms: it may have been declared failed and "
-                 "its job gone on without it, so it leaves without touching its peers",
-                 (unsigned long long)((now - ctl->last_hb_ns) / 1000000ull), fail_ms);
+                 "this process sent no heartbeat for %llu ms (nor did its host's leader for it; "
+                 "it was stopped or starved), past tided's failure timeout of %d ms: it may "
+                 "have been declared failed and its job gone on without it, so it leaves "
+                 "without touching its peers",
+                 (unsigned long long)((sent - ctl->last_hb_ns) / 1000000ull), fail_ms);
         fence(ctl, why, 1);
         return 0;
     }
-    ctl->last_hb_ns = now;
+    ctl->last_hb_ns = sent;
     if (fail_ms > 0)
-        tide_coll_lease_set(now + fail_ns);
+        tide_coll_lease_set(sent + fail_ns);
     return 1;
 }
 
@@ -228,6 +252,96 @@ static void send_heartbeat(tide__ctl_t *ctl)
     if (ok && lease_renew(ctl, now))
         send_dealer(ctl, &m);
     ctl->next_hb_ns = now + (uint64_t)hb * 1000000ull;
+}
+
+/* The host's leader: one host heartbeat carrying every rank of the host that published
+ * since the last one (its own among them); each carried slot is stamped with the send
+ * time, which its rank's lease runs from. */
+static void send_host(tide__ctl_t *ctl, int32_t me_worker, uint64_t now)
+{
+    size_t k = tide__hostbeat_collect(ctl->host, ctl->hb_beats, ctl->hb_seqs, ctl->hb_slots);
+    int own = 0;
+    for (size_t i = 0; i < k; i++)
+        own |= ctl->hb_beats[i].worker == me_worker;
+    if (!own || !lease_renew(ctl, now))
+        return; /* its own slot was mid-write (next tick), or it was fenced: nothing sent */
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HOST_HEARTBEAT);
+    m.u.host_heartbeat.worker = me_worker;
+    m.u.host_heartbeat.beats = ctl->hb_beats; /* borrowed: never cleared */
+    m.u.host_heartbeat.n_beats = (uint32_t)k;
+    if (send_dealer(ctl, &m))
+        for (size_t i = 0; i < k; i++)
+            tide__hostbeat_sent(ctl->host, ctl->hb_slots[i], ctl->hb_seqs[i], now);
+}
+
+/*
+ * One tick of host aggregation (every half period): this rank's heartbeat goes into its
+ * slot; the host's leader (the lowest local rank publishing) sends the host heartbeat once
+ * a period. A rank that no heartbeat carried for 1.5 periods (its leader died or stalls:
+ * it takes over within two periods, before tided's failure timeout of several), or whose
+ * socket (re)connected (tided learns a route only from a message on it), sends its own.
+ * Its lease runs from the last heartbeat that carried it, whoever sent it.
+ */
+static void host_tick(tide__ctl_t *ctl)
+{
+    uint64_t now = tide_now_ns();
+    tide__beat b;
+    memset(&b, 0, sizeof b);
+    pthread_mutex_lock(&ctl->mu);
+    int ok = ctl->registered && !ctl->fenced && !ctl->bye;
+    b.worker = ctl->worker_id;
+    b.step = ctl->agree.completed > 0 ? (uint64_t)ctl->agree.completed : 0;
+    b.gen = ctl->agree.gen;
+    b.idle_ns = ctl->idle_ns;
+    b.bubble_ns = ctl->bubble_ns;
+    b.filled_ns = ctl->filled_ns;
+    b.step_ns = ctl->step_ns;
+    b.steps = ctl->steps;
+    ctl->idle_ns = ctl->bubble_ns = ctl->filled_ns = ctl->step_ns = 0;
+    ctl->steps = 0;
+    int introduce = ctl->introduce;
+    ctl->introduce = 0;
+    uint64_t period = (uint64_t)(ctl->hb_ms > 0 ? ctl->hb_ms : 1000) * 1000000ull;
+    /* under the lock: once destroy marked the slot inactive for the bye, no publish
+       marks it active again */
+    if (ok)
+        tide__hostbeat_publish(ctl->host, &b, now);
+    else
+        tide__hostbeat_inactive(ctl->host);
+    pthread_mutex_unlock(&ctl->mu);
+    ctl->next_hb_ns = now + period / 2;
+    if (!ok)
+        return;
+    int me = tide__hostbeat_me(ctl->host);
+    if (tide__hostbeat_leader(ctl->host, now, 2 * period) == me) {
+        /* every other tick: a little early rather than a tick late */
+        if (now >= ctl->next_send_ns) {
+            send_host(ctl, b.worker, now);
+            ctl->next_send_ns = now + period - period / 4;
+        }
+        if (!introduce)
+            return;
+    } else {
+        ctl->next_send_ns = 0; /* should it lead later: at once */
+    }
+    uint64_t covered = tide__hostbeat_covered(ctl->host);
+    covered = covered > ctl->self_ns ? covered : ctl->self_ns;
+    if (!introduce && now - covered <= period + period / 2) {
+        lease_renew(ctl, covered);
+        return;
+    }
+    tide_proto_heartbeat_t own;
+    uint64_t seq = 0;
+    if (!tide__hostbeat_own(ctl->host, &own, &seq) || !lease_renew(ctl, now))
+        return;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_HEARTBEAT);
+    m.u.heartbeat = own;
+    if (send_dealer(ctl, &m)) {
+        tide__hostbeat_sent(ctl->host, me, seq, now);
+        ctl->self_ns = now;
+    }
 }
 
 static void send_offline_status(tide__ctl_t *ctl, const char *job, uint32_t attempt,
@@ -754,6 +868,7 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
                   m.u.register_ok.worker, m.u.register_ok.heartbeat_ms, m.u.register_ok.fail_ms);
         /* tided counts from this message: so does the lease */
         ctl->last_hb_ns = tide_now_ns();
+        ctl->self_ns = ctl->last_hb_ns; /* its own message: covered from here */
         tide_coll_lease_set(ctl->last_hb_ns + (uint64_t)m.u.register_ok.fail_ms * 1000000ull);
         ctl->next_hb_ns = tide_now_ns();
         break;
@@ -799,8 +914,12 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
         on_preempt(ctl, &m.u.preempt);
         break;
     case TIDE_MSG_ERROR:
+        pthread_mutex_lock(&ctl->mu);
+        int said_bye = ctl->bye;
+        pthread_mutex_unlock(&ctl->mu);
         if ((m.u.error.code == TIDE_ERR_NOT_FOUND || m.u.error.code == TIDE_ERR_STALE) &&
-            strstr(m.u.error.message, "register") != NULL && !tide__ctl_fenced_now(ctl)) {
+            strstr(m.u.error.message, "register") != NULL && !tide__ctl_fenced_now(ctl) &&
+            !said_bye) {
             /* tided lost us (new state file) or declared us failed: register again */
             TIDE_WARN(SUBSYS, "tided: %s; registering again", m.u.error.message);
             pthread_mutex_lock(&ctl->mu);
@@ -939,6 +1058,8 @@ static void forward_main(tide__ctl_t *ctl)
     }
 }
 
+static unsigned monitor_events(tide__ctl_t *ctl);
+
 static void *run(void *arg)
 {
     tide__ctl_t *ctl = arg;
@@ -972,9 +1093,15 @@ static void *run(void *arg)
         pthread_mutex_unlock(&ctl->mu);
         if (preparing && timeout > 2)
             timeout = 2; /* the program's prepare ends on its thread: ack it promptly */
-        zmq_pollitem_t items[2] = {{ctl->dealer, 0, ZMQ_POLLIN, 0},
-                                   {ctl->pair_bg, 0, ZMQ_POLLIN, 0}};
-        int r = zmq_poll(items, 2, timeout);
+        pthread_mutex_lock(&ctl->mu);
+        int mon = ctl->mon_bg && ctl->mon != NULL;
+        pthread_mutex_unlock(&ctl->mu);
+        zmq_pollitem_t items[3] = {{ctl->dealer, 0, ZMQ_POLLIN, 0},
+                                   {ctl->pair_bg, 0, ZMQ_POLLIN, 0},
+                                   {mon ? ctl->mon : NULL, 0, ZMQ_POLLIN, 0}};
+        int r = zmq_poll(items, mon ? 3 : 2, timeout);
+        if (r > 0 && mon && (items[2].revents & ZMQ_POLLIN))
+            monitor_events(ctl);
         if (r < 0 && errno != EINTR) {
             TIDE_ERROR(SUBSYS, "zmq_poll: %s", zmq_strerror(errno));
             break;
@@ -1002,9 +1129,11 @@ static void *run(void *arg)
         pthread_mutex_lock(&ctl->mu);
         registered = ctl->registered;
         pthread_mutex_unlock(&ctl->mu);
-        if (registered && now >= ctl->next_hb_ns)
+        if (ctl->host != NULL && now >= ctl->next_hb_ns)
+            host_tick(ctl);
+        else if (registered && now >= ctl->next_hb_ns)
             send_heartbeat(ctl);
-        else if (!registered && now >= ctl->next_reg_ns)
+        if (!registered && now >= ctl->next_reg_ns)
             send_register(ctl);
     }
     return NULL;
@@ -1035,9 +1164,10 @@ static tide_status setup_curve(void *sock, const char *key_file, const char *ser
     return rc;
 }
 
-/* The first failed-handshake event waiting on the monitor (a ZMQ_EVENT_HANDSHAKE_FAILED_*
- * value), or 0. Main thread. */
-static unsigned handshake_refused(tide__ctl_t *ctl)
+/* Reads the monitor's events waiting: the first failed handshake (a
+ * ZMQ_EVENT_HANDSHAKE_FAILED_* value, else 0) is returned; a connection made sets
+ * introduce. The main thread until tide__ctl_new returns, the background thread after. */
+static unsigned monitor_events(tide__ctl_t *ctl)
 {
     unsigned found = 0;
     while (ctl->mon != NULL) {
@@ -1060,10 +1190,21 @@ static unsigned handshake_refused(tide__ctl_t *ctl)
                 more = zmq_msg_more(&f);
             zmq_msg_close(&f);
         }
-        if (found == 0)
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            pthread_mutex_lock(&ctl->mu);
+            ctl->introduce = 1;
+            pthread_mutex_unlock(&ctl->mu);
+        } else if (found == 0) {
             found = ev;
+        }
     }
     return found;
+}
+
+/* The first failed-handshake event waiting on the monitor, or 0. Main thread. */
+static unsigned handshake_refused(tide__ctl_t *ctl)
+{
+    return monitor_events(ctl);
 }
 
 /* ---- lifecycle (main thread) ------------------------------------------------------------- */
@@ -1088,6 +1229,20 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     ctl->reg = cfg->reg;
     ctl->hb_fixed_ms = cfg->heartbeat_ms;
     ctl->plugin_grace = -1;
+    ctl->host = cfg->host;
+    if (ctl->host != NULL) {
+        size_t n = (size_t)tide__hostbeat_ranks(ctl->host);
+        ctl->hb_beats = tide_calloc(n, sizeof *ctl->hb_beats);
+        ctl->hb_seqs = tide_calloc(n, sizeof *ctl->hb_seqs);
+        ctl->hb_slots = tide_calloc(n, sizeof *ctl->hb_slots);
+        if (ctl->hb_beats == NULL || ctl->hb_seqs == NULL || ctl->hb_slots == NULL) {
+            tide_free(ctl->hb_beats);
+            tide_free(ctl->hb_seqs);
+            tide_free(ctl->hb_slots);
+            tide_free(ctl);
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for host heartbeats");
+        }
+    }
     const char *log_dir = getenv("TIDE_LOG_DIR");
     if (log_dir != NULL && log_dir[0] != '\0')
         snprintf(ctl->log_dir, sizeof ctl->log_dir, "%s", log_dir);
@@ -1133,10 +1288,13 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
          * at once with the reason instead of timing out */
         char mon_ep[64];
         snprintf(mon_ep, sizeof mon_ep, "inproc://tide-ctl-mon-%p", (void *)ctl);
+        /* with host heartbeats, connections too: after a reconnect (tided restarted, a
+           network blip) tided knows no route to this rank until it speaks itself */
         if (zmq_socket_monitor(ctl->dealer, mon_ep,
                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                                    ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                   (ctl->host != NULL ? ZMQ_EVENT_CONNECTED : 0)) == 0) {
             ctl->mon = zmq_socket(ctl->zctx, ZMQ_PAIR);
             if (ctl->mon != NULL) {
                 zmq_setsockopt(ctl->mon, ZMQ_LINGER, &zero, sizeof zero);
@@ -1203,6 +1361,10 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
                        ctl->endpoint, timeout, why,
                        cfg->key_file ? ", TIDE_KEY and TIDE_SERVER_KEY" : "");
     }
+    pthread_mutex_lock(&ctl->mu);
+    ctl->mon_bg = 1; /* the monitor is the background thread's from now on */
+    pthread_mutex_unlock(&ctl->mu);
+    zmq_send(ctl->pair_main, "", 0, 0); /* wake it to poll the monitor too */
     *out = ctl;
     return TIDE_OK;
 fail:
@@ -1233,6 +1395,11 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         int32_t id = ctl->worker_id;
         /* the step the program really ended at: heartbeats carry it only once a period */
         int64_t done = ctl->agree.completed;
+        pthread_mutex_unlock(&ctl->mu);
+        pthread_mutex_lock(&ctl->mu);
+        ctl->bye = say_bye && registered;
+        if (ctl->bye && ctl->host != NULL)
+            tide__hostbeat_inactive(ctl->host); /* no leader speaks for it after its bye */
         pthread_mutex_unlock(&ctl->mu);
         if (say_bye && registered) {
             tide_msg_t m;
@@ -1271,6 +1438,9 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
     tide_msg_clear(&ctl->p_layout);
     tide_msg_clear(&ctl->plugin);
     tide_free(ctl->done_bytes);
+    tide_free(ctl->hb_beats);
+    tide_free(ctl->hb_seqs);
+    tide_free(ctl->hb_slots);
     tide_proto_buf_destroy(&ctl->buf);
     pthread_mutex_destroy(&ctl->mu);
     pthread_cond_destroy(&ctl->cv);

@@ -61,6 +61,7 @@ void tide_options_init(tide_options *o)
     o->switch_timeout_ms = (int)env_int("TIDE_SWITCH_TIMEOUT_MS", 120000);
     o->staging_cap = (uint64_t)env_int("TIDE_STAGING_CAP", 0);
     o->mem_strict = env_int("TIDE_MEM_STRICT", 0) != 0;
+    o->heartbeat_aggregate = env_int("TIDE_HEARTBEAT_AGGREGATE", 1) != 0;
 }
 
 /* ---- communicators and aborts ------------------------------------------------------------ */
@@ -231,17 +232,16 @@ tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t
 
 /* ---- pool ---------------------------------------------------------------------------------- */
 
-/* This rank's index among the ranks of world on its host, and how many those are. */
-static void local_ranks(MPI_Comm world, int *index, int *count)
+/* This rank's index among the ranks of its host (node: their communicator) and how many
+   those are; 0 and 1 without one. */
+static void local_ranks(MPI_Comm node, int *index, int *count)
 {
-    MPI_Comm node;
     *index = 0;
     *count = 1;
-    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    if (node == MPI_COMM_NULL)
         return;
     MPI_Comm_rank(node, index);
     MPI_Comm_size(node, count);
-    MPI_Comm_free(&node);
 }
 
 /* The memory a worker reports (tidectl status): TIDE_MEM_BYTES when set; else its
@@ -295,8 +295,13 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_BACKEND, "MPI_Comm_dup failed");
     MPI_Comm_set_errhandler(t->end_comm, MPI_ERRORS_RETURN);
     rc = tide_coll_backend_find(opts->backend ? opts->backend : "mpi", &t->be);
+    /* the ranks of this host: a device index each, a share of the host's RAM, and one
+       heartbeat message together */
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        node = MPI_COMM_NULL;
     int local = 0, n_local = 1;
-    local_ranks(world, &local, &n_local);
+    local_ranks(node, &local, &n_local);
     int dev = opts->device >= 0 ? opts->device : local;
     t->device = dev;
     /* libtide owns the device: this thread first, then every thread it starts */
@@ -335,6 +340,13 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
     cc.reg.kind = (t->be && t->be->mem_kind == TIDE_MEM_DEVICE) ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
     cc.reg.mem_bytes = worker_mem(t, opts, n_local);
     cc.reg.pid = (int)getpid();
+    if (node != MPI_COMM_NULL) {
+        tide_status hrc = tide__hostbeat_open(node, opts->heartbeat_aggregate, &t->host);
+        MPI_Comm_free(&node);
+        if (rc == TIDE_OK)
+            rc = hrc;
+    }
+    cc.host = t->host;
     if (rc == TIDE_OK)
         rc = tide__ctl_new(&t->ctl, &cc);
     TIDE_CHECK_GOTO(agree_rc(t->end_comm, rc, "registering with tided"), rc, fail);
@@ -358,8 +370,10 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
        participant, pool blocks and the program's tide_set_prepare function on members */
     tide__ctl_set_prepare(t->ctl, prep_run, t);
     tide__fill_view(&t->view, 0, NULL, t->rank, 0);
-    TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend)", t->rank,
-              t->size, me, pool, t->be->name);
+    TIDE_INFO(SUBSYS, "rank %d/%d registered as worker %d in pool %s (%s backend); heartbeats: %s",
+              t->rank, t->size, me, pool, t->be->name,
+              t->host == NULL ? "its own (TIDE_HEARTBEAT_AGGREGATE=0, or no shared memory)"
+                              : "one message per host, through the lowest local rank running");
     *out = t;
     return TIDE_OK;
 fail:
@@ -581,6 +595,7 @@ void tide_destroy(tide_t **self_p)
         tide__ctl_unlock(t->ctl);
     }
     tide__ctl_destroy(&t->ctl, !fenced); /* no abort callback can run after this */
+    tide__hostbeat_close(&t->host);      /* the control thread that published is gone */
     /* no more heartbeats: the lease would run out under the frees below. A fenced rank
        keeps it expired until its last MPI handle is let go without a call into MPI. */
     if (!fenced)

@@ -11,6 +11,14 @@
 #include "collectives/pool.h"
 #include "worker/worker_int.h"
 
+/*
+ * Maps the host heartbeat segment of the ranks of node (a communicator of the ranks of
+ * one host): collective over node. *out = NULL (and TIDE_OK) when aggregation is off:
+ * enable is 0 on some rank, the host has more ranks than a host heartbeat carries, or
+ * the segment cannot be made or mapped (logged). TIDE_ERR_BACKEND when MPI fails.
+ */
+tide_status tide__hostbeat_open(MPI_Comm node, int enable, tide__hostbeat_t **out);
+
 /* Slots of per-wait window estimates per step (waits beyond it are never filled). */
 #define TIDE__BUBBLE_SLOTS 256
 
@@ -43,7 +51,9 @@ struct tide {
     const tide_coll_backend_v1 *be;
     MPI_Comm end_comm; /* tide's own dup of world: pool messages (job end) */
     tide__ctl_t *ctl;
-    int32_t *coord_ids; /* tided's worker id of each pool rank */
+    tide__hostbeat_t *host; /* heartbeats through the host's leader, or NULL (owned; the ctl
+                               borrows it) */
+    int32_t *coord_ids;     /* tided's worker id of each pool rank */
     /* job */
     char job[TIDE_PROTO_NAME_MAX + 1];
     const tide_collection_t *coll;

@@ -230,6 +230,59 @@ int tide__child_poll(tide__child *c, uint64_t now_ns, int *exit_code);
    to end (blocks up to grace_ms plus the keeper's slack); its exit code. */
 int tide__child_stop(tide__child *c, int grace_ms);
 
+/* ---- host heartbeats (hostbeat.c) ------------------------------------------------------- */
+
+/* The ranks of a pool on one host, sharing one slot each in a shared-memory segment. */
+typedef struct tide__hostbeat tide__hostbeat_t;
+
+/* One rank's heartbeat as its control thread publishes it: counters since its previous
+   publish (ns), the step and generation now. */
+typedef struct tide__beat {
+    int32_t worker; /* tided's worker id */
+    uint64_t step, gen;
+    uint64_t idle_ns, bubble_ns, filled_ns, step_ns;
+    uint32_t steps; /* steps the step_ns covers */
+} tide__beat;
+
+/* Takes this rank's slot off the host (the leader stops carrying it), unmaps, frees
+ *self_p and sets it to NULL; NULL is fine. Never blocks, no MPI. */
+void tide__hostbeat_close(tide__hostbeat_t **self_p);
+
+/* Ranks on the host, and this rank's index among them (its slot). */
+int tide__hostbeat_ranks(const tide__hostbeat_t *h);
+int tide__hostbeat_me(const tide__hostbeat_t *h);
+
+/* Publishes this rank's heartbeat b in its slot at monotonic time now: adds the
+   counters, sets step and generation, advances the sequence and marks the slot active.
+   Only this rank's control thread calls it. */
+void tide__hostbeat_publish(tide__hostbeat_t *h, const tide__beat *b, uint64_t now);
+
+/* Marks this rank's slot inactive (fenced, not registered, leaving): no leader carries it
+   and it is no leader. */
+void tide__hostbeat_inactive(tide__hostbeat_t *h);
+
+/* The host's leader: the lowest index whose slot is active, names a worker and was
+   published less than stale_ns before now; -1 when none. */
+int tide__hostbeat_leader(const tide__hostbeat_t *h, uint64_t now, uint64_t stale_ns);
+
+/* Leader: takes the heartbeats of the active slots published since the last heartbeat
+   sent for them into beats (room for tide__hostbeat_ranks), in worker order, with each
+   one's sequence (seqs) and slot index (slots); their count. Their counters are taken:
+   call tide__hostbeat_sent for each once the message is sent. */
+size_t tide__hostbeat_collect(tide__hostbeat_t *h, tide_proto_heartbeat_t *beats, uint64_t *seqs,
+                              int *slots);
+
+/* This rank sends its own heartbeat (no leader covers it): takes its slot's heartbeat
+   into *b (its sequence in *seq); 0 when its slot cannot be read right now. */
+int tide__hostbeat_own(tide__hostbeat_t *h, tide_proto_heartbeat_t *b, uint64_t *seq);
+
+/* A heartbeat carrying slot i's sequence seq was sent at monotonic time now. */
+void tide__hostbeat_sent(tide__hostbeat_t *h, int i, uint64_t seq, uint64_t now);
+
+/* Monotonic ns at which the last heartbeat carrying this rank's was sent (by a leader or
+   itself), 0 when none: when its lease runs from. */
+uint64_t tide__hostbeat_covered(const tide__hostbeat_t *h);
+
 /* ---- control client ------------------------------------------------------------------- */
 
 typedef struct tide__ctl tide__ctl_t;
@@ -241,6 +294,8 @@ typedef struct tide__ctl_config {
     tide_proto_register_t reg; /* what to register as */
     int register_timeout_ms;   /* wait for register_ok */
     int heartbeat_ms;          /* 0: what tided says in register_ok */
+    tide__hostbeat_t *host;    /* the host's heartbeat slots (borrowed; outlives the ctl), or
+                                  NULL: this rank sends its own heartbeats */
 } tide__ctl_config;
 
 /* Callback the background thread runs to abort communicators (with ctl's lock held;

@@ -115,6 +115,9 @@ typedef struct tide_options {
     int mem_strict;          /* TIDE_MEM_STRICT: 1: a switch of given buffers that would hold more
                                 than the larger of the rank's old and new state plus the staging cap
                                 fails (TIDE_ERR_NOMEM) instead of warning and going over; 0 */
+    int heartbeat_aggregate; /* TIDE_HEARTBEAT_AGGREGATE: 1: the ranks of a host send one heartbeat
+                                message per period together (through shared memory and the lowest
+                                local rank running); 0: each rank sends its own; 1 */
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
@@ -531,6 +534,11 @@ TIDE_API size_t tide_abi_sizeof(const char *type);
 /* offsetof(type, field) for a field of one of the types above; (size_t)-1 for an unknown
    type or field. Any thread. */
 TIDE_API size_t tide_abi_offsetof(const char *type, const char *field);
+
+/* The number of fields the library knows of type (those tide_abi_offsetof answers for), 0
+   for an unknown type: a mirror lacking a trailing field that padding hides from
+   tide_abi_sizeof is caught by its count. Any thread. */
+TIDE_API size_t tide_abi_nfields(const char *type);
 
 #ifdef __cplusplus
 }

@@ -45,7 +45,8 @@ class Options(Structure):
                 ("pool", c_char_p), ("backend", c_char_p), ("device", c_int),
                 ("mem_bytes", c_uint64), ("register_timeout_ms", c_int),
                 ("join_timeout_ms", c_int), ("switch_timeout_ms", c_int),
-                ("staging_cap", c_uint64), ("mem_strict", c_int)]
+                ("staging_cap", c_uint64), ("mem_strict", c_int),
+                ("heartbeat_aggregate", c_int)]
 
 
 FIT_WHAT_MAX = 96
@@ -144,6 +145,12 @@ def check_abi(cdll: ctypes.CDLL, structs: Sequence[type] = STRUCTS, path: str = 
             raise AbiError("%s: %s is %d bytes in the library, %d in the tide binding: the "
                            "library and the binding are from different versions"
                            % (path, name, want, ctypes.sizeof(st)))
+        # a trailing field padding hides from the size: the counts differ
+        nf = cdll.tide_abi_nfields(name.encode())
+        if nf != len(st._fields_):
+            raise AbiError("%s: %s has %d fields in the library, %d in the tide binding: the "
+                           "library and the binding are from different versions"
+                           % (path, name, nf, len(st._fields_)))
 
 
 # name: (restype, argtypes). Every C symbol the binding calls is listed here and nowhere else.
@@ -151,6 +158,7 @@ _PROTOS = {
     # include/tide/tide.h: the layout of the structs above, checked before any other call
     "tide_abi_sizeof": (c_size_t, [c_char_p]),
     "tide_abi_offsetof": (c_size_t, [c_char_p, c_char_p]),
+    "tide_abi_nfields": (c_size_t, [c_char_p]),
     # include/tide/status.h
     "tide_strerror": (c_char_p, [c_int]),
     "tide_last_error": (c_char_p, []),

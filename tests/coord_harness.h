@@ -103,8 +103,8 @@ extern char **environ;
 /*
  * Runs `TIDECTL --endpoint ENDPOINT args...` (args NULL-terminated, at most 28) and waits
  * for it; its stdout (and its stderr too when with_stderr) goes into out (cap bytes,
- * NUL-terminated) when out is not NULL. Returns its exit status, or -1 when it could not
- * run. Blocks; any thread.
+ * NUL-terminated) when out is not NULL. Returns its exit status, 128 + the signal that
+ * killed it, or -1 when it could not run. Blocks; any thread.
  */
 static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
                                    const char *const *args, char *out, size_t cap, int with_stderr)
@@ -115,8 +115,11 @@ static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
         argv[n++] = args[i];
     argv[n] = NULL;
     int fd[2];
-    if (pipe(fd) != 0)
+    if (pipe(fd) != 0) {
+        if (out != NULL && cap > 0)
+            snprintf(out, cap, "cannot make a pipe for %s: %s", tidectl, strerror(errno));
         return -1;
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
@@ -129,6 +132,8 @@ static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
     close(fd[1]);
     if (rc != 0) {
         close(fd[0]);
+        if (out != NULL && cap > 0)
+            snprintf(out, cap, "cannot run %s: %s", tidectl, strerror(rc));
         return -1;
     }
     size_t got = 0;
@@ -144,7 +149,7 @@ static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 
 /* coord_tidectl_io with stdout only. */

@@ -796,7 +796,7 @@ int main(int argc, char **argv)
        a heartbeat a period older */
     if (g_rank == 0) {
         static char ev[1 << 16];
-        const char *args[8] = {"events", "--json", "--limit", "1000"};
+        const char *args[9] = {"events", "--json", "--limit", "1000"}; /* NULL-ended */
         int n = 4;
         if (cs.admin_key != NULL) {
             args[n++] = "--key";
@@ -806,14 +806,15 @@ int main(int argc, char **argv)
         }
         char want[64];
         snprintf(want, sizeof want, "the job ends at step %lld ", (long long)end);
-        int found = 0;
-        for (int tries = 0; tries < 100 && !found; tries++) { /* the byes may still travel */
-            if (coord_tidectl(cs.tidectl, cs.endpoint, args, ev, sizeof ev) == 0)
-                found = strstr(ev, want) != NULL;
+        /* the byes may still travel, and a loaded machine slows both ends: up to 30 s */
+        int found = 0, rc = -1;
+        for (uint64_t until = tide_now_ns() + 30000000000ull; !found && tide_now_ns() < until;) {
+            rc = coord_tidectl_io(cs.tidectl, cs.endpoint, args, ev, sizeof ev, 1);
+            found = rc == 0 && strstr(ev, want) != NULL;
             if (!found)
-                usleep(50000);
+                usleep(100000);
         }
-        MT_ASSERT(found, "no job_ended event saying \"%s\": %s", want, ev);
+        MT_ASSERT(found, "no job_ended event saying \"%s\" (tidectl exit %d): %s", want, rc, ev);
     }
 
     /* each step ran once on every member of the layout active then */

@@ -122,7 +122,8 @@ static FILE *append(FILE **f, const char *path)
 }
 
 /*
- * One completed step on a member. The layout's first rank prints it and appends
+ * One completed step on a member. The recorder (the layout's first rank, or with several
+ * launches each launch's first member: is_launch_recorder) prints it and appends
  * "step loss" to --loss-out and "step S gen G start_us T0 end_us T1 loss L" to
  * --trace-out (wall clock, so that a relaunched run's records compare).
  */
@@ -378,6 +379,28 @@ static int is_first_rank(tide_t *t)
     return v->member && v->layout->worker[0] == tide_pool_rank(t);
 }
 
+/* Whether this rank records the steps of its launch (mpirun): the first of the layout's
+   workers that this launch holds. One launch: the layout's first rank. After a job grew
+   onto a later launch, each launch records the steps its members ran, so that a step
+   survives in some launch's --loss-out when the host of the layout's first rank dies
+   before writing it. */
+static int is_launch_recorder(tide_t *t)
+{
+    const tide_view *v = tide_view_get(t);
+    if (!v->member)
+        return 0;
+    int world = 1, me = tide_pool_rank(t);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    int base = me - g_rank;
+    size_t n = tide_layout_size(v->layout);
+    for (size_t i = 0; i < n; i++) {
+        int32_t w = v->layout->worker[i];
+        if (w >= base && w < base + world)
+            return w == me;
+    }
+    return 0;
+}
+
 static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
                              double secs)
 {
@@ -389,7 +412,7 @@ static tide_status e_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     /* the first step on new buffers pays for their page faults */
     int warm = !e->fresh && e->o->last_step == step - 1;
     e->fresh = 0;
-    record_step(e->o, is_first_rank(t), v->generation, lbuf, step, loss, secs,
+    record_step(e->o, is_launch_recorder(t), v->generation, lbuf, step, loss, secs,
                 now - (int64_t)(secs * 1e6), now, warm);
     pace(e->o, secs);
     return TIDE_OK;
@@ -661,7 +684,7 @@ int main(int argc, char **argv)
         {"pace-ms", "TIDE_MLP_PACE_MS", TIDE_OPT_INT, &pace_ms, "0",
          "sleep so that a step takes at least this long (ms; demos)", 0, 1 << 20},
         {"loss-out", "TIDE_MLP_LOSS_OUT", TIDE_OPT_STRING, &loss_out, NULL,
-         "write 'step loss' lines here (first rank of the layout)", 0, 0},
+         "write 'step loss' lines here (first rank of the layout in each launch)", 0, 0},
         {"trace-out", "TIDE_MLP_TRACE_OUT", TIDE_OPT_STRING, &trace_out, NULL,
          "write step and switch timing records here (wall clock, us)", 0, 0},
         {"state-out", "TIDE_MLP_STATE_OUT", TIDE_OPT_STRING, &state_out, NULL,

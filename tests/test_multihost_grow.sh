@@ -311,6 +311,7 @@ wait_idle 2
 ctl ops resize g3 --dp 2 --tp 2 >/dev/null
 wait_event g3 resized 1
 wait_step "$MH_TMP/g3-p1.loss" 60
+s_kill=$(awk 'END { print $1 + 0 }' "$MH_TMP/g3-p1.loss")
 kill_ms=$(date +%s%3N)
 bash "$CLUSTER" kill-host h1 --name "$MH_NAME"
 wait_event g3 recovered 1 60
@@ -321,6 +322,10 @@ grep -q "$STEPS steps done" "$MH_TMP/g3-p2.log" ||
   fail "g3 did not train to the end on h2: $(tail -5 "$MH_TMP/g3-p2.log")"
 jobs=$(ctl ops jobs --json)
 grep -q '"name":"g3".*"dp":1,"tp":2,"pp":1' <<<"$jobs" || fail "g3 is not (1,2,1): $jobs"
+# the joined launch records the steps its members ran too: a step h1 finished but did not
+# live to write down is still in the job's losses
+grep -q "^$s_kill " "$MH_TMP/g3-p2.loss" ||
+  fail "the joined launch did not record step $s_kill, which it ran with h1"
 n=$(losses g3 1e-5) ||
   fail "g3's losses differ from the never-resized run"
 echo "lost: h1 lost, the job recovered onto the joined pool in $((t_rec - kill_ms)) ms; $n steps match"

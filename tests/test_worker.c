@@ -927,6 +927,41 @@ static void send_assign(fake *f, const char *job, char **argv, uint32_t argc, in
     fake_send(f, &m);
 }
 
+/* Whether process pid ignores signal sig (its SigIgn mask in /proc). */
+static int ignores(int pid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "SigIgn: %llx", &mask) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return (mask & (1ull << (sig - 1))) != 0;
+}
+
+/* Whether a child of process pid (the offline supervisor: its child is the command)
+   ignores signal sig within ms. */
+static int wait_child_ignores(int pid, int sig, int ms)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
+    for (int waited = 0; waited < ms; waited += 10) {
+        FILE *f = fopen(path, "r");
+        int child = 0, found = 0;
+        while (f != NULL && !found && fscanf(f, "%d", &child) == 1)
+            found = ignores(child, sig);
+        if (f != NULL)
+            fclose(f);
+        if (found)
+            return 1;
+        tide_sleep_ms(10);
+    }
+    return 0;
+}
+
 Test(ctl, offline_command_reported_and_preempted)
 {
     char dir[64];
@@ -958,9 +993,12 @@ Test(ctl, offline_command_reported_and_preempted)
     cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
     tide_msg_clear(&st);
     char job[64];
-    cr_assert_gt(tide__ctl_offline_pid(ctl, job, sizeof job), 0);
+    int pid = tide__ctl_offline_pid(ctl, job, sizeof job);
+    cr_assert_gt(pid, 0);
     cr_assert_str_eq(job, "off2");
-    tide_sleep_ms(100);
+    /* running is reported at the spawn: on a loaded machine the shell may not have run
+       its trap yet, and a SIGTERM then would end it before the test's point */
+    cr_assert(wait_child_ignores(pid, SIGTERM, 10000), "the command never ignored SIGTERM");
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_PREEMPT);
     snprintf(m.u.preempt.job, sizeof m.u.preempt.job, "off2");

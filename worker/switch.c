@@ -544,10 +544,13 @@ commit:;
     char desc[160];
     TIDE_INFO(SUBSYS,
               "rank %d switched to generation %llu %s at step %lld in %.1f ms (%llu "
-              "bytes sent)%s",
+              "bytes sent in %llu messages over %llu rounds, %llu received by single copy, "
+              "%llu through staging; move %.1f ms)%s",
               t->rank, (unsigned long long)gen, tide_layout_format(t->layout, desc, sizeof desc),
               (long long)step, st.total_ms, (unsigned long long)es.bytes_sent,
-              t->view.member ? "" : "; now idle");
+              (unsigned long long)es.messages, (unsigned long long)es.rounds,
+              (unsigned long long)es.bytes_direct, (unsigned long long)es.bytes_staged,
+              st.move_ms, t->view.member ? "" : "; now idle");
     if (stats)
         *stats = st;
     goto out;

@@ -75,8 +75,8 @@ extern "C" {
 /* Who copies a direct message. */
 typedef enum tide_cma_mode {
     TIDE_CMA_NONE = 0, /* plain MPI (contiguous or vector type) */
-    TIDE_CMA_PUSH = 1, /* sender strided, receiver contiguous: the sender writes */
-    TIDE_CMA_PULL = 2, /* sender contiguous, receiver strided: the receiver reads */
+    TIDE_CMA_PUSH = 1, /* the sender writes (what tide__cma_mode decides) */
+    TIDE_CMA_PULL = 2, /* the receiver reads (the copy path has it; tide__cma_mode no longer picks it) */
 } tide_cma_mode;
 
 /* A region of one process's memory: bytes bytes, contiguous (run 0) or bytes / run

@@ -1338,7 +1338,9 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     char detail[512];
     snprintf(detail, sizeof detail, "%s", tide_last_error());
     int failed = -1, started = 0;
+    uint64_t t_setup = tide_now_ns();
     tide_status rc = agree(&x, local, &failed);
+    uint64_t t_agree = tide_now_ns(), t_rounds = 0, t_sync = 0;
     if (rc == TIDE_OK && local != TIDE_OK)
         rc = tide_errorf(local, "%s", detail);
     else if (rc == TIDE_OK && failed >= 0)
@@ -1367,6 +1369,7 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
         opts->progress(opts->progress_ctx, done, total);
     uint64_t direct0 = x.be->direct_bytes ? x.be->direct_bytes(comm) : 0;
     rc = run_rounds(&x, opts, &done, total);
+    t_rounds = tide_now_ns();
     if (x.be->direct_bytes)
         x.st.bytes_direct = x.be->direct_bytes(comm) - direct0;
     if (rc != TIDE_OK)
@@ -1374,8 +1377,12 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     if (opts->progress)
         opts->progress(opts->progress_ctx, done, total);
     TIDE_CHECK_GOTO(x.be->stream_sync(comm, x.cstream), rc, out);
+    t_sync = tide_now_ns();
     if (x.ip != NULL)
         TIDE_CHECK_GOTO(ip_finish(&x), rc, out);
+    TIDE_DEBUG(EXEC_LOG, "rank %d: setup %.1f agree %.1f rounds %.1f finish %.1f ms", x.me,
+              (double)(t_setup - t0) / 1e6, (double)(t_agree - t_setup) / 1e6,
+              (double)(t_rounds - t_agree) / 1e6, (double)(tide_now_ns() - t_sync) / 1e6);
 out:
     /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
        the communicator dead (before that, every rank returned together and it lives),

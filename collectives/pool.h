@@ -102,6 +102,11 @@ void tide_mem_pool_spill_release(tide_mem_pool_t *p);
    (strict) or only warns; gives cached blocks back to the system above it. */
 void tide_mem_pool_set_limit(tide_mem_pool_t *p, uint64_t limit, int strict);
 
+/* Has the kernel read bytes of host memory at ptr once (a no-op for device pools), so
+   that single-copy transfers out of it run at memory speed on a VM that shadows page
+   tables (see pool.c). Blocks; any thread; the memory must stay mapped meanwhile. */
+void tide_mem_pool_warm(const tide_mem_pool_t *p, const void *ptr, size_t bytes);
+
 /* Allocates and first-touches cached blocks of the given sizes (n entries, 0s skipped)
    that are not cached yet, while in_use + cached stays within room bytes over in_use
    (room 0: no bound); so that a later switch finds them without page faults. */

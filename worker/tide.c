@@ -260,6 +260,22 @@ static uint64_t worker_mem(const tide_t *t, const tide_options *opts, int local_
     return bytes / (uint64_t)(local_count > 0 ? local_count : 1);
 }
 
+/* On ctl's preparation thread, runtime-owned: the kernel reads this rank's current shards
+   once (tide_mem_pool_warm), so that the switch's single copies out of them run at memory
+   speed. Shards received in an earlier switch were only populated (tide_mem_pool_reserve);
+   already warm memory costs one memcpy. The buffers do not change while it runs. */
+static void warm_state(tide_t *t)
+{
+    const tide_view *cur = &t->view;
+    if (!cur->member || t->bufs == NULL)
+        return;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        if (t->bufs[i] != NULL)
+            tide_mem_pool_warm(t->mem, t->bufs[i],
+                               (size_t)tide_shard_bytes(t->layout, t->coll, i, cur->pp_rank,
+                                                        cur->dp_rank, cur->tp_rank));
+}
+
 static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl);
 
 /* Every rank learns whether all succeeded; a failing rank keeps its detail. */
@@ -537,6 +553,7 @@ static void prep_run(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl)
     if (rc == TIDE_OK && t->owned) {
         reserve_pool(t, &v);
         reserve_spill(t, pl, &v);
+        warm_state(t);
     }
     /* the program's function: tide_set_prepare waits while it runs, not while the
        communicators above are built (that would tie the program to its peers' pace) */

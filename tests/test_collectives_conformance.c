@@ -760,10 +760,13 @@ static size_t at_of(size_t j, size_t run, size_t stride)
     return run ? (j / run) * stride + j % run : j;
 }
 
-/* A message whose sender (push: 1) or receiver (push: 0) is strided, the other end
-   contiguous, with runs from 1 byte to more than a page and sizes just below, at and
-   above DIRECT_MIN, or up to 3 MiB more. */
-static dmsg draw_dmsg(uint64_t *s, int push)
+/* Shapes of a direct test message: which ends are strided. */
+enum { SHAPE_RECV_STRIDED, SHAPE_SEND_STRIDED, SHAPE_CONTIGUOUS, SHAPE_BOTH_STRIDED };
+
+/* A message of that shape (the strided ends with runs from 1 byte to more than a page;
+   both strided: the receiver's stride differs), sizes just below, at and above
+   DIRECT_MIN, or up to 3 MiB more. */
+static dmsg draw_dmsg(uint64_t *s, int shape)
 {
     static const size_t runs[] = {1, 3, 64, 1000, 2368, 4096, 4099, 9000};
     size_t run = runs[rng_below(s, sizeof runs / sizeof runs[0])];
@@ -786,58 +789,66 @@ static dmsg draw_dmsg(uint64_t *s, int push)
     if (nruns < 2)
         nruns = 2;
     dmsg m = {.bytes = nruns * run};
-    if (push) {
+    if (shape == SHAPE_SEND_STRIDED || shape == SHAPE_BOTH_STRIDED) {
         m.srun = run;
         m.sstride = stride;
-    } else {
+    }
+    if (shape == SHAPE_RECV_STRIDED || shape == SHAPE_BOTH_STRIDED) {
         m.rrun = run;
-        m.rstride = stride;
+        m.rstride = shape == SHAPE_BOTH_STRIDED ? stride + 8 : stride;
     }
     return m;
 }
 
 /* The same message as drawn by its sender src for this iteration. */
-static dmsg dmsg_of(uint64_t salt, int src, int push)
+static dmsg dmsg_of(uint64_t salt, int src, int shape)
 {
     uint64_t s = seed ^ 0xD1EC7ull ^ (salt * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)src << 33);
     rng_next(&s);
-    return draw_dmsg(&s, push);
+    return draw_dmsg(&s, shape);
 }
 
-/* Ring exchanges, each batch: a push-shaped message (strided sender), a small plain
-   message and a pull-shaped one (strided receiver) to the right neighbour, the same
-   three from the left one, with both ends' layouts given. Checks every byte and gap,
-   and that exactly the messages that had to go by single copy did. expect_direct 0:
+/* Ring exchanges, each batch: a strided sender's message, a small plain message, a
+   strided receiver's, a contiguous one and one strided at both ends to the right
+   neighbour, the same five from the left one, with both ends' layouts given. Checks
+   every byte and gap, and that exactly the messages of at least DIRECT_MIN went by
+   single copy, whatever their layouts (the sender pushes them all). expect_direct 0:
    single copy must be unused. */
+#define NMSG 5
 static void direct_ring(tide_coll_comm_t *c, int iters, int expect_direct, const char *what)
 {
     int right = (me + 1) % np, left = (me - 1 + np) % np;
     uint64_t total = 0;
     for (int it = 0; it < iters; it++) {
-        dmsg sm[3], rm[3];
-        sm[0] = dmsg_of((uint64_t)it * 3, me, 1);
-        rm[0] = dmsg_of((uint64_t)it * 3, left, 1);
+        dmsg sm[NMSG], rm[NMSG];
+        static const int shape[NMSG] = {SHAPE_SEND_STRIDED, -1, SHAPE_RECV_STRIDED,
+                                        SHAPE_CONTIGUOUS, SHAPE_BOTH_STRIDED};
+        for (int k = 0; k < NMSG; k++) {
+            if (shape[k] < 0)
+                continue;
+            sm[k] = dmsg_of((uint64_t)it * NMSG + (uint64_t)k, me, shape[k]);
+            rm[k] = dmsg_of((uint64_t)it * NMSG + (uint64_t)k, left, shape[k]);
+        }
         sm[1] = (dmsg){.bytes = 100 + (size_t)(me % 7)};
         rm[1] = (dmsg){.bytes = 100 + (size_t)(left % 7)};
-        sm[2] = dmsg_of((uint64_t)it * 3 + 2, me, 0);
-        rm[2] = dmsg_of((uint64_t)it * 3 + 2, left, 0);
         if (it == 0) {
             /* once: more than one 16 MiB slice and more than IOV_MAX runs per call */
             sm[0] = rm[0] = (dmsg){
                 .bytes = ((size_t)17 << 20) / 2368 * 2368, .srun = 2368, .sstride = 2368 + 64};
         }
-        tide_p2p_op ops[6];
-        tide_p2p_peer peers[6];
-        unsigned char *sb[3], *rb[3];
-        size_t rspan[3];
-        for (int k = 0; k < 3; k++) {
+        tide_p2p_op ops[2 * NMSG];
+        tide_p2p_peer peers[2 * NMSG];
+        unsigned char *sb[NMSG], *rb[NMSG];
+        size_t rspan[NMSG];
+        for (int k = 0; k < NMSG; k++) {
             size_t ss = span_of(sm[k].bytes, sm[k].srun, sm[k].sstride);
             rspan[k] = span_of(rm[k].bytes, rm[k].rrun, rm[k].rstride);
             sb[k] = malloc(ss + 1);
             rb[k] = malloc(rspan[k] + 1);
             memset(sb[k], 0xAB, ss);
             for (size_t j = 0; j < sm[k].bytes; j++)
-                sb[k][at_of(j, sm[k].srun, sm[k].sstride)] = dpat(me, (uint64_t)it * 3 + k, j);
+                sb[k][at_of(j, sm[k].srun, sm[k].sstride)] =
+                    dpat(me, (uint64_t)it * NMSG + (uint64_t)k, j);
             memset(rb[k], 0xEE, rspan[k]);
             ops[k] = (tide_p2p_op){.kind = TIDE_P2P_SEND,
                                    .peer = right,
@@ -846,35 +857,37 @@ static void direct_ring(tide_coll_comm_t *c, int iters, int expect_direct, const
                                    .run = sm[k].srun,
                                    .stride = sm[k].sstride};
             peers[k] = (tide_p2p_peer){.run = sm[k].rrun, .stride = sm[k].rstride, .known = 1};
-            ops[3 + k] = (tide_p2p_op){.kind = TIDE_P2P_RECV,
-                                       .peer = left,
-                                       .buf = rb[k],
-                                       .bytes = rm[k].bytes,
-                                       .run = rm[k].rrun,
-                                       .stride = rm[k].rstride};
-            peers[3 + k] = (tide_p2p_peer){.run = rm[k].srun, .stride = rm[k].sstride, .known = 1};
+            ops[NMSG + k] = (tide_p2p_op){.kind = TIDE_P2P_RECV,
+                                          .peer = left,
+                                          .buf = rb[k],
+                                          .bytes = rm[k].bytes,
+                                          .run = rm[k].rrun,
+                                          .stride = rm[k].rstride};
+            peers[NMSG + k] =
+                (tide_p2p_peer){.run = rm[k].srun, .stride = rm[k].sstride, .known = 1};
         }
         uint64_t d0 = direct_bytes(c);
         if (it % 2) {
             tide_coll_req_t *req = NULL;
-            MT_OK(tide_coll_p2p_start_peers(c, ops, peers, 6, NULL, &req));
+            MT_OK(tide_coll_p2p_start_peers(c, ops, peers, 2 * NMSG, NULL, &req));
             int done = 0;
             while (!done)
                 MT_OK(tide_coll_req_test(c, req, &done));
             tide_coll_req_free(c, &req);
         } else {
             tide_coll_req_t *req = NULL;
-            MT_OK(tide_coll_p2p_start_peers(c, ops, peers, 6, NULL, &req));
+            MT_OK(tide_coll_p2p_start_peers(c, ops, peers, 2 * NMSG, NULL, &req));
             MT_OK(tide_coll_req_wait(c, req));
             tide_coll_req_free(c, &req);
         }
         uint64_t got = direct_bytes(c) - d0, want = 0;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NMSG; k++) {
             for (size_t i = 0; i < rspan[k]; i++) {
                 size_t run = rm[k].rrun ? rm[k].rrun : rspan[k];
                 size_t stride = rm[k].rrun ? rm[k].rstride : rspan[k];
                 size_t r = i / stride, b = i % stride;
-                unsigned char w = b < run ? dpat(left, (uint64_t)it * 3 + k, r * run + b) : 0xEE;
+                unsigned char w =
+                    b < run ? dpat(left, (uint64_t)it * NMSG + (uint64_t)k, r * run + b) : 0xEE;
                 if (rb[k][i] != w)
                     MT_FAIL("%s: iteration %d message %d (%zu bytes, runs %zu/%zu -> %zu/%zu) "
                             "byte %zu is %#x, not %#x",

@@ -76,7 +76,7 @@ extern "C" {
 typedef enum tide_cma_mode {
     TIDE_CMA_NONE = 0, /* plain MPI (contiguous or vector type) */
     TIDE_CMA_PUSH = 1, /* the sender writes (what tide__cma_mode decides) */
-    TIDE_CMA_PULL = 2, /* the receiver reads (the copy path has it; tide__cma_mode no longer picks it) */
+    TIDE_CMA_PULL = 2, /* the receiver reads (supported; tide__cma_mode never picks it) */
 } tide_cma_mode;
 
 /* A region of one process's memory: bytes bytes, contiguous (run 0) or bytes / run

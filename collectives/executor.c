@@ -1381,8 +1381,8 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     if (x.ip != NULL)
         TIDE_CHECK_GOTO(ip_finish(&x), rc, out);
     TIDE_DEBUG(EXEC_LOG, "rank %d: setup %.1f agree %.1f rounds %.1f finish %.1f ms", x.me,
-              (double)(t_setup - t0) / 1e6, (double)(t_agree - t_setup) / 1e6,
-              (double)(t_rounds - t_agree) / 1e6, (double)(tide_now_ns() - t_sync) / 1e6);
+               (double)(t_setup - t0) / 1e6, (double)(t_agree - t_setup) / 1e6,
+               (double)(t_rounds - t_agree) / 1e6, (double)(tide_now_ns() - t_sync) / 1e6);
 out:
     /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
        the communicator dead (before that, every rank returned together and it lives),

@@ -562,7 +562,8 @@ static void check_status_memory(const ctl_state *cs, int size)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     uint64_t ram = (uint64_t)pages * (uint64_t)psz;
     int rows = 0;
-    for (const char *p = strstr(out, "{\"worker\":"); p != NULL; p = strstr(p + 1, "{\"worker\":")) {
+    for (const char *p = strstr(out, "{\"worker\":"); p != NULL;
+         p = strstr(p + 1, "{\"worker\":")) {
         const char *h = strstr(p, "\"host\":\""), *mb = strstr(p, "\"mem_bytes\":");
         MT_ASSERT(h != NULL && mb != NULL, "a status row without host or memory: %.200s", p);
         char host[HOST_LEN] = "";
@@ -622,9 +623,8 @@ static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss,
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr,
-                "usage: test_examples_tide TIDED TIDECTL "
-                "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts\n");
+        fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL "
+                        "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)

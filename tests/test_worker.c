@@ -1300,8 +1300,7 @@ Test(ctl, a_member_stopped_past_its_lease_fences_itself)
     fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000); /* it goes on heartbeating */
     tide_msg_clear(&m);
     char why[TIDE_PROTO_TEXT_MAX + 1];
-    cr_assert_eq(wait_fenced(ctl, why, sizeof why, 300), 0, "an idle rank fenced itself: %s",
-                 why);
+    cr_assert_eq(wait_fenced(ctl, why, sizeof why, 300), 0, "an idle rank fenced itself: %s", why);
     cr_assert_eq(tide_coll_lease_expired(), 0);
     /* now a member */
     tide__ctl_lock(ctl);

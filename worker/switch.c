@@ -549,8 +549,8 @@ commit:;
               t->rank, (unsigned long long)gen, tide_layout_format(t->layout, desc, sizeof desc),
               (long long)step, st.total_ms, (unsigned long long)es.bytes_sent,
               (unsigned long long)es.messages, (unsigned long long)es.rounds,
-              (unsigned long long)es.bytes_direct, (unsigned long long)es.bytes_staged,
-              st.move_ms, t->view.member ? "" : "; now idle");
+              (unsigned long long)es.bytes_direct, (unsigned long long)es.bytes_staged, st.move_ms,
+              t->view.member ? "" : "; now idle");
     if (stats)
         *stats = st;
     goto out;

@@ -1168,8 +1168,8 @@ static int job_ended(tide_t *t)
     if (tide__ctl_job_ended(t->ctl, &last, why, sizeof why)) {
         /* tided's word: a member stopped without tide_finish (or the members that could
            release this rank cannot reach it, or are gone) */
-        TIDE_INFO(SUBSYS, "job %s ended at step %lld: tided says %s; idle rank %d released",
-                  t->job, (long long)last, why[0] ? why : "so", t->rank);
+        TIDE_INFO(SUBSYS, "job %s ended at step %lld: tided says %s; idle rank %d released", t->job,
+                  (long long)last, why[0] ? why : "so", t->rank);
         return 1;
     }
     int flag = 0;

@@ -167,28 +167,29 @@ static size_t best_fit(const tide_mem_pool_t *p, uint64_t bytes)
 /* Bytes of each self-copy that warms a block for the kernel (see touch). */
 #define WARM_PIECE ((size_t)1 << 20)
 
+/* Where those copies go: written only by the kernel, read by no one, so threads warming
+   at once may share it (its pages are faulted in once per process). */
+static char warm_sink[WARM_PIECE];
+
 /*
  * Has the kernel read [from, to) once through this process's own addresses: copies it,
- * a MiB per call, into a scratch MiB with process_vm_writev to this very process. On a
- * VM that shadows guest page tables (seen here: a PVM guest) the kernel's first access to
- * each user page, the one a single-copy transfer makes (process_vm_readv/writev, Open
- * MPI's CMA), costs a trap to the host: 0.3 GB/s against 4-6 GB/s once warmed, measured
- * with two processes. Elsewhere it is one memcpy of the block. Best effort: where the
- * call is refused (seccomp) the transfers only run slower the first time.
+ * a MiB per call, into warm_sink with process_vm_writev to this very process. On a VM
+ * that shadows guest page tables (seen here: a PVM guest) the kernel's first access to
+ * each user page, the one a single-copy transfer makes on the copier's side
+ * (process_vm_readv/writev), costs a trap to the host: 0.3 GB/s against 4-6 GB/s once
+ * warmed, measured with two processes. Elsewhere it is one memcpy of the block. Best
+ * effort: where the call is refused (seccomp) the transfers only run slower the first
+ * time.
  */
 static void warm_for_kernel(uintptr_t from, uintptr_t to)
 {
-    char *scratch = malloc(WARM_PIECE);
-    if (scratch == NULL)
-        return;
     pid_t me = getpid();
     for (uintptr_t a = from; a < to; a += WARM_PIECE) {
         size_t len = to - a < WARM_PIECE ? (size_t)(to - a) : WARM_PIECE;
-        struct iovec local = {(void *)a, len}, remote = {scratch, len};
+        struct iovec local = {(void *)a, len}, remote = {warm_sink, len};
         if (process_vm_writev(me, &local, 1, &remote, 1, 0) < 0)
             break;
     }
-    free(scratch);
 }
 
 /*

@@ -6,7 +6,11 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "collectives/collectives.h"
 #include "collectives/collectives_int.h"
@@ -344,5 +348,55 @@ Test(mem_pool, reserve_touches_ahead_within_its_room_and_shrink_gives_back_pages
     cr_expect_eq(st.spill, 5000);
     tide_mem_pool_spill_free(p, h, 5000);
     tide_mem_pool_free(p, a);
+    tide_mem_pool_destroy(&p);
+}
+
+/* Whether all pages of [p, p + bytes) are resident (mincore), but for the partial
+   pages at either end (the pool maps the whole pages inside a block). */
+static int mapped(const void *p, size_t bytes)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t from = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t to = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+    size_t n = (to - from) / (size_t)pg, in = 0;
+    unsigned char *v = malloc(n ? n : 1);
+    cr_assert_not_null(v);
+    cr_assert_eq(mincore((void *)from, to - from, v), 0);
+    for (size_t i = 0; i < n; i++)
+        in += v[i] & 1;
+    free(v);
+    return n > 0 && in == n;
+}
+
+Test(mem_pool, fresh_blocks_are_mapped_ahead_and_warming_keeps_the_bytes)
+{
+    tide_mem_pool_t *p = host_pool();
+    size_t big = (size_t)3 << 20;
+    /* an allocation and a reservation both hand out blocks whose pages are all mapped:
+       the switch that receives into them takes no page fault */
+    void *a = NULL;
+    cr_assert_eq(tide_mem_pool_alloc(p, big, &a), TIDE_OK);
+    cr_expect(mapped(a, big), "an allocated block is not mapped");
+    uint64_t sizes[1] = {big};
+    cr_assert_eq(tide_mem_pool_reserve(p, sizes, 1, 0), TIDE_OK);
+    void *b = NULL;
+    tide_mem_pool_mark(p);
+    cr_assert_eq(tide_mem_pool_alloc(p, big, &b), TIDE_OK);
+    tide_mem_pool_stats st;
+    tide_mem_pool_stats_get(p, &st);
+    cr_expect_eq(st.fresh, 0, "the reserved block was taken");
+    cr_expect(mapped(b, big), "a reserved block is not mapped");
+    /* warming (an unaligned, odd range, and nothing for NULL) leaves every byte as it was */
+    unsigned char *u = a;
+    for (size_t i = 0; i < big; i++)
+        u[i] = (unsigned char)(i * 131u + 7u);
+    tide_mem_pool_warm(p, u + 5, big - 11);
+    tide_mem_pool_warm(p, NULL, big);
+    tide_mem_pool_warm(NULL, u, big);
+    for (size_t i = 0; i < big; i++)
+        if (u[i] != (unsigned char)(i * 131u + 7u))
+            cr_assert_fail("byte %zu changed by warming", i);
+    tide_mem_pool_free(p, a);
+    tide_mem_pool_free(p, b);
     tide_mem_pool_destroy(&p);
 }

@@ -421,6 +421,11 @@ static tide_status check_layout_msg(const void *base, tide__ctx *c)
         if (bsearch(&m->layout.worker[i], m->stay, m->n_stay, sizeof *m->stay, cmp_i32) == NULL)
             return tide__fail(c, "job rank %d of field 'layout' is not in field 'stay'",
                               m->layout.worker[i]);
+    if (m->ckpt[0] != '\0' && (!m->has_prev || !m->recover))
+        return tide__fail(c, "field 'ckpt' is given only with 'prev' and 'recover' (a recovery "
+                             "that rolls back to a checkpoint)");
+    if (m->ckpt[0] == '\0' && m->ckpt_step != 0)
+        return tide__fail(c, "field 'ckpt_step' must be 0 when field 'ckpt' is empty");
     if (!m->has_prev)
         return TIDE_OK;
     if (m->prev.gen >= m->layout.gen)
@@ -477,6 +482,8 @@ static const tide__field layout_msg_fields[] = {
      .count_off = offsetof(tide_proto_layout_msg_t, n_leave),
      .cmax = TIDE_PROTO_WORKERS_MAX},
     F_BOOL(tide_proto_layout_msg_t, recover, "recover"),
+    F_TEXT(tide_proto_layout_msg_t, ckpt, "ckpt"),
+    F_U64(tide_proto_layout_msg_t, ckpt_step, "ckpt_step"),
 };
 
 static const tide__field release_fields[] = {
@@ -522,6 +529,29 @@ static const tide__field halt_fields[] = {
     F_GEN(tide_proto_halt_t, gen),
     F_INT(tide_proto_halt_t, code, "code", -1000, -1),
     F_TEXT(tide_proto_halt_t, reason, "reason"),
+};
+
+static const tide__field save_fields[] = {
+    F_JOB(tide_proto_save_t, job),
+    F_STR(tide_proto_save_t, dir, "dir", TIDE__CS_TEXT, 1),
+    F_U64(tide_proto_save_t, step, "step"),
+};
+
+static tide_status check_saved(const void *base, tide__ctx *c)
+{
+    const tide_proto_saved_t *m = base;
+    if (m->code == 0 && m->reason[0] != '\0')
+        return tide__fail(c, "field 'reason' must be empty when field 'code' is 0");
+    return TIDE_OK;
+}
+
+static const tide__field saved_fields[] = {
+    F_WORKER(tide_proto_saved_t, worker),
+    F_JOB(tide_proto_saved_t, job),
+    F_U64(tide_proto_saved_t, step, "step"),
+    F_STR(tide_proto_saved_t, dir, "dir", TIDE__CS_TEXT, 1),
+    F_INT(tide_proto_saved_t, code, "code", -1000, 0),
+    F_TEXT(tide_proto_saved_t, reason, "reason"),
 };
 
 static const tide__field abort_fields[] = {
@@ -836,6 +866,19 @@ static const tide__field submit_fields[] = {
 static const tide__field cancel_fields[] = {F_JOB(tide_proto_cancel_t, job)};
 static const tide__field drain_fields[] = {F_WORKER(tide_proto_drain_t, worker)};
 
+static tide_status check_checkpoint(const void *base, tide__ctx *c)
+{
+    const tide_proto_checkpoint_t *m = base;
+    if (m->dir[0] != '\0' && m->dir[0] != '/')
+        return tide__fail(c, "field 'dir' must be an absolute path (or empty: the job's root)");
+    return TIDE_OK;
+}
+
+static const tide__field checkpoint_fields[] = {
+    F_JOB(tide_proto_checkpoint_t, job),
+    F_TEXT(tide_proto_checkpoint_t, dir, "dir"),
+};
+
 static const tide__field events_fields[] = {
     F_U64(tide_proto_events_t, since_id, "since_id"),
     F_INT(tide_proto_events_t, since_ms, "since_ms", 0, INT64_MAX),
@@ -925,6 +968,8 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_COMMIT] = SCHEMA(commit_fields, tide_proto_commit_t, 0, NULL),
     [TIDE_MSG_ABORT] = SCHEMA(abort_fields, tide_proto_abort_t, 0, NULL),
     [TIDE_MSG_HALT] = SCHEMA(halt_fields, tide_proto_halt_t, 0, NULL),
+    [TIDE_MSG_SAVE] = SCHEMA(save_fields, tide_proto_save_t, 0, NULL),
+    [TIDE_MSG_SAVED] = SCHEMA(saved_fields, tide_proto_saved_t, 0, check_saved),
     [TIDE_MSG_DONE] = SCHEMA(done_fields, tide_proto_done_t, 0, NULL),
     [TIDE_MSG_FENCED] = SCHEMA(fenced_fields, tide_proto_fenced_t, 0, NULL),
     [TIDE_MSG_LIVENESS] = SCHEMA(liveness_fields, tide_proto_liveness_t, 1, check_liveness),
@@ -946,6 +991,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_SUBMIT] = SCHEMA(submit_fields, tide_proto_submit_t, 1, check_submit),
     [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
+    [TIDE_MSG_CHECKPOINT] = SCHEMA(checkpoint_fields, tide_proto_checkpoint_t, 0, check_checkpoint),
     [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, NULL),
     [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
     [TIDE_MSG_LOGS] = SCHEMA(logs_fields, tide_proto_logs_t, 0, NULL),
@@ -996,6 +1042,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_JOIN_PORT:
     case TIDE_MSG_PREPARE_ACK:
     case TIDE_MSG_DONE:
+    case TIDE_MSG_SAVED:
     case TIDE_MSG_FAILURE:
     case TIDE_MSG_OFFLINE_STATUS:
     case TIDE_MSG_BUBBLE:
@@ -1008,6 +1055,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_SUBMIT:
     case TIDE_MSG_CANCEL:
     case TIDE_MSG_DRAIN:
+    case TIDE_MSG_CHECKPOINT:
     case TIDE_MSG_EVENTS:
     case TIDE_MSG_LOGS: /* a command's output may hold anything: admins only */
         return TIDE_ROLE_ADMIN;

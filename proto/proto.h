@@ -273,15 +273,22 @@ typedef struct tide_proto_layout_msg {
     int32_t *leave;           /* "leave": owned */
     uint32_t n_leave;         /* <= TIDE_PROTO_WORKERS_MAX */
     int recover;              /* "recover": bool, a recovery (see above) */
+    /* "ckpt": a recovery whose lost state no survivor holds rolls back to the job's last
+       complete checkpoint: its directory (as the workers reported it, "saved"), from which
+       every member of the new layout loads its shards; "" for any other generation (state
+       from the old layout's holders). Given only with "recover" and "prev". */
+    char ckpt[TIDE_PROTO_TEXT_MAX + 1];
+    uint64_t ckpt_step; /* "ckpt_step": that checkpoint's step (the new layout's first step);
+                           0 when "ckpt" is "" */
 } tide_proto_layout_msg_t;
 
 /* "job_end" tided -> worker: the job this idle rank joined has ended (a member said bye
    with no switch pending, or every rank of it is gone) after `step` steps; the rank stops
    waiting for a layout. */
 typedef struct tide_proto_job_end {
-    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job" */
-    uint64_t step;                      /* "step": steps the job completed */
-    char why[TIDE_PROTO_TEXT_MAX + 1];  /* "why": tided's job_ended event, for the rank's log */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t step;                     /* "step": steps the job completed */
+    char why[TIDE_PROTO_TEXT_MAX + 1]; /* "why": tided's job_ended event, for the rank's log */
 } tide_proto_job_end_t;
 
 /* "release" tided -> worker: generation gen of the job, committed, released every rank of
@@ -343,6 +350,28 @@ typedef struct tide_proto_halt {
     int code;                             /* "code": a tide_status, [-1000, -1] */
     char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
 } tide_proto_halt_t;
+
+/* "save" tided -> worker: every member of job `job`'s layout checkpoints its registered
+   buffers under root `dir` at the step boundary where it has completed `step` steps (as
+   tide_checkpoint there), then goes on training (`tidectl checkpoint`). A member that is
+   already past that step when it hears it saves nothing and reports "saved" with an error. */
+typedef struct tide_proto_save {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    char dir[TIDE_PROTO_TEXT_MAX + 1]; /* "dir": the checkpoint root, 1.. chars */
+    uint64_t step;                     /* "step": steps completed by the saved state */
+} tide_proto_save_t;
+
+/* "saved" worker -> tided: a checkpoint of job `job` with `step` steps ended: code 0: it is
+   complete in directory `dir` (ROOT/step-<012 step>; sent by its publisher, the layout's
+   first member); else the save failed on this worker (its reason; dir: the root). */
+typedef struct tide_proto_saved {
+    int32_t worker;                       /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1];    /* "job" */
+    uint64_t step;                        /* "step" */
+    char dir[TIDE_PROTO_TEXT_MAX + 1];    /* "dir": 1.. chars */
+    int code;                             /* "code": a tide_status, [-1000, 0] */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason": "" when code is 0 */
+} tide_proto_saved_t;
 
 /* "fenced" tided -> worker: tided declared this worker failed while it held a coordinate
    of online job `job` (or took part in its switch), and the job went on without it (it
@@ -567,6 +596,14 @@ typedef struct tide_proto_cancel {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
 } tide_proto_cancel_t;
 
+/* "checkpoint" tidectl -> tided: have online job `job` save a checkpoint under root `dir`
+   ("" : the root its last reported checkpoint lies under) at a step its members have not
+   reached yet (tided's "ok" names the step; "checkpoint_saved" follows in the events). */
+typedef struct tide_proto_checkpoint {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    char dir[TIDE_PROTO_TEXT_MAX + 1]; /* "dir": absolute, or "" */
+} tide_proto_checkpoint_t;
+
 /* "drain" tidectl -> tided: move work off a worker and give it no more. */
 typedef struct tide_proto_drain {
     int32_t worker; /* "worker" */
@@ -663,6 +700,8 @@ typedef struct tide_proto_error {
     X(COMMIT, "commit", commit)                                                                    \
     X(ABORT, "abort", abort_)                                                                      \
     X(HALT, "halt", halt)                                                                          \
+    X(SAVE, "save", save)                                                                          \
+    X(SAVED, "saved", saved)                                                                       \
     X(DONE, "done", done)                                                                          \
     X(FENCED, "fenced", fenced)                                                                    \
     X(LIVENESS, "liveness", liveness)                                                              \
@@ -681,6 +720,7 @@ typedef struct tide_proto_error {
     X(SUBMIT, "submit", submit)                                                                    \
     X(CANCEL, "cancel", cancel)                                                                    \
     X(DRAIN, "drain", drain)                                                                       \
+    X(CHECKPOINT, "checkpoint", checkpoint)                                                        \
     X(EVENTS, "events", events)                                                                    \
     X(EVENTS_REPLY, "events_reply", events_reply)                                                  \
     X(LOGS, "logs", logs)                                                                          \
@@ -734,6 +774,8 @@ typedef struct tide_msg {
         tide_proto_commit_t commit;
         tide_proto_abort_t abort_;
         tide_proto_halt_t halt;
+        tide_proto_save_t save;
+        tide_proto_saved_t saved;
         tide_proto_done_t done;
         tide_proto_fenced_t fenced;
         tide_proto_liveness_t liveness;
@@ -752,6 +794,7 @@ typedef struct tide_msg {
         tide_proto_submit_t submit;
         tide_proto_cancel_t cancel;
         tide_proto_drain_t drain;
+        tide_proto_checkpoint_t checkpoint;
         tide_proto_events_t events;
         tide_proto_events_reply_t events_reply;
         tide_proto_logs_t logs;

@@ -286,6 +286,10 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
                     x->leave[k - cut] = k;
             }
         }
+        if (x->recover && (next(r) & 1)) {
+            rstr(r, x->ckpt, 1, TIDE_PROTO_TEXT_MAX, 2);
+            x->ckpt_step = urange(r, 0, UINT64_MAX);
+        }
         return TIDE_OK;
     }
     case TIDE_MSG_JOB_END:
@@ -383,6 +387,22 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.halt.code = (int)irange(r, -1000, -1);
         TEXT(r, m->u.halt.reason);
         return TIDE_OK;
+    case TIDE_MSG_SAVE:
+        NAME(r, m->u.save.job);
+        rstr(r, m->u.save.dir, 1, TIDE_PROTO_TEXT_MAX, 2);
+        m->u.save.step = urange(r, 0, UINT64_MAX);
+        return TIDE_OK;
+    case TIDE_MSG_SAVED: {
+        tide_proto_saved_t *x = &m->u.saved;
+        x->worker = worker_id(r);
+        NAME(r, x->job);
+        x->step = urange(r, 0, UINT64_MAX);
+        rstr(r, x->dir, 1, TIDE_PROTO_TEXT_MAX, 2);
+        x->code = (int)irange(r, -1000, 0);
+        if (x->code != 0)
+            TEXT(r, x->reason);
+        return TIDE_OK;
+    }
     case TIDE_MSG_FAILURE: {
         tide_proto_failure_t *x = &m->u.failure;
         x->worker = worker_id(r);
@@ -556,6 +576,13 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         return TIDE_OK;
     case TIDE_MSG_DRAIN:
         m->u.drain.worker = worker_id(r);
+        return TIDE_OK;
+    case TIDE_MSG_CHECKPOINT:
+        NAME(r, m->u.checkpoint.job);
+        if (next(r) & 1) {
+            rstr(r, m->u.checkpoint.dir, 1, TIDE_PROTO_TEXT_MAX, 2);
+            m->u.checkpoint.dir[0] = '/';
+        }
         return TIDE_OK;
     case TIDE_MSG_EVENTS:
         m->u.events.since_id = urange(r, 0, UINT64_MAX);

@@ -598,8 +598,9 @@ Test(proto_roundtrip, join_fit_rules_and_their_bad_forms)
     refuse_edit(&m, OP_DROP, "fit", VNIL, "join: missing field 'fit'");
     refuse_edit(&m, OP_SET, "fit", VUINT(4), "field 'fit' must be an array");
     refuse_edit(&m, OP_SET, "fit.0", VUINT(4), "field 'fit[0]' must be a map (got an integer)");
-    refuse_edit(&m, OP_SET, "fit.1.degree", VSTR("ep"),
-                "field 'fit[1].degree' must be one of \"dp\", \"tp\", \"pp\", \"dp_micro\", got \"ep\"");
+    refuse_edit(
+        &m, OP_SET, "fit.1.degree", VSTR("ep"),
+        "field 'fit[1].degree' must be one of \"dp\", \"tp\", \"pp\", \"dp_micro\", got \"ep\"");
     refuse_edit(&m, OP_SET, "fit.0.n", VUINT(0), "field 'fit[0].n' must be an integer in [1, ");
     refuse_edit(&m, OP_SET, "fit.0.n", VINT(-16), "got -16");
     refuse_edit(&m, OP_SET, "fit.2.n", VUINT((UINT64_C(1) << 62) + 1), "field 'fit[2].n'");
@@ -783,6 +784,82 @@ Test(proto_roundtrip, release_of_a_pool_and_its_bad_forms)
     cr_expect_eq(tide_msg_type_role(TIDE_MSG_RELEASE), TIDE_ROLE_COORDINATOR);
     tide_msg_clear(&d);
     tide_free(bytes);
+}
+
+/* Encodes m and expects a refusal naming want. */
+static void expect_encode_refused(const tide_msg_t *m, const char *want)
+{
+    tide_proto_buf_t buf;
+    tide_proto_buf_init(&buf);
+    cr_expect_neq(tide_proto_encode(m, &buf), TIDE_OK, "encoded although: %s", want);
+    cr_expect(strstr(tide_last_error(), want) != NULL, "want '%s', got: %s", want,
+              tide_last_error());
+    tide_proto_buf_destroy(&buf);
+}
+
+Test(proto_roundtrip, checkpoint_messages_and_their_bad_forms)
+{
+    /* a recovery that rolls back to a checkpoint names it in its layout message */
+    tide_msg_t m = layout_msg(), d;
+    int prev_stages[2] = {0, 24};
+    int32_t prev_workers[2] = {2, 11};
+    m.u.layout.has_prev = 1;
+    m.u.layout.prev = prev_layout(prev_stages, prev_workers);
+    m.u.layout.recover = 1;
+    strcpy(m.u.layout.ckpt, "/ckpt/llm/step-000000000040");
+    m.u.layout.ckpt_step = 40;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(d.u.layout.ckpt, "/ckpt/llm/step-000000000040");
+    cr_expect_eq(d.u.layout.ckpt_step, 40u);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    tide_msg_t b = m;
+    b.u.layout.recover = 0; /* a plain resize never loads a checkpoint */
+    expect_encode_refused(&b, "field 'ckpt' is given only with 'prev' and 'recover'");
+    b = m;
+    b.u.layout.ckpt[0] = '\0';
+    expect_encode_refused(&b, "field 'ckpt_step' must be 0");
+
+    /* tidectl asks, tided relays, the publisher reports */
+    tide_msg_t c;
+    tide_msg_init(&c, TIDE_MSG_CHECKPOINT);
+    strcpy(c.u.checkpoint.job, "llm");
+    strcpy(c.u.checkpoint.dir, "ckpt/llm");
+    expect_encode_refused(&c, "field 'dir' must be an absolute path");
+    c.u.checkpoint.dir[0] = '\0'; /* the job's own root */
+    bytes = encode_copy(&c, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(d.u.checkpoint.job, "llm");
+    tide_free(bytes);
+    tide_msg_t sv;
+    tide_msg_init(&sv, TIDE_MSG_SAVE);
+    strcpy(sv.u.save.job, "llm");
+    sv.u.save.step = 75;
+    expect_encode_refused(&sv, "save: field 'dir'");
+    strcpy(sv.u.save.dir, "/ckpt/llm");
+    bytes = encode_copy(&sv, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.save.step, 75u);
+    tide_free(bytes);
+    tide_msg_t ok;
+    tide_msg_init(&ok, TIDE_MSG_SAVED);
+    ok.u.saved.worker = 3;
+    strcpy(ok.u.saved.job, "llm");
+    ok.u.saved.step = 75;
+    strcpy(ok.u.saved.dir, "/ckpt/llm/step-000000000075");
+    strcpy(ok.u.saved.reason, "disk full");
+    expect_encode_refused(&ok, "field 'reason' must be empty when field 'code' is 0");
+    ok.u.saved.code = TIDE_ERR_IO;
+    bytes = encode_copy(&ok, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.saved.code, (int)TIDE_ERR_IO);
+    cr_expect_str_eq(d.u.saved.reason, "disk full");
+    tide_free(bytes);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_CHECKPOINT), TIDE_ROLE_ADMIN);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_SAVED), TIDE_ROLE_WORKER);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_SAVE), TIDE_ROLE_COORDINATOR);
 }
 
 Test(proto_roundtrip, largest_layout_is_accepted_and_one_more_worker_is_not)

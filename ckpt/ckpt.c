@@ -308,6 +308,13 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
         return TIDE_OK;
     TIDE_CHECK(mkdir_p(dir));
     char name[64], path[TIDE_CKPT_PATH_MAX + 128];
+    /* a complete checkpoint of this step saved before (a job rolled back past it saves it
+       again): incomplete from now on, until this save publishes, never complete-looking
+       over shards being rewritten */
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return tide_errorf(TIDE_ERR_IO, "checkpoint %s: cannot remove the old manifest: %s", dir,
+                           strerror(errno));
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     unlink(path); /* a crashed attempt's checksums must not describe this attempt's data */

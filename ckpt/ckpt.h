@@ -171,6 +171,11 @@ typedef struct tide_ckpt_save_req {
     void *const *bufs;             /* tensor i's local buffer (NULL where not held) */
     tide_ckpt_copy_fn copy;        /* NULL: memcpy (host buffers) */
     void *copy_ctx;
+    /* Called once the save ended (the shard written and, on the publisher, the checkpoint
+       published), with its status (its detail in tide_last_error) and the step's directory;
+       on the writer thread of a saver, the caller's for tide_ckpt_save. NULL: none. */
+    void (*done)(void *ctx, const struct tide_ckpt_save_req *req, const char *dir, tide_status rc);
+    void *done_ctx;
 } tide_ckpt_save_req;
 
 /* A background writer thread with reusable host staging. Opaque. */
@@ -188,6 +193,14 @@ tide_status tide_ckpt_saver_new(tide_ckpt_saver_t **out);
  * its buffers as soon as this returns. One caller thread.
  */
 tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
+
+/*
+ * Allocates and first-touches the host staging for saves of req's coordinate (layout,
+ * collection and coordinate are read; bufs may be NULL) ahead of the first one, so that no
+ * save's snapshot takes page faults from the training loop. Waits for a save being
+ * written first. One caller thread (the submitting one).
+ */
+tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
 /* Waits until nothing is being written; returns the last save's status. */
 tide_status tide_ckpt_saver_wait(tide_ckpt_saver_t *s);

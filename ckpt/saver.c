@@ -16,12 +16,9 @@
 
 #define SUBSYS "ckpt"
 
-/* Writes the shard of req from host buffers bufs, then publishes on the publisher. */
-static tide_status save_from(const tide_ckpt_save_req *req, const tide_layout_t *l,
-                             const void *const *bufs)
+static tide_status write_publish(const tide_ckpt_save_req *req, const tide_layout_t *l,
+                                 const void *const *bufs, const char *dir)
 {
-    char dir[TIDE_CKPT_PATH_MAX];
-    tide_ckpt_step_dir(req->root, req->step, dir, sizeof dir);
     TIDE_CHECK(
         tide_ckpt_write_shard(dir, l, req->coll, req->p, req->d, req->t, bufs, req->save_id));
     if (!req->publish)
@@ -33,10 +30,48 @@ static tide_status save_from(const tide_ckpt_save_req *req, const tide_layout_t 
     return TIDE_OK;
 }
 
+/* Writes the shard of req from host buffers bufs, then publishes on the publisher, then
+   tells req->done. */
+static tide_status save_from(const tide_ckpt_save_req *req, const tide_layout_t *l,
+                             const void *const *bufs)
+{
+    char dir[TIDE_CKPT_PATH_MAX];
+    tide_ckpt_step_dir(req->root, req->step, dir, sizeof dir);
+    tide_status rc = write_publish(req, l, bufs, dir);
+    if (req->done != NULL)
+        req->done(req->done_ctx, req, dir, rc);
+    return rc;
+}
+
+/* Grows staging[i] to tensor i's shard of req's coordinate where it saves it; touch: writes
+   every new page once (so that later snapshots take no page faults). */
+static tide_status grow_staging(const tide_ckpt_save_req *req, void **staging, uint64_t *cap,
+                                int touch)
+{
+    const tide_collection_t *c = req->coll;
+    for (size_t i = 0; i < tide_collection_size(c); i++) {
+        if (!tide_ckpt_saves(req->layout, c, i, req->p, req->d, req->t))
+            continue;
+        uint64_t n = tide_shard_bytes(req->layout, c, i, req->p, req->d, req->t);
+        if (cap[i] >= n)
+            continue;
+        tide_free(staging[i]);
+        staging[i] = tide_malloc(n);
+        cap[i] = staging[i] != NULL ? n : 0;
+        if (staging[i] == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory staging %s for a checkpoint",
+                               tide_collection_tensor(c, i)->name);
+        if (touch)
+            memset(staging[i], 0, n);
+    }
+    return TIDE_OK;
+}
+
 /* Copies the tensors req's coordinate saves into staging[i] (grown as needed). */
 static tide_status snapshot(const tide_ckpt_save_req *req, void **staging, uint64_t *cap)
 {
     const tide_collection_t *c = req->coll;
+    TIDE_CHECK(grow_staging(req, staging, cap, 0));
     for (size_t i = 0; i < tide_collection_size(c); i++) {
         if (!tide_ckpt_saves(req->layout, c, i, req->p, req->d, req->t))
             continue;
@@ -44,14 +79,6 @@ static tide_status snapshot(const tide_ckpt_save_req *req, void **staging, uint6
         if (req->bufs[i] == NULL)
             return tide_errorf(TIDE_ERR_INVALID, "checkpoint: no buffer for tensor %s",
                                tide_collection_tensor(c, i)->name);
-        if (cap[i] < n) {
-            tide_free(staging[i]);
-            staging[i] = tide_malloc(n);
-            cap[i] = staging[i] != NULL ? n : 0;
-            if (staging[i] == NULL)
-                return tide_errorf(TIDE_ERR_NOMEM, "out of memory staging %s for a checkpoint",
-                                   tide_collection_tensor(c, i)->name);
-        }
         if (req->copy != NULL)
             TIDE_CHECK(req->copy(req->copy_ctx, i, staging[i], req->bufs[i], n));
         else
@@ -171,6 +198,38 @@ int tide_ckpt_saver_busy(tide_ckpt_saver_t *s)
     return b;
 }
 
+/* Makes s's staging table fit req's collection (the thread idle). */
+static tide_status fit_staging(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req)
+{
+    size_t n = tide_collection_size(req->coll);
+    if (s->coll == req->coll && s->n == n)
+        return TIDE_OK;
+    for (size_t i = 0; i < s->n; i++)
+        tide_free(s->staging[i]);
+    tide_free(s->staging);
+    tide_free(s->cap);
+    s->staging = tide_calloc(n ? n : 1, sizeof *s->staging);
+    s->cap = tide_calloc(n ? n : 1, sizeof *s->cap);
+    s->n = s->staging && s->cap ? n : 0;
+    s->coll = req->coll;
+    if (s->staging == NULL || s->cap == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for checkpoint staging");
+    return TIDE_OK;
+}
+
+tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req)
+{
+    if (s == NULL || req == NULL || req->layout == NULL || req->coll == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_saver_reserve: incomplete request");
+    pthread_mutex_lock(&s->mu);
+    tide_status rc = wait_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (rc != TIDE_OK)
+        return rc;
+    TIDE_CHECK(fit_staging(s, req));
+    return grow_staging(req, s->staging, s->cap, 1);
+}
+
 tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req)
 {
     if (s == NULL || req == NULL || req->root == NULL || req->layout == NULL || req->coll == NULL ||
@@ -188,19 +247,7 @@ tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_re
     if (rc != TIDE_OK)
         return rc;
     /* the thread is idle: its state is ours until busy is set */
-    size_t n = tide_collection_size(req->coll);
-    if (s->coll != req->coll || s->n != n) {
-        for (size_t i = 0; i < s->n; i++)
-            tide_free(s->staging[i]);
-        tide_free(s->staging);
-        tide_free(s->cap);
-        s->staging = tide_calloc(n ? n : 1, sizeof *s->staging);
-        s->cap = tide_calloc(n ? n : 1, sizeof *s->cap);
-        s->n = s->staging && s->cap ? n : 0;
-        s->coll = req->coll;
-        if (s->staging == NULL || s->cap == NULL)
-            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for checkpoint staging");
-    }
+    TIDE_CHECK(fit_staging(s, req));
     tide_layout_destroy(&s->layout);
     TIDE_CHECK(tide_layout_copy(&s->layout, req->layout));
     TIDE_CHECK(snapshot(req, s->staging, s->cap));

@@ -309,6 +309,10 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
         m.u.layout.has_prev = 1;
         tide__proto_layout(&m.u.layout.prev, j->layout, j->generation);
         m.u.layout.recover = r->recover;
+        if (r->ckpt[0] != '\0') {
+            snprintf(m.u.layout.ckpt, sizeof m.u.layout.ckpt, "%s", r->ckpt);
+            m.u.layout.ckpt_step = (uint64_t)r->ckpt_step;
+        }
         if (r->join_pool >= 0) { /* borrowed: the message is encoded, never cleared */
             m.u.layout.join_old = r->join_old;
             m.u.layout.n_join_old = (uint32_t)r->n_join_old;
@@ -529,11 +533,15 @@ static const char *pool_names(const tide_coord_job_t *j, uint32_t mask, char *bu
 
 tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
                                const int32_t *preempt, size_t n_preempt, int recover,
-                               const char *reason)
+                               const char *reason, const tide_coord_ckpt *ckpt)
 {
     tide_reconf_t *r = NULL;
     uint64_t gen = j->gen_issued + 1;
     TIDE_CHECK(tide_reconf_new(&r, j->layout, layout, gen, recover));
+    if (ckpt != NULL) {
+        snprintf(r->ckpt, sizeof r->ckpt, "%s", ckpt->dir);
+        r->ckpt_step = ckpt->step;
+    }
     tide_status rc = setup_join(s, j, r);
     if (rc == TIDE_OK) {
         j->reconf = r; /* setup_leave reads it; nothing is sent before the end */
@@ -708,7 +716,7 @@ void tide__handle_resize(tide_server_t *s, const tide_proto_resize_t *m)
     tide_layout_destroy(&shown);
     char why[128];
     snprintf(why, sizeof why, "resize by %s", s->who);
-    rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
+    rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why, NULL);
     tide_free(pre);
     if (rc != TIDE_OK) {
         TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());
@@ -848,14 +856,26 @@ static void commit_generation(tide_server_t *s, tide_coord_job_t *j)
     j->layout = r->layout;
     r->layout = NULL;
     j->generation = r->gen;
-    if (r->switch_step > j->step)
-        j->step = r->switch_step;
     char desc[200];
-    tide__event(s, j->name, r->recover ? "recovered" : "resized",
-                "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
-                (unsigned long long)j->generation, tide_layout_format(j->layout, desc, sizeof desc),
-                (long long)r->switch_step, (double)dur / 1e6, (unsigned long long)r->bytes_moved,
-                r->reason);
+    if (r->ckpt[0] != '\0') {
+        /* the state went back to the checkpoint: so did the job's step */
+        j->step = r->ckpt_step;
+        tide__event(s, j->name, "rolled_back",
+                    "generation %llu committed: %s from the checkpoint of step %lld (%s); steps "
+                    "lost: %lld (the job had completed %lld), %.1f ms (%s)",
+                    (unsigned long long)j->generation,
+                    tide_layout_format(j->layout, desc, sizeof desc), (long long)r->ckpt_step,
+                    r->ckpt, (long long)(r->switch_step - r->ckpt_step), (long long)r->switch_step,
+                    (double)dur / 1e6, r->reason);
+    } else {
+        if (r->switch_step > j->step)
+            j->step = r->switch_step;
+        tide__event(s, j->name, r->recover ? "recovered" : "resized",
+                    "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
+                    (unsigned long long)j->generation,
+                    tide_layout_format(j->layout, desc, sizeof desc), (long long)r->switch_step,
+                    (double)dur / 1e6, (unsigned long long)r->bytes_moved, r->reason);
+    }
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);
@@ -873,6 +893,19 @@ void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_prot
         tide__reply_error(s, TIDE_ERR_PROTOCOL,
                           "done for generation %llu of job %s before its commit",
                           (unsigned long long)m->gen, j->name);
+        return;
+    }
+    if (m->status != 0 && r->ckpt[0] != '\0' && m->status == TIDE_ERR_INVALID && !r->switched) {
+        /* the members agree on whether the checkpoint loaded (a damaged shard fails them
+           all): it is never used again, and the recovery tries the one before it */
+        char why[TIDE_PROTO_TEXT_MAX + 1];
+        snprintf(why, sizeof why,
+                 "the checkpoint of step %lld (%.800s) could not be loaded (worker %d: %s; its "
+                 "log names the file)",
+                 (long long)r->ckpt_step, r->ckpt, w->id, tide_strerror((tide_status)m->status));
+        tide__event(s, j->name, "checkpoint_refused", "%s", why);
+        tide_coord_job_drop_ckpt(j, r->ckpt_step);
+        tide__reconf_abort(s, j, why);
         return;
     }
     if (m->status != 0) {
@@ -1097,6 +1130,43 @@ void tide__preempt_for(tide_server_t *s, const tide_coord_job_t *j, tide_coord_w
     s->want_backfill = 1; /* the requeued job may go elsewhere, or into bubbles */
 }
 
+/*
+ * A layout for a rollback when the survivors cannot hold the old tp and pp: the checkpoint
+ * loads into any degrees, so the largest job (then the widest tp, then the most stages)
+ * the candidates can run and the program allows, tp a divisor of the old one. Like
+ * tide_policy_recover's outputs; why gets what changed. Pure but for the error detail.
+ */
+static tide_status rollback_layout(const tide_coord_job_t *j, const tide_collection_t *c,
+                                   const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                   int32_t *pre, size_t *n_pre, char *why, size_t why_len)
+{
+    const tide_layout_t *old = j->layout;
+    int tries = 256; /* placements attempted at most (each O(n log n)) */
+    for (int size = (int)(n < (size_t)INT32_MAX ? n : INT32_MAX); size >= 1 && tries > 0; size--)
+        for (int tp = old->tp; tp >= 1 && tries > 0; tp--) {
+            if (old->tp % tp != 0 || size % tp != 0)
+                continue;
+            for (int pp = old->pp; pp >= 1 && tries > 0; pp--) {
+                int dp = (size / tp) / pp;
+                if ((size / tp) % pp != 0 || tide_fit_check(j->fit, (size_t)j->n_fit, dp, tp, pp,
+                                                            old->micro_batches) != TIDE_OK)
+                    continue;
+                tide_resize_req req = {dp,   tp, pp, old->num_layers, old->micro_batches,
+                                       NULL, 0,  0,  j->fit,          (size_t)j->n_fit};
+                tries--;
+                if (tide_policy_place(old, c, &req, cand, n, out, pre, n_pre) != TIDE_OK)
+                    continue;
+                snprintf(why, why_len,
+                         "(dp %d, tp %d, pp %d) instead of (dp %d, tp %d, pp %d): the %zu "
+                         "available workers hold no more",
+                         dp, tp, pp, old->dp, old->tp, old->pp, n);
+                tide_error_clear();
+                return TIDE_OK;
+            }
+        }
+    return tide_errorf(TIDE_ERR_NO_DEVICE, "%zu candidate workers", n);
+}
+
 void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
 {
     if (j->reconf != NULL)
@@ -1118,20 +1188,45 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
                                        &n_pre, shrink, sizeof shrink)
                  : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
     }
-    tide_free(cand);
     if (rc == TIDE_OK && c != NULL)
         rc = recovery_feasible(s, j, c, l);
+    /* what no survivor holds any more, when that is why (for the events) */
+    char lost[TIDE_PROTO_TEXT_MAX + 1] = "";
+    if (rc == TIDE_ERR_NO_HOLDER)
+        snprintf(lost, sizeof lost, "%s", tide_last_error());
     if (rc == TIDE_ERR_NO_DEVICE && c != NULL) {
         /* too few workers for a layout: waiting for more helps only when the survivors
            still hold all of the state (a pipeline stage lost with its host does not) */
         char wait_why[TIDE_PROTO_TEXT_MAX + 1];
         snprintf(wait_why, sizeof wait_why, "%s", tide_last_error());
-        if (recovery_feasible(s, j, c, NULL) == TIDE_ERR_NO_HOLDER)
+        if (recovery_feasible(s, j, c, NULL) == TIDE_ERR_NO_HOLDER) {
             rc = TIDE_ERR_NO_HOLDER;
-        else
+            snprintf(lost, sizeof lost, "%s", tide_last_error());
+            /* lost whatever joins: from a checkpoint, the survivors may run other degrees */
+            if (j->n_ckpts > 0 &&
+                rollback_layout(j, c, cand, n, &l, pre, &n_pre, shrink, sizeof shrink) != TIDE_OK)
+                rc = tide_errorf(TIDE_ERR_NO_DEVICE,
+                                 "%s; no layout the survivors can run holds "
+                                 "the checkpoint's state either (%s)",
+                                 wait_why, tide_last_error());
+        } else {
             tide_errorf(rc, "%s", wait_why);
+        }
     }
+    tide_free(cand);
     tide_collection_destroy(&c);
+    const tide_coord_ckpt *ck = NULL; /* the checkpoint a recovery with no holder loads */
+    if (rc == TIDE_ERR_NO_HOLDER && j->n_ckpts > 0 && l != NULL) {
+        ck = &j->ckpts[j->n_ckpts - 1];
+        char *advice = strstr(lost, "; restart it from a checkpoint");
+        if (advice != NULL)
+            *advice = '\0';
+        const char *what = strstr(lost, "no live worker"); /* the plan's own words */
+        if (what != NULL)
+            memmove(lost, what, strlen(what) + 1);
+        tide_error_clear();
+        rc = TIDE_OK;
+    }
     if (rc != TIDE_OK) {
         tide_free(pre);
         tide_layout_destroy(&l);
@@ -1149,9 +1244,15 @@ void tide__recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
         return;
     }
     char why[TIDE_RECONF_REASON_MAX];
-    snprintf(why, sizeof why, "recovery: %s%s%s", reason, shrink[0] ? "; " : "", shrink);
+    if (ck != NULL)
+        snprintf(why, sizeof why,
+                 "recovery: %s; from the checkpoint of step %lld (%.200s; the survivors holding "
+                 "no copy of the lost state: %.200s)%s%.120s",
+                 reason, (long long)ck->step, ck->dir, lost, shrink[0] ? "; " : "", shrink);
+    else
+        snprintf(why, sizeof why, "recovery: %s%s%s", reason, shrink[0] ? "; " : "", shrink);
     s->st->counters.recoveries++;
-    rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why);
+    rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why, ck);
     tide_free(pre);
     if (rc != TIDE_OK)
         TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());

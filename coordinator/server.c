@@ -930,8 +930,7 @@ static void handle_bye(tide_server_t *s, const tide_proto_bye_t *m)
     /* a member's last step is the job's (its last heartbeat may be a period older) */
     if (member && m->step > (uint64_t)j->step && m->step <= (uint64_t)INT64_MAX)
         j->step = (int64_t)m->step;
-    if (member && j->reconf == NULL &&
-        (j->state == TIDE_JS_RUNNING || j->state == TIDE_JS_STALLED))
+    if (member && j->reconf == NULL && (j->state == TIDE_JS_RUNNING || j->state == TIDE_JS_STALLED))
         end_job(s, j, w); /* the training program finished; w->job is 0 now */
     int64_t jid = tide__worker_down(s, w, "worker_left", "left (bye)");
     /* a bye in the middle of a switch is a failure of that participant */
@@ -1976,7 +1975,7 @@ static void handle_drain(tide_server_t *s, const tide_proto_drain_t *m)
             tide__save_worker(s, w);
             char why[TIDE_RECONF_REASON_MAX];
             snprintf(why, sizeof why, "drain worker %d%s%s", w->id, shrink[0] ? "; " : "", shrink);
-            rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why);
+            rc = tide__reconf_start(s, j, l, pre, n_pre, 0, why, NULL);
             tide_free(pre);
             if (rc != TIDE_OK) {
                 tide__reply_error(s, rc, "%s", tide_last_error());
@@ -2196,6 +2195,12 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
             tide__handle_join_port(s, w, &m->u.join_port);
         break;
     }
+    case TIDE_MSG_SAVED: {
+        tide_coord_worker_t *w = sender(s, m->u.saved.worker, m->type);
+        if (w != NULL)
+            tide__handle_saved(s, w, &m->u.saved);
+        break;
+    }
     case TIDE_MSG_FAILURE:
         handle_failure(s, &m->u.failure);
         break;
@@ -2225,6 +2230,9 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
         break;
     case TIDE_MSG_DRAIN:
         handle_drain(s, &m->u.drain);
+        break;
+    case TIDE_MSG_CHECKPOINT:
+        tide__handle_checkpoint(s, &m->u.checkpoint);
         break;
     case TIDE_MSG_EVENTS:
         handle_events(s, &m->u.events);

@@ -204,11 +204,20 @@ void tide__handle_join_port(tide_server_t *s, tide_coord_worker_t *w,
 /*
  * Starts a reconfiguration of j to layout (ownership moves in): preempts the
  * offline work on the ranks in preempt[], records the intent, sends layout +
- * prepare to every participant. bytes: planned bytes to move (metrics).
+ * prepare to every participant. ckpt: a recovery that rolls back to this checkpoint
+ * (copied; its members load it instead of resharding from the old layout), else NULL.
  */
 tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *layout,
                                const int32_t *preempt, size_t n_preempt, int recover,
-                               const char *reason);
+                               const char *reason, const tide_coord_ckpt *ckpt);
+
+/* "saved" from a worker: a checkpoint of its job completed (recorded for recoveries that
+   no survivor can serve) or failed on it (an event). */
+void tide__handle_saved(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_saved_t *m);
+
+/* "checkpoint" from tidectl: asks the members of the job's layout to save at a step they
+   have not reached yet; replies ok naming it, or an error. */
+void tide__handle_checkpoint(tide_server_t *s, const tide_proto_checkpoint_t *m);
 
 /* Makes j's pending reconfiguration release the connected pools its layout holds no rank
    of (not for a recovery or a join): every live rank of the job's connected pools takes

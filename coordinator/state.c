@@ -377,6 +377,89 @@ out:
     return rc;
 }
 
+tide_status tide_coord_job_add_ckpt(tide_coord_job_t *j, int64_t step, const char *dir)
+{
+    size_t len = strlen(dir);
+    if (step < 0 || len == 0 || len >= TIDE_COORD_CKPT_DIR_MAX || strpbrk(dir, "\t\n") != NULL)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: checkpoint directory '%.64s' (step %lld) is empty, too long "
+                           "or holds a tab or newline",
+                           j->name, dir, (long long)step);
+    if (j->ckpts == NULL) {
+        j->ckpts = tide_calloc(TIDE_COORD_CKPTS_MAX, sizeof *j->ckpts);
+        if (j->ckpts == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory recording job %s's checkpoint",
+                               j->name);
+    }
+    tide_coord_job_drop_ckpt(j, step);
+    int at = j->n_ckpts; /* sorted by step: insert in place */
+    while (at > 0 && j->ckpts[at - 1].step > step)
+        at--;
+    if (j->n_ckpts == TIDE_COORD_CKPTS_MAX) {
+        if (at == 0)
+            return TIDE_OK; /* older than every one kept */
+        memmove(&j->ckpts[0], &j->ckpts[1], (size_t)(at - 1) * sizeof *j->ckpts);
+        at--;
+    } else {
+        memmove(&j->ckpts[at + 1], &j->ckpts[at], (size_t)(j->n_ckpts - at) * sizeof *j->ckpts);
+        j->n_ckpts++;
+    }
+    j->ckpts[at].step = step;
+    memcpy(j->ckpts[at].dir, dir, len + 1);
+    return TIDE_OK;
+}
+
+void tide_coord_job_drop_ckpt(tide_coord_job_t *j, int64_t step)
+{
+    for (int i = 0; i < j->n_ckpts; i++)
+        if (j->ckpts[i].step == step) {
+            memmove(&j->ckpts[i], &j->ckpts[i + 1],
+                    (size_t)(j->n_ckpts - i - 1) * sizeof *j->ckpts);
+            j->n_ckpts--;
+            return;
+        }
+}
+
+tide_status tide_coord_job_ckpts_to_text(const tide_coord_job_t *j, char **out)
+{
+    size_t cap = (size_t)j->n_ckpts * (TIDE_COORD_CKPT_DIR_MAX + 24) + 1;
+    char *t = tide_malloc(cap);
+    if (t == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's checkpoints", j->name);
+    size_t len = 0;
+    t[0] = '\0';
+    for (int i = 0; i < j->n_ckpts; i++)
+        len += (size_t)snprintf(t + len, cap - len, "%lld\t%s\n", (long long)j->ckpts[i].step,
+                                j->ckpts[i].dir);
+    *out = t;
+    return TIDE_OK;
+}
+
+tide_status tide_coord_job_ckpts_from_text(tide_coord_job_t *j, const char *text)
+{
+    j->n_ckpts = 0;
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        const char *end = strchr(p, '\n'), *tab = strchr(p, '\t');
+        char *num_end = NULL;
+        long long step = strtoll(p, &num_end, 10);
+        char dir[TIDE_COORD_CKPT_DIR_MAX];
+        size_t dlen = end != NULL && tab != NULL && tab < end ? (size_t)(end - tab - 1) : 0;
+        if (end == NULL || tab == NULL || tab > end || num_end != tab || p[0] < '0' || p[0] > '9' ||
+            dlen == 0 || dlen >= sizeof dir || j->n_ckpts == TIDE_COORD_CKPTS_MAX)
+            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed stored checkpoint line '%.*s'",
+                               j->name, end != NULL ? (int)(end - p) : (int)strlen(p), p);
+        memcpy(dir, tab + 1, dlen);
+        dir[dlen] = '\0';
+        if (j->n_ckpts > 0 && j->ckpts[j->n_ckpts - 1].step >= step)
+            return tide_errorf(TIDE_ERR_PROTOCOL,
+                               "job %s: stored checkpoints are not in increasing step order",
+                               j->name);
+        TIDE_CHECK(tide_coord_job_add_ckpt(j, (int64_t)step, dir));
+        p = end + 1;
+    }
+    return TIDE_OK;
+}
+
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank)
 {
     const int32_t *hit = bsearch(&rank, r->parts, r->n_parts, sizeof *r->parts, cmp_i32_);
@@ -412,6 +495,7 @@ static void job_free(tide_coord_job_t *j)
         tide_free(j->argv[i]);
     tide_free(j->argv);
     tide_free(j->join_blob);
+    tide_free(j->ckpts);
     tide_free(j);
 }
 

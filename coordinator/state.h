@@ -112,6 +112,15 @@ typedef struct tide_coord_worker {
 #define TIDE_RECONF_REASON_MAX 640 /* bytes of a reconfiguration's reason, NUL included */
 
 /* Pending reconfiguration of an online job (owned by the job). */
+#define TIDE_COORD_CKPT_DIR_MAX 1024 /* bytes of a checkpoint directory (= proto text + 1) */
+#define TIDE_COORD_CKPTS_MAX    8    /* complete checkpoints a job remembers (newest last) */
+
+/* A complete checkpoint of an online job, as its publisher reported it ("saved"). */
+typedef struct tide_coord_ckpt {
+    int64_t step;
+    char dir[TIDE_COORD_CKPT_DIR_MAX]; /* ROOT/step-<012 step> on the workers' file system */
+} tide_coord_ckpt;
+
 typedef struct tide_reconf {
     uint64_t gen; /* generation being installed */
     int recover;  /* 1: after a failure (switch step = min of reports) */
@@ -147,6 +156,10 @@ typedef struct tide_reconf {
     int32_t *leave; /* live job ranks of the released pools, sorted (owned) */
     size_t n_leave;
     uint64_t bytes_moved; /* bytes participants reported sending */
+    /* a recovery whose lost state no survivor holds: every member loads the job's last
+       complete checkpoint (its directory, "" for any other generation) */
+    char ckpt[TIDE_COORD_CKPT_DIR_MAX];
+    int64_t ckpt_step; /* that checkpoint's step: the new layout's first step */
 } tide_reconf_t;
 
 #define TIDE_COORD_JOB_POOLS_MAX 16 /* pools (mpirun launches) one online job may span */
@@ -183,9 +196,11 @@ typedef struct tide_coord_job {
     size_t join_len;
     tide_fit_rule fit[TIDE_FIT_RULES_MAX]; /* what layouts its program can run (from join) */
     int n_fit;                             /* rules in fit; 0: any layout the collection allows */
-    tide_reconf_t *reconf;                 /* pending reconfiguration or NULL */
-    int32_t joins; /* volatile: workers that joined it, counted as they join (recounted at
-                      load): its first layout is not tried before enough did */
+    tide_coord_ckpt *ckpts; /* complete checkpoints reported, oldest first (owned; NULL: none) */
+    int n_ckpts;            /* entries in ckpts, [0, TIDE_COORD_CKPTS_MAX] */
+    tide_reconf_t *reconf;  /* pending reconfiguration or NULL */
+    int32_t joins;          /* volatile: workers that joined it, counted as they join (recounted at
+                               load): its first layout is not tried before enough did */
     /* offline */
     int32_t priority; /* higher runs first */
     tide_offline_kind okind;
@@ -354,6 +369,22 @@ tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out);
 /* Parses tide_coord_job_fit_to_text's text (NULL or "": no rules) into j's rules strictly;
    TIDE_ERR_PROTOCOL naming the line on anything malformed. */
 tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text);
+
+/* Records a complete checkpoint of j (step, dir): replaces one of the same step, keeps
+   the newest TIDE_COORD_CKPTS_MAX by step. TIDE_ERR_NOMEM, or TIDE_ERR_INVALID for a dir
+   that does not fit or holds a tab or newline. */
+tide_status tide_coord_job_add_ckpt(tide_coord_job_t *j, int64_t step, const char *dir);
+
+/* Forgets j's checkpoint of step `step` (one that failed to load); no-op when unknown. */
+void tide_coord_job_drop_ckpt(tide_coord_job_t *j, int64_t step);
+
+/* j's checkpoints as text ("STEP\tDIR\n" each, oldest first) into a tide_malloc'd string
+   (caller frees); "" when none. */
+tide_status tide_coord_job_ckpts_to_text(const tide_coord_job_t *j, char **out);
+
+/* Parses tide_coord_job_ckpts_to_text's text (NULL or "": none) into j's checkpoints;
+   TIDE_ERR_PROTOCOL naming the line on anything malformed. */
+tide_status tide_coord_job_ckpts_from_text(tide_coord_job_t *j, const char *text);
 
 /* Index of rank among r's participants, or -1. O(log n). */
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank);

@@ -68,7 +68,8 @@ static const char *const schema =
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
-    " rc_switched INTEGER, failures INTEGER, fit TEXT);"
+    " rc_switched INTEGER, failures INTEGER, fit TEXT, ckpts TEXT, rc_ckpt TEXT,"
+    " rc_ckpt_step INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
@@ -94,9 +95,10 @@ static const char *const sql[ST__COUNT] = {
         " generation, gen_issued, step, req_dp, req_tp, req_pp, req_micro, total_bytes,"
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
-        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit) VALUES(?1,"
+        " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit, ckpts,"
+        " rc_ckpt, rc_ckpt_step) VALUES(?1,"
         "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
-        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37)",
+        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
@@ -153,10 +155,15 @@ static tide_status step_done(tide_store_t *s, int which, const char *what)
 static tide_status add_columns(tide_store_t *s)
 {
     static const char *const cols[][3] = {
-        {"workers", "owner", "TEXT"},         {"workers", "gone_ms", "INTEGER"},
-        {"workers", "fenced_job", "INTEGER"}, {"jobs", "rc_switched", "INTEGER"},
+        {"workers", "owner", "TEXT"},
+        {"workers", "gone_ms", "INTEGER"},
+        {"workers", "fenced_job", "INTEGER"},
+        {"jobs", "rc_switched", "INTEGER"},
         {"jobs", "failures", "INTEGER"},
         {"jobs", "fit", "TEXT"},
+        {"jobs", "ckpts", "TEXT"},
+        {"jobs", "rc_ckpt", "TEXT"},
+        {"jobs", "rc_ckpt_step", "INTEGER"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];
@@ -565,9 +572,11 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     TIDE_CHECK(need_txn(s, "put_job"));
     tide_status rc = TIDE_OK;
     char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL, *fit = NULL;
+    char *ckpts = NULL;
     size_t argv_len = 0;
     sqlite3_stmt *st = s->st[ST_JOB];
     TIDE_CHECK_GOTO(tide_coord_job_pools_to_text(j, &pools), rc, out);
+    TIDE_CHECK_GOTO(tide_coord_job_ckpts_to_text(j, &ckpts), rc, out);
     TIDE_CHECK_GOTO(tide_coord_job_fit_to_text(j, &fit), rc, out);
     if (j->layout)
         TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
@@ -605,7 +614,10 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int(st, 34, j->num_layers);
     sqlite3_bind_int(st, 36, j->failures);
     sqlite3_bind_text(st, 37, fit, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 38, ckpts, -1, SQLITE_STATIC);
     if (j->reconf) {
+        sqlite3_bind_text(st, 39, j->reconf->ckpt, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 40, j->reconf->ckpt_step);
         sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
         sqlite3_bind_int(st, 28, j->reconf->recover);
         sqlite3_bind_int(st, 29, (int)j->reconf->phase);
@@ -621,6 +633,7 @@ out:
     tide_free(rc_layout);
     tide_free(pools);
     tide_free(fit);
+    tide_free(ckpts);
     tide_free(argv);
     return rc;
 }
@@ -737,7 +750,7 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
         " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures, fit FROM jobs ORDER BY id",
+        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step FROM jobs ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return db_error(s, src, "loading jobs");
@@ -792,6 +805,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
                         rc, out);
         if (sqlite3_column_type(q, 36) == SQLITE_NULL && j->join_blob != NULL)
             TIDE_CHECK_GOTO(upgrade_join(s, j), rc, out);
+        TIDE_CHECK_GOTO(tide_coord_job_ckpts_from_text(j, (const char *)sqlite3_column_text(q, 37)),
+                        rc, out);
         const char *rcl = (const char *)sqlite3_column_text(q, 31);
         if (rcl != NULL) {
             tide_layout_t *nl = NULL;
@@ -805,6 +820,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
             j->reconf->started_ms = sqlite3_column_int64(q, 30);
             copy_text(j->reconf->reason, sizeof j->reconf->reason, sqlite3_column_text(q, 32));
             j->reconf->switched = j->reconf->phase == TIDE_RP_COMMIT && sqlite3_column_int(q, 34);
+            copy_text(j->reconf->ckpt, sizeof j->reconf->ckpt, sqlite3_column_text(q, 38));
+            j->reconf->ckpt_step = j->reconf->ckpt[0] ? sqlite3_column_int64(q, 39) : 0;
         }
     }
     if (src != SQLITE_DONE)

@@ -49,6 +49,7 @@ typedef struct settings {
     const char *stages;
     int dry_run;
     const char *placement;
+    const char *dir; /* checkpoint: the root to save under */
     int allow_tp_across_hosts;
     /* submit */
     int offline;
@@ -85,7 +86,7 @@ typedef struct command {
     const char *summary;
     int (*run)(settings_t *s, int argc, char **argv, FILE *out, FILE *err);
     int nargs_min, nargs_max; /* positional arguments after the command name */
-    tide_opt opts[10];         /* command flags (value pointers patched per run) */
+    tide_opt opts[10];        /* command flags (value pointers patched per run) */
 } command_t;
 
 /* ---- small formatting helpers ------------------------------------------------------------------
@@ -1342,6 +1343,31 @@ static int cmd_drain(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
     return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "draining") : rc;
 }
 
+static int cmd_checkpoint(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_CHECKPOINT);
+    int rc = copy_job(err, "checkpoint", "JOB", argv[0], req.u.checkpoint.job);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    if (s->dir != NULL) {
+        /* the workers resolve nothing: a relative root is this shell's, made absolute */
+        char cwd[TIDE_PROTO_TEXT_MAX + 1] = "";
+        if (s->dir[0] != '/' && getcwd(cwd, sizeof cwd) == NULL)
+            return usage_error(err, "checkpoint", "cannot make --dir %s absolute: %s", s->dir,
+                               strerror(errno));
+        size_t need = (cwd[0] ? strlen(cwd) + 1 : 0) + strlen(s->dir);
+        if (s->dir[0] == '\0' || need >= sizeof req.u.checkpoint.dir)
+            return usage_error(err, "checkpoint", "--dir must be a path of 1 to %zu bytes",
+                               sizeof req.u.checkpoint.dir - 1);
+        snprintf(req.u.checkpoint.dir, sizeof req.u.checkpoint.dir, "%s%s%s", cwd,
+                 cwd[0] ? "/" : "", s->dir);
+    }
+    rc = call_once(s, &req, &rep, TIDE_MSG_OK, err);
+    return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "checkpoint requested") : rc;
+}
+
 static int cmd_events(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
     tide_msg_t req, rep;
@@ -1688,6 +1714,18 @@ static const command_t commands[] = {
      1,
      1,
      {OPT_END}},
+    {"checkpoint",
+     "checkpoint JOB [--dir ROOT] [--json]",
+     "have a running job save a checkpoint (asynchronously, at a step its ranks have not "
+     "reached yet); tidectl events says checkpoint_saved when it is complete",
+     cmd_checkpoint,
+     1,
+     1,
+     {{"dir", NULL, TIDE_OPT_STRING, V(dir), NULL,
+       "root to save under, on the workers' file system (default: where the job's last "
+       "checkpoint went)",
+       0, 0},
+      OPT_END}},
     {"events",
      "events [--since 10m] [--after ID] [--limit N] [--json]",
      "the event history, oldest first",

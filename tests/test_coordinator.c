@@ -571,7 +571,8 @@ Test(policy, random_recoveries_never_pick_a_layout_the_program_cannot_run)
                           tide_last_error());
                 refused++;
             } else if (rrc == TIDE_OK) {
-                cr_assert_eq(tide_fit_check(fit, 3, rl->dp, rl->tp, rl->pp, rl->micro_batches), TIDE_OK);
+                cr_assert_eq(tide_fit_check(fit, 3, rl->dp, rl->tp, rl->pp, rl->micro_batches),
+                             TIDE_OK);
             }
             tide_layout_destroy(&rl);
             if (!lost)
@@ -867,6 +868,54 @@ Test(state, job_pools_text_keeps_a_pool_that_left)
     cr_assert_eq(tide_coord_job_pools_from_text(&back, "pool-a 2 3", 0), TIDE_ERR_PROTOCOL);
 }
 
+/* A job remembers its newest complete checkpoints in step order, forgets a refused one,
+   and its stored text reads back exactly; damaged text is refused, not half-read. */
+Test(state, job_checkpoints_keep_the_newest_in_step_order)
+{
+    tide_coord_job_t j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.name, sizeof j.name, "train");
+    char dir[64];
+    for (int k = 1; k <= TIDE_COORD_CKPTS_MAX + 3; k++) {
+        int step = k == 5 ? 1000 : 10 * k; /* one report out of order */
+        snprintf(dir, sizeof dir, "/ck/step-%d", step);
+        cr_assert_eq(tide_coord_job_add_ckpt(&j, step, dir), TIDE_OK, "%s", tide_last_error());
+    }
+    cr_assert_eq(j.n_ckpts, TIDE_COORD_CKPTS_MAX);
+    for (int i = 1; i < j.n_ckpts; i++)
+        cr_assert_lt(j.ckpts[i - 1].step, j.ckpts[i].step);
+    cr_assert_eq(j.ckpts[j.n_ckpts - 1].step, 1000);
+    cr_assert_eq(j.ckpts[0].step, 40); /* 10, 20, 30 fell off the old end */
+    cr_assert_eq(tide_coord_job_add_ckpt(&j, 5, "/ck/step-5"), TIDE_OK); /* older than all */
+    cr_assert_eq(j.ckpts[0].step, 40);
+    cr_assert_eq(tide_coord_job_add_ckpt(&j, 60, "/ck/again-60"), TIDE_OK); /* replaced */
+    cr_assert_eq(j.n_ckpts, TIDE_COORD_CKPTS_MAX);
+    tide_coord_job_drop_ckpt(&j, 1000);
+    cr_assert_eq(j.n_ckpts, TIDE_COORD_CKPTS_MAX - 1);
+    cr_assert_eq(j.ckpts[j.n_ckpts - 1].step, 110);
+    char *text = NULL;
+    cr_assert_eq(tide_coord_job_ckpts_to_text(&j, &text), TIDE_OK);
+    tide_coord_job_t back;
+    memset(&back, 0, sizeof back);
+    cr_assert_eq(tide_coord_job_ckpts_from_text(&back, text), TIDE_OK, "%s", tide_last_error());
+    tide_free(text);
+    cr_assert_eq(back.n_ckpts, j.n_ckpts);
+    for (int i = 0; i < j.n_ckpts; i++) {
+        cr_assert_eq(back.ckpts[i].step, j.ckpts[i].step);
+        cr_assert_str_eq(back.ckpts[i].dir, j.ckpts[i].dir);
+    }
+    cr_assert(strstr(back.ckpts[1].dir, "again-60") != NULL);
+    const char *bad[] = {"20\t/ck/a\n10\t/ck/b\n", "x\t/ck\n", "20 /ck\n", "20\t\n", "20\t/ck"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(tide_coord_job_ckpts_from_text(&back, bad[i]), TIDE_ERR_PROTOCOL, "case %zu",
+                     i);
+    cr_expect_eq(tide_coord_job_add_ckpt(&back, 1, "/ck/a\tb"), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_coord_job_add_ckpt(&back, 1, ""), TIDE_ERR_INVALID);
+    cr_expect_eq(tide_coord_job_add_ckpt(&back, -1, "/ck"), TIDE_ERR_INVALID);
+    tide_free(j.ckpts);
+    tide_free(back.ckpts);
+}
+
 static void tmp_path(char *buf, size_t len)
 {
     snprintf(buf, len, "/tmp/tide-store-XXXXXX");
@@ -913,6 +962,11 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(tide_reconf_new(&j->reconf, j->layout, nl, 8, 0), TIDE_OK);
     j->reconf->phase = TIDE_RP_COMMIT;
     j->reconf->switch_step = 42;
+    j->reconf->recover = 1; /* a rollback to the checkpoint of step 40 */
+    snprintf(j->reconf->ckpt, sizeof j->reconf->ckpt, "/ck/train/step-000000000040");
+    j->reconf->ckpt_step = 40;
+    cr_assert_eq(tide_coord_job_add_ckpt(j, 20, "/ck/train/step-000000000020"), TIDE_OK);
+    cr_assert_eq(tide_coord_job_add_ckpt(j, 40, "/ck/train/step-000000000040"), TIDE_OK);
     tide_coord_job_t *o = NULL;
     cr_assert_eq(tide_coord_job_add(st, 0, TIDE_CJOB_OFFLINE, &o), TIDE_OK);
     snprintf(o->name, sizeof o->name, "eval");
@@ -955,6 +1009,11 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(j->reconf->gen, 8);
     cr_assert_eq(j->reconf->phase, TIDE_RP_COMMIT);
     cr_assert_eq(j->reconf->switch_step, 42);
+    cr_assert_str_eq(j->reconf->ckpt, "/ck/train/step-000000000040");
+    cr_assert_eq(j->reconf->ckpt_step, 40);
+    cr_assert_eq(j->n_ckpts, 2);
+    cr_assert_eq(j->ckpts[1].step, 40);
+    cr_assert_str_eq(j->ckpts[0].dir, "/ck/train/step-000000000020");
     cr_assert_eq(j->reconf->n_parts, 2);
     cr_assert(j->reconf->old_member[0] && !j->reconf->old_member[1]);
     o = tide_coord_job_by_name(st, "eval");

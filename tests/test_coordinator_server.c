@@ -1849,7 +1849,6 @@ static void fake_join_fit(fake *f, const char *job, int dp, int micro, tide_prot
     cr_assert_eq(coord_send(f->sock, &m), 0);
 }
 
-
 static int is_gen2_idle3(const tide_proto_job_row_t *r)
 {
     return r->gen == 2 && r->state == TIDE_JOB_RUNNING;
@@ -2535,4 +2534,99 @@ Test(tided, a_first_layout_that_cannot_fit_inside_hosts_is_refused, .init = setu
         zmq_close(w[i].sock);
         zmq_close(v[i].sock);
     }
+}
+
+/* Sends a "saved" report from f (code 0: complete in dir). */
+static void report_saved(fake *f, uint64_t step, const char *dir, int code, const char *why)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_SAVED);
+    m.u.saved.worker = f->id;
+    snprintf(m.u.saved.job, sizeof m.u.saved.job, "train");
+    m.u.saved.step = step;
+    snprintf(m.u.saved.dir, sizeof m.u.saved.dir, "%s", dir);
+    m.u.saved.code = code;
+    snprintf(m.u.saved.reason, sizeof m.u.saved.reason, "%s", why);
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+static void mk_checkpoint(tide_msg_t *m, const char *job, const char *dir)
+{
+    tide_msg_init(m, TIDE_MSG_CHECKPOINT);
+    snprintf(m->u.checkpoint.job, sizeof m->u.checkpoint.job, "%s", job);
+    snprintf(m->u.checkpoint.dir, sizeof m->u.checkpoint.dir, "%s", dir);
+}
+
+/* `tidectl checkpoint` asks the job's workers for a save at a step ahead of the furthest
+   one heard of, under the root given or the one its last checkpoint went to; reports of
+   complete checkpoints are kept (and survive a restart of tided), failures become events,
+   and a worker outside the job cannot report one. */
+Test(tided, checkpoint_requests_and_reports, .init = setup, .fini = teardown)
+{
+    start(NULL);
+    fake w[3];
+    tide_msg_t m, r;
+    for (int i = 0; i < 3; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 3);
+    }
+    for (int i = 0; i < 2; i++)
+        fake_join(&w[i], 2);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    mk_checkpoint(&m, "nope", "/ck");
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_expect(strstr(r.u.error.message, "no online job named nope") != NULL, "%s",
+              r.u.error.message);
+    mk_checkpoint(&m, "train", "");
+    admin_call(admin, &m, &r, TIDE_MSG_ERROR);
+    cr_expect(strstr(r.u.error.message, "pass --dir ROOT") != NULL, "%s", r.u.error.message);
+    for (int i = 0; i < 2; i++) {
+        coord_mk_heartbeat(&m, w[i].id, 10 + (uint64_t)i, 1);
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+    tide_sleep_ms(100);
+    mk_checkpoint(&m, "train", "/ck/train");
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    /* the furthest step heard of (11), 2 more, and what 4 heartbeat periods (1 s) hold at
+       the 100 ms steps the heartbeats report (40) */
+    cr_expect(strstr(r.u.ok.message, "checkpoint of step 53 under /ck/train (about 4.2 s") != NULL,
+              "%s", r.u.ok.message);
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_SAVE, &r);
+        cr_expect_eq(r.u.save.step, 53u);
+        cr_expect_str_eq(r.u.save.dir, "/ck/train");
+        tide_msg_clear(&r);
+    }
+    /* the worker outside the job is refused; a failed save is an event */
+    report_saved(&w[2], 53, "/ck/train/step-000000000053", 0, "");
+    expect_type(w[2].sock, TIDE_MSG_ERROR, &r);
+    cr_expect(strstr(r.u.error.message, "runs no online job named train") != NULL, "%s",
+              r.u.error.message);
+    report_saved(&w[1], 53, "/ck/train", TIDE_ERR_IO, "disk full");
+    report_saved(&w[0], 53, "/ck/train/step-000000000053", 0, "");
+    char detail[TIDE_PROTO_TEXT_MAX + 1] = "";
+    for (int t = 0; t < 100 && !event_detail(admin, "checkpoint_saved", detail, sizeof detail); t++)
+        tide_sleep_ms(20);
+    cr_expect(strstr(detail, "step 53 saved in /ck/train/step-000000000053") != NULL, "%s", detail);
+    cr_assert(event_detail(admin, "checkpoint_failed", detail, sizeof detail));
+    cr_expect(strstr(detail, "disk full") != NULL, "%s", detail);
+    /* the root is known now, also to a tided restarted on the same state */
+    coord_stop(&proc, SIGKILL);
+    zmq_close(admin);
+    for (int i = 0; i < 3; i++)
+        zmq_close(w[i].sock);
+    start(NULL);
+    admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    mk_checkpoint(&m, "train", "");
+    cr_assert_eq(coord_call(admin, &m, &r), 0);
+    if (r.type == TIDE_MSG_OK)
+        cr_expect(strstr(r.u.ok.message, "under /ck/train ") != NULL, "%s", r.u.ok.message);
+    else /* its workers have not come back: not training, but the job kept its root */
+        cr_expect(strstr(r.u.error.message, "pass --dir") == NULL, "%s", r.u.error.message);
+    tide_msg_clear(&r);
+    zmq_close(admin);
 }

@@ -48,6 +48,31 @@ static tide_status copy_to_host(void *ctx, size_t i, void *dst, const void *src,
     return be->copy_host(dst, src, (size_t)bytes, 1, NULL);
 }
 
+/* The end of a save (writer thread): the publisher tells tided the checkpoint is complete,
+   so that a recovery no survivor can serve rolls back to it; a failed save says why. */
+static void report_saved(void *ctx, const tide_ckpt_save_req *req, const char *dir, tide_status rc)
+{
+    tide_t *t = ctx;
+    if (rc == TIDE_OK && !req->publish)
+        return;
+    tide_proto_saved_t m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.job, sizeof m.job, "%s", t->job);
+    m.step = req->step > 0 ? (uint64_t)req->step : 0;
+    snprintf(m.dir, sizeof m.dir, "%s", rc == TIDE_OK ? dir : req->root);
+    m.code = rc == TIDE_OK ? 0 : rc < -1000 ? -1000 : (int)rc;
+    if (rc != TIDE_OK)
+        snprintf(m.reason, sizeof m.reason, "%s", tide_last_error());
+    if (rc == TIDE_OK && strlen(dir) >= sizeof m.dir) {
+        TIDE_WARN(SUBSYS,
+                  "checkpoint %s: the path is too long to report to tided (%zu bytes "
+                  "at most): a recovery cannot roll back to it",
+                  dir, sizeof m.dir - 1);
+        return;
+    }
+    tide__ctl_post_saved(t->ctl, &m);
+}
+
 /* FNV-1a over bytes, continued from h. */
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -89,6 +114,8 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
         .bufs = t->bufs,
         .copy = t->be->mem_kind == TIDE_MEM_HOST ? NULL : copy_to_host,
         .copy_ctx = (void *)t->be,
+        .done = report_saved,
+        .done_ctx = t,
     };
     uint64_t t0 = tide_now_ns();
     TIDE_CHECK(tide_ckpt_saver_submit(k->saver, &req));
@@ -110,6 +137,16 @@ tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int ke
     snprintf(k->root, sizeof k->root, "%s", root != NULL ? root : "");
     k->every = every;
     k->keep = keep;
+    if (every > 0 && t->view.member) {
+        /* the writer's host staging, touched now rather than by the first save's snapshot
+           inside the training loop */
+        tide_ckpt_save_req req = {.layout = t->layout,
+                                  .coll = t->coll,
+                                  .p = t->view.pp_rank,
+                                  .d = t->view.dp_rank,
+                                  .t = t->view.tp_rank};
+        TIDE_CHECK(tide_ckpt_saver_reserve(k->saver, &req));
+    }
     return TIDE_OK;
 }
 
@@ -122,8 +159,42 @@ tide_status tide_checkpoint_wait(tide_t *t)
     return tide_ckpt_saver_wait(t->ckpt->saver);
 }
 
+/* A checkpoint tided asked for (tidectl checkpoint): taken at its step; one this rank
+   has passed already is reported as missed. */
+static void requested_save(tide_t *t)
+{
+    char root[TIDE_PROTO_TEXT_MAX + 1];
+    int64_t step = -1;
+    tide__ctl_lock(t->ctl);
+    if (tide__ctl_take_save(t->ctl, root, sizeof root, &step)) {
+        snprintf(t->save_root, sizeof t->save_root, "%s", root);
+        t->save_step = step;
+    }
+    tide__ctl_unlock(t->ctl);
+    if (t->save_step < 0 || !t->view.member || t->view.step < t->save_step)
+        return;
+    step = t->save_step;
+    t->save_step = -1;
+    if (t->view.step == step) {
+        if (t->ckpt != NULL && t->ckpt->last_step == step &&
+            strcmp(t->ckpt->root, t->save_root) == 0)
+            return; /* the periodic save of this step took it already */
+        if (tide_checkpoint(t, t->save_root) != TIDE_OK)
+            TIDE_ERROR(SUBSYS, "rank %d: requested checkpoint of step %lld not taken: %s", t->rank,
+                       (long long)step, tide_last_error());
+        return;
+    }
+    tide_errorf(TIDE_ERR_STALE,
+                "rank %d heard of the request at step %lld, after the step it asked for: ask "
+                "again (tidectl checkpoint)",
+                t->rank, (long long)t->view.step);
+    tide_ckpt_save_req req = {.root = t->save_root, .step = step};
+    report_saved(t, &req, t->save_root, TIDE_ERR_STALE);
+}
+
 void tide__ckpt_step_end(tide_t *t)
 {
+    requested_save(t);
     struct tide__ckpt *k = t->ckpt;
     if (k == NULL || k->every <= 0 || !t->view.member || t->view.step <= 0 ||
         t->view.step % k->every != 0 || t->view.step == k->last_step)
@@ -132,6 +203,14 @@ void tide__ckpt_step_end(tide_t *t)
     if (tide_checkpoint(t, k->root) != TIDE_OK)
         TIDE_ERROR(SUBSYS, "rank %d: periodic checkpoint of step %lld not taken: %s", t->rank,
                    (long long)t->view.step, tide_last_error());
+}
+
+void tide__ckpt_rolled_back(tide_t *t, int64_t step)
+{
+    /* the steps after it run again, and their periodic saves with them; the one of `step`
+       is what was loaded */
+    if (t->ckpt != NULL)
+        t->ckpt->last_step = step;
 }
 
 void tide__ckpt_destroy(tide_t *t)

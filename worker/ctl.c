@@ -30,6 +30,7 @@
 #include "worker/tide_int.h"
 #include "worker/worker_int.h"
 
+#define TIDE__SAVED_QUEUE 16 /* checkpoint reports waiting to be sent, at most */
 #define SUBSYS            "worker"
 #define REGISTER_RETRY_MS 1000 /* resend register until tided answers */
 #define REPLIES_MAX       64   /* unread replies kept for the main thread */
@@ -53,8 +54,8 @@ struct tide__ctl {
     int hb_ms;
     char job[TIDE_PROTO_NAME_MAX + 1];
     tide__agree agree;
-    tide_msg_t p_layout; /* the pending generation's layout message, or NONE */
-    int job_ended;       /* tided said the job ended (job_end) */
+    tide_msg_t p_layout;                   /* the pending generation's layout message, or NONE */
+    int job_ended;                         /* tided said the job ended (job_end) */
     char end_why[TIDE_PROTO_TEXT_MAX + 1]; /* and why */
     int64_t end_step;
     uint64_t released_gen; /* tided released this rank's pool at this generation (0: not) */
@@ -62,6 +63,12 @@ struct tide__ctl {
     char port[TIDE_PROTO_TEXT_MAX + 1]; /* a join's MPI port name, relayed by tided */
     tide__abort_fn abort_fn;
     void *abort_ctx;
+    char save_dir[TIDE_PROTO_TEXT_MAX + 1]; /* tided asked for a checkpoint under this root */
+    int64_t save_step;                      /* at this step (-1: no request) */
+    tide_proto_saved_t saved_q[TIDE__SAVED_QUEUE]; /* "saved" reports waiting for the
+                                                      background thread (any thread posts
+                                                      them: the checkpoint writer's) */
+    int n_saved;
     int halt_code; /* tided halted the job (a tide_status); 0: not halted */
     char halt_reason[TIDE_PROTO_TEXT_MAX + 1];
     int fail_ms; /* tided's failure timeout (register_ok), ms; 0 before the first */
@@ -674,6 +681,21 @@ static void on_halt(tide__ctl_t *ctl, const tide_proto_halt_t *h)
                    (unsigned long long)h->gen, h->reason);
 }
 
+/* tided asks for a checkpoint at a step: the main thread takes it at its step ends. */
+static void on_save(tide__ctl_t *ctl, const tide_proto_save_t *m)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int mine = strcmp(m->job, ctl->job) == 0 && m->step <= (uint64_t)INT64_MAX;
+    if (mine) {
+        snprintf(ctl->save_dir, sizeof ctl->save_dir, "%s", m->dir);
+        ctl->save_step = (int64_t)m->step;
+    }
+    pthread_mutex_unlock(&ctl->mu);
+    if (mine)
+        TIDE_INFO(SUBSYS, "tided asks for a checkpoint of step %llu under %s",
+                  (unsigned long long)m->step, m->dir);
+}
+
 static void on_assign(tide__ctl_t *ctl, tide_msg_t *m)
 {
     tide_proto_offline_assign_t *a = &m->u.offline_assign;
@@ -907,6 +929,9 @@ static void on_message(tide__ctl_t *ctl, const void *data, size_t len)
     case TIDE_MSG_HALT:
         on_halt(ctl, &m.u.halt);
         break;
+    case TIDE_MSG_SAVE:
+        on_save(ctl, &m.u.save);
+        break;
     case TIDE_MSG_OFFLINE_ASSIGN:
         on_assign(ctl, &m);
         break;
@@ -1125,6 +1150,22 @@ static void *run(void *arg)
             child_tick(ctl);
         if (preparing)
             prep_tick(ctl);
+        for (;;) { /* checkpoint reports, oldest first */
+            tide_msg_t saved;
+            tide_msg_init(&saved, TIDE_MSG_SAVED);
+            pthread_mutex_lock(&ctl->mu);
+            int have = ctl->n_saved > 0 && !ctl->fenced;
+            if (have) {
+                saved.u.saved = ctl->saved_q[0];
+                ctl->n_saved--;
+                memmove(&ctl->saved_q[0], &ctl->saved_q[1],
+                        (size_t)ctl->n_saved * sizeof ctl->saved_q[0]);
+            }
+            pthread_mutex_unlock(&ctl->mu);
+            if (!have)
+                break;
+            send_dealer(ctl, &saved);
+        }
         now = tide_now_ns();
         pthread_mutex_lock(&ctl->mu);
         registered = ctl->registered;
@@ -1256,6 +1297,7 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
         TIDE_WARN(SUBSYS, "TIDE_OFFLINE_LOG_CAP=%s is not a byte count; using %llu", cap_env,
                   (unsigned long long)ctl->log_cap);
     tide__agree_init(&ctl->agree, 0);
+    ctl->save_step = -1;
     tide_proto_buf_init(&ctl->buf);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1570,6 +1612,31 @@ int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out)
     tide_msg_init(&ctl->plugin, TIDE_MSG_NONE);
     ctl->plugin_ready = 0;
     return 1;
+}
+
+int tide__ctl_take_save(tide__ctl_t *ctl, char *dir, size_t len, int64_t *step)
+{
+    if (ctl->save_step < 0)
+        return 0;
+    snprintf(dir, len, "%s", ctl->save_dir);
+    *step = ctl->save_step;
+    ctl->save_step = -1;
+    return 1;
+}
+
+void tide__ctl_post_saved(tide__ctl_t *ctl, const tide_proto_saved_t *m)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (ctl->n_saved == TIDE__SAVED_QUEUE) { /* tided silent that long: the oldest goes */
+        TIDE_WARN(SUBSYS, "checkpoint report of step %llu dropped: %d newer ones wait",
+                  (unsigned long long)ctl->saved_q[0].step, TIDE__SAVED_QUEUE);
+        ctl->n_saved--;
+        memmove(&ctl->saved_q[0], &ctl->saved_q[1], (size_t)ctl->n_saved * sizeof *m);
+    }
+    ctl->saved_q[ctl->n_saved] = *m;
+    ctl->saved_q[ctl->n_saved].worker = ctl->worker_id;
+    ctl->n_saved++;
+    pthread_mutex_unlock(&ctl->mu);
 }
 
 int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len)

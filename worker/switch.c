@@ -34,7 +34,7 @@ static int cmp_i32(const void *a, const void *b)
    the ranks asked (a liveness request): the decision never rests on a listing that could
    be cut, however many workers the cluster has. */
 static tide_status find_dead(tide_t *t, const tide_layout_t *prev, const tide_layout_t *nl,
-                             uint8_t *alive, int *lost)
+                             int rollback, uint8_t *alive, int *lost)
 {
     *lost = 0;
     size_t n_prev = tide_layout_size(prev);
@@ -104,9 +104,8 @@ static tide_status find_dead(tide_t *t, const tide_layout_t *prev, const tide_la
             continue;
         alive[ask[i]] = 0;
         *lost = 1;
-        TIDE_WARN(SUBSYS,
-                  "generation switch: old member rank %d is gone; its state comes from replicas",
-                  ask[i]);
+        TIDE_WARN(SUBSYS, "generation switch: old member rank %d is gone; its state comes from %s",
+                  ask[i], rollback ? "the checkpoint" : "replicas");
     }
     tide_msg_clear(&r);
     tide_free(ask);
@@ -133,6 +132,34 @@ static void report_done(tide_t *t, uint64_t gen, tide_status rc, uint64_t bytes,
    may be repeated with the right buffers. Checked later, it would fail the whole switch
    for every participant after its handshake. A layout that does not fit the collection
    is not the program's mistake: it is left to the switch itself, which fails on it. */
+/* A rollback's state (tide__rollback_load): a member fills its new buffers from the checkpoint
+   (in place: fresh pool buffers into *fresh, the old shards stay until the commit); then every
+   participant agrees whether all members did. */
+static tide_status rollback_state(tide_t *t, tide_coll_comm_t *sw, void *const *new_bufs,
+                                  int in_place, const char *dir, int64_t step, void ***fresh,
+                                  uint64_t *bytes_read)
+{
+    const tide_view *nv = &t->next_view;
+    tide_status mine = TIDE_OK;
+    if (nv->member) {
+        void *const *dst = new_bufs;
+        if (in_place) {
+            mine = tide_alloc_buffers(t, nv, fresh);
+            dst = *fresh;
+        }
+        if (mine == TIDE_OK) {
+            mine = tide__rollback_load(t, dir, step, t->next_layout, nv->pp_rank, nv->dp_rank,
+                                       nv->tp_rank, dst, bytes_read);
+            if (mine != TIDE_OK) /* the checkpoint's fault: tided tries the one before */
+                mine = tide_errorf(TIDE_ERR_INVALID, "rank %d cannot load checkpoint %s: %s",
+                                   t->rank, dir, tide_last_error());
+        }
+        if (mine != TIDE_OK)
+            TIDE_ERROR(SUBSYS, "%s", tide_last_error());
+    }
+    return tide__rollback_agree(t, sw, mine);
+}
+
 static tide_status check_new_bufs(const tide_t *t, void *const *new_bufs)
 {
     const tide_view *nv = &t->next_view;
@@ -190,6 +217,11 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     memset(&lreq, 0, sizeof lreq);
     int32_t *l_stay = NULL, *l_leave = NULL, *side_ids = NULL;
     int released = 0; /* t->pool is this side's own; old_pool the shared one */
+    /* a recovery that rolls back to a checkpoint (its directory, "" otherwise) */
+    char rb_dir[TIDE_PROTO_TEXT_MAX + 1] = "";
+    int64_t rb_step = 0;
+    void **rb_fresh = NULL;
+    uint64_t rb_read = 0;
     tide_exec_stats es;
     memset(&es, 0, sizeof es);
     tide_reshard_stats st;
@@ -208,6 +240,10 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
     rc = pl ? tide__layout_from_proto(&pl->prev, &prev)
             : tide_errorf(TIDE_ERR_INTERNAL, "pending layout vanished");
+    if (rc == TIDE_OK && pl->ckpt[0] != '\0') {
+        snprintf(rb_dir, sizeof rb_dir, "%s", pl->ckpt);
+        rb_step = (int64_t)pl->ckpt_step;
+    }
     if (rc == TIDE_OK && pl->n_join_new > 0) { /* this generation connects a pool */
         jreq.gen = gen;
         jreq.world = pl->world;
@@ -282,7 +318,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     TIDE_CHECK_ALLOC_GOTO(parts, rc, fail);
     TIDE_CHECK_ALLOC_GOTO(rank_of, rc, fail);
     memset(alive, 1, nw);
-    TIDE_CHECK_GOTO(find_dead(t, prev, nl, alive, &lost), rc, fail);
+    TIDE_CHECK_GOTO(find_dead(t, prev, nl, rb_dir[0] != '\0', alive, &lost), rc, fail);
     int np = tide__participants(prev, nl, alive, t->size, parts);
     if (np < 0)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_NOMEM, "out of memory listing the participants");
@@ -317,7 +353,8 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
        taken, published as this switch's (so that its abort reaches them). A release builds
        its groups over the staying side's own pool at the switch, never ahead. */
     tide__ctl_lock(t->ctl);
-    int prepared = !released && tide__prebuilt_take_locked(t, gen, parts, np, &sw, g, &plan);
+    int prepared =
+        !released && !rb_dir[0] && tide__prebuilt_take_locked(t, gen, parts, np, &sw, g, &plan);
     if (prepared) {
         t->c_switch = sw;
         if (__atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
@@ -342,6 +379,15 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     }
     st.sync_ms += (double)(tide_now_ns() - tc) / 1e6;
     st.prepared = prepared;
+    if (rb_dir[0] != '\0') { /* every byte from the checkpoint, none from the old layout */
+        uint64_t tm = tide_now_ns();
+        TIDE_CHECK_GOTO(rollback_state(t, sw, new_bufs, new_bufs == NULL && t->owned, rb_dir,
+                                       rb_step, &rb_fresh, &rb_read),
+                        rc, fail);
+        st.move_ms = (double)(tide_now_ns() - tm) / 1e6;
+        st.bytes_local = rb_read;
+        goto groups;
+    }
 
     uint64_t tp0 = tide_now_ns();
     /* this rank's part only: O(its items), not the whole job's (milliseconds at 10^4) */
@@ -437,6 +483,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
                       (unsigned long long)ps.spill_reused);
     }
 
+groups:
     tc = tide_now_ns();
     if (released) {
         /* the new layout's groups over the launches that stay (t->pool), not split off sw:
@@ -482,6 +529,10 @@ commit:;
     t->c_switch = NULL;
     tide__unpublish_new(t);
     tide__agree_switched(a);
+    if (rb_dir[0] != '\0') {
+        a->completed = rb_step; /* the state is the checkpoint's: so is the step */
+        tide__ckpt_rolled_back(t, rb_step);
+    }
     int64_t step = a->completed;
     tide__ctl_unlock(t->ctl);
     sw = NULL;
@@ -518,6 +569,19 @@ commit:;
     t->view.pp = t->c_pp;
     for (size_t i = 0; !in_place && i < t->n_tensors; i++)
         t->bufs[i] = t->view.member ? new_bufs[i] : NULL;
+    if (in_place && rb_dir[0] != '\0') {
+        /* the old shards go back to the pool; the checkpoint's take their places */
+        for (size_t i = 0; i < t->n_tensors; i++) {
+            void *old_buf = t->bufs[i];
+            t->bufs[i] = rb_fresh != NULL ? rb_fresh[i] : NULL;
+            if (rb_fresh != NULL)
+                rb_fresh[i] = old_buf;
+            else
+                tide__free_buffer(t, old_buf);
+            if (t->moved != NULL)
+                t->moved[i] = 1;
+        }
+    }
     st.bytes_sent = es.bytes_sent;
     st.peak_extra = es.peak_extra;
     st.bytes_kept = es.bytes_kept;
@@ -545,11 +609,12 @@ commit:;
     TIDE_INFO(SUBSYS,
               "rank %d switched to generation %llu %s at step %lld in %.1f ms (%llu "
               "bytes sent in %llu messages over %llu rounds, %llu received by single copy, "
-              "%llu through staging; move %.1f ms)%s",
+              "%llu through staging; move %.1f ms)%s%s%s",
               t->rank, (unsigned long long)gen, tide_layout_format(t->layout, desc, sizeof desc),
               (long long)step, st.total_ms, (unsigned long long)es.bytes_sent,
               (unsigned long long)es.messages, (unsigned long long)es.rounds,
               (unsigned long long)es.bytes_direct, (unsigned long long)es.bytes_staged, st.move_ms,
+              rb_dir[0] ? "; state rolled back to checkpoint " : "", rb_dir,
               t->view.member ? "" : "; now idle");
     if (stats)
         *stats = st;
@@ -586,9 +651,18 @@ fail:
         report_done(t, gen, rc, 0, (double)(tide_now_ns() - t0) / 1e6);
         if (t->owned)
             tide_mem_pool_spill_release(t->mem);
-        tide_errorf(rc, "%s", detail);
+        if (rb_dir[0] != '\0' && rc == TIDE_ERR_INVALID) {
+            /* tided abandons the generation and rolls back to the checkpoint before this
+               one: for the program, an aborted switch like any other (nothing moved) */
+            rc = TIDE_ERR_ABORTED;
+            tide_errorf(rc, "generation %llu abandoned: %s (tided tries the checkpoint before it)",
+                        (unsigned long long)gen, detail);
+        } else {
+            tide_errorf(rc, "%s", detail);
+        }
     }
 out:
+    tide_free_buffers(t, &rb_fresh); /* the old shards after a rollback, or the unused new */
     tide_free(j_old);
     tide_free(j_new);
     tide_free(l_stay);

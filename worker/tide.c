@@ -302,6 +302,7 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory creating the tide runtime");
     t->opts = *opts;
     t->end_comm = MPI_COMM_NULL;
+    t->save_step = -1;
     pthread_mutex_init(&t->prep_mu, NULL);
     pthread_cond_init(&t->prep_cv, NULL);
     TIDE_CHECK_GOTO(tide_coll_pool_new(&t->pool, world), rc, fail);
@@ -1439,7 +1440,7 @@ tide_status tide_finish(tide_t *t)
  */
 
 /* A buffer of tide_alloc_buffers back to the pool (or the backend, before a job). */
-static void free_one(const tide_t *t, void *p)
+void tide__free_buffer(const tide_t *t, void *p)
 {
     if (p == NULL)
         return;
@@ -1472,7 +1473,7 @@ tide_status tide_alloc_buffers(const tide_t *t, const tide_view *v, void ***out)
     return TIDE_OK;
 fail:
     for (size_t i = 0; i < t->n_tensors; i++)
-        free_one(t, b[i]);
+        tide__free_buffer(t, b[i]);
     tide_free(b);
     return rc;
 }
@@ -1482,7 +1483,7 @@ void tide_free_buffers(const tide_t *t, void ***bufs_p)
     if (bufs_p == NULL || *bufs_p == NULL || t == NULL)
         return;
     for (size_t i = 0; i < t->n_tensors; i++)
-        free_one(t, (*bufs_p)[i]);
+        tide__free_buffer(t, (*bufs_p)[i]);
     tide_free(*bufs_p);
     *bufs_p = NULL;
 }

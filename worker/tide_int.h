@@ -104,6 +104,8 @@ struct tide {
     pthread_cond_t prep_cv;
     int prep_fn_busy;
     struct tide__ckpt *ckpt; /* checkpoint saver and periodic setting (ckpt.c); NULL: none */
+    char save_root[TIDE_PROTO_TEXT_MAX + 1]; /* a checkpoint tided asked for: its root, */
+    int64_t save_step;                       /* and step (-1: none pending) */
 };
 
 /* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
@@ -114,6 +116,10 @@ tide_status tide__check_buf(const tide_t *t, const char *who, size_t i, const vo
 void tide__ckpt_step_end(tide_t *t);
 
 /* ckpt.c: waits for the save being written, then frees the checkpoint state. */
+/* A rollback switch loaded the checkpoint of `step`: periodic saves of the steps after it
+   are taken again (lock held or not; main thread). */
+void tide__ckpt_rolled_back(tide_t *t, int64_t step);
+
 void tide__ckpt_destroy(tide_t *t);
 
 /* Destroys n communicators (NULL entries fine) and nulls them. */
@@ -244,5 +250,23 @@ typedef struct tide__leave_req {
    elsewhere), in *out (the caller's). Collective over the side; within the switch
    timeout or until tided aborts the switch. Main thread. */
 tide_status tide__leave_split(tide_t *t, const tide__leave_req *lr, tide__join_result *out);
+
+/* ---- rollback.c: a recovery from a checkpoint ---- */
+
+/* Fills bufs (tensor i: coordinate (p, d, tt) of nl's shard, the backend's memory kind, NULL
+   where not held) from the checkpoint in dir, which must be of step `step` and t's
+   collection; *bytes_read: bytes read from its files. Errors name the file. Main thread;
+   blocking file I/O. */
+tide_status tide__rollback_load(tide_t *t, const char *dir, int64_t step, const tide_layout_t *nl,
+                                int p, int d, int tt, void *const *bufs, uint64_t *bytes_read);
+
+/* Collective over sw: TIDE_OK when every participant's `mine` is TIDE_OK; else this rank's
+   own failure, or TIDE_ERR_INVALID when another's load failed; a failed collective's
+   status. Main thread; blocks. */
+tide_status tide__rollback_agree(tide_t *t, tide_coll_comm_t *sw, tide_status mine);
+
+/* Returns one buffer of the runtime's (a pool block, or the backend's) to where it came
+   from; NULL is fine. Any thread. */
+void tide__free_buffer(const tide_t *t, void *buf);
 
 #endif /* TIDE_WORKER_TIDE_INT_H */

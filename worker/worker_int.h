@@ -364,6 +364,15 @@ void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns);
    bubbles). With the lock held. */
 int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out);
 
+/* With the lock held: 1 and tided's pending checkpoint request (root into dir, len bytes;
+   its step) when one came since the last call, which takes it; else 0. */
+int tide__ctl_take_save(tide__ctl_t *ctl, char *dir, size_t len, int64_t *step);
+
+/* Queues a "saved" report (worker id filled in here) for the background thread to send at
+   its next wake-up (within a heartbeat period), in order; when 16 wait already, the oldest
+   is dropped. Any thread; takes the lock. */
+void tide__ctl_post_saved(tide__ctl_t *ctl, const tide_proto_saved_t *m);
+
 /* With the lock held: the tide_status tided halted the job with (its reason copied into
    why), or 0 while it goes on. */
 int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len);

@@ -1,0 +1,101 @@
+/*
+ * worker/rollback: one rank's part of a recovery that rolls the job back to a checkpoint
+ * (tided found no survivor holding some lost state and named the job's last complete
+ * checkpoint in the generation's layout message). Instead of running a reshard plan, each
+ * member of the new layout reads exactly the bytes of its new shards from the checkpoint's
+ * files (ckpt/, checked chunk by chunk), and every participant agrees over the switch
+ * communicator on whether all loads succeeded, so that a damaged checkpoint fails the
+ * switch everywhere (tided then tries the one before it) and never half of the job.
+ * Workload: once per such recovery; file reads dominate.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt/ckpt.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "worker/tide_int.h"
+
+#define SUBSYS "worker"
+
+/* Loads ck into bufs (the backend's memory kind) for coordinate (p, d, tt) of nl. */
+static tide_status load_into(tide_t *t, const tide_ckpt_t *ck, const tide_layout_t *nl, int p,
+                             int d, int tt, void *const *bufs, tide_ckpt_load_stats *st)
+{
+    if (t->be->mem_kind == TIDE_MEM_HOST)
+        return tide_ckpt_load(ck, nl, p, d, tt, bufs, st);
+    /* device memory: one tensor at a time through a host buffer of its size */
+    size_t n_t = t->n_tensors;
+    void **one = tide_calloc(n_t ? n_t : 1, sizeof *one);
+    if (one == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a checkpoint");
+    tide_status rc = TIDE_OK;
+    for (size_t i = 0; rc == TIDE_OK && i < n_t; i++) {
+        uint64_t n = tide_shard_bytes(nl, t->coll, i, p, d, tt);
+        if (n == 0 || bufs[i] == NULL)
+            continue;
+        void *host = tide_malloc((size_t)n);
+        if (host == NULL) {
+            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory staging tensor %s of a checkpoint",
+                             tide_collection_tensor(t->coll, i)->name);
+            break;
+        }
+        one[i] = host;
+        tide_ckpt_load_stats s1;
+        rc = tide_ckpt_load(ck, nl, p, d, tt, one, &s1);
+        if (rc == TIDE_OK)
+            rc = tide_copy_from_host(t, bufs[i], host, (size_t)n);
+        st->bytes_needed += s1.bytes_needed;
+        st->bytes_read += s1.bytes_read;
+        st->files += s1.files;
+        one[i] = NULL;
+        tide_free(host);
+    }
+    tide_free(one);
+    return rc;
+}
+
+tide_status tide__rollback_load(tide_t *t, const char *dir, int64_t step, const tide_layout_t *nl,
+                                int p, int d, int tt, void *const *bufs, uint64_t *bytes_read)
+{
+    tide_ckpt_t *ck = NULL;
+    tide_ckpt_load_stats st;
+    memset(&st, 0, sizeof st);
+    tide_status rc = tide_ckpt_open(&ck, dir);
+    if (rc == TIDE_OK && tide_ckpt_step(ck) != step)
+        rc = tide_errorf(TIDE_ERR_INVALID,
+                         "checkpoint %s holds step %lld, not step %lld as tided said", dir,
+                         (long long)tide_ckpt_step(ck), (long long)step);
+    if (rc == TIDE_OK)
+        rc = tide_ckpt_check_collection(ck, t->coll);
+    if (rc == TIDE_OK)
+        rc = load_into(t, ck, nl, p, d, tt, bufs, &st);
+    tide_ckpt_close(&ck);
+    *bytes_read = st.bytes_read;
+    return rc;
+}
+
+tide_status tide__rollback_agree(tide_t *t, tide_coll_comm_t *sw, tide_status mine)
+{
+    int32_t flag = mine != TIDE_OK, any = 0;
+    void *dev = NULL;
+    tide_status rc = tide_mem_alloc(t, 2 * sizeof flag, &dev);
+    if (rc == TIDE_OK)
+        rc = tide_copy_from_host(t, dev, &flag, sizeof flag);
+    if (rc == TIDE_OK)
+        rc = tide_coll_allreduce(sw, dev, (char *)dev + sizeof flag, 1, TIDE_I32, TIDE_RED_MAX,
+                                 NULL);
+    if (rc == TIDE_OK)
+        rc = tide_copy_to_host(t, &any, (char *)dev + sizeof flag, sizeof any);
+    tide_mem_free(t, dev);
+    if (rc != TIDE_OK)
+        return rc;
+    if (mine != TIDE_OK)
+        return mine; /* its own detail stands */
+    if (any)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "another participant could not load the checkpoint (its log names "
+                           "the file)");
+    return TIDE_OK;
+}

@@ -75,6 +75,16 @@ tide_status tide_mlp_ckpt_save_async(tide_ckpt_saver_t *s, const tide_mlp_t *m, 
     return tide_ckpt_saver_submit(s, &req);
 }
 
+tide_status tide_mlp_ckpt_reserve(tide_ckpt_saver_t *s, const tide_mlp_t *m, int32_t worker)
+{
+    tide_ckpt_save_req req;
+    int idle = 0;
+    TIDE_CHECK(request(m, worker, "-", NULL, &req, &idle));
+    if (idle)
+        return TIDE_OK;
+    return tide_ckpt_saver_reserve(s, &req);
+}
+
 tide_status tide_mlp_ckpt_load(tide_mlp_t *m, int32_t worker, const char *dir, int64_t before,
                                int64_t *loaded)
 {

@@ -56,6 +56,10 @@ tide_status tide_mlp_ckpt_save_async(tide_ckpt_saver_t *s, const tide_mlp_t *m, 
  * failures before falling back to an older checkpoint (train_mlp does). No
  * communication.
  */
+/* Prepares s's host staging for worker's saves of m (tide_ckpt_saver_reserve), before
+   the training loop; nothing when worker is not in m's layout. Main thread. */
+tide_status tide_mlp_ckpt_reserve(tide_ckpt_saver_t *s, const tide_mlp_t *m, int32_t worker);
+
 tide_status tide_mlp_ckpt_load(tide_mlp_t *m, int32_t worker, const char *dir, int64_t before,
                                int64_t *loaded);
 

@@ -328,6 +328,11 @@ static int run_standalone(const tide_mlp_config *cfg, tide_layout_t *layout, tid
         from = ckpt_resume(ck, model);
     else
         RUN(tide_mlp_init(model), "model init");
+    if (ck->root != NULL && ck->every > 0 && ck->async) {
+        /* the writer's staging, touched before the loop: no save takes page faults from it */
+        RUN(tide_ckpt_saver_new(&ck->saver), "checkpoint saver");
+        RUN(tide_mlp_ckpt_reserve(ck->saver, model, g_rank), "checkpoint staging");
+    }
     RUN(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, layout), "MPI groups");
     char lbuf[256];
     tide_layout_format(layout, lbuf, sizeof lbuf);

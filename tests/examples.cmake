@@ -39,10 +39,13 @@ if(TARGET tide_mlp)
     target_link_libraries(test_examples_tide PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
                                                      MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-    add_dependencies(test_examples_tide tided tidectl)
+    add_dependencies(test_examples_tide tided tidectl tide-ckpt)
+    # mixed*: at every switch tide-ckpt converts a checkpoint of the old layout into the new
+    # one, which must equal the live state after the reshard
     foreach(mode dp tp pp mixed mixed-zero1 micro grow2)
       tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
-                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90)
+                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode}
+                             $<TARGET_FILE:tide-ckpt> TIMEOUT 90)
     endforeach()
 
     # A member of the running job is killed (SIGKILL); tided detects it by heartbeats and
@@ -52,7 +55,13 @@ if(TARGET tide_mlp)
     # rank takes its place; zero1: the lost ZeRO-1 moments have no replica, so tided must
     # stall the job and say why; stopped: the victim is SIGSTOPped instead, resumed once the
     # job recovered without it, and must be fenced and leave; layout: dp 4 whose batch dp 3
-    # cannot split recovers to dp 2 and refuses `tidectl resize --dp 3`). --enable-recovery
+    # cannot split recovers to dp 2 and refuses `tidectl resize --dp 3`; ckpt-zero1 and
+    # ckpt-dp1: state that no survivor holds, ZeRO-1 moments on 8 ranks or a tp shard of dp 1
+    # on 2, so tided rolls the job back to its last periodic checkpoint; ckpt-corrupt: as
+    # ckpt-zero1, but the victim damages a shard of that checkpoint before it dies, so its load
+    # fails on every member, tided refuses it and rolls back to the one before; ckpt-request:
+    # 2 ranks, nobody dies: `tidectl checkpoint` while the job trains, and the checkpoint saved
+    # at the step tided chose holds exactly the state after it). --enable-recovery
     # keeps mpirun from tearing the job down when
     # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
     # collectives.cmake); the pass line is printed after every check on every survivor.
@@ -61,11 +70,14 @@ if(TARGET tide_mlp)
                                                              PkgConfig::ZMQ MPI::MPI_C tide_core)
     target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide_recover tided tidectl)
-    foreach(mode replica midstep lastreduce spare zero1 stopped layout)
+    foreach(mode replica midstep lastreduce spare zero1 stopped layout ckpt-zero1 ckpt-dp1
+                 ckpt-corrupt ckpt-request)
       if(mode STREQUAL "spare")
         set(np 9)
       elseif(mode STREQUAL "layout")
         set(np 4)
+      elseif(mode STREQUAL "ckpt-dp1" OR mode STREQUAL "ckpt-request")
+        set(np 2)
       else()
         set(np 8)
       endif()
@@ -79,6 +91,11 @@ if(TARGET tide_mlp)
     endforeach()
     # stopped: the victim waits stopped for the recovery, then must be fenced and leave
     set_tests_properties(test_examples_tide_recover_stopped PROPERTIES TIMEOUT 120)
+    # ckpt-*: the victim waits for its checkpoint to be reported before it dies, and every
+    # member loads its state from disk (ckpt-corrupt: twice); ckpt-request: 40 slow steps
+    set_tests_properties(test_examples_tide_recover_ckpt-zero1 test_examples_tide_recover_ckpt-dp1
+                         test_examples_tide_recover_ckpt-corrupt
+                         test_examples_tide_recover_ckpt-request PROPERTIES TIMEOUT 120)
   endif()
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)

@@ -37,6 +37,37 @@
  *             starting recoveries that every survivor fails, and halt the survivors:
  *             each one's training returns with the reason (TIDE_ERR_NO_HOLDER naming the
  *             lost moments) and the program exits
+ *   ckpt-zero1 as zero1, but the job saves a checkpoint every CKPT_EVERY (2) steps
+ *             (tide_checkpoint_every under a fresh root): the lost moments have no replica,
+ *             so tided rolls the job back to its last complete checkpoint (step CKPT_AT = 4,
+ *             which the victim waits to see reported as a checkpoint_saved event before it
+ *             dies after step KILL_AT - 1, so that the rollback target is fixed): generation 2
+ *             is (dp 1, tp 2, pp 2) over the 7 survivors (3 idle) as in replica, every member
+ *             loads its shards from the checkpoint, and training goes on from step CKPT_AT:
+ *             step CKPT_AT runs twice (once per generation), the steps after it lost with
+ *             the victim (KILL_AT - CKPT_AT = 1) are redone, no step is skipped
+ *   ckpt-dp1  2 ranks, (dp 1, tp 2, pp 1): the same rollback when the victim (tp 1) holds
+ *             state that no replica has at all; rank 0 goes on alone on (dp 1, tp 1, pp 1)
+ *   ckpt-corrupt as ckpt-zero1, but the victim flips one byte in the middle of a shard file of
+ *             the checkpoint of step CKPT_AT before it dies: the members of generation 2 that
+ *             read it fail its chunk check, all participants agree the switch failed, tided
+ *             refuses that checkpoint (checkpoint_refused), abandons generation 2 (resize_aborted)
+ *             and rolls back to the checkpoint before it (step CKPT_AT - CKPT_EVERY = 2) in
+ *             generation 3: every survivor began two switches and completed one, at step 2;
+ *             steps 2 .. KILL_AT - 1 ran twice (rolled_back "steps lost: 3"); everything else as
+ *             ckpt-zero1 with 2 for CKPT_AT. The damaged checkpoint stays on disk failing its
+ *             check unless generation 3 saved its step again (then it checks clean)
+ *   ckpt-request 2 ranks, (dp 2, tp 1, pp 1) with ZeRO-1 (both ranks write shards), REQ_STEPS
+ *             steps of at least 50 ms, nobody dies and no periodic checkpoints: after step 1,
+ *             rank 0 runs `tidectl checkpoint JOB` (refused: non-zero exit, "pass --dir ROOT",
+ *             the job saved nothing yet), `tidectl checkpoint nosuchjob --dir /tmp/x` (refused:
+ *             "no online job named nosuchjob") and `tidectl --json checkpoint JOB --dir ROOT`,
+ *             which tided grants for a step S that no rank has reached and that comes before
+ *             the end; at the end ROOT/step-<S>/MANIFEST exists, tidectl events shows one
+ *             checkpoint_requested and one checkpoint_saved for step S, and the checkpoint,
+ *             verified and loaded whole into (dp 1, tp 1, pp 1), equals byte for byte the full
+ *             state gathered after S steps; each step ran once, losses and final state as the
+ *             never-failed runs'
  * tided runs with a 100 ms heartbeat and a 1.5 s failure timeout, so detection is quick.
  * Checked: tided declares exactly the victim failed and commits generation 2 (a
  * recovery) without it, as `tidectl status/jobs/events --json` show; every survivor
@@ -51,8 +82,29 @@
  * same layouts (every allreduce there has two members, so the arithmetic is the same);
  * nothing hangs and every survivor finishes MPI cleanly. Post-run checks use a communicator of the
  * survivors only: MPI_COMM_WORLD still names the dead rank.
+ * In the ckpt modes the recovery rolls back instead, so the same checks read: every
+ * survivor switched at step CKPT_AT (its view's step after the switch is the checkpoint's);
+ * the state right after the switch is bit-identical to the one gathered in generation 1
+ * after CKPT_AT steps; steps before CKPT_AT ran once on every survivor of generation 1,
+ * steps CKPT_AT .. KILL_AT - 1 once more on every member of generation 2 (so twice on
+ * rank 0, which leads both layouts), later steps once in generation 2; the losses of the
+ * re-run steps equal on the members and match the single-process run (the first runs
+ * too, and each re-run its first run within relative 1e-5: the layouts differ, so do
+ * their reduction orders); the never-failed plain-MPI run takes the same path (generation
+ * 1's layout for CKPT_AT steps, then the recovery layout from the state after them), so
+ * losses and final state are again bit-identical to it; tidectl shows one checkpoint_saved
+ * event for each checkpoint published (steps 2, 4, .., STEPS, both generations: the one
+ * rolled back to is not saved again, the periodic saves go on after the rollback), one
+ * recovery_started event "from the checkpoint of step 4", the commit as one rolled_back
+ * event (instead of recovered) naming the "checkpoint of step 4" and "steps lost: 1", and
+ * no stalled event; every checkpoint is on disk at the end (MANIFEST), and the root is
+ * removed.
  */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -61,9 +113,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "coord_harness.h"
 #include "core/alloc.h"
 #include "examples/mlp_mpi.h"
@@ -71,12 +125,19 @@
 #include "mlp_state.h"
 #include "mpi_test.h"
 
-#define JOB      "mlp-recover"
-#define STEPS    14 /* the job ends when this many steps are done */
-#define KILL_AT  5  /* the victim dies after completing steps 0 .. KILL_AT - 1 */
-#define MAX_T    256
-#define REL_TOL  1e-5
-#define DETECT_S 20 /* the recovery must be committed within this long of the kill, s */
+#define JOB       "mlp-recover"
+#define STEPS     14 /* the job ends when this many steps are done (ckpt-request: REQ_STEPS) */
+#define REQ_STEPS 24 /* ckpt-request: room for the requested step (at most 12: see h_at) */
+#define MAX_STEPS 24 /* the most steps of any mode (array sizes) */
+#define KILL_AT   5  /* the victim dies after completing steps 0 .. KILL_AT - 1 */
+#define MAX_T     256
+#define REL_TOL   1e-5
+#define DETECT_S  20 /* the recovery must be committed within this long of the kill, s */
+/* ckpt modes: a checkpoint every CKPT_EVERY steps; the last one before the kill holds
+   CKPT_AT completed steps, and the rollback redoes the KILL_AT - CKPT_AT after it */
+#define CKPT_EVERY  2
+#define CKPT_AT     (KILL_AT / CKPT_EVERY * CKPT_EVERY)
+#define CKPT_WAIT_S 20 /* the victim waits this long for tided to hear of it, s */
 
 /*
  * A failed check ends every rank at once. MPI_Abort does not under --enable-recovery
@@ -107,10 +168,25 @@ static void fail_all(void)
 
 static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode, g_stopped_mode,
     g_layout_mode;
+static int g_ckpt_mode; /* ckpt-zero1 or ckpt-dp1: the recovery rolls back to a checkpoint */
+static int g_ckpt_dp1;  /* ckpt-dp1 */
+/* ckpt-corrupt: the victim damages the checkpoint of CKPT_AT before it dies, so the job
+   rolls back to the one before it, in generation 3 */
+static int g_corrupt_mode;
+static int g_request_mode;        /* ckpt-request: no victim; `tidectl checkpoint` while training */
+static int g_steps = STEPS;       /* the job ends when this many steps are done */
 static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
+static uint64_t g_final_gen = 2;  /* the generation the recovery commits */
+static int g_done1 = KILL_AT;     /* generation 1 ran steps 0 .. g_done1 - 1 on its survivors */
 static int g_victim = -1;         /* pool rank of the killed member */
 /* the first layout's degrees and the job's micro-batches and global batch, by mode */
 static int g_dp0 = 2, g_tp0 = 2, g_pp0 = 2, g_micro = 4, g_batch = 32;
+/* the layout the recovery must produce, by mode */
+static int g_dp1 = 1, g_tp1 = 2, g_pp1 = 2;
+/* ckpt modes: the checkpoint root (made by rank 0), tidectl and tided's endpoint (for the
+   victim, which waits for its checkpoint to be known) */
+static char g_ckpt_root[256], g_endpoint[256];
+static const char *g_tidectl;
 #define DP3_REASON "dp 3 x 4 micro-batches = 12 does not divide 16 (the global batch)"
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
@@ -143,6 +219,14 @@ static int tidectl_json(const char *tidectl, const char *endpoint, const char *c
     return coord_tidectl(tidectl, endpoint, args, out, cap);
 }
 
+/* `tidectl --json events` for every event of this short test (tidectl lists the first 100
+   unless told otherwise), into out; its exit status. */
+static int tidectl_events(const char *tidectl, const char *endpoint, char *out, size_t cap)
+{
+    const char *args[] = {"--json", "events", "--limit", "500", NULL};
+    return coord_tidectl(tidectl, endpoint, args, out, cap);
+}
+
 static int count_of(const char *hay, const char *needle)
 {
     int n = 0;
@@ -151,12 +235,9 @@ static int count_of(const char *hay, const char *needle)
     return n;
 }
 
-/* The JSON object ({...}) of hay that contains needle, copied into out; 0 when none. */
-static int object_with(const char *hay, const char *needle, char *out, size_t cap)
+/* The JSON object ({...}) of hay around p (a position in it), copied into out. */
+static void object_at(const char *hay, const char *p, char *out, size_t cap)
 {
-    const char *p = strstr(hay, needle);
-    if (p == NULL)
-        return 0;
     const char *a = p, *b = p;
     while (a > hay && *a != '{')
         a--;
@@ -165,8 +246,64 @@ static int object_with(const char *hay, const char *needle, char *out, size_t ca
     size_t n = (size_t)(b - a) + 1 < cap ? (size_t)(b - a) + 1 : cap - 1;
     memcpy(out, a, n);
     out[n] = '\0';
+}
+
+/* The JSON object of hay that contains needle (its first), copied into out; 0 when none. */
+static int object_with(const char *hay, const char *needle, char *out, size_t cap)
+{
+    const char *p = strstr(hay, needle);
+    if (p == NULL)
+        return 0;
+    object_at(hay, p, out, cap);
     return 1;
 }
+
+/* Whether s holds text, a number that ends text matched whole ("step 4" is not in "step
+   40", nor "steps lost: 1" in "steps lost: 12"). */
+static int has_text(const char *s, const char *text)
+{
+    size_t n = strlen(text);
+    int num = n > 0 && isdigit((unsigned char)text[n - 1]);
+    for (const char *p = strstr(s, text); p != NULL; p = strstr(p + 1, text))
+        if (!num || !isdigit((unsigned char)p[n]))
+            return 1;
+    return 0;
+}
+
+/* The number of events of kind in a `tidectl --json events` reply whose object holds text
+   (has_text). */
+static int events_with(const char *events, const char *kind, const char *text)
+{
+    char needle[96], obj[2048];
+    snprintf(needle, sizeof needle, "\"kind\":\"%s\"", kind);
+    int n = 0;
+    for (const char *p = strstr(events, needle); p != NULL; p = strstr(p + 1, needle)) {
+        object_at(events, p, obj, sizeof obj);
+        n += has_text(obj, text);
+    }
+    return n;
+}
+
+/* ckpt modes: the first checkpoint step (every CKPT_EVERY up to STEPS) that a `tidectl
+   --json events` reply does not show exactly once as a checkpoint_saved event; -1 when
+   none. */
+static int unreported_checkpoint(const char *events)
+{
+    char want[32];
+    for (int k = CKPT_EVERY; k <= g_steps; k += CKPT_EVERY) {
+        snprintf(want, sizeof want, "step %d", k);
+        int n = events_with(events, "checkpoint_saved", want);
+        /* ckpt-corrupt: generation 3 redoes the step of the refused checkpoint, and may save
+           it again (remove_checkpoints checks the files agree) */
+        if (n != 1 && !(g_corrupt_mode && k == CKPT_AT && n == 2))
+            return k;
+    }
+    return -1;
+}
+
+/* ckpt-corrupt: whether the damaged checkpoint was saved again when generation 3 redid its
+   step (two checkpoint_saved events for it), as rank 0 saw in check_tidectl */
+static int g_resaved;
 
 /* Rank 0, after the job's last step and before any bye: what tidectl reports. */
 static tide_t *g_t; /* rank 0's runtime, for the victim's worker id */
@@ -174,7 +311,7 @@ static tide_t *g_t; /* rank 0's runtime, for the victim's worker id */
 static void check_tidectl(const char *tidectl, const char *endpoint, const tide_layout_t *now)
 {
     static char buf[1 << 18];
-    char obj[1024], want[128];
+    char obj[2048], want[400];
     MT_ASSERT(tidectl_json(tidectl, endpoint, "status", buf, sizeof buf) == 0,
               "tidectl status failed: %s", buf);
     int size = 0;
@@ -193,13 +330,21 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
               "tidectl jobs failed: %s", buf);
     MT_ASSERT(object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj), "no job %s in %s", JOB,
               buf);
-    snprintf(want, sizeof want, "\"gen\":2,\"dp\":%d,\"tp\":%d,\"pp\":%d", now->dp, now->tp,
-             now->pp);
+    snprintf(want, sizeof want, "\"gen\":%llu,\"dp\":%d,\"tp\":%d,\"pp\":%d",
+             (unsigned long long)g_final_gen, now->dp, now->tp, now->pp);
     MT_ASSERT(strstr(obj, want) != NULL && strstr(obj, "\"state\":\"running\"") != NULL,
               "tidectl jobs: want %s, running; got %s", want, obj);
 
-    MT_ASSERT(tidectl_json(tidectl, endpoint, "events", buf, sizeof buf) == 0,
-              "tidectl events failed: %s", buf);
+    /* ckpt modes: the last checkpoints' reports may still be on their way (rank 0, their
+       publisher, waited until they were published, not until tided heard of them) */
+    uint64_t deadline = tide_now_ns() + 10 * 1000000000ull;
+    for (;;) {
+        MT_ASSERT(tidectl_events(tidectl, endpoint, buf, sizeof buf) == 0,
+                  "tidectl events failed: %s", buf);
+        if (!g_ckpt_mode || unreported_checkpoint(buf) < 0 || tide_now_ns() >= deadline)
+            break;
+        tide_sleep_ms(50);
+    }
     MT_ASSERT(object_with(buf, "\"kind\":\"worker_failed\"", obj, sizeof obj),
               "no worker_failed event: %s", buf);
     snprintf(want, sizeof want, " rank %d on ", g_victim);
@@ -207,12 +352,23 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
               "the failed worker is not rank %d (missed heartbeats): %s", g_victim, obj);
     MT_ASSERT(count_of(buf, "\"kind\":\"worker_failed\"") == 1, "more than one worker failed: %s",
               buf);
-    MT_ASSERT(object_with(buf, "\"kind\":\"recovered\"", obj, sizeof obj) &&
-                  strstr(obj, "generation 2 committed") != NULL,
-              "no recovered event for generation 2: %s", buf);
+    /* the commit's event: a rollback's is rolled_back (checked below) */
+    const char *commit = g_ckpt_mode ? "rolled_back" : "recovered";
+    char committed[64];
+    snprintf(want, sizeof want, "\"kind\":\"%s\"", commit);
+    snprintf(committed, sizeof committed,
+             "generation %llu committed: ", (unsigned long long)g_final_gen);
+    MT_ASSERT(object_with(buf, want, obj, sizeof obj) && strstr(obj, committed) != NULL,
+              "no %s event for generation %llu: %s", commit, (unsigned long long)g_final_gen, buf);
     snprintf(want, sizeof want, "from step %d,", g_switch_at);
-    MT_ASSERT(strstr(obj, want) != NULL, "recovered event: want %s in %s", want, obj);
-    MT_ASSERT(count_of(buf, "\"kind\":\"resize_aborted\"") == 0, "a switch was aborted: %s", buf);
+    MT_ASSERT(g_ckpt_mode || strstr(obj, want) != NULL, "recovered event: want %s in %s", want,
+              obj);
+    /* ckpt-corrupt: generation 2, whose checkpoint no member could load, was abandoned */
+    MT_ASSERT(
+        count_of(buf, "\"kind\":\"resize_aborted\"") == g_corrupt_mode &&
+            (!g_corrupt_mode || events_with(buf, "resize_aborted", "generation 2 abandoned: ")),
+        "want %d resize_aborted events%s: %s", g_corrupt_mode,
+        g_corrupt_mode ? " (\"generation 2 abandoned: \")" : "", buf);
     /* a rank that comes back after the job recovered without it never rejoins the pool */
     MT_ASSERT(count_of(buf, "\"kind\":\"worker_back\"") == 0,
               "a failed worker was taken back (stopped mode: the resumed rank must be fenced): %s",
@@ -223,6 +379,49 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
               "offline work was given to the failed worker: %s", obj);
     MT_ASSERT(count_of(buf, "\"kind\":\"resize_started\"") == 0,
               "a resize was started (the refused dp 3 must change nothing): %s", buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"stalled\"") == 0, "the job was stalled: %s", buf);
+    if (g_ckpt_mode) {
+        /* one event for each checkpoint published, in both generations: the one the job
+           rolled back to was not saved again, and the periodic saves went on after it */
+        int k = unreported_checkpoint(buf);
+        snprintf(want, sizeof want, "step %d", CKPT_AT);
+        g_resaved = g_corrupt_mode && events_with(buf, "checkpoint_saved", want) == 2;
+        MT_ASSERT(k < 0,
+                  "want one checkpoint_saved event with \"step %d\" (every %d steps, each "
+                  "published once) within 10 s of its publication: %s",
+                  k, CKPT_EVERY, buf);
+        snprintf(want, sizeof want, "from the checkpoint of step %d", CKPT_AT);
+        MT_ASSERT(count_of(buf, "\"kind\":\"recovery_started\"") == 1 + g_corrupt_mode &&
+                      events_with(buf, "recovery_started", want) == 1,
+                  "want %d recovery_started events, one \"%s\": %s", 1 + g_corrupt_mode, want, buf);
+        if (g_corrupt_mode) {
+            /* the damaged checkpoint is refused and the next recovery starts from the one
+               before it */
+            snprintf(want, sizeof want, "from the checkpoint of step %d", g_switch_at);
+            MT_ASSERT(events_with(buf, "recovery_started", want) == 1,
+                      "want a second recovery_started event, \"%s\": %s", want, buf);
+            snprintf(want, sizeof want, "the checkpoint of step %d (%s/step-%012d)", CKPT_AT,
+                     g_ckpt_root, CKPT_AT);
+            MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_refused\"") == 1 &&
+                          object_with(buf, "\"kind\":\"checkpoint_refused\"", obj, sizeof obj) &&
+                          strstr(obj, want) != NULL && strstr(obj, "could not be loaded") != NULL,
+                      "want one checkpoint_refused event, \"%s ... could not be loaded\": %s", want,
+                      buf);
+        } else {
+            MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_refused\"") == 0,
+                      "a checkpoint was refused: %s", buf);
+        }
+        MT_ASSERT(count_of(buf, "\"kind\":\"rolled_back\"") == 1,
+                  "want exactly one rolled_back event: %s", buf);
+        MT_ASSERT(object_with(buf, "\"kind\":\"rolled_back\"", obj, sizeof obj), "no rolled_back");
+        snprintf(want, sizeof want, "from the checkpoint of step %d (%s/step-%012d)", g_switch_at,
+                 g_ckpt_root, g_switch_at);
+        MT_ASSERT(strstr(obj, want) != NULL, "the rolled_back event must name the %s: %s",
+                  want + strlen("from the "), obj);
+        snprintf(want, sizeof want, "steps lost: %d (the job had completed %d)",
+                 KILL_AT - g_switch_at, KILL_AT);
+        MT_ASSERT(has_text(obj, want), "the rolled_back event must say \"%s\": %s", want, obj);
+    }
     if (g_layout_mode) {
         MT_ASSERT(object_with(buf, "\"kind\":\"job_created\"", obj, sizeof obj) &&
                       strstr(obj, "fit: dp x micro-batches divides 16 (the global batch); tp "
@@ -423,10 +622,14 @@ static void *watchdog(void *arg)
                 if (strcmp(r.u.jobs_reply.rows[i].name, JOB) == 0)
                     gen = r.u.jobs_reply.rows[i].gen;
         tide_msg_clear(&r);
-        if (gen < 2 && !w->stop)
+        if (gen < 2 && !w->stop) {
+            static char ev[1 << 18]; /* what tided did instead */
+            if (tidectl_events(w->tidectl, w->endpoint, ev, sizeof ev) != 0)
+                ev[0] = '\0';
             MT_FAIL("no recovery committed %d s after rank %d was killed (job at generation "
-                    "%llu)",
-                    DETECT_S, g_victim, (unsigned long long)gen);
+                    "%llu); tided's events: %s",
+                    DETECT_S, g_victim, (unsigned long long)gen, ev);
+        }
         break;
     }
     if (s != NULL)
@@ -440,16 +643,24 @@ static void *watchdog(void *arg)
 typedef struct record {
     tide_collection_t *coll;
     size_t n_tensors;
-    double loss[STEPS];
-    int ran[STEPS];
-    int64_t switch_at;      /* generation 2's switch step on this rank; -1 none */
-    int switches;           /* switches seen */
-    int spare;              /* pool rank idle in the first layout (spare mode), else -1 */
-    uint64_t pre[MAX_T];    /* state hashes before the kill (old layout's first member) */
-    uint64_t post[MAX_T];   /* right after the recovery (new layout's first member) */
-    tide_layout_t *recover; /* generation 2's layout */
+    double loss[MAX_STEPS];  /* of each step's last run on this rank */
+    int ran[MAX_STEPS];      /* runs of each step on this rank */
+    double loss1[MAX_STEPS]; /* of each step's run in generation 1 */
+    int ran1[MAX_STEPS];     /* runs of each step in generation 1 */
+    int64_t switch_at;       /* generation 2's switch step on this rank; -1 none */
+    int switches;            /* switches seen */
+    int spare;               /* pool rank idle in the first layout (spare mode), else -1 */
+    uint64_t pre[MAX_T];     /* state hashes before the kill (old layout's first member; ckpt
+                                modes: after CKPT_AT steps, the checkpoint's state) */
+    uint64_t post[MAX_T];    /* right after the recovery (new layout's first member) */
+    tide_layout_t *recover;  /* generation 2's layout */
     watch *wd;
     int refused_checked; /* layout mode: the dp 3 resize was refused (rank 0) */
+    int befores;         /* switches begun (the before_switch hook) */
+    uint64_t before_gen; /* the generation of the last one begun */
+    /* ckpt-request */
+    int64_t req_step; /* rank 0: the step tided chose for the requested checkpoint; 0 none */
+    void **at_req;    /* rank 0: the full state after req_step completed steps */
 } record;
 
 /* The full state over the members of the current view, hashed on the root. */
@@ -458,24 +669,159 @@ static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
     MT_OK(mlp_state_hashes(t, m, tide_view_get(t), out));
 }
 
+/* ckpt modes, the victim before it dies: its own shard of the checkpoint of step is on
+   disk, and tided has heard that the checkpoint is complete (its checkpoint_saved event),
+   so that the job rolls back to that checkpoint however the ranks are scheduled. */
+static void wait_checkpoint_known(tide_t *t, int step)
+{
+    static char buf[1 << 18];
+    char want[32];
+    MT_OK(tide_checkpoint_wait(t));
+    snprintf(want, sizeof want, "step %d", step);
+    uint64_t deadline = tide_now_ns() + CKPT_WAIT_S * 1000000000ull;
+    for (;;) {
+        int rc = tidectl_events(g_tidectl, g_endpoint, buf, sizeof buf);
+        if (rc == 0 && events_with(buf, "checkpoint_saved", want) > 0)
+            break;
+        MT_ASSERT(tide_now_ns() < deadline,
+                  "no checkpoint_saved event with \"%s\" within %d s (tidectl exit %d): %s", want,
+                  CKPT_WAIT_S, rc, buf);
+        tide_sleep_ms(50);
+    }
+    fprintf(stderr, "[rank %d] the checkpoint of step %d is complete and known to tided\n", g_rank,
+            step);
+    fflush(stderr);
+}
+
+/* ckpt-corrupt, the victim before it dies: flips one byte in the middle of a shard file of
+   the checkpoint of step (the first shard-*.bin by name), so that the rollback to it fails
+   its chunk check on whichever member reads that chunk. */
+static void damage_checkpoint(int step)
+{
+    char dir[512], path[1024], best[256] = "";
+    tide_ckpt_step_dir(g_ckpt_root, step, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    MT_ASSERT(d != NULL, "cannot open %s: %s", dir, strerror(errno));
+    for (struct dirent *e = readdir(d); e != NULL; e = readdir(d)) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, "shard-", 6) == 0 && n > 4 &&
+            strcmp(e->d_name + n - 4, ".bin") == 0 &&
+            (best[0] == '\0' || strcmp(e->d_name, best) < 0))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    }
+    closedir(d);
+    MT_ASSERT(best[0] != '\0', "no shard-*.bin in %s", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, best);
+    int fd = open(path, O_RDWR);
+    MT_ASSERT(fd >= 0, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    MT_ASSERT(fstat(fd, &st) == 0 && st.st_size > 0, "%s is empty", path);
+    off_t at = st.st_size / 2;
+    unsigned char b = 0;
+    MT_ASSERT(pread(fd, &b, 1, at) == 1, "cannot read %s: %s", path, strerror(errno));
+    b ^= 0x5a;
+    MT_ASSERT(pwrite(fd, &b, 1, at) == 1 && fsync(fd) == 0, "cannot damage %s: %s", path,
+              strerror(errno));
+    close(fd);
+    fprintf(stderr, "[rank %d] flipped byte %lld of %lld of %s\n", g_rank, (long long)at,
+            (long long)st.st_size, path);
+    fflush(stderr);
+}
+
+/* ckpt-request, rank 0 in generation 1 after `completed` steps: `tidectl checkpoint` without
+   a root (the job saved none yet) and for an unknown job is refused with what to do; with
+   --dir it is granted for a step no rank has reached yet, which goes into r->req_step. */
+static void request_checkpoint(record *r, int completed)
+{
+    static char out[8192];
+    const char *nodir[] = {"checkpoint", JOB, NULL};
+    int code = coord_tidectl_io(g_tidectl, g_endpoint, nodir, out, sizeof out, 1);
+    MT_ASSERT(code != 0 && strstr(out, "pass --dir ROOT") != NULL,
+              "tidectl checkpoint %s without --dir, before any checkpoint: want a non-zero exit "
+              "and \"pass --dir ROOT\"; exit %d: %s",
+              JOB, code, out);
+    const char *nojob[] = {"checkpoint", "nosuchjob", "--dir", "/tmp/x", NULL};
+    code = coord_tidectl_io(g_tidectl, g_endpoint, nojob, out, sizeof out, 1);
+    MT_ASSERT(code != 0 && strstr(out, "no online job named nosuchjob") != NULL,
+              "tidectl checkpoint nosuchjob: want a non-zero exit and \"no online job named "
+              "nosuchjob\"; exit %d: %s",
+              code, out);
+    const char *ask[] = {"--json", "checkpoint", JOB, "--dir", g_ckpt_root, NULL};
+    code = coord_tidectl_io(g_tidectl, g_endpoint, ask, out, sizeof out, 1);
+    const char *at = strstr(out, "\"message\":\"job " JOB " saves the checkpoint of step ");
+    MT_ASSERT(code == 0 && strstr(out, "{\"job\":\"" JOB "\",") == out && at != NULL,
+              "tidectl --json checkpoint %s --dir %s: want exit 0 and {\"job\":\"%s\", "
+              "\"message\":\"job %s saves the checkpoint of step S ...\"}; exit %d: %s",
+              JOB, g_ckpt_root, JOB, JOB, code, out);
+    char *end = NULL;
+    long long s =
+        strtoll(at + strlen("\"message\":\"job " JOB " saves the checkpoint of step "), &end, 10);
+    char under[320];
+    snprintf(under, sizeof under, " under %s (about ", g_ckpt_root);
+    MT_ASSERT(end != NULL && strncmp(end, under, strlen(under)) == 0 &&
+                  strstr(end, "`tidectl events` says checkpoint_saved when it is complete") != NULL,
+              "tidectl checkpoint's message must name the root and say how to follow the save: "
+              "%s",
+              out);
+    MT_ASSERT(s > completed && s < g_steps,
+              "tided chose step %lld for the checkpoint; rank 0 has completed %d steps and the job "
+              "ends after %d: the step must lie between (if it does not, the test's steps are too "
+              "fast for the request to land before the job ends)",
+              s, completed, g_steps);
+    r->req_step = s;
+    printf("recover-ckpt-request: after %d steps, %s", completed, out);
+    fflush(stdout);
+}
+
+/* ckpt-request, every member after each step from 2 on: the full state gathered; rank 0
+   keeps the one after r->req_step completed steps. */
+static void keep_requested_state(tide_t *t, const tide_mlp_t *m, record *r, int64_t step)
+{
+    void **full = NULL;
+    MT_OK(tide_mlp_tide_gather(t, m, tide_view_get(t), &full));
+    if (full != NULL && r->req_step > 0 && step == r->req_step - 1) {
+        r->at_req = full;
+        return;
+    }
+    tide_mlp_full_free(r->coll, &full);
+}
+
 static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step, double loss,
                              double secs)
 {
     (void)secs;
     record *r = ctx;
-    MT_ASSERT(step >= 0 && step < STEPS, "step %lld out of range", (long long)step);
+    MT_ASSERT(step >= 0 && step < g_steps, "step %lld out of range", (long long)step);
     r->loss[step] = loss;
     r->ran[step]++;
     const tide_view *v = tide_view_get(t);
+    if (v->generation == 1) {
+        r->loss1[step] = loss;
+        r->ran1[step]++;
+    }
     if (g_layout_mode && step == 1 && v->generation == 1 && r->wd != NULL && !r->refused_checked) {
         check_refused_resize(r->wd->tidectl, r->wd->endpoint);
         r->refused_checked = 1;
     }
+    if (g_request_mode) {
+        if (step == 1 && v->generation == 1 && g_rank == 0)
+            request_checkpoint(r, (int)step + 1);
+        if (step >= 2)
+            keep_requested_state(t, m, r, step);
+        return TIDE_OK; /* h_at slows the steps down */
+    }
+    if (g_ckpt_mode && step == g_switch_at - 1 && v->generation == 1)
+        hash_state(t, m, r->pre); /* the state the checkpoint the job rolls back to holds */
     if (step == KILL_AT - 1 && v->generation == 1) {
         /* the whole state after KILL_AT steps, over every member (the victim included) */
-        hash_state(t, m, r->pre);
+        if (!g_ckpt_mode)
+            hash_state(t, m, r->pre);
         if (tide_pool_rank(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode &&
             !g_stopped_mode) {
+            if (g_ckpt_mode)
+                wait_checkpoint_known(t, CKPT_AT);
+            if (g_corrupt_mode)
+                damage_checkpoint(CKPT_AT);
             fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
             fflush(stderr);
             raise(SIGKILL);
@@ -494,6 +840,11 @@ static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
 {
     (void)ctx;
     (void)m;
+    /* ckpt-request: tided reckons how far the job runs before a request reaches it from the
+       time its workers spend inside steps (begin to end), so the delay goes in there: 50 ms
+       a step keeps the step it picks well before the job's end, however fast the machine */
+    if (g_request_mode && point == TIDE_MLP_AT_GRADS)
+        tide_sleep_ms(50);
     int want = g_midstep_mode || g_stopped_mode ? point == TIDE_MLP_AT_GRADS
                : g_lastreduce_mode              ? point == TIDE_MLP_AT_LOSS
                                                 : 0;
@@ -529,13 +880,22 @@ static int layout_has(const tide_layout_t *l, int rank)
 
 static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
 {
-    (void)ctx;
     (void)m;
+    record *r = ctx;
     const tide_view *nv = tide_view_next(t);
-    MT_ASSERT(nv->generation == 2, "switch to generation %llu: only the recovery (2) is expected",
-              (unsigned long long)nv->generation);
+    /* ckpt-corrupt: generation 2 fails (its checkpoint cannot be loaded) and generation 3
+       rolls back further; elsewhere only the recovery */
+    uint64_t want = r->befores == 0 ? 2 : 3;
+    MT_ASSERT(nv->generation == want && (r->befores == 0 || g_corrupt_mode),
+              "switch %d to generation %llu: only %s expected", r->befores + 1,
+              (unsigned long long)nv->generation,
+              g_corrupt_mode ? "the refused recovery (2), then the one from the checkpoint before "
+                               "it (3), are"
+                             : "the recovery (2) is");
     MT_ASSERT(!layout_has(nv->layout, g_victim), "the recovery layout still holds rank %d",
               g_victim);
+    r->befores++;
+    r->before_gen = nv->generation;
     return TIDE_OK;
 }
 
@@ -547,6 +907,10 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     const tide_view *v = tide_view_get(t);
     r->switches++;
     r->switch_at = v->step;
+    MT_ASSERT(v->generation == g_final_gen && r->before_gen == g_final_gen,
+              "switched to generation %llu (begun: %llu), want %llu",
+              (unsigned long long)v->generation, (unsigned long long)r->before_gen,
+              (unsigned long long)g_final_gen);
     const tide_layout_t *l = v->layout;
     if (g_layout_mode)
         MT_ASSERT(l->dp == 2 && l->tp == 1 && l->pp == 1,
@@ -554,6 +918,11 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
                   "tp 1, pp 1), the one layout they hold that the model can run; got (%d, %d, "
                   "%d)",
                   l->dp, l->tp, l->pp);
+    else if (g_ckpt_dp1)
+        MT_ASSERT(l->dp == 1 && l->tp == 1 && l->pp == 1 && l->worker[0] == 0,
+                  "the one survivor (rank 0) of (dp 1, tp 2) goes on alone on (dp 1, tp 1, pp "
+                  "1); got (%d, %d, %d) led by rank %d",
+                  l->dp, l->tp, l->pp, l->worker[0]);
     else if (g_spare_mode)
         MT_ASSERT(l->dp == 2 && l->tp == 2 && l->pp == 2 && layout_has(l, r->spare),
                   "with a spare, the recovery keeps (dp 2, tp 2, pp 2) and takes rank %d; got "
@@ -577,7 +946,7 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
 static int h_done(void *ctx, const tide_view *v)
 {
     (void)ctx;
-    return v->step >= STEPS;
+    return v->step >= g_steps;
 }
 
 /* ---- the never-failed runs ------------------------------------------------------------------ */
@@ -592,7 +961,7 @@ static void reference_single(const tide_mlp_config *cfg, double *loss)
     MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, g_micro));
     MT_OK(tide_mlp_new(&m, cfg, l, 0, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
-    for (int64_t s = 0; s < STEPS; s++)
+    for (int64_t s = 0; s < g_steps; s++)
         MT_OK(tide_mlp_step(m, &self, &loss[s]));
     tide_mlp_destroy(&m);
     tide_layout_destroy(&l);
@@ -600,10 +969,12 @@ static void reference_single(const tide_mlp_config *cfg, double *loss)
 
 /*
  * The same layouts as the recovered job, over plain MPI on every rank while all are
- * alive, and no failure: (dp 2, tp 2, pp 2) for KILL_AT steps, then the layout the
- * recovery must produce (moved through the root). Every allreduce has two members, so
- * the arithmetic is the recovered job's, and its final state must equal this one bit
- * for bit. Collective over world; rank 0 gets the final state in *full_out.
+ * alive, and no failure: the first layout for g_switch_at steps (ckpt modes: CKPT_AT,
+ * the steps the checkpoint holds; the rolled-back steps after it are never run here),
+ * then the layout the recovery must produce (moved through the root). Every allreduce
+ * has at most two members, so the arithmetic is the recovered job's, and its final state
+ * must equal this one bit for bit. Collective over world; rank 0 gets the final state in
+ * *full_out.
  */
 static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***full_out)
 {
@@ -611,12 +982,11 @@ static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
     MT_OK(tide_layout_new(&l, g_dp0, g_tp0, g_pp0, cfg->layers, g_micro));
-    MT_OK(tide_layout_new(&l2, g_spare_mode || g_layout_mode ? 2 : 1, g_tp0, g_pp0, cfg->layers,
-                          g_micro));
+    MT_OK(tide_layout_new(&l2, g_dp1, g_tp1, g_pp1, cfg->layers, g_micro));
     MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
-    for (int64_t s = 0; s < STEPS; s++) {
+    for (int64_t s = 0; s < g_steps; s++) {
         if (s == g_switch_at) {
             tide_mlp_mpi_destroy(&mpi);
             MT_OK(tide_mlp_relayout_via_root(m, MPI_COMM_WORLD, 0, l2));
@@ -676,6 +1046,41 @@ static double compare_state(const tide_collection_t *c, void *const *got, void *
     return worst;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path) == 0 ? 0 : -1;
+}
+
+/* ckpt modes, rank 0 once every survivor left the runtime: every checkpoint is complete
+   on disk (keep 0: none pruned; the one the job rolled back to among them), then the whole
+   root goes. */
+static void remove_checkpoints(const char *root)
+{
+    char manifest[512];
+    struct stat st;
+    for (int k = CKPT_EVERY; k <= g_steps && !g_request_mode; k += CKPT_EVERY) {
+        snprintf(manifest, sizeof manifest, "%s/step-%012d/MANIFEST", root, k);
+        MT_ASSERT(stat(manifest, &st) == 0, "no %s after the run", manifest);
+        /* ckpt-corrupt: the damaged one fails its check unless it was saved again */
+        tide_ckpt_t *ck = NULL;
+        snprintf(manifest, sizeof manifest, "%s/step-%012d", root, k);
+        MT_OK(tide_ckpt_open(&ck, manifest));
+        tide_status rc = tide_ckpt_verify(ck);
+        tide_ckpt_close(&ck);
+        if (g_corrupt_mode && k == CKPT_AT && !g_resaved)
+            MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "shard-") != NULL,
+                      "the damaged checkpoint %s (not saved again) must fail its check naming "
+                      "the shard; got %s: %s",
+                      manifest, tide_strerror(rc), tide_last_error());
+        else
+            MT_ASSERT(rc == TIDE_OK, "checkpoint %s: %s", manifest, tide_last_error());
+    }
+    MT_ASSERT(nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0, "cannot remove %s", root);
+}
+
 /* The end of a run whose checks all held on every survivor: the pass line (rank 0),
    the survivors' communicator and the collection freed, MPI finalized, tided stopped by
    the rank that started it. Returns the exit status. */
@@ -693,6 +1098,135 @@ static int pass(MPI_Comm *surv, tide_collection_t **coll, int is_root)
     return 0;
 }
 
+/* ckpt-request, rank 0 after the job ended: the checkpoint tided was asked for (step
+   rec->req_step under g_ckpt_root) is complete, reported, and holds exactly the state
+   gathered after that many steps. */
+static void check_requested(record *rec)
+{
+    static char buf[1 << 18];
+    char want[64], dir[512], manifest[600];
+    const int64_t s = rec->req_step;
+    MT_ASSERT(s > 0 && rec->at_req != NULL, "rank 0 kept no state for the requested step %lld",
+              (long long)s);
+    /* the publisher waited until the checkpoint was published, not until tided heard */
+    snprintf(want, sizeof want, "step %lld", (long long)s);
+    tide_ckpt_step_dir(g_ckpt_root, s, dir, sizeof dir);
+    uint64_t deadline = tide_now_ns() + 10 * 1000000000ull;
+    for (;;) {
+        MT_ASSERT(tidectl_events(g_tidectl, g_endpoint, buf, sizeof buf) == 0,
+                  "tidectl events failed: %s", buf);
+        if (events_with(buf, "checkpoint_saved", want) > 0 || tide_now_ns() >= deadline)
+            break;
+        tide_sleep_ms(50);
+    }
+    MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_requested\"") == 1 &&
+                  events_with(buf, "checkpoint_requested", want) == 1,
+              "want one checkpoint_requested event, \"%s\": %s", want, buf);
+    char obj[2048];
+    MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_saved\"") == 1 &&
+                  object_with(buf, "\"kind\":\"checkpoint_saved\"", obj, sizeof obj) &&
+                  has_text(obj, want) && strstr(obj, dir) != NULL,
+              "want one checkpoint_saved event, \"%s saved in %s\", within 10 s of the end of the "
+              "save: %s",
+              want, dir, buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_failed\"") == 0, "a checkpoint failed: %s", buf);
+    snprintf(manifest, sizeof manifest, "%s/MANIFEST", dir);
+    struct stat st;
+    MT_ASSERT(stat(manifest, &st) == 0, "no %s after the run", manifest);
+
+    /* its content, read whole into one process's layout, is the state after s steps */
+    const tide_collection_t *c = rec->coll;
+    tide_ckpt_t *ck = NULL;
+    MT_OK(tide_ckpt_open(&ck, dir));
+    MT_ASSERT(tide_ckpt_step(ck) == s, "%s holds step %lld, want %lld", dir,
+              (long long)tide_ckpt_step(ck), (long long)s);
+    MT_OK(tide_ckpt_verify(ck));
+    MT_OK(tide_ckpt_check_collection(ck, c));
+    tide_layout_t *l = NULL;
+    MT_OK(tide_layout_new(&l, 1, 1, 1, tide_collection_num_layers(c), g_micro));
+    size_t n = tide_collection_size(c);
+    void **bufs = tide_calloc(n, sizeof *bufs);
+    MT_ASSERT(bufs != NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = tide_shard_bytes(l, c, i, 0, 0, 0);
+        MT_ASSERT(b == tide_tensor_bytes(tide_collection_tensor(c, i)),
+                  "tensor %zu: %llu bytes on (1, 1, 1)", i, (unsigned long long)b);
+        bufs[i] = tide_malloc(b ? (size_t)b : 1);
+        MT_ASSERT(bufs[i] != NULL, "out of memory");
+    }
+    tide_ckpt_load_stats ls;
+    MT_OK(tide_ckpt_load(ck, l, 0, 0, 0, bufs, &ls));
+    for (size_t i = 0; i < n; i++) {
+        const tide_tensor_desc *d = tide_collection_tensor(c, i);
+        MT_ASSERT(memcmp(bufs[i], rec->at_req[i], tide_tensor_bytes(d)) == 0,
+                  "tensor %s of the checkpoint of step %lld differs from the state gathered "
+                  "after %lld steps",
+                  d->name, (long long)s, (long long)s);
+        tide_free(bufs[i]);
+    }
+    tide_free(bufs);
+    tide_layout_destroy(&l);
+    printf("recover-ckpt-request: %s (%zu shard files, %llu bytes read; checkpoint_requested "
+           "and checkpoint_saved reported) holds the state after %lld steps bit for bit\n",
+           dir, tide_ckpt_num_shards(ck), (unsigned long long)ls.bytes_read, (long long)s);
+    fflush(stdout);
+    tide_ckpt_close(&ck);
+}
+
+/* ckpt-request, every rank after training: each step ran once, losses as the never-failed
+   runs', final state as the same-layout run's, the requested checkpoint checked (rank 0),
+   and the end of the run. Returns the exit status. */
+static int finish_request(tide_t *t, tide_mlp_t *m, record *rec, const double *ref,
+                          const double *ref_layouts, void ***want, int is_root)
+{
+    MT_OK(tide_checkpoint_wait(t)); /* this rank's shard written (and published, rank 0) */
+    MPI_Comm all = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &all);
+    const tide_view *v = tide_view_get(t);
+    MT_ASSERT(v->generation == 1 && rec->switches == 0 && rec->befores == 0,
+              "no switch expected (generation %llu, %d switches)",
+              (unsigned long long)v->generation, rec->switches);
+    static double lo[MAX_STEPS], hi[MAX_STEPS];
+    for (int k = 0; k < g_steps; k++) {
+        MT_ASSERT(rec->ran[k] == 1, "step %d ran %d times on rank %d", k, rec->ran[k], g_rank);
+        lo[k] = hi[k] = rec->loss[k];
+    }
+    MPI_Allreduce(MPI_IN_PLACE, lo, g_steps, MPI_DOUBLE, MPI_MIN, all);
+    MPI_Allreduce(MPI_IN_PLACE, hi, g_steps, MPI_DOUBLE, MPI_MAX, all);
+    void **full = NULL;
+    MT_OK(tide_mlp_tide_gather(t, m, v, &full));
+    if (g_rank == 0) {
+        double worst = 0.0;
+        for (int k = 0; k < g_steps; k++) {
+            MT_ASSERT(lo[k] == hi[k] && lo[k] == ref_layouts[k],
+                      "step %d: loss %.17g..%.17g on the ranks vs %.17g of the same layout over "
+                      "plain MPI",
+                      k, lo[k], hi[k], ref_layouts[k]);
+            double rel = fabs(lo[k] - ref[k]) / fabs(ref[k]);
+            worst = fmax(worst, rel);
+            MT_ASSERT(rel <= REL_TOL, "step %d: loss %.9g vs %.9g in one process (rel %.2e)", k,
+                      lo[k], ref[k], rel);
+        }
+        MT_ASSERT(full != NULL, "rank 0 gathered nothing");
+        compare_state(rec->coll, full, *want, 0.0);
+        check_requested(rec);
+        printf("recover-ckpt-request: %d steps on (dp %d, tp %d, pp %d); max loss rel diff %.2e "
+               "to one process; losses and final state bit-identical to plain MPI\n",
+               g_steps, g_dp0, g_tp0, g_pp0, worst);
+        fflush(stdout);
+    }
+    tide_mlp_full_free(rec->coll, &full);
+    tide_mlp_full_free(rec->coll, &rec->at_req);
+    tide_mlp_full_free(rec->coll, want);
+    MPI_Barrier(all);
+    tide_destroy(&t);
+    tide_mlp_destroy(&m);
+    MPI_Barrier(all);
+    if (g_rank == 0)
+        remove_checkpoints(g_ckpt_root);
+    return pass(&all, &rec->coll, is_root);
+}
+
 /* ---- the test -------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -700,9 +1234,12 @@ int main(int argc, char **argv)
     if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
                      strcmp(argv[3], "lastreduce") != 0 && strcmp(argv[3], "spare") != 0 &&
                      strcmp(argv[3], "zero1") != 0 && strcmp(argv[3], "stopped") != 0 &&
-                     strcmp(argv[3], "layout") != 0)) {
+                     strcmp(argv[3], "layout") != 0 && strcmp(argv[3], "ckpt-zero1") != 0 &&
+                     strcmp(argv[3], "ckpt-dp1") != 0 && strcmp(argv[3], "ckpt-corrupt") != 0 &&
+                     strcmp(argv[3], "ckpt-request") != 0)) {
         fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL "
-                        "replica|midstep|lastreduce|spare|zero1|stopped|layout\n");
+                        "replica|midstep|lastreduce|spare|zero1|stopped|layout|ckpt-zero1|"
+                        "ckpt-dp1|ckpt-corrupt|ckpt-request\n");
         return 2;
     }
     g_midstep_mode = strcmp(argv[3], "midstep") == 0;
@@ -712,12 +1249,33 @@ int main(int argc, char **argv)
     g_spare_mode = strcmp(argv[3], "spare") == 0;
     g_zero1_mode = strcmp(argv[3], "zero1") == 0;
     g_layout_mode = strcmp(argv[3], "layout") == 0;
+    g_ckpt_dp1 = strcmp(argv[3], "ckpt-dp1") == 0;
+    g_corrupt_mode = strcmp(argv[3], "ckpt-corrupt") == 0;
+    g_request_mode = strcmp(argv[3], "ckpt-request") == 0;
+    g_ckpt_mode = g_ckpt_dp1 || g_corrupt_mode || strcmp(argv[3], "ckpt-zero1") == 0;
+    if (g_ckpt_mode) /* the checkpoint's step: the steps after it are redone */
+        g_switch_at = g_corrupt_mode ? CKPT_AT - CKPT_EVERY : CKPT_AT;
+    g_final_gen = g_corrupt_mode ? 3 : 2;
+    if (g_request_mode) { /* no failure: one layout from the first step to the last */
+        g_steps = REQ_STEPS;
+        g_switch_at = g_steps;
+        g_dp0 = 2;
+        g_tp0 = g_pp0 = 1;
+    }
+    g_done1 = g_ckpt_mode ? KILL_AT : g_switch_at;
     if (g_layout_mode) {
         g_dp0 = 4;
         g_tp0 = g_pp0 = 1;
         g_batch = 16;
     }
-    int want_size = g_spare_mode ? 9 : g_layout_mode ? 4 : 8;
+    if (g_ckpt_dp1) {
+        g_dp0 = g_pp0 = 1;
+        g_tp0 = 2;
+    }
+    g_dp1 = g_spare_mode || g_layout_mode || g_request_mode ? 2 : 1;
+    g_tp1 = g_ckpt_dp1 ? 1 : g_tp0;
+    g_pp1 = g_pp0;
+    int want_size = g_spare_mode ? 9 : g_layout_mode ? 4 : g_ckpt_dp1 || g_request_mode ? 2 : 8;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root)
@@ -737,10 +1295,23 @@ int main(int argc, char **argv)
         snprintf(endpoint, sizeof endpoint, "%s", g_coord.endpoint);
     MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
     MT_ASSERT(endpoint[0] != '\0', "tided did not start (no endpoint file)");
+    snprintf(g_endpoint, sizeof g_endpoint, "%s", endpoint);
+    g_tidectl = argv[2];
+    if (g_ckpt_mode || g_request_mode) {
+        if (g_rank == 0) {
+            snprintf(g_ckpt_root, sizeof g_ckpt_root, "/tmp/tide-recover-ckpt-XXXXXX");
+            if (mkdtemp(g_ckpt_root) == NULL)
+                g_ckpt_root[0] = '\0';
+        }
+        MPI_Bcast(g_ckpt_root, sizeof g_ckpt_root, MPI_CHAR, 0, MPI_COMM_WORLD);
+        MT_ASSERT(g_ckpt_root[0] != '\0', "no checkpoint root (mkdtemp in /tmp failed)");
+    }
 
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
-    cfg.zero1 = g_zero1_mode;
+    /* ckpt-request: both dp ranks write a shard (their moments), and the publisher waits
+       for the other's */
+    cfg.zero1 = g_zero1_mode || (g_ckpt_mode && !g_ckpt_dp1) || g_request_mode;
     cfg.global_batch = g_batch;
     static record rec;
     rec.switch_at = -1;
@@ -750,7 +1321,7 @@ int main(int argc, char **argv)
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
 
     /* the never-failed runs, while every rank is alive */
-    static double ref[STEPS], ref_layouts[STEPS];
+    static double ref[MAX_STEPS], ref_layouts[MAX_STEPS];
     void **want = NULL; /* rank 0: the never-failed run's final state */
     if (!g_zero1_mode)
         reference_layouts(&cfg, ref_layouts, &want);
@@ -782,8 +1353,10 @@ int main(int argc, char **argv)
     MT_ASSERT(v->generation == 1 && v->layout->dp == g_dp0 && v->layout->tp == g_tp0 &&
                   v->layout->pp == g_pp0,
               "first layout as requested");
-    g_victim = g_layout_mode ? v->layout->worker[tide_layout_index(v->layout, 0, 3, 0)]
-                             : v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
+    g_victim = g_request_mode  ? -1
+               : g_layout_mode ? v->layout->worker[tide_layout_index(v->layout, 0, 3, 0)]
+               : g_ckpt_dp1    ? v->layout->worker[tide_layout_index(v->layout, 0, 0, 1)]
+                               : v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
     MT_ASSERT(g_victim != 0, "rank 0 runs tided and the checks: it must not be the victim");
     for (int r = 0; r < size; r++)
         if (!layout_has(v->layout, r))
@@ -795,9 +1368,13 @@ int main(int argc, char **argv)
         MT_OK(tide_mlp_init(m));
     /* as train_mlp: the runtime owns the state and recovers it in place */
     MT_OK(tide_mlp_tide_give(t, m));
+    /* as train_mlp --ckpt-save ROOT --ckpt-every 2 --ckpt-keep 0: the checkpoints the job
+       rolls back to when no survivor holds the lost state */
+    if (g_ckpt_mode)
+        MT_OK(tide_checkpoint_every(t, g_ckpt_root, CKPT_EVERY, 0));
     static watch wd;
     pthread_t th;
-    if (g_rank == 0) {
+    if (g_rank == 0 && !g_request_mode) {
         snprintf(wd.endpoint, sizeof wd.endpoint, "%s", endpoint);
         wd.tidectl = argv[2];
         wd.victim_pid = g_pids[g_victim];
@@ -824,6 +1401,15 @@ int main(int argc, char **argv)
         _exit(0);
     }
     MT_ASSERT(g_rank != g_victim, "the victim is still alive");
+    if (g_request_mode) {
+        MT_OK(trc);
+        return finish_request(t, m, &rec, ref, ref_layouts, &want, is_root);
+    }
+    if (g_corrupt_mode && trc != TIDE_OK)
+        MT_FAIL("survivor %d: training ended with %s: %s (the switch to generation 2 fails "
+                "everywhere when its checkpoint cannot be loaded; generation 1 must go on so that "
+                "generation 3 rolls back to the checkpoint before it)",
+                g_rank, tide_strerror(trc), tide_last_error());
     if (g_zero1_mode) {
         /* tided halts the job it cannot recover: every survivor's training ends with the
            reason instead of waiting for an operator */
@@ -836,6 +1422,8 @@ int main(int argc, char **argv)
     } else {
         MT_OK(trc);
     }
+    if (g_ckpt_mode) /* the periodic saves after the rollback are written (and published) */
+        MT_OK(tide_checkpoint_wait(t));
 
     /* From here on only the survivors: MPI_COMM_WORLD still names the dead rank, so every
        check runs over a communicator of the others (created among them only). */
@@ -866,6 +1454,13 @@ int main(int argc, char **argv)
     MPI_Allreduce(&one, &sw_max, 1, MPI_INT, MPI_MAX, surv);
     MT_ASSERT(sw_min == 1 && sw_max == 1, "each survivor switched once (min %d, max %d)", sw_min,
               sw_max);
+    /* ckpt-corrupt: and began one switch more, to generation 2, that failed */
+    one = rec.befores;
+    MPI_Allreduce(&one, &sw_min, 1, MPI_INT, MPI_MIN, surv);
+    MPI_Allreduce(&one, &sw_max, 1, MPI_INT, MPI_MAX, surv);
+    MT_ASSERT(!g_ckpt_mode || (sw_min == 1 + g_corrupt_mode && sw_max == 1 + g_corrupt_mode),
+              "each survivor began %d switches (min %d, max %d)", 1 + g_corrupt_mode, sw_min,
+              sw_max);
     int64_t at_lo = 0, at_hi = 0;
     MPI_Allreduce(&rec.switch_at, &at_lo, 1, MPI_INT64_T, MPI_MIN, surv);
     MPI_Allreduce(&rec.switch_at, &at_hi, 1, MPI_INT64_T, MPI_MAX, surv);
@@ -876,8 +1471,8 @@ int main(int argc, char **argv)
     const tide_layout_t *nl = rec.recover;
     MT_ASSERT(nl != NULL, "no recovery layout recorded");
     const tide_view *fv = tide_view_get(t);
-    MT_ASSERT(fv->generation == 2, "the job ended in generation %llu",
-              (unsigned long long)fv->generation);
+    MT_ASSERT(fv->generation == g_final_gen, "the job ended in generation %llu, want %llu",
+              (unsigned long long)fv->generation, (unsigned long long)g_final_gen);
     MT_ASSERT(fv->member == layout_has(nl, g_rank), "membership after the recovery");
 
     /* tided's view, before anyone says bye (rank 0 is a member: it finished the job) */
@@ -893,7 +1488,8 @@ int main(int argc, char **argv)
 
     /* the state right after the recovery is the whole state before the kill, bit for bit
        (lastreduce: the step the victim died in was completed, so no state before it was
-       gathered; the final state against the never-failed run checks it) */
+       gathered; the final state against the never-failed run checks it; ckpt modes: the
+       state after CKPT_AT steps, which the checkpoint holds) */
     static uint64_t pre[MAX_T], post[MAX_T];
     MPI_Allreduce(rec.pre, pre, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
     MPI_Allreduce(rec.post, post, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
@@ -904,26 +1500,44 @@ int main(int argc, char **argv)
                   tide_collection_tensor(rec.coll, i)->name, (unsigned long long)pre[i],
                   (unsigned long long)post[i]);
 
-    /* each step ran once on every live member of the layout active then */
-    static int total[STEPS];
-    MPI_Allreduce(rec.ran, total, STEPS, MPI_INT, MPI_SUM, surv);
-    for (int k = 0; k < STEPS; k++) {
-        int runs = k < g_switch_at ? g_dp0 * g_tp0 * g_pp0 - 1 : (int)tide_layout_size(nl);
+    /* each step ran once on every live member of the layout active then (ckpt modes: the
+       steps from the checkpoint's to the kill in both generations) */
+    static int total[MAX_STEPS];
+    MPI_Allreduce(rec.ran, total, g_steps, MPI_INT, MPI_SUM, surv);
+    for (int k = 0; k < g_steps; k++) {
+        int runs = (k < g_done1 ? g_dp0 * g_tp0 * g_pp0 - 1 : 0) +
+                   (k >= g_switch_at ? (int)tide_layout_size(nl) : 0);
         MT_ASSERT(total[k] == runs,
                   "step %d ran %d times on the survivors, want %d (%s the recovery at step %d)", k,
-                  total[k], runs, k < g_switch_at ? "before" : "after", g_switch_at);
+                  total[k], runs,
+                  k < g_switch_at ? "before"
+                  : k < g_done1   ? "before and after (rolled back)"
+                                  : "after",
+                  g_switch_at);
     }
+    if (g_ckpt_mode && g_rank == 0)
+        for (int k = 0; k < g_steps; k++)
+            MT_ASSERT(rec.ran[k] == 1 + (k >= g_switch_at && k < g_done1),
+                      "step %d ran %d times on rank 0, which leads both layouts: want %d", k,
+                      rec.ran[k], 1 + (k >= g_switch_at && k < g_done1));
 
     /* losses: equal on every member, and those of the never-failed run */
-    static double llo[STEPS], lhi[STEPS];
-    for (int k = 0; k < STEPS; k++) {
-        /* NaN: a survivor that finished the step alone never saw its loss */
-        int seen = rec.ran[k] && !isnan(rec.loss[k]);
+    static double llo[MAX_STEPS], lhi[MAX_STEPS], flo[MAX_STEPS], fhi[MAX_STEPS];
+    for (int k = 0; k < g_steps; k++) {
+        /* NaN: a survivor that finished the step alone never saw its loss; ckpt modes: a
+           rolled-back step's loss is its run in generation 2 (its first run's, below) */
+        int redone = k >= g_switch_at && k < g_done1;
+        int seen = rec.ran[k] > (redone ? rec.ran1[k] : 0) && !isnan(rec.loss[k]);
         llo[k] = seen ? rec.loss[k] : INFINITY;
         lhi[k] = seen ? rec.loss[k] : -INFINITY;
+        int first = redone && rec.ran1[k] && !isnan(rec.loss1[k]);
+        flo[k] = first ? rec.loss1[k] : INFINITY;
+        fhi[k] = first ? rec.loss1[k] : -INFINITY;
     }
-    MPI_Allreduce(MPI_IN_PLACE, llo, STEPS, MPI_DOUBLE, MPI_MIN, surv);
-    MPI_Allreduce(MPI_IN_PLACE, lhi, STEPS, MPI_DOUBLE, MPI_MAX, surv);
+    MPI_Allreduce(MPI_IN_PLACE, llo, g_steps, MPI_DOUBLE, MPI_MIN, surv);
+    MPI_Allreduce(MPI_IN_PLACE, lhi, g_steps, MPI_DOUBLE, MPI_MAX, surv);
+    MPI_Allreduce(MPI_IN_PLACE, flo, g_steps, MPI_DOUBLE, MPI_MIN, surv);
+    MPI_Allreduce(MPI_IN_PLACE, fhi, g_steps, MPI_DOUBLE, MPI_MAX, surv);
 
     /* the final state, gathered over the recovered layout, against the never-failed run's */
     void **full = NULL;
@@ -932,7 +1546,7 @@ int main(int argc, char **argv)
     double worst_loss = 0.0;
     if (g_rank == 0) {
         MT_ASSERT(full != NULL, "rank 0 gathered nothing");
-        for (int k = 0; k < STEPS; k++) {
+        for (int k = 0; k < g_steps; k++) {
             MT_ASSERT(llo[k] == lhi[k], "step %d: loss differs between members (%.9g vs %.9g)", k,
                       llo[k], lhi[k]);
             double rel = fabs(llo[k] - ref[k]) / fabs(ref[k]);
@@ -951,8 +1565,24 @@ int main(int argc, char **argv)
                           "run with the same layouts (bit-identical arithmetic)",
                           k, llo[k], ref_layouts[k]);
         }
-        MT_ASSERT(ref[STEPS - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
-                  ref[STEPS - 1]);
+        /* ckpt modes: the first runs of the rolled-back steps, on generation 1's layout (no
+           reference ran them there: the reference switched at the checkpoint's step) */
+        for (int k = g_switch_at; k < g_done1; k++) {
+            MT_ASSERT(flo[k] == fhi[k],
+                      "step %d's first run: loss differs between members (%.9g vs %.9g)", k, flo[k],
+                      fhi[k]);
+            double rel = fabs(flo[k] - ref[k]) / fabs(ref[k]);
+            worst_loss = fmax(worst_loss, rel);
+            MT_ASSERT(rel <= REL_TOL,
+                      "step %d: loss %.9g of its first run vs %.9g never failed (rel %.2e)", k,
+                      flo[k], ref[k], rel);
+            MT_ASSERT(fabs(llo[k] - flo[k]) <= REL_TOL * fabs(flo[k]),
+                      "step %d: loss %.17g after the rollback vs %.17g in its first run (on the "
+                      "old layout)",
+                      k, llo[k], flo[k]);
+        }
+        MT_ASSERT(ref[g_steps - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
+                  ref[g_steps - 1]);
         double state_rel = compare_state(rec.coll, full, want, g_layout_mode ? 1e-5 : 0.0);
         if (g_layout_mode)
             printf("recover-layout: final state within rel %.2e (L2, per tensor) of the "
@@ -967,7 +1597,24 @@ int main(int argc, char **argv)
     MPI_Barrier(surv);
     tide_destroy(&t);
     tide_mlp_destroy(&m);
-    if (g_rank == 0) {
+    if (g_rank == 0 && g_ckpt_mode) {
+        char refused[160] = "";
+        if (g_corrupt_mode)
+            snprintf(refused, sizeof refused,
+                     " (its checkpoint of step %d damaged: refused, generation 2 abandoned; %s)",
+                     CKPT_AT,
+                     g_resaved ? "saved again in generation 3"
+                               : "not saved again in generation 3: the damaged copy stays");
+        printf("recover-%s: rank %d killed after step %d%s; tided rolled the job back to the "
+               "checkpoint of step %d and recovered to (dp %d, tp %d, pp %d) on %d survivors in "
+               "generation %llu; switch at step %d on all; state bit-identical to generation 1's "
+               "after %d steps; max loss rel diff %.2e to one process; losses and final state "
+               "bit-identical to a never-failed run of the same layouts\n",
+               argv[3], g_victim, KILL_AT - 1, refused, g_switch_at, nl ? nl->dp : 0,
+               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, (unsigned long long)g_final_gen,
+               g_switch_at, g_switch_at, worst_loss);
+        fflush(stdout);
+    } else if (g_rank == 0) {
         printf("recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
                "%d) on %d survivors; switch at step %d on all;%s max loss rel diff %.2e to one "
                "process; losses and final state %s a never-failed run of the same layouts\n",
@@ -983,5 +1630,7 @@ int main(int argc, char **argv)
     }
     tide_layout_destroy(&rec.recover);
     MPI_Barrier(surv);
+    if (g_ckpt_mode && g_rank == 0)
+        remove_checkpoints(g_ckpt_root);
     return pass(&surv, &rec.coll, is_root);
 }

@@ -75,7 +75,14 @@
  * collectives failed with every peer alive: a network fault) it returns
  * TIDE_ERR_TIMEOUT. A member that dies while tide_join builds the first layout's
  * communicators ends the build at once: tide_join returns and the first
- * tide_step_begin switches to the recovery.
+ * tide_step_begin switches to the recovery. When the dead rank held state that no
+ * survivor holds (dp 1, ZeRO-1 moments) and the job saved checkpoints (tide_checkpoint*:
+ * the publisher reports each complete one to tided), the recovery loads the last complete
+ * checkpoint instead: every member's shards come from its files, and after tide_reshard
+ * the view's step is the checkpoint's, so the steps after it run again (take the data
+ * position from the step or from registered state, as train_mlp does). A checkpoint that
+ * fails its checks on any member makes tide_reshard return TIDE_ERR_ABORTED on all of
+ * them, with nothing replaced, and tided tries the one before it.
  */
 #ifndef TIDE_TIDE_H
 #define TIDE_TIDE_H
@@ -303,8 +310,9 @@ typedef enum tide_step_action {
  * (tide_finish, tide_destroy, MPI_Finalize) and its mpirun exits while the job trains on.
  * Errors: TIDE_ERR_STALE when this rank cannot follow (it ran past a recovery's switch
  * step), TIDE_ERR_CLOSED when tided dropped it, and the status tided halted the job with
- * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica; the detail says what to
- * do) once tided gave up on the job; the program should then exit.
+ * (TIDE_ERR_NO_HOLDER: a dead rank's state had no live replica and the job reported no
+ * checkpoint to roll back to; the detail says what was lost) once tided gave up on the
+ * job; the program should then exit.
  */
 TIDE_API tide_status tide_step_begin(tide_t *t, tide_step_action *action);
 
@@ -510,8 +518,10 @@ TIDE_API tide_status tide_checkpoint(tide_t *t, const char *root);
 /*
  * Periodic checkpoints: from now on tide_step_end of every every-th step (0: none) calls
  * tide_checkpoint(t, root); the publisher keeps the newest keep complete checkpoints
- * (0: all) and removes older ones. A periodic save that fails is logged and reported by
- * tide_checkpoint_wait; training goes on. Main thread.
+ * (0: all) and removes older ones. On a member, allocates and touches the host staging
+ * of its saves now, so that no save takes page faults inside the training loop. A
+ * periodic save that fails is logged, reported to tided (a checkpoint_failed event) and
+ * by tide_checkpoint_wait; training goes on. Main thread.
  */
 TIDE_API tide_status tide_checkpoint_every(tide_t *t, const char *root, int every, int keep);
 

@@ -845,6 +845,13 @@ static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
        a step keeps the step it picks well before the job's end, however fast the machine */
     if (g_request_mode && point == TIDE_MLP_AT_GRADS)
         tide_sleep_ms(50);
+    if (g_request_mode && point == TIDE_MLP_AT_GRADS && step == 0) {
+        /* half a step's state is no step's: a save from inside a step is refused */
+        tide_status crc = tide_checkpoint(t, g_ckpt_root);
+        MT_ASSERT(crc == TIDE_ERR_INVALID && strstr(tide_last_error(), "inside step 0") != NULL,
+                  "tide_checkpoint inside a step must be refused; got %s: %s", tide_strerror(crc),
+                  tide_last_error());
+    }
     int want = g_midstep_mode || g_stopped_mode ? point == TIDE_MLP_AT_GRADS
                : g_lastreduce_mode              ? point == TIDE_MLP_AT_LOSS
                                                 : 0;

@@ -91,6 +91,14 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
     if (t->bufs == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint: register the buffers first "
                                              "(tide_set_buffers)");
+    tide__ctl_lock(t->ctl);
+    int in_step = tide__ctl_agree(t->ctl)->in_step;
+    tide__ctl_unlock(t->ctl);
+    if (in_step) /* the state of a step half done is no step's */
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "tide_checkpoint: called inside step %lld; call it "
+                           "between tide_step_end and tide_step_begin",
+                           (long long)t->view.step);
     struct tide__ckpt *k = NULL;
     TIDE_CHECK(get_state(t, &k));
     const tide_layout_t *l = t->layout;

@@ -506,8 +506,10 @@ TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void 
  * root (root/step-<012 step>/: one shard file per coordinate that is the one writer of
  * some bytes, and a manifest the layout's first member publishes once every shard is on
  * disk; README section "Checkpoints", installed as share/doc/tide/README.md). Call it on
- * every member at the same step boundary (after
- * tide_step_end, before the next tide_step_begin); idle ranks return at once. It copies
+ * every member at the same step boundary: after tide_step_end, before the next
+ * tide_step_begin, or after a tide_step_begin that returned TIDE_STEP_RECONFIGURE and
+ * before tide_reshard (the old layout's state at the switch step); inside a step it fails
+ * with TIDE_ERR_INVALID. Idle ranks return at once. It copies
  * this rank's part to host staging (device buffers too) and returns: a background thread
  * writes it while training goes on, and the buffers may change right away. If the
  * previous save is still being written, it waits for it first. No communication. A job

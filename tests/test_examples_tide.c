@@ -1,7 +1,7 @@
 /*
  * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
  * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL
- * MODE, MODE one of
+ * MODE [TIDE_CKPT] (TIDE_CKPT: the tide-ckpt tool, needed by the mixed modes), MODE one of
  *   dp      (dp 2) -> (dp 4) -> (dp 1)
  *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
  *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
@@ -26,7 +26,16 @@
  * (every tensor, moments, step counter and data cursor included; replicas agree); every
  * switch took the communicators and plan built during its preparation (stats.prepared,
  * next to no time on groups at the switch step); every participant switched at the same
- * step; every step ran exactly once on every member of
+ * step; in the mixed modes (switches that change several degrees at once), at every
+ * switch: the old layout's members save a checkpoint of the switch step S with
+ * tide_checkpoint inside the RECONFIGURE (before the reshard: the view, buffers and step
+ * are still the old layout's, at the boundary after step S), the layout's first member
+ * (the publisher, whose tide_checkpoint_wait returns once the manifest is written)
+ * converts it to the new layout with the real `tide-ckpt convert` (exit 0) while the
+ * others wait for its status, and right after the reshard every member of the new layout
+ * loads its coordinate of the converted checkpoint (step S, the new degrees and stages)
+ * into fresh host buffers that must equal its live buffers byte for byte (rank 0 removes
+ * both checkpoints at the end); every step ran exactly once on every member of
  * the layout active then (none lost or repeated); each generation has the requested
  * layout; the loss of every step equals on all members and matches the never-resized
  * run (the first layout over plain MPI, same steps) within relative 1e-5; the whole final
@@ -37,6 +46,8 @@
  * counters) and across hosts (its plan over the ranks' real hostnames) are what
  * `tidectl resize --dry-run` said before the resize.
  */
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,6 +59,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "coord_harness.h"
 #include "core/alloc.h"
 #include "core/keyfile.h"
@@ -122,6 +134,11 @@ static int g_rank;
 static int g_reserve_refused;  /* preparations whose pool reservation failed (libtide's log) */
 static int g_spill_unprepared; /* switches that spilled into host memory not prepared ahead */
 static int g_spill_prepared;   /* preparations that prepared host spill memory */
+/* mixed modes: the tide-ckpt tool, and rank 0's temporary directory (every rank knows it):
+   live/ holds the checkpoints saved at the switches, out-g<G>/ the one converted for
+   generation G */
+static const char *g_ckpt_tool;
+static char g_ckpt_dir[64];
 
 /* libtide's log at level info, read for what the API does not say: a preparation whose
    pool reservation failed (the switch then takes fresh memory at its step), host spill
@@ -356,6 +373,12 @@ typedef struct record {
     void *old_ptr[MAX_T];
     uint8_t same[MAX_T];
     uint64_t n_same; /* over every switch: shards that did not change (each kept its buffer) */
+    /* the convert check (mixed modes), by generation: the step this rank (an old member)
+       checkpointed before switching to it (-1 none), and 1 when, as a member of it, its
+       live shards equalled the converted checkpoint's */
+    int64_t ck_saved[MAX_GEN + 1];
+    int ck_checked[MAX_GEN + 1];
+    uint64_t ck_bytes; /* bytes this rank compared over every switch */
 } record;
 
 /* Every tensor-parallel group of l on one host. */
@@ -406,6 +429,187 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     return TIDE_OK;
 }
 
+/* ---- tide-ckpt convert against the live switch (mixed modes) ------------------------------ */
+
+/* Runs argv (argv[0] a path, NULL-ended) and waits; its stdout and stderr go into out
+   (cap bytes, NUL-terminated). Returns its exit status, 128 + the signal that killed it,
+   or -1 when it could not run. Blocks. */
+static int run_tool(const char *const *argv, char *out, size_t cap)
+{
+    int fd[2];
+    if (pipe(fd) != 0) {
+        snprintf(out, cap, "cannot make a pipe: %s", strerror(errno));
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    if (rc != 0) {
+        close(fd[0]);
+        snprintf(out, cap, "cannot run %s: %s", argv[0], strerror(rc));
+        return -1;
+    }
+    size_t got = 0;
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(fd[0], buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < k; i++)
+            if (got + 1 < cap)
+                out[got++] = buf[i];
+    out[got] = '\0';
+    close(fd[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+/* Before the switch to tide_view_next(t), on every participant: the old layout's members
+   save the state of step S = tide_view_get(t)->step under g_ckpt_dir/live (idle ranks
+   return at once). Inside the RECONFIGURE is a step boundary like any other here: step S
+   ended, the next has not begun, and tide_reshard has not yet touched the buffers, so this
+   is exactly the state the switch moves. Its first member, the publisher (its
+   tide_checkpoint_wait returns once the manifest is written; the others' once their own
+   shard is), converts it with tide-ckpt into the new layout under g_ckpt_dir/out-g<G>
+   and broadcasts the exit status to the other members; the new layout's members that
+   were idle join tide_reshard, whose switch communicator every old member must reach
+   first, so they too find the conversion complete after it. */
+static void ckpt_save_convert(record *r, tide_t *t)
+{
+    const tide_view *v = tide_view_get(t), *nv = tide_view_next(t);
+    char root[128], out[128];
+    snprintf(root, sizeof root, "%s/live", g_ckpt_dir);
+    snprintf(out, sizeof out, "%s/out-g%llu", g_ckpt_dir, (unsigned long long)nv->generation);
+    MT_OK(tide_checkpoint(t, root));
+    MT_OK(tide_checkpoint_wait(t));
+    if (!v->member)
+        return;
+    r->ck_saved[nv->generation] = v->step;
+    int code = 0;
+    if (tide_coll_comm_rank(v->all) == 0) {
+        const tide_layout_t *nl = nv->layout;
+        char dir[256], dp[16], tp[16], pp[16], micro[16], stages[256] = "";
+        tide_ckpt_step_dir(root, v->step, dir, sizeof dir);
+        snprintf(dp, sizeof dp, "%d", nl->dp);
+        snprintf(tp, sizeof tp, "%d", nl->tp);
+        snprintf(pp, sizeof pp, "%d", nl->pp);
+        snprintf(micro, sizeof micro, "%d", nl->micro_batches);
+        for (int p = 0; p < nl->pp; p++)
+            snprintf(stages + strlen(stages), sizeof stages - strlen(stages), "%s%d-%d",
+                     p ? "," : "", nl->stage_start[p], nl->stage_start[p + 1] - 1);
+        /* the new layout, stages as inclusive layer ranges */
+        const char *argv[16] = {g_ckpt_tool, "convert", dir, out, "--dp", dp, "--tp", tp};
+        int n = 8;
+        argv[n++] = "--pp";
+        argv[n++] = pp;
+        argv[n++] = "--stages";
+        argv[n++] = stages;
+        argv[n++] = "--micro-batches";
+        argv[n++] = micro;
+        static char said[8192];
+        code = run_tool(argv, said, sizeof said);
+        MT_ASSERT(code == 0,
+                  "generation %llu: tide-ckpt convert %s %s --dp %s --tp %s --pp %s --stages %s "
+                  "exited %d: %s",
+                  (unsigned long long)nv->generation, dir, out, dp, tp, pp, stages, code, said);
+        printf("generation %llu: rank %d: tide-ckpt convert of step %lld into dp %s tp %s pp %s "
+               "stages %s: %s",
+               (unsigned long long)nv->generation, tide_pool_rank(t), (long long)v->step, dp, tp,
+               pp, stages, said);
+        fflush(stdout);
+    }
+    MT_OK(tide_coll_broadcast(v->all, &code, sizeof code, 0, NULL));
+    MT_ASSERT(code == 0, "generation %llu: the convert failed on the layout's first member (%d)",
+              (unsigned long long)nv->generation, code);
+}
+
+/* After the switch, on a member of the new layout: its coordinate of the converted
+   checkpoint, loaded into fresh host buffers, is its live state byte for byte, and the
+   checkpoint is of the switch step, with the new layout. */
+static void ckpt_compare(record *r, tide_t *t, const tide_mlp_t *m)
+{
+    const tide_view *v = tide_view_get(t);
+    uint64_t g = v->generation;
+    int me = tide_pool_rank(t);
+    char out[128], dir[256], want_dir[256];
+    snprintf(out, sizeof out, "%s/out-g%llu", g_ckpt_dir, (unsigned long long)g);
+    int64_t step = -1;
+    MT_ASSERT(tide_ckpt_find(out, INT64_MAX, dir, sizeof dir, &step) == TIDE_OK,
+              "rank %d: generation %llu: no complete converted checkpoint under %s: %s", me,
+              (unsigned long long)g, out, tide_last_error());
+    tide_ckpt_step_dir(out, v->step, want_dir, sizeof want_dir);
+    MT_ASSERT(step == v->step && strcmp(dir, want_dir) == 0 &&
+                  (r->ck_saved[g] < 0 || r->ck_saved[g] == v->step),
+              "rank %d: generation %llu: converted checkpoint %s of step %lld; the switch was at "
+              "step %lld (this rank saved step %lld)",
+              me, (unsigned long long)g, dir, (long long)step, (long long)v->step,
+              (long long)r->ck_saved[g]);
+    tide_ckpt_t *ck = NULL;
+    MT_OK(tide_ckpt_open(&ck, dir));
+    MT_ASSERT(tide_ckpt_step(ck) == v->step, "rank %d: %s says step %lld, the switch was at %lld",
+              me, dir, (long long)tide_ckpt_step(ck), (long long)v->step);
+    const tide_collection_t *c = tide_mlp_collection(m);
+    MT_OK(tide_ckpt_check_collection(ck, c));
+    const tide_layout_t *cl = tide_ckpt_layout(ck), *l = v->layout;
+    MT_ASSERT(cl->dp == l->dp && cl->tp == l->tp && cl->pp == l->pp &&
+                  memcmp(cl->stage_start, l->stage_start, (size_t)(l->pp + 1) * sizeof(int)) == 0,
+              "rank %d: generation %llu: %s holds (dp %d, tp %d, pp %d), the job (%d, %d, %d) "
+              "or other stages",
+              me, (unsigned long long)g, dir, cl->dp, cl->tp, cl->pp, l->dp, l->tp, l->pp);
+    MT_ASSERT(tide_buffer_kind(t) == TIDE_MEM_HOST, "the state is not in host memory");
+    void *const *live = tide_buffers(t);
+    MT_ASSERT(live != NULL, "rank %d: a member without buffers", me);
+    size_t n = tide_collection_size(c);
+    void *bufs[MAX_T] = {NULL};
+    uint64_t bytes[MAX_T] = {0};
+    for (size_t i = 0; i < n; i++) {
+        bytes[i] = tide_shard_bytes(l, c, i, v->pp_rank, v->dp_rank, v->tp_rank);
+        if (bytes[i] == 0)
+            continue;
+        bufs[i] = malloc(bytes[i]);
+        MT_ASSERT(bufs[i] != NULL, "out of memory");
+        memset(bufs[i], 0x5a, bytes[i]); /* a byte the load left alone shows */
+    }
+    MT_OK(tide_ckpt_load(ck, l, v->pp_rank, v->dp_rank, v->tp_rank, bufs, NULL));
+    for (size_t i = 0; i < n; i++) {
+        if (bytes[i] == 0)
+            continue;
+        const char *name = tide_collection_tensor(c, i)->name;
+        MT_ASSERT(live[i] != NULL, "rank %d: generation %llu: no live buffer of tensor %s", me,
+                  (unsigned long long)g, name);
+        if (memcmp(bufs[i], live[i], bytes[i]) != 0) {
+            const unsigned char *a = live[i], *b = bufs[i];
+            uint64_t k = 0;
+            while (a[k] == b[k])
+                k++;
+            MT_FAIL("rank %d (p %d, d %d, t %d): generation %llu (switch at step %lld): tensor %s "
+                    "differs from tide-ckpt convert's %s at byte %llu of %llu (live %02x, "
+                    "converted %02x)",
+                    me, v->pp_rank, v->dp_rank, v->tp_rank, (unsigned long long)g,
+                    (long long)v->step, name, dir, (unsigned long long)k,
+                    (unsigned long long)bytes[i], a[k], b[k]);
+        }
+        r->ck_bytes += bytes[i];
+        free(bufs[i]);
+    }
+    tide_ckpt_close(&ck);
+    r->ck_checked[g] = 1;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path) == 0 ? 0 : -1;
+}
+
 /* 1 when view a's shard of tensor i and view b's are the same elements of it: the full
    tensor numbered word by word (4 bytes) and both shards cut from it compare equal. */
 static int same_shard(const tide_collection_t *c, size_t i, const tide_view *a, const tide_view *b)
@@ -447,6 +651,8 @@ static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
     if (g_rank == 0)
         r->cross[nv->generation] =
             plan_cross_bytes(tide_view_get(t)->layout, nv->layout, tide_mlp_collection(m));
+    if (g_ckpt_tool != NULL)
+        ckpt_save_convert(r, t);
     return TIDE_OK;
 }
 
@@ -531,6 +737,8 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     r->groups_ms += st->rs.groups_ms;
     if (v->member)
         hash_state(t, m, r->after[g]);
+    if (g_ckpt_tool != NULL && v->member)
+        ckpt_compare(r, t, m);
     return TIDE_OK;
 }
 
@@ -624,7 +832,7 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL "
-                        "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts\n");
+                        "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts [TIDE_CKPT]\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
@@ -633,6 +841,14 @@ int main(int argc, char **argv)
     if (g_mode == NULL) {
         fprintf(stderr, "test_examples_tide: unknown mode '%s'\n", argv[3]);
         return 2;
+    }
+    if (strncmp(g_mode->name, "mixed", 5) == 0) {
+        if (argc < 5) {
+            fprintf(stderr, "test_examples_tide: mode %s needs the tide-ckpt tool (TIDE_CKPT)\n",
+                    g_mode->name);
+            return 2;
+        }
+        g_ckpt_tool = argv[4];
     }
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     const char *external = getenv("TIDE_TEST_TIDED_ENDPOINT");
@@ -677,7 +893,13 @@ int main(int argc, char **argv)
     static record rec;
     rec.last_switch = 0;
     for (int g = 0; g <= MAX_GEN; g++)
-        rec.switch_at[g] = -1;
+        rec.switch_at[g] = rec.ck_saved[g] = -1;
+    if (g_ckpt_tool != NULL) {
+        if (g_rank == 0 && mkdtemp(strcpy(g_ckpt_dir, "/tmp/tide-convert.XXXXXX")) == NULL)
+            g_ckpt_dir[0] = '\0';
+        MPI_Bcast(g_ckpt_dir, sizeof g_ckpt_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+        MT_ASSERT(g_ckpt_dir[0] != '\0', "no checkpoint directory (mkdtemp in /tmp failed)");
+    }
     MT_OK(tide_mlp_collection_new(&cfg, &rec.coll));
     rec.n_tensors = tide_collection_size(rec.coll);
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
@@ -842,6 +1064,22 @@ int main(int argc, char **argv)
                       g, (long long)hi[g], tide_collection_tensor(rec.coll, i)->name,
                       (unsigned long long)before[g][i], (unsigned long long)after[g][i]);
 
+    /* tide-ckpt convert's output was the live state on every member of every new layout */
+    uint64_t ck_bytes = 0;
+    if (g_ckpt_tool != NULL) {
+        int checked[MAX_GEN + 1];
+        MPI_Allreduce(rec.ck_checked, checked, MAX_GEN + 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Reduce(&rec.ck_bytes, &ck_bytes, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+        for (int g = 2; g <= n_gens; g++)
+            MT_ASSERT(checked[g] == sz[g],
+                      "generation %d: %d of its %lld members compared their state with the "
+                      "converted checkpoint",
+                      g, checked[g], (long long)sz[g]);
+        if (g_rank == 0)
+            MT_ASSERT(nftw(g_ckpt_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0,
+                      "cannot remove %s", g_ckpt_dir);
+    }
+
     /* what moved is what --dry-run said: in all, and across hosts */
     static uint64_t sent[MAX_GEN + 1];
     MPI_Reduce(rec.sent, sent, MAX_GEN + 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -897,6 +1135,10 @@ int main(int argc, char **argv)
                "communicators built ahead, %.3f ms on them at rank 0's switch steps; %llu "
                "unchanged shards kept their buffers\n",
                (long long)end, n_gens - 1, worst, rec.groups_ms, (unsigned long long)all_same);
+        if (g_ckpt_tool != NULL)
+            printf("%s: tide-ckpt convert's output equalled the live state after all %d "
+                   "switches (%llu bytes compared)\n",
+                   g_mode->name, n_gens - 1, (unsigned long long)ck_bytes);
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);

@@ -1357,12 +1357,11 @@ static int cmd_checkpoint(settings_t *s, int argc, char **argv, FILE *out, FILE 
         if (s->dir[0] != '/' && getcwd(cwd, sizeof cwd) == NULL)
             return usage_error(err, "checkpoint", "cannot make --dir %s absolute: %s", s->dir,
                                strerror(errno));
-        size_t need = (cwd[0] ? strlen(cwd) + 1 : 0) + strlen(s->dir);
-        if (s->dir[0] == '\0' || need >= sizeof req.u.checkpoint.dir)
+        int len = snprintf(req.u.checkpoint.dir, sizeof req.u.checkpoint.dir, "%s%s%s", cwd,
+                           cwd[0] ? "/" : "", s->dir);
+        if (s->dir[0] == '\0' || len < 0 || (size_t)len >= sizeof req.u.checkpoint.dir)
             return usage_error(err, "checkpoint", "--dir must be a path of 1 to %zu bytes",
                                sizeof req.u.checkpoint.dir - 1);
-        snprintf(req.u.checkpoint.dir, sizeof req.u.checkpoint.dir, "%s%s%s", cwd,
-                 cwd[0] ? "/" : "", s->dir);
     }
     rc = call_once(s, &req, &rep, TIDE_MSG_OK, err);
     return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "checkpoint requested") : rc;

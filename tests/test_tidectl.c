@@ -515,6 +515,8 @@ Test(tidectl_cli, usage_errors_exit_2)
                          "best", NULL),
                  "placement 'best' is not one of: default, optimal");
     expect_usage(run_cli("drain", "gpu3", NULL), "WORKER must be a worker id");
+    expect_usage(run_cli("checkpoint", NULL), "usage: tidectl checkpoint JOB");
+    expect_usage(run_cli("checkpoint", "llm", "--dir", "", NULL), "--dir must be a path of 1 to");
     expect_usage(run_cli("status", "extra", NULL), "takes no arguments");
     expect_usage(run_cli("status", "--frob", NULL), "unknown option '--frob'");
     expect_usage(run_cli("submit", "--", "python", NULL), "add --offline");
@@ -657,6 +659,20 @@ Test(tidectl_cli, submit_passes_argv_after_double_dash)
     r = run_cli("--endpoint", f.endpoint, "submit", "--offline", "--", "/usr/bin/stress-ng", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);
     cr_expect_eq(strncmp(f.last.u.submit.name, "stress-ng-", 10), 0, "%s", f.last.u.submit.name);
+    run_free(&r);
+    /* a relative root is made absolute here: the workers resolve nothing */
+    r = run_cli("--endpoint", f.endpoint, "checkpoint", "llm", "--dir", "ck/llm", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_assert_eq(f.last.type, TIDE_MSG_CHECKPOINT);
+    cr_expect_str_eq(f.last.u.checkpoint.job, "llm");
+    char cwd[512], want[600];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(want, sizeof want, "%s/ck/llm", cwd);
+    cr_expect_str_eq(f.last.u.checkpoint.dir, want);
+    run_free(&r);
+    r = run_cli("--endpoint", f.endpoint, "checkpoint", "llm", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_expect_str_eq(f.last.u.checkpoint.dir, "", "no --dir: the job's own root");
     run_free(&r);
     r = run_cli("--endpoint", f.endpoint, "drain", "17", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);

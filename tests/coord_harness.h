@@ -101,23 +101,17 @@ static inline int coord_start(coord_proc *p, const char *tided, const char *cons
 extern char **environ;
 
 /*
- * Runs `TIDECTL --endpoint ENDPOINT args...` (args NULL-terminated, at most 28) and waits
- * for it; its stdout (and its stderr too when with_stderr) goes into out (cap bytes,
- * NUL-terminated) when out is not NULL. Returns its exit status, 128 + the signal that
- * killed it, or -1 when it could not run. Blocks; any thread.
+ * Runs argv (argv[0] a path, NULL-terminated) and waits for it; its stdout (and its stderr
+ * too when with_stderr) goes into out (cap bytes, NUL-terminated) when out is not NULL.
+ * Returns its exit status, 128 + the signal that killed it, or -1 when it could not run.
+ * Blocks; any thread.
  */
-static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
-                                   const char *const *args, char *out, size_t cap, int with_stderr)
+static inline int coord_run_io(const char *const *argv, char *out, size_t cap, int with_stderr)
 {
-    const char *argv[32] = {tidectl, "--endpoint", endpoint};
-    int n = 3;
-    for (int i = 0; args[i] != NULL && n < 31; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
     int fd[2];
     if (pipe(fd) != 0) {
         if (out != NULL && cap > 0)
-            snprintf(out, cap, "cannot make a pipe for %s: %s", tidectl, strerror(errno));
+            snprintf(out, cap, "cannot make a pipe for %s: %s", argv[0], strerror(errno));
         return -1;
     }
     posix_spawn_file_actions_t fa;
@@ -127,13 +121,13 @@ static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
         posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
     posix_spawn_file_actions_addclose(&fa, fd[0]);
     pid_t pid;
-    int rc = posix_spawn(&pid, tidectl, &fa, NULL, (char *const *)argv, environ);
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(fd[1]);
     if (rc != 0) {
         close(fd[0]);
         if (out != NULL && cap > 0)
-            snprintf(out, cap, "cannot run %s: %s", tidectl, strerror(rc));
+            snprintf(out, cap, "cannot run %s: %s", argv[0], strerror(rc));
         return -1;
     }
     size_t got = 0;
@@ -150,6 +144,18 @@ static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+/* coord_run_io of `TIDECTL --endpoint ENDPOINT args...` (args NULL-terminated, at most 28). */
+static inline int coord_tidectl_io(const char *tidectl, const char *endpoint,
+                                   const char *const *args, char *out, size_t cap, int with_stderr)
+{
+    const char *argv[32] = {tidectl, "--endpoint", endpoint};
+    int n = 3;
+    for (int i = 0; args[i] != NULL && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return coord_run_io(argv, out, cap, with_stderr);
 }
 
 /* coord_tidectl_io with stdout only. */

@@ -431,45 +431,6 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
 
 /* ---- tide-ckpt convert against the live switch (mixed modes) ------------------------------ */
 
-/* Runs argv (argv[0] a path, NULL-ended) and waits; its stdout and stderr go into out
-   (cap bytes, NUL-terminated). Returns its exit status, 128 + the signal that killed it,
-   or -1 when it could not run. Blocks. */
-static int run_tool(const char *const *argv, char *out, size_t cap)
-{
-    int fd[2];
-    if (pipe(fd) != 0) {
-        snprintf(out, cap, "cannot make a pipe: %s", strerror(errno));
-        return -1;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
-    posix_spawn_file_actions_addclose(&fa, fd[0]);
-    pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fd[1]);
-    if (rc != 0) {
-        close(fd[0]);
-        snprintf(out, cap, "cannot run %s: %s", argv[0], strerror(rc));
-        return -1;
-    }
-    size_t got = 0;
-    char buf[4096];
-    ssize_t k;
-    while ((k = read(fd[0], buf, sizeof buf)) > 0)
-        for (ssize_t i = 0; i < k; i++)
-            if (got + 1 < cap)
-                out[got++] = buf[i];
-    out[got] = '\0';
-    close(fd[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-}
-
 /* Before the switch to tide_view_next(t), on every participant: the old layout's members
    save the state of step S = tide_view_get(t)->step under g_ckpt_dir/live (idle ranks
    return at once). Inside the RECONFIGURE is a step boundary like any other here: step S
@@ -513,7 +474,7 @@ static void ckpt_save_convert(record *r, tide_t *t)
         argv[n++] = "--micro-batches";
         argv[n++] = micro;
         static char said[8192];
-        code = run_tool(argv, said, sizeof said);
+        code = coord_run_io(argv, said, sizeof said, 1);
         MT_ASSERT(code == 0,
                   "generation %llu: tide-ckpt convert %s %s --dp %s --tp %s --pp %s --stages %s "
                   "exited %d: %s",

@@ -407,6 +407,10 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
                           strstr(obj, want) != NULL && strstr(obj, "could not be loaded") != NULL,
                       "want one checkpoint_refused event, \"%s ... could not be loaded\": %s", want,
                       buf);
+            /* and the members that read the damaged shard say which file, in the events */
+            MT_ASSERT(object_with(buf, "\"kind\":\"checkpoint_failed\"", obj, sizeof obj) &&
+                          strstr(obj, "shard-") != NULL && strstr(obj, "is corrupted") != NULL,
+                      "want a checkpoint_failed event naming the damaged shard file: %s", buf);
         } else {
             MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_refused\"") == 0,
                       "a checkpoint was refused: %s", buf);

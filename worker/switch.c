@@ -154,8 +154,18 @@ static tide_status rollback_state(tide_t *t, tide_coll_comm_t *sw, void *const *
                 mine = tide_errorf(TIDE_ERR_INVALID, "rank %d cannot load checkpoint %s: %s",
                                    t->rank, dir, tide_last_error());
         }
-        if (mine != TIDE_OK)
+        if (mine != TIDE_OK) {
             TIDE_ERROR(SUBSYS, "%s", tide_last_error());
+            /* the operator learns which file from tided's events, not only from this log */
+            tide_proto_saved_t m;
+            memset(&m, 0, sizeof m);
+            snprintf(m.job, sizeof m.job, "%s", t->job);
+            m.step = step > 0 ? (uint64_t)step : 0;
+            snprintf(m.dir, sizeof m.dir, "%s", dir);
+            m.code = (int)mine;
+            snprintf(m.reason, sizeof m.reason, "%s", tide_last_error());
+            tide__ctl_post_saved(t->ctl, &m);
+        }
     }
     return tide__rollback_agree(t, sw, mine);
 }

@@ -34,6 +34,10 @@
 #                   dp, tp and pp each change; losses compared per step with both refs
 #   train-recover   the same job on (dp2,tp2); a rank is SIGKILLed; tided recovers it on
 #                   the nccl backend and training completes every step
+#   train-rollback  (dp1,tp2) on 2 ranks saving a checkpoint every 5 steps; a rank is
+#                   SIGKILLed after a checkpoint was reported: no survivor holds its tp
+#                   shard, so tided rolls the job back to the checkpoint (rolled_back)
+#                   and the survivor loads it into device memory and trains every step
 #   reshard-bench   reshard_bench --backend nccl on 8 ranks: the reshard executor on
 #                   device memory against plain ncclSend/ncclRecv of the same bytes between
 #                   the same rank pairs (ratios in the table, numbers in the logs' JSON)
@@ -448,6 +452,39 @@ train_recover() {
   echo "RESULT: recovered to generation 2, all $STEPS steps, loss within $REF_TOL"
 }
 
+train_rollback() {
+  local dir="$LOGS/rollback" pid victim ev
+  mkdir -p "$dir"
+  start_tided "$dir" --heartbeat-ms 100 --miss-limit 15 || return 1
+  trap 'kill $pid $TIDED_PID 2>/dev/null; wait 2>/dev/null' EXIT
+  # shellcheck disable=SC2086
+  $MPIRUN $RECOVER_FLAGS -np 2 "$WRAP" "$TRAIN" --tide --endpoint "$EP" --job gpurollback \
+    --device "$DEVICE" --dp 1 --tp 2 --steps "$STEPS" "${MODEL[@]}" --pace-ms "$PACE" \
+    --ckpt-save "$dir/ck" --ckpt-every 5 --print-every 10 \
+    --loss-out "$LOGS/loss-rollback.txt" >"$dir/train.log" 2>&1 &
+  pid=$!
+  wait_gen gpurollback 1 12 $pid || return 1
+  for _ in $(seq 200); do
+    "$TIDECTL" --endpoint "$EP" events --json 2>/dev/null | grep -q '"kind":"checkpoint_saved"' &&
+      break
+    sleep 0.1
+  done
+  victim=""
+  for c in $(pgrep -P "$pid"); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$c
+  done
+  [ -n "$victim" ] || { echo "no rank to kill"; return 1; }
+  kill -KILL "$victim"
+  echo "killed rank pid $victim"
+  wait_gen gpurollback 2 3 $pid || { tail -30 "$dir/train.log"; return 1; }
+  wait $pid # mpirun reports the killed rank: its status is not the survivor's
+  ev=$("$TIDECTL" --endpoint "$EP" events --json)
+  grep -o '"kind":"rolled_back","detail":"[^"]*"' <<<"$ev" ||
+    { echo "$ev"; echo "no rolled_back event"; return 1; }
+  compare "$LOGS/loss-ref.txt" "$LOGS/loss-rollback.txt" "$REF_TOL" || return 1
+  echo "RESULT: rolled back to a checkpoint on $DEVICE, all $STEPS steps, loss within $REF_TOL"
+}
+
 # reshard_bench on BACKEND: the executor against plain send/recv of the same bytes
 # between the same rank pairs (nccl: ncclSend/ncclRecv; dry: MPI); 8 ranks, the (2,2,2)
 # layout's. RESULT: the network-phase ratios (plain / executor) over the layout pairs.
@@ -488,7 +525,8 @@ EOF
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
   WRAP TRAIN TIDED TIDECTL RB_ARGS
 export -f cuda_query gpu_info build gpu_tests python_gpu conformance kill_rank train_ref compare \
-  start_tided job_field wait_gen train_elastic train_recover reshard_bench resize_bench
+  start_tided job_field wait_gen train_elastic train_recover train_rollback reshard_bench \
+  resize_bench
 # arrays do not export: the functions rebuild MODEL from this string
 MODEL_STR="${MODEL[*]}"
 export MODEL_STR
@@ -508,7 +546,7 @@ if [ $INFO -eq 1 ]; then
   : # gpu-info only
 elif ! step build "${pre}build"; then
   for s in gpu-tests python-gpu $CONF_STEPS kill-rank train-ref train-elastic train-recover \
-    reshard-bench resize-bench; do
+    train-rollback reshard-bench resize-bench; do
     not_run "$s" "the build failed"
   done
 else
@@ -519,8 +557,10 @@ else
   # train-elastic compares its losses with train-ref's: it needs them from this run
   if want train-ref && step train-ref "${pre}train_ref"; then
     run train-elastic "${pre}train_elastic"
+    run train-rollback "${pre}train_rollback"
   else
     not_run train-elastic "train-ref failed or did not run: no reference losses"
+    not_run train-rollback "train-ref failed or did not run: no reference losses"
   fi
   run train-recover "${pre}train_recover"
   run reshard-bench "${pre}reshard_bench"

@@ -427,8 +427,18 @@ train_elastic() {
   echo "RESULT: 4 generations, loss within $REF_TOL of never-resized, $CPU_TOL of cpu"
 }
 
+kill_job_rank() { # kill_job_rank MPIRUN_PID RANK: SIGKILLs that rank, a child of mpirun (the
+  local c victim=""        # wrapper execs train_mlp)
+  for c in $(pgrep -P "$1"); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && victim=$c
+  done
+  [ -n "$victim" ] || { echo "no rank $2 to kill"; return 1; }
+  kill -KILL "$victim"
+  echo "killed rank $2, pid $victim"
+}
+
 train_recover() {
-  local dir="$LOGS/recover" pid victim
+  local dir="$LOGS/recover" pid
   mkdir -p "$dir"
   start_tided "$dir" --heartbeat-ms 100 --miss-limit 15 || return 1
   trap 'kill $pid $TIDED_PID 2>/dev/null; wait 2>/dev/null' EXIT
@@ -438,14 +448,8 @@ train_recover() {
     --print-every 10 --loss-out "$LOGS/loss-recover.txt" >"$dir/train.log" 2>&1 &
   pid=$!
   wait_gen gpurecover 1 5 $pid || return 1
-  # rank 3, a child of mpirun (the wrapper execs train_mlp); rank 0 writes the losses
-  victim=""
-  for c in $(pgrep -P "$pid"); do
-    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=3' && victim=$c
-  done
-  [ -n "$victim" ] || { echo "no rank to kill"; return 1; }
-  kill -KILL "$victim"
-  echo "killed rank pid $victim"
+  # rank 3; rank 0 writes the losses
+  kill_job_rank "$pid" 3 || return 1
   wait_gen gpurecover 2 3 $pid || { tail -30 "$dir/train.log"; return 1; }
   wait $pid # mpirun reports the killed rank: its status is not the survivors'
   compare "$LOGS/loss-ref.txt" "$LOGS/loss-recover.txt" "$REF_TOL" || return 1
@@ -453,7 +457,7 @@ train_recover() {
 }
 
 train_rollback() {
-  local dir="$LOGS/rollback" pid victim ev
+  local dir="$LOGS/rollback" pid ev
   mkdir -p "$dir"
   start_tided "$dir" --heartbeat-ms 100 --miss-limit 15 || return 1
   trap 'kill $pid $TIDED_PID 2>/dev/null; wait 2>/dev/null' EXIT
@@ -469,13 +473,7 @@ train_rollback() {
       break
     sleep 0.1
   done
-  victim=""
-  for c in $(pgrep -P "$pid"); do
-    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$c
-  done
-  [ -n "$victim" ] || { echo "no rank to kill"; return 1; }
-  kill -KILL "$victim"
-  echo "killed rank pid $victim"
+  kill_job_rank "$pid" 1 || return 1
   wait_gen gpurollback 2 3 $pid || { tail -30 "$dir/train.log"; return 1; }
   wait $pid # mpirun reports the killed rank: its status is not the survivor's
   ev=$("$TIDECTL" --endpoint "$EP" events --json)
@@ -525,7 +523,7 @@ EOF
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
   WRAP TRAIN TIDED TIDECTL RB_ARGS
 export -f cuda_query gpu_info build gpu_tests python_gpu conformance kill_rank train_ref compare \
-  start_tided job_field wait_gen train_elastic train_recover train_rollback reshard_bench \
+  start_tided job_field wait_gen kill_job_rank train_elastic train_recover train_rollback reshard_bench \
   resize_bench
 # arrays do not export: the functions rebuild MODEL from this string
 MODEL_STR="${MODEL[*]}"

@@ -113,6 +113,29 @@ wait_busy() {
   fail "fewer than $n online workers after ${secs}s"
 }
 
+# one_stage_per_host STATUS: each of h1 and h2 holds one whole pipeline stage (its online
+# workers are all pp0/... or all pp1/... in `tidectl status`) and not the same one; sets
+# victim=h2, survivor=h1 and lost (h2's stage).
+one_stage_per_host() {
+  local h stages s1=""
+  for h in h1 h2; do
+    stages=$(awk -v h="$h" '$2 == h && $5 == "online" { split($7, r, "/"); print r[1] }' <<<"$1" | sort -u)
+    [ "$(wc -w <<<"$stages")" -eq 1 ] || fail "$h holds stages '$stages', not one whole stage"
+    [ "$h" = h1 ] && s1=$stages
+  done
+  [ "$s1" != "$stages" ] || fail "both hosts hold $s1"
+  victim=h2 survivor=h1 lost=$stages
+}
+
+# survivors: the train_mlp processes left on host $survivor.
+survivors() {
+  local p n=0
+  for p in $(ip netns pids "tide-$MH_NAME-$survivor" 2>/dev/null); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = train_mlp ] && n=$((n + 1))
+  done
+  echo $n
+}
+
 # Compares two loss files ("step loss" lines) within relative tolerance $3 over the
 # steps of the first; prints the number of steps compared.
 compare_losses() {

@@ -46,15 +46,7 @@ wait_busy 8 60
 status=$(ctl ops status)
 echo "$status"
 # each host holds one whole stage: its 4 workers are pp0/... or pp1/...
-for h in h1 h2; do
-  stages=$(awk -v h="$h" '$2 == h && $5 == "online" { split($7, r, "/"); print r[1] }' <<<"$status" | sort -u)
-  [ "$(wc -w <<<"$stages")" -eq 1 ] || fail "$h holds stages '$stages', not one whole stage"
-  eval "stage_$h=$stages"
-done
-# shellcheck disable=SC2154 # set by the eval above
-[ "$stage_h1" != "$stage_h2" ] || fail "both hosts hold $stage_h1"
-# shellcheck disable=SC2154
-victim=h2 survivor=h1 lost=$stage_h2
+one_stage_per_host "$status"
 
 # newest_ckpt [MAX_MS]: the step of the newest checkpoint_saved event of the job (at or
 # before MAX_MS), 0 when none; reads $ev
@@ -85,13 +77,6 @@ done_at_kill=$((step + 1))
 note "killed every process of $victim (it held $lost, which nobody else holds) after step $step ($done_at_kill steps done; checkpoint of step $ck reported)"
 
 # the survivors train to the end and stop: no train_mlp process left on the surviving host
-survivors() {
-  local p n=0
-  for p in $(ip netns pids "tide-$MH_NAME-$survivor" 2>/dev/null); do
-    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = train_mlp ] && n=$((n + 1))
-  done
-  echo $n
-}
 for _ in $(seq 1200); do
   [ "$(survivors)" -eq 0 ] && break
   sleep 0.1

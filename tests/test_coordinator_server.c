@@ -2557,6 +2557,22 @@ static void mk_checkpoint(tide_msg_t *m, const char *job, const char *dir)
     snprintf(m->u.checkpoint.dir, sizeof m->u.checkpoint.dir, "%s", dir);
 }
 
+/* n fake workers register; the first dp join "train" (dp, 1, 1) and get its first layout. */
+static void train_on(fake *w, int n, int dp)
+{
+    tide_msg_t r;
+    for (int i = 0; i < n; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, n);
+    }
+    for (int i = 0; i < dp; i++)
+        fake_join(&w[i], dp);
+    for (int i = 0; i < dp; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+}
+
 /* `tidectl checkpoint` asks the job's workers for a save at a step ahead of the furthest
    one heard of, under the root given or the one its last checkpoint went to; reports of
    complete checkpoints are kept (and survive a restart of tided), failures become events,
@@ -2566,16 +2582,7 @@ Test(tided, checkpoint_requests_and_reports, .init = setup, .fini = teardown)
     start(NULL);
     fake w[3];
     tide_msg_t m, r;
-    for (int i = 0; i < 3; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 3);
-    }
-    for (int i = 0; i < 2; i++)
-        fake_join(&w[i], 2);
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
+    train_on(w, 3, 2);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     mk_checkpoint(&m, "nope", "/ck");
     admin_call(admin, &m, &r, TIDE_MSG_ERROR);

@@ -126,12 +126,6 @@ static void report_done(tide_t *t, uint64_t gen, tide_status rc, uint64_t bytes,
         TIDE_WARN(SUBSYS, "could not report done: %s", tide_last_error());
 }
 
-/* The program's buffers for the new layout, checked before anything starts: a mistake of
-   the program (a missing table or buffer, memory of the wrong kind) is refused with nothing
-   done, no peer waited for and nothing reported, so the switch stays pending and the call
-   may be repeated with the right buffers. Checked later, it would fail the whole switch
-   for every participant after its handshake. A layout that does not fit the collection
-   is not the program's mistake: it is left to the switch itself, which fails on it. */
 /* A rollback's state (tide__rollback_load): a member fills its new buffers from the checkpoint
    (in place: fresh pool buffers into *fresh, the old shards stay until the commit); then every
    participant agrees whether all members did. */
@@ -170,6 +164,12 @@ static tide_status rollback_state(tide_t *t, tide_coll_comm_t *sw, void *const *
     return tide__rollback_agree(t, sw, mine);
 }
 
+/* The program's buffers for the new layout, checked before anything starts: a mistake of
+   the program (a missing table or buffer, memory of the wrong kind) is refused with nothing
+   done, no peer waited for and nothing reported, so the switch stays pending and the call
+   may be repeated with the right buffers. Checked later, it would fail the whole switch
+   for every participant after its handshake. A layout that does not fit the collection
+   is not the program's mistake: it is left to the switch itself, which fails on it. */
 static tide_status check_new_bufs(const tide_t *t, void *const *new_bufs)
 {
     const tide_view *nv = &t->next_view;

@@ -895,7 +895,7 @@ void tide__handle_done(tide_server_t *s, tide_coord_worker_t *w, const tide_prot
                           (unsigned long long)m->gen, j->name);
         return;
     }
-    if (m->status != 0 && r->ckpt[0] != '\0' && m->status == TIDE_ERR_INVALID && !r->switched) {
+    if (m->status == TIDE_ERR_INVALID && r->ckpt[0] != '\0' && !r->switched) {
         /* the members agree on whether the checkpoint loaded (a damaged shard fails them
            all): it is never used again, and the recovery tries the one before it */
         char why[TIDE_PROTO_TEXT_MAX + 1];

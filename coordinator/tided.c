@@ -16,10 +16,12 @@
 #include "coordinator/server.h"
 
 static tide_server_t *running;
+static volatile sig_atomic_t stop_asked; /* a signal came, maybe before the loop ran */
 
 static void on_signal(int sig)
 {
     (void)sig;
+    stop_asked = 1;
     if (running != NULL)
         tide_server_stop(running);
 }
@@ -150,13 +152,8 @@ int main(int argc, char **argv)
     /* a decision at 10^4 workers allocates and frees tens of MB: keep them for the next
        one instead of faulting fresh pages in each time */
     tide_alloc_retain(256u << 20);
-    tide_server_t *srv = NULL;
-    tide_status rc = tide_server_new(&srv, &cfg);
-    if (rc != TIDE_OK) {
-        fprintf(stderr, "tided: %s\n", tide_last_error());
-        return rc == TIDE_ERR_DENIED || rc == TIDE_ERR_INVALID || rc == TIDE_ERR_RANGE ? 2 : 1;
-    }
-    running = srv;
+    /* before the endpoint file appears (tide_server_new writes it): a SIGTERM sent as soon
+       as it exists must stop tided cleanly, its state file closed, not kill it */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -165,6 +162,15 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file size limit is a write error (read-only mode), not death */
+    tide_server_t *srv = NULL;
+    tide_status rc = tide_server_new(&srv, &cfg);
+    if (rc != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return rc == TIDE_ERR_DENIED || rc == TIDE_ERR_INVALID || rc == TIDE_ERR_RANGE ? 2 : 1;
+    }
+    running = srv;
+    if (stop_asked) /* signalled while it started */
+        tide_server_stop(srv);
     rc = tide_server_run(srv);
     if (rc != TIDE_OK)
         fprintf(stderr, "tided: %s\n", tide_last_error());

@@ -850,3 +850,31 @@ Test(reliability, metrics_on_a_public_address_warn, .init = setup, .fini = teard
     unlink(logpath);
     cr_assert_not_null(strstr(log, "no authentication"), "no warning in: %s", log);
 }
+
+/*
+ * A SIGTERM sent as soon as tided's endpoint file exists (what a supervisor or a test
+ * does) stops it cleanly: exit 0 with its state file closed. tided used to install its
+ * handlers only after writing that file, and such a SIGTERM killed it (59 times in 60).
+ */
+Test(reliability, sigterm_right_after_start_is_a_clean_stop, .init = setup, .fini = teardown)
+{
+    for (int i = 0; i < 20; i++) {
+        unlink(proc.epfile);
+        const char *argv[] = {TIDED_PATH,        "--endpoint",     "tcp://127.0.0.1:*",
+                              "--endpoint-file", proc.epfile,      "--state",
+                              proc.state,        "--no-sync-full", NULL};
+        pid_t pid = 0;
+        cr_assert_eq(posix_spawn(&pid, TIDED_PATH, NULL, NULL, (char *const *)argv, environ), 0);
+        /* the moment the file has the endpoint, as fast as a supervisor could act on it */
+        struct stat sb;
+        uint64_t until = tide_now_ns() + 10000000000ull;
+        while ((stat(proc.epfile, &sb) != 0 || sb.st_size == 0) && tide_now_ns() < until) {
+        }
+        kill(pid, SIGTERM);
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "run %d: tided %s %d, not a clean stop", i,
+                  WIFSIGNALED(st) ? "killed by signal" : "exited with",
+                  WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    }
+}

@@ -119,17 +119,118 @@ static int mpi_fail(jconn *j, int err, const char *what)
     return -1;
 }
 
-/* The connection, on its own thread. Only the two sides' first ranks meet through the
-   port (accept and connect over MPI_COMM_SELF), since a rank left waiting inside
-   MPI_Comm_accept or MPI_Comm_connect on a larger communicator holds Open MPI's
-   communicator-id allocation and so blocks every communicator its process creates
-   later; the others wait in MPI_Intercomm_create for their first rank, which holds
-   nothing. Then the two sides merge, and the job's pool is made over the merged
-   processes. Once started it runs to the end, abandoned or not, so that no peer is
-   left inside it; an abandoned result is freed by the last to let go. */
-static int connect_run(jconn *j)
+/* The side's communicator (accept side: the job's ranks taking part; connect side: the
+   joining pool) over the pool's. MPI_SUCCESS or an error with its reason in j. */
+static int side_comm(jconn *j, MPI_Comm *side)
 {
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    int err = MPI_Comm_group(j->parent, &pg);
+    if (err == MPI_SUCCESS)
+        err = MPI_Group_incl(pg, j->n_group, j->granks, &g);
+    if (err == MPI_SUCCESS)
+        err = MPI_Comm_create_group(j->parent, g, j->tag, side);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (pg != MPI_GROUP_NULL)
+        MPI_Group_free(&pg);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Comm_create_group of the join's side");
+    MPI_Comm_set_errhandler(*side, MPI_ERRORS_RETURN);
+    return 0;
+}
+
+/* The two sides' first ranks meet through the port (accept and connect over
+   MPI_COMM_SELF) and merge into *pair (accept side 0, joining side 1); *i1 is their
+   intercommunicator. 0, or -1 with the reason in j (nothing left to free). */
+static int pair_first(jconn *j, MPI_Comm *i1, MPI_Comm *pair)
+{
+    int err;
+    if (j->accept) {
+        char port[MPI_MAX_PORT_NAME];
+        err = MPI_Open_port(MPI_INFO_NULL, port);
+        if (err != MPI_SUCCESS)
+            return mpi_fail(j, err, "MPI_Open_port");
+        pthread_mutex_lock(&j->mu);
+        memcpy(j->port, port, sizeof port);
+        j->port_ready = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, i1);
+    } else {
+        pthread_mutex_lock(&j->mu);
+        while (!j->port_ready && !j->abandoned)
+            pthread_cond_wait(&j->cv, &j->mu);
+        int go = !j->abandoned;
+        pthread_mutex_unlock(&j->mu);
+        if (!go) /* never connected: the other side's first rank waits alone */
+            return -1;
+        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, i1);
+    }
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
+    MPI_Comm_set_errhandler(*i1, MPI_ERRORS_RETURN);
+    err = MPI_Intercomm_merge(*i1, j->accept ? 0 : 1, pair);
+    if (err != MPI_SUCCESS) {
+        MPI_Comm_free(i1);
+        return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
+    }
+    set_phase(j, PH_PAIRED);
+    return 0;
+}
+
+/* The job's pool over the merged processes (numbered by job rank, each process's rank and
+   coordinator id gathered), and its job-end communicator: into j. */
+static int make_pool(jconn *j, MPI_Comm merged)
+{
+    int n = 0;
+    MPI_Comm_size(merged, &n);
+    int32_t mine[2] = {j->jrank, j->id};
+    int32_t *all = tide_malloc((size_t)n * sizeof mine);
+    int *prank = tide_malloc((size_t)n * sizeof *prank);
+    j->ids = tide_malloc((size_t)j->world * sizeof *j->ids);
+    tide_status rc = TIDE_OK;
+    int err = MPI_SUCCESS;
+    if (all == NULL || prank == NULL || j->ids == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory after connecting %d processes", n);
+    if (rc == TIDE_OK)
+        err = MPI_Allgather(mine, 2, MPI_INT32_T, all, 2, MPI_INT32_T, merged);
+    if (rc == TIDE_OK && err == MPI_SUCCESS) {
+        for (int32_t r = 0; r < j->world; r++)
+            j->ids[r] = -1;
+        for (int c = 0; c < n; c++) {
+            prank[c] = all[2 * c];
+            if (prank[c] >= 0 && prank[c] < j->world)
+                j->ids[prank[c]] = all[2 * c + 1];
+        }
+        rc = tide_coll_pool_new_ranked(&j->pool, merged, prank, j->world);
+        if (rc == TIDE_OK && MPI_Comm_dup(merged, &j->end_comm) != MPI_SUCCESS)
+            rc = tide_errorf(TIDE_ERR_BACKEND, "MPI_Comm_dup of the connected processes failed");
+        if (rc == TIDE_OK)
+            MPI_Comm_set_errhandler(j->end_comm, MPI_ERRORS_RETURN);
+    }
+    tide_free(all);
+    tide_free(prank);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Allgather over the connected processes");
+    if (rc != TIDE_OK) {
+        pthread_mutex_lock(&j->mu);
+        j->rc = rc;
+        snprintf(j->why, sizeof j->why, "%s", tide_last_error());
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    return 0;
+}
+
+/* The connection, on its own thread. Only the two sides' first ranks meet through the
+   port, since a rank left waiting inside MPI_Comm_accept or MPI_Comm_connect on a larger
+   communicator holds Open MPI's communicator-id allocation and so blocks every
+   communicator its process creates later; the others wait in MPI_Intercomm_create for
+   their first rank, which holds nothing. Then the two sides merge, and the job's pool is
+   made over the merged processes. Once started it runs to the end, abandoned or not, so
+   that no peer is left inside it; an abandoned result is freed by the last to let go. */
+static int connect_run(jconn *j)
+{
     MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
     /* the first ranks' intercommunicator: freed (a local release, not MPI_Comm_disconnect,
        which would wait on the launches' whole connection) once both sides met; the
@@ -137,71 +238,26 @@ static int connect_run(jconn *j)
        drops it on both sides */
     MPI_Comm i1 = MPI_COMM_NULL;
     MPI_Comm merged = MPI_COMM_NULL;
-    int err = MPI_Comm_group(j->parent, &pg);
-    if (err == MPI_SUCCESS)
-        err = MPI_Group_incl(pg, j->n_group, j->granks, &g);
-    if (err == MPI_SUCCESS)
-        err = MPI_Comm_create_group(j->parent, g, j->tag, &side);
-    if (g != MPI_GROUP_NULL)
-        MPI_Group_free(&g);
-    if (pg != MPI_GROUP_NULL)
-        MPI_Group_free(&pg);
-    if (err != MPI_SUCCESS)
-        return mpi_fail(j, err, "MPI_Comm_create_group of the join's side");
-    MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
+    if (side_comm(j, &side) != 0)
+        return -1;
     if (!j->accept) {
         /* the joining pool is whole before its first rank connects: a rank of it that dies
            now leaves the job's side waiting only in accept (the first rank) and in the
            side's own collectives, which hold nothing the job needs later */
         join_fault(j, "connect");
-        err = MPI_Barrier(side);
+        int err = MPI_Barrier(side);
         if (err != MPI_SUCCESS) {
             MPI_Comm_free(&side);
             return mpi_fail(j, err, "MPI_Barrier of the joining pool");
         }
     }
-    if (j->root) {
-        if (j->accept) {
-            char port[MPI_MAX_PORT_NAME];
-            err = MPI_Open_port(MPI_INFO_NULL, port);
-            if (err != MPI_SUCCESS) {
-                MPI_Comm_free(&side);
-                return mpi_fail(j, err, "MPI_Open_port");
-            }
-            pthread_mutex_lock(&j->mu);
-            memcpy(j->port, port, sizeof port);
-            j->port_ready = 1;
-            pthread_cond_broadcast(&j->cv);
-            pthread_mutex_unlock(&j->mu);
-            err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
-        } else {
-            pthread_mutex_lock(&j->mu);
-            while (!j->port_ready && !j->abandoned)
-                pthread_cond_wait(&j->cv, &j->mu);
-            int go = !j->abandoned;
-            pthread_mutex_unlock(&j->mu);
-            if (!go) { /* never connected: the other side's first rank waits alone */
-                MPI_Comm_free(&side);
-                return -1;
-            }
-            err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
-        }
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
-        }
-        MPI_Comm_set_errhandler(i1, MPI_ERRORS_RETURN);
-        err = MPI_Intercomm_merge(i1, j->accept ? 0 : 1, &pair);
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&i1);
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
-        }
-        set_phase(j, PH_PAIRED);
+    if (j->root && pair_first(j, &i1, &pair) != 0) {
+        MPI_Comm_free(&side);
+        return -1;
     }
-    /* the first ranks are paired (pair: accept side 0, joining side 1): both sides meet */
-    err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
-                               j->tag + 2, &inter);
+    /* the first ranks are paired: both sides meet */
+    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
+                                   j->tag + 2, &inter);
     if (pair != MPI_COMM_NULL)
         MPI_Comm_free(&pair);
     if (i1 != MPI_COMM_NULL)
@@ -218,51 +274,9 @@ static int connect_run(jconn *j)
         return mpi_fail(j, err, "MPI_Intercomm_merge");
     MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
     set_phase(j, PH_MERGED);
-    int n = 0;
-    MPI_Comm_size(merged, &n);
-    int32_t mine[2] = {j->jrank, j->id};
-    int32_t *all = tide_malloc((size_t)n * sizeof mine);
-    int *prank = tide_malloc((size_t)n * sizeof *prank);
-    j->ids = tide_malloc((size_t)j->world * sizeof *j->ids);
-    if (all == NULL || prank == NULL || j->ids == NULL) {
-        tide_free(all);
-        tide_free(prank);
-        MPI_Comm_free(&merged);
-        pthread_mutex_lock(&j->mu);
-        j->rc = TIDE_ERR_NOMEM;
-        snprintf(j->why, sizeof j->why, "out of memory after connecting %d processes", n);
-        pthread_mutex_unlock(&j->mu);
-        return -1;
-    }
-    err = MPI_Allgather(mine, 2, MPI_INT32_T, all, 2, MPI_INT32_T, merged);
-    tide_status rc = TIDE_OK;
-    if (err == MPI_SUCCESS) {
-        for (int32_t r = 0; r < j->world; r++)
-            j->ids[r] = -1;
-        for (int c = 0; c < n; c++) {
-            prank[c] = all[2 * c];
-            if (prank[c] >= 0 && prank[c] < j->world)
-                j->ids[prank[c]] = all[2 * c + 1];
-        }
-        rc = tide_coll_pool_new_ranked(&j->pool, merged, prank, j->world);
-        if (rc == TIDE_OK && MPI_Comm_dup(merged, &j->end_comm) != MPI_SUCCESS)
-            rc = tide_errorf(TIDE_ERR_BACKEND, "MPI_Comm_dup of the connected processes failed");
-        if (rc == TIDE_OK)
-            MPI_Comm_set_errhandler(j->end_comm, MPI_ERRORS_RETURN);
-    }
-    tide_free(all);
-    tide_free(prank);
+    int r = make_pool(j, merged);
     MPI_Comm_free(&merged);
-    if (err != MPI_SUCCESS)
-        return mpi_fail(j, err, "MPI_Allgather over the connected processes");
-    if (rc != TIDE_OK) {
-        pthread_mutex_lock(&j->mu);
-        j->rc = rc;
-        snprintf(j->why, sizeof j->why, "%s", tide_last_error());
-        pthread_mutex_unlock(&j->mu);
-        return -1;
-    }
-    return 0;
+    return r;
 }
 
 static void *connect_thread(void *arg)
@@ -322,18 +336,10 @@ static void send_port(tide_t *t, uint64_t gen, const char *port)
         TIDE_WARN(SUBSYS, "could not send the join's port to tided: %s", tide_last_error());
 }
 
-tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+/* The shared state of this rank's side of jr's connection (refs: the caller's and the
+   thread's). */
+static tide_status jconn_new(tide_t *t, const tide__join_req *jr, jconn **out)
 {
-    memset(out, 0, sizeof *out);
-    out->end_comm = MPI_COMM_NULL;
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    if (level < MPI_THREAD_MULTIPLE)
-        return tide_errorf(TIDE_ERR_UNSUPPORTED,
-                           "connecting pool ranks to job %s needs MPI_THREAD_MULTIPLE (this rank "
-                           "initialised MPI with a lower level: use MPI_Init_thread with "
-                           "MPI_THREAD_MULTIPLE in every pool of a job that grows)",
-                           t->job);
     int oi = find_rank(jr->old_ranks, jr->n_old, t->rank);
     int ni = find_rank(jr->new_ranks, jr->n_new, t->rank);
     if ((oi < 0) == (ni < 0))
@@ -342,10 +348,9 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     const int32_t *side = oi >= 0 ? jr->old_ranks : jr->new_ranks;
     uint32_t n_side = oi >= 0 ? jr->n_old : jr->n_new;
     jconn *j = tide_calloc(1, sizeof *j);
-    if (j == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
-    j->granks = tide_malloc((size_t)n_side * sizeof *j->granks);
-    if (j->granks == NULL) {
+    if (j != NULL)
+        j->granks = tide_malloc((size_t)n_side * sizeof *j->granks);
+    if (j == NULL || j->granks == NULL) {
         tide_free(j);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
     }
@@ -373,27 +378,24 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     j->id = tide__ctl_worker_id(t->ctl);
     j->world = jr->world;
     j->end_comm = MPI_COMM_NULL;
-    pthread_t th;
-    if (pthread_create(&th, NULL, connect_thread, j) != 0) {
-        j->refs = 1;
-        jc_release(j);
-        return tide_errorf(TIDE_ERR_IO, "could not start the thread that connects the pool");
-    }
-    pthread_detach(th);
-    uint64_t t0 = tide_now_ns();
+    *out = j;
+    return TIDE_OK;
+}
+
+/* The main thread's half, j->mu held: relays the port both ways through tided, and waits
+   for the thread to finish within the switch timeout or until tided aborts the switch
+   (then the connection is abandoned). */
+static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr, uint64_t t0)
+{
     uint64_t deadline = t0 + (uint64_t)t->opts.switch_timeout_ms * 1000000ull;
     int sent = 0;
-    tide_status rc = TIDE_OK;
-    pthread_mutex_lock(&j->mu);
     for (;;) {
-        if (j->done) {
-            rc = j->rc;
-            if (rc != TIDE_OK)
-                rc = tide_errorf(rc, "connecting the pools of job %s: %s", t->job, j->why);
-            break;
-        }
+        if (j->done)
+            return j->rc == TIDE_OK
+                       ? TIDE_OK
+                       : tide_errorf(j->rc, "connecting the pools of job %s: %s", t->job, j->why);
+        char port[MPI_MAX_PORT_NAME];
         if (j->accept && j->root && j->port_ready && !sent) {
-            char port[MPI_MAX_PORT_NAME];
             memcpy(port, j->port, sizeof port);
             pthread_mutex_unlock(&j->mu);
             send_port(t, jr->gen, port); /* tided relays it to the joining pool */
@@ -402,7 +404,6 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
             continue;
         }
         if (!j->accept && !j->port_ready) {
-            char port[MPI_MAX_PORT_NAME];
             pthread_mutex_unlock(&j->mu);
             int have = tide__ctl_join_port(t->ctl, jr->gen, port, sizeof port);
             pthread_mutex_lock(&j->mu);
@@ -417,12 +418,11 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
         if (now >= deadline || cancel) {
             j->abandoned = 1;
             pthread_cond_broadcast(&j->cv);
-            rc = tide_errorf(cancel ? TIDE_ERR_ABORTED : TIDE_ERR_TIMEOUT,
-                             "connecting the pools of job %s %s after %.0f ms (%s); the "
-                             "connecting thread is left waiting inside MPI",
-                             t->job, cancel ? "was aborted by tided" : "timed out",
-                             (double)(now - t0) / 1e6, stage(j));
-            break;
+            return tide_errorf(cancel ? TIDE_ERR_ABORTED : TIDE_ERR_TIMEOUT,
+                               "connecting the pools of job %s %s after %.0f ms (%s); the "
+                               "connecting thread is left waiting inside MPI",
+                               t->job, cancel ? "was aborted by tided" : "timed out",
+                               (double)(now - t0) / 1e6, stage(j));
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -433,6 +433,32 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
         }
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
     }
+}
+
+tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->end_comm = MPI_COMM_NULL;
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED,
+                           "connecting pool ranks to job %s needs MPI_THREAD_MULTIPLE (this rank "
+                           "initialised MPI with a lower level: use MPI_Init_thread with "
+                           "MPI_THREAD_MULTIPLE in every pool of a job that grows)",
+                           t->job);
+    jconn *j = NULL;
+    TIDE_CHECK(jconn_new(t, jr, &j));
+    pthread_t th;
+    if (pthread_create(&th, NULL, connect_thread, j) != 0) {
+        j->refs = 1;
+        jc_release(j);
+        return tide_errorf(TIDE_ERR_IO, "could not start the thread that connects the pool");
+    }
+    pthread_detach(th);
+    uint64_t t0 = tide_now_ns();
+    pthread_mutex_lock(&j->mu);
+    tide_status rc = wait_connected(t, j, jr, t0);
     if (rc == TIDE_OK) {
         out->pool = j->pool;
         out->end_comm = j->end_comm;

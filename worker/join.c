@@ -9,6 +9,12 @@
  * (tide_coll_pool_new_ranked). Open MPI needs both launches started with --ompi-server
  * for this.
  *
+ * What Open MPI 4.1's runtime (ORTE) can connect decides two things here (see
+ * survey_side). A launch whose ranks run on a host other than its mpirun's cannot be
+ * connected at all: the join refuses it before any port is opened. And a daemon (one
+ * mpirun per launch) learns another launch only when one of its own ranks takes part in
+ * accept/connect, so on the job's side one rank per launch accepts, not only the first.
+ *
  * MPI_Comm_accept and MPI_Comm_connect never return when the other side dies before
  * connecting (Open MPI 4.1 has no timeout for them), so the whole connection runs on a
  * thread of its own while the main thread waits with the switch's deadline and abort
@@ -139,13 +145,131 @@ static int side_comm(jconn *j, MPI_Comm *side)
     return 0;
 }
 
-/* The two sides' first ranks meet through the port (accept and connect over
-   MPI_COMM_SELF) and merge into *pair (accept side 0, joining side 1); *i1 is their
+/* ---- launches as Open MPI 4.1 can connect them ----------------------------------------
+   When a process connects to another launch, its ORTE daemon (mpirun or an orted) looks
+   that launch up in ompi-server: a record its mpirun published at start with the contact
+   address of each of its nodes' daemons (orte/orted/pmix/pmix_server_register_fns.c).
+   Open MPI 4.1 records that address only for mpirun itself, so every orted's is NULL, and
+   the daemon that looks such a launch up crashes parsing it (orte_rml_base_parse_uris:
+   strdup(NULL), pmix_server_dyn.c's _cnlk): a launch can be connected only when all of
+   its ranks run on mpirun's own host. Nor does a daemon serve a launch it has not looked
+   up: the addresses MPI_Intercomm_create asks it for (the direct modex) wait forever, so
+   a rank of every launch of the job's side must take part in the accept. */
+
+/* The ORTE daemon hosting this process ("JOB.VPID" of OMPI_MCA_orte_local_daemon_uri, set
+   by mpirun for each rank; vpid 0 is mpirun itself); 0.0 outside ORTE, where nothing is
+   known and nothing is refused. */
+static void my_daemon(uint32_t *job, uint32_t *vpid)
+{
+    const char *u = getenv("OMPI_MCA_orte_local_daemon_uri");
+    unsigned a = 0, b = 0;
+    if (u == NULL || sscanf(u, "%u.%u", &a, &b) != 2)
+        a = b = 0;
+    *job = a;
+    *vpid = b;
+}
+
+/* The launch leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the first side
+   rank of each daemon, into ranks; their count. */
+static int launch_leaders(const uint32_t *all, int n, int *ranks)
+{
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        int first = 1;
+        for (int d = 0; d < c && first; d++)
+            first = all[3 * d + 1] != all[3 * c + 1] || all[3 * d + 2] != all[3 * c + 2];
+        if (first)
+            ranks[k++] = c;
+    }
+    return k;
+}
+
+/* The communicator of the k launch leaders (side ranks) of side, into *out. */
+static int leaders_comm(jconn *j, MPI_Comm side, const int *ranks, int k, MPI_Comm *out)
+{
+    MPI_Group sg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    int err = MPI_Comm_group(side, &sg);
+    if (err == MPI_SUCCESS)
+        err = MPI_Group_incl(sg, k, ranks, &g);
+    if (err == MPI_SUCCESS)
+        err = MPI_Comm_create_group(side, g, j->tag, out);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (sg != MPI_GROUP_NULL)
+        MPI_Group_free(&sg);
+    if (err == MPI_SUCCESS)
+        MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return err;
+}
+
+/* Every rank of the side says which daemon hosts it (a collective over side: on the
+   joining side it also makes sure the pool is whole before its first rank connects). A
+   side with a rank under an orted is refused (-1, TIDE_ERR_ABORTED with the reason in j)
+   before any port is opened or connected to, so no daemon ever looks it up. On the job's
+   side, *leaders is then the communicator of the launch leaders (MPI_COMM_NULL on other
+   ranks; side rank 0, the first rank, leads its launch). */
+static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
+{
+    *leaders = MPI_COMM_NULL;
+    int n = 0, me = 0;
+    MPI_Comm_size(side, &n);
+    MPI_Comm_rank(side, &me);
+    uint32_t mine[3];
+    my_daemon(&mine[1], &mine[2]);
+    mine[0] = mine[2] == 0 ? UINT32_MAX : (uint32_t)j->jrank; /* a rank under an orted */
+    uint32_t *all = tide_malloc((size_t)n * sizeof mine);
+    int *ranks = tide_malloc((size_t)n * sizeof *ranks);
+    int err = MPI_SUCCESS, bad = -1, k = 0, lead = 0;
+    if (all == NULL || ranks == NULL) {
+        tide_free(all);
+        tide_free(ranks);
+        pthread_mutex_lock(&j->mu);
+        j->rc = TIDE_ERR_NOMEM;
+        snprintf(j->why, sizeof j->why, "out of memory surveying %d ranks", n);
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    err = MPI_Allgather(mine, 3, MPI_UINT32_T, all, 3, MPI_UINT32_T, side);
+    for (int c = 0; err == MPI_SUCCESS && c < n; c++)
+        if (all[3 * c] != UINT32_MAX && (bad < 0 || all[3 * c] < all[3 * bad]))
+            bad = c;
+    if (err == MPI_SUCCESS && bad < 0 && j->accept) {
+        k = launch_leaders(all, n, ranks);
+        for (int c = 0; c < k; c++)
+            lead |= ranks[c] == me;
+        if (lead)
+            err = leaders_comm(j, side, ranks, k, leaders);
+    }
+    uint32_t bad_rank = bad >= 0 ? all[3 * bad] : 0;
+    tide_free(all);
+    tide_free(ranks);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "surveying the join's side");
+    if (bad < 0)
+        return 0;
+    /* aborted, as any join that could not be made: nothing moved, the old layout goes on */
+    pthread_mutex_lock(&j->mu);
+    j->rc = TIDE_ERR_ABORTED;
+    snprintf(j->why, sizeof j->why,
+             "job rank %u runs on another host than its launch's mpirun: Open MPI 4.1 "
+             "cannot connect such a launch (no contact address for its orted daemons); "
+             "start one mpirun per host, on that host",
+             (unsigned)bad_rank);
+    pthread_mutex_unlock(&j->mu);
+    return -1;
+}
+
+/* The job's launch leaders (leaders: the first rank leads) accept through the port the
+   first rank opens, the joining pool's first rank connects (over MPI_COMM_SELF), and they
+   merge into *pair (the leaders first, the joining rank last); *i1 is their
    intercommunicator. 0, or -1 with the reason in j (nothing left to free). */
-static int pair_first(jconn *j, MPI_Comm *i1, MPI_Comm *pair)
+static int pair_first(jconn *j, MPI_Comm leaders, MPI_Comm *i1, MPI_Comm *pair)
 {
     int err;
-    if (j->accept) {
+    if (j->accept && !j->root) { /* another launch's leader: the port matters at the root only */
+        char none[1] = "";
+        err = MPI_Comm_accept(none, MPI_INFO_NULL, 0, leaders, i1);
+    } else if (j->accept) {
         char port[MPI_MAX_PORT_NAME];
         err = MPI_Open_port(MPI_INFO_NULL, port);
         if (err != MPI_SUCCESS)
@@ -155,7 +279,7 @@ static int pair_first(jconn *j, MPI_Comm *i1, MPI_Comm *pair)
         j->port_ready = 1;
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
-        err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, i1);
+        err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, leaders, i1);
     } else {
         pthread_mutex_lock(&j->mu);
         while (!j->port_ready && !j->abandoned)
@@ -222,13 +346,14 @@ static int make_pool(jconn *j, MPI_Comm merged)
     return 0;
 }
 
-/* The connection, on its own thread. Only the two sides' first ranks meet through the
-   port, since a rank left waiting inside MPI_Comm_accept or MPI_Comm_connect on a larger
-   communicator holds Open MPI's communicator-id allocation and so blocks every
-   communicator its process creates later; the others wait in MPI_Intercomm_create for
-   their first rank, which holds nothing. Then the two sides merge, and the job's pool is
-   made over the merged processes. Once started it runs to the end, abandoned or not, so
-   that no peer is left inside it; an abandoned result is freed by the last to let go. */
+/* The connection, on its own thread. Only the joining pool's first rank and one rank per
+   launch of the job's side (survey_side) meet through the port: the fewest that make
+   every daemon learn the other launch. The others wait in MPI_Intercomm_create for their
+   first rank, which holds nothing, while a rank waiting inside MPI_Comm_accept or
+   MPI_Comm_connect holds that call's state until it returns. Then the two sides merge,
+   and the job's pool is made over the merged processes. Once started it runs to the end,
+   abandoned or not, so that no peer is left inside it; an abandoned result is freed by
+   the last to let go. */
 static int connect_run(jconn *j)
 {
     MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
@@ -237,27 +362,34 @@ static int connect_run(jconn *j)
        launches stay connected through the merged communicator until a release (leave.c)
        drops it on both sides */
     MPI_Comm i1 = MPI_COMM_NULL;
-    MPI_Comm merged = MPI_COMM_NULL;
+    MPI_Comm merged = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
     if (side_comm(j, &side) != 0)
         return -1;
-    if (!j->accept) {
-        /* the joining pool is whole before its first rank connects: a rank of it that dies
-           now leaves the job's side waiting only in accept (the first rank) and in the
-           side's own collectives, which hold nothing the job needs later */
+    /* the joining pool is whole before its first rank connects (the survey is a collective
+       over it): a rank of it that dies now leaves the job's side waiting only in accept
+       (its leaders) and in the side's own collectives, which hold nothing the job needs */
+    if (!j->accept)
         join_fault(j, "connect");
-        int err = MPI_Barrier(side);
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, "MPI_Barrier of the joining pool");
-        }
-    }
-    if (j->root && pair_first(j, &i1, &pair) != 0) {
+    if (survey_side(j, side, &leaders) != 0) {
         MPI_Comm_free(&side);
         return -1;
     }
-    /* the first ranks are paired: both sides meet */
-    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
-                                   j->tag + 2, &inter);
+    int paired = 0;
+    if (j->root || leaders != MPI_COMM_NULL)
+        paired = pair_first(j, leaders, &i1, &pair) == 0 ? 1 : -1;
+    if (leaders != MPI_COMM_NULL)
+        MPI_Comm_free(&leaders);
+    if (paired < 0) {
+        MPI_Comm_free(&side);
+        return -1;
+    }
+    /* the first ranks are paired: both sides meet (the other's first rank in pair: the
+       job's is first, the joining pool's last) */
+    int psize = 0;
+    if (pair != MPI_COMM_NULL)
+        MPI_Comm_size(pair, &psize);
+    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL,
+                                   j->accept ? psize - 1 : 0, j->tag + 2, &inter);
     if (pair != MPI_COMM_NULL)
         MPI_Comm_free(&pair);
     if (i1 != MPI_COMM_NULL)

@@ -169,8 +169,8 @@ static void my_daemon(uint32_t *job, uint32_t *vpid)
     *vpid = b;
 }
 
-/* The launch leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the first side
-   rank of each daemon, into ranks; their count. */
+/* The launch leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the
+   first side rank of each daemon, into ranks; their count. */
 static int launch_leaders(const uint32_t *all, int n, int *ranks)
 {
     int k = 0;

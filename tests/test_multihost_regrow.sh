@@ -152,6 +152,10 @@ for h in h1 h2 h3; do
   grep -q " $h .* online .*g1" <<<"$status" || fail "g1 does not run on $h: $status"
 done
 
+# a host that was not lost is not revived: that would kill what runs there
+! bash "$CLUSTER" revive-host h2 --name "$MH_NAME" 2>/dev/null || fail "revive-host revived h2, which is up"
+kill -0 "$PB" 2>/dev/null || fail "h2's launch died"
+
 note "twice: h2 lost; the job recovers over h1 and h3"
 bash "$CLUSTER" kill-host h2 --name "$MH_NAME"
 wait_event g1 recovered 1 60

@@ -25,7 +25,7 @@ mh_grow_setup
 
 MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
        --micro-batches 2 --seed 11 --lr 0.003)
-STEPS=400
+STEPS=800 # paced 60 ms: 48 s at least, for the grows, a loss and a return under load
 
 note "the never-resized reference run (dp 1) on h1"
 "${MPI[@]}" --host h1:1 -np 1 "$TRAIN" "${MODEL[@]}" --dp 1 --steps $STEPS \
@@ -163,6 +163,8 @@ wait "$PB" 2>/dev/null || true # its mpirun died with h2
 
 note "twice: h2 comes back; a pool launched there joins and the job grows onto it"
 bash "$CLUSTER" revive-host h2 --name "$MH_NAME"
+s=$(awk 'END { print $1 + 0 }' "$MH_TMP/g1-a.loss")
+[ "$s" -lt $((STEPS - 150)) ] || fail "g1 is at step $s of $STEPS before h2 is back: too slow here"
 launch g1 d h2 h2:1 1 1
 PD=$LAUNCHED
 wait_event g1 pool_joined 3

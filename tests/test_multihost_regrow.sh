@@ -12,8 +12,9 @@
 #           mpirun per host: the job spans three hosts); h2 is lost (kill-host) and the
 #           job recovers over h1 and h3; h2 comes back (revive-host), a pool launched there
 #           joins and the job grows onto it again. Every launch left finishes; the loss of
-#           every step equals the never-resized run's within 1e-5 and the whole final state
-#           within 1e-4 (mlp_state_diff). Printed: each grow's time from the resize command
+#           every step equals the never-resized run's within 1e-5 (the step in flight when
+#           h2 was lost may have none: its survivors finished it alone) and the whole final
+#           state within 1e-4 (mlp_state_diff). Printed: each grow's time from the resize command
 #           to its commit.
 # usage: test_multihost_regrow.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -46,11 +47,20 @@ launch() {
   MH_PIDS="$MH_PIDS $LAUNCHED"
 }
 
-# stop PID...: those launches end (mpirun passes SIGTERM to its ranks)
+# stop PID...: those launches end (mpirun passes SIGTERM to its ranks; SIGKILL after 20 s,
+# when a rank does not end: its connecting thread, abandoned inside MPI, may hold it)
 stop() {
-  local p
+  local p i
   for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+  for p in "$@"; do
+    for i in $(seq 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "launch $p did not end on SIGTERM in 20 s: killed"
+      kill -KILL "$p" 2>/dev/null || true
+    fi
+    wait "$p" 2>/dev/null || true
+  done
+  echo "stopped at ${SECONDS}s"
 }
 
 # grow JOB N DP: the job resized to (dp DP), its Nth grow; waits for the commit and prints
@@ -83,7 +93,7 @@ refused() {
     fail "$job: no reason in $log: $(tail -5 "$log")"
   ! grep -l "Segmentation fault\|orte_rml_base_parse_uris" "$MH_TMP"/"$job"-*.log ||
     fail "$job: a daemon crashed"
-  echo "$job: the join was refused $((t1 - t0)) ms after the resize"
+  echo "$job: the join was refused $((t1 - t0)) ms after the resize (at ${SECONDS}s)"
 }
 
 # ---- span --------------------------------------------------------------------------------
@@ -157,6 +167,7 @@ done
 kill -0 "$PB" 2>/dev/null || fail "h2's launch died"
 
 note "twice: h2 lost; the job recovers over h1 and h3"
+s_kill=$(awk 'END { print $1 + 0 }' "$MH_TMP/g1-a.loss")
 bash "$CLUSTER" kill-host h2 --name "$MH_NAME"
 wait_event g1 recovered 1 60
 wait "$PB" 2>/dev/null || true # its mpirun died with h2
@@ -178,8 +189,15 @@ grep -q "$STEPS steps done" "$MH_TMP/g1-a.log" || fail "g1 did not train to the 
 cat "$MH_TMP"/g1-*.loss >"$MH_TMP/g1.loss"
 compare_losses "$MH_TMP/g1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
   fail "g1's losses differ from the never-resized run"
-k=$(awk '{ print $1 }' "$MH_TMP/g1.loss" | sort -nu | wc -l)
-[ "$k" -eq $STEPS ] || fail "g1: $k of $STEPS steps have a loss"
+# every step has a loss, but the one h2's loss cut short may have none: a survivor that
+# finished its update alone never saw that step's loss (the final state still counts it)
+missing=$(awk -v n=$STEPS '{ seen[$1] = 1 } END { for (s = 0; s < n; s++) if (!(s in seen)) print s }' \
+  "$MH_TMP/g1.loss")
+k=$((STEPS - $(wc -w <<<"$missing")))
+for s in $missing; do
+  [ "$s" -ge "$s_kill" ] && [ "$s" -le $((s_kill + 5)) ] && [ "$k" -eq $((STEPS - 1)) ] ||
+    fail "g1: steps without a loss: $missing (h2 lost after step $s_kill)"
+done
 state=$(ls "$MH_TMP"/g1-*.state 2>/dev/null | head -1)
 compare_states "${state:-$MH_TMP/g1-a.state}" "$MH_TMP/ref.state" 1e-4
 echo "twice: grew onto h2 and h3, lost h2, grew onto it again after it came back; $k steps" \

@@ -13,6 +13,9 @@
 #   cluster.sh exec HOST CMD... [--name NAME]     run CMD inside HOST's namespace
 #   cluster.sh kill-host HOST [--name NAME]       HOST loses power: its link goes silent, then
 #                                                 every process of it is SIGKILLed at once
+#   cluster.sh revive-host HOST [--name NAME]     HOST comes back after kill-host, as after a
+#                                                 power cycle: nothing of it runs, its link,
+#                                                 address and uplink rate are as at `up`
 #   cluster.sh check                              exit 0 if this machine can make one, else
 #                                                 print why and exit 77
 #   cluster.sh gc                                 remove clusters whose --owner PID is gone
@@ -91,18 +94,49 @@ load() {
   . "$DIR/env"
 }
 
+# shape_host HOST RATE|off: HOST's uplink rate
+shape_host() {
+  if [ "$2" = off ]; then
+    ip netns exec "$(ns "$1")" tc qdisc del dev eth0 root 2>/dev/null || true
+  else
+    # a token bucket on the host's uplink: what a NIC of that rate sends
+    ip netns exec "$(ns "$1")" tc qdisc replace dev eth0 root tbf rate "$2" \
+      burst 256kb latency 100ms
+  fi
+}
+
 shape() {
   local rate=$1 h
-  for h in $TIDE_CLUSTER_HOSTS; do
-    if [ "$rate" = off ]; then
-      ip netns exec "$(ns "$h")" tc qdisc del dev eth0 root 2>/dev/null || true
-    else
-      # a token bucket on the host's uplink: what a NIC of that rate sends
-      ip netns exec "$(ns "$h")" tc qdisc replace dev eth0 root tbf rate "$rate" \
-        burst 256kb latency 100ms
-    fi
-  done
+  for h in $TIDE_CLUSTER_HOSTS; do shape_host "$h" "$rate"; done
   echo "$rate" >"$DIR/rate"
+}
+
+# revive HOST: HOST back after kill-host. Whatever kill-host left (a process that started
+# inside the namespace since) is killed first: a host that comes back runs nothing. Its
+# address, link and uplink rate are set again as `up` and `shape` made them (a namespace
+# keeps them across kill-host, but an operator may have changed them meanwhile); the
+# bridge's end of its link comes up last, so that nothing reaches it half configured.
+revive() {
+  [[ "$1" =~ ^h([0-9]+)$ ]] || die "revive-host HOST: h1..hN"
+  local i=${BASH_REMATCH[1]} s v
+  s=$(ns "$1")
+  v=$(veth tcv "$i")
+  if ! grep -qw "$1" <<<"$TIDE_CLUSTER_HOSTS" || ! ip netns pids "$s" >/dev/null 2>&1; then
+    die "revive-host: no host $1 in cluster '$NAME'"
+  fi
+  # a host whose link is up was not lost: reviving it would kill what runs there
+  if ip -o link show dev "$v" | grep -q '[<,]UP[,>]'; then
+    die "revive-host: $1 is up (only a host lost with kill-host comes back)"
+  fi
+  local pids
+  pids=$(ip netns pids "$s")
+  [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+  ip netns exec "$s" ip link set lo up
+  ip netns exec "$s" ip addr replace "${TIDE_CLUSTER_ADDR%.254}.$i/24" dev eth0
+  ip netns exec "$s" ip link set eth0 up
+  if [ -f "$DIR/rate" ]; then shape_host "$1" "$(cat "$DIR/rate")"; fi
+  ip link set "$v" master "$BR"
+  ip link set "$v" up
 }
 
 down() {
@@ -246,6 +280,10 @@ case "$cmd" in
     ip link set "$(veth tcv "${BASH_REMATCH[1]}")" down
     pids=$(ip netns pids "$(ns "$1")")
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true ;;
+  revive-host)
+    load
+    [ $# -eq 1 ] || die "revive-host HOST"
+    revive "$1" ;;
   gc)
     for d in "$RUN_DIR"/*/; do
       [ -f "$d/owner" ] || continue
@@ -259,5 +297,5 @@ case "$cmd" in
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "cluster.sh: cannot make a cluster here: $why"; exit 77; fi ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
 esac

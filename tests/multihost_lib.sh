@@ -164,3 +164,60 @@ mh_free_port() {
   done
   fail "no free port found"
 }
+
+# mh_grow_setup: what a job that grows needs (README, "Growing a job"): an ompi-server
+# beside tided, tided restarted to name it, and GROW_MPI: mpirun's flags for every launch
+# of such a job (the ompi-server, recovery, tided's endpoint and the pool key).
+mh_grow_setup() {
+  ompi-server --no-daemonize -r "$MH_TMP/ompi.uri" --mca oob_tcp_if_include "$TIDE_CLUSTER_SUBNET" \
+    >"$MH_TMP/ompi-server.log" 2>&1 &
+  MH_PIDS="$MH_PIDS $!"
+  for _ in $(seq 100); do [ -s "$MH_TMP/ompi.uri" ] && break; sleep 0.05; done
+  [ -s "$MH_TMP/ompi.uri" ] || fail "ompi-server did not start"
+  kill "$TIDED_PID"
+  wait "$TIDED_PID" 2>/dev/null || true
+  MH_TIDED_ARGS=(--ompi-server "file:$MH_TMP/ompi.uri")
+  mh_tided_start
+  GROW_MPI=("${MPI[@]}" --ompi-server "file:$MH_TMP/ompi.uri" --enable-recovery
+            --mca async_mpi_finalize 1 -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/pool1.key"
+            -x TIDE_SERVER_KEY="$KEYS/server.pub" -x TIDE_SWITCH_TIMEOUT_MS=15000)
+}
+
+# ---- waiting on a job that grows (test_multihost_grow, test_multihost_regrow) ----
+
+# job_events JOB: the job's events as JSON rows, one per line
+job_events() { ctl ops events --json | tr '{' '\n' | grep "\"job\":\"$1\"" || true; }
+
+# wait_event JOB KIND [N] [SECS]: until the job has N events of KIND
+wait_event() {
+  local i n
+  for i in $(seq $((${4:-60} * 10))); do
+    n=$(job_events "$1" | grep -c "\"kind\":\"$2\"" || true)
+    [ "$n" -ge "${3:-1}" ] && return 0
+    sleep 0.1
+  done
+  job_events "$1" >&2
+  fail "job $1: no $2 event (${3:-1} wanted)"
+}
+
+# wait_idle N: until N workers are idle (a launched pool has registered and joined)
+wait_idle() {
+  local i
+  for i in $(seq 600); do
+    [ "$(ctl ops status | grep -c ' idle ')" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  ctl ops status >&2
+  fail "fewer than $1 idle workers"
+}
+
+# wait_step FILE N: until the loss file has reached step N
+wait_step() {
+  local i s=0
+  for i in $(seq 1200); do
+    s=$(awk 'END { print $1 + 0 }' "$1" 2>/dev/null || echo 0)
+    [ "$s" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "step $2 not reached (at $s)"
+}

@@ -32,20 +32,9 @@ TIDE_BUILD=$1 TIDE_SRC=$2
 mh_setup 2
 CKPT="$TIDE_BUILD/ckpt/tide-ckpt"
 
-# the ompi-server every launch of a growing job names (it runs beside mpirun and tided)
-ompi-server --no-daemonize -r "$MH_TMP/ompi.uri" --mca oob_tcp_if_include "$TIDE_CLUSTER_SUBNET" \
-  >"$MH_TMP/ompi-server.log" 2>&1 &
-MH_PIDS="$MH_PIDS $!"
-for _ in $(seq 100); do [ -s "$MH_TMP/ompi.uri" ] && break; sleep 0.05; done
-[ -s "$MH_TMP/ompi.uri" ] || fail "ompi-server did not start"
-# tided again, told where it is (status shows it; the join's events name it)
-kill "$TIDED_PID"
-wait "$TIDED_PID" 2>/dev/null || true
-MH_TIDED_ARGS=(--ompi-server "file:$MH_TMP/ompi.uri")
-mh_tided_start
-GROW_MPI=("${MPI[@]}" --ompi-server "file:$MH_TMP/ompi.uri" --enable-recovery
-          --mca async_mpi_finalize 1 -x TIDE_ENDPOINT="$EP" -x TIDE_KEY="$KEYS/pool1.key"
-          -x TIDE_SERVER_KEY="$KEYS/server.pub" -x TIDE_SWITCH_TIMEOUT_MS=15000)
+# the ompi-server every launch of a growing job names, and tided told where it is (status
+# shows it; the join's events name it)
+mh_grow_setup
 
 MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
        --micro-batches 2 --seed 11 --lr 0.003)
@@ -56,49 +45,11 @@ note "the never-resized reference run (dp 1, tp 2) on h1"
   --loss-out "$MH_TMP/ref.loss" --print-every 1000 >"$MH_TMP/ref.log" 2>&1 ||
   { cat "$MH_TMP/ref.log" >&2; fail "reference run"; }
 
-# job_events JOB: the job's events as JSON rows, one per line
-job_events() { ctl ops events --json | tr '{' '\n' | grep "\"job\":\"$1\"" || true; }
-
-# wait_event JOB KIND [N] [SECS]: until the job has N events of KIND
-wait_event() {
-  local i n
-  for i in $(seq $((${4:-60} * 10))); do
-    n=$(job_events "$1" | grep -c "\"kind\":\"$2\"" || true)
-    [ "$n" -ge "${3:-1}" ] && return 0
-    sleep 0.1
-  done
-  job_events "$1" >&2
-  fail "job $1: no $2 event (${3:-1} wanted)"
-}
-
-# wait_idle N: until N workers are idle (a launched pool has registered and joined)
-wait_idle() {
-  local i
-  for i in $(seq 600); do
-    [ "$(ctl ops status | grep -c ' idle ')" -ge "$1" ] && return 0
-    sleep 0.1
-  done
-  ctl ops status >&2
-  fail "fewer than $1 idle workers"
-}
-
-# wait_step FILE N: until the loss file has reached step N
-wait_step() {
-  local i s=0
-  for i in $(seq 1200); do
-    s=$(awk 'END { print $1 + 0 }' "$1" 2>/dev/null || echo 0)
-    [ "$s" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  fail "step $2 not reached (at $s)"
-}
-
 # launch JOB HOST TAG EXTRA...: a pool of 2 ranks of the job on HOST (background; steps
 # paced PACE_MS, default 40 ms, so that the job is still running when a test acts); each
 # launch has its own loss file (its rank 0 empties it at start), the job one checkpoint.
-# mpirun runs on the pool's host, as on a cluster (mpirun on the first node of the
-# allocation): Open MPI 4.1's orted crashes serving MPI_Comm_accept/connect's lookup
-# for a rank it hosts, while mpirun itself serves it (see README, "Growing a job").
+# mpirun runs on the pool's host: Open MPI 4.1 connects only launches whose every rank
+# runs on mpirun's own host (see README, "Growing a job"; test_multihost_regrow).
 launch() {
   local job=$1 host=$2 tag=$3
   shift 3

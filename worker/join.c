@@ -9,6 +9,12 @@
  * (tide_coll_pool_new_ranked). Open MPI needs both launches started with --ompi-server
  * for this.
  *
+ * What Open MPI 4.1's runtime (ORTE) can connect decides two things here (see
+ * survey_side). A launch whose ranks run on a host other than its mpirun's cannot be
+ * connected at all: the join refuses it before any port is opened. And a daemon (one
+ * mpirun per launch) learns another launch only when one of its own ranks takes part in
+ * accept/connect, so on the job's side one rank per launch accepts, not only the first.
+ *
  * MPI_Comm_accept and MPI_Comm_connect never return when the other side dies before
  * connecting (Open MPI 4.1 has no timeout for them), so the whole connection runs on a
  * thread of its own while the main thread waits with the switch's deadline and abort
@@ -119,89 +125,271 @@ static int mpi_fail(jconn *j, int err, const char *what)
     return -1;
 }
 
-/* The connection, on its own thread. Only the two sides' first ranks meet through the
-   port (accept and connect over MPI_COMM_SELF), since a rank left waiting inside
-   MPI_Comm_accept or MPI_Comm_connect on a larger communicator holds Open MPI's
-   communicator-id allocation and so blocks every communicator its process creates
-   later; the others wait in MPI_Intercomm_create for their first rank, which holds
-   nothing. Then the two sides merge, and the job's pool is made over the merged
-   processes. Once started it runs to the end, abandoned or not, so that no peer is
-   left inside it; an abandoned result is freed by the last to let go. */
-static int connect_run(jconn *j)
+/* The side's communicator (accept side: the job's ranks taking part; connect side: the
+   joining pool) over the pool's. MPI_SUCCESS or an error with its reason in j. */
+static int side_comm(jconn *j, MPI_Comm *side)
 {
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
-    MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-    /* the first ranks' intercommunicator: freed (a local release, not MPI_Comm_disconnect,
-       which would wait on the launches' whole connection) once both sides met; the
-       launches stay connected through the merged communicator until a release (leave.c)
-       drops it on both sides */
-    MPI_Comm i1 = MPI_COMM_NULL;
-    MPI_Comm merged = MPI_COMM_NULL;
     int err = MPI_Comm_group(j->parent, &pg);
     if (err == MPI_SUCCESS)
         err = MPI_Group_incl(pg, j->n_group, j->granks, &g);
     if (err == MPI_SUCCESS)
-        err = MPI_Comm_create_group(j->parent, g, j->tag, &side);
+        err = MPI_Comm_create_group(j->parent, g, j->tag, side);
     if (g != MPI_GROUP_NULL)
         MPI_Group_free(&g);
     if (pg != MPI_GROUP_NULL)
         MPI_Group_free(&pg);
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, "MPI_Comm_create_group of the join's side");
-    MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
-    if (!j->accept) {
-        /* the joining pool is whole before its first rank connects: a rank of it that dies
-           now leaves the job's side waiting only in accept (the first rank) and in the
-           side's own collectives, which hold nothing the job needs later */
+    MPI_Comm_set_errhandler(*side, MPI_ERRORS_RETURN);
+    return 0;
+}
+
+/* ---- launches as Open MPI 4.1 can connect them ----------------------------------------
+   When a process connects to another launch, its ORTE daemon (mpirun or an orted) looks
+   that launch up in ompi-server: a record its mpirun published at start with the contact
+   address of each of its nodes' daemons (orte/orted/pmix/pmix_server_register_fns.c).
+   Open MPI 4.1 records that address only for mpirun itself, so every orted's is NULL, and
+   the daemon that looks such a launch up crashes parsing it (orte_rml_base_parse_uris:
+   strdup(NULL), pmix_server_dyn.c's _cnlk): a launch can be connected only when all of
+   its ranks run on mpirun's own host. Nor does a daemon serve a launch it has not looked
+   up: the addresses MPI_Intercomm_create asks it for (the direct modex) wait forever, so
+   a rank of every launch of the job's side must take part in the accept. */
+
+/* The ORTE daemon hosting this process ("JOB.VPID" of OMPI_MCA_orte_local_daemon_uri, set
+   by mpirun for each rank; vpid 0 is mpirun itself); 0.0 outside ORTE, where nothing is
+   known and nothing is refused. */
+static void my_daemon(uint32_t *job, uint32_t *vpid)
+{
+    const char *u = getenv("OMPI_MCA_orte_local_daemon_uri");
+    unsigned a = 0, b = 0;
+    if (u == NULL || sscanf(u, "%u.%u", &a, &b) != 2)
+        a = b = 0;
+    *job = a;
+    *vpid = b;
+}
+
+/* The launch leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the
+   first side rank of each daemon, into ranks; their count. */
+static int launch_leaders(const uint32_t *all, int n, int *ranks)
+{
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        int first = 1;
+        for (int d = 0; d < c && first; d++)
+            first = all[3 * d + 1] != all[3 * c + 1] || all[3 * d + 2] != all[3 * c + 2];
+        if (first)
+            ranks[k++] = c;
+    }
+    return k;
+}
+
+/* The communicator of the k launch leaders (side ranks) of side, into *out. */
+static int leaders_comm(jconn *j, MPI_Comm side, const int *ranks, int k, MPI_Comm *out)
+{
+    MPI_Group sg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    int err = MPI_Comm_group(side, &sg);
+    if (err == MPI_SUCCESS)
+        err = MPI_Group_incl(sg, k, ranks, &g);
+    if (err == MPI_SUCCESS)
+        err = MPI_Comm_create_group(side, g, j->tag, out);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (sg != MPI_GROUP_NULL)
+        MPI_Group_free(&sg);
+    if (err == MPI_SUCCESS)
+        MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return err;
+}
+
+/* Every rank of the side says which daemon hosts it (a collective over side: on the
+   joining side it also makes sure the pool is whole before its first rank connects). A
+   side with a rank under an orted is refused (-1, TIDE_ERR_ABORTED with the reason in j)
+   before any port is opened or connected to, so no daemon ever looks it up. On the job's
+   side, *leaders is then the communicator of the launch leaders (MPI_COMM_NULL on other
+   ranks; side rank 0, the first rank, leads its launch). */
+static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
+{
+    *leaders = MPI_COMM_NULL;
+    int n = 0, me = 0;
+    MPI_Comm_size(side, &n);
+    MPI_Comm_rank(side, &me);
+    uint32_t mine[3];
+    my_daemon(&mine[1], &mine[2]);
+    mine[0] = mine[2] == 0 ? UINT32_MAX : (uint32_t)j->jrank; /* a rank under an orted */
+    uint32_t *all = tide_malloc((size_t)n * sizeof mine);
+    int *ranks = tide_malloc((size_t)n * sizeof *ranks);
+    int err = MPI_SUCCESS, bad = -1, k = 0, lead = 0;
+    if (all == NULL || ranks == NULL) {
+        tide_free(all);
+        tide_free(ranks);
+        pthread_mutex_lock(&j->mu);
+        j->rc = TIDE_ERR_NOMEM;
+        snprintf(j->why, sizeof j->why, "out of memory surveying %d ranks", n);
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    err = MPI_Allgather(mine, 3, MPI_UINT32_T, all, 3, MPI_UINT32_T, side);
+    for (int c = 0; err == MPI_SUCCESS && c < n; c++)
+        if (all[3 * c] != UINT32_MAX && (bad < 0 || all[3 * c] < all[3 * bad]))
+            bad = c;
+    if (err == MPI_SUCCESS && bad < 0 && j->accept) {
+        k = launch_leaders(all, n, ranks);
+        for (int c = 0; c < k; c++)
+            lead |= ranks[c] == me;
+        if (lead)
+            err = leaders_comm(j, side, ranks, k, leaders);
+    }
+    uint32_t bad_rank = bad >= 0 ? all[3 * bad] : 0;
+    tide_free(all);
+    tide_free(ranks);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "surveying the join's side");
+    if (bad < 0)
+        return 0;
+    /* aborted, as any join that could not be made: nothing moved, the old layout goes on */
+    pthread_mutex_lock(&j->mu);
+    j->rc = TIDE_ERR_ABORTED;
+    snprintf(j->why, sizeof j->why,
+             "job rank %u runs on another host than its launch's mpirun: Open MPI 4.1 "
+             "cannot connect such a launch (no contact address for its orted daemons); "
+             "start one mpirun per host, on that host",
+             (unsigned)bad_rank);
+    pthread_mutex_unlock(&j->mu);
+    return -1;
+}
+
+/* The job's launch leaders (leaders: the first rank leads) accept through the port the
+   first rank opens, the joining pool's first rank connects (over MPI_COMM_SELF), and they
+   merge into *pair (the leaders first, the joining rank last); *i1 is their
+   intercommunicator. 0, or -1 with the reason in j (nothing left to free). */
+static int pair_first(jconn *j, MPI_Comm leaders, MPI_Comm *i1, MPI_Comm *pair)
+{
+    int err;
+    if (j->accept && !j->root) { /* another launch's leader: the port matters at the root only */
+        char none[1] = "";
+        err = MPI_Comm_accept(none, MPI_INFO_NULL, 0, leaders, i1);
+    } else if (j->accept) {
+        char port[MPI_MAX_PORT_NAME];
+        err = MPI_Open_port(MPI_INFO_NULL, port);
+        if (err != MPI_SUCCESS)
+            return mpi_fail(j, err, "MPI_Open_port");
+        pthread_mutex_lock(&j->mu);
+        memcpy(j->port, port, sizeof port);
+        j->port_ready = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, leaders, i1);
+    } else {
+        pthread_mutex_lock(&j->mu);
+        while (!j->port_ready && !j->abandoned)
+            pthread_cond_wait(&j->cv, &j->mu);
+        int go = !j->abandoned;
+        pthread_mutex_unlock(&j->mu);
+        if (!go) /* never connected: the other side's first rank waits alone */
+            return -1;
+        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, i1);
+    }
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
+    MPI_Comm_set_errhandler(*i1, MPI_ERRORS_RETURN);
+    err = MPI_Intercomm_merge(*i1, j->accept ? 0 : 1, pair);
+    if (err != MPI_SUCCESS) {
+        MPI_Comm_free(i1);
+        return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
+    }
+    set_phase(j, PH_PAIRED);
+    return 0;
+}
+
+/* The job's pool over the merged processes (numbered by job rank, each process's rank and
+   coordinator id gathered), and its job-end communicator: into j. */
+static int make_pool(jconn *j, MPI_Comm merged)
+{
+    int n = 0;
+    MPI_Comm_size(merged, &n);
+    int32_t mine[2] = {j->jrank, j->id};
+    int32_t *all = tide_malloc((size_t)n * sizeof mine);
+    int *prank = tide_malloc((size_t)n * sizeof *prank);
+    j->ids = tide_malloc((size_t)j->world * sizeof *j->ids);
+    tide_status rc = TIDE_OK;
+    int err = MPI_SUCCESS;
+    if (all == NULL || prank == NULL || j->ids == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory after connecting %d processes", n);
+    if (rc == TIDE_OK)
+        err = MPI_Allgather(mine, 2, MPI_INT32_T, all, 2, MPI_INT32_T, merged);
+    if (rc == TIDE_OK && err == MPI_SUCCESS) {
+        for (int32_t r = 0; r < j->world; r++)
+            j->ids[r] = -1;
+        for (int c = 0; c < n; c++) {
+            prank[c] = all[2 * c];
+            if (prank[c] >= 0 && prank[c] < j->world)
+                j->ids[prank[c]] = all[2 * c + 1];
+        }
+        rc = tide_coll_pool_new_ranked(&j->pool, merged, prank, j->world);
+        if (rc == TIDE_OK && MPI_Comm_dup(merged, &j->end_comm) != MPI_SUCCESS)
+            rc = tide_errorf(TIDE_ERR_BACKEND, "MPI_Comm_dup of the connected processes failed");
+        if (rc == TIDE_OK)
+            MPI_Comm_set_errhandler(j->end_comm, MPI_ERRORS_RETURN);
+    }
+    tide_free(all);
+    tide_free(prank);
+    if (err != MPI_SUCCESS)
+        return mpi_fail(j, err, "MPI_Allgather over the connected processes");
+    if (rc != TIDE_OK) {
+        pthread_mutex_lock(&j->mu);
+        j->rc = rc;
+        snprintf(j->why, sizeof j->why, "%s", tide_last_error());
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
+    return 0;
+}
+
+/* The connection, on its own thread. Only the joining pool's first rank and one rank per
+   launch of the job's side (survey_side) meet through the port: the fewest that make
+   every daemon learn the other launch. The others wait in MPI_Intercomm_create for their
+   first rank, which holds nothing, while a rank waiting inside MPI_Comm_accept or
+   MPI_Comm_connect holds that call's state until it returns. Then the two sides merge,
+   and the job's pool is made over the merged processes. Once started it runs to the end,
+   abandoned or not, so that no peer is left inside it; an abandoned result is freed by
+   the last to let go. */
+static int connect_run(jconn *j)
+{
+    MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+    /* the first ranks' intercommunicator: freed (a local release, not MPI_Comm_disconnect,
+       which would wait on the launches' whole connection) once both sides met; the
+       launches stay connected through the merged communicator until a release (leave.c)
+       drops it on both sides */
+    MPI_Comm i1 = MPI_COMM_NULL;
+    MPI_Comm merged = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+    if (side_comm(j, &side) != 0)
+        return -1;
+    /* the joining pool is whole before its first rank connects (the survey is a collective
+       over it): a rank of it that dies now leaves the job's side waiting only in accept
+       (its leaders) and in the side's own collectives, which hold nothing the job needs */
+    if (!j->accept)
         join_fault(j, "connect");
-        err = MPI_Barrier(side);
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, "MPI_Barrier of the joining pool");
-        }
+    if (survey_side(j, side, &leaders) != 0) {
+        MPI_Comm_free(&side);
+        return -1;
     }
-    if (j->root) {
-        if (j->accept) {
-            char port[MPI_MAX_PORT_NAME];
-            err = MPI_Open_port(MPI_INFO_NULL, port);
-            if (err != MPI_SUCCESS) {
-                MPI_Comm_free(&side);
-                return mpi_fail(j, err, "MPI_Open_port");
-            }
-            pthread_mutex_lock(&j->mu);
-            memcpy(j->port, port, sizeof port);
-            j->port_ready = 1;
-            pthread_cond_broadcast(&j->cv);
-            pthread_mutex_unlock(&j->mu);
-            err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
-        } else {
-            pthread_mutex_lock(&j->mu);
-            while (!j->port_ready && !j->abandoned)
-                pthread_cond_wait(&j->cv, &j->mu);
-            int go = !j->abandoned;
-            pthread_mutex_unlock(&j->mu);
-            if (!go) { /* never connected: the other side's first rank waits alone */
-                MPI_Comm_free(&side);
-                return -1;
-            }
-            err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &i1);
-        }
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
-        }
-        MPI_Comm_set_errhandler(i1, MPI_ERRORS_RETURN);
-        err = MPI_Intercomm_merge(i1, j->accept ? 0 : 1, &pair);
-        if (err != MPI_SUCCESS) {
-            MPI_Comm_free(&i1);
-            MPI_Comm_free(&side);
-            return mpi_fail(j, err, "MPI_Intercomm_merge of the first ranks");
-        }
-        set_phase(j, PH_PAIRED);
+    int paired = 0;
+    if (j->root || leaders != MPI_COMM_NULL)
+        paired = pair_first(j, leaders, &i1, &pair) == 0 ? 1 : -1;
+    if (leaders != MPI_COMM_NULL)
+        MPI_Comm_free(&leaders);
+    if (paired < 0) {
+        MPI_Comm_free(&side);
+        return -1;
     }
-    /* the first ranks are paired (pair: accept side 0, joining side 1): both sides meet */
-    err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? 1 : 0,
-                               j->tag + 2, &inter);
+    /* the first ranks are paired: both sides meet (the other's first rank in pair: the
+       job's is first, the joining pool's last) */
+    int psize = 0;
+    if (pair != MPI_COMM_NULL)
+        MPI_Comm_size(pair, &psize);
+    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL,
+                                   j->accept ? psize - 1 : 0, j->tag + 2, &inter);
     if (pair != MPI_COMM_NULL)
         MPI_Comm_free(&pair);
     if (i1 != MPI_COMM_NULL)
@@ -218,51 +406,9 @@ static int connect_run(jconn *j)
         return mpi_fail(j, err, "MPI_Intercomm_merge");
     MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
     set_phase(j, PH_MERGED);
-    int n = 0;
-    MPI_Comm_size(merged, &n);
-    int32_t mine[2] = {j->jrank, j->id};
-    int32_t *all = tide_malloc((size_t)n * sizeof mine);
-    int *prank = tide_malloc((size_t)n * sizeof *prank);
-    j->ids = tide_malloc((size_t)j->world * sizeof *j->ids);
-    if (all == NULL || prank == NULL || j->ids == NULL) {
-        tide_free(all);
-        tide_free(prank);
-        MPI_Comm_free(&merged);
-        pthread_mutex_lock(&j->mu);
-        j->rc = TIDE_ERR_NOMEM;
-        snprintf(j->why, sizeof j->why, "out of memory after connecting %d processes", n);
-        pthread_mutex_unlock(&j->mu);
-        return -1;
-    }
-    err = MPI_Allgather(mine, 2, MPI_INT32_T, all, 2, MPI_INT32_T, merged);
-    tide_status rc = TIDE_OK;
-    if (err == MPI_SUCCESS) {
-        for (int32_t r = 0; r < j->world; r++)
-            j->ids[r] = -1;
-        for (int c = 0; c < n; c++) {
-            prank[c] = all[2 * c];
-            if (prank[c] >= 0 && prank[c] < j->world)
-                j->ids[prank[c]] = all[2 * c + 1];
-        }
-        rc = tide_coll_pool_new_ranked(&j->pool, merged, prank, j->world);
-        if (rc == TIDE_OK && MPI_Comm_dup(merged, &j->end_comm) != MPI_SUCCESS)
-            rc = tide_errorf(TIDE_ERR_BACKEND, "MPI_Comm_dup of the connected processes failed");
-        if (rc == TIDE_OK)
-            MPI_Comm_set_errhandler(j->end_comm, MPI_ERRORS_RETURN);
-    }
-    tide_free(all);
-    tide_free(prank);
+    int r = make_pool(j, merged);
     MPI_Comm_free(&merged);
-    if (err != MPI_SUCCESS)
-        return mpi_fail(j, err, "MPI_Allgather over the connected processes");
-    if (rc != TIDE_OK) {
-        pthread_mutex_lock(&j->mu);
-        j->rc = rc;
-        snprintf(j->why, sizeof j->why, "%s", tide_last_error());
-        pthread_mutex_unlock(&j->mu);
-        return -1;
-    }
-    return 0;
+    return r;
 }
 
 static void *connect_thread(void *arg)
@@ -322,18 +468,10 @@ static void send_port(tide_t *t, uint64_t gen, const char *port)
         TIDE_WARN(SUBSYS, "could not send the join's port to tided: %s", tide_last_error());
 }
 
-tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+/* The shared state of this rank's side of jr's connection (refs: the caller's and the
+   thread's). */
+static tide_status jconn_new(tide_t *t, const tide__join_req *jr, jconn **out)
 {
-    memset(out, 0, sizeof *out);
-    out->end_comm = MPI_COMM_NULL;
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    if (level < MPI_THREAD_MULTIPLE)
-        return tide_errorf(TIDE_ERR_UNSUPPORTED,
-                           "connecting pool ranks to job %s needs MPI_THREAD_MULTIPLE (this rank "
-                           "initialised MPI with a lower level: use MPI_Init_thread with "
-                           "MPI_THREAD_MULTIPLE in every pool of a job that grows)",
-                           t->job);
     int oi = find_rank(jr->old_ranks, jr->n_old, t->rank);
     int ni = find_rank(jr->new_ranks, jr->n_new, t->rank);
     if ((oi < 0) == (ni < 0))
@@ -342,10 +480,9 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     const int32_t *side = oi >= 0 ? jr->old_ranks : jr->new_ranks;
     uint32_t n_side = oi >= 0 ? jr->n_old : jr->n_new;
     jconn *j = tide_calloc(1, sizeof *j);
-    if (j == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
-    j->granks = tide_malloc((size_t)n_side * sizeof *j->granks);
-    if (j->granks == NULL) {
+    if (j != NULL)
+        j->granks = tide_malloc((size_t)n_side * sizeof *j->granks);
+    if (j == NULL || j->granks == NULL) {
         tide_free(j);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory connecting a pool");
     }
@@ -373,27 +510,24 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     j->id = tide__ctl_worker_id(t->ctl);
     j->world = jr->world;
     j->end_comm = MPI_COMM_NULL;
-    pthread_t th;
-    if (pthread_create(&th, NULL, connect_thread, j) != 0) {
-        j->refs = 1;
-        jc_release(j);
-        return tide_errorf(TIDE_ERR_IO, "could not start the thread that connects the pool");
-    }
-    pthread_detach(th);
-    uint64_t t0 = tide_now_ns();
+    *out = j;
+    return TIDE_OK;
+}
+
+/* The main thread's half, j->mu held: relays the port both ways through tided, and waits
+   for the thread to finish within the switch timeout or until tided aborts the switch
+   (then the connection is abandoned). */
+static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr, uint64_t t0)
+{
     uint64_t deadline = t0 + (uint64_t)t->opts.switch_timeout_ms * 1000000ull;
     int sent = 0;
-    tide_status rc = TIDE_OK;
-    pthread_mutex_lock(&j->mu);
     for (;;) {
-        if (j->done) {
-            rc = j->rc;
-            if (rc != TIDE_OK)
-                rc = tide_errorf(rc, "connecting the pools of job %s: %s", t->job, j->why);
-            break;
-        }
+        if (j->done)
+            return j->rc == TIDE_OK
+                       ? TIDE_OK
+                       : tide_errorf(j->rc, "connecting the pools of job %s: %s", t->job, j->why);
+        char port[MPI_MAX_PORT_NAME];
         if (j->accept && j->root && j->port_ready && !sent) {
-            char port[MPI_MAX_PORT_NAME];
             memcpy(port, j->port, sizeof port);
             pthread_mutex_unlock(&j->mu);
             send_port(t, jr->gen, port); /* tided relays it to the joining pool */
@@ -402,7 +536,6 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
             continue;
         }
         if (!j->accept && !j->port_ready) {
-            char port[MPI_MAX_PORT_NAME];
             pthread_mutex_unlock(&j->mu);
             int have = tide__ctl_join_port(t->ctl, jr->gen, port, sizeof port);
             pthread_mutex_lock(&j->mu);
@@ -417,12 +550,11 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
         if (now >= deadline || cancel) {
             j->abandoned = 1;
             pthread_cond_broadcast(&j->cv);
-            rc = tide_errorf(cancel ? TIDE_ERR_ABORTED : TIDE_ERR_TIMEOUT,
-                             "connecting the pools of job %s %s after %.0f ms (%s); the "
-                             "connecting thread is left waiting inside MPI",
-                             t->job, cancel ? "was aborted by tided" : "timed out",
-                             (double)(now - t0) / 1e6, stage(j));
-            break;
+            return tide_errorf(cancel ? TIDE_ERR_ABORTED : TIDE_ERR_TIMEOUT,
+                               "connecting the pools of job %s %s after %.0f ms (%s); the "
+                               "connecting thread is left waiting inside MPI",
+                               t->job, cancel ? "was aborted by tided" : "timed out",
+                               (double)(now - t0) / 1e6, stage(j));
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -433,6 +565,32 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
         }
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
     }
+}
+
+tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->end_comm = MPI_COMM_NULL;
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED,
+                           "connecting pool ranks to job %s needs MPI_THREAD_MULTIPLE (this rank "
+                           "initialised MPI with a lower level: use MPI_Init_thread with "
+                           "MPI_THREAD_MULTIPLE in every pool of a job that grows)",
+                           t->job);
+    jconn *j = NULL;
+    TIDE_CHECK(jconn_new(t, jr, &j));
+    pthread_t th;
+    if (pthread_create(&th, NULL, connect_thread, j) != 0) {
+        j->refs = 1;
+        jc_release(j);
+        return tide_errorf(TIDE_ERR_IO, "could not start the thread that connects the pool");
+    }
+    pthread_detach(th);
+    uint64_t t0 = tide_now_ns();
+    pthread_mutex_lock(&j->mu);
+    tide_status rc = wait_connected(t, j, jr, t0);
     if (rc == TIDE_OK) {
         out->pool = j->pool;
         out->end_comm = j->end_comm;

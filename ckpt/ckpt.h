@@ -202,6 +202,20 @@ tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_re
  */
 tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
+/* Where a saver's host staging comes from (both NULL: tide_malloc / tide_free). */
+typedef struct tide_ckpt_host_mem {
+    tide_status (*alloc)(size_t bytes, void **out);
+    void (*free)(void *ptr);
+} tide_ckpt_host_mem;
+
+/*
+ * Makes s's staging from mem (copied; NULL: plain host memory, the default), such as
+ * pinned memory, which device snapshots copy into at full speed; staging made before is
+ * freed, and the next save or reserve makes it anew. Waits for a save being written first.
+ * One caller thread (the submitting one).
+ */
+tide_status tide_ckpt_saver_set_host_mem(tide_ckpt_saver_t *s, const tide_ckpt_host_mem *mem);
+
 /* Waits until nothing is being written; returns the last save's status. */
 tide_status tide_ckpt_saver_wait(tide_ckpt_saver_t *s);
 

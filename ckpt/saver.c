@@ -43,10 +43,27 @@ static tide_status save_from(const tide_ckpt_save_req *req, const tide_layout_t 
     return rc;
 }
 
-/* Grows staging[i] to tensor i's shard of req's coordinate where it saves it; touch: writes
-   every new page once (so that later snapshots take no page faults). */
-static tide_status grow_staging(const tide_ckpt_save_req *req, void **staging, uint64_t *cap,
-                                int touch)
+static void *host_alloc(const tide_ckpt_host_mem *hm, size_t n)
+{
+    void *p = NULL;
+    if (hm == NULL || hm->alloc == NULL)
+        return tide_malloc(n);
+    return hm->alloc(n, &p) == TIDE_OK ? p : NULL;
+}
+
+static void host_free(const tide_ckpt_host_mem *hm, void *p)
+{
+    if (hm == NULL || hm->free == NULL)
+        tide_free(p);
+    else if (p != NULL)
+        hm->free(p);
+}
+
+/* Grows staging[i] (from hm, NULL: plain) to tensor i's shard of req's coordinate where it
+   saves it; touch: writes every new page once (so that later snapshots take no page
+   faults). */
+static tide_status grow_staging(const tide_ckpt_host_mem *hm, const tide_ckpt_save_req *req,
+                                void **staging, uint64_t *cap, int touch)
 {
     const tide_collection_t *c = req->coll;
     for (size_t i = 0; i < tide_collection_size(c); i++) {
@@ -55,8 +72,8 @@ static tide_status grow_staging(const tide_ckpt_save_req *req, void **staging, u
         uint64_t n = tide_shard_bytes(req->layout, c, i, req->p, req->d, req->t);
         if (cap[i] >= n)
             continue;
-        tide_free(staging[i]);
-        staging[i] = tide_malloc(n);
+        host_free(hm, staging[i]);
+        staging[i] = host_alloc(hm, n);
         cap[i] = staging[i] != NULL ? n : 0;
         if (staging[i] == NULL)
             return tide_errorf(TIDE_ERR_NOMEM, "out of memory staging %s for a checkpoint",
@@ -67,11 +84,12 @@ static tide_status grow_staging(const tide_ckpt_save_req *req, void **staging, u
     return TIDE_OK;
 }
 
-/* Copies the tensors req's coordinate saves into staging[i] (grown as needed). */
-static tide_status snapshot(const tide_ckpt_save_req *req, void **staging, uint64_t *cap)
+/* Copies the tensors req's coordinate saves into staging[i] (grown from hm as needed). */
+static tide_status snapshot(const tide_ckpt_host_mem *hm, const tide_ckpt_save_req *req,
+                            void **staging, uint64_t *cap)
 {
     const tide_collection_t *c = req->coll;
-    TIDE_CHECK(grow_staging(req, staging, cap, 0));
+    TIDE_CHECK(grow_staging(hm, req, staging, cap, 0));
     for (size_t i = 0; i < tide_collection_size(c); i++) {
         if (!tide_ckpt_saves(req->layout, c, i, req->p, req->d, req->t))
             continue;
@@ -100,7 +118,7 @@ tide_status tide_ckpt_save(const tide_ckpt_save_req *req)
     tide_status rc = TIDE_OK;
     TIDE_CHECK_ALLOC_GOTO(staging, rc, out);
     TIDE_CHECK_ALLOC_GOTO(cap, rc, out);
-    TIDE_CHECK_GOTO(snapshot(req, staging, cap), rc, out);
+    TIDE_CHECK_GOTO(snapshot(NULL, req, staging, cap), rc, out);
     TIDE_CHECK_GOTO(save_from(req, req->layout, (const void *const *)staging), rc, out);
 out:
     for (size_t i = 0; staging != NULL && i < n; i++)
@@ -126,6 +144,7 @@ struct tide_ckpt_saver {
     void **staging;
     uint64_t *cap;
     size_t n;
+    tide_ckpt_host_mem mem; /* where staging comes from */
 };
 
 static void *saver_main(void *arg)
@@ -205,7 +224,7 @@ static tide_status fit_staging(tide_ckpt_saver_t *s, const tide_ckpt_save_req *r
     if (s->coll == req->coll && s->n == n)
         return TIDE_OK;
     for (size_t i = 0; i < s->n; i++)
-        tide_free(s->staging[i]);
+        host_free(&s->mem, s->staging[i]);
     tide_free(s->staging);
     tide_free(s->cap);
     s->staging = tide_calloc(n ? n : 1, sizeof *s->staging);
@@ -227,7 +246,25 @@ tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_r
     if (rc != TIDE_OK)
         return rc;
     TIDE_CHECK(fit_staging(s, req));
-    return grow_staging(req, s->staging, s->cap, 1);
+    return grow_staging(&s->mem, req, s->staging, s->cap, 1);
+}
+
+tide_status tide_ckpt_saver_set_host_mem(tide_ckpt_saver_t *s, const tide_ckpt_host_mem *mem)
+{
+    if (s == NULL || (mem != NULL && (mem->alloc == NULL) != (mem->free == NULL)))
+        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_saver_set_host_mem: no saver, or an "
+                                             "allocator without its free (or the reverse)");
+    pthread_mutex_lock(&s->mu);
+    while (s->busy) /* the thread writes from the staging */
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < s->n; i++) {
+        host_free(&s->mem, s->staging[i]);
+        s->staging[i] = NULL;
+        s->cap[i] = 0;
+    }
+    s->mem = mem != NULL ? *mem : (tide_ckpt_host_mem){NULL, NULL};
+    return TIDE_OK;
 }
 
 tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req)
@@ -250,7 +287,7 @@ tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_re
     TIDE_CHECK(fit_staging(s, req));
     tide_layout_destroy(&s->layout);
     TIDE_CHECK(tide_layout_copy(&s->layout, req->layout));
-    TIDE_CHECK(snapshot(req, s->staging, s->cap));
+    TIDE_CHECK(snapshot(&s->mem, req, s->staging, s->cap));
     pthread_mutex_lock(&s->mu);
     s->req = *req;
     snprintf(s->root, sizeof s->root, "%s", req->root);
@@ -277,7 +314,7 @@ void tide_ckpt_saver_destroy(tide_ckpt_saver_t **self_p)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     for (size_t i = 0; i < s->n; i++)
-        tide_free(s->staging[i]);
+        host_free(&s->mem, s->staging[i]);
     tide_free(s->staging);
     tide_free(s->cap);
     tide_layout_destroy(&s->layout);

@@ -463,6 +463,7 @@ int tide_coll_pool_size(const tide_coll_pool_t *pool)
 typedef struct hs_msg {
     uint64_t hash;
     int32_t n, tag;
+    int32_t refused; /* "go" only: the first member could not make the payload */
     uint8_t payload[TIDE_COLL_HANDSHAKE_PAYLOAD];
 } hs_msg;
 
@@ -507,8 +508,18 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
                                  uint32_t timeout_ms, const int *cancel, void *payload,
                                  size_t payload_len)
 {
+    return tide__pool_handshake_make(pool, members, n, tag, timeout_ms, cancel, NULL, NULL, payload,
+                                     payload_len);
+}
+
+tide_status tide__pool_handshake_make(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                      uint32_t timeout_ms, const int *cancel,
+                                      tide__handshake_make_fn make, void *make_ctx, void *payload,
+                                      size_t payload_len)
+{
     if (n <= 1)
-        return TIDE_OK;
+        return make != NULL && members[0] == pool->rank ? make(make_ctx, payload, payload_len)
+                                                        : TIDE_OK;
     if (payload_len > TIDE_COLL_HANDSHAKE_PAYLOAD)
         return tide_errorf(TIDE_ERR_INTERNAL, "handshake payload of %zu bytes is too large",
                            payload_len);
@@ -552,6 +563,13 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
         }
         if (rc != TIDE_OK)
             goto out;
+        if (in[0].refused) {
+            rc = tide_errorf(TIDE_ERR_BACKEND,
+                             "communicator creation tag %d: its first member, pool rank %d, "
+                             "could not set it up (its log says why)",
+                             tag, members[0]);
+            goto out;
+        }
         if (in[0].hash != hash || in[0].n != n || in[0].tag != tag) {
             rc = tide_errorf(TIDE_ERR_PROTOCOL,
                              "communicator creation tag %d: the members do not agree on the "
@@ -596,6 +614,13 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
                              members[i], tag, in[i].n, in[i].tag, n);
             mine->hash = 0; /* still answer everyone, so that nobody waits for a timeout */
         }
+    }
+    /* Everyone is here: only now is the payload made (the nccl backend's unique id starts
+       a thread that lives until every member joins it, which a member that never came
+       would never do). A failure to make it is every member's failure. */
+    if (rc == TIDE_OK && make != NULL) {
+        rc = make(make_ctx, payload, payload_len);
+        mine->refused = rc != TIDE_OK;
     }
     if (payload_len)
         memcpy(mine->payload, payload, payload_len);

@@ -118,6 +118,20 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
                                  uint32_t timeout_ms, const int *cancel, void *payload,
                                  size_t payload_len);
 
+/* Makes the handshake's payload (payload_len bytes at payload) on members[0]. */
+typedef tide_status (*tide__handshake_make_fn)(void *ctx, void *payload, size_t payload_len);
+
+/*
+ * tide__pool_handshake whose payload members[0] makes with make(make_ctx, ...) only once
+ * every member has arrived (and not at all when one never does, the handshake then
+ * failing as above); make is ignored elsewhere. When make fails, members[0] returns its
+ * status and every other member TIDE_ERR_BACKEND naming members[0]. Caller's thread.
+ */
+tide_status tide__pool_handshake_make(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                      uint32_t timeout_ms, const int *cancel,
+                                      tide__handshake_make_fn make, void *make_ctx, void *payload,
+                                      size_t payload_len);
+
 /* 1 when cancel (a tide_coll_comm_params.cancel flag, may be NULL) is set. Any thread. */
 static inline int tide__cancelled(const int *cancel)
 {
@@ -183,6 +197,11 @@ tide_status tide__copy2d_split(void *dst, size_t dpitch, const void *src, size_t
 extern const tide_coll_backend_v1 tide__coll_mpi_backend;
 #if defined(TIDE_HAVE_NCCL)
 extern const tide_coll_backend_v1 tide__coll_nccl_backend;
+
+/* TIDE_OK when NCCL_VERSION_CODE code (ncclGetVersion's) is at least 2.18, which the nccl
+   backend needs; else TIDE_ERR_UNSUPPORTED naming the version and where (the library's
+   file) it was loaded from. Pure; any thread. */
+tide_status tide__nccl_version_check(int code, const char *where);
 #endif
 
 #ifdef __cplusplus

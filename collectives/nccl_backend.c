@@ -3,9 +3,10 @@
  * CUDA and NCCL were found (TIDE_HAVE_NCCL).
  *
  * Communicators are non-blocking NCCL communicators (ncclConfig_t.blocking = 0) made
- * with ncclCommInitRankConfig from a unique id that the first member sends to the
- * others in the pool handshake (over MPI); splits use ncclCommSplit. Every operation is
- * enqueued on the caller's CUDA stream and then polled to completion (an event query,
+ * with ncclCommInitRankConfig from a unique id that the first member makes once every
+ * member has arrived and sends them in the pool handshake (over MPI); splits use
+ * ncclCommSplit. Both need NCCL 2.18, checked before the first communicator. Every
+ * operation is enqueued on the caller's CUDA stream and then polled to completion (an event query,
  * ncclCommGetAsyncError for remote failures, the abort flag, and the tide__backoff
  * pause), so v1's "complete on return" contract holds and an abort is noticed within a
  * millisecond. Abort from another thread only sets the flag; the owner thread, which
@@ -21,6 +22,16 @@
  * from, like an abort by the runtime. Creation polls the caller's cancel flag and the
  * deadline, and aborts the half-made communicator when either ends it.
  *
+ * Streams: a NULL stream is libtide's own work (the switch, the reshard executor,
+ * checkpoints, the runtime's copies), which never runs on CUDA's default stream, where a
+ * collective of one thread could wait behind another thread's: it runs on a stream of
+ * the calling thread's own for the current device (non-blocking, of the device's greatest
+ * priority so that it goes ahead of offline tasks' kernels, made on first use, freed when
+ * the thread exits), which first waits, on the device, for the work already queued
+ * on the legacy default stream (the program's kernels that wrote the buffers). Every such
+ * call completes before it returns (p2p_start: before its request completes), so later
+ * default-stream work is ordered by the host.
+ *
  * Devices: operations run on the calling thread's current device, which must be the
  * one the communicator was made on (libtide binds every thread it starts). The
  * allocation, zeroing and stream members name their device and leave the thread's
@@ -33,7 +44,10 @@
  * Workload: one device per process; a few communicators; messages up to GiBs.
  */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -94,6 +108,144 @@ static tide_status nccl_error(ncclResult_t r, ncclComm_t nc, const char *expr, c
         if (TIDE_UNLIKELY(tide__nr != ncclSuccess && tide__nr != ncclInProgress))                  \
             return nccl_error(tide__nr, (nc), #expr, __FILE__, __LINE__);                          \
     } while (0)
+
+/* ---- the NCCL version ------------------------------------------------------------------ */
+
+/* 2.18 is the oldest NCCL with everything used here: non-blocking communicator creation
+   (ncclConfig_t, 2.14) and ncclCommSplit (2.18). */
+#define TIDE_NCCL_MIN_VERSION 21800
+
+tide_status tide__nccl_version_check(int code, const char *where)
+{
+    if (code >= TIDE_NCCL_MIN_VERSION)
+        return TIDE_OK;
+    /* NCCL_VERSION_CODE: X*10000 + Y*100 + Z since 2.9, X*1000 + Y*100 + Z before */
+    int wide = code >= 10000;
+    int major = wide ? code / 10000 : code / 1000;
+    int minor = wide ? code / 100 % 100 : code / 100 % 10;
+    return tide_errorf(TIDE_ERR_UNSUPPORTED,
+                       "NCCL %d.%d.%d is loaded (%s), but tide's nccl backend needs NCCL 2.18 or "
+                       "newer (non-blocking communicator creation and ncclCommSplit): put a "
+                       "newer libnccl.so.2 first on the loader's path (LD_LIBRARY_PATH; the "
+                       "nvidia-nccl-cu13 wheel carries one)",
+                       major, minor, code % 100, where);
+}
+
+/* Once per process, before the first communicator: the loaded NCCL is new enough. */
+static tide_status check_version(void)
+{
+    static int ok; /* 1 once checked */
+    if (__atomic_load_n(&ok, __ATOMIC_ACQUIRE))
+        return TIDE_OK;
+    int code = 0;
+    ncclResult_t r = ncclGetVersion(&code);
+    if (r != ncclSuccess)
+        return nccl_error(r, NULL, "ncclGetVersion", __FILE__, __LINE__);
+    Dl_info info;
+    const char *where = "libnccl.so.2";
+    void *fn = dlsym(RTLD_DEFAULT, "ncclGetVersion");
+    if (fn != NULL && dladdr(fn, &info) != 0 && info.dli_fname != NULL)
+        where = info.dli_fname;
+    TIDE_CHECK(tide__nccl_version_check(code, where));
+    if (!__atomic_exchange_n(&ok, 1, __ATOMIC_ACQ_REL))
+        TIDE_INFO(TIDE_COLL_LOG, "NCCL %d.%d.%d from %s", code / 10000, code / 100 % 100,
+                  code % 100, where);
+    return TIDE_OK;
+}
+
+/* ---- libtide's own streams -------------------------------------------------------------- */
+
+#define OWN_STREAMS 8 /* devices one thread may work on */
+
+typedef struct own_streams {
+    int n;
+    struct {
+        int device;
+        cudaStream_t s;
+        cudaEvent_t dep; /* recorded on the legacy default stream, waited for on s */
+    } v[OWN_STREAMS];
+} own_streams;
+
+static pthread_key_t g_own_key;
+static pthread_once_t g_own_once = PTHREAD_ONCE_INIT;
+static int g_own_key_ok;
+
+/* At the exit of a thread that used its own streams. */
+static void own_free(void *p)
+{
+    own_streams *o = p;
+    for (int i = 0; i < o->n; i++) {
+        cudaEventDestroy(o->v[i].dep);
+        cudaStreamDestroy(o->v[i].s);
+    }
+    tide_free(o);
+}
+
+static void own_key_init(void)
+{
+    g_own_key_ok = pthread_key_create(&g_own_key, own_free) == 0;
+}
+
+/* The calling thread's own stream on its current device (made on first use). */
+static tide_status own_stream_here(cudaStream_t *out, cudaEvent_t *dep)
+{
+    pthread_once(&g_own_once, own_key_init);
+    if (!g_own_key_ok)
+        return tide_errorf(TIDE_ERR_NOMEM, "no thread key for the nccl backend's streams");
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    own_streams *o = pthread_getspecific(g_own_key);
+    for (int i = 0; o != NULL && i < o->n; i++)
+        if (o->v[i].device == dev) {
+            *out = o->v[i].s;
+            *dep = o->v[i].dep;
+            return TIDE_OK;
+        }
+    if (o == NULL) {
+        o = tide_calloc(1, sizeof *o);
+        if (o == NULL || pthread_setspecific(g_own_key, o) != 0) {
+            tide_free(o);
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a thread's CUDA stream");
+        }
+    }
+    if (o->n == OWN_STREAMS)
+        return tide_errorf(TIDE_ERR_RANGE, "a thread of libtide used more than %d devices",
+                           OWN_STREAMS);
+    /* the greatest priority: libtide's collectives and copies go ahead of offline tasks'
+       kernels, which run at the least (stream_low_here) */
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = NULL;
+    cudaEvent_t e = NULL;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        cudaStreamDestroy(s);
+        return cuda_error(err, "cudaEventCreateWithFlags", __FILE__, __LINE__);
+    }
+    o->v[o->n].device = dev;
+    o->v[o->n].s = s;
+    o->v[o->n].dep = e;
+    o->n++;
+    *out = s;
+    *dep = e;
+    return TIDE_OK;
+}
+
+/* The stream an operation given stream runs on: stream itself, or for NULL the calling
+   thread's own one, made to wait for what the legacy default stream holds so far. */
+static tide_status pick(tide_coll_stream_t stream, cudaStream_t *out)
+{
+    if (stream != NULL) {
+        *out = (cudaStream_t)stream;
+        return TIDE_OK;
+    }
+    cudaEvent_t dep = NULL;
+    TIDE_CHECK(own_stream_here(out, &dep));
+    CUDA_CHECK(cudaEventRecord(dep, cudaStreamLegacy));
+    CUDA_CHECK(cudaStreamWaitEvent(*out, dep, 0));
+    return TIDE_OK;
+}
 
 typedef struct nccl_comm {
     ncclComm_t nc;
@@ -212,16 +364,15 @@ static tide_status failed(tide_coll_comm_t *c, ncclResult_t r, const char *what)
     return rc;
 }
 
-/* After enqueueing on stream: settles the call, then waits for the stream to get there. */
-static tide_status complete(tide_coll_comm_t *c, ncclResult_t r, const char *what,
-                            tide_coll_stream_t stream)
+/* After enqueueing on s: settles the call, then waits for the stream to get there. */
+static tide_status complete(tide_coll_comm_t *c, ncclResult_t r, const char *what, cudaStream_t s)
 {
     nccl_comm *m = impl(c);
     if (r != ncclSuccess && r != ncclInProgress)
         return failed(c, r, what);
     if (r == ncclInProgress)
         TIDE_CHECK(settle(c, m->nc, NULL, 0));
-    CUDA_CHECK(cudaEventRecord(m->ev, (cudaStream_t)stream));
+    CUDA_CHECK(cudaEventRecord(m->ev, s));
     return wait_event(c, m->ev);
 }
 
@@ -277,29 +428,59 @@ fail:
     return rc;
 }
 
+/* Rank 0's unique id, made once every member arrived (tide__pool_handshake_make). */
+static tide_status make_unique_id(void *ctx, void *payload, size_t len)
+{
+    (void)len;
+    ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)payload);
+    if (r != ncclSuccess)
+        return nccl_error(r, NULL, "ncclGetUniqueId", __FILE__, __LINE__);
+    *(int *)ctx = 1;
+    return TIDE_OK;
+}
+
+/*
+ * ncclGetUniqueId starts NCCL's bootstrap root, a detached thread that ends only once every
+ * rank of the id has checked in, or one checks in with another rank count. When rank 0's
+ * creation fails after making the id, the others never all come, and it would wait for the
+ * life of the process: a one-rank init on the same id ends it either way (it completes the
+ * root's job when first to check in, else it is the mismatch), and is then torn down.
+ * Keeps the caller's error message.
+ */
+static void end_bootstrap_root(const ncclUniqueId *id)
+{
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", tide_last_error());
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0; /* a mismatch leaves it waiting for an answer that never comes */
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&nc, 1, *id, 0, &cfg);
+    if ((r == ncclSuccess || r == ncclInProgress) &&
+        settle(NULL, nc, NULL, tide_now_ns() + 2000ull * 1000000ull) == TIDE_OK)
+        ncclCommDestroy(nc);
+    else if (nc != NULL)
+        ncclCommAbort(nc);
+    (void)tide_errorf(TIDE_ERR_BACKEND, "%s", detail); /* the message only: rc stays the caller's */
+}
+
 static tide_status nccl_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                                tide_coll_comm_t **out)
 {
     tide_coll_comm_t *c = NULL;
     tide_status rc = TIDE_OK;
+    TIDE_CHECK(check_version());
     TIDE_CHECK(alloc_comm(pool, p->members, p->n_members, p->tag, p->timeout_ms, &c));
     nccl_comm *m = impl(c);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     _Static_assert(sizeof id <= TIDE_COLL_HANDSHAKE_PAYLOAD, "unique id fits the handshake");
-    if (c->rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess) {
-            rc = nccl_error(r, NULL, "ncclGetUniqueId", __FILE__, __LINE__);
-            goto fail;
-        }
-    }
-    TIDE_CHECK_GOTO(tide__pool_handshake(pool, p->members, p->n_members, p->tag, p->timeout_ms,
-                                         p->cancel, &id, sizeof id),
+    int made = 0; /* rank 0 made the id: NCCL's bootstrap root thread runs */
+    ncclComm_t nc = NULL;
+    TIDE_CHECK_GOTO(tide__pool_handshake_make(pool, p->members, p->n_members, p->tag, p->timeout_ms,
+                                              p->cancel, make_unique_id, &made, &id, sizeof id),
                     rc, fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so that the wait below can watch the cancel flag and the deadline */
-    ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, id, c->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         rc = nccl_error(r, nc, "ncclCommInitRankConfig", __FILE__, __LINE__);
@@ -314,6 +495,8 @@ fail_nc:
     if (nc != NULL)
         ncclCommAbort(nc);
 fail:
+    if (made)
+        end_bootstrap_root(&id);
     tide__comm_kill(c); /* destroy must not wait on a communicator that never formed */
     nccl_destroy(c);
     return rc;
@@ -419,10 +602,9 @@ static void nccl_abort(tide_coll_comm_t *c)
 /* ---- operations --------------------------------------------------------------------------- */
 
 static tide_status enqueue_p2p(tide_coll_comm_t *c, const tide_p2p_op *ops, size_t n,
-                               tide_coll_stream_t stream)
+                               cudaStream_t s)
 {
     nccl_comm *m = impl(c);
-    cudaStream_t s = (cudaStream_t)stream;
     NCCL_CHECK(ncclGroupStart(), m->nc);
     for (size_t i = 0; i < n; i++) {
         ncclResult_t r = ops[i].kind == TIDE_P2P_SEND
@@ -454,9 +636,12 @@ static tide_status nccl_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
         tide_free(q);
         return cuda_error(e, "cudaEventCreateWithFlags", __FILE__, __LINE__);
     }
-    tide_status rc = enqueue_p2p(c, ops, n, stream);
+    cudaStream_t s = NULL;
+    tide_status rc = pick(stream, &s);
+    if (rc == TIDE_OK)
+        rc = enqueue_p2p(c, ops, n, s);
     if (rc == TIDE_OK) {
-        e = cudaEventRecord(q->ev, (cudaStream_t)stream);
+        e = cudaEventRecord(q->ev, s);
         if (e != cudaSuccess)
             rc = cuda_error(e, "cudaEventRecord", __FILE__, __LINE__);
     }
@@ -504,45 +689,49 @@ static ncclRedOp_t nccl_op(tide_red_op op)
 static tide_status nccl_allreduce(tide_coll_comm_t *c, const void *send, void *recv, size_t count,
                                   tide_dtype dtype, tide_red_op op, tide_coll_stream_t stream)
 {
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
     return complete(c,
-                    ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), impl(c)->nc,
-                                  (cudaStream_t)stream),
-                    "ncclAllReduce", stream);
+                    ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), impl(c)->nc, s),
+                    "ncclAllReduce", s);
 }
 
 static tide_status nccl_broadcast(tide_coll_comm_t *c, void *buf, size_t bytes, int root,
                                   tide_coll_stream_t stream)
 {
-    return complete(
-        c, ncclBroadcast(buf, buf, bytes, ncclInt8, root, impl(c)->nc, (cudaStream_t)stream),
-        "ncclBroadcast", stream);
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
+    return complete(c, ncclBroadcast(buf, buf, bytes, ncclInt8, root, impl(c)->nc, s),
+                    "ncclBroadcast", s);
 }
 
 static tide_status nccl_allgather(tide_coll_comm_t *c, const void *send, void *recv, size_t bytes,
                                   tide_coll_stream_t stream)
 {
-    return complete(c,
-                    ncclAllGather(send, recv, bytes, ncclInt8, impl(c)->nc, (cudaStream_t)stream),
-                    "ncclAllGather", stream);
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
+    return complete(c, ncclAllGather(send, recv, bytes, ncclInt8, impl(c)->nc, s), "ncclAllGather",
+                    s);
 }
 
 static tide_status nccl_reduce_scatter(tide_coll_comm_t *c, const void *send, void *recv,
                                        size_t count, tide_dtype dtype, tide_red_op op,
                                        tide_coll_stream_t stream)
 {
-    return complete(c,
-                    ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(op), impl(c)->nc,
-                                      (cudaStream_t)stream),
-                    "ncclReduceScatter", stream);
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
+    return complete(
+        c, ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(op), impl(c)->nc, s),
+        "ncclReduceScatter", s);
 }
 
 static tide_status nccl_barrier(tide_coll_comm_t *c, tide_coll_stream_t stream)
 {
     nccl_comm *m = impl(c);
-    return complete(
-        c,
-        ncclAllReduce(m->scratch, m->scratch, 1, ncclInt32, ncclSum, m->nc, (cudaStream_t)stream),
-        "ncclAllReduce(barrier)", stream);
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
+    return complete(c, ncclAllReduce(m->scratch, m->scratch, 1, ncclInt32, ncclSum, m->nc, s),
+                    "ncclAllReduce(barrier)", s);
 }
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -595,9 +784,10 @@ static tide_status dev_copy2d(void *dst, size_t dpitch, const void *src, size_t 
     int dev = 0, max_pitch = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, dev));
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
     static const tide__copy2d_fns fns = {copy_flat, copy_rect};
-    return tide__copy2d_split(dst, dpitch, src, spitch, width, height, (size_t)max_pitch, &fns,
-                              stream);
+    return tide__copy2d_split(dst, dpitch, src, spitch, width, height, (size_t)max_pitch, &fns, s);
 }
 
 /* Runs the statement with device current on the calling thread, then puts the thread's
@@ -694,7 +884,8 @@ static tide_status stream_low_here(tide_coll_stream_t *out)
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s = NULL;
-    /* "least" is the lowest priority: the scheduler prefers every other stream's work */
+    /* "least" is the lowest priority. On NVIDIA GPUs it is 0, the default stream's too: the
+       scheduler prefers libtide's own streams (the greatest, own_stream_here) to it */
     CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least));
     *out = s;
     return TIDE_OK;
@@ -718,22 +909,25 @@ static tide_status dev_copy_host(void *dst, const void *src, size_t bytes, int t
 {
     if (bytes == 0)
         return TIDE_OK;
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
-                               to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
-                               (cudaStream_t)stream));
-    CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+                               to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
     return TIDE_OK;
 }
 
 static tide_status dev_sync(tide_coll_comm_t *c, tide_coll_stream_t stream)
 {
+    cudaStream_t s = NULL;
+    TIDE_CHECK(pick(stream, &s));
     if (c == NULL) {
-        CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+        CUDA_CHECK(cudaStreamSynchronize(s));
         return TIDE_OK;
     }
     if (tide__comm_is_aborted(c))
         return aborted_error(c);
-    CUDA_CHECK(cudaEventRecord(impl(c)->ev, (cudaStream_t)stream));
+    CUDA_CHECK(cudaEventRecord(impl(c)->ev, s));
     return wait_event(c, impl(c)->ev);
 }
 

@@ -1,98 +1,170 @@
 #!/usr/bin/env bash
 # gpu-check: the one command that proves tide's GPU path on a machine with ONE NVIDIA GPU.
 #
+#   bash scripts/gpu-check.sh [--cpu-dry | --info] [--bundle DIR] [--out LOGS] [--python PY]
+#
+#   (none)          build BUILD_DIR (default build-gpu) with CUDA and NCCL, then every step
+#   --bundle DIR    run every step from a bundle made by scripts/gpu-bundle.sh, on a
+#                   machine that has the NVIDIA driver, CUDA (or PyTorch's CUDA wheels)
+#                   and a Python, and nothing of tide's other dependencies: no build; DIR's
+#                   env.sh relocates its Open MPI and finds the CUDA runtime, cuBLAS and
+#                   NCCL there (the "bundle" step fails naming what it looked for and
+#                   where when one is missing)
+#   --cpu-dry       the same steps on cpu/mpi (CI runs this, with and without --bundle)
+#   --info          gpu-info only: is there a GPU CUDA can use?
+#   --out LOGS      every step's full log, the summary and the rank wrapper go there; it
+#                   is emptied first, so one gpu-check did not make must be empty (default:
+#                   GPU_CHECK_LOGS, else BUILD_DIR/gpu-check-logs, dry: gpu-check-dry-logs;
+#                   with --bundle: ./gpu-check-logs)
+#   --python PY     the interpreter of the python-gpu step (default: TIDE_PYTHON, else the
+#                   python3 on PATH, which on the GPU machine is the one with PyTorch)
+#
 # NCCL refuses two ranks on one device of one host, but accepts them when each rank has
 # its own NCCL_HOSTID: every rank is then a host of its own and NCCL carries their
 # traffic over its socket transport on loopback. Every multi-rank step below starts its
 # ranks through a wrapper that sets NCCL_HOSTID=gpu-check-<rank> and TIDE_DEVICE=0.
 #
-# Steps (each under its own timeout, STEP_TIMEOUT seconds, default 240, and all of them,
-# build included, under one budget, GPU_CHECK_BUDGET seconds, default 480 (the 8 minutes
-# the check must fit in; --cpu-dry: 300): a step never gets more time than the budget
-# has left, steps the budget cannot reach are reported NOT RUN, and a run over budget
-# fails. A summary table at the end; exit 1 when any step failed):
+# Time: the GPU machine is lent 15 minutes a call, its start included, so the whole check
+# fits 8 (GPU_CHECK_BUDGET, default 450 s; --cpu-dry: 300). Sizes and rank counts are for
+# ranks sharing one GPU over loopback sockets: 40 steps of a small model, the conformance
+# suite on 2 ranks, benchmarks at one size and one repetition. Each step has a cap of its
+# own (below; STEP_TIMEOUT overrides them all) and never more than the budget has left
+# less 5 s for the summary; a step that would start with under 10 s left is NOT RUN
+# (budget), and one the budget cuts is killed with everything it started (timeout
+# signals its process group) and reported TIMEOUT(budget): the later steps still get
+# their line, and the summary table comes last, also in LOGS/summary.txt. Exit 1 when
+# any step failed, timed out or did not run.
+#
+# Steps (cap in s on the GPU):
 #   gpu-info        a device must answer; a present but broken driver is a failure
-#   build           configure with CUDA/NCCL (fails when NCCL is not found) and build
-#   gpu-tests       ctest -L gpu -LE python (single-process GPU tests; a skip is a failure
+#   build           configure with CUDA/NCCL (fails when NCCL is not found) and build;
+#   bundle          with --bundle instead: what it was built from, the CUDA libraries found
+#                   here, and every carried program's libraries resolved
+#   gpu-tests (90)  ctest -L gpu -LE python (single-process GPU tests; a skip is a failure
 #                   here), run from a folder of its own so that a ctest running this script
-#                   keeps its own Testing/ logs
-#   python-gpu      the Python binding's GPU path (tests/test_python.sh device, the ctest
+#                   keeps its own Testing/ logs; from a bundle, its gpu-tests.cmake.in
+#   python-gpu (120) the Python binding's GPU path (tests/test_python.sh device, the ctest
 #                   test_python_gpu): rt.device, CUDA tensors of another device or index
 #                   refused, collectives and a reshard on CUDA tensors, and
 #                   examples/train_torch.py --device cuda on 2 ranks resized live (dp2,pp1)
 #                   -> (dp1,pp2) -> (dp2,pp1), state and losses against its never-resized
-#                   run. Needs a CUDA build of PyTorch for TIDE_PYTHON (/usr/bin/python3):
-#                   without one the step is "skipped" with that reason; any other skip on a
-#                   machine with a GPU (no device seen, no nccl backend) is a failure
-#   conf-np2/np4    the collectives conformance suite on the nccl backend, 2 and 4 ranks
-#                   (abort while a peer never arrives, cancelled creation included)
-#   kill-rank       a rank SIGKILLed inside an allreduce: survivors get ABORTED (from NCCL
+#                   run. A Python without PyTorch, with a PyTorch built without CUDA, or
+#                   without a working mpi4py is "skipped" with that reason (a missing
+#                   dependency); any other skip on a machine with a GPU (no device seen,
+#                   no nccl backend) is a failure
+#   conf-np2 (60)   the collectives conformance suite on the nccl backend, 2 ranks (abort
+#                   while a peer never arrives, cancelled creation included);
+#                   GPU_CHECK_CONF_NPS="2 4" adds 4 ranks
+#   kill-rank (60)  a rank SIGKILLed inside an allreduce: survivors get ABORTED (from NCCL
 #                   itself or the watchdog), rebuild without it and reduce exactly
-#   train-ref       never-resized runs: train_mlp --device cuda on 4 ranks, and on cpu
-#   train-elastic   tided + train_mlp --tide --device cuda on 4 ranks, resized live
+#   train-ref (60)  never-resized runs: train_mlp --device cuda on 4 ranks, and on cpu
+#   train-elastic (90) tided + train_mlp --tide --device cuda on 4 ranks, resized live
 #                   (dp2,tp2,pp1) -> (dp1,tp2,pp2) -> (dp2,tp1,pp2) -> (dp4,tp1,pp1):
 #                   dp, tp and pp each change; losses compared per step with both refs
-#   train-recover   the same job on (dp2,tp2); a rank is SIGKILLed; tided recovers it on
-#                   the nccl backend and training completes every step
-#   train-rollback  (dp1,tp2) on 2 ranks saving a checkpoint every 5 steps; a rank is
+#   train-rollback (60) (dp1,tp2) on 2 ranks saving a checkpoint every 5 steps; a rank is
 #                   SIGKILLed after a checkpoint was reported: no survivor holds its tp
 #                   shard, so tided rolls the job back to the checkpoint (rolled_back)
 #                   and the survivor loads it into device memory and trains every step
-#   reshard-bench   reshard_bench --backend nccl on 8 ranks: the reshard executor on
-#                   device memory against plain ncclSend/ncclRecv of the same bytes between
-#                   the same rank pairs (ratios in the table, numbers in the logs' JSON)
-#   resize-bench    resize_bench on CUDA (live resize vs checkpoint-restart) on a ~100 MiB
-#                   model, one run: its default (1.2 GiB of state, three runs, each a live
-#                   launch and a checkpoint written, relaunched and read) takes minutes
-#                   with four ranks sharing one GPU over loopback sockets, more than the
-#                   step's share of the budget; the ratio, not the size, is checked here
-#
-#   bash scripts/gpu-check.sh               # BUILD_DIR=build-gpu, JOBS=nproc
-#   bash scripts/gpu-check.sh --cpu-dry     # the same steps on cpu/mpi (CI runs this)
-#   bash scripts/gpu-check.sh --info        # gpu-info only: is there a GPU CUDA can use?
+#   train-recover (60) the same job as train-elastic on (dp2,tp2); a rank is SIGKILLed;
+#                   tided recovers it on the nccl backend and training completes every step
+#   reshard-bench (60) reshard_bench --backend nccl on 8 ranks, 64 MiB of state, one
+#                   repetition: the reshard executor on device memory against plain
+#                   ncclSend/ncclRecv of the same bytes between the same rank pairs (ratios
+#                   in the table, numbers in the logs' JSON)
+#   resize-bench (60) resize_bench on CUDA (live resize vs checkpoint-restart) on a ~25 MiB
+#                   model, one run: the ratio, not the size, is checked here
 #
 # A step that cannot run because one it needs failed (train-elastic compares with
-# train-ref's losses; every step needs the build) is in the summary as NOT-RUN, a
-# failure. GPU_CHECK_ONLY="step ..." runs only those steps after gpu-info and build.
-# gpu-info asks nvidia-smi when there is one, else, where a device node exists, the CUDA
-# driver itself (a container may have /dev/nvidia* and libcuda without nvidia-smi).
-# Overrides for tests: GPU_CHECK_SMI (nvidia-smi), GPU_CHECK_DEVICES (the device node
-# glob, python-gpu's too), GPU_CHECK_LIBCUDA (libcuda.so.1), GPU_CHECK_TRAIN (train_mlp).
+# train-ref's losses; every step needs the build or the bundle) is in the summary as
+# NOT-RUN, a failure. GPU_CHECK_ONLY="step ..." runs only those steps after gpu-info and
+# build. gpu-info asks nvidia-smi when there is one, else, where a device node exists, the
+# CUDA driver itself (scripts/cuda_query.c; a container may have /dev/nvidia* and libcuda
+# without nvidia-smi). Overrides for tests: GPU_CHECK_SMI (nvidia-smi), GPU_CHECK_DEVICES
+# (the device node glob, python-gpu's too), GPU_CHECK_LIBCUDA (libcuda.so.1),
+# GPU_CHECK_TRAIN (train_mlp).
 #
 # --cpu-dry runs every step, through the same functions, rank wrapper, command lines and
 # comparisons, with --device cpu, the mpi backend and small sizes (SKIP_BUILD=1 reuses
 # BUILD_DIR as it is): gpu-info only says so, gpu-tests runs ctest -L gpu and accepts
-# skips (no GPU), python-gpu runs the binding's device checks and train_torch on cpu, reshard-bench
-# runs on mpi against plain MPI, resize-bench on a tiny model. The ctest gpu_check_cpu_dry runs it in CI. Logs of every step:
-# $BUILD_DIR/gpu-check-logs/ (dry: gpu-check-dry-logs/).
+# skips (no GPU), python-gpu runs the binding's device checks and train_torch on cpu,
+# reshard-bench runs on mpi against plain MPI, resize-bench on a tiny model. The ctests
+# gpu_check_cpu_dry and gpu_bundle (tests/test_gpu_bundle.sh: a fresh bundle, the
+# system's Open MPI, ZeroMQ, msgpack-c, SQLite, Criterion and pkg-config hidden) run it.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DRY=0 INFO=0
-[ "${1:-}" = "--cpu-dry" ] && DRY=1
-[ "${1:-}" = "--info" ] && INFO=1
+usage() {
+  echo "usage: gpu-check.sh [--cpu-dry | --info] [--bundle DIR] [--out LOGS] [--python PY]" >&2
+  exit 2
+}
+DRY=0 INFO=0 BUNDLE="" OUT_ARG="" PY_ARG=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --cpu-dry) DRY=1 ;;
+  --info) INFO=1 ;;
+  --bundle | --out | --python)
+    [ $# -ge 2 ] || usage
+    case "$1" in --bundle) BUNDLE=$2 ;; --out) OUT_ARG=$2 ;; --python) PY_ARG=$2 ;; esac
+    shift
+    ;;
+  *) usage ;;
+  esac
+  shift
+done
+if [ -n "$BUNDLE" ]; then
+  [ -f "$BUNDLE/MANIFEST" ] && [ -f "$BUNDLE/env.sh" ] ||
+    { echo "gpu-check: $BUNDLE is not a bundle of scripts/gpu-bundle.sh (no MANIFEST, env.sh)" >&2; exit 2; }
+  BUNDLE="$(cd "$BUNDLE" && pwd)"
+  ROOT="$BUNDLE/src"
+  BUILD_DIR="$BUNDLE/build"
+  SKIP_BUILD=1
+fi
 START=$(date +%s)
 if [ $DRY -eq 1 ]; then
   BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
   LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-dry-logs}"
   DEVICE=cpu BACKEND=mpi STEPS="${GPU_CHECK_STEPS:-60}" REF_TOL=1e-5 CPU_TOL=1e-5
-  PACE=100 CONF_NPS="2" # ctest runs the conformance suite at 2, 4 and 8 ranks anyway
+  PACE=100 CONF_NPS="${GPU_CHECK_CONF_NPS:-2}" # ctest runs the suite at 2, 4 and 8 ranks anyway
   BUDGET="${GPU_CHECK_BUDGET:-300}"
   RB_ARGS="--min-mib 4 --max-mib 4 --reps 1" # MiB of state, one size
 else
   BUILD_DIR="${BUILD_DIR:-$ROOT/build-gpu}"
   LOGS="${GPU_CHECK_LOGS:-$BUILD_DIR/gpu-check-logs}"
   # cuBLAS/cuDNN-free kernels, but reduction order differs from the CPU's: looser there
-  DEVICE=cuda BACKEND=nccl STEPS="${GPU_CHECK_STEPS:-80}" REF_TOL=1e-4 CPU_TOL=1e-3
-  PACE=100 CONF_NPS="2 4"
-  BUDGET="${GPU_CHECK_BUDGET:-480}"
-  RB_ARGS="--min-mib 128 --max-mib 256 --reps 3"
+  DEVICE=cuda BACKEND=nccl STEPS="${GPU_CHECK_STEPS:-40}" REF_TOL=1e-4 CPU_TOL=1e-3
+  PACE=60 CONF_NPS="${GPU_CHECK_CONF_NPS:-2}"
+  BUDGET="${GPU_CHECK_BUDGET:-450}"
+  RB_ARGS="--min-mib 64 --max-mib 64 --reps 1"
 fi
+[ -n "$BUNDLE" ] && [ -z "${GPU_CHECK_LOGS:-}" ] && LOGS="$PWD/gpu-check-logs"
+[ -n "$OUT_ARG" ] && LOGS="$OUT_ARG"
 DEADLINE=$((START + BUDGET))
 JOBS="${JOBS:-$(nproc)}"
-STEP_TIMEOUT="${STEP_TIMEOUT:-240}"
+RESERVE=5 MIN_STEP=10 # s: kept for the summary; the least a step is started with
+# the log folder is emptied first: one given with --out only if this script made it (its
+# marker) or it is empty
+if [ -n "$OUT_ARG" ] && [ -d "$LOGS" ] && [ -n "$(ls -A "$LOGS")" ] &&
+  [ ! -f "$LOGS/.gpu-check-logs" ]; then
+  echo "gpu-check: $LOGS holds files gpu-check did not write: give a new or empty folder" >&2
+  exit 2
+fi
 rm -rf "$LOGS"
-mkdir -p "$LOGS"
+mkdir -p "$LOGS" || { echo "gpu-check: cannot make the log folder $LOGS" >&2; exit 2; }
+: >"$LOGS/.gpu-check-logs"
+LOGS="$(cd "$LOGS" && pwd)"
+
+# The python-gpu step's interpreter: test_python.sh reads TIDE_PYTHON
+PY="${PY_ARG:-${TIDE_PYTHON:-$(command -v python3 2>/dev/null)}}"
+export TIDE_PYTHON="$PY"
+
+# A bundle's environment, set here so that every step inherits it; the bundle step
+# reports it (and fails when a CUDA library is missing)
+BUNDLE_ENV_OK=1
+if [ -n "$BUNDLE" ]; then
+  # shellcheck source=gpu-bundle-env.sh
+  . "$BUNDLE/env.sh"
+  tide_bundle_env "$LOGS" >"$LOGS/bundle-env.log" 2>&1 || BUNDLE_ENV_OK=0
+fi
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader,tcp}"
@@ -124,24 +196,44 @@ TIDECTL="$BUILD_DIR/coordinator/tidectl"
 STEPS_DONE=()
 FAILED=0
 
-# step NAME FUNCTION: runs the function in a child bash under the step's timeout (never
-# past the budget's deadline), logs to $LOGS/NAME.log and records the result; the child's
-# own timeout kills what it started. A step the budget cannot reach is NOT RUN (failed).
+# cap NAME: the step's own limit, s (STEP_TIMEOUT overrides every one); see the top
+cap() {
+  if [ -n "${STEP_TIMEOUT:-}" ]; then echo "$STEP_TIMEOUT"; return; fi
+  # the dry run shares 2 loaded cores in CI: only its budget bounds it
+  if [ "$DRY" = 1 ]; then echo 240; return; fi
+  case "$1" in
+  gpu-info | bundle) echo 30 ;;
+  build) echo 400 ;;
+  gpu-tests | train-elastic) echo 90 ;;
+  python-gpu) echo 120 ;;
+  *) echo 60 ;;
+  esac
+}
+
+# row NAME STATUS SECONDS RESULT: a line of the summary table
+row() {
+  STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$1" "$2" "$3" "$4")")
+}
+
+# step NAME FUNCTION: runs the function in a child bash under the step's cap, never past
+# the budget's deadline less RESERVE; logs to $LOGS/NAME.log and records the result.
+# timeout runs it in a process group of its own and signals the whole group, so a step
+# cut short leaves nothing of its own running. A step that would start with less than
+# MIN_STEP seconds of the budget left is NOT RUN (a failure).
 step() {
   local name="$1" fn="$2" t0 rc status dt limit left
   t0=$(date +%s)
   printf '== %-14s ' "$name"
-  left=$((DEADLINE - t0))
-  if [ "$left" -le 0 ]; then
+  left=$((DEADLINE - RESERVE - t0))
+  if [ "$left" -lt "$MIN_STEP" ]; then
     echo "NOT RUN (budget of ${BUDGET}s spent)"
     FAILED=1
-    STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$name" "NOT-RUN(budget)" 0 \
-      "the ${BUDGET}s budget was spent before this step")")
+    row "$name" "NOT-RUN(budget)" 0 "the ${BUDGET}s budget was spent before this step"
     return 1
   fi
-  limit=$STEP_TIMEOUT
+  limit=$(cap "$name")
   [ "$left" -lt "$limit" ] && limit=$left
-  timeout --kill-after=10 "$limit" bash -c "$fn" >"$LOGS/$name.log" 2>&1
+  timeout --kill-after=5 "$limit" bash -c "$fn" >"$LOGS/$name.log" 2>&1
   rc=$?
   dt=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then
@@ -150,7 +242,8 @@ step() {
     status=skipped
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     status="TIMEOUT(${limit}s)"
-    [ "$limit" -lt "$STEP_TIMEOUT" ] && status="TIMEOUT(budget)"
+    [ "$limit" -lt "$(cap "$name")" ] && status="TIMEOUT(budget)"
+    echo "gpu-check: $name cut after ${limit}s ($status)" >>"$LOGS/$name.log"
   else
     status="FAILED(rc=$rc)"
   fi
@@ -159,8 +252,7 @@ step() {
     FAILED=1
     tail -n 25 "$LOGS/$name.log" | sed 's/^/   | /'
   fi
-  STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$name" "$status" "$dt" \
-    "$(grep -h '^RESULT: ' "$LOGS/$name.log" | tail -1 | cut -c9-)")")
+  row "$name" "$status" "$dt" "$(grep -h '^RESULT: ' "$LOGS/$name.log" | tail -1 | cut -c9-)"
   return $rc
 }
 
@@ -175,7 +267,7 @@ not_run() {
   want "$1" || return 0
   printf '== %-14s NOT RUN (%s)\n' "$1" "$2"
   FAILED=1
-  STEPS_DONE+=("$(printf '%-14s %-18s %5ss  %s' "$1" "NOT-RUN" 0 "$2")")
+  row "$1" "NOT-RUN" 0 "$2"
 }
 
 # run NAME FUNCTION: step, when selected
@@ -186,54 +278,17 @@ run() {
 
 # ---- the steps (each runs in its own bash: exported below) -------------------------------
 
-# cuda_query: the CUDA driver's own answer (cuInit, the devices, the first one's name),
-# from a small C program built here that loads libcuda (GPU_CHECK_LIBCUDA) with dlopen:
-# neither the CUDA toolkit nor nvidia-smi is needed. Fails when the driver is missing or
-# cannot use a device.
+# cuda_query: the CUDA driver's own answer (cuInit, the devices, the first one's name), from
+# scripts/cuda_query.c (a bundle carries it built; else built here with cc), which loads
+# libcuda (GPU_CHECK_LIBCUDA) with dlopen: neither the CUDA toolkit nor nvidia-smi is
+# needed. Fails when the driver is missing or cannot use a device.
 cuda_query() {
-  local src="$LOGS/cuda_query.c" exe="$LOGS/cuda_query"
-  cat >"$src" <<'CEOF'
-#include <dlfcn.h>
-#include <stdio.h>
-typedef int (*init_fn)(unsigned);
-typedef int (*count_fn)(int *);
-typedef int (*get_fn)(int *, int);
-typedef int (*name_fn)(char *, int, int);
-int main(int argc, char **argv)
-{
-    const char *lib = argc > 1 ? argv[1] : "libcuda.so.1";
-    void *h = dlopen(lib, RTLD_NOW);
-    if (h == NULL) {
-        fprintf(stderr, "cannot load the CUDA driver %s: %s\n", lib, dlerror());
-        return 1;
-    }
-    init_fn init = (init_fn)dlsym(h, "cuInit");
-    count_fn count = (count_fn)dlsym(h, "cuDeviceGetCount");
-    get_fn get = (get_fn)dlsym(h, "cuDeviceGet");
-    name_fn name = (name_fn)dlsym(h, "cuDeviceGetName");
-    if (!init || !count || !get || !name) {
-        fprintf(stderr, "%s is not a CUDA driver (no cuInit...)\n", lib);
-        return 1;
-    }
-    int rc = init(0), n = 0, dev = 0;
-    if (rc != 0) {
-        fprintf(stderr, "cuInit failed: CUDA error %d\n", rc);
-        return 1;
-    }
-    if ((rc = count(&n)) != 0 || n < 1) {
-        fprintf(stderr, "the CUDA driver sees no device (error %d, %d devices)\n", rc, n);
-        return 1;
-    }
-    char buf[256] = "";
-    if ((rc = get(&dev, 0)) != 0 || (rc = name(buf, (int)sizeof buf, dev)) != 0) {
-        fprintf(stderr, "device 0 does not answer: CUDA error %d\n", rc);
-        return 1;
-    }
-    printf("%s (%d device%s)\n", buf, n, n > 1 ? "s" : "");
-    return 0;
-}
-CEOF
-  "${CC:-cc}" -o "$exe" "$src" -ldl || { echo "no C compiler to ask the CUDA driver with"; return 1; }
+  local exe="$BUILD_DIR/cuda_query"
+  if [ ! -x "$exe" ]; then
+    exe="$LOGS/cuda_query"
+    "${CC:-cc}" -o "$exe" "$ROOT/scripts/cuda_query.c" -ldl ||
+      { echo "no C compiler to ask the CUDA driver with"; return 1; }
+  fi
   "$exe" "${GPU_CHECK_LIBCUDA:-libcuda.so.1}"
 }
 
@@ -265,6 +320,8 @@ gpu_info() {
 
 build() {
   if [ "${SKIP_BUILD:-0}" = 1 ]; then echo "RESULT: reused $BUILD_DIR"; return 0; fi
+  [ -f "$ROOT/CMakeLists.txt" ] ||
+    { echo "no sources to build at $ROOT (a bundle's copy? run it with --bundle DIR)"; return 1; }
   cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_CUDA=ON \
     -DTIDE_SANITIZE=OFF || return 1
   grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" || {
@@ -274,17 +331,50 @@ build() {
   cmake --build "$BUILD_DIR" -j "$JOBS" || return 1
 }
 
+# The bundle's step (--bundle, instead of build): what it was built from, the CUDA
+# libraries env.sh found on this machine (or everything it looked in), then every carried
+# program and library resolving what it loads: ldd's "not found" names a library that is
+# neither carried nor found here. (Open MPI's components load what lib/ carries: the
+# bundle was closed over them when it was made.)
+bundle_check() {
+  local missing
+  cat "$BUNDLE/MANIFEST" "$LOGS/bundle-env.log"
+  [ "$BUNDLE_ENV_OK" = 1 ] || return 1
+  # shellcheck disable=SC2016
+  missing=$(find "$BUNDLE/build" "$BUNDLE/lib" "$BUNDLE/ompi/bin" -type f \
+    \( -perm -u+x -o -name '*.so*' \) -print0 | xargs -0 -n 8 -P 4 sh -c \
+    'for f; do ldd "$f" 2>/dev/null | sed -n "s|^[[:space:]]*\([^ ]*\) => not found.*|\1 ($f)|p"; done' sh)
+  [ -z "$missing" ] || { echo "not found by the loader:"; echo "$missing"; return 1; }
+  echo "RESULT: $(sed -n 's/^commit: //p' "$BUNDLE/MANIFEST"), $(sed -n 's/^size: //p' \
+    "$BUNDLE/MANIFEST"); NCCL $(sed -n 's/^found libnccl[^:]*: //p' "$LOGS/bundle-env.log")"
+}
+
+# have_nccl: whether the programs under BUILD_DIR have the nccl backend
+have_nccl() {
+  if [ -n "$BUNDLE" ]; then
+    grep -q '^libnccl' "$BUNDLE/cuda-libs"
+  else
+    grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null
+  fi
+}
+
 # ctest -L gpu over BUILD_DIR's tests, from a folder of its own (its CTestTestfile names
 # the build tree), so that its Testing/ logs are not those of a ctest running this script.
 gpu_tests() {
-  local dir="$LOGS/ctest-gpu" log n skipped
+  local dir="$LOGS/ctest-gpu" n skipped
   mkdir -p "$dir"
-  printf 'subdirs("%s")\n' "$BUILD_DIR" >"$dir/CTestTestfile.cmake"
-  # the python GPU test is a step of its own (python-gpu)
-  (cd "$dir" && ctest -L gpu -LE python --output-on-failure --timeout 200) || return 1
-  log="$dir/Testing/Temporary/LastTest.log"
-  n=$(grep -c '^[0-9]*/[0-9]* Testing: ' "$log" 2>/dev/null)
-  skipped=$(grep -c '^SKIP: ' "$log" 2>/dev/null)
+  command -v ctest >/dev/null || { echo "no ctest (CMake's) on PATH: the gpu tests need it"; return 1; }
+  if [ -n "$BUNDLE" ]; then
+    sed "s|@TIDE_BUNDLE@|$BUNDLE|g" "$BUILD_DIR/gpu-tests.cmake.in" >"$dir/CTestTestfile.cmake"
+  else
+    printf 'subdirs("%s")\n' "$BUILD_DIR" >"$dir/CTestTestfile.cmake"
+  fi
+  # the python GPU test is a step of its own (python-gpu); ctest's own line per test counts
+  # (a test under mpirun prints its SKIP once per rank)
+  (cd "$dir" && ctest -L gpu -LE python --output-on-failure --timeout 200) | tee "$dir/ctest.out"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  n=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$dir/ctest.out")
+  skipped=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*Skipped' "$dir/ctest.out")
   if [ "$DRY" = 1 ]; then
     echo "RESULT: ${n:-0} gpu tests: $((${n:-0} - ${skipped:-0})) passed, ${skipped:-0} skipped (dry)"
     return 0
@@ -297,19 +387,37 @@ gpu_tests() {
   echo "RESULT: $n gpu tests passed"
 }
 
+# python_missing: why the python-gpu step cannot run with TIDE_PYTHON, a dependency it
+# lacks (no interpreter, no PyTorch, no mpi4py that loads: printed, status 0); status 1
+# when none is missing. mpi4py is loaded without MPI_Init (rc.initialize off).
+python_missing() {
+  local py="$TIDE_PYTHON" err
+  [ -n "$py" ] || { echo "no python3 on PATH (name one with --python or TIDE_PYTHON)"; return 0; }
+  err=$("$py" -c 'import torch' 2>&1) || { echo "no PyTorch for $py: $(tail -1 <<<"$err")"; return 0; }
+  err=$("$py" -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI' 2>&1) ||
+    { echo "no mpi4py that loads for $py: $(tail -1 <<<"$err")"; return 0; }
+  return 1
+}
+
 # The Python binding's GPU path: tests/test_python.sh device on DEVICE (dry: cpu, the mpi
-# backend). A skip is only acceptable for a PyTorch without CUDA (a missing dependency,
-# reported) or, dry, without torch at all: gpu-info found a GPU, so any other is a failure.
+# backend) with TIDE_PYTHON. A skip is only acceptable for a missing dependency, reported
+# with its reason: no PyTorch or mpi4py (python_missing), a PyTorch without CUDA, or, dry,
+# any: gpu-info found a GPU, so any other is a failure.
 python_gpu() {
-  local out="$LOGS/python-gpu.out" rc nccl=0
-  grep -q '^TIDE_NCCL_LIBRARY:FILEPATH=.*nccl' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null && nccl=1
+  local out="$LOGS/python-gpu.out" rc nccl=0 why
+  if why=$(python_missing); then
+    echo "python-gpu: $why"
+    echo "RESULT: not run: $why"
+    return 77
+  fi
+  have_nccl && nccl=1
   # shellcheck disable=SC2086
   TIDE_TEST_DEVICE="$DEVICE" TIDE_TEST_HAVE_NCCL=$nccl \
     TIDE_TEST_NVIDIA_NODES="${GPU_CHECK_DEVICES:-/dev/nvidia[0-9]*}" \
     bash "$ROOT/tests/test_python.sh" device "$ROOT" "$BUILD_DIR" $MPIRUN 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 77 ]; then
-    if [ "$DRY" = 1 ] || grep -q 'built without CUDA' "$out"; then
+    if [ "$DRY" = 1 ] || grep -q 'built without CUDA\|torch/mpi4py missing' "$out"; then
       echo "RESULT: not run: $(grep -m1 -o 'SKIP: .*\|torch/mpi4py missing.*' "$out" | cut -c1-100)"
       return 77
     fi
@@ -427,9 +535,20 @@ train_elastic() {
   echo "RESULT: 4 generations, loss within $REF_TOL of never-resized, $CPU_TOL of cpu"
 }
 
+children() { # children PID: the pids whose parent is PID (from /proc: no procps needed;
+  local d st ppid # builtins only, no process per entry)
+  for d in /proc/[0-9]*; do
+    { read -r st <"$d/stat"; } 2>/dev/null || continue
+    st=${st##*) } # "STATE PPID ..." after the command name, which may hold spaces
+    ppid=${st#* }
+    [ "${ppid%% *}" = "$1" ] && echo "${d#/proc/}"
+  done
+  return 0
+}
+
 kill_job_rank() { # kill_job_rank MPIRUN_PID RANK: SIGKILLs that rank, a child of mpirun (the
   local c victim=""        # wrapper execs train_mlp)
-  for c in $(pgrep -P "$1"); do
+  for c in $(children "$1"); do
     tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && victim=$c
   done
   [ -n "$victim" ] || { echo "no rank $2 to kill"; return 1; }
@@ -502,8 +621,8 @@ reshard_bench() {
 }
 
 resize_bench() {
-  # one GPU: ~100 MiB of parameters and Adam moments, one run (see the top of the file)
-  local dev=cuda args=(--layers 4 --hidden 512 --ffn 2048 --vocab 512 --runs 1) pace=""
+  # one GPU: ~25 MiB of parameters and Adam moments, one run (see the top of the file)
+  local dev=cuda args=(--layers 4 --hidden 256 --ffn 1024 --vocab 256 --runs 1) pace=""
   # dry: a tiny model, paced so that the resize lands inside the live run
   [ "$DRY" = 1 ] && dev=cpu pace="--pace-ms 50" \
     args=(--layers 2 --hidden 64 --ffn 256 --vocab 64 --runs 1 --steps-after 20)
@@ -513,7 +632,9 @@ export NCCL_HOSTID="gpu-check-\${OMPI_COMM_WORLD_RANK:-0}" TIDE_DEVICE=0
 exec "$TRAIN" --device $dev $pace "\$@"
 EOF
   chmod +x "$LOGS/train_mlp_1gpu"
-  "$BUILD_DIR/benchmarks/resize_bench" --train "$LOGS/train_mlp_1gpu" --np 4 --from 2,2,1 \
+  # tided and mpirun named: the paths compiled in are the build machine's
+  "$BUILD_DIR/benchmarks/resize_bench" --tided "$TIDED" --mpirun "$(command -v mpirun)" \
+    --train "$LOGS/train_mlp_1gpu" --np 4 --from 2,2,1 \
     --to 1,2,2 --work "$LOGS/resize_bench.d" --out "$LOGS/resize_bench.json" "${args[@]}" ||
     return 1
   echo "RESULT: $(grep -m1 '^downtime goal:' "$LOGS/resize-bench.log")" \
@@ -521,17 +642,17 @@ EOF
 }
 
 export ROOT DRY BUILD_DIR LOGS JOBS DEVICE BACKEND STEPS REF_TOL CPU_TOL PACE MPIRUN RECOVER_FLAGS \
-  WRAP TRAIN TIDED TIDECTL RB_ARGS
-export -f cuda_query gpu_info build gpu_tests python_gpu conformance kill_rank train_ref compare \
-  start_tided job_field wait_gen kill_job_rank train_elastic train_recover train_rollback reshard_bench \
-  resize_bench
+  WRAP TRAIN TIDED TIDECTL RB_ARGS BUNDLE BUNDLE_ENV_OK
+export -f cuda_query gpu_info build bundle_check have_nccl gpu_tests python_missing python_gpu \
+  conformance kill_rank train_ref compare start_tided job_field wait_gen children kill_job_rank \
+  train_elastic train_recover train_rollback reshard_bench resize_bench
 # arrays do not export: the functions rebuild MODEL from this string
 MODEL_STR="${MODEL[*]}"
 export MODEL_STR
 pre='MODEL=($MODEL_STR); '
 
 echo "gpu-check: $([ $DRY = 1 ] && echo 'cpu dry run (mpi backend, --device cpu)' ||
-  echo "one GPU, nccl backend")"
+  echo "one GPU, nccl backend")${BUNDLE:+, from the bundle $BUNDLE}; python: ${TIDE_PYTHON:-none}"
 step gpu-info "${pre}gpu_info"
 HAVE=$?
 if [ $HAVE -eq 77 ]; then
@@ -540,12 +661,14 @@ if [ $HAVE -eq 77 ]; then
 fi
 CONF_STEPS=""
 for n in $CONF_NPS; do CONF_STEPS="$CONF_STEPS conf-np$n"; done
+PREP=build PREP_FN=build
+[ -n "$BUNDLE" ] && PREP=bundle PREP_FN=bundle_check
 if [ $INFO -eq 1 ]; then
   : # gpu-info only
-elif ! step build "${pre}build"; then
+elif ! step "$PREP" "${pre}$PREP_FN"; then
   for s in gpu-tests python-gpu $CONF_STEPS kill-rank train-ref train-elastic train-recover \
     train-rollback reshard-bench resize-bench; do
-    not_run "$s" "the build failed"
+    not_run "$s" "the $PREP step failed"
   done
 else
   run gpu-tests "${pre}gpu_tests"
@@ -565,19 +688,17 @@ else
   run resize-bench "${pre}resize_bench"
 fi
 
+# The summary comes last (and in LOGS/summary.txt): the line a truncated output keeps
 TOTAL=$(($(date +%s) - START))
-echo
-echo "---- gpu-check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ----"
-printf '%-14s %-18s %6s  %s\n' step status time result
-for s in "${STEPS_DONE[@]}"; do echo "$s"; done
-echo "total: ${TOTAL}s of a ${BUDGET}s budget (GPU_CHECK_BUDGET)"
-if [ "$TOTAL" -gt "$BUDGET" ]; then
-  echo "gpu-check: over its budget by $((TOTAL - BUDGET))s"
-  FAILED=1
-fi
-echo "logs: $LOGS"
-if [ $FAILED -ne 0 ]; then
-  echo "gpu-check: FAILED"
-  exit 1
-fi
-echo "gpu-check: all passed"
+[ "$TOTAL" -gt "$BUDGET" ] && FAILED=1
+{
+  echo
+  echo "---- gpu-check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ----"
+  echo "logs: $LOGS"
+  printf '%-14s %-18s %6s  %s\n' step status time result
+  for s in "${STEPS_DONE[@]}"; do echo "$s"; done
+  echo "total: ${TOTAL}s of a ${BUDGET}s budget (GPU_CHECK_BUDGET)"
+  [ "$TOTAL" -gt "$BUDGET" ] && echo "gpu-check: over its budget by $((TOTAL - BUDGET))s"
+  if [ $FAILED -ne 0 ]; then echo "gpu-check: FAILED"; else echo "gpu-check: all passed"; fi
+} | tee "$LOGS/summary.txt"
+exit $FAILED

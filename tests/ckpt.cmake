@@ -12,3 +12,9 @@ if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided)
                    ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_ckpt_resume "mpi" 400)
 endif()
+
+# The saver's staging from the memory it is given (libtide: the nccl backend's pinned
+# memory), made once and reused across saves (test_ckpt_staging).
+if(TARGET tide_ckpt)
+  tide_add_unit_test(test_ckpt_staging SOURCES test_ckpt_staging.c LIBS tide_ckpt)
+endif()

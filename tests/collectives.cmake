@@ -40,6 +40,31 @@ endif()
 
 tide_add_unit_test(test_collectives SOURCES test_collectives.c LIBS tide_collectives)
 
+# The creation handshake makes its payload (the nccl backend's unique id, whose NCCL
+# thread lives until every member joins) only once every member arrived, never when one
+# does not; a failure to make it reaches every member.
+tide_add_mpi_test(test_coll_handshake NP 3 SOURCES test_coll_handshake.c LIBS tide_collectives
+                  TIMEOUT 60)
+
+# The nccl backend's stream rules (an offline task's stream at the device's least priority;
+# libtide's own work on a non-blocking stream of its thread, never the default one) and
+# its NCCL version check, on a CUDA stand-in defined in the test: no GPU needed.
+if(TIDE_HAVE_NCCL)
+  tide_add_unit_test(test_nccl_streams SOURCES test_nccl_streams.c LIBS tide_collectives)
+endif()
+
+# NCCL's bootstrap root thread (started by ncclGetUniqueId on rank 0) does not outlive a
+# creation that failed: a member that never came, one that took the id and never joined.
+if(TIDE_HAVE_NCCL)
+  add_executable(test_nccl_bootstrap test_nccl_bootstrap.c)
+  target_link_libraries(test_nccl_bootstrap PRIVATE tide_collectives CUDA::cudart MPI::MPI_C
+                                                    tide_core)
+  target_include_directories(test_nccl_bootstrap PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME test_nccl_bootstrap
+           COMMAND ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:test_nccl_bootstrap>)
+  _tide_test_props(test_nccl_bootstrap "gpu" 120)
+endif()
+
 # The gate of every GPU test (tests/gpu_test.h): skip only where no NVIDIA device exists,
 # fail where one is present but CUDA cannot use it (a fake device node in a private
 # mount namespace). Runs everywhere CUDA is built, GPU or not (label unit).

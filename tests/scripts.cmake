@@ -22,19 +22,48 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TIDE_BUILD_BENCHMARK
            COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --cpu-dry)
   set_tests_properties(gpu_check_cpu_dry PROPERTIES
                        LABELS mpi TIMEOUT 400 RUN_SERIAL TRUE
-                       ENVIRONMENT "SKIP_BUILD=1;BUILD_DIR=${PROJECT_BINARY_DIR}"
+                       ENVIRONMENT "SKIP_BUILD=1;BUILD_DIR=${PROJECT_BINARY_DIR};TIDE_PYTHON=/usr/bin/python3"
                        PASS_REGULAR_EXPRESSION "gpu-check: all passed"
                        FAIL_REGULAR_EXPRESSION "gpu-check: FAILED")
 endif()
 
 # gpu-check.sh's decisions that need no GPU (tests/test_gpu_check.sh): gpu-info with device
 # nodes but no nvidia-smi asks the CUDA driver (faked), a broken or missing driver fails,
-# no node means no GPU; a failed train-ref leaves train-elastic NOT-RUN in the summary.
+# no node means no GPU; a failed train-ref leaves train-elastic NOT-RUN in the summary; a
+# step the budget cuts is TIMEOUT(budget) (about 25 s of the test, which took 60-120 s alone
+# on 2 loaded cores).
 if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND NOT TIDE_SANITIZE)
   add_test(NAME gpu_check_paths
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(gpu_check_paths PROPERTIES
-                       LABELS mpi TIMEOUT 120
+                       LABELS mpi TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "test_gpu_check: passed"
+                       FAIL_REGULAR_EXPRESSION "FAILED: ")
+endif()
+
+# scripts/gpu-bundle.sh and gpu-check.sh --bundle (tests/test_gpu_bundle.sh). gpu_bundle_make
+# (a fixture, run beside other tests) makes a fresh bundle from its own Release build tree
+# (gpu-bundle/build here, reused between runs): under 48 MiB, no NCCL, CUDA runtime or
+# cuBLAS in it. gpu_bundle runs every --cpu-dry step from it inside a mount namespace where
+# the system's Open MPI, ZeroMQ, msgpack-c, SQLite, Criterion, pkg-config and every library
+# it carries are hidden; a python3 without torch leaves python-gpu skipped with the
+# reason; a missing NCCL fails the bundle step naming where it was looked for, and NCCL
+# laid out as its wheel is found.
+if(TIDE_HAVE_NCCL AND TARGET tided AND TARGET train_mlp AND TIDE_BUILD_BENCHMARKS
+   AND NOT TIDE_SANITIZE)
+  add_test(NAME gpu_bundle_make
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_bundle.sh make
+                   ${PROJECT_BINARY_DIR}/gpu-bundle)
+  set_tests_properties(gpu_bundle_make PROPERTIES
+                       LABELS mpi TIMEOUT 900 FIXTURES_SETUP gpu_bundle
+                       PASS_REGULAR_EXPRESSION "test_gpu_bundle\\(make\\): passed"
+                       FAIL_REGULAR_EXPRESSION "FAILED: ")
+  add_test(NAME gpu_bundle
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_bundle.sh check
+                   ${PROJECT_BINARY_DIR}/gpu-bundle)
+  set_tests_properties(gpu_bundle PROPERTIES
+                       LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+                       FIXTURES_REQUIRED gpu_bundle
+                       PASS_REGULAR_EXPRESSION "test_gpu_bundle\\(check\\): passed"
                        FAIL_REGULAR_EXPRESSION "FAILED: ")
 endif()

@@ -9,6 +9,10 @@
 #   5. --cpu-dry with train_mlp failing (GPU_CHECK_TRAIN=false) and only train-ref and
 #      train-elastic selected (GPU_CHECK_ONLY): train-ref fails, and train-elastic, which
 #      needs its losses, is in the summary as NOT-RUN; the check fails.
+#   8. --cpu-dry --out DIR with a budget (GPU_CHECK_BUDGET=25) that train-ref (a train_mlp
+#      that never ends) outlasts: train-ref is cut, TIMEOUT(budget), and nothing it started
+#      is left running; train-elastic is NOT-RUN; the summary is the output's last lines,
+#      also in DIR/summary.txt, and the check fails.
 #   python-gpu (GPU_CHECK_ONLY) where gpu-info finds a GPU but CUDA PyTorch sees none
 #   (skipped where PyTorch sees a device: the test would then really run):
 #     6. nvidia-smi answers and no device node: the python GPU test skips for want of a
@@ -77,6 +81,22 @@ summary=$(sed -n '/gpu-check summary/,$p' "$TMP/dry.out")
   echo "$summary" | grep -q '^train-elastic .*NOT-RUN .*train-ref failed' &&
   echo "$summary" | grep -q 'gpu-check: FAILED' ||
   fail "train-ref failing must leave train-elastic NOT-RUN in the summary (got $RC): $(cat "$TMP/dry.out")"
+# 8. the budget cuts a step cleanly
+printf '#!/bin/sh\nwhile :; do sleep 1; done\n' >"$TMP/endless-train"
+chmod +x "$TMP/endless-train"
+GPU_CHECK_ONLY="train-ref train-elastic" GPU_CHECK_TRAIN="$TMP/endless-train" SKIP_BUILD=1 \
+  GPU_CHECK_BUDGET=25 BUILD_DIR="$BUILD" bash "$ROOT/scripts/gpu-check.sh" --cpu-dry \
+  --out "$TMP/logs-budget" >"$TMP/budget.out" 2>&1
+RC=$?
+sleep 2
+left=$(pgrep -f "$TMP/endless-train" | wc -l)
+[ $RC -ne 0 ] && grep -q '^train-ref .*TIMEOUT(budget)' "$TMP/budget.out" &&
+  grep -q '^train-elastic .*NOT-RUN .*train-ref failed' "$TMP/budget.out" &&
+  [ "$(tail -1 "$TMP/budget.out")" = "gpu-check: FAILED" ] &&
+  grep -q '^train-ref .*TIMEOUT(budget)' "$TMP/logs-budget/summary.txt" && [ "$left" -eq 0 ] ||
+  fail "a step the budget cuts: want TIMEOUT(budget), the next NOT-RUN, the summary last and nothing left running ($left left; got $RC): $(cat "$TMP/budget.out")"
+for p in $(pgrep -f "$TMP/endless-train"); do kill -KILL "$p" 2>/dev/null; done
+
 PY=${TIDE_PYTHON:-/usr/bin/python3}
 TORCH_GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)
 TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
@@ -89,7 +109,7 @@ else
   chmod +x "$TMP/fake-smi"
   # python_only CASE SMI DEVICES: gpu-check with only python-gpu after gpu-info and build
   python_only() {
-    GPU_CHECK_ONLY=python-gpu GPU_CHECK_SMI="$2" GPU_CHECK_DEVICES="$3" \
+    TIDE_PYTHON="$PY" GPU_CHECK_ONLY=python-gpu GPU_CHECK_SMI="$2" GPU_CHECK_DEVICES="$3" \
       GPU_CHECK_LIBCUDA="$TMP/libcuda-0.so.1" SKIP_BUILD=1 BUILD_DIR="$BUILD" \
       GPU_CHECK_LOGS="$TMP/logs-$1" bash "$ROOT/scripts/gpu-check.sh" >"$TMP/$1.out" 2>&1
     RC=$?
@@ -100,7 +120,7 @@ else
     fail "python-gpu skipping on a machine with a GPU must fail the check (got $RC): $(cat "$TMP/pynodev.out")"
   python_only pynode "$TMP/no-nvidia-smi" "$TMP/dev/nvidia[0-9]*"
   if [ -z "$TORCH_CUDA" ]; then
-    [ $RC -eq 0 ] && grep -q '^python-gpu .*skipped .*not run: SKIP: .*built without CUDA' "$TMP/pynode.out" &&
+    [ $RC -eq 0 ] && grep -q '^python-gpu .*skipped .*not run: .*built without CUDA' "$TMP/pynode.out" &&
       grep -q 'gpu-check: all passed' "$TMP/pynode.out" ||
       fail "a PyTorch without CUDA must leave python-gpu skipped with the reason (got $RC): $(cat "$TMP/pynode.out")"
   else

@@ -35,8 +35,13 @@ static tide_status get_state(tide_t *t, struct tide__ckpt **out)
             return tide_errorf(TIDE_ERR_NOMEM, "out of memory for checkpoint state");
         t->ckpt->last_step = -1;
     }
-    if (t->ckpt->saver == NULL)
+    if (t->ckpt->saver == NULL) {
         TIDE_CHECK(tide_ckpt_saver_new(&t->ckpt->saver));
+        /* device snapshots stage in the backend's pinned host memory, kept between saves */
+        tide_ckpt_host_mem pinned = {t->be->host_alloc, t->be->host_free};
+        if (t->be->host_alloc != NULL)
+            TIDE_CHECK(tide_ckpt_saver_set_host_mem(t->ckpt->saver, &pinned));
+    }
     *out = t->ckpt;
     return TIDE_OK;
 }

@@ -25,22 +25,32 @@ static tide_status load_into(tide_t *t, const tide_ckpt_t *ck, const tide_layout
 {
     if (t->be->mem_kind == TIDE_MEM_HOST)
         return tide_ckpt_load(ck, nl, p, d, tt, bufs, st);
-    /* device memory: one tensor at a time through a host buffer of its size */
+    /* device memory: one tensor at a time through one host buffer of the largest one's size,
+       pinned where the backend has such memory (host_alloc), so that the copies to the
+       device run at full speed */
     size_t n_t = t->n_tensors;
-    void **one = tide_calloc(n_t ? n_t : 1, sizeof *one);
+    uint64_t most = 0;
+    for (size_t i = 0; i < n_t; i++) {
+        uint64_t n = tide_shard_bytes(nl, t->coll, i, p, d, tt);
+        if (bufs[i] != NULL && n > most)
+            most = n;
+    }
+    if (most == 0)
+        return TIDE_OK;
+    void **one = tide_calloc(n_t, sizeof *one);
     if (one == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a checkpoint");
+    void *host = NULL;
     tide_status rc = TIDE_OK;
+    if (t->be->host_alloc != NULL)
+        rc = t->be->host_alloc((size_t)most, &host);
+    else if ((host = tide_malloc((size_t)most)) == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory staging %llu bytes of a checkpoint",
+                         (unsigned long long)most);
     for (size_t i = 0; rc == TIDE_OK && i < n_t; i++) {
         uint64_t n = tide_shard_bytes(nl, t->coll, i, p, d, tt);
         if (n == 0 || bufs[i] == NULL)
             continue;
-        void *host = tide_malloc((size_t)n);
-        if (host == NULL) {
-            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory staging tensor %s of a checkpoint",
-                             tide_collection_tensor(t->coll, i)->name);
-            break;
-        }
         one[i] = host;
         tide_ckpt_load_stats s1;
         rc = tide_ckpt_load(ck, nl, p, d, tt, one, &s1);
@@ -50,8 +60,11 @@ static tide_status load_into(tide_t *t, const tide_ckpt_t *ck, const tide_layout
         st->bytes_read += s1.bytes_read;
         st->files += s1.files;
         one[i] = NULL;
-        tide_free(host);
     }
+    if (t->be->host_alloc != NULL)
+        t->be->host_free(host);
+    else
+        tide_free(host);
     tide_free(one);
     return rc;
 }

@@ -44,9 +44,14 @@ typedef struct tide_task_env {
     int gpu;          /* 1 when the device is a CUDA device */
     uint64_t mem_cap; /* bytes the task may allocate on the device; 0 = no cap */
     uint32_t attempt; /* 1 for the first run of the job */
-    void *stream;     /* gpu: a cudaStream_t of the lowest priority on device, owned by the
-                         runtime (valid until fini returns); launch the task's work there so
-                         that the training's kernels go first. NULL otherwise */
+    void *stream;     /* gpu: a non-blocking cudaStream_t of the lowest priority the device
+                         offers (cudaDeviceGetStreamPriorityRange's least), owned by the
+                         runtime (valid until fini returns). Launch the task's work there:
+                         libtide's own streams (its collectives and copies) have the greatest
+                         priority, so the GPU schedules them first. On NVIDIA GPUs the least
+                         is 0, also the default stream's: the training's own kernels there
+                         share the task's priority, which is why the runtime starts task steps
+                         only on idle workers and inside bubbles. NULL otherwise */
 } tide_task_env;
 
 /* The table a plugin exports. Every function is called on one thread, in order:

@@ -17,6 +17,11 @@
  * complete. Only one copy of each byte is written: dp replicas, tp-replicated tensors
  * and every-stage tensors are written by one coordinate each.
  *
+ * Everything under a root is reached from a directory descriptor with no link followed:
+ * links, FIFOs and devices where tide expects its files are refused naming them, pruning
+ * removes only this user's directories holding only tide's files, and a root other users
+ * may write to is named in a warning.
+ *
  * Loading: the saved layout is the old layout of a reshard plan whose holders are the
  * shard files; a rank of any new (dp, tp, pp, stages) reads exactly the chunks that
  * hold its bytes (chunks of 1 MiB, each checked against its hash before use).
@@ -55,12 +60,15 @@ void tide_ckpt_step_dir(const char *root, int64_t step, char *buf, size_t len);
 /* ---- writing ------------------------------------------------------------------------- */
 
 /*
- * Writes coordinate (p, d, t)'s shard of a checkpoint into dir (created when missing):
+ * Writes coordinate (p, d, t)'s shard of a checkpoint into dir (created when missing, with
+ * its parents; dir itself must be a directory of this user, never a link):
  * bufs[i] is its local buffer of tensor i in host memory (tide_shard_bytes long; only
  * the tensors it saves are read; NULL elsewhere is fine), fsyncs it, then renames its
  * checksum file into place. save_id tells this save's files from a crashed earlier
  * attempt at the same step (same value on every writer of one save). Writes nothing
- * when the coordinate saves nothing. Blocking file I/O; any thread.
+ * when the coordinate saves nothing. A failed write removes its partial shard and leaves
+ * a note (shard-*.failed) so that the publisher stops waiting for it. Blocking file I/O;
+ * any thread.
  */
 tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
                                   const tide_collection_t *c, int p, int d, int t,
@@ -69,9 +77,10 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
 /*
  * Publishes the checkpoint in dir once every coordinate of l that saves something has
  * written its shard with save_id (waits up to timeout_ms for them, polling the
- * directory): writes the manifest crash-safely (temp, fsync, rename, fsync dir). Fails
- * with TIDE_ERR_TIMEOUT naming a missing shard; the directory then stays incomplete and
- * is never loaded. Blocking; any thread; exactly one process per save calls it.
+ * directory; <= 0: one look): writes the manifest crash-safely (temp, fsync, rename, fsync
+ * dir). Fails with TIDE_ERR_TIMEOUT naming a missing shard, or at once with the reason a
+ * writer noted for its failed shard; the directory then stays incomplete and is never
+ * loaded. Blocking; any thread; exactly one process per save calls it.
  */
 tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tide_collection_t *c,
                               int64_t step, uint64_t save_id, int timeout_ms);
@@ -79,14 +88,20 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
 /*
  * Keeps the newest `keep` complete checkpoints under root (keep >= 1) and removes older
  * ones, and incomplete step directories older than the newest complete one (a newer
- * incomplete one may be a save in progress). Blocking; any thread.
+ * incomplete one may be a save in progress). Removes only what tide wrote: a step
+ * directory that is a link, another user's, or holds anything but tide's files as this
+ * user's regular files is left alone with a warning. Blocking; any thread.
  */
 tide_status tide_ckpt_prune(const char *root, int keep);
 
 /*
  * Finds the newest complete checkpoint under root with step < before (INT64_MAX: any):
- * its directory into path (len bytes) and its step into *step. root may itself be a
- * checkpoint directory (it has a MANIFEST): then that one. TIDE_ERR_NOT_FOUND when none.
+ * its directory into path (len bytes) and its step, read from its manifest, into *step.
+ * root may itself be a checkpoint directory (it has a MANIFEST): then that one. Step
+ * directories are taken newest first by name; links are not followed, and one whose
+ * manifest cannot be read is skipped with a warning (the reason in the error when none is
+ * left); a name that disagrees with its manifest is warned of and the manifest's step
+ * used. TIDE_ERR_NOT_FOUND when none. Blocking file I/O; any thread.
  */
 tide_status tide_ckpt_find(const char *root, int64_t before, char *path, size_t len, int64_t *step);
 
@@ -100,7 +115,10 @@ typedef struct tide_ckpt tide_ckpt_t;
  * checksum, a valid collection and layout, and one shard record per writing coordinate
  * with the size that layout implies. Errors name the file: TIDE_ERR_NOT_FOUND (no
  * MANIFEST: incomplete or not a checkpoint), TIDE_ERR_INVALID (truncated, corrupted,
- * another version). Shards are not read here (tide_ckpt_verify). Caller owns *out.
+ * another version, or a link or special file where a file is expected: refused without
+ * blocking). dir is kept open: verify and load read the shards of this very directory.
+ * A dir whose last component is named step-N is tide's: it must not be a link. Shards
+ * are not read here (tide_ckpt_verify). Caller owns *out.
  */
 tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir);
 

@@ -20,7 +20,8 @@
  * Everything under a root is reached from a directory descriptor with no link followed:
  * links, FIFOs and devices where tide expects its files are refused naming them, pruning
  * removes only this user's directories holding only tide's files, and a root other users
- * may write to is named in a warning.
+ * may write to is named in a warning. A save is bounded in time (timeout_ms): a full,
+ * failing or stuck disk fails that save, which is reported, never the job.
  *
  * Loading: the saved layout is the old layout of a reshard plan whose holders are the
  * shard files; a rank of any new (dp, tp, pp, stages) reads exactly the chunks that
@@ -185,9 +186,11 @@ typedef struct tide_ckpt_save_req {
     uint64_t save_id;              /* the same on every writer of this save */
     int publish;                   /* 1 on exactly one writer: publishes (and prunes) */
     int keep;                      /* publisher: checkpoints kept (>= 1; 0: all) */
-    int publish_timeout_ms;        /* publisher: wait for the other shards, ms */
-    void *const *bufs;             /* tensor i's local buffer (NULL where not held) */
-    tide_ckpt_copy_fn copy;        /* NULL: memcpy (host buffers) */
+    int timeout_ms;    /* the save's bound, ms: writing this shard and, on the publisher, waiting
+                          for the others'; later, it fails with TIDE_ERR_TIMEOUT (<= 0: none;
+                          tide_ckpt_timeout_ms is the default) */
+    void *const *bufs; /* tensor i's local buffer (NULL where not held) */
+    tide_ckpt_copy_fn copy; /* NULL: memcpy (host buffers) */
     void *copy_ctx;
     /* Called once the save ended (the shard written and, on the publisher, the checkpoint
        published), with its status (its detail in tide_last_error) and the step's directory;
@@ -196,37 +199,52 @@ typedef struct tide_ckpt_save_req {
     void *done_ctx;
 } tide_ckpt_save_req;
 
-/* A background writer thread with reusable host staging. Opaque. */
+/*
+ * The default bound of a save of layout l (ms): TIDE_CKPT_TIMEOUT_MS when set (read once,
+ * logged), else 60 s plus 1 ms per 16 KiB of the largest shard (a disk slower than 16 MB/s
+ * fails saves). Any thread.
+ */
+int tide_ckpt_timeout_ms(const tide_layout_t *l, const tide_collection_t *c);
+
+/* A background writer thread with reusable host staging (two save slots). Opaque. */
 typedef struct tide_ckpt_saver tide_ckpt_saver_t;
 
 /* Starts the writer thread; caller owns *out. */
 tide_status tide_ckpt_saver_new(tide_ckpt_saver_t **out);
 
 /*
- * Snapshots req's buffers into the saver's host staging (the saved tensors only, with
- * req->copy) and returns; the thread then writes the shard and, on the publisher,
- * publishes and prunes. If the previous save is still being written, waits for it
- * first (its status is returned by that wait, see tide_ckpt_saver_wait) unless it
- * failed: then that failure is returned and nothing is submitted. The caller may change
- * its buffers as soon as this returns. One caller thread.
+ * Snapshots req's buffers into a free staging slot of the saver (the saved tensors only,
+ * with req->copy), queues it and returns; the thread then writes the shard and, on the
+ * publisher, publishes and prunes, one save after the other. When both slots hold saves,
+ * waits for one to be written first; if the last save written failed, that failure is
+ * returned and nothing is submitted. The caller may change its buffers as soon as this
+ * returns. One caller thread.
  */
 tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
 /*
- * Allocates and first-touches the host staging for saves of req's coordinate (layout,
- * collection and coordinate are read; bufs may be NULL) ahead of the first one, so that no
- * save's snapshot takes page faults from the training loop. Waits for a save being
- * written first. One caller thread (the submitting one).
+ * As tide_ckpt_saver_submit, but never waits: when both slots hold saves (one being
+ * written, one queued behind it), fails at once with TIDE_ERR_BUSY naming them and
+ * submits nothing. Earlier failures are not returned (req->done hears of each save).
+ * Allocates the second slot's staging the first time it is needed. One caller thread.
+ */
+tide_status tide_ckpt_saver_offer(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
+
+/*
+ * Allocates and first-touches the host staging of the first slot for saves of req's
+ * coordinate (layout, collection and coordinate are read; bufs may be NULL) ahead of the
+ * first one, so that no save's snapshot takes page faults from the training loop. Waits
+ * for that slot's save to be written first. One caller thread (the submitting one).
  */
 tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
-/* Waits until nothing is being written; returns the last save's status. */
+/* Waits until nothing is queued or being written; returns the last save's status. */
 tide_status tide_ckpt_saver_wait(tide_ckpt_saver_t *s);
 
 /* 1 while a save is being written. Any thread. */
 int tide_ckpt_saver_busy(tide_ckpt_saver_t *s);
 
-/* Waits for the pending save, stops the thread, frees *self_p, sets it to NULL. */
+/* Waits for the queued saves, stops the thread, frees *self_p, sets it to NULL. */
 void tide_ckpt_saver_destroy(tide_ckpt_saver_t **self_p);
 
 /*

@@ -8,7 +8,8 @@
  * root, nothing follows a link: planted links (a step directory, a shard, a manifest)
  * leave their targets untouched, special files are refused without blocking, pruning
  * leaves what tide did not write, and a checkpoint's step comes from its manifest. A
- * failed shard stops the publisher at once.
+ * failed shard stops the publisher at once; a save is bounded in time; the saver never
+ * makes its caller wait (tide_ckpt_saver_offer).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -444,7 +445,7 @@ Test(ckpt, async_saver_snapshots_then_writes)
                                   .save_id = (uint64_t)step,
                                   .publish = 1,
                                   .keep = 2,
-                                  .publish_timeout_ms = 1000,
+                                  .timeout_ms = 1000,
                                   .bufs = b,
                                   .copy = copy_fn,
                                   .copy_ctx = &copies};
@@ -759,6 +760,73 @@ Test(ckpt, a_failed_shard_stops_the_publisher_at_once)
     t0 = tide_now_ns();
     cr_assert_eq(tide_ckpt_publish(dir, l, c, 5, 56, 300), TIDE_ERR_TIMEOUT);
     cr_assert_geq(tide_now_ns() - t0, 300000000ull);
+    tide_layout_destroy(&l);
+    free_bufs(c, g);
+    tide_collection_destroy(&c);
+}
+
+typedef struct done_log {
+    int calls;
+    tide_status last;
+    char why[512];
+} done_log;
+
+static void on_done(void *ctx, const tide_ckpt_save_req *req, const char *dir, tide_status rc)
+{
+    (void)req;
+    (void)dir;
+    done_log *d = ctx;
+    d->calls++;
+    d->last = rc;
+    snprintf(d->why, sizeof d->why, "%s", rc == TIDE_OK ? "" : tide_last_error());
+}
+
+Test(ckpt, the_saver_never_makes_its_caller_wait)
+{
+    tide_collection_t *c = model(0);
+    void **g = globals(c, 11);
+    tide_layout_t *l = layout(c, 1, 2, 1, NULL);
+    tide_ckpt_saver_t *s = NULL;
+    cr_assert_eq(tide_ckpt_saver_new(&s), TIDE_OK);
+    void **b = locals(l, c, g, 0, 0, 0);
+    done_log log = {0, TIDE_OK, ""};
+    /* the publisher of (1, 2, 1) waits for a shard nobody writes: each save holds the
+       thread for its bound */
+    tide_ckpt_save_req req = {.root = g_root,
+                              .layout = l,
+                              .coll = c,
+                              .publish = 1,
+                              .timeout_ms = 400,
+                              .bufs = b,
+                              .done = on_done,
+                              .done_ctx = &log};
+    uint64_t t0 = tide_now_ns();
+    for (int64_t step = 1; step <= 2; step++) {
+        req.step = step;
+        req.save_id = (uint64_t)step;
+        cr_assert_eq(tide_ckpt_saver_offer(s, &req), TIDE_OK, "%s", tide_last_error());
+    }
+    req.step = 3;
+    req.save_id = 3;
+    cr_assert_eq(tide_ckpt_saver_offer(s, &req), TIDE_ERR_BUSY);
+    cr_assert(strstr(tide_last_error(), "step 3 skipped") != NULL &&
+                  strstr(tide_last_error(), "step 1") != NULL,
+              "%s", tide_last_error());
+    cr_assert_lt(tide_now_ns() - t0, 300000000ull, "offering three saves took %llu ms",
+                 (unsigned long long)((tide_now_ns() - t0) / 1000000));
+    cr_assert_eq(tide_ckpt_saver_wait(s), TIDE_ERR_TIMEOUT);
+    uint64_t took = tide_now_ns() - t0;
+    cr_assert(took >= 800000000ull && took < 5000000000ull, "two bounded saves took %llu ms",
+              (unsigned long long)(took / 1000000));
+    cr_assert_eq(log.calls, 2);
+    cr_assert(strstr(log.why, "not written within 400 ms") != NULL, "%s", log.why);
+    /* the next save is taken as usual */
+    req.step = 4;
+    req.save_id = 4;
+    cr_assert_eq(tide_ckpt_saver_offer(s, &req), TIDE_OK, "%s", tide_last_error());
+    tide_ckpt_saver_destroy(&s);
+    cr_assert_eq(log.calls, 3);
+    free_bufs(c, b);
     tide_layout_destroy(&l);
     free_bufs(c, g);
     tide_collection_destroy(&c);

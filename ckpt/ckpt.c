@@ -510,6 +510,7 @@ static tide_status wait_shard(int dir, const char *dpath, int p, int d, int t, u
 {
     char name[64], why[600];
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
+    uint64_t nap_ms = 2; /* doubling to 50: quick when shards land together, cheap when not */
     for (;;) {
         tide_status rc = read_sum(dir, dpath, name, save_id, bytes, n_chunks, crc);
         if (rc != TIDE_ERR_NOT_FOUND)
@@ -524,7 +525,8 @@ static tide_status wait_shard(int dir, const char *dpath, int p, int d, int t, u
                                "checkpoint %s: shard %s was not written within %d ms; the "
                                "checkpoint stays incomplete",
                                dpath, name, b.ms);
-        tide_sleep_ms(5);
+        tide_sleep_ms(nap_ms);
+        nap_ms = nap_ms * 2 < 50 ? nap_ms * 2 : 50;
     }
 }
 

@@ -141,8 +141,7 @@ tide_status tide__ckpt_open_root(const char *path, int create, int *fd)
     if (f < 0) {
         int err = errno;
         return tide_errorf(err == ENOENT ? TIDE_ERR_NOT_FOUND : TIDE_ERR_IO,
-                           "cannot open checkpoint directory %s: %s", path,
-                           tide__ckpt_strerror(err));
+                           "cannot open checkpoint root %s: %s", path, tide__ckpt_strerror(err));
     }
     struct stat st;
     if (fstat(f, &st) == 0)

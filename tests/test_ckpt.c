@@ -541,7 +541,7 @@ Test(ckpt, fs_helpers_follow_no_link_and_open_no_special_file)
     cr_assert_eq(tide__ckpt_open_read(root, g_root, "fifo", &fd), TIDE_ERR_INVALID);
     cr_assert(strstr(tide_last_error(), "fifo is a FIFO, not a regular file") != NULL, "%s",
               tide_last_error());
-    cr_assert_lt(tide_now_ns() - t0, 1000000000ull, "refusing a FIFO must not block");
+    cr_assert_lt(tide_now_ns() - t0, 5000000000ull, "refusing a FIFO must not block");
     cr_assert_eq(tide__ckpt_open_read(root, g_root, "none", &fd), TIDE_ERR_NOT_FOUND);
     /* creating over a link replaces the link, never writes its target */
     cr_assert_eq(tide__ckpt_create(root, g_root, "MANIFEST", &fd), TIDE_OK, "%s",
@@ -720,7 +720,7 @@ Test(ckpt, find_takes_the_step_from_the_manifest)
     cr_assert_eq(step, 20);
     cr_assert_eq(tide_ckpt_find(g_root, 10, p, sizeof p, &step), TIDE_ERR_NOT_FOUND);
     cr_assert(strstr(tide_last_error(), "MANIFEST is a FIFO") != NULL, "%s", tide_last_error());
-    cr_assert_lt(tide_now_ns() - t0, 2000000000ull, "a FIFO manifest must not block");
+    cr_assert_lt(tide_now_ns() - t0, 10000000000ull, "a FIFO manifest must not block");
     tide_layout_destroy(&l);
     free_bufs(c, g);
     tide_collection_destroy(&c);
@@ -746,7 +746,7 @@ Test(ckpt, a_failed_shard_stops_the_publisher_at_once)
     free_bufs(c, b);
     uint64_t t0 = tide_now_ns();
     cr_assert_eq(tide_ckpt_publish(dir, l, c, 5, 55, 60000), TIDE_ERR_IO);
-    cr_assert_lt(tide_now_ns() - t0, 2000000000ull, "the publisher waited for a failed shard");
+    cr_assert_lt(tide_now_ns() - t0, 10000000000ull, "the publisher waited for a failed shard");
     cr_assert(strstr(tide_last_error(), "(p 0, d 0, t 1) failed") != NULL &&
                   strstr(tide_last_error(), "is a directory") != NULL,
               "%s", tide_last_error());
@@ -796,7 +796,7 @@ Test(ckpt, the_saver_never_makes_its_caller_wait)
                               .layout = l,
                               .coll = c,
                               .publish = 1,
-                              .timeout_ms = 400,
+                              .timeout_ms = 1500,
                               .bufs = b,
                               .done = on_done,
                               .done_ctx = &log};
@@ -812,14 +812,16 @@ Test(ckpt, the_saver_never_makes_its_caller_wait)
     cr_assert(strstr(tide_last_error(), "step 3 skipped") != NULL &&
                   strstr(tide_last_error(), "step 1") != NULL,
               "%s", tide_last_error());
-    cr_assert_lt(tide_now_ns() - t0, 300000000ull, "offering three saves took %llu ms",
+    /* well under one save's bound: nothing waited for a save to end (however loaded the
+       machine) */
+    cr_assert_lt(tide_now_ns() - t0, 1000000000ull, "offering three saves took %llu ms",
                  (unsigned long long)((tide_now_ns() - t0) / 1000000));
     cr_assert_eq(tide_ckpt_saver_wait(s), TIDE_ERR_TIMEOUT);
     uint64_t took = tide_now_ns() - t0;
-    cr_assert(took >= 800000000ull && took < 5000000000ull, "two bounded saves took %llu ms",
+    cr_assert(took >= 3000000000ull && took < 15000000000ull, "two bounded saves took %llu ms",
               (unsigned long long)(took / 1000000));
     cr_assert_eq(log.calls, 2);
-    cr_assert(strstr(log.why, "not written within 400 ms") != NULL, "%s", log.why);
+    cr_assert(strstr(log.why, "not written within 1500 ms") != NULL, "%s", log.why);
     /* the next save is taken as usual */
     req.step = 4;
     req.save_id = 4;

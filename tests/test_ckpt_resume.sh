@@ -64,8 +64,20 @@ start_tided() {
 
 events() { "$TIDECTL" --endpoint "$E" --timeout-ms 10000 events --limit 10000 --json; }
 
-# Each checkpoint_failed event of job $1 (one per line).
-failed_events() { events | grep -o '{[^{}]*"kind":"checkpoint_failed"[^{}]*}' | grep "\"job\":\"$1\"" || true; }
+# Each checkpoint_failed event of job $1 (one per line). Whole outputs are captured before
+# a grep -q reads them: a writer cut off by grep's early exit would fail the pipeline.
+failed_events() {
+  local ev
+  ev=$(events)
+  grep -o '{[^{}]*"kind":"checkpoint_failed"[^{}]*}' <<<"$ev" | grep "\"job\":\"$1\"" || true
+}
+
+# Whether tided has an event of kind $1.
+has_event() {
+  local ev
+  ev=$(events)
+  grep -q "\"kind\":\"$1\"" <<<"$ev"
+}
 
 part_resume() {
   "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 2 --tp 2 --pp 2 --steps 8 --ckpt-every 4 \
@@ -186,7 +198,8 @@ part_links() {
   local N=$W/renamed
   mkdir "$N"
   cp -a "$(sdir "$R" 6)" "$(sdir "$N" 16)"
-  "$TOOL" info "$N" | grep -q "step 6$" || fail "tide-ckpt info of a renamed checkpoint"
+  "$TOOL" info "$N" > "$W/i-ren.log" || fail "tide-ckpt info of a renamed checkpoint"
+  grep -q "step 6$" "$W/i-ren.log" || { cat "$W/i-ren.log"; fail "tide-ckpt info: not step 6"; }
   "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --steps 10 --resume "$N" \
     --loss-out "$W/renamed.loss" > "$W/r-ren.log" 2>&1 || { cat "$W/r-ren.log"; fail "resume renamed"; }
   grep -q "resumed at step 6 from" "$W/r-ren.log" || { cat "$W/r-ren.log"; fail "standalone resume step"; }
@@ -227,7 +240,7 @@ part_links() {
 rank_pid() {
   local c
   for c in $(pgrep -P "$1"); do
-    tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" &&
+    grep -qx "OMPI_COMM_WORLD_RANK=$2" <<<"$(tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null)" &&
       { echo "$c"; return 0; }
   done
   return 1
@@ -272,10 +285,10 @@ WRAP
   done
   [ -n "$p1" ] && [ "$(last_step "$T")" -ge 60 ] || { cat "$W/full.log"; fail "the job did not start"; }
   for _ in $(seq 300); do
-    events | grep -q '"kind":"checkpoint_saved"' && break
+    has_event checkpoint_saved && break
     sleep 0.1
   done
-  events | grep -q '"kind":"checkpoint_saved"' || fail "no checkpoint saved before the disk fills"
+  has_event checkpoint_saved || fail "no checkpoint saved before the disk fills"
   # Windows of a working and of a full disk (a 2 MiB tmpfs over the root as rank 1 sees it,
   # full to the last byte), interleaved so that the machine's load weighs on both alike
   local ok_w="" full_w="" round a b
@@ -294,7 +307,7 @@ WRAP
     [ "$round" -eq 3 ] || nsenter -t "$p1" -m umount -l "$R" || fail "cannot unmount the tmpfs"
   done
   for _ in $(seq 100); do
-    failed_events full | grep -q "was not written within 2000 ms" && break
+    grep -q "was not written within 2000 ms" <<<"$(failed_events full)" && break
     sleep 0.1
   done
   ev=$(failed_events full)
@@ -311,10 +324,10 @@ WRAP
   # a rank dies while saves fail: the job rolls back to its last complete checkpoint
   kill -KILL "$p1"
   for _ in $(seq 300); do
-    events | grep -q '"kind":"rolled_back"' && break
+    has_event rolled_back && break
     sleep 0.1
   done
-  events | grep -q '"kind":"rolled_back"' || { events; cat "$W/full.log"; fail "no rollback after the kill"; }
+  has_event rolled_back || { events; cat "$W/full.log"; fail "no rollback after the kill"; }
   local code=0
   timeout -k 5 120 tail --pid="$JOB_PID" -f /dev/null || code=$?
   [ "$code" -eq 0 ] || { cat "$W/full.log"; fail "the job did not end after its recovery"; }
@@ -333,4 +346,9 @@ links) part_links ;;
 full) part_full ;;
 *) fail "unknown part $PART" ;;
 esac
+# what the programs said under a sanitizer build stays in their logs: bring it out
+if grep -l "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$W"/*.log 2>/dev/null; then
+  grep -h -A30 "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$W"/*.log | head -120
+  fail "a sanitizer report in the logs above"
+fi
 echo "PASS test_ckpt_resume $PART"

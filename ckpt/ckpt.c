@@ -42,15 +42,6 @@ void tide__ckpt_shard_name(int p, int d, int t, const char *ext, char *buf, size
     snprintf(buf, len, "shard-p%d-d%d-t%d.%s", p, d, t, ext);
 }
 
-tide_status tide__ckpt_open_file(const char *path, int flags, int *fd)
-{
-    *fd = open(path, flags | O_CLOEXEC, 0644);
-    if (*fd >= 0)
-        return TIDE_OK;
-    return tide_errorf(errno == ENOENT ? TIDE_ERR_NOT_FOUND : TIDE_ERR_IO, "cannot open %s: %s",
-                       path, strerror(errno));
-}
-
 tide_status tide__ckpt_write_all(int fd, const void *buf, uint64_t n, const char *path)
 {
     const char *q = buf;
@@ -60,7 +51,7 @@ tide_status tide__ckpt_write_all(int fd, const void *buf, uint64_t n, const char
             continue;
         if (k <= 0)
             return tide_errorf(TIDE_ERR_IO, "writing %s: %s", path,
-                               k == 0 ? "no progress" : strerror(errno));
+                               k == 0 ? "no progress" : tide__ckpt_strerror(errno));
         q += k;
         n -= (uint64_t)k;
     }
@@ -75,7 +66,7 @@ tide_status tide__ckpt_read_at(int fd, void *buf, uint64_t n, uint64_t off, cons
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0)
-            return tide_errorf(TIDE_ERR_IO, "reading %s: %s", path, strerror(errno));
+            return tide_errorf(TIDE_ERR_IO, "reading %s: %s", path, tide__ckpt_strerror(errno));
         if (k == 0)
             return tide_errorf(TIDE_ERR_INVALID,
                                "%s is truncated: it ends at byte %" PRIu64
@@ -88,16 +79,24 @@ tide_status tide__ckpt_read_at(int fd, void *buf, uint64_t n, uint64_t off, cons
     return TIDE_OK;
 }
 
-tide_status tide__ckpt_fsync_dir(const char *dir)
+tide__ckpt_bound tide__ckpt_bound_in(int timeout_ms)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return tide_errorf(TIDE_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    if (rc != 0)
-        return tide_errorf(TIDE_ERR_IO, "fsync of directory %s: %s", dir, strerror(err));
+    tide__ckpt_bound b = {UINT64_MAX, 0};
+    if (timeout_ms > 0) {
+        b.until_ns = tide_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+        b.ms = timeout_ms;
+    }
+    return b;
+}
+
+/* TIDE_ERR_TIMEOUT once b has passed: doing what names the file being written. */
+static tide_status check_bound(tide__ckpt_bound b, const char *doing)
+{
+    if (tide_now_ns() >= b.until_ns)
+        return tide_errorf(TIDE_ERR_TIMEOUT,
+                           "%s: the save took longer than its bound of %d ms (a slow or stuck "
+                           "disk; TIDE_CKPT_TIMEOUT_MS); the checkpoint stays incomplete",
+                           doing, b.ms);
     return TIDE_OK;
 }
 
@@ -122,25 +121,6 @@ void tide__ckpt_fault(const char *point)
         TIDE_WARN(SUBSYS, "TIDE_CKPT_FAULT=%s: exiting", f);
         _exit(86);
     }
-}
-
-static tide_status mkdir_p(const char *dir)
-{
-    char tmp[TIDE_CKPT_PATH_MAX];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof tmp)
-        return tide_errorf(TIDE_ERR_INVALID, "checkpoint directory '%s': bad length", dir);
-    memcpy(tmp, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (tmp[i] != '/' && tmp[i] != '\0')
-            continue;
-        char c = tmp[i];
-        tmp[i] = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return tide_errorf(TIDE_ERR_IO, "cannot create directory %s: %s", tmp, strerror(errno));
-        tmp[i] = c;
-    }
-    return TIDE_OK;
 }
 
 /* ---- who writes what ------------------------------------------------------------------------ */
@@ -266,108 +246,87 @@ static int32_t get_i32(dec *x)
     return (int32_t)get_u32(x);
 }
 
-/* Writes buf to dir/name through dir/name.tmp: write, fsync, rename, fsync dir. */
-static tide_status write_atomic(const char *dir, const char *name, const void *buf, size_t n,
-                                const char *fault)
+/* ---- writing a shard ------------------------------------------------------------------- */
+
+#define PIECE_BYTES (64u << 20) /* bytes written between two checks of the save's bound */
+
+/* Writes the tensors (p, d, t) saves to fd, in collection order, and their chunk hashes into
+   crc; checks the bound b between pieces. */
+static tide_status write_tensors(int fd, const char *path, const tide_layout_t *l,
+                                 const tide_collection_t *c, int p, int d, int t,
+                                 const void *const *bufs, uint64_t *crc, tide__ckpt_bound b)
 {
-    char tmp[TIDE_CKPT_PATH_MAX + 128], path[TIDE_CKPT_PATH_MAX + 128];
-    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = -1;
-    TIDE_CHECK(tide__ckpt_open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, &fd));
-    tide_status rc = tide__ckpt_write_all(fd, buf, n, tmp);
-    if (rc == TIDE_OK && fsync(fd) != 0)
-        rc = tide_errorf(TIDE_ERR_IO, "fsync of %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == TIDE_OK)
-        rc = tide_errorf(TIDE_ERR_IO, "closing %s: %s", tmp, strerror(errno));
-    if (rc != TIDE_OK) {
-        unlink(tmp);
-        return rc;
-    }
-    if (fault != NULL)
-        tide__ckpt_fault(fault);
-    if (rename(tmp, path) != 0) {
-        rc = tide_errorf(TIDE_ERR_IO, "renaming %s to %s: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-        return rc;
-    }
-    return tide__ckpt_fsync_dir(dir);
-}
-
-/* ---- writing a shard ---------------------------------------------------------------------------
- */
-
-tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
-                                  const tide_collection_t *c, int p, int d, int t,
-                                  const void *const *bufs, uint64_t save_id)
-{
-    if (dir == NULL || l == NULL || c == NULL || bufs == NULL)
-        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_write_shard: NULL argument");
-    uint64_t total = tide_ckpt_shard_size(l, c, p, d, t);
-    if (total == 0)
-        return TIDE_OK;
-    TIDE_CHECK(mkdir_p(dir));
-    char name[64], path[TIDE_CKPT_PATH_MAX + 128];
-    /* a complete checkpoint of this step saved before (a job rolled back past it saves it
-       again): incomplete from now on, until this save publishes, never complete-looking
-       over shards being rewritten */
-    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
-    if (unlink(path) != 0 && errno != ENOENT)
-        return tide_errorf(TIDE_ERR_IO, "checkpoint %s: cannot remove the old manifest: %s", dir,
-                           strerror(errno));
-    tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    unlink(path); /* a crashed attempt's checksums must not describe this attempt's data */
-    tide__ckpt_shard_name(p, d, t, "bin", name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-
-    uint32_t chunk = TIDE_CKPT_CHUNK_BYTES;
-    uint32_t n_chunks = (uint32_t)((total + chunk - 1) / chunk);
-    uint64_t *crc = tide_calloc(n_chunks ? n_chunks : 1, sizeof *crc);
     XXH3_state_t *hs = XXH3_createState();
-    if (crc == NULL || hs == NULL || XXH3_64bits_reset(hs) != XXH_OK) {
-        tide_free(crc);
+    if (hs == NULL || XXH3_64bits_reset(hs) != XXH_OK) {
         XXH3_freeState(hs);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %s's checksums", path);
     }
-    int fd = -1;
+    const uint64_t chunk = TIDE_CKPT_CHUNK_BYTES;
     tide_status rc = TIDE_OK;
-    enc e = {0};
-    TIDE_CHECK_GOTO(tide__ckpt_open_file(path, O_WRONLY | O_CREAT | O_TRUNC, &fd), rc, out);
     /* The hash of chunk k runs over bytes [k * chunk, (k + 1) * chunk) of the file, which
        may span tensors: keep the running hash state and where in the chunk we are. */
     uint64_t pos = 0;
-    for (size_t i = 0; i < tide_collection_size(c); i++) {
+    for (size_t i = 0; i < tide_collection_size(c) && rc == TIDE_OK; i++) {
         if (!tide_ckpt_saves(l, c, i, p, d, t))
             continue;
         uint64_t n = tide_shard_bytes(l, c, i, p, d, t);
         if (bufs[i] == NULL)
             TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "writing %s: no buffer for tensor %s", path,
                            tide_collection_tensor(c, i)->name);
-        TIDE_CHECK_GOTO(tide__ckpt_write_all(fd, bufs[i], n, path), rc, out);
         const uint8_t *q = bufs[i];
         while (n > 0) {
-            uint64_t room = chunk - pos % chunk;
-            uint64_t k = n < room ? n : room;
-            (void)XXH3_64bits_update(hs, q, (size_t)k);
-            pos += k;
-            q += k;
-            n -= k;
-            if (pos % chunk == 0) {
-                crc[pos / chunk - 1] = (uint64_t)XXH3_64bits_digest(hs);
-                (void)XXH3_64bits_reset(hs);
+            uint64_t piece = n < PIECE_BYTES ? n : PIECE_BYTES;
+            TIDE_CHECK_GOTO(check_bound(b, path), rc, out);
+            TIDE_CHECK_GOTO(tide__ckpt_write_all(fd, q, piece, path), rc, out);
+            for (uint64_t left = piece; left > 0;) {
+                uint64_t room = chunk - pos % chunk;
+                uint64_t k = left < room ? left : room;
+                (void)XXH3_64bits_update(hs, q, (size_t)k);
+                pos += k;
+                q += k;
+                left -= k;
+                n -= k;
+                if (pos % chunk == 0) {
+                    crc[pos / chunk - 1] = (uint64_t)XXH3_64bits_digest(hs);
+                    (void)XXH3_64bits_reset(hs);
+                }
             }
         }
     }
     if (pos % chunk != 0)
         crc[pos / chunk] = (uint64_t)XXH3_64bits_digest(hs);
+out:
+    XXH3_freeState(hs);
+    return rc;
+}
+
+/* The shard file and its checksum file (see tide__ckpt_write_shard_at). */
+static tide_status write_shard_files(int dir, const char *dpath, const tide_layout_t *l,
+                                     const tide_collection_t *c, int p, int d, int t,
+                                     const void *const *bufs, uint64_t save_id, uint64_t total,
+                                     tide__ckpt_bound b)
+{
+    char name[64], path[TIDE_CKPT_PATH_MAX + 128];
+    tide__ckpt_shard_name(p, d, t, "bin", name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dpath, name);
+    uint32_t chunk = TIDE_CKPT_CHUNK_BYTES;
+    uint32_t n_chunks = (uint32_t)((total + chunk - 1) / chunk);
+    uint64_t *crc = tide_calloc(n_chunks ? n_chunks : 1, sizeof *crc);
+    if (crc == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %s's checksums", path);
+    int fd = -1;
+    tide_status rc = TIDE_OK;
+    enc e = {0};
+    TIDE_CHECK_GOTO(tide__ckpt_create(dir, dpath, name, &fd), rc, out);
+    TIDE_CHECK_GOTO(write_tensors(fd, path, l, c, p, d, t, bufs, crc, b), rc, out);
     if (fsync(fd) != 0)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "fsync of %s: %s", path, strerror(errno));
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "fsync of %s: %s", path, tide__ckpt_strerror(errno));
     if (close(fd) != 0) {
         fd = -1;
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "closing %s: %s", path, strerror(errno));
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "closing %s: %s", path, tide__ckpt_strerror(errno));
     }
     fd = -1;
+    TIDE_CHECK_GOTO(check_bound(b, path), rc, out);
     put(&e, MAGIC_SUM, 8);
     put_u64(&e, save_id);
     put_u64(&e, total);
@@ -381,55 +340,88 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's checksums", path);
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
     /* the .sum renamed into place says: this shard is complete and on disk */
-    TIDE_CHECK_GOTO(write_atomic(dir, name, e.buf, e.len, NULL), rc, out);
+    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, name, e.buf, e.len, NULL), rc, out);
     tide__ckpt_fault("shard");
 out:
     if (fd >= 0)
         close(fd);
     tide_free(e.buf);
     tide_free(crc);
-    XXH3_freeState(hs);
+    return rc;
+}
+
+/* After a failed shard write: its partial file goes (it can never be published, and on a
+   full disk its blocks are what the next save needs), and a note "save <id>: <reason>"
+   tells the publisher not to wait for it. Best effort (the publisher's bound still holds);
+   the failure's own message is kept. */
+static void note_failure(int dir, const char *dpath, int p, int d, int t, uint64_t save_id,
+                         tide_status rc)
+{
+    char msg[700], note[760], name[64];
+    snprintf(msg, sizeof msg, "%s", tide_last_error());
+    tide__ckpt_shard_name(p, d, t, "bin", name, sizeof name);
+    (void)tide__ckpt_remove(dir, dpath, name);
+    int n = snprintf(note, sizeof note, "save %016" PRIx64 ": %s\n", save_id, msg);
+    tide__ckpt_shard_name(p, d, t, "failed", name, sizeof name);
+    if (tide__ckpt_write_atomic(dir, dpath, name, note, (size_t)n < sizeof note ? (size_t)n : 0,
+                                NULL) != TIDE_OK)
+        TIDE_DEBUG(SUBSYS, "no failure note for %s/%s: %s", dpath, name, tide_last_error());
+    tide_errorf(rc, "%s", msg);
+}
+
+tide_status tide__ckpt_write_shard_at(int dir, const char *dpath, const tide_layout_t *l,
+                                      const tide_collection_t *c, int p, int d, int t,
+                                      const void *const *bufs, uint64_t save_id, tide__ckpt_bound b)
+{
+    uint64_t total = tide_ckpt_shard_size(l, c, p, d, t);
+    if (total == 0)
+        return TIDE_OK;
+    char name[64];
+    /* a complete checkpoint of this step saved before (a job rolled back past it saves it
+       again): incomplete from now on, until this save publishes, never complete-looking
+       over shards being rewritten */
+    TIDE_CHECK(tide__ckpt_remove(dir, dpath, MANIFEST));
+    /* a crashed or failed attempt's checksums and note must not describe this attempt */
+    tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
+    TIDE_CHECK(tide__ckpt_remove(dir, dpath, name));
+    tide__ckpt_shard_name(p, d, t, "failed", name, sizeof name);
+    TIDE_CHECK(tide__ckpt_remove(dir, dpath, name));
+    tide_status rc = write_shard_files(dir, dpath, l, c, p, d, t, bufs, save_id, total, b);
+    if (rc != TIDE_OK)
+        note_failure(dir, dpath, p, d, t, save_id, rc);
+    return rc;
+}
+
+tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
+                                  const tide_collection_t *c, int p, int d, int t,
+                                  const void *const *bufs, uint64_t save_id)
+{
+    if (dir == NULL || l == NULL || c == NULL || bufs == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_write_shard: NULL argument");
+    if (tide_ckpt_shard_size(l, c, p, d, t) == 0)
+        return TIDE_OK;
+    int fd = -1;
+    TIDE_CHECK(tide__ckpt_open_ckdir(dir, 1, &fd));
+    tide_status rc =
+        tide__ckpt_write_shard_at(fd, dir, l, c, p, d, t, bufs, save_id, tide__ckpt_bound_in(0));
+    close(fd);
     return rc;
 }
 
 /* ---- publishing --------------------------------------------------------------------------- */
 
-/* Reads dir/name whole into *out (caller frees); TIDE_ERR_NOT_FOUND when absent. */
-static tide_status read_whole(const char *path, uint8_t **out, size_t *len)
-{
-    *out = NULL;
-    *len = 0;
-    int fd = -1;
-    TIDE_CHECK(tide__ckpt_open_file(path, O_RDONLY, &fd));
-    struct stat st;
-    tide_status rc = TIDE_OK;
-    uint8_t *b = NULL;
-    if (fstat(fd, &st) != 0)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "stat of %s: %s", path, strerror(errno));
-    if ((uint64_t)st.st_size > MAN_MAX)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s has %lld bytes: too large to be one", path,
-                       (long long)st.st_size);
-    b = tide_malloc((size_t)st.st_size + 1);
-    TIDE_CHECK_ALLOC_GOTO(b, rc, out);
-    TIDE_CHECK_GOTO(tide__ckpt_read_at(fd, b, (uint64_t)st.st_size, 0, path), rc, out);
-    *out = b;
-    *len = (size_t)st.st_size;
-    b = NULL;
-out:
-    tide_free(b);
-    close(fd);
-    return rc;
-}
-
-/* Parses a .sum file into *bytes / crc (caller frees *crc); TIDE_ERR_NOT_FOUND when absent
-   or of another save_id (a crashed attempt's, not this save's). */
-static tide_status read_sum(const char *path, uint64_t save_id, uint64_t *bytes, uint32_t *n_chunks,
-                            uint64_t **crc)
+/* Parses checksum file name of dir into *bytes / crc (caller frees *crc);
+   TIDE_ERR_NOT_FOUND when absent or of another save_id (a crashed attempt's, not this
+   save's). */
+static tide_status read_sum(int dir, const char *dpath, const char *name, uint64_t save_id,
+                            uint64_t *bytes, uint32_t *n_chunks, uint64_t **crc)
 {
     uint8_t *b = NULL;
     size_t len = 0;
     *crc = NULL;
-    TIDE_CHECK(read_whole(path, &b, &len));
+    char path[TIDE_CKPT_PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/%s", dpath, name);
+    TIDE_CHECK(tide__ckpt_read_whole(dir, dpath, name, MAN_MAX, &b, &len));
     tide_status rc = TIDE_OK;
     dec x = {b, len, 0, 0};
     char magic[8];
@@ -482,12 +474,66 @@ static void put_layout_and_collection(enc *e, const tide_layout_t *l, const tide
         put_u32(e, (uint32_t)l->stage_start[s]);
 }
 
-tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tide_collection_t *c,
-                              int64_t step, uint64_t save_id, int timeout_ms)
+/* 1 when the writer of shard (p, d, t) left a note that it failed this save; its reason
+   into why. */
+static int failed_note(int dir, const char *dpath, int p, int d, int t, uint64_t save_id, char *why,
+                       size_t len)
 {
-    if (dir == NULL || l == NULL || c == NULL)
-        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_publish: NULL argument");
-    TIDE_CHECK(mkdir_p(dir));
+    char name[64], want[32];
+    tide__ckpt_shard_name(p, d, t, "failed", name, sizeof name);
+    struct stat st;
+    if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return 0;
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (tide__ckpt_read_whole(dir, dpath, name, 4096, &b, &n) != TIDE_OK) {
+        tide_error_clear(); /* a note being renamed into place, or not one: keep waiting */
+        return 0;
+    }
+    size_t w = (size_t)snprintf(want, sizeof want, "save %016" PRIx64 ": ", save_id);
+    int ours = n >= w && memcmp(b, want, w) == 0;
+    if (ours) {
+        size_t k = n - w;
+        while (k > 0 && b[w + k - 1] == '\n')
+            k--;
+        snprintf(why, len, "%.*s", (int)k, (const char *)b + w);
+    }
+    tide_free(b);
+    return ours;
+}
+
+/* Waits until the checksum file of shard (p, d, t) of this save is in place, its writer
+   noted a failure, or b passes; its size and hashes into *bytes, *n_chunks, *crc. */
+static tide_status wait_shard(int dir, const char *dpath, int p, int d, int t, uint64_t save_id,
+                              tide__ckpt_bound b, uint64_t *bytes, uint32_t *n_chunks,
+                              uint64_t **crc)
+{
+    char name[64], why[600];
+    tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
+    uint64_t nap_ms = 2; /* doubling to 50: quick when shards land together, cheap when not */
+    for (;;) {
+        tide_status rc = read_sum(dir, dpath, name, save_id, bytes, n_chunks, crc);
+        if (rc != TIDE_ERR_NOT_FOUND)
+            return rc;
+        if (failed_note(dir, dpath, p, d, t, save_id, why, sizeof why))
+            return tide_errorf(TIDE_ERR_IO,
+                               "checkpoint %s: the writer of shard (p %d, d %d, t %d) failed: "
+                               "%s; the checkpoint stays incomplete",
+                               dpath, p, d, t, why);
+        if (tide_now_ns() >= b.until_ns)
+            return tide_errorf(TIDE_ERR_TIMEOUT,
+                               "checkpoint %s: shard %s was not written within %d ms; the "
+                               "checkpoint stays incomplete",
+                               dpath, name, b.ms);
+        tide_sleep_ms(nap_ms);
+        nap_ms = nap_ms * 2 < 50 ? nap_ms * 2 : 50;
+    }
+}
+
+tide_status tide__ckpt_publish_at(int dir, const char *dpath, const tide_layout_t *l,
+                                  const tide_collection_t *c, int64_t step, uint64_t save_id,
+                                  tide__ckpt_bound b)
+{
     enc e = {0};
     tide_status rc = TIDE_OK;
     put(&e, MAGIC_MAN, 8);
@@ -502,34 +548,21 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
             for (int t = 0; t < l->tp; t++)
                 n_shards += tide_ckpt_shard_size(l, c, p, d, t) > 0;
     put_u32(&e, n_shards);
-    uint64_t deadline = tide_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
     for (int p = 0; p < l->pp; p++)
         for (int d = 0; d < l->dp; d++)
             for (int t = 0; t < l->tp; t++) {
                 uint64_t want = tide_ckpt_shard_size(l, c, p, d, t);
                 if (want == 0)
                     continue;
-                char name[64], path[TIDE_CKPT_PATH_MAX + 128];
-                tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
-                snprintf(path, sizeof path, "%s/%s", dir, name);
                 uint64_t bytes = 0;
                 uint32_t n_chunks = 0;
                 uint64_t *crc = NULL;
-                for (;;) {
-                    rc = read_sum(path, save_id, &bytes, &n_chunks, &crc);
-                    if (rc != TIDE_ERR_NOT_FOUND || tide_now_ns() >= deadline)
-                        break;
-                    tide_sleep_ms(5);
-                }
-                if (rc == TIDE_ERR_NOT_FOUND)
-                    rc = tide_errorf(TIDE_ERR_TIMEOUT,
-                                     "checkpoint %s: shard %s was not written within %d ms; "
-                                     "the checkpoint stays incomplete",
-                                     dir, name, timeout_ms);
+                rc = wait_shard(dir, dpath, p, d, t, save_id, b, &bytes, &n_chunks, &crc);
                 if (rc == TIDE_OK && bytes != want)
                     rc = tide_errorf(TIDE_ERR_INVALID,
-                                     "%s says %" PRIu64 " bytes, the layout %" PRIu64, path, bytes,
-                                     want);
+                                     "%s: shard (p %d, d %d, t %d) says %" PRIu64
+                                     " bytes, the layout %" PRIu64,
+                                     dpath, p, d, t, bytes, want);
                 if (rc != TIDE_OK) {
                     tide_free(crc);
                     goto out;
@@ -546,21 +579,39 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
     if (!e.oom)
         put_u64(&e, tide__ckpt_hash(e.buf, e.len));
     if (e.oom)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's manifest", dir);
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's manifest", dpath);
     /* every shard is fsynced and its entry too (each writer fsynced dir after its .sum) */
-    TIDE_CHECK_GOTO(write_atomic(dir, MANIFEST, e.buf, e.len, "manifest"), rc, out);
-    /* the manifest holds the checksums now */
+    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, MANIFEST, e.buf, e.len, "manifest"), rc,
+                    out);
+    /* the manifest holds the checksums now; failure notes of earlier attempts are moot */
     for (int p = 0; p < l->pp; p++)
         for (int d = 0; d < l->dp; d++)
             for (int t = 0; t < l->tp; t++) {
-                char name[64], path[TIDE_CKPT_PATH_MAX + 128];
+                char name[64];
                 tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
-                snprintf(path, sizeof path, "%s/%s", dir, name);
-                unlink(path);
+                (void)unlinkat(dir, name, 0);
+                tide__ckpt_shard_name(p, d, t, "failed", name, sizeof name);
+                (void)unlinkat(dir, name, 0);
             }
-    TIDE_INFO(SUBSYS, "published checkpoint of step %lld in %s", (long long)step, dir);
+    TIDE_INFO(SUBSYS, "published checkpoint of step %lld in %s", (long long)step, dpath);
 out:
     tide_free(e.buf);
+    return rc;
+}
+
+tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tide_collection_t *c,
+                              int64_t step, uint64_t save_id, int timeout_ms)
+{
+    if (dir == NULL || l == NULL || c == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_ckpt_publish: NULL argument");
+    int fd = -1;
+    TIDE_CHECK(tide__ckpt_open_ckdir(dir, 1, &fd));
+    /* timeout_ms <= 0: one look, no wait */
+    tide__ckpt_bound b = {tide_now_ns(), 0};
+    if (timeout_ms > 0)
+        b = tide__ckpt_bound_in(timeout_ms);
+    tide_status rc = tide__ckpt_publish_at(fd, dir, l, c, step, save_id, b);
+    close(fd);
     return rc;
 }
 
@@ -575,13 +626,21 @@ tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir)
     snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
     uint8_t *b = NULL;
     size_t len = 0;
-    tide_status rc = read_whole(path, &b, &len);
-    if (rc == TIDE_ERR_NOT_FOUND)
-        return tide_errorf(TIDE_ERR_NOT_FOUND, "%s does not exist: %s is not a complete checkpoint",
-                           path, dir);
-    TIDE_CHECK(rc);
+    int fd = -1;
+    TIDE_CHECK(tide__ckpt_open_ckdir(dir, 0, &fd));
+    tide_status rc = tide__ckpt_read_whole(fd, dir, MANIFEST, MAN_MAX, &b, &len);
+    if (rc != TIDE_OK) {
+        close(fd);
+        if (rc == TIDE_ERR_NOT_FOUND)
+            return tide_errorf(TIDE_ERR_NOT_FOUND,
+                               "%s does not exist: %s is not a complete checkpoint", path, dir);
+        return rc;
+    }
     tide_ckpt_t *ck = tide_calloc(1, sizeof *ck);
+    if (ck == NULL)
+        close(fd);
     TIDE_CHECK_ALLOC_GOTO(ck, rc, out);
+    ck->fd = fd; /* every shard is read from the directory this manifest was read from */
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
     dec x = {b, len, 0, 0};
     char magic[8];
@@ -722,6 +781,8 @@ void tide_ckpt_close(tide_ckpt_t **self_p)
     tide_free(ck->shard_of);
     tide_collection_destroy(&ck->coll);
     tide_layout_destroy(&ck->layout);
+    if (ck->fd >= 0)
+        close(ck->fd);
     tide_free(ck);
     *self_p = NULL;
 }
@@ -773,7 +834,7 @@ tide_status tide_ckpt_verify(const tide_ckpt_t *ck)
         char path[TIDE_CKPT_PATH_MAX + 128];
         snprintf(path, sizeof path, "%s/%s", ck->dir, s->file);
         int fd = -1;
-        rc = tide__ckpt_open_file(path, O_RDONLY, &fd);
+        rc = tide__ckpt_open_read(ck->fd, ck->dir, s->file, &fd);
         if (rc != TIDE_OK)
             break;
         struct stat st;
@@ -823,157 +884,4 @@ tide_status tide_ckpt_check_collection(const tide_ckpt_t *ck, const tide_collect
                                b->name, tide_dtype_name(b->dtype), tide_tensor_bytes(b));
     }
     return TIDE_OK;
-}
-
-/* ---- finding and pruning under a root ---------------------------------------------------- */
-
-/* Steps of the step-N directories under root, newest first; complete[k] when it has a
-   MANIFEST. Caller frees both. */
-static tide_status list_steps(const char *root, int64_t **steps, int **complete, size_t *n)
-{
-    *steps = NULL;
-    *complete = NULL;
-    *n = 0;
-    DIR *dp = opendir(root);
-    if (dp == NULL)
-        return tide_errorf(errno == ENOENT ? TIDE_ERR_NOT_FOUND : TIDE_ERR_IO,
-                           "cannot open checkpoint root %s: %s", root, strerror(errno));
-    size_t cap = 0;
-    tide_status rc = TIDE_OK;
-    struct dirent *de;
-    while ((de = readdir(dp)) != NULL) {
-        long long s = 0;
-        int used = 0;
-        if (sscanf(de->d_name, "step-%lld%n", &s, &used) != 1 || de->d_name[used] != '\0' || s < 0)
-            continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            int64_t *ns = tide_reallocarray(*steps, cap, sizeof *ns);
-            if (ns == NULL) {
-                rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %s", root);
-                break;
-            }
-            *steps = ns;
-        }
-        (*steps)[(*n)++] = s;
-    }
-    closedir(dp);
-    if (rc != TIDE_OK) {
-        tide_free(*steps);
-        *steps = NULL;
-        *n = 0;
-        return rc;
-    }
-    for (size_t i = 1; i < *n; i++) /* newest first; a few hundred at most */
-        for (size_t j = i; j > 0 && (*steps)[j - 1] < (*steps)[j]; j--) {
-            int64_t tmp = (*steps)[j];
-            (*steps)[j] = (*steps)[j - 1];
-            (*steps)[j - 1] = tmp;
-        }
-    *complete = tide_calloc(*n ? *n : 1, sizeof **complete);
-    if (*complete == NULL) {
-        tide_free(*steps);
-        *steps = NULL;
-        *n = 0;
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %s", root);
-    }
-    for (size_t i = 0; i < *n; i++) {
-        char dir[TIDE_CKPT_PATH_MAX], man[TIDE_CKPT_PATH_MAX + 16];
-        tide_ckpt_step_dir(root, (*steps)[i], dir, sizeof dir);
-        snprintf(man, sizeof man, "%s/%s", dir, MANIFEST);
-        (*complete)[i] = access(man, F_OK) == 0;
-    }
-    return TIDE_OK;
-}
-
-tide_status tide_ckpt_find(const char *root, int64_t before, char *path, size_t len, int64_t *step)
-{
-    char man[TIDE_CKPT_PATH_MAX + 128];
-    snprintf(man, sizeof man, "%s/%s", root, MANIFEST);
-    if (access(man, F_OK) == 0) {
-        tide_ckpt_t *ck = NULL;
-        TIDE_CHECK(tide_ckpt_open(&ck, root));
-        int64_t s = ck->step;
-        tide_ckpt_close(&ck);
-        if (s >= before)
-            return tide_errorf(TIDE_ERR_NOT_FOUND, "checkpoint %s (step %lld) is the only one",
-                               root, (long long)s);
-        snprintf(path, len, "%s", root);
-        *step = s;
-        return TIDE_OK;
-    }
-    int64_t *steps = NULL;
-    int *complete = NULL;
-    size_t n = 0;
-    TIDE_CHECK(list_steps(root, &steps, &complete, &n));
-    tide_status rc =
-        tide_errorf(TIDE_ERR_NOT_FOUND, "no complete checkpoint%s under %s",
-                    before == INT64_MAX ? "" : " older than the one that failed", root);
-    for (size_t i = 0; i < n; i++)
-        if (complete[i] && steps[i] < before) {
-            tide_ckpt_step_dir(root, steps[i], path, len);
-            *step = steps[i];
-            rc = TIDE_OK;
-            tide_error_clear();
-            break;
-        }
-    tide_free(steps);
-    tide_free(complete);
-    return rc;
-}
-
-static tide_status remove_dir(const char *dir)
-{
-    DIR *dp = opendir(dir);
-    if (dp == NULL)
-        return tide_errorf(TIDE_ERR_IO, "cannot open %s: %s", dir, strerror(errno));
-    struct dirent *de;
-    tide_status rc = TIDE_OK;
-    /* MANIFEST first: from then on the directory is incomplete, never half-deleted-complete */
-    char path[TIDE_CKPT_PATH_MAX + 300];
-    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
-    if (unlink(path) != 0 && errno != ENOENT)
-        rc = tide_errorf(TIDE_ERR_IO, "removing %s: %s", path, strerror(errno));
-    while (rc == TIDE_OK && (de = readdir(dp)) != NULL) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (unlink(path) != 0 && errno != ENOENT)
-            rc = tide_errorf(TIDE_ERR_IO, "removing %s: %s", path, strerror(errno));
-    }
-    closedir(dp);
-    if (rc == TIDE_OK && rmdir(dir) != 0)
-        rc = tide_errorf(TIDE_ERR_IO, "removing %s: %s", dir, strerror(errno));
-    return rc;
-}
-
-tide_status tide_ckpt_prune(const char *root, int keep)
-{
-    if (keep < 1)
-        return tide_errorf(TIDE_ERR_INVALID, "checkpoint retention must keep >= 1, got %d", keep);
-    int64_t *steps = NULL;
-    int *complete = NULL;
-    size_t n = 0;
-    TIDE_CHECK(list_steps(root, &steps, &complete, &n));
-    tide_status rc = TIDE_OK;
-    int kept = 0, seen_complete = 0;
-    for (size_t i = 0; i < n && rc == TIDE_OK; i++) {
-        if (complete[i] && kept < keep) {
-            kept++;
-            seen_complete = 1;
-            continue;
-        }
-        if (!seen_complete) /* newer than every complete one: maybe a save in progress */
-            continue;
-        char dir[TIDE_CKPT_PATH_MAX];
-        tide_ckpt_step_dir(root, steps[i], dir, sizeof dir);
-        rc = remove_dir(dir);
-        if (rc == TIDE_OK)
-            TIDE_INFO(SUBSYS, "pruned %s", dir);
-    }
-    if (rc == TIDE_OK && n > 0)
-        rc = tide__ckpt_fsync_dir(root);
-    tide_free(steps);
-    tide_free(complete);
-    return rc;
 }

@@ -17,6 +17,12 @@
  * complete. Only one copy of each byte is written: dp replicas, tp-replicated tensors
  * and every-stage tensors are written by one coordinate each.
  *
+ * Everything under a root is reached from a directory descriptor with no link followed:
+ * links, FIFOs and devices where tide expects its files are refused naming them, pruning
+ * removes only this user's directories holding only tide's files, and a root other users
+ * may write to is named in a warning. A save is bounded in time (timeout_ms): a full,
+ * failing or stuck disk fails that save, which is reported, never the job.
+ *
  * Loading: the saved layout is the old layout of a reshard plan whose holders are the
  * shard files; a rank of any new (dp, tp, pp, stages) reads exactly the chunks that
  * hold its bytes (chunks of 1 MiB, each checked against its hash before use).
@@ -55,12 +61,15 @@ void tide_ckpt_step_dir(const char *root, int64_t step, char *buf, size_t len);
 /* ---- writing ------------------------------------------------------------------------- */
 
 /*
- * Writes coordinate (p, d, t)'s shard of a checkpoint into dir (created when missing):
+ * Writes coordinate (p, d, t)'s shard of a checkpoint into dir (created when missing, with
+ * its parents; dir itself must be a directory of this user, never a link):
  * bufs[i] is its local buffer of tensor i in host memory (tide_shard_bytes long; only
  * the tensors it saves are read; NULL elsewhere is fine), fsyncs it, then renames its
  * checksum file into place. save_id tells this save's files from a crashed earlier
  * attempt at the same step (same value on every writer of one save). Writes nothing
- * when the coordinate saves nothing. Blocking file I/O; any thread.
+ * when the coordinate saves nothing. A failed write removes its partial shard and leaves
+ * a note (shard-*.failed) so that the publisher stops waiting for it. Blocking file I/O;
+ * any thread.
  */
 tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
                                   const tide_collection_t *c, int p, int d, int t,
@@ -69,9 +78,10 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
 /*
  * Publishes the checkpoint in dir once every coordinate of l that saves something has
  * written its shard with save_id (waits up to timeout_ms for them, polling the
- * directory): writes the manifest crash-safely (temp, fsync, rename, fsync dir). Fails
- * with TIDE_ERR_TIMEOUT naming a missing shard; the directory then stays incomplete and
- * is never loaded. Blocking; any thread; exactly one process per save calls it.
+ * directory; <= 0: one look): writes the manifest crash-safely (temp, fsync, rename, fsync
+ * dir). Fails with TIDE_ERR_TIMEOUT naming a missing shard, or at once with the reason a
+ * writer noted for its failed shard; the directory then stays incomplete and is never
+ * loaded. Blocking; any thread; exactly one process per save calls it.
  */
 tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tide_collection_t *c,
                               int64_t step, uint64_t save_id, int timeout_ms);
@@ -79,14 +89,20 @@ tide_status tide_ckpt_publish(const char *dir, const tide_layout_t *l, const tid
 /*
  * Keeps the newest `keep` complete checkpoints under root (keep >= 1) and removes older
  * ones, and incomplete step directories older than the newest complete one (a newer
- * incomplete one may be a save in progress). Blocking; any thread.
+ * incomplete one may be a save in progress). Removes only what tide wrote: a step
+ * directory that is a link, another user's, or holds anything but tide's files as this
+ * user's regular files is left alone with a warning. Blocking; any thread.
  */
 tide_status tide_ckpt_prune(const char *root, int keep);
 
 /*
  * Finds the newest complete checkpoint under root with step < before (INT64_MAX: any):
- * its directory into path (len bytes) and its step into *step. root may itself be a
- * checkpoint directory (it has a MANIFEST): then that one. TIDE_ERR_NOT_FOUND when none.
+ * its directory into path (len bytes) and its step, read from its manifest, into *step.
+ * root may itself be a checkpoint directory (it has a MANIFEST): then that one. Step
+ * directories are taken newest first by name; links are not followed, and one whose
+ * manifest cannot be read is skipped with a warning (the reason in the error when none is
+ * left); a name that disagrees with its manifest is warned of and the manifest's step
+ * used. TIDE_ERR_NOT_FOUND when none. Blocking file I/O; any thread.
  */
 tide_status tide_ckpt_find(const char *root, int64_t before, char *path, size_t len, int64_t *step);
 
@@ -100,7 +116,10 @@ typedef struct tide_ckpt tide_ckpt_t;
  * checksum, a valid collection and layout, and one shard record per writing coordinate
  * with the size that layout implies. Errors name the file: TIDE_ERR_NOT_FOUND (no
  * MANIFEST: incomplete or not a checkpoint), TIDE_ERR_INVALID (truncated, corrupted,
- * another version). Shards are not read here (tide_ckpt_verify). Caller owns *out.
+ * another version, or a link or special file where a file is expected: refused without
+ * blocking). dir is kept open: verify and load read the shards of this very directory.
+ * A dir whose last component is named step-N is tide's: it must not be a link. Shards
+ * are not read here (tide_ckpt_verify). Caller owns *out.
  */
 tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir);
 
@@ -167,9 +186,11 @@ typedef struct tide_ckpt_save_req {
     uint64_t save_id;              /* the same on every writer of this save */
     int publish;                   /* 1 on exactly one writer: publishes (and prunes) */
     int keep;                      /* publisher: checkpoints kept (>= 1; 0: all) */
-    int publish_timeout_ms;        /* publisher: wait for the other shards, ms */
-    void *const *bufs;             /* tensor i's local buffer (NULL where not held) */
-    tide_ckpt_copy_fn copy;        /* NULL: memcpy (host buffers) */
+    int timeout_ms;    /* the save's bound, ms: writing this shard and, on the publisher, waiting
+                          for the others'; later, it fails with TIDE_ERR_TIMEOUT (<= 0: none;
+                          tide_ckpt_timeout_ms is the default) */
+    void *const *bufs; /* tensor i's local buffer (NULL where not held) */
+    tide_ckpt_copy_fn copy; /* NULL: memcpy (host buffers) */
     void *copy_ctx;
     /* Called once the save ended (the shard written and, on the publisher, the checkpoint
        published), with its status (its detail in tide_last_error) and the step's directory;
@@ -178,27 +199,42 @@ typedef struct tide_ckpt_save_req {
     void *done_ctx;
 } tide_ckpt_save_req;
 
-/* A background writer thread with reusable host staging. Opaque. */
+/*
+ * The default bound of a save of layout l (ms): TIDE_CKPT_TIMEOUT_MS when set (read once,
+ * logged), else 60 s plus 1 ms per 16 KiB of the largest shard (a disk slower than 16 MB/s
+ * fails saves). Any thread.
+ */
+int tide_ckpt_timeout_ms(const tide_layout_t *l, const tide_collection_t *c);
+
+/* A background writer thread with reusable host staging (two save slots). Opaque. */
 typedef struct tide_ckpt_saver tide_ckpt_saver_t;
 
 /* Starts the writer thread; caller owns *out. */
 tide_status tide_ckpt_saver_new(tide_ckpt_saver_t **out);
 
 /*
- * Snapshots req's buffers into the saver's host staging (the saved tensors only, with
- * req->copy) and returns; the thread then writes the shard and, on the publisher,
- * publishes and prunes. If the previous save is still being written, waits for it
- * first (its status is returned by that wait, see tide_ckpt_saver_wait) unless it
- * failed: then that failure is returned and nothing is submitted. The caller may change
- * its buffers as soon as this returns. One caller thread.
+ * Snapshots req's buffers into a free staging slot of the saver (the saved tensors only,
+ * with req->copy), queues it and returns; the thread then writes the shard and, on the
+ * publisher, publishes and prunes, one save after the other. When both slots hold saves,
+ * waits for one to be written first; if the last save written failed, that failure is
+ * returned and nothing is submitted. The caller may change its buffers as soon as this
+ * returns. One caller thread.
  */
 tide_status tide_ckpt_saver_submit(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
 /*
- * Allocates and first-touches the host staging for saves of req's coordinate (layout,
- * collection and coordinate are read; bufs may be NULL) ahead of the first one, so that no
- * save's snapshot takes page faults from the training loop. Waits for a save being
- * written first. One caller thread (the submitting one).
+ * As tide_ckpt_saver_submit, but never waits: when both slots hold saves (one being
+ * written, one queued behind it), fails at once with TIDE_ERR_BUSY naming them and
+ * submits nothing. Earlier failures are not returned (req->done hears of each save).
+ * Allocates the second slot's staging the first time it is needed. One caller thread.
+ */
+tide_status tide_ckpt_saver_offer(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
+
+/*
+ * Allocates and first-touches the host staging of the first slot for saves of req's
+ * coordinate (layout, collection and coordinate are read; bufs may be NULL) ahead of the
+ * first one, so that no save's snapshot takes page faults from the training loop. Waits
+ * for that slot's save to be written first. One caller thread (the submitting one).
  */
 tide_status tide_ckpt_saver_reserve(tide_ckpt_saver_t *s, const tide_ckpt_save_req *req);
 
@@ -211,18 +247,18 @@ typedef struct tide_ckpt_host_mem {
 /*
  * Makes s's staging from mem (copied; NULL: plain host memory, the default), such as
  * pinned memory, which device snapshots copy into at full speed; staging made before is
- * freed, and the next save or reserve makes it anew. Waits for a save being written first.
- * One caller thread (the submitting one).
+ * freed, and the next save or reserve makes it anew. Waits for queued and written saves
+ * first. One caller thread (the submitting one).
  */
 tide_status tide_ckpt_saver_set_host_mem(tide_ckpt_saver_t *s, const tide_ckpt_host_mem *mem);
 
-/* Waits until nothing is being written; returns the last save's status. */
+/* Waits until nothing is queued or being written; returns the last save's status. */
 tide_status tide_ckpt_saver_wait(tide_ckpt_saver_t *s);
 
 /* 1 while a save is being written. Any thread. */
 int tide_ckpt_saver_busy(tide_ckpt_saver_t *s);
 
-/* Waits for the pending save, stops the thread, frees *self_p, sets it to NULL. */
+/* Waits for the queued saves, stops the thread, frees *self_p, sets it to NULL. */
 void tide_ckpt_saver_destroy(tide_ckpt_saver_t **self_p);
 
 /*

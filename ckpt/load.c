@@ -189,7 +189,7 @@ static tide_status read_shard(const tide_ckpt_t *ck, const tide__ckpt_shard *sh,
         goto out;
     win = tide_malloc((size_t)win_chunks * chunk);
     TIDE_CHECK_ALLOC_GOTO(win, rc, out);
-    TIDE_CHECK_GOTO(tide__ckpt_open_file(path, O_RDONLY, &fd), rc, out);
+    TIDE_CHECK_GOTO(tide__ckpt_open_read(ck->fd, ck->dir, sh->file, &fd), rc, out);
     struct stat stt;
     if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size != sh->bytes)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,

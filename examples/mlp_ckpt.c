@@ -46,7 +46,8 @@ static tide_status request(const tide_mlp_t *m, int32_t worker, const char *root
         o != NULL && o->save_id != 0 ? o->save_id : 0x9e3779b97f4a7c15ull ^ (uint64_t)step;
     req->publish = l->worker[0] == worker;
     req->keep = o != NULL ? o->keep : 0;
-    req->publish_timeout_ms = o != NULL && o->timeout_ms > 0 ? o->timeout_ms : 600000;
+    req->timeout_ms =
+        o != NULL && o->timeout_ms > 0 ? o->timeout_ms : tide_ckpt_timeout_ms(l, req->coll);
     req->bufs = tide_mlp_buffers(m);
     req->copy = read_tensor;
     req->copy_ctx = (void *)m; /* read_tensor only reads through it */

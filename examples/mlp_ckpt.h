@@ -26,7 +26,7 @@ extern "C" {
 typedef struct tide_mlp_ckpt_opts {
     uint64_t save_id; /* the same on every rank of one save; 0: derived from the step */
     int keep;         /* complete checkpoints kept under the root; 0: all */
-    int timeout_ms;   /* the publisher's wait for the other ranks' shards; 0: 600000 */
+    int timeout_ms;   /* the save's bound, ms (see tide_ckpt_save_req); 0: tide_ckpt_timeout_ms */
 } tide_mlp_ckpt_opts;
 
 /*

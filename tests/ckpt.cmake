@@ -3,14 +3,27 @@
 if(TARGET tide_ckpt)
   tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt TIMEOUT 120)
 endif()
-# train_mlp --resume / --ckpt-every, a crash injected mid-save, tide-ckpt verify/convert.
-if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided)
-  add_test(NAME test_ckpt_resume
-           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt_resume.sh
-                   $<TARGET_FILE:train_mlp> $<TARGET_FILE:tide-ckpt> $<TARGET_FILE:tided>
-                   ${TIDE_MPIEXEC}
-                   ${TIDE_MPIEXEC_FLAGS})
+# train_mlp --resume / --ckpt-every, a crash injected mid-save, tide-ckpt verify/convert
+# (resume); planted links, a renamed step directory and FIFOs in a checkpoint root
+# (links); a checkpoint disk that fills while a job trains and loses a rank (full: root,
+# mount namespaces, tmpfs).
+if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided AND TARGET tidectl)
+  foreach(part resume links full)
+    if(part STREQUAL "resume")
+      set(name test_ckpt_resume)
+    elseif(part STREQUAL "links")
+      set(name test_ckpt_links)
+    else()
+      set(name test_ckpt_full_disk)
+    endif()
+    add_test(NAME ${name}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt_resume.sh ${part}
+                     $<TARGET_FILE:train_mlp> $<TARGET_FILE:tide-ckpt> $<TARGET_FILE:tided>
+                     $<TARGET_FILE:tidectl> ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  endforeach()
   _tide_test_props(test_ckpt_resume "mpi" 400)
+  _tide_test_props(test_ckpt_links "mpi" 300)
+  _tide_test_props(test_ckpt_full_disk "mpi" 300)
 endif()
 
 # The saver's staging from the memory it is given (libtide: the nccl backend's pinned

@@ -24,7 +24,9 @@ struct tide__ckpt {
     tide_ckpt_saver_t *saver;
     char root[4096]; /* periodic saves' root ("" when none) */
     int every, keep;
-    int64_t last_step; /* step of the last save submitted, -1 none */
+    int64_t last_step;    /* step of the last save submitted, -1 none */
+    uint64_t timeout_gen; /* the generation timeout_ms was computed for (+1; 0: none) */
+    int timeout_ms;       /* a save's bound in that generation's layout, ms */
 };
 
 static tide_status get_state(tide_t *t, struct tide__ckpt **out)
@@ -67,7 +69,7 @@ static void report_saved(void *ctx, const tide_ckpt_save_req *req, const char *d
     snprintf(m.dir, sizeof m.dir, "%s", rc == TIDE_OK ? dir : req->root);
     m.code = rc == TIDE_OK ? 0 : rc < -1000 ? -1000 : (int)rc;
     if (rc != TIDE_OK)
-        snprintf(m.reason, sizeof m.reason, "%s", tide_last_error());
+        snprintf(m.reason, sizeof m.reason, "rank %d: %s", t->rank, tide_last_error());
     if (rc == TIDE_OK && strlen(dir) >= sizeof m.dir) {
         TIDE_WARN(SUBSYS,
                   "checkpoint %s: the path is too long to report to tided (%zu bytes "
@@ -112,6 +114,10 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
     id = fnv(id, &t->view.step, sizeof t->view.step);
     for (size_t w = 0; w < tide_layout_size(l); w++)
         id = fnv(id, &t->coord_ids[l->worker[w]], sizeof t->coord_ids[0]);
+    if (k->timeout_gen != t->view.generation + 1) {
+        k->timeout_ms = tide_ckpt_timeout_ms(l, t->coll);
+        k->timeout_gen = t->view.generation + 1;
+    }
     tide_ckpt_save_req req = {
         .root = root,
         .layout = l,
@@ -123,7 +129,7 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
         .save_id = id,
         .publish = l->worker[0] == t->rank,
         .keep = k->keep,
-        .publish_timeout_ms = 600000,
+        .timeout_ms = k->timeout_ms,
         .bufs = t->bufs,
         .copy = t->be->mem_kind == TIDE_MEM_HOST ? NULL : copy_to_host,
         .copy_ctx = (void *)t->be,
@@ -131,7 +137,14 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
         .done_ctx = t,
     };
     uint64_t t0 = tide_now_ns();
-    TIDE_CHECK(tide_ckpt_saver_submit(k->saver, &req));
+    /* never waits for earlier saves: one that cannot be taken now is reported and skipped */
+    tide_status rc = tide_ckpt_saver_offer(k->saver, &req);
+    if (rc != TIDE_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", tide_last_error());
+        report_saved(t, &req, root, rc);
+        return tide_errorf(rc, "%s", msg);
+    }
     k->last_step = t->view.step;
     TIDE_INFO(SUBSYS, "rank %d: checkpoint of step %lld snapshotted in %.1f ms; writing under %s",
               t->rank, (long long)t->view.step, (double)(tide_now_ns() - t0) * 1e-6, root);

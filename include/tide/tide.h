@@ -511,9 +511,14 @@ TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void 
  * before tide_reshard (the old layout's state at the switch step); inside a step it fails
  * with TIDE_ERR_INVALID. Idle ranks return at once. It copies
  * this rank's part to host staging (device buffers too) and returns: a background thread
- * writes it while training goes on, and the buffers may change right away. If the
- * previous save is still being written, it waits for it first. No communication. A job
- * restarted under any (dp, tp, pp, stages) loads it (tide-ckpt, train_mlp --resume).
+ * writes it while training goes on, and the buffers may change right away. It never
+ * waits for the disk: a save taken while the previous one is still being written queues
+ * behind it, and when two are in flight it fails at once with TIDE_ERR_BUSY. A save that
+ * is not on disk within TIDE_CKPT_TIMEOUT_MS (default 60 s plus 1 ms per 16 KiB of the
+ * largest shard) fails. Each failed or skipped save is reported to tided (a
+ * checkpoint_failed event naming the rank and the error) and is never loaded. No
+ * communication. A job restarted under any (dp, tp, pp, stages) loads it (tide-ckpt,
+ * train_mlp --resume).
  */
 TIDE_API tide_status tide_checkpoint(tide_t *t, const char *root);
 

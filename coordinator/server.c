@@ -2140,10 +2140,11 @@ static void dispatch(tide_server_t *s, tide_msg_t *m, const void *raw, size_t le
     /* roles: tide_msg_type_role (proto.h) is the one table; READER requests (status, jobs)
      * are open to every known key because libtide reads status to learn failed peers */
     tide_msg_role_t need = tide_msg_type_role(m->type);
-    if (need == TIDE_ROLE_COORDINATOR) {
+    if (need == TIDE_ROLE_COORDINATOR || need == TIDE_ROLE_RECORD) {
         s->st->counters.bad_requests++;
-        tide__reply_error(s, TIDE_ERR_PROTOCOL, "'%s' is sent by tided, not to it",
-                          tide_msg_type_name(m->type));
+        tide__reply_error(s, TIDE_ERR_PROTOCOL, "'%s' is %s", tide_msg_type_name(m->type),
+                          need == TIDE_ROLE_RECORD ? "a stored record, never a request"
+                                                   : "sent by tided, not to it");
         return;
     }
     if (!tide__auth_allows(s->role, need)) {

@@ -27,9 +27,7 @@ static const char *const job_kind_names[] = {"online", "command", "plugin"};
 static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
                                               "preempted", "done",    "failed",   "cancelled"};
 static const char *const placement_names[] = {"default", "optimal"};
-static const char *const degree_names[] = {"dp", "tp", "pp", "dp_micro"}; /* tide_degree */
-
-#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+const char *const tide__degree_names[4] = {"dp", "tp", "pp", "dp_micro"}; /* tide_degree */
 
 static const char *enum_name(const char *const *names, int n, int v)
 {
@@ -72,45 +70,6 @@ tide_status tide_proto_placement_parse(const char *s, tide_proto_placement_t *ou
     return tide_errorf(TIDE_ERR_NOT_FOUND, "placement '%s' is not one of: default, optimal",
                        s ? s : "(null)");
 }
-
-/* ---- field constructors -------------------------------------------------------------------- */
-
-#define MEMBER(T, m) (((T *)0)->m)
-#define IS_UNSIGNED(T, m)                                                                          \
-    _Generic(MEMBER(T, m), uint32_t : TIDE__F_UNSIGNED, uint64_t : TIDE__F_UNSIGNED, default : 0u)
-
-#define F_INT(T, m, k, lo, hi)                                                                     \
-    {                                                                                              \
-        .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m), .off = offsetof(T, m),        \
-        .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi), .count_off = TIDE__NO_OFF          \
-    }
-#define F_U64(T, m, k)    F_INT(T, m, k, 0, UINT64_MAX)
-#define F_WORKER(T, m)    F_INT(T, m, "worker", 0, INT32_MAX)
-#define F_GEN(T, m)       F_U64(T, m, "gen")
-#define F_DEGREE(T, m, k) F_INT(T, m, k, 1, TIDE_PROTO_DEGREE_MAX)
-#define F_DBL(T, m, k, lo, hi)                                                                     \
-    {                                                                                              \
-        .key = (k), .kind = TIDE__K_DOUBLE, .off = offsetof(T, m), .dmin = (lo), .dmax = (hi),     \
-        .count_off = TIDE__NO_OFF                                                                  \
-    }
-#define F_MS(T, m, k) F_DBL(T, m, k, 0.0, TIDE_PROTO_MS_MAX)
-#define F_BOOL(T, m, k)                                                                            \
-    {                                                                                              \
-        .key = (k), .kind = TIDE__K_BOOL, .off = offsetof(T, m), .count_off = TIDE__NO_OFF         \
-    }
-#define F_STR(T, m, k, cs, minlen)                                                                 \
-    {                                                                                              \
-        .key = (k), .kind = TIDE__K_STR, .off = offsetof(T, m), .size = sizeof(MEMBER(T, m)),      \
-        .min = (minlen), .charset = (cs), .count_off = TIDE__NO_OFF                                \
-    }
-#define F_JOB(T, m)       F_STR(T, m, "job", TIDE__CS_NAME, 1)
-#define F_JOB_EMPTY(T, m) F_STR(T, m, "job", TIDE__CS_NAME, 0)
-#define F_TEXT(T, m, k)   F_STR(T, m, k, TIDE__CS_TEXT, 0)
-#define F_ENUM(T, m, k, tbl)                                                                       \
-    {                                                                                              \
-        .key = (k), .kind = TIDE__K_ENUM, .off = offsetof(T, m), .names = (tbl),                   \
-        .n_names = NELEM(tbl), .count_off = TIDE__NO_OFF                                           \
-    }
 
 /* ---- cross-field rules ---------------------------------------------------------------------- */
 
@@ -196,8 +155,8 @@ static const tide__field layout_fields[] = {
      .count_off = TIDE__NO_OFF,
      .expect = expect_workers},
 };
-static const tide__schema layout_schema = {layout_fields, NELEM(layout_fields),
-                                           sizeof(tide_proto_layout_t), 1, check_layout};
+const tide__schema tide__layout_schema = {layout_fields, NELEM(layout_fields),
+                                          sizeof(tide_proto_layout_t), 1, check_layout};
 
 static tide_status check_tensor(const void *base, tide__ctx *c)
 {
@@ -227,8 +186,8 @@ static const tide__field tensor_fields[] = {
     F_INT(tide_proto_tensor_t, tp_segments, "seg", 1, 64),
     F_INT(tide_proto_tensor_t, dp, "dp", 0, 1),
 };
-static const tide__schema tensor_schema = {tensor_fields, NELEM(tensor_fields),
-                                           sizeof(tide_proto_tensor_t), 0, check_tensor};
+const tide__schema tide__tensor_schema = {tensor_fields, NELEM(tensor_fields),
+                                          sizeof(tide_proto_tensor_t), 0, check_tensor};
 
 /* ---- worker <-> tided schemas ------------------------------------------------------------------
  */
@@ -319,12 +278,12 @@ static const tide__field bye_fields[] = {
 };
 
 static const tide__field fit_fields[] = {
-    F_ENUM(tide_proto_fit_t, degree, "degree", degree_names),
+    F_ENUM(tide_proto_fit_t, degree, "degree", tide__degree_names),
     F_INT(tide_proto_fit_t, n, "n", 1, TIDE_PROTO_FIT_N_MAX),
     F_STR(tide_proto_fit_t, what, "what", TIDE__CS_LINE, 0),
 };
-static const tide__schema fit_schema = {fit_fields, NELEM(fit_fields), sizeof(tide_proto_fit_t), 0,
-                                        NULL};
+const tide__schema tide__fit_schema = {fit_fields, NELEM(fit_fields), sizeof(tide_proto_fit_t), 0,
+                                       NULL};
 
 static tide_status check_join(const void *base, tide__ctx *c)
 {
@@ -353,13 +312,13 @@ static const tide__field join_fields[] = {
      .off = offsetof(tide_proto_join_t, tensors),
      .count_off = offsetof(tide_proto_join_t, n_tensors),
      .cmax = TIDE_PROTO_TENSORS_MAX,
-     .sub = &tensor_schema},
+     .sub = &tide__tensor_schema},
     {.key = "fit",
      .kind = TIDE__K_STRUCT_ARRAY,
      .off = offsetof(tide_proto_join_t, fit),
      .count_off = offsetof(tide_proto_join_t, n_fit),
      .cmax = TIDE_PROTO_FIT_MAX,
-     .sub = &fit_schema},
+     .sub = &tide__fit_schema},
 };
 
 static int cmp_i32(const void *a, const void *b)
@@ -443,13 +402,13 @@ static const tide__field layout_msg_fields[] = {
      .kind = TIDE__K_STRUCT,
      .off = offsetof(tide_proto_layout_msg_t, layout),
      .count_off = TIDE__NO_OFF,
-     .sub = &layout_schema},
+     .sub = &tide__layout_schema},
     {.key = "prev",
      .kind = TIDE__K_STRUCT,
      .flags = TIDE__F_NULLABLE,
      .off = offsetof(tide_proto_layout_msg_t, prev),
      .count_off = TIDE__NO_OFF,
-     .sub = &layout_schema,
+     .sub = &tide__layout_schema,
      .has_off = offsetof(tide_proto_layout_msg_t, has_prev)},
     F_INT(tide_proto_layout_msg_t, base, "base", 0, TIDE_PROTO_WORKERS_MAX - 1),
     F_INT(tide_proto_layout_msg_t, world, "world", 1, TIDE_PROTO_WORKERS_MAX),
@@ -660,13 +619,6 @@ static tide_status check_offline_assign(const void *base, tide__ctx *c)
     return check_offline(c, m->kind, m->plugin, m->argc);
 }
 
-#define ARGV_FIELD(T)                                                                              \
-    {                                                                                              \
-        .key = "argv", .kind = TIDE__K_STR_ARRAY, .off = offsetof(T, argv),                        \
-        .size = TIDE_PROTO_ARG_MAX, .min = 0, .charset = TIDE__CS_TEXT,                            \
-        .count_off = offsetof(T, argc), .cmax = TIDE_PROTO_ARGV_MAX                                \
-    }
-
 static const tide__field offline_assign_fields[] = {
     F_JOB(tide_proto_offline_assign_t, job),
     F_ENUM(tide_proto_offline_assign_t, kind, "kind", job_kind_names),
@@ -835,7 +787,7 @@ static const tide__field resize_reply_fields[] = {
      .kind = TIDE__K_STRUCT,
      .off = offsetof(tide_proto_resize_reply_t, layout),
      .count_off = TIDE__NO_OFF,
-     .sub = &layout_schema},
+     .sub = &tide__layout_schema},
     F_U64(tide_proto_resize_reply_t, bytes_sent, "bytes_sent"),
     F_U64(tide_proto_resize_reply_t, bytes_local, "bytes_local"),
     F_U64(tide_proto_resize_reply_t, max_send, "max_send"),
@@ -945,11 +897,6 @@ static const tide__field error_fields[] = {
 /* ---- the catalogue ----------------------------------------------------------------------------
  */
 
-#define SCHEMA(fields, T, owns, check)                                                             \
-    {                                                                                              \
-        fields, NELEM(fields), sizeof(T), owns, check                                              \
-    }
-
 static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_REGISTER] = SCHEMA(register_fields, tide_proto_register_t, 0, check_register),
     [TIDE_MSG_REGISTER_OK] =
@@ -1004,6 +951,8 @@ const tide__schema *tide__msg_schema(tide_msg_type_t type)
 {
     if ((int)type <= (int)TIDE_MSG_NONE || (int)type >= (int)TIDE_MSG__COUNT)
         return NULL;
+    if (msg_schemas[type].size == 0)
+        return tide__record_schema(type);
     return &msg_schemas[type];
 }
 
@@ -1059,6 +1008,14 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_EVENTS:
     case TIDE_MSG_LOGS: /* a command's output may hold anything: admins only */
         return TIDE_ROLE_ADMIN;
+    case TIDE_MSG_JOB_LAYOUT:
+    case TIDE_MSG_JOB_POOLS:
+    case TIDE_MSG_JOB_FIT:
+    case TIDE_MSG_JOB_CKPTS:
+    case TIDE_MSG_JOB_ARGV:
+    case TIDE_MSG_CKPT_MANIFEST:
+    case TIDE_MSG_CKPT_SUM:
+        return TIDE_ROLE_RECORD;
     default:
         return TIDE_ROLE_COORDINATOR;
     }
@@ -1328,6 +1285,16 @@ static tide_status validate_field(const tide__field *f, const void *base, tide__
         c->path[plen] = '\0';
         return rc;
     }
+    case TIDE__K_U64_BIN: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        const uint64_t *a;
+        memcpy(&a, p, sizeof a);
+        if (n > f->cmax)
+            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+        if (n > 0 && a == NULL)
+            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+        return TIDE_OK;
+    }
     case TIDE__K_STRUCT_ARRAY: {
         uint32_t n = tide__load_count(base, f->count_off);
         const char *a;
@@ -1392,6 +1359,15 @@ void tide__free_struct(const tide__schema *s, void *base)
             memcpy(p, &a, sizeof a);
             if (f->count_off != TIDE__NO_OFF)
                 tide__store_count(base, f->count_off, 0);
+            break;
+        }
+        case TIDE__K_U64_BIN: {
+            void *a;
+            memcpy(&a, p, sizeof a);
+            tide_free(a);
+            a = NULL;
+            memcpy(p, &a, sizeof a);
+            tide__store_count(base, f->count_off, 0);
             break;
         }
         case TIDE__K_STR_ARRAY: {
@@ -1576,6 +1552,23 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
                 return -1;
         return 0;
     }
+    case TIDE__K_U64_BIN: {
+        uint32_t n = tide__load_count(base, f->count_off);
+        const uint64_t *a;
+        memcpy(&a, p, sizeof a);
+        if (msgpack_pack_bin(pk, (size_t)n * 8) != 0)
+            return -1;
+        uint8_t le[512];
+        for (uint32_t k = 0; k < n;) {
+            size_t m = 0;
+            for (; k < n && m < sizeof le; k++, m += 8)
+                for (int b = 0; b < 8; b++)
+                    le[m + (size_t)b] = (uint8_t)(a[k] >> (8 * b));
+            if (msgpack_pack_bin_body(pk, le, m) != 0)
+                return -1;
+        }
+        return 0;
+    }
     case TIDE__K_STRUCT:
         if (f->flags & TIDE__F_NULLABLE) {
             int has;
@@ -1649,7 +1642,8 @@ int tide_proto_attempt_log_ok(const char *path, const char *job, uint32_t attemp
     return digits > 0 && digits <= 10 && strcmp(pid + digits, ".log") == 0;
 }
 
-tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf)
+/* Encodes msg into buf if it validates and its encoding has at most limit bytes. */
+static tide_status encode_limited(const tide_msg_t *msg, tide_proto_buf_t *buf, size_t limit)
 {
     buf->len = 0;
     TIDE_CHECK(tide_msg_validate(msg));
@@ -1661,12 +1655,26 @@ tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory encoding a %s message",
                            tide_msg_type_name(msg->type));
     }
-    if (buf->len > TIDE_PROTO_MAX_MSG_BYTES) {
+    if (buf->len > limit) {
         size_t n = buf->len;
         buf->len = 0;
         return tide_errorf(TIDE_ERR_INVALID,
-                           "%s: encoded message is %zu bytes, over the %u-byte limit",
-                           tide_msg_type_name(msg->type), n, TIDE_PROTO_MAX_MSG_BYTES);
+                           "%s: encoded message is %zu bytes, over the %zu-byte limit",
+                           tide_msg_type_name(msg->type), n, limit);
     }
     return TIDE_OK;
+}
+
+tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf)
+{
+    return encode_limited(msg, buf, TIDE_PROTO_MAX_MSG_BYTES);
+}
+
+tide_status tide_proto_encode_record(const tide_msg_t *msg, tide_proto_buf_t *buf)
+{
+    buf->len = 0;
+    if (msg == NULL || tide_msg_type_role(msg->type) != TIDE_ROLE_RECORD)
+        return tide_errorf(TIDE_ERR_INVALID, "a '%s' message is no record",
+                           msg ? tide_msg_type_name(msg->type) : "(null)");
+    return encode_limited(msg, buf, TIDE_PROTO_RECORD_MAX_BYTES);
 }

@@ -1,5 +1,8 @@
 /*
- * proto: every tide control-plane message, with msgpack encode and strict decode.
+ * proto: every tide control-plane message, with msgpack encode and strict decode, and
+ * every structure tide writes to a disk (records: see "records" below). proto is the one
+ * encoder and decoder of each: a layout, a tensor collection, a pool list, a fit rule, a
+ * checkpoint list or manifest has one schema here, whoever sends or stores it.
  *
  * Wire format: one message = one msgpack map holding exactly
  *   "v"    : 1 (TIDE_PROTO_VERSION; any other value is refused),
@@ -681,6 +684,10 @@ typedef struct tide_proto_error {
     char message[TIDE_PROTO_TEXT_MAX + 1]; /* "message": says what to do */
 } tide_proto_error_t;
 
+/* ---- records: what reaches a disk (their structs need the shared ones above) ---------- */
+
+#include "proto/proto_record.h"
+
 /* ---- the tagged union ---------------------------------------------------------------------- */
 
 /* X(ENUM, "wire name", union member or none) -- the message catalogue. */
@@ -726,7 +733,14 @@ typedef struct tide_proto_error {
     X(LOGS, "logs", logs)                                                                          \
     X(LOGS_REPLY, "logs_reply", logs_reply)                                                        \
     X(OK, "ok", ok)                                                                                \
-    X(ERROR, "error", error)
+    X(ERROR, "error", error)                                                                       \
+    X(JOB_LAYOUT, "job_layout", job_layout)                                                        \
+    X(JOB_POOLS, "job_pools", job_pools)                                                           \
+    X(JOB_FIT, "job_fit", job_fit)                                                                 \
+    X(JOB_CKPTS, "job_ckpts", job_ckpts)                                                           \
+    X(JOB_ARGV, "job_argv", job_argv)                                                              \
+    X(CKPT_MANIFEST, "ckpt_manifest", ckpt_manifest)                                               \
+    X(CKPT_SUM, "ckpt_sum", ckpt_sum)
 
 typedef enum tide_msg_type {
     TIDE_MSG_NONE = 0, /* a cleared message; never on the wire */
@@ -743,6 +757,7 @@ typedef enum tide_msg_role {
     TIDE_ROLE_ADMIN = 2,       /* an admin key may send it (tidectl requests that act) */
     TIDE_ROLE_READER = 3,      /* any known key, worker or admin: read-only cluster views
                                   (status, jobs) */
+    TIDE_ROLE_RECORD = 4,      /* nobody: a record (stored, never sent); tided refuses it */
 } tide_msg_role_t;
 
 /* An empty struct for the field-less requests (jobs). */
@@ -801,6 +816,13 @@ typedef struct tide_msg {
         tide_proto_logs_reply_t logs_reply;
         tide_proto_ok_t ok;
         tide_proto_error_t error;
+        tide_proto_job_layout_t job_layout;
+        tide_proto_job_pools_t job_pools;
+        tide_proto_job_fit_t job_fit;
+        tide_proto_job_ckpts_t job_ckpts;
+        tide_proto_job_argv_t job_argv;
+        tide_proto_ckpt_manifest_t ckpt_manifest;
+        tide_proto_ckpt_sum_t ckpt_sum;
     } u;
 } tide_msg_t;
 
@@ -859,6 +881,20 @@ tide_status tide_proto_encode(const tide_msg_t *msg, tide_proto_buf_t *buf);
  * input, TIDE_ERR_NOMEM for allocation failure. Any thread.
  */
 tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out);
+
+/*
+ * tide_proto_encode for a record (a type of role TIDE_ROLE_RECORD; else TIDE_ERR_INVALID),
+ * whose limit is TIDE_PROTO_RECORD_MAX_BYTES instead of TIDE_PROTO_MAX_MSG_BYTES. Any thread.
+ */
+tide_status tide_proto_encode_record(const tide_msg_t *msg, tide_proto_buf_t *buf);
+
+/*
+ * tide_proto_decode for a record read back from a disk: up to TIDE_PROTO_RECORD_MAX_BYTES,
+ * and it must be of `type` (a record type), else TIDE_ERR_PROTOCOL naming what it holds.
+ * Ownership and failures as tide_proto_decode. Any thread.
+ */
+tide_status tide_proto_decode_record(const void *data, size_t len, tide_msg_type_t type,
+                                     tide_msg_t *out);
 
 /*
  * Brings a "join" message stored by a tided from before joins carried "fit" (a state

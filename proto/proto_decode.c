@@ -28,7 +28,7 @@
 
 typedef struct skim {
     const uint8_t *start, *p, *end;
-    uint32_t objects;
+    uint32_t objects, max_objects;
     tide__ctx *c;
 } skim_t;
 
@@ -76,8 +76,8 @@ static tide_status skim_one(skim_t *s, int depth)
     uint64_t n;
     if (s->p >= s->end)
         return skim_truncated(s);
-    if (++s->objects > TIDE_PROTO_MAX_OBJECTS)
-        return tide__fail(s->c, "more than %u values in one message", TIDE_PROTO_MAX_OBJECTS);
+    if (++s->objects > s->max_objects)
+        return tide__fail(s->c, "more than %u values in one message", s->max_objects);
     size_t at = (size_t)(s->p - s->start);
     uint8_t b = *s->p++;
     if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
@@ -407,6 +407,33 @@ static tide_status decode_field(const tide__field *f, const msgpack_object *o, v
         }
         return TIDE_OK;
     }
+    case TIDE__K_U64_BIN: {
+        if (o->type != MSGPACK_OBJECT_BIN)
+            return tide__fail(c, "%s must be binary, 8 bytes per entry (got %s)", fn,
+                              obj_type_name(o->type));
+        uint32_t size = o->via.bin.size;
+        if (size % 8 != 0)
+            return tide__fail(c, "%s has %u bytes, not a whole number of 8-byte entries", fn, size);
+        uint32_t n = size / 8;
+        if (n > f->cmax)
+            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+        uint64_t *a = NULL;
+        if (n > 0) {
+            a = tide_malloc((size_t)n * sizeof *a);
+            if (a == NULL)
+                return nomem(c, fn, n);
+        }
+        memcpy(p, &a, sizeof a);
+        tide__store_count(base, f->count_off, n);
+        const uint8_t *b = (const uint8_t *)o->via.bin.ptr;
+        for (uint32_t k = 0; k < n; k++) {
+            uint64_t v = 0;
+            for (int j = 7; j >= 0; j--)
+                v = (v << 8) | b[(size_t)k * 8 + (size_t)j];
+            a[k] = v;
+        }
+        return TIDE_OK;
+    }
     case TIDE__K_STRUCT: {
         int has = 1;
         if ((f->flags & TIDE__F_NULLABLE) && o->type == MSGPACK_OBJECT_NIL) {
@@ -540,7 +567,10 @@ static tide_status decode_header(const msgpack_object *root, tide__ctx *c, tide_
                       printable(t->via.str.ptr, t->via.str.size, buf, sizeof buf));
 }
 
-tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out)
+/* Decodes one message of at most max_bytes and max_objects values; of type want unless
+   want is TIDE_MSG_NONE. */
+static tide_status decode_limited(const void *data, size_t len, tide_msg_t *out, size_t max_bytes,
+                                  uint32_t max_objects, tide_msg_type_t want)
 {
     tide__ctx c = {TIDE_ERR_PROTOCOL, "message", ""};
     tide_msg_init(out, TIDE_MSG_NONE);
@@ -548,11 +578,10 @@ tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out)
         return tide__fail(&c, "empty input");
     if (data == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_proto_decode: data is NULL");
-    if (len > TIDE_PROTO_MAX_MSG_BYTES)
-        return tide__fail(&c, "%zu bytes exceed the %u-byte message limit", len,
-                          TIDE_PROTO_MAX_MSG_BYTES);
+    if (len > max_bytes)
+        return tide__fail(&c, "%zu bytes exceed the %zu-byte message limit", len, max_bytes);
 
-    skim_t s = {data, data, (const uint8_t *)data + len, 0, &c};
+    skim_t s = {data, data, (const uint8_t *)data + len, 0, max_objects, &c};
     TIDE_CHECK(skim_one(&s, 0));
     if (s.p != s.end)
         return tide__fail(&c, "%zu trailing bytes after the message map", (size_t)(s.end - s.p));
@@ -575,6 +604,9 @@ tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out)
         goto out;
     }
     TIDE_CHECK_GOTO(decode_header(&u.data, &c, &type), rc, out);
+    if (want != TIDE_MSG_NONE && type != want)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "the record is a '%s', not a '%s'",
+                       tide_msg_type_name(type), tide_msg_type_name(want));
     c.msg = tide_msg_type_name(type);
     out->type = type;
     TIDE_CHECK_GOTO(decode_struct(tide__msg_schema(type), &u.data, &out->u, &c, 1), rc, out);
@@ -583,6 +615,24 @@ out:
         tide_msg_clear(out);
     msgpack_unpacked_destroy(&u);
     return rc;
+}
+
+tide_status tide_proto_decode(const void *data, size_t len, tide_msg_t *out)
+{
+    return decode_limited(data, len, out, TIDE_PROTO_MAX_MSG_BYTES, TIDE_PROTO_MAX_OBJECTS,
+                          TIDE_MSG_NONE);
+}
+
+tide_status tide_proto_decode_record(const void *data, size_t len, tide_msg_type_t type,
+                                     tide_msg_t *out)
+{
+    if (tide_msg_type_role(type) != TIDE_ROLE_RECORD) {
+        tide_msg_init(out, TIDE_MSG_NONE);
+        return tide_errorf(TIDE_ERR_INVALID, "a '%s' message is no record",
+                           tide_msg_type_name(type));
+    }
+    return decode_limited(data, len, out, TIDE_PROTO_RECORD_MAX_BYTES,
+                          TIDE_PROTO_RECORD_MAX_OBJECTS, type);
 }
 
 /* msgpack-c's sbuffer writer, with tide's allocator (so failures are injectable). */

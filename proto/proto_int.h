@@ -25,6 +25,8 @@ typedef enum tide__kind {
     TIDE__K_STR_ARRAY,    /* char **: owned entries of length [min, size]; count at count_off */
     TIDE__K_STRUCT,       /* inline sub-struct (map); F_NULLABLE: nil allowed, has at has_off */
     TIDE__K_STRUCT_ARRAY, /* sub-struct array: owned; count at count_off in [cmin, cmax] */
+    TIDE__K_U64_BIN,      /* uint64 *: owned; count at count_off, <= cmax; wire: one bin of
+                             8 little-endian bytes per entry (chunk hashes: compact, 1 object) */
 } tide__kind;
 
 enum {
@@ -75,6 +77,68 @@ struct tide__ctx {
     const char *msg;  /* wire type name */
     char path[96];    /* prefix of the current nested field: "rows[3]." */
 };
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ---- field constructors -------------------------------------------------------------------- */
+
+#define MEMBER(T, m) (((T *)0)->m)
+#define IS_UNSIGNED(T, m)                                                                          \
+    _Generic(MEMBER(T, m), uint32_t : TIDE__F_UNSIGNED, uint64_t : TIDE__F_UNSIGNED, default : 0u)
+
+#define F_INT(T, m, k, lo, hi)                                                                     \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m), .off = offsetof(T, m),        \
+        .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi), .count_off = TIDE__NO_OFF          \
+    }
+#define F_U64(T, m, k)    F_INT(T, m, k, 0, UINT64_MAX)
+#define F_WORKER(T, m)    F_INT(T, m, "worker", 0, INT32_MAX)
+#define F_GEN(T, m)       F_U64(T, m, "gen")
+#define F_DEGREE(T, m, k) F_INT(T, m, k, 1, TIDE_PROTO_DEGREE_MAX)
+#define F_DBL(T, m, k, lo, hi)                                                                     \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_DOUBLE, .off = offsetof(T, m), .dmin = (lo), .dmax = (hi),     \
+        .count_off = TIDE__NO_OFF                                                                  \
+    }
+#define F_MS(T, m, k) F_DBL(T, m, k, 0.0, TIDE_PROTO_MS_MAX)
+#define F_BOOL(T, m, k)                                                                            \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_BOOL, .off = offsetof(T, m), .count_off = TIDE__NO_OFF         \
+    }
+#define F_STR(T, m, k, cs, minlen)                                                                 \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_STR, .off = offsetof(T, m), .size = sizeof(MEMBER(T, m)),      \
+        .min = (minlen), .charset = (cs), .count_off = TIDE__NO_OFF                                \
+    }
+#define F_JOB(T, m)       F_STR(T, m, "job", TIDE__CS_NAME, 1)
+#define F_JOB_EMPTY(T, m) F_STR(T, m, "job", TIDE__CS_NAME, 0)
+#define F_TEXT(T, m, k)   F_STR(T, m, k, TIDE__CS_TEXT, 0)
+#define F_ENUM(T, m, k, tbl)                                                                       \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_ENUM, .off = offsetof(T, m), .names = (tbl),                   \
+        .n_names = NELEM(tbl), .count_off = TIDE__NO_OFF                                           \
+    }
+
+#define ARGV_FIELD(T)                                                                              \
+    {                                                                                              \
+        .key = "argv", .kind = TIDE__K_STR_ARRAY, .off = offsetof(T, argv),                        \
+        .size = TIDE_PROTO_ARG_MAX, .min = 0, .charset = TIDE__CS_TEXT,                            \
+        .count_off = offsetof(T, argc), .cmax = TIDE_PROTO_ARGV_MAX                                \
+    }
+
+#define SCHEMA(fields, T, owns, check)                                                             \
+    {                                                                                              \
+        fields, NELEM(fields), sizeof(T), owns, check                                              \
+    }
+
+/* Sub-schemas shared by several messages and records (proto.c). */
+extern const tide__schema tide__layout_schema; /* tide_proto_layout_t */
+extern const tide__schema tide__tensor_schema; /* tide_proto_tensor_t */
+extern const tide__schema tide__fit_schema;    /* tide_proto_fit_t */
+extern const char *const tide__degree_names[4];
+
+/* Schema of a record type (proto_record.c), NULL for any other type. */
+const tide__schema *tide__record_schema(tide_msg_type_t type);
 
 /* Per-type schema (NULL for TIDE_MSG_NONE); type in [0, TIDE_MSG__COUNT). */
 const tide__schema *tide__msg_schema(tide_msg_type_t type);

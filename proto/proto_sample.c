@@ -129,6 +129,37 @@ static tide_status argv_fill(rng_t *r, char ***argv, uint32_t *argc, uint32_t mi
     return TIDE_OK;
 }
 
+/* One tensor of a model of num_layers layers. */
+static void tensor(rng_t *r, tide_proto_tensor_t *t, int num_layers)
+{
+    rstr(r, t->name, 1, TIDE_PROTO_TENSOR_NAME_MAX, 1);
+    t->dtype = (int)urange(r, 0, 6);
+    t->ndim = (int)urange(r, 1, TIDE_PROTO_DIMS_MAX);
+    for (int d = 0; d < t->ndim; d++)
+        t->shape[d] = irange(r, 1, INT64_MAX);
+    t->layer = (int)irange(r, -3, num_layers - 1);
+    t->tp = (int)urange(r, 0, 1);
+    t->tp_dim = (int)urange(r, 0, (uint64_t)t->ndim - 1);
+    t->tp_segments = (int)urange(r, 1, 64);
+    t->dp = (int)urange(r, 0, 1);
+}
+
+/* 0..4 fit rules with degrees in [0, max_degree]. */
+static tide_status fit_fill(rng_t *r, tide_proto_fit_t **fit, uint32_t *n_fit, int max_degree)
+{
+    uint32_t nf = (uint32_t)urange(r, 0, 4);
+    *fit = nf ? tide_calloc(nf, sizeof **fit) : NULL;
+    if (nf && *fit == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling fit rules");
+    *n_fit = nf;
+    for (uint32_t i = 0; i < nf; i++) {
+        (*fit)[i].degree = (int)urange(r, 0, (uint64_t)max_degree);
+        (*fit)[i].n = irange(r, 1, TIDE_PROTO_FIT_N_MAX);
+        rstr(r, (*fit)[i].what, 0, TIDE_PROTO_FIT_WHAT_MAX, 3);
+    }
+    return TIDE_OK;
+}
+
 /* One heartbeat of worker `worker`. */
 static void beat(rng_t *r, tide_proto_heartbeat_t *x, int32_t worker)
 {
@@ -144,6 +175,112 @@ static void beat(rng_t *r, tide_proto_heartbeat_t *x, int32_t worker)
 static void *rows(size_t n, size_t size)
 {
     return n ? tide_calloc(n, size) : NULL;
+}
+
+/* One shard of coordinate (p, d, t) in chunks of `chunk` bytes: 1..4 chunks, the last one
+   often short. */
+static tide_status shard(rng_t *r, tide_proto_ckpt_shard_t *s, uint32_t chunk, int p, int d, int t)
+{
+    s->p = p;
+    s->d = d;
+    s->t = t;
+    s->bytes = urange(r, 1, (uint64_t)chunk * urange(r, 1, 4));
+    uint64_t n = s->bytes / chunk + (s->bytes % chunk != 0);
+    s->hashes = tide_malloc((size_t)n * sizeof *s->hashes);
+    if (s->hashes == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling chunk hashes");
+    s->n_hashes = (uint32_t)n;
+    for (uint64_t k = 0; k < n; k++)
+        s->hashes[k] = next(r);
+    return TIDE_OK;
+}
+
+/* A checkpoint manifest: a few tensors, a shard for some coordinates of its layout. */
+static tide_status manifest(rng_t *r, tide_proto_ckpt_manifest_t *x)
+{
+    x->format = (uint32_t)urange(r, 2, 65535);
+    x->chunk = (uint32_t)urange(r, 1, TIDE_PROTO_CHUNK_MAX);
+    x->step = irange(r, 0, INT64_MAX);
+    x->save_id = urange(r, 0, UINT64_MAX);
+    x->check = urange(r, 0, UINT64_MAX);
+    TIDE_CHECK(layout(r, &x->layout, 0));
+    uint32_t n = (uint32_t)urange(r, 0, 6);
+    x->tensors = rows(n, sizeof *x->tensors);
+    if (n && x->tensors == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling tensors");
+    x->n_tensors = n;
+    for (uint32_t i = 0; i < n; i++)
+        tensor(r, &x->tensors[i], x->layout.num_layers);
+    const tide_proto_layout_t *l = &x->layout;
+    size_t coords = (size_t)l->dp * (size_t)l->tp * (size_t)l->pp;
+    x->shards = rows(coords, sizeof *x->shards);
+    if (x->shards == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling shards");
+    for (size_t k = 0; k < coords && x->n_shards < 8; k++)
+        if (next(r) & 1) /* (p, d, t) order: the layout's index order */
+            TIDE_CHECK(shard(r, &x->shards[x->n_shards++], x->chunk,
+                             (int)(k / ((size_t)l->dp * (size_t)l->tp)),
+                             (int)(k / (size_t)l->tp % (size_t)l->dp), (int)(k % (size_t)l->tp)));
+    return TIDE_OK;
+}
+
+/* The records (stored, never sent). */
+static tide_status fill_record(rng_t *r, tide_msg_t *m)
+{
+    switch (m->type) {
+    case TIDE_MSG_JOB_LAYOUT:
+        return layout(r, &m->u.job_layout.layout, urange(r, 0, UINT64_MAX));
+    case TIDE_MSG_JOB_POOLS: {
+        tide_proto_job_pools_t *x = &m->u.job_pools;
+        uint32_t n = (uint32_t)urange(r, 0, 4);
+        x->pools = rows(n, sizeof *x->pools);
+        if (n && x->pools == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling pools");
+        x->n_pools = n;
+        for (uint32_t i = 0; i < n; i++) {
+            tide_proto_job_pool_t *p = &x->pools[i];
+            NAME(r, p->name);
+            p->size = (int32_t)urange(r, 1, TIDE_PROTO_WORKERS_MAX / 4);
+            p->left = (next(r) & 3) == 0 ? urange(r, 1, UINT64_MAX) : 0;
+            p->connected = p->left == 0 && (next(r) & 1);
+        }
+        return TIDE_OK;
+    }
+    case TIDE_MSG_JOB_FIT:
+        return fit_fill(r, &m->u.job_fit.fit, &m->u.job_fit.n_fit, 3);
+    case TIDE_MSG_JOB_CKPTS: {
+        tide_proto_job_ckpts_t *x = &m->u.job_ckpts;
+        uint32_t n = (uint32_t)urange(r, 0, TIDE_PROTO_CKPTS_MAX);
+        x->ckpts = rows(n, sizeof *x->ckpts);
+        if (n && x->ckpts == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling checkpoints");
+        x->n_ckpts = n;
+        int64_t step = irange(r, 0, 1000);
+        for (uint32_t i = 0; i < n; i++) {
+            x->ckpts[i].step = step;
+            step += irange(r, 1, 1000);
+            rstr(r, x->ckpts[i].dir, 1, TIDE_PROTO_TEXT_MAX, 2);
+        }
+        if (n > 0 && (next(r) & 3) == 0) /* above every earlier one (each at most 9000) */
+            x->ckpts[n - 1].step = INT64_MAX;
+        return TIDE_OK;
+    }
+    case TIDE_MSG_JOB_ARGV:
+        return argv_fill(r, &m->u.job_argv.argv, &m->u.job_argv.argc, 0);
+    case TIDE_MSG_CKPT_MANIFEST:
+        return manifest(r, &m->u.ckpt_manifest);
+    case TIDE_MSG_CKPT_SUM: {
+        tide_proto_ckpt_sum_t *x = &m->u.ckpt_sum;
+        x->save_id = urange(r, 0, UINT64_MAX);
+        x->chunk = (uint32_t)urange(r, 1, TIDE_PROTO_CHUNK_MAX);
+        x->check = urange(r, 0, UINT64_MAX);
+        return shard(r, &x->shard, x->chunk, (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX - 1),
+                     (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX - 1),
+                     (int)urange(r, 0, TIDE_PROTO_DEGREE_MAX - 1));
+    }
+    default:
+        return tide_errorf(TIDE_ERR_INVALID, "cannot sample message type %d", (int)m->type);
+    }
 }
 
 static tide_status fill(rng_t *r, tide_msg_t *m)
@@ -204,30 +341,9 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         if (n && x->tensors == NULL)
             return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling tensors");
         x->n_tensors = n;
-        for (uint32_t i = 0; i < n; i++) {
-            tide_proto_tensor_t *t = &x->tensors[i];
-            rstr(r, t->name, 1, TIDE_PROTO_TENSOR_NAME_MAX, 1);
-            t->dtype = (int)urange(r, 0, 6);
-            t->ndim = (int)urange(r, 1, TIDE_PROTO_DIMS_MAX);
-            for (int d = 0; d < t->ndim; d++)
-                t->shape[d] = irange(r, 1, INT64_MAX);
-            t->layer = (int)irange(r, -3, x->num_layers - 1);
-            t->tp = (int)urange(r, 0, 1);
-            t->tp_dim = (int)urange(r, 0, (uint64_t)t->ndim - 1);
-            t->tp_segments = (int)urange(r, 1, 64);
-            t->dp = (int)urange(r, 0, 1);
-        }
-        uint32_t nf = (uint32_t)urange(r, 0, 4);
-        x->fit = rows(nf, sizeof *x->fit);
-        if (nf && x->fit == NULL)
-            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling fit rules");
-        x->n_fit = nf;
-        for (uint32_t i = 0; i < nf; i++) {
-            x->fit[i].degree = (int)urange(r, 0, 2);
-            x->fit[i].n = irange(r, 1, TIDE_PROTO_FIT_N_MAX);
-            rstr(r, x->fit[i].what, 0, TIDE_PROTO_FIT_WHAT_MAX, 3);
-        }
-        return TIDE_OK;
+        for (uint32_t i = 0; i < n; i++)
+            tensor(r, &x->tensors[i], x->num_layers);
+        return fit_fill(r, &x->fit, &x->n_fit, 2);
     }
     case TIDE_MSG_LAYOUT: {
         tide_proto_layout_msg_t *x = &m->u.layout;
@@ -640,7 +756,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         TEXT(r, m->u.error.message);
         return TIDE_OK;
     default:
-        return tide_errorf(TIDE_ERR_INVALID, "cannot sample message type %d", (int)m->type);
+        return fill_record(r, m);
     }
 }
 

@@ -4,6 +4,10 @@ tide_add_unit_test(test_proto SOURCES test_proto.c LIBS tide_proto TIMEOUT 60)
 # leak report alone would pass: fail on the report text instead.
 set_tests_properties(test_proto PROPERTIES FAIL_REGULAR_EXPRESSION
                      "ERROR: (Address|Leak)Sanitizer|runtime error:")
+# proto_legacy.h: the texts of tided's state schema 1 read into records, the bad ones refused.
+tide_add_unit_test(test_proto_legacy SOURCES test_proto_legacy.c LIBS tide_proto TIMEOUT 30)
+set_tests_properties(test_proto_legacy PROPERTIES FAIL_REGULAR_EXPRESSION
+                     "ERROR: (Address|Leak)Sanitizer|runtime error:")
 
 # tidectl (coordinator/tidectl.c, owned with proto): parsing, formatting and the whole CLI
 # against a fake tided; the file is compiled in directly without its main().

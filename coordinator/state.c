@@ -4,7 +4,6 @@
  * hash maps (pool, rank) to an id. Jobs are heap objects behind a pointer array
  * so pointers stay valid while jobs are added.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +13,6 @@
 #include "coordinator/state.h"
 
 #define MAX_COORDS (1u << 20)
-#define MAX_DEGREE 65536
 
 const char *tide_wstate_name(tide_wstate s)
 {
@@ -239,144 +237,6 @@ tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32
     return TIDE_OK;
 }
 
-tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out)
-{
-    size_t cap = (size_t)j->n_pools * (TIDE_COORD_NAME_MAX + 48) + 1;
-    char *t = tide_malloc(cap);
-    if (t == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's pools", j->name);
-    size_t len = 0;
-    t[0] = '\0';
-    for (int i = 0; i < j->n_pools; i++) {
-        const tide_coord_job_pool *p = &j->pools[i];
-        /* a pool that left: state 2 and the generation that released it */
-        if (p->left)
-            len += (size_t)snprintf(t + len, cap - len, "%s%s %d 2 %llu", i ? ";" : "", p->name,
-                                    p->size, (unsigned long long)p->left);
-        else
-            len += (size_t)snprintf(t + len, cap - len, "%s%s %d %d", i ? ";" : "", p->name,
-                                    p->size, p->connected);
-    }
-    *out = t;
-    return TIDE_OK;
-}
-
-tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text, int32_t size0)
-{
-    j->n_pools = 0;
-    if (text == NULL || text[0] == '\0')
-        return TIDE_OK;
-    if (strchr(text, ' ') == NULL) /* a state file from before jobs spanned pools */
-        return tide_coord_job_add_pool(j, text, size0 > 0 ? size0 : 1, 1);
-    const char *p = text;
-    while (*p) {
-        char name[TIDE_COORD_NAME_MAX];
-        int size = 0, conn = 0, used = 0, more = 0;
-        unsigned long long left = 0;
-        if (sscanf(p, "%127[^ ;] %d %d%n", name, &size, &conn, &used) != 3 || conn < 0 || conn > 2)
-            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name,
-                               text);
-        if (conn == 2 && (sscanf(p + used, " %llu%n", &left, &more) != 1 || left == 0))
-            return tide_errorf(TIDE_ERR_PROTOCOL,
-                               "job %s: pool %s left the job at no generation in '%s'", j->name,
-                               name, text);
-        TIDE_CHECK(tide_coord_job_add_pool(j, name, size, conn == 1));
-        j->pools[j->n_pools - 1].left = left;
-        p += used + more;
-        if (*p == ';')
-            p++;
-        else if (*p != '\0')
-            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed pool list '%s'", j->name,
-                               text);
-    }
-    return TIDE_OK;
-}
-
-tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out)
-{
-    size_t cap = (size_t)j->n_fit * (TIDE_FIT_WHAT_MAX + 32) + 1;
-    char *t = tide_malloc(cap);
-    if (t == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's fit rules", j->name);
-    size_t len = 0;
-    t[0] = '\0';
-    /* what is one printable line (tide_fit_check): it cannot hold the separator */
-    for (int i = 0; i < j->n_fit; i++) {
-        const tide_fit_rule *r = &j->fit[i];
-        len += (size_t)snprintf(t + len, cap - len, "%s %lld%s%s\n", tide_degree_name(r->degree),
-                                (long long)r->n, r->what[0] ? " " : "", r->what);
-    }
-    *out = t;
-    return TIDE_OK;
-}
-
-/* One "DEGREE N[ WHAT]" line [p, end) into *r, exactly as tide_coord_job_fit_to_text wrote
-   it (no other spacing, signs or leading zeros); 0 when it is not. */
-static int parse_fit_line(const char *p, const char *end, tide_fit_rule *r)
-{
-    memset(r, 0, sizeof *r);
-    size_t name = (size_t)(end - p) > 9 && strncmp(p, "dp_micro ", 9) == 0 ? 8 : 2;
-    if ((size_t)(end - p) < name + 2 || p[name] != ' ')
-        return 0;
-    if (name == 8)
-        r->degree = TIDE_DEGREE_DP_MICRO;
-    else if (strncmp(p, "dp", 2) == 0)
-        r->degree = TIDE_DEGREE_DP;
-    else if (strncmp(p, "tp", 2) == 0)
-        r->degree = TIDE_DEGREE_TP;
-    else if (strncmp(p, "pp", 2) == 0)
-        r->degree = TIDE_DEGREE_PP;
-    else
-        return 0;
-    const char *q = p + name + 1;
-    if (*q < '1' || *q > '9')
-        return 0;
-    int64_t n = 0;
-    for (; q < end && *q >= '0' && *q <= '9'; q++) {
-        if (n > (INT64_MAX - (*q - '0')) / 10)
-            return 0;
-        n = n * 10 + (*q - '0');
-    }
-    r->n = n;
-    if (q == end)
-        return 1;
-    if (*q != ' ' || end - (q + 1) >= TIDE_FIT_WHAT_MAX || q + 1 == end)
-        return 0;
-    memcpy(r->what, q + 1, (size_t)(end - (q + 1)));
-    return 1;
-}
-
-tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text)
-{
-    tide_status rc = TIDE_OK;
-    j->n_fit = 0;
-    for (const char *p = text; p != NULL && *p != '\0';) {
-        const char *end = strchr(p, '\n');
-        if (end == NULL)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL,
-                           "job %s: stored fit rule %d is not terminated: '%s'", j->name, j->n_fit,
-                           p);
-        if (j->n_fit == TIDE_FIT_RULES_MAX)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "job %s: more than %d stored fit rules",
-                           j->name, TIDE_FIT_RULES_MAX);
-        if (!parse_fit_line(p, end, &j->fit[j->n_fit]))
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL,
-                           "job %s: malformed stored fit rule %d: '%.*s'", j->name, j->n_fit,
-                           (int)(end - p), p);
-        j->n_fit++;
-        p = end + 1;
-    }
-    /* the rules as a program would have to send them: a damaged one is refused, not read
-       as a weaker rule */
-    if (tide_fit_check(j->fit, (size_t)j->n_fit, 1, 1, 1, 1) != TIDE_OK)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_PROTOCOL, "job %s: stored fit rules: %s", j->name,
-                       tide_last_error());
-out:
-    if (rc != TIDE_OK)
-        j->n_fit = 0;
-    return rc;
-}
-
 tide_status tide_coord_job_add_ckpt(tide_coord_job_t *j, int64_t step, const char *dir)
 {
     size_t len = strlen(dir);
@@ -418,46 +278,6 @@ void tide_coord_job_drop_ckpt(tide_coord_job_t *j, int64_t step)
             j->n_ckpts--;
             return;
         }
-}
-
-tide_status tide_coord_job_ckpts_to_text(const tide_coord_job_t *j, char **out)
-{
-    size_t cap = (size_t)j->n_ckpts * (TIDE_COORD_CKPT_DIR_MAX + 24) + 1;
-    char *t = tide_malloc(cap);
-    if (t == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory storing job %s's checkpoints", j->name);
-    size_t len = 0;
-    t[0] = '\0';
-    for (int i = 0; i < j->n_ckpts; i++)
-        len += (size_t)snprintf(t + len, cap - len, "%lld\t%s\n", (long long)j->ckpts[i].step,
-                                j->ckpts[i].dir);
-    *out = t;
-    return TIDE_OK;
-}
-
-tide_status tide_coord_job_ckpts_from_text(tide_coord_job_t *j, const char *text)
-{
-    j->n_ckpts = 0;
-    for (const char *p = text; p != NULL && *p != '\0';) {
-        const char *end = strchr(p, '\n'), *tab = strchr(p, '\t');
-        char *num_end = NULL;
-        long long step = strtoll(p, &num_end, 10);
-        char dir[TIDE_COORD_CKPT_DIR_MAX];
-        size_t dlen = end != NULL && tab != NULL && tab < end ? (size_t)(end - tab - 1) : 0;
-        if (end == NULL || tab == NULL || tab > end || num_end != tab || p[0] < '0' || p[0] > '9' ||
-            dlen == 0 || dlen >= sizeof dir || j->n_ckpts == TIDE_COORD_CKPTS_MAX)
-            return tide_errorf(TIDE_ERR_PROTOCOL, "job %s: malformed stored checkpoint line '%.*s'",
-                               j->name, end != NULL ? (int)(end - p) : (int)strlen(p), p);
-        memcpy(dir, tab + 1, dlen);
-        dir[dlen] = '\0';
-        if (j->n_ckpts > 0 && j->ckpts[j->n_ckpts - 1].step >= step)
-            return tide_errorf(TIDE_ERR_PROTOCOL,
-                               "job %s: stored checkpoints are not in increasing step order",
-                               j->name);
-        TIDE_CHECK(tide_coord_job_add_ckpt(j, (int64_t)step, dir));
-        p = end + 1;
-    }
-    return TIDE_OK;
 }
 
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank)
@@ -759,70 +579,6 @@ tide_status tide_coord_job_add(tide_coord_state_t *st, int64_t id, tide_job_kind
 }
 
 /* ---- layouts ----------------------------------------------------------------------- */
-
-static tide_status parse_int(const char **p, long lo, long hi, long *out, const char *what)
-{
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(*p, &end, 10);
-    if (end == *p || errno != 0 || v < lo || v > hi)
-        return tide_errorf(TIDE_ERR_INVALID, "%s: expected an integer in [%ld, %ld] at '%.16s'",
-                           what, lo, hi, *p);
-    *p = end;
-    *out = v;
-    return TIDE_OK;
-}
-
-tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out)
-{
-    size_t n = tide_layout_size(l);
-    size_t cap = 64 + ((size_t)l->pp + 1 + n) * 12;
-    char *buf = tide_malloc(cap);
-    if (buf == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory serialising a layout");
-    size_t at = (size_t)snprintf(buf, cap, "%d %d %d %d %d|", l->dp, l->tp, l->pp, l->num_layers,
-                                 l->micro_batches);
-    for (int s = 0; s <= l->pp; s++)
-        at += (size_t)snprintf(buf + at, cap - at, s ? " %d" : "%d", l->stage_start[s]);
-    at += (size_t)snprintf(buf + at, cap - at, "|");
-    for (size_t i = 0; i < n; i++)
-        at += (size_t)snprintf(buf + at, cap - at, i ? " %d" : "%d", l->worker[i]);
-    *out = buf;
-    return TIDE_OK;
-}
-
-tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out)
-{
-    const char *p = text;
-    long v[5];
-    for (int i = 0; i < 5; i++)
-        TIDE_CHECK(parse_int(&p, 1, i == 3 ? 1000000 : MAX_DEGREE, &v[i], "stored layout"));
-    if (*p++ != '|')
-        return tide_errorf(TIDE_ERR_INVALID, "stored layout '%.32s' is malformed", text);
-    tide_layout_t *l = NULL;
-    TIDE_CHECK(tide_layout_new(&l, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]));
-    tide_status rc = TIDE_OK;
-    for (int s = 0; s <= l->pp; s++) {
-        long x = 0;
-        TIDE_CHECK_GOTO(parse_int(&p, 0, l->num_layers, &x, "stored layout stages"), rc, fail);
-        l->stage_start[s] = (int)x;
-    }
-    if (*p++ != '|')
-        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: missing worker list");
-    for (size_t i = 0; i < tide_layout_size(l); i++) {
-        long x = 0;
-        TIDE_CHECK_GOTO(parse_int(&p, 0, INT32_MAX, &x, "stored layout workers"), rc, fail);
-        l->worker[i] = (int32_t)x;
-    }
-    if (*p != '\0')
-        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INVALID, "stored layout: trailing text '%.16s'", p);
-    TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, fail);
-    *out = l;
-    return TIDE_OK;
-fail:
-    tide_layout_destroy(&l);
-    return rc;
-}
 
 int tide_coord_layout_has(const tide_layout_t *l, int32_t rank)
 {

@@ -353,23 +353,6 @@ int32_t tide_coord_job_world(const tide_coord_job_t *j, int connected_only);
 tide_status tide_coord_job_add_pool(tide_coord_job_t *j, const char *name, int32_t size,
                                     int connected);
 
-/* j's pools as text ("name size connected" per pool, connected 0 or 1, or "name size 2 G"
-   for a pool released at generation G; ';' between) into a tide_malloc'd
-   string (caller frees). */
-tide_status tide_coord_job_pools_to_text(const tide_coord_job_t *j, char **out);
-
-/* Parses tide_coord_job_pools_to_text's text (or a bare pool name, of size `size0`) into
-   j's pools; TIDE_ERR_PROTOCOL on malformed text. */
-tide_status tide_coord_job_pools_from_text(tide_coord_job_t *j, const char *text, int32_t size0);
-
-/* j's fit rules as text, one "DEGREE N WHAT" line per rule ("dp 4 the global batch"),
-   into a tide_malloc'd string (caller frees); "" when it has none. */
-tide_status tide_coord_job_fit_to_text(const tide_coord_job_t *j, char **out);
-
-/* Parses tide_coord_job_fit_to_text's text (NULL or "": no rules) into j's rules strictly;
-   TIDE_ERR_PROTOCOL naming the line on anything malformed. */
-tide_status tide_coord_job_fit_from_text(tide_coord_job_t *j, const char *text);
-
 /* Records a complete checkpoint of j (step, dir): replaces one of the same step, keeps
    the newest TIDE_COORD_CKPTS_MAX by step. TIDE_ERR_NOMEM, or TIDE_ERR_INVALID for a dir
    that does not fit or holds a tab or newline. */
@@ -377,14 +360,6 @@ tide_status tide_coord_job_add_ckpt(tide_coord_job_t *j, int64_t step, const cha
 
 /* Forgets j's checkpoint of step `step` (one that failed to load); no-op when unknown. */
 void tide_coord_job_drop_ckpt(tide_coord_job_t *j, int64_t step);
-
-/* j's checkpoints as text ("STEP\tDIR\n" each, oldest first) into a tide_malloc'd string
-   (caller frees); "" when none. */
-tide_status tide_coord_job_ckpts_to_text(const tide_coord_job_t *j, char **out);
-
-/* Parses tide_coord_job_ckpts_to_text's text (NULL or "": none) into j's checkpoints;
-   TIDE_ERR_PROTOCOL naming the line on anything malformed. */
-tide_status tide_coord_job_ckpts_from_text(tide_coord_job_t *j, const char *text);
 
 /* Index of rank among r's participants, or -1. O(log n). */
 long tide_reconf_find(const tide_reconf_t *r, int32_t rank);
@@ -394,15 +369,6 @@ void tide_reconf_destroy(tide_reconf_t **self_p);
 
 /* ---- layouts (reshard's tide_layout_t: created with tide_layout_new, freed with
  *      tide_layout_destroy, checked with tide_layout_validate) ---------------------- */
-
-/*
- * Serialises a layout as text "dp tp pp layers micro|s0 s1 ..|w0 w1 .." into
- * a tide_malloc'd string (caller frees with tide_free).
- */
-tide_status tide_coord_layout_to_text(const tide_layout_t *l, char **out);
-
-/* Parses the text of tide_coord_layout_to_text strictly and checks it; caller owns *out. */
-tide_status tide_coord_layout_from_text(const char *text, tide_layout_t **out);
 
 /* True when rank appears in the layout. O(n). */
 int tide_coord_layout_has(const tide_layout_t *l, int32_t rank);

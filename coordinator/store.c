@@ -1,9 +1,9 @@
 /*
- * coordinator/store: SQLite persistence for tided (see store.h). Statements
- * are prepared once; the event table refuses UPDATE and DELETE through
- * triggers, so history is append-only even for someone with the sqlite3 shell
- * who forgets. Layouts are stored as text (state.h's format), the first join
- * message of an online job and offline argv as blobs.
+ * coordinator/store: SQLite persistence for tided (see store.h): the file, its
+ * checks, transactions, workers, events and offline attempts; a job's row is
+ * store_jobs.c's. Statements are prepared once; the event table refuses UPDATE
+ * and DELETE through triggers, so history is append-only even for someone with
+ * the sqlite3 shell who forgets.
  *
  * A file that exists is checked before it is used, and refused with the
  * reason when damaged: a 0-byte file or a lone WAL (the database was lost), a
@@ -25,32 +25,25 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "coordinator/store.h"
-#include "proto/proto.h"
+#include "coordinator/store_int.h"
 
-#define SCHEMA_VERSION "1"
+/* The state schema a new file gets. 1: a job's layouts, pools, fit rules and checkpoints
+   were text columns and its command line NUL-separated bytes; 2: each is a proto record.
+   tide_store_load migrates a file of schema 1. */
+#define SCHEMA_VERSION "2"
 
-enum {
-    ST_WORKER,
-    ST_DEL_WORKER,
-    ST_NEXT_ID,
-    ST_JOB,
-    ST_EVENT,
-    ST_EVENTS,
-    ST_ATTEMPT,
-    ST_ATTEMPTS,
-    ST_BEGIN,
-    ST_COMMIT,
-    ST_ROLLBACK,
-    ST__COUNT
-};
-
-struct tide_store {
-    sqlite3 *db;
-    sqlite3_stmt *st[ST__COUNT];
-    int in_txn;
-    char path[512];
-};
+#define ST_WORKER     TIDE__ST_WORKER
+#define ST_DEL_WORKER TIDE__ST_DEL_WORKER
+#define ST_NEXT_ID    TIDE__ST_NEXT_ID
+#define ST_JOB        TIDE__ST_JOB
+#define ST_EVENT      TIDE__ST_EVENT
+#define ST_EVENTS     TIDE__ST_EVENTS
+#define ST_ATTEMPT    TIDE__ST_ATTEMPT
+#define ST_ATTEMPTS   TIDE__ST_ATTEMPTS
+#define ST_BEGIN      TIDE__ST_BEGIN
+#define ST_COMMIT     TIDE__ST_COMMIT
+#define ST_ROLLBACK   TIDE__ST_ROLLBACK
+#define ST__COUNT     TIDE__ST_COUNT
 
 static const char *const schema =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -61,14 +54,14 @@ static const char *const schema =
     " gone_ms INTEGER, fenced_job INTEGER, UNIQUE(pool, rank));"
     "CREATE TABLE IF NOT EXISTS jobs("
     " id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind INTEGER NOT NULL,"
-    " state INTEGER NOT NULL, created_ms INTEGER, pool TEXT, layout TEXT, generation INTEGER,"
+    " state INTEGER NOT NULL, created_ms INTEGER, pool BLOB, layout BLOB, generation INTEGER,"
     " gen_issued INTEGER, step INTEGER, req_dp INTEGER, req_tp INTEGER, req_pp INTEGER,"
     " req_micro INTEGER, total_bytes INTEGER, join_blob BLOB, priority INTEGER, okind INTEGER,"
     " plugin TEXT, argv BLOB, mem_cap INTEGER, bubbles INTEGER, attempts INTEGER,"
     " max_attempts INTEGER, worker INTEGER, grace_ms INTEGER,"
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
-    " rc_started_ms INTEGER, rc_layout TEXT, rc_reason TEXT, num_layers INTEGER,"
-    " rc_switched INTEGER, failures INTEGER, fit TEXT, ckpts TEXT, rc_ckpt TEXT,"
+    " rc_started_ms INTEGER, rc_layout BLOB, rc_reason TEXT, num_layers INTEGER,"
+    " rc_switched INTEGER, failures INTEGER, fit BLOB, ckpts BLOB, rc_ckpt TEXT,"
     " rc_ckpt_step INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
@@ -112,7 +105,7 @@ static const char *const sql[ST__COUNT] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-static tide_status db_error(tide_store_t *s, int code, const char *what)
+tide_status tide__store_db_error(tide_store_t *s, int code, const char *what)
 {
     tide_status rc = (code == SQLITE_BUSY || code == SQLITE_LOCKED) ? TIDE_ERR_BUSY
                      : (code == SQLITE_NOMEM)                       ? TIDE_ERR_NOMEM
@@ -135,14 +128,14 @@ static tide_status exec(tide_store_t *s, const char *text, const char *what)
     return TIDE_OK;
 }
 
-static tide_status step_done(tide_store_t *s, int which, const char *what)
+tide_status tide__store_step_done(tide_store_t *s, int which, const char *what)
 {
     sqlite3_stmt *st = s->st[which];
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     if (rc != SQLITE_DONE)
-        return db_error(s, rc, what);
+        return tide__store_db_error(s, rc, what);
     return TIDE_OK;
 }
 
@@ -174,7 +167,7 @@ static tide_status add_columns(tide_store_t *s)
         int have = src == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
         sqlite3_finalize(st);
         if (src != SQLITE_OK)
-            return db_error(s, src, "reading the table layout");
+            return tide__store_db_error(s, src, "reading the table layout");
         if (have)
             continue;
         snprintf(q, sizeof q, "ALTER TABLE %s ADD COLUMN %s %s", cols[i][0], cols[i][1],
@@ -347,6 +340,26 @@ static tide_status check_integrity(tide_store_t *s)
     return TIDE_OK;
 }
 
+/* The file's state schema into s->schema: 1 (read, then migrated by tide_store_load) or 2;
+   any other is refused naming it. */
+static tide_status read_schema(tide_store_t *s)
+{
+    sqlite3_stmt *q = NULL;
+    char version[32] = "";
+    sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = 'schema'", -1, &q, NULL);
+    if (q != NULL && sqlite3_step(q) == SQLITE_ROW)
+        tide__store_copy_text(version, sizeof version, sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    s->schema = strcmp(version, "1") == 0 ? 1 : strcmp(version, SCHEMA_VERSION) == 0 ? 2 : 0;
+    if (s->schema == 0)
+        return tide_errorf(TIDE_ERR_UNSUPPORTED,
+                           "state file %s has schema version '%s'; this tided reads versions 1 "
+                           "and " SCHEMA_VERSION " (a newer tided wrote it? use a new --state "
+                           "file)",
+                           s->path, version);
+    return TIDE_OK;
+}
+
 tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
 {
     tide_status rc = TIDE_OK;
@@ -410,18 +423,7 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
         goto fail;
     }
     TIDE_CHECK_GOTO(exec(s, "COMMIT", "creating tables"), rc, fail);
-    {
-        sqlite3_stmt *q = NULL;
-        sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = 'schema'", -1, &q, NULL);
-        int ok = q != NULL && sqlite3_step(q) == SQLITE_ROW &&
-                 strcmp((const char *)sqlite3_column_text(q, 0), SCHEMA_VERSION) == 0;
-        sqlite3_finalize(q);
-        if (!ok)
-            TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_UNSUPPORTED,
-                           "state file %s has another schema version than " SCHEMA_VERSION
-                           " (use a new --state file)",
-                           path);
-    }
+    TIDE_CHECK_GOTO(read_schema(s), rc, fail);
     for (int i = 0; i < ST__COUNT; i++) {
         src = sqlite3_prepare_v3(s->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL);
         if (src != SQLITE_OK)
@@ -453,7 +455,7 @@ tide_status tide_store_begin(tide_store_t *s)
 {
     if (s->in_txn)
         return TIDE_OK;
-    TIDE_CHECK(step_done(s, ST_BEGIN, "begin"));
+    TIDE_CHECK(tide__store_step_done(s, ST_BEGIN, "begin"));
     s->in_txn = 1;
     return TIDE_OK;
 }
@@ -467,7 +469,7 @@ tide_status tide_store_commit(tide_store_t *s)
 {
     if (!s->in_txn)
         return TIDE_OK;
-    tide_status rc = step_done(s, ST_COMMIT, "commit");
+    tide_status rc = tide__store_step_done(s, ST_COMMIT, "commit");
     if (rc != TIDE_OK) {
         tide_store_rollback(s);
         return rc;
@@ -485,7 +487,7 @@ void tide_store_rollback(tide_store_t *s)
     s->in_txn = 0;
 }
 
-static tide_status need_txn(tide_store_t *s, const char *what)
+tide_status tide__store_need_txn(tide_store_t *s, const char *what)
 {
     if (!s->in_txn)
         return tide_errorf(TIDE_ERR_INTERNAL, "store: %s outside a transaction", what);
@@ -494,7 +496,7 @@ static tide_status need_txn(tide_store_t *s, const char *what)
 
 tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
 {
-    TIDE_CHECK(need_txn(s, "put_worker"));
+    TIDE_CHECK(tide__store_need_txn(s, "put_worker"));
     sqlite3_stmt *st = s->st[ST_WORKER];
     sqlite3_bind_int(st, 1, w->id);
     sqlite3_bind_text(st, 2, w->pool, -1, SQLITE_STATIC);
@@ -512,136 +514,22 @@ tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
     sqlite3_bind_text(st, 14, w->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 15, w->gone_ms);
     sqlite3_bind_int64(st, 16, w->fenced_job);
-    return step_done(s, ST_WORKER, "saving a worker");
+    return tide__store_step_done(s, ST_WORKER, "saving a worker");
 }
 
 tide_status tide_store_del_worker(tide_store_t *s, int32_t id, int32_t next_id)
 {
-    TIDE_CHECK(need_txn(s, "del_worker"));
+    TIDE_CHECK(tide__store_need_txn(s, "del_worker"));
     sqlite3_bind_int(s->st[ST_DEL_WORKER], 1, id);
-    TIDE_CHECK(step_done(s, ST_DEL_WORKER, "forgetting a worker"));
-    char v[16];
-    snprintf(v, sizeof v, "%d", (int)next_id);
-    sqlite3_bind_text(s->st[ST_NEXT_ID], 1, v, -1, SQLITE_TRANSIENT);
-    return step_done(s, ST_NEXT_ID, "recording the worker ids handed out");
-}
-
-/* argv as one blob of NUL-terminated strings. */
-static tide_status pack_argv(const tide_coord_job_t *j, char **out, size_t *len)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < j->argc; i++)
-        n += strlen(j->argv[i]) + 1;
-    char *b = tide_malloc(n ? n : 1);
-    if (b == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory saving a job");
-    size_t at = 0;
-    for (uint32_t i = 0; i < j->argc; i++) {
-        size_t k = strlen(j->argv[i]) + 1;
-        memcpy(b + at, j->argv[i], k);
-        at += k;
-    }
-    *out = b;
-    *len = n;
-    return TIDE_OK;
-}
-
-static tide_status unpack_argv(tide_coord_job_t *j, const char *b, size_t len)
-{
-    uint32_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += b[i] == '\0';
-    if (len > 0 && b[len - 1] != '\0')
-        return tide_errorf(TIDE_ERR_IO, "stored job %s: argv blob is corrupt", j->name);
-    j->argv = tide_calloc(n ? n : 1, sizeof *j->argv);
-    if (j->argv == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a job");
-    size_t at = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        j->argv[i] = tide_strdup(b + at);
-        if (j->argv[i] == NULL)
-            return tide_errorf(TIDE_ERR_NOMEM, "out of memory loading a job");
-        j->argc++;
-        at += strlen(b + at) + 1;
-    }
-    return TIDE_OK;
-}
-
-tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
-{
-    TIDE_CHECK(need_txn(s, "put_job"));
-    tide_status rc = TIDE_OK;
-    char *layout = NULL, *rc_layout = NULL, *argv = NULL, *pools = NULL, *fit = NULL;
-    char *ckpts = NULL;
-    size_t argv_len = 0;
-    sqlite3_stmt *st = s->st[ST_JOB];
-    TIDE_CHECK_GOTO(tide_coord_job_pools_to_text(j, &pools), rc, out);
-    TIDE_CHECK_GOTO(tide_coord_job_ckpts_to_text(j, &ckpts), rc, out);
-    TIDE_CHECK_GOTO(tide_coord_job_fit_to_text(j, &fit), rc, out);
-    if (j->layout)
-        TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->layout, &layout), rc, out);
-    if (j->reconf)
-        TIDE_CHECK_GOTO(tide_coord_layout_to_text(j->reconf->layout, &rc_layout), rc, out);
-    TIDE_CHECK_GOTO(pack_argv(j, &argv, &argv_len), rc, out);
-    sqlite3_bind_int64(st, 1, j->id);
-    sqlite3_bind_text(st, 2, j->name, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, (int)j->kind);
-    sqlite3_bind_int(st, 4, (int)j->state);
-    sqlite3_bind_int64(st, 5, j->created_ms);
-    sqlite3_bind_text(st, 6, pools, -1, SQLITE_STATIC);
-    if (layout)
-        sqlite3_bind_text(st, 7, layout, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 8, (sqlite3_int64)j->generation);
-    sqlite3_bind_int64(st, 9, (sqlite3_int64)j->gen_issued);
-    sqlite3_bind_int64(st, 10, j->step);
-    sqlite3_bind_int(st, 11, j->req_dp);
-    sqlite3_bind_int(st, 12, j->req_tp);
-    sqlite3_bind_int(st, 13, j->req_pp);
-    sqlite3_bind_int(st, 14, j->req_micro);
-    sqlite3_bind_int64(st, 15, (sqlite3_int64)j->total_bytes);
-    if (j->join_blob)
-        sqlite3_bind_blob(st, 16, j->join_blob, (int)j->join_len, SQLITE_STATIC);
-    sqlite3_bind_int(st, 17, j->priority);
-    sqlite3_bind_int(st, 18, (int)j->okind);
-    sqlite3_bind_text(st, 19, j->plugin, -1, SQLITE_STATIC);
-    sqlite3_bind_blob(st, 20, argv, (int)argv_len, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 21, (sqlite3_int64)j->mem_cap);
-    sqlite3_bind_int(st, 22, j->bubbles);
-    sqlite3_bind_int(st, 23, j->attempts);
-    sqlite3_bind_int(st, 24, j->max_attempts);
-    sqlite3_bind_int(st, 25, j->worker);
-    sqlite3_bind_int64(st, 26, j->grace_ms);
-    sqlite3_bind_int(st, 34, j->num_layers);
-    sqlite3_bind_int(st, 36, j->failures);
-    sqlite3_bind_text(st, 37, fit, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 38, ckpts, -1, SQLITE_STATIC);
-    if (j->reconf) {
-        sqlite3_bind_text(st, 39, j->reconf->ckpt, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 40, j->reconf->ckpt_step);
-        sqlite3_bind_int64(st, 27, (sqlite3_int64)j->reconf->gen);
-        sqlite3_bind_int(st, 28, j->reconf->recover);
-        sqlite3_bind_int(st, 29, (int)j->reconf->phase);
-        sqlite3_bind_int64(st, 30, j->reconf->switch_step);
-        sqlite3_bind_int64(st, 31, j->reconf->started_ms);
-        sqlite3_bind_text(st, 32, rc_layout, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 33, j->reconf->reason, -1, SQLITE_STATIC);
-        sqlite3_bind_int(st, 35, j->reconf->switched);
-    }
-    rc = step_done(s, ST_JOB, "saving a job");
-out:
-    tide_free(layout);
-    tide_free(rc_layout);
-    tide_free(pools);
-    tide_free(fit);
-    tide_free(ckpts);
-    tide_free(argv);
-    return rc;
+    TIDE_CHECK(tide__store_step_done(s, ST_DEL_WORKER, "forgetting a worker"));
+    sqlite3_bind_int(s->st[ST_NEXT_ID], 1, next_id); /* stored as text: meta's affinity */
+    return tide__store_step_done(s, ST_NEXT_ID, "recording the worker ids handed out");
 }
 
 tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, const char *kind,
                              const char *fmt, ...)
 {
-    TIDE_CHECK(need_txn(s, "event"));
+    TIDE_CHECK(tide__store_need_txn(s, "event"));
     char detail[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -654,10 +542,10 @@ tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, 
     sqlite3_bind_text(st, 4, detail, -1, SQLITE_TRANSIENT);
     TIDE_INFO("event", "%s%s%s: %s", job && job[0] ? job : "", job && job[0] ? " " : "", kind,
               detail);
-    return step_done(s, ST_EVENT, "appending an event");
+    return tide__store_step_done(s, ST_EVENT, "appending an event");
 }
 
-static void copy_text(char *dst, size_t cap, const unsigned char *src)
+void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src)
 {
     snprintf(dst, cap, "%s", src ? (const char *)src : "");
 }
@@ -671,7 +559,7 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
                                  "FROM workers ORDER BY id",
                                  -1, &q, NULL);
     if (src != SQLITE_OK)
-        return db_error(s, src, "loading workers");
+        return tide__store_db_error(s, src, "loading workers");
     tide_status rc = TIDE_OK;
     while ((src = sqlite3_step(q)) == SQLITE_ROW) {
         tide_coord_worker_t *w = NULL;
@@ -680,7 +568,7 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
                                               sqlite3_column_int(q, 2), &w),
                         rc, out);
         w->pool_size = sqlite3_column_int(q, 3);
-        copy_text(w->host, sizeof w->host, sqlite3_column_text(q, 4));
+        tide__store_copy_text(w->host, sizeof w->host, sqlite3_column_text(q, 4));
         w->device = sqlite3_column_int(q, 5);
         w->memory = (uint64_t)sqlite3_column_int64(q, 6);
         w->kind = sqlite3_column_int(q, 7);
@@ -693,12 +581,12 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
         w->job = sqlite3_column_int64(q, 10);
         w->offline_job = sqlite3_column_int64(q, 11);
         w->joined = sqlite3_column_int64(q, 12);
-        copy_text(w->owner, sizeof w->owner, sqlite3_column_text(q, 13));
+        tide__store_copy_text(w->owner, sizeof w->owner, sqlite3_column_text(q, 13));
         w->gone_ms = sqlite3_column_int64(q, 14);
         w->fenced_job = sqlite3_column_int64(q, 15);
     }
     if (src != SQLITE_DONE)
-        rc = db_error(s, src, "loading workers");
+        rc = tide__store_db_error(s, src, "loading workers");
     if (rc != TIDE_OK)
         goto out;
     /* ids handed out before: those of forgotten workers stay used */
@@ -707,7 +595,7 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
     src = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = 'next_worker_id'", -1, &q,
                              NULL);
     if (src != SQLITE_OK)
-        return db_error(s, src, "loading the next worker id");
+        return tide__store_db_error(s, src, "loading the next worker id");
     if ((src = sqlite3_step(q)) == SQLITE_ROW) {
         long long next = sqlite3_column_int64(q, 0);
         if (next < 0 || next > INT32_MAX)
@@ -716,116 +604,8 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
         if ((int32_t)next > st->next_worker_id)
             st->next_worker_id = (int32_t)next;
     } else if (src != SQLITE_DONE) {
-        rc = db_error(s, src, "loading the next worker id");
+        rc = tide__store_db_error(s, src, "loading the next worker id");
     }
-out:
-    sqlite3_finalize(q);
-    return rc;
-}
-
-/* A job saved before joins carried fit rules (its fit column is NULL): its stored first
-   join gets "fit": [], so that it decodes under today's schema (placement, estimates and a
-   later pool's join read it). Saved so on the job's next write. */
-static tide_status upgrade_join(tide_store_t *s, tide_coord_job_t *j)
-{
-    uint8_t *blob = NULL;
-    size_t len = 0;
-    tide_status rc = tide_proto_join_upgrade(j->join_blob, j->join_len, &blob, &len);
-    if (rc != TIDE_OK)
-        return tide_errorf(rc == TIDE_ERR_NOMEM ? rc : TIDE_ERR_IO,
-                           "state file %s: job %s's stored join message: %s", s->path, j->name,
-                           tide_last_error());
-    tide_free(j->join_blob);
-    j->join_blob = blob;
-    j->join_len = len;
-    return TIDE_OK;
-}
-
-static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
-{
-    sqlite3_stmt *q = NULL;
-    int src = sqlite3_prepare_v2(
-        s->db,
-        "SELECT id, name, kind, state, created_ms, pool, layout, generation, gen_issued, step,"
-        " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
-        " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
-        " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step FROM jobs ORDER BY id",
-        -1, &q, NULL);
-    if (src != SQLITE_OK)
-        return db_error(s, src, "loading jobs");
-    tide_status rc = TIDE_OK;
-    while ((src = sqlite3_step(q)) == SQLITE_ROW) {
-        tide_coord_job_t *j = NULL;
-        int kind = sqlite3_column_int(q, 2), state = sqlite3_column_int(q, 3);
-        if (kind < 0 || kind > 1 || state < 0 || state > TIDE_JS_CANCELLED)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_IO, "state file %s: job %lld is corrupt", s->path,
-                           (long long)sqlite3_column_int64(q, 0));
-        TIDE_CHECK_GOTO(tide_coord_job_add(st, sqlite3_column_int64(q, 0), (tide_job_kind)kind, &j),
-                        rc, out);
-        copy_text(j->name, sizeof j->name, sqlite3_column_text(q, 1));
-        j->state = (tide_jstate)state;
-        j->created_ms = sqlite3_column_int64(q, 4);
-        const char *pools = (const char *)sqlite3_column_text(q, 5);
-        const tide_coord_worker_t *w0 = pools ? tide_coord_worker_find(st, pools, 0) : NULL;
-        TIDE_CHECK_GOTO(tide_coord_job_pools_from_text(j, pools, w0 ? w0->pool_size : 0), rc, out);
-        const char *layout = (const char *)sqlite3_column_text(q, 6);
-        if (layout != NULL)
-            TIDE_CHECK_GOTO(tide_coord_layout_from_text(layout, &j->layout), rc, out);
-        j->generation = (uint64_t)sqlite3_column_int64(q, 7);
-        j->gen_issued = (uint64_t)sqlite3_column_int64(q, 8);
-        j->step = sqlite3_column_int64(q, 9);
-        j->req_dp = sqlite3_column_int(q, 10);
-        j->req_tp = sqlite3_column_int(q, 11);
-        j->req_pp = sqlite3_column_int(q, 12);
-        j->req_micro = sqlite3_column_int(q, 13);
-        j->total_bytes = (uint64_t)sqlite3_column_int64(q, 14);
-        int blen = sqlite3_column_bytes(q, 15);
-        if (blen > 0) {
-            j->join_blob = tide_malloc((size_t)blen);
-            TIDE_CHECK_ALLOC_GOTO(j->join_blob, rc, out);
-            memcpy(j->join_blob, sqlite3_column_blob(q, 15), (size_t)blen);
-            j->join_len = (size_t)blen;
-        }
-        j->priority = sqlite3_column_int(q, 16);
-        j->okind = (tide_offline_kind)(sqlite3_column_int(q, 17) ? 1 : 0);
-        copy_text(j->plugin, sizeof j->plugin, sqlite3_column_text(q, 18));
-        TIDE_CHECK_GOTO(unpack_argv(j, (const char *)sqlite3_column_blob(q, 19),
-                                    (size_t)sqlite3_column_bytes(q, 19)),
-                        rc, out);
-        j->mem_cap = (uint64_t)sqlite3_column_int64(q, 20);
-        j->bubbles = sqlite3_column_int(q, 21);
-        j->attempts = sqlite3_column_int(q, 22);
-        j->max_attempts = sqlite3_column_int(q, 23);
-        j->worker = sqlite3_column_int(q, 24);
-        j->grace_ms = sqlite3_column_int64(q, 25);
-        j->num_layers = sqlite3_column_int(q, 33);
-        j->failures = sqlite3_column_int(q, 35);
-        TIDE_CHECK_GOTO(tide_coord_job_fit_from_text(j, (const char *)sqlite3_column_text(q, 36)),
-                        rc, out);
-        if (sqlite3_column_type(q, 36) == SQLITE_NULL && j->join_blob != NULL)
-            TIDE_CHECK_GOTO(upgrade_join(s, j), rc, out);
-        TIDE_CHECK_GOTO(tide_coord_job_ckpts_from_text(j, (const char *)sqlite3_column_text(q, 37)),
-                        rc, out);
-        const char *rcl = (const char *)sqlite3_column_text(q, 31);
-        if (rcl != NULL) {
-            tide_layout_t *nl = NULL;
-            TIDE_CHECK_GOTO(tide_coord_layout_from_text(rcl, &nl), rc, out);
-            TIDE_CHECK_GOTO(tide_reconf_new(&j->reconf, j->layout, nl,
-                                            (uint64_t)sqlite3_column_int64(q, 26),
-                                            sqlite3_column_int(q, 27)),
-                            rc, out);
-            j->reconf->phase = sqlite3_column_int(q, 28) ? TIDE_RP_COMMIT : TIDE_RP_PREPARE;
-            j->reconf->switch_step = sqlite3_column_int64(q, 29);
-            j->reconf->started_ms = sqlite3_column_int64(q, 30);
-            copy_text(j->reconf->reason, sizeof j->reconf->reason, sqlite3_column_text(q, 32));
-            j->reconf->switched = j->reconf->phase == TIDE_RP_COMMIT && sqlite3_column_int(q, 34);
-            copy_text(j->reconf->ckpt, sizeof j->reconf->ckpt, sqlite3_column_text(q, 38));
-            j->reconf->ckpt_step = j->reconf->ckpt[0] ? sqlite3_column_int64(q, 39) : 0;
-        }
-    }
-    if (src != SQLITE_DONE)
-        rc = db_error(s, src, "loading jobs");
 out:
     sqlite3_finalize(q);
     return rc;
@@ -836,7 +616,7 @@ tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
     if (st->n_workers != 0 || st->n_jobs != 0)
         return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
     TIDE_CHECK(load_workers(s, st));
-    TIDE_CHECK(load_jobs(s, st));
+    TIDE_CHECK(tide__store_load_jobs(s, st));
     return TIDE_OK;
 }
 
@@ -859,13 +639,13 @@ tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_
     while (k < limit && (src = sqlite3_step(q)) == SQLITE_ROW) {
         r[k].id = (uint64_t)sqlite3_column_int64(q, 0);
         r[k].time_ms = sqlite3_column_int64(q, 1);
-        copy_text(r[k].job, sizeof r[k].job, sqlite3_column_text(q, 2));
-        copy_text(r[k].kind, sizeof r[k].kind, sqlite3_column_text(q, 3));
-        copy_text(r[k].detail, sizeof r[k].detail, sqlite3_column_text(q, 4));
+        tide__store_copy_text(r[k].job, sizeof r[k].job, sqlite3_column_text(q, 2));
+        tide__store_copy_text(r[k].kind, sizeof r[k].kind, sqlite3_column_text(q, 3));
+        tide__store_copy_text(r[k].detail, sizeof r[k].detail, sqlite3_column_text(q, 4));
         k++;
     }
     if (k < limit && src != SQLITE_DONE) {
-        tide_status rc = db_error(s, src, "reading events");
+        tide_status rc = tide__store_db_error(s, src, "reading events");
         sqlite3_reset(q);
         tide_free(r);
         return rc;
@@ -878,7 +658,7 @@ tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_
 
 tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *a)
 {
-    TIDE_CHECK(need_txn(s, "put_attempt"));
+    TIDE_CHECK(tide__store_need_txn(s, "put_attempt"));
     sqlite3_stmt *st = s->st[ST_ATTEMPT];
     sqlite3_bind_int64(st, 1, a->job);
     sqlite3_bind_int(st, 2, a->attempt);
@@ -889,7 +669,7 @@ tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *
     sqlite3_bind_int(st, 7, a->exit_code);
     sqlite3_bind_int64(st, 8, a->time_ms);
     sqlite3_bind_blob(st, 9, a->tail, (int)strnlen(a->tail, sizeof a->tail), SQLITE_STATIC);
-    return step_done(s, ST_ATTEMPT, "saving an offline attempt");
+    return tide__store_step_done(s, ST_ATTEMPT, "saving an offline attempt");
 }
 
 tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, uint32_t limit,
@@ -913,8 +693,8 @@ tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, u
         a->job = sqlite3_column_int64(q, 0);
         a->attempt = sqlite3_column_int(q, 1);
         a->worker = sqlite3_column_int(q, 2);
-        copy_text(a->host, sizeof a->host, sqlite3_column_text(q, 3));
-        copy_text(a->log, sizeof a->log, sqlite3_column_text(q, 4));
+        tide__store_copy_text(a->host, sizeof a->host, sqlite3_column_text(q, 3));
+        tide__store_copy_text(a->log, sizeof a->log, sqlite3_column_text(q, 4));
         a->state = sqlite3_column_int(q, 5);
         a->exit_code = sqlite3_column_int(q, 6);
         a->time_ms = sqlite3_column_int64(q, 7);
@@ -927,7 +707,7 @@ tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, u
         a->tail[len > 0 ? len : 0] = '\0';
     }
     if (k < limit && src != SQLITE_DONE) {
-        tide_status rc = db_error(s, src, "reading offline attempts");
+        tide_status rc = tide__store_db_error(s, src, "reading offline attempts");
         sqlite3_reset(q);
         tide_free(r);
         return rc;
@@ -946,7 +726,7 @@ tide_status tide_store_event_count(tide_store_t *s, uint64_t *out)
         src = sqlite3_step(q);
     if (src != SQLITE_ROW) {
         sqlite3_finalize(q);
-        return db_error(s, src, "counting events");
+        return tide__store_db_error(s, src, "counting events");
     }
     *out = (uint64_t)sqlite3_column_int64(q, 0);
     sqlite3_finalize(q);

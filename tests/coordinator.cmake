@@ -3,6 +3,9 @@
 if(TARGET tide_coord)
   tide_add_unit_test(test_coordinator SOURCES test_coordinator.c LIBS tide_coord
                      PkgConfig::SQLITE3 TIMEOUT 30)
+  # state files an older tided wrote (tests/data/README.md)
+  target_compile_definitions(test_coordinator PRIVATE
+                             TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c

@@ -1,0 +1,52 @@
+/*
+ * coordinator/store internals shared by store.c (the file, transactions, workers, events,
+ * attempts) and store_jobs.c (a job's row and its records, schema-1 rows): the open store
+ * and the helpers that name the state file in every error. Single thread, like store.h.
+ */
+#ifndef TIDE_COORD_STORE_INT_H
+#define TIDE_COORD_STORE_INT_H
+
+#include <sqlite3.h>
+
+#include "coordinator/store.h"
+
+/* Prepared statements, one per kind of write or read done often. */
+enum {
+    TIDE__ST_WORKER,
+    TIDE__ST_DEL_WORKER,
+    TIDE__ST_NEXT_ID,
+    TIDE__ST_JOB,
+    TIDE__ST_EVENT,
+    TIDE__ST_EVENTS,
+    TIDE__ST_ATTEMPT,
+    TIDE__ST_ATTEMPTS,
+    TIDE__ST_BEGIN,
+    TIDE__ST_COMMIT,
+    TIDE__ST_ROLLBACK,
+    TIDE__ST_COUNT
+};
+
+struct tide_store {
+    sqlite3 *db;
+    sqlite3_stmt *st[TIDE__ST_COUNT];
+    int in_txn;
+    int schema; /* the file's state schema: 2, or 1 until tide_store_load migrates it */
+    char path[512];
+};
+
+/* "state file P: what: sqlite's message", with BUSY / NOMEM / IO from code. */
+tide_status tide__store_db_error(tide_store_t *s, int code, const char *what);
+
+/* Steps statement `which` to its end, resets it and clears its bindings. */
+tide_status tide__store_step_done(tide_store_t *s, int which, const char *what);
+
+/* TIDE_ERR_INTERNAL unless a transaction is open (every write needs one). */
+tide_status tide__store_need_txn(tide_store_t *s, const char *what);
+
+/* Copies a column's text (NULL: "") into dst of cap bytes, truncating. */
+void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src);
+
+/* Loads every job into st (workers loaded first: a schema-1 pool list may need one). */
+tide_status tide__store_load_jobs(tide_store_t *s, tide_coord_state_t *st);
+
+#endif /* TIDE_COORD_STORE_INT_H */

@@ -169,7 +169,9 @@ static tide_status check_tensor(const void *base, tide__ctx *c)
 }
 
 static const tide__field tensor_fields[] = {
-    F_STR(tide_proto_tensor_t, name, "name", TIDE__CS_HOST, 1),
+    /* a collection's own rules (reshard's tide_collection_add): any name, any segment count
+       that divides the split dimension; the checkpoint manifest holds any collection */
+    F_STR(tide_proto_tensor_t, name, "name", TIDE__CS_TEXT, 1),
     F_INT(tide_proto_tensor_t, dtype, "dtype", 0, 6),
     {.key = "shape",
      .kind = TIDE__K_I64_FIXED,
@@ -183,7 +185,7 @@ static const tide__field tensor_fields[] = {
     F_INT(tide_proto_tensor_t, layer, "layer", -3, TIDE_PROTO_LAYERS_MAX - 1),
     F_INT(tide_proto_tensor_t, tp, "tp", 0, 1),
     F_INT(tide_proto_tensor_t, tp_dim, "tp_dim", 0, TIDE_PROTO_DIMS_MAX - 1),
-    F_INT(tide_proto_tensor_t, tp_segments, "seg", 1, 64),
+    F_INT(tide_proto_tensor_t, tp_segments, "seg", 1, INT32_MAX),
     F_INT(tide_proto_tensor_t, dp, "dp", 0, 1),
 };
 const tide__schema tide__tensor_schema = {tensor_fields, NELEM(tensor_fields),

@@ -134,11 +134,13 @@ typedef struct tide_proto_layout {
 } tide_proto_layout_t;
 
 /*
- * One tensor of a job's collection (reshard/'s tide_tensor_desc). Wire: map
- * {"name","dtype","shape","layer","tp","tp_dim","seg","dp"}. dtype: a
- * tide_dtype value in [0, 6]; shape: 1..4 entries >= 1; layer: >= -3 (PRE -1,
- * POST -2, ALL -3) and < the join's num_layers; tp: 0 replicated / 1 split;
- * tp_dim in [0, ndim) (0 when replicated); seg in [1, 64]; dp: 0 replicated / 1 sharded.
+ * One tensor of a job's collection (reshard/'s tide_tensor_desc), in a join or a
+ * checkpoint manifest. Wire: map {"name","dtype","shape","layer","tp","tp_dim","seg","dp"}.
+ * name: 1..95 bytes, any but NUL (as a collection takes); dtype: a tide_dtype value in
+ * [0, 6]; shape: 1..4 entries >= 1; layer: >= -3 (PRE -1, POST -2, ALL -3) and < the
+ * model's layers; tp: 0 replicated / 1 split; tp_dim in [0, ndim) (0 when replicated);
+ * seg >= 1; dp: 0 replicated / 1 sharded. (The collection checks the rest: seg divides
+ * the split dimension, at most 2^56 bytes.)
  */
 typedef struct tide_proto_tensor {
     char name[TIDE_PROTO_TENSOR_NAME_MAX + 1];

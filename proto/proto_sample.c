@@ -132,7 +132,7 @@ static tide_status argv_fill(rng_t *r, char ***argv, uint32_t *argc, uint32_t mi
 /* One tensor of a model of num_layers layers. */
 static void tensor(rng_t *r, tide_proto_tensor_t *t, int num_layers)
 {
-    rstr(r, t->name, 1, TIDE_PROTO_TENSOR_NAME_MAX, 1);
+    rstr(r, t->name, 1, TIDE_PROTO_TENSOR_NAME_MAX, 2);
     t->dtype = (int)urange(r, 0, 6);
     t->ndim = (int)urange(r, 1, TIDE_PROTO_DIMS_MAX);
     for (int d = 0; d < t->ndim; d++)
@@ -140,7 +140,7 @@ static void tensor(rng_t *r, tide_proto_tensor_t *t, int num_layers)
     t->layer = (int)irange(r, -3, num_layers - 1);
     t->tp = (int)urange(r, 0, 1);
     t->tp_dim = (int)urange(r, 0, (uint64_t)t->ndim - 1);
-    t->tp_segments = (int)urange(r, 1, 64);
+    t->tp_segments = (int)urange(r, 1, INT32_MAX);
     t->dp = (int)urange(r, 0, 1);
 }
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Fuzzes the proto decoder: builds proto/fuzz_decode with clang, libFuzzer and
-# ASan/UBSan into BUILD_DIR (default build-fuzz/), writes a seed corpus of valid
-# encoded messages of every type plus a dictionary of their keys, and runs the
-# fuzzer for FUZZ_SECONDS (default 60, or the first argument). Exits non-zero on
-# any crash, leak, sanitizer report or timeout; the input that did it is left in
-# BUILD_DIR/fuzz-artifacts/.
+# Fuzzes tide's decoders: builds proto/fuzz_decode (every message and every record: what
+# tided stores, the checkpoint manifest and checksum files) and proto/fuzz_legacy (the
+# readers of tided's schema-1 state texts) with clang, libFuzzer and ASan/UBSan into
+# BUILD_DIR (default build-fuzz/), writes a seed corpus of valid encoded messages of every
+# type plus a dictionary of their keys, and runs fuzz_decode for FUZZ_SECONDS (default 60,
+# or the first argument), then fuzz_legacy for a third of that (at least 5 s). Exits
+# non-zero on any crash, leak, sanitizer report or timeout; the input that did it is left
+# in BUILD_DIR/fuzz-artifacts/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-fuzz}"
@@ -14,7 +16,7 @@ JOBS="${JOBS:-$(nproc)}"
 CC=clang cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTIDE_FUZZ=ON -DTIDE_SANITIZE=ON -DTIDE_CUDA=OFF -DTIDE_BUILD_TESTS=OFF \
   -DTIDE_BUILD_BENCHMARKS=OFF -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS" --target fuzz_decode proto_corpus
+cmake --build "$BUILD_DIR" -j "$JOBS" --target fuzz_decode fuzz_legacy proto_corpus
 
 SEEDS="$BUILD_DIR/fuzz-seeds"
 WORK="$BUILD_DIR/fuzz-corpus"      # grows across runs: new coverage found is kept
@@ -28,4 +30,21 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 "$BUILD_DIR/proto/fuzz_decode" -max_total_time="$SECS" -max_len=65536 -timeout=10 \
   -rss_limit_mb=2048 -dict="$BUILD_DIR/proto.dict" -artifact_prefix="$ART" \
   -print_final_stats=1 "$WORK" "$SEEDS"
-echo "fuzz.sh: ${SECS}s of fuzzing found no crash, leak or sanitizer report"
+
+# the schema-1 texts as tided wrote them, behind the byte that picks their reader
+LSEEDS="$BUILD_DIR/fuzz-legacy-seeds"
+LWORK="$BUILD_DIR/fuzz-legacy-corpus"
+rm -rf "$LSEEDS"
+mkdir -p "$LSEEDS" "$LWORK"
+printf '\x00%s' '2 1 2 6 4|0 2 6|0 1 2 3' >"$LSEEDS/layout"
+printf '\x01%s' 'pool-a 4 1;pool-b 2 2 7;pool-c 2 0' >"$LSEEDS/pools"
+printf '\x09%s' 'pool-a' >"$LSEEDS/pool-bare"
+printf '\x02%s' $'dp_micro 16 the global batch\ntp 8 attention heads\npp 4611686018427387904\n' \
+  >"$LSEEDS/fit"
+printf '\x03%s' $'60\t/ck/train/step-000000000060\n100\t/ck/a b/step-000000000100\n' \
+  >"$LSEEDS/ckpts"
+printf '\x04python3\x00eval.py\x00--data=a b\x00\x00' >"$LSEEDS/argv"
+LSECS=$(( SECS / 3 > 5 ? SECS / 3 : 5 ))
+"$BUILD_DIR/proto/fuzz_legacy" -max_total_time="$LSECS" -max_len=4096 -timeout=10 \
+  -rss_limit_mb=2048 -artifact_prefix="$ART" -print_final_stats=1 "$LWORK" "$LSEEDS"
+echo "fuzz.sh: ${SECS}s + ${LSECS}s of fuzzing found no crash, leak or sanitizer report"

@@ -2,6 +2,8 @@
 # (test_ckpt).
 if(TARGET tide_ckpt)
   tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt TIMEOUT 120)
+  # checkpoints an earlier tide wrote (tests/data/README.md)
+  target_compile_definitions(test_ckpt PRIVATE TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
 endif()
 # train_mlp --resume / --ckpt-every, a crash injected mid-save, tide-ckpt verify/convert
 # (resume); planted links, a renamed step directory and FIFOs in a checkpoint root

@@ -833,3 +833,47 @@ Test(ckpt, the_saver_never_makes_its_caller_wait)
     free_bufs(c, g);
     tide_collection_destroy(&c);
 }
+
+/* The collection and state of tests/data/ckpt-v1 (tests/data/make_v1_fixtures.c). */
+static tide_collection_t *fixture_model(void)
+{
+    tide_model_spec s = {.layers = 2,
+                         .hidden = 16,
+                         .ffn = 32,
+                         .heads = 2,
+                         .vocab = 64,
+                         .attention = 1,
+                         .adam = 1,
+                         .zero1 = 1,
+                         .dtype = TIDE_F32};
+    tide_collection_t *c = NULL;
+    cr_assert_eq(tide_collection_build_gpt(&c, &s), TIDE_OK, "%s", tide_last_error());
+    return c;
+}
+
+/* A checkpoint an earlier tide wrote (format 1: the hand-written binary MANIFEST) opens,
+   verifies and loads bit-identically into other layouts. */
+Test(ckpt, a_checkpoint_of_format_1_still_loads)
+{
+    const char *dir = TIDE_TEST_DATA "/ckpt-v1/step-000000000042";
+    tide_collection_t *c = fixture_model();
+    void **g = globals(c, 42);
+    tide_ckpt_t *ck = NULL;
+    cr_assert_eq(tide_ckpt_open(&ck, dir), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_ckpt_step(ck), 42);
+    const tide_layout_t *saved = tide_ckpt_layout(ck);
+    cr_assert(saved->dp == 2 && saved->tp == 2 && saved->pp == 2);
+    cr_assert_eq(tide_ckpt_num_shards(ck), 8);
+    cr_assert_eq(tide_ckpt_verify(ck), TIDE_OK, "%s", tide_last_error());
+    tide_ckpt_close(&ck);
+    const struct {
+        int dp, tp, pp;
+    } to[] = {{1, 1, 1}, {2, 2, 2}, {4, 1, 2}, {1, 2, 1}};
+    for (size_t k = 0; k < sizeof to / sizeof to[0]; k++) {
+        tide_layout_t *nl = layout(c, to[k].dp, to[k].tp, to[k].pp, NULL);
+        expect_loads(dir, nl, c, g);
+        tide_layout_destroy(&nl);
+    }
+    free_bufs(c, g);
+    tide_collection_destroy(&c);
+}

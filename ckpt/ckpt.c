@@ -1,16 +1,7 @@
 /*
- * The checkpoint format (see ckpt.h): shard writer, checksum files, the manifest's
- * writer and strict reader, finding and pruning checkpoints under a root.
- *
- * Encodings are explicit little-endian whatever the host.
- *   shard-*.sum  "TIDESUM1", u64 save_id, u64 bytes, u32 chunk, u32 n_chunks,
- *                u64 hash[n_chunks], u64 XXH3-64 of all before
- *   MANIFEST     "TIDECKPT", u32 version, u32 chunk, i64 step, u64 save_id,
- *                i32 num_layers, u32 n_tensors, per tensor: name[96], u32 dtype,
- *                u32 ndim, i64 shape[4], i32 layer, u32 tp, u32 tp_dim, u32 tp_segments,
- *                u32 dp; i32 dp, tp, pp, micro_batches, i32 stage_start[pp + 1];
- *                u32 n_shards, per shard: i32 p, d, t, u64 bytes, u32 n_chunks,
- *                u64 hash[n_chunks]; u64 XXH3-64 of all before
+ * The checkpoint format (see ckpt.h): shard writer, checksum files, publishing the
+ * manifest and opening it. The bytes of the manifest and of the checksum files are
+ * manifest.c's (proto records); format 1's binary manifest is read by manifest_v1.c.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -24,16 +15,15 @@
 #include <xxhash.h>
 
 #include "ckpt/ckpt_int.h"
+#include "ckpt/manifest.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 
-#define SUBSYS    "ckpt"
-#define MAGIC_MAN "TIDECKPT"
-#define MAGIC_SUM "TIDESUM1"
-#define MANIFEST  "MANIFEST"
-#define MAN_MAX   (256u << 20) /* bytes: a manifest larger than this is not one */
+#define SUBSYS   "ckpt"
+#define MANIFEST "MANIFEST"
+#define MAN_MAX  (256u << 20) /* bytes: a manifest larger than this is not one */
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
@@ -159,93 +149,6 @@ void tide_ckpt_step_dir(const char *root, int64_t step, char *buf, size_t len)
     snprintf(buf, len, "%s/step-%012" PRId64, root, step);
 }
 
-/* ---- little-endian encoding ---------------------------------------------------------------- */
-
-typedef struct enc {
-    uint8_t *buf;
-    size_t len, cap;
-    int oom;
-} enc;
-
-static void put(enc *e, const void *src, size_t n)
-{
-    if (e->oom)
-        return;
-    if (e->len + n > e->cap) {
-        size_t cap = e->cap ? e->cap : 4096;
-        while (cap < e->len + n)
-            cap *= 2;
-        uint8_t *b = tide_realloc(e->buf, cap);
-        if (b == NULL) {
-            e->oom = 1;
-            return;
-        }
-        e->buf = b;
-        e->cap = cap;
-    }
-    memcpy(e->buf + e->len, src, n);
-    e->len += n;
-}
-
-static void put_u32(enc *e, uint32_t v)
-{
-    uint8_t b[4];
-    for (int k = 0; k < 4; k++)
-        b[k] = (uint8_t)(v >> (8 * k));
-    put(e, b, 4);
-}
-
-static void put_u64(enc *e, uint64_t v)
-{
-    uint8_t b[8];
-    for (int k = 0; k < 8; k++)
-        b[k] = (uint8_t)(v >> (8 * k));
-    put(e, b, 8);
-}
-
-typedef struct dec {
-    const uint8_t *buf;
-    size_t len, off;
-    int short_read;
-} dec;
-
-static int get(dec *x, void *dst, size_t n)
-{
-    if (x->short_read || x->len - x->off < n) {
-        x->short_read = 1;
-        memset(dst, 0, n);
-        return 0;
-    }
-    memcpy(dst, x->buf + x->off, n);
-    x->off += n;
-    return 1;
-}
-
-static uint32_t get_u32(dec *x)
-{
-    uint8_t b[4];
-    get(x, b, 4);
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++)
-        v |= (uint32_t)b[k] << (8 * k);
-    return v;
-}
-
-static uint64_t get_u64(dec *x)
-{
-    uint8_t b[8];
-    get(x, b, 8);
-    uint64_t v = 0;
-    for (int k = 0; k < 8; k++)
-        v |= (uint64_t)b[k] << (8 * k);
-    return v;
-}
-
-static int32_t get_i32(dec *x)
-{
-    return (int32_t)get_u32(x);
-}
-
 /* ---- writing a shard ------------------------------------------------------------------- */
 
 #define PIECE_BYTES (64u << 20) /* bytes written between two checks of the save's bound */
@@ -316,7 +219,8 @@ static tide_status write_shard_files(int dir, const char *dpath, const tide_layo
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %s's checksums", path);
     int fd = -1;
     tide_status rc = TIDE_OK;
-    enc e = {0};
+    uint8_t *sum = NULL;
+    size_t sum_len = 0;
     TIDE_CHECK_GOTO(tide__ckpt_create(dir, dpath, name, &fd), rc, out);
     TIDE_CHECK_GOTO(write_tensors(fd, path, l, c, p, d, t, bufs, crc, b), rc, out);
     if (fsync(fd) != 0)
@@ -327,25 +231,16 @@ static tide_status write_shard_files(int dir, const char *dpath, const tide_layo
     }
     fd = -1;
     TIDE_CHECK_GOTO(check_bound(b, path), rc, out);
-    put(&e, MAGIC_SUM, 8);
-    put_u64(&e, save_id);
-    put_u64(&e, total);
-    put_u32(&e, chunk);
-    put_u32(&e, n_chunks);
-    for (uint32_t k = 0; k < n_chunks; k++)
-        put_u64(&e, crc[k]);
-    if (!e.oom)
-        put_u64(&e, tide__ckpt_hash(e.buf, e.len));
-    if (e.oom)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's checksums", path);
+    tide__ckpt_shard rec = {p, d, t, total, n_chunks, crc, ""};
+    TIDE_CHECK_GOTO(tide__ckpt_sum_encode(save_id, chunk, &rec, &sum, &sum_len), rc, out);
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
     /* the .sum renamed into place says: this shard is complete and on disk */
-    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, name, e.buf, e.len, NULL), rc, out);
+    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, name, sum, sum_len, NULL), rc, out);
     tide__ckpt_fault("shard");
 out:
     if (fd >= 0)
         close(fd);
-    tide_free(e.buf);
+    tide_free(sum);
     tide_free(crc);
     return rc;
 }
@@ -410,68 +305,31 @@ tide_status tide_ckpt_write_shard(const char *dir, const tide_layout_t *l,
 
 /* ---- publishing --------------------------------------------------------------------------- */
 
-/* Parses checksum file name of dir into *bytes / crc (caller frees *crc);
+/* Reads checksum file name of dir, shard (p, d, t)'s, into *s (s->hash: caller frees);
    TIDE_ERR_NOT_FOUND when absent or of another save_id (a crashed attempt's, not this
    save's). */
-static tide_status read_sum(int dir, const char *dpath, const char *name, uint64_t save_id,
-                            uint64_t *bytes, uint32_t *n_chunks, uint64_t **crc)
+static tide_status read_sum(int dir, const char *dpath, const char *name, uint64_t save_id, int p,
+                            int d, int t, tide__ckpt_shard *s)
 {
     uint8_t *b = NULL;
     size_t len = 0;
-    *crc = NULL;
+    memset(s, 0, sizeof *s);
     char path[TIDE_CKPT_PATH_MAX + 128];
     snprintf(path, sizeof path, "%s/%s", dpath, name);
     TIDE_CHECK(tide__ckpt_read_whole(dir, dpath, name, MAN_MAX, &b, &len));
-    tide_status rc = TIDE_OK;
-    dec x = {b, len, 0, 0};
-    char magic[8];
-    get(&x, magic, 8);
-    uint64_t id = get_u64(&x);
-    *bytes = get_u64(&x);
-    uint32_t chunk = get_u32(&x);
-    *n_chunks = get_u32(&x);
-    if (x.short_read || memcmp(magic, MAGIC_SUM, 8) != 0 || chunk != TIDE_CKPT_CHUNK_BYTES ||
-        len != 8 + 8 + 8 + 4 + 4 + 8 * (size_t)*n_chunks + 8 ||
-        tide__ckpt_hash(b, len - 8) != (x.off = len - 8, get_u64(&x)))
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is not a valid checksum file", path);
-    if (id != save_id)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOT_FOUND, "%s belongs to another save", path);
-    *crc = tide_calloc(*n_chunks ? *n_chunks : 1, sizeof **crc);
-    TIDE_CHECK_ALLOC_GOTO(*crc, rc, out);
-    x.off = 8 + 8 + 8 + 4 + 4;
-    for (uint32_t k = 0; k < *n_chunks; k++)
-        (*crc)[k] = get_u64(&x);
-out:
+    uint64_t id = 0;
+    tide_status rc = tide__ckpt_sum_decode(b, len, path, &id, s);
     tide_free(b);
-    return rc;
-}
-
-static void put_layout_and_collection(enc *e, const tide_layout_t *l, const tide_collection_t *c)
-{
-    put_u32(e, (uint32_t)tide_collection_num_layers(c));
-    put_u32(e, (uint32_t)tide_collection_size(c));
-    for (size_t i = 0; i < tide_collection_size(c); i++) {
-        const tide_tensor_desc *t = tide_collection_tensor(c, i);
-        char name[TIDE_NAME_MAX];
-        memset(name, 0, sizeof name);
-        snprintf(name, sizeof name, "%s", t->name);
-        put(e, name, sizeof name);
-        put_u32(e, (uint32_t)t->dtype);
-        put_u32(e, (uint32_t)t->ndim);
-        for (int k = 0; k < TIDE_MAX_DIMS; k++)
-            put_u64(e, (uint64_t)(k < t->ndim ? t->shape[k] : 0));
-        put_u32(e, (uint32_t)t->layer);
-        put_u32(e, (uint32_t)t->tp);
-        put_u32(e, (uint32_t)t->tp_dim);
-        put_u32(e, (uint32_t)t->tp_segments);
-        put_u32(e, (uint32_t)t->dp);
+    if (rc == TIDE_OK && (s->p != p || s->d != d || s->t != t))
+        rc = tide_errorf(TIDE_ERR_INVALID, "%s holds the checksums of shard (p %d, d %d, t %d)",
+                         path, s->p, s->d, s->t);
+    else if (rc == TIDE_OK && id != save_id)
+        rc = tide_errorf(TIDE_ERR_NOT_FOUND, "%s belongs to another save", path);
+    if (rc != TIDE_OK) {
+        tide_free(s->hash);
+        s->hash = NULL;
     }
-    put_u32(e, (uint32_t)l->dp);
-    put_u32(e, (uint32_t)l->tp);
-    put_u32(e, (uint32_t)l->pp);
-    put_u32(e, (uint32_t)l->micro_batches);
-    for (int s = 0; s <= l->pp; s++)
-        put_u32(e, (uint32_t)l->stage_start[s]);
+    return rc;
 }
 
 /* 1 when the writer of shard (p, d, t) left a note that it failed this save; its reason
@@ -503,16 +361,15 @@ static int failed_note(int dir, const char *dpath, int p, int d, int t, uint64_t
 }
 
 /* Waits until the checksum file of shard (p, d, t) of this save is in place, its writer
-   noted a failure, or b passes; its size and hashes into *bytes, *n_chunks, *crc. */
+   noted a failure, or b passes; its size and hashes into *s (s->hash: caller frees). */
 static tide_status wait_shard(int dir, const char *dpath, int p, int d, int t, uint64_t save_id,
-                              tide__ckpt_bound b, uint64_t *bytes, uint32_t *n_chunks,
-                              uint64_t **crc)
+                              tide__ckpt_bound b, tide__ckpt_shard *s)
 {
     char name[64], why[600];
     tide__ckpt_shard_name(p, d, t, "sum", name, sizeof name);
     uint64_t nap_ms = 2; /* doubling to 50: quick when shards land together, cheap when not */
     for (;;) {
-        tide_status rc = read_sum(dir, dpath, name, save_id, bytes, n_chunks, crc);
+        tide_status rc = read_sum(dir, dpath, name, save_id, p, d, t, s);
         if (rc != TIDE_ERR_NOT_FOUND)
             return rc;
         if (failed_note(dir, dpath, p, d, t, save_id, why, sizeof why))
@@ -530,58 +387,47 @@ static tide_status wait_shard(int dir, const char *dpath, int p, int d, int t, u
     }
 }
 
+/* Frees the chunk hashes of shards[0, n) and the array. */
+static void free_shards(tide__ckpt_shard *shards, size_t n)
+{
+    for (size_t k = 0; shards != NULL && k < n; k++)
+        tide_free(shards[k].hash);
+    tide_free(shards);
+}
+
 tide_status tide__ckpt_publish_at(int dir, const char *dpath, const tide_layout_t *l,
                                   const tide_collection_t *c, int64_t step, uint64_t save_id,
                                   tide__ckpt_bound b)
 {
-    enc e = {0};
     tide_status rc = TIDE_OK;
-    put(&e, MAGIC_MAN, 8);
-    put_u32(&e, TIDE_CKPT_VERSION);
-    put_u32(&e, TIDE_CKPT_CHUNK_BYTES);
-    put_u64(&e, (uint64_t)step);
-    put_u64(&e, save_id);
-    put_layout_and_collection(&e, l, c);
-    uint32_t n_shards = 0;
-    for (int p = 0; p < l->pp; p++)
-        for (int d = 0; d < l->dp; d++)
-            for (int t = 0; t < l->tp; t++)
-                n_shards += tide_ckpt_shard_size(l, c, p, d, t) > 0;
-    put_u32(&e, n_shards);
+    uint8_t *man = NULL;
+    size_t man_len = 0, n_shards = 0;
+    tide__ckpt_shard *shards = tide_calloc(tide_layout_size(l), sizeof *shards);
+    if (shards == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory publishing %s", dpath);
     for (int p = 0; p < l->pp; p++)
         for (int d = 0; d < l->dp; d++)
             for (int t = 0; t < l->tp; t++) {
                 uint64_t want = tide_ckpt_shard_size(l, c, p, d, t);
                 if (want == 0)
                     continue;
-                uint64_t bytes = 0;
-                uint32_t n_chunks = 0;
-                uint64_t *crc = NULL;
-                rc = wait_shard(dir, dpath, p, d, t, save_id, b, &bytes, &n_chunks, &crc);
-                if (rc == TIDE_OK && bytes != want)
+                tide__ckpt_shard *s = &shards[n_shards];
+                rc = wait_shard(dir, dpath, p, d, t, save_id, b, s);
+                if (rc == TIDE_OK)
+                    n_shards++;
+                if (rc == TIDE_OK && s->bytes != want)
                     rc = tide_errorf(TIDE_ERR_INVALID,
                                      "%s: shard (p %d, d %d, t %d) says %" PRIu64
                                      " bytes, the layout %" PRIu64,
-                                     dpath, p, d, t, bytes, want);
-                if (rc != TIDE_OK) {
-                    tide_free(crc);
+                                     dpath, p, d, t, s->bytes, want);
+                if (rc != TIDE_OK)
                     goto out;
-                }
-                put_u32(&e, (uint32_t)p);
-                put_u32(&e, (uint32_t)d);
-                put_u32(&e, (uint32_t)t);
-                put_u64(&e, bytes);
-                put_u32(&e, n_chunks);
-                for (uint32_t k = 0; k < n_chunks; k++)
-                    put_u64(&e, crc[k]);
-                tide_free(crc);
             }
-    if (!e.oom)
-        put_u64(&e, tide__ckpt_hash(e.buf, e.len));
-    if (e.oom)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory encoding %s's manifest", dpath);
+    TIDE_CHECK_GOTO(tide__ckpt_manifest_encode(l, c, step, save_id, TIDE_CKPT_CHUNK_BYTES, shards,
+                                               n_shards, dpath, &man, &man_len),
+                    rc, out);
     /* every shard is fsynced and its entry too (each writer fsynced dir after its .sum) */
-    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, MANIFEST, e.buf, e.len, "manifest"), rc,
+    TIDE_CHECK_GOTO(tide__ckpt_write_atomic(dir, dpath, MANIFEST, man, man_len, "manifest"), rc,
                     out);
     /* the manifest holds the checksums now; failure notes of earlier attempts are moot */
     for (int p = 0; p < l->pp; p++)
@@ -595,7 +441,8 @@ tide_status tide__ckpt_publish_at(int dir, const char *dpath, const tide_layout_
             }
     TIDE_INFO(SUBSYS, "published checkpoint of step %lld in %s", (long long)step, dpath);
 out:
-    tide_free(e.buf);
+    free_shards(shards, n_shards);
+    tide_free(man);
     return rc;
 }
 
@@ -642,126 +489,7 @@ tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir)
     TIDE_CHECK_ALLOC_GOTO(ck, rc, out);
     ck->fd = fd; /* every shard is read from the directory this manifest was read from */
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
-    dec x = {b, len, 0, 0};
-    char magic[8];
-    get(&x, magic, 8);
-    if (x.short_read || memcmp(magic, MAGIC_MAN, 8) != 0)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is not a tide checkpoint manifest", path);
-    uint32_t version = get_u32(&x);
-    if (version != TIDE_CKPT_VERSION)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
-                       "%s is format version %u; this tide reads version %d", path, version,
-                       TIDE_CKPT_VERSION);
-    uint64_t stored = 0;
-    for (int k = 0; len >= 8 + 4 + 8 && k < 8; k++)
-        stored |= (uint64_t)b[len - 8 + (size_t)k] << (8 * k);
-    if (len < 8 + 4 + 8 || tide__ckpt_hash(b, len - 8) != stored)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
-                       "%s is corrupted or truncated (its checksum does not match)", path);
-    x.len = len - 8;
-    ck->chunk = get_u32(&x);
-    ck->step = (int64_t)get_u64(&x);
-    ck->save_id = get_u64(&x);
-    if (ck->chunk == 0 || ck->chunk > (1u << 30))
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad chunk size %u", path, ck->chunk);
-    int32_t num_layers = get_i32(&x);
-    uint32_t n_tensors = get_u32(&x);
-    if (x.short_read || num_layers < 0 || n_tensors > x.len / 64)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad collection header", path);
-    TIDE_CHECK_GOTO(tide_collection_new(&ck->coll, num_layers), rc, out);
-    for (uint32_t i = 0; i < n_tensors; i++) {
-        tide_tensor_desc t;
-        memset(&t, 0, sizeof t);
-        get(&x, t.name, sizeof t.name);
-        t.name[TIDE_NAME_MAX - 1] = '\0';
-        t.dtype = (tide_dtype)get_u32(&x);
-        t.ndim = get_i32(&x);
-        for (int k = 0; k < TIDE_MAX_DIMS; k++)
-            t.shape[k] = (int64_t)get_u64(&x);
-        t.layer = get_i32(&x);
-        t.tp = (tide_tp_rule)get_u32(&x);
-        t.tp_dim = get_i32(&x);
-        t.tp_segments = get_i32(&x);
-        t.dp = (tide_dp_rule)get_u32(&x);
-        if (x.short_read)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is truncated in tensor %u", path, i);
-        rc = tide_collection_add(ck->coll, &t);
-        if (rc != TIDE_OK)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: tensor %u: %s", path, i,
-                           tide_last_error());
-    }
-    int32_t deg[4];
-    for (int k = 0; k < 4; k++)
-        deg[k] = get_i32(&x);
-    if (x.short_read || deg[0] < 1 || deg[1] < 1 || deg[2] < 1 || deg[3] < 1 ||
-        deg[0] > (1 << 16) || deg[1] > (1 << 16) || deg[2] > (1 << 16) ||
-        (int64_t)deg[0] * deg[1] * deg[2] > (1 << 20))
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad layout degrees", path);
-    TIDE_CHECK_GOTO(tide_layout_new(&ck->layout, deg[0], deg[1], deg[2], num_layers, deg[3]), rc,
-                    out);
-    {
-        int *starts = tide_calloc((size_t)deg[2] + 1, sizeof *starts);
-        TIDE_CHECK_ALLOC_GOTO(starts, rc, out);
-        for (int s = 0; s <= deg[2]; s++)
-            starts[s] = get_i32(&x);
-        rc = x.short_read ? TIDE_ERR_INVALID : tide_layout_set_stages(ck->layout, starts);
-        tide_free(starts);
-        if (rc != TIDE_OK)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad stages", path);
-    }
-    rc = tide_layout_validate(ck->layout, ck->coll);
-    if (rc != TIDE_OK)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: %s", path, tide_last_error());
-    const tide_layout_t *l = ck->layout;
-    size_t n_coord = tide_layout_size(l);
-    ck->shard_of = tide_calloc(n_coord, sizeof *ck->shard_of);
-    TIDE_CHECK_ALLOC_GOTO(ck->shard_of, rc, out);
-    for (size_t k = 0; k < n_coord; k++)
-        ck->shard_of[k] = -1;
-    uint32_t n_shards = get_u32(&x);
-    if (x.short_read || n_shards > n_coord)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad shard count %u", path, n_shards);
-    ck->shards = tide_calloc(n_shards ? n_shards : 1, sizeof *ck->shards);
-    TIDE_CHECK_ALLOC_GOTO(ck->shards, rc, out);
-    for (uint32_t k = 0; k < n_shards; k++) {
-        tide__ckpt_shard *s = &ck->shards[k];
-        s->p = get_i32(&x);
-        s->d = get_i32(&x);
-        s->t = get_i32(&x);
-        s->bytes = get_u64(&x);
-        s->n_chunks = get_u32(&x);
-        if (x.short_read || s->p < 0 || s->p >= l->pp || s->d < 0 || s->d >= l->dp || s->t < 0 ||
-            s->t >= l->tp)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: bad shard record %u", path, k);
-        size_t idx = tide_layout_index(l, s->p, s->d, s->t);
-        uint64_t want = tide_ckpt_shard_size(l, ck->coll, s->p, s->d, s->t);
-        if (ck->shard_of[idx] >= 0 || want == 0 || s->bytes != want ||
-            s->n_chunks != (want + ck->chunk - 1) / ck->chunk)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
-                           "%s: shard (p %d, d %d, t %d) of %" PRIu64
-                           " bytes does not fit the saved layout (%" PRIu64 " bytes)",
-                           path, s->p, s->d, s->t, s->bytes, want);
-        if ((uint64_t)s->n_chunks * 8 > x.len - x.off)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s is truncated in shard %u", path, k);
-        s->hash = tide_calloc(s->n_chunks ? s->n_chunks : 1, sizeof *s->hash);
-        TIDE_CHECK_ALLOC_GOTO(s->hash, rc, out);
-        for (uint32_t j = 0; j < s->n_chunks; j++)
-            s->hash[j] = get_u64(&x);
-        tide__ckpt_shard_name(s->p, s->d, s->t, "bin", s->file, sizeof s->file);
-        ck->shard_of[idx] = (int)k;
-        ck->n_shards++;
-    }
-    for (size_t k = 0; k < n_coord; k++) {
-        int p = (int)(k / ((size_t)l->dp * (size_t)l->tp));
-        int d = (int)(k / (size_t)l->tp % (size_t)l->dp), t = (int)(k % (size_t)l->tp);
-        if (ck->shard_of[k] < 0 && tide_ckpt_shard_size(l, ck->coll, p, d, t) > 0)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID,
-                           "%s lists no shard for (p %d, d %d, t %d), which the layout needs", path,
-                           p, d, t);
-    }
-    if (x.off != x.len || x.short_read)
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "%s: %zu unexpected bytes after the shards", path,
-                       x.len - x.off);
+    TIDE_CHECK_GOTO(tide__ckpt_manifest_decode(ck, b, len, path), rc, out);
     *out = ck;
     ck = NULL;
 out:
@@ -785,6 +513,11 @@ void tide_ckpt_close(tide_ckpt_t **self_p)
         close(ck->fd);
     tide_free(ck);
     *self_p = NULL;
+}
+
+int tide_ckpt_format(const tide_ckpt_t *ck)
+{
+    return ck->format;
 }
 
 int64_t tide_ckpt_step(const tide_ckpt_t *ck)

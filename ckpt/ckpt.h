@@ -8,7 +8,9 @@
  *                             order, each exactly tide_shard_bytes long
  *   MANIFEST                  the collection (every tensor's desc), the layout (degrees,
  *                             stages), the step, each shard's size and one XXH3-64 hash
- *                             (libxxhash) per chunk of it; versioned, with a hash of its own
+ *                             (libxxhash) per chunk of it: one proto record ("ckpt_manifest",
+ *                             ckpt/manifest.h) sealed with a hash of its own; format 1's
+ *                             binary MANIFEST (earlier tides) is still read
  * A checkpoint is complete exactly when MANIFEST exists: shards are written and fsynced
  * first (each writer then drops a small shard-*.sum with its sizes and checksums, renamed
  * into place), the publisher waits for every .sum, then writes MANIFEST.tmp, fsyncs it,
@@ -42,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TIDE_CKPT_VERSION     1
+#define TIDE_CKPT_VERSION     2 /* the format written; 1 (a binary MANIFEST) is still read */
 #define TIDE_CKPT_CHUNK_BYTES (1u << 20) /* bytes per checksum chunk of a shard */
 
 /* 1 when coordinate (p, d, t) of l is the one writer of tensor i: it holds bytes of it,
@@ -125,6 +127,10 @@ tide_status tide_ckpt_open(tide_ckpt_t **out, const char *dir);
 
 /* Frees *self_p and sets it to NULL; NULL is fine. */
 void tide_ckpt_close(tide_ckpt_t **self_p);
+
+/* The checkpoint's format version (1: written by a tide before the manifest was a proto
+   record; TIDE_CKPT_VERSION: this tide's). */
+int tide_ckpt_format(const tide_ckpt_t *ck);
 
 /* The saved step, collection and layout; borrowed, valid as long as ck. */
 int64_t tide_ckpt_step(const tide_ckpt_t *ck);

@@ -24,6 +24,7 @@ typedef struct tide__ckpt_shard {
 struct tide_ckpt {
     char dir[TIDE_CKPT_PATH_MAX];
     int fd; /* dir, opened once: every shard is read from this directory */
+    int format; /* the manifest's format version */
     int64_t step;
     uint64_t save_id;
     uint32_t chunk;

@@ -59,7 +59,7 @@ static int cmd_info(const char *arg)
     }
     printf("checkpoint %s\n  format version %d, step %" PRId64 "\n  layout %s\n"
            "  %zu tensors, %d layers, %.3f MiB of state; %zu shard files, %.3f MiB\n",
-           tide_ckpt_dir(ck), TIDE_CKPT_VERSION, tide_ckpt_step(ck),
+           tide_ckpt_dir(ck), tide_ckpt_format(ck), tide_ckpt_step(ck),
            tide_layout_format(tide_ckpt_layout(ck), lbuf, sizeof lbuf), tide_collection_size(c),
            tide_collection_num_layers(c), (double)tide_collection_bytes(c) / 1048576.0,
            tide_ckpt_num_shards(ck), (double)total / 1048576.0);

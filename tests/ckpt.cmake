@@ -1,7 +1,8 @@
 # ckpt/: the checkpoint format, loading into any layout, crash safety, the saver
 # (test_ckpt).
 if(TARGET tide_ckpt)
-  tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt TIMEOUT 120)
+  tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt tide_proto xxhash
+                     TIMEOUT 120)
   # checkpoints an earlier tide wrote (tests/data/README.md)
   target_compile_definitions(test_ckpt PRIVATE TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
 endif()

@@ -253,18 +253,16 @@ static tide_status read_record(tide_store_t *s, sqlite3_stmt *q, int col, tide_m
 {
     tide_msg_init(m, TIDE_MSG_NONE);
     int ct = sqlite3_column_type(q, col);
-    if (s->schema >= 2) {
-        if (ct == SQLITE_NULL && optional)
-            return TIDE_OK;
-        if (ct != SQLITE_BLOB)
-            return tide_errorf(TIDE_ERR_PROTOCOL, "no stored '%s' record (the column is %s)",
-                               tide_msg_type_name(type), ct == SQLITE_NULL ? "NULL" : "not a BLOB");
-        return tide_proto_decode_record(sqlite3_column_blob(q, col),
-                                        (size_t)sqlite3_column_bytes(q, col), type, m);
+    if (s->schema >= 2 && !(ct == SQLITE_BLOB || (ct == SQLITE_NULL && optional)))
+        return tide_errorf(TIDE_ERR_PROTOCOL, "no stored '%s' record (the column is %s)",
+                           tide_msg_type_name(type), ct == SQLITE_NULL ? "NULL" : "not a BLOB");
+    if (s->schema >= 2 || type == TIDE_MSG_JOB_ARGV) {
+        const void *blob = sqlite3_column_blob(q, col); /* before its size: SQLite's order */
+        size_t len = (size_t)sqlite3_column_bytes(q, col);
+        if (s->schema < 2)
+            return tide_proto_legacy_argv(blob, len, m);
+        return ct == SQLITE_NULL ? TIDE_OK : tide_proto_decode_record(blob, len, type, m);
     }
-    if (type == TIDE_MSG_JOB_ARGV)
-        return tide_proto_legacy_argv(sqlite3_column_blob(q, col),
-                                      (size_t)sqlite3_column_bytes(q, col), m);
     const char *text = (const char *)sqlite3_column_text(q, col);
     if (text == NULL && optional)
         return TIDE_OK;

@@ -4,7 +4,10 @@
  * table (time, job, kind, detail). tided applies a batch of requests to the
  * in-memory state inside one transaction and commits it before sending any
  * reply of that batch (group commit), so every acknowledged change is on disk.
- * On start the state is reloaded from the file.
+ * On start the state is reloaded from the file. A job's structured parts (pools,
+ * layouts, fit rules, checkpoints, command line) are proto records (proto.h,
+ * "records"), one BLOB column each: state schema 2. A file of schema 1 (an older
+ * tided's, those parts as text) is read and migrated by tide_store_load.
  *
  * Workload: a few writes per resize, registration or offline-job change; no
  * writes for heartbeats. The file is opened in exclusive locking mode, so a
@@ -78,7 +81,8 @@ tide_status tide_store_put_worker(tide_store_t *s, const tide_coord_worker_t *w)
    restart never reuses a forgotten worker's id); needs an open transaction. */
 tide_status tide_store_del_worker(tide_store_t *s, int32_t id, int32_t next_id);
 
-/* Writes job j (and its pending reconfiguration, or none); needs an open transaction. */
+/* Writes job j (and its pending reconfiguration, or none); needs an open transaction, and
+   a file of schema 1 loaded (migrated) first (else TIDE_ERR_INTERNAL). */
 tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j);
 
 /* Appends one event at time_ms; job may be "" for cluster events; needs a transaction. */
@@ -88,7 +92,10 @@ tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, 
 /*
  * Loads every worker and job into st (which must be empty). Volatile fields
  * start at zero; callers set last_seen_ns. Pending reconfigurations come back
- * with their phase and switch step; acknowledgements are collected again.
+ * with their phase and switch step; acknowledgements are collected again. A
+ * file of schema 1 is then rewritten in records (one transaction; nothing is
+ * written when loading fails). Damaged stored data: TIDE_ERR_PROTOCOL naming
+ * the job and the part. Blocks on file I/O.
  */
 tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st);
 

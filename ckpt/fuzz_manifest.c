@@ -69,6 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(file);
         return 0;
     }
+    ck->fd = -1; /* no directory: only the manifest's bytes are read */
     tide_status rc = tide__ckpt_manifest_decode(ck, bytes, len, "MANIFEST");
     if (rc != TIDE_OK && rc != TIDE_ERR_INVALID && rc != TIDE_ERR_NOMEM)
         abort(); /* a bad manifest is invalid, nothing else */

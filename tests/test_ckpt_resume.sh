@@ -33,9 +33,9 @@
 #     root in rank 1's namespace, in 3 s windows interleaved with 3 s of a working disk:
 #     rank 1's shards fail with ENOSPC (a checkpoint_failed event naming rank 1 and the
 #     errno), the publisher gives up on them within TIDE_CKPT_TIMEOUT_MS (2 s), and the
-#     step rate (wall-clock step starts from the trace, printed) with the full disk stays
-#     within 10% of the rate with a working one (30% on a machine too loaded to keep half
-#     the pace). Then rank 1 is killed while its disk is full: tided rolls the job back
+#     step rate (wall-clock step starts from the trace, printed) with the full disk keeps
+#     at least half the rate with a working one (a loop that waited on the disk: 0).
+#     Then rank 1 is killed while its disk is full: tided rolls the job back
 #     to the last complete checkpoint over rank 0, which trains on and saves again.
 # Usage: test_ckpt_resume.sh PART TRAIN_MLP TIDE_CKPT TIDED TIDECTL MPIEXEC [FLAGS...]
 set -euo pipefail
@@ -332,12 +332,11 @@ WRAP
     { echo "$ev"; fail "the publisher did not give up on the missing shard within its bound"; }
   echo "step rate: $ok steps/s with a working checkpoint disk, $full steps/s with a full one" \
     "($ok_n and $full_n steps in $round rounds of 3 s each; 40 steps/s paced)"
-  # A machine too loaded to keep half the pace measures its load more than the job: 30%
-  # then (a save that blocked the loop would still show: the rate falls to 0)
-  local within=0.9
-  awk -v a="$ok" 'BEGIN { exit !(a < 20) }' && within=0.7 &&
-    echo "the machine kept less than half the pace: the rates must agree within 30%"
-  awk -v a="$ok" -v b="$full" -v k="$within" 'BEGIN { exit !(a > 0 && b >= k * a) }' ||
+  # Rates are the benchmark's business (the README's failure model carries the figures);
+  # the test asks what a user relies on: the loop does not wait for a disk that cannot
+  # take its shards. A save that blocked the loop shows as a rate near 0 (old main: 0),
+  # a busy machine as a few tens of percent either way, so half the working rate passes.
+  awk -v a="$ok" -v b="$full" 'BEGIN { exit !(a > 0 && b >= 0.5 * a) }' ||
     fail "the step rate fell from $ok to $full steps/s while the disk was full"
   # a rank dies while saves fail: the job rolls back to its last complete checkpoint, trains
   # on and saves again (its disk works)

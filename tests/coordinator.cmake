@@ -6,6 +6,8 @@ if(TARGET tide_coord)
   # state files an older tided wrote (tests/data/README.md)
   target_compile_definitions(test_coordinator PRIVATE
                              TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
+  tide_add_unit_test(test_coordinator_policy SOURCES test_coordinator_policy.c LIBS tide_coord
+                     TIMEOUT 30)
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c

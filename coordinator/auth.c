@@ -143,8 +143,7 @@ void tide__auth_zap(void *zap, const tide__auth *a, uint64_t *denied)
                     status = "200";
                     text = "OK";
                     snprintf(user, sizeof user, "%s:%s",
-                             tide_key_role_name((tide_key_role)a->keys[i].role),
-                             a->keys[i].name);
+                             tide_key_role_name((tide_key_role)a->keys[i].role), a->keys[i].name);
                     break;
                 }
             }

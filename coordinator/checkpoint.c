@@ -115,8 +115,8 @@ void tide__on_checkpoint(tide_server_t *s, const tide_msg_t *msg, const void *ra
                 "a checkpoint of step %lld under %.900s asked of its %zu members", (long long)step,
                 root, members);
     tide__reply_ok(s, j->name,
-             "job %s saves the checkpoint of step %lld under %.700s (about %.1f s from now); "
-             "`tidectl events` says checkpoint_saved when it is complete",
-             j->name, (long long)step, root,
-             j->throughput > 0 ? (double)(step - j->step) / j->throughput : 0.0);
+                   "job %s saves the checkpoint of step %lld under %.700s (about %.1f s from now); "
+                   "`tidectl events` says checkpoint_saved when it is complete",
+                   j->name, (long long)step, root,
+                   j->throughput > 0 ? (double)(step - j->step) / j->throughput : 0.0);
 }

@@ -66,8 +66,8 @@ static void refuse_first(tide_server_t *s, tide_coord_job_t *j, const tide_polic
 
 /* Job j runs its first layout l (ownership moves in): the offline work on pre[] is
  * preempted, generation 1 committed, its members told their layout. */
-static void start_first(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *l,
-                        const int32_t *pre, size_t n_pre)
+static void start_first(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *l, const int32_t *pre,
+                        size_t n_pre)
 {
     size_t need = tide_layout_size(l);
     j->layout = l;
@@ -107,7 +107,7 @@ static int try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     size_t need = (size_t)j->req_dp * (size_t)j->req_tp * (size_t)j->req_pp;
     if ((size_t)j->joins < need)
         return 0; /* too few joined yet: no list of the pool's ranks on every join */
-    if (tide__candidates(s, j, -1, 0, &cand, &n) != TIDE_OK) {
+    if (tide__candidates(s, j, 0, &cand, &n) != TIDE_OK) {
         TIDE_ERROR("server", "job %s: %s", j->name, tide_last_error());
         return 0;
     }

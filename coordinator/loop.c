@@ -102,7 +102,7 @@ struct tide__core {
     uint64_t refused_busy;
 };
 
-/* ---- registration --------------------------------------------------------------------------- */
+/* ---- registration ---------------------------------------------------------------------------- */
 
 void tide__on_message(tide_server_t *s, tide_msg_type_t type, tide__msg_fn fn, unsigned flags)
 {
@@ -143,7 +143,7 @@ void tide__on_poll(tide_server_t *s, tide__poll_fill_fn fill, tide__poll_handle_
     s->core->sources[s->core->n_sources++] = (source){fill, handle, 0, 0};
 }
 
-/* ---- answering and sending ---------------------------------------------------------------- */
+/* ---- answering and sending ------------------------------------------------------------------- */
 
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg)
 {
@@ -181,7 +181,7 @@ void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
     tide__reply(s, &m);
 }
 
-/* ---- durable changes ------------------------------------------------------------------------ */
+/* ---- durable changes ------------------------------------------------------------------------- */
 
 static int store_ready(tide__core *c)
 {
@@ -245,7 +245,7 @@ tide_store_t *tide__store(tide_server_t *s)
     return s->core->store;
 }
 
-/* ---- timers ----------------------------------------------------------------------------------- */
+/* ---- timers ---------------------------------------------------------------------------------- */
 
 void tide__reschedule(tide_server_t *s)
 {
@@ -289,7 +289,7 @@ void tide__loop_stats_get(const tide_server_t *s, tide__loop_stats *out)
     out->n_backlog = s->core->ob.n_backlog;
 }
 
-/* ---- dispatch --------------------------------------------------------------------------------- */
+/* ---- dispatch -------------------------------------------------------------------------------- */
 
 static const handler *handler_of(const tide__core *c, tide_msg_type_t type)
 {
@@ -403,7 +403,7 @@ static void serve(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t
     }
 }
 
-/* ---- receiving -------------------------------------------------------------------------------- */
+/* ---- receiving ------------------------------------------------------------------------------- */
 
 /* Reads one message's frames (the first 3 into f, the rest counted in *extra); 0 when
  * none was waiting. Stamps s->now_ns when the first frame is read. */
@@ -505,7 +505,7 @@ static int recv_one(tide_server_t *s)
     return 1;
 }
 
-/* ---- the batch's end: commit, or read-only mode -------------------------------------------- */
+/* ---- the batch's end: commit, or read-only mode ---------------------------------------------- */
 
 /*
  * The state file failed (disk full, I/O error): the batch is rolled back, the memory state
@@ -573,7 +573,7 @@ static void finish_batch(tide_server_t *s)
     tide__outbox_flush(&c->ob);
 }
 
-/* ---- lifecycle -------------------------------------------------------------------------------- */
+/* ---- lifecycle ------------------------------------------------------------------------------- */
 
 tide_status tide__core_new(tide_server_t *s)
 {
@@ -708,7 +708,7 @@ void tide__core_destroy(tide_server_t *s)
     s->core = NULL;
 }
 
-/* ---- the loop --------------------------------------------------------------------------------- */
+/* ---- the loop -------------------------------------------------------------------------------- */
 
 /* Gathers: ZeroMQ signals the loop once per wakeup, not per message, so waiting a moment
  * after a pass lets a second's 10^4 heartbeats arrive in ~500 passes instead of 10^4

@@ -43,12 +43,12 @@ typedef struct tide__metrics tide__metrics; /* metrics.c's own: the HTTP listene
 
 /* What the handler modules share. Fields are read and written on the loop thread only. */
 struct tide_server {
-    tide_server_config cfg;  /* settings; read-only after tide_server_new */
-    tide_coord_state_t *st;  /* the cluster: handlers change it, then persist (tide__save_*) */
-    int auth_on;             /* CURVE keys are checked: worker ids belong to keys */
-    uint64_t now_ns;         /* monotonic ns: when the request was read (in hooks: the pass's
-                                time); handlers judge time by it */
-    tide__request req;       /* the request being handled (meaningless in hooks) */
+    tide_server_config cfg;     /* settings; read-only after tide_server_new */
+    tide_coord_state_t *st;     /* the cluster: handlers change it, then persist (tide__save_*) */
+    int auth_on;                /* CURVE keys are checked: worker ids belong to keys */
+    uint64_t now_ns;            /* monotonic ns: when the request was read (in hooks: the pass's
+                                   time); handlers judge time by it */
+    tide__request req;          /* the request being handled (meaningless in hooks) */
     volatile sig_atomic_t stop; /* tide_server_stop: the loop returns */
     tide__core *core;           /* loop.c only */
     /* state each module keeps between requests; the module named writes it */
@@ -64,8 +64,8 @@ struct tide_server {
         int scan_more;           /* the scan stopped at its outbox budget: scan again soon */
         uint64_t next_forget_ns; /* next retention pass over departed workers */
         size_t forget_at;        /* where that pass goes on in the worker table */
-    } live; /* liveness.c */
-    tide__metrics *metrics; /* metrics.c; NULL without --metrics */
+    } live;                      /* liveness.c */
+    tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
 };
 
 /* ---- registration (server.c, before the loop runs) --------------------------------------- */
@@ -106,7 +106,7 @@ void tide__on_load(tide_server_t *s, tide__hook_fn fn);
 /* Polls the source's items next to the ROUTER socket. */
 void tide__on_poll(tide_server_t *s, tide__poll_fill_fn fill, tide__poll_handle_fn handle);
 
-/* ---- answering and sending ---------------------------------------------------------------- */
+/* ---- answering and sending ------------------------------------------------------------------- */
 
 /* Queues msg as the reply to the request being handled (sent after the batch commits). */
 void tide__reply(tide_server_t *s, const tide_msg_t *msg);
@@ -122,7 +122,7 @@ void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...) TID
  * retransmit). */
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg);
 
-/* ---- events and persistence (the batch's transaction; a failure is the batch's) ------------ */
+/* ---- events and persistence (the batch's transaction; a failure is the batch's) -------------- */
 
 /* Appends an event (job "" for none) to the state file's history. */
 void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
@@ -143,7 +143,7 @@ void tide__save_worker_removed(tide_server_t *s, int32_t id);
 /* The state file, for reads only (events, attempt logs): changes go through tide__save_*. */
 tide_store_t *tide__store(tide_server_t *s);
 
-/* ---- timers and passes -------------------------------------------------------------------- */
+/* ---- timers and passes ----------------------------------------------------------------------- */
 
 /* Asks for a scheduling pass after this batch (idle workers or queued work changed). */
 void tide__reschedule(tide_server_t *s);
@@ -173,7 +173,7 @@ typedef struct tide__loop_stats {
 
 void tide__loop_stats_get(const tide_server_t *s, tide__loop_stats *out);
 
-/* ---- lifecycle (server.c) ----------------------------------------------------------------- */
+/* ---- lifecycle (server.c) -------------------------------------------------------------------- */
 
 /* Allocates the core (s->core); nothing is opened yet. */
 tide_status tide__core_new(tide_server_t *s);

@@ -106,8 +106,8 @@ static int cmp_host_ref(const void *a, const void *b)
     return strcmp(((const host_ref *)a)->host, ((const host_ref *)b)->host);
 }
 
-tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
-                             int joining, tide_policy_worker **out, size_t *n_out)
+tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int joining,
+                             tide_policy_worker **out, size_t *n_out)
 {
     tide_coord_state_t *st = s->st;
     *out = NULL;
@@ -136,7 +136,7 @@ tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_
             continue; /* a pool that left: its launch has exited or is exiting */
         for (int32_t rank = 0; rank < j->pools[p].size; rank++) {
             const tide_coord_worker_t *w = tide_coord_worker_find(st, j->pools[p].name, rank);
-            if (w == NULL || w->id == exclude_id)
+            if (w == NULL)
                 continue;
             if (tide_coord_worker_gone(w) || w->state == TIDE_WS_DRAINING)
                 continue;
@@ -209,4 +209,3 @@ out:
     tide_msg_clear(&jm);
     return rc;
 }
-

@@ -36,10 +36,9 @@ void tide__send_layout(tide_server_t *s, const tide_coord_job_t *j, const tide_c
 
 /* Fills candidate workers for j (members alive, idle and offline joined workers), their
    ranks the job ranks; joining: also the ranks of pools that joined j but are not yet
-   connected (a resize may connect one; recovery never does). exclude_id: a worker id left
-   out (-1: none). Caller owns *out. */
-tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int32_t exclude_id,
-                             int joining, tide_policy_worker **out, size_t *n);
+   connected (a resize may connect one; recovery never does). Caller owns *out. */
+tide_status tide__candidates(tide_server_t *s, const tide_coord_job_t *j, int joining,
+                             tide_policy_worker **out, size_t *n);
 
 /*
  * The tensors job j joined with, rebuilt from its stored join message;

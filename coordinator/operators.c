@@ -96,9 +96,9 @@ static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
                     s->req.who);
         tide__save_job(s, j);
         tide__reply_ok(s, j->name,
-                 "cancelled %s (none of its ranks was alive); a new launch may use "
-                 "its name",
-                 j->name);
+                       "cancelled %s (none of its ranks was alive); a new launch may use "
+                       "its name",
+                       j->name);
         return;
     }
     if (j->state == TIDE_JS_DONE || j->state == TIDE_JS_FAILED || j->state == TIDE_JS_CANCELLED) {
@@ -109,7 +109,8 @@ static void handle_cancel(tide_server_t *s, const tide_proto_cancel_t *m)
     if (j->state == TIDE_JS_ASSIGNED) {
         tide_coord_worker_t *w = tide_coord_worker_get(s->st, j->worker);
         if (w != NULL)
-            tide__offline_send_preempt(s, j, w); /* the worker stays busy until it reports the stop */
+            tide__offline_send_preempt(s, j,
+                                       w); /* the worker stays busy until it reports the stop */
     }
     j->state = TIDE_JS_CANCELLED;
     tide__event(s, j->name, "cancelled", "cancelled by %s", s->req.who);
@@ -128,7 +129,7 @@ static void drain_member(tide_server_t *s, tide_coord_worker_t *w, tide_coord_jo
     char shrink[TIDE_PROTO_TEXT_MAX + 1] = "";
     tide_status rc = tide__job_collection(j, &coll);
     if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, -1, 0, &cand, &n);
+        rc = tide__candidates(s, j, 0, &cand, &n);
     int32_t *pre = rc == TIDE_OK ? tide_malloc((n ? n : 1) * sizeof *pre) : NULL;
     if (rc == TIDE_OK && pre == NULL)
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the drain");

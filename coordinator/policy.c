@@ -331,8 +331,7 @@ out:
     return rc;
 }
 
-int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro,
-                       int want)
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro, int want)
 {
     for (int dp = want; dp >= 1; dp--)
         if (tide_fit_check(fit, n_fit, dp, tp, pp, micro) == TIDE_OK)
@@ -544,8 +543,8 @@ tide_status tide_policy_drain(const tide_layout_t *old, const tide_collection_t 
     for (size_t i = 0; i < n; i++)
         if (cand[i].rank != drained)
             rest[k++] = cand[i];
-    tide_status rc = tide_policy_recover(old, coll, fit, n_fit, rest, k, out, preempt, n_preempt,
-                                         why, why_len);
+    tide_status rc =
+        tide_policy_recover(old, coll, fit, n_fit, rest, k, out, preempt, n_preempt, why, why_len);
     tide_free(rest);
     return rc;
 }
@@ -598,11 +597,10 @@ tide_status tide_policy_rollback(const tide_layout_t *old, const tide_collection
                 if ((size / tp) % pp != 0 ||
                     tide_fit_check(fit, n_fit, dp, tp, pp, old->micro_batches) != TIDE_OK)
                     continue;
-                tide_resize_req req = {dp,   tp, pp, old->num_layers, old->micro_batches,
-                                       NULL, 0,  0,  fit,             n_fit};
+                tide_resize_req req = {dp, tp,  pp,   old->num_layers, old->micro_batches, NULL, 0,
+                                       0,  fit, n_fit};
                 tries--;
-                if (tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt) !=
-                    TIDE_OK)
+                if (tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt) != TIDE_OK)
                     continue;
                 snprintf(why, why_len,
                          "(dp %d, tp %d, pp %d) instead of (dp %d, tp %d, pp %d): the %zu "
@@ -617,8 +615,8 @@ tide_status tide_policy_rollback(const tide_layout_t *old, const tide_collection
 
 /* The plan's "needed by worker N" names a stand-in (an id >= first_fresh) when to was
  * made up: name the dead worker it replaces instead. */
-static void name_replaced(char *why, size_t len, const tide_layout_t *old,
-                          const tide_layout_t *to, size_t first_fresh)
+static void name_replaced(char *why, size_t len, const tide_layout_t *old, const tide_layout_t *to,
+                          size_t first_fresh)
 {
     char *at = strstr(why, "needed by worker ");
     long id = at != NULL ? strtol(at + 17, NULL, 10) : -1;

@@ -115,8 +115,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
  * program can run with tp, pp and micro micro-batches (tide_fit_check), 0 when none (then tp or pp
  * themselves break a rule). want <= 0 gives 0. Pure.
  */
-int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro,
-                       int want);
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro, int want);
 
 /* One queued offline job as the backfill policy sees it. */
 typedef struct tide_policy_offline {

@@ -326,8 +326,8 @@ static void handle_logs(tide_server_t *s, const tide_proto_logs_t *q)
     }
     tide_store_attempt_t *at = NULL;
     size_t n = 0;
-    tide_status rc =
-        tide_store_attempts(tide__store(s), j->id, (int32_t)q->attempt, TIDE_PROTO_ATTEMPTS_MAX, &at, &n);
+    tide_status rc = tide_store_attempts(tide__store(s), j->id, (int32_t)q->attempt,
+                                         TIDE_PROTO_ATTEMPTS_MAX, &at, &n);
     if (rc != TIDE_OK) {
         tide__reply_error(s, rc, "%s", tide_last_error());
         return;
@@ -366,7 +366,6 @@ static void handle_logs(tide_server_t *s, const tide_proto_logs_t *q)
     tide_free(rows);
     tide_free(at);
 }
-
 
 void tide__on_status(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len)
 {

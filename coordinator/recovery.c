@@ -1,6 +1,6 @@
 /*
  * coordinator/recovery: a lost worker and its job (see recovery.h). The order of the
- * decisions in tide__recover: a layout over the survivors (tide_policy_recover); whether
+ * decisions in recover(): a layout over the survivors (tide_policy_recover); whether
  * the survivors still hold every byte it needs (tide_policy_recovery_feasible); when too
  * few workers are left, whether waiting for more could ever help; when no survivor holds
  * the lost state and the job reported a checkpoint, a rollback to it
@@ -80,7 +80,7 @@ void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *r
     tide__job_lost_worker(s, jid ? tide_coord_job_get(s->st, jid) : NULL, w, reason);
 }
 
-/* ---- fallback ---------------------------------------------------------------------------------- */
+/* ---- fallback -------------------------------------------------------------------------------- */
 
 static int lost_old_member(tide_server_t *s, const tide_coord_job_t *j)
 {
@@ -136,10 +136,10 @@ static tide_status recovery_feasible(tide_server_t *s, const tide_coord_job_t *j
     tide_layout_t *old_ids = NULL, *new_ids = NULL;
     size_t n = tide_layout_size(j->layout);
     uint8_t *dead = tide_malloc(n ? n : 1);
-    tide_status rc = dead != NULL ? tide__layout_worker_ids(s, j, j->layout, &old_ids)
-                                  : tide_errorf(TIDE_ERR_NOMEM,
-                                                "out of memory checking the recovery of %s",
-                                                j->name);
+    tide_status rc =
+        dead != NULL
+            ? tide__layout_worker_ids(s, j, j->layout, &old_ids)
+            : tide_errorf(TIDE_ERR_NOMEM, "out of memory checking the recovery of %s", j->name);
     if (rc == TIDE_OK && l != NULL)
         rc = tide__layout_worker_ids(s, j, l, &new_ids);
     for (size_t i = 0; rc == TIDE_OK && i < n; i++) {
@@ -186,7 +186,7 @@ static void recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
     char shrink[TIDE_PROTO_TEXT_MAX + 1] = ""; /* why the recovery holds fewer replicas */
     tide_status rc = tide__job_collection(j, &c);
     if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, -1, 1, &cand, &n);
+        rc = tide__candidates(s, j, 1, &cand, &n);
     if (rc == TIDE_OK) {
         pre = tide_malloc((n ? n : 1) * sizeof *pre);
         rc = pre ? tide_policy_recover(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &l, pre,

@@ -216,7 +216,7 @@ static tide_status place(tide_server_t *s, const tide_coord_job_t *j, const tide
     memset(p, 0, sizeof *p);
     tide_status rc = tide__job_collection(j, &p->c);
     if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, -1, 1, &cand, &n);
+        rc = tide__candidates(s, j, 1, &cand, &n);
     if (rc == TIDE_OK) {
         p->pre = tide_malloc((n ? n : 1) * sizeof *p->pre);
         rc = p->pre ? tide_policy_place(j->layout, p->c, req, cand, n, &p->l, p->pre, &p->n_pre)
@@ -226,9 +226,8 @@ static tide_status place(tide_server_t *s, const tide_coord_job_t *j, const tide
         tide_resize_req plain = *req;
         plain.plain = 1;
         pre_d = tide_malloc((n ? n : 1) * sizeof *pre_d);
-        if (pre_d == NULL ||
-            tide_policy_place(j->layout, p->c, &plain, cand, n, &p->dflt, pre_d, &n_pre_d) !=
-                TIDE_OK)
+        if (pre_d == NULL || tide_policy_place(j->layout, p->c, &plain, cand, n, &p->dflt, pre_d,
+                                               &n_pre_d) != TIDE_OK)
             TIDE_INFO("reconf", "job %s: no default-order layout to compare: %s", j->name,
                       pre_d ? tide_last_error() : "out of memory");
     }

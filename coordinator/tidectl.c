@@ -89,8 +89,7 @@ typedef struct command {
     tide_opt opts[10];        /* command flags (value pointers patched per run) */
 } command_t;
 
-/* ---- small formatting helpers ------------------------------------------------------------------
- */
+/* ---- small formatting helpers ---------------------------------------------------------------- */
 
 const char *tidectl_fmt_bytes(uint64_t bytes, char *buf, size_t len)
 {
@@ -210,8 +209,7 @@ static void json_str_or_null(FILE *out, const char *s)
         tidectl_json_str(out, s);
 }
 
-/* ---- tables ------------------------------------------------------------------------------------
- */
+/* ---- tables ---------------------------------------------------------------------------------- */
 
 #define MAX_COLS 16
 #define CELL     64
@@ -278,8 +276,7 @@ static void table_print(table_t *t, FILE *out)
     t->cells = NULL;
 }
 
-/* ---- status ------------------------------------------------------------------------------------
- */
+/* ---- status ---------------------------------------------------------------------------------- */
 
 /* The status reply as one JSON object, no newline. */
 static void status_json(FILE *out, const tide_proto_status_reply_t *r)
@@ -371,8 +368,7 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
     table_print(&t, out);
 }
 
-/* ---- jobs --------------------------------------------------------------------------------------
- */
+/* ---- jobs ------------------------------------------------------------------------------------ */
 
 /* The jobs reply as one JSON object, no newline. */
 static void jobs_json(FILE *out, const tide_proto_jobs_reply_t *r)
@@ -441,8 +437,7 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
     table_print(&t, out);
 }
 
-/* ---- events ------------------------------------------------------------------------------------
- */
+/* ---- events ---------------------------------------------------------------------------------- */
 
 void tidectl_print_events(FILE *out, const tide_proto_events_reply_t *r, int json)
 {
@@ -501,8 +496,7 @@ void tidectl_print_events(FILE *out, const tide_proto_events_reply_t *r, int jso
     tide_free(t.cells);
 }
 
-/* ---- resize ------------------------------------------------------------------------------------
- */
+/* ---- resize ---------------------------------------------------------------------------------- */
 
 static void fmt_stages(const tide_proto_layout_t *l, char *buf, size_t len)
 {
@@ -581,8 +575,7 @@ void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int jso
                 r->preempted == 1 ? "" : "s");
 }
 
-/* ---- parsing -----------------------------------------------------------------------------------
- */
+/* ---- parsing --------------------------------------------------------------------------------- */
 
 static int parse_int(const char **p, long long *v)
 {
@@ -762,8 +755,7 @@ tide_status tidectl_read_key(const char *path_or_z85, char *pub, char *secret)
     return TIDE_OK;
 }
 
-/* ---- connection --------------------------------------------------------------------------------
- */
+/* ---- connection ------------------------------------------------------------------------------ */
 
 typedef struct conn {
     void *ctx, *sock, *mon;
@@ -1011,8 +1003,7 @@ static int call_once(settings_t *s, const tide_msg_t *req, tide_msg_t *rep, tide
     return TIDECTL_EXIT_OK;
 }
 
-/* ---- commands ----------------------------------------------------------------------------------
- */
+/* ---- commands -------------------------------------------------------------------------------- */
 
 static int usage_error(FILE *err, const char *cmd, const char *fmt, ...) TIDE_PRINTF(3, 4);
 
@@ -1643,8 +1634,7 @@ static int cmd_keygen(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     return TIDECTL_EXIT_OK;
 }
 
-/* ---- command table and main -------------------------------------------------------------------
- */
+/* ---- command table and main ------------------------------------------------------------------ */
 
 /* Flag value pointers are filled in per run (settings live on tidectl_main's stack). */
 #define V(field) ((void *)offsetof(settings_t, field))

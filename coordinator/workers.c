@@ -15,7 +15,7 @@
 #include "coordinator/sender.h"
 #include "coordinator/workers.h"
 
-/* ---- register ------------------------------------------------------------------------------- */
+/* ---- register -------------------------------------------------------------------------------- */
 
 /* With --auth, the key owning a pool (every member has one owner), or NULL when the pool
  * has no keyed member yet. Rank 0 answers in O(1) in the usual case; else a scan. */
@@ -41,8 +41,9 @@ static size_t client_workers(tide_server_t *s)
         const tide_coord_worker_t *w = &s->st->workers[i];
         if (w->pool[0] == '\0' || tide_coord_worker_gone(w))
             continue;
-        if (s->auth_on ? strcmp(w->owner, s->req.who) == 0
-                       : w->rid_len == s->req.rid_len && memcmp(w->rid, s->req.rid, s->req.rid_len) == 0)
+        if (s->auth_on
+                ? strcmp(w->owner, s->req.who) == 0
+                : w->rid_len == s->req.rid_len && memcmp(w->rid, s->req.rid, s->req.rid_len) == 0)
             n++;
     }
     return n;
@@ -288,8 +289,8 @@ void tide__on_host_heartbeat(tide_server_t *s, const tide_msg_t *msg, const void
             continue;
         }
         if (w == NULL) {
-            TIDE_WARN_LIMITED("server", "host heartbeat from %s names unknown worker %d", s->req.who,
-                              b->worker);
+            TIDE_WARN_LIMITED("server", "host heartbeat from %s names unknown worker %d",
+                              s->req.who, b->worker);
             continue;
         }
         if (tide__is_fenced(w) || tide_coord_worker_gone(w)) {
@@ -427,7 +428,7 @@ void tide__on_failure(tide_server_t *s, const tide_msg_t *msg, const void *raw, 
     tide__reply_ok(s, m->job, "failure recorded");
 }
 
-/* ---- reports and queries ----------------------------------------------------------------------- */
+/* ---- reports and queries --------------------------------------------------------------------- */
 
 /* Records what worker w reported of attempt m->attempt of j (tidectl logs reads it). */
 static void save_attempt(tide_server_t *s, const tide_coord_job_t *j, const tide_coord_worker_t *w,
@@ -575,4 +576,3 @@ void tide__on_liveness(tide_server_t *s, const tide_msg_t *msg, const void *raw,
     tide__reply(s, &r);
     tide_free(alive);
 }
-

@@ -177,7 +177,8 @@ Test(policy_recovery, survivors_hold_the_state_only_with_a_replica)
     uint8_t both[4] = {0, 1, 0, 1};
     cr_assert_eq(tide_policy_recovery_feasible(old, both, NULL, coll), TIDE_ERR_NO_HOLDER);
     cr_assert(strstr(tide_last_error(), "needed by any worker that replaces worker 11 ") != NULL ||
-                  strstr(tide_last_error(), "needed by any worker that replaces worker 13 ") != NULL,
+                  strstr(tide_last_error(), "needed by any worker that replaces worker 13 ") !=
+                      NULL,
               "%s", tide_last_error());
     cr_assert(strstr(tide_last_error(), "however many workers join") != NULL, "%s",
               tide_last_error());
@@ -197,10 +198,10 @@ Test(policy_recovery, survivors_hold_the_state_only_with_a_replica)
 Test(policy_bubbles, the_largest_measured_share_wins)
 {
     tide_policy_bubbles w[4] = {
-        {7, 0, 100},   /* no bubbles measured */
-        {8, 30, 100},  /* 30% */
-        {9, 60, 200},  /* 30%: a tie keeps the first */
-        {10, 50, 0},   /* no step time measured */
+        {7, 0, 100},  /* no bubbles measured */
+        {8, 30, 100}, /* 30% */
+        {9, 60, 200}, /* 30%: a tie keeps the first */
+        {10, 50, 0},  /* no step time measured */
     };
     cr_assert_eq(tide_policy_bubble_pick(w, 4), 1);
     w[2].bubble_ns = 61;

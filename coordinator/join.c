@@ -12,6 +12,7 @@
 #include "coordinator/offline.h"
 #include "coordinator/policy.h"
 #include "coordinator/sender.h"
+#include "proto/proto_reshard.h"
 
 /* "host-a: 6, host-b: 6" for the hosts of the candidates (ranks per host), truncated to
    fit out (len bytes). */
@@ -136,28 +137,12 @@ out:
     return verdict == TIDE_FIRST_REFUSE;
 }
 
-/* The join's fit rules as reshard's tide_fit_rule into out (room for TIDE_FIT_RULES_MAX);
-   their count. The decoder bounded them. */
-static int fit_from_join(const tide_proto_join_t *m, tide_fit_rule *out)
-{
-    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX &&
-                       TIDE_PROTO_FIT_WHAT_MAX + 1 == TIDE_FIT_WHAT_MAX,
-                   "a job keeps every fit rule a join carries");
-    for (uint32_t i = 0; i < m->n_fit; i++) {
-        memset(&out[i], 0, sizeof out[i]);
-        out[i].degree = (tide_degree)m->fit[i].degree;
-        out[i].n = m->fit[i].n;
-        memcpy(out[i].what, m->fit[i].what, sizeof out[i].what);
-    }
-    return (int)m->n_fit;
-}
-
 /* A join's first layout against its own fit rules; TIDE_ERR_INVALID naming the rule. */
 static tide_status join_fits(const tide_proto_join_t *m)
 {
     tide_fit_rule fit[TIDE_FIT_RULES_MAX];
-    int n = fit_from_join(m, fit);
-    if (tide_fit_check(fit, (size_t)n, m->dp, m->tp, m->pp, m->micro_batches) != TIDE_OK)
+    tide_proto_fit_to(fit, m->fit, m->n_fit); /* the decoder bounded n_fit */
+    if (tide_fit_check(fit, m->n_fit, m->dp, m->tp, m->pp, m->micro_batches) != TIDE_OK)
         return tide_errorf(TIDE_ERR_INVALID,
                            "its first layout (dp %d, tp %d, pp %d) is not one its program can "
                            "run: %s",
@@ -173,7 +158,8 @@ static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const voi
     j->req_micro = m->micro_batches;
     j->num_layers = m->num_layers;
     j->total_bytes = m->total_bytes;
-    j->n_fit = fit_from_join(m, j->fit);
+    tide_proto_fit_to(j->fit, m->fit, m->n_fit);
+    j->n_fit = (int)m->n_fit;
     tide_free(j->join_blob);
     j->join_blob = tide_malloc(len);
     j->join_len = 0;

@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "coordinator/members.h"
+#include "proto/proto_reshard.h"
 
 tide_coord_worker_t *tide__job_worker(tide_server_t *s, const tide_coord_job_t *j, int32_t rank)
 {
@@ -49,18 +50,6 @@ tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
     return TIDE_OK;
 }
 
-void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen)
-{
-    out->gen = gen;
-    out->dp = l->dp;
-    out->tp = l->tp;
-    out->pp = l->pp;
-    out->num_layers = l->num_layers;
-    out->micro_batches = l->micro_batches;
-    out->stage_start = l->stage_start;
-    out->worker = l->worker;
-}
-
 size_t tide__live_members(const tide_server_t *s, const tide_coord_job_t *j)
 {
     size_t n = 0;
@@ -91,7 +80,7 @@ void tide__send_layout(tide_server_t *s, const tide_coord_job_t *j, const tide_c
 {
     tide_msg_t m;
     tide__layout_msg_init(&m, j, w);
-    tide__proto_layout(&m.u.layout.layout, j->layout, j->generation);
+    tide_proto_layout_from(&m.u.layout.layout, j->layout, j->generation);
     m.u.layout.has_prev = 0;
     tide__send_worker(s, w, &m);
 }
@@ -186,22 +175,9 @@ tide_status tide__job_collection(const tide_coord_job_t *j, tide_collection_t **
     tide_collection_t *c = NULL;
     if (jm.type != TIDE_MSG_JOIN || jm.u.join.n_tensors == 0)
         goto out;
-    TIDE_CHECK_GOTO(tide_collection_new(&c, jm.u.join.num_layers), rc, out);
-    for (uint32_t i = 0; i < jm.u.join.n_tensors; i++) {
-        const tide_proto_tensor_t *t = &jm.u.join.tensors[i];
-        tide_tensor_desc d;
-        memset(&d, 0, sizeof d);
-        snprintf(d.name, sizeof d.name, "%s", t->name);
-        d.dtype = (tide_dtype)t->dtype;
-        d.ndim = t->ndim;
-        memcpy(d.shape, t->shape, sizeof d.shape);
-        d.layer = t->layer;
-        d.tp = (tide_tp_rule)t->tp;
-        d.tp_dim = t->tp_dim;
-        d.tp_segments = t->tp_segments;
-        d.dp = (tide_dp_rule)t->dp;
-        TIDE_CHECK_GOTO(tide_collection_add(c, &d), rc, out);
-    }
+    TIDE_CHECK_GOTO(tide_proto_tensors_to(jm.u.join.tensors, jm.u.join.n_tensors,
+                                          jm.u.join.num_layers, &c),
+                    rc, out);
     *out = c;
     c = NULL;
 out:

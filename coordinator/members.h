@@ -24,9 +24,6 @@ size_t tide__live_members(const tide_server_t *s, const tide_coord_job_t *j);
 tide_status tide__layout_worker_ids(tide_server_t *s, const tide_coord_job_t *j,
                                     const tide_layout_t *l, tide_layout_t **out);
 
-/* Fills a proto layout from a layout (arrays borrowed: do not tide_msg_clear). */
-void tide__proto_layout(tide_proto_layout_t *out, const tide_layout_t *l, uint64_t gen);
-
 /* Starts a layout message of job j for worker w: job, w's pool base and the job's ranks
    (layout and prev left for the caller). */
 void tide__layout_msg_init(tide_msg_t *m, const tide_coord_job_t *j, const tide_coord_worker_t *w);

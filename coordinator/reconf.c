@@ -59,6 +59,7 @@
 #include "coordinator/policy.h"
 #include "coordinator/reconf.h"
 #include "coordinator/sender.h"
+#include "proto/proto_reshard.h"
 
 /* ---- sending the phases ---------------------------------------------------------------------- */
 
@@ -92,9 +93,9 @@ static void send_phase(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_
     tide_msg_t m;
     if (r->phase == TIDE_RP_PREPARE) {
         tide__layout_msg_init(&m, j, w);
-        tide__proto_layout(&m.u.layout.layout, r->layout, r->gen);
+        tide_proto_layout_from(&m.u.layout.layout, r->layout, r->gen);
         m.u.layout.has_prev = 1;
-        tide__proto_layout(&m.u.layout.prev, j->layout, j->generation);
+        tide_proto_layout_from(&m.u.layout.prev, j->layout, j->generation);
         m.u.layout.recover = r->recover;
         if (r->ckpt[0] != '\0') {
             snprintf(m.u.layout.ckpt, sizeof m.u.layout.ckpt, "%s", r->ckpt);

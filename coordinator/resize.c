@@ -15,6 +15,7 @@
 #include "coordinator/policy.h"
 #include "coordinator/reconf.h"
 #include "coordinator/resize.h"
+#include "proto/proto_reshard.h"
 #include "reshard/reshard.h"
 
 typedef struct host_ref {
@@ -264,7 +265,7 @@ void tide__on_resize(tide_server_t *s, const tide_msg_t *msg, const void *raw, s
         tide__reply_error(s, rc, "cannot resize %s: %s", j->name, tide_last_error());
         return;
     }
-    tide__proto_layout(&rr->layout, shown, j->gen_issued + 1);
+    tide_proto_layout_from(&rr->layout, shown, j->gen_issued + 1);
     tide__reply(s, &reply); /* encoded now: shown is still alive */
     tide_layout_destroy(&shown);
     if (m->dry_run) {

@@ -172,96 +172,128 @@ static void halt_members(tide_server_t *s, const tide_coord_job_t *j, tide_statu
 }
 
 /* Recovers j after losing members: a new layout over survivors, or stalls the job. */
+/* A recovery being planned: what recover() hands from one phase to the next. */
+typedef struct recovery {
+    tide_layout_t *l; /* the layout over the survivors, owned */
+    int32_t *pre;     /* offline workers it preempts, owned */
+    size_t n_pre;
+    const tide_coord_ckpt *ck;            /* the checkpoint it loads; NULL: from replicas */
+    char shrink[TIDE_PROTO_TEXT_MAX + 1]; /* why it holds fewer replicas */
+    char lost[TIDE_PROTO_TEXT_MAX + 1];   /* what no survivor holds any more, when that is why */
+} recovery;
+
+/* Too few workers for a layout (the error is pending): waiting for more helps only when
+   the survivors still hold all of the state (a pipeline stage lost with its host does not);
+   else a rollback to j's checkpoint, where the survivors may run other degrees. */
+static tide_status too_few(tide_server_t *s, const tide_coord_job_t *j, const tide_collection_t *c,
+                           const tide_policy_worker *cand, size_t n, recovery *r)
+{
+    char wait_why[TIDE_PROTO_TEXT_MAX + 1];
+    snprintf(wait_why, sizeof wait_why, "%s", tide_last_error());
+    if (recovery_feasible(s, j, c, NULL) != TIDE_ERR_NO_HOLDER)
+        return tide_errorf(TIDE_ERR_NO_DEVICE, "%s", wait_why);
+    snprintf(r->lost, sizeof r->lost, "%s", tide_last_error());
+    if (j->n_ckpts > 0 &&
+        tide_policy_rollback(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &r->l, r->pre,
+                             &r->n_pre, r->shrink, sizeof r->shrink) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_NO_DEVICE,
+                           "%s; no layout the survivors can run holds the checkpoint's state "
+                           "either (%s)",
+                           wait_why, tide_last_error());
+    return tide_errorf(TIDE_ERR_NO_HOLDER, "%s", r->lost);
+}
+
+/* The layout over j's survivors (tide_policy_recover) and whether they hold every byte it
+   needs; the fallbacks of too_few. TIDE_ERR_NO_HOLDER with r->l set: load a checkpoint. */
+static tide_status plan(tide_server_t *s, const tide_coord_job_t *j, recovery *r)
+{
+    tide_policy_worker *cand = NULL;
+    size_t n = 0;
+    tide_collection_t *c = NULL;
+    tide_status rc = tide__job_collection(j, &c);
+    if (rc == TIDE_OK)
+        rc = tide__candidates(s, j, 1, &cand, &n);
+    if (rc == TIDE_OK) {
+        r->pre = tide_malloc((n ? n : 1) * sizeof *r->pre);
+        rc = r->pre ? tide_policy_recover(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &r->l,
+                                          r->pre, &r->n_pre, r->shrink, sizeof r->shrink)
+                    : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
+    }
+    if (rc == TIDE_OK && c != NULL)
+        rc = recovery_feasible(s, j, c, r->l);
+    if (rc == TIDE_ERR_NO_HOLDER)
+        snprintf(r->lost, sizeof r->lost, "%s", tide_last_error());
+    if (rc == TIDE_ERR_NO_DEVICE && c != NULL)
+        rc = too_few(s, j, c, cand, n, r);
+    tide_free(cand);
+    tide_collection_destroy(&c);
+    return rc;
+}
+
+/* No survivor holds what was lost, but a layout was found: it loads j's newest checkpoint.
+   r->lost keeps the plan's own words for the event, without its advice to restart. */
+static void from_checkpoint(const tide_coord_job_t *j, recovery *r)
+{
+    r->ck = &j->ckpts[j->n_ckpts - 1];
+    char *advice = strstr(r->lost, "; restart it from a checkpoint");
+    if (advice != NULL)
+        *advice = '\0';
+    const char *what = strstr(r->lost, "no live worker");
+    if (what != NULL)
+        memmove(r->lost, what, strlen(what) + 1);
+    tide_error_clear();
+}
+
+/* No recovery (rc, its error pending): j stalls, once. */
+static void stall(tide_server_t *s, tide_coord_job_t *j, const char *reason, tide_status rc)
+{
+    if (j->state == TIDE_JS_STALLED)
+        return;
+    char detail[TIDE_PROTO_TEXT_MAX + 1];
+    snprintf(detail, sizeof detail, "%s", tide_last_error());
+    j->state = TIDE_JS_STALLED;
+    tide__event(s, j->name, "stalled", "%s: %s", reason, detail);
+    tide__save_job(s, j);
+    /* Lost state never comes back (more workers would not help): the survivors are told to
+       stop instead of waiting for an operator. */
+    if (rc == TIDE_ERR_NO_HOLDER)
+        halt_members(s, j, rc, detail);
+}
+
+/* Plans a recovery of j after `reason` (policy.c decides), then stalls j or starts the
+   recovery switch (reconf.c). */
 static void recover(tide_server_t *s, tide_coord_job_t *j, const char *reason)
 {
     if (j->reconf != NULL)
         tide__reconf_abandon(s, j, reason);
     if (j->layout == NULL)
         return;
-    tide_policy_worker *cand = NULL;
-    size_t n = 0, n_pre = 0;
-    int32_t *pre = NULL;
-    tide_layout_t *l = NULL;
-    tide_collection_t *c = NULL;
-    char shrink[TIDE_PROTO_TEXT_MAX + 1] = ""; /* why the recovery holds fewer replicas */
-    tide_status rc = tide__job_collection(j, &c);
-    if (rc == TIDE_OK)
-        rc = tide__candidates(s, j, 1, &cand, &n);
-    if (rc == TIDE_OK) {
-        pre = tide_malloc((n ? n : 1) * sizeof *pre);
-        rc = pre ? tide_policy_recover(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &l, pre,
-                                       &n_pre, shrink, sizeof shrink)
-                 : tide_errorf(TIDE_ERR_NOMEM, "out of memory planning a recovery");
-    }
-    if (rc == TIDE_OK && c != NULL)
-        rc = recovery_feasible(s, j, c, l);
-    /* what no survivor holds any more, when that is why (for the events) */
-    char lost[TIDE_PROTO_TEXT_MAX + 1] = "";
-    if (rc == TIDE_ERR_NO_HOLDER)
-        snprintf(lost, sizeof lost, "%s", tide_last_error());
-    if (rc == TIDE_ERR_NO_DEVICE && c != NULL) {
-        /* too few workers for a layout: waiting for more helps only when the survivors
-           still hold all of the state (a pipeline stage lost with its host does not) */
-        char wait_why[TIDE_PROTO_TEXT_MAX + 1];
-        snprintf(wait_why, sizeof wait_why, "%s", tide_last_error());
-        if (recovery_feasible(s, j, c, NULL) == TIDE_ERR_NO_HOLDER) {
-            rc = TIDE_ERR_NO_HOLDER;
-            snprintf(lost, sizeof lost, "%s", tide_last_error());
-            /* lost whatever joins: from a checkpoint, the survivors may run other degrees */
-            if (j->n_ckpts > 0 &&
-                tide_policy_rollback(j->layout, c, j->fit, (size_t)j->n_fit, cand, n, &l, pre,
-                                     &n_pre, shrink, sizeof shrink) != TIDE_OK)
-                rc = tide_errorf(TIDE_ERR_NO_DEVICE,
-                                 "%s; no layout the survivors can run holds "
-                                 "the checkpoint's state either (%s)",
-                                 wait_why, tide_last_error());
-        } else {
-            tide_errorf(rc, "%s", wait_why);
-        }
-    }
-    tide_free(cand);
-    tide_collection_destroy(&c);
-    const tide_coord_ckpt *ck = NULL; /* the checkpoint a recovery with no holder loads */
-    if (rc == TIDE_ERR_NO_HOLDER && j->n_ckpts > 0 && l != NULL) {
-        ck = &j->ckpts[j->n_ckpts - 1];
-        char *advice = strstr(lost, "; restart it from a checkpoint");
-        if (advice != NULL)
-            *advice = '\0';
-        const char *what = strstr(lost, "no live worker"); /* the plan's own words */
-        if (what != NULL)
-            memmove(lost, what, strlen(what) + 1);
-        tide_error_clear();
+    recovery r;
+    memset(&r, 0, sizeof r);
+    tide_status rc = plan(s, j, &r);
+    if (rc == TIDE_ERR_NO_HOLDER && j->n_ckpts > 0 && r.l != NULL) {
+        from_checkpoint(j, &r);
         rc = TIDE_OK;
     }
     if (rc != TIDE_OK) {
-        tide_free(pre);
-        tide_layout_destroy(&l);
-        if (j->state != TIDE_JS_STALLED) {
-            char detail[TIDE_PROTO_TEXT_MAX + 1];
-            snprintf(detail, sizeof detail, "%s", tide_last_error());
-            j->state = TIDE_JS_STALLED;
-            tide__event(s, j->name, "stalled", "%s: %s", reason, detail);
-            tide__save_job(s, j);
-            /* Lost state never comes back (more workers would not help): the survivors
-               are told to stop instead of waiting for an operator. */
-            if (rc == TIDE_ERR_NO_HOLDER)
-                halt_members(s, j, rc, detail);
-        }
-        return;
+        stall(s, j, reason, rc);
+    } else {
+        char why[TIDE_RECONF_REASON_MAX];
+        const char *sep = r.shrink[0] ? "; " : "";
+        if (r.ck != NULL)
+            snprintf(why, sizeof why,
+                     "recovery: %s; from the checkpoint of step %lld (%.200s; the survivors "
+                     "holding no copy of the lost state: %.200s)%s%.120s",
+                     reason, (long long)r.ck->step, r.ck->dir, r.lost, sep, r.shrink);
+        else
+            snprintf(why, sizeof why, "recovery: %s%s%.400s", reason, sep, r.shrink);
+        s->st->counters.recoveries++;
+        if (tide__reconf_start(s, j, r.l, r.pre, r.n_pre, 1, why, r.ck) != TIDE_OK)
+            TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());
+        r.l = NULL; /* tide__reconf_start took it */
     }
-    char why[TIDE_RECONF_REASON_MAX];
-    if (ck != NULL)
-        snprintf(why, sizeof why,
-                 "recovery: %s; from the checkpoint of step %lld (%.200s; the survivors holding "
-                 "no copy of the lost state: %.200s)%s%.120s",
-                 reason, (long long)ck->step, ck->dir, lost, shrink[0] ? "; " : "", shrink);
-    else
-        snprintf(why, sizeof why, "recovery: %s%s%s", reason, shrink[0] ? "; " : "", shrink);
-    s->st->counters.recoveries++;
-    rc = tide__reconf_start(s, j, l, pre, n_pre, 1, why, ck);
-    tide_free(pre);
-    if (rc != TIDE_OK)
-        TIDE_ERROR("reconf", "job %s: %s", j->name, tide_last_error());
+    tide_free(r.pre);
+    tide_layout_destroy(&r.l);
 }
 
 /* A participant of j's pending reconfiguration failed. */

@@ -11,11 +11,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <zmq.h>
+
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/keyfile.h"
 #include "core/log.h"
-#include "coordinator/server_int.h"
+#include "coordinator/auth.h"
+#include "proto/proto.h"
 
 tide_status tide__auth_load(tide__auth *a, const char *dir)
 {
@@ -107,7 +110,7 @@ int tide__auth_allows(tide__role role, int need)
 
 /* Answers one ZAP request (RFC 27): frames version, id, domain, address, identity,
  * mechanism, credentials. */
-void tide__auth_zap(tide_server_t *s)
+void tide__auth_zap(void *zap, const tide__auth *a, uint64_t *denied)
 {
     for (;;) {
         zmq_msg_t f[8];
@@ -115,7 +118,7 @@ void tide__auth_zap(tide_server_t *s)
         while (more) {
             zmq_msg_t tmp;
             zmq_msg_init(&tmp);
-            if (zmq_msg_recv(&tmp, s->zap, nf == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            if (zmq_msg_recv(&tmp, zap, nf == 0 ? ZMQ_DONTWAIT : 0) < 0) {
                 zmq_msg_close(&tmp);
                 for (int i = 0; i < nf; i++)
                     zmq_msg_close(&f[i]);
@@ -135,13 +138,12 @@ void tide__auth_zap(tide_server_t *s)
                      (const char *)zmq_msg_data(&f[3]));
         if (nf >= 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
             zmq_msg_size(&f[6]) == 32) {
-            for (size_t i = 0; i < s->auth.n_keys; i++) {
-                if (memcmp(s->auth.keys[i].pub, zmq_msg_data(&f[6]), 32) == 0) {
+            for (size_t i = 0; i < a->n_keys; i++) {
+                if (memcmp(a->keys[i].pub, zmq_msg_data(&f[6]), 32) == 0) {
                     status = "200";
                     text = "OK";
                     snprintf(user, sizeof user, "%s:%s",
-                             tide_key_role_name((tide_key_role)s->auth.keys[i].role),
-                             s->auth.keys[i].name);
+                             tide_key_role_name((tide_key_role)a->keys[i].role), a->keys[i].name);
                     break;
                 }
             }
@@ -152,19 +154,19 @@ void tide__auth_zap(tide_server_t *s)
             char z85[41] = "?";
             if (nf >= 7 && zmq_msg_size(&f[6]) == 32)
                 zmq_z85_encode(z85, zmq_msg_data(&f[6]), 32);
-            s->st->counters.denied++;
+            (*denied)++;
             TIDE_WARN("auth", "refused a connection from %s: %s (public key %s)", addr, text, z85);
         }
         /* reply: version, request id, status code, status text, user id, metadata */
-        zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(zap, "1.0", 3, ZMQ_SNDMORE);
         if (nf >= 2)
-            zmq_send(s->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+            zmq_send(zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
         else
-            zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(s->zap, status, 3, ZMQ_SNDMORE);
-        zmq_send(s->zap, text, strlen(text), ZMQ_SNDMORE);
-        zmq_send(s->zap, user, strlen(user), ZMQ_SNDMORE);
-        zmq_send(s->zap, "", 0, 0);
+            zmq_send(zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(zap, status, 3, ZMQ_SNDMORE);
+        zmq_send(zap, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(zap, user, strlen(user), ZMQ_SNDMORE);
+        zmq_send(zap, "", 0, 0);
         for (int i = 0; i < nf; i++)
             zmq_msg_close(&f[i]);
     }

@@ -2,7 +2,7 @@
  * coordinator/checkpoint: what tided knows of an online job's checkpoints. The layout's
  * first member reports each complete checkpoint ("saved"); tided keeps the newest few
  * (durably, with the job) so that a recovery whose lost state no survivor holds rolls the
- * job back to the last one (reconf.c) instead of halting it. `tidectl checkpoint JOB`
+ * job back to the last one (recovery.c) instead of halting it. `tidectl checkpoint JOB`
  * asks the members to save at a step none of them has reached yet ("save"). Event loop
  * thread; O(1) per message but the save request (O(members)).
  */
@@ -11,12 +11,19 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "coordinator/server_int.h"
+#include "coordinator/checkpoint.h"
+#include "coordinator/members.h"
+#include "coordinator/policy.h"
+#include "coordinator/sender.h"
 
-#define SUBSYS "ckpt"
-
-void tide__handle_saved(tide_server_t *s, tide_coord_worker_t *w, const tide_proto_saved_t *m)
+void tide__on_saved(tide_server_t *s, const tide_msg_t *msg, const void *raw, size_t len)
 {
+    (void)raw;
+    (void)len;
+    const tide_proto_saved_t *m = &msg->u.saved;
+    tide_coord_worker_t *w = tide__sender(s, m->worker, msg->type);
+    if (w == NULL)
+        return;
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
     if (j == NULL || j->kind != TIDE_CJOB_ONLINE || w->job != j->id) {
         tide__reply_error(s, TIDE_ERR_NOT_FOUND, "saved: worker %d runs no online job named %s",
@@ -55,8 +62,11 @@ static int last_root(const tide_coord_job_t *j, char *out, size_t len)
     return 1;
 }
 
-void tide__handle_checkpoint(tide_server_t *s, const tide_proto_checkpoint_t *m)
+void tide__on_checkpoint(tide_server_t *s, const tide_msg_t *msg, const void *raw, size_t len)
 {
+    (void)raw;
+    (void)len;
+    const tide_proto_checkpoint_t *m = &msg->u.checkpoint;
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
     if (j == NULL || j->kind != TIDE_CJOB_ONLINE) {
         tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no online job named %s (tidectl jobs lists them)",
@@ -78,8 +88,7 @@ void tide__handle_checkpoint(tide_server_t *s, const tide_proto_checkpoint_t *m)
                           j->name);
         return;
     }
-    /* a step no member has reached: the furthest one heard of, plus the steps the
-       members may run before the request reaches them (a few heartbeat periods) */
+    /* a step no member has reached (policy.h): from the furthest one heard of */
     int64_t step = j->step;
     size_t members = 0;
     for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
@@ -90,8 +99,7 @@ void tide__handle_checkpoint(tide_server_t *s, const tide_proto_checkpoint_t *m)
                 step = w->step;
         }
     }
-    double ahead = j->throughput * 4.0 * (double)s->cfg.heartbeat_ms / 1000.0;
-    step += 2 + (int64_t)(ahead < 1e6 ? ahead : 1e6);
+    step = tide_policy_ckpt_step(step, j->throughput, s->cfg.heartbeat_ms);
     tide_msg_t sm;
     tide_msg_init(&sm, TIDE_MSG_SAVE);
     snprintf(sm.u.save.job, sizeof sm.u.save.job, "%s", j->name);
@@ -106,13 +114,9 @@ void tide__handle_checkpoint(tide_server_t *s, const tide_proto_checkpoint_t *m)
     tide__event(s, j->name, "checkpoint_requested",
                 "a checkpoint of step %lld under %.900s asked of its %zu members", (long long)step,
                 root, members);
-    tide_msg_t ok;
-    tide_msg_init(&ok, TIDE_MSG_OK);
-    snprintf(ok.u.ok.job, sizeof ok.u.ok.job, "%s", j->name);
-    snprintf(ok.u.ok.message, sizeof ok.u.ok.message,
-             "job %s saves the checkpoint of step %lld under %.700s (about %.1f s from now); "
-             "`tidectl events` says checkpoint_saved when it is complete",
-             j->name, (long long)step, root,
-             j->throughput > 0 ? (double)(step - j->step) / j->throughput : 0.0);
-    tide__reply(s, &ok);
+    tide__reply_ok(s, j->name,
+                   "job %s saves the checkpoint of step %lld under %.700s (about %.1f s from now); "
+                   "`tidectl events` says checkpoint_saved when it is complete",
+                   j->name, (long long)step, root,
+                   j->throughput > 0 ? (double)(step - j->step) / j->throughput : 0.0);
 }

@@ -20,9 +20,28 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "coordinator/server_int.h"
+#include "coordinator/metrics.h"
 
 #define HTTP_TIMEOUT_NS (5ull * 1000000000ull)
+#define CLIENTS         16   /* scrapers served at once */
+#define REQ_MAX         4096 /* bytes of one HTTP request head */
+
+typedef struct http_client {
+    int fd; /* -1: slot free */
+    char req[REQ_MAX];
+    size_t req_len;
+    char *resp; /* tide_malloc'd response being written */
+    size_t resp_len, resp_at;
+    uint64_t started_ns;
+} http_client;
+
+struct tide__metrics {
+    int fd; /* the listener */
+    http_client http[CLIENTS];
+};
+
+static int poll_items(tide_server_t *s, zmq_pollitem_t *items, int max);
+static void handle(tide_server_t *s, const zmq_pollitem_t *items, int n);
 
 tide_status tide__metrics_open(tide_server_t *s, const char *addr)
 {
@@ -54,7 +73,15 @@ tide_status tide__metrics_open(tide_server_t *s, const char *addr)
         close(fd);
         return rc;
     }
-    s->http_fd = fd;
+    s->metrics = tide_calloc(1, sizeof *s->metrics);
+    if (s->metrics == NULL) {
+        close(fd);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory starting the metrics listener");
+    }
+    s->metrics->fd = fd;
+    for (int i = 0; i < CLIENTS; i++)
+        s->metrics->http[i].fd = -1;
+    tide__on_poll(s, poll_items, handle);
     TIDE_INFO("metrics", "Prometheus metrics on http://%s/metrics", addr);
     if (strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0)
         TIDE_WARN("metrics",
@@ -67,33 +94,36 @@ tide_status tide__metrics_open(tide_server_t *s, const char *addr)
 
 void tide__metrics_close(tide_server_t *s)
 {
-    for (int i = 0; i < TIDE__METRICS_CLIENTS; i++) {
-        if (s->http[i].fd >= 0)
-            close(s->http[i].fd);
-        tide_free(s->http[i].resp);
-        s->http[i].resp = NULL;
-        s->http[i].fd = -1;
+    tide__metrics *mx = s->metrics;
+    if (mx == NULL)
+        return;
+    for (int i = 0; i < CLIENTS; i++) {
+        if (mx->http[i].fd >= 0)
+            close(mx->http[i].fd);
+        tide_free(mx->http[i].resp);
     }
-    if (s->http_fd >= 0)
-        close(s->http_fd);
-    s->http_fd = -1;
+    close(mx->fd);
+    tide_free(mx);
+    s->metrics = NULL;
 }
 
-int tide__metrics_poll_items(tide_server_t *s, zmq_pollitem_t *items, int max)
+/* Poll source: the listener, and each client for its request or its response's room. */
+static int poll_items(tide_server_t *s, zmq_pollitem_t *items, int max)
 {
+    tide__metrics *mx = s->metrics;
     int n = 0;
-    if (s->http_fd < 0 || max < 1)
+    if (max < 1)
         return 0;
-    items[n++] = (zmq_pollitem_t){NULL, s->http_fd, ZMQ_POLLIN, 0};
-    for (int i = 0; i < TIDE__METRICS_CLIENTS && n < max; i++) {
-        tide__http *h = &s->http[i];
+    items[n++] = (zmq_pollitem_t){NULL, mx->fd, ZMQ_POLLIN, 0};
+    for (int i = 0; i < CLIENTS && n < max; i++) {
+        http_client *h = &mx->http[i];
         if (h->fd >= 0)
             items[n++] = (zmq_pollitem_t){NULL, h->fd, h->resp ? ZMQ_POLLOUT : ZMQ_POLLIN, 0};
     }
     return n;
 }
 
-static void http_close(tide__http *h)
+static void http_close(http_client *h)
 {
     close(h->fd);
     tide_free(h->resp);
@@ -195,6 +225,8 @@ static void put_workers(text *t, tide_coord_state_t *st)
 tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
 {
     tide_coord_state_t *st = s->st;
+    tide__loop_stats ls;
+    tide__loop_stats_get(s, &ls);
     text t = {0};
     /* a worker that said bye is "left", never counted as failed */
     size_t by_state[TIDE_WS_LEFT + 1] = {0};
@@ -264,8 +296,8 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         (unsigned long long)c->resizes_committed, (unsigned long long)c->resizes_aborted,
         (unsigned long long)c->recoveries, (double)c->resize_ns_sum / 1e9,
         (unsigned long long)c->resizes_committed, (double)c->resize_ns_max / 1e9,
-        (unsigned long long)c->bytes_resharded, (double)s->bubble_ns_total / 1e9,
-        (double)s->filled_ns_total / 1e9, (unsigned long long)c->preemptions,
+        (unsigned long long)c->bytes_resharded, (double)s->bubbles.bubble_ns / 1e9,
+        (double)s->bubbles.filled_ns / 1e9, (unsigned long long)c->preemptions,
         (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
         (unsigned long long)c->heartbeat_msgs, (unsigned long long)c->bad_requests,
         (unsigned long long)c->denied);
@@ -277,7 +309,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "tide_dropped_messages_total %llu\n"
         "# HELP tide_backlogged_clients Clients whose replies wait in tided's backlog.\n"
         "# TYPE tide_backlogged_clients gauge\ntide_backlogged_clients %zu\n",
-        (unsigned long long)s->refused_busy, (unsigned long long)s->dropped_out, s->n_backlog);
+        (unsigned long long)ls.refused_busy, (unsigned long long)ls.dropped_out, ls.n_backlog);
     if (t.oom) {
         tide_free(t.p);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory rendering metrics");
@@ -287,7 +319,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
     return TIDE_OK;
 }
 
-static void respond(tide_server_t *s, tide__http *h)
+static void respond(tide_server_t *s, http_client *h)
 {
     int is_get = strncmp(h->req, "GET ", 4) == 0;
     char *body = NULL;
@@ -319,42 +351,42 @@ static void respond(tide_server_t *s, tide__http *h)
     tide_free(body);
 }
 
-void tide__metrics_handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
+/* Poll source: accepts scrapers, reads their requests, writes the responses. */
+static void handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
 {
-    if (s->http_fd < 0)
-        return;
+    tide__metrics *mx = s->metrics;
     uint64_t now = tide_now_ns();
     for (int k = 0; k < n; k++) {
-        if (items[k].fd == s->http_fd) {
+        if (items[k].fd == mx->fd) {
             if (!(items[k].revents & ZMQ_POLLIN))
                 continue;
             int fd;
-            while ((fd = accept4(s->http_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+            while ((fd = accept4(mx->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
                 int slot = -1;
-                for (int i = 0; i < TIDE__METRICS_CLIENTS && slot < 0; i++)
-                    if (s->http[i].fd < 0)
+                for (int i = 0; i < CLIENTS && slot < 0; i++)
+                    if (mx->http[i].fd < 0)
                         slot = i;
                 /* all slots taken: the oldest connection that has not finished its request
                    makes room, so idle connections can never lock scrapers out */
                 int free_slot = slot >= 0;
-                for (int i = 0; i < TIDE__METRICS_CLIENTS && !free_slot; i++)
-                    if (s->http[i].resp == NULL &&
-                        (slot < 0 || s->http[i].started_ns < s->http[slot].started_ns))
+                for (int i = 0; i < CLIENTS && !free_slot; i++)
+                    if (mx->http[i].resp == NULL &&
+                        (slot < 0 || mx->http[i].started_ns < mx->http[slot].started_ns))
                         slot = i;
                 if (slot < 0) {
                     close(fd); /* every slot is busy writing a response */
                     continue;
                 }
-                if (s->http[slot].fd >= 0)
-                    http_close(&s->http[slot]);
-                memset(&s->http[slot], 0, sizeof s->http[slot]);
-                s->http[slot].fd = fd;
-                s->http[slot].started_ns = now;
+                if (mx->http[slot].fd >= 0)
+                    http_close(&mx->http[slot]);
+                memset(&mx->http[slot], 0, sizeof mx->http[slot]);
+                mx->http[slot].fd = fd;
+                mx->http[slot].started_ns = now;
             }
             continue;
         }
-        for (int i = 0; i < TIDE__METRICS_CLIENTS; i++) {
-            tide__http *h = &s->http[i];
+        for (int i = 0; i < CLIENTS; i++) {
+            http_client *h = &mx->http[i];
             if (h->fd < 0 || h->fd != items[k].fd || !items[k].revents)
                 continue;
             if (h->resp == NULL) {
@@ -383,7 +415,7 @@ void tide__metrics_handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
             }
         }
     }
-    for (int i = 0; i < TIDE__METRICS_CLIENTS; i++)
-        if (s->http[i].fd >= 0 && now - s->http[i].started_ns > HTTP_TIMEOUT_NS)
-            http_close(&s->http[i]); /* a stuck client does not hold a slot forever */
+    for (int i = 0; i < CLIENTS; i++)
+        if (mx->http[i].fd >= 0 && now - mx->http[i].started_ns > HTTP_TIMEOUT_NS)
+            http_close(&mx->http[i]); /* a stuck client does not hold a slot forever */
 }

@@ -150,20 +150,11 @@ static tide_status offer_whole_hosts(const tide_policy_worker *cand, const cand_
     return TIDE_OK;
 }
 
-tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t *coll,
-                              const tide_resize_req *req, const tide_policy_worker *cand, size_t n,
-                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt)
+/* The layout req asks for, without its map: the program's fit rules checked, stages from
+ * req, or old's when pp and the layers stay. */
+static tide_status new_layout(const tide_layout_t *old, const tide_resize_req *req,
+                              tide_layout_t **out)
 {
-    tide_status rc = TIDE_OK;
-    tide_layout_t *l = NULL, *placed = NULL;
-    cand_key *keys = NULL;
-    int32_t *ranks = NULL, *olds = NULL;
-    tide_place_worker *pw = NULL;
-    tide_collection_t *own = NULL;
-    size_t n_old = old ? tide_layout_size(old) : 0;
-
-    *out = NULL;
-    *n_preempt = 0;
     /* what the program cannot run is refused whatever workers there are: the reason is the
        program's, and no number of workers changes it */
     if (tide_fit_check(req->fit, req->n_fit, req->dp, req->tp, req->pp, req->micro_batches) !=
@@ -172,36 +163,57 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
                            "(dp %d, tp %d, pp %d; %d micro-batches) is not a layout the job's "
                            "program can run: %s",
                            req->dp, req->tp, req->pp, req->micro_batches, tide_last_error());
+    tide_layout_t *l = NULL;
     TIDE_CHECK(tide_layout_new(&l, req->dp, req->tp, req->pp, req->num_layers, req->micro_batches));
     if (req->stage_start != NULL)
         memcpy(l->stage_start, req->stage_start, ((size_t)req->pp + 1) * sizeof(int));
     else if (old != NULL && old->pp == req->pp && old->num_layers == req->num_layers)
         memcpy(l->stage_start, old->stage_start, ((size_t)req->pp + 1) * sizeof(int));
-    TIDE_CHECK_GOTO(tide_layout_validate(l, NULL), rc, out);
-    size_t need = tide_layout_size(l);
+    tide_status rc = tide_layout_validate(l, NULL);
+    if (rc != TIDE_OK) {
+        tide_layout_destroy(&l);
+        return rc;
+    }
+    *out = l;
+    return TIDE_OK;
+}
 
-    /* candidate ranks must be unique and valid */
-    ranks = tide_malloc((n ? n : 1) * sizeof *ranks);
-    TIDE_CHECK_ALLOC_GOTO(ranks, rc, out);
+/* The candidates' ranks, sorted, into *out (caller frees); TIDE_ERR_INVALID when one is
+ * negative or listed twice. */
+static tide_status sorted_ranks(const tide_policy_worker *cand, size_t n, int32_t **out)
+{
+    int32_t *ranks = tide_malloc((n ? n : 1) * sizeof *ranks);
+    if (ranks == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory sorting %zu candidates", n);
     for (size_t i = 0; i < n; i++)
         ranks[i] = cand[i].rank;
     tide_sort_i32(ranks, n);
     for (size_t i = 0; i < n; i++) {
-        if (ranks[i] < 0 || (i > 0 && ranks[i] == ranks[i - 1]))
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INVALID, "candidate rank %d is %s", ranks[i],
-                           ranks[i] < 0 ? "negative" : "listed twice");
+        if (ranks[i] < 0 || (i > 0 && ranks[i] == ranks[i - 1])) {
+            tide_status rc = tide_errorf(TIDE_ERR_INVALID, "candidate rank %d is %s", ranks[i],
+                                         ranks[i] < 0 ? "negative" : "listed twice");
+            tide_free(ranks);
+            return rc;
+        }
     }
-    if (old != NULL) {
-        olds = tide_malloc(n_old * sizeof *olds);
-        TIDE_CHECK_ALLOC_GOTO(olds, rc, out);
-        memcpy(olds, old->worker, n_old * sizeof *olds);
-        tide_sort_i32(olds, n_old);
-    }
+    *out = ranks;
+    return TIDE_OK;
+}
 
-    /* preference order: members, idle, then offline work by ascending priority */
-    keys = tide_malloc((n ? n : 1) * sizeof *keys);
-    TIDE_CHECK_ALLOC_GOTO(keys, rc, out);
-    size_t counts[3] = {0, 0, 0};
+/* The candidates' preference keys, unsorted, into *out (caller frees): members (of old
+ * after all), idle, then offline work by ascending priority; counts[class] of each. */
+static tide_status preference_keys(const tide_layout_t *old, const tide_policy_worker *cand,
+                                   size_t n, cand_key **out, size_t counts[3])
+{
+    size_t n_old = old ? tide_layout_size(old) : 0;
+    int32_t *olds = tide_malloc((n_old ? n_old : 1) * sizeof *olds);
+    cand_key *keys = tide_malloc((n ? n : 1) * sizeof *keys);
+    tide_status rc = TIDE_OK;
+    if (olds == NULL || keys == NULL)
+        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory ordering %zu candidates", n);
+    if (old != NULL)
+        memcpy(olds, old->worker, n_old * sizeof *olds);
+    tide_sort_i32(olds, n_old);
     for (size_t i = 0; i < n; i++) {
         cand_key *k = &keys[i];
         k->idx = (int32_t)i;
@@ -211,12 +223,71 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
                            "candidate %d has an unknown class %d or host %d", cand[i].rank, k->cls,
                            cand[i].host);
         if (k->cls == TIDE_PW_MEMBER &&
-            (olds == NULL || bsearch(&cand[i].rank, olds, n_old, sizeof *olds, cmp_i32) == NULL))
+            (old == NULL || bsearch(&cand[i].rank, olds, n_old, sizeof *olds, cmp_i32) == NULL))
             k->cls = TIDE_PW_IDLE; /* not in the old layout after all */
         counts[k->cls]++;
         k->k1 = k->cls == TIDE_PW_OFFLINE ? cand[i].priority : 0; /* least important first */
         k->k2 = cand[i].rank;
     }
+    *out = keys;
+    keys = NULL;
+out:
+    tide_free(olds);
+    tide_free(keys);
+    return rc;
+}
+
+/* Maps the offered workers pw[0..offer) onto l's coordinates (reshard's placement, or the
+ * plain rank order), over coll or a stand-in for it. */
+static tide_status map_workers(const tide_layout_t *old, const tide_collection_t *coll,
+                               const tide_resize_req *req, tide_place_worker *pw, size_t offer,
+                               tide_layout_t *l)
+{
+    tide_collection_t *own = NULL;
+    tide_layout_t *placed = NULL;
+    tide_status rc = TIDE_OK;
+    if (req->plain)
+        qsort(pw, offer, sizeof *pw, cmp_place_id);
+    if (coll == NULL) {
+        TIDE_CHECK(stand_in_collection(old, req, &own));
+        coll = own;
+    }
+    tide_place_request pr = {.dp = req->dp,
+                             .tp = req->tp,
+                             .pp = req->pp,
+                             .micro_batches = req->micro_batches,
+                             .stage_start = l->stage_start,
+                             .workers = pw,
+                             .n_workers = offer,
+                             .tp_across_hosts = req->tp_across_hosts};
+    if (req->plain)
+        rc = tide_reshard_place_default(coll, &pr, &placed);
+    else
+        rc = tide_reshard_place(old, coll, &pr, &placed);
+    if (rc == TIDE_OK)
+        memcpy(l->worker, placed->worker, tide_layout_size(l) * sizeof *l->worker);
+    tide_layout_destroy(&placed);
+    tide_collection_destroy(&own);
+    return rc;
+}
+
+tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t *coll,
+                              const tide_resize_req *req, const tide_policy_worker *cand, size_t n,
+                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt)
+{
+    tide_status rc = TIDE_OK;
+    tide_layout_t *l = NULL;
+    cand_key *keys = NULL;
+    int32_t *ranks = NULL;
+    tide_place_worker *pw = NULL;
+    size_t counts[3] = {0, 0, 0};
+
+    *out = NULL;
+    *n_preempt = 0;
+    TIDE_CHECK(new_layout(old, req, &l));
+    size_t need = tide_layout_size(l);
+    TIDE_CHECK_GOTO(sorted_ranks(cand, n, &ranks), rc, out);
+    TIDE_CHECK_GOTO(preference_keys(old, cand, n, &keys, counts), rc, out);
     if (n < need) {
         char buf[128];
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NO_DEVICE,
@@ -238,25 +309,7 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     TIDE_CHECK_ALLOC_GOTO(pw, rc, out);
     for (size_t i = 0; i < offer; i++)
         pw[i] = (tide_place_worker){cand[keys[i].idx].rank, cand[keys[i].idx].host};
-    if (req->plain)
-        qsort(pw, offer, sizeof *pw, cmp_place_id);
-    if (coll == NULL) {
-        TIDE_CHECK_GOTO(stand_in_collection(old, req, &own), rc, out);
-        coll = own;
-    }
-    tide_place_request pr = {.dp = req->dp,
-                             .tp = req->tp,
-                             .pp = req->pp,
-                             .micro_batches = req->micro_batches,
-                             .stage_start = l->stage_start,
-                             .workers = pw,
-                             .n_workers = offer,
-                             .tp_across_hosts = req->tp_across_hosts};
-    if (req->plain)
-        TIDE_CHECK_GOTO(tide_reshard_place_default(coll, &pr, &placed), rc, out);
-    else
-        TIDE_CHECK_GOTO(tide_reshard_place(old, coll, &pr, &placed), rc, out);
-    memcpy(l->worker, placed->worker, need * sizeof *l->worker);
+    TIDE_CHECK_GOTO(map_workers(old, coll, req, pw, offer, l), rc, out);
 
     /* the offline work on every chosen worker that runs some is preempted */
     memcpy(ranks, l->worker, need * sizeof *ranks);
@@ -270,19 +323,15 @@ tide_status tide_policy_place(const tide_layout_t *old, const tide_collection_t 
     l = NULL;
 out:
     tide_layout_destroy(&l);
-    tide_layout_destroy(&placed);
-    tide_collection_destroy(&own);
     tide_free(keys);
     tide_free(ranks);
-    tide_free(olds);
     tide_free(pw);
     if (rc != TIDE_OK)
         *n_preempt = 0;
     return rc;
 }
 
-int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro,
-                       int want)
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro, int want)
 {
     for (int dp = want; dp >= 1; dp--)
         if (tide_fit_check(fit, n_fit, dp, tp, pp, micro) == TIDE_OK)
@@ -464,12 +513,12 @@ tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
     return TIDE_OK;
 }
 
-int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member, size_t n,
-                                int recover)
+int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member,
+                                const uint8_t *gone, size_t n, int recover)
 {
     int64_t best = -1;
     for (size_t i = 0; i < n; i++) {
-        if (!old_member[i] || steps[i] < 0)
+        if (!old_member[i] || (gone != NULL && gone[i]) || steps[i] < 0)
             continue;
         if (best < 0 || (recover ? steps[i] < best : steps[i] > best))
             best = steps[i];
@@ -477,4 +526,182 @@ int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member,
     if (best < 0)
         return -1;
     return recover ? best : best + 1;
+}
+
+tide_status tide_policy_drain(const tide_layout_t *old, const tide_collection_t *coll,
+                              const tide_fit_rule *fit, size_t n_fit,
+                              const tide_policy_worker *cand, size_t n, int32_t drained,
+                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt, char *why,
+                              size_t why_len)
+{
+    *out = NULL;
+    *n_preempt = 0;
+    tide_policy_worker *rest = tide_malloc((n ? n : 1) * sizeof *rest);
+    if (rest == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the drain");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (cand[i].rank != drained)
+            rest[k++] = cand[i];
+    tide_status rc =
+        tide_policy_recover(old, coll, fit, n_fit, rest, k, out, preempt, n_preempt, why, why_len);
+    tide_free(rest);
+    return rc;
+}
+
+tide_status tide_policy_first_layout(const tide_collection_t *coll, const tide_resize_req *req,
+                                     tide_policy_worker *cand, size_t *n, int32_t launch_size,
+                                     tide_layout_t **out, int32_t *preempt, size_t *n_preempt,
+                                     tide_policy_first *verdict, int *fit_dp)
+{
+    *out = NULL;
+    *n_preempt = 0;
+    *verdict = TIDE_FIRST_WAIT;
+    *fit_dp = 0;
+    /* The job's own ranks start it: idle ones first, and those that were given offline work
+       between registering and joining (backfill is quick) are preempted for it, or the job
+       would wait for that work to end. */
+    size_t k = 0, need = (size_t)req->dp * (size_t)req->tp * (size_t)req->pp;
+    for (size_t i = 0; i < *n; i++)
+        if (cand[i].cls == TIDE_PW_IDLE || cand[i].cls == TIDE_PW_OFFLINE)
+            cand[k++] = cand[i];
+    *n = k;
+    if (k < need)
+        return TIDE_OK;
+    /* Every rank of the launch joined and their hosts cannot hold the TP groups each inside
+       one host: more ranks will never come, and a TP group across hosts runs its per-layer
+       collectives over the network, so the job is refused instead of waiting for ever. */
+    int fit = tide_policy_tp_fit_dp(cand, k, req->tp, req->pp, req->dp);
+    if (fit < req->dp && launch_size >= 0 && k >= (size_t)launch_size) {
+        *verdict = TIDE_FIRST_REFUSE;
+        *fit_dp = fit;
+        return TIDE_OK;
+    }
+    TIDE_CHECK(tide_policy_place(NULL, coll, req, cand, k, out, preempt, n_preempt));
+    *verdict = TIDE_FIRST_PLACED;
+    return TIDE_OK;
+}
+
+tide_status tide_policy_rollback(const tide_layout_t *old, const tide_collection_t *coll,
+                                 const tide_fit_rule *fit, size_t n_fit,
+                                 const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                 int32_t *preempt, size_t *n_preempt, char *why, size_t why_len)
+{
+    int tries = 256; /* placements attempted at most (each O(n log n)) */
+    for (int size = (int)(n < (size_t)INT32_MAX ? n : INT32_MAX); size >= 1 && tries > 0; size--)
+        for (int tp = old->tp; tp >= 1 && tries > 0; tp--) {
+            if (old->tp % tp != 0 || size % tp != 0)
+                continue;
+            for (int pp = old->pp; pp >= 1 && tries > 0; pp--) {
+                int dp = (size / tp) / pp;
+                if ((size / tp) % pp != 0 ||
+                    tide_fit_check(fit, n_fit, dp, tp, pp, old->micro_batches) != TIDE_OK)
+                    continue;
+                tide_resize_req req = {dp, tp,  pp,   old->num_layers, old->micro_batches, NULL, 0,
+                                       0,  fit, n_fit};
+                tries--;
+                if (tide_policy_place(old, coll, &req, cand, n, out, preempt, n_preempt) != TIDE_OK)
+                    continue;
+                snprintf(why, why_len,
+                         "(dp %d, tp %d, pp %d) instead of (dp %d, tp %d, pp %d): the %zu "
+                         "available workers hold no more",
+                         dp, tp, pp, old->dp, old->tp, old->pp, n);
+                tide_error_clear();
+                return TIDE_OK;
+            }
+        }
+    return tide_errorf(TIDE_ERR_NO_DEVICE, "%zu candidate workers", n);
+}
+
+/* The plan's "needed by worker N" names a stand-in (an id >= first_fresh) when to was
+ * made up: name the dead worker it replaces instead. */
+static void name_replaced(char *why, size_t len, const tide_layout_t *old, const tide_layout_t *to,
+                          size_t first_fresh)
+{
+    char *at = strstr(why, "needed by worker ");
+    long id = at != NULL ? strtol(at + 17, NULL, 10) : -1;
+    for (size_t i = 0; id >= (long)first_fresh && i < tide_layout_size(to); i++)
+        if (to->worker[i] == id) {
+            char rest[1024];
+            const char *tail = at + 17;
+            while (*tail >= '0' && *tail <= '9')
+                tail++;
+            snprintf(rest, sizeof rest, "%s", tail);
+            snprintf(at, len - (size_t)(at - why), "needed by any worker that replaces worker %d%s",
+                     (int)old->worker[i], rest);
+            break;
+        }
+}
+
+tide_status tide_policy_recovery_feasible(const tide_layout_t *old, const uint8_t *dead,
+                                          const tide_layout_t *to, const tide_collection_t *coll)
+{
+    tide_layout_t *made = NULL; /* to, or old with each dead coordinate given a stand-in */
+    size_t n = 0;
+    for (size_t i = 0; i < tide_layout_size(old); i++)
+        if ((size_t)old->worker[i] + 1 > n)
+            n = (size_t)old->worker[i] + 1;
+    for (size_t i = 0; to != NULL && i < tide_layout_size(to); i++)
+        if ((size_t)to->worker[i] + 1 > n)
+            n = (size_t)to->worker[i] + 1;
+    size_t fresh = n; /* ids past every worker's: the stand-ins of the dead (to NULL) */
+    if (to == NULL) {
+        n += tide_layout_size(old);
+        TIDE_CHECK(tide_layout_copy(&made, old));
+    }
+    uint8_t *alive = tide_malloc(n ? n : 1);
+    if (alive == NULL) {
+        tide_layout_destroy(&made);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory checking a recovery");
+    }
+    memset(alive, 1, n);
+    for (size_t i = 0; i < tide_layout_size(old); i++) {
+        if (!dead[i])
+            continue;
+        alive[old->worker[i]] = 0;
+        if (made != NULL)
+            made->worker[i] = (int32_t)fresh++;
+    }
+    tide_plan_totals t;
+    const tide_layout_t *target = made != NULL ? made : to;
+    tide_status rc = tide_reshard_plan_totals(old, target, coll, alive, n, &t);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", rc != TIDE_OK ? tide_last_error() : "");
+    if (rc != TIDE_OK && made != NULL)
+        name_replaced(why, sizeof why, old, made, n - tide_layout_size(old));
+    tide_free(alive);
+    tide_layout_destroy(&made);
+    if (rc != TIDE_OK)
+        return tide_errorf(rc,
+                           "its state cannot be rebuilt from the survivors%s: %s; restart it "
+                           "from a checkpoint",
+                           to == NULL ? ", however many workers join" : "", why);
+    return TIDE_OK;
+}
+
+long tide_policy_bubble_pick(const tide_policy_bubbles *w, size_t n)
+{
+    long best = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (w[i].bubble_ns == 0 || w[i].busy_ns == 0)
+            continue;
+        if (best < 0 || (double)w[i].bubble_ns / (double)w[i].busy_ns >
+                            (double)w[best].bubble_ns / (double)w[best].busy_ns)
+            best = (long)i;
+    }
+    return best;
+}
+
+int64_t tide_policy_retry_backoff_ms(int64_t base_ms, int32_t failures)
+{
+    int64_t ms = base_ms;
+    for (int32_t i = 1; i < failures && ms < 60000; i++)
+        ms *= 2;
+    return ms > 60000 ? 60000 : ms;
+}
+
+int64_t tide_policy_ckpt_step(int64_t furthest, double steps_per_s, int64_t heartbeat_ms)
+{
+    double ahead = steps_per_s * 4.0 * (double)heartbeat_ms / 1000.0;
+    return furthest + 2 + (int64_t)(ahead < 1e6 ? ahead : 1e6);
 }

@@ -1,10 +1,14 @@
 /*
  * coordinator/policy: tided's decisions as pure functions of their inputs (no
  * I/O, no clock reads: time comes in as arguments, so tests drive them with a
- * fake clock). Resize validation and placement, recovery layouts after failures,
- * backfilling idle workers with offline work by priority, preemption for online
- * grows and the switch step of a reconfiguration. (Failure detection is the
- * state's seen list: tide_coord_workers_expired.)
+ * fake clock). Resize validation and placement, a job's first layout, recovery
+ * layouts after failures (from replicas, or from a checkpoint) and whether the
+ * survivors still hold the state, drain plans, backfilling idle workers with
+ * offline work by priority, which worker's bubbles take a plugin, retry backoff,
+ * preemption for online grows, the switch step of a reconfiguration and the step
+ * of a requested checkpoint. The coordinator (tided) and benchmarks/cluster_sim
+ * both decide through these. (Failure detection is the state's seen list:
+ * tide_coord_workers_expired, driven by coordinator/liveness.c.)
  *
  * Workload: called on the event loop for each resize, failure or idle change;
  * pools of up to ~10^4 workers; everything here is O(n log n) in the pool size.
@@ -111,8 +115,7 @@ tide_status tide_policy_recover(const tide_layout_t *old, const tide_collection_
  * program can run with tp, pp and micro micro-batches (tide_fit_check), 0 when none (then tp or pp
  * themselves break a rule). want <= 0 gives 0. Pure.
  */
-int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro,
-                       int want);
+int tide_policy_fit_dp(const tide_fit_rule *fit, size_t n_fit, int tp, int pp, int micro, int want);
 
 /* One queued offline job as the backfill policy sees it. */
 typedef struct tide_policy_offline {
@@ -148,14 +151,93 @@ tide_status tide_policy_assign(const tide_policy_offline *queued, size_t nq,
 
 /*
  * The step at which a reconfiguration switches, from the completed-step counts
- * participants reported in prepare_ack (only old members' counts matter):
+ * participants reported in prepare_ack (only the counts of old members not gone
+ * matter; gone may be NULL: none):
  * normal: max + 1 (each participant may finish at most one more step after its
  * ack, so no one has passed it); recovery: min (survivors stopped training,
  * the job resumes from the state every survivor has). -1 when no old member
  * reported. Pure.
  */
-int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member, size_t n,
-                                int recover);
+int64_t tide_policy_switch_step(const int64_t *steps, const uint8_t *old_member,
+                                const uint8_t *gone, size_t n, int recover);
+
+/*
+ * A drain: the layout old without the worker of rank `drained`, chosen from the other
+ * candidates by recovery's rules (tide_policy_recover: the same degrees when another
+ * worker can take the coordinate, else the largest dp the rest hold and the program can
+ * run). Outputs as tide_policy_recover. Pure.
+ */
+tide_status tide_policy_drain(const tide_layout_t *old, const tide_collection_t *coll,
+                              const tide_fit_rule *fit, size_t n_fit,
+                              const tide_policy_worker *cand, size_t n, int32_t drained,
+                              tide_layout_t **out, int32_t *preempt, size_t *n_preempt, char *why,
+                              size_t why_len);
+
+/* What tide_policy_first_layout decided. */
+typedef enum tide_policy_first {
+    TIDE_FIRST_WAIT = 0,   /* too few idle ranks yet (or no layout fits them): wait for joins */
+    TIDE_FIRST_PLACED = 1, /* *out holds the first layout */
+    TIDE_FIRST_REFUSE = 2, /* every rank of the launch joined, and their hosts cannot hold the
+                              layout's TP groups each inside one host: *fit_dp replicas at most */
+} tide_policy_first;
+
+/*
+ * A job's first layout (req) over the ranks of its launch: cand is compacted in place to
+ * the idle candidates and those running offline work (preempted for the job), *n to their
+ * count. Too few: TIDE_FIRST_WAIT. As many as the launch has (launch_size) and their hosts
+ * cannot hold req->dp replicas of TP groups inside hosts: TIDE_FIRST_REFUSE (more ranks
+ * never come, and a TP group across hosts runs its collectives over the network). Else
+ * placed like tide_policy_place (old NULL): TIDE_FIRST_PLACED, or placement's error with
+ * TIDE_FIRST_WAIT. Caller owns *out. Pure.
+ */
+tide_status tide_policy_first_layout(const tide_collection_t *coll, const tide_resize_req *req,
+                                     tide_policy_worker *cand, size_t *n, int32_t launch_size,
+                                     tide_layout_t **out, int32_t *preempt, size_t *n_preempt,
+                                     tide_policy_first *verdict, int *fit_dp);
+
+/*
+ * A layout for a rollback to a checkpoint when the candidates cannot hold old's tp and
+ * pp: the checkpoint loads into any degrees, so the largest job (then the widest tp, then
+ * the most stages) the candidates can run and the program allows (fit), tp a divisor of
+ * old's. Outputs like tide_policy_recover; why gets what changed. TIDE_ERR_NO_DEVICE when
+ * none fits (at most 256 placements are tried). Pure.
+ */
+tide_status tide_policy_rollback(const tide_layout_t *old, const tide_collection_t *coll,
+                                 const tide_fit_rule *fit, size_t n_fit,
+                                 const tide_policy_worker *cand, size_t n, tide_layout_t **out,
+                                 int32_t *preempt, size_t *n_preempt, char *why, size_t why_len);
+
+/*
+ * Whether every byte of the state a recovery layout needs still has a live holder: the
+ * plan the workers will compute (tide_reshard_plan_totals) from old, whose coordinate i
+ * lost its worker where dead[i], to `to` (both naming workers by the same ids). With to
+ * NULL: whether any layout could be rebuilt, however many workers join (old with each dead
+ * coordinate given a new worker). A job whose lost state had no replica (dp 1, pp stages
+ * on a lost host, ZeRO-1 moments) cannot be recovered from replicas: TIDE_ERR_NO_HOLDER
+ * with the plan's detail (naming the dead worker a new one would replace). Pure.
+ */
+tide_status tide_policy_recovery_feasible(const tide_layout_t *old, const uint8_t *dead,
+                                          const tide_layout_t *to, const tide_collection_t *coll);
+
+/* An online worker that could run a --bubbles plugin job inside its pipeline bubbles. */
+typedef struct tide_policy_bubbles {
+    int32_t worker;     /* coordinator worker id */
+    uint64_t bubble_ns; /* bubble time it reported, cumulative */
+    uint64_t busy_ns;   /* step time it reported, cumulative */
+} tide_policy_bubbles;
+
+/* Index of the worker whose measured bubble share (bubble / busy time) is largest, the
+ * first on ties; -1 when none has measured both. Pure. */
+long tide_policy_bubble_pick(const tide_policy_bubbles *w, size_t n);
+
+/* Wait before an offline job's retry after its failures-th failure: base_ms doubled per
+ * earlier failure, at most 60 s (ms). Pure. */
+int64_t tide_policy_retry_backoff_ms(int64_t base_ms, int32_t failures);
+
+/* The step a requested checkpoint is taken at: one no member has reached, the furthest
+ * one reported (furthest) plus the steps the members may run before the request reaches
+ * them (a few heartbeat periods at steps_per_s). Pure. */
+int64_t tide_policy_ckpt_step(int64_t furthest, double steps_per_s, int64_t heartbeat_ms);
 
 #ifdef __cplusplus
 }

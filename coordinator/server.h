@@ -1,10 +1,11 @@
 /*
- * coordinator/server: tided's event loop. One ZeroMQ ROUTER socket for workers
- * and tidectl, a ZAP handler for CURVE when --auth is given, a tiny HTTP
- * listener for Prometheus metrics, and timers (failure detection,
- * reconfiguration retransmission and deadlines), all on one thread driven by
- * zmq_poll. Every batch of requests is applied to the in-memory state inside
- * one SQLite transaction that commits before any reply of the batch is sent.
+ * coordinator/server: tided, what its program (tided.c) and tests start. One ZeroMQ
+ * ROUTER socket for workers and tidectl, a ZAP handler for CURVE when --auth is given, a
+ * tiny HTTP listener for Prometheus metrics, and timers (failure detection,
+ * reconfiguration retransmission and deadlines), all on one thread driven by zmq_poll
+ * (the core: loop.c; the handler modules it dispatches to are wired in server.c). Every
+ * batch of requests is applied to the in-memory state inside one SQLite transaction that
+ * commits before any reply of the batch is sent.
  *
  * Workload: ~10^4 heartbeats per second (no reply, no disk write, gathered into
  * batches of --batch-ms so the loop wakes ~500 times a second, not 10^4), occasional

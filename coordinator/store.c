@@ -550,7 +550,7 @@ void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src)
     snprintf(dst, cap, "%s", src ? (const char *)src : "");
 }
 
-static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
+tide_status tide__store_load_workers(tide_store_t *s, tide_coord_state_t *st)
 {
     sqlite3_stmt *q = NULL;
     int src = sqlite3_prepare_v2(s->db,
@@ -609,15 +609,6 @@ static tide_status load_workers(tide_store_t *s, tide_coord_state_t *st)
 out:
     sqlite3_finalize(q);
     return rc;
-}
-
-tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
-{
-    if (st->n_workers != 0 || st->n_jobs != 0)
-        return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
-    TIDE_CHECK(load_workers(s, st));
-    TIDE_CHECK(tide__store_load_jobs(s, st));
-    return TIDE_OK;
 }
 
 tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,

@@ -46,7 +46,7 @@ tide_status tide__store_need_txn(tide_store_t *s, const char *what);
 /* Copies a column's text (NULL: "") into dst of cap bytes, truncating. */
 void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src);
 
-/* Loads every job into st (workers loaded first: a schema-1 pool list may need one). */
-tide_status tide__store_load_jobs(tide_store_t *s, tide_coord_state_t *st);
+/* Loads every worker into st (tide_store_load, store_jobs.c, then loads the jobs). */
+tide_status tide__store_load_workers(tide_store_t *s, tide_coord_state_t *st);
 
 #endif /* TIDE_COORD_STORE_INT_H */

@@ -493,7 +493,8 @@ static tide_status migrate(tide_store_t *s, tide_coord_state_t *st)
     return TIDE_OK;
 }
 
-tide_status tide__store_load_jobs(tide_store_t *s, tide_coord_state_t *st)
+/* Loads every job into st (workers loaded first: a schema-1 pool list may need one). */
+static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
 {
     sqlite3_stmt *q = NULL;
     int src = sqlite3_prepare_v2(
@@ -521,4 +522,15 @@ tide_status tide__store_load_jobs(tide_store_t *s, tide_coord_state_t *st)
     if (rc == TIDE_OK && s->schema < 2)
         rc = migrate(s, st);
     return rc;
+}
+
+/* Here rather than in store.c, which holds the rest of the file's calls, so that the two
+   files call one way: store_jobs.c uses store.c's helpers, never the reverse. */
+tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
+{
+    if (st->n_workers != 0 || st->n_jobs != 0)
+        return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
+    TIDE_CHECK(tide__store_load_workers(s, st));
+    TIDE_CHECK(load_jobs(s, st));
+    return TIDE_OK;
 }

@@ -2,7 +2,8 @@
  * tidectl internals shared with tests/test_tidectl.c: the whole CLI as a
  * function (so tests run it against a fake tided in-process), and the pure
  * parsing and formatting pieces. tidectl.c compiled with TIDECTL_NO_MAIN=1
- * leaves out main(). Not a library API: only tidectl and its tests use it.
+ * leaves out main(); the rest is the tidectl_cli library (tidectl_int.h).
+ * Not a library API: only tidectl and its tests use it.
  */
 #ifndef TIDE_TIDECTL_H
 #define TIDE_TIDECTL_H

@@ -49,66 +49,67 @@ struct settings {
     int sync_full;
 };
 
-int main(int argc, char **argv)
+/* Reads the flags (TIDE_* defaults) into *s, checks and logs them; -1 to go on, else the
+ * exit code (help printed: 0; bad settings: 2). */
+static int read_settings(struct settings *s, int argc, char **argv)
 {
-    struct settings s = {0};
     const tide_opt opts[] = {
-        {"endpoint", "TIDE_ENDPOINT", TIDE_OPT_STRING, &s.endpoint, "tcp://127.0.0.1:5555",
+        {"endpoint", "TIDE_ENDPOINT", TIDE_OPT_STRING, &s->endpoint, "tcp://127.0.0.1:5555",
          "ZeroMQ endpoint to bind (non-loopback needs --auth; port * picks a free one)", 0, 0},
-        {"endpoint-file", "TIDE_ENDPOINT_FILE", TIDE_OPT_STRING, &s.endpoint_file, NULL,
+        {"endpoint-file", "TIDE_ENDPOINT_FILE", TIDE_OPT_STRING, &s->endpoint_file, NULL,
          "write the bound endpoint to this file once listening", 0, 0},
-        {"state", "TIDE_STATE", TIDE_OPT_STRING, &s.state, "./tide-state.db",
+        {"state", "TIDE_STATE", TIDE_OPT_STRING, &s->state, "./tide-state.db",
          "SQLite state file (WAL mode)", 0, 0},
-        {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s.sync_full, "1",
+        {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s->sync_full, "1",
          "fsync every commit (survives power loss); --no-sync-full survives tided crashes only", 0,
          0},
-        {"metrics", "TIDE_METRICS", TIDE_OPT_STRING, &s.metrics, NULL,
+        {"metrics", "TIDE_METRICS", TIDE_OPT_STRING, &s->metrics, NULL,
          "serve Prometheus metrics on HOST:PORT (e.g. 127.0.0.1:9400)", 0, 0},
-        {"auth", "TIDE_AUTH", TIDE_OPT_STRING, &s.auth, NULL,
+        {"auth", "TIDE_AUTH", TIDE_OPT_STRING, &s->auth, NULL,
          "directory of CURVE keys and roles (enables CURVE)", 0, 0},
-        {"heartbeat-ms", "TIDE_HEARTBEAT_MS", TIDE_OPT_INT, &s.heartbeat_ms, "1000",
+        {"heartbeat-ms", "TIDE_HEARTBEAT_MS", TIDE_OPT_INT, &s->heartbeat_ms, "1000",
          "worker heartbeat period", 10, 600000},
-        {"miss-limit", "TIDE_MISS_LIMIT", TIDE_OPT_INT, &s.miss_limit, "3",
+        {"miss-limit", "TIDE_MISS_LIMIT", TIDE_OPT_INT, &s->miss_limit, "3",
          "missed heartbeats before a worker is declared failed", 1, 1000},
-        {"resize-timeout-ms", "TIDE_RESIZE_TIMEOUT_MS", TIDE_OPT_INT, &s.resize_timeout_ms,
+        {"resize-timeout-ms", "TIDE_RESIZE_TIMEOUT_MS", TIDE_OPT_INT, &s->resize_timeout_ms,
          "120000", "a layout switch not done by then falls back to the old layout", 100, 86400000},
-        {"grace-ms", "TIDE_GRACE_MS", TIDE_OPT_INT, &s.grace_ms, "10000",
+        {"grace-ms", "TIDE_GRACE_MS", TIDE_OPT_INT, &s->grace_ms, "10000",
          "SIGTERM-to-SIGKILL grace for preempted offline work", 0, 600000},
-        {"max-attempts", "TIDE_MAX_ATTEMPTS", TIDE_OPT_INT, &s.max_attempts, "3",
+        {"max-attempts", "TIDE_MAX_ATTEMPTS", TIDE_OPT_INT, &s->max_attempts, "3",
          "failed runs of an offline job before it is marked failed (preemptions and workers "
          "leaving do not count)",
          1, 1000},
-        {"retry-backoff-ms", "TIDE_RETRY_BACKOFF_MS", TIDE_OPT_INT, &s.retry_backoff_ms, "1000",
+        {"retry-backoff-ms", "TIDE_RETRY_BACKOFF_MS", TIDE_OPT_INT, &s->retry_backoff_ms, "1000",
          "wait before retrying a failed offline job, doubled per failure up to 60 s; the retry "
          "prefers another worker",
          0, 60000},
-        {"join-grace-ms", "TIDE_JOIN_GRACE_MS", TIDE_OPT_INT, &s.join_grace_ms, "30000",
+        {"join-grace-ms", "TIDE_JOIN_GRACE_MS", TIDE_OPT_INT, &s->join_grace_ms, "30000",
          "a registered worker gets offline work once its job placed its first layout, or after "
          "this long if it joins no job",
          0, 86400000},
-        {"batch-ms", "TIDE_BATCH_MS", TIDE_OPT_INT, &s.batch_ms, "2",
+        {"batch-ms", "TIDE_BATCH_MS", TIDE_OPT_INT, &s->batch_ms, "2",
          "gather requests for up to this long between loop passes (fewer wakeups under load; "
          "0: wake for every request)",
          0, 100},
-        {"retention-ms", "TIDE_RETENTION_MS", TIDE_OPT_INT, &s.retention_ms, "3600000",
+        {"retention-ms", "TIDE_RETENTION_MS", TIDE_OPT_INT, &s->retention_ms, "3600000",
          "a worker that left (bye) or failed is forgotten this long after (removed from the "
          "worker table and the state file), once no job refers to it",
          0, 2592000000LL},
-        {"max-client-workers", "TIDE_MAX_CLIENT_WORKERS", TIDE_OPT_INT, &s.max_client_workers,
+        {"max-client-workers", "TIDE_MAX_CLIENT_WORKERS", TIDE_OPT_INT, &s->max_client_workers,
          "65536",
          "live workers one client may register (with --auth: one key; without: one connection), "
          "and the ranks one pool may declare",
          1, 1048576},
-        {"status-page", "TIDE_STATUS_PAGE", TIDE_OPT_INT, &s.status_page, "16384",
+        {"status-page", "TIDE_STATUS_PAGE", TIDE_OPT_INT, &s->status_page, "16384",
          "rows of one status reply at most; longer listings come in pages (tidectl follows them)",
          1, 65536},
-        {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s.ompi_server, NULL,
+        {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s->ompi_server, NULL,
          "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
          "launched with (mpirun --ompi-server); shown by tidectl status",
          0, 0},
-        {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s.link_gbps, "80",
+        {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s->link_gbps, "80",
          "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
-        {"log", "TIDE_LOG", TIDE_OPT_STRING, &s.log, "warn", "log level: error, warn, info, debug",
+        {"log", "TIDE_LOG", TIDE_OPT_STRING, &s->log, "warn", "log level: error, warn, info, debug",
          0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -116,44 +117,46 @@ int main(int argc, char **argv)
     if (code >= 0)
         return code;
     tide_log_level level;
-    if (tide_log_parse_level(s.log, &level) != TIDE_OK) {
+    if (tide_log_parse_level(s->log, &level) != TIDE_OK) {
         fprintf(stderr, "tided: %s\n", tide_last_error());
         return 2;
     }
-    if (!(s.link_gbps > 0)) {
+    if (!(s->link_gbps > 0)) {
         fprintf(stderr, "tided: --link-gbps must be > 0\n");
         return 2;
     }
     tide_log_set_level(level);
     tide_opts_log("tided", opts);
+    return -1;
+}
 
-    tide_server_config cfg;
-    tide_server_config_defaults(&cfg);
-    cfg.endpoint = s.endpoint;
-    cfg.endpoint_file = s.endpoint_file;
-    cfg.state_path = s.state;
-    cfg.metrics = s.metrics;
-    cfg.ompi_server = s.ompi_server;
-    cfg.auth_dir = s.auth;
-    cfg.heartbeat_ms = s.heartbeat_ms;
-    cfg.miss_limit = (int)s.miss_limit;
-    cfg.sync_full = s.sync_full;
-    cfg.resize_timeout_ms = s.resize_timeout_ms;
-    cfg.grace_ms = s.grace_ms;
-    cfg.max_attempts = (int)s.max_attempts;
-    cfg.retry_backoff_ms = s.retry_backoff_ms;
-    cfg.join_grace_ms = s.join_grace_ms;
-    cfg.batch_ms = s.batch_ms;
-    cfg.retention_ms = s.retention_ms;
-    cfg.max_client_workers = (int)s.max_client_workers;
-    cfg.status_page = (int)s.status_page;
-    cfg.link_bytes_per_s = s.link_gbps * 1e9 / 8.0;
+static void config_of(const struct settings *s, tide_server_config *cfg)
+{
+    tide_server_config_defaults(cfg);
+    cfg->endpoint = s->endpoint;
+    cfg->endpoint_file = s->endpoint_file;
+    cfg->state_path = s->state;
+    cfg->metrics = s->metrics;
+    cfg->ompi_server = s->ompi_server;
+    cfg->auth_dir = s->auth;
+    cfg->heartbeat_ms = s->heartbeat_ms;
+    cfg->miss_limit = (int)s->miss_limit;
+    cfg->sync_full = s->sync_full;
+    cfg->resize_timeout_ms = s->resize_timeout_ms;
+    cfg->grace_ms = s->grace_ms;
+    cfg->max_attempts = (int)s->max_attempts;
+    cfg->retry_backoff_ms = s->retry_backoff_ms;
+    cfg->join_grace_ms = s->join_grace_ms;
+    cfg->batch_ms = s->batch_ms;
+    cfg->retention_ms = s->retention_ms;
+    cfg->max_client_workers = (int)s->max_client_workers;
+    cfg->status_page = (int)s->status_page;
+    cfg->link_bytes_per_s = s->link_gbps * 1e9 / 8.0;
+}
 
-    /* a decision at 10^4 workers allocates and frees tens of MB: keep them for the next
-       one instead of faulting fresh pages in each time */
-    tide_alloc_retain(256u << 20);
-    /* before the endpoint file appears (tide_server_new writes it): a SIGTERM sent as soon
-       as it exists must stop tided cleanly, its state file closed, not kill it */
+/* SIGINT and SIGTERM stop the loop; SIGPIPE and SIGXFSZ are errors of the call, not death. */
+static void catch_signals(void)
+{
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -162,6 +165,23 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file size limit is a write error (read-only mode), not death */
+}
+
+int main(int argc, char **argv)
+{
+    struct settings s = {0};
+    int code = read_settings(&s, argc, argv);
+    if (code >= 0)
+        return code;
+    tide_server_config cfg;
+    config_of(&s, &cfg);
+
+    /* a decision at 10^4 workers allocates and frees tens of MB: keep them for the next
+       one instead of faulting fresh pages in each time */
+    tide_alloc_retain(256u << 20);
+    /* before the endpoint file appears (tide_server_new writes it): a SIGTERM sent as soon
+       as it exists must stop tided cleanly, its state file closed, not kill it */
+    catch_signals();
     tide_server_t *srv = NULL;
     tide_status rc = tide_server_new(&srv, &cfg);
     if (rc != TIDE_OK) {

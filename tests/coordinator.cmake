@@ -6,6 +6,8 @@ if(TARGET tide_coord)
   # state files an older tided wrote (tests/data/README.md)
   target_compile_definitions(test_coordinator PRIVATE
                              TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
+  tide_add_unit_test(test_coordinator_policy SOURCES test_coordinator_policy.c LIBS tide_coord
+                     TIMEOUT 30)
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c
@@ -28,4 +30,17 @@ if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_ml
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_flood_job.sh ${PROJECT_BINARY_DIR}
                    ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_flood_job "mpi" 240)
+endif()
+# The coordinator's files call each other one way only, never in a cycle
+# (scripts/call_cycles.py, which must also see the two-file cycle made up here).
+find_program(TIDE_PYTHON3 python3)
+if(TIDE_PYTHON3)
+  set(tide_cycles "${TIDE_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/call_cycles.py")
+  add_test(NAME coordinator_call_cycles
+           COMMAND bash -c "${tide_cycles} ${PROJECT_SOURCE_DIR}/coordinator || exit 1; \
+d=$(mktemp -d) && trap 'rm -rf $d' EXIT && \
+printf 'void a(void)\\n{\\n    b();\\n}\\n' > $d/a.c && \
+printf 'void b(void)\\n{\\n    a();\\n}\\n' > $d/b.c && \
+! ${tide_cycles} $d > /dev/null")
+  set_tests_properties(coordinator_call_cycles PROPERTIES LABELS unit TIMEOUT 60)
 endif()

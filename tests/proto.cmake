@@ -9,11 +9,12 @@ tide_add_unit_test(test_proto_legacy SOURCES test_proto_legacy.c LIBS tide_proto
 set_tests_properties(test_proto_legacy PROPERTIES FAIL_REGULAR_EXPRESSION
                      "ERROR: (Address|Leak)Sanitizer|runtime error:")
 
-# tidectl (coordinator/tidectl.c, owned with proto): parsing, formatting and the whole CLI
-# against a fake tided; the file is compiled in directly without its main().
-if(EXISTS ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c)
+# tidectl (coordinator/tidectl*.c, owned with proto): parsing, formatting and the whole CLI
+# against a fake tided; tidectl.c is compiled in directly without its main(), the rest of
+# tidectl comes from its library.
+if(TARGET tidectl_cli)
   tide_add_unit_test(test_tidectl SOURCES test_tidectl.c ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c
-                     LIBS tide_proto PkgConfig::ZMQ Threads::Threads TIMEOUT 60)
+                     LIBS tidectl_cli Threads::Threads TIMEOUT 60)
   target_compile_definitions(test_tidectl PRIVATE TIDECTL_NO_MAIN=1)
   set_tests_properties(test_tidectl PROPERTIES FAIL_REGULAR_EXPRESSION
                        "ERROR: (Address|Leak)Sanitizer|runtime error:")

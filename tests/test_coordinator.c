@@ -702,10 +702,10 @@ Test(policy, switch_step)
 {
     int64_t steps[4] = {10, 11, 0, 9};
     uint8_t old[4] = {1, 1, 0, 1};
-    cr_assert_eq(tide_policy_switch_step(steps, old, 4, 0), 12); /* max of old members + 1 */
-    cr_assert_eq(tide_policy_switch_step(steps, old, 4, 1), 9);  /* recovery: min */
+    cr_assert_eq(tide_policy_switch_step(steps, old, NULL, 4, 0), 12); /* max of old members + 1 */
+    cr_assert_eq(tide_policy_switch_step(steps, old, NULL, 4, 1), 9);  /* recovery: min */
     uint8_t none[4] = {0, 0, 0, 0};
-    cr_assert_eq(tide_policy_switch_step(steps, none, 4, 0), -1);
+    cr_assert_eq(tide_policy_switch_step(steps, none, NULL, 4, 0), -1);
 }
 
 Test(policy, failure_detection_with_a_fake_clock)

@@ -505,6 +505,16 @@ Test(tided, malformed_input_gets_errors_while_others_are_served, .init = setup, 
     cr_assert_eq(coord_call(bad, &m, &r), 0);
     cr_assert_eq(r.u.error.code, TIDE_ERR_PROTOCOL);
     tide_msg_clear(&r);
+    /* a record (what tided stores) sent as a request */
+    tide_msg_init(&m, TIDE_MSG_JOB_FIT);
+    cr_assert_eq(tide_proto_encode_record(&m, &b), TIDE_OK);
+    cr_assert_eq(coord_send_raw(bad, b.data, b.len), 0);
+    cr_assert_eq(coord_recv(bad, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_ERROR);
+    cr_assert_eq(r.u.error.code, TIDE_ERR_PROTOCOL);
+    cr_assert(strstr(r.u.error.message, "a stored record, never a request") != NULL, "%s",
+              r.u.error.message);
+    tide_msg_clear(&r);
     /* a heartbeat from a worker nobody registered */
     coord_mk_heartbeat(&m, 77, 1, 1);
     cr_assert_eq(coord_call(bad, &m, &r), 0);

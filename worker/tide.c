@@ -92,144 +92,6 @@ static void abort_cb(void *ctx, int which)
     }
 }
 
-void tide__destroy_comms(tide_coll_comm_t **c, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        tide_coll_comm_destroy(&c[i]);
-}
-
-int tide__gen_tag(uint64_t gen, int k)
-{
-    return (int)((gen * 8 + (uint64_t)k) % 16384);
-}
-
-/* Publishes group k (0 all, 1 tp, 2 dp, 3 pp) of the layout being built, so that an
-   abort of the switch (abort_cb) reaches it while the others are made; ctl's lock held.
-   An abort that came before it was published (switch_cancel, set under the same lock)
-   found nothing to end: it is aborted here, so the next split fails at once instead of
-   waiting on peers that gave up. */
-void tide__publish_new_locked(tide_t *t, int k, tide_coll_comm_t *c)
-{
-    tide_coll_comm_t **slot[4] = {&t->n_all, &t->n_tp, &t->n_dp, &t->n_pp};
-    *slot[k] = c;
-    if (c != NULL && __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
-        tide_coll_comm_abort(c);
-}
-
-static void publish_new(tide_t *t, int k, tide_coll_comm_t *c)
-{
-    tide__ctl_lock(t->ctl);
-    tide__publish_new_locked(t, k, c);
-    tide__ctl_unlock(t->ctl);
-}
-
-void tide__unpublish_new(tide_t *t)
-{
-    t->n_all = t->n_tp = t->n_dp = t->n_pp = NULL;
-}
-
-tide_status tide__build_groups(tide_t *t, const tide_layout_t *l, uint64_t gen,
-                               tide_coll_comm_t **parent_p, int member, int p, int d, int tt,
-                               tide_coll_comm_t **out)
-{
-    out[0] = out[1] = out[2] = out[3] = NULL;
-    tide_status rc = TIDE_OK;
-    int *members = NULL;
-    int split = parent_p != NULL && *parent_p != NULL;
-    if (split) {
-        /* every rank of the parent takes part; ranks outside l get nothing */
-        int key = member ? (int)tide_layout_index(l, p, d, tt) : 0;
-        TIDE_CHECK_GOTO(tide_coll_comm_split(*parent_p, member ? 0 : -1, key, &out[0]), rc, fail);
-        /* the parent's work is done: release it now, so that at most the old layout's
-           four, the new all and its splits exist at once. The new all is published in
-           the same hold of the lock that unpublishes the parent, so an abort of the
-           switch always finds one of them (or is seen by publish_new_locked). */
-        tide__ctl_lock(t->ctl);
-        if (t->c_switch == *parent_p)
-            t->c_switch = NULL;
-        if (out[0] != NULL)
-            tide__publish_new_locked(t, 0, out[0]);
-        tide__ctl_unlock(t->ctl);
-        tide_coll_comm_destroy(parent_p);
-    } else if (member) {
-        /* no parent (the first layout, or a release's): all over the pool, among its
-           members only */
-        size_t n = tide_layout_size(l);
-        members = tide_malloc(n * sizeof *members);
-        TIDE_CHECK_ALLOC_GOTO(members, rc, fail);
-        for (size_t i = 0; i < n; i++)
-            members[i] = l->worker[i];
-        /* the control thread's abort of the build (switch_cancel: a recovery because a
-           member died, a halt, or the abort of a release's switch) ends the handshake at
-           once, not after the timeout */
-        tide_coll_comm_params cp = {members, (int)n, tide__gen_tag(gen, 1),
-                                    (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
-        TIDE_CHECK_GOTO(tide_coll_comm_new(&out[0], t->be, t->pool, &cp), rc, fail);
-    }
-    if (!member) {
-        tide_free(members);
-        return TIDE_OK;
-    }
-    if (!split)
-        publish_new(t, 0, out[0]); /* a split's was published with the parent's release */
-    /* tp, dp and pp split off all (ncclCommSplit for nccl: no bootstrap of their own).
-       Colour: the coordinates the group shares; key: the rank inside it. Every member
-       of all splits three times, in the same order. */
-    const int color[3] = {p * l->dp + d, p * l->tp + tt, d * l->tp + tt};
-    const int key[3] = {tt, d, p};
-    for (int k = 0; k < 3; k++) {
-        TIDE_CHECK_GOTO(tide_coll_comm_split(out[0], color[k], key[k], &out[k + 1]), rc, fail);
-        publish_new(t, k + 1, out[k + 1]);
-    }
-    /* an abort of the switch after the last split aborted what was published: say so
-       here rather than hand back groups that fail their first operation */
-    if (__atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
-        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_ABORTED,
-                       "the switch to generation %llu was aborted while its groups were built",
-                       (unsigned long long)gen);
-    tide_free(members);
-    return TIDE_OK;
-fail:
-    tide_free(members);
-    tide__ctl_lock(t->ctl);
-    tide__unpublish_new(t);
-    tide__ctl_unlock(t->ctl);
-    tide__destroy_comms(out, 4);
-    return rc;
-}
-
-void tide__fill_view(tide_view *v, uint64_t gen, const tide_layout_t *l, int32_t me, int64_t step)
-{
-    memset(v, 0, sizeof *v);
-    v->generation = gen;
-    v->layout = l;
-    v->step = step;
-    v->pp_rank = v->dp_rank = v->tp_rank = -1;
-    v->pp_prev = v->pp_next = -1;
-    if (l != NULL && tide_layout_find(l, me, &v->pp_rank, &v->dp_rank, &v->tp_rank) == TIDE_OK) {
-        v->member = 1;
-        v->pp_prev = v->pp_rank > 0 ? v->pp_rank - 1 : -1;
-        v->pp_next = v->pp_rank + 1 < l->pp ? v->pp_rank + 1 : -1;
-    } else {
-        v->pp_rank = v->dp_rank = v->tp_rank = -1;
-    }
-    tide_error_clear();
-}
-
-tide_status tide__layout_from_proto(const tide_proto_layout_t *pl, tide_layout_t **out)
-{
-    tide_layout_t *l = NULL;
-    TIDE_CHECK(tide_layout_new(&l, pl->dp, pl->tp, pl->pp, pl->num_layers, pl->micro_batches));
-    tide_status rc = tide_layout_set_stages(l, pl->stage_start);
-    if (rc != TIDE_OK) {
-        tide_layout_destroy(&l);
-        return rc;
-    }
-    memcpy(l->worker, pl->worker, tide_layout_size(l) * sizeof *l->worker);
-    *out = l;
-    return TIDE_OK;
-}
-
 /* ---- pool ---------------------------------------------------------------------------------- */
 
 /* This rank's index among the ranks of its host (node: their communicator) and how many
@@ -623,7 +485,8 @@ void tide_destroy(tide_t **self_p)
                              t->n_all, t->n_tp, t->n_dp, t->n_pp};
     tide__destroy_comms(c, sizeof c / sizeof c[0]);
     tide_layout_destroy(&t->layout);
-    tide_layout_destroy(&t->next_layout);
+    tide__intent_clear(&t->next);
+    tide_layout_destroy(&t->parked);
     for (size_t i = 0; t->owned && t->bufs != NULL && i < t->n_tensors; i++)
         tide_mem_pool_free(t->mem, t->bufs[i]);
     tide_free(t->bufs);
@@ -893,37 +756,169 @@ out:
     return rc;
 }
 
+/* The program's request, checked before tided hears of it. */
+static tide_status join_req_ok(const tide_join_req *req)
+{
+    if (!job_name_ok(req->job))
+        return tide_errorf(TIDE_ERR_INVALID, "job name '%s' must be 1..%d chars of [A-Za-z0-9._:-]",
+                           req->job ? req->job : "(null)", TIDE_PROTO_NAME_MAX);
+    if (req->dp < 1 || req->tp < 1 || req->pp < 1 || req->micro_batches < 1 || req->start_step < 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: dp, tp, pp and micro-batches must be >= 1 and "
+                           "start_step >= 0",
+                           req->job);
+    if (req->n_fit < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "job %s: n_fit is %d (must be >= 0)", req->job,
+                           req->n_fit);
+    if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp,
+                       req->micro_batches) != TIDE_OK)
+        /* the program's own first layout: said here, before tided starts a job that would
+           refuse it */
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: the first layout (dp %d, tp %d, pp %d) is not one the "
+                           "program can run by its own fit rules: %s",
+                           req->job, req->dp, req->tp, req->pp, tide_last_error());
+    return TIDE_OK;
+}
+
+/* Ranks tided placed get the first layout; the others get nothing. Every rank waits until
+   one has it (or the join timeout): *root is the lowest rank holding it. Collective over
+   the pool. */
+static tide_status first_holder(tide_t *t, const char *job, tide_msg_t *first, int *root)
+{
+    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.join_timeout_ms * 1000000ull;
+    for (;;) {
+        if (first->type == TIDE_MSG_NONE) {
+            tide_msg_t m;
+            if (tide__ctl_reply(t->ctl, &m, 50) == TIDE_OK) {
+                if (m.type == TIDE_MSG_LAYOUT && strcmp(m.u.layout.job, job) == 0)
+                    *first = m;
+                else
+                    tide_msg_clear(&m);
+            }
+        }
+        int in[2] = {first->type == TIDE_MSG_LAYOUT ? t->rank : INT_MAX,
+                     tide_now_ns() >= deadline ? 0 : 1};
+        int res[2];
+        if (MPI_Allreduce(in, res, 2, MPI_INT, MPI_MIN, t->end_comm) != MPI_SUCCESS)
+            return tide_errorf(TIDE_ERR_BACKEND, "MPI_Allreduce failed while joining");
+        *root = res[0];
+        if (*root != INT_MAX)
+            return TIDE_OK;
+        if (res[1] == 0)
+            return tide_errorf(TIDE_ERR_TIMEOUT,
+                               "job %s got no first layout within %d ms (tided waits until "
+                               "dp*tp*pp ranks have joined; see tidectl events)",
+                               job, t->opts.join_timeout_ms);
+    }
+}
+
+/* The lowest rank holding the first layout shares it over MPI, so that every rank learns
+   whether it is a member: *first (replaced) is the same message on every rank.
+   Collective over the pool. */
+static tide_status share_first(tide_t *t, const char *job, tide_msg_t *first)
+{
+    int root = INT_MAX;
+    TIDE_CHECK(first_holder(t, job, first, &root));
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    unsigned long long len = 0;
+    tide_status rc = TIDE_OK;
+    if (t->rank == root) {
+        rc = tide_proto_encode(first, &b);
+        len = rc == TIDE_OK ? b.len : 0;
+    }
+    MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root, t->end_comm);
+    if (len == 0) {
+        tide_proto_buf_destroy(&b);
+        return tide_errorf(TIDE_ERR_INTERNAL, "rank %d could not share the first layout", root);
+    }
+    if (t->rank != root) {
+        b.data = tide_malloc(len);
+        b.len = b.cap = b.data ? len : 0;
+    }
+    int have = b.data != NULL, all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, t->end_comm);
+    if (!all_have) {
+        tide_proto_buf_destroy(&b);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory receiving the first layout");
+    }
+    MPI_Bcast(b.data, (int)len, MPI_BYTE, root, t->end_comm);
+    tide_msg_clear(first);
+    rc = tide_proto_decode(b.data, len, first);
+    tide_proto_buf_destroy(&b);
+    return rc;
+}
+
+/* The job's first layout l (taken) becomes the runtime's: view, agreement, buffer table,
+   memory pool. From here a recovery (or halt) aborts the groups' build: switch_cancel, set
+   by the control thread under ctl's lock from now on. */
+static tide_status adopt_first(tide_t *t, const tide_join_req *req, tide_layout_t *l, uint64_t gen)
+{
+    t->coll = req->collection;
+    t->n_tensors = tide_collection_size(req->collection);
+    snprintf(t->job, sizeof t->job, "%s", req->job);
+    t->layout = l;
+    tide__fill_view(&t->view, gen, l, t->rank, req->start_step);
+    tide__ctl_lock(t->ctl);
+    tide__agree *ag = tide__ctl_agree(t->ctl);
+    tide__agree_first(ag, gen, t->view.member);
+    ag->building = t->view.member;
+    __atomic_store_n(&t->switch_cancel, 0, __ATOMIC_RELAXED);
+    tide__ctl_unlock(t->ctl);
+    t->bufs = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *t->bufs);
+    t->moved = tide_calloc(t->n_tensors ? t->n_tensors : 1, 1);
+    if (t->bufs == NULL || t->moved == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the buffer table");
+    if (t->mem == NULL)
+        TIDE_CHECK(tide_mem_pool_new(&t->mem, t->be, t->device));
+    return TIDE_OK;
+}
+
+/* The first layout's communicators, among its members only. A build the control thread
+   ended (a member died: tided recovers the job, or halted it) is not a failure: the rank
+   joined, runs no step on the missing groups, and its first tide_step_begin switches to
+   the recovery (or reports the halt). */
+static tide_status build_first(tide_t *t, uint64_t gen)
+{
+    if (!t->view.member)
+        return TIDE_OK;
+    tide_coll_comm_t *g[4];
+    tide_status rc = tide__build_groups(t, t->layout, gen, NULL, 1, t->view.pp_rank,
+                                        t->view.dp_rank, t->view.tp_rank, g);
+    tide__ctl_lock(t->ctl);
+    tide__agree *ag = tide__ctl_agree(t->ctl);
+    ag->building = 0;
+    int abandoned = rc == TIDE_ERR_ABORTED && __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED);
+    if (rc == TIDE_OK) {
+        tide__unpublish_new(t);
+        t->c_all = g[0];
+        t->c_tp = g[1];
+        t->c_dp = g[2];
+        t->c_pp = g[3];
+    } else if (abandoned) {
+        ag->groups_dead = 1;
+    }
+    tide__ctl_unlock(t->ctl);
+    if (!abandoned)
+        return rc;
+    TIDE_WARN(SUBSYS,
+              "rank %d: generation %llu's communicators were abandoned while being built (%s); "
+              "the job's next generation replaces them",
+              t->rank, (unsigned long long)gen, tide_last_error());
+    tide_error_clear();
+    return TIDE_OK;
+}
+
 tide_status tide_join(tide_t *t, const tide_join_req *req)
 {
     if (t == NULL || req == NULL || req->collection == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_join: runtime, request and collection needed");
     if (t->job[0] != '\0')
         return tide_errorf(TIDE_ERR_EXISTS, "this rank already runs job %s", t->job);
-    tide_status rc = TIDE_OK;
-    if (!job_name_ok(req->job))
-        rc = tide_errorf(TIDE_ERR_INVALID,
-                         "job name '%s' must be 1..%d chars of "
-                         "[A-Za-z0-9._:-]",
-                         req->job ? req->job : "(null)", TIDE_PROTO_NAME_MAX);
-    else if (req->dp < 1 || req->tp < 1 || req->pp < 1 || req->micro_batches < 1 ||
-             req->start_step < 0)
-        rc = tide_errorf(TIDE_ERR_INVALID,
-                         "job %s: dp, tp, pp and micro-batches must be >= 1 and "
-                         "start_step >= 0",
-                         req->job);
-    else if (req->n_fit < 0)
-        rc = tide_errorf(TIDE_ERR_INVALID, "job %s: n_fit is %d (must be >= 0)", req->job,
-                         req->n_fit);
-    else if (tide_fit_check(req->fit, (size_t)req->n_fit, req->dp, req->tp, req->pp,
-                            req->micro_batches) != TIDE_OK)
-        /* the program's own first layout: said here, before tided starts a job that would
-           refuse it */
-        rc = tide_errorf(TIDE_ERR_INVALID,
-                         "job %s: the first layout (dp %d, tp %d, pp %d) is not one the "
-                         "program can run by its own fit rules: %s",
-                         req->job, req->dp, req->tp, req->pp, tide_last_error());
     tide_msg_t first;
     tide_msg_init(&first, TIDE_MSG_NONE);
+    tide_status rc = join_req_ok(req);
     if (rc == TIDE_OK) {
         tide__ctl_set_job(t->ctl, req->job, req->start_step);
         tide_msg_t stale;
@@ -934,127 +929,22 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     if (rc == TIDE_OK)
         rc = join_answer(t, req->job, &first, t->opts.register_timeout_ms);
     TIDE_CHECK_GOTO(agree_rc(t->end_comm, rc, "joining the job"), rc, out);
-
-    /* Ranks tided placed get the layout; the others get nothing. The lowest rank holding
-       it shares it over MPI so that every rank learns whether it is a member. */
-    uint64_t deadline = tide_now_ns() + (uint64_t)t->opts.join_timeout_ms * 1000000ull;
-    int root = INT_MAX;
-    for (;;) {
-        if (first.type == TIDE_MSG_NONE) {
-            tide_msg_t m;
-            if (tide__ctl_reply(t->ctl, &m, 50) == TIDE_OK) {
-                if (m.type == TIDE_MSG_LAYOUT && strcmp(m.u.layout.job, req->job) == 0)
-                    first = m;
-                else
-                    tide_msg_clear(&m);
-            }
-        }
-        int in[2] = {first.type == TIDE_MSG_LAYOUT ? t->rank : INT_MAX,
-                     tide_now_ns() >= deadline ? 0 : 1};
-        int res[2];
-        if (MPI_Allreduce(in, res, 2, MPI_INT, MPI_MIN, t->end_comm) != MPI_SUCCESS)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_BACKEND, "MPI_Allreduce failed while joining");
-        root = res[0];
-        if (root != INT_MAX)
-            break;
-        if (res[1] == 0)
-            TIDE_FAIL_GOTO(rc, out, TIDE_ERR_TIMEOUT,
-                           "job %s got no first layout within %d ms (tided waits until dp*tp*pp "
-                           "ranks have joined; see tidectl events)",
-                           req->job, t->opts.join_timeout_ms);
-    }
-    tide_proto_buf_t b;
-    tide_proto_buf_init(&b);
-    unsigned long long len = 0;
-    if (t->rank == root) {
-        rc = tide_proto_encode(&first, &b);
-        len = rc == TIDE_OK ? b.len : 0;
-    }
-    MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, root, t->end_comm);
-    if (len == 0) {
-        tide_proto_buf_destroy(&b);
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL, "rank %d could not share the first layout",
-                       root);
-    }
-    if (t->rank != root) {
-        b.data = tide_malloc(len);
-        b.len = b.cap = b.data ? len : 0;
-    }
-    int have = b.data != NULL, all_have = 0;
-    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, t->end_comm);
-    if (!all_have) {
-        tide_proto_buf_destroy(&b);
-        TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory receiving the first layout");
-    }
-    MPI_Bcast(b.data, (int)len, MPI_BYTE, root, t->end_comm);
-    tide_msg_clear(&first);
-    rc = tide_proto_decode(b.data, len, &first);
-    tide_proto_buf_destroy(&b);
-    TIDE_CHECK_GOTO(rc, rc, out);
+    TIDE_CHECK_GOTO(share_first(t, req->job, &first), rc, out);
     /* a pool launched later for a running job: its ranks are job ranks from base on */
-    if (first.u.layout.base != 0 || first.u.layout.world != t->size)
-        TIDE_CHECK_GOTO(rebase(t, first.u.layout.base, first.u.layout.world), rc, out);
+    const tide_proto_layout_msg_t *fl = &first.u.layout;
+    if (fl->base != 0 || fl->world != t->size)
+        TIDE_CHECK_GOTO(rebase(t, fl->base, fl->world), rc, out);
     tide_layout_t *l = NULL;
-    TIDE_CHECK_GOTO(tide__layout_from_proto(&first.u.layout.layout, &l), rc, out);
+    TIDE_CHECK_GOTO(tide__layout_from_proto(&fl->layout, &l), rc, out);
     rc = tide_layout_validate(l, req->collection);
     if (rc != TIDE_OK) {
         tide_layout_destroy(&l);
         TIDE_FAIL_GOTO(rc, out, rc, "tided's first layout does not fit the collection: %s",
                        tide_last_error());
     }
-    t->coll = req->collection;
-    t->n_tensors = tide_collection_size(req->collection);
-    snprintf(t->job, sizeof t->job, "%s", req->job);
-    t->layout = l;
-    uint64_t gen = first.u.layout.layout.gen;
-    tide__fill_view(&t->view, gen, l, t->rank, req->start_step);
-    tide__ctl_lock(t->ctl);
-    tide__agree *ag = tide__ctl_agree(t->ctl);
-    tide__agree_first(ag, gen, t->view.member);
-    /* from here a recovery (or halt) aborts the build below: switch_cancel, set by the
-       control thread under this lock from now on */
-    ag->building = t->view.member;
-    __atomic_store_n(&t->switch_cancel, 0, __ATOMIC_RELAXED);
-    tide__ctl_unlock(t->ctl);
-    t->bufs = tide_calloc(t->n_tensors ? t->n_tensors : 1, sizeof *t->bufs);
-    TIDE_CHECK_ALLOC_GOTO(t->bufs, rc, out);
-    t->moved = tide_calloc(t->n_tensors ? t->n_tensors : 1, 1);
-    TIDE_CHECK_ALLOC_GOTO(t->moved, rc, out);
-    if (t->mem == NULL)
-        TIDE_CHECK_GOTO(tide_mem_pool_new(&t->mem, t->be, t->device), rc, out);
-    /* the first layout's communicators, among its members only */
-    if (t->view.member) {
-        tide_coll_comm_t *g[4];
-        rc = tide__build_groups(t, l, gen, NULL, 1, t->view.pp_rank, t->view.dp_rank,
-                                t->view.tp_rank, g);
-        tide__ctl_lock(t->ctl);
-        ag = tide__ctl_agree(t->ctl);
-        ag->building = 0;
-        int abandoned =
-            rc == TIDE_ERR_ABORTED && __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED);
-        if (rc == TIDE_OK) {
-            tide__unpublish_new(t);
-            t->c_all = g[0];
-            t->c_tp = g[1];
-            t->c_dp = g[2];
-            t->c_pp = g[3];
-        } else if (abandoned) {
-            /* the control thread ended the build: tided recovers the job (or halted it).
-               The rank joined; with no communicators it runs no step, and its first
-               tide_step_begin switches to the recovery (or reports the halt). */
-            ag->groups_dead = 1;
-        }
-        tide__ctl_unlock(t->ctl);
-        if (abandoned) {
-            TIDE_WARN(SUBSYS,
-                      "rank %d: generation %llu's communicators were abandoned while being built "
-                      "(%s); the job's next generation replaces them",
-                      t->rank, (unsigned long long)gen, tide_last_error());
-            tide_error_clear();
-            rc = TIDE_OK;
-        }
-        TIDE_CHECK_GOTO(rc, rc, out);
-    }
+    uint64_t gen = fl->layout.gen;
+    TIDE_CHECK_GOTO(adopt_first(t, req, l, gen), rc, out);
+    TIDE_CHECK_GOTO(build_first(t, gen), rc, out);
     t->view.all = t->c_all;
     t->view.tp = t->c_tp;
     t->view.dp = t->c_dp;
@@ -1184,17 +1074,25 @@ static int job_ended(tide_t *t)
     return 1;
 }
 
-/* With the lock held: builds next_view from the pending layout. */
-static tide_status prepare_next(tide_t *t)
+/* With the lock held, at the step boundary that decided the switch: takes the pending
+   generation's intent by value (tide_reshard runs it) and this rank's view of its layout.
+   From here an abort of the switch sets switch_cancel; one that came already (also while
+   the boundary waited for the preparation) leaves it set: set under the lock the abort
+   callback takes, so that no abort falls between the test and the store. */
+static tide_status take_next(tide_t *t)
 {
     const tide_proto_layout_msg_t *pl = tide__ctl_pending_layout(t->ctl);
     tide__agree *a = tide__ctl_agree(t->ctl);
     if (pl == NULL)
         return tide_errorf(TIDE_ERR_INTERNAL, "switch to generation %llu without its layout",
                            (unsigned long long)a->p_gen);
-    tide_layout_destroy(&t->next_layout);
-    TIDE_CHECK(tide__layout_from_proto(&pl->layout, &t->next_layout));
-    tide__fill_view(&t->next_view, pl->layout.gen, t->next_layout, t->rank, a->p_switch);
+    uint64_t gen = pl->layout.gen;
+    tide__intent_clear(&t->next);
+    TIDE_CHECK(tide__intent_from_msg(&t->next, gen, pl, a->p_old));
+    __atomic_store_n(&t->switch_cancel, !(a->p_gen == gen && a->p_switching && !a->p_aborted),
+                     __ATOMIC_RELAXED);
+    tide_layout_destroy(&t->parked);
+    tide__fill_view(&t->next_view, gen, t->next.next, t->rank, a->p_switch);
     t->has_next = 1;
     return TIDE_OK;
 }
@@ -1250,7 +1148,7 @@ tide_status tide_step_begin(tide_t *t, tide_step_action *action)
         }
         if (d == TIDE__BEGIN_SWITCH) {
             tide__ctl_prepare_wait(t->ctl); /* the program's preparation comes first */
-            rc = prepare_next(t);
+            rc = take_next(t);
             if (rc != TIDE_OK) {
                 tide__agree_switch_failed(a);
                 break;

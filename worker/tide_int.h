@@ -42,6 +42,35 @@ typedef struct tide__prebuilt {
    message of a build that was abandoned matches one made at a switch step. */
 #define TIDE__TAG_PREBUILT 6
 
+/* A generation's intent, by value: what tided announced for the switch to it, copied once
+   at the step boundary that decides the switch, so that nothing the control thread
+   receives later changes it (switch_int.h runs it). */
+typedef struct tide__intent {
+    uint64_t gen;
+    tide_layout_t *prev; /* the layout the switch starts from (owned) */
+    tide_layout_t *next; /* the layout it switches to (owned) */
+    int old_member;      /* this rank holds a coordinate of prev and runs its generation */
+    /* a join: the job's ranks once connected, both sides (owned; n_join_new 0: none) */
+    int32_t world;
+    int32_t *join_old, *join_new;
+    uint32_t n_join_old, n_join_new;
+    /* a release: the ranks that stay and those whose launches leave (owned; n_leave 0:
+       none) */
+    int32_t *stay, *leave;
+    uint32_t n_stay, n_leave;
+    /* a rollback: the checkpoint every member's shards come from ("" otherwise) */
+    char ckpt[TIDE_PROTO_TEXT_MAX + 1];
+    int64_t ckpt_step;
+} tide__intent;
+
+/* Fills *in from generation gen's layout message pl (copied). On failure (out of memory,
+   a layout tide_layout_new refuses) *in is cleared but for gen. Pure; any thread. */
+tide_status tide__intent_from_msg(tide__intent *in, uint64_t gen, const tide_proto_layout_msg_t *pl,
+                                  int old_member);
+
+/* Frees what the intent owns and zeroes it; safe on a zeroed intent. Any thread. */
+void tide__intent_clear(tide__intent *in);
+
 struct tide {
     tide_options opts;
     int rank, size;
@@ -60,9 +89,14 @@ struct tide {
     size_t n_tensors;
     tide_layout_t *layout; /* current layout (owned) */
     tide_view view;
-    tide_layout_t *next_layout; /* pending layout during a switch (owned) */
+    /* the generation being switched to: its intent, taken once at the step boundary that
+       answered TIDE_STEP_RECONFIGURE (has_next), and this rank's view of its layout
+       (next.next) for the program; tide_reshard moves the intent into its transaction */
+    tide__intent next;
     tide_view next_view;
     int has_next;
+    tide_layout_t *parked; /* the layout of a switch that failed: a view the program took of
+                              it stays readable until the next switch (owned) */
     double switch_wait_ms; /* the last RECONFIGURE's wait at the boundary (stats), ms */
     /* the program's preparation of announced layouts (tide_set_prepare) */
     tide_prepare_fn prep_fn; /* fixed while ctl's preparation thread runs */
@@ -121,6 +155,11 @@ void tide__ckpt_step_end(tide_t *t);
 void tide__ckpt_rolled_back(tide_t *t, int64_t step);
 
 void tide__ckpt_destroy(tide_t *t);
+
+/* ctl's lock (the one the abort callback runs under), when the runtime has a control
+   client; none without one (a test's runtime: nothing can abort it then). */
+void tide__lock(tide_t *t);
+void tide__unlock(tide_t *t);
 
 /* Destroys n communicators (NULL entries fine) and nulls them. */
 void tide__destroy_comms(tide_coll_comm_t **c, size_t n);

@@ -476,9 +476,9 @@ static tide_status nccl_create(tide_coll_pool_t *pool, const tide_coll_comm_para
     _Static_assert(sizeof id <= TIDE_COLL_HANDSHAKE_PAYLOAD, "unique id fits the handshake");
     int made = 0; /* rank 0 made the id: NCCL's bootstrap root thread runs */
     ncclComm_t nc = NULL;
-    TIDE_CHECK_GOTO(tide__pool_handshake_make(pool, p->members, p->n_members, p->tag, p->timeout_ms,
-                                              p->cancel, make_unique_id, &made, &id, sizeof id),
-                    rc, fail);
+    tide__handshake h = {p->members, p->n_members,  p->tag,         p->timeout_ms,
+                         p->cancel,  NULL,          make_unique_id, &made};
+    TIDE_CHECK_GOTO(tide__pool_handshake_run(pool, &h, &id, sizeof id), rc, fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so that the wait below can watch the cancel flag and the deadline */
     ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, id, c->rank, &cfg);

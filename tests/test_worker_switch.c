@@ -16,6 +16,10 @@
  *             checkpoint's and the step is its step; a checkpoint of the wrong step fails
  *             on every member, is reported, becomes TIDE_ERR_ABORTED, and the old state
  *             stays whole.
+ *   aborted   tided aborts the generation (the control thread sets its abort word) while
+ *             one rank waits in the switch communicator's creation for a late peer: the
+ *             wait ends at once, the undo restores the old layout, and the generation can
+ *             no longer be committed.
  *   dead      a shrink where tided says the member that leaves is gone: its state comes
  *             from the replica, and the switch communicator leaves it out.
  *   join      two processes started as separate pools (job ranks 0 and 1 of a job of 2)
@@ -39,6 +43,7 @@
 #include "ckpt/ckpt.h"
 #include "collectives/collectives.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "mpi_test.h"
 #include "worker/switch_int.h"
@@ -47,6 +52,7 @@
 #define JOB    "swtest"
 
 static int g_rank, g_size;
+static tide__gens_t *g_gens; /* the generations' abort words (the control thread's side) */
 
 /* ---- the recording backend -------------------------------------------------------------- */
 
@@ -184,9 +190,10 @@ static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_col
     tide_options_init(&t->opts);
     t->opts.switch_timeout_ms = 20000;
     t->opts.register_timeout_ms = 5000;
-    pthread_mutex_init(&t->prep_mu, NULL);
-    pthread_cond_init(&t->prep_cv, NULL);
     t->save_step = -1;
+    t->plugin_grace = -1;
+    tide_msg_init(&t->pending, TIDE_MSG_NONE);
+    tide_msg_init(&t->plugin, TIDE_MSG_NONE);
     t->pool = pool;
     t->rank = rank;
     t->size = size;
@@ -207,15 +214,15 @@ static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_col
     t->bufs = b;
     shards(coll, &t->view, t->bufs, step, 1, "");
     t->owned = owned;
+    t->run_word = tide__gens_get(g_gens, gen);
     if (t->view.member) {
         tide_coll_comm_t *g[4];
-        MT_OK(tide__build_groups(t, t->layout, gen, NULL, 1, t->view.pp_rank, t->view.dp_rank,
-                                 t->view.tp_rank, g));
+        tide__group_ctx gc = {t->be, t->pool, 20000, tide__gen_word(t->run_word)};
+        MT_OK(tide__build_groups(&gc, t->layout, &t->view, NULL, 0, g));
         t->c_all = g[0];
         t->c_tp = g[1];
         t->c_dp = g[2];
         t->c_pp = g[3];
-        tide__unpublish_new(t); /* as tide_join does: they are the layout's now */
     }
     return t;
 }
@@ -257,7 +264,7 @@ typedef struct port_rec {
     int commits, fails;
     int refuse_commit; /* tided aborted the generation while this rank switched */
     int64_t completed; /* the agreement's steps completed */
-    int joins;
+    int joins, adopted;
 } port_rec;
 
 static tide_status p_liveness(void *ctx, const int32_t *ranks, uint32_t n, uint8_t *alive)
@@ -272,8 +279,10 @@ static tide_status p_liveness(void *ctx, const int32_t *ranks, uint32_t n, uint8
 }
 
 /* The two launches connect: one pool over both processes, numbered by job rank. */
-static tide_status p_join(void *ctx, const tide__join_req *jr, tide__join_result *out)
+static tide_status p_join(void *ctx, const tide__join_req *jr, const int *cancel,
+                          tide__join_result *out)
 {
+    (void)cancel;
     port_rec *p = ctx;
     p->joins++;
     int prank[2] = {0, 1};
@@ -325,9 +334,16 @@ static void p_failed(void *ctx, uint64_t gen)
     p->fails++;
 }
 
+static void p_adopted(void *ctx)
+{
+    port_rec *p = ctx;
+    p->adopted++;
+}
+
 static tide__switch_port port_of(port_rec *p)
 {
-    tide__switch_port port = {p, p_liveness, p_join, p_done, p_load_failed, p_commit, p_failed};
+    tide__switch_port port = {p,        p_liveness, p_join,   p_done, p_load_failed,
+                              p_commit, p_failed,   p_adopted};
     return port;
 }
 
@@ -362,7 +378,8 @@ static tide_status run_switch(tide_t *t, tide__intent *in, port_rec *p, void *co
     tide__switch_port port = port_of(p);
     tide__switch tx;
     t->has_next = 1;
-    tide__switch_begin(&tx, t, in, &port, new_bufs);
+    tide__gen_t *word = tide__gens_get(g_gens, in->gen);
+    tide__switch_begin(&tx, t, in, word, &port, new_bufs);
     tide_status rc = TIDE_OK;
     for (int k = 0; k < N_PHASES && rc == TIDE_OK; k++) {
         if (k == stop) {
@@ -374,6 +391,12 @@ static tide_status run_switch(tide_t *t, tide__intent *in, port_rec *p, void *co
     if (rc != TIDE_OK)
         rc = tide__switch_undo(&tx, rc);
     tide__switch_end(&tx, rc == TIDE_OK ? st : NULL);
+    if (rc == TIDE_OK) { /* the runtime's port keeps the new generation's word for its groups */
+        tide__gen_put(&t->run_word);
+        t->run_word = word;
+    } else {
+        tide__gen_put(&word);
+    }
     return rc;
 }
 
@@ -429,9 +452,6 @@ static void check_intact(tide_t *t, const snapshot *s, int64_t step, const char 
     for (int k = 0; k < 4; k++)
         MT_ASSERT(c[k] == s->c[k] && (c[k] == NULL || !tide_coll_comm_aborted(c[k])),
                   "%s: group %d changed or died", when, k);
-    MT_ASSERT(t->c_switch == NULL && t->n_all == NULL && t->n_tp == NULL && t->n_dp == NULL &&
-                  t->n_pp == NULL,
-              "%s: a switch communicator is still published", when);
     MT_ASSERT(n_live == s->live, "%s: %d communicators alive, %d before", when, n_live, s->live);
     MT_ASSERT(memcmp(t->bufs, s->bufs, t->n_tensors * sizeof *t->bufs) == 0,
               "%s: the buffers changed", when);
@@ -530,6 +550,69 @@ static void test_undo(const tide_collection_t *coll)
     /* in place, the state phase rebuilds the old buffers: failures before it only */
     for (int stop = 0; stop <= 3; stop++)
         undo_once(coll, stop, 1);
+}
+
+typedef struct raiser {
+    uint64_t gen;
+    int ms;
+} raiser;
+
+static void *raise_later(void *arg)
+{
+    raiser *r = arg;
+    usleep((useconds_t)r->ms * 1000);
+    tide__gens_abort(g_gens, r->gen); /* as the control thread on tided's abort */
+    return NULL;
+}
+
+/* tided aborts the generation while its switch communicator is being made: rank 1 waits
+   in the creation for rank 0, which is late; each process's control thread aborts the
+   generation (its word) after 300 ms: that ends rank 1's wait at once, rank 0's creation
+   (begun after the abort) fails at once, and the undo leaves both in the old layout. The
+   commit of an aborted generation fails too. */
+static void test_aborted(const tide_collection_t *coll)
+{
+    tide_layout_t *dp2 = layout(2, 1, 1, W01), *tp2 = layout(1, 2, 1, W01);
+    tide_t *t = rt_new(world_pool(), g_rank, g_size, coll, dp2, 1, 3, 0);
+    port_rec p = {.t = t, .completed = 3};
+    snapshot s = snap(t);
+    void **nb = new_buffers(t, tp2, 50);
+    tide__intent in = intent(50, dp2, tp2, 1);
+    tide__gen_t *word = tide__gens_get(g_gens, 50);
+    tide__switch_port port = port_of(&p);
+    tide__switch tx;
+    t->has_next = 1;
+    tide__switch_begin(&tx, t, &in, word, &port, nb);
+    MT_OK(tide__switch_pools(&tx));
+    MT_OK(tide__switch_participants(&tx));
+    raiser r = {50, 300};
+    pthread_t th;
+    pthread_create(&th, NULL, raise_later, &r); /* each process's control thread */
+    if (g_rank == 0)
+        usleep(600 * 1000); /* late: rank 1 waits for it in the handshake */
+    uint64_t t0 = tide_now_ns();
+    tide_status rc = tide__switch_communicator(&tx);
+    double ms = (double)(tide_now_ns() - t0) / 1e6;
+    pthread_join(th, NULL);
+    MT_ASSERT(rc == TIDE_ERR_ABORTED, "aborted: the creation returned %s (%s)", tide_strerror(rc),
+              tide_last_error());
+    MT_ASSERT(ms < 1500, "aborted: the creation ended %.0f ms after it began", ms);
+    MT_ASSERT(tide__gen_get_state(word) == TIDE__GEN_ABORTED && tide__gen_aborted(word),
+              "aborted: the word");
+    rc = tide__switch_undo(&tx, rc);
+    tide__switch_end(&tx, NULL);
+    MT_ASSERT(rc == TIDE_ERR_ABORTED && p.fails == 1 && p.done_rc == TIDE_ERR_ABORTED,
+              "aborted: the failure");
+    check_intact(t, &s, 3, "aborted while its communicator was made");
+    MT_ASSERT(!tide__gen_commit(word), "an aborted generation cannot be committed");
+    tide__gen_put(&word);
+    for (size_t i = 0; i < t->n_tensors; i++)
+        tide__free_buffer(t, nb[i]);
+    tide_free(nb);
+    rt_destroy(&t);
+    MT_ASSERT(n_live == 0, "aborted: %d communicators leaked", n_live);
+    tide_layout_destroy(&dp2);
+    tide_layout_destroy(&tp2);
 }
 
 /* Writes the state after `step` steps of layout l as a checkpoint under root; its dir. */
@@ -745,6 +828,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     MT_ASSERT(g_size == 2, "run with 2 ranks");
+    MT_OK(tide__gens_new(&g_gens));
     rec_register();
     tide_collection_t *coll = make_collection(0);
     char root[256];
@@ -755,6 +839,7 @@ int main(int argc, char **argv)
         void (*run)(const tide_collection_t *);
     } tests[] = {{"plain", test_plain},
                  {"undo", test_undo},
+                 {"aborted", test_aborted},
                  {"dead", test_dead},
                  {"join", test_join},
                  {"release", test_release}};
@@ -776,6 +861,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "could not remove %s\n", root);
     }
     tide_collection_destroy(&coll);
+    tide__gens_destroy(&g_gens);
     mt_pass("test_worker_switch");
     MPI_Finalize();
     return 0;

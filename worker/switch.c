@@ -18,65 +18,6 @@
 
 #define SUBSYS "worker"
 
-/* ---- the intent ---------------------------------------------------------------------- */
-
-static int32_t *dup_ranks(const int32_t *a, uint32_t n)
-{
-    int32_t *c = tide_malloc((n ? n : 1) * sizeof *c);
-    if (c != NULL && n > 0)
-        memcpy(c, a, n * sizeof *c);
-    return c;
-}
-
-tide_status tide__intent_from_msg(tide__intent *in, uint64_t gen, const tide_proto_layout_msg_t *pl,
-                                  int old_member)
-{
-    memset(in, 0, sizeof *in);
-    tide_status rc = tide__layout_from_proto(&pl->prev, &in->prev);
-    if (rc == TIDE_OK)
-        rc = tide__layout_from_proto(&pl->layout, &in->next);
-    if (rc == TIDE_OK && pl->n_join_new > 0) {
-        in->world = pl->world;
-        in->n_join_old = pl->n_join_old;
-        in->n_join_new = pl->n_join_new;
-        in->join_old = dup_ranks(pl->join_old, pl->n_join_old);
-        in->join_new = dup_ranks(pl->join_new, pl->n_join_new);
-        if (in->join_old == NULL || in->join_new == NULL)
-            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory for generation %llu's join",
-                             (unsigned long long)gen);
-    }
-    if (rc == TIDE_OK && pl->n_leave > 0) {
-        in->n_stay = pl->n_stay;
-        in->n_leave = pl->n_leave;
-        in->stay = dup_ranks(pl->stay, pl->n_stay);
-        in->leave = dup_ranks(pl->leave, pl->n_leave);
-        if (in->stay == NULL || in->leave == NULL)
-            rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory for generation %llu's release",
-                             (unsigned long long)gen);
-    }
-    if (rc != TIDE_OK) {
-        tide__intent_clear(in);
-        in->gen = gen;
-        return rc;
-    }
-    in->gen = gen;
-    in->old_member = old_member;
-    snprintf(in->ckpt, sizeof in->ckpt, "%s", pl->ckpt);
-    in->ckpt_step = in->ckpt[0] != '\0' ? (int64_t)pl->ckpt_step : 0;
-    return TIDE_OK;
-}
-
-void tide__intent_clear(tide__intent *in)
-{
-    tide_layout_destroy(&in->prev);
-    tide_layout_destroy(&in->next);
-    tide_free(in->join_old);
-    tide_free(in->join_new);
-    tide_free(in->stay);
-    tide_free(in->leave);
-    memset(in, 0, sizeof *in);
-}
-
 /* ---- the runtime's port: tided through the control client --------------------------- */
 
 /* Waits for tided's answer to the liveness request for ask[n] (sent by the caller) until
@@ -133,9 +74,10 @@ static tide_status rt_liveness(void *ctx, const int32_t *ranks, uint32_t n, uint
     return TIDE_OK;
 }
 
-static tide_status rt_join(void *ctx, const tide__join_req *jr, tide__join_result *out)
+static tide_status rt_join(void *ctx, const tide__join_req *jr, const int *cancel,
+                           tide__join_result *out)
 {
-    return tide__join_connect(ctx, jr, out);
+    return tide__join_connect(ctx, jr, cancel, out);
 }
 
 static void rt_done(void *ctx, uint64_t gen, tide_status rc, uint64_t bytes, double ms)
@@ -159,39 +101,62 @@ static void rt_load_failed(void *ctx, const tide_proto_saved_t *m)
     tide__ctl_post_saved(t->ctl, m);
 }
 
-/* Under ctl's lock, so that the control thread's aborts see either the switching
-   generation with its new groups published, or the switched one with them installed. */
+typedef struct switched_ctx {
+    int rollback;
+    int64_t rb_step, step;
+} switched_ctx;
+
+static void switched(tide_t *t, void *ctx)
+{
+    switched_ctx *x = ctx;
+    tide__agree_switched(&t->agree);
+    if (x->rollback)
+        t->agree.completed = x->rb_step; /* the state is the checkpoint's: so is the step */
+    x->step = t->agree.completed;
+}
+
+/* The generation's word decides the race with tided's abort of it: committed first, the
+   abort comes too late (the control thread reports the failure); aborted first, the
+   switch fails here with nothing changed. */
 static tide_status rt_commit(void *ctx, uint64_t gen, int rollback, int64_t rb_step,
                              void (*install)(void *arg), void *arg, int64_t *step)
 {
     tide_t *t = ctx;
-    tide__ctl_lock(t->ctl);
-    tide__agree *a = tide__ctl_agree(t->ctl);
-    if (a->p_gen != gen || !a->p_switching) {
-        tide__ctl_unlock(t->ctl);
+    if (t->next_word == NULL || !tide__gen_commit(t->next_word))
         return tide_errorf(TIDE_ERR_ABORTED,
                            "tided aborted generation %llu while this rank switched",
                            (unsigned long long)gen);
-    }
     install(arg);
-    tide__agree_switched(a);
-    if (rollback) {
-        a->completed = rb_step; /* the state is the checkpoint's: so is the step */
+    switched_ctx x = {rollback, rb_step, 0};
+    tide__agree_change(t, switched, &x);
+    tide__gen_put(&t->run_word);
+    t->run_word = t->next_word;
+    t->next_word = NULL;
+    tide__gens_retire(t->gens, gen); /* nothing can abort an older generation any more */
+    if (rollback)
         tide__ckpt_rolled_back(t, rb_step);
-    }
-    *step = a->completed;
-    tide__ctl_unlock(t->ctl);
+    *step = x.step;
     return TIDE_OK;
+}
+
+static void switch_failed(tide_t *t, void *ctx)
+{
+    uint64_t gen = *(const uint64_t *)ctx;
+    if (t->agree.p_gen == gen)
+        tide__agree_switch_failed(&t->agree);
 }
 
 static void rt_failed(void *ctx, uint64_t gen)
 {
     tide_t *t = ctx;
-    tide__ctl_lock(t->ctl);
-    tide__agree *a = tide__ctl_agree(t->ctl);
-    if (a->p_gen == gen)
-        tide__agree_switch_failed(a);
-    tide__ctl_unlock(t->ctl);
+    tide__agree_change(t, switch_failed, &gen);
+    if (t->next_word != NULL)
+        tide__gen_switch_failed(t->next_word);
+}
+
+static void rt_adopted(void *ctx)
+{
+    tide__rebase(ctx);
 }
 
 void tide__switch_port_runtime(tide_t *t, tide__switch_port *out)
@@ -203,80 +168,7 @@ void tide__switch_port_runtime(tide_t *t, tide__switch_port *out)
     out->load_failed = rt_load_failed;
     out->commit = rt_commit;
     out->failed = rt_failed;
-}
-
-/* ---- the transaction ------------------------------------------------------------------ */
-
-void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in,
-                        const tide__switch_port *port, void *const *new_bufs)
-{
-    memset(tx, 0, sizeof *tx);
-    tx->t = t;
-    tx->port = *port;
-    tx->in = *in;
-    memset(in, 0, sizeof *in);
-    tide__fill_view(&tx->nv, tx->in.gen, tx->in.next, t->rank, 0);
-    tx->new_bufs = new_bufs;
-    tx->in_place = new_bufs == NULL && t->owned;
-    tx->t0 = tide_now_ns();
-    tx->old_end = MPI_COMM_NULL;
-    if (t->moved != NULL) /* tide_buffer_moved reports this switch, failed or not */
-        memset(t->moved, 0, t->n_tensors);
-}
-
-void tide__switch_log(tide__switch *tx, tide__undo_fn fn)
-{
-    /* the phases push at most one entry per acquisition kind: a full log is a bug */
-    if (tx->n_undo >= TIDE__UNDO_MAX) {
-        TIDE_ERROR(SUBSYS, "switch undo log full (%d entries): an acquisition was logged twice",
-                   tx->n_undo);
-        abort();
-    }
-    tx->undo[tx->n_undo++] = fn;
-}
-
-tide_status tide__switch_undo(tide__switch *tx, tide_status rc)
-{
-    tide_t *t = tx->t;
-    uint64_t gen = tx->in.gen;
-    char detail[512];
-    snprintf(detail, sizeof detail, "%s", tide_last_error());
-    TIDE_WARN(SUBSYS, "rank %d could not switch to generation %llu: %s: %s", t->rank,
-              (unsigned long long)gen, tide_strerror(rc), detail);
-    while (tx->n_undo > 0)
-        tx->undo[--tx->n_undo](tx);
-    tx->port.failed(tx->port.ctx, gen);
-    t->has_next = 0;
-    tx->port.done(tx->port.ctx, gen, rc, 0, (double)(tide_now_ns() - tx->t0) / 1e6);
-    if (t->owned)
-        tide_mem_pool_spill_release(t->mem);
-    if (tx->in.ckpt[0] != '\0' && rc == TIDE_ERR_INVALID)
-        /* tided abandons the generation and rolls back to the checkpoint before this one:
-           for the program, an aborted switch like any other (nothing moved) */
-        return tide_errorf(TIDE_ERR_ABORTED,
-                           "generation %llu abandoned: %s (tided tries the checkpoint before it)",
-                           (unsigned long long)gen, detail);
-    return tide_errorf(rc, "%s", detail);
-}
-
-void tide__switch_end(tide__switch *tx, tide_reshard_stats *stats)
-{
-    if (stats != NULL)
-        *stats = tx->st;
-    /* the old shards after a rollback in place, or the unused new ones */
-    tide_free_buffers(tx->t, &tx->rb_fresh);
-    tide_free(tx->side_ids);
-    tide_free(tx->alive);
-    tide_free(tx->parts);
-    tide_free(tx->rank_of);
-    tide_plan_destroy(&tx->plan);
-    if (!tx->committed) {
-        /* the program may still read the new layout through the next view it took */
-        tide_layout_destroy(&tx->t->parked);
-        tx->t->parked = tx->in.next;
-        tx->in.next = NULL;
-    }
-    tide__intent_clear(&tx->in);
+    out->adopted = rt_adopted;
 }
 
 /* The program's buffers for the new layout, checked before anything starts: a mistake of
@@ -322,7 +214,7 @@ tide_status tide_reshard(tide_t *t, void *const *new_bufs, tide_reshard_stats *s
     tide__switch_port port;
     tide__switch_port_runtime(t, &port);
     tide__switch tx;
-    tide__switch_begin(&tx, t, &t->next, &port, new_bufs); /* the intent, taken by value */
+    tide__switch_begin(&tx, t, &t->next, t->next_word, &port, new_bufs); /* taken by value */
     tide_status rc = tide__switch_pools(&tx); /* connect a pool launched later, or release */
     if (rc == TIDE_OK)
         rc = tide__switch_participants(&tx); /* who takes part; which old members died */

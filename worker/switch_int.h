@@ -34,8 +34,10 @@ typedef struct tide__switch_port {
     /* alive[i] = whether tided still counts job rank ranks[i] (n of them, sorted, distinct)
        in the job; blocks up to the registration timeout. */
     tide_status (*liveness)(void *ctx, const int32_t *ranks, uint32_t n, uint8_t *alive);
-    /* Connects this rank's side of a join (tide__join_connect for the runtime). */
-    tide_status (*join)(void *ctx, const tide__join_req *jr, tide__join_result *out);
+    /* Connects this rank's side of a join (tide__join_connect for the runtime), ended early
+       when *cancel is set. */
+    tide_status (*join)(void *ctx, const tide__join_req *jr, const int *cancel,
+                        tide__join_result *out);
     /* Tells tided how generation gen's switch ended on this rank. */
     void (*done)(void *ctx, uint64_t gen, tide_status rc, uint64_t bytes_moved, double ms);
     /* Tells tided that this rank could not load checkpoint m->dir (m->code, m->reason). */
@@ -49,6 +51,9 @@ typedef struct tide__switch_port {
                           void (*install)(void *arg), void *arg, int64_t *step);
     /* The switch to gen failed: the agreement waits for tided's abort (or has it). */
     void (*failed)(void *ctx, uint64_t gen);
+    /* The runtime took the new layout and buffers (before tided hears done): the
+       preparation prepares from them from now on. */
+    void (*adopted)(void *ctx);
 } tide__switch_port;
 
 /* The runtime's port: the control client of t (tide_reshard's). */
@@ -64,6 +69,8 @@ typedef struct tide__switch {
     tide_t *t;
     tide__switch_port port;
     tide__intent in;
+    const tide__gen_t *word; /* in.gen's abort word (borrowed): every communicator of the
+                                switch watches it */
     int committed;
     tide_view nv;          /* this rank's place in in.next */
     void *const *new_bufs; /* the program's new buffers (NULL: none, or in place) */
@@ -97,9 +104,10 @@ typedef struct tide__switch {
     int n_undo;
 } tide__switch;
 
-/* Starts transaction tx of t for intent *in (moved in: *in is left cleared) with port,
-   and the program's new buffers (checked by the caller). Never fails. */
-void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in,
+/* Starts transaction tx of t for intent *in (moved in: *in is left cleared), whose
+   generation's abort word is word (borrowed for the transaction), with port, and the
+   program's new buffers (checked by the caller). Never fails. */
+void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, const tide__gen_t *word,
                         const tide__switch_port *port, void *const *new_bufs);
 
 /* The phases, in order. Each returns TIDE_OK or the failure (its detail set); a

@@ -29,6 +29,81 @@ static double ms_since(uint64_t t0)
     return (double)(tide_now_ns() - t0) / 1e6;
 }
 
+/* ---- the transaction ------------------------------------------------------------------ */
+
+void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, const tide__gen_t *word,
+                        const tide__switch_port *port, void *const *new_bufs)
+{
+    memset(tx, 0, sizeof *tx);
+    tx->t = t;
+    tx->word = word;
+    tx->port = *port;
+    tx->in = *in;
+    memset(in, 0, sizeof *in);
+    tide__fill_view(&tx->nv, tx->in.gen, tx->in.next, t->rank, 0);
+    tx->new_bufs = new_bufs;
+    tx->in_place = new_bufs == NULL && t->owned;
+    tx->t0 = tide_now_ns();
+    tx->old_end = MPI_COMM_NULL;
+    if (t->moved != NULL) /* tide_buffer_moved reports this switch, failed or not */
+        memset(t->moved, 0, t->n_tensors);
+}
+
+void tide__switch_log(tide__switch *tx, tide__undo_fn fn)
+{
+    /* the phases push at most one entry per acquisition kind: a full log is a bug */
+    if (tx->n_undo >= TIDE__UNDO_MAX) {
+        TIDE_ERROR(SUBSYS, "switch undo log full (%d entries): an acquisition was logged twice",
+                   tx->n_undo);
+        abort();
+    }
+    tx->undo[tx->n_undo++] = fn;
+}
+
+tide_status tide__switch_undo(tide__switch *tx, tide_status rc)
+{
+    tide_t *t = tx->t;
+    uint64_t gen = tx->in.gen;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", tide_last_error());
+    TIDE_WARN(SUBSYS, "rank %d could not switch to generation %llu: %s: %s", t->rank,
+              (unsigned long long)gen, tide_strerror(rc), detail);
+    while (tx->n_undo > 0)
+        tx->undo[--tx->n_undo](tx);
+    tx->port.failed(tx->port.ctx, gen);
+    t->has_next = 0;
+    tx->port.done(tx->port.ctx, gen, rc, 0, (double)(tide_now_ns() - tx->t0) / 1e6);
+    if (t->owned)
+        tide_mem_pool_spill_release(t->mem);
+    if (tx->in.ckpt[0] != '\0' && rc == TIDE_ERR_INVALID)
+        /* tided abandons the generation and rolls back to the checkpoint before this one:
+           for the program, an aborted switch like any other (nothing moved) */
+        return tide_errorf(TIDE_ERR_ABORTED,
+                           "generation %llu abandoned: %s (tided tries the checkpoint before it)",
+                           (unsigned long long)gen, detail);
+    return tide_errorf(rc, "%s", detail);
+}
+
+void tide__switch_end(tide__switch *tx, tide_reshard_stats *stats)
+{
+    if (stats != NULL)
+        *stats = tx->st;
+    /* the old shards after a rollback in place, or the unused new ones */
+    tide_free_buffers(tx->t, &tx->rb_fresh);
+    tide_free(tx->side_ids);
+    tide_free(tx->alive);
+    tide_free(tx->parts);
+    tide_free(tx->rank_of);
+    tide_plan_destroy(&tx->plan);
+    if (!tx->committed) {
+        /* the program may still read the new layout through the next view it took */
+        tide_layout_destroy(&tx->t->parked);
+        tx->t->parked = tx->in.next;
+        tx->in.next = NULL;
+    }
+    tide__intent_clear(&tx->in);
+}
+
 /* ---- pools: connect a pool launched later, or release whole pools ------------------- */
 
 /* Back to the pool, job-end communicator, ids and size the old layout's groups live on. */
@@ -59,7 +134,7 @@ static tide_status connect_pool(tide__switch *tx)
                          in->n_join_old, in->join_new, in->n_join_new};
     tide__join_result res = {NULL, MPI_COMM_NULL, NULL};
     uint64_t t0 = tide_now_ns();
-    TIDE_CHECK(tx->port.join(tx->port.ctx, &jr, &res));
+    TIDE_CHECK(tx->port.join(tx->port.ctx, &jr, tide__gen_word(tx->word), &res));
     tx->old_pool = t->pool;
     tx->old_end = t->end_comm;
     tx->old_ids = t->coord_ids;
@@ -83,7 +158,7 @@ static tide_status release_pools(tide__switch *tx)
     tide__leave_req lr = {in->gen, in->stay, in->n_stay, in->leave, in->n_leave};
     tide__join_result res = {NULL, MPI_COMM_NULL, NULL};
     uint64_t t0 = tide_now_ns();
-    TIDE_CHECK(tide__leave_split(t, &lr, &res));
+    TIDE_CHECK(tide__leave_split(t, &lr, tide__gen_word(tx->word), &res));
     tx->old_pool = t->pool;
     tx->old_end = t->end_comm;
     t->pool = res.pool;
@@ -203,43 +278,24 @@ tide_status tide__switch_participants(tide__switch *tx)
 
 static void undo_switch_comm(tide__switch *tx)
 {
-    tide_t *t = tx->t;
-    tide__lock(t);
-    if (t->c_switch == tx->sw)
-        t->c_switch = NULL;
-    tide__unlock(t);
     tide_coll_comm_destroy(&tx->sw);
 }
 
 static void undo_groups(tide__switch *tx)
 {
-    tide_t *t = tx->t;
-    tide__lock(t);
-    tide__unpublish_new(t);
-    tide__unlock(t);
     tide__destroy_comms(tx->g, 4);
 }
 
-/* What the preparation built for exactly this generation and these participants: taken,
-   published as this switch's (so that its abort reaches them). A release builds its
-   groups over the staying side's own pool at the switch, never ahead; a rollback's
-   participants are decided here. 1 when taken. */
+/* What the preparation built for exactly this generation and these participants, taken
+   (they watch the generation's word: tided's abort of the switch reaches them). A release
+   builds its groups over the staying side's own pool at the switch, never ahead; a
+   rollback's participants are decided here. 1 when taken. */
 static int take_prebuilt(tide__switch *tx)
 {
     tide_t *t = tx->t;
-    tide__lock(t);
-    int taken =
-        !tx->released && !tx->in.ckpt[0] &&
-        tide__prebuilt_take_locked(t, tx->in.gen, tx->parts, tx->np, &tx->sw, tx->g, &tx->plan);
-    if (taken) {
-        t->c_switch = tx->sw;
-        if (__atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED))
-            tide_coll_comm_abort(tx->sw);
-        for (int k = 0; k < 4; k++)
-            tide__publish_new_locked(t, k, tx->g[k]);
-    }
-    tide__unlock(t);
-    return taken;
+    if (t->prep == NULL || tx->released || tx->in.ckpt[0] != '\0')
+        return 0;
+    return tide__prep_take(t->prep, tx->in.gen, tx->parts, tx->np, &tx->sw, tx->g, &tx->plan);
 }
 
 tide_status tide__switch_communicator(tide__switch *tx)
@@ -256,13 +312,13 @@ tide_status tide__switch_communicator(tide__switch *tx)
            would have included: kept apart from the data movement */
         TIDE_CHECK(tide_coll_barrier(tx->sw, NULL));
     } else {
-        tide__prebuilt_drop(t, 1); /* for another generation or participant set: useless */
-        tide_coll_comm_params cp = {tx->parts, tx->np, tide__gen_tag(tx->in.gen, 0),
-                                    (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel};
+        if (t->prep != NULL)
+            tide__prep_drop(t->prep, 0); /* for another generation or participant set */
+        const int *word = tide__gen_word(tx->word);
+        tide_coll_comm_params cp = {
+            tx->parts, tx->np, tide__gen_tag(tx->in.gen, 0), (uint32_t)t->opts.switch_timeout_ms,
+            word,      word};
         TIDE_CHECK(tide_coll_comm_new(&tx->sw, t->be, switch_pool(tx), &cp));
-        tide__lock(t);
-        t->c_switch = tx->sw;
-        tide__unlock(t);
         tide__switch_log(tx, undo_switch_comm);
     }
     tx->st.sync_ms += ms_since(t0);
@@ -458,20 +514,19 @@ tide_status tide__switch_groups(tide__switch *tx)
     if (tx->bystander)
         return TIDE_OK;
     tide_t *t = tx->t;
-    const tide_view *nv = &tx->nv;
     uint64_t t0 = tide_now_ns();
+    tide__group_ctx gc = {t->be, t->pool, (uint32_t)t->opts.switch_timeout_ms,
+                          tide__gen_word(tx->word)};
     if (tx->released) {
         /* over the launches that stay (t->pool), not split off sw: no communicator of the
            job may name a process of a launch that leaves */
-        undo_switch_comm(tx);
-        TIDE_CHECK(tide__build_groups(t, tx->in.next, tx->in.gen, NULL, nv->member, nv->pp_rank,
-                                      nv->dp_rank, nv->tp_rank, tx->g));
+        tide_coll_comm_destroy(&tx->sw);
+        TIDE_CHECK(tide__build_groups(&gc, tx->in.next, &tx->nv, NULL, 0, tx->g));
         tide__switch_log(tx, undo_groups);
     } else if (!tx->prepared) {
         /* split off sw, which build_groups releases once the new all exists; built ahead,
            they exist already (sw goes with the old layout's groups at the commit) */
-        TIDE_CHECK(tide__build_groups(t, tx->in.next, tx->in.gen, &tx->sw, nv->member, nv->pp_rank,
-                                      nv->dp_rank, nv->tp_rank, tx->g));
+        TIDE_CHECK(tide__build_groups(&gc, tx->in.next, &tx->nv, &tx->sw, 0, tx->g));
         tide__switch_log(tx, undo_groups);
     }
     tx->st.groups_ms = ms_since(t0);
@@ -481,8 +536,8 @@ tide_status tide__switch_groups(tide__switch *tx)
 
 /* ---- commit ------------------------------------------------------------------------- */
 
-/* The new groups take the old ones' places (run inside the port's commit, atomically with
-   the control thread's aborts); the old ones and the switch communicator are kept in
+/* The new groups take the old ones' places (run inside the port's commit, once the
+   generation's word is committed); the old ones and the switch communicator are kept in
    tx->old_c for the teardown. */
 static void install(void *arg)
 {
@@ -496,8 +551,6 @@ static void install(void *arg)
     }
     tx->old_c[4] = tx->sw;
     tx->sw = NULL;
-    t->c_switch = NULL;
-    tide__unpublish_new(t);
 }
 
 /* The old layout's communicators and, after a join or release, the pool they lived on. */
@@ -585,6 +638,7 @@ tide_status tide__switch_commit(tide__switch *tx)
     uint64_t td = tide_now_ns();
     teardown(tx);
     adopt(tx, step);
+    tx->port.adopted(tx->port.ctx);
     fill_stats(tx);
     tx->port.done(tx->port.ctx, tx->in.gen, TIDE_OK, tx->es.bytes_sent, ms_since(tx->t0));
     tx->st.teardown_ms = ms_since(td);

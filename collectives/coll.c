@@ -662,6 +662,87 @@ tide_status tide__pool_handshake_run(tide_coll_pool_t *pool, const tide__handsha
     return rc;
 }
 
+/* ---- a host allgather over the pool --------------------------------------------------------- */
+
+/* The root's half: every member's part into all, then the whole table to each. */
+static tide_status gather_root(tide_coll_pool_t *pool, const int *members, int n, int mpitag,
+                               uint64_t deadline, const int *cancel, const int *cancel2,
+                               size_t bytes, void *all, MPI_Request *reqs)
+{
+    for (int i = 1; i < n; i++)
+        MPI_CHECK(MPI_Irecv((char *)all + (size_t)i * bytes, (int)bytes, MPI_BYTE,
+                            tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]));
+    TIDE_CHECK(wait_deadline(reqs + 1, n - 1, deadline, cancel, cancel2, mpitag / 2));
+    for (int i = 1; i < n; i++)
+        MPI_CHECK(MPI_Isend(all, (int)((size_t)n * bytes), MPI_BYTE,
+                            tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]));
+    return wait_deadline(reqs + 1, n - 1, deadline, cancel, cancel2, mpitag / 2);
+}
+
+tide_status tide__pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                 uint32_t timeout_ms, const int *cancel, const int *cancel2,
+                                 const void *mine, size_t bytes, void *all)
+{
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (members[i] == pool->rank)
+            me = i;
+    if (me < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "pool rank %d is not among the %d members of a gather",
+                           pool->rank, n);
+    memcpy((char *)all + (size_t)me * bytes, mine, bytes);
+    if (n == 1)
+        return TIDE_OK;
+    uint32_t limit_ms = timeout_ms ? timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
+    uint64_t deadline = tide_now_ns() + (uint64_t)limit_ms * 1000000ull;
+    MPI_Request *reqs = tide_calloc((size_t)n, sizeof *reqs);
+    if (reqs == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory in a gather over the pool");
+    for (int i = 0; i < n; i++)
+        reqs[i] = MPI_REQUEST_NULL;
+    int mpitag = 2 * tag;
+    tide_status rc = TIDE_OK;
+    if (me == 0) {
+        rc = gather_root(pool, members, n, mpitag, deadline, cancel, cancel2, bytes, all, reqs);
+    } else {
+        int c0 = tide__pool_crank(pool, members[0]);
+        MPI_CHECK_GOTO(
+            MPI_Irecv(all, (int)((size_t)n * bytes), MPI_BYTE, c0, mpitag, pool->comm, &reqs[0]),
+            rc, out);
+        MPI_CHECK_GOTO(MPI_Isend((char *)all + (size_t)me * bytes, (int)bytes, MPI_BYTE, c0, mpitag,
+                                 pool->comm, &reqs[1]),
+                       rc, out);
+        rc = wait_deadline(reqs, 2, deadline, cancel, cancel2, tag);
+    }
+    if (rc == TIDE_ERR_TIMEOUT)
+        rc = tide_errorf(TIDE_ERR_TIMEOUT,
+                         "a gather over the pool (tag %d, %d members) timed out after %u ms", tag,
+                         n, limit_ms);
+out:
+    if (rc != TIDE_OK)
+        tide__mpi_abandon(reqs, n);
+    tide_free(reqs);
+    return rc;
+}
+
+tide_status tide_coll_pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                     uint32_t timeout_ms, const int *cancel, const void *mine,
+                                     size_t bytes, void *all)
+{
+    if (pool == NULL || members == NULL || n < 1 || mine == NULL || all == NULL || bytes == 0 ||
+        bytes > INT_MAX / (size_t)n)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_allgather: bad arguments");
+    if (tag < 0 || tag > TIDE_COLL_MAX_TAG)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_allgather: tag %d outside [0, %d]",
+                           tag, TIDE_COLL_MAX_TAG);
+    for (int i = 0; i < n; i++)
+        if (tide__pool_crank(pool, members[i]) < 0)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_coll_pool_allgather: member pool rank %d is unreachable",
+                               members[i]);
+    return tide__pool_allgather(pool, members, n, tag, timeout_ms, cancel, NULL, mine, bytes, all);
+}
+
 /* ---- communicators ------------------------------------------------------------------- */
 
 tide_status tide__comm_alloc(const tide_coll_backend_v1 *be, tide_coll_pool_t *pool,
@@ -790,7 +871,6 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
     int32_t *all = tide_calloc(n, 2 * sizeof *all);
     int32_t *sorted = tide_calloc(n, 3 * sizeof *sorted);
     int *members = tide_calloc(n, sizeof *members);
-    void *dev = NULL;
     TIDE_CHECK_ALLOC_GOTO(all, rc, out_free);
     TIDE_CHECK_ALLOC_GOTO(sorted, rc, out_free);
     TIDE_CHECK_ALLOC_GOTO(members, rc, out_free);
@@ -800,15 +880,17 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
         TIDE_CHECK_GOTO(tide_coll_allgather(parent, all + 2 * parent->rank, all, sizeof mine, NULL),
                         rc, out_free);
     } else {
-        TIDE_CHECK_GOTO(be->mem_alloc(n * sizeof mine, &dev), rc, out_free);
-        TIDE_CHECK_GOTO(be->copy_host((char *)dev + (size_t)parent->rank * sizeof mine, mine,
-                                      sizeof mine, 0, NULL),
+        /* over the pool's MPI communicator in host memory, never a device collective: a
+           split may run on a thread of its own while the training thread's collectives
+           run on the same device, and two ranks could then enqueue the two in opposite
+           orders. The tag is the one the mpi backend derives for a split's handshake (a
+           device backend's split uses no other pool message). */
+        int tag = (int)(((unsigned)parent->tag * 2654435761u + 7919u * (parent->split_seq + 1u)) %
+                        (TIDE_COLL_MAX_TAG + 1u));
+        TIDE_CHECK_GOTO(tide__pool_allgather(parent->pool, parent->members, parent->size, tag,
+                                             parent->timeout_ms, (const int *)&parent->aborted,
+                                             parent->watch, mine, sizeof mine, all),
                         rc, out_free);
-        TIDE_CHECK_GOTO(tide_coll_allgather(parent,
-                                            (char *)dev + (size_t)parent->rank * sizeof mine, dev,
-                                            sizeof mine, NULL),
-                        rc, out_free);
-        TIDE_CHECK_GOTO(be->copy_host(all, dev, n * sizeof mine, 1, NULL), rc, out_free);
     }
     int m = 0;
     if (color >= 0) {
@@ -833,8 +915,6 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
     }
     parent->split_seq++;
 out_free:
-    if (dev)
-        be->mem_free(dev);
     tide_free(all);
     tide_free(sorted);
     tide_free(members);
@@ -1128,6 +1208,15 @@ tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
                                              "required");
     *out = NULL;
     return be->stream_new_low != NULL ? be->stream_new_low(device, out) : TIDE_OK;
+}
+
+tide_status tide_coll_stream_new(const tide_coll_backend_v1 *be, int device,
+                                 tide_coll_stream_t *out)
+{
+    if (be == NULL || out == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_stream_new: backend and out are required");
+    *out = NULL;
+    return be->stream_new != NULL ? be->stream_new(device, out) : TIDE_OK;
 }
 
 void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream)

@@ -232,6 +232,12 @@ typedef struct tide_coll_backend_v1 {
     /* Optional (NULL: a host-memory backend). The memory of device in bytes (nccl:
        cudaMemGetInfo's total there), what the worker reports to tided. Any thread. */
     tide_status (*mem_total)(int device, uint64_t *bytes);
+    /* Optional (NULL: a host-memory backend, whose streams are NULL). A new stream on device
+       with the default priority, non-blocking with respect to the default (NULL) stream
+       (nccl: cudaStreamNonBlocking): libtide's own device work goes there, so that it never
+       waits for, nor is ordered with, work a program enqueues on the default stream. Any
+       thread; free with stream_free. */
+    tide_status (*stream_new)(int device, tide_coll_stream_t *out);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */
@@ -274,7 +280,14 @@ tide_status tide_coll_mem_check(const tide_coll_backend_v1 *be, const void *ptr,
 tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
                                      tide_coll_stream_t *out);
 
-/* Frees a stream from tide_coll_stream_new_low; NULL is fine. Any thread. */
+/* A stream of its own on device for a library's device work: non-blocking with respect to
+   the default stream, default priority (NULL for host backends); free it with
+   tide_coll_stream_free. Any thread. */
+tide_status tide_coll_stream_new(const tide_coll_backend_v1 *be, int device,
+                                 tide_coll_stream_t *out);
+
+/* Frees a stream from tide_coll_stream_new_low or tide_coll_stream_new; NULL is fine. Any
+   thread. */
 void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream);
 
 /* True when dtype is one of the reduction dtypes backend be supports. */
@@ -312,6 +325,17 @@ tide_status tide_coll_pool_new_ranked(tide_coll_pool_t **out, MPI_Comm comm, con
 tide_status tide_coll_pool_subset(tide_coll_pool_t **out, tide_coll_pool_t *pool,
                                   const int *members, int n, int tag, uint32_t timeout_ms,
                                   const int *cancel);
+
+/* Every member's `bytes` of mine, in member order, into all (n * bytes), in host memory
+   over the pool's MPI communicator, never on a device: members[0] gathers the parts and
+   sends the table back. For agreements that must not interleave with a device's
+   collectives (a thread of its own while the training thread's run). members: sorted pool
+   ranks, the caller's among them; tag in [0, TIDE_COLL_MAX_TAG], the same on every member
+   and used by no other creation over pool at the time. Collective over the members only;
+   bounded by timeout_ms (0: the default) and *cancel (NULL: none). */
+tide_status tide_coll_pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                     uint32_t timeout_ms, const int *cancel, const void *mine,
+                                     size_t bytes, void *all);
 
 /* The pool's private communicator (borrowed; for connecting pools). Any thread. */
 MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool);

@@ -146,6 +146,14 @@ typedef struct tide__handshake {
 tide_status tide__pool_handshake_run(tide_coll_pool_t *pool, const tide__handshake *h,
                                      void *payload, size_t payload_len);
 
+/* Every member's `bytes` of mine, in member order, into all (n * bytes), over the pool's
+   MPI communicator in host memory: members[0] gathers the parts and sends the table back.
+   MPI tag 2 * tag; bounded by timeout_ms and the two cancel flags (each may be NULL).
+   Collective over members; caller's thread. */
+tide_status tide__pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                 uint32_t timeout_ms, const int *cancel, const int *cancel2,
+                                 const void *mine, size_t bytes, void *all);
+
 /* 1 when cancel (a tide_coll_comm_params.cancel flag, may be NULL) is set. Any thread. */
 static inline int tide__cancelled(const int *cancel)
 {

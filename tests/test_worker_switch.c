@@ -20,6 +20,11 @@
  *             one rank waits in the switch communicator's creation for a late peer: the
  *             wait ends at once, the undo restores the old layout, and the generation can
  *             no longer be committed.
+ *   streams   the GPU stream rule on a device stand-in (the mpi backend's operations
+ *             declared of the device kind, with streams of its own): the preparation of
+ *             a resize enqueues nothing on any stream (it agrees in host memory), and the
+ *             switch does all its device work on the runtime's own stream, never the
+ *             default one, whether its communicators were built ahead or not.
  *   dead      a shrink where tided says the member that leaves is gone: its state comes
  *             from the replica, and the switch communicator leaves it out.
  *   join      two processes started as separate pools (job ranks 0 and 1 of a job of 2)
@@ -93,6 +98,133 @@ static void rec_register(void)
     rec.comm_split = rec_split;
     rec.comm_destroy = rec_destroy;
     MT_OK(tide_coll_backend_register(&rec));
+}
+
+/* A device stand-in: the mpi backend's operations on host memory, declared of the device
+   kind (so that libtide and the collectives take their device paths), with streams of its
+   own (tokens, never NULL) and a record of the stream every call that takes one was given,
+   on the program's main thread or another. */
+static tide_coll_backend_v1 dev;
+static _Thread_local int is_main;
+static char stream_tokens[4];
+static int n_streams;                  /* streams made */
+static int main_null, other_calls;     /* the default stream on the main thread; any call on
+                                          another thread */
+static int main_calls, main_own;       /* calls on the main thread; on the runtime's stream */
+static tide_coll_stream_t want_stream; /* the runtime's */
+static char first_bad[96];
+
+static void on_stream(const char *op, tide_coll_stream_t s)
+{
+    if (!is_main) {
+        if (__atomic_add_fetch(&other_calls, 1, __ATOMIC_RELAXED) == 1)
+            snprintf(first_bad, sizeof first_bad, "%s on a thread of libtide's", op);
+        return;
+    }
+    main_calls++;
+    if (s == NULL && main_null++ == 0)
+        snprintf(first_bad, sizeof first_bad, "%s on the default stream", op);
+    main_own += s != NULL && s == want_stream;
+}
+
+static tide_status dev_stream_new(int device, tide_coll_stream_t *out)
+{
+    (void)device;
+    *out = &stream_tokens[__atomic_fetch_add(&n_streams, 1, __ATOMIC_RELAXED) % 4];
+    return TIDE_OK;
+}
+
+static void dev_stream_free(tide_coll_stream_t s)
+{
+    (void)s;
+}
+
+static tide_status dev_alloc_on(int device, size_t bytes, void **out)
+{
+    (void)device;
+    return under->mem_alloc(bytes, out);
+}
+
+static tide_status dev_zero(int device, void *ptr, size_t bytes)
+{
+    (void)device;
+    memset(ptr, 0, bytes);
+    return TIDE_OK;
+}
+
+static tide_status dev_p2p_start(tide_coll_comm_t *c, const tide_p2p_op *ops,
+                                 const tide_p2p_peer *peers, size_t n, tide_coll_stream_t s,
+                                 tide_coll_req_t **out)
+{
+    on_stream("p2p_start", s);
+    return under->p2p_start(c, ops, peers, n, s, out);
+}
+
+static tide_status dev_allreduce(tide_coll_comm_t *c, const void *send, void *recv, size_t count,
+                                 tide_dtype dt, tide_red_op op, tide_coll_stream_t s)
+{
+    on_stream("allreduce", s);
+    return under->allreduce(c, send, recv, count, dt, op, s);
+}
+
+static tide_status dev_allgather(tide_coll_comm_t *c, const void *send, void *recv, size_t bytes,
+                                 tide_coll_stream_t s)
+{
+    on_stream("allgather", s);
+    return under->allgather(c, send, recv, bytes, s);
+}
+
+static tide_status dev_barrier(tide_coll_comm_t *c, tide_coll_stream_t s)
+{
+    on_stream("barrier", s);
+    return under->barrier(c, s);
+}
+
+static tide_status dev_broadcast(tide_coll_comm_t *c, void *buf, size_t bytes, int root,
+                                 tide_coll_stream_t s)
+{
+    on_stream("broadcast", s);
+    return under->broadcast(c, buf, bytes, root, s);
+}
+
+static tide_status dev_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h,
+                              tide_coll_stream_t s)
+{
+    on_stream("copy2d", s);
+    return under->copy2d(dst, dp, src, sp, w, h, s);
+}
+
+static tide_status dev_copy_host(void *dst, const void *src, size_t bytes, int to_host,
+                                 tide_coll_stream_t s)
+{
+    on_stream("copy_host", s);
+    return under->copy_host(dst, src, bytes, to_host, s);
+}
+
+static tide_status dev_sync(tide_coll_comm_t *c, tide_coll_stream_t s)
+{
+    on_stream("stream_sync", s);
+    return under->stream_sync(c, s);
+}
+
+static void dev_register(void)
+{
+    dev = rec;
+    dev.name = "swdev";
+    dev.mem_kind = TIDE_MEM_DEVICE;
+    dev.mem_alloc_on = dev_alloc_on;
+    dev.mem_zero = dev_zero;
+    dev.stream_new = dev_stream_new;
+    dev.stream_free = dev_stream_free;
+    dev.p2p_start = dev_p2p_start;
+    dev.allreduce = dev_allreduce;
+    dev.allgather = dev_allgather;
+    dev.barrier = dev_barrier;
+    dev.broadcast = dev_broadcast;
+    dev.copy2d = dev_copy2d;
+    dev.copy_host = dev_copy_host;
+    dev.stream_sync = dev_sync;
+    MT_OK(tide_coll_backend_register(&dev));
 }
 
 /* ---- the toy state ------------------------------------------------------------------------ */
@@ -182,6 +314,8 @@ static tide_layout_t *layout(int dp, int tp, int pp, const int32_t *workers)
 /* A runtime of job rank `rank` of `size` over pool (owned from here), on layout l (copied)
    of generation gen, holding the state after `step` steps; owned: the runtime owns the
    buffers. Builds l's groups: collective over l's members. */
+static const char *g_backend = "swrec"; /* the backend rt_new gives a runtime */
+
 static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_collection_t *coll,
                       const tide_layout_t *l, uint64_t gen, int64_t step, int owned)
 {
@@ -198,7 +332,8 @@ static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_col
     t->rank = rank;
     t->size = size;
     MT_ASSERT(MPI_Comm_dup(tide_coll_pool_comm(pool), &t->end_comm) == MPI_SUCCESS, "dup");
-    MT_OK(tide_coll_backend_find("swrec", &t->be));
+    MT_OK(tide_coll_backend_find(g_backend, &t->be));
+    MT_OK(tide_coll_stream_new(t->be, 0, &t->stream));
     t->coord_ids = tide_calloc((size_t)size, sizeof *t->coord_ids);
     for (int r = 0; r < size; r++)
         t->coord_ids[r] = tide_coll_pool_comm_rank(pool, r) >= 0 ? 100 + r : -1;
@@ -615,6 +750,88 @@ static void test_aborted(const tide_collection_t *coll)
     tide_layout_destroy(&tp2);
 }
 
+/* tided's layout message of generation gen from prev to next (its arrays borrowed). */
+static void proto_layout(tide_proto_layout_t *out, uint64_t gen, const tide_layout_t *l)
+{
+    memset(out, 0, sizeof *out);
+    out->gen = gen;
+    out->dp = l->dp;
+    out->tp = l->tp;
+    out->pp = l->pp;
+    out->num_layers = l->num_layers;
+    out->micro_batches = l->micro_batches;
+    out->stage_start = l->stage_start;
+    out->worker = l->worker;
+}
+
+/* The streams rule (issue 27), on the device stand-in: the preparation of a resize (its
+   own thread, while the old layout would train) builds the switch's communicators and
+   agrees that every participant has them without enqueueing anything on any stream (no
+   device collective that could interleave with the training thread's), and the switch
+   then takes them and does all of its device work on the runtime's own stream, never the
+   default one; so does a switch that builds its groups at the switch step. */
+static void test_streams(const tide_collection_t *coll)
+{
+    tide_layout_t *dp2 = layout(2, 1, 1, W01), *tp2 = layout(1, 2, 1, W01);
+    g_backend = "swdev";
+    tide_t *t = rt_new(world_pool(), g_rank, g_size, coll, dp2, 1, 4, 0);
+    want_stream = t->stream;
+    MT_ASSERT(t->stream != NULL, "the runtime has a stream of its own");
+    t->multi = 1; /* MPI_THREAD_MULTIPLE everywhere: built ahead */
+    MT_OK(tide__prep_new(&t->prep, g_gens));
+    tide__rebase(t);
+    tide_msg_t lm;
+    tide_msg_init(&lm, TIDE_MSG_LAYOUT);
+    snprintf(lm.u.layout.job, sizeof lm.u.layout.job, "%s", JOB);
+    lm.u.layout.has_prev = 1;
+    lm.u.layout.world = g_size;
+    proto_layout(&lm.u.layout.layout, 60, tp2);
+    proto_layout(&lm.u.layout.prev, 1, dp2);
+    main_calls = main_null = main_own = 0;
+    __atomic_store_n(&other_calls, 0, __ATOMIC_RELAXED);
+    tide__prep_start(t->prep, 60, &lm.u.layout);
+    tide__prep_wait(t->prep, 60);
+    MT_ASSERT(__atomic_load_n(&other_calls, __ATOMIC_RELAXED) == 0,
+              "the preparation enqueued device work: %s", first_bad);
+    port_rec p = {.t = t, .completed = 4};
+    void **nb = new_buffers(t, tp2, 60), *old[8];
+    memcpy(old, t->bufs, t->n_tensors * sizeof *old);
+    tide__intent in = intent(60, dp2, tp2, 1);
+    tide_reshard_stats st;
+    MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, &st));
+    MT_ASSERT(st.prepared, "the switch took what the preparation built");
+    shards(coll, &t->view, t->bufs, 4, 0, "streams: after the prepared switch");
+    MT_ASSERT(main_null == 0, "the switch used the default stream: %s", first_bad);
+    MT_ASSERT(main_calls > 0 && main_own == main_calls,
+              "the switch's device work ran on the runtime's stream (%d of %d calls)", main_own,
+              main_calls);
+    /* back, built at the switch step: the groups' splits agree in host memory */
+    for (size_t i = 0; i < t->n_tensors; i++)
+        tide__free_buffer(t, old[i]);
+    tide_free(nb);
+    nb = new_buffers(t, dp2, 61);
+    memcpy(old, t->bufs, t->n_tensors * sizeof *old);
+    t->multi = 0;
+    tide__rebase(t);
+    main_calls = main_null = main_own = 0;
+    in = intent(61, tp2, dp2, 1);
+    MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, &st));
+    MT_ASSERT(!st.prepared, "built at the switch step");
+    shards(coll, &t->view, t->bufs, 4, 0, "streams: after the switch");
+    MT_ASSERT(main_null == 0 && main_calls > 0 && main_own == main_calls,
+              "the switch's device work ran on the runtime's stream (%d of %d; %s)", main_own,
+              main_calls, first_bad);
+    MT_ASSERT(__atomic_load_n(&other_calls, __ATOMIC_RELAXED) == 0, "%s", first_bad);
+    for (size_t i = 0; i < t->n_tensors; i++)
+        tide__free_buffer(t, old[i]);
+    tide_free(nb);
+    rt_destroy(&t);
+    g_backend = "swrec";
+    MT_ASSERT(n_live == 0, "streams: %d communicators leaked", n_live);
+    tide_layout_destroy(&dp2);
+    tide_layout_destroy(&tp2);
+}
+
 /* Writes the state after `step` steps of layout l as a checkpoint under root; its dir. */
 static void write_ckpt(tide_t *t, const char *root, int64_t step, char *dir, size_t len)
 {
@@ -830,6 +1047,8 @@ int main(int argc, char **argv)
     MT_ASSERT(g_size == 2, "run with 2 ranks");
     MT_OK(tide__gens_new(&g_gens));
     rec_register();
+    dev_register();
+    is_main = 1;
     tide_collection_t *coll = make_collection(0);
     char root[256];
     snprintf(root, sizeof root, "%s/tide-swtest-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
@@ -837,11 +1056,8 @@ int main(int argc, char **argv)
     struct {
         const char *name;
         void (*run)(const tide_collection_t *);
-    } tests[] = {{"plain", test_plain},
-                 {"undo", test_undo},
-                 {"aborted", test_aborted},
-                 {"dead", test_dead},
-                 {"join", test_join},
+    } tests[] = {{"plain", test_plain},     {"undo", test_undo}, {"aborted", test_aborted},
+                 {"streams", test_streams}, {"dead", test_dead}, {"join", test_join},
                  {"release", test_release}};
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

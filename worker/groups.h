@@ -16,12 +16,15 @@
 #include "worker/worker_int.h"
 
 /* tide__gen_tag's k of the switch communicator built ahead: a tag of its own, so that no
-   message of a build that was abandoned matches one made at a switch step. */
-#define TIDE__TAG_PREBUILT 6
+   message of a build that was abandoned matches one made at a switch step; and of the
+   participants' agreement that every one of them has the whole set. */
+#define TIDE__TAG_PREBUILT       6
+#define TIDE__TAG_PREBUILT_AGREE 2
 
-/* The communicator tag of generation gen's k-th creation (0: the switch's participants,
-   1-4: the layout's all/tp/dp/pp groups, 5: a join, 6: the switch's built ahead, 7: a
-   release's pools); the same on every rank. */
+/* The pool tag of generation gen's k-th use (0: the switch's participants, 1: the layout's
+   all made over the pool, 2: the agreement on what was built ahead, 5: a join, 6: the
+   switch's communicator built ahead, 7: a release's pools; splits derive theirs from their
+   parent's); the same on every rank. */
 int tide__gen_tag(uint64_t gen, int k);
 
 /* Fills v for worker me in layout l (NULL: no layout); communicators NULL. */

@@ -74,26 +74,25 @@ void tide__prebuilt_free(tide__prebuilt *b)
 }
 
 /* 1 on every participant when all of them have the whole set (ok), 0 when one has not;
-   an error when the communicator failed (aborted, a member died). Over sw, in the
-   backend's memory kind. */
-static tide_status agree_ok(const tide__prep_base *b, tide_coll_comm_t *sw, int ok, int *all)
+   an error when a participant never answered (timeout, or the generation's word). In
+   host memory over the pool's MPI communicator, never a device collective: the training
+   thread's collectives run on the same device meanwhile, and two ranks could enqueue the
+   two in opposite orders and wait on each other. */
+static tide_status agree_ok(const tide__prep_base *b, uint64_t gen, const tide__prebuilt *out,
+                            const int *word, int ok, int *all)
 {
-    int32_t v = ok ? 0 : 1; /* the most failed: one rank that has not decides for all */
-    if (b->be->mem_kind == TIDE_MEM_HOST) {
-        TIDE_CHECK(tide_coll_allreduce(sw, &v, &v, 1, TIDE_I32, TIDE_RED_MAX, NULL));
-    } else {
-        void *dev = NULL;
-        TIDE_CHECK(tide_coll_mem_alloc(b->be, b->device, sizeof v, &dev));
-        tide_status rc = b->be->copy_host(dev, &v, sizeof v, 0, NULL);
-        if (rc == TIDE_OK)
-            rc = tide_coll_allreduce(sw, dev, dev, 1, TIDE_I32, TIDE_RED_MAX, NULL);
-        if (rc == TIDE_OK)
-            rc = b->be->copy_host(&v, dev, sizeof v, 1, NULL);
-        b->be->mem_free(dev);
-        TIDE_CHECK(rc);
-    }
-    *all = v == 0;
-    return TIDE_OK;
+    int32_t mine = ok ? 0 : 1, *votes = tide_malloc((size_t)out->np * sizeof *votes);
+    if (votes == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory agreeing on the build");
+    tide_status rc = tide_coll_pool_allgather(
+        b->pool, out->parts, out->np, tide__gen_tag(gen, TIDE__TAG_PREBUILT_AGREE),
+        (uint32_t)b->switch_timeout_ms, word, &mine, sizeof mine, votes);
+    int32_t worst = 0;
+    for (int i = 0; rc == TIDE_OK && i < out->np; i++)
+        worst = votes[i] > worst ? votes[i] : worst;
+    tide_free(votes);
+    *all = rc == TIDE_OK && worst == 0; /* the most failed: one rank that has not decides */
+    return rc;
 }
 
 /* The build itself, into *out; TIDE_OK with *kept when every participant has the whole
@@ -128,7 +127,7 @@ static tide_status build(const tide__prep_base *b, uint64_t gen, const tide_layo
                   (unsigned long long)gen, tide_last_error());
     /* a rank that could not plan says so here, and nobody keeps a partial set (the switch
        step must find the same set on every participant, or none) */
-    return agree_ok(b, out->sw, prc == TIDE_OK, kept);
+    return agree_ok(b, gen, out, word, prc == TIDE_OK, kept);
 }
 
 /* 1 when gen's switch can use communicators built ahead, and this rank takes part in it

@@ -129,10 +129,6 @@ static tide_status rt_commit(void *ctx, uint64_t gen, int rollback, int64_t rb_s
     install(arg);
     switched_ctx x = {rollback, rb_step, 0};
     tide__agree_change(t, switched, &x);
-    tide__gen_put(&t->run_word);
-    t->run_word = t->next_word;
-    t->next_word = NULL;
-    tide__gens_retire(t->gens, gen); /* nothing can abort an older generation any more */
     if (rollback)
         tide__ckpt_rolled_back(t, rb_step);
     *step = x.step;
@@ -154,9 +150,16 @@ static void rt_failed(void *ctx, uint64_t gen)
         tide__gen_switch_failed(t->next_word);
 }
 
+/* After the teardown: the old groups are gone, so is the need for their generation's word
+   (nothing can abort an older generation any more); the new one's is the running one. */
 static void rt_adopted(void *ctx)
 {
-    tide__rebase(ctx);
+    tide_t *t = ctx;
+    tide__gen_put(&t->run_word);
+    t->run_word = t->next_word;
+    t->next_word = NULL;
+    tide__gens_retire(t->gens, t->agree.gen);
+    tide__rebase(t);
 }
 
 void tide__switch_port_runtime(tide_t *t, tide__switch_port *out)

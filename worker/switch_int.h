@@ -51,7 +51,8 @@ typedef struct tide__switch_port {
                           void (*install)(void *arg), void *arg, int64_t *step);
     /* The switch to gen failed: the agreement waits for tided's abort (or has it). */
     void (*failed)(void *ctx, uint64_t gen);
-    /* The runtime took the new layout and buffers (before tided hears done): the
+    /* The runtime took the new layout and buffers, the old layout's communicators are gone
+       (before tided hears done): the new generation's word is the running one, and the
        preparation prepares from them from now on. */
     void (*adopted)(void *ctx);
 } tide__switch_port;

@@ -1210,15 +1210,6 @@ tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
     return be->stream_new_low != NULL ? be->stream_new_low(device, out) : TIDE_OK;
 }
 
-tide_status tide_coll_stream_new(const tide_coll_backend_v1 *be, int device,
-                                 tide_coll_stream_t *out)
-{
-    if (be == NULL || out == NULL)
-        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_stream_new: backend and out are required");
-    *out = NULL;
-    return be->stream_new != NULL ? be->stream_new(device, out) : TIDE_OK;
-}
-
 void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream)
 {
     if (be != NULL && stream != NULL && be->stream_free != NULL)

@@ -232,12 +232,6 @@ typedef struct tide_coll_backend_v1 {
     /* Optional (NULL: a host-memory backend). The memory of device in bytes (nccl:
        cudaMemGetInfo's total there), what the worker reports to tided. Any thread. */
     tide_status (*mem_total)(int device, uint64_t *bytes);
-    /* Optional (NULL: a host-memory backend, whose streams are NULL). A new stream on device
-       with the default priority, non-blocking with respect to the default (NULL) stream
-       (nccl: cudaStreamNonBlocking): libtide's own device work goes there, so that it never
-       waits for, nor is ordered with, work a program enqueues on the default stream. Any
-       thread; free with stream_free. */
-    tide_status (*stream_new)(int device, tide_coll_stream_t *out);
 } tide_coll_backend_v1;
 
 /* ---- backends and pools -------------------------------------------------------- */
@@ -280,14 +274,7 @@ tide_status tide_coll_mem_check(const tide_coll_backend_v1 *be, const void *ptr,
 tide_status tide_coll_stream_new_low(const tide_coll_backend_v1 *be, int device,
                                      tide_coll_stream_t *out);
 
-/* A stream of its own on device for a library's device work: non-blocking with respect to
-   the default stream, default priority (NULL for host backends); free it with
-   tide_coll_stream_free. Any thread. */
-tide_status tide_coll_stream_new(const tide_coll_backend_v1 *be, int device,
-                                 tide_coll_stream_t *out);
-
-/* Frees a stream from tide_coll_stream_new_low or tide_coll_stream_new; NULL is fine. Any
-   thread. */
+/* Frees a stream from tide_coll_stream_new_low; NULL is fine. Any thread. */
 void tide_coll_stream_free(const tide_coll_backend_v1 *be, tide_coll_stream_t stream);
 
 /* True when dtype is one of the reduction dtypes backend be supports. */

@@ -898,22 +898,6 @@ static tide_status dev_stream_new_low(int device, tide_coll_stream_t *out)
     return rc;
 }
 
-static tide_status stream_here(tide_coll_stream_t *out)
-{
-    cudaStream_t s = NULL;
-    /* non-blocking: never ordered with the default stream's work */
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    *out = s;
-    return TIDE_OK;
-}
-
-static tide_status dev_stream_new(int device, tide_coll_stream_t *out)
-{
-    tide_status rc = TIDE_OK;
-    ON_DEVICE(device, rc, stream_here(out));
-    return rc;
-}
-
 static void dev_stream_free(tide_coll_stream_t stream)
 {
     if (stream != NULL)
@@ -976,7 +960,6 @@ const tide_coll_backend_v1 tide__coll_nccl_backend = {
     .mem_check = dev_check,
     .stream_new_low = dev_stream_new_low,
     .stream_free = dev_stream_free,
-    .stream_new = dev_stream_new,
     .host_alloc = pinned_alloc,
     .host_free = pinned_free,
     .mem_total = dev_mem_total,

@@ -21,10 +21,11 @@
  *             wait ends at once, the undo restores the old layout, and the generation can
  *             no longer be committed.
  *   streams   the GPU stream rule on a device stand-in (the mpi backend's operations
- *             declared of the device kind, with streams of its own): the preparation of
- *             a resize enqueues nothing on any stream (it agrees in host memory), and the
- *             switch does all its device work on the runtime's own stream, never the
- *             default one, whether its communicators were built ahead or not.
+ *             declared of the device kind, recording the stream of each call and its
+ *             thread): the preparation of a resize enqueues nothing on any stream (it
+ *             agrees in host memory), and the switch gives every device call no stream
+ *             (NULL: the backend's own stream of the calling thread, never CUDA's default
+ *             one; test_nccl_streams checks that of nccl), built ahead or not.
  *   dead      a shrink where tided says the member that leaves is gone: its state comes
  *             from the replica, and the switch communicator leaves it out.
  *   join      two processes started as separate pools (job ranks 0 and 1 of a job of 2)
@@ -101,17 +102,14 @@ static void rec_register(void)
 }
 
 /* A device stand-in: the mpi backend's operations on host memory, declared of the device
-   kind (so that libtide and the collectives take their device paths), with streams of its
-   own (tokens, never NULL) and a record of the stream every call that takes one was given,
-   on the program's main thread or another. */
+   kind (so that libtide and the collectives take their device paths), with a record of
+   the stream every call that takes one was given, on the program's main thread or
+   another. A stream libtide names would be a program's (the default one included); NULL
+   is the backend's own stream for the calling thread, the rule nccl keeps. */
 static tide_coll_backend_v1 dev;
 static _Thread_local int is_main;
-static char stream_tokens[4];
-static int n_streams;                  /* streams made */
-static int main_null, other_calls;     /* the default stream on the main thread; any call on
-                                          another thread */
-static int main_calls, main_own;       /* calls on the main thread; on the runtime's stream */
-static tide_coll_stream_t want_stream; /* the runtime's */
+static int other_calls;          /* any call on another thread than the main one */
+static int main_calls, main_own; /* calls on the main thread; given no stream (own) */
 static char first_bad[96];
 
 static void on_stream(const char *op, tide_coll_stream_t s)
@@ -122,21 +120,9 @@ static void on_stream(const char *op, tide_coll_stream_t s)
         return;
     }
     main_calls++;
-    if (s == NULL && main_null++ == 0)
-        snprintf(first_bad, sizeof first_bad, "%s on the default stream", op);
-    main_own += s != NULL && s == want_stream;
-}
-
-static tide_status dev_stream_new(int device, tide_coll_stream_t *out)
-{
-    (void)device;
-    *out = &stream_tokens[__atomic_fetch_add(&n_streams, 1, __ATOMIC_RELAXED) % 4];
-    return TIDE_OK;
-}
-
-static void dev_stream_free(tide_coll_stream_t s)
-{
-    (void)s;
+    if (s != NULL && main_calls - main_own == 1)
+        snprintf(first_bad, sizeof first_bad, "%s on a stream libtide does not own (%p)", op, s);
+    main_own += s == NULL;
 }
 
 static tide_status dev_alloc_on(int device, size_t bytes, void **out)
@@ -214,8 +200,6 @@ static void dev_register(void)
     dev.mem_kind = TIDE_MEM_DEVICE;
     dev.mem_alloc_on = dev_alloc_on;
     dev.mem_zero = dev_zero;
-    dev.stream_new = dev_stream_new;
-    dev.stream_free = dev_stream_free;
     dev.p2p_start = dev_p2p_start;
     dev.allreduce = dev_allreduce;
     dev.allgather = dev_allgather;
@@ -333,7 +317,6 @@ static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_col
     t->size = size;
     MT_ASSERT(MPI_Comm_dup(tide_coll_pool_comm(pool), &t->end_comm) == MPI_SUCCESS, "dup");
     MT_OK(tide_coll_backend_find(g_backend, &t->be));
-    MT_OK(tide_coll_stream_new(t->be, 0, &t->stream));
     t->coord_ids = tide_calloc((size_t)size, sizeof *t->coord_ids);
     for (int r = 0; r < size; r++)
         t->coord_ids[r] = tide_coll_pool_comm_rank(pool, r) >= 0 ? 100 + r : -1;
@@ -768,15 +751,13 @@ static void proto_layout(tide_proto_layout_t *out, uint64_t gen, const tide_layo
    own thread, while the old layout would train) builds the switch's communicators and
    agrees that every participant has them without enqueueing anything on any stream (no
    device collective that could interleave with the training thread's), and the switch
-   then takes them and does all of its device work on the runtime's own stream, never the
-   default one; so does a switch that builds its groups at the switch step. */
+   then takes them and does all of its device work on the backend's own stream of its
+   thread, naming none; so does a switch that builds its groups at the switch step. */
 static void test_streams(const tide_collection_t *coll)
 {
     tide_layout_t *dp2 = layout(2, 1, 1, W01), *tp2 = layout(1, 2, 1, W01);
     g_backend = "swdev";
     tide_t *t = rt_new(world_pool(), g_rank, g_size, coll, dp2, 1, 4, 0);
-    want_stream = t->stream;
-    MT_ASSERT(t->stream != NULL, "the runtime has a stream of its own");
     t->multi = 1; /* MPI_THREAD_MULTIPLE everywhere: built ahead */
     MT_OK(tide__prep_new(&t->prep, g_gens));
     tide__rebase(t);
@@ -787,7 +768,7 @@ static void test_streams(const tide_collection_t *coll)
     lm.u.layout.world = g_size;
     proto_layout(&lm.u.layout.layout, 60, tp2);
     proto_layout(&lm.u.layout.prev, 1, dp2);
-    main_calls = main_null = main_own = 0;
+    main_calls = main_own = 0;
     __atomic_store_n(&other_calls, 0, __ATOMIC_RELAXED);
     tide__prep_start(t->prep, 60, &lm.u.layout);
     tide__prep_wait(t->prep, 60);
@@ -801,10 +782,9 @@ static void test_streams(const tide_collection_t *coll)
     MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, &st));
     MT_ASSERT(st.prepared, "the switch took what the preparation built");
     shards(coll, &t->view, t->bufs, 4, 0, "streams: after the prepared switch");
-    MT_ASSERT(main_null == 0, "the switch used the default stream: %s", first_bad);
     MT_ASSERT(main_calls > 0 && main_own == main_calls,
-              "the switch's device work ran on the runtime's stream (%d of %d calls)", main_own,
-              main_calls);
+              "the switch's device work ran on libtide's own stream (%d of %d calls; %s)",
+              main_own, main_calls, first_bad);
     /* back, built at the switch step: the groups' splits agree in host memory */
     for (size_t i = 0; i < t->n_tensors; i++)
         tide__free_buffer(t, old[i]);
@@ -813,13 +793,13 @@ static void test_streams(const tide_collection_t *coll)
     memcpy(old, t->bufs, t->n_tensors * sizeof *old);
     t->multi = 0;
     tide__rebase(t);
-    main_calls = main_null = main_own = 0;
+    main_calls = main_own = 0;
     in = intent(61, tp2, dp2, 1);
     MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, &st));
     MT_ASSERT(!st.prepared, "built at the switch step");
     shards(coll, &t->view, t->bufs, 4, 0, "streams: after the switch");
-    MT_ASSERT(main_null == 0 && main_calls > 0 && main_own == main_calls,
-              "the switch's device work ran on the runtime's stream (%d of %d; %s)", main_own,
+    MT_ASSERT(main_calls > 0 && main_own == main_calls,
+              "the switch's device work ran on libtide's own stream (%d of %d; %s)", main_own,
               main_calls, first_bad);
     MT_ASSERT(__atomic_load_n(&other_calls, __ATOMIC_RELAXED) == 0, "%s", first_bad);
     for (size_t i = 0; i < t->n_tensors; i++)

@@ -98,7 +98,7 @@ tide_status tide__rollback_agree(tide_t *t, tide_coll_comm_t *sw, tide_status mi
         rc = tide_copy_from_host(t, dev, &flag, sizeof flag);
     if (rc == TIDE_OK)
         rc = tide_coll_allreduce(sw, dev, (char *)dev + sizeof flag, 1, TIDE_I32, TIDE_RED_MAX,
-                                 t->stream);
+                                 NULL);
     if (rc == TIDE_OK)
         rc = tide_copy_to_host(t, &any, (char *)dev + sizeof flag, sizeof any);
     tide_mem_free(t, dev);

@@ -310,7 +310,7 @@ tide_status tide__switch_communicator(tide__switch *tx)
         tide__switch_log(tx, undo_groups);
         /* the wait for the other participants to reach the switch, which a creation here
            would have included: kept apart from the data movement */
-        TIDE_CHECK(tide_coll_barrier(tx->sw, t->stream));
+        TIDE_CHECK(tide_coll_barrier(tx->sw, NULL));
     } else {
         if (t->prep != NULL)
             tide__prep_drop(t->prep, 0); /* for another generation or participant set */
@@ -436,7 +436,6 @@ static tide_status move(tide__switch *tx)
     tide_exec_opts_init(&eo);
     eo.staging_cap = t->opts.staging_cap;
     eo.pool = t->mem;
-    eo.stream = t->stream; /* libtide's own, never the default stream */
     uint64_t tm = tide_now_ns();
     rc = tide_reshard_execute(tx->sw, &ea, &eo, &tx->es);
     rows_free(&r);

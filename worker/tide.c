@@ -173,8 +173,6 @@ static tide_status open_pool(tide_t *t, const tide_options *opts, MPI_Comm world
     t->device = opts->device >= 0 ? opts->device : local;
     if (rc == TIDE_OK)
         rc = tide_coll_device_bind(t->be, t->device);
-    if (rc == TIDE_OK)
-        rc = tide_coll_stream_new(t->be, t->device, &t->stream);
     return rc;
 }
 
@@ -337,8 +335,6 @@ void tide_destroy(tide_t **self_p)
     tide_free(t->bufs);
     tide_free(t->moved);
     tide_mem_pool_destroy(&t->mem);
-    if (t->be != NULL)
-        tide_coll_stream_free(t->be, t->stream);
     tide_free(t->coord_ids);
     tide_coll_pool_destroy(&t->pool);
     tide__mailbox_destroy(&t->intents);
@@ -438,20 +434,20 @@ tide_status tide_mem_copy(const tide_t *t, void *dst, const void *src, size_t by
     TIDE_CHECK(copy_args(t, "tide_mem_copy", dst, 1, src, 1, bytes));
     if (bytes == 0)
         return TIDE_OK;
-    TIDE_CHECK(t->be->copy2d(dst, bytes, src, bytes, bytes, 1, t->stream));
-    return t->be->stream_sync(NULL, t->stream);
+    TIDE_CHECK(t->be->copy2d(dst, bytes, src, bytes, bytes, 1, NULL));
+    return t->be->stream_sync(NULL, NULL);
 }
 
 tide_status tide_copy_to_host(const tide_t *t, void *host, const void *src, size_t bytes)
 {
     TIDE_CHECK(copy_args(t, "tide_copy_to_host", host, 0, src, 1, bytes));
-    return bytes == 0 ? TIDE_OK : t->be->copy_host(host, src, bytes, 1, t->stream);
+    return bytes == 0 ? TIDE_OK : t->be->copy_host(host, src, bytes, 1, NULL);
 }
 
 tide_status tide_copy_from_host(const tide_t *t, void *dst, const void *host, size_t bytes)
 {
     TIDE_CHECK(copy_args(t, "tide_copy_from_host", dst, 1, host, 0, bytes));
-    return bytes == 0 ? TIDE_OK : t->be->copy_host(dst, host, bytes, 0, t->stream);
+    return bytes == 0 ? TIDE_OK : t->be->copy_host(dst, host, bytes, 0, NULL);
 }
 
 const tide_view *tide_view_get(const tide_t *t)

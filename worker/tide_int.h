@@ -62,11 +62,8 @@ struct tide {
                    this thread by tide_new and on every thread libtide starts */
     tide_coll_pool_t *pool;
     const tide_coll_backend_v1 *be;
-    MPI_Comm end_comm;         /* tide's own dup of world: pool messages (job end) */
-    int multi;                 /* every rank of the pool runs MPI_THREAD_MULTIPLE */
-    tide_coll_stream_t stream; /* libtide's own device stream, non-blocking with respect to
-                                  the default stream (NULL on host backends): the switch's
-                                  and the memory calls' device work goes there */
+    MPI_Comm end_comm; /* tide's own dup of world: pool messages (job end) */
+    int multi;         /* every rank of the pool runs MPI_THREAD_MULTIPLE */
     /* the other threads' ends: the control client, the intents it posts, what this thread
        publishes for it, the generations' abort words, the preparation */
     tide__ctl_t *ctl;

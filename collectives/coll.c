@@ -483,7 +483,7 @@ static uint64_t members_hash(const int *members, int n, int tag)
 /* Polls reqs until all complete, the deadline passes (TIDE_ERR_TIMEOUT) or cancel is
    set (TIDE_ERR_ABORTED, message set). */
 static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns, const int *cancel,
-                                 int tag)
+                                 const int *cancel2, int tag)
 {
     tide__backoff bo;
     tide__backoff_init(&bo);
@@ -492,12 +492,12 @@ static tide_status wait_deadline(MPI_Request *reqs, int n, uint64_t deadline_ns,
         MPI_CHECK(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE));
         if (flag)
             return TIDE_OK;
-        if (tide__cancelled(cancel) || tide_coll_lease_expired())
+        int cancelled = tide__cancelled(cancel) || tide__cancelled(cancel2);
+        if (cancelled || tide_coll_lease_expired())
             return tide_errorf(TIDE_ERR_ABORTED,
                                "communicator creation (tag %d) was %s while waiting for its "
                                "members",
-                               tag,
-                               tide__cancelled(cancel) ? "cancelled" : "fenced (lease ran out)");
+                               tag, cancelled ? "cancelled" : "fenced (lease ran out)");
         if (tide_now_ns() >= deadline_ns)
             return TIDE_ERR_TIMEOUT;
         tide__backoff_pause(&bo);
@@ -508,140 +508,239 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
                                  uint32_t timeout_ms, const int *cancel, void *payload,
                                  size_t payload_len)
 {
-    return tide__pool_handshake_make(pool, members, n, tag, timeout_ms, cancel, NULL, NULL, payload,
-                                     payload_len);
+    tide__handshake h = {members, n, tag, timeout_ms, cancel, NULL, NULL, NULL};
+    return tide__pool_handshake_run(pool, &h, payload, payload_len);
 }
 
-tide_status tide__pool_handshake_make(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                      uint32_t timeout_ms, const int *cancel,
-                                      tide__handshake_make_fn make, void *make_ctx, void *payload,
-                                      size_t payload_len)
-{
-    if (n <= 1)
-        return make != NULL && members[0] == pool->rank ? make(make_ctx, payload, payload_len)
-                                                        : TIDE_OK;
-    if (payload_len > TIDE_COLL_HANDSHAKE_PAYLOAD)
-        return tide_errorf(TIDE_ERR_INTERNAL, "handshake payload of %zu bytes is too large",
-                           payload_len);
-    uint32_t limit_ms = timeout_ms ? timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
-    uint64_t deadline = tide_now_ns() + (uint64_t)limit_ms * 1000000ull;
-    uint64_t hash = members_hash(members, n, tag);
-    int mpitag = 2 * tag;
-    int root = members[0] == pool->rank;
-    tide_status rc = TIDE_OK;
-    /* Allocated on every member, root or not, so that an allocation failure hits all
-       members at the same point and none is left waiting for the others. */
-    hs_msg *in = tide_calloc((size_t)n + 1, sizeof *in);
-    MPI_Request *reqs = tide_calloc((size_t)n, sizeof *reqs);
-    if (in == NULL || reqs == NULL) {
-        tide_free(in);
-        tide_free(reqs);
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory in a communicator handshake");
-    }
-    for (int i = 0; i < n; i++)
-        reqs[i] = MPI_REQUEST_NULL;
-    hs_msg *mine = &in[n]; /* root: the "go" answer; others: the "arrived" note */
-    mine->hash = hash;
-    mine->n = n;
-    mine->tag = tag;
-    if (!root) {
-        /* in[0] receives the root's answer. */
-        int c0 = tide__pool_crank(pool, members[0]);
-        MPI_CHECK_GOTO(
-            MPI_Irecv(&in[0], (int)sizeof in[0], MPI_BYTE, c0, mpitag, pool->comm, &reqs[0]), rc,
-            out);
-        MPI_CHECK_GOTO(
-            MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, c0, mpitag, pool->comm, &reqs[1]), rc,
-            out);
-        rc = wait_deadline(reqs, 2, deadline, cancel, tag);
-        if (rc == TIDE_ERR_TIMEOUT) {
-            rc = tide_errorf(TIDE_ERR_TIMEOUT,
-                             "communicator creation (tag %d, %d members) timed out after %u ms "
-                             "waiting for its first member, pool rank %d",
-                             tag, n, limit_ms, members[0]);
-            goto out;
-        }
-        if (rc != TIDE_OK)
-            goto out;
-        if (in[0].refused) {
-            rc = tide_errorf(TIDE_ERR_BACKEND,
-                             "communicator creation tag %d: its first member, pool rank %d, "
-                             "could not set it up (its log says why)",
-                             tag, members[0]);
-            goto out;
-        }
-        if (in[0].hash != hash || in[0].n != n || in[0].tag != tag) {
-            rc = tide_errorf(TIDE_ERR_PROTOCOL,
-                             "communicator creation tag %d: the members do not agree on the "
-                             "member list (first member pool rank %d)",
-                             tag, members[0]);
-            goto out;
-        }
-        if (payload_len)
-            memcpy(payload, in[0].payload, payload_len);
-        goto out;
-    }
+/* One handshake's messages and limits, on either side. */
+typedef struct hs_run {
+    tide_coll_pool_t *pool;
+    const tide__handshake *h;
+    hs_msg *in;   /* in[0..n-1]: what each member sent (in[0] on a member: the "go") */
+    hs_msg *mine; /* root: the "go" answer; others: the "arrived" note */
+    MPI_Request *reqs;
+    uint64_t deadline;
+    uint32_t limit_ms;
+    int mpitag;
+} hs_run;
 
-    for (int i = 1; i < n; i++)
-        MPI_CHECK_GOTO(MPI_Irecv(&in[i], (int)sizeof in[i], MPI_BYTE,
-                                 tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]),
-                       rc, out);
-    rc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
-    if (rc == TIDE_ERR_TIMEOUT) {
-        char missing[256] = "";
-        size_t len = 0;
-        for (int i = 1; i < n; i++) {
-            int flag = 0;
-            if (reqs[i] != MPI_REQUEST_NULL)
-                MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
-            if (reqs[i] != MPI_REQUEST_NULL && len + 12 < sizeof missing)
-                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "",
-                                        members[i]);
-        }
-        rc = tide_errorf(TIDE_ERR_TIMEOUT,
-                         "communicator creation (tag %d, %d members) timed out after %u ms: "
-                         "pool rank(s) %s never arrived",
-                         tag, n, limit_ms, missing);
-        goto out;
+static tide_status hs_wait(hs_run *r, MPI_Request *reqs, int n)
+{
+    return wait_deadline(reqs, n, r->deadline, r->h->cancel, r->h->cancel2, r->h->tag);
+}
+
+/* A member's side: "arrived" to members[0], then its "go" (with the payload) back. */
+static tide_status hs_member(hs_run *r, void *payload, size_t payload_len)
+{
+    const tide__handshake *h = r->h;
+    int c0 = tide__pool_crank(r->pool, h->members[0]);
+    MPI_CHECK(MPI_Irecv(&r->in[0], (int)sizeof r->in[0], MPI_BYTE, c0, r->mpitag, r->pool->comm,
+                        &r->reqs[0]));
+    MPI_CHECK(MPI_Isend(r->mine, (int)sizeof *r->mine, MPI_BYTE, c0, r->mpitag, r->pool->comm,
+                        &r->reqs[1]));
+    tide_status rc = hs_wait(r, r->reqs, 2);
+    if (rc == TIDE_ERR_TIMEOUT)
+        return tide_errorf(TIDE_ERR_TIMEOUT,
+                           "communicator creation (tag %d, %d members) timed out after %u ms "
+                           "waiting for its first member, pool rank %d",
+                           h->tag, h->n, r->limit_ms, h->members[0]);
+    TIDE_CHECK(rc);
+    if (r->in[0].refused)
+        return tide_errorf(TIDE_ERR_BACKEND,
+                           "communicator creation tag %d: its first member, pool rank %d, "
+                           "could not set it up (its log says why)",
+                           h->tag, h->members[0]);
+    if (r->in[0].hash != r->mine->hash || r->in[0].n != h->n || r->in[0].tag != h->tag)
+        return tide_errorf(TIDE_ERR_PROTOCOL,
+                           "communicator creation tag %d: the members do not agree on the "
+                           "member list (first member pool rank %d)",
+                           h->tag, h->members[0]);
+    if (payload_len)
+        memcpy(payload, r->in[0].payload, payload_len);
+    return TIDE_OK;
+}
+
+/* The root's wait for every "arrived": TIDE_ERR_TIMEOUT names the members that never
+   came. */
+static tide_status hs_arrivals(hs_run *r)
+{
+    const tide__handshake *h = r->h;
+    for (int i = 1; i < h->n; i++)
+        MPI_CHECK(MPI_Irecv(&r->in[i], (int)sizeof r->in[i], MPI_BYTE,
+                            tide__pool_crank(r->pool, h->members[i]), r->mpitag, r->pool->comm,
+                            &r->reqs[i]));
+    tide_status rc = hs_wait(r, r->reqs + 1, h->n - 1);
+    if (rc != TIDE_ERR_TIMEOUT)
+        return rc;
+    char missing[256] = "";
+    size_t len = 0;
+    for (int i = 1; i < h->n; i++) {
+        int flag = 0;
+        if (r->reqs[i] != MPI_REQUEST_NULL)
+            MPI_Test(&r->reqs[i], &flag, MPI_STATUS_IGNORE);
+        if (r->reqs[i] != MPI_REQUEST_NULL && len + 12 < sizeof missing)
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "",
+                                    h->members[i]);
     }
-    if (rc != TIDE_OK)
-        goto out;
-    for (int i = 1; i < n; i++) {
-        if (in[i].hash != hash || in[i].n != n || in[i].tag != tag) {
+    return tide_errorf(TIDE_ERR_TIMEOUT,
+                       "communicator creation (tag %d, %d members) timed out after %u ms: "
+                       "pool rank(s) %s never arrived",
+                       h->tag, h->n, r->limit_ms, missing);
+}
+
+/* The root's side: every "arrived", then "go" (with the payload, made now when h->make
+   says so) to each; a member with another member list still gets an answer. */
+static tide_status hs_root(hs_run *r, void *payload, size_t payload_len)
+{
+    const tide__handshake *h = r->h;
+    TIDE_CHECK(hs_arrivals(r));
+    tide_status rc = TIDE_OK;
+    for (int i = 1; i < h->n; i++) {
+        if (r->in[i].hash != r->mine->hash || r->in[i].n != h->n || r->in[i].tag != h->tag) {
             rc = tide_errorf(TIDE_ERR_PROTOCOL,
                              "pool rank %d joined communicator creation tag %d with a different "
                              "member list (%d members, tag %d; here %d members)",
-                             members[i], tag, in[i].n, in[i].tag, n);
-            mine->hash = 0; /* still answer everyone, so that nobody waits for a timeout */
+                             h->members[i], h->tag, r->in[i].n, r->in[i].tag, h->n);
+            r->mine->hash = 0; /* still answer everyone, so that nobody waits for a timeout */
         }
     }
     /* Everyone is here: only now is the payload made (the nccl backend's unique id starts
        a thread that lives until every member joins it, which a member that never came
        would never do). A failure to make it is every member's failure. */
-    if (rc == TIDE_OK && make != NULL) {
-        rc = make(make_ctx, payload, payload_len);
-        mine->refused = rc != TIDE_OK;
+    if (rc == TIDE_OK && h->make != NULL) {
+        rc = h->make(h->make_ctx, payload, payload_len);
+        r->mine->refused = rc != TIDE_OK;
     }
     if (payload_len)
-        memcpy(mine->payload, payload, payload_len);
-    for (int i = 1; i < n; i++)
-        MPI_CHECK_GOTO(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE,
-                                 tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]),
-                       rc, out);
-    tide_status wrc = wait_deadline(reqs + 1, n - 1, deadline, cancel, tag);
+        memcpy(r->mine->payload, payload, payload_len);
+    for (int i = 1; i < h->n; i++)
+        MPI_CHECK(MPI_Isend(r->mine, (int)sizeof *r->mine, MPI_BYTE,
+                            tide__pool_crank(r->pool, h->members[i]), r->mpitag, r->pool->comm,
+                            &r->reqs[i]));
+    tide_status wrc = hs_wait(r, r->reqs + 1, h->n - 1);
     if (wrc == TIDE_ERR_TIMEOUT)
         wrc = tide_errorf(TIDE_ERR_TIMEOUT,
                           "communicator creation (tag %d): a member stopped answering during "
                           "the handshake",
-                          tag);
-    if (rc == TIDE_OK)
-        rc = wrc;
+                          h->tag);
+    return rc != TIDE_OK ? rc : wrc;
+}
+
+tide_status tide__pool_handshake_run(tide_coll_pool_t *pool, const tide__handshake *h,
+                                     void *payload, size_t payload_len)
+{
+    int root = h->members[0] == pool->rank;
+    if (h->n <= 1)
+        return h->make != NULL && root ? h->make(h->make_ctx, payload, payload_len) : TIDE_OK;
+    if (payload_len > TIDE_COLL_HANDSHAKE_PAYLOAD)
+        return tide_errorf(TIDE_ERR_INTERNAL, "handshake payload of %zu bytes is too large",
+                           payload_len);
+    hs_run r = {.pool = pool, .h = h, .mpitag = 2 * h->tag};
+    r.limit_ms = h->timeout_ms ? h->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
+    r.deadline = tide_now_ns() + (uint64_t)r.limit_ms * 1000000ull;
+    /* Allocated on every member, root or not, so that an allocation failure hits all
+       members at the same point and none is left waiting for the others. */
+    r.in = tide_calloc((size_t)h->n + 1, sizeof *r.in);
+    r.reqs = tide_calloc((size_t)h->n, sizeof *r.reqs);
+    if (r.in == NULL || r.reqs == NULL) {
+        tide_free(r.in);
+        tide_free(r.reqs);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory in a communicator handshake");
+    }
+    for (int i = 0; i < h->n; i++)
+        r.reqs[i] = MPI_REQUEST_NULL;
+    r.mine = &r.in[h->n];
+    r.mine->hash = members_hash(h->members, h->n, h->tag);
+    r.mine->n = h->n;
+    r.mine->tag = h->tag;
+    tide_status rc =
+        root ? hs_root(&r, payload, payload_len) : hs_member(&r, payload, payload_len);
+    if (rc != TIDE_OK)
+        tide__mpi_abandon(r.reqs, h->n);
+    tide_free(r.in);
+    tide_free(r.reqs);
+    return rc;
+}
+
+/* ---- a host allgather over the pool --------------------------------------------------------- */
+
+/* The root's half: every member's part into all, then the whole table to each. */
+static tide_status gather_root(tide_coll_pool_t *pool, const int *members, int n, int mpitag,
+                               uint64_t deadline, const int *cancel, const int *cancel2,
+                               size_t bytes, void *all, MPI_Request *reqs)
+{
+    for (int i = 1; i < n; i++)
+        MPI_CHECK(MPI_Irecv((char *)all + (size_t)i * bytes, (int)bytes, MPI_BYTE,
+                            tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]));
+    TIDE_CHECK(wait_deadline(reqs + 1, n - 1, deadline, cancel, cancel2, mpitag / 2));
+    for (int i = 1; i < n; i++)
+        MPI_CHECK(MPI_Isend(all, (int)((size_t)n * bytes), MPI_BYTE,
+                            tide__pool_crank(pool, members[i]), mpitag, pool->comm, &reqs[i]));
+    return wait_deadline(reqs + 1, n - 1, deadline, cancel, cancel2, mpitag / 2);
+}
+
+tide_status tide__pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                 uint32_t timeout_ms, const int *cancel, const int *cancel2,
+                                 const void *mine, size_t bytes, void *all)
+{
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (members[i] == pool->rank)
+            me = i;
+    if (me < 0)
+        return tide_errorf(TIDE_ERR_INVALID, "pool rank %d is not among the %d members of a gather",
+                           pool->rank, n);
+    memcpy((char *)all + (size_t)me * bytes, mine, bytes);
+    if (n == 1)
+        return TIDE_OK;
+    uint32_t limit_ms = timeout_ms ? timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
+    uint64_t deadline = tide_now_ns() + (uint64_t)limit_ms * 1000000ull;
+    MPI_Request *reqs = tide_calloc((size_t)n, sizeof *reqs);
+    if (reqs == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory in a gather over the pool");
+    for (int i = 0; i < n; i++)
+        reqs[i] = MPI_REQUEST_NULL;
+    int mpitag = 2 * tag;
+    tide_status rc = TIDE_OK;
+    if (me == 0) {
+        rc = gather_root(pool, members, n, mpitag, deadline, cancel, cancel2, bytes, all, reqs);
+    } else {
+        int c0 = tide__pool_crank(pool, members[0]);
+        MPI_CHECK_GOTO(
+            MPI_Irecv(all, (int)((size_t)n * bytes), MPI_BYTE, c0, mpitag, pool->comm, &reqs[0]),
+            rc, out);
+        MPI_CHECK_GOTO(MPI_Isend((char *)all + (size_t)me * bytes, (int)bytes, MPI_BYTE, c0, mpitag,
+                                 pool->comm, &reqs[1]),
+                       rc, out);
+        rc = wait_deadline(reqs, 2, deadline, cancel, cancel2, tag);
+    }
+    if (rc == TIDE_ERR_TIMEOUT)
+        rc = tide_errorf(TIDE_ERR_TIMEOUT,
+                         "a gather over the pool (tag %d, %d members) timed out after %u ms", tag,
+                         n, limit_ms);
 out:
     if (rc != TIDE_OK)
         tide__mpi_abandon(reqs, n);
-    tide_free(in);
     tide_free(reqs);
     return rc;
+}
+
+tide_status tide_coll_pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                     uint32_t timeout_ms, const int *cancel, const void *mine,
+                                     size_t bytes, void *all)
+{
+    if (pool == NULL || members == NULL || n < 1 || mine == NULL || all == NULL || bytes == 0 ||
+        bytes > INT_MAX / (size_t)n)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_allgather: bad arguments");
+    if (tag < 0 || tag > TIDE_COLL_MAX_TAG)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_coll_pool_allgather: tag %d outside [0, %d]",
+                           tag, TIDE_COLL_MAX_TAG);
+    for (int i = 0; i < n; i++)
+        if (tide__pool_crank(pool, members[i]) < 0)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_coll_pool_allgather: member pool rank %d is unreachable",
+                               members[i]);
+    return tide__pool_allgather(pool, members, n, tag, timeout_ms, cancel, NULL, mine, bytes, all);
 }
 
 /* ---- communicators ------------------------------------------------------------------- */
@@ -735,10 +834,14 @@ tide_status tide_coll_comm_new(tide_coll_comm_t **out, const tide_coll_backend_v
     if (tide_coll_lease_expired())
         return tide_errorf(TIDE_ERR_ABORTED, "no new communicator: this process's lease ran out "
                                              "(it may have been declared failed)");
+    if (tide__cancelled(params->watch))
+        return tide_errorf(TIDE_ERR_ABORTED, "no new communicator (tag %d): its abort word is set",
+                           params->tag);
     TIDE_CHECK(be->comm_create(pool, params, out));
     /* the communicator dispatches through the table it was made with: a registered
        wrapper of a built backend (tide_coll_backend_register) sees every later call */
     (*out)->be = be;
+    (*out)->watch = params->watch;
     return TIDE_OK;
 }
 
@@ -768,7 +871,6 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
     int32_t *all = tide_calloc(n, 2 * sizeof *all);
     int32_t *sorted = tide_calloc(n, 3 * sizeof *sorted);
     int *members = tide_calloc(n, sizeof *members);
-    void *dev = NULL;
     TIDE_CHECK_ALLOC_GOTO(all, rc, out_free);
     TIDE_CHECK_ALLOC_GOTO(sorted, rc, out_free);
     TIDE_CHECK_ALLOC_GOTO(members, rc, out_free);
@@ -778,15 +880,17 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
         TIDE_CHECK_GOTO(tide_coll_allgather(parent, all + 2 * parent->rank, all, sizeof mine, NULL),
                         rc, out_free);
     } else {
-        TIDE_CHECK_GOTO(be->mem_alloc(n * sizeof mine, &dev), rc, out_free);
-        TIDE_CHECK_GOTO(be->copy_host((char *)dev + (size_t)parent->rank * sizeof mine, mine,
-                                      sizeof mine, 0, NULL),
+        /* over the pool's MPI communicator in host memory, never a device collective: a
+           split may run on a thread of its own while the training thread's collectives
+           run on the same device, and two ranks could then enqueue the two in opposite
+           orders. The tag is the one the mpi backend derives for a split's handshake (a
+           device backend's split uses no other pool message). */
+        int tag = (int)(((unsigned)parent->tag * 2654435761u + 7919u * (parent->split_seq + 1u)) %
+                        (TIDE_COLL_MAX_TAG + 1u));
+        TIDE_CHECK_GOTO(tide__pool_allgather(parent->pool, parent->members, parent->size, tag,
+                                             parent->timeout_ms, (const int *)&parent->aborted,
+                                             parent->watch, mine, sizeof mine, all),
                         rc, out_free);
-        TIDE_CHECK_GOTO(tide_coll_allgather(parent,
-                                            (char *)dev + (size_t)parent->rank * sizeof mine, dev,
-                                            sizeof mine, NULL),
-                        rc, out_free);
-        TIDE_CHECK_GOTO(be->copy_host(all, dev, n * sizeof mine, 1, NULL), rc, out_free);
     }
     int m = 0;
     if (color >= 0) {
@@ -805,12 +909,12 @@ tide_status tide_coll_comm_split(tide_coll_comm_t *parent, int color, int key,
     rc = be->comm_split(parent, color, key, color >= 0 ? members : NULL, m, out);
     if (rc != TIDE_OK)
         tide__check_hop(__FILE__, __LINE__, "comm_split", rc);
-    else if (*out != NULL)
+    else if (*out != NULL) {
         (*out)->be = be; /* the parent's table, as in tide_coll_comm_new */
+        (*out)->watch = parent->watch;
+    }
     parent->split_seq++;
 out_free:
-    if (dev)
-        be->mem_free(dev);
     tide_free(all);
     tide_free(sorted);
     tide_free(members);
@@ -837,8 +941,7 @@ void tide_coll_comm_abort(tide_coll_comm_t *comm)
 
 int tide_coll_comm_aborted(const tide_coll_comm_t *comm)
 {
-    return comm == NULL || atomic_load(&((tide_coll_comm_t *)comm)->aborted) != 0 ||
-           tide_coll_lease_expired();
+    return comm == NULL || tide__comm_is_aborted((tide_coll_comm_t *)comm);
 }
 
 int tide_coll_comm_rank(const tide_coll_comm_t *comm)

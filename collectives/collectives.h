@@ -93,6 +93,13 @@ typedef struct tide_coll_comm_params {
                             or atomic_store) to end the creation early with
                             TIDE_ERR_ABORTED: a member that died costs milliseconds, not the
                             timeout. Read while the call runs only. */
+    const int *watch;    /* NULL, or an abort word for the communicator's whole life: once
+                            another thread sets it (nonzero), the communicator and every
+                            communicator split off it count as aborted, as if
+                            tide_coll_comm_abort had been called on each (a split in
+                            progress ends too). It must outlive them all. libtide passes one
+                            word per generation, so that its control thread aborts a
+                            generation's communicators without holding pointers to them. */
 } tide_coll_comm_params;
 
 #define TIDE_COLL_BACKEND_VERSION 1
@@ -306,6 +313,17 @@ tide_status tide_coll_pool_subset(tide_coll_pool_t **out, tide_coll_pool_t *pool
                                   const int *members, int n, int tag, uint32_t timeout_ms,
                                   const int *cancel);
 
+/* Every member's `bytes` of mine, in member order, into all (n * bytes), in host memory
+   over the pool's MPI communicator, never on a device: members[0] gathers the parts and
+   sends the table back. For agreements that must not interleave with a device's
+   collectives (a thread of its own while the training thread's run). members: sorted pool
+   ranks, the caller's among them; tag in [0, TIDE_COLL_MAX_TAG], the same on every member
+   and used by no other creation over pool at the time. Collective over the members only;
+   bounded by timeout_ms (0: the default) and *cancel (NULL: none). */
+tide_status tide_coll_pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                     uint32_t timeout_ms, const int *cancel, const void *mine,
+                                     size_t bytes, void *all);
+
 /* The pool's private communicator (borrowed; for connecting pools). Any thread. */
 MPI_Comm tide_coll_pool_comm(const tide_coll_pool_t *pool);
 
@@ -333,8 +351,8 @@ void tide_coll_comm_destroy(tide_coll_comm_t **self_p);
    every later one fails at once. Any thread, never blocks, idempotent. */
 void tide_coll_comm_abort(tide_coll_comm_t *comm);
 
-/* 1 once comm has been aborted (or an operation on it failed, or the process's lease ran
-   out); any thread. */
+/* 1 once comm has been aborted (or an operation on it failed, its watch word was set, or
+   the process's lease ran out); any thread. */
 int tide_coll_comm_aborted(const tide_coll_comm_t *comm);
 
 /* Pool rank of comm rank r (r < size); -1 when out of range. */

@@ -50,6 +50,8 @@ struct tide_coll_comm {
     unsigned split_seq;  /* splits so far (same on every member) */
     uint32_t timeout_ms; /* creation timeout, reused by splits */
     atomic_int aborted;  /* set by tide_coll_comm_abort from any thread */
+    const int *watch;    /* the creator's abort word (tide_coll_comm_params.watch), inherited
+                            by splits; NULL: none */
     void *impl;          /* backend state */
 };
 
@@ -69,8 +71,10 @@ static inline void tide__comm_kill(tide_coll_comm_t *comm)
 
 static inline int tide__comm_is_aborted(tide_coll_comm_t *comm)
 {
-    return comm != NULL && (atomic_load_explicit(&comm->aborted, memory_order_relaxed) != 0 ||
-                            tide_coll_lease_expired());
+    return comm != NULL &&
+           (atomic_load_explicit(&comm->aborted, memory_order_relaxed) != 0 ||
+            (comm->watch != NULL && __atomic_load_n(comm->watch, __ATOMIC_RELAXED)) ||
+            tide_coll_lease_expired());
 }
 
 /*
@@ -121,16 +125,34 @@ tide_status tide__pool_handshake(tide_coll_pool_t *pool, const int *members, int
 /* Makes the handshake's payload (payload_len bytes at payload) on members[0]. */
 typedef tide_status (*tide__handshake_make_fn)(void *ctx, void *payload, size_t payload_len);
 
+/* What a handshake is: tide__pool_handshake's arguments and two more. */
+typedef struct tide__handshake {
+    const int *members;
+    int n, tag;
+    uint32_t timeout_ms;
+    const int *cancel, *cancel2; /* either ends it (each may be NULL): a split's parent may be
+                                    aborted directly or through the word it watches */
+    tide__handshake_make_fn make; /* NULL: members[0]'s payload as given */
+    void *make_ctx;
+} tide__handshake;
+
 /*
- * tide__pool_handshake whose payload members[0] makes with make(make_ctx, ...) only once
- * every member has arrived (and not at all when one never does, the handshake then
- * failing as above); make is ignored elsewhere. When make fails, members[0] returns its
- * status and every other member TIDE_ERR_BACKEND naming members[0]. Caller's thread.
+ * tide__pool_handshake of h, ended by either of its flags, whose payload members[0] makes
+ * with h->make(h->make_ctx, ...) when make is set, only once every member has arrived (and
+ * not at all when one never does, the handshake then failing as above); make is ignored
+ * elsewhere. When make fails, members[0] returns its status and every other member
+ * TIDE_ERR_BACKEND naming members[0]. Caller's thread.
  */
-tide_status tide__pool_handshake_make(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                      uint32_t timeout_ms, const int *cancel,
-                                      tide__handshake_make_fn make, void *make_ctx, void *payload,
-                                      size_t payload_len);
+tide_status tide__pool_handshake_run(tide_coll_pool_t *pool, const tide__handshake *h,
+                                     void *payload, size_t payload_len);
+
+/* Every member's `bytes` of mine, in member order, into all (n * bytes), over the pool's
+   MPI communicator in host memory: members[0] gathers the parts and sends the table back.
+   MPI tag 2 * tag; bounded by timeout_ms and the two cancel flags (each may be NULL).
+   Collective over members; caller's thread. */
+tide_status tide__pool_allgather(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                                 uint32_t timeout_ms, const int *cancel, const int *cancel2,
+                                 const void *mine, size_t bytes, void *all);
 
 /* 1 when cancel (a tide_coll_comm_params.cancel flag, may be NULL) is set. Any thread. */
 static inline int tide__cancelled(const int *cancel)

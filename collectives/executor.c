@@ -1255,6 +1255,141 @@ static void release(exec *x)
     tide_free(x->reqs);
 }
 
+/* x's fields from the call's arguments; the pool marked, its limit before in *ps0. */
+static void exec_init(exec *x, tide_coll_comm_t *comm, const tide_exec_args *args,
+                      const tide_exec_opts *opts, tide_mem_pool_stats *ps0)
+{
+    memset(x, 0, sizeof *x);
+    x->comm = comm;
+    x->be = tide_coll_comm_backend(comm);
+    x->a = args;
+    x->cstream = opts->stream;
+    x->me = tide_coll_comm_rank(comm);
+    x->n = tide_coll_comm_size(comm);
+    x->cap = opts->staging_cap ? opts->staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
+    x->max_chunk = opts->max_chunk ? opts->max_chunk : TIDE_EXEC_DEFAULT_MAX_CHUNK;
+    x->pack_below = opts->pack_below ? opts->pack_below : TIDE_EXEC_DEFAULT_PACK_BELOW;
+    x->depth = 1;
+    x->st.staging_cap = x->cap;
+    x->pool = args->in_place != NULL ? args->in_place->pool : opts->pool;
+    memset(ps0, 0, sizeof *ps0);
+    if (x->pool != NULL) {
+        tide_mem_pool_mark(x->pool);
+        tide_mem_pool_stats_get(x->pool, ps0);
+        x->st.pool_start = ps0->in_use;
+    }
+}
+
+/* Everything that can fail locally, before the agreement: the in-place setup, the
+   checks, the chunk sizes, the streams and the staging slots. */
+static tide_status prepare_local(exec *x, const tide_exec_args *args)
+{
+    if (x->max_chunk > TIDE_EXEC_MAX_CHUNK_LIMIT)
+        return tide_errorf(TIDE_ERR_RANGE, "max_chunk of %llu bytes is above the 1 GiB limit",
+                           (unsigned long long)x->max_chunk);
+    if (args->in_place != NULL) {
+        x->ip = args->in_place;
+        if (x->ip->limit > 0)
+            tide_mem_pool_set_limit(x->ip->pool, x->ip->limit, x->ip->strict);
+        TIDE_CHECK(ip_setup(x, args));
+    }
+    TIDE_CHECK(validate(x)); /* the rebuilt worker's new side: again once it has buffers */
+    if (x->ip != NULL)
+        TIDE_CHECK(ip_classify(x));
+    x->chunk_of = tide_calloc((size_t)x->n, sizeof *x->chunk_of);
+    if (x->chunk_of == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the reshard execution");
+    TIDE_CHECK(chunk_sizes(x));
+    TIDE_CHECK(build_streams(x));
+    if (x->ip != NULL) {
+        /* staging the slots will take: host memory lays them out alike after spills;
+           device memory may stage more (spilled sends), within the cap */
+        uint64_t sneed = 0;
+        TIDE_CHECK(alloc_slots(x, 1, &sneed));
+        if (x->be->mem_kind != TIDE_MEM_HOST)
+            sneed = x->cap;
+        TIDE_CHECK(ip_prepare(x, sneed));
+        x->ip_checked = 1;
+        TIDE_CHECK(validate(x));
+    }
+    return alloc_slots(x, 0, NULL);
+}
+
+/* The bytes this rank moves: its local copies and its streams (the sent and received
+   counted in x->st). */
+static uint64_t bytes_to_move(exec *x)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < x->a->plan->n; i++) {
+        const tide_xfer *it = &x->a->plan->items[i];
+        if (it->src == it->dst && rank_of(x, it->src) == x->me && !ip_skip(x, it))
+            total += item_bytes(it);
+    }
+    for (size_t k = 0; k < x->n_streams; k++) {
+        total += x->streams[k].bytes;
+        if (x->streams[k].send)
+            x->st.bytes_sent += x->streams[k].bytes;
+        else
+            x->st.bytes_recv += x->streams[k].bytes;
+    }
+    x->st.chunk_bytes = x->chunk_of[x->me];
+    return total;
+}
+
+/* The data movement, once every rank agreed: the rounds, the stream's end and the
+   in-place finish; t_agree is when the agreement ended (for the debug timings). */
+static tide_status move_all(exec *x, const tide_exec_opts *opts, uint64_t t_agree)
+{
+    uint64_t total = bytes_to_move(x), done = 0;
+    if (opts->progress)
+        opts->progress(opts->progress_ctx, done, total);
+    uint64_t direct0 = x->be->direct_bytes ? x->be->direct_bytes(x->comm) : 0;
+    tide_status rc = run_rounds(x, opts, &done, total);
+    uint64_t t_rounds = tide_now_ns();
+    if (x->be->direct_bytes)
+        x->st.bytes_direct = x->be->direct_bytes(x->comm) - direct0;
+    TIDE_CHECK(rc);
+    if (opts->progress)
+        opts->progress(opts->progress_ctx, done, total);
+    TIDE_CHECK(x->be->stream_sync(x->comm, x->cstream));
+    uint64_t t_sync = tide_now_ns();
+    if (x->ip != NULL)
+        TIDE_CHECK(ip_finish(x));
+    TIDE_DEBUG(EXEC_LOG, "rank %d: rounds %.1f finish %.1f ms", x->me,
+               (double)(t_rounds - t_agree) / 1e6, (double)(tide_now_ns() - t_sync) / 1e6);
+    return TIDE_OK;
+}
+
+/* After the call, whatever its end: a communicator data moved on is aborted on failure,
+   staging and in-place state released or undone, the pool's limit restored, the stats. */
+static void exec_end(exec *x, tide_status rc, int started, const tide_mem_pool_stats *ps0,
+                     uint64_t t0, tide_exec_stats *stats)
+{
+    /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
+       the communicator dead (before that, every rank returned together and it lives),
+       and it is aborted before anything below touches the device. */
+    if (rc != TIDE_OK && started)
+        abort_first(x, rc);
+    release(x);
+    if (x->ip != NULL && rc != TIDE_OK && x->cls != NULL)
+        ip_undo(x);
+    ip_release(x);
+    if (x->pool != NULL) {
+        tide_mem_pool_stats ps;
+        tide_mem_pool_stats_get(x->pool, &ps);
+        x->st.peak_extra =
+            ps.peak_in_use > x->st.pool_start ? ps.peak_in_use - x->st.pool_start : 0;
+        x->st.fresh_bytes = ps.fresh;
+    }
+    /* the limit bounds this call only: left in place, it would bound (strict: refuse)
+       the blocks prepared ahead of the next switch, which may need more */
+    if (x->ip != NULL && x->ip->limit > 0)
+        tide_mem_pool_set_limit(x->ip->pool, ps0->limit, ps0->strict);
+    x->st.seconds = (double)(tide_now_ns() - t0) / 1e9;
+    if (stats)
+        *stats = x->st;
+}
+
 tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *args,
                                  const tide_exec_opts *opts, tide_exec_stats *stats)
 {
@@ -1271,141 +1406,29 @@ tide_status tide_reshard_execute(tide_coll_comm_t *comm, const tide_exec_args *a
     if (opts == NULL)
         opts = &def;
     exec x;
-    memset(&x, 0, sizeof x);
-    x.comm = comm;
-    x.be = tide_coll_comm_backend(comm);
-    x.a = args;
-    x.cstream = opts->stream;
-    x.me = tide_coll_comm_rank(comm);
-    x.n = tide_coll_comm_size(comm);
-    x.cap = opts->staging_cap ? opts->staging_cap : TIDE_EXEC_DEFAULT_STAGING_CAP;
-    x.max_chunk = opts->max_chunk ? opts->max_chunk : TIDE_EXEC_DEFAULT_MAX_CHUNK;
-    x.pack_below = opts->pack_below ? opts->pack_below : TIDE_EXEC_DEFAULT_PACK_BELOW;
-    x.depth = 1;
-    x.st.staging_cap = x.cap;
-    x.pool = args->in_place != NULL ? args->in_place->pool : opts->pool;
     tide_mem_pool_stats ps0; /* the limit in effect before: the call's own is undone */
-    memset(&ps0, 0, sizeof ps0);
-    if (x.pool != NULL) {
-        tide_mem_pool_mark(x.pool);
-        tide_mem_pool_stats_get(x.pool, &ps0);
-        x.st.pool_start = ps0.in_use;
-    }
-
-    /* Everything that can fail locally happens before the agreement. */
-    tide_status local = TIDE_OK;
-    if (x.max_chunk > TIDE_EXEC_MAX_CHUNK_LIMIT)
-        local = tide_errorf(TIDE_ERR_RANGE, "max_chunk of %llu bytes is above the 1 GiB limit",
-                            (unsigned long long)x.max_chunk);
-    if (local == TIDE_OK && args->in_place != NULL) {
-        x.ip = args->in_place;
-        if (x.ip->limit > 0)
-            tide_mem_pool_set_limit(x.ip->pool, x.ip->limit, x.ip->strict);
-        local = ip_setup(&x, args);
-    }
-    if (local == TIDE_OK)
-        local = validate(&x); /* the rebuilt worker's new side: again once it has buffers */
-    if (local == TIDE_OK && x.ip != NULL)
-        local = ip_classify(&x);
-    if (local == TIDE_OK) {
-        x.chunk_of = tide_calloc((size_t)x.n, sizeof *x.chunk_of);
-        if (x.chunk_of == NULL)
-            local = tide_errorf(TIDE_ERR_NOMEM, "out of memory planning the reshard execution");
-    }
-    if (local == TIDE_OK)
-        local = chunk_sizes(&x);
-    if (local == TIDE_OK)
-        local = build_streams(&x);
-    if (local == TIDE_OK && x.ip != NULL) {
-        /* staging the slots will take: host memory lays them out alike after spills;
-           device memory may stage more (spilled sends), within the cap */
-        uint64_t sneed = 0;
-        local = alloc_slots(&x, 1, &sneed);
-        if (x.be->mem_kind != TIDE_MEM_HOST)
-            sneed = x.cap;
-        if (local == TIDE_OK)
-            local = ip_prepare(&x, sneed);
-    }
-    if (local == TIDE_OK && x.ip != NULL) {
-        x.ip_checked = 1;
-        local = validate(&x);
-    }
-    if (local == TIDE_OK)
-        local = alloc_slots(&x, 0, NULL);
+    exec_init(&x, comm, args, opts, &ps0);
+    tide_status local = prepare_local(&x, args);
     if (local != TIDE_OK)
         TIDE_WARN(EXEC_LOG, "rank %d cannot run the reshard: %s", x.me, tide_last_error());
-
     char detail[512];
     snprintf(detail, sizeof detail, "%s", tide_last_error());
     int failed = -1, started = 0;
     uint64_t t_setup = tide_now_ns();
     tide_status rc = agree(&x, local, &failed);
-    uint64_t t_agree = tide_now_ns(), t_rounds = 0, t_sync = 0;
+    uint64_t t_agree = tide_now_ns();
     if (rc == TIDE_OK && local != TIDE_OK)
         rc = tide_errorf(local, "%s", detail);
     else if (rc == TIDE_OK && failed >= 0)
         rc = tide_errorf(TIDE_ERR_PEER,
                          "rank %d could not prepare its part of the reshard (see its log)", failed);
-    if (rc != TIDE_OK)
-        goto out;
-
-    started = 1;
-    uint64_t total = 0, done = 0;
-    for (size_t i = 0; i < args->plan->n; i++) {
-        const tide_xfer *it = &args->plan->items[i];
-        if (it->src == it->dst && rank_of(&x, it->src) == x.me && !ip_skip(&x, it))
-            total += item_bytes(it);
+    if (rc == TIDE_OK) {
+        TIDE_DEBUG(EXEC_LOG, "rank %d: setup %.1f agree %.1f ms", x.me,
+                   (double)(t_setup - t0) / 1e6, (double)(t_agree - t_setup) / 1e6);
+        started = 1;
+        rc = move_all(&x, opts, t_agree);
     }
-    for (size_t k = 0; k < x.n_streams; k++) {
-        total += x.streams[k].bytes;
-        if (x.streams[k].send)
-            x.st.bytes_sent += x.streams[k].bytes;
-        else
-            x.st.bytes_recv += x.streams[k].bytes;
-    }
-    x.st.chunk_bytes = x.chunk_of[x.me];
-
-    if (opts->progress)
-        opts->progress(opts->progress_ctx, done, total);
-    uint64_t direct0 = x.be->direct_bytes ? x.be->direct_bytes(comm) : 0;
-    rc = run_rounds(&x, opts, &done, total);
-    t_rounds = tide_now_ns();
-    if (x.be->direct_bytes)
-        x.st.bytes_direct = x.be->direct_bytes(comm) - direct0;
-    if (rc != TIDE_OK)
-        goto out;
-    if (opts->progress)
-        opts->progress(opts->progress_ctx, done, total);
-    TIDE_CHECK_GOTO(x.be->stream_sync(comm, x.cstream), rc, out);
-    t_sync = tide_now_ns();
-    if (x.ip != NULL)
-        TIDE_CHECK_GOTO(ip_finish(&x), rc, out);
-    TIDE_DEBUG(EXEC_LOG, "rank %d: setup %.1f agree %.1f rounds %.1f finish %.1f ms", x.me,
-               (double)(t_setup - t0) / 1e6, (double)(t_agree - t_setup) / 1e6,
-               (double)(t_rounds - t_agree) / 1e6, (double)(tide_now_ns() - t_sync) / 1e6);
-out:
-    /* Once data moves, peers may be mid-transfer with this rank: a failure then leaves
-       the communicator dead (before that, every rank returned together and it lives),
-       and it is aborted before anything below touches the device. */
-    if (rc != TIDE_OK && started)
-        abort_first(&x, rc);
-    release(&x);
-    if (x.ip != NULL && rc != TIDE_OK && x.cls != NULL)
-        ip_undo(&x);
-    ip_release(&x);
-    if (x.pool != NULL) {
-        tide_mem_pool_stats ps;
-        tide_mem_pool_stats_get(x.pool, &ps);
-        x.st.peak_extra = ps.peak_in_use > x.st.pool_start ? ps.peak_in_use - x.st.pool_start : 0;
-        x.st.fresh_bytes = ps.fresh;
-    }
-    /* the limit bounds this call only: left in place, it would bound (strict: refuse)
-       the blocks prepared ahead of the next switch, which may need more */
-    if (x.ip != NULL && x.ip->limit > 0)
-        tide_mem_pool_set_limit(x.ip->pool, ps0.limit, ps0.strict);
-    x.st.seconds = (double)(tide_now_ns() - t0) / 1e9;
-    if (stats)
-        *stats = x.st;
+    exec_end(&x, rc, started, &ps0, t0, stats);
     return rc;
 }
 

@@ -426,7 +426,8 @@ out:
 static void mpi_destroy(tide_coll_comm_t *c);
 
 static tide_status create_members(tide_coll_pool_t *pool, const int *members, int n, int tag,
-                                  uint32_t timeout_ms, const int *cancel, tide_coll_comm_t **out)
+                                  uint32_t timeout_ms, const int *cancel, const int *cancel2,
+                                  tide_coll_comm_t **out)
 {
     tide_coll_comm_t *c = NULL;
     tide_status rc = TIDE_OK;
@@ -441,8 +442,8 @@ static tide_status create_members(tide_coll_pool_t *pool, const int *members, in
     TIDE_CHECK_ALLOC_GOTO(m->tmp, rc, fail);
     m->tmp_cap = TMP_MIN;
     TIDE_CHECK_GOTO(tide__cma_comm_init(&m->cma, c->rank, n), rc, fail);
-    TIDE_CHECK_GOTO(tide__pool_handshake(pool, members, n, tag, timeout_ms, cancel, NULL, 0), rc,
-                    fail);
+    tide__handshake h = {members, n, tag, timeout_ms, cancel, cancel2, NULL, NULL};
+    TIDE_CHECK_GOTO(tide__pool_handshake_run(pool, &h, NULL, 0), rc, fail);
     TIDE_CHECK_GOTO(finish_create(c, tag), rc, fail);
     TIDE_CHECK_GOTO(tide__cma_agree(&m->cma, c), rc, fail);
     TIDE_DEBUG(TIDE_COLL_LOG, "mpi communicator: rank %d of %d (tag %d)", c->rank, c->size, tag);
@@ -456,7 +457,8 @@ fail:
 static tide_status mpi_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                               tide_coll_comm_t **out)
 {
-    return create_members(pool, p->members, p->n_members, p->tag, p->timeout_ms, p->cancel, out);
+    return create_members(pool, p->members, p->n_members, p->tag, p->timeout_ms, p->cancel, NULL,
+                          out);
 }
 
 static tide_status mpi_split(tide_coll_comm_t *parent, int color, int key, const int *members,
@@ -469,9 +471,10 @@ static tide_status mpi_split(tide_coll_comm_t *parent, int color, int key, const
     /* Same derived tag on every member: parent tag and split count are the same there. */
     int tag = (int)(((unsigned)parent->tag * 2654435761u + 7919u * (parent->split_seq + 1u)) %
                     (TIDE_COLL_MAX_TAG + 1u));
-    /* aborting the parent (a switch that fails) ends the split's handshake too */
+    /* aborting the parent (a switch that fails), directly or through its watch word,
+       ends the split's handshake too */
     return create_members(parent->pool, members, n, tag, parent->timeout_ms,
-                          (const int *)&parent->aborted, out);
+                          (const int *)&parent->aborted, parent->watch, out);
 }
 
 static void mpi_destroy(tide_coll_comm_t *c)

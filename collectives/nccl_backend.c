@@ -476,9 +476,9 @@ static tide_status nccl_create(tide_coll_pool_t *pool, const tide_coll_comm_para
     _Static_assert(sizeof id <= TIDE_COLL_HANDSHAKE_PAYLOAD, "unique id fits the handshake");
     int made = 0; /* rank 0 made the id: NCCL's bootstrap root thread runs */
     ncclComm_t nc = NULL;
-    TIDE_CHECK_GOTO(tide__pool_handshake_make(pool, p->members, p->n_members, p->tag, p->timeout_ms,
-                                              p->cancel, make_unique_id, &made, &id, sizeof id),
-                    rc, fail);
+    tide__handshake h = {p->members, p->n_members,  p->tag,         p->timeout_ms,
+                         p->cancel,  NULL,          make_unique_id, &made};
+    TIDE_CHECK_GOTO(tide__pool_handshake_run(pool, &h, &id, sizeof id), rc, fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so that the wait below can watch the cancel flag and the deadline */
     ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, id, c->rank, &cfg);
@@ -513,9 +513,9 @@ static tide_status nccl_split(tide_coll_comm_t *parent, int color, int key, cons
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* the waits below watch the parent's abort flag */
     ncclComm_t nc = NULL;
-    /* The whole split, both waits, is bounded by the parent's abort flag (the caller's
-       cancel: libtide publishes the parent so that an abort of the switch reaches it)
-       and by one deadline, the creation timeout, as tide_coll_comm_new is. */
+    /* The whole split, both waits, is bounded by the parent's abort state (its flag, or
+       the abort word it watches: libtide's generation word, which an abort of the switch
+       sets) and by one deadline, the creation timeout, as tide_coll_comm_new is. */
     uint64_t ms = parent->timeout_ms ? parent->timeout_ms : TIDE_COLL_DEFAULT_TIMEOUT_MS;
     uint64_t deadline = tide_now_ns() + ms * 1000000ull;
     /* Every parent rank calls it, NOCOLOR ones included. */

@@ -1,5 +1,5 @@
 /*
- * MPI test of the creation handshake's made payload (tide__pool_handshake_make, 3 ranks):
+ * MPI test of the creation handshake's made payload (tide__pool_handshake_run, 3 ranks):
  * the nccl backend makes its unique id there, and ncclGetUniqueId starts a thread that
  * lives until every member joins it, so the id must be made only once every member has
  * arrived, and never when one does not come.
@@ -36,6 +36,14 @@ static tide_status make(void *ctx, void *payload, size_t len)
     return TIDE_OK;
 }
 
+/* A handshake whose payload the first member makes with make(m). */
+static tide_status handshake(tide_coll_pool_t *pool, const int *members, int n, int tag,
+                             uint32_t timeout_ms, maker *m, char *payload, size_t len)
+{
+    tide__handshake h = {members, n, tag, timeout_ms, NULL, NULL, make, m};
+    return tide__pool_handshake_run(pool, &h, payload, len);
+}
+
 int main(int argc, char **argv)
 {
     int provided = 0;
@@ -57,8 +65,7 @@ int main(int argc, char **argv)
         usleep(300 * 1000);
         late_at = tide_now_ns();
     }
-    MT_OK(tide__pool_handshake_make(pool, all, 3, 901, 10000, NULL, make, &m, payload,
-                                    sizeof payload));
+    MT_OK(handshake(pool, all, 3, 901, 10000, &m, payload, sizeof payload));
     MT_ASSERT(strcmp(payload, "made by the first member") == 0, "payload '%s'", payload);
     MT_ASSERT(m.calls == (rank == 0), "rank %d made the payload %d times", rank, m.calls);
     MPI_Bcast(&late_at, 1, MPI_UINT64_T, 2, MPI_COMM_WORLD);
@@ -69,8 +76,7 @@ int main(int argc, char **argv)
     /* 2. rank 2 never comes: nobody makes anything */
     m = (maker){0, 0, TIDE_OK};
     if (rank != 2) {
-        tide_status rc = tide__pool_handshake_make(pool, all, 3, 902, 300, NULL, make, &m, payload,
-                                                   sizeof payload);
+        tide_status rc = handshake(pool, all, 3, 902, 300, &m, payload, sizeof payload);
         MT_ASSERT(rc == TIDE_ERR_TIMEOUT, "a missing member: %s (%s)", tide_strerror(rc),
                   tide_last_error());
         MT_ASSERT(m.calls == 0, "the payload was made although a member never came");
@@ -81,8 +87,7 @@ int main(int argc, char **argv)
     const int two[2] = {0, 1};
     m = (maker){0, 0, TIDE_ERR_NOMEM};
     if (rank != 2) {
-        tide_status rc = tide__pool_handshake_make(pool, two, 2, 903, 10000, NULL, make, &m,
-                                                   payload, sizeof payload);
+        tide_status rc = handshake(pool, two, 2, 903, 10000, &m, payload, sizeof payload);
         if (rank == 0)
             MT_ASSERT(rc == TIDE_ERR_NOMEM && m.calls == 1, "the maker's failure: %s",
                       tide_strerror(rc));
@@ -97,8 +102,7 @@ int main(int argc, char **argv)
     /* 4. one member: made at once */
     m = (maker){0, 0, TIDE_OK};
     memset(payload, 0, sizeof payload);
-    MT_OK(tide__pool_handshake_make(pool, &rank, 1, 904, 1000, NULL, make, &m, payload,
-                                    sizeof payload));
+    MT_OK(handshake(pool, &rank, 1, 904, 1000, &m, payload, sizeof payload));
     MT_ASSERT(m.calls == 1 && strcmp(payload, "made by the first member") == 0,
               "a one-member communicator: %d calls, payload '%s'", m.calls, payload);
 

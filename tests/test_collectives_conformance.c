@@ -714,6 +714,75 @@ static void test_abort(void)
     mt_pass("abort");
 }
 
+/* ---- watch words ------------------------------------------------------------------------- */
+
+struct watcher {
+    int word;
+    uint64_t at_ns;
+};
+
+static void *raise_later(void *arg)
+{
+    struct watcher *w = arg;
+    tide_sleep_ms(150);
+    w->at_ns = tide_now_ns();
+    __atomic_store_n(&w->word, 1, __ATOMIC_RELAXED); /* as libtide's control thread */
+    return NULL;
+}
+
+/* A communicator made with a watch word, and one split off it, count as aborted once the
+   word is set, without tide_coll_comm_abort: an operation blocked on a peer that never
+   comes returns TIDE_ERR_ABORTED within a second of it, so does a split in progress, and
+   no communicator is made once it is set. */
+static void test_watch(void)
+{
+    int *all = tide_malloc((size_t)np * sizeof *all);
+    for (int i = 0; i < np; i++)
+        all[i] = i;
+    struct watcher w = {0, 0};
+    tide_coll_comm_params p = {.members = all, .n_members = np, .tag = next_tag++,
+                               .timeout_ms = 20000, .watch = &w.word};
+    tide_coll_comm_t *c = NULL, *half = NULL;
+    MT_OK(tide_coll_comm_new(&c, be, pool, &p));
+    MT_OK(tide_coll_comm_split(c, me % 2, me, &half));
+    MT_ASSERT(!tide_coll_comm_aborted(c) && !tide_coll_comm_aborted(half), "alive before");
+    MT_OK(tide_coll_barrier(half, NULL));
+    pthread_t th;
+    pthread_create(&th, NULL, raise_later, &w);
+    tide_status rc = TIDE_OK;
+    if (np > 1 && me != 0) {
+        /* rank 0 never splits again: the others wait for it until the word is set */
+        tide_coll_comm_t *more = NULL;
+        rc = tide_coll_comm_split(c, 0, me, &more);
+        MT_ASSERT(rc == TIDE_ERR_ABORTED && more == NULL, "a split under a set word: %s",
+                  tide_status_name(rc));
+    } else if (np == 1 && strcmp(be->name, "mpi") == 0) {
+        tide_p2p_op op = {.kind = TIDE_P2P_RECV, .peer = 0, .buf = NULL, .bytes = 0};
+        void *d = dalloc(64);
+        op.buf = d;
+        op.bytes = 16; /* a receive from itself that is never sent */
+        rc = tide_coll_group_p2p(c, &op, 1, NULL);
+        MT_ASSERT(rc == TIDE_ERR_ABORTED, "a receive under a set word: %s", tide_status_name(rc));
+        be->mem_free(d);
+    }
+    pthread_join(th, NULL);
+    if (rc != TIDE_OK)
+        MT_ASSERT(tide_now_ns() - w.at_ns < 1000ull * 1000000, "ended %.3f s after the word",
+                  (double)(tide_now_ns() - w.at_ns) / 1e9);
+    MT_ASSERT(tide_coll_comm_aborted(c) && tide_coll_comm_aborted(half),
+              "the communicator and its split count as aborted");
+    MT_ASSERT(tide_coll_barrier(half, NULL) == TIDE_ERR_ABORTED, "operations fail at once");
+    tide_coll_comm_t *late = NULL;
+    p.tag = next_tag++;
+    MT_ASSERT(tide_coll_comm_new(&late, be, pool, &p) == TIDE_ERR_ABORTED && late == NULL,
+              "no communicator under a set word");
+    tide_coll_comm_destroy(&half);
+    tide_coll_comm_destroy(&c);
+    MPI_Barrier(MPI_COMM_WORLD);
+    tide_free(all);
+    mt_pass("watch");
+}
+
 /* ---- single copy ("direct": the mpi backend's process_vm_writev / readv path) ---------- */
 
 /* 1 when the backend agreed on single copy with comm rank peer at creation. */
@@ -2139,6 +2208,7 @@ int main(int argc, char **argv)
     test_split();
     test_p2p();
     test_abort();
+    test_watch();
     test_p2p_direct();
     test_direct_errors();
     test_executor_random();

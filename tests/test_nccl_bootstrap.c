@@ -70,7 +70,7 @@ int main(int argc, char **argv)
 
     /* 1. rank 1 never comes */
     if (rank == 0) {
-        tide_coll_comm_params p = {both, 2, 11, 500, NULL};
+        tide_coll_comm_params p = {both, 2, 11, 500, NULL, NULL};
         tide_status rc = tide_coll_comm_new(&c, be, pool, &p);
         MT_ASSERT(rc == TIDE_ERR_TIMEOUT, "a member never came: %s (%s)", tide_strerror(rc),
                   tide_last_error());
@@ -81,7 +81,7 @@ int main(int argc, char **argv)
 
     /* 2. rank 1 takes the id and never joins NCCL */
     if (rank == 0) {
-        tide_coll_comm_params p = {both, 2, 12, 2000, NULL};
+        tide_coll_comm_params p = {both, 2, 12, 2000, NULL, NULL};
         tide_status rc = tide_coll_comm_new(&c, be, pool, &p);
         MT_ASSERT(rc != TIDE_OK, "a communicator formed without rank 1");
         MT_ASSERT(root_threads_after_wait() == 0,
@@ -94,7 +94,7 @@ int main(int argc, char **argv)
     MPI_Barrier(MPI_COMM_WORLD);
 
     /* 3. a communicator of both, as usual */
-    tide_coll_comm_params p = {both, 2, 13, 30000, NULL};
+    tide_coll_comm_params p = {both, 2, 13, 30000, NULL, NULL};
     MT_OK(tide_coll_comm_new(&c, be, pool, &p));
     int *dev = NULL, v = rank + 1;
     MT_OK(tide_coll_mem_alloc(be, 0, sizeof v, (void **)&dev));

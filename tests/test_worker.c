@@ -77,6 +77,107 @@ Test(mailbox, pop_wakes_on_push_from_another_thread)
     tide__mailbox_destroy(&mb);
 }
 
+/* A message built inside the mailbox's lock (push_with), and a drain that applies every
+   queued message and then runs its own step before any later push. */
+static int build_commit(void *ctx, tide_msg_t *out)
+{
+    int *n = ctx;
+    if (*n < 0)
+        return 0; /* declined: nothing queued */
+    tide_msg_init(out, TIDE_MSG_COMMIT);
+    out->u.commit.step = (uint64_t)(*n)++;
+    return 1;
+}
+
+static void count_step(void *ctx, tide_msg_t *m)
+{
+    int *seen = ctx;
+    cr_assert_eq(m->type, TIDE_MSG_COMMIT);
+    cr_assert_eq(m->u.commit.step, (uint64_t)*seen, "FIFO order");
+    (*seen)++;
+}
+
+static void after(void *ctx)
+{
+    *(int *)ctx = 100;
+}
+
+Test(mailbox, push_with_and_drain)
+{
+    tide__mailbox_t *mb = NULL;
+    cr_assert_eq(tide__mailbox_new(&mb), TIDE_OK);
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(tide__mailbox_push_with(mb, build_commit, &n), TIDE_OK);
+    int no = -1;
+    cr_assert_eq(tide__mailbox_push_with(mb, build_commit, &no), TIDE_OK);
+    cr_assert_eq(tide__mailbox_len(mb), 3, "a declined build queues nothing");
+    int seen = 0, then = 0;
+    tide__mailbox_drain(mb, count_step, &seen, after, &then);
+    cr_assert_eq(seen, 3);
+    cr_assert_eq(then, 100, "then runs after the drain");
+    cr_assert_eq(tide__mailbox_len(mb), 0);
+    uint64_t t0 = tide_now_ns();
+    tide__mailbox_wait(mb, 30);
+    cr_assert_geq(tide_now_ns() - t0, 25000000ull, "waited the timeout");
+    tide__mailbox_destroy(&mb);
+}
+
+/* ---- abort words ---------------------------------------------------------------------------- */
+
+Test(gens, abort_and_commit_race_decided_once)
+{
+    tide__gens_t *gs = NULL;
+    cr_assert_eq(tide__gens_new(&gs), TIDE_OK);
+    /* tided aborts a pending generation: its word is set, and no commit can follow */
+    tide__gen_t *g2 = tide__gens_get(gs, 2);
+    cr_assert_not_null(g2);
+    cr_assert_eq(*tide__gen_word(g2), 0);
+    cr_assert_eq(tide__gens_abort(gs, 2), TIDE__GEN_PENDING, "the state it found");
+    cr_assert(tide__gen_aborted(g2));
+    cr_assert_eq(tide__gen_switching(g2), 0, "no switch to an aborted generation");
+    cr_assert_eq(tide__gen_commit(g2), 0, "nor its commit");
+    cr_assert_eq(tide__gens_abort(gs, 2), TIDE__GEN_ABORTED);
+    /* the switch commits first: the abort comes too late and says so, leaving the word */
+    tide__gen_t *g3 = tide__gens_get(gs, 3);
+    cr_assert_eq(tide__gen_switching(g3), 1);
+    cr_assert_eq(tide__gens_in_switch(gs), 1, "a switch runs");
+    cr_assert_eq(tide__gen_commit(g3), 1);
+    cr_assert_eq(tide__gens_in_switch(gs), 0);
+    cr_assert_eq(tide__gens_abort(gs, 3), TIDE__GEN_COMMITTED);
+    cr_assert_eq(tide__gen_aborted(g3), 0, "a committed generation's groups live on");
+    /* a switch that failed: pending again, and tided's abort then takes it */
+    tide__gen_t *g4 = tide__gens_get(gs, 4);
+    cr_assert_eq(tide__gen_switching(g4), 1);
+    tide__gen_switch_failed(g4);
+    cr_assert_eq(tide__gens_in_switch(gs), 0);
+    cr_assert_eq(tide__gens_state(gs, 4), TIDE__GEN_PENDING);
+    cr_assert_eq(tide__gens_abort(gs, 4), TIDE__GEN_PENDING);
+    cr_assert_eq(tide__gens_abort(gs, 99), TIDE__GEN_UNKNOWN, "no such word: nothing set");
+    /* a step's abort sets the word whatever the state; the words above a generation */
+    tide__gens_kill(gs, 3);
+    cr_assert(tide__gen_aborted(g3));
+    tide__gen_t *g5 = tide__gens_get(gs, 5), *g6 = tide__gens_get(gs, 6);
+    tide__gens_kill_above(gs, 5);
+    cr_assert(!tide__gen_aborted(g5) && tide__gen_aborted(g6));
+    /* retired: no longer listed (a new word for it is fresh), held words live on */
+    tide__gens_retire(gs, 6);
+    cr_assert_eq(tide__gens_state(gs, 5), TIDE__GEN_UNKNOWN);
+    cr_assert_eq(tide__gens_state(gs, 6), TIDE__GEN_PENDING);
+    cr_assert(tide__gen_aborted(g3), "a holder keeps its word");
+    /* a halt: every word, and every word made later */
+    tide__gens_kill_all(gs);
+    tide__gen_t *g7 = tide__gens_get(gs, 7);
+    cr_assert(tide__gen_aborted(g6) && tide__gen_aborted(g7));
+    tide__gen_t *extra = tide__gen_ref(g7);
+    tide__gens_destroy(&gs);
+    cr_assert_null(gs);
+    cr_assert(tide__gen_aborted(extra), "words outlive the registry while held");
+    tide__gen_t *all[] = {g2, g3, g4, g5, g6, g7, extra};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tide__gen_put(&all[i]);
+}
+
 /* ---- agreement state machine --------------------------------------------------------------- */
 
 static void run_steps(tide__agree *a, int n)
@@ -434,10 +535,104 @@ static void *fake_register(void *arg)
     return NULL;
 }
 
+/* The training thread's side of the control client: the intents it drains, the progress
+   it publishes, the generations' abort words, and its own step agreement and pending
+   layout, as the runtime keeps them (step.c). One per process: Criterion runs each test
+   in its own. */
+static struct trainer {
+    tide__mailbox_t *intents;
+    tide__progress progress;
+    tide__gens_t *gens;
+    tide__agree a;
+    tide_msg_t pending;
+    char fence_why[TIDE_PROTO_TEXT_MAX + 1];
+    int fenced;
+} tr;
+
+static void trainer_open(void)
+{
+    memset(&tr, 0, sizeof tr);
+    cr_assert_eq(tide__mailbox_new(&tr.intents), TIDE_OK);
+    cr_assert_eq(tide__gens_new(&tr.gens), TIDE_OK);
+    tide__agree_init(&tr.a, 0);
+    tide_msg_init(&tr.pending, TIDE_MSG_NONE);
+}
+
+static void trainer_close(void)
+{
+    tide_msg_clear(&tr.pending);
+    tide__mailbox_destroy(&tr.intents);
+    tide__gens_destroy(&tr.gens);
+}
+
+static int has_rank(const tide_proto_layout_t *l, int32_t r)
+{
+    for (int i = 0; i < l->dp * l->tp * l->pp; i++)
+        if (l->worker[i] == r)
+            return 1;
+    return 0;
+}
+
+/* The runtime's application of an intent to its agreement (step.c), for job rank 3. */
+static void trainer_apply(void *ctx, tide_msg_t *m)
+{
+    (void)ctx;
+    if (m->type == TIDE_MSG_LAYOUT &&
+        tide__agree_layout(&tr.a, m->u.layout.layout.gen, has_rank(&m->u.layout.layout, 3),
+                           tr.a.gen == m->u.layout.prev.gen && has_rank(&m->u.layout.prev, 3))) {
+        tide_msg_clear(&tr.pending);
+        tr.pending = *m;
+        tide_msg_init(m, TIDE_MSG_NONE);
+    } else if (m->type == TIDE_MSG_PREPARE_ACK) {
+        tide__agree_acked(&tr.a, m->u.prepare_ack.gen, (int64_t)m->u.prepare_ack.step);
+    } else if (m->type == TIDE_MSG_COMMIT) {
+        tide__agree_commit(&tr.a, m->u.commit.gen, (int64_t)m->u.commit.step, m->u.commit.recover);
+    } else if (m->type == TIDE_MSG_ABORT) {
+        tide__agree_abort(&tr.a, m->u.abort_.gen);
+    } else if (m->type == TIDE_MSG_FENCED) {
+        tr.fenced = 1;
+        snprintf(tr.fence_why, sizeof tr.fence_why, "%s", m->u.fenced.reason);
+    }
+}
+
+static void trainer_publish(void *ctx)
+{
+    (void)ctx;
+    tide__progress_set(&tr.progress, &tr.a);
+}
+
+/* A boundary: the intents applied, then fn (may be NULL) on the agreement, published. */
+typedef void (*trainer_fn)(void);
+static trainer_fn tr_fn;
+static void trainer_then(void *ctx)
+{
+    if (tr_fn != NULL)
+        tr_fn();
+    trainer_publish(ctx);
+}
+
+static void trainer_boundary(trainer_fn fn)
+{
+    tr_fn = fn;
+    tide__mailbox_drain(tr.intents, trainer_apply, NULL, trainer_then, NULL);
+    tr_fn = NULL;
+}
+
+static tide__begin tr_begin;
+static void do_begin(void)
+{
+    tr_begin = tide__agree_begin(&tr.a);
+}
+static void do_end(void)
+{
+    tide__agree_end(&tr.a, 1);
+}
+
 /* A control client registered with f as a worker of the given kind on local device, with
    tided's failure timeout fail_ms (the lease). */
 static tide__ctl_t *start_ctl_with(fake *f, int kind, int device, int fail_ms)
 {
+    trainer_open();
     tide__ctl_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.endpoint = f->endpoint;
@@ -450,6 +645,9 @@ static tide__ctl_t *start_ctl_with(fake *f, int kind, int device, int fail_ms)
     cfg.reg.mem_bytes = 1 << 20;
     cfg.reg.pid = (int)getpid();
     cfg.register_timeout_ms = 5000;
+    cfg.intents = tr.intents;
+    cfg.progress = &tr.progress;
+    cfg.gens = tr.gens;
     reg_arg ra = {f, 50, fail_ms};
     pthread_t th;
     pthread_create(&th, NULL, fake_register, &ra);
@@ -493,20 +691,34 @@ static void set_layout(tide_proto_layout_t *l, uint64_t gen, int dp, int32_t *wo
     l->worker = workers;
 }
 
+static void first_member(void)
+{
+    tide__agree_first(&tr.a, 1, 1);
+}
+
+static void do_switched(void)
+{
+    tide__agree_switched(&tr.a);
+}
+
+static void first_idle(void)
+{
+    tide__agree_first(&tr.a, 1, 0);
+}
+
 Test(ctl, register_heartbeat_prepare_commit_against_fake_tided)
 {
     fake f;
     fake_open(&f);
     tide__ctl_t *ctl = start_ctl(&f);
-    tide__ctl_set_job(ctl, "jobA", 0);
-    tide__ctl_lock(ctl);
-    tide__agree *a = tide__ctl_agree(ctl);
-    tide__agree_first(a, 1, 1);
-    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
-    tide__agree_end(a, 1);
-    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
-    tide__agree_end(a, 1);
-    tide__ctl_unlock(ctl);
+    tide__ctl_set_job(ctl, "jobA");
+    /* the training thread: the first layout, two steps */
+    trainer_boundary(first_member);
+    for (int i = 0; i < 2; i++) {
+        trainer_boundary(do_begin);
+        cr_assert_eq(tr_begin, TIDE__BEGIN_RUN);
+        trainer_boundary(do_end);
+    }
 
     /* heartbeats flow from the background thread with the step and generation */
     tide_msg_t hb;
@@ -544,34 +756,29 @@ Test(ctl, register_heartbeat_prepare_commit_against_fake_tided)
     cr_assert_str_eq(ack.u.prepare_ack.job, "jobA");
     tide_msg_clear(&ack);
 
-    /* the training thread: one more step, then it must wait for the commit */
-    tide__ctl_lock(ctl);
-    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_RUN);
-    tide__agree_end(a, 1);
-    cr_assert_eq(tide__agree_begin(a), TIDE__BEGIN_WAIT);
-    cr_assert_not_null(tide__ctl_pending_layout(ctl));
-    cr_assert_eq(tide__ctl_pending_layout(ctl)->layout.dp, 2);
-    tide__ctl_unlock(ctl);
+    /* the training thread hears of the layout and the ack at its boundary: one more step,
+       then it must wait for the commit */
+    trainer_boundary(do_begin);
+    cr_assert_eq(tr_begin, TIDE__BEGIN_RUN);
+    trainer_boundary(do_end);
+    trainer_boundary(do_begin);
+    cr_assert_eq(tr_begin, TIDE__BEGIN_WAIT);
+    cr_assert_eq(tr.pending.type, TIDE_MSG_LAYOUT, "the layout came as an intent");
+    cr_assert_eq(tr.pending.u.layout.layout.dp, 2);
     tide_msg_init(&m, TIDE_MSG_COMMIT);
     snprintf(m.u.commit.job, sizeof m.u.commit.job, "jobA");
     m.u.commit.gen = 2;
     m.u.commit.step = 3;
     fake_send(&f, &m);
-    tide__begin d = TIDE__BEGIN_WAIT;
     uint64_t deadline = tide_now_ns() + 3000000000ull;
-    tide__ctl_lock(ctl);
-    while (d == TIDE__BEGIN_WAIT && tide_now_ns() < deadline) {
-        d = tide__agree_begin(a);
-        if (d == TIDE__BEGIN_WAIT)
-            tide__ctl_wait(ctl, 20);
+    while (tr_begin == TIDE__BEGIN_WAIT && tide_now_ns() < deadline) {
+        tide__mailbox_wait(tr.intents, 20);
+        trainer_boundary(do_begin);
     }
-    tide__ctl_unlock(ctl);
-    cr_assert_eq(d, TIDE__BEGIN_SWITCH, "the commit at step 3 releases the switch");
+    cr_assert_eq(tr_begin, TIDE__BEGIN_SWITCH, "the commit at step 3 releases the switch");
 
     /* done goes out; a duplicate commit makes the worker send it again */
-    tide__ctl_lock(ctl);
-    tide__agree_switched(a);
-    tide__ctl_unlock(ctl);
+    trainer_boundary(do_switched);
     tide_msg_init(&m, TIDE_MSG_DONE);
     m.u.done.worker = 42;
     snprintf(m.u.done.job, sizeof m.u.done.job, "jobA");
@@ -605,6 +812,7 @@ Test(ctl, register_heartbeat_prepare_commit_against_fake_tided)
     fake_expect(&f, TIDE_MSG_BYE, &bye, 3000);
     cr_assert_eq(bye.u.bye.worker, 42);
     tide_msg_clear(&bye);
+    trainer_close();
     fake_close(&f);
 }
 
@@ -620,12 +828,17 @@ Test(ctl, register_times_out_with_a_hint)
     snprintf(cfg.reg.host, sizeof cfg.reg.host, "h");
     cfg.reg.pid = 1;
     cfg.register_timeout_ms = 200;
+    trainer_open();
+    cfg.intents = tr.intents;
+    cfg.progress = &tr.progress;
+    cfg.gens = tr.gens;
     tide__ctl_t *ctl = NULL;
     cr_assert_eq(tide__ctl_new(&ctl, &cfg), TIDE_ERR_TIMEOUT);
     cr_assert_null(ctl);
     cr_assert(strstr(tide_last_error(), "TIDE_ENDPOINT") != NULL, "%s", tide_last_error());
     cfg.endpoint = "nonsense://x";
     cr_assert_eq(tide__ctl_new(&ctl, &cfg), TIDE_ERR_INVALID);
+    trainer_close();
     fake_close(&f);
 }
 
@@ -1010,6 +1223,7 @@ Test(ctl, offline_command_reported_and_preempted)
     tide_msg_clear(&st);
     cr_assert_eq(tide__ctl_offline_pid(ctl, NULL, 0), 0);
     tide__ctl_destroy(&ctl, 0);
+    trainer_close();
     fake_close(&f);
 }
 
@@ -1031,6 +1245,7 @@ static char *command_sees(int kind)
     char *tail = strdup(st.u.offline_status.tail);
     tide_msg_clear(&st);
     tide__ctl_destroy(&ctl, 0);
+    trainer_close();
     fake_close(&f);
     return tail;
 }
@@ -1076,6 +1291,7 @@ Test(ctl, leaving_gives_the_command_sigterm_and_its_grace)
     tide_sleep_ms(150);
     uint64_t t0 = tide_now_ns();
     tide__ctl_destroy(&ctl, 1);
+    trainer_close();
     uint64_t ms = (tide_now_ns() - t0) / 1000000ull;
     fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
     cr_assert_eq(st.u.offline_status.state, TIDE_JOB_PREEMPTED);
@@ -1167,31 +1383,18 @@ Test(offline, cuda_visible_devices_of_a_child)
 
 /* ---- fencing: tided's word, or the rank's own lease --------------------------------------- */
 
-typedef struct aborts {
-    int step, sw; /* abort callback calls: the step's communicators, the switch's */
-} aborts;
-
-static void count_abort(void *ctx, int which)
-{
-    aborts *a = ctx;
-    if (which == 0)
-        a->step++;
-    else
-        a->sw++;
-}
-
-/* 1 once ctl is fenced (waits up to ms), its reason into why. */
-static int wait_fenced(tide__ctl_t *ctl, char *why, size_t len, int ms)
+/* 1 once the control thread said the rank is fenced (waits up to ms), its reason into
+   why: a fenced intent for the training thread. */
+static int wait_fenced(char *why, size_t len, int ms)
 {
     uint64_t deadline = tide_now_ns() + (uint64_t)ms * 1000000ull;
-    tide__ctl_lock(ctl);
-    int f = tide__ctl_fenced(ctl, why, len);
-    while (!f && tide_now_ns() < deadline) {
-        tide__ctl_wait(ctl, 20);
-        f = tide__ctl_fenced(ctl, why, len);
+    trainer_boundary(NULL);
+    while (!tr.fenced && tide_now_ns() < deadline) {
+        tide__mailbox_wait(tr.intents, 20);
+        trainer_boundary(NULL);
     }
-    tide__ctl_unlock(ctl);
-    return f;
+    snprintf(why, len, "%s", tr.fence_why);
+    return tr.fenced;
 }
 
 /* 1 when a message of type t reaches the fake within ms (others skipped). */
@@ -1227,12 +1430,10 @@ Test(ctl, tideds_fenced_answer_aborts_and_silences_the_rank)
     fake f;
     fake_open(&f);
     tide__ctl_t *ctl = start_ctl(&f);
-    aborts ab = {0, 0};
-    tide__ctl_set_abort(ctl, count_abort, &ab);
-    tide__ctl_set_job(ctl, "jobA", 0);
-    tide__ctl_lock(ctl);
-    tide__agree_first(tide__ctl_agree(ctl), 1, 1);
-    tide__ctl_unlock(ctl);
+    tide__ctl_set_job(ctl, "jobA");
+    trainer_boundary(first_member);
+    /* the running generation's word (its groups watch it) and one announced later */
+    tide__gen_t *run = tide__gens_get(tr.gens, 1), *later = tide__gens_get(tr.gens, 2);
     tide_msg_t m;
     fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000);
     tide_msg_clear(&m);
@@ -1244,12 +1445,12 @@ Test(ctl, tideds_fenced_answer_aborts_and_silences_the_rank)
     snprintf(m.u.fenced.reason, sizeof m.u.fenced.reason, "went on without it");
     fake_send(&f, &m);
     char why[TIDE_PROTO_TEXT_MAX + 1];
-    cr_assert(wait_fenced(ctl, why, sizeof why, 3000), "the fenced answer was not taken");
+    cr_assert(wait_fenced(why, sizeof why, 3000), "the fenced answer was not taken");
     cr_assert(strstr(why, "tided fenced worker 42: went on without it") != NULL, "%s", why);
-    tide__ctl_lock(ctl);
-    cr_assert(ab.step == 1 && ab.sw == 1, "step and switch aborted once each (%d, %d)", ab.step,
-              ab.sw);
-    tide__ctl_unlock(ctl);
+    cr_assert(tide__gen_aborted(run) && tide__gen_aborted(later),
+              "the step's and a switch's communicators are aborted (their words)");
+    tide__gen_put(&run);
+    tide__gen_put(&later);
     cr_assert_eq(tide_coll_lease_expired(), 1, "no further call into MPI");
     /* nothing more: no heartbeat, and no registration even when asked */
     tide_msg_init(&m, TIDE_MSG_ERROR);
@@ -1260,6 +1461,7 @@ Test(ctl, tideds_fenced_answer_aborts_and_silences_the_rank)
     cr_assert_eq(fake_sees(&f, TIDE_MSG_REGISTER, 1200), 0, "a fenced rank registers again");
     tide__ctl_destroy(&ctl, 0);
     tide_coll_lease_set(0);
+    trainer_close();
     fake_close(&f);
 }
 
@@ -1288,24 +1490,19 @@ Test(ctl, a_member_stopped_past_its_lease_fences_itself)
     fake f;
     fake_open(&f);
     tide__ctl_t *ctl = start_ctl_lease(&f, 300);
-    aborts ab = {0, 0};
-    tide__ctl_set_abort(ctl, count_abort, &ab);
-    tide__ctl_set_job(ctl, "jobA", 0);
-    tide__ctl_lock(ctl);
-    tide__agree_first(tide__ctl_agree(ctl), 1, 0); /* idle first: outside the layout */
-    tide__ctl_unlock(ctl);
+    tide__ctl_set_job(ctl, "jobA");
+    trainer_boundary(first_idle); /* idle first: outside the layout */
+    tide__gen_t *run = tide__gens_get(tr.gens, 1);
     pid_t helper = stop_me(600);
     waitpid(helper, NULL, 0); /* returns once we were stopped and resumed */
     tide_msg_t m;
     fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000); /* it goes on heartbeating */
     tide_msg_clear(&m);
     char why[TIDE_PROTO_TEXT_MAX + 1];
-    cr_assert_eq(wait_fenced(ctl, why, sizeof why, 300), 0, "an idle rank fenced itself: %s", why);
+    cr_assert_eq(wait_fenced(why, sizeof why, 300), 0, "an idle rank fenced itself: %s", why);
     cr_assert_eq(tide_coll_lease_expired(), 0);
     /* now a member */
-    tide__ctl_lock(ctl);
-    tide__agree_first(tide__ctl_agree(ctl), 1, 1);
-    tide__ctl_unlock(ctl);
+    trainer_boundary(first_member);
     fake_expect(&f, TIDE_MSG_HEARTBEAT, &m, 3000);
     tide_msg_clear(&m);
     helper = stop_me(600);
@@ -1319,13 +1516,13 @@ Test(ctl, a_member_stopped_past_its_lease_fences_itself)
     cr_assert(strstr(m.u.failure.reason, "past tided's failure timeout of 300 ms") != NULL, "%s",
               m.u.failure.reason);
     tide_msg_clear(&m);
-    cr_assert(wait_fenced(ctl, why, sizeof why, 3000));
+    cr_assert(wait_fenced(why, sizeof why, 3000));
     cr_assert(strstr(why, "sent no heartbeat for") != NULL, "%s", why);
-    tide__ctl_lock(ctl);
-    cr_assert(ab.step == 1 && ab.sw == 1, "step and switch aborted (%d, %d)", ab.step, ab.sw);
-    tide__ctl_unlock(ctl);
+    cr_assert(tide__gen_aborted(run), "the step's communicators are aborted (their word)");
+    tide__gen_put(&run);
     cr_assert_eq(fake_sees(&f, TIDE_MSG_HEARTBEAT, 300), 0, "a fenced rank heartbeats");
     tide__ctl_destroy(&ctl, 0);
     tide_coll_lease_set(0);
+    trainer_close();
     fake_close(&f);
 }

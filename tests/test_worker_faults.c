@@ -78,7 +78,15 @@
 #define STALL_MS    4000 /* prepabort: rank 1's stalled step */
 #define NOFINISH_AT 6    /* nofinish: the members stop after this many steps */
 
-enum { MODE_JOIN, MODE_BUILD, MODE_DEADCOMM, MODE_PREPDIE, MODE_PREPABORT, MODE_TRIM, MODE_NOFINISH };
+enum {
+    MODE_JOIN,
+    MODE_BUILD,
+    MODE_DEADCOMM,
+    MODE_PREPDIE,
+    MODE_PREPABORT,
+    MODE_TRIM,
+    MODE_NOFINISH
+};
 static int g_mode, g_rank;
 static _Thread_local int g_is_main; /* the program's main thread */
 
@@ -161,6 +169,16 @@ static tide_status fb_split(tide_coll_comm_t *parent, int color, int key, const 
     return rc;
 }
 
+/* An abort of a switch reached its communicators (c, the switch communicator being
+   released now, or one before): directly, or through the abort word they watch. */
+static int g_switch_aborted;
+static int switch_aborted(const tide_coll_comm_t *c)
+{
+    if (tide_coll_comm_aborted(c))
+        g_switch_aborted = 1;
+    return __atomic_load_n(&g_aborts, __ATOMIC_RELAXED) != 0 || g_switch_aborted;
+}
+
 /* In the switch of build mode, the first destroy after the first split is build_groups
    releasing the switch communicator, the new all just split off it. */
 static void fb_destroy(tide_coll_comm_t *c)
@@ -171,12 +189,13 @@ static void fb_destroy(tide_coll_comm_t *c)
             fprintf(stderr, "[rank %d] dies while the switch's groups are built\n", g_rank);
             _exit(0);
         }
-        /* hold the survivor here until an abort of the switch reaches a communicator it
-           published; one that found nothing published never comes */
+        /* hold the survivor here until an abort of the switch reaches its communicators
+           (through the generation's abort word they watch, or a direct abort); one that
+           found none of them never comes */
         uint64_t until = tide_now_ns() + 10ull * 1000000000ull;
-        while (__atomic_load_n(&g_aborts, __ATOMIC_RELAXED) == 0 && tide_now_ns() < until)
+        while (!switch_aborted(c) && tide_now_ns() < until)
             tide_sleep_ms(5);
-        if (__atomic_load_n(&g_aborts, __ATOMIC_RELAXED) == 0)
+        if (!switch_aborted(c))
             fprintf(stderr, "[rank %d] no abort reached the switch's communicators in 10 s\n",
                     g_rank);
     }

@@ -3,6 +3,15 @@
 # resizes a toy job through the real tided, and one of the failures around communicators.
 tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto
                    PkgConfig::ZMQ TIMEOUT 60)
+# The layout switch's phases one by one (tests/test_worker_switch.c): a runtime put
+# together by hand on 2 ranks, a recording port instead of tided, failures injected
+# between every two phases; no tided needed.
+tide_add_mpi_test(test_worker_switch NP 2 SOURCES test_worker_switch.c
+                  LIBS tide_worker tide_proto tide_ckpt TIMEOUT 120)
+set_tests_properties(test_worker_switch PROPERTIES
+                     PASS_REGULAR_EXPRESSION "test_worker_switch: passed"
+                     FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
+
 if(TARGET tided)
   tide_add_mpi_test(test_worker_mpi NP 6 SOURCES test_worker_mpi.c
                     LIBS tide_worker tide_proto PkgConfig::ZMQ

@@ -1,8 +1,10 @@
 /*
  * worker/agree: one rank's step-agreement state machine for the reconfiguration
  * protocol of coordinator/reconf.c (prepare -> ack -> commit {S} -> switch after
- * exactly S completed steps -> done). Pure: no locks, no I/O; ctl.c calls it with its
- * mutex held, the unit tests call it directly. Workload: O(1) per call.
+ * exactly S completed steps -> done). Pure: no locks, no I/O. The training thread owns
+ * its state and applies tided's decoded messages to it as it drains them (step.c); it
+ * publishes a copy (tide__progress) from which the control thread answers tided at once.
+ * The unit tests call it directly. Workload: O(1) per call.
  */
 #include <string.h>
 
@@ -175,4 +177,39 @@ void tide__agree_switch_failed(tide__agree *a)
     }
     a->p_switching = 0;
     a->p_failed = 1;
+}
+
+int tide__agree_acked(tide__agree *a, uint64_t gen, int64_t step)
+{
+    if (gen != a->p_gen || a->p_gen == 0)
+        return 0;
+    if (!a->p_acked) {
+        a->p_acked = 1;
+        a->p_ack = step;
+    }
+    return 1;
+}
+
+/* ---- progress (the training thread's published copy) ------------------------------------- */
+
+void tide__progress_set(tide__progress *p, const tide__agree *a)
+{
+    __atomic_store_n(&p->completed, a->completed, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->gen, a->gen, __ATOMIC_RELAXED);
+    p->member = a->member;
+    p->in_step = a->in_step;
+    p->can_finish = a->can_finish;
+    p->deferred = a->deferred;
+    p->building = a->building;
+}
+
+int64_t tide__progress_reachable(const tide__progress *p)
+{
+    tide__agree a;
+    memset(&a, 0, sizeof a);
+    a.completed = p->completed;
+    a.in_step = p->in_step;
+    a.can_finish = p->can_finish;
+    a.deferred = p->deferred;
+    return reachable(&a);
 }

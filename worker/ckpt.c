@@ -98,10 +98,7 @@ tide_status tide_checkpoint(tide_t *t, const char *root)
     if (t->bufs == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint: register the buffers first "
                                              "(tide_set_buffers)");
-    tide__ctl_lock(t->ctl);
-    int in_step = tide__ctl_agree(t->ctl)->in_step;
-    tide__ctl_unlock(t->ctl);
-    if (in_step) /* the state of a step half done is no step's */
+    if (t->agree.in_step) /* the state of a step half done is no step's */
         return tide_errorf(TIDE_ERR_INVALID,
                            "tide_checkpoint: called inside step %lld; call it "
                            "between tide_step_end and tide_step_begin",
@@ -189,14 +186,8 @@ tide_status tide_checkpoint_wait(tide_t *t)
    has passed already is reported as missed. */
 static void requested_save(tide_t *t)
 {
-    char root[TIDE_PROTO_TEXT_MAX + 1];
+    /* t->save_root and save_step: tided's request, taken with its intents (step.c) */
     int64_t step = -1;
-    tide__ctl_lock(t->ctl);
-    if (tide__ctl_take_save(t->ctl, root, sizeof root, &step)) {
-        snprintf(t->save_root, sizeof t->save_root, "%s", root);
-        t->save_step = step;
-    }
-    tide__ctl_unlock(t->ctl);
     if (t->save_step < 0 || !t->view.member || t->view.step < t->save_step)
         return;
     step = t->save_step;

@@ -514,10 +514,28 @@ static tide_status jconn_new(tide_t *t, const tide__join_req *jr, jconn **out)
     return TIDE_OK;
 }
 
+/* 1 with the MPI port of generation gen's join (relayed by tided) in port, when it came
+   among the replies; other replies, stale here, are dropped. */
+static int port_came(tide_t *t, uint64_t gen, char *port, size_t len)
+{
+    int have = 0;
+    tide_msg_t m;
+    while (!have && tide__ctl_reply(t->ctl, &m, 0) == TIDE_OK) {
+        if (m.type == TIDE_MSG_JOIN_PORT && m.u.join_port.gen == gen &&
+            m.u.join_port.port[0] != '\0') {
+            snprintf(port, len, "%s", m.u.join_port.port);
+            have = 1;
+        }
+        tide_msg_clear(&m);
+    }
+    return have;
+}
+
 /* The main thread's half, j->mu held: relays the port both ways through tided, and waits
    for the thread to finish within the switch timeout or until tided aborts the switch
-   (then the connection is abandoned). */
-static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr, uint64_t t0)
+   (*cancel_p set; then the connection is abandoned). */
+static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr,
+                                  const int *cancel_p, uint64_t t0)
 {
     uint64_t deadline = t0 + (uint64_t)t->opts.switch_timeout_ms * 1000000ull;
     int sent = 0;
@@ -537,7 +555,7 @@ static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr,
         }
         if (!j->accept && !j->port_ready) {
             pthread_mutex_unlock(&j->mu);
-            int have = tide__ctl_join_port(t->ctl, jr->gen, port, sizeof port);
+            int have = port_came(t, jr->gen, port, sizeof port);
             pthread_mutex_lock(&j->mu);
             if (have) {
                 memcpy(j->port, port, sizeof port);
@@ -546,7 +564,7 @@ static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr,
             }
         }
         uint64_t now = tide_now_ns();
-        int cancel = __atomic_load_n(&t->switch_cancel, __ATOMIC_RELAXED);
+        int cancel = cancel_p != NULL && __atomic_load_n(cancel_p, __ATOMIC_RELAXED);
         if (now >= deadline || cancel) {
             j->abandoned = 1;
             pthread_cond_broadcast(&j->cv);
@@ -567,7 +585,8 @@ static tide_status wait_connected(tide_t *t, jconn *j, const tide__join_req *jr,
     }
 }
 
-tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_result *out)
+tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, const int *cancel,
+                               tide__join_result *out)
 {
     memset(out, 0, sizeof *out);
     out->end_comm = MPI_COMM_NULL;
@@ -590,7 +609,7 @@ tide_status tide__join_connect(tide_t *t, const tide__join_req *jr, tide__join_r
     pthread_detach(th);
     uint64_t t0 = tide_now_ns();
     pthread_mutex_lock(&j->mu);
-    tide_status rc = wait_connected(t, j, jr, t0);
+    tide_status rc = wait_connected(t, j, jr, cancel, t0);
     if (rc == TIDE_OK) {
         out->pool = j->pool;
         out->end_comm = j->end_comm;

@@ -28,7 +28,8 @@ static int holds(const int32_t *a, uint32_t n, int32_t r)
     return 0;
 }
 
-tide_status tide__leave_split(tide_t *t, const tide__leave_req *lr, tide__join_result *out)
+tide_status tide__leave_split(tide_t *t, const tide__leave_req *lr, const int *cancel,
+                              tide__join_result *out)
 {
     memset(out, 0, sizeof *out);
     out->end_comm = MPI_COMM_NULL;
@@ -49,9 +50,9 @@ tide_status tide__leave_split(tide_t *t, const tide__leave_req *lr, tide__join_r
                        (unsigned long long)lr->gen);
     for (uint32_t i = 0; i < n; i++)
         members[i] = side[i];
-    /* an abort of the switch (switch_cancel) ends the rendezvous too */
+    /* an abort of the switch (the generation's word) ends the rendezvous too */
     TIDE_CHECK_GOTO(tide_coll_pool_subset(&sub, t->pool, members, (int)n, tide__gen_tag(lr->gen, 7),
-                                          (uint32_t)t->opts.switch_timeout_ms, &t->switch_cancel),
+                                          (uint32_t)t->opts.switch_timeout_ms, cancel),
                     rc, fail);
     /* job-end messages (tide_finish) travel among this side only from now on */
     if (MPI_Comm_dup(tide_coll_pool_comm(sub), &end) != MPI_SUCCESS)

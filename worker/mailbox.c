@@ -1,7 +1,10 @@
 /*
  * worker/mailbox: a FIFO of decoded control messages between libtide's background
  * thread (producer) and the training thread (consumer), guarded by a mutex and a
- * condition variable. Workload: a few messages per resize; never on the step path.
+ * condition variable. Two of them per runtime: the intents tided sends (drained by the
+ * training thread at its step boundaries, its progress published under the same lock)
+ * and the replies to the training thread's own requests. Workload: a few messages per
+ * resize; a lock and a test per step boundary.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -24,6 +27,17 @@ struct tide__mailbox {
     size_t len;
     int closed;
 };
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
 
 tide_status tide__mailbox_new(tide__mailbox_t **out)
 {
@@ -56,6 +70,19 @@ void tide__mailbox_destroy(tide__mailbox_t **self_p)
     *self_p = NULL;
 }
 
+/* Appends n (its message set); mu held. */
+static void append(tide__mailbox_t *mb, node *n)
+{
+    n->next = NULL;
+    if (mb->tail)
+        mb->tail->next = n;
+    else
+        mb->head = n;
+    mb->tail = n;
+    mb->len++;
+    pthread_cond_broadcast(&mb->cv);
+}
+
 tide_status tide__mailbox_push(tide__mailbox_t *mb, tide_msg_t *msg)
 {
     node *n = tide_malloc(sizeof *n);
@@ -68,29 +95,65 @@ tide_status tide__mailbox_push(tide__mailbox_t *mb, tide_msg_t *msg)
         tide_free(n);
         return tide_errorf(TIDE_ERR_CLOSED, "mailbox closed");
     }
-    n->next = NULL;
     n->msg = *msg;
     tide_msg_init(msg, TIDE_MSG_NONE);
-    if (mb->tail)
-        mb->tail->next = n;
-    else
-        mb->head = n;
-    mb->tail = n;
-    mb->len++;
-    pthread_cond_signal(&mb->cv);
+    append(mb, n);
     pthread_mutex_unlock(&mb->mu);
     return TIDE_OK;
 }
 
-static void deadline_after(struct timespec *ts, int ms)
+tide_status tide__mailbox_push_with(tide__mailbox_t *mb, tide__mailbox_build_fn build, void *ctx)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
+    node *n = tide_malloc(sizeof *n);
+    if (n == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory queueing a message");
+    tide_msg_init(&n->msg, TIDE_MSG_NONE);
+    pthread_mutex_lock(&mb->mu);
+    int post = build(ctx, &n->msg) && !mb->closed;
+    if (post)
+        append(mb, n);
+    pthread_mutex_unlock(&mb->mu);
+    if (!post) {
+        tide_msg_clear(&n->msg);
+        tide_free(n);
     }
+    return TIDE_OK;
+}
+
+void tide__mailbox_drain(tide__mailbox_t *mb, tide__mailbox_apply_fn apply, void *apply_ctx,
+                         void (*then)(void *), void *then_ctx)
+{
+    pthread_mutex_lock(&mb->mu);
+    node *n = mb->head;
+    mb->head = mb->tail = NULL;
+    mb->len = 0;
+    while (n != NULL) {
+        node *next = n->next;
+        apply(apply_ctx, &n->msg);
+        tide_msg_clear(&n->msg);
+        tide_free(n);
+        n = next;
+    }
+    if (then != NULL)
+        then(then_ctx);
+    pthread_mutex_unlock(&mb->mu);
+}
+
+void tide__mailbox_locked(tide__mailbox_t *mb, void (*fn)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&mb->mu);
+    fn(ctx);
+    pthread_mutex_unlock(&mb->mu);
+}
+
+void tide__mailbox_wait(tide__mailbox_t *mb, int timeout_ms)
+{
+    struct timespec ts;
+    deadline_after(&ts, timeout_ms);
+    pthread_mutex_lock(&mb->mu);
+    if (mb->head == NULL && !mb->closed)
+        pthread_cond_timedwait(&mb->cv, &mb->mu, &ts);
+    pthread_mutex_unlock(&mb->mu);
 }
 
 tide_status tide__mailbox_pop(tide__mailbox_t *mb, tide_msg_t *out, int timeout_ms)

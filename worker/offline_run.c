@@ -288,12 +288,9 @@ static void exec_command(run *r, int out_fd, int go_fd)
     _exit(127);
 }
 
-int main(int argc, char **argv)
+/* Reads the flags into r; 0, or the usage error's exit code. */
+static int parse(run *r, int argc, char **argv)
 {
-    run r;
-    memset(&r, 0, sizeof r);
-    r.log_fd = -1;
-    r.grace_ms = -1;
     long long cap = -1, parent = -1;
     int i = 1;
     for (; i < argc; i++) {
@@ -309,13 +306,13 @@ int main(int argc, char **argv)
         if (strcmp(a, "--parent") == 0)
             parent = strtoll(v, &end, 10);
         else if (strcmp(a, "--grace") == 0)
-            r.grace_ms = strtol(v, &end, 10);
+            r->grace_ms = strtol(v, &end, 10);
         else if (strcmp(a, "--cap") == 0)
             cap = strtoll(v, &end, 10);
         else if (strcmp(a, "--log") == 0)
-            r.log = v;
+            r->log = v;
         else if (strcmp(a, "--cgroup") == 0)
-            r.cgdir = v;
+            r->cgdir = v;
         else
             return usage("unknown flag");
         if (end != NULL && (*end != '\0' || end == v))
@@ -324,13 +321,19 @@ int main(int argc, char **argv)
     }
     if (i >= argc || argv[i][0] == '\0')
         return usage("no command after --");
-    if (parent <= 0 || r.grace_ms < 0 || cap < 0 || r.log == NULL)
+    if (parent <= 0 || r->grace_ms < 0 || cap < 0 || r->log == NULL)
         return usage("--parent, --grace, --log and --cap are required");
-    r.parent = (pid_t)parent;
-    r.cap = (uint64_t)cap;
-    r.argv = argv + i;
+    r->parent = (pid_t)parent;
+    r->cap = (uint64_t)cap;
+    r->argv = argv + i;
+    return 0;
+}
 
-    /* Signals arrive through a signalfd; blocked before anything can send them. */
+/* Signals through a signalfd (blocked before anything can send them), the worker's death
+   as SIGTERM, subreaper of the attempt, the log open, the cgroup made. The signalfd, or -1
+   (nothing may start: EXIT_SETUP). */
+static int setup(run *r)
+{
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
@@ -341,138 +344,172 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != r.parent)
-        return EXIT_SETUP; /* the worker died before we could watch it: start nothing */
+    if (getppid() != r->parent)
+        return -1; /* the worker died before we could watch it: start nothing */
     if (sfd < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
         fprintf(stderr, "tide-offline-run: signalfd/subreaper: %s\n", strerror(errno));
-        return EXIT_SETUP;
+        return -1;
     }
-    r.log_fd = open(r.log, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (r.log_fd < 0) {
-        fprintf(stderr, "tide-offline-run: cannot open the log %s: %s\n", r.log, strerror(errno));
-        return EXIT_SETUP;
+    r->log_fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (r->log_fd < 0) {
+        fprintf(stderr, "tide-offline-run: cannot open the log %s: %s\n", r->log, strerror(errno));
+        return -1;
     }
-    if (r.cgdir != NULL && mkdir(r.cgdir, 0755) != 0 && errno != EEXIST) {
-        log_line(&r, "[tide: cannot create cgroup %s (%s): contained by a subreaper only]\n",
-                 r.cgdir, strerror(errno));
-        r.cgdir = NULL;
+    if (r->cgdir != NULL && mkdir(r->cgdir, 0755) != 0 && errno != EEXIST) {
+        log_line(r, "[tide: cannot create cgroup %s (%s): contained by a subreaper only]\n",
+                 r->cgdir, strerror(errno));
+        r->cgdir = NULL;
     }
+    return sfd;
+}
+
+/* Forks the command into its own process group (and cgroup), and lets it exec only once
+   it is contained. The read end of its output pipe, or -1. */
+static int start(run *r)
+{
     int out[2], go[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
-        log_line(&r, "[tide: pipe: %s]\n", strerror(errno));
-        return EXIT_SETUP;
+        log_line(r, "[tide: pipe: %s]\n", strerror(errno));
+        return -1;
     }
-    r.cmd = fork();
-    if (r.cmd < 0) {
-        log_line(&r, "[tide: fork: %s]\n", strerror(errno));
-        return EXIT_SETUP;
+    r->cmd = fork();
+    if (r->cmd < 0) {
+        log_line(r, "[tide: fork: %s]\n", strerror(errno));
+        return -1;
     }
-    if (r.cmd == 0) {
+    if (r->cmd == 0) {
         close(out[0]);
         close(go[1]);
-        exec_command(&r, out[1], go[0]);
+        exec_command(r, out[1], go[0]);
     }
     close(out[1]);
     close(go[0]);
-    setpgid(r.cmd, r.cmd); /* both set it: no race with the first kill */
-    if (r.cgdir != NULL) {
+    setpgid(r->cmd, r->cmd); /* both set it: no race with the first kill */
+    if (r->cgdir != NULL) {
         char pid[32];
-        snprintf(pid, sizeof pid, "%d", (int)r.cmd);
-        if (write_file(r.cgdir, "cgroup.procs", pid) == 0) {
-            r.cg_ok = 1;
+        snprintf(pid, sizeof pid, "%d", (int)r->cmd);
+        if (write_file(r->cgdir, "cgroup.procs", pid) == 0) {
+            r->cg_ok = 1;
         } else {
-            log_line(&r, "[tide: cannot join cgroup %s (%s): contained by a subreaper only]\n",
-                     r.cgdir, strerror(errno));
-            rmdir(r.cgdir);
+            log_line(r, "[tide: cannot join cgroup %s (%s): contained by a subreaper only]\n",
+                     r->cgdir, strerror(errno));
+            rmdir(r->cgdir);
         }
     }
     if (write(go[1], "g", 1) < 0) {
         /* the command died already: its status says so */
     }
     close(go[1]);
+    return out[0];
+}
 
-    int status = 0, cmd_done = 0, pipe_open = 1, term = 0;
-    uint64_t kill_at = 0, reap_until = 0;
-    char buf[65536];
+/* The watch loop's state: the command's status, output pipe, and the grace clock. */
+typedef struct watch {
+    int status, cmd_done, pipe_open, term;
+    uint64_t kill_at, reap_until;
+    int out;
+} watch;
+
+/* The command ended: what it left behind goes too, at once, or, when the attempt was told
+   to stop, once its grace is over (they may be cleaning up). 1 when the watch ends;
+   *grace_left: the grace still runs. */
+static int sweep(run *r, watch *w, int *grace_left)
+{
+    uint64_t t = now_ms();
+    *grace_left = w->term && w->kill_at != 0 && t < w->kill_at;
+    int sig = *grace_left ? 0 : SIGKILL;
+    int left = signal_descendants(sig);
+    if (!cgroup_empty(r)) {
+        if (sig != 0)
+            signal_cgroup(r, sig);
+        left++;
+    }
+    reap(r, &w->status, &w->cmd_done);
+    if (left == 0)
+        return 1;
+    if (!*grace_left && w->reap_until == 0)
+        w->reap_until = t + REAP_WAIT_MS;
+    if (w->reap_until != 0 && t >= w->reap_until) {
+        log_line(r, "[tide: processes of the attempt still alive after %d ms]\n", REAP_WAIT_MS);
+        return 1;
+    }
+    return 0;
+}
+
+/* A signal for the keeper: SIGUSR1 ends the grace, the first of the others stops the
+   attempt (SIGTERM, then SIGKILL after the grace). */
+static void on_signal(run *r, watch *w, int sfd)
+{
+    struct signalfd_siginfo si;
+    if (read(sfd, &si, sizeof si) != (ssize_t)sizeof si)
+        return;
+    int sig = (int)si.ssi_signo;
+    if (sig == SIGUSR1) {
+        w->kill_at = now_ms(); /* the worker says the grace is over */
+    } else if (sig != SIGCHLD && !w->term) {
+        w->term = 1;
+        log_line(r, "\n[tide: %s: SIGTERM to the attempt, SIGKILL in %ld ms]\n",
+                 getppid() != r->parent ? "the worker is gone" : "stopping", r->grace_ms);
+        signal_attempt(r, SIGTERM);
+        w->kill_at = now_ms() + (uint64_t)r->grace_ms;
+    }
+}
+
+/* Copies the command's output into the log and follows signals until the command and
+   every process of the attempt are gone. */
+static void watch_attempt(run *r, watch *w, int sfd)
+{
+    static char buf[65536];
     for (;;) {
-        reap(&r, &status, &cmd_done);
+        reap(r, &w->status, &w->cmd_done);
         int grace_left = 0;
-        if (cmd_done) {
-            /* The command is gone. What it left behind goes too: at once, or, when the
-               attempt was told to stop, once its grace is over (they may be cleaning up). */
-            uint64_t t = now_ms();
-            grace_left = term && kill_at != 0 && t < kill_at;
-            int sig = grace_left ? 0 : SIGKILL;
-            int left = signal_descendants(sig);
-            if (!cgroup_empty(&r)) {
-                if (sig != 0)
-                    signal_cgroup(&r, sig);
-                left++;
-            }
-            reap(&r, &status, &cmd_done);
-            if (left == 0)
-                break;
-            if (!grace_left && reap_until == 0)
-                reap_until = t + REAP_WAIT_MS;
-            if (reap_until != 0 && t >= reap_until) {
-                log_line(&r, "[tide: processes of the attempt still alive after %d ms]\n",
-                         REAP_WAIT_MS);
-                break;
-            }
-        }
+        if (w->cmd_done && sweep(r, w, &grace_left))
+            break;
         int timeout = -1;
-        if (cmd_done) {
+        if (w->cmd_done) {
             timeout = grace_left ? 50 : 10;
-        } else if (kill_at != 0) {
+        } else if (w->kill_at != 0) {
             uint64_t t = now_ms();
-            timeout = t >= kill_at ? 0 : (int)(kill_at - t);
+            timeout = t >= w->kill_at ? 0 : (int)(w->kill_at - t);
         }
-        struct pollfd pf[2] = {{sfd, POLLIN, 0}, {pipe_open ? out[0] : -1, POLLIN, 0}};
+        struct pollfd pf[2] = {{sfd, POLLIN, 0}, {w->pipe_open ? w->out : -1, POLLIN, 0}};
         if (poll(pf, 2, timeout) < 0 && errno != EINTR)
             break;
         if (pf[1].revents != 0) {
-            ssize_t k = read(out[0], buf, sizeof buf);
+            ssize_t k = read(w->out, buf, sizeof buf);
             if (k > 0) {
-                take_output(&r, buf, (size_t)k);
+                take_output(r, buf, (size_t)k);
             } else if (k == 0 || errno != EINTR) {
-                pipe_open = 0;
-                close(out[0]);
+                w->pipe_open = 0;
+                close(w->out);
             }
         }
-        if (pf[0].revents != 0) {
-            struct signalfd_siginfo si;
-            if (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                int sig = (int)si.ssi_signo;
-                if (sig == SIGUSR1) {
-                    kill_at = now_ms(); /* the worker says the grace is over */
-                } else if (sig != SIGCHLD && !term) {
-                    term = 1;
-                    log_line(&r, "\n[tide: %s: SIGTERM to the attempt, SIGKILL in %ld ms]\n",
-                             getppid() != r.parent ? "the worker is gone" : "stopping", r.grace_ms);
-                    signal_attempt(&r, SIGTERM);
-                    kill_at = now_ms() + (uint64_t)r.grace_ms;
-                }
-            }
-        }
-        if (kill_at != 0 && now_ms() >= kill_at) {
-            signal_attempt(&r, SIGKILL);
-            kill_at = 0;
+        if (pf[0].revents != 0)
+            on_signal(r, w, sfd);
+        if (w->kill_at != 0 && now_ms() >= w->kill_at) {
+            signal_attempt(r, SIGKILL);
+            w->kill_at = 0;
         }
     }
-    if (pipe_open) {
+    if (w->pipe_open) {
         /* every writer is dead (or stuck past REAP_WAIT_MS): read what is left */
-        fcntl(out[0], F_SETFL, O_NONBLOCK);
+        fcntl(w->out, F_SETFL, O_NONBLOCK);
         ssize_t k;
-        while ((k = read(out[0], buf, sizeof buf)) > 0)
-            take_output(&r, buf, (size_t)k);
-        close(out[0]);
+        while ((k = read(w->out, buf, sizeof buf)) > 0)
+            take_output(r, buf, (size_t)k);
+        close(w->out);
     }
-    if (r.dropped > 0)
-        log_line(&r, "[tide: %llu bytes of output discarded in all]\n",
-                 (unsigned long long)r.dropped);
-    close(r.log_fd);
-    if (r.cg_ok && rmdir(r.cgdir) != 0 && errno != ENOENT)
-        fprintf(stderr, "tide-offline-run: cannot remove cgroup %s: %s\n", r.cgdir,
+}
+
+/* Ends as the command ended: its exit code, or its signal raised on the keeper itself. */
+static int finish(run *r, int status)
+{
+    if (r->dropped > 0)
+        log_line(r, "[tide: %llu bytes of output discarded in all]\n",
+                 (unsigned long long)r->dropped);
+    close(r->log_fd);
+    if (r->cg_ok && rmdir(r->cgdir) != 0 && errno != ENOENT)
+        fprintf(stderr, "tide-offline-run: cannot remove cgroup %s: %s\n", r->cgdir,
                 strerror(errno));
     if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
@@ -485,4 +522,26 @@ int main(int argc, char **argv)
         raise(sig);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_SETUP;
+}
+
+int main(int argc, char **argv)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    r.log_fd = -1;
+    r.grace_ms = -1;
+    int code = parse(&r, argc, argv);
+    if (code != 0)
+        return code;
+    int sfd = setup(&r);
+    if (sfd < 0)
+        return EXIT_SETUP;
+    watch w;
+    memset(&w, 0, sizeof w);
+    w.pipe_open = 1;
+    w.out = start(&r);
+    if (w.out < 0)
+        return EXIT_SETUP;
+    watch_attempt(&r, &w, sfd);
+    return finish(&r, w.status);
 }

@@ -29,21 +29,6 @@
 
 #define SUBSYS "worker"
 
-static void report(tide_t *t, const char *job, uint32_t attempt, tide_proto_job_state_t st,
-                   int code, double prog)
-{
-    tide_msg_t m;
-    tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
-    m.u.offline_status.worker = tide__ctl_worker_id(t->ctl);
-    snprintf(m.u.offline_status.job, sizeof m.u.offline_status.job, "%s", job);
-    m.u.offline_status.attempt = attempt > 0 ? attempt : 1;
-    m.u.offline_status.state = st;
-    m.u.offline_status.exit_code = code < -255 ? -255 : code > 255 ? 255 : code;
-    m.u.offline_status.progress = prog < 0 ? 0 : prog > 1 ? 1 : prog;
-    if (tide__ctl_send(t->ctl, &m) != TIDE_OK)
-        TIDE_WARN(SUBSYS, "could not report offline job %s: %s", job, tide_last_error());
-}
-
 static void *open_plugin(const char *name)
 {
     char path[1024];
@@ -128,7 +113,8 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     tide__task *k = tide_calloc(1, sizeof *k);
     if (k == NULL) {
         TIDE_WARN(SUBSYS, "offline job %s: out of memory loading it", m->u.offline_assign.job);
-        report(t, m->u.offline_assign.job, m->u.offline_assign.attempt, TIDE_JOB_FAILED, 12, 0);
+        tide__task_report(t, m->u.offline_assign.job, m->u.offline_assign.attempt, TIDE_JOB_FAILED,
+                          12, 0);
         tide_msg_clear(m);
         return NULL;
     }
@@ -173,7 +159,7 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     if (a->attempt > 1)
         restore_blob(k->ops, k->state, k->job);
     k->end = TIDE_JOB_RUNNING;
-    report(t, k->job, a->attempt, TIDE_JOB_RUNNING, 0, 0);
+    tide__task_report(t, k->job, a->attempt, TIDE_JOB_RUNNING, 0, 0);
     return k;
 fail:
     tide__task_stop(t, &k, 0);
@@ -220,14 +206,17 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
     tide_coll_stream_free(t->be, k->stream);
     /* The slot is freed before tided hears of the end: it may assign the next job at
        once, and a busy slot would refuse it. */
-    tide__ctl_lock(t->ctl);
-    tide__ctl_plugin_finished(t->ctl, k->job);
-    tide__ctl_unlock(t->ctl);
+    if (strcmp(t->plugin_job, k->job) == 0) {
+        t->plugin_job[0] = '\0';
+        t->plugin_grace = -1;
+    }
+    tide__ctl_plugin_done(t->ctl, k->job);
     if (k->end != TIDE_JOB_RUNNING)
-        report(t, k->job, k->m.u.offline_assign.attempt, k->end, k->end_code, k->progress);
+        tide__task_report(t, k->job, k->m.u.offline_assign.attempt, k->end, k->end_code,
+                          k->progress);
     else
-        report(t, k->job, k->m.u.offline_assign.attempt, TIDE_JOB_FAILED, 1,
-               k->progress); /* stopped without a cause */
+        tide__task_report(t, k->job, k->m.u.offline_assign.attempt, TIDE_JOB_FAILED, 1,
+                          k->progress); /* stopped without a cause */
     tide_msg_clear(&k->m);
     tide_free(k);
     *k_p = NULL;
@@ -235,21 +224,34 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
 
 /* ---- idle ranks ------------------------------------------------------------------------- */
 
+/* The plugin job tided assigned, taken (bubbles_only: only one that may run inside
+   pipeline bubbles); 0 when none waits. */
+static int take_plugin(tide_t *t, int bubbles_only, tide_msg_t *out)
+{
+    if (!t->plugin_ready || (bubbles_only && !t->plugin.u.offline_assign.bubbles))
+        return 0;
+    *out = t->plugin;
+    tide_msg_init(&t->plugin, TIDE_MSG_NONE);
+    t->plugin_ready = 0;
+    return 1;
+}
+
+/* Grace (ms) when tided preempted plugin job `job`, else -1. */
+static int preempted(const tide_t *t, const char *job)
+{
+    return strcmp(t->plugin_job, job) == 0 ? t->plugin_grace : -1;
+}
+
 void tide__run_plugin(tide_t *t)
 {
     tide_msg_t m;
-    tide__ctl_lock(t->ctl);
-    int got = tide__ctl_take_plugin(t->ctl, 0, &m);
-    tide__ctl_unlock(t->ctl);
-    if (!got)
+    if (!take_plugin(t, 0, &m))
         return;
     tide__task *k = task_load(t, &m);
     while (k != NULL) {
-        tide__ctl_lock(t->ctl);
-        int grace = tide__ctl_plugin_preempted(t->ctl, k->job);
-        tide__agree *ag = tide__ctl_agree(t->ctl);
-        int needed = ag->p_gen != 0 && ag->p_member;
-        tide__ctl_unlock(t->ctl);
+        tide__drain(t); /* tided's preemption, or a layout that needs this rank */
+        int grace = preempted(t, k->job);
+        int needed = t->agree.p_gen != 0 && t->agree.p_member;
         if (grace >= 0 || needed) {
             tide__task_stop(t, &k, 1);
             break;
@@ -284,11 +286,9 @@ _Static_assert(sizeof(((tide_bubble_stats *)0)->task) > TIDE_PROTO_NAME_MAX,
 
 void tide__bubble_boundary(tide_t *t)
 {
-    tide__ctl_lock(t->ctl);
-    int grace = t->btask ? tide__ctl_plugin_preempted(t->ctl, t->btask->job) : -1;
+    int grace = t->btask ? preempted(t, t->btask->job) : -1;
     tide_msg_t m;
-    int got = !t->btask && t->view.member && tide__ctl_take_plugin(t->ctl, 1, &m);
-    tide__ctl_unlock(t->ctl);
+    int got = !t->btask && t->view.member && take_plugin(t, 1, &m);
     if (t->btask != NULL && (grace >= 0 || !t->view.member || t->finished)) {
         TIDE_INFO(SUBSYS, "offline job %s leaves rank %d's bubbles (%s) after %llu steps",
                   t->btask->job, t->rank, grace >= 0 ? "preempted" : "rank left the layout",
@@ -383,7 +383,8 @@ tide_status tide_bubble_wait(tide_t *t, tide_coll_comm_t *comm, tide_coll_req_t 
     t->bstats.windows++;
     t->bstats.bubble_ms += (double)(end - t0) / 1e6;
     t->bstats.filled_ms += (double)filled / 1e6;
-    tide__ctl_add_bubble(t->ctl, end - t0, filled);
+    __atomic_add_fetch(&t->progress.bubble_ns, end - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->progress.filled_ns, filled, __ATOMIC_RELAXED);
     return rc;
 }
 

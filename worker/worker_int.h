@@ -6,12 +6,14 @@
  *   agree     the step-agreement state machine of one rank (pure, no I/O)
  *   child     the offline command runner (its keeper: cgroup or subreaper, capped
  *             output, SIGTERM, grace, SIGKILL)
+ *   gens      one abort word per generation (what the threads truly share)
+ *   progress  the copy of its step agreement the training thread publishes
  *   ctl       the control client: a background thread that owns the ZeroMQ DEALER
  *             socket (registration, heartbeats, commands from tided, offline work)
- *             and the state the main thread consults at step boundaries
+ *             and posts tided's commands to the training thread as intents
  *
  * Workload: one ctl per rank; a heartbeat per second, a handful of control messages
- * per resize; the main thread takes ctl's mutex a few times per training step.
+ * per resize; the training thread takes the intents mailbox's lock a few times per step.
  */
 #ifndef TIDE_WORKER_INT_H
 #define TIDE_WORKER_INT_H
@@ -52,6 +54,26 @@ void tide__mailbox_close(tide__mailbox_t *mb);
 
 /* Messages queued now. Any thread. */
 size_t tide__mailbox_len(tide__mailbox_t *mb);
+
+/* Builds a message into *out inside the mailbox's lock and queues it when build returns 1
+   (0: nothing queued): an answer decided on state another thread publishes under the same
+   lock (tide__progress). TIDE_ERR_NOMEM with nothing built. Any thread. */
+typedef int (*tide__mailbox_build_fn)(void *ctx, tide_msg_t *out);
+tide_status tide__mailbox_push_with(tide__mailbox_t *mb, tide__mailbox_build_fn build, void *ctx);
+
+/* Inside the lock: takes every queued message, oldest first, into apply(apply_ctx, msg)
+   (which may take it, leaving TIDE_MSG_NONE; what it leaves is cleared), then runs
+   then(then_ctx) (then NULL: none), before any later push. Never blocks but on the lock.
+   Any thread (one consumer). */
+typedef void (*tide__mailbox_apply_fn)(void *ctx, tide_msg_t *msg);
+void tide__mailbox_drain(tide__mailbox_t *mb, tide__mailbox_apply_fn apply, void *apply_ctx,
+                         void (*then)(void *), void *then_ctx);
+
+/* Waits up to timeout_ms for a message (or the close), taking none. Any thread. */
+void tide__mailbox_wait(tide__mailbox_t *mb, int timeout_ms);
+
+/* Runs fn(ctx) inside the mailbox's lock (state the other side reads there). */
+void tide__mailbox_locked(tide__mailbox_t *mb, void (*fn)(void *ctx), void *ctx);
 
 /* ---- step agreement (one rank's view of the reconfiguration protocol) -------------- */
 
@@ -160,6 +182,110 @@ void tide__agree_switched(tide__agree *a);
 /* The switch failed: wait for tided's abort (or a newer generation); when the abort
    came while it ran, nothing is pending any more and the old generation goes on. */
 void tide__agree_switch_failed(tide__agree *a);
+
+/* ---- abort words: one per generation (gens.c) ------------------------------------------ */
+
+/* The switch state of a generation: announced (PENDING), being switched to by the training
+   thread (SWITCHING), switched to (COMMITTED: tided's abort can no longer reach it), or
+   aborted by tided (ABORTED: its word is set). */
+typedef enum tide__gen_state {
+    TIDE__GEN_PENDING = 0,
+    TIDE__GEN_SWITCHING = 1,
+    TIDE__GEN_COMMITTED = 2,
+    TIDE__GEN_ABORTED = 3,
+    TIDE__GEN_UNKNOWN = -1, /* no word of that generation in the registry */
+} tide__gen_state;
+
+typedef struct tide__gens tide__gens_t; /* the registry */
+typedef struct tide__gen tide__gen_t;   /* one generation's word */
+
+/* An empty registry; caller owns *out. Destroy drops the registry's references (words
+   still held elsewhere live on until put). */
+tide_status tide__gens_new(tide__gens_t **out);
+void tide__gens_destroy(tide__gens_t **self_p);
+
+/* Generation gen's word, made (and listed) when absent, with a reference for the caller
+   (tide__gen_put); NULL when out of memory. Any thread. */
+tide__gen_t *tide__gens_get(tide__gens_t *gs, uint64_t gen);
+
+/* Another reference to g (NULL fine); drops one and nulls *g_p. Any thread. */
+tide__gen_t *tide__gen_ref(tide__gen_t *g);
+void tide__gen_put(tide__gen_t **g_p);
+
+uint64_t tide__gen_id(const tide__gen_t *g);
+
+/* The abort word, for tide_coll_comm_params.cancel and .watch (NULL for NULL): valid while
+   the caller holds g. */
+const int *tide__gen_word(const tide__gen_t *g);
+
+/* 1 once g's word is set. Any thread. */
+int tide__gen_aborted(const tide__gen_t *g);
+
+tide__gen_state tide__gen_get_state(const tide__gen_t *g);
+
+/* Training thread. switching: PENDING -> SWITCHING (0 when tided aborted it first), and
+   its switch runs from now on; switch_failed: back to PENDING (tided's abort then clears
+   it), the switch over; commit: -> COMMITTED unless tided aborted it first (0), the switch
+   over. */
+int tide__gen_switching(tide__gen_t *g);
+void tide__gen_switch_failed(tide__gen_t *g);
+int tide__gen_commit(tide__gen_t *g);
+
+/* Control thread: tided aborted gen. Unless it was committed (or aborted) already, its
+   state becomes ABORTED and its word is set. Returns the state it found (UNKNOWN: no such
+   word listed). */
+tide__gen_state tide__gens_abort(tide__gens_t *gs, uint64_t gen);
+
+/* 1 while the training thread runs a switch (from tide__gen_switching to its failure or
+   commit), whether tided aborted it or not: a newer layout waits (tided resends it). */
+int tide__gens_in_switch(tide__gens_t *gs);
+
+/* gen's state (UNKNOWN when not listed). Any thread. */
+tide__gen_state tide__gens_state(tide__gens_t *gs, uint64_t gen);
+
+/* Sets gen's word whatever its state: the communicators of a running generation whose step
+   must be abandoned (a recovery), or whose build can never complete. Any thread. */
+void tide__gens_kill(tide__gens_t *gs, uint64_t gen);
+
+/* Sets every word, and every word made from now on (a halt, a fence). */
+void tide__gens_kill_all(tide__gens_t *gs);
+
+/* Sets the words of the generations above gen (the runtime ends: a build ahead of a
+   switch must not wait for peers). */
+void tide__gens_kill_above(tide__gens_t *gs, uint64_t gen);
+
+/* The registry lets go of the words of generations below `below` (nothing can abort them
+   any more: the training thread switched past them); holders keep theirs. */
+void tide__gens_retire(tide__gens_t *gs, uint64_t below);
+
+/* ---- progress: what the training thread publishes of its steps (agree.c) --------------- */
+
+/*
+ * The training thread owns its step agreement (tide__agree); the control thread answers
+ * tided at once from this copy of it: a prepare's ack (the steps it has completed or can
+ * complete alone), a recovery's abort of a step in progress, and its heartbeats. The
+ * training thread writes it inside the intents mailbox's lock, and the control thread
+ * reads it there when it decides and posts an answer (tide__mailbox_push_with), so that
+ * an answer and the step it describes are ordered: no step begins between the two. The
+ * heartbeat counters are added and taken atomically, any time.
+ */
+typedef struct tide__progress {
+    int64_t completed;
+    uint64_t gen; /* the generation it runs */
+    int member, in_step, can_finish, deferred, building;
+    uint64_t idle_ns, bubble_ns, filled_ns, step_ns; /* since the last heartbeat (__atomic) */
+    uint32_t steps;
+} tide__progress;
+
+/* Copies a's state into p (the mailbox's lock held; training thread). */
+void tide__progress_set(tide__progress *p, const tide__agree *a);
+
+/* Steps completed or completable alone, as tide__agree_prepare counts them (lock held). */
+int64_t tide__progress_reachable(const tide__progress *p);
+
+/* A prepare's ack went out for gen with step (the control thread's answer): the training
+   thread records it as tide__agree_prepare would have. 1 when gen is pending. */
+int tide__agree_acked(tide__agree *a, uint64_t gen, int64_t step);
 
 /* ---- offline command runner ------------------------------------------------------------ */
 
@@ -285,7 +411,17 @@ uint64_t tide__hostbeat_covered(const tide__hostbeat_t *h);
 
 /* ---- control client ------------------------------------------------------------------- */
 
+/*
+ * The control client (ctl.c, ctl_tided.c, ctl_offline.c) owns the socket to tided and
+ * answers it; it owns no state of the training thread. It posts tided's commands to the
+ * training thread as intents (decoded messages: layout, prepare_ack, commit, abort, halt,
+ * fenced, save, job_end, release, offline_assign and preempt of a plugin job) in the
+ * intents mailbox, sets generations' abort words, starts the preparation, and reads the
+ * training thread's progress; the training thread sends through it and reads the replies
+ * to its own requests.
+ */
 typedef struct tide__ctl tide__ctl_t;
+struct tide__prep;
 
 typedef struct tide__ctl_config {
     const char *endpoint;      /* tided's endpoint */
@@ -296,13 +432,12 @@ typedef struct tide__ctl_config {
     int heartbeat_ms;          /* 0: what tided says in register_ok */
     tide__hostbeat_t *host;    /* the host's heartbeat slots (borrowed; outlives the ctl), or
                                   NULL: this rank sends its own heartbeats */
+    /* the runtime's, borrowed (they outlive the ctl) */
+    tide__mailbox_t *intents;
+    tide__progress *progress;
+    tide__gens_t *gens;
+    struct tide__prep *prep; /* NULL: acks are never held for a preparation */
 } tide__ctl_config;
-
-/* Callback the background thread runs to abort communicators (with ctl's lock held;
-   it must only call tide_coll_comm_abort and set flags). which: 0 the step's, 1 the
-   switch's (and what is being built ahead), 2 what is being built ahead for a pending
-   generation that was aborted or replaced. */
-typedef void (*tide__abort_fn)(void *ctx, int which);
 
 /* Connects, starts the background thread and registers (blocks until register_ok or
    the timeout). Caller owns *out; main thread. */
@@ -314,103 +449,26 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye);
 /* Coordinator worker id from register_ok. Any thread. */
 int32_t tide__ctl_worker_id(tide__ctl_t *ctl);
 
-/* Encodes msg and hands it to the background thread for sending. Main thread. */
+/* Encodes msg and hands it to the background thread for sending, in order. Main thread. */
 tide_status tide__ctl_send(tide__ctl_t *ctl, const tide_msg_t *msg);
 
-/* Waits for the next reply (ok, error, status_reply, liveness_reply, or a layout for the
-   job named in the last join) routed to the main thread; TIDE_ERR_TIMEOUT. Main thread. */
+/* Waits for the next reply to the main thread's requests (ok, error, status_reply,
+   liveness_reply, join_port, or the first layout of the job named in the last join);
+   TIDE_ERR_TIMEOUT. Main thread. */
 tide_status tide__ctl_reply(tide__ctl_t *ctl, tide_msg_t *out, int timeout_ms);
 
-/* 1 (and the job's last step in *step, tided's reason in why[0..why_len); both may be
-   NULL) once tided said the job ended (job_end, sent to its idle ranks), else 0. Any
-   thread; takes ctl's lock. */
-int tide__ctl_job_ended(tide__ctl_t *ctl, int64_t *step, char *why, size_t why_len);
-
-/* The generation whose commit released this rank's pool from the job (release), or 0.
-   Any thread; takes ctl's lock. */
-uint64_t tide__ctl_released(tide__ctl_t *ctl);
-
-/* 1 with the MPI port name of generation gen's join (relayed by tided) copied into port
-   (len bytes), 0 while none came. Any thread. */
-int tide__ctl_join_port(tide__ctl_t *ctl, uint64_t gen, char *port, size_t len);
-
-/* Sets the abort callback. */
-void tide__ctl_set_abort(tide__ctl_t *ctl, tide__abort_fn fn, void *ctx);
-
-/* Job this rank runs (for routing and reports); start_step steps completed. */
-void tide__ctl_set_job(tide__ctl_t *ctl, const char *job, int64_t start_step);
-
-/* Locks / unlocks ctl's state mutex (the main thread's view of agreement state). */
-void tide__ctl_lock(tide__ctl_t *ctl);
-void tide__ctl_unlock(tide__ctl_t *ctl);
-
-/* With the lock held: the agreement state. */
-tide__agree *tide__ctl_agree(tide__ctl_t *ctl);
-
-/* With the lock held: the pending generation's layout message, or NULL. */
-const tide_proto_layout_msg_t *tide__ctl_pending_layout(tide__ctl_t *ctl);
-
-/* With the lock held: waits on ctl's condition up to timeout_ms (state changes wake it). */
-void tide__ctl_wait(tide__ctl_t *ctl, int timeout_ms);
-
-/* Accounting for heartbeats: idle time (ns), bubble time (ns) and the part of it that
-   offline task steps filled (ns), one step's time (ns). Any thread. */
-void tide__ctl_add_idle(tide__ctl_t *ctl, uint64_t ns);
-void tide__ctl_add_bubble(tide__ctl_t *ctl, uint64_t ns, uint64_t filled_ns);
-void tide__ctl_add_step(tide__ctl_t *ctl, uint64_t ns);
-
-/* Offline plugin work handed to the main thread (kind plugin): 1 and *out (owned by the
-   caller) when one is waiting (bubbles_only: only a job that may run inside pipeline
-   bubbles). With the lock held. */
-int tide__ctl_take_plugin(tide__ctl_t *ctl, int bubbles_only, tide_msg_t *out);
-
-/* With the lock held: 1 and tided's pending checkpoint request (root into dir, len bytes;
-   its step) when one came since the last call, which takes it; else 0. */
-int tide__ctl_take_save(tide__ctl_t *ctl, char *dir, size_t len, int64_t *step);
+/* The job this rank runs (tided's messages for other jobs are ignored). Main thread. */
+void tide__ctl_set_job(tide__ctl_t *ctl, const char *job);
 
 /* Queues a "saved" report (worker id filled in here) for the background thread to send at
    its next wake-up (within a heartbeat period), in order; when 16 wait already, the oldest
-   is dropped. Any thread; takes the lock. */
+   is dropped. Any thread. */
 void tide__ctl_post_saved(tide__ctl_t *ctl, const tide_proto_saved_t *m);
 
-/* With the lock held: the tide_status tided halted the job with (its reason copied into
-   why), or 0 while it goes on. */
-int tide__ctl_halted(tide__ctl_t *ctl, char *why, size_t len);
-
-/* With the lock held: 1 (its reason copied into why, may be NULL) once this process was
-   fenced: tided said the job went on without it, or its lease ran out (no heartbeat for
-   tided's failure timeout while it held a part of a job); else 0. A fenced process must
-   touch none of its old peers again and exit. */
-int tide__ctl_fenced(tide__ctl_t *ctl, char *why, size_t len);
-
-/* With the lock held: grace (ms) when plugin job `job` must stop, else -1. */
-int tide__ctl_plugin_preempted(tide__ctl_t *ctl, const char *job);
-
-/* With the lock held: plugin job `job` ended on the main thread; its slot is free for
-   the next assignment (a later job's slot is left alone). Call it before reporting the
-   end to tided, which may assign the next job at once. */
-void tide__ctl_plugin_finished(tide__ctl_t *ctl, const char *job);
-
-/* Prepares this rank for generation gen announced by layout message pl (a copy, borrowed
-   for the call); runs on ctl's preparation thread, never with ctl's lock held. */
-typedef void (*tide__prepare_fn)(void *ctx, uint64_t gen, const tide_proto_layout_msg_t *pl);
-
-/* Sets the preparation (NULL: none; a held ack is released). While set, the ack of a
-   `prepare` for a generation this rank takes part in (its new layout includes the rank,
-   or its old one does) is held: the background thread runs fn(ctx, gen, layout) on a
-   thread of its own at once and acks when fn returned or the main thread ended a step
-   (tide__ctl_prepare_release), whichever comes first. fn is started for every such
-   generation that is still pending, also when the ack went out first (a preparation of
-   an earlier generation was still ending): the participants build communicators in it
-   together. Waits for a running fn first. Main thread. */
-void tide__ctl_set_prepare(tide__ctl_t *ctl, tide__prepare_fn fn, void *ctx);
-
-/* The main thread ended a step: a held ack goes out now (the preparation goes on). */
-void tide__ctl_prepare_release(tide__ctl_t *ctl);
-
-/* With the lock held: waits until no preparation runs, nor is still to start for the
-   pending generation. */
-void tide__ctl_prepare_wait(tide__ctl_t *ctl);
+/* The training thread ended plugin job `job` (or never started it): its slot is free for
+   the next assignment. Call it before reporting the end to tided, which may assign the
+   next job at once. Any thread. */
+void tide__ctl_plugin_done(tide__ctl_t *ctl, const char *job);
 
 /* The offline command job running now ("" when none) and its pid; for tests. */
 int tide__ctl_offline_pid(tide__ctl_t *ctl, char *job, size_t len);

@@ -69,7 +69,9 @@ typedef struct tide_coll_comm tide_coll_comm_t;
 /* An in-flight grouped point-to-point batch (tide_coll_p2p_start). Opaque. */
 typedef struct tide_coll_req tide_coll_req_t;
 
-/* Stream handle: a cudaStream_t on nccl (NULL: the default stream); ignored on mpi. */
+/* Stream handle: a cudaStream_t on nccl, used as given; NULL is the calling thread's own
+   stream there (non-blocking, never CUDA's default stream, first ordered after what the
+   default stream holds). Ignored on mpi. */
 typedef void *tide_coll_stream_t;
 
 /* This process's rank in comm; -1 for NULL. Any thread. */

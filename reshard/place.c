@@ -26,6 +26,9 @@
  * workers keep their old (p, t). Then each stage's groups are matched to dp
  * ranks (Hungarian): ZeRO-1 bytes first, then pipeline neighbours on the same
  * or adjacent host, then old dp ranks.
+ *
+ * This file is the policy (what a map is worth and how the problem is cut); the two
+ * generic solvers it hands the pieces to, assignment and min-cost flow, are assign.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +37,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "reshard/assign.h"
 #include "reshard/reshard_int.h"
 
 #define NEG_INF         INT64_MIN
@@ -160,81 +164,7 @@ static tide_status build_gains(placer *pl)
     return TIDE_OK;
 }
 
-/* ---- assignment (Hungarian) ------------------------------------------------------------------ */
-
-/*
- * Max-gain assignment of rows (n) to distinct columns (m >= n) of g (row-major):
- * a[row] = column; *value the total. O(n^2 m). The classic potentials method on
- * costs -g, with int64 arithmetic.
- */
-static tide_status hungarian(const int64_t *g, int n, int m, int *a, int64_t *value)
-{
-    tide_status rc = TIDE_OK;
-    int64_t *u = tide_calloc((size_t)n + 1, sizeof *u), *v = tide_calloc((size_t)m + 1, sizeof *v);
-    int64_t *minv = tide_calloc((size_t)m + 1, sizeof *minv);
-    int *p = tide_calloc((size_t)m + 1, sizeof *p), *way = tide_calloc((size_t)m + 1, sizeof *way);
-    char *used = tide_calloc((size_t)m + 1, 1);
-    if (!u || !v || !minv || !p || !way || !used) {
-        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory in an assignment of %d x %d", n, m);
-        goto out;
-    }
-    for (int i = 1; i <= n; i++) {
-        p[0] = i;
-        int j0 = 0;
-        for (int j = 0; j <= m; j++) {
-            minv[j] = INT64_MAX;
-            used[j] = 0;
-        }
-        do {
-            used[j0] = 1;
-            int i0 = p[j0], j1 = 0;
-            int64_t delta = INT64_MAX;
-            for (int j = 1; j <= m; j++) {
-                if (used[j])
-                    continue;
-                int64_t cur = -g[(size_t)(i0 - 1) * (size_t)m + (size_t)(j - 1)] - u[i0] - v[j];
-                if (cur < minv[j]) {
-                    minv[j] = cur;
-                    way[j] = j0;
-                }
-                if (minv[j] < delta) {
-                    delta = minv[j];
-                    j1 = j;
-                }
-            }
-            for (int j = 0; j <= m; j++) {
-                if (used[j]) {
-                    u[p[j]] += delta;
-                    v[j] -= delta;
-                } else {
-                    minv[j] -= delta;
-                }
-            }
-            j0 = j1;
-        } while (p[j0] != 0);
-        do {
-            int j1 = way[j0];
-            p[j0] = p[j1];
-            j0 = j1;
-        } while (j0);
-    }
-    int64_t total = 0;
-    for (int j = 1; j <= m; j++)
-        if (p[j] != 0) {
-            a[p[j] - 1] = j - 1;
-            total += g[(size_t)(p[j] - 1) * (size_t)m + (size_t)(j - 1)];
-        }
-    if (value)
-        *value = total;
-out:
-    tide_free(u);
-    tide_free(v);
-    tide_free(minv);
-    tide_free(p);
-    tide_free(way);
-    tide_free(used);
-    return rc;
-}
+/* ---- host values ----------------------------------------------------------------------------- */
 
 /*
  * Value of host h holding the groups of counts[] (per stage): the best
@@ -273,7 +203,7 @@ static tide_status host_value(placer *pl, size_t h, const int *counts, int64_t *
         for (int k = 0; k < hw; k++)
             g[(size_t)r * (size_t)hw + (size_t)k] =
                 gain(pl, &pl->w[pl->hoff[h] + (size_t)k], role[r]);
-    TIDE_CHECK_GOTO(hungarian(g, rows, hw, a, value), rc, out);
+    TIDE_CHECK_GOTO(tide__assign_max(g, rows, hw, a, value), rc, out);
     if (assign)
         for (r = 0; r < rows; r++)
             assign[a[r]] = role[r];
@@ -337,129 +267,6 @@ static tide_status class_value(placer *pl, size_t h, const int *counts, int64_t 
     return TIDE_OK;
 }
 
-/* ---- min-cost flow (transportation problems) --------------------------------------------------
- */
-
-typedef struct mcf {
-    int nv, ne, cap_e;
-    int *head, *next, *to;
-    int64_t *cap, *cost;
-} mcf;
-
-static void mcf_free(mcf *f)
-{
-    tide_free(f->head);
-    tide_free(f->next);
-    tide_free(f->to);
-    tide_free(f->cap);
-    tide_free(f->cost);
-    memset(f, 0, sizeof *f);
-}
-
-static tide_status mcf_init(mcf *f, int nv, int max_edges)
-{
-    memset(f, 0, sizeof *f);
-    f->nv = nv;
-    f->cap_e = 2 * max_edges;
-    f->head = tide_calloc((size_t)nv, sizeof *f->head);
-    f->next = tide_calloc((size_t)f->cap_e, sizeof *f->next);
-    f->to = tide_calloc((size_t)f->cap_e, sizeof *f->to);
-    f->cap = tide_calloc((size_t)f->cap_e, sizeof *f->cap);
-    f->cost = tide_calloc((size_t)f->cap_e, sizeof *f->cost);
-    if (!f->head || !f->next || !f->to || !f->cap || !f->cost) {
-        mcf_free(f);
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a flow of %d nodes", nv);
-    }
-    for (int v = 0; v < nv; v++)
-        f->head[v] = -1;
-    return TIDE_OK;
-}
-
-/* Adds u -> v; returns the edge index (its reverse is index ^ 1). */
-static int mcf_edge(mcf *f, int u, int v, int64_t cap, int64_t cost)
-{
-    int e = f->ne;
-    f->to[e] = v;
-    f->cap[e] = cap;
-    f->cost[e] = cost;
-    f->next[e] = f->head[u];
-    f->head[u] = e;
-    f->to[e + 1] = u;
-    f->cap[e + 1] = 0;
-    f->cost[e + 1] = -cost;
-    f->next[e + 1] = f->head[v];
-    f->head[v] = e + 1;
-    f->ne += 2;
-    return e;
-}
-
-/*
- * Successive shortest paths (Bellman-Ford queue; graphs here have a few
- * hundred nodes) from s to t, augmenting by bottlenecks; *flow the amount sent.
- */
-static tide_status mcf_run(mcf *f, int s, int t, int64_t want, int64_t *flow)
-{
-    tide_status rc = TIDE_OK;
-    int64_t *dist = tide_calloc((size_t)f->nv, sizeof *dist);
-    int *pe = tide_calloc((size_t)f->nv, sizeof *pe),
-        *queue = tide_calloc((size_t)f->nv, sizeof *queue);
-    char *inq = tide_calloc((size_t)f->nv, 1);
-    if (!dist || !pe || !queue || !inq) {
-        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory running a flow");
-        goto out;
-    }
-    *flow = 0;
-    while (*flow < want) {
-        for (int v = 0; v < f->nv; v++) {
-            dist[v] = INT64_MAX;
-            pe[v] = -1;
-            inq[v] = 0;
-        }
-        dist[s] = 0;
-        int qh = 0, qn = 1;
-        queue[0] = s;
-        inq[s] = 1;
-        while (qn > 0) {
-            int u = queue[qh];
-            qh = (qh + 1) % f->nv;
-            qn--;
-            inq[u] = 0;
-            for (int e = f->head[u]; e >= 0; e = f->next[e]) {
-                if (f->cap[e] <= 0)
-                    continue;
-                int v = f->to[e];
-                int64_t nd = dist[u] + f->cost[e];
-                /* Ties go to the lower edge index: deterministic. */
-                if (nd < dist[v]) {
-                    dist[v] = nd;
-                    pe[v] = e;
-                    if (!inq[v]) {
-                        queue[(qh + qn) % f->nv] = v;
-                        qn++;
-                        inq[v] = 1;
-                    }
-                }
-            }
-        }
-        if (pe[t] < 0)
-            break;
-        int64_t push = want - *flow;
-        for (int v = t; v != s; v = f->to[pe[v] ^ 1])
-            push = f->cap[pe[v]] < push ? f->cap[pe[v]] : push;
-        for (int v = t; v != s; v = f->to[pe[v] ^ 1]) {
-            f->cap[pe[v]] -= push;
-            f->cap[pe[v] ^ 1] += push;
-        }
-        *flow += push;
-    }
-out:
-    tide_free(dist);
-    tide_free(pe);
-    tide_free(queue);
-    tide_free(inq);
-    return rc;
-}
-
 /* ---- regime 1: hosts do not constrain TP groups ------------------------------------------------
  */
 
@@ -470,7 +277,7 @@ static tide_status place_roles(placer *pl)
     int nc = pl->ncls + 1; /* last: idle workers */
     int64_t *supply = pc_calloc(pl, (size_t)nc, sizeof *supply);
     int *edge = pc_calloc(pl, (size_t)nc * (size_t)pl->nroles, sizeof *edge);
-    mcf f;
+    tide__flow f;
     memset(&f, 0, sizeof f);
     if (supply == NULL || edge == NULL) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory placing roles");
@@ -481,22 +288,23 @@ static tide_status place_roles(placer *pl)
         supply[w->op < 0 ? pl->ncls : w->op * pl->otp + w->ot]++;
     }
     int s = nc + pl->nroles, t = s + 1;
-    TIDE_CHECK_GOTO(mcf_init(&f, t + 1, nc * pl->nroles + nc + pl->nroles), rc, out);
+    TIDE_CHECK_GOTO(tide__flow_init(&f, t + 1, nc * pl->nroles + nc + pl->nroles), rc, out);
     for (int k = 0; k < nc; k++)
         if (supply[k] > 0)
-            mcf_edge(&f, s, k, supply[k], 0);
+            tide__flow_edge(&f, s, k, supply[k], 0);
     for (int k = 0; k < nc; k++) {
         if (supply[k] == 0)
             continue;
         pworker proto = {0, 0, k < pl->ncls ? k / pl->otp : -1, 0, k < pl->ncls ? k % pl->otp : 0,
                          0};
         for (int r = 0; r < pl->nroles; r++)
-            edge[k * pl->nroles + r] = mcf_edge(&f, k, nc + r, supply[k], -gain(pl, &proto, r));
+            edge[k * pl->nroles + r] =
+                tide__flow_edge(&f, k, nc + r, supply[k], -gain(pl, &proto, r));
     }
     for (int r = 0; r < pl->nroles; r++)
-        mcf_edge(&f, nc + r, t, pl->ndp, 0);
+        tide__flow_edge(&f, nc + r, t, pl->ndp, 0);
     int64_t want = (int64_t)pl->nroles * pl->ndp, got = 0;
-    TIDE_CHECK_GOTO(mcf_run(&f, s, t, want, &got), rc, out);
+    TIDE_CHECK_GOTO(tide__flow_run(&f, s, t, want, &got), rc, out);
     if (got != want)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL, "placement: roles flow %lld of %lld",
                        (long long)got, (long long)want);
@@ -525,7 +333,7 @@ static tide_status place_roles(placer *pl)
         }
     }
 out:
-    mcf_free(&f);
+    tide__flow_clear(&f);
     tide_free(supply);
     tide_free(edge);
     return rc;
@@ -602,7 +410,7 @@ static tide_status slots_by_flow(placer *pl)
     int64_t *count = pc_calloc(pl, (size_t)nc, sizeof *count);
     int *edge = pc_calloc(pl, (size_t)nc * (size_t)pl->npp, sizeof *edge);
     int *one = pc_calloc(pl, (size_t)pl->npp, sizeof *one);
-    mcf f;
+    tide__flow f;
     memset(&f, 0, sizeof f);
     if (count == NULL || edge == NULL || one == NULL) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory placing groups on hosts");
@@ -610,10 +418,10 @@ static tide_status slots_by_flow(placer *pl)
     }
     for (size_t h = 0; h < pl->nh; h++)
         count[pl->hclass[h]] += pl->slots[h] > 0;
-    TIDE_CHECK_GOTO(mcf_init(&f, t + 1, nc * pl->npp + nc + pl->npp), rc, out);
+    TIDE_CHECK_GOTO(tide__flow_init(&f, t + 1, nc * pl->npp + nc + pl->npp), rc, out);
     for (int k = 0; k < nc; k++)
         if (count[k] > 0)
-            mcf_edge(&f, s, k, count[k], 0);
+            tide__flow_edge(&f, s, k, count[k], 0);
     for (int k = 0; k < nc; k++) {
         if (count[k] == 0)
             continue;
@@ -622,13 +430,13 @@ static tide_status slots_by_flow(placer *pl)
             one[q] = 1;
             TIDE_CHECK_GOTO(class_value(pl, (size_t)pl->hrep[k], one, &v), rc, out);
             one[q] = 0;
-            edge[k * pl->npp + q] = mcf_edge(&f, k, nc + q, count[k], -v);
+            edge[k * pl->npp + q] = tide__flow_edge(&f, k, nc + q, count[k], -v);
         }
     }
     for (int q = 0; q < pl->npp; q++)
-        mcf_edge(&f, nc + q, t, pl->ndp, 0);
+        tide__flow_edge(&f, nc + q, t, pl->ndp, 0);
     int64_t got = 0;
-    TIDE_CHECK_GOTO(mcf_run(&f, s, t, pl->groups, &got), rc, out);
+    TIDE_CHECK_GOTO(tide__flow_run(&f, s, t, pl->groups, &got), rc, out);
     if (got != pl->groups)
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_INTERNAL, "placement: host flow %lld of %d",
                        (long long)got, pl->groups);
@@ -651,7 +459,7 @@ static tide_status slots_by_flow(placer *pl)
         }
     }
 out:
-    mcf_free(&f);
+    tide__flow_clear(&f);
     tide_free(count);
     tide_free(edge);
     tide_free(one);
@@ -1157,7 +965,7 @@ static tide_status assign_dp(placer *pl)
             }
         }
         if (full)
-            TIDE_CHECK_GOTO(hungarian(wt, nd, nd, a, NULL), rc, out);
+            TIDE_CHECK_GOTO(tide__assign_max(wt, nd, nd, a, NULL), rc, out);
         for (int j = 0; j < nd; j++) {
             int g = q * nd + j;
             prev[a[j]] = g;

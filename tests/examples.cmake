@@ -37,16 +37,16 @@ if(TARGET tide_mlp)
   if(TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide)
     add_executable(test_examples_tide test_examples_tide.c)
     target_link_libraries(test_examples_tide PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
-                                                     MPI::MPI_C tide_core)
+                                                     MPI::MPI_C tide_test_support tide_core)
     target_include_directories(test_examples_tide PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide tided tidectl tide-ckpt)
-    # mixed*: at every switch tide-ckpt converts a checkpoint of the old layout into the new
-    # one, which must equal the live state after the reshard
-    foreach(mode dp tp pp mixed mixed-zero1 micro grow2)
-      tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
-                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode}
-                             $<TARGET_FILE:tide-ckpt> TIMEOUT 90)
-    endforeach()
+    # one entry per row of the table (mixed*: at every switch tide-ckpt converts a
+    # checkpoint of the old layout into the new one, which must equal the live state after
+    # the reshard)
+    tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_tide.h
+                       PREFIX test_examples_tide TARGET test_examples_tide
+                       ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> SCENARIO
+                            $<TARGET_FILE:tide-ckpt>)
 
     # A member of the running job is killed (SIGKILL); tided detects it by heartbeats and
     # recovers the job over the survivors (replica: dp 1 on 8 ranks; midstep: the same, the

@@ -90,7 +90,8 @@ const mt_row *mt_rows_find(const void *rows, size_t n, size_t stride, const char
 /*
  * The usual start of a driver's main: with "--list" as argv[1], prints the table and
  * returns 1 (the caller exits 0); else finds the row named by argv[name_arg] (NULL,
- * with a usage line naming the rows on stderr, when there is none) and returns 0.
+ * with a usage line naming the rows on stderr, when there is none) and returns 0. A
+ * table of one row named "" (a test of one scenario) takes no name: that row it is.
  */
 int mt_rows_select(int argc, char **argv, int name_arg, const void *rows, size_t n, size_t stride,
                    const mt_row **out);

@@ -32,5 +32,5 @@ ROW("ckpt-zero1",     8,    120, "",    "recovery", "2x2x2", "",      "after 5 a
 ROW("ckpt-dp1",       2,    120, "",    "recovery", "1x2x1", "",      "after 5 at p0d0t1", 2,   2,  TIDE_OK,            "1x1x1", 0,    32,   14,   0,  0,      0)
 ROW("ckpt-corrupt",   8,    120, "",    "recovery", "2x2x2", "",      "after 5 at p1d1t1", 2,   3,  TIDE_OK,            "1x2x2", 1,    32,   14,   0,  1,      0)
 ROW("ckpt-request",   2,    120, "",    "recovery", "2x1x1", "",      "",                  0,   1,  TIDE_OK,            "",      1,    32,   24,   0,  0,      1)
-ROW("resize-spare",   8,    120, "",    "recovery", "2x2x2", "2x1x2", "after 4 at p1d1t0", 0,   3,  TIDE_OK,            "2x1x2", 0,    32,   24,   0,  0,      0)
+ROW("resize-spare",   8,    150, "",    "recovery", "2x2x2", "2x1x2", "after 4 at p1d1t0", 0,   3,  TIDE_OK,            "2x1x2", 0,    32,   24,   0,  0,      0)
 // clang-format on

@@ -1,6 +1,7 @@
 # Test helpers. Every test is registered with ctest and a label:
 #   unit  Criterion unit tests, seconds in all        tide_add_unit_test()
-#   mpi   integration tests run under mpirun          tide_add_mpi_test()
+#   mpi   integration tests run under mpirun          tide_add_mpi_test(), or one entry
+#         per row of a scenario table                 tide_add_scenarios()
 #   gpu   tests that need a CUDA device; they exit 77 tide_add_gpu_test()
 #         (skipped) with a message when none is present
 #   slow  added to any of the above by passing SLOW

@@ -62,9 +62,11 @@ static tide_status kill_target(const char *s, const char *p, mt_kill *k)
         k->rank = isdigit((unsigned char)*p) ? (int)strtol(p, (char **)&p, 10) : -1;
         if (k->rank >= 0 && *p == '\0')
             return TIDE_OK;
-    } else if (sscanf(p, "p%dd%dt%d", &k->p, &k->d, &k->t) == 3 && k->p >= 0 && k->d >= 0 &&
-               k->t >= 0) {
-        return TIDE_OK;
+    } else {
+        int end = 0;
+        if (sscanf(p, "p%dd%dt%d%n", &k->p, &k->d, &k->t, &end) == 3 && p[end] == '\0' &&
+            k->p >= 0 && k->d >= 0 && k->t >= 0)
+            return TIDE_OK;
     }
     return tide_errorf(TIDE_ERR_INVALID, "kill '%s': the target is pPdDtT or rN", s);
 }

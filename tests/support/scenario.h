@@ -16,6 +16,15 @@
  * "kill" is "WHEN [STEP] at TARGET": WHEN a word the driver knows (after, grads, ...),
  * STEP counted from the start of the generation the kill happens in, TARGET "pPdDtT" (a
  * coordinate of that generation's layout) or "rN" (pool rank N).
+ *
+ * Adding a scenario is adding a line. A resize-and-kill one, in
+ * tests/scenarios/test_examples_tide_recover.h: 8 ranks start in (dp 2, tp 2, pp 2), are
+ * resized to (dp 2, tp 1, pp 2), and 4 steps into that generation the member at
+ * (pp 1, dp 1, tp 0) is SIGKILLed; generation 3 is the recovery, an idle rank taking its
+ * place in the same layout (the columns after TIDE_OK are that driver's):
+ *   ROW("resize-spare", 8, 150, "", "recovery", "2x2x2", "2x1x2", "after 4 at p1d1t0", 0, 3,
+ *       TIDE_OK, "2x1x2", 0, 32, 24, 0, 0, 0)
+ * The next configure registers test_examples_tide_recover_resize-spare (label mpi).
  */
 #ifndef TIDE_TESTS_SUPPORT_SCENARIO_H
 #define TIDE_TESTS_SUPPORT_SCENARIO_H

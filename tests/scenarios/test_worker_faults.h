@@ -4,8 +4,10 @@
  * row, test_worker_faults_<name>. Kills name the backend call the victim dies at:
  * "create" (the first layout's communicators), "split" (the switch's groups, right after
  * the new all was split off), "prepare" (a build ahead of the switch, on libtide's
- * preparation thread). The column after status is the driver's: the fault its wrapper
- * injects and the checks that follow (see the file's opening comment).
+ * preparation thread). Status: what tide_step_begin gives up with (deadcomm, whose
+ * collectives fail with every peer alive), TIDE_OK for the rest. The column after status
+ * is the driver's: the fault its wrapper injects and the checks that follow (see the
+ * file's opening comment).
  */
 // clang-format off
 /*  name        ranks time labels mpi         first    resizes        kill              ckpt gen status            fault */

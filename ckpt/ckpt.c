@@ -19,6 +19,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 
 #define SUBSYS   "ckpt"
@@ -97,20 +98,7 @@ uint64_t tide__ckpt_hash(const void *buf, uint64_t n)
 
 void tide__ckpt_fault(const char *point)
 {
-    static int shards_written;
-    const char *f = getenv("TIDE_CKPT_FAULT");
-    if (f == NULL)
-        return;
-    if (strcmp(point, "shard") == 0) {
-        shards_written++;
-        if (strncmp(f, "shards:", 7) == 0 && atoi(f + 7) == shards_written) {
-            TIDE_WARN(SUBSYS, "TIDE_CKPT_FAULT=%s: exiting after %d shards", f, shards_written);
-            _exit(86);
-        }
-    } else if (strcmp(point, f) == 0) {
-        TIDE_WARN(SUBSYS, "TIDE_CKPT_FAULT=%s: exiting", f);
-        _exit(86);
-    }
+    tide__fault_point("ckpt", point, 0);
 }
 
 /* ---- who writes what ------------------------------------------------------------------------ */

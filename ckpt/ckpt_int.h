@@ -131,8 +131,9 @@ uint64_t tide__ckpt_hash(const void *buf, uint64_t n);
 uint64_t tide__ckpt_tensor_offset(const tide_layout_t *l, const tide_collection_t *c, size_t i,
                                   int p, int d, int t);
 
-/* Test hook: TIDE_CKPT_FAULT="shards:K" ends the process (_exit 86) once it has
-   written K shards, "manifest" just before the manifest is renamed into place. */
+/* The save's fault points (core/fault.h): "shard" each time a shard is complete on disk,
+   "manifest" just before the manifest is renamed into place. Inert unless a test hook is
+   installed (tests/support/faults.c: TIDE_CKPT_FAULT="shards:K" or "manifest"). */
 void tide__ckpt_fault(const char *point);
 
 #endif /* TIDE_CKPT_INT_H */

@@ -1,6 +1,7 @@
 # Test helpers. Every test is registered with ctest and a label:
 #   unit  Criterion unit tests, seconds in all        tide_add_unit_test()
-#   mpi   integration tests run under mpirun          tide_add_mpi_test()
+#   mpi   integration tests run under mpirun          tide_add_mpi_test(), or one entry
+#         per row of a scenario table                 tide_add_scenarios()
 #   gpu   tests that need a CUDA device; they exit 77 tide_add_gpu_test()
 #         (skipped) with a message when none is present
 #   slow  added to any of the above by passing SLOW
@@ -95,4 +96,75 @@ function(tide_add_gpu_test name)
   target_compile_definitions(${name} PRIVATE TIDE_HAVE_CUDA=1)
   add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
   _tide_test_props(${name} "gpu" ${T_TIMEOUT})
+endfunction()
+
+# tide_add_scenarios(TABLE file PREFIX name TARGET exe [ARGS ...] [PASS regex] [FAIL regex])
+# One ctest entry per ROW(...) line of a scenario table (tests/scenarios/<test>.h, read by the
+# driver exe too; see tests/support/scenario.h): PREFIX_<name> (PREFIX alone for a row
+# named ""), run as `mpirun -np <ranks> exe ARGS` with every SCENARIO in ARGS replaced by
+# the row's name, labels mpi and the row's, the row's timeout (a row labelled "external" is
+# not registered: a script of its own runs it); a row whose mpi column is
+# "recovery" runs under --enable-recovery --mca async_mpi_finalize 1 (a rank dies: mpirun
+# must not tear the job down, nor MPI_Finalize wait for the dead). Also PREFIX_table
+# (label unit): the driver's `exe --list` must read the table as CMake did.
+set(TIDE_RECOVERY_MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
+function(tide_add_scenarios)
+  cmake_parse_arguments(T "" "TABLE;PREFIX;TARGET;PASS;FAIL" "ARGS" ${ARGN})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${T_TABLE})
+  file(STRINGS ${T_TABLE} rows REGEX "^ROW\\(")
+  set(listed "")
+  foreach(row ${rows})
+    string(REGEX MATCHALL "\"[^\"]*\"|[^ \t,()]+" f "${row}")
+    list(GET f 1 name)
+    list(GET f 2 np)
+    list(GET f 3 timeout)
+    list(GET f 4 labels)
+    list(GET f 5 mpi)
+    foreach(v name labels mpi)
+      string(REGEX REPLACE "^\"(.*)\"$" "\\1" ${v} "${${v}}")
+    endforeach()
+    if(name STREQUAL "")
+      set(test ${T_PREFIX})
+      set(shown "-")
+    else()
+      set(test ${T_PREFIX}_${name})
+      set(shown ${name})
+    endif()
+    set(flags "")
+    if(mpi STREQUAL "recovery")
+      set(flags ${TIDE_RECOVERY_MPI_FLAGS})
+    elseif(NOT mpi STREQUAL "")
+      message(FATAL_ERROR "${T_TABLE}: row ${name}: mpi column '${mpi}' is not \"recovery\" or \"\"")
+    endif()
+    string(REPLACE "SCENARIO" "${name}" args "${T_ARGS}")
+    if(NOT " ${labels} " MATCHES " external ")
+      add_test(NAME ${test}
+               COMMAND ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS} ${flags} -np ${np}
+                       $<TARGET_FILE:${T_TARGET}> ${args})
+      set(all_labels mpi)
+      if(NOT labels STREQUAL "")
+        string(REPLACE " " ";" more "${labels}")
+        list(APPEND all_labels ${more})
+      endif()
+      _tide_test_props(${test} "${all_labels}" ${timeout})
+      if(T_PASS)
+        set_tests_properties(${test} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS}")
+      endif()
+      if(T_FAIL)
+        set_tests_properties(${test} PROPERTIES FAIL_REGULAR_EXPRESSION "${T_FAIL}")
+      endif()
+    endif()
+    foreach(v labels mpi)
+      if("${${v}}" STREQUAL "")
+        set(${v} "-")
+      endif()
+    endforeach()
+    string(APPEND listed "${shown} ${np} ${timeout} ${labels} ${mpi}\n")
+  endforeach()
+  set(want ${CMAKE_CURRENT_BINARY_DIR}/scenarios/${T_PREFIX}.list)
+  file(WRITE ${want} "${listed}")
+  add_test(NAME ${T_PREFIX}_table
+           COMMAND bash -c "\"$1\" --list | diff -u \"$2\" -" table
+                   $<TARGET_FILE:${T_TARGET}> ${want})
+  _tide_test_props(${T_PREFIX}_table "unit" 30)
 endfunction()

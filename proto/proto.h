@@ -907,15 +907,6 @@ tide_status tide_proto_decode_record(const void *data, size_t len, tide_msg_type
  */
 tide_status tide_proto_join_upgrade(const void *data, size_t len, uint8_t **out, size_t *out_len);
 
-/*
- * Fills *out with a random valid message of `type` (every field set, arrays small,
- * values often at their limits), drawing from the xorshift state *rng (any nonzero
- * value; advanced). For property tests, fuzz seed corpora and load generators. The
- * message owns its arrays: tide_msg_clear it. TIDE_ERR_NOMEM on allocation failure
- * (out cleared); TIDE_ERR_INVALID for TIDE_MSG_NONE or an unknown type.
- */
-tide_status tide_proto_sample(tide_msg_t *out, tide_msg_type_t type, uint64_t *rng);
-
 /* ---- enum names (wire strings), "?" when out of range ------------------------------------- */
 
 const char *tide_proto_device_kind_name(tide_proto_device_kind_t v);

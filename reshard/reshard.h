@@ -153,24 +153,6 @@ tide_status tide_reshard_plan_totals_hosts(const tide_layout_t *old_l, const tid
 tide_status tide_reshard_lower_bound(const tide_layout_t *old_l, const tide_layout_t *new_l,
                                      const tide_collection_t *c, uint64_t *bytes);
 
-/*
- * Proves the plan: every byte of every new local buffer written exactly once,
- * from an alive worker whose old buffer holds that same global byte, all
- * offsets in range. TIDE_ERR_INVALID with the first violation otherwise.
- */
-tide_status tide_plan_validate(const tide_layout_t *old_l, const tide_layout_t *new_l,
-                               const tide_collection_t *c, const uint8_t *alive, size_t n_alive,
-                               const tide_plan_t *plan);
-
-/*
- * Executes the plan on host memory: old_bufs[w][i] / new_bufs[w][i] are worker
- * w's old and new local buffers of tensor i (NULL where not held), for w up to
- * the largest worker id in either layout. For tests and the coordinator's
- * estimates; single thread.
- */
-void tide_plan_simulate(const tide_plan_t *plan, void *const *const *old_bufs,
-                        void *const *const *new_bufs);
-
 /* ---- placement ------------------------------------------------------------------ */
 
 /* One worker the new layout may use, and the machine it runs on. */

@@ -1,7 +1,8 @@
 /*
  * reshard internals shared by the module's sources (collection.c, layout.c,
- * geometry.c, plan.c, simulate.c, place.c). Nothing here is for other modules;
- * benchmarks and tests may read the planner's memory counter.
+ * geometry.c, plan.c, place.c, fit.c). Nothing here is for other modules;
+ * benchmarks and tests may read the planner's memory counter, and the plan checker of
+ * the tests (tests/support/plan_check.c) reads the geometry.
  *
  * Geometry model used everywhere: a tensor is viewed as [A, D, B] around its
  * tp dimension (A: product of the dimensions before it, D: its size, B: product

@@ -25,7 +25,7 @@ WORK="$BUILD_DIR/fuzz-corpus"      # grows across runs: new coverage found is ke
 ART="$BUILD_DIR/fuzz-artifacts/"
 rm -rf "$SEEDS"
 mkdir -p "$SEEDS" "$WORK" "$ART"
-"$BUILD_DIR/proto/proto_corpus" "$SEEDS" 8 "$BUILD_DIR/proto.dict"
+"$BUILD_DIR/tests/support/proto_corpus" "$SEEDS" 8 "$BUILD_DIR/proto.dict"
 
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

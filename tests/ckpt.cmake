@@ -2,18 +2,22 @@
 # (test_ckpt).
 if(TARGET tide_ckpt)
   tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt tide_proto xxhash
-                     TIMEOUT 120)
+                     tide_test_faults TIMEOUT 120)
   # checkpoints an earlier tide wrote (tests/data/README.md)
   target_compile_definitions(test_ckpt PRIVATE TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
 endif()
 # train_mlp --resume / --ckpt-every, a crash injected mid-save, tide-ckpt verify/convert
-# (resume); planted links, a renamed step directory and FIFOs in a checkpoint root
-# (links); a checkpoint disk that fills while a job trains and loses a rank (full: root,
-# mount namespaces, tmpfs).
-if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided AND TARGET tidectl)
+# (resume: train_mlp_faults, the program with the tests' fault hook, tests/support/faults.c);
+# planted links, a renamed step directory and FIFOs in a checkpoint root (links); a
+# checkpoint disk that fills while a job trains and loses a rank (full: root, mount
+# namespaces, tmpfs).
+if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET train_mlp_faults AND TARGET tided
+   AND TARGET tidectl)
   foreach(part resume links full)
+    set(train train_mlp)
     if(part STREQUAL "resume")
       set(name test_ckpt_resume)
+      set(train train_mlp_faults)
     elseif(part STREQUAL "links")
       set(name test_ckpt_links)
     else()
@@ -21,7 +25,7 @@ if(TARGET tide-ckpt AND TARGET train_mlp AND TARGET tided AND TARGET tidectl)
     endif()
     add_test(NAME ${name}
              COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt_resume.sh ${part}
-                     $<TARGET_FILE:train_mlp> $<TARGET_FILE:tide-ckpt> $<TARGET_FILE:tided>
+                     $<TARGET_FILE:${train}> $<TARGET_FILE:tide-ckpt> $<TARGET_FILE:tided>
                      $<TARGET_FILE:tidectl> ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   endforeach()
   _tide_test_props(test_ckpt_resume "mpi" 400)

@@ -20,12 +20,13 @@ endforeach()
 # async_mpi_finalize=1: Open MPI 4.1's MPI_Finalize otherwise ends with a PMIx fence
 # over every process of the job, which sometimes (about 1 run in 3 here) waits forever
 # for the dead one.
-tide_add_mpi_test(test_collectives_recovery NP 4 SOURCES test_collectives_recovery.c
-                  LIBS tide_collectives TIMEOUT 60
-                  MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
-set_tests_properties(test_collectives_recovery PROPERTIES
-                     PASS_REGULAR_EXPRESSION "recovery: passed"
-                     FAIL_REGULAR_EXPRESSION "FAILED")
+add_executable(test_collectives_recovery test_collectives_recovery.c)
+target_link_libraries(test_collectives_recovery PRIVATE tide_collectives MPI::MPI_C
+                                                        tide_test_support tide_core)
+target_include_directories(test_collectives_recovery PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_collectives_recovery.h
+                   PREFIX test_collectives_recovery TARGET test_collectives_recovery
+                   PASS "recovery: passed" FAIL "FAILED")
 
 # nccl: the same conformance source on one GPU (one-rank communicators, self
 # send/recv, the executor on device buffers); exits 77 (skipped) without a GPU.

@@ -272,6 +272,31 @@ static inline int coord_call(void *sock, const tide_msg_t *req, tide_msg_t *repl
     return coord_recv(sock, reply);
 }
 
+/* The generation, step and whether it is running of the online job named job, from a jobs
+   request on sock; 0, or -1 without a reply (*gen 0 when the job is not listed). */
+static inline int coord_job_state(void *sock, const char *job, uint64_t *gen, uint64_t *step,
+                                  int *running)
+{
+    tide_msg_t q, r;
+    tide_msg_init(&q, TIDE_MSG_JOBS);
+    *gen = *step = 0;
+    *running = 0;
+    if (coord_call(sock, &q, &r) != 0 || r.type != TIDE_MSG_JOBS_REPLY) {
+        tide_msg_clear(&r);
+        return -1;
+    }
+    for (uint32_t i = 0; i < r.u.jobs_reply.n_rows; i++) {
+        const tide_proto_job_row_t *row = &r.u.jobs_reply.rows[i];
+        if (strcmp(row->name, job) != 0)
+            continue;
+        *gen = row->gen;
+        *step = row->step;
+        *running = row->state == TIDE_JOB_RUNNING;
+    }
+    tide_msg_clear(&r);
+    return 0;
+}
+
 static inline void coord_mk_register(tide_msg_t *m, const char *pool, int rank, int size,
                                      const char *host, int device, int pid)
 {

@@ -8,19 +8,16 @@ if(TARGET tide_mlp)
   tide_add_unit_test(test_examples SOURCES test_examples.c LIBS tide_mlp TIMEOUT 60)
 
   add_executable(test_examples_mpi test_examples_mpi.c)
-  target_link_libraries(test_examples_mpi PRIVATE tide_mlp MPI::MPI_C tide_core)
+  target_link_libraries(test_examples_mpi PRIVATE tide_mlp MPI::MPI_C tide_test_support tide_core)
   target_include_directories(test_examples_mpi PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  tide_add_mpi_test(test_examples_mpi_layouts_np2 NP 2 TARGET test_examples_mpi
-                    ARGS layouts 5 TIMEOUT 60)
-  tide_add_mpi_test(test_examples_mpi_layouts_np8 NP 8 TARGET test_examples_mpi
-                    ARGS layouts 5 TIMEOUT 60)
-  tide_add_mpi_test(test_examples_mpi_converge NP 8 TARGET test_examples_mpi
-                    ARGS converge 30 TIMEOUT 60)
-  tide_add_mpi_test(test_examples_mpi_relayout NP 8 TARGET test_examples_mpi
-                    ARGS relayout 2 TIMEOUT 60)
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_mpi.h
+                     PREFIX test_examples_mpi TARGET test_examples_mpi ARGS SCENARIO)
   # Distributed checkpoints: save under one layout, load under another.
-  tide_add_mpi_test(test_examples_ckpt NP 8 SOURCES test_examples_ckpt.c LIBS tide_mlp
-                    TIMEOUT 240)
+  add_executable(test_examples_ckpt test_examples_ckpt.c)
+  target_link_libraries(test_examples_ckpt PRIVATE tide_mlp MPI::MPI_C tide_test_support tide_core)
+  target_include_directories(test_examples_ckpt PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_ckpt.h
+                     PREFIX test_examples_ckpt TARGET test_examples_ckpt)
   # The program itself: flags, layout, loss printed identically on all ranks.
   tide_add_mpi_test(test_train_mlp_np8 NP 8 TARGET train_mlp
                     ARGS --dp 2 --tp 2 --pp 2 --steps 3 --print-every 1 TIMEOUT 60)
@@ -37,16 +34,16 @@ if(TARGET tide_mlp)
   if(TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide)
     add_executable(test_examples_tide test_examples_tide.c)
     target_link_libraries(test_examples_tide PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
-                                                     MPI::MPI_C tide_core)
+                                                     MPI::MPI_C tide_test_support tide_core)
     target_include_directories(test_examples_tide PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide tided tidectl tide-ckpt)
-    # mixed*: at every switch tide-ckpt converts a checkpoint of the old layout into the new
-    # one, which must equal the live state after the reshard
-    foreach(mode dp tp pp mixed mixed-zero1 micro grow2)
-      tide_add_mpi_test(test_examples_tide_${mode} NP 8 TARGET test_examples_tide
-                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode}
-                             $<TARGET_FILE:tide-ckpt> TIMEOUT 90)
-    endforeach()
+    # one entry per row of the table (mixed*: at every switch tide-ckpt converts a
+    # checkpoint of the old layout into the new one, which must equal the live state after
+    # the reshard)
+    tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_tide.h
+                       PREFIX test_examples_tide TARGET test_examples_tide
+                       ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> SCENARIO
+                            $<TARGET_FILE:tide-ckpt>)
 
     # A member of the running job is killed (SIGKILL); tided detects it by heartbeats and
     # recovers the job over the survivors (replica: dp 1 on 8 ranks; midstep: the same, the
@@ -67,35 +64,18 @@ if(TARGET tide_mlp)
     # collectives.cmake); the pass line is printed after every check on every survivor.
     add_executable(test_examples_tide_recover test_examples_tide_recover.c)
     target_link_libraries(test_examples_tide_recover PRIVATE tide_mlp_tide tide_proto
-                                                             PkgConfig::ZMQ MPI::MPI_C tide_core)
+                                                             PkgConfig::ZMQ MPI::MPI_C
+                                                             tide_test_support tide_core)
     target_include_directories(test_examples_tide_recover PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     add_dependencies(test_examples_tide_recover tided tidectl)
-    foreach(mode replica midstep lastreduce spare zero1 stopped layout ckpt-zero1 ckpt-dp1
-                 ckpt-corrupt ckpt-request)
-      if(mode STREQUAL "spare")
-        set(np 9)
-      elseif(mode STREQUAL "layout")
-        set(np 4)
-      elseif(mode STREQUAL "ckpt-dp1" OR mode STREQUAL "ckpt-request")
-        set(np 2)
-      else()
-        set(np 8)
-      endif()
-      tide_add_mpi_test(test_examples_tide_recover_${mode} NP ${np}
-                        TARGET test_examples_tide_recover
-                        ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> ${mode} TIMEOUT 90
-                        MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
-      set_tests_properties(test_examples_tide_recover_${mode} PROPERTIES
-                           PASS_REGULAR_EXPRESSION "test_examples_tide_recover: passed"
-                           FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
-    endforeach()
-    # stopped: the victim waits stopped for the recovery, then must be fenced and leave
-    set_tests_properties(test_examples_tide_recover_stopped PROPERTIES TIMEOUT 120)
-    # ckpt-*: the victim waits for its checkpoint to be reported before it dies, and every
-    # member loads its state from disk (ckpt-corrupt: twice); ckpt-request: 40 slow steps
-    set_tests_properties(test_examples_tide_recover_ckpt-zero1 test_examples_tide_recover_ckpt-dp1
-                         test_examples_tide_recover_ckpt-corrupt
-                         test_examples_tide_recover_ckpt-request PROPERTIES TIMEOUT 120)
+    # one entry per row of the table (ranks, timeouts: stopped waits for the recovery; the
+    # ckpt rows' victim waits for its checkpoint to be reported and every member loads
+    # from disk; ckpt-request runs 24 slow steps)
+    tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_tide_recover.h
+                       PREFIX test_examples_tide_recover TARGET test_examples_tide_recover
+                       ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl> SCENARIO
+                       PASS "test_examples_tide_recover: passed"
+                       FAIL "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
   endif()
 
   tide_add_gpu_test(test_examples_gpu SOURCES test_examples_gpu.c LIBS tide_mlp TIMEOUT 120)
@@ -107,14 +87,15 @@ if(TARGET tide_mlp AND TARGET tided AND TARGET tidectl AND TARGET tide_mlp_tide
    AND TARGET tide_task_matmul)
   add_executable(test_examples_bubbles test_examples_bubbles.c)
   target_link_libraries(test_examples_bubbles PRIVATE tide_mlp_tide tide_proto PkgConfig::ZMQ
-                                                      MPI::MPI_C tide_core ${CMAKE_DL_LIBS})
+                                                      MPI::MPI_C tide_test_support tide_core
+                                                      ${CMAKE_DL_LIBS})
   target_include_directories(test_examples_bubbles PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   # task_probe: a test plugin that writes the tide_task_env it was given (device, ...)
   add_library(tide_task_probe MODULE task_probe.c)
   target_include_directories(tide_task_probe PRIVATE ${PROJECT_SOURCE_DIR}/include)
   add_dependencies(test_examples_bubbles tided tidectl tide_task_matmul tide_task_probe)
-  tide_add_mpi_test(test_examples_bubbles NP 2 TARGET test_examples_bubbles
-                    ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl>
-                         $<TARGET_FILE:tide_task_matmul> $<TARGET_FILE:tide_task_probe>
-                    TIMEOUT 120)
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_examples_bubbles.h
+                     PREFIX test_examples_bubbles TARGET test_examples_bubbles
+                     ARGS $<TARGET_FILE:tided> $<TARGET_FILE:tidectl>
+                          $<TARGET_FILE:tide_task_matmul> $<TARGET_FILE:tide_task_probe>)
 endif()

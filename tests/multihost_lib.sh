@@ -9,6 +9,8 @@ MH_SKIP=${TIDE_TEST_SKIP_RC:-77}
 TIDED="$TIDE_BUILD/coordinator/tided"
 TIDECTL="$TIDE_BUILD/coordinator/tidectl"
 TRAIN="$TIDE_BUILD/examples/train_mlp"
+# the same program with the tests' fault hook (TIDE_JOIN_FAULT, ...: tests/support/faults.c)
+TRAIN_FAULTS="$TIDE_BUILD/tests/faults/train_mlp"
 STATE_DIFF="$TIDE_BUILD/examples/mlp_state_diff"
 CLUSTER="$TIDE_SRC/scripts/cluster.sh"
 MH_NAME="m$$"

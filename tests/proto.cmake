@@ -1,5 +1,5 @@
 # proto/: message round trips, every refusal class, allocation-failure injection.
-tide_add_unit_test(test_proto SOURCES test_proto.c LIBS tide_proto TIMEOUT 60)
+tide_add_unit_test(test_proto SOURCES test_proto.c LIBS tide_proto tide_test_support TIMEOUT 60)
 # Criterion runs each test in a child whose LeakSanitizer exit code it ignores, so a
 # leak report alone would pass: fail on the report text instead.
 set_tests_properties(test_proto PROPERTIES FAIL_REGULAR_EXPRESSION

@@ -1,12 +1,12 @@
 /*
- * Kill-one-rank recovery, run as `mpirun --enable-recovery -np 4`: the last rank
- * dies (SIGKILL) while the others wait on it inside an allreduce. A watchdog thread
- * on each survivor stands in for the worker's heartbeat thread: it notices that the
- * dead rank's process is gone and calls tide_coll_comm_abort. The survivors must get
- * TIDE_ERR_ABORTED within 1 s of that, build a communicator over themselves only
- * (MPI_Comm_create_group over the pool, with the dead rank still in it) and complete
- * an allreduce with the exact sum. All ranks run on one host, so liveness is read
- * from /proc (a zombie counts as dead).
+ * Kill-one-rank recovery, run as `mpirun --enable-recovery -np 4`: the rank its scenario
+ * names (tests/scenarios/test_collectives_recovery.h: the last one) dies (SIGKILL) while the others
+ * wait on it inside an allreduce. A watchdog thread on each survivor stands in for the worker's
+ * heartbeat thread: it notices that the dead rank's process is gone and calls tide_coll_comm_abort.
+ * The survivors must get TIDE_ERR_ABORTED within 1 s of that, build a communicator over themselves
+ * only (MPI_Comm_create_group over the pool, with the dead rank still in it) and complete an
+ * allreduce with the exact sum. All ranks run on one host, so liveness is read from /proc (a zombie
+ * counts as dead).
  *
  * --backend nccl (scripts/gpu-check.sh, one GPU, each rank its own NCCL_HOSTID) runs
  * the same on device buffers; there NCCL may see the dead peer itself before the
@@ -24,6 +24,7 @@
 #include "collectives/collectives.h"
 #include "core/clock.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 struct watch {
     int pid;
@@ -60,13 +61,30 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
+/* The scenario (tests/scenarios/test_collectives_recovery.h): one row. */
+static const mt_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status)            \
+    {name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status},
+#include "scenarios/test_collectives_recovery.h"
+#undef ROW
+};
+
 int main(int argc, char **argv)
 {
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 1, scenarios, &row))
+        return 0; /* --list */
+    mt_scenario sc;
+    if (row == NULL || mt_scenario_parse(row, &sc) != TIDE_OK || sc.kill.rank < 0) {
+        fprintf(stderr, "test_collectives_recovery: its scenario must kill a rank (rN)\n");
+        return 2;
+    }
     int provided = 0, me, np;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    MT_ASSERT(np >= 3 && np <= 64, "run with 3..64 ranks");
+    MT_ASSERT(np >= 3 && np <= 64 && sc.kill.rank < np, "run with 3..64 ranks, more than %d",
+              sc.kill.rank);
     const char *name = "mpi";
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--backend") == 0)
@@ -83,7 +101,7 @@ int main(int argc, char **argv)
     tide_coll_comm_t *all = NULL;
     MT_OK(tide_coll_comm_new(&all, be, pool, &p));
     MT_OK(tide_coll_barrier(all, NULL)); /* everyone alive and connected */
-    int victim = np - 1;
+    int victim = sc.kill.rank;
     if (me == victim) {
         tide_sleep_ms(300); /* the others are inside the allreduce by now */
         raise(SIGKILL);

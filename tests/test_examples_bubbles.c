@@ -37,12 +37,14 @@
 #include "examples/mlp_mpi.h"
 #include "examples/mlp_tide.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define JOB       "bubbles"
 #define MAX_STEPS 2000
 #define MM_ARGS   "--n", "96", "--rounds", "4", "--rows", "2"
 
 static int g_rank;
+static mt_layout g_first; /* the pipeline's layout (its scenario's first) */
 static coord_proc g_coord;
 
 /* The state of offline job name in `tidectl jobs --json` ("" when not listed). */
@@ -191,7 +193,7 @@ static void reference_losses(const tide_mlp_config *cfg, int64_t steps, double *
     tide_layout_t *l = NULL;
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
-    MT_OK(tide_layout_new(&l, 1, 1, 2, cfg->layers, 4));
+    MT_OK(tide_layout_new(&l, g_first.dp, g_first.tp, g_first.pp, cfg->layers, 4));
     MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
@@ -230,12 +232,26 @@ static void reference_task(const char *plugin, const char *out_path, char *text,
 
 /* ---- the test -------------------------------------------------------------------------------- */
 
+/* The scenario (tests/scenarios/test_examples_bubbles.h): one row. */
+static const mt_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status)            \
+    {name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status},
+#include "scenarios/test_examples_bubbles.h"
+#undef ROW
+};
+
 int main(int argc, char **argv)
 {
-    if (argc < 5) {
-        fprintf(stderr, "usage: test_examples_bubbles TIDED TIDECTL PLUGIN PROBE\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 1, scenarios, &row))
+        return 0; /* --list */
+    mt_scenario sc;
+    if (argc < 5 || row == NULL || mt_scenario_parse(row, &sc) != TIDE_OK || !sc.has_first) {
+        fprintf(stderr, "usage: test_examples_bubbles TIDED TIDECTL PLUGIN PROBE (its scenario "
+                        "needs a first layout)\n");
         return 2;
     }
+    g_first = sc.first;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     static ctl_state cs;
@@ -254,7 +270,7 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MT_ASSERT(size == 2, "run with 2 ranks, not %d", size);
+    MT_ASSERT(size == row->ranks, "run with %d ranks, not %d", row->ranks, size);
     MPI_Bcast(cs.endpoint, sizeof cs.endpoint, MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Bcast(g_coord.dir, sizeof g_coord.dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     setenv("TIDE_TASK_DIR", g_coord.dir, 1); /* preempted tasks save their blobs here */
@@ -295,7 +311,7 @@ int main(int argc, char **argv)
     int devices[2] = {-1, -1}, mine_dev = tide_device(t);
     MT_ASSERT(mine_dev == o.device, "tide_device %d, options said %d", mine_dev, o.device);
     MPI_Allgather(&mine_dev, 1, MPI_INT, devices, 1, MPI_INT, MPI_COMM_WORLD);
-    tide_join_req jr = {JOB, coll, 1, 1, 2, 4, 0, NULL, 0};
+    tide_join_req jr = {JOB, coll, g_first.dp, g_first.tp, g_first.pp, 4, 0, NULL, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->member && v->layout->pp == 2, "both ranks are the pipeline's two stages");

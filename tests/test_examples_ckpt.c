@@ -19,12 +19,14 @@
 #include "examples/mlp_ckpt.h"
 #include "examples/mlp_mpi.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define SAVE_AT 6
 #define STEPS   10
 #define REL_TOL 1e-5
 
 static int g_rank;
+static mt_layout g_first; /* the layout saved from (its scenario's first) */
 
 static tide_layout_t *layout(const tide_mlp_config *cfg, int dp, int tp, int pp, const char *stages)
 {
@@ -55,7 +57,8 @@ static void round_trip(int zero1, const char *dir)
     double ref[STEPS], got[STEPS];
 
     /* the never-stopped run */
-    tide_layout_t *la = layout(&cfg, 2, 2, 2, NULL);
+    tide_layout_t *la =
+        layout(&cfg, g_first.dp, g_first.tp, g_first.pp, g_first.stages[0] ? g_first.stages : NULL);
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, la, g_rank, TIDE_MLP_CPU));
@@ -169,13 +172,30 @@ static void round_trip(int zero1, const char *dir)
     tide_layout_destroy(&la);
 }
 
+/* The scenario (tests/scenarios/test_examples_ckpt.h): one row. */
+static const mt_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status)            \
+    {name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status},
+#include "scenarios/test_examples_ckpt.h"
+#undef ROW
+};
+
 int main(int argc, char **argv)
 {
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 1, scenarios, &row))
+        return 0; /* --list */
+    mt_scenario sc;
+    if (row == NULL || mt_scenario_parse(row, &sc) != TIDE_OK || !sc.has_first) {
+        fprintf(stderr, "test_examples_ckpt: its scenario needs a first layout\n");
+        return 2;
+    }
+    g_first = sc.first;
     int prov = 0, size = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MT_ASSERT(size == 8, "run with 8 ranks, not %d", size);
+    MT_ASSERT(size == row->ranks, "run with %d ranks, not %d", row->ranks, size);
     char dir[256] = "";
     if (g_rank == 0) {
         snprintf(dir, sizeof dir, "/tmp/tide-ckpt-XXXXXX");

@@ -1,6 +1,7 @@
 /*
  * MPI integration tests of train_mlp's model (tide_mlp over the MPI comm), run under
- * mpirun with 2 or 8 ranks:
+ * mpirun with 2 or 8 ranks: test_examples_mpi SCENARIO, a row of
+ * tests/scenarios/test_examples_mpi.h (--list prints them), each one of these runs:
  *   layouts   the loss of every step in each layout that fits the world matches the
  *             single-process run within relative 1e-5 and is identical on every rank
  *   converge  the default model's loss goes down over 30 steps in (dp 2, tp 2, pp 2)
@@ -16,6 +17,7 @@
 #include "examples/mlp.h"
 #include "examples/mlp_mpi.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define MAX_STEPS 128
 #define REL_TOL   1e-5
@@ -224,24 +226,39 @@ static void run_relayout(int per)
     tide_mlp_destroy(&m);
 }
 
+/* A scenario: the generic columns, then the run and its steps. */
+typedef struct mpi_row {
+    mt_row r;
+    void (*run)(int steps);
+    int steps;
+} mpi_row;
+
+static const mpi_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status, ...)       \
+    {{name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status}, __VA_ARGS__},
+#include "scenarios/test_examples_mpi.h"
+#undef ROW
+};
+
 int main(int argc, char **argv)
 {
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 1, scenarios, &row))
+        return 0; /* --list */
+    if (row == NULL) {
+        fprintf(stderr, "usage: test_examples_mpi SCENARIO\n");
+        return 2;
+    }
+    const mpi_row *sc = (const mpi_row *)(const void *)row;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    const char *mode = argc > 1 ? argv[1] : "layouts";
-    int steps = argc > 2 ? atoi(argv[2]) : 5;
-    MT_ASSERT(steps > 0 && steps <= 32, "steps %d out of range", steps);
+    MT_ASSERT(g_size == row->ranks, "run scenario %s with %d ranks, not %d", row->name, row->ranks,
+              g_size);
+    MT_ASSERT(sc->steps > 0 && sc->steps <= 32, "steps %d out of range", sc->steps);
     char name[64];
-    snprintf(name, sizeof name, "examples_mpi %s (np %d)", mode, g_size);
-    if (strcmp(mode, "layouts") == 0)
-        run_layouts(steps);
-    else if (strcmp(mode, "converge") == 0)
-        run_converge(steps);
-    else if (strcmp(mode, "relayout") == 0)
-        run_relayout(steps);
-    else
-        MT_FAIL("unknown mode %s (layouts, converge, relayout)", mode);
+    snprintf(name, sizeof name, "examples_mpi %s (np %d)", row->name, g_size);
+    sc->run(sc->steps);
     mt_pass(name);
     MPI_Finalize();
     return 0;

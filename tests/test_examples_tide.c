@@ -1,7 +1,8 @@
 /*
  * MPI integration test of train_mlp on libtide with the real tided and tidectl (8 ranks,
  * host memory, MPI_THREAD_MULTIPLE as train_mlp): usage test_examples_tide TIDED TIDECTL
- * MODE [TIDE_CKPT] (TIDE_CKPT: the tide-ckpt tool, needed by the mixed modes), MODE one of
+ * SCENARIO [TIDE_CKPT] (TIDE_CKPT: the tide-ckpt tool, needed by the rows that convert),
+ * SCENARIO a row of tests/scenarios/test_examples_tide.h (--list prints them), one of
  *   dp      (dp 2) -> (dp 4) -> (dp 1)
  *   tp      (tp 1) -> (tp 2) -> (tp 4) -> (tp 2)
  *   pp      (pp 1) -> (pp 2; stages 0-3,4-5) -> (pp 4; stages 0-0,1-2,3-4,5-5), 6 layers
@@ -26,7 +27,7 @@
  * (every tensor, moments, step counter and data cursor included; replicas agree); every
  * switch took the communicators and plan built during its preparation (stats.prepared,
  * next to no time on groups at the switch step); every participant switched at the same
- * step; in the mixed modes (switches that change several degrees at once), at every
+ * step; in the rows that convert (mixed*: switches that change several degrees at once), at every
  * switch: the old layout's members save a checkpoint of the switch step S with
  * tide_checkpoint inside the RECONFIGURE (before the reshard: the view, buffers and step
  * are still the old layout's, at the boundary after step S), the layout's first member
@@ -69,6 +70,7 @@
 #include "examples/mlp_tide.h"
 #include "mlp_state.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define JOB        "mlp-test"
 #define MAX_STEPS  1000
@@ -79,62 +81,33 @@
 #define GAP        3    /* steps each generation runs before the next resize is sent */
 #define TAIL       4    /* steps run after the last switch */
 
-typedef struct gen_spec {
-    int dp, tp, pp;
-    const char *stages; /* NULL: even */
-    int micro;          /* micro-batches per dp rank (tidectl resize --micro-batches); 0: kept */
-} gen_spec;
-
-typedef struct mode {
-    const char *name;
-    int layers, zero1, n_gens;
-    gen_spec gen[MAX_GEN];
+/* A scenario: the generic columns, then this driver's (tests/scenarios/test_examples_tide.h). */
+typedef struct tide_row {
+    mt_row r;
+    int layers, zero1;
     uint64_t cap; /* staging cap, bytes; 0: 64 KiB */
-} mode;
+    int convert;  /* tide-ckpt convert at every switch equals the live state */
+    int refuse;   /* a micro-batch count the fit rules forbid is refused first */
+    int reshape;  /* shards shrink in place and grows spill to host somewhere */
+} tide_row;
 
-static const mode modes[] = {
-    {"dp", 4, 0, 3, {{2, 1, 1, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 1, 1, NULL, 0}}, 0},
-    {"tp",
-     4,
-     0,
-     4,
-     {{1, 1, 1, NULL, 0}, {1, 2, 1, NULL, 0}, {1, 4, 1, NULL, 0}, {1, 2, 1, NULL, 0}},
-     0},
-    {"pp",
-     6,
-     0,
-     3,
-     {{1, 1, 1, NULL, 0}, {1, 1, 2, "0-3,4-5", 0}, {1, 1, 4, "0-0,1-2,3-4,5-5", 0}},
-     0},
-    {"mixed",
-     4,
-     0,
-     4,
-     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}},
-     0},
-    {"mixed-zero1",
-     4,
-     1,
-     4,
-     {{2, 2, 2, NULL, 0}, {1, 4, 2, NULL, 0}, {4, 1, 1, NULL, 0}, {1, 2, 2, "0-2,3-3", 0}},
-     0},
-    {"hosts", 4, 0, 3, {{2, 4, 1, NULL, 0}, {1, 4, 2, NULL, 0}, {2, 4, 1, NULL, 0}}, 0},
-    /* the micro-batch count changes alone, then with dp (global batch 32: dp x micro divides it) */
-    {"micro",
-     4,
-     0,
-     4,
-     {{2, 2, 2, NULL, 0}, {2, 2, 2, NULL, 2}, {1, 2, 2, NULL, 8}, {2, 2, 2, NULL, 4}},
-     0},
-    {"grow2", 4, 0, 3, {{1, 4, 2, NULL, 0}, {1, 2, 2, NULL, 0}, {1, 1, 2, NULL, 0}}, 16 << 10},
+static const tide_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status, ...)       \
+    {{name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status}, __VA_ARGS__},
+#include "scenarios/test_examples_tide.h"
+#undef ROW
 };
 
-static const mode *g_mode;
+static const tide_row *g_row;
+static mt_layout g_gen[MAX_GEN]; /* generation g + 1's layout: the first, then the resizes */
+static int g_n_gens;
+static int g_micro0 = 4; /* micro-batches per dp rank at the join (the first layout's /MICRO) */
+
 static int g_rank;
 static int g_reserve_refused;  /* preparations whose pool reservation failed (libtide's log) */
 static int g_spill_unprepared; /* switches that spilled into host memory not prepared ahead */
 static int g_spill_prepared;   /* preparations that prepared host spill memory */
-/* mixed modes: the tide-ckpt tool, and rank 0's temporary directory (every rank knows it):
+/* rows that convert: the tide-ckpt tool, and rank 0's temporary directory (every rank knows it):
    live/ holds the checkpoints saved at the switches, out-g<G>/ the one converted for
    generation G */
 static const char *g_ckpt_tool;
@@ -199,7 +172,7 @@ static long long json_u64(const char *text, const char *key)
 }
 
 /* Runs `tidectl --endpoint E resize JOB --dp .. --tp .. --pp .. [--stages ..]`; 0 on exit 0. */
-static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
+static int tidectl_resize(const ctl_state *cs, const mt_layout *g)
 {
     char dp[16], tp[16], pp[16];
     snprintf(dp, sizeof dp, "%d", g->dp);
@@ -207,7 +180,7 @@ static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
     snprintf(pp, sizeof pp, "%d", g->pp);
     const char *args[20] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp};
     int n = 8;
-    if (g->stages != NULL) {
+    if (g->stages[0] != '\0') {
         args[n++] = "--stages";
         args[n++] = g->stages;
     }
@@ -227,7 +200,7 @@ static int tidectl_resize(const ctl_state *cs, const gen_spec *g)
 }
 
 /* The same resize with --dry-run --json: records what it says generation gen will move. */
-static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
+static int tidectl_dry_run(ctl_state *cs, const mt_layout *g, int gen)
 {
     char dp[16], tp[16], pp[16], out[8192];
     snprintf(dp, sizeof dp, "%d", g->dp);
@@ -236,7 +209,7 @@ static int tidectl_dry_run(ctl_state *cs, const gen_spec *g, int gen)
     const char *args[20] = {"resize", JOB,    "--dp", dp,          "--tp",
                             tp,       "--pp", pp,     "--dry-run", "--json"};
     int n = 10;
-    if (g->stages != NULL) {
+    if (g->stages[0] != '\0') {
         args[n++] = "--stages";
         args[n++] = g->stages;
     }
@@ -306,7 +279,7 @@ static void *controller(void *arg)
     int next = 1;
     int64_t since = -1;
     uint64_t deadline = tide_now_ns() + 80ull * 1000000000ull;
-    while (s != NULL && next < g_mode->n_gens && tide_now_ns() < deadline && !cs->error) {
+    while (s != NULL && next < g_n_gens && tide_now_ns() < deadline && !cs->error) {
         tide_msg_t q, r;
         tide_msg_init(&q, TIDE_MSG_JOBS);
         if (coord_call(s, &q, &r) != 0 || r.type != TIDE_MSG_JOBS_REPLY) {
@@ -330,10 +303,10 @@ static void *controller(void *arg)
             tide_sleep_ms(20);
             continue;
         }
-        if (next == 1 && strcmp(g_mode->name, "micro") == 0 && refuse_micro(cs) != 0)
+        if (next == 1 && g_row->refuse && refuse_micro(cs) != 0)
             break;
-        if (tidectl_dry_run(cs, &g_mode->gen[next], next + 1) != 0 ||
-            tidectl_resize(cs, &g_mode->gen[next]) != 0) {
+        if (tidectl_dry_run(cs, &g_gen[next], next + 1) != 0 ||
+            tidectl_resize(cs, &g_gen[next]) != 0) {
             snprintf(cs->why, sizeof cs->why, "tidectl resize to generation %d failed", next + 1);
             cs->error = 1;
             break;
@@ -373,7 +346,7 @@ typedef struct record {
     void *old_ptr[MAX_T];
     uint8_t same[MAX_T];
     uint64_t n_same; /* over every switch: shards that did not change (each kept its buffer) */
-    /* the convert check (mixed modes), by generation: the step this rank (an old member)
+    /* the convert check (rows that convert), by generation: the step this rank (an old member)
        checkpointed before switching to it (-1 none), and 1 when, as a member of it, its
        live shards equalled the converted checkpoint's */
     int64_t ck_saved[MAX_GEN + 1];
@@ -429,7 +402,7 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
     return TIDE_OK;
 }
 
-/* ---- tide-ckpt convert against the live switch (mixed modes) ------------------------------ */
+/* ---- tide-ckpt convert against the live switch (rows that convert) ------------------------ */
 
 /* Before the switch to tide_view_next(t), on every participant: the old layout's members
    save the state of step S = tide_view_get(t)->step under g_ckpt_dir/live (idle ranks
@@ -623,22 +596,22 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     record *r = ctx;
     const tide_view *v = tide_view_get(t);
     uint64_t g = v->generation;
-    MT_ASSERT(g >= 2 && g <= (uint64_t)g_mode->n_gens, "unexpected generation %llu",
+    MT_ASSERT(g >= 2 && g <= (uint64_t)g_n_gens, "unexpected generation %llu",
               (unsigned long long)g);
     r->switch_at[g] = v->step;
     r->last_switch = v->step;
     r->gen_size[g] = (int64_t)tide_layout_size(v->layout);
     r->sent[g] = st->rs.bytes_sent;
     check_tp_in_host(v->layout, g);
-    const gen_spec *want = &g_mode->gen[g - 1];
+    const mt_layout *want = &g_gen[g - 1];
     tide_layout_t *l = NULL;
-    MT_OK(tide_layout_new(&l, want->dp, want->tp, want->pp, g_mode->layers, 1));
-    if (want->stages != NULL)
+    MT_OK(tide_layout_new(&l, want->dp, want->tp, want->pp, g_row->layers, 1));
+    if (want->stages[0] != '\0')
         MT_OK(tide_layout_parse_stages(l, want->stages));
-    int micro = 4; /* the join's; each resize that names a count changes it */
+    int micro = g_micro0; /* the join's; each resize that names a count changes it */
     for (uint64_t k = 1; k < g; k++)
-        if (g_mode->gen[k].micro > 0)
-            micro = g_mode->gen[k].micro;
+        if (g_gen[k].micro > 0)
+            micro = g_gen[k].micro;
     MT_ASSERT(
         v->layout->dp == want->dp && v->layout->tp == want->tp && v->layout->pp == want->pp &&
             v->layout->micro_batches == micro &&
@@ -708,7 +681,7 @@ static int h_done(void *ctx, const tide_view *v)
     const record *r = ctx;
     if (v->step >= MAX_STEPS - 1)
         return 1; /* the resizes did not happen: fails below */
-    return v->generation == (uint64_t)g_mode->n_gens && v->step >= r->last_switch + TAIL;
+    return v->generation == (uint64_t)g_n_gens && v->step >= r->last_switch + TAIL;
 }
 
 /* ---- the never-resized run ---------------------------------------------------------------- */
@@ -763,11 +736,11 @@ static void write_state(const char *path, const tide_collection_t *c, void **ful
 static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss,
                       const char *state_path)
 {
-    const gen_spec *g = &g_mode->gen[0];
+    const mt_layout *g = &g_gen[0];
     tide_layout_t *l = NULL;
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
-    MT_OK(tide_layout_new(&l, g->dp, g->tp, g->pp, cfg->layers, 4));
+    MT_OK(tide_layout_new(&l, g->dp, g->tp, g->pp, cfg->layers, g_micro0));
     MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
@@ -791,22 +764,33 @@ static void reference(const tide_mlp_config *cfg, int64_t steps, double *loss,
 
 int main(int argc, char **argv)
 {
-    if (argc < 4) {
-        fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL "
-                        "dp|tp|pp|mixed|mixed-zero1|micro|grow2|hosts [TIDE_CKPT]\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 3, scenarios, &row))
+        return 0; /* --list */
+    if (row == NULL || argc < 4) {
+        fprintf(stderr, "usage: test_examples_tide TIDED TIDECTL SCENARIO [TIDE_CKPT]\n");
         return 2;
     }
-    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-        if (strcmp(argv[3], modes[i].name) == 0)
-            g_mode = &modes[i];
-    if (g_mode == NULL) {
-        fprintf(stderr, "test_examples_tide: unknown mode '%s'\n", argv[3]);
+    g_row = (const tide_row *)(const void *)row;
+    mt_scenario sc;
+    if (mt_scenario_parse(row, &sc) != TIDE_OK || !sc.has_first || sc.n_resizes + 1 > MAX_GEN ||
+        row->gen != sc.n_resizes + 1 || sc.kill.when[0] != '\0') {
+        fprintf(stderr,
+                "test_examples_tide: scenario %s: %s (want a first layout, up to %d "
+                "resizes, generation 1 + resizes, nobody killed)\n",
+                row->name, tide_last_error(), MAX_GEN - 1);
         return 2;
     }
-    if (strncmp(g_mode->name, "mixed", 5) == 0) {
+    g_n_gens = row->gen;
+    g_gen[0] = sc.first;
+    if (sc.first.micro > 0)
+        g_micro0 = sc.first.micro;
+    memcpy(&g_gen[1], sc.resize, (size_t)sc.n_resizes * sizeof sc.resize[0]);
+    if (g_row->convert) {
         if (argc < 5) {
-            fprintf(stderr, "test_examples_tide: mode %s needs the tide-ckpt tool (TIDE_CKPT)\n",
-                    g_mode->name);
+            fprintf(stderr,
+                    "test_examples_tide: scenario %s needs the tide-ckpt tool (TIDE_CKPT)\n",
+                    row->name);
             return 2;
         }
         g_ckpt_tool = argv[4];
@@ -849,8 +833,8 @@ int main(int argc, char **argv)
 
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
-    cfg.layers = g_mode->layers;
-    cfg.zero1 = g_mode->zero1;
+    cfg.layers = g_row->layers;
+    cfg.zero1 = g_row->zero1;
     static record rec;
     rec.last_switch = 0;
     for (int g = 0; g <= MAX_GEN; g++)
@@ -873,16 +857,16 @@ int main(int argc, char **argv)
     o.register_timeout_ms = 20000;
     /* every switch within the larger of a rank's old and new state plus the staging cap,
        or it fails (a small cap, so that the bound is tight) */
-    o.staging_cap = g_mode->cap ? g_mode->cap : 64 << 10;
+    o.staging_cap = g_row->cap ? g_row->cap : 64 << 10;
     o.mem_strict = 1;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
-    const gen_spec *g0 = &g_mode->gen[0];
+    const mt_layout *g0 = &g_gen[0];
     /* the model's limits, as train_mlp --tide declares them: every resize is checked */
     tide_fit_rule fit[TIDE_MLP_FIT_RULES];
     int n_fit = 0;
-    MT_OK(tide_mlp_tide_fit(&cfg, 4, fit, &n_fit));
-    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, 4, 0, fit, n_fit};
+    MT_OK(tide_mlp_tide_fit(&cfg, g_micro0, fit, &n_fit));
+    tide_join_req jr = {JOB, rec.coll, g0->dp, g0->tp, g0->pp, g_micro0, 0, fit, n_fit};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->generation == 1 && v->layout->dp == g0->dp && v->layout->tp == g0->tp &&
@@ -908,7 +892,7 @@ int main(int argc, char **argv)
     if (g_rank == 0) {
         pthread_join(th, NULL);
         MT_ASSERT(!cs.error, "controller: %s", cs.why);
-        MT_ASSERT(cs.sent == g_mode->n_gens - 1, "controller sent %d resizes", cs.sent);
+        MT_ASSERT(cs.sent == g_n_gens - 1, "controller sent %d resizes", cs.sent);
     }
     /* the final state, gathered over the last layout, into a file rank 0 compares with the
        never-resized run's (the ranks share a file system, also across the test cluster's
@@ -932,7 +916,7 @@ int main(int argc, char **argv)
     MPI_Barrier(MPI_COMM_WORLD);
     tide_destroy(&t);
     tide_mlp_destroy(&m);
-    int n_gens = g_mode->n_gens;
+    int n_gens = g_n_gens;
 
     /* one agreed switch step per generation, on every participant */
     int64_t lo[MAX_GEN + 1], hi[MAX_GEN + 1], sz[MAX_GEN + 1], tmp[MAX_GEN + 1];
@@ -966,13 +950,12 @@ int main(int argc, char **argv)
               "%d switches spilled into host memory allocated at the switch step (%d "
               "preparations prepared some; %llu bytes spilled)",
               all_logged[1], all_logged[2], (unsigned long long)all_ways[3]);
-    int is_tp = strcmp(g_mode->name, "tp") == 0, is_mixed = strncmp(g_mode->name, "mixed", 5) == 0;
     MT_ASSERT(all_ways[0] > 0, "no switch kept a buffer");
     uint64_t all_same = 0;
     MPI_Allreduce(&rec.n_same, &all_same, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     MT_ASSERT(all_same > 0, "no switch left a shard unchanged: the kept buffers are not checked");
-    MT_ASSERT(!(is_tp || is_mixed) || all_ways[1] > 0, "no shard shrank in place");
-    MT_ASSERT(!(is_tp || is_mixed) || all_ways[3] > 0, "no grow spilled an old shard");
+    MT_ASSERT(!g_row->reshape || all_ways[1] > 0, "no shard shrank in place");
+    MT_ASSERT(!g_row->reshape || all_ways[3] > 0, "no grow spilled an old shard");
     int64_t end = hi[n_gens] + TAIL;
     MT_ASSERT(end < MAX_STEPS, "the job ran to the step limit");
     /* the members' byes carried the last step: tided's job_ended says it, not the step of
@@ -1089,7 +1072,7 @@ int main(int argc, char **argv)
         rmdir(state_dir);
     }
     if (g_rank == 0) {
-        printf("%s: switches at steps", g_mode->name);
+        printf("%s: switches at steps", g_row->r.name);
         for (int g = 2; g <= n_gens; g++)
             printf(" %lld", (long long)hi[g]);
         printf("; %lld steps; state bit-identical across %d reshards; max loss rel diff %.2e; "
@@ -1099,7 +1082,7 @@ int main(int argc, char **argv)
         if (g_ckpt_tool != NULL)
             printf("%s: tide-ckpt convert's output equalled the live state after all %d "
                    "switches (%llu bytes compared)\n",
-                   g_mode->name, n_gens - 1, (unsigned long long)ck_bytes);
+                   g_row->r.name, n_gens - 1, (unsigned long long)ck_bytes);
         fflush(stdout);
     }
     tide_collection_destroy(&rec.coll);

@@ -3,7 +3,11 @@
  * train_mlp's elastic loop (tide_mlp_tide_train, the code path of `train_mlp --tide`)
  * runs under the real tided on (dp 2, tp 2, pp 2); after KILL_AT steps one member
  * (pp 1, dp 1, tp 1) dies by SIGKILL. Usage, under `mpirun --enable-recovery`:
- *   test_examples_tide_recover TIDED TIDECTL MODE
+ *   test_examples_tide_recover TIDED TIDECTL SCENARIO
+ * SCENARIO a row of tests/scenarios/test_examples_tide_recover.h (--list prints them): its
+ * first layout, resizes, kill (KILL_AT: its step), checkpoint period (CKPT_EVERY; CKPT_AT:
+ * the last multiple of it up to KILL_AT), the generation the recovery commits, the status
+ * of the survivors' training and the recovery's layout. The rows:
  *   replica   8 ranks: the recovery layout is dp 1 over survivors (3 survivors go idle)
  *   midstep   as replica, but the victim dies inside step KILL_AT, after its backward
  *             pass and before its gradient allreduce: the workers outside its dp group
@@ -68,6 +72,14 @@
  *             verified and loaded whole into (dp 1, tp 1, pp 1), equals byte for byte the full
  *             state gathered after S steps; each step ran once, losses and final state as the
  *             never-failed runs'
+ *   resize-spare 8 ranks resized from (dp 2, tp 2, pp 2) to (dp 2, tp 1, pp 2) (4 ranks go
+ *             idle) GAP steps into the job; 4 steps after that switch a member dies and an idle
+ *             rank takes its place, the recovery keeping (dp 2, tp 1, pp 2). Besides the checks
+ *             below: the state is bit-identical across the resize too, every rank switches
+ *             once for each layout change that holds it, and, the resize's step not being
+ *             known in advance, the reference is the one-process run: losses within 1e-5,
+ *             final state within relative L2 1e-4; the job ends once the recovery ran 4 steps
+ *             (and not before step 24)
  * tided runs with a 100 ms heartbeat and a 1.5 s failure timeout, so detection is quick.
  * Checked: tided declares exactly the victim failed and commits generation 2 (a
  * recovery) without it, as `tidectl status/jobs/events --json` show; every survivor
@@ -124,20 +136,17 @@
 #include "examples/mlp_tide.h"
 #include "mlp_state.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
-#define JOB       "mlp-recover"
-#define STEPS     14 /* the job ends when this many steps are done (ckpt-request: REQ_STEPS) */
-#define REQ_STEPS 24 /* ckpt-request: room for the requested step (at most 12: see h_at) */
-#define MAX_STEPS 24 /* the most steps of any mode (array sizes) */
-#define KILL_AT   5  /* the victim dies after completing steps 0 .. KILL_AT - 1 */
-#define MAX_T     256
-#define REL_TOL   1e-5
-#define DETECT_S  20 /* the recovery must be committed within this long of the kill, s */
-/* ckpt modes: a checkpoint every CKPT_EVERY steps; the last one before the kill holds
-   CKPT_AT completed steps, and the rollback redoes the KILL_AT - CKPT_AT after it */
-#define CKPT_EVERY  2
-#define CKPT_AT     (KILL_AT / CKPT_EVERY * CKPT_EVERY)
-#define CKPT_WAIT_S 20 /* the victim waits this long for tided to hear of it, s */
+#define JOB         "mlp-recover"
+#define MAX_STEPS   64 /* the most steps of any scenario (array sizes) */
+#define MAX_GEN     8  /* the most generations of any scenario */
+#define GAP         3  /* steps a generation runs before the next resize is sent */
+#define MAX_T       256
+#define REL_TOL     1e-5
+#define STATE_RTOL  1e-4 /* relative L2 of a final f32 tensor against the one-process run */
+#define DETECT_S    20   /* the recovery must be committed within this long of the kill, s */
+#define CKPT_WAIT_S 20   /* the victim waits this long for tided to hear of it, s */
 
 /*
  * A failed check ends every rank at once. MPI_Abort does not under --enable-recovery
@@ -166,27 +175,142 @@ static void fail_all(void)
         fail_all();                                                                                \
     } while (0)
 
-static int g_rank, g_spare_mode, g_zero1_mode, g_midstep_mode, g_lastreduce_mode, g_stopped_mode,
-    g_layout_mode;
-static int g_ckpt_mode; /* ckpt-zero1 or ckpt-dp1: the recovery rolls back to a checkpoint */
-static int g_ckpt_dp1;  /* ckpt-dp1 */
-/* ckpt-corrupt: the victim damages the checkpoint of CKPT_AT before it dies, so the job
-   rolls back to the one before it, in generation 3 */
-static int g_corrupt_mode;
-static int g_request_mode;        /* ckpt-request: no victim; `tidectl checkpoint` while training */
-static int g_steps = STEPS;       /* the job ends when this many steps are done */
-static int g_switch_at = KILL_AT; /* the step every survivor must switch at */
-static uint64_t g_final_gen = 2;  /* the generation the recovery commits */
-static int g_done1 = KILL_AT;     /* generation 1 ran steps 0 .. g_done1 - 1 on its survivors */
-static int g_victim = -1;         /* pool rank of the killed member */
-/* the first layout's degrees and the job's micro-batches and global batch, by mode */
-static int g_dp0 = 2, g_tp0 = 2, g_pp0 = 2, g_micro = 4, g_batch = 32;
-/* the layout the recovery must produce, by mode */
-static int g_dp1 = 1, g_tp1 = 2, g_pp1 = 2;
+/* A scenario: the generic columns, then this driver's
+   (tests/scenarios/test_examples_tide_recover.h). */
+typedef struct recover_row {
+    mt_row r;
+    const char *recover; /* the layout the recovery must produce, "" when none */
+    int zero1, batch, steps;
+    int fit;     /* the model's fit rules refuse dp 3 and shape the recovery */
+    int corrupt; /* the victim damages the checkpoint the job would roll back to */
+    int request; /* nobody dies: `tidectl checkpoint` while training */
+} recover_row;
+
+static const recover_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status, ...)       \
+    {{name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status}, __VA_ARGS__},
+#include "scenarios/test_examples_tide_recover.h"
+#undef ROW
+};
+
+static int g_rank;
+
+/*
+ * The scenario this run plays: its row and what follows from it, set in main before the
+ * join. The kill's steps count from the generation the victim dies in, so they are set
+ * (set_kill_base) on every rank once it is in that generation: at the join, or at the
+ * switch to it after the resizes. Read by the training thread and rank 0's watchdog.
+ */
+static struct {
+    const recover_row *row;
+    mt_scenario sc;
+    mt_layout first, recover; /* recover: the first layout when the row names none */
+    int micro, batch, steps;
+    int spare;      /* more ranks than the first layout: a spare takes the dead rank's place */
+    int halt;       /* no survivor holds the lost state and there is no checkpoint: tided
+                       stalls the job and halts the survivors (status TIDE_ERR_NO_HOLDER) */
+    int midstep;    /* the victim dies inside its step, before its gradient allreduce */
+    int lastreduce; /* ... inside its step's last reductions */
+    int stopped;    /* ... is stopped there (SIGSTOP) instead, and resumed once recovered */
+    int fit, corrupt, request;
+    int ckpt;           /* the recovery rolls back to the last periodic checkpoint */
+    int every;          /* ckpt: a checkpoint every this many steps */
+    int kill_gen;       /* the generation the victim dies in (1 + resizes) */
+    int exact;          /* every allreduce of the never-failed run has at most two members, so its
+                           arithmetic is the recovered job's: losses and state bit-identical */
+    uint64_t final_gen; /* the generation the recovery commits */
+    /* set by set_kill_base: */
+    int kill_base; /* the step the victim's generation began at */
+    int kill;      /* the victim dies after completing steps .. kill - 1 (inside step kill) */
+    int ckpt_at;   /* ckpt: the last checkpoint before the kill holds this many steps */
+    int switch_at; /* the step every survivor must switch to the recovery at */
+    int done1;     /* the victim's generation ran steps .. done1 - 1 on its survivors */
+    int victim;    /* pool rank of the killed member, -1 until known */
+} g = {.victim = -1};
+
 /* ckpt modes: the checkpoint root (made by rank 0), tidectl and tided's endpoint (for the
    victim, which waits for its checkpoint to be known) */
 static char g_ckpt_root[256], g_endpoint[256];
 static const char *g_tidectl;
+
+/* ---- the scenario ---------------------------------------------------------------------------- */
+
+/* The steps of the kill, once the victim's generation began at step base (every rank). */
+static void set_kill_base(int base)
+{
+    g.kill_base = base;
+    g.kill = g.request ? g.steps : base + g.sc.kill.step;
+    g.ckpt_at = g.ckpt ? g.kill / g.every * g.every : 0;
+    g.switch_at = g.lastreduce ? g.kill + 1 : g.kill;
+    if (g.ckpt) /* the checkpoint's step: the steps after it are redone */
+        g.switch_at = g.corrupt ? g.ckpt_at - g.every : g.ckpt_at;
+    if (g.request) /* no failure: one layout from the first step to the last */
+        g.switch_at = g.steps;
+    g.done1 = g.ckpt ? g.kill : g.switch_at;
+}
+
+/* The victim: the worker at the kill's coordinate of l, the layout it dies in. */
+static void find_victim(const tide_layout_t *l)
+{
+    const mt_kill *k = &g.sc.kill;
+    if (g.request)
+        return;
+    MT_ASSERT(k->p < l->pp && k->d < l->dp && k->t < l->tp,
+              "the kill's coordinate (p %d, d %d, t %d) is outside (dp %d, tp %d, pp %d)", k->p,
+              k->d, k->t, l->dp, l->tp, l->pp);
+    g.victim = l->worker[tide_layout_index(l, k->p, k->d, k->t)];
+    MT_ASSERT(g.victim != 0, "rank 0 runs tided and the checks: it must not be the victim");
+}
+
+/* Sets g from the scenario's row; 0, or -1 with the reason on stderr. */
+static int plan_scenario(const mt_row *row)
+{
+    g.row = (const recover_row *)(const void *)row;
+    const char *w = NULL, *why = NULL;
+    if (mt_scenario_parse(row, &g.sc) != TIDE_OK ||
+        (g.row->recover[0] != '\0' && mt_layout_parse(g.row->recover, &g.recover) != TIDE_OK)) {
+        why = tide_last_error();
+        goto bad;
+    }
+    g.first = g.sc.first;
+    if (g.row->recover[0] == '\0')
+        g.recover = g.first;
+    g.micro = g.first.micro > 0 ? g.first.micro : 4;
+    g.batch = g.row->batch;
+    g.steps = g.row->steps;
+    g.fit = g.row->fit;
+    g.corrupt = g.row->corrupt;
+    g.request = g.row->request;
+    g.every = row->ckpt_every;
+    g.ckpt = g.every > 0;
+    w = g.sc.kill.when;
+    g.midstep = strcmp(w, "grads") == 0;
+    g.lastreduce = strcmp(w, "loss") == 0;
+    g.stopped = strcmp(w, "stop") == 0;
+    g.spare = row->ranks > g.first.dp * g.first.tp * g.first.pp;
+    g.halt = row->status == TIDE_ERR_NO_HOLDER;
+    g.kill_gen = 1 + g.sc.n_resizes;
+    g.final_gen = (uint64_t)row->gen;
+    g.exact = g.sc.n_resizes == 0 && g.first.dp <= 2 && g.first.tp <= 2 && g.first.pp <= 2 &&
+              g.recover.dp <= 2 && g.recover.tp <= 2 && g.recover.pp <= 2;
+    if (!g.sc.has_first || g.steps > MAX_STEPS || g.kill_gen + 2 > MAX_GEN)
+        why = "want a first layout, at most MAX_STEPS steps and MAX_GEN generations";
+    else if (g.request ? w[0] != '\0'
+                       : (strcmp(w, "after") != 0 && !g.midstep && !g.lastreduce && !g.stopped) ||
+                             g.sc.kill.step < 1 || g.sc.kill.rank >= 0)
+        why = "the kill is \"after|grads|loss|stop STEP at pPdDtT\" (none with request)";
+    else if (g.halt ? row->gen != 1 : !g.request && row->gen != g.kill_gen + 1 + g.corrupt)
+        why = "the generation is the recovery's (the victim's + 1, + 1 more when the "
+              "checkpoint is damaged), or 1 when tided halts the job";
+    if (why != NULL)
+        goto bad;
+    if (g.kill_gen == 1)
+        set_kill_base(0);
+    return 0;
+bad:
+    fprintf(stderr, "test_examples_tide_recover: scenario %s: %s\n", row->name, why);
+    return -1;
+}
 #define DP3_REASON "dp 3 x 4 micro-batches = 12 does not divide 16 (the global batch)"
 
 /* ---- tided (rank 0, before MPI_Init) ---------------------------------------------------- */
@@ -284,18 +408,18 @@ static int events_with(const char *events, const char *kind, const char *text)
     return n;
 }
 
-/* ckpt modes: the first checkpoint step (every CKPT_EVERY up to STEPS) that a `tidectl
+/* ckpt modes: the first checkpoint step (every g.every up to STEPS) that a `tidectl
    --json events` reply does not show exactly once as a checkpoint_saved event; -1 when
    none. */
 static int unreported_checkpoint(const char *events)
 {
     char want[32];
-    for (int k = CKPT_EVERY; k <= g_steps; k += CKPT_EVERY) {
+    for (int k = g.every; k <= g.steps; k += g.every) {
         snprintf(want, sizeof want, "step %d", k);
         int n = events_with(events, "checkpoint_saved", want);
         /* ckpt-corrupt: generation 3 redoes the step of the refused checkpoint, and may save
            it again (remove_checkpoints checks the files agree) */
-        if (n != 1 && !(g_corrupt_mode && k == CKPT_AT && n == 2))
+        if (n != 1 && !(g.corrupt && k == g.ckpt_at && n == 2))
             return k;
     }
     return -1;
@@ -331,7 +455,7 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
     MT_ASSERT(object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj), "no job %s in %s", JOB,
               buf);
     snprintf(want, sizeof want, "\"gen\":%llu,\"dp\":%d,\"tp\":%d,\"pp\":%d",
-             (unsigned long long)g_final_gen, now->dp, now->tp, now->pp);
+             (unsigned long long)g.final_gen, now->dp, now->tp, now->pp);
     MT_ASSERT(strstr(obj, want) != NULL && strstr(obj, "\"state\":\"running\"") != NULL,
               "tidectl jobs: want %s, running; got %s", want, obj);
 
@@ -341,67 +465,67 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
     for (;;) {
         MT_ASSERT(tidectl_events(tidectl, endpoint, buf, sizeof buf) == 0,
                   "tidectl events failed: %s", buf);
-        if (!g_ckpt_mode || unreported_checkpoint(buf) < 0 || tide_now_ns() >= deadline)
+        if (!g.ckpt || unreported_checkpoint(buf) < 0 || tide_now_ns() >= deadline)
             break;
         tide_sleep_ms(50);
     }
     MT_ASSERT(object_with(buf, "\"kind\":\"worker_failed\"", obj, sizeof obj),
               "no worker_failed event: %s", buf);
-    snprintf(want, sizeof want, " rank %d on ", g_victim);
+    snprintf(want, sizeof want, " rank %d on ", g.victim);
     MT_ASSERT(strstr(obj, want) != NULL && strstr(obj, "no message for") != NULL,
-              "the failed worker is not rank %d (missed heartbeats): %s", g_victim, obj);
+              "the failed worker is not rank %d (missed heartbeats): %s", g.victim, obj);
     MT_ASSERT(count_of(buf, "\"kind\":\"worker_failed\"") == 1, "more than one worker failed: %s",
               buf);
     /* the commit's event: a rollback's is rolled_back (checked below) */
-    const char *commit = g_ckpt_mode ? "rolled_back" : "recovered";
+    const char *commit = g.ckpt ? "rolled_back" : "recovered";
     char committed[64];
     snprintf(want, sizeof want, "\"kind\":\"%s\"", commit);
     snprintf(committed, sizeof committed,
-             "generation %llu committed: ", (unsigned long long)g_final_gen);
+             "generation %llu committed: ", (unsigned long long)g.final_gen);
     MT_ASSERT(object_with(buf, want, obj, sizeof obj) && strstr(obj, committed) != NULL,
-              "no %s event for generation %llu: %s", commit, (unsigned long long)g_final_gen, buf);
-    snprintf(want, sizeof want, "from step %d,", g_switch_at);
-    MT_ASSERT(g_ckpt_mode || strstr(obj, want) != NULL, "recovered event: want %s in %s", want,
-              obj);
+              "no %s event for generation %llu: %s", commit, (unsigned long long)g.final_gen, buf);
+    snprintf(want, sizeof want, "from step %d,", g.switch_at);
+    MT_ASSERT(g.ckpt || strstr(obj, want) != NULL, "recovered event: want %s in %s", want, obj);
     /* ckpt-corrupt: generation 2, whose checkpoint no member could load, was abandoned */
-    MT_ASSERT(
-        count_of(buf, "\"kind\":\"resize_aborted\"") == g_corrupt_mode &&
-            (!g_corrupt_mode || events_with(buf, "resize_aborted", "generation 2 abandoned: ")),
-        "want %d resize_aborted events%s: %s", g_corrupt_mode,
-        g_corrupt_mode ? " (\"generation 2 abandoned: \")" : "", buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"resize_aborted\"") == g.corrupt &&
+                  (!g.corrupt || events_with(buf, "resize_aborted", "generation 2 abandoned: ")),
+              "want %d resize_aborted events%s: %s", g.corrupt,
+              g.corrupt ? " (\"generation 2 abandoned: \")" : "", buf);
     /* a rank that comes back after the job recovered without it never rejoins the pool */
     MT_ASSERT(count_of(buf, "\"kind\":\"worker_back\"") == 0,
               "a failed worker was taken back (stopped mode: the resumed rank must be fenced): %s",
               buf);
-    snprintf(want, sizeof want, "on worker %d ", tide_pool_worker_id(g_t, g_victim));
+    snprintf(want, sizeof want, "on worker %d ", tide_pool_worker_id(g_t, g.victim));
     MT_ASSERT(!object_with(buf, want, obj, sizeof obj) ||
                   strstr(obj, "\"kind\":\"offline_assigned\"") == NULL,
               "offline work was given to the failed worker: %s", obj);
-    MT_ASSERT(count_of(buf, "\"kind\":\"resize_started\"") == 0,
-              "a resize was started (the refused dp 3 must change nothing): %s", buf);
+    MT_ASSERT(count_of(buf, "\"kind\":\"resize_started\"") == g.sc.n_resizes,
+              "want %d resize_started events, one per resize of the scenario (the refused dp 3 "
+              "must change nothing): %s",
+              g.sc.n_resizes, buf);
     MT_ASSERT(count_of(buf, "\"kind\":\"stalled\"") == 0, "the job was stalled: %s", buf);
-    if (g_ckpt_mode) {
+    if (g.ckpt) {
         /* one event for each checkpoint published, in both generations: the one the job
            rolled back to was not saved again, and the periodic saves went on after it */
         int k = unreported_checkpoint(buf);
-        snprintf(want, sizeof want, "step %d", CKPT_AT);
-        g_resaved = g_corrupt_mode && events_with(buf, "checkpoint_saved", want) == 2;
+        snprintf(want, sizeof want, "step %d", g.ckpt_at);
+        g_resaved = g.corrupt && events_with(buf, "checkpoint_saved", want) == 2;
         MT_ASSERT(k < 0,
                   "want one checkpoint_saved event with \"step %d\" (every %d steps, each "
                   "published once) within 10 s of its publication: %s",
-                  k, CKPT_EVERY, buf);
-        snprintf(want, sizeof want, "from the checkpoint of step %d", CKPT_AT);
-        MT_ASSERT(count_of(buf, "\"kind\":\"recovery_started\"") == 1 + g_corrupt_mode &&
+                  k, g.every, buf);
+        snprintf(want, sizeof want, "from the checkpoint of step %d", g.ckpt_at);
+        MT_ASSERT(count_of(buf, "\"kind\":\"recovery_started\"") == 1 + g.corrupt &&
                       events_with(buf, "recovery_started", want) == 1,
-                  "want %d recovery_started events, one \"%s\": %s", 1 + g_corrupt_mode, want, buf);
-        if (g_corrupt_mode) {
+                  "want %d recovery_started events, one \"%s\": %s", 1 + g.corrupt, want, buf);
+        if (g.corrupt) {
             /* the damaged checkpoint is refused and the next recovery starts from the one
                before it */
-            snprintf(want, sizeof want, "from the checkpoint of step %d", g_switch_at);
+            snprintf(want, sizeof want, "from the checkpoint of step %d", g.switch_at);
             MT_ASSERT(events_with(buf, "recovery_started", want) == 1,
                       "want a second recovery_started event, \"%s\": %s", want, buf);
-            snprintf(want, sizeof want, "the checkpoint of step %d (%s/step-%012d)", CKPT_AT,
-                     g_ckpt_root, CKPT_AT);
+            snprintf(want, sizeof want, "the checkpoint of step %d (%s/step-%012d)", g.ckpt_at,
+                     g_ckpt_root, g.ckpt_at);
             MT_ASSERT(count_of(buf, "\"kind\":\"checkpoint_refused\"") == 1 &&
                           object_with(buf, "\"kind\":\"checkpoint_refused\"", obj, sizeof obj) &&
                           strstr(obj, want) != NULL && strstr(obj, "could not be loaded") != NULL,
@@ -418,15 +542,15 @@ static void check_tidectl(const char *tidectl, const char *endpoint, const tide_
         MT_ASSERT(count_of(buf, "\"kind\":\"rolled_back\"") == 1,
                   "want exactly one rolled_back event: %s", buf);
         MT_ASSERT(object_with(buf, "\"kind\":\"rolled_back\"", obj, sizeof obj), "no rolled_back");
-        snprintf(want, sizeof want, "from the checkpoint of step %d (%s/step-%012d)", g_switch_at,
-                 g_ckpt_root, g_switch_at);
+        snprintf(want, sizeof want, "from the checkpoint of step %d (%s/step-%012d)", g.switch_at,
+                 g_ckpt_root, g.switch_at);
         MT_ASSERT(strstr(obj, want) != NULL, "the rolled_back event must name the %s: %s",
                   want + strlen("from the "), obj);
         snprintf(want, sizeof want, "steps lost: %d (the job had completed %d)",
-                 KILL_AT - g_switch_at, KILL_AT);
+                 g.kill - g.switch_at, g.kill);
         MT_ASSERT(has_text(obj, want), "the rolled_back event must say \"%s\": %s", want, obj);
     }
-    if (g_layout_mode) {
+    if (g.fit) {
         MT_ASSERT(object_with(buf, "\"kind\":\"job_created\"", obj, sizeof obj) &&
                       strstr(obj, "fit: dp x micro-batches divides 16 (the global batch); tp "
                                   "divides 256 (the FFN width); tp divides 64 (the "
@@ -509,7 +633,7 @@ static void check_stalled(watch *w)
               "the stalled job stays at generation 1, recovering: %s", obj);
     printf("recover-zero1: rank %d killed after step %d; tided stalled the job: no live replica "
            "of its ZeRO-1 moments; no recovery started\n",
-           g_victim, KILL_AT - 1);
+           g.victim, g.kill - 1);
     fflush(stdout);
 }
 
@@ -562,8 +686,10 @@ static void watch_stopped(watch *w)
             if (tidectl_json(w->tidectl, w->endpoint, "jobs", buf, sizeof buf) != 0)
                 continue;
             char obj[1024];
+            char gen[32];
+            snprintf(gen, sizeof gen, "\"gen\":%llu,", (unsigned long long)g.final_gen);
             if (!object_with(buf, "\"name\":\"" JOB "\"", obj, sizeof obj) ||
-                strstr(obj, "\"gen\":2,") == NULL || strstr(obj, "\"state\":\"running\"") == NULL)
+                strstr(obj, gen) == NULL || strstr(obj, "\"state\":\"running\"") == NULL)
                 continue;
             if (strcmp(st, "failed") != 0) {
                 snprintf(w->why, sizeof w->why,
@@ -571,8 +697,8 @@ static void watch_stopped(watch *w)
                          (int)w->victim_id, st);
                 return;
             }
-            fprintf(stderr, "[rank 0] generation 2 committed without rank %d: resuming it\n",
-                    g_victim);
+            fprintf(stderr, "[rank 0] generation %llu committed without rank %d: resuming it\n",
+                    (unsigned long long)g.final_gen, g.victim);
             kill(w->victim_pid, SIGCONT);
             w->resumed = 1;
             continue;
@@ -604,11 +730,11 @@ static void watch_stopped(watch *w)
 static void *watchdog(void *arg)
 {
     watch *w = arg;
-    if (g_stopped_mode) {
+    if (g.stopped) {
         watch_stopped(w);
         return NULL;
     }
-    if (g_zero1_mode) {
+    if (g.halt) {
         check_stalled(w);
         return NULL;
     }
@@ -626,13 +752,13 @@ static void *watchdog(void *arg)
                 if (strcmp(r.u.jobs_reply.rows[i].name, JOB) == 0)
                     gen = r.u.jobs_reply.rows[i].gen;
         tide_msg_clear(&r);
-        if (gen < 2 && !w->stop) {
+        if (gen <= (uint64_t)g.kill_gen && !w->stop) {
             static char ev[1 << 18]; /* what tided did instead */
             if (tidectl_events(w->tidectl, w->endpoint, ev, sizeof ev) != 0)
                 ev[0] = '\0';
             MT_FAIL("no recovery committed %d s after rank %d was killed (job at generation "
                     "%llu); tided's events: %s",
-                    DETECT_S, g_victim, (unsigned long long)gen, ev);
+                    DETECT_S, g.victim, (unsigned long long)gen, ev);
         }
         break;
     }
@@ -649,15 +775,21 @@ typedef struct record {
     size_t n_tensors;
     double loss[MAX_STEPS];  /* of each step's last run on this rank */
     int ran[MAX_STEPS];      /* runs of each step on this rank */
-    double loss1[MAX_STEPS]; /* of each step's run in generation 1 */
-    int ran1[MAX_STEPS];     /* runs of each step in generation 1 */
-    int64_t switch_at;       /* generation 2's switch step on this rank; -1 none */
-    int switches;            /* switches seen */
-    int spare;               /* pool rank idle in the first layout (spare mode), else -1 */
-    uint64_t pre[MAX_T];     /* state hashes before the kill (old layout's first member; ckpt
-                                modes: after CKPT_AT steps, the checkpoint's state) */
-    uint64_t post[MAX_T];    /* right after the recovery (new layout's first member) */
-    tide_layout_t *recover;  /* generation 2's layout */
+    double loss1[MAX_STEPS]; /* of each step's run in the victim's generation */
+    int ran1[MAX_STEPS];     /* runs of each step in the victim's generation */
+    int64_t switch_at;       /* the recovery's switch step on this rank; -1 none */
+    /* the generations before the recovery (1 .. g.kill_gen): their switch steps on this
+       rank (-1 none), their layouts, and the whole state right before and after each
+       resize (hashes, on the new layout's first member) */
+    int64_t gen_at[MAX_GEN + 1];
+    tide_layout_t *layouts[MAX_GEN + 1];
+    uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T];
+    int switches;           /* switches seen */
+    int spare;              /* pool rank idle in the first layout (spare mode), else -1 */
+    uint64_t pre[MAX_T];    /* state hashes before the kill (old layout's first member; ckpt
+                               modes: after g.ckpt_at steps, the checkpoint's state) */
+    uint64_t post[MAX_T];   /* right after the recovery (new layout's first member) */
+    tide_layout_t *recover; /* the recovery's layout */
     watch *wd;
     int refused_checked; /* layout mode: the dp 3 resize was refused (rank 0) */
     int befores;         /* switches begun (the before_switch hook) */
@@ -666,6 +798,14 @@ typedef struct record {
     int64_t req_step; /* rank 0: the step tided chose for the requested checkpoint; 0 none */
     void **at_req;    /* rank 0: the full state after req_step completed steps */
 } record;
+
+/* Frees the layouts the record copied. */
+static void record_free_layouts(record *r)
+{
+    tide_layout_destroy(&r->recover);
+    for (int k = 0; k <= MAX_GEN; k++)
+        tide_layout_destroy(&r->layouts[k]);
+}
 
 /* The full state over the members of the current view, hashed on the root. */
 static void hash_state(tide_t *t, const tide_mlp_t *m, uint64_t *out)
@@ -767,11 +907,11 @@ static void request_checkpoint(record *r, int completed)
               "tidectl checkpoint's message must name the root and say how to follow the save: "
               "%s",
               out);
-    MT_ASSERT(s > completed && s < g_steps,
+    MT_ASSERT(s > completed && s < g.steps,
               "tided chose step %lld for the checkpoint; rank 0 has completed %d steps and the job "
               "ends after %d: the step must lie between (if it does not, the test's steps are too "
               "fast for the request to land before the job ends)",
-              s, completed, g_steps);
+              s, completed, g.steps);
     r->req_step = s;
     printf("recover-ckpt-request: after %d steps, %s", completed, out);
     fflush(stdout);
@@ -795,38 +935,39 @@ static tide_status h_on_step(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t 
 {
     (void)secs;
     record *r = ctx;
-    MT_ASSERT(step >= 0 && step < g_steps, "step %lld out of range", (long long)step);
+    /* with resizes the job ends once the recovery ran a few steps (h_done), within MAX_STEPS */
+    MT_ASSERT(step >= 0 && step < (g.sc.n_resizes > 0 ? MAX_STEPS - 1 : g.steps),
+              "step %lld out of range", (long long)step);
     r->loss[step] = loss;
     r->ran[step]++;
     const tide_view *v = tide_view_get(t);
-    if (v->generation == 1) {
+    if ((int)v->generation == g.kill_gen) {
         r->loss1[step] = loss;
         r->ran1[step]++;
     }
-    if (g_layout_mode && step == 1 && v->generation == 1 && r->wd != NULL && !r->refused_checked) {
+    if (g.fit && step == 1 && v->generation == 1 && r->wd != NULL && !r->refused_checked) {
         check_refused_resize(r->wd->tidectl, r->wd->endpoint);
         r->refused_checked = 1;
     }
-    if (g_request_mode) {
+    if (g.request) {
         if (step == 1 && v->generation == 1 && g_rank == 0)
             request_checkpoint(r, (int)step + 1);
         if (step >= 2)
             keep_requested_state(t, m, r, step);
         return TIDE_OK; /* h_at slows the steps down */
     }
-    if (g_ckpt_mode && step == g_switch_at - 1 && v->generation == 1)
+    if (g.ckpt && step == g.switch_at - 1 && (int)v->generation == g.kill_gen)
         hash_state(t, m, r->pre); /* the state the checkpoint the job rolls back to holds */
-    if (step == KILL_AT - 1 && v->generation == 1) {
-        /* the whole state after KILL_AT steps, over every member (the victim included) */
-        if (!g_ckpt_mode)
+    if (step == g.kill - 1 && (int)v->generation == g.kill_gen) {
+        /* the whole state after g.kill steps, over every member (the victim included) */
+        if (!g.ckpt)
             hash_state(t, m, r->pre);
-        if (tide_pool_rank(t) == g_victim && !g_midstep_mode && !g_lastreduce_mode &&
-            !g_stopped_mode) {
-            if (g_ckpt_mode)
-                wait_checkpoint_known(t, CKPT_AT);
-            if (g_corrupt_mode)
-                damage_checkpoint(CKPT_AT);
-            fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, KILL_AT - 1);
+        if (tide_pool_rank(t) == g.victim && !g.midstep && !g.lastreduce && !g.stopped) {
+            if (g.ckpt)
+                wait_checkpoint_known(t, g.ckpt_at);
+            if (g.corrupt)
+                damage_checkpoint(g.ckpt_at);
+            fprintf(stderr, "[rank %d] killing myself after step %d\n", g_rank, g.kill - 1);
             fflush(stderr);
             raise(SIGKILL);
         }
@@ -847,34 +988,34 @@ static tide_status h_at(void *ctx, tide_t *t, const tide_mlp_t *m, int64_t step,
     /* ckpt-request: tided reckons how far the job runs before a request reaches it from the
        time its workers spend inside steps (begin to end), so the delay goes in there: 50 ms
        a step keeps the step it picks well before the job's end, however fast the machine */
-    if (g_request_mode && point == TIDE_MLP_AT_GRADS)
+    if (g.request && point == TIDE_MLP_AT_GRADS)
         tide_sleep_ms(50);
-    if (g_request_mode && point == TIDE_MLP_AT_GRADS && step == 0) {
+    if (g.request && point == TIDE_MLP_AT_GRADS && step == 0) {
         /* half a step's state is no step's: a save from inside a step is refused */
         tide_status crc = tide_checkpoint(t, g_ckpt_root);
         MT_ASSERT(crc == TIDE_ERR_INVALID && strstr(tide_last_error(), "inside step 0") != NULL,
                   "tide_checkpoint inside a step must be refused; got %s: %s", tide_strerror(crc),
                   tide_last_error());
     }
-    int want = g_midstep_mode || g_stopped_mode ? point == TIDE_MLP_AT_GRADS
-               : g_lastreduce_mode              ? point == TIDE_MLP_AT_LOSS
-                                                : 0;
-    if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
-        tide_pool_rank(t) == g_victim && g_stopped_mode) {
+    int want = g.midstep || g.stopped ? point == TIDE_MLP_AT_GRADS
+               : g.lastreduce         ? point == TIDE_MLP_AT_LOSS
+                                      : 0;
+    if (want && step == g.kill && (int)tide_view_get(t)->generation == g.kill_gen &&
+        tide_pool_rank(t) == g.victim && g.stopped) {
         fprintf(stderr,
                 "[rank %d] stopping myself inside step %d, before its gradient "
                 "allreduce (SIGSTOP)\n",
-                g_rank, KILL_AT);
+                g_rank, g.kill);
         fflush(stderr);
         raise(SIGSTOP);
-        fprintf(stderr, "[rank %d] resumed inside step %d\n", g_rank, KILL_AT);
+        fprintf(stderr, "[rank %d] resumed inside step %d\n", g_rank, g.kill);
         fflush(stderr);
         return TIDE_OK; /* on into the old generation's allreduce, as a slow rank would */
     }
-    if (want && step == KILL_AT && tide_view_get(t)->generation == 1 &&
-        tide_pool_rank(t) == g_victim) {
-        fprintf(stderr, "[rank %d] killing myself inside step %d, %s\n", g_rank, KILL_AT,
-                g_midstep_mode ? "before its gradient allreduce" : "inside its last reductions");
+    if (want && step == g.kill && (int)tide_view_get(t)->generation == g.kill_gen &&
+        tide_pool_rank(t) == g.victim) {
+        fprintf(stderr, "[rank %d] killing myself inside step %d, %s\n", g_rank, g.kill,
+                g.midstep ? "before its gradient allreduce" : "inside its last reductions");
         fflush(stderr);
         raise(SIGKILL);
     }
@@ -891,22 +1032,55 @@ static int layout_has(const tide_layout_t *l, int rank)
 
 static tide_status h_before(void *ctx, tide_t *t, const tide_mlp_t *m)
 {
-    (void)m;
     record *r = ctx;
     const tide_view *nv = tide_view_next(t);
-    /* ckpt-corrupt: generation 2 fails (its checkpoint cannot be loaded) and generation 3
-       rolls back further; elsewhere only the recovery */
-    uint64_t want = r->befores == 0 ? 2 : 3;
-    MT_ASSERT(nv->generation == want && (r->befores == 0 || g_corrupt_mode),
-              "switch %d to generation %llu: only %s expected", r->befores + 1,
-              (unsigned long long)nv->generation,
-              g_corrupt_mode ? "the refused recovery (2), then the one from the checkpoint before "
-                               "it (3), are"
-                             : "the recovery (2) is");
-    MT_ASSERT(!layout_has(nv->layout, g_victim), "the recovery layout still holds rank %d",
-              g_victim);
+    /* the resizes (generations 2 .. g.kill_gen), then the recovery; ckpt-corrupt: the
+       recovery's generation fails (its checkpoint cannot be loaded) and the next one rolls
+       back further */
+    uint64_t want = 2 + (uint64_t)r->befores;
+    MT_ASSERT(nv->generation == want && want <= g.final_gen,
+              "switch %d to generation %llu: only %d resizes, then %s expected", r->befores + 1,
+              (unsigned long long)nv->generation, g.sc.n_resizes,
+              g.corrupt ? "the refused recovery, then the one from the checkpoint before it, are"
+                        : "the recovery is");
+    if (nv->generation <= (uint64_t)g.kill_gen) { /* a resize, every rank alive */
+        if (tide_view_get(t)->member)
+            hash_state(t, m, r->before[nv->generation]);
+    } else {
+        MT_ASSERT(!layout_has(nv->layout, g.victim), "the recovery layout still holds rank %d",
+                  g.victim);
+    }
     r->befores++;
     r->before_gen = nv->generation;
+    return TIDE_OK;
+}
+
+/* A resize's switch (generations 2 .. g.kill_gen): the layout asked for, its switch step
+   and its state; entering the victim's generation fixes the kill's steps and the victim. */
+static tide_status after_resize(record *r, tide_t *t, const tide_mlp_t *m)
+{
+    const tide_view *v = tide_view_get(t);
+    uint64_t gen = v->generation;
+    const tide_layout_t *l = v->layout;
+    const mt_layout *want = &g.sc.resize[gen - 2];
+    MT_ASSERT(r->before_gen == gen && l->dp == want->dp && l->tp == want->tp && l->pp == want->pp,
+              "generation %llu (begun: %llu) is (dp %d, tp %d, pp %d), not the resize's "
+              "(%d, %d, %d)",
+              (unsigned long long)gen, (unsigned long long)r->before_gen, l->dp, l->tp, l->pp,
+              want->dp, want->tp, want->pp);
+    MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
+    r->gen_at[gen] = v->step;
+    MT_OK(tide_layout_copy(&r->layouts[gen], l));
+    if (v->member)
+        hash_state(t, m, r->after[gen]);
+    if (gen == (uint64_t)g.kill_gen) {
+        set_kill_base((int)v->step);
+        find_victim(l);
+        if (r->wd != NULL) { /* rank 0: the watchdog watches the victim from now on */
+            r->wd->victim_pid = g_pids[g.victim];
+            r->wd->victim_id = tide_pool_worker_id(t, g.victim);
+        }
+    }
     return TIDE_OK;
 }
 
@@ -917,32 +1091,25 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
     record *r = ctx;
     const tide_view *v = tide_view_get(t);
     r->switches++;
+    if (v->generation <= (uint64_t)g.kill_gen)
+        return after_resize(r, t, m);
     r->switch_at = v->step;
-    MT_ASSERT(v->generation == g_final_gen && r->before_gen == g_final_gen,
+    MT_ASSERT(v->generation == g.final_gen && r->before_gen == g.final_gen,
               "switched to generation %llu (begun: %llu), want %llu",
               (unsigned long long)v->generation, (unsigned long long)r->before_gen,
-              (unsigned long long)g_final_gen);
+              (unsigned long long)g.final_gen);
     const tide_layout_t *l = v->layout;
-    if (g_layout_mode)
-        MT_ASSERT(l->dp == 2 && l->tp == 1 && l->pp == 1,
-                  "3 survivors of (dp 4) with a batch of 16 in 4 micro-batches recover to (dp 2, "
-                  "tp 1, pp 1), the one layout they hold that the model can run; got (%d, %d, "
-                  "%d)",
-                  l->dp, l->tp, l->pp);
-    else if (g_ckpt_dp1)
-        MT_ASSERT(l->dp == 1 && l->tp == 1 && l->pp == 1 && l->worker[0] == 0,
-                  "the one survivor (rank 0) of (dp 1, tp 2) goes on alone on (dp 1, tp 1, pp "
-                  "1); got (%d, %d, %d) led by rank %d",
-                  l->dp, l->tp, l->pp, l->worker[0]);
-    else if (g_spare_mode)
-        MT_ASSERT(l->dp == 2 && l->tp == 2 && l->pp == 2 && layout_has(l, r->spare),
-                  "with a spare, the recovery keeps (dp 2, tp 2, pp 2) and takes rank %d; got "
-                  "(%d, %d, %d)",
-                  r->spare, l->dp, l->tp, l->pp);
-    else
-        MT_ASSERT(l->dp == 1 && l->tp == 2 && l->pp == 2,
-                  "without a spare, 7 survivors hold (dp 1, tp 2, pp 2); got (%d, %d, %d)", l->dp,
-                  l->tp, l->pp);
+    MT_ASSERT(l->dp == g.recover.dp && l->tp == g.recover.tp && l->pp == g.recover.pp &&
+                  (!g.spare || layout_has(l, r->spare)),
+              "the %d survivors of (dp %d, tp %d, pp %d)%s recover to (dp %d, tp %d, pp %d)%s; "
+              "got (%d, %d, %d)",
+              g.row->r.ranks - 1, r->layouts[g.kill_gen]->dp, r->layouts[g.kill_gen]->tp,
+              r->layouts[g.kill_gen]->pp,
+              g.fit ? " with a batch of 16 in 4 micro-batches (the one layout they hold that the "
+                      "model can run)"
+                    : "",
+              g.recover.dp, g.recover.tp, g.recover.pp,
+              g.spare ? ", the spare taking the dead rank's place" : "", l->dp, l->tp, l->pp);
     MT_ASSERT(tide_mlp_active(m) == v->member, "model and view disagree on membership");
     if (r->recover == NULL) {
         MT_OK(tide_layout_new(&r->recover, l->dp, l->tp, l->pp, l->num_layers, l->micro_batches));
@@ -956,31 +1123,39 @@ static tide_status h_after(void *ctx, tide_t *t, const tide_mlp_t *m,
 
 static int h_done(void *ctx, const tide_view *v)
 {
-    (void)ctx;
-    return v->step >= g_steps;
+    const record *r = ctx;
+    if (g.sc.n_resizes == 0)
+        return v->step >= g.steps;
+    /* the resizes and the kill come when they come: the job ends once the recovery ran a
+       few steps, and no sooner than the row's step count */
+    int64_t end = r->switch_at + 4 > g.steps ? r->switch_at + 4 : g.steps;
+    return v->generation == g.final_gen && r->switch_at >= 0 && v->step >= end;
 }
 
 /* ---- the never-failed runs ------------------------------------------------------------------ */
 
-/* The loss of every step of the model trained in one process (the layout-free truth). */
-static void reference_single(const tide_mlp_config *cfg, double *loss)
+/* The loss of every step of the model trained in one process (the layout-free truth);
+   with full_out, its final state too (caller frees with tide_mlp_full_free). Rank 0. */
+static void reference_single(const tide_mlp_config *cfg, double *loss, void ***full_out)
 {
     tide_layout_t *l = NULL;
     tide_mlp_t *m = NULL;
     tide_mlp_comm self;
     tide_mlp_comm_self(&self);
-    MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, g_micro));
+    MT_OK(tide_layout_new(&l, 1, 1, 1, cfg->layers, g.micro));
     MT_OK(tide_mlp_new(&m, cfg, l, 0, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
-    for (int64_t s = 0; s < g_steps; s++)
+    for (int64_t s = 0; s < g.steps; s++)
         MT_OK(tide_mlp_step(m, &self, &loss[s]));
+    if (full_out != NULL)
+        MT_OK(tide_mlp_gather(m, MPI_COMM_SELF, 0, full_out));
     tide_mlp_destroy(&m);
     tide_layout_destroy(&l);
 }
 
 /*
  * The same layouts as the recovered job, over plain MPI on every rank while all are
- * alive, and no failure: the first layout for g_switch_at steps (ckpt modes: CKPT_AT,
+ * alive, and no failure: the first layout for g.switch_at steps (ckpt modes: g.ckpt_at,
  * the steps the checkpoint holds; the rolled-back steps after it are never run here),
  * then the layout the recovery must produce (moved through the root). Every allreduce
  * has at most two members, so the arithmetic is the recovered job's, and its final state
@@ -992,13 +1167,13 @@ static void reference_layouts(const tide_mlp_config *cfg, double *loss, void ***
     tide_layout_t *l = NULL, *l2 = NULL;
     tide_mlp_t *m = NULL;
     tide_mlp_mpi_t *mpi = NULL;
-    MT_OK(tide_layout_new(&l, g_dp0, g_tp0, g_pp0, cfg->layers, g_micro));
-    MT_OK(tide_layout_new(&l2, g_dp1, g_tp1, g_pp1, cfg->layers, g_micro));
+    MT_OK(tide_layout_new(&l, g.first.dp, g.first.tp, g.first.pp, cfg->layers, g.micro));
+    MT_OK(tide_layout_new(&l2, g.recover.dp, g.recover.tp, g.recover.pp, cfg->layers, g.micro));
     MT_OK(tide_mlp_new(&m, cfg, l, g_rank, TIDE_MLP_CPU));
     MT_OK(tide_mlp_init(m));
     MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l));
-    for (int64_t s = 0; s < g_steps; s++) {
-        if (s == g_switch_at) {
+    for (int64_t s = 0; s < g.steps; s++) {
+        if (s == g.switch_at) {
             tide_mlp_mpi_destroy(&mpi);
             MT_OK(tide_mlp_relayout_via_root(m, MPI_COMM_WORLD, 0, l2));
             MT_OK(tide_mlp_mpi_new(&mpi, MPI_COMM_WORLD, l2));
@@ -1072,7 +1247,7 @@ static void remove_checkpoints(const char *root)
 {
     char manifest[512];
     struct stat st;
-    for (int k = CKPT_EVERY; k <= g_steps && !g_request_mode; k += CKPT_EVERY) {
+    for (int k = g.every; k <= g.steps && !g.request; k += g.every) {
         snprintf(manifest, sizeof manifest, "%s/step-%012d/MANIFEST", root, k);
         MT_ASSERT(stat(manifest, &st) == 0, "no %s after the run", manifest);
         /* ckpt-corrupt: the damaged one fails its check unless it was saved again */
@@ -1081,7 +1256,7 @@ static void remove_checkpoints(const char *root)
         MT_OK(tide_ckpt_open(&ck, manifest));
         tide_status rc = tide_ckpt_verify(ck);
         tide_ckpt_close(&ck);
-        if (g_corrupt_mode && k == CKPT_AT && !g_resaved)
+        if (g.corrupt && k == g.ckpt_at && !g_resaved)
             MT_ASSERT(rc == TIDE_ERR_INVALID && strstr(tide_last_error(), "shard-") != NULL,
                       "the damaged checkpoint %s (not saved again) must fail its check naming "
                       "the shard; got %s: %s",
@@ -1154,7 +1329,7 @@ static void check_requested(record *rec)
     MT_OK(tide_ckpt_verify(ck));
     MT_OK(tide_ckpt_check_collection(ck, c));
     tide_layout_t *l = NULL;
-    MT_OK(tide_layout_new(&l, 1, 1, 1, tide_collection_num_layers(c), g_micro));
+    MT_OK(tide_layout_new(&l, 1, 1, 1, tide_collection_num_layers(c), g.micro));
     size_t n = tide_collection_size(c);
     void **bufs = tide_calloc(n, sizeof *bufs);
     MT_ASSERT(bufs != NULL, "out of memory");
@@ -1198,17 +1373,17 @@ static int finish_request(tide_t *t, tide_mlp_t *m, record *rec, const double *r
               "no switch expected (generation %llu, %d switches)",
               (unsigned long long)v->generation, rec->switches);
     static double lo[MAX_STEPS], hi[MAX_STEPS];
-    for (int k = 0; k < g_steps; k++) {
+    for (int k = 0; k < g.steps; k++) {
         MT_ASSERT(rec->ran[k] == 1, "step %d ran %d times on rank %d", k, rec->ran[k], g_rank);
         lo[k] = hi[k] = rec->loss[k];
     }
-    MPI_Allreduce(MPI_IN_PLACE, lo, g_steps, MPI_DOUBLE, MPI_MIN, all);
-    MPI_Allreduce(MPI_IN_PLACE, hi, g_steps, MPI_DOUBLE, MPI_MAX, all);
+    MPI_Allreduce(MPI_IN_PLACE, lo, g.steps, MPI_DOUBLE, MPI_MIN, all);
+    MPI_Allreduce(MPI_IN_PLACE, hi, g.steps, MPI_DOUBLE, MPI_MAX, all);
     void **full = NULL;
     MT_OK(tide_mlp_tide_gather(t, m, v, &full));
     if (g_rank == 0) {
         double worst = 0.0;
-        for (int k = 0; k < g_steps; k++) {
+        for (int k = 0; k < g.steps; k++) {
             MT_ASSERT(lo[k] == hi[k] && lo[k] == ref_layouts[k],
                       "step %d: loss %.17g..%.17g on the ranks vs %.17g of the same layout over "
                       "plain MPI",
@@ -1223,7 +1398,7 @@ static int finish_request(tide_t *t, tide_mlp_t *m, record *rec, const double *r
         check_requested(rec);
         printf("recover-ckpt-request: %d steps on (dp %d, tp %d, pp %d); max loss rel diff %.2e "
                "to one process; losses and final state bit-identical to plain MPI\n",
-               g_steps, g_dp0, g_tp0, g_pp0, worst);
+               g.steps, g.first.dp, g.first.tp, g.first.pp, worst);
         fflush(stdout);
     }
     tide_mlp_full_free(rec->coll, &full);
@@ -1235,58 +1410,191 @@ static int finish_request(tide_t *t, tide_mlp_t *m, record *rec, const double *r
     MPI_Barrier(all);
     if (g_rank == 0)
         remove_checkpoints(g_ckpt_root);
+    record_free_layouts(rec);
     return pass(&all, &rec->coll, is_root);
+}
+
+/* ---- resizes before the kill ------------------------------------------------------------------
+ */
+
+/* Rank 0's thread in scenarios with resizes: resize k goes out through the tidectl binary
+   once the job has run GAP steps of generation k. */
+typedef struct resizer {
+    const char *tidectl;
+    char endpoint[256];
+    volatile int sent;
+    char why[512]; /* what went wrong, "" when nothing */
+} resizer;
+
+static void *resize_thread(void *arg)
+{
+    resizer *rz = arg;
+    void *ctx = zmq_ctx_new();
+    void *s = coord_connect(ctx, rz->endpoint, NULL, NULL, NULL, 10000);
+    int64_t since = -1;
+    uint64_t deadline = tide_now_ns() + 80ull * 1000000000ull;
+    while (s != NULL && rz->sent < g.sc.n_resizes && rz->why[0] == '\0') {
+        if (tide_now_ns() > deadline) {
+            snprintf(rz->why, sizeof rz->why, "resize %d not sent within 80 s", rz->sent + 1);
+            break;
+        }
+        uint64_t gen = 0, step = 0;
+        int running = 0;
+        if (coord_job_state(s, JOB, &gen, &step, &running) != 0) {
+            snprintf(rz->why, sizeof rz->why, "no jobs reply from tided");
+            break;
+        }
+        if (gen != (uint64_t)rz->sent + 1 || !running) {
+            tide_sleep_ms(20);
+            continue;
+        }
+        if (since < 0)
+            since = (int64_t)step;
+        if ((int64_t)step < since + GAP) {
+            tide_sleep_ms(20);
+            continue;
+        }
+        const mt_layout *l = &g.sc.resize[rz->sent];
+        char dp[16], tp[16], pp[16];
+        snprintf(dp, sizeof dp, "%d", l->dp);
+        snprintf(tp, sizeof tp, "%d", l->tp);
+        snprintf(pp, sizeof pp, "%d", l->pp);
+        const char *args[12] = {"resize", JOB, "--dp", dp, "--tp", tp, "--pp", pp};
+        if (l->stages[0] != '\0') {
+            args[8] = "--stages";
+            args[9] = l->stages;
+        }
+        static char out[4096];
+        if (coord_tidectl(rz->tidectl, rz->endpoint, args, out, sizeof out) != 0) {
+            snprintf(rz->why, sizeof rz->why, "tidectl resize to (%s, %s, %s) failed: %.400s", dp,
+                     tp, pp, out);
+            break;
+        }
+        rz->sent++;
+        since = -1;
+    }
+    if (s == NULL)
+        snprintf(rz->why, sizeof rz->why, "cannot connect to %s", rz->endpoint);
+    else
+        zmq_close(s);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* The step the job ended at (scenarios with resizes end once the recovery has run a
+   while): the last step any survivor ran, within MAX_STEPS; the runs of each step are
+   checked against it. Collective over surv. */
+static int agreed_end(const record *rec, MPI_Comm surv)
+{
+    int last = 0, hi = 0;
+    for (int k = 0; k < MAX_STEPS; k++)
+        if (rec->ran[k] > 0)
+            last = k + 1;
+    MPI_Allreduce(&last, &hi, 1, MPI_INT, MPI_MAX, surv);
+    MT_ASSERT(hi >= g.row->steps && hi < MAX_STEPS,
+              "the job ended after %d steps (want from %d to %d)", hi, g.row->steps, MAX_STEPS - 1);
+    return hi;
+}
+
+/* The resizes: each switch at one step on every survivor, later than the one before, and
+   the whole state right after it bit-identical to the state right before. gen_at gets the
+   switch steps of generations 1 .. g.kill_gen. Collective over surv. */
+static void check_resizes(const record *rec, MPI_Comm surv, int64_t *gen_at)
+{
+    int64_t lo[MAX_GEN + 1];
+    MPI_Allreduce(rec->gen_at, lo, MAX_GEN + 1, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(rec->gen_at, gen_at, MAX_GEN + 1, MPI_INT64_T, MPI_MAX, surv);
+    static uint64_t before[MAX_GEN + 1][MAX_T], after[MAX_GEN + 1][MAX_T];
+    MPI_Allreduce(rec->before, before, (MAX_GEN + 1) * MAX_T, MPI_UINT64_T, MPI_MAX, surv);
+    MPI_Allreduce(rec->after, after, (MAX_GEN + 1) * MAX_T, MPI_UINT64_T, MPI_MAX, surv);
+    for (int gen = 2; gen <= g.kill_gen; gen++) {
+        MT_ASSERT(lo[gen] == gen_at[gen] && gen_at[gen] > gen_at[gen - 1],
+                  "generation %d: switch steps differ between survivors (%lld..%lld) or do not "
+                  "follow generation %d's (%lld)",
+                  gen, (long long)lo[gen], (long long)gen_at[gen], gen - 1,
+                  (long long)gen_at[gen - 1]);
+        for (size_t i = 0; i < rec->n_tensors; i++)
+            MT_ASSERT(before[gen][i] != 0 && before[gen][i] == after[gen][i],
+                      "generation %d (resize at step %lld): tensor %s differs after the reshard "
+                      "(hash %016llx before, %016llx after)",
+                      gen, (long long)gen_at[gen], tide_collection_tensor(rec->coll, i)->name,
+                      (unsigned long long)before[gen][i], (unsigned long long)after[gen][i]);
+    }
+}
+
+/* Rank 0's copy of the recovery's layout to the survivors that took no part in it (idle
+   ranks in neither of its layouts). Collective over surv, whose rank 0 is rank 0. */
+static void share_recovery_layout(record *rec, MPI_Comm surv)
+{
+    int hdr[5] = {0};
+    const tide_layout_t *l = rec->recover;
+    if (g_rank == 0) {
+        MT_ASSERT(l != NULL, "rank 0 recorded no recovery layout");
+        hdr[0] = l->dp, hdr[1] = l->tp, hdr[2] = l->pp, hdr[3] = l->num_layers;
+        hdr[4] = l->micro_batches;
+    }
+    MPI_Bcast(hdr, 5, MPI_INT, 0, surv);
+    tide_layout_t *mine = NULL;
+    MT_OK(tide_layout_new(&mine, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4]));
+    if (g_rank == 0) {
+        MT_OK(tide_layout_set_stages(mine, l->stage_start));
+        memcpy(mine->worker, l->worker, tide_layout_size(l) * sizeof *l->worker);
+    }
+    MPI_Bcast(mine->stage_start, hdr[2] + 1, MPI_INT, 0, surv);
+    MPI_Bcast(mine->worker, (int)tide_layout_size(mine), MPI_INT32_T, 0, surv);
+    if (rec->recover != NULL) {
+        const tide_layout_t *a = rec->recover;
+        MT_ASSERT(a->dp == mine->dp && a->tp == mine->tp && a->pp == mine->pp &&
+                      memcmp(a->stage_start, mine->stage_start,
+                             (size_t)(a->pp + 1) * sizeof *a->stage_start) == 0 &&
+                      memcmp(a->worker, mine->worker, tide_layout_size(a) * sizeof *a->worker) == 0,
+                  "this survivor's recovery layout is not rank 0's");
+        tide_layout_destroy(&mine);
+        return;
+    }
+    rec->recover = mine;
+}
+
+/* The switches pool rank r takes part in: each whose old or new layout holds it. */
+static int switches_of(const record *rec, int r)
+{
+    int n = 0;
+    for (int gen = 2; gen <= g.kill_gen; gen++)
+        n += layout_has(rec->layouts[gen - 1], r) || layout_has(rec->layouts[gen], r);
+    return n + (layout_has(rec->layouts[g.kill_gen], r) || layout_has(rec->recover, r));
+}
+
+/* How often step k must have run on the survivors: once on every live member of each
+   generation that ran it (the victim's generation up to g.done1: with a rollback, the
+   steps after the checkpoint's run there and again after the recovery). */
+static int runs_of(const record *rec, const int64_t *gen_at, int k)
+{
+    int runs = 0;
+    for (int gen = 1; gen <= g.kill_gen; gen++) {
+        int64_t to = gen < g.kill_gen ? gen_at[gen + 1] : g.done1;
+        if (k >= gen_at[gen] && k < to)
+            runs +=
+                (int)tide_layout_size(rec->layouts[gen]) - layout_has(rec->layouts[gen], g.victim);
+    }
+    if (k >= g.switch_at)
+        runs += (int)tide_layout_size(rec->recover);
+    return runs;
 }
 
 /* ---- the test -------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
 {
-    if (argc < 4 || (strcmp(argv[3], "replica") != 0 && strcmp(argv[3], "midstep") != 0 &&
-                     strcmp(argv[3], "lastreduce") != 0 && strcmp(argv[3], "spare") != 0 &&
-                     strcmp(argv[3], "zero1") != 0 && strcmp(argv[3], "stopped") != 0 &&
-                     strcmp(argv[3], "layout") != 0 && strcmp(argv[3], "ckpt-zero1") != 0 &&
-                     strcmp(argv[3], "ckpt-dp1") != 0 && strcmp(argv[3], "ckpt-corrupt") != 0 &&
-                     strcmp(argv[3], "ckpt-request") != 0)) {
-        fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL "
-                        "replica|midstep|lastreduce|spare|zero1|stopped|layout|ckpt-zero1|"
-                        "ckpt-dp1|ckpt-corrupt|ckpt-request\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 3, scenarios, &row))
+        return 0; /* --list */
+    if (row == NULL || argc < 4) {
+        fprintf(stderr, "usage: test_examples_tide_recover TIDED TIDECTL SCENARIO\n");
         return 2;
     }
-    g_midstep_mode = strcmp(argv[3], "midstep") == 0;
-    g_stopped_mode = strcmp(argv[3], "stopped") == 0;
-    g_lastreduce_mode = strcmp(argv[3], "lastreduce") == 0;
-    g_switch_at = g_lastreduce_mode ? KILL_AT + 1 : KILL_AT;
-    g_spare_mode = strcmp(argv[3], "spare") == 0;
-    g_zero1_mode = strcmp(argv[3], "zero1") == 0;
-    g_layout_mode = strcmp(argv[3], "layout") == 0;
-    g_ckpt_dp1 = strcmp(argv[3], "ckpt-dp1") == 0;
-    g_corrupt_mode = strcmp(argv[3], "ckpt-corrupt") == 0;
-    g_request_mode = strcmp(argv[3], "ckpt-request") == 0;
-    g_ckpt_mode = g_ckpt_dp1 || g_corrupt_mode || strcmp(argv[3], "ckpt-zero1") == 0;
-    if (g_ckpt_mode) /* the checkpoint's step: the steps after it are redone */
-        g_switch_at = g_corrupt_mode ? CKPT_AT - CKPT_EVERY : CKPT_AT;
-    g_final_gen = g_corrupt_mode ? 3 : 2;
-    if (g_request_mode) { /* no failure: one layout from the first step to the last */
-        g_steps = REQ_STEPS;
-        g_switch_at = g_steps;
-        g_dp0 = 2;
-        g_tp0 = g_pp0 = 1;
-    }
-    g_done1 = g_ckpt_mode ? KILL_AT : g_switch_at;
-    if (g_layout_mode) {
-        g_dp0 = 4;
-        g_tp0 = g_pp0 = 1;
-        g_batch = 16;
-    }
-    if (g_ckpt_dp1) {
-        g_dp0 = g_pp0 = 1;
-        g_tp0 = 2;
-    }
-    g_dp1 = g_spare_mode || g_layout_mode || g_request_mode ? 2 : 1;
-    g_tp1 = g_ckpt_dp1 ? 1 : g_tp0;
-    g_pp1 = g_pp0;
-    int want_size = g_spare_mode ? 9 : g_layout_mode ? 4 : g_ckpt_dp1 || g_request_mode ? 2 : 8;
+    if (plan_scenario(row) != 0)
+        return 2;
+    int want_size = row->ranks;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root)
@@ -1295,7 +1603,7 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MT_ASSERT(size == want_size, "run mode %s with %d ranks, not %d", argv[3], size, want_size);
+    MT_ASSERT(size == want_size, "run scenario %s with %d ranks, not %d", argv[3], want_size, size);
 
     int mypid = (int)getpid();
     MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
@@ -1308,7 +1616,7 @@ int main(int argc, char **argv)
     MT_ASSERT(endpoint[0] != '\0', "tided did not start (no endpoint file)");
     snprintf(g_endpoint, sizeof g_endpoint, "%s", endpoint);
     g_tidectl = argv[2];
-    if (g_ckpt_mode || g_request_mode) {
+    if (g.ckpt || g.request) {
         if (g_rank == 0) {
             snprintf(g_ckpt_root, sizeof g_ckpt_root, "/tmp/tide-recover-ckpt-XXXXXX");
             if (mkdtemp(g_ckpt_root) == NULL)
@@ -1322,8 +1630,8 @@ int main(int argc, char **argv)
     tide_mlp_config_default(&cfg);
     /* ckpt-request: both dp ranks write a shard (their moments), and the publisher waits
        for the other's */
-    cfg.zero1 = g_zero1_mode || (g_ckpt_mode && !g_ckpt_dp1) || g_request_mode;
-    cfg.global_batch = g_batch;
+    cfg.zero1 = g.row->zero1;
+    cfg.global_batch = g.batch;
     static record rec;
     rec.switch_at = -1;
     rec.spare = -1;
@@ -1331,13 +1639,13 @@ int main(int argc, char **argv)
     rec.n_tensors = tide_collection_size(rec.coll);
     MT_ASSERT(rec.n_tensors <= MAX_T, "%zu tensors", rec.n_tensors);
 
-    /* the never-failed runs, while every rank is alive */
+    /* the never-failed run with the same layouts, while every rank is alive (with resizes
+       their steps are not known before: the one-process run below stands in for it) */
     static double ref[MAX_STEPS], ref_layouts[MAX_STEPS];
     void **want = NULL; /* rank 0: the never-failed run's final state */
-    if (!g_zero1_mode)
+    int same_layouts = !g.halt && g.sc.n_resizes == 0;
+    if (same_layouts)
         reference_layouts(&cfg, ref_layouts, &want);
-    if (g_rank == 0)
-        reference_single(&cfg, ref);
 
     tide_options o;
     tide_options_init(&o);
@@ -1352,27 +1660,28 @@ int main(int argc, char **argv)
     /* the model's limits, declared as train_mlp --tide declares them */
     tide_fit_rule fit[TIDE_MLP_FIT_RULES];
     int n_fit = 0;
-    MT_OK(tide_mlp_tide_fit(&cfg, g_micro, fit, &n_fit));
-    tide_join_req jr = {JOB, rec.coll, g_dp0, g_tp0, g_pp0, g_micro, 0, fit, n_fit};
+    MT_OK(tide_mlp_tide_fit(&cfg, g.micro, fit, &n_fit));
+    tide_join_req jr = {JOB, rec.coll, g.first.dp, g.first.tp, g.first.pp, g.micro, 0, fit, n_fit};
     /* tided starts the job with the first 8 workers whose join arrives: in spare mode the
        others give rank 0 (which runs the checks and must lead both layouts) a head start,
        so that the spare is never rank 0, however slowly rank 0 runs (sanitizers) */
-    if (g_spare_mode && g_rank != 0)
+    if (g.spare && g_rank != 0)
         tide_sleep_ms(1000);
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
-    MT_ASSERT(v->generation == 1 && v->layout->dp == g_dp0 && v->layout->tp == g_tp0 &&
-                  v->layout->pp == g_pp0,
+    MT_ASSERT(v->generation == 1 && v->layout->dp == g.first.dp && v->layout->tp == g.first.tp &&
+                  v->layout->pp == g.first.pp,
               "first layout as requested");
-    g_victim = g_request_mode  ? -1
-               : g_layout_mode ? v->layout->worker[tide_layout_index(v->layout, 0, 3, 0)]
-               : g_ckpt_dp1    ? v->layout->worker[tide_layout_index(v->layout, 0, 0, 1)]
-                               : v->layout->worker[tide_layout_index(v->layout, 1, 1, 1)];
-    MT_ASSERT(g_victim != 0, "rank 0 runs tided and the checks: it must not be the victim");
+    if (g.kill_gen == 1)
+        find_victim(v->layout);
     for (int r = 0; r < size; r++)
         if (!layout_has(v->layout, r))
             rec.spare = r;
-    MT_ASSERT(g_spare_mode ? rec.spare >= 0 : rec.spare < 0, "spare rank %d", rec.spare);
+    MT_ASSERT(g.spare ? rec.spare >= 0 : rec.spare < 0, "spare rank %d", rec.spare);
+    for (int k = 0; k <= MAX_GEN; k++)
+        rec.gen_at[k] = -1;
+    rec.gen_at[1] = 0;
+    MT_OK(tide_layout_copy(&rec.layouts[1], v->layout));
     tide_mlp_t *m = NULL;
     MT_OK(tide_mlp_new(&m, &cfg, v->layout, tide_pool_rank(t), TIDE_MLP_CPU));
     if (v->member)
@@ -1381,22 +1690,31 @@ int main(int argc, char **argv)
     MT_OK(tide_mlp_tide_give(t, m));
     /* as train_mlp --ckpt-save ROOT --ckpt-every 2 --ckpt-keep 0: the checkpoints the job
        rolls back to when no survivor holds the lost state */
-    if (g_ckpt_mode)
-        MT_OK(tide_checkpoint_every(t, g_ckpt_root, CKPT_EVERY, 0));
+    if (g.ckpt)
+        MT_OK(tide_checkpoint_every(t, g_ckpt_root, g.every, 0));
     static watch wd;
     pthread_t th;
-    if (g_rank == 0 && !g_request_mode) {
+    if (g_rank == 0 && !g.request) {
         snprintf(wd.endpoint, sizeof wd.endpoint, "%s", endpoint);
         wd.tidectl = argv[2];
-        wd.victim_pid = g_pids[g_victim];
-        wd.victim_id = tide_pool_worker_id(t, g_victim);
+        if (g.victim >= 0) { /* else known at the switch to its generation */
+            wd.victim_pid = g_pids[g.victim];
+            wd.victim_id = tide_pool_worker_id(t, g.victim);
+        }
         rec.wd = &wd;
         pthread_create(&th, NULL, watchdog, &wd);
+    }
+    static resizer rz;
+    pthread_t rth;
+    if (g_rank == 0 && g.sc.n_resizes > 0) {
+        snprintf(rz.endpoint, sizeof rz.endpoint, "%s", endpoint);
+        rz.tidectl = argv[2];
+        pthread_create(&rth, NULL, resize_thread, &rz);
     }
 
     tide_mlp_tide_hooks h = {&rec, h_on_step, h_before, h_after, h_done, 0, h_at};
     tide_status trc = tide_mlp_tide_train(t, m, &h);
-    if (g_stopped_mode && g_rank == g_victim) {
+    if (g.stopped && g_rank == g.victim) {
         /* resumed after the job recovered without it: it must have been told so, and leave
            without another message to its old peers (no MPI_Finalize: that would progress
            what its aborted operations left behind) */
@@ -1411,17 +1729,24 @@ int main(int argc, char **argv)
         tide_mlp_destroy(&m);
         _exit(0);
     }
-    MT_ASSERT(g_rank != g_victim, "the victim is still alive");
-    if (g_request_mode) {
+    MT_ASSERT(g_rank != g.victim, "the victim is still alive");
+    if (g_rank == 0 && g.sc.n_resizes > 0) {
+        pthread_join(rth, NULL);
+        MT_ASSERT(rz.why[0] == '\0', "%s", rz.why);
+        MT_ASSERT(rz.sent == g.sc.n_resizes, "%d of %d resizes sent", rz.sent, g.sc.n_resizes);
+    }
+    if (g.request) {
         MT_OK(trc);
+        if (g_rank == 0)
+            reference_single(&cfg, ref, NULL);
         return finish_request(t, m, &rec, ref, ref_layouts, &want, is_root);
     }
-    if (g_corrupt_mode && trc != TIDE_OK)
-        MT_FAIL("survivor %d: training ended with %s: %s (the switch to generation 2 fails "
-                "everywhere when its checkpoint cannot be loaded; generation 1 must go on so that "
-                "generation 3 rolls back to the checkpoint before it)",
+    if (g.corrupt && trc != TIDE_OK)
+        MT_FAIL("survivor %d: training ended with %s: %s (the switch to the recovery fails "
+                "everywhere when its checkpoint cannot be loaded; the old generation must go on so "
+                "that the next one rolls back to the checkpoint before it)",
                 g_rank, tide_strerror(trc), tide_last_error());
-    if (g_zero1_mode) {
+    if (g.halt) {
         /* tided halts the job it cannot recover: every survivor's training ends with the
            reason instead of waiting for an operator */
         const char *why = tide_last_error();
@@ -1431,9 +1756,11 @@ int main(int argc, char **argv)
                   "ended with %s: %s",
                   g_rank, tide_strerror(trc), why);
     } else {
-        MT_OK(trc);
+        MT_ASSERT(trc == g.row->r.status, "survivor %d: training ended with %s, want %s: %s",
+                  g_rank, tide_status_name(trc), tide_status_name(g.row->r.status),
+                  tide_last_error());
     }
-    if (g_ckpt_mode) /* the periodic saves after the rollback are written (and published) */
+    if (g.ckpt) /* the periodic saves after the rollback are written (and published) */
         MT_OK(tide_checkpoint_wait(t));
 
     /* From here on only the survivors: MPI_COMM_WORLD still names the dead rank, so every
@@ -1441,14 +1768,14 @@ int main(int argc, char **argv)
     MPI_Group wg, sg;
     MPI_Comm surv = MPI_COMM_NULL;
     MPI_Comm_group(MPI_COMM_WORLD, &wg);
-    MPI_Group_excl(wg, 1, &g_victim, &sg);
+    MPI_Group_excl(wg, 1, &g.victim, &sg);
     MT_ASSERT(MPI_Comm_create_group(MPI_COMM_WORLD, sg, 4711, &surv) == MPI_SUCCESS,
               "communicator of the survivors");
     MPI_Group_free(&sg);
     MPI_Group_free(&wg);
     int nsurv = 0;
     MPI_Comm_size(surv, &nsurv);
-    if (g_zero1_mode) {
+    if (g.halt) {
         if (g_rank == 0)
             pthread_join(th, NULL); /* check_stalled: tided's events say why */
         MPI_Barrier(surv);
@@ -1456,43 +1783,65 @@ int main(int argc, char **argv)
         tide_mlp_destroy(&m);
         if (g_rank == 0)
             printf("recover-zero1: the %d survivors were halted with the reason and exit\n", nsurv);
+        record_free_layouts(&rec);
         return pass(&surv, &rec.coll, is_root);
     }
 
-    /* every survivor took part in the recovery: the old members and the spare */
-    int sw_min = 0, sw_max = 0, one = rec.switches;
-    MPI_Allreduce(&one, &sw_min, 1, MPI_INT, MPI_MIN, surv);
-    MPI_Allreduce(&one, &sw_max, 1, MPI_INT, MPI_MAX, surv);
-    MT_ASSERT(sw_min == 1 && sw_max == 1, "each survivor switched once (min %d, max %d)", sw_min,
-              sw_max);
-    /* ckpt-corrupt: and began one switch more, to generation 2, that failed */
-    one = rec.befores;
-    MPI_Allreduce(&one, &sw_min, 1, MPI_INT, MPI_MIN, surv);
-    MPI_Allreduce(&one, &sw_max, 1, MPI_INT, MPI_MAX, surv);
-    MT_ASSERT(!g_ckpt_mode || (sw_min == 1 + g_corrupt_mode && sw_max == 1 + g_corrupt_mode),
-              "each survivor began %d switches (min %d, max %d)", 1 + g_corrupt_mode, sw_min,
-              sw_max);
-    int64_t at_lo = 0, at_hi = 0;
-    MPI_Allreduce(&rec.switch_at, &at_lo, 1, MPI_INT64_T, MPI_MIN, surv);
-    MPI_Allreduce(&rec.switch_at, &at_hi, 1, MPI_INT64_T, MPI_MAX, surv);
-    MT_ASSERT(at_lo == g_switch_at && at_hi == g_switch_at,
+    /* with resizes: every survivor ended at one step, the run's length from here on */
+    if (g.sc.n_resizes > 0)
+        g.steps = agreed_end(&rec, surv);
+    if (g_rank == 0)
+        reference_single(&cfg, ref, g.sc.n_resizes > 0 ? &want : NULL);
+
+    /* every survivor took part in each switch whose old or new layout holds it: without
+       resizes that is every survivor, once, in the recovery (the old members and the
+       spare); ckpt-corrupt: and began one switch more, to the recovery that failed */
+    static int64_t gen_at[MAX_GEN + 1];
+    check_resizes(&rec, surv, gen_at);
+    if (g.sc.n_resizes > 0) /* the victim's generation began there on every survivor */
+        set_kill_base((int)gen_at[g.kill_gen]);
+    share_recovery_layout(&rec, surv);
+    int n_sw = switches_of(&rec, g_rank);
+    MT_ASSERT(g.sc.n_resizes > 0 || n_sw == 1, "survivor %d is in neither layout of the recovery",
+              g_rank);
+    int off[2] = {rec.switches - n_sw, rec.befores - n_sw - g.corrupt}, off_lo[2], off_hi[2];
+    MPI_Allreduce(off, off_lo, 2, MPI_INT, MPI_MIN, surv);
+    MPI_Allreduce(off, off_hi, 2, MPI_INT, MPI_MAX, surv);
+    MT_ASSERT(off_lo[0] == 0 && off_hi[0] == 0,
+              "each survivor switched as often as the layouts that held it call for (%d here: "
+              "%d); off by %d..%d",
+              n_sw, rec.switches, off_lo[0], off_hi[0]);
+    MT_ASSERT(!g.ckpt || (off_lo[1] == 0 && off_hi[1] == 0),
+              "each survivor began %d switches (here %d; off by %d..%d on the others)",
+              n_sw + g.corrupt, rec.befores, off_lo[1], off_hi[1]);
+    /* (a survivor in neither layout of the recovery took no part: it never switched) */
+    int in_rec = layout_has(rec.layouts[g.kill_gen], g_rank) || layout_has(rec.recover, g_rank);
+    int64_t at = in_rec              ? rec.switch_at
+                 : rec.switch_at < 0 ? g.switch_at
+                                     : -2,
+            at_lo = 0, at_hi = 0;
+    MPI_Allreduce(&at, &at_lo, 1, MPI_INT64_T, MPI_MIN, surv);
+    MPI_Allreduce(&at, &at_hi, 1, MPI_INT64_T, MPI_MAX, surv);
+    MT_ASSERT(at_lo == g.switch_at && at_hi == g.switch_at,
               "the recovery switched at steps %lld..%lld, want %d on every survivor: the step "
               "running when rank %d died must be redone, neither skipped nor counted twice",
-              (long long)at_lo, (long long)at_hi, g_switch_at, g_victim);
+              (long long)at_lo, (long long)at_hi, g.switch_at, g.victim);
     const tide_layout_t *nl = rec.recover;
     MT_ASSERT(nl != NULL, "no recovery layout recorded");
     const tide_view *fv = tide_view_get(t);
-    MT_ASSERT(fv->generation == g_final_gen, "the job ended in generation %llu, want %llu",
-              (unsigned long long)fv->generation, (unsigned long long)g_final_gen);
+    /* (a survivor that took no part in the recovery still has the generation before it) */
+    uint64_t end_gen = in_rec ? g.final_gen : (uint64_t)g.kill_gen;
+    MT_ASSERT(fv->generation == end_gen, "the job ended in generation %llu here, want %llu",
+              (unsigned long long)fv->generation, (unsigned long long)end_gen);
     MT_ASSERT(fv->member == layout_has(nl, g_rank), "membership after the recovery");
 
     /* tided's view, before anyone says bye (rank 0 is a member: it finished the job) */
     if (g_rank == 0) {
-        if (!g_stopped_mode)
+        if (!g.stopped)
             wd.stop = 1; /* stopped mode: its watchdog ends once the resumed rank is gone */
         pthread_join(th, NULL);
         MT_ASSERT(wd.why[0] == '\0', "%s", wd.why);
-        MT_ASSERT(!g_stopped_mode || wd.fenced, "the resumed rank was not seen fenced and gone");
+        MT_ASSERT(!g.stopped || wd.fenced, "the resumed rank was not seen fenced and gone");
         MT_ASSERT(fv->member && nl->worker[0] == 0, "rank 0 leads the recovered layout");
         check_tidectl(argv[2], endpoint, nl);
     }
@@ -1500,11 +1849,11 @@ int main(int argc, char **argv)
     /* the state right after the recovery is the whole state before the kill, bit for bit
        (lastreduce: the step the victim died in was completed, so no state before it was
        gathered; the final state against the never-failed run checks it; ckpt modes: the
-       state after CKPT_AT steps, which the checkpoint holds) */
+       state after g.ckpt_at steps, which the checkpoint holds) */
     static uint64_t pre[MAX_T], post[MAX_T];
     MPI_Allreduce(rec.pre, pre, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
     MPI_Allreduce(rec.post, post, MAX_T, MPI_UINT64_T, MPI_MAX, surv);
-    for (size_t i = 0; i < rec.n_tensors && !g_lastreduce_mode; i++)
+    for (size_t i = 0; i < rec.n_tensors && !g.lastreduce; i++)
         MT_ASSERT(pre[i] != 0 && pre[i] == post[i],
                   "tensor %s after the recovery differs from the state before the kill (hash "
                   "%016llx before, %016llx after)",
@@ -1514,30 +1863,29 @@ int main(int argc, char **argv)
     /* each step ran once on every live member of the layout active then (ckpt modes: the
        steps from the checkpoint's to the kill in both generations) */
     static int total[MAX_STEPS];
-    MPI_Allreduce(rec.ran, total, g_steps, MPI_INT, MPI_SUM, surv);
-    for (int k = 0; k < g_steps; k++) {
-        int runs = (k < g_done1 ? g_dp0 * g_tp0 * g_pp0 - 1 : 0) +
-                   (k >= g_switch_at ? (int)tide_layout_size(nl) : 0);
+    MPI_Allreduce(rec.ran, total, g.steps, MPI_INT, MPI_SUM, surv);
+    for (int k = 0; k < g.steps; k++) {
+        int runs = runs_of(&rec, gen_at, k);
         MT_ASSERT(total[k] == runs,
                   "step %d ran %d times on the survivors, want %d (%s the recovery at step %d)", k,
                   total[k], runs,
-                  k < g_switch_at ? "before"
-                  : k < g_done1   ? "before and after (rolled back)"
+                  k < g.switch_at ? "before"
+                  : k < g.done1   ? "before and after (rolled back)"
                                   : "after",
-                  g_switch_at);
+                  g.switch_at);
     }
-    if (g_ckpt_mode && g_rank == 0)
-        for (int k = 0; k < g_steps; k++)
-            MT_ASSERT(rec.ran[k] == 1 + (k >= g_switch_at && k < g_done1),
+    if (g.ckpt && g_rank == 0)
+        for (int k = 0; k < g.steps; k++)
+            MT_ASSERT(rec.ran[k] == 1 + (k >= g.switch_at && k < g.done1),
                       "step %d ran %d times on rank 0, which leads both layouts: want %d", k,
-                      rec.ran[k], 1 + (k >= g_switch_at && k < g_done1));
+                      rec.ran[k], 1 + (k >= g.switch_at && k < g.done1));
 
     /* losses: equal on every member, and those of the never-failed run */
     static double llo[MAX_STEPS], lhi[MAX_STEPS], flo[MAX_STEPS], fhi[MAX_STEPS];
-    for (int k = 0; k < g_steps; k++) {
+    for (int k = 0; k < g.steps; k++) {
         /* NaN: a survivor that finished the step alone never saw its loss; ckpt modes: a
            rolled-back step's loss is its run in generation 2 (its first run's, below) */
-        int redone = k >= g_switch_at && k < g_done1;
+        int redone = k >= g.switch_at && k < g.done1;
         int seen = rec.ran[k] > (redone ? rec.ran1[k] : 0) && !isnan(rec.loss[k]);
         llo[k] = seen ? rec.loss[k] : INFINITY;
         lhi[k] = seen ? rec.loss[k] : -INFINITY;
@@ -1545,10 +1893,10 @@ int main(int argc, char **argv)
         flo[k] = first ? rec.loss1[k] : INFINITY;
         fhi[k] = first ? rec.loss1[k] : -INFINITY;
     }
-    MPI_Allreduce(MPI_IN_PLACE, llo, g_steps, MPI_DOUBLE, MPI_MIN, surv);
-    MPI_Allreduce(MPI_IN_PLACE, lhi, g_steps, MPI_DOUBLE, MPI_MAX, surv);
-    MPI_Allreduce(MPI_IN_PLACE, flo, g_steps, MPI_DOUBLE, MPI_MIN, surv);
-    MPI_Allreduce(MPI_IN_PLACE, fhi, g_steps, MPI_DOUBLE, MPI_MAX, surv);
+    MPI_Allreduce(MPI_IN_PLACE, llo, g.steps, MPI_DOUBLE, MPI_MIN, surv);
+    MPI_Allreduce(MPI_IN_PLACE, lhi, g.steps, MPI_DOUBLE, MPI_MAX, surv);
+    MPI_Allreduce(MPI_IN_PLACE, flo, g.steps, MPI_DOUBLE, MPI_MIN, surv);
+    MPI_Allreduce(MPI_IN_PLACE, fhi, g.steps, MPI_DOUBLE, MPI_MAX, surv);
 
     /* the final state, gathered over the recovered layout, against the never-failed run's */
     void **full = NULL;
@@ -1557,7 +1905,7 @@ int main(int argc, char **argv)
     double worst_loss = 0.0;
     if (g_rank == 0) {
         MT_ASSERT(full != NULL, "rank 0 gathered nothing");
-        for (int k = 0; k < g_steps; k++) {
+        for (int k = 0; k < g.steps; k++) {
             MT_ASSERT(llo[k] == lhi[k], "step %d: loss differs between members (%.9g vs %.9g)", k,
                       llo[k], lhi[k]);
             double rel = fabs(llo[k] - ref[k]) / fabs(ref[k]);
@@ -1565,7 +1913,9 @@ int main(int argc, char **argv)
             MT_ASSERT(rel <= REL_TOL,
                       "step %d: loss %.9g of the recovered run vs %.9g never failed (rel %.2e)", k,
                       llo[k], ref[k], rel);
-            if (g_layout_mode) /* 4-member allreduces: another order in the reference */
+            if (!same_layouts) /* resizes: the one-process run above is the reference */
+                continue;
+            if (!g.exact) /* 4-member allreduces: another order in the reference */
                 MT_ASSERT(fabs(llo[k] - ref_layouts[k]) <= REL_TOL * fabs(ref_layouts[k]),
                           "step %d: loss %.17g of the recovered run vs %.17g of the never-failed "
                           "run with the same layouts",
@@ -1578,7 +1928,7 @@ int main(int argc, char **argv)
         }
         /* ckpt modes: the first runs of the rolled-back steps, on generation 1's layout (no
            reference ran them there: the reference switched at the checkpoint's step) */
-        for (int k = g_switch_at; k < g_done1; k++) {
+        for (int k = g.switch_at; k < g.done1; k++) {
             MT_ASSERT(flo[k] == fhi[k],
                       "step %d's first run: loss differs between members (%.9g vs %.9g)", k, flo[k],
                       fhi[k]);
@@ -1592,14 +1942,17 @@ int main(int argc, char **argv)
                       "old layout)",
                       k, llo[k], flo[k]);
         }
-        MT_ASSERT(ref[g_steps - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
-                  ref[g_steps - 1]);
-        double state_rel = compare_state(rec.coll, full, want, g_layout_mode ? 1e-5 : 0.0);
-        if (g_layout_mode)
-            printf("recover-layout: final state within rel %.2e (L2, per tensor) of the "
+        MT_ASSERT(ref[g.steps - 1] < ref[0], "the loss went down (%.4f -> %.4f)", ref[0],
+                  ref[g.steps - 1]);
+        /* resizes: against the one-process run, f32 tensors within relative L2 STATE_RTOL
+           (reduction orders differ between layouts) */
+        double tol = !same_layouts ? STATE_RTOL : g.exact ? 0.0 : 1e-5;
+        double state_rel = compare_state(rec.coll, full, want, tol);
+        if (tol > 0)
+            printf("recover-%s: final state within rel %.2e (L2, per tensor) of the "
                    "never-failed run\n",
-                   state_rel);
-        MT_ASSERT(!g_layout_mode || rec.refused_checked, "the dp 3 resize was never tried");
+                   argv[3], state_rel);
+        MT_ASSERT(!g.fit || rec.refused_checked, "the dp 3 resize was never tried");
     }
     tide_mlp_full_free(rec.coll, &full);
     tide_mlp_full_free(rec.coll, &want);
@@ -1608,12 +1961,12 @@ int main(int argc, char **argv)
     MPI_Barrier(surv);
     tide_destroy(&t);
     tide_mlp_destroy(&m);
-    if (g_rank == 0 && g_ckpt_mode) {
+    if (g_rank == 0 && g.ckpt) {
         char refused[160] = "";
-        if (g_corrupt_mode)
+        if (g.corrupt)
             snprintf(refused, sizeof refused,
                      " (its checkpoint of step %d damaged: refused, generation 2 abandoned; %s)",
-                     CKPT_AT,
+                     g.ckpt_at,
                      g_resaved ? "saved again in generation 3"
                                : "not saved again in generation 3: the damaged copy stays");
         printf("recover-%s: rank %d killed after step %d%s; tided rolled the job back to the "
@@ -1621,27 +1974,28 @@ int main(int argc, char **argv)
                "generation %llu; switch at step %d on all; state bit-identical to generation 1's "
                "after %d steps; max loss rel diff %.2e to one process; losses and final state "
                "bit-identical to a never-failed run of the same layouts\n",
-               argv[3], g_victim, KILL_AT - 1, refused, g_switch_at, nl ? nl->dp : 0,
-               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, (unsigned long long)g_final_gen,
-               g_switch_at, g_switch_at, worst_loss);
+               argv[3], g.victim, g.kill - 1, refused, g.switch_at, nl ? nl->dp : 0,
+               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, (unsigned long long)g.final_gen,
+               g.switch_at, g.switch_at, worst_loss);
         fflush(stdout);
     } else if (g_rank == 0) {
         printf("recover-%s: rank %d killed %s step %d; tided recovered to (dp %d, tp %d, pp "
                "%d) on %d survivors; switch at step %d on all;%s max loss rel diff %.2e to one "
-               "process; losses and final state %s a never-failed run of the same layouts\n",
-               argv[3], g_victim,
-               g_midstep_mode || g_lastreduce_mode ? "inside"
-               : g_stopped_mode                    ? "(stopped, then resumed and fenced) inside"
-                                                   : "after",
-               g_midstep_mode || g_lastreduce_mode || g_stopped_mode ? KILL_AT : KILL_AT - 1,
-               nl ? nl->dp : 0, nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g_switch_at,
-               g_lastreduce_mode ? "" : " state bit-identical across the recovery;", worst_loss,
-               g_layout_mode ? "within f32 reduction-order tolerance of" : "bit-identical to");
+               "process; losses and final state %s a never-failed run %s\n",
+               argv[3], g.victim,
+               g.midstep || g.lastreduce ? "inside"
+               : g.stopped               ? "(stopped, then resumed and fenced) inside"
+                                         : "after",
+               g.midstep || g.lastreduce || g.stopped ? g.kill : g.kill - 1, nl ? nl->dp : 0,
+               nl ? nl->tp : 0, nl ? nl->pp : 0, nsurv, g.switch_at,
+               g.lastreduce ? "" : " state bit-identical across the recovery;", worst_loss,
+               g.exact ? "bit-identical to" : "within f32 reduction-order tolerance of",
+               same_layouts ? "of the same layouts" : "in one process (after the resizes)");
         fflush(stdout);
     }
-    tide_layout_destroy(&rec.recover);
+    record_free_layouts(&rec);
     MPI_Barrier(surv);
-    if (g_ckpt_mode && g_rank == 0)
+    if (g.ckpt && g_rank == 0)
         remove_checkpoints(g_ckpt_root);
     return pass(&surv, &rec.coll, is_root);
 }

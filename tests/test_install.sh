@@ -6,8 +6,8 @@
 # live with the installed tidectl (dp 2 -> 1 -> 2), and the final state compared with a
 # never-resized run of the same program. Also: only include/tide/ is installed under
 # include/, each public header compiles alone, the quickstart and the plugin example build
-# from those headers only, libtide.so exports exactly the functions they declare, and the
-# documentation they point to is installed.
+# from those headers only, libtide.so exports exactly the functions they declare and holds
+# no test-only code, and the documentation they point to is installed.
 #   usage: test_install.sh BUILD_DIR MPIRUN [MPIRUN FLAGS...]
 # EXTRA_CFLAGS: flags the program needs to load this build's libtide (sanitizers).
 set -euo pipefail
@@ -113,6 +113,16 @@ nm -D --defined-only "$LIBTIDE" | awk '{print $3}' | sed 's/@.*//' | sort -u >"$
 if ! diff "$WORK/declared.txt" "$WORK/exported.txt" >"$WORK/symbols.diff"; then
   fail "libtide.so's exports differ from include/tide/ ('<' declared, not exported; '>' exported, not declared): $(grep '^[<>]' "$WORK/symbols.diff" | tr '\n' ' ')"
 fi
+
+# Test-only code does not ship (tests/support): no test-support file is installed, and
+# libtide.so holds none of its generators, plan checker or fault hook, exported or not
+# (its full symbol table, and the environment names the hook reads).
+others=$(find "$P" \( -name '*test_support*' -o -name '*test_faults*' \) -printf '%P ')
+[ -z "$others" ] || fail "test support is installed: $others"
+for sym in tide_proto_sample tide_plan_validate tide_plan_simulate; do
+  ! nm "$LIBTIDE" 2>/dev/null | grep -qw "$sym" || fail "libtide.so contains the test-only $sym"
+done
+! grep -aqE 'TIDE_(CKPT|JOIN)_FAULT' "$LIBTIDE" || fail "libtide.so reads a test fault variable"
 
 # Both find the installed libtide by themselves.
 for exe in "$QS_CMAKE" "$QS_PC"; do

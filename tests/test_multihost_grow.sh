@@ -48,13 +48,14 @@ note "the never-resized reference run (dp 1, tp 2) on h1"
 # launch JOB HOST TAG EXTRA...: a pool of 2 ranks of the job on HOST (background; steps
 # paced PACE_MS, default 40 ms, so that the job is still running when a test acts); each
 # launch has its own loss file (its rank 0 empties it at start), the job one checkpoint.
+# LAUNCH_TRAIN: the program (default train_mlp; TRAIN_FAULTS for one with the fault hook).
 # mpirun runs on the pool's host: Open MPI 4.1 connects only launches whose every rank
 # runs on mpirun's own host (see README, "Growing a job"; test_multihost_regrow).
 launch() {
   local job=$1 host=$2 tag=$3
   shift 3
   bash "$CLUSTER" exec "$host" --name "$MH_NAME" \
-    "${GROW_MPI[@]}" --host "$host:2" -np 2 "$@" "$TRAIN" --tide --job "$job" "${MODEL[@]}" \
+    "${GROW_MPI[@]}" --host "$host:2" -np 2 "$@" "${LAUNCH_TRAIN:-$TRAIN}" --tide --job "$job" "${MODEL[@]}" \
     --dp 1 --tp 2 --steps $STEPS --pace-ms "${PACE_MS:-40}" --print-every 1000 \
     --loss-out "$MH_TMP/$job-$tag.loss" --ckpt-save "$MH_TMP/$job.ck" \
     >"$MH_TMP/$job-$tag.log" 2>&1 &
@@ -163,7 +164,7 @@ PACE_MS=150 launch g2 h1 p1
 P1=$LAUNCHED
 wait_busy 2 60
 wait_step "$MH_TMP/g2-p1.loss" 10
-PACE_MS=150 launch g2 h2 p2 -x TIDE_JOIN_FAULT=merge:3
+PACE_MS=150 LAUNCH_TRAIN=$TRAIN_FAULTS launch g2 h2 p2 -x TIDE_JOIN_FAULT=merge:3
 P2=$LAUNCHED
 wait_event g2 pool_joined 1
 wait_idle 2

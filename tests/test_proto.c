@@ -16,6 +16,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "proto/proto.h"
+#include "tests/support/proto_sample.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 

@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "reshard/reshard.h"
+#include "tests/support/plan_check.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
 

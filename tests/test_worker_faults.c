@@ -2,7 +2,10 @@
  * MPI integration test of libtide's failure paths around communicators, with the real
  * tided (100 ms heartbeats, failure after 15 missed) and a fault-injecting wrapper of the
  * mpi backend ("faults"). Usage, under `mpirun --enable-recovery`:
- *   test_worker_faults TIDED MODE
+ *   test_worker_faults TIDED SCENARIO
+ * SCENARIO a row of tests/scenarios/test_worker_faults.h (--list prints them): its ranks,
+ * first layout, resizes, victim (rank 2 below), the generation and status it ends in, and
+ * the fault, one of:
  *   join      3 ranks join a job (dp 3); rank 2 dies as it starts building the first
  *             layout's communicators, while the others wait for it in the handshake.
  *             tided's recovery must end that wait (tide_join honours the control
@@ -68,26 +71,45 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define JOB       "faults"
 #define LAYERS    2
-#define VICTIM    2 /* pool rank that dies (join, build) */
 #define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
 #define MAX_STEPS 400
 
 #define STALL_MS    4000 /* prepabort: rank 1's stalled step */
 #define NOFINISH_AT 6    /* nofinish: the members stop after this many steps */
 
+/* The fault of a scenario: what the wrapper injects, and the checks that follow. */
 enum {
-    MODE_JOIN,
-    MODE_BUILD,
-    MODE_DEADCOMM,
-    MODE_PREPDIE,
-    MODE_PREPABORT,
-    MODE_TRIM,
-    MODE_NOFINISH
+    FAULT_JOIN,
+    FAULT_BUILD,
+    FAULT_DEADCOMM,
+    FAULT_PREPDIE,
+    FAULT_PREPABORT,
+    FAULT_TRIM,
+    FAULT_NOFINISH
 };
-static int g_mode, g_rank;
+
+/* A scenario: the generic columns, then the fault (tests/scenarios/test_worker_faults.h). */
+typedef struct faults_row {
+    mt_row r;
+    int fault;
+} faults_row;
+
+static const faults_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status, ...)       \
+    {{name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status}, __VA_ARGS__},
+#include "scenarios/test_worker_faults.h"
+#undef ROW
+};
+
+static const faults_row *g_row;
+static mt_scenario g_sc;  /* its layouts and kill */
+static int g_mode;        /* its fault (FAULT_*) */
+static int g_victim = -1; /* the pool rank that dies, or -1 */
+static int g_rank;
 static _Thread_local int g_is_main; /* the program's main thread */
 
 /* ---- failing checks end every rank -------------------------------------------------------- */
@@ -142,14 +164,14 @@ static void born(tide_status rc, tide_coll_comm_t *const *out)
 static tide_status fb_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                              tide_coll_comm_t **out)
 {
-    if (g_mode == MODE_JOIN && g_rank == VICTIM && g_creates++ == 0) {
+    if (g_mode == FAULT_JOIN && g_rank == g_victim && g_creates++ == 0) {
         fprintf(stderr, "[rank %d] dies before building the first layout's communicators\n",
                 g_rank);
         _exit(0);
     }
     if (!g_is_main)
         __atomic_add_fetch(&g_prep_tries, 1, __ATOMIC_RELAXED);
-    if (g_mode == MODE_PREPDIE && g_rank == VICTIM && !g_is_main) {
+    if (g_mode == FAULT_PREPDIE && g_rank == g_victim && !g_is_main) {
         fprintf(stderr, "[rank %d] dies as it builds the new layout's communicators ahead\n",
                 g_rank);
         _exit(0);
@@ -184,8 +206,8 @@ static int switch_aborted(const tide_coll_comm_t *c)
 static void fb_destroy(tide_coll_comm_t *c)
 {
     __atomic_sub_fetch(&g_live, 1, __ATOMIC_RELAXED);
-    if (g_mode == MODE_BUILD && g_in_switch && g_splits == 1 && g_switch_destroys++ == 0) {
-        if (g_rank == VICTIM) {
+    if (g_mode == FAULT_BUILD && g_in_switch && g_splits == 1 && g_switch_destroys++ == 0) {
+        if (g_rank == g_victim) {
             fprintf(stderr, "[rank %d] dies while the switch's groups are built\n", g_rank);
             _exit(0);
         }
@@ -208,14 +230,14 @@ static void job_gen(uint64_t *gen, int *running);
    tided's commit of the generation, which needs this rank's done */
 static void fb_mem_free(void *ptr)
 {
-    if (g_mode == MODE_TRIM && g_in_switch && g_leaving && g_trim_seen < 0) {
+    if (g_mode == FAULT_TRIM && g_in_switch && g_leaving && g_trim_seen < 0) {
         g_trim_seen = 0;
         uint64_t until = tide_now_ns() + 10ull * 1000000000ull;
         while (tide_now_ns() < until && !g_trim_seen) {
             uint64_t gen = 0;
             int running = 0;
             job_gen(&gen, &running);
-            g_trim_seen = gen == 2 && running;
+            g_trim_seen = gen == (uint64_t)g_row->r.gen && running;
             if (!g_trim_seen)
                 tide_sleep_ms(20);
         }
@@ -367,16 +389,16 @@ static void apply_step(const tide_collection_t *c, const tide_view *v, void *con
 
 static coord_proc g_coord;
 
-static void resize(const char *endpoint, int dp, int tp, int pp)
+static void resize(const char *endpoint, const mt_layout *l)
 {
     void *ctx = zmq_ctx_new();
     void *s = coord_connect(ctx, endpoint, NULL, NULL, NULL, 10000);
     tide_msg_t q, r;
     tide_msg_init(&q, TIDE_MSG_RESIZE);
     snprintf(q.u.resize.job, sizeof q.u.resize.job, JOB);
-    q.u.resize.dp = dp;
-    q.u.resize.tp = tp;
-    q.u.resize.pp = pp;
+    q.u.resize.dp = l->dp;
+    q.u.resize.tp = l->tp;
+    q.u.resize.pp = l->pp;
     q.u.resize.placement = TIDE_PLACEMENT_DEFAULT;
     MT_ASSERT(s != NULL && coord_call(s, &q, &r) == 0 && r.type == TIDE_MSG_RESIZE_REPLY,
               "resize refused: %s", r.type == TIDE_MSG_ERROR ? r.u.error.message : "no reply");
@@ -436,11 +458,11 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         shards(coll, v, bufs, v->step, 1, "");
         MT_OK(tide_set_buffers(t, bufs));
     }
-    int owned = g_mode == MODE_TRIM; /* the runtime owns the buffers, rebuilt in place */
+    int owned = g_mode == FAULT_TRIM; /* the runtime owns the buffers, rebuilt in place */
     if (owned)
         MT_OK(tide_give_buffers(t, &bufs));
     int resized = 0, faulted = 0;
-    int64_t final_gen = g_mode == MODE_JOIN || g_mode == MODE_TRIM ? 2 : 3;
+    int64_t final_gen = g_row->r.gen;
     for (int iter = 0; iter < 100000; iter++) {
         tide_step_action a;
         uint64_t tb = tide_now_ns();
@@ -454,7 +476,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
                 MT_FAIL("after a collective failed with every peer alive, tide_step_begin "
                         "hands the step out again, to run on the dead communicators: it fails "
                         "at once, and is retried for as long as no new layout comes (forever)");
-            MT_ASSERT(rc == TIDE_ERR_TIMEOUT && strstr(tide_last_error(), "no new layout") &&
+            MT_ASSERT(rc == g_row->r.status && strstr(tide_last_error(), "no new layout") &&
                           strstr(tide_last_error(), "communicators failed"),
                       "after a collective failed with every peer alive, tide_step_begin gave %s "
                       "(%s)",
@@ -488,7 +510,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             g_in_switch = 0;
             double secs = (double)(tide_now_ns() - t0) / 1e9;
             if (rc != TIDE_OK) {
-                MT_ASSERT(g_mode == MODE_BUILD && g == 2,
+                MT_ASSERT(g_mode == FAULT_BUILD && g == 2,
                           "the switch to generation %llu failed: %s (%s)", (unsigned long long)g,
                           tide_status_name(rc), tide_last_error());
                 MT_ASSERT(rc == TIDE_ERR_ABORTED && secs < 25.0,
@@ -517,37 +539,37 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         v = tide_view_get(t);
         int64_t s = v->step;
         MT_ASSERT(s < MAX_STEPS, "the job did not get to its end within %d steps", MAX_STEPS);
-        if (g_mode == MODE_NOFINISH && s >= NOFINISH_AT)
+        if (g_mode == FAULT_NOFINISH && s >= NOFINISH_AT)
             break; /* no tide_finish: the caller destroys the runtime */
         if (res->last_gen == final_gen && s >= res->switch_at + 3) {
             MT_OK(tide_finish(t));
             break;
         }
-        int resizes = g_mode == MODE_BUILD || g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
+        int resizes = g_mode == FAULT_BUILD || g_mode == FAULT_PREPDIE || g_mode == FAULT_PREPABORT;
         if (resizes && g_rank == 0 && !resized && v->generation == 1 && s == FAIL_STEP) {
-            resize(endpoint, 1, 3, 1);
+            resize(endpoint, &g_sc.resize[0]);
             resized = 1;
         }
-        if (g_mode == MODE_TRIM && g_rank == 0 && !resized && s == FAIL_STEP) {
-            resize(endpoint, 2, 1, 1); /* one rank leaves */
+        if (g_mode == FAULT_TRIM && g_rank == 0 && !resized && s == FAIL_STEP) {
+            resize(endpoint, &g_sc.resize[0]); /* one rank leaves */
             resized = 1;
         }
-        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
+        if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
             /* the ack goes out once the build ahead is done, but the step (and the others'
                in its allreduce) ends only after tided's resize deadline: it aborts */
             tide_sleep_ms(STALL_MS);
         }
-        if (g_mode == MODE_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
+        if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
             /* the aborted generation's communicators built ahead are gone by now */
             res->live_after = __atomic_load_n(&g_live, __ATOMIC_RELAXED);
             res->prep_made = __atomic_load_n(&g_prep_made, __ATOMIC_RELAXED);
         }
-        if (g_mode == MODE_PREPABORT && g_rank == 0 && resized == 1 && v->generation == 1 &&
+        if (g_mode == FAULT_PREPABORT && g_rank == 0 && resized == 1 && v->generation == 1 &&
             s == FAIL_STEP + 5) {
-            resize(endpoint, 1, 3, 1); /* the same again: switches, built ahead */
+            resize(endpoint, &g_sc.resize[1]); /* the same again: switches, built ahead */
             resized = 2;
         }
-        if (g_mode == MODE_DEADCOMM && s == FAIL_STEP && !faulted)
+        if (g_mode == FAULT_DEADCOMM && s == FAIL_STEP && !faulted)
             g_fail_allreduce = faulted = 1;
         double mine = (double)s, hi = 0;
         rc = tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL);
@@ -555,7 +577,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
            too, until the recovery aborts them */
         /* prepdie: the steps that wait for the dead rank, until the recovery aborts them */
         MT_ASSERT(rc == TIDE_OK || faulted ||
-                      ((res->aborted > 0 || g_mode == MODE_PREPDIE) && rc == TIDE_ERR_ABORTED),
+                      ((res->aborted > 0 || g_mode == FAULT_PREPDIE) && rc == TIDE_ERR_ABORTED),
                   "step %lld: %s (%s)", (long long)s, tide_status_name(rc), tide_last_error());
         MT_ASSERT(rc != TIDE_OK || hi == mine, "members run different steps");
         if (rc == TIDE_OK) /* a step whose collectives failed changes no state */
@@ -568,21 +590,49 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
     tide_free_buffers(t, &bufs);
 }
 
+/* Sets the scenario from its row: its layouts, its victim (the kill's rank, at the
+   backend call its fault names); 0, or -1 with the reason on stderr. */
+static int plan_scenario(const mt_row *row)
+{
+    static const char *const kill_at[FAULT_NOFINISH + 1] = {
+        [FAULT_JOIN] = "create", [FAULT_BUILD] = "split", [FAULT_PREPDIE] = "prepare"};
+    g_row = (const faults_row *)(const void *)row;
+    g_mode = g_row->fault;
+    const char *why = NULL;
+    if (mt_scenario_parse(row, &g_sc) != TIDE_OK)
+        why = tide_last_error();
+    else if (g_mode < 0 || g_mode > FAULT_NOFINISH || !g_sc.has_first)
+        why = "an unknown fault, or no first layout";
+    else if (strcmp(g_sc.kill.when, kill_at[g_mode] ? kill_at[g_mode] : "") != 0 ||
+             (g_sc.kill.when[0] != '\0' && g_sc.kill.rank < 0))
+        why = "the kill must name the fault's backend call (create, split, prepare) and a rank";
+    else if (g_sc.n_resizes <
+             (g_mode == FAULT_PREPABORT                                                  ? 2
+              : g_mode == FAULT_BUILD || g_mode == FAULT_PREPDIE || g_mode == FAULT_TRIM ? 1
+                                                                                         : 0))
+        why = "the fault needs more resizes";
+    else if ((g_mode == FAULT_DEADCOMM) != (row->status != TIDE_OK))
+        why = "deadcomm ends in an error (what tide_step_begin gives up with), the others in "
+              "TIDE_OK";
+    if (why != NULL) {
+        fprintf(stderr, "test_worker_faults: scenario %s: %s\n", row->name, why);
+        return -1;
+    }
+    g_victim = g_sc.kill.rank;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"join",      "build", "deadcomm", "prepdie",
-                                        "prepabort", "trim",  "nofinish"};
-    g_mode = -1;
-    for (int i = 0; argc >= 3 && i < (int)(sizeof names / sizeof names[0]); i++)
-        if (strcmp(argv[2], names[i]) == 0)
-            g_mode = i;
-    if (g_mode < 0) {
-        fprintf(stderr, "usage: test_worker_faults TIDED "
-                        "join|build|deadcomm|prepdie|prepabort|trim|nofinish\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 2, scenarios, &row))
+        return 0; /* --list */
+    if (row == NULL || plan_scenario(row) != 0) {
+        fprintf(stderr, "usage: test_worker_faults TIDED SCENARIO\n");
         return 2;
     }
     g_is_main = 1;
-    int prep_mode = g_mode == MODE_PREPDIE || g_mode == MODE_PREPABORT;
+    int prep_mode = g_mode == FAULT_PREPDIE || g_mode == FAULT_PREPABORT;
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
     if (is_root) { /* before MPI_Init: fork is safe here */
@@ -592,7 +642,7 @@ int main(int argc, char **argv)
                                "--miss-limit",
                                "15",
                                "--resize-timeout-ms",
-                               g_mode == MODE_PREPABORT ? "2000" : "30000",
+                               g_mode == FAULT_PREPABORT ? "2000" : "30000",
                                NULL};
         if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], flags, NULL) != 0)
             g_coord.endpoint[0] = '\0';
@@ -602,8 +652,8 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, prep_mode ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int want_np = g_mode == MODE_DEADCOMM ? 2 : 3;
-    MT_ASSERT(size == want_np, "run mode %s with %d ranks, not %d", argv[2], want_np, size);
+    int want_np = row->ranks;
+    MT_ASSERT(size == want_np, "run scenario %s with %d ranks, not %d", argv[2], want_np, size);
     int mypid = (int)getpid();
     MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
     g_npids = size;
@@ -624,41 +674,39 @@ int main(int argc, char **argv)
     o.backend = "faults";
     o.register_timeout_ms = 20000;
     /* long, so that a wait the fixes end early shows; deadcomm: the bound it gives up at */
-    o.switch_timeout_ms = g_mode == MODE_DEADCOMM ? 3000 : 60000;
+    o.switch_timeout_ms = g_mode == FAULT_DEADCOMM ? 3000 : 60000;
     tide_t *t = NULL;
     MT_OK(tide_new(&t, &o, MPI_COMM_WORLD));
     tide_collection_t *coll = make_collection();
-    tide_join_req jr = {JOB, coll, g_mode == MODE_NOFINISH ? 2 : size, 1, 1, 1, 0, NULL, 0};
+    const mt_layout *l0 = &g_sc.first;
+    tide_join_req jr = {JOB, coll, l0->dp, l0->tp, l0->pp, 1, 0, NULL, 0};
     result res;
     memset(&res, 0, sizeof res);
     res.trim_seen = -1;
     uint64_t t0 = tide_now_ns();
     MT_OK(tide_join(t, &jr));
     res.join_ms = (int64_t)((tide_now_ns() - t0) / 1000000ull);
-    MT_ASSERT(g_rank != VICTIM || g_mode != MODE_JOIN, "the victim survived its join");
+    MT_ASSERT(g_rank != g_victim || g_mode != FAULT_JOIN, "the victim survived its join");
     MT_ASSERT(!prep_mode || prov == MPI_THREAD_MULTIPLE, "MPI gives thread level %d", prov);
-    if (g_mode == MODE_JOIN)
+    if (g_mode == FAULT_JOIN)
         MT_ASSERT(res.join_ms < 20000,
                   "tide_join took %lld ms: a member died while the first layout's "
                   "communicators were built, and the build waited for it (switch timeout "
                   "60 s) instead of ending with tided's recovery",
                   (long long)res.join_ms);
     run(t, coll, endpoint, &res);
-    if (g_mode == MODE_NOFINISH)
+    if (g_mode == FAULT_NOFINISH)
         tide_destroy(&t); /* the members' bye, before anything waits for the idle rank */
-    MT_ASSERT(g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM ||
-                  g_mode == MODE_NOFINISH || g_rank != VICTIM,
-              "the victim is still alive");
+    MT_ASSERT(g_rank != g_victim, "the victim is still alive");
     res.prep_tries = __atomic_load_n(&g_prep_tries, __ATOMIC_RELAXED);
 
     /* only the survivors from here (MPI_COMM_WORLD still names the dead rank) */
     MPI_Comm surv = MPI_COMM_NULL;
-    if (g_mode == MODE_DEADCOMM || g_mode == MODE_PREPABORT || g_mode == MODE_TRIM ||
-        g_mode == MODE_NOFINISH) {
+    if (g_victim < 0) {
         MPI_Comm_dup(MPI_COMM_WORLD, &surv);
     } else {
         MPI_Group wg, sg;
-        int victim = VICTIM;
+        int victim = g_victim;
         MPI_Comm_group(MPI_COMM_WORLD, &wg);
         MPI_Group_excl(wg, 1, &victim, &sg);
         MT_ASSERT(MPI_Comm_create_group(MPI_COMM_WORLD, sg, 4711, &surv) == MPI_SUCCESS,
@@ -670,15 +718,15 @@ int main(int argc, char **argv)
     _Static_assert(sizeof(result) == RESULT_N * sizeof(int64_t), "result is RESULT_N int64_t");
     MPI_Allreduce(&res, lo, RESULT_N, MPI_INT64_T, MPI_MIN, surv);
     MPI_Allreduce(&res, hi, RESULT_N, MPI_INT64_T, MPI_MAX, surv);
-    if (g_mode == MODE_JOIN) {
+    if (g_mode == FAULT_JOIN) {
         MT_ASSERT(lo[0] == 1 && hi[0] == 1 && lo[1] == 2 && lo[2] == 0 && hi[2] == 0,
                   "every survivor switched once, to the recovery (generation 2) at step 0");
         MT_ASSERT(lo[4] >= 3, "the survivors trained after the recovery");
-    } else if (g_mode == MODE_BUILD) {
+    } else if (g_mode == FAULT_BUILD) {
         MT_ASSERT(lo[3] == 1 && hi[3] == 1, "every survivor's switch to generation 2 failed once");
         MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
                   "every survivor then switched to the recovery (generation 3) at one step");
-    } else if (g_mode == MODE_NOFINISH) {
+    } else if (g_mode == FAULT_NOFINISH) {
         /* two members ran the steps, the idle rank none, and it was released in time */
         MT_ASSERT(lo[4] == 0 && hi[4] == NOFINISH_AT, "steps %lld..%lld", (long long)lo[4],
                   (long long)hi[4]);
@@ -689,7 +737,7 @@ int main(int argc, char **argv)
                   "the idle rank waited %lld ms for the end of a job whose members stopped "
                   "without tide_finish",
                   (long long)most);
-    } else if (g_mode == MODE_PREPDIE) {
+    } else if (g_mode == FAULT_PREPDIE) {
         MT_ASSERT(lo[10] >= 1, "a survivor's preparation thread never began a build ahead");
         MT_ASSERT(lo[3] == 0 && hi[3] == 0 && hi[7] == 0,
                   "no switch step ran for the generation whose build ahead lost a member, and "
@@ -697,14 +745,14 @@ int main(int argc, char **argv)
         MT_ASSERT(lo[0] == 1 && lo[1] == 3 && hi[1] == 3 && lo[2] == hi[2],
                   "every survivor switched once, to the recovery (generation 3), at one step");
         MT_ASSERT(lo[4] >= FAIL_STEP + 3, "the survivors trained after the recovery");
-    } else if (g_mode == MODE_TRIM) {
+    } else if (g_mode == FAULT_TRIM) {
         MT_ASSERT(hi[11] == 1,
                   "the leaving rank freed its pool before reporting done: tided did not commit "
                   "the generation while its trim waited (seen %lld)",
                   (long long)hi[11]);
         MT_ASSERT(lo[3] == 0 && lo[1] == 2 && hi[1] == 2 && lo[2] == hi[2],
                   "every rank switched to generation 2 at one step");
-    } else if (g_mode == MODE_PREPABORT) {
+    } else if (g_mode == FAULT_PREPABORT) {
         MT_ASSERT(lo[9] >= 5,
                   "every rank built the aborted generation's communicators ahead (5: the "
                   "switch's, all, tp, dp, pp): at least %lld made on the preparation thread",

@@ -1,8 +1,9 @@
 /*
  * MPI integration test of host heartbeats (worker/hostbeat.c) with the real tided
  * (--heartbeat-ms 200, --miss-limit 8: failure after 1.6 s) and its Prometheus metrics.
- * Four ranks on this host. Usage, under mpirun (with --enable-recovery for the modes that
- * kill a rank): test_worker_hostbeat TIDED MODE
+ * Four ranks on this host. Usage, under mpirun (with --enable-recovery for the scenarios
+ * that kill a rank): test_worker_hostbeat TIDED SCENARIO, a row of
+ * tests/scenarios/test_worker_hostbeat.h (--list prints them):
  *   count   over 3 s tided gets one heartbeat message per period carrying the four ranks'
  *           heartbeats (tide_heartbeat_messages_total against tide_heartbeats_total);
  *           the same ranks with TIDE_HEARTBEAT_AGGREGATE=0 send one message each; the
@@ -31,13 +32,20 @@
 #include "coord_harness.h"
 #include "core/clock.h"
 #include "mpi_test.h"
+#include "tests/support/scenario.h"
 
 #define HB_MS   200
 #define MISS    8
 #define NRANKS  4
 #define PERIODS 15 /* the metrics window: 3 s */
 
-enum { MODE_COUNT, MODE_MEMBER, MODE_LEADER };
+/* The scenarios (tests/scenarios/test_worker_hostbeat.h): counting, or a rank killed. */
+static const mt_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status)            \
+    {name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status},
+#include "scenarios/test_worker_hostbeat.h"
+#undef ROW
+};
 static int g_rank, g_size, g_pids[NRANKS];
 
 static void fail_all(void)
@@ -167,13 +175,18 @@ static tide_t *start(const char *endpoint, int aggregate, int32_t *ids)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
-        fprintf(stderr, "usage: test_worker_hostbeat TIDED count|member|leader\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 2, scenarios, &row))
+        return 0; /* --list */
+    mt_scenario sc;
+    if (argc < 3 || row == NULL || mt_scenario_parse(row, &sc) != TIDE_OK ||
+        (sc.kill.when[0] != '\0' &&
+         (strcmp(sc.kill.when, "now") != 0 || sc.kill.rank < 0 || sc.kill.rank >= NRANKS - 1))) {
+        fprintf(stderr, "usage: test_worker_hostbeat TIDED SCENARIO (a kill is \"now at rN\", "
+                        "N below the last rank)\n");
         return 2;
     }
-    int mode = strcmp(argv[2], "count") == 0    ? MODE_COUNT
-               : strcmp(argv[2], "member") == 0 ? MODE_MEMBER
-                                                : MODE_LEADER;
+    int victim = sc.kill.rank; /* -1: nobody dies, the messages are counted */
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     const char *size_env = getenv("OMPI_COMM_WORLD_SIZE");
     int checker = rank_env != NULL && size_env != NULL && atoi(rank_env) == atoi(size_env) - 1;
@@ -194,7 +207,8 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    MT_ASSERT(g_size == NRANKS, "run with %d ranks, not %d", NRANKS, g_size);
+    MT_ASSERT(g_size == NRANKS && row->ranks == NRANKS, "run with %d ranks, not %d", NRANKS,
+              g_size);
     int mypid = (int)getpid();
     MPI_Allgather(&mypid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
     char endpoint[256] = "", done[320] = "";
@@ -211,7 +225,7 @@ int main(int argc, char **argv)
     MPI_Barrier(MPI_COMM_WORLD);
     tide_sleep_ms(HB_MS * 5); /* every rank published; the leader leads */
     const uint64_t fail_ms = (uint64_t)HB_MS * MISS;
-    if (mode == MODE_COUNT) {
+    if (victim < 0) {
         if (checker)
             check_window(port, NRANKS, "aggregated");
         MPI_Barrier(MPI_COMM_WORLD);
@@ -236,7 +250,6 @@ int main(int argc, char **argv)
         }
         MPI_Barrier(MPI_COMM_WORLD);
     } else {
-        int victim = mode == MODE_MEMBER ? 1 : 0;
         if (g_rank == victim) {
             fprintf(stderr, "[rank %d] killed (the host's %s)\n", g_rank,
                     victim == 0 ? "leader" : "non-leader");
@@ -276,7 +289,7 @@ int main(int argc, char **argv)
             }
         }
     }
-    if (mode == MODE_COUNT && checker) {
+    if (victim < 0 && checker) {
         printf("test_worker_hostbeat: passed\n");
         fflush(stdout);
     }

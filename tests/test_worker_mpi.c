@@ -59,16 +59,30 @@
 #include "core/error.h"
 #include "mpi_test.h"
 #include "proto/proto.h"
+#include "tests/support/scenario.h"
 
 #define LAYERS    6
 #define MAX_STEPS 4000
 #define MAX_GEN   8
 #define JOB       "wtest"
 
-static const int plan_dp[] = {2, 1, 2, 1, 3}, plan_tp[] = {1, 2, 1, 2, 2},
-                 plan_pp[] = {2, 3, 1, 2, 1};
-#define N_GENS   5
-#define GIVE_GEN 3 /* after the switch to it, the runtime owns every rank's buffers */
+/* The scenario (tests/scenarios/test_worker_mpi.h): the generic columns, then the
+   generation after whose switch the runtime owns every rank's buffers. */
+typedef struct worker_row {
+    mt_row r;
+    int give;
+} worker_row;
+
+static const worker_row scenarios[] = {
+#define ROW(name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status, ...)       \
+    {{name, ranks, timeout, labels, mpi, first, resizes, kill, ckpt, gen, status}, __VA_ARGS__},
+#include "scenarios/test_worker_mpi.h"
+#undef ROW
+};
+
+static mt_layout g_gen[MAX_GEN]; /* generation g + 1's layout: the first, then the resizes */
+static int g_n_gens;             /* the generation the job ends in */
+static int g_give;               /* after the switch to it, the runtime owns the buffers */
 /* The most communicators a rank holds during a switch: the old layout's all/tp/dp/pp and
    the new layout's (what tide__build_groups promises). */
 #define COMM_BOUND 8
@@ -626,7 +640,7 @@ static void *controller(void *arg)
     int next = 1;
     int64_t last_switch = 0;
     uint64_t deadline = tide_now_ns() + 90ull * 1000000000ull;
-    while (next < N_GENS && tide_now_ns() < deadline && !cs->error) {
+    while (next < g_n_gens && tide_now_ns() < deadline && !cs->error) {
         tide_msg_t q, r;
         tide_msg_init(&q, TIDE_MSG_JOBS);
         if (request(s, &q, &r) != 0) {
@@ -652,9 +666,9 @@ static void *controller(void *arg)
         }
         tide_msg_init(&q, TIDE_MSG_RESIZE);
         snprintf(q.u.resize.job, sizeof q.u.resize.job, JOB);
-        q.u.resize.dp = plan_dp[next];
-        q.u.resize.tp = plan_tp[next];
-        q.u.resize.pp = plan_pp[next];
+        q.u.resize.dp = g_gen[next].dp;
+        q.u.resize.tp = g_gen[next].tp;
+        q.u.resize.pp = g_gen[next].pp;
         q.u.resize.placement = TIDE_PLACEMENT_DEFAULT;
         if (request(s, &q, &r) != 0 || r.type != TIDE_MSG_RESIZE_REPLY) {
             snprintf(cs->why, sizeof cs->why, "resize %d refused: %s", next,
@@ -724,10 +738,20 @@ int main(int argc, char **argv)
 {
     const char *rank_env = getenv("OMPI_COMM_WORLD_RANK");
     int is_root = rank_env != NULL && strcmp(rank_env, "0") == 0;
-    if (argc < 2) {
-        fprintf(stderr, "usage: test_worker_mpi PATH_TO_TIDED\n");
+    const mt_row *row = NULL;
+    if (MT_ROWS_SELECT(argc, argv, 2, scenarios, &row))
+        return 0; /* --list */
+    mt_scenario sc;
+    if (argc < 2 || row == NULL || mt_scenario_parse(row, &sc) != TIDE_OK || !sc.has_first ||
+        row->gen != sc.n_resizes + 1 || row->gen >= MAX_GEN) {
+        fprintf(stderr, "usage: test_worker_mpi PATH_TO_TIDED (its scenario: a first layout "
+                        "and resizes, ending in generation 1 + resizes)\n");
         return 2;
     }
+    g_n_gens = row->gen;
+    g_give = ((const worker_row *)(const void *)row)->give;
+    g_gen[0] = sc.first;
+    memcpy(&g_gen[1], sc.resize, (size_t)sc.n_resizes * sizeof sc.resize[0]);
     if (is_root)
         start_tided(argv[1]); /* before MPI_Init: fork is safe here */
     is_main = 1;
@@ -736,7 +760,7 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MT_ASSERT(size == 6, "run with 6 ranks, not %d", size);
+    MT_ASSERT(size == row->ranks, "run with %d ranks, not %d", row->ranks, size);
 
     ctl_state cs;
     memset(&cs, 0, sizeof cs);
@@ -780,7 +804,7 @@ int main(int argc, char **argv)
     pre.t = t;
     MT_OK(tide_set_prepare(t, prepare, &pre));
     tide_collection_t *coll = make_collection();
-    tide_join_req jr = {JOB, coll, plan_dp[0], plan_tp[0], plan_pp[0], 2, 0, NULL, 0};
+    tide_join_req jr = {JOB, coll, g_gen[0].dp, g_gen[0].tp, g_gen[0].pp, 2, 0, NULL, 0};
     MT_OK(tide_join(t, &jr));
     const tide_view *v = tide_view_get(t);
     MT_ASSERT(v->generation == 1, "first generation is 1, got %llu",
@@ -842,7 +866,7 @@ int main(int argc, char **argv)
                 if (v->member)
                     check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank,
                                  tide_buffers(t), s, "before the in-place switch");
-                if (g == GIVE_GEN + 1) {
+                if (g == (uint64_t)g_give + 1) {
                     tide_status rc = tide_reshard(t, tide_buffers(t), NULL);
                     MT_ASSERT(rc == TIDE_ERR_INVALID &&
                                   strstr(tide_last_error(), "the runtime owns") != NULL,
@@ -858,7 +882,7 @@ int main(int argc, char **argv)
                     check_shards(coll, v->layout, v->pp_rank, v->dp_rank, v->tp_rank,
                                  tide_buffers(t), s, "after the in-place switch");
                 switch_at[g] = s;
-                if (g == N_GENS)
+                if (g == (uint64_t)g_n_gens)
                     final_at = s;
                 continue;
             }
@@ -890,9 +914,9 @@ int main(int argc, char **argv)
             tide_free_buffers(t, &bufs);
             bufs = nb;
             switch_at[g] = s;
-            if (g == N_GENS)
+            if (g == (uint64_t)g_n_gens)
                 final_at = s;
-            if (g == GIVE_GEN) {
+            if (g == (uint64_t)g_give) {
                 /* from now on the runtime owns the buffers; the program prepares nothing,
                    so every allocation on libtide's threads is its pool reservation */
                 MT_OK(tide_set_prepare(t, NULL, NULL));
@@ -928,7 +952,7 @@ int main(int argc, char **argv)
     if (rank == 0) {
         pthread_join(th, NULL);
         MT_ASSERT(!cs.error, "controller: %s", cs.why);
-        MT_ASSERT(cs.sent == N_GENS - 1, "controller sent %d resizes", cs.sent);
+        MT_ASSERT(cs.sent == g_n_gens - 1, "controller sent %d resizes", cs.sent);
     }
     /* every participant switched at one agreed step */
     int64_t lo[MAX_GEN], hi[MAX_GEN], sz[MAX_GEN], tmp[MAX_GEN];
@@ -937,17 +961,17 @@ int main(int argc, char **argv)
     MPI_Allreduce(tmp, lo, MAX_GEN, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(switch_at, hi, MAX_GEN, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(gen_size, sz, MAX_GEN, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-    for (int g = 1; g <= N_GENS; g++)
+    for (int g = 1; g <= g_n_gens; g++)
         MT_ASSERT(hi[g] >= 0 && lo[g] == hi[g],
                   "generation %d: switch steps differ between ranks (%lld..%lld)", g,
                   (long long)lo[g], (long long)hi[g]);
     /* each step ran once on every member of the layout active then */
     static int total[MAX_STEPS];
     MPI_Allreduce(ran, total, MAX_STEPS, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    int64_t end = hi[N_GENS] + 4;
+    int64_t end = hi[g_n_gens] + 4;
     for (int64_t k = 0; k < MAX_STEPS; k++) {
         int g = 0;
-        for (int x = 1; x <= N_GENS; x++)
+        for (int x = 1; x <= g_n_gens; x++)
             if (hi[x] <= k)
                 g = x;
         int want = k < end ? (int)sz[g] : 0;

@@ -13,10 +13,13 @@ set_tests_properties(test_worker_switch PROPERTIES
                      FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
 
 if(TARGET tided)
-  tide_add_mpi_test(test_worker_mpi NP 6 SOURCES test_worker_mpi.c
-                    LIBS tide_worker tide_proto PkgConfig::ZMQ
-                    ARGS $<TARGET_FILE:tided> TIMEOUT 120)
+  add_executable(test_worker_mpi test_worker_mpi.c)
+  target_link_libraries(test_worker_mpi PRIVATE tide_worker tide_proto PkgConfig::ZMQ MPI::MPI_C
+                                                tide_test_support tide_core)
+  target_include_directories(test_worker_mpi PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   add_dependencies(test_worker_mpi tided)
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_worker_mpi.h
+                     PREFIX test_worker_mpi TARGET test_worker_mpi ARGS $<TARGET_FILE:tided>)
 
   # Failures around communicators (tests/test_worker_faults.c): a member dying while
   # tide_join builds the first layout's communicators, one dying while a switch builds
@@ -27,22 +30,14 @@ if(TARGET tided)
   # keeps MPI_Finalize from waiting for it (see collectives.cmake).
   add_executable(test_worker_faults test_worker_faults.c)
   target_link_libraries(test_worker_faults PRIVATE tide_worker tide_proto PkgConfig::ZMQ
-                                                   MPI::MPI_C tide_core)
+                                                   MPI::MPI_C tide_test_support tide_core)
   target_include_directories(test_worker_faults PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   add_dependencies(test_worker_faults tided)
-  foreach(mode join build deadcomm nofinish prepdie prepabort trim)
-    if(mode STREQUAL "deadcomm")
-      set(np 2)
-    else()
-      set(np 3)
-    endif()
-    tide_add_mpi_test(test_worker_faults_${mode} NP ${np} TARGET test_worker_faults
-                      ARGS $<TARGET_FILE:tided> ${mode} TIMEOUT 150
-                      MPI_FLAGS --enable-recovery --mca async_mpi_finalize 1)
-    set_tests_properties(test_worker_faults_${mode} PROPERTIES
-                         PASS_REGULAR_EXPRESSION "test_worker_faults: passed"
-                         FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
-  endforeach()
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_worker_faults.h
+                     PREFIX test_worker_faults TARGET test_worker_faults
+                     ARGS $<TARGET_FILE:tided> SCENARIO
+                     PASS "test_worker_faults: passed"
+                     FAIL "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
 endif()
 
 # Host heartbeats with the real tided (tests/test_worker_hostbeat.c): four ranks send one
@@ -52,19 +47,12 @@ endif()
 if(TARGET tided)
   add_executable(test_worker_hostbeat test_worker_hostbeat.c)
   target_link_libraries(test_worker_hostbeat PRIVATE tide_worker tide_proto PkgConfig::ZMQ
-                                                     MPI::MPI_C tide_core)
+                                                     MPI::MPI_C tide_test_support tide_core)
   target_include_directories(test_worker_hostbeat PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   add_dependencies(test_worker_hostbeat tided)
-  foreach(mode count member leader)
-    if(mode STREQUAL "count")
-      set(flags "")
-    else()
-      set(flags --enable-recovery --mca async_mpi_finalize 1)
-    endif()
-    tide_add_mpi_test(test_worker_hostbeat_${mode} NP 4 TARGET test_worker_hostbeat
-                      ARGS $<TARGET_FILE:tided> ${mode} TIMEOUT 120 MPI_FLAGS ${flags})
-    set_tests_properties(test_worker_hostbeat_${mode} PROPERTIES
-                         PASS_REGULAR_EXPRESSION "test_worker_hostbeat: passed"
-                         FAIL_REGULAR_EXPRESSION "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
-  endforeach()
+  tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_worker_hostbeat.h
+                     PREFIX test_worker_hostbeat TARGET test_worker_hostbeat
+                     ARGS $<TARGET_FILE:tided> SCENARIO
+                     PASS "test_worker_hostbeat: passed"
+                     FAIL "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
 endif()

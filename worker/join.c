@@ -35,6 +35,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "worker/tide_int.h"
 
@@ -89,21 +90,16 @@ static void jc_release(jconn *j)
     tide_free(j);
 }
 
-/* Tests: TIDE_JOIN_FAULT=STAGE:R makes job rank R exit (code 86) at STAGE of the
-   connection, leaving its peers inside MPI there. "connect": the joining pool's rank R
-   before its pool's first rank connects (the job's side waits in accept, holding
-   nothing); "merge": rank R of either side once both sides have met in
-   MPI_Intercomm_create, so that every other process is inside MPI_Intercomm_merge's
-   context-id agreement when it dies: the window that can leave Open MPI state behind. */
+/* The join's fault points (core/fault.h), inert unless a test hook is installed
+   (tests/support/faults.c: TIDE_JOIN_FAULT=STAGE:R makes job rank R exit there).
+   "connect": the joining pool's rank before its pool's first rank connects (the job's
+   side waits in accept, holding nothing); "merge": a rank of either side once both
+   sides have met in MPI_Intercomm_create, so that every other process is inside
+   MPI_Intercomm_merge's context-id agreement when it dies: the window that can leave
+   Open MPI state behind. */
 static void join_fault(const jconn *j, const char *stage)
 {
-    const char *f = getenv("TIDE_JOIN_FAULT");
-    size_t n = strlen(stage);
-    if (f == NULL || strncmp(f, stage, n) != 0 || f[n] != ':' || atoi(f + n + 1) != j->jrank)
-        return;
-    TIDE_WARN(SUBSYS, "TIDE_JOIN_FAULT=%s: job rank %d exits at stage %s of the join", f, j->jrank,
-              stage);
-    _exit(86);
+    tide__fault_point("join", stage, (long)j->jrank);
 }
 
 static void set_phase(jconn *j, int phase)

@@ -1,7 +1,8 @@
 /*
- * proto: random valid messages for property tests, fuzz seed corpora and load
- * generators. Every struct field is set explicitly (not through the schema
- * tables), so a round trip through encode/decode checks the tables too.
+ * Test support: random valid proto messages and records for property tests, fuzz seed
+ * corpora and load generators (kept out of tide_proto: generators do not ship). Every
+ * struct field is set explicitly (not through the schema tables), so a round trip
+ * through encode/decode checks the tables too.
  * Values hit their limits often (0, maxima, longest strings) because that is
  * where encoders and decoders break. Arrays stay small to keep tests fast.
  */
@@ -9,7 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "proto/proto.h"
+#include "tests/support/proto_sample.h"
 
 typedef struct rng {
     uint64_t *s;

@@ -1,10 +1,10 @@
 /*
- * Plan checking: the validator proves a plan byte by byte against the
- * layouts (every new local byte written exactly once, from a live worker
- * whose old buffer holds that same global byte), and the simulator executes
- * a plan on host buffers. Both serve tests and offline checks: the validator
- * costs O(runs log runs) and memory per run, so it is meant for test-sized
- * plans, not for a 175B model on every resize.
+ * Test support: plan checking. The validator proves a plan byte by byte against the
+ * layouts (every new local byte written exactly once, from a live worker whose old
+ * buffer holds that same global byte), and the simulator executes a plan on host
+ * buffers. Both serve tests only (kept out of tide_reshard): the validator costs
+ * O(runs log runs) and memory per run, so it is meant for test-sized plans, not for a
+ * 175B model on every resize. Reads the planner's geometry (reshard/reshard_int.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "reshard/reshard_int.h"
+#include "tests/support/plan_check.h"
 
 void tide_plan_simulate(const tide_plan_t *plan, void *const *const *old_bufs,
                         void *const *const *new_bufs)

@@ -2,7 +2,7 @@
  * Writes the fuzzer's seed corpus: N valid encoded messages of every type
  * (tide_proto_sample), one file each, plus a libFuzzer dictionary of every map
  * key and enum string seen in them (msgpack-encoded, so mutations splice whole
- * keys). Usage: proto_corpus DIR [N] [DICT]. Built with -DTIDE_FUZZ=ON.
+ * keys). Usage: proto_corpus DIR [N] [DICT]. Built with -DTIDE_FUZZ=ON (scripts/fuzz.sh).
  */
 #include <msgpack.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "proto/proto.h"
+#include "tests/support/proto_sample.h"
 
 /* Appends every string inside o to dict once (a linear scan: the dictionary is small). */
 static void collect(FILE *dict, char (*seen)[64], int *n_seen, const msgpack_object *o)

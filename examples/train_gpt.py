@@ -75,6 +75,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--resume", help="start from the newest checkpoint under this root")
     ap.add_argument("--kill-rank", type=int, default=-1, help="test: this pool rank dies...")
     ap.add_argument("--kill-at", type=int, default=-1, help="...at the start of this step")
+    ap.add_argument("--kill-file", help="...or at the start of the first step once this file "
+                    "exists")
     ap.add_argument("--time-out", help="append 'step seconds' lines (the layout's first rank)")
     return ap.parse_args(argv)
 
@@ -95,7 +97,10 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.head_dim = hidden // heads
-        self.qkv = tt.ColumnParallelLinear(hidden, 3 * hidden, segments=3)
+        # no qkv bias: the key's bias adds the same score to every key of a query, which
+        # softmax ignores, so its gradient is rounding noise that Adam would amplify into
+        # updates of full size (and runs differing only in sum order would drift apart)
+        self.qkv = tt.ColumnParallelLinear(hidden, 3 * hidden, bias=False, segments=3)
         self.proj = tt.RowParallelLinear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +220,8 @@ def main(argv: List[str]) -> int:
                 print("train_gpt: generation %d (dp %d, tp %d, pp %d, micro %d) from step %d" % (
                     v.generation, L.dp, L.tp, L.pp, L.micro_batches, step), flush=True)
             gen = v.generation
-            if me == a.kill_rank and step == a.kill_at:
+            if me == a.kill_rank and (step == a.kill_at or (a.kill_file and
+                                                            os.path.exists(a.kill_file))):
                 print("train_gpt: rank %d (worker %d) dies at step %d" % (me, rt.worker_id, step),
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -16,9 +16,9 @@ optimizer. ColumnParallelLinear and RowParallelLinear are Megatron's tensor-para
 linears. Checkpoints: el.checkpoint(root), el.checkpoint_every(root, n),
 Elastic(..., resume=root) in any layout.
 """
-from .elastic import Elastic
+from .elastic import Elastic, collection
 from .layers import ColumnParallelLinear, RowParallelLinear, TPContext, local_features
 from .plan import Plan
 
-__all__ = ["ColumnParallelLinear", "Elastic", "Plan", "RowParallelLinear", "TPContext",
+__all__ = ["ColumnParallelLinear", "Elastic", "collection", "Plan", "RowParallelLinear", "TPContext",
            "local_features"]

@@ -37,6 +37,24 @@ def _invalid(msg: str) -> TideError:
     return TideError(Status.ERR_INVALID, msg)
 
 
+def _collection_of(d: Declared) -> core.Collection:
+    coll = core.Collection(d.num_layers)
+    for e in d.entries:
+        coll.add(e.name, e.shape, e.dtype, layer=e.layer, tp_split=e.tp_split,
+                 tp_segments=e.tp_segments)
+    return coll
+
+
+def collection(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+               plan: Optional[Plan] = None,
+               extra: Optional[Mapping[str, Any]] = None) -> core.Collection:
+    """The tensor collection Elastic declares for these (same names, shapes, rules): what
+    tide.Collection.assemble and extract need to gather or split the state outside a job
+    (tools, tests, a checkpoint read back)."""
+    return _collection_of(declare(model, optimizer, plan if plan is not None else Plan(),
+                                  {k: torch.as_tensor(v) for k, v in (extra or {}).items()}))
+
+
 class Elastic:
     """model and optimizer trained elastically in online job `job` (see the module doc).
 
@@ -84,11 +102,7 @@ class Elastic:
         self.params = dict(self.model.named_parameters())
         self.decl: Declared = declare(self.model, self.opt, self.plan,
                                       {k: torch.as_tensor(v) for k, v in extra.items()})
-        coll = core.Collection(self.decl.num_layers)
-        for e in self.decl.entries:
-            coll.add(e.name, e.shape, e.dtype, layer=e.layer, tp_split=e.tp_split,
-                     tp_segments=e.tp_segments)
-        self.coll = coll
+        self.coll = coll = _collection_of(self.decl)
         self._state_of: Dict[str, List[Entry]] = {}
         for e in self.decl.entries:
             if e.key is not None:

@@ -10,8 +10,8 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
     set(_py /usr/bin/python3)
   endif()
   string(REPLACE ";" " " _mpirun "${TIDE_MPIEXEC};${TIDE_MPIEXEC_FLAGS}")
-  set(_pytest -m pytest -q -rs -p no:cacheprovider --color=no --build ${PROJECT_BINARY_DIR}
-              --mpirun "${_mpirun}")
+  # the build and mpirun reach conftest.py through the environment (its options' defaults)
+  set(_pytest -m pytest -q -rs -p no:cacheprovider --color=no)
   set(_pydir ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # tide_add_pytest(NAME FILE [NP n] [TIMEOUT s] [LABELS ...]): NP: run under mpirun -np n
   function(tide_add_pytest name file)
@@ -20,12 +20,15 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
       set(P_TIMEOUT 300)
     endif()
     if(P_NP)
-      set(cmd ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS} -np ${P_NP} ${_py} ${_pytest} ${_pydir}/${file})
+      set(cmd ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS} -np ${P_NP} ${_py} ${_pytest}
+              --rootdir=${_pydir} ${_pydir}/${file})
     else()
-      set(cmd ${_py} ${_pytest} ${_pydir}/${file})
+      set(cmd ${_py} ${_pytest} --rootdir=${_pydir} ${_pydir}/${file})
     endif()
     add_test(NAME ${name} COMMAND ${cmd})
     _tide_test_props(${name} "python;${P_LABELS}" ${P_TIMEOUT})
+    set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT "TIDE_BUILD_DIR=${PROJECT_BINARY_DIR}"
+                 "TIDE_TEST_MPIRUN=${_mpirun}")
   endfunction()
   # every public call of the binding fed bad input; struct mirrors checked
   tide_add_pytest(test_python_api test_api.py NP 2 LABELS mpi)

@@ -11,7 +11,8 @@ ranks, global batch and data order), whose whole state it saves:
   recover: a rank killed inside a step under `mpirun --enable-recovery`, the survivors
            recovering from its dp replica: losses before the kill bit-identical, the final
            state and the later losses within the same tolerance.
-  device:  the GPU path (TIDE_TEST_DEVICE=cuda; cpu runs it on the mpi backend) on 2 ranks
+  device:  the GPU path (TIDE_TEST_DEVICE=cuda; cpu runs it on the mpi backend; unset: skip)
+           on 2 ranks
            resized live (dp 2, pp 1) -> (dp 1, pp 2) -> (dp 2, pp 1), compared as above.
 A driver: plain pytest (no MPI in it) launching the jobs."""
 from __future__ import annotations
@@ -127,7 +128,9 @@ def test_recover(cluster, tmp_path):
 
 
 def test_device_resize(cluster, tmp_path):
-    dev = os.environ.get("TIDE_TEST_DEVICE", "cpu")
+    dev = os.environ.get("TIDE_TEST_DEVICE")
+    if dev is None:  # the cpu run is gpu-check --cpu-dry's; the GPU run test_python_gpu_train's
+        pytest.skip("TIDE_TEST_DEVICE (cpu or cuda) not set")
     ngpu = 1
     if dev == "cuda":
         from gpu import require_cuda

@@ -77,8 +77,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--kill-at", type=int, default=-1, help="...at the start of this step")
     ap.add_argument("--kill-file", help="...or at the start of the first step once this file "
                     "exists")
-    ap.add_argument("--time-out", help="append 'step start' lines: the wall-clock time (s) each "
-                    "step began, switches included (the layout's first rank)")
+    ap.add_argument("--time-out", help="append 'step start end' lines: the wall-clock times (s) "
+                    "each step began and its train_step ended (the layout's first rank)")
     return ap.parse_args(argv)
 
 
@@ -226,11 +226,12 @@ def main(argv: List[str]) -> int:
                 print("train_gpt: rank %d (worker %d) dies at step %d" % (me, rt.worker_id, step),
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if a.time_out and v.coord == (0, 0, 0):  # what a user sees: step to step
-                with open(a.time_out, "a") as f:
-                    f.write("%d %.6f\n" % (step, time.time()))
+            t_start = time.time()
             x, y = batch(a, data, step)
             loss = el.train_step(el.shard(x), el.shard(y), loss_fn, schedule=a.schedule)
+            if a.time_out and v.coord == (0, 0, 0):  # what a user sees: step to step
+                with open(a.time_out, "a") as f:
+                    f.write("%d %.6f %.6f\n" % (step, t_start, time.time()))
             if math.isnan(loss):
                 print("train_gpt: rank %d: step %d failed (a peer died); redone" % (me, step),
                       flush=True)

@@ -159,6 +159,12 @@ def test_runtime_and_join(tided):
     ck.expect("join fit first layout (C)",
            lambda: rt.join("api", c, dp=1, tp=2, fit=[("dp", 4), ("tp", 3, "the heads")]), I,
            "tp 2 does not divide 3 (the heads)")
+    N = Status.ERR_NOT_FOUND
+    ck.expect("join resume type", lambda: rt.join("api", c, resume=5), I, "checkpoint path")
+    ck.expect("join resume absent (C)", lambda: rt.join("api", c, resume="/nonexistent/ck"), N,
+              "tide_checkpoint_find")
+    ck.expect("find_checkpoint empty", lambda: tide.find_checkpoint(""), I, "non-empty str")
+    ck.expect("load_checkpoint before join", lambda: rt.load_checkpoint({}, "/x"), I, "join first")
     rt.join("api-ok", c, dp=2, tp=1, pp=1, fit=[("dp", 4, "the batch"), ("tp", 8)])
     ck.expect("add after join", lambda: c.add("late", (4,)), I, "frozen")
     ck.expect("join twice", lambda: rt.join("api-ok", c), I, "already joined")
@@ -193,7 +199,16 @@ def test_buffers(tided):
 def test_step_and_collectives(tided):
     global c, lay, lay3, info, full, sh, rt, st, x, me, keep, good, new, nv, a
     ck = Checks(ME)
+    ck.expect("checkpoint root type", lambda: rt.checkpoint(5), I, "checkpoint root")
+    ck.expect("checkpoint_every every", lambda: rt.checkpoint_every("/tmp/ck", -1), I, "every")
+    ck.expect("checkpoint_every keep", lambda: rt.checkpoint_every("/tmp/ck", 1, "2"), I, "keep")
+    ck.expect("load_checkpoint no path", lambda: rt.load_checkpoint(st), I, "no path")
+    ck.expect("load_checkpoint state", lambda: rt.load_checkpoint({"w": st["w"]}, "/x"), I,
+              "lacks tensors")
+    ck.expect("load_checkpoint absent (C)", lambda: rt.load_checkpoint(st, "/nonexistent/ck"),
+              Status.ERR_NOT_FOUND, "tide_checkpoint_load")
     ck.ok("step_begin", rt.step_begin() is tide.Action.RUN)
+    ck.expect("checkpoint inside a step (C)", lambda: rt.checkpoint("/tmp/ck"), I, "inside step")
     x = torch.ones(4)
     ck.expect("allreduce group", lambda: rt.allreduce(x, "dp"), I, "tide.Group")
     ck.expect("allreduce tensor", lambda: rt.allreduce([1.0]), I, "torch.Tensor")

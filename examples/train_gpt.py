@@ -31,7 +31,9 @@ from typing import List, Tuple
 
 import mpi4py
 
-mpi4py.rc.thread_level = "funneled"  # libtide needs >= FUNNELED; everything on one thread
+# libtide needs >= FUNNELED; with MULTIPLE it builds an announced layout's communicators
+# while the old layout trains (the switch then does not wait for them)
+mpi4py.rc.thread_level = "multiple"
 from mpi4py import MPI  # noqa: E402
 
 import torch  # noqa: E402
@@ -218,8 +220,15 @@ def main(argv: List[str]) -> int:
             v = el.view
             if v.generation != gen and v.coord == (0, 0, 0):
                 L = v.layout
-                print("train_gpt: generation %d (dp %d, tp %d, pp %d, micro %d) from step %d" % (
-                    v.generation, L.dp, L.tp, L.pp, L.micro_batches, step), flush=True)
+                st = rt.last_reshard or {}
+                print("train_gpt: generation %d (dp %d, tp %d, pp %d, micro %d) from step %d; "
+                      "switch %.1f ms (wait %.1f, sync %.1f, groups %.1f, move %.1f; in Python: "
+                      "reshard %.1f, rebind %.1f)" % (
+                          v.generation, L.dp, L.tp, L.pp, L.micro_batches, step,
+                          st.get("total_ms", 0), st.get("wait_ms", 0), st.get("sync_ms", 0),
+                          st.get("groups_ms", 0), st.get("move_ms", 0),
+                          el.last_switch.get("reshard_ms", 0), el.last_switch.get("bind_ms", 0)),
+                      flush=True)
             gen = v.generation
             if me == a.kill_rank and (step == a.kill_at or (a.kill_file and
                                                             os.path.exists(a.kill_file))):

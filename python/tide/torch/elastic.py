@@ -19,6 +19,7 @@ is the gradient); a flag in the collection says whether it has.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -87,6 +88,8 @@ class Elastic:
         self._pending = False   # the step's gradients are summed: FINISH may apply them
         self._failed: Optional[TideError] = None
         self._in_step = False
+        #: the last switch in steps(): rt.reshard's and the rebinding's wall time, ms
+        self.last_switch: Dict[str, float] = {}
         try:
             self._setup(job, dp, tp, pp, micro_batches, dict(extra or {}), resume, fit)
         except BaseException:
@@ -380,7 +383,12 @@ class Elastic:
                 if self._ckpt_root is not None and self.member:
                     rt.checkpoint(self._ckpt_root)  # the old layout's state at this step
                     self._ckpt_root = None
-                self._bind(rt.reshard())
+                t0 = time.perf_counter()
+                new = rt.reshard()
+                t1 = time.perf_counter()
+                self._bind(new)
+                self.last_switch = {"reshard_ms": (t1 - t0) * 1e3,
+                                    "bind_ms": (time.perf_counter() - t1) * 1e3}
                 continue
             self.view = rt.view
             if a is Action.FINISH:

@@ -2,9 +2,10 @@
 # the real tided: SPMD files run under mpirun (every rank a pytest session, meeting in
 # tide's collectives), driver files as one process that launches the training programs
 # under mpirun (tests/python/conftest.py). A file whose every test skipped (torch or
-# mpi4py missing for /usr/bin/python3, no GPU) exits 77: skip. Not under the sanitizers:
-# python3 itself is not built with them, so an ASan libtide cannot load.
-if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
+# mpi4py missing for /usr/bin/python3, no GPU) exits 77: skip. Under the sanitizers only
+# the drivers that load no libtide into python3 (not built with them, so an ASan libtide
+# cannot load there): they run the sanitized programs and fail on a report in their logs.
+if(TARGET tide AND TARGET tided AND TARGET tidectl)
   set(_py ${TIDE_PYTHON})
   if(NOT _py)
     set(_py /usr/bin/python3)
@@ -30,6 +31,14 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
     set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT "TIDE_BUILD_DIR=${PROJECT_BINARY_DIR}"
                  "TIDE_TEST_MPIRUN=${_mpirun}")
   endfunction()
+  # the quickstart (C) saves, is killed and resumes under other dps, from tide-ckpt convert's
+  # output too
+  if(TARGET quickstart AND TARGET tide-ckpt)
+    tide_add_pytest(test_checkpoint_c test_checkpoint_c.py LABELS mpi)
+  endif()
+endif()
+
+if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
   # every public call of the binding fed bad input; struct mirrors checked
   tide_add_pytest(test_python_api test_api.py NP 2 LABELS mpi)
   # tide.torch's plan, optimizer probe and layers, one process, no tided
@@ -40,7 +49,7 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
   tide_add_pytest(test_python_gpt test_gpt.py LABELS mpi TIMEOUT 600)
   # a stack of torch.nn.TransformerEncoderLayer made elastic in a few lines
   tide_add_pytest(test_python_encoder test_encoder.py LABELS mpi)
-  # save, kill, resume into another layout from Python and from C; tide-ckpt convert
+  # train_gpt: save (its own and tidectl's), kill, resume into other layouts; tide-ckpt convert
   tide_add_pytest(test_python_checkpoint test_checkpoint.py LABELS mpi TIMEOUT 400)
   # the GPU path: rt.device, CUDA tensors of another device or index refused, collectives
   # and a reshard on device tensors; then train_torch --device cuda resized live. Skips

@@ -94,9 +94,12 @@ static int parse(int argc, char **argv, args *a)
     return 0;
 }
 
+/* The failure with its detail (what tide_errorf said: the tensor, the file, the path). */
 static int fail(const char *what, tide_status rc)
 {
-    fprintf(stderr, "quickstart: %s: %s\n", what, tide_strerror(rc));
+    const char *detail = tide_last_error();
+    fprintf(stderr, "quickstart: %s: %s%s%s\n", what, tide_strerror(rc), detail[0] ? ": " : "",
+            detail);
     return 1;
 }
 

@@ -33,6 +33,9 @@
  */
 #include <dlfcn.h>
 #include <limits.h>
+#include <link.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -822,23 +825,58 @@ static uint64_t mpi_direct_bytes(const tide_coll_comm_t *c)
 }
 
 /* cuPointerGetAttribute, looked up only in a process that has loaded the CUDA driver
-   already (RTLD_NOLOAD): a process without it has no device memory to hand us, and one
-   without a GPU must not start to load it here. The values are the driver's ABI
-   (cuda.h): CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2, CU_POINTER_ATTRIBUTE_IS_MANAGED 8,
+   already: a process without it has no device memory to hand us, and one without a GPU
+   must not start to load it here. The values are the driver's ABI (cuda.h):
+   CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2, CU_POINTER_ATTRIBUTE_IS_MANAGED 8,
    CU_MEMORYTYPE_DEVICE 2. */
 typedef int (*cu_ptr_attr_fn)(void *data, int attribute, unsigned long long ptr);
 
-static tide_status host_check(const void *ptr, size_t bytes, const char *what)
+/* The driver's function once found (kept: the driver is never unloaded). Every buffer of
+   every switch is checked, so the lookup must be cheap: dlopen(RTLD_NOLOAD) of a library
+   that is not loaded searches the library path on disk (~1 ms each here, 0.4 s for a
+   switch of 200 tensors); the loaded objects' names are walked in memory instead, and
+   the driver is looked for again only while it is absent (a program may load it later). */
+static _Atomic uintptr_t cu_get;
+
+static int is_cuda_driver(struct dl_phdr_info *info, size_t size, void *found)
 {
+    (void)size;
+    const char *base = strrchr(info->dlpi_name, '/');
+    base = base != NULL ? base + 1 : info->dlpi_name;
+    if (strncmp(base, "libcuda.so", 10) == 0)
+        *(int *)found = 1;
+    return *(int *)found;
+}
+
+static cu_ptr_attr_fn cuda_pointer_attr(void)
+{
+    uintptr_t f = atomic_load(&cu_get);
+    if (f != 0)
+        return (cu_ptr_attr_fn)f;
+    int found = 0;
+    dl_iterate_phdr(is_cuda_driver, &found);
+    if (!found)
+        return NULL;
     void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
     if (h == NULL)
+        return NULL;
+    f = (uintptr_t)dlsym(h, "cuPointerGetAttribute");
+    if (f == 0) {
+        dlclose(h);
+        return NULL;
+    }
+    atomic_store(&cu_get, f); /* h stays open: the function must stay mapped */
+    return (cu_ptr_attr_fn)f;
+}
+
+static tide_status host_check(const void *ptr, size_t bytes, const char *what)
+{
+    cu_ptr_attr_fn get = cuda_pointer_attr();
+    if (get == NULL)
         return TIDE_OK;
-    cu_ptr_attr_fn get = (cu_ptr_attr_fn)(uintptr_t)dlsym(h, "cuPointerGetAttribute");
     unsigned int type = 0, managed = 0;
-    int device = get != NULL && get(&type, 2, (unsigned long long)(uintptr_t)ptr) == 0 &&
-                 type == 2 &&
+    int device = get(&type, 2, (unsigned long long)(uintptr_t)ptr) == 0 && type == 2 &&
                  !(get(&managed, 8, (unsigned long long)(uintptr_t)ptr) == 0 && managed);
-    dlclose(h);
     if (device)
         return tide_errorf(TIDE_ERR_INVALID,
                            "%s (%zu bytes at %p) is GPU memory, but the mpi backend moves host "

@@ -246,7 +246,7 @@ class Trainer:
 
 def save_shards(rt: tide.Runtime, state: dict, view: tide.View, path: str) -> None:
     """This rank's local shards (copied to host memory) with their coordinate and layout:
-    what tests/python_check_state.py gathers into the full state."""
+    what tests/python/jobs.py's gather() assembles into the full state."""
     L = view.layout
     torch.save({"coord": view.coord, "layout": (L.dp, L.tp, L.pp, L.num_layers, L.micro_batches,
                                                 L.stage_start),

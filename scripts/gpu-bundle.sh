@@ -16,7 +16,8 @@
 #   build/     tide's programs, libtide.so and the GPU tests at their build-tree paths,
 #              stripped; gpu-tests.cmake.in, the gpu-labelled ctest tests with their paths
 #              as @TIDE_BUNDLE@, for gpu-check to write out
-#   src/       gpu-check.sh, the Python package and the Python tests and examples
+#   src/       gpu-check.sh, the Python package and the Python tests and examples; pylib/,
+#              pytest for a machine whose Python has none
 #   lib/       every shared library those programs and Open MPI's components load that
 #              is not the C runtime, the NVIDIA driver, the CUDA runtime, cuBLAS or NCCL
 #   lib/fallback/  of those, the base-system ones (libstdc++, zlib, krb5, ...), used only
@@ -122,7 +123,16 @@ strip "$OUT/build/cuda_query"
 mkdir -p "$OUT/src/scripts" "$OUT/src/tests" "$OUT/src/examples" "$OUT/src/python"
 cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/cuda_query.c" "$OUT/src/scripts/"
 cp "$ROOT/scripts/gpu-bundle-env.sh" "$OUT/env.sh"
-cp "$ROOT"/tests/*.py "$ROOT/tests/test_python.sh" "$ROOT/tests/lsan.supp" "$OUT/src/tests/"
+cp -r "$ROOT/tests/python" "$OUT/src/tests/"
+cp "$ROOT/tests/lsan.supp" "$OUT/src/tests/"
+# pytest and what it imports, pure Python, for a GPU machine's Python that lacks it
+# (gpu-check's python-gpu puts src/pylib on PYTHONPATH only then)
+mkdir -p "$OUT/src/pylib"
+PYLIB=$(/usr/bin/python3 -c 'import os, pytest; print(os.path.dirname(os.path.dirname(pytest.__file__)))') ||
+  die "no pytest for /usr/bin/python3 (scripts/install-deps.sh installs python3-pytest)"
+for m in pytest _pytest pluggy iniconfig packaging attr py py.py exceptiongroup tomli; do
+  if [ -e "$PYLIB/$m" ]; then cp -r "$PYLIB/$m" "$OUT/src/pylib/"; fi
+done
 cp "$ROOT"/examples/*.py "$OUT/src/examples/"
 cp -r "$ROOT/python/tide" "$OUT/src/python/"
 find "$OUT/src" -name __pycache__ -prune -exec rm -rf {} +

@@ -43,8 +43,9 @@
 #   gpu-tests (90)  ctest -L gpu -LE python (single-process GPU tests; a skip is a failure
 #                   here), run from a folder of its own so that a ctest running this script
 #                   keeps its own Testing/ logs; from a bundle, its gpu-tests.cmake.in
-#   python-gpu (120) the Python binding's GPU path (tests/test_python.sh device, the ctest
-#                   test_python_gpu): rt.device, CUDA tensors of another device or index
+#   python-gpu (120) the Python binding's GPU path under pytest (tests/python/test_device.py
+#                   and test_train_torch.py's device test: the ctests test_python_gpu*):
+#                   rt.device, CUDA tensors of another device or index
 #                   refused, collectives and a reshard on CUDA tensors, and
 #                   examples/train_torch.py --device cuda on 2 ranks resized live (dp2,pp1)
 #                   -> (dp1,pp2) -> (dp2,pp1), state and losses against its never-resized
@@ -153,7 +154,7 @@ mkdir -p "$LOGS" || { echo "gpu-check: cannot make the log folder $LOGS" >&2; ex
 : >"$LOGS/.gpu-check-logs"
 LOGS="$(cd "$LOGS" && pwd)"
 
-# The python-gpu step's interpreter: test_python.sh reads TIDE_PYTHON
+# The python-gpu step's interpreter: it runs pytest with TIDE_PYTHON
 PY="${PY_ARG:-${TIDE_PYTHON:-$(command -v python3 2>/dev/null)}}"
 export TIDE_PYTHON="$PY"
 
@@ -388,45 +389,59 @@ gpu_tests() {
 }
 
 # python_missing: why the python-gpu step cannot run with TIDE_PYTHON, a dependency it
-# lacks (no interpreter, no PyTorch, no mpi4py that loads: printed, status 0); status 1
-# when none is missing. mpi4py is loaded without MPI_Init (rc.initialize off).
+# lacks (no interpreter, no PyTorch, no mpi4py that loads, no pytest: printed, status 0);
+# status 1 when none is missing. mpi4py is loaded without MPI_Init (rc.initialize off).
+# A bundle carries pytest (src/pylib) for a Python that has none.
 python_missing() {
   local py="$TIDE_PYTHON" err
   [ -n "$py" ] || { echo "no python3 on PATH (name one with --python or TIDE_PYTHON)"; return 0; }
   err=$("$py" -c 'import torch' 2>&1) || { echo "no PyTorch for $py: $(tail -1 <<<"$err")"; return 0; }
   err=$("$py" -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI' 2>&1) ||
     { echo "no mpi4py that loads for $py: $(tail -1 <<<"$err")"; return 0; }
+  err=$("$py" -c 'import pytest' 2>&1) || { echo "no pytest for $py: $(tail -1 <<<"$err")"; return 0; }
   return 1
 }
 
-# The Python binding's GPU path: tests/test_python.sh device on DEVICE (dry: cpu, the mpi
-# backend) with TIDE_PYTHON. A skip is only acceptable for a missing dependency, reported
-# with its reason: no PyTorch or mpi4py (python_missing), a PyTorch without CUDA, or, dry,
-# any: gpu-info found a GPU, so any other is a failure.
+# The Python binding's GPU path on DEVICE (dry: cpu, the mpi backend) with TIDE_PYTHON: the
+# ctests test_python_gpu and test_python_gpu_train (tests/python/test_device.py under
+# mpirun, test_train_torch.py's device test). A skip is only acceptable for a missing
+# dependency, reported with its reason: no PyTorch, mpi4py or pytest (python_missing), a
+# PyTorch without CUDA, or, dry, any: gpu-info found a GPU, so any other is a failure.
 python_gpu() {
-  local out="$LOGS/python-gpu.out" rc nccl=0 why
+  local out="$LOGS/python-gpu.out" rc rc2 nccl=0 why
+  if [ -d "$ROOT/pylib" ] && ! "${TIDE_PYTHON:-false}" -c 'import pytest' >/dev/null 2>&1; then
+    export PYTHONPATH="$ROOT/pylib${PYTHONPATH:+:$PYTHONPATH}"
+  fi
   if why=$(python_missing); then
     echo "python-gpu: $why"
     echo "RESULT: not run: $why"
     return 77
   fi
   have_nccl && nccl=1
+  local args=(-m pytest -q -rs -p no:cacheprovider --color=no --rootdir="$ROOT/tests/python")
+  export TIDE_BUILD_DIR="$BUILD_DIR" TIDE_TEST_MPIRUN="$MPIRUN" TIDE_TEST_DEVICE="$DEVICE" \
+    TIDE_TEST_HAVE_NCCL=$nccl TIDE_TEST_NVIDIA_NODES="${GPU_CHECK_DEVICES:-/dev/nvidia[0-9]*}"
   # shellcheck disable=SC2086
-  TIDE_TEST_DEVICE="$DEVICE" TIDE_TEST_HAVE_NCCL=$nccl \
-    TIDE_TEST_NVIDIA_NODES="${GPU_CHECK_DEVICES:-/dev/nvidia[0-9]*}" \
-    bash "$ROOT/tests/test_python.sh" device "$ROOT" "$BUILD_DIR" $MPIRUN 2>&1 | tee "$out"
-  rc=${PIPESTATUS[0]}
+  $MPIRUN -np 2 "$TIDE_PYTHON" "${args[@]}" "$ROOT/tests/python/test_device.py" >"$out" 2>&1
+  rc=$?
+  "$TIDE_PYTHON" "${args[@]}" "$ROOT/tests/python/test_train_torch.py::test_device_resize" \
+    >>"$out" 2>&1
+  rc2=$?
+  cat "$out"
+  [ "$rc" -eq 0 ] && rc=$rc2
   if [ "$rc" -eq 77 ]; then
+    # pytest's "SKIPPED [1] file:line: reason" as "SKIP: reason"
+    why=$(grep -m1 -o 'SKIPPED \[[0-9]*\] [^ ]*: .*' "$out" | sed 's/^SKIPPED \[[0-9]*\] [^ ]*: /SKIP: /')
     if [ "$DRY" = 1 ] || grep -q 'built without CUDA\|torch/mpi4py missing' "$out"; then
-      echo "RESULT: not run: $(grep -m1 -o 'SKIP: .*\|torch/mpi4py missing.*' "$out" | cut -c1-100)"
+      echo "RESULT: not run: $(echo "$why" | cut -c1-100)"
       return 77
     fi
-    echo "a GPU is present (gpu-info) but the python GPU test skipped: $(grep -m1 'SKIP' "$out")"
+    echo "a GPU is present (gpu-info) but the python GPU test skipped: $why"
     return 1
   fi
   [ "$rc" -eq 0 ] || return 1
-  echo "RESULT: $(grep -o 'test_python_device([a-z]*): [0-9]* passed' "$out");" \
-    "$(grep -o 'all within [0-9.e-]* (relative)' "$out") of never-resized"
+  echo "RESULT: python GPU path: $(grep -o '[0-9]* passed' "$out" | awk '{n += $1} END {print n}')" \
+    "tests passed (test_device on each rank, train_torch resized)"
 }
 
 conformance() { # conformance NP

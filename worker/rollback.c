@@ -6,8 +6,11 @@
  * files (ckpt/, checked chunk by chunk), and every participant agrees over the switch
  * communicator on whether all loads succeeded, so that a damaged checkpoint fails the
  * switch everywhere (tided then tries the one before it) and never half of the job.
- * Workload: once per such recovery; file reads dominate.
+ * The same loader serves a program that resumes from a checkpoint itself
+ * (tide_checkpoint_find, tide_checkpoint_load): one rank's shards of the current layout.
+ * Workload: once per such recovery or restart; file reads dominate.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -111,4 +114,45 @@ tide_status tide__rollback_agree(tide_t *t, tide_coll_comm_t *sw, tide_status mi
                            "another participant could not load the checkpoint (its log names "
                            "the file)");
     return TIDE_OK;
+}
+
+tide_status tide_checkpoint_find(const char *path, char *dir, size_t len, int64_t *step)
+{
+    if (path == NULL || path[0] == '\0' || dir == NULL || len == 0 || step == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint_find: no path, or no room for "
+                                             "the answer");
+    return tide_ckpt_find(path, INT64_MAX, dir, len, step);
+}
+
+tide_status tide_checkpoint_load(tide_t *t, const char *path, void *const *bufs)
+{
+    if (t == NULL || path == NULL || path[0] == '\0')
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint_load: no runtime or path");
+    if (t->coll == NULL || t->layout == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "tide_checkpoint_load: join a job first");
+    if (!t->view.member)
+        return TIDE_OK;
+    const tide_view *v = &t->view;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        if ((bufs == NULL || bufs[i] == NULL) &&
+            tide_shard_bytes(t->layout, t->coll, i, v->pp_rank, v->dp_rank, v->tp_rank) > 0)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "tide_checkpoint_load: no buffer for tensor %s, which this rank "
+                               "holds",
+                               tide_collection_tensor(t->coll, i)->name);
+    char dir[4096];
+    int64_t step = 0;
+    TIDE_CHECK(tide_ckpt_find(path, INT64_MAX, dir, sizeof dir, &step));
+    if (step != v->step)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "checkpoint %s holds step %lld and the job is at step %lld: join "
+                           "with start_step = the checkpoint's step (tide_checkpoint_find)",
+                           dir, (long long)step, (long long)v->step);
+    uint64_t bytes = 0;
+    tide_status rc = tide__rollback_load(t, dir, step, t->layout, v->pp_rank, v->dp_rank,
+                                         v->tp_rank, bufs, &bytes);
+    if (rc == TIDE_OK)
+        TIDE_INFO(SUBSYS, "loaded checkpoint %s (step %lld): %llu bytes read", dir, (long long)step,
+                  (unsigned long long)bytes);
+    return rc;
 }

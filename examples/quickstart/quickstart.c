@@ -18,6 +18,11 @@
  *   mpirun -np 2 quickstart --job q --dp 2 --steps 200 --step-ms 20 &
  *   tidectl resize q --dp 1      # rank 1 goes idle, rank 0 trains on alone
  *   tidectl resize q --dp 2      # rank 1 takes its replica back
+ *
+ * Checkpoints: --ckpt ROOT --ckpt-every N saves every N steps in the background
+ * (tide_checkpoint_every); --resume ROOT starts from the newest complete checkpoint there,
+ * whatever dp it was saved under (tide_checkpoint_find for its step, tide_checkpoint_load
+ * into the buffers before they are handed over). `tidectl checkpoint q --dir ROOT` works too.
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c11 */
 
@@ -34,9 +39,12 @@ typedef struct args {
     const char *job;
     int dp;
     int64_t steps;
-    int step_ms; /* sleep per step, ms: makes room for an operator's resize */
-    int64_t n;   /* elements of w and v */
-    int batch;   /* global batch: samples per step, split over dp */
+    int step_ms;        /* sleep per step, ms: makes room for an operator's resize */
+    int64_t n;          /* elements of w and v */
+    int batch;          /* global batch: samples per step, split over dp */
+    const char *ckpt;   /* checkpoint root of periodic saves (NULL: none) */
+    int ckpt_every;     /* steps between saves */
+    const char *resume; /* checkpoint root or directory to start from (NULL: fresh) */
 } args;
 
 static int usage(const char *msg)
@@ -44,14 +52,14 @@ static int usage(const char *msg)
     fprintf(stderr,
             "quickstart: %s\n"
             "usage: quickstart --job NAME [--dp N] [--steps N] [--step-ms MS] [--n N] "
-            "[--batch N]\n",
+            "[--batch N] [--ckpt ROOT --ckpt-every N] [--resume ROOT]\n",
             msg);
     return 2;
 }
 
 static int parse(int argc, char **argv, args *a)
 {
-    *a = (args){"quickstart", 1, 100, 0, 4096, 8};
+    *a = (args){"quickstart", 1, 100, 0, 4096, 8, NULL, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (i + 1 >= argc)
@@ -62,6 +70,10 @@ static int parse(int argc, char **argv, args *a)
         int num = end != v && *end == '\0';
         if (strcmp(f, "--job") == 0)
             a->job = v;
+        else if (strcmp(f, "--ckpt") == 0)
+            a->ckpt = v;
+        else if (strcmp(f, "--resume") == 0)
+            a->resume = v;
         else if (!num || x < 0)
             return usage("flag values must be non-negative integers");
         else if (strcmp(f, "--dp") == 0 && x >= 1)
@@ -74,15 +86,20 @@ static int parse(int argc, char **argv, args *a)
             a->n = x;
         else if (strcmp(f, "--batch") == 0 && x >= 1)
             a->batch = (int)x;
+        else if (strcmp(f, "--ckpt-every") == 0 && x >= 1)
+            a->ckpt_every = (int)x;
         else
             return usage("unknown flag or value out of range");
     }
     return 0;
 }
 
+/* The failure with its detail (what tide_errorf said: the tensor, the file, the path). */
 static int fail(const char *what, tide_status rc)
 {
-    fprintf(stderr, "quickstart: %s: %s\n", what, tide_strerror(rc));
+    const char *detail = tide_last_error();
+    fprintf(stderr, "quickstart: %s: %s%s%s\n", what, tide_strerror(rc), detail[0] ? ": " : "",
+            detail);
     return 1;
 }
 
@@ -175,18 +192,33 @@ int main(int argc, char **argv)
         ret = fail("tide_new", rc);
         goto out;
     }
-    tide_join_req req = {a.job, coll, a.dp, 1, 1, 1, 0, NULL, 0};
+    /* resuming: the job starts at the checkpoint's step */
+    char ckpt_dir[4096];
+    int64_t start = 0;
+    if (a.resume != NULL &&
+        (rc = tide_checkpoint_find(a.resume, ckpt_dir, sizeof ckpt_dir, &start)) != TIDE_OK) {
+        ret = fail("--resume", rc);
+        goto out;
+    }
+    tide_join_req req = {a.job, coll, a.dp, 1, 1, 1, start, NULL, 0};
     if ((rc = tide_join(t, &req)) != TIDE_OK) {
         ret = fail("tide_join", rc);
         goto out;
     }
     const tide_view *view = tide_view_get(t);
-    /* fresh state: zeros (tide_alloc_buffers zero-fills), handed to the runtime. Every rank
-       gives its table: an idle rank's holds NULLs, and a later layout that takes the rank
-       gets its buffers from the runtime. */
+    /* fresh state: zeros (tide_alloc_buffers zero-fills), or the checkpoint's, handed to
+       the runtime. Every rank gives its table: an idle rank's holds NULLs, and a later
+       layout that takes the rank gets its buffers from the runtime. */
     if ((rc = tide_alloc_buffers(t, view, &bufs)) != TIDE_OK ||
+        (a.resume != NULL && (rc = tide_checkpoint_load(t, ckpt_dir, bufs)) != TIDE_OK) ||
         (rc = tide_give_buffers(t, &bufs)) != TIDE_OK) {
         ret = fail("buffers", rc);
+        goto out;
+    }
+    if (a.resume != NULL && view->member && view->dp_rank == 0)
+        printf("quickstart: resumed at step %" PRId64 " from %s\n", start, ckpt_dir);
+    if (a.ckpt != NULL && (rc = tide_checkpoint_every(t, a.ckpt, a.ckpt_every, 0)) != TIDE_OK) {
+        ret = fail("--ckpt", rc);
         goto out;
     }
     for (;;) {

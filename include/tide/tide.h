@@ -518,7 +518,7 @@ TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void 
  * largest shard) fails. Each failed or skipped save is reported to tided (a
  * checkpoint_failed event naming the rank and the error) and is never loaded. No
  * communication. A job restarted under any (dp, tp, pp, stages) loads it (tide-ckpt,
- * train_mlp --resume).
+ * tide_checkpoint_load below).
  */
 TIDE_API tide_status tide_checkpoint(tide_t *t, const char *root);
 
@@ -535,6 +535,28 @@ TIDE_API tide_status tide_checkpoint_every(tide_t *t, const char *root, int ever
 /* Waits until this rank's checkpoint being written (if any) is on disk (and, on the
    publisher, published); returns the last save's status. Main thread. */
 TIDE_API tide_status tide_checkpoint_wait(tide_t *t);
+
+/*
+ * Finds the newest complete checkpoint under path (a checkpoint root, or one step's
+ * directory ROOT/step-N): its directory into dir (len bytes) and its step, read from its
+ * manifest, into *step, the start_step to join with when resuming from it; a step
+ * directory whose manifest cannot be read is skipped with a warning. Links are not
+ * followed. TIDE_ERR_NOT_FOUND when path holds none. Blocking file I/O; any thread.
+ */
+TIDE_API tide_status tide_checkpoint_find(const char *path, char *dir, size_t len, int64_t *step);
+
+/*
+ * Loads a checkpoint saved under any (dp, tp, pp, stages) into this rank's buffers of the
+ * current layout: path as for tide_checkpoint_find (the newest complete one there), bufs[i]
+ * tensor i's buffer of the backend's memory kind (tide_shard_bytes of the current view,
+ * NULL where not held: tide_alloc_buffers gives such a table), filled before the program
+ * registers them (tide_set_buffers or tide_give_buffers). The job must be at the
+ * checkpoint's step (tide_join_req.start_step) and the collection the saved one; each rank
+ * reads only the chunks of its own shards, each checked against its hash: a damaged file
+ * fails with TIDE_ERR_INVALID naming it, and buffers may then hold part of it. Idle ranks
+ * return at once. No communication; blocking file I/O; main thread.
+ */
+TIDE_API tide_status tide_checkpoint_load(tide_t *t, const char *path, void *const *bufs);
 
 /* ---- for language bindings ------------------------------------------------------------ */
 

@@ -19,8 +19,8 @@ on nccl). libtide is found as tide._lib's docstring says; library_path() names t
 """
 from ._lib import SYMBOLS, library_path
 from .core import (ALL, POST, PRE, Action, Collection, Group, Layout, LayoutInfo, ReduceOp,
-                   Runtime, Status, TensorSpec, TideError, View)
+                   Runtime, Status, TensorSpec, TideError, View, find_checkpoint)
 
 __all__ = ["ALL", "POST", "PRE", "Action", "Collection", "Group", "Layout", "LayoutInfo",
            "ReduceOp", "Runtime", "Status", "TensorSpec", "TideError", "View", "SYMBOLS",
-           "library_path"]
+           "find_checkpoint", "library_path"]

@@ -184,6 +184,11 @@ _PROTOS = {
     "tide_bubble_stats_get": (None, [c_void_p, POINTER(BubbleStats)]),
     "tide_reshard": (c_int, [c_void_p, POINTER(c_void_p), POINTER(ReshardStats)]),
     "tide_finish": (c_int, [c_void_p]),
+    "tide_checkpoint": (c_int, [c_void_p, c_char_p]),
+    "tide_checkpoint_every": (c_int, [c_void_p, c_char_p, c_int, c_int]),
+    "tide_checkpoint_wait": (c_int, [c_void_p]),
+    "tide_checkpoint_find": (c_int, [c_char_p, c_char_p, c_size_t, POINTER(c_int64)]),
+    "tide_checkpoint_load": (c_int, [c_void_p, c_char_p, POINTER(c_void_p)]),
     # include/tide/collection.h: collection, layout, shard geometry
     "tide_collection_new": (c_int, [POINTER(c_void_p), c_int]),
     "tide_collection_add": (c_int, [c_void_p, POINTER(TensorDesc)]),

@@ -482,6 +482,18 @@ def _comm_handle(comm: Any) -> int:
 TensorMap = Dict[str, Any]
 
 
+def find_checkpoint(path: str) -> Tuple[str, int]:
+    """(directory, step) of the newest complete checkpoint under path (a checkpoint root, or
+    one step's directory); TideError(ERR_NOT_FOUND) when there is none."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise _invalid("checkpoint path must be a non-empty str, got %r" % (path,))
+    buf = ctypes.create_string_buffer(4096)
+    step = ctypes.c_int64()
+    _check(L.lib().tide_checkpoint_find(path.encode(), buf, len(buf), byref(step)),
+           "tide_checkpoint_find")
+    return buf.value.decode(), int(step.value)
+
+
 class Runtime:
     """One rank's tide runtime (tide_t): a context manager; close() leaves the pool.
 
@@ -498,6 +510,7 @@ class Runtime:
         self._thread = threading.get_ident()
         self._coll: Optional[Collection] = None
         self._bufs: TensorMap = {}
+        self.resumed: Optional[str] = None  # the checkpoint join's resume found
         self.last_reshard: Optional[Dict[str, float]] = None
         lib = L.lib()
         o = L.Options()
@@ -600,13 +613,16 @@ class Runtime:
 
     def join(self, job: str, collection: Collection, dp: int = 1, tp: int = 1, pp: int = 1,
              micro_batches: int = 1, start_step: int = 0,
-             fit: Optional[Sequence[Tuple[Any, ...]]] = None) -> View:
+             fit: Optional[Sequence[Tuple[Any, ...]]] = None,
+             resume: Optional[str] = None) -> View:
         """Joins online job `job` with its first layout (collective over the pool); returns
         the view. The collection is frozen from here on. fit: what layouts the program can
         run, as (degree, n) or (degree, n, what) tuples, degree "dp", "tp", "pp" or
         "dp_micro" (dp x micro-batches): that degree must divide n (e.g. ("dp_micro",
         global_batch, "the global batch")); tided refuses resizes that break one and recovers only to layouts that
-        keep them all (tide_join_req.fit in tide.h)."""
+        keep them all (tide_join_req.fit in tide.h). resume: a checkpoint root or one
+        step's directory: the job starts at the step of the newest complete checkpoint there
+        (start_step is then ignored) and load_checkpoint fills the state from it."""
         t = self._live()
         if self._coll is not None:
             raise _invalid("this runtime already joined a job")
@@ -620,6 +636,8 @@ class Runtime:
         if not _is_int(start_step) or start_step < 0:
             raise _invalid("start_step must be an int >= 0")
         rules, n_rules = _fit_rules(fit)
+        if resume is not None:
+            self.resumed, start_step = find_checkpoint(resume)
         req = L.JoinReq(job.encode(), collection._ptr, dp, tp, pp, micro_batches, start_step,
                         rules, n_rules)
         collection.frozen = True
@@ -702,6 +720,48 @@ class Runtime:
         _check(self._lib.tide_set_buffers(t, arr), "tide_set_buffers")
         self._bufs = keep
 
+    def load_checkpoint(self, state: Mapping[str, Any], path: Optional[str] = None) -> None:
+        """Fills state (this rank's tensors of the current layout, as set_buffers takes them)
+        from the checkpoint in path (default: the one join's resume found), saved in any
+        layout; its step must be the view's (join with resume=, or start_step = its step).
+        Every chunk read is checked; TideError naming the file otherwise. Blocking file I/O."""
+        t = self._live()
+        if path is None:
+            path = self.resumed
+        if path is None:
+            raise _invalid("load_checkpoint: no path, and join had no resume")
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise _invalid("checkpoint path must be a non-empty str, got %r" % (path,))
+        arr, _ = self._ptrs(self._vp, state)
+        self._sync()
+        _check(self._lib.tide_checkpoint_load(t, path.encode(), arr), "tide_checkpoint_load")
+
+    def checkpoint(self, root: str) -> None:
+        """Saves the registered state as the checkpoint of the view's step under root
+        (root/step-N/, README "Checkpoints"), at a step boundary on every member;
+        asynchronous: returns once this rank's part is copied (tide_checkpoint)."""
+        t = self._live()
+        if not isinstance(root, str) or not root or "\0" in root:
+            raise _invalid("checkpoint root must be a non-empty str, got %r" % (root,))
+        self._sync()
+        _check(self._lib.tide_checkpoint(t, root.encode()), "tide_checkpoint")
+
+    def checkpoint_every(self, root: str, every: int, keep: int = 0) -> None:
+        """A checkpoint under root at the end of every every-th step (0: none); the newest
+        keep complete ones are kept (0: all) (tide_checkpoint_every)."""
+        t = self._live()
+        if not isinstance(root, str) or not root or "\0" in root:
+            raise _invalid("checkpoint root must be a non-empty str, got %r" % (root,))
+        for k, v in (("every", every), ("keep", keep)):
+            if not _is_int(v) or not 0 <= v < 1 << 31:
+                raise _invalid("%s must be an int >= 0, got %r" % (k, v))
+        _check(self._lib.tide_checkpoint_every(t, root.encode(), every, keep),
+               "tide_checkpoint_every")
+
+    def checkpoint_wait(self) -> None:
+        """Waits until this rank's save being written is on disk; TideError if it failed."""
+        _check(self._lib.tide_checkpoint_wait(self._live()), "tide_checkpoint_wait")
+
     # ---- steps ----------------------------------------------------------------------------
 
     def step_begin(self) -> Action:
@@ -722,7 +782,9 @@ class Runtime:
             rc = int(Status.ERR_INTERNAL)
         else:
             raise _invalid("step_end takes None, a TideError or a Status, got %r" % (error,))
-        _check(self._lib.tide_step_end(self._live(), rc), "tide_step_end")
+        t = self._live()
+        self._sync()  # a checkpoint due at this step snapshots the state: the step's work first
+        _check(self._lib.tide_step_end(t, rc), "tide_step_end")
 
     def step_can_finish(self) -> None:
         """From here on this rank could complete the step alone (see tide_step_can_finish)."""

@@ -29,3 +29,7 @@ if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_ml
                    ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_flood_job "mpi" 240)
 endif()
+# The elastic policy: scenarios and randomised properties (coordinator/elastic).
+if(TARGET tide_coord)
+  tide_add_unit_test(test_elastic SOURCES test_elastic.c LIBS tide_coord TIMEOUT 60)
+endif()

@@ -16,38 +16,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/sort.h"
-#include "coordinator/elastic.h"
-#include "coordinator/policy.h"
-
-#define HOLD_NONE    (-1) /* hold_for: anyone may take the GPU */
-#define HOLD_PENDING (-2) /* hold_for: released by a change of this run, free once it commits */
-
-/* A run's working state. */
-typedef struct run {
-    const tide_elastic_cfg *cfg;
-    const tide_elastic_job *jobs;
-    size_t nj;
-    const tide_elastic_gpu *gpus;
-    size_t ng;
-    double now;
-    tide_elastic_plan *plan;
-    int32_t *owner;    /* per GPU: index of the job whose layout holds it, -1 none */
-    int32_t *avail;    /* per GPU: working tide_elastic_gpu_state */
-    int32_t *hold_for; /* per GPU: HOLD_NONE, HOLD_PENDING, or the job index it is kept for */
-    int32_t *from_job; /* per GPU: job that yielded it in this run (-1: none) */
-    uint32_t *stamp;   /* per GPU: dedup of candidates, epoch-marked */
-    uint32_t epoch;
-    int *lo, *hi, *cur; /* per job: dp bounds and dp after this run's decisions (0: none) */
-    const tide_layout_t **lay; /* per job: its layout after this run's decisions so far */
-    uint8_t *frozen;    /* per job: pinned, operator-held, busy, or a member GPU down */
-    uint8_t *changed;   /* per job: 1 decided in this run, 2 yielded (and may yield more) */
-    size_t base;        /* the plan's first decision of this run */
-    size_t *order;      /* jobs, highest priority first */
-    tide_policy_worker *cand; /* candidates of the job being decided */
-    int32_t *cand_gpu;        /* GPU of each candidate */
-    size_t n_cand;
-    int32_t *scratch; /* ng + 1 entries */
-} run;
+#include "coordinator/elastic_int.h"
 
 static const char *const rule_names[] = {"start", "grow", "regrow", "yield", "bounds"};
 
@@ -137,7 +106,7 @@ static void plan_truncate(tide_elastic_plan *plan, size_t mark)
 /* ---- the working copy ---------------------------------------------------------------------- */
 
 /* The GPU of job rank `rank`, -1 when it has none. */
-static int32_t gpu_of(const run *r, const tide_elastic_job *j, int32_t rank)
+int32_t tide__elastic_gpu_of(const run *r, const tide_elastic_job *j, int32_t rank)
 {
     if (rank < 0)
         return -1;
@@ -149,18 +118,18 @@ static int32_t gpu_of(const run *r, const tide_elastic_job *j, int32_t rank)
     return g >= 0 && (size_t)g < r->ng ? g : -1;
 }
 
-static size_t ranks_of(const run *r, const tide_elastic_job *j)
+size_t tide__elastic_ranks_of(const run *r, const tide_elastic_job *j)
 {
     return j->rank_gpu != NULL ? j->n_ranks : r->ng;
 }
 
-static int limited(const run *r, size_t j)
+int tide__elastic_limited(const run *r, size_t j)
 {
     const tide_elastic_job *jb = &r->jobs[j];
     return jb->last_change_s >= 0 && r->now - jb->last_change_s < r->cfg->min_interval_s;
 }
 
-static void next_epoch(run *r)
+void tide__elastic_next_epoch(run *r)
 {
     if (++r->epoch == 0) {
         memset(r->stamp, 0, r->ng * sizeof *r->stamp);
@@ -168,10 +137,10 @@ static void next_epoch(run *r)
     }
 }
 
-/* Adds rank k of job j as a candidate when its GPU is usable (see build_cands). */
+/* Adds rank k of job j as a candidate when its GPU is usable (see tide__elastic_build_cands). */
 static void add_cand(run *r, size_t j, int32_t k, int members_only)
 {
-    int32_t g = gpu_of(r, &r->jobs[j], k);
+    int32_t g = tide__elastic_gpu_of(r, &r->jobs[j], k);
     if (g < 0 || r->stamp[g] == r->epoch)
         return;
     tide_pw_class cls;
@@ -197,22 +166,22 @@ static void add_cand(run *r, size_t j, int32_t k, int members_only)
  * and GPUs running offline work that no other job is kept for (members_only: its layout
  * only). One candidate per GPU: the layout's rank first, then the lowest other rank.
  */
-static void build_cands(run *r, size_t j, int members_only)
+void tide__elastic_build_cands(run *r, size_t j, int members_only)
 {
     const tide_elastic_job *jb = &r->jobs[j];
-    next_epoch(r);
+    tide__elastic_next_epoch(r);
     r->n_cand = 0;
     const tide_layout_t *l = r->lay[j];
     for (size_t i = 0; l != NULL && i < tide_layout_size(l); i++)
         add_cand(r, j, l->worker[i], members_only);
-    size_t nr = members_only ? 0 : ranks_of(r, jb);
+    size_t nr = members_only ? 0 : tide__elastic_ranks_of(r, jb);
     for (size_t k = 0; k < nr; k++)
         add_cand(r, j, (int32_t)k, members_only);
 }
 
 /* The largest dp <= want the candidates hold, TP groups inside hosts, that the job's
    program runs; 0 when none. */
-static int feasible(const run *r, size_t j, int want)
+int tide__elastic_feasible(const run *r, size_t j, int want)
 {
     const tide_elastic_job *jb = &r->jobs[j];
     long by_count = (long)r->n_cand / ((long)jb->tp * jb->pp);
@@ -223,21 +192,13 @@ static int feasible(const run *r, size_t j, int want)
     return d > 0 ? tide_policy_fit_dp(jb->fit, jb->n_fit, jb->tp, jb->pp, jb->micro, d) : 0;
 }
 
-/* Sorting record for trimming and for choosing what a yielding job gives up. */
-typedef struct host_key {
-    int32_t idx;   /* candidate or member index */
-    int32_t host;
-    int64_t score; /* larger first */
-    int64_t tie;   /* then smaller first */
-} host_key;
-
 static int cmp_host(const void *a, const void *b)
 {
     const host_key *x = a, *y = b;
     return (x->host > y->host) - (x->host < y->host);
 }
 
-static int cmp_score(const void *a, const void *b)
+int tide__elastic_cmp_score(const void *a, const void *b)
 {
     const host_key *x = a, *y = b;
     if (x->score != y->score)
@@ -248,8 +209,8 @@ static int cmp_score(const void *a, const void *b)
 }
 
 /* Sets each key's score to `base` x the count of keys on its host plus its own score
-   (keys sorted by host in place). */
-static void score_by_host(host_key *k, size_t n, int64_t base)
+   (keys sorted by host in tide__elastic_place). */
+void tide__elastic_score_by_host(host_key *k, size_t n, int64_t base)
 {
     qsort(k, n, sizeof *k, cmp_host);
     for (size_t i = 0, run_start = 0; i < n; i++)
@@ -294,8 +255,8 @@ static tide_status trim_cands(run *r, size_t j, int dp)
         k[n++] = (host_key){(int32_t)i, r->cand[i].host, cls << 40,
                             ((int64_t)r->cand[i].priority << 32) + r->cand[i].rank};
     }
-    score_by_host(k, n, 1);
-    qsort(k, n, sizeof *k, cmp_score);
+    tide__elastic_score_by_host(k, n, 1);
+    qsort(k, n, sizeof *k, tide__elastic_cmp_score);
     size_t take = need + slack > members ? need + slack - members : 0, kept = members;
     for (size_t i = 0; i < n && (i < take || (i > 0 && k[i].host == k[i - 1].host)); i++) {
         keep[kept] = r->cand[k[i].idx];
@@ -305,7 +266,7 @@ static tide_status trim_cands(run *r, size_t j, int dp)
     tide_policy_worker *all = r->cand;
     r->cand = keep;
     r->n_cand = kept;
-    if (feasible(r, j, dp) >= dp) {
+    if (tide__elastic_feasible(r, j, dp) >= dp) {
         memcpy(all, keep, kept * sizeof *keep);
         memcpy(r->cand_gpu, keep_gpu, kept * sizeof *keep_gpu);
     } else {
@@ -320,8 +281,8 @@ static tide_status trim_cands(run *r, size_t j, int dp)
 
 /* Places job j at dp over cand[0..n) (tide_policy_place: TP groups inside hosts, its fit
    rules, fewest bytes moved). */
-static tide_status place(const run *r, size_t j, int dp, const tide_policy_worker *cand, size_t n,
-                         tide_layout_t **out, int32_t *pre, size_t *n_pre)
+tide_status tide__elastic_place(const run *r, size_t j, int dp, const tide_policy_worker *cand,
+                                size_t n, tide_layout_t **out, int32_t *pre, size_t *n_pre)
 {
     const tide_elastic_job *jb = &r->jobs[j];
     tide_resize_req req = {dp,   jb->tp, jb->pp, jb->num_layers, jb->micro,
@@ -335,7 +296,8 @@ static tide_status place(const run *r, size_t j, int dp, const tide_policy_worke
  * the old ones in turn. Downtime: the busiest worker's bytes over the link plus the
  * fixed switch cost.
  */
-static void estimate(const run *r, size_t j, const tide_layout_t *nl, tide_elastic_decision *d)
+void tide__elastic_estimate(const run *r, size_t j, const tide_layout_t *nl,
+                            tide_elastic_decision *d)
 {
     const tide_elastic_job *jb = &r->jobs[j];
     const tide_layout_t *ol = r->lay[j];
@@ -373,8 +335,7 @@ static double gain_s(const run *r, size_t j, int from, int to)
 /* ---- decisions ----------------------------------------------------------------------------- */
 
 /* Appends printf text to d->why, never past its end. */
-static void why_add(tide_elastic_decision *d, const char *fmt, ...) TIDE_PRINTF(2, 3);
-static void why_add(tide_elastic_decision *d, const char *fmt, ...)
+void tide__elastic_why_add(tide_elastic_decision *d, const char *fmt, ...)
 {
     size_t at = strlen(d->why);
     if (at + 1 >= sizeof d->why)
@@ -386,7 +347,7 @@ static void why_add(tide_elastic_decision *d, const char *fmt, ...)
 }
 
 /* Appends "4 on host 1, 4 on host 2 (+3 hosts)" for the sorted GPUs g[0..n). */
-static void why_hosts(const run *r, tide_elastic_decision *d, const int32_t *g, size_t n)
+void tide__elastic_why_hosts(const run *r, tide_elastic_decision *d, const int32_t *g, size_t n)
 {
     int32_t *h = tide_malloc((n ? n : 1) * sizeof *h);
     if (h == NULL)
@@ -398,12 +359,14 @@ static void why_hosts(const run *r, tide_elastic_decision *d, const int32_t *g, 
     for (size_t i = 0, start = 0; i < n; i++)
         if (i + 1 == n || h[i + 1] != h[i]) {
             if (shown < 4)
-                why_add(d, "%s%zu on host %d", shown ? ", " : "", i + 1 - start, h[i]), shown++;
+                tide__elastic_why_add(d, "%s%zu on host %d", shown ? ", " : "", i + 1 - start,
+                                      h[i]),
+                    shown++;
             hosts++;
             start = i + 1;
         }
     if (hosts > shown)
-        why_add(d, " (+%zu hosts)", hosts - shown);
+        tide__elastic_why_add(d, " (+%zu hosts)", hosts - shown);
     tide_free(h);
 }
 
@@ -433,7 +396,7 @@ static tide_status layout_gpus(const run *r, size_t j, const tide_layout_t *l, i
     if (*out == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing a layout's GPUs");
     for (size_t i = 0; i < m; i++)
-        (*out)[i] = gpu_of(r, &r->jobs[j], l->worker[i]);
+        (*out)[i] = tide__elastic_gpu_of(r, &r->jobs[j], l->worker[i]);
     tide_sort_i32(*out, m);
     *n = m;
     return TIDE_OK;
@@ -457,8 +420,8 @@ static size_t set_minus(const int32_t *a, size_t na, const int32_t *b, size_t nb
  * and applies it to the working copy: gained GPUs are j's, released ones are free once
  * the change commits (HOLD_PENDING; a yield sets them to its beneficiary).
  */
-static tide_status emit(run *r, size_t j, int32_t rule, tide_layout_t **nl, const int32_t *pre,
-                        size_t n_pre, tide_elastic_decision **out)
+tide_status tide__elastic_emit(run *r, size_t j, int32_t rule, tide_layout_t **nl,
+                               const int32_t *pre, size_t n_pre, tide_elastic_decision **out)
 {
     int32_t *nw = NULL, *ow = NULL;
     size_t nn = 0, on = 0;
@@ -526,7 +489,7 @@ static void restore_job(run *r, size_t k)
 
 /* Undoes the yields recorded from plan index `mark` on, the latest first: their GPUs are
    their jobs' again. */
-static void undo_yields(run *r, size_t mark)
+void tide__elastic_undo_yields(run *r, size_t mark)
 {
     for (size_t i = r->plan->n; i-- > mark;) {
         const tide_elastic_decision *d = &r->plan->d[i];
@@ -547,184 +510,13 @@ static void undo_yields(run *r, size_t mark)
 }
 
 /* "dp 1 -> 2 (4 -> 8 GPUs, bounds 4-12)" */
-static void why_head(const run *r, size_t j, tide_elastic_decision *d)
+void tide__elastic_why_head(const run *r, size_t j, tide_elastic_decision *d)
 {
     const tide_elastic_job *jb = &r->jobs[j];
     long g = (long)jb->tp * jb->pp;
-    why_add(d, "%s dp %d -> %d (%ld -> %ld GPUs, bounds %d-%d, priority %d)",
-            tide_elastic_rule_name(d->rule), d->old_dp, d->new_dp, d->old_dp * g, d->new_dp * g,
-            jb->min_gpus, jb->max_gpus, jb->priority);
-}
-
-/* ---- yields: lower priorities give GPUs to a higher one ----------------------------------- */
-
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Workers of sorted hosts h[0..n) on host `host`. */
-static int64_t count_host(const int32_t *h, size_t n, int32_t host)
-{
-    const int32_t *p = bsearch(&host, h, n, sizeof *h, cmp_i32);
-    if (p == NULL)
-        return 0;
-    const int32_t *a = p, *b = p;
-    while (a > h && a[-1] == host)
-        a--;
-    while (b + 1 < h + n && b[1] == host)
-        b++;
-    return b - a + 1;
-}
-
-/*
- * Which of k's replicas to give up for j, marked in drop[dp rank]: whole replicas (so
- * that nothing moves), those worth most to j first: a GPU of k counts for the room j
- * already has on its host plus k's GPUs there that j can use (TP groups fill hosts).
- * j's candidates are in r->cand.
- */
-static tide_status choose_replicas(run *r, size_t k, size_t j, int give, uint8_t *drop)
-{
-    const tide_layout_t *l = r->lay[k];
-    size_t m = tide_layout_size(l);
-    int32_t *jh = tide_malloc((r->n_cand ? r->n_cand : 1) * sizeof *jh);
-    host_key *keys = tide_malloc(m * sizeof *keys);
-    host_key *rep = tide_calloc((size_t)l->dp, sizeof *rep);
-    if (jh == NULL || keys == NULL || rep == NULL) {
-        tide_free(jh);
-        tide_free(keys);
-        tide_free(rep);
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory choosing what job %lld gives up",
-                           (long long)r->jobs[k].id);
-    }
-    for (size_t i = 0; i < r->n_cand; i++)
-        jh[i] = r->cand[i].host;
-    tide_sort_i32(jh, r->n_cand);
-    next_epoch(r); /* j's reach */
-    for (size_t x = 0, nr = ranks_of(r, &r->jobs[j]); x < nr; x++) {
-        int32_t g = gpu_of(r, &r->jobs[j], (int32_t)x);
-        if (g >= 0)
-            r->stamp[g] = r->epoch;
-    }
-    size_t nk = 0;
-    for (size_t i = 0; i < m; i++) {
-        int32_t g = gpu_of(r, &r->jobs[k], l->worker[i]);
-        if (r->stamp[g] == r->epoch)
-            keys[nk++] = (host_key){(int32_t)i, r->gpus[g].host,
-                                    count_host(jh, r->n_cand, r->gpus[g].host), 0};
-    }
-    score_by_host(keys, nk, 1);
-    for (int d = 0; d < l->dp; d++)
-        rep[d] = (host_key){d, 0, 0, -d}; /* ties: the highest dp rank first */
-    for (size_t i = 0; i < nk; i++) {
-        int d = (int)((size_t)keys[i].idx / (size_t)l->tp % (size_t)l->dp);
-        rep[d].score += keys[i].score;
-    }
-    qsort(rep, (size_t)l->dp, sizeof *rep, cmp_score);
-    for (int i = 0; i < give && i < l->dp; i++)
-        drop[rep[i].idx] = 1;
-    tide_free(jh);
-    tide_free(keys);
-    tide_free(rep);
-    return TIDE_OK;
-}
-
-/*
- * Shrinks k to dp d for j: k keeps the replicas j needs least (choose_replicas), placed
- * over its own GPUs; appends a YIELD whose released GPUs are kept for j. Appends nothing
- * when k cannot be placed at d.
- */
-static tide_status yield(run *r, size_t k, size_t j, int d)
-{
-    const tide_elastic_job *kb = &r->jobs[k];
-    const tide_layout_t *l = r->lay[k];
-    size_t m = tide_layout_size(l), n = 0, n_pre = 0;
-    uint8_t *drop = tide_calloc((size_t)l->dp, 1);
-    tide_policy_worker *kc = tide_malloc(m * sizeof *kc);
-    int32_t *pre = tide_malloc(m * sizeof *pre);
-    tide_layout_t *nl = NULL;
-    tide_elastic_decision *dec = NULL;
-    tide_status rc = TIDE_OK;
-    TIDE_CHECK_ALLOC_GOTO(drop, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(kc, rc, out);
-    TIDE_CHECK_ALLOC_GOTO(pre, rc, out);
-    TIDE_CHECK_GOTO(choose_replicas(r, k, j, r->cur[k] - d, drop), rc, out);
-    for (int pass = 0; pass < 2 && nl == NULL; pass++) {
-        n = 0;
-        for (size_t i = 0; i < m; i++)
-            if (pass == 1 || !drop[i / (size_t)l->tp % (size_t)l->dp])
-                kc[n++] = (tide_policy_worker){l->worker[i],
-                                               r->gpus[gpu_of(r, kb, l->worker[i])].host,
-                                               TIDE_PW_MEMBER, 0};
-        if (place(r, k, d, kc, n, &nl, pre, &n_pre) != TIDE_OK)
-            nl = NULL; /* the second pass lets placement choose among all its GPUs */
-    }
-    if (nl == NULL)
-        goto out;
-    TIDE_CHECK_GOTO(emit(r, k, TIDE_ELASTIC_YIELD, &nl, NULL, 0, &dec), rc, out);
-    dec->for_job = r->jobs[j].id;
-    estimate(r, k, dec->layout, dec);
-    for (size_t i = 0; i < dec->n_released; i++) {
-        r->hold_for[dec->released[i]] = (int32_t)j;
-        r->from_job[dec->released[i]] = (int32_t)k;
-    }
-    why_head(r, k, dec);
-    why_add(dec, " for job %lld (priority %d): -%zu GPUs (", (long long)r->jobs[j].id,
-            r->jobs[j].priority, dec->n_released);
-    why_hosts(r, dec, dec->released, dec->n_released);
-    why_add(dec, "); est. %.2f s down, %llu bytes moved", dec->downtime_s,
-            (unsigned long long)dec->bytes_sent);
-out:
-    tide_layout_destroy(&nl);
-    tide_free(drop);
-    tide_free(kc);
-    tide_free(pre);
-    return rc;
-}
-
-/* k may yield to j: lower priority, running, free to change, above its minimum. */
-static int may_yield(const run *r, size_t k, size_t j)
-{
-    return k != j && r->jobs[k].priority < r->jobs[j].priority && r->jobs[k].layout != NULL &&
-           !r->frozen[k] && r->changed[k] != 1 && !limited(r, k) && r->cur[k] > r->lo[k];
-}
-
-/*
- * Takes GPUs for j (short of dp `want`, *fd reachable now) from lower-priority jobs, the
- * lowest priority first (the youngest first among equals), each down to what j lacks and
- * never below its minimum; keeps a yield only when it raises the dp j can reach.
- */
-static tide_status take_from_lower(run *r, size_t j, int want, int *fd)
-{
-    long gj = (long)r->jobs[j].tp * r->jobs[j].pp;
-    for (size_t oi = r->nj; oi-- > 0 && *fd < want;) {
-        size_t k = r->order[oi];
-        if (!may_yield(r, k, j))
-            continue;
-        const tide_elastic_job *kb = &r->jobs[k];
-        long gk = (long)kb->tp * kb->pp, lack = (long)(want - *fd) * gj;
-        int d = r->cur[k] - (int)((lack + gk - 1) / gk);
-        d = d < r->lo[k] ? r->lo[k] : tide_policy_fit_dp(kb->fit, kb->n_fit, kb->tp, kb->pp,
-                                                          kb->micro, d);
-        d = d < r->lo[k] ? r->lo[k] : d;
-        for (int tries = 0; tries < 2 && d < r->cur[k]; tries++) {
-            size_t mark = r->plan->n;
-            TIDE_CHECK(yield(r, k, j, d));
-            build_cands(r, j, 0);
-            int f2 = mark < r->plan->n ? feasible(r, j, want) : *fd;
-            if (f2 > *fd) {
-                *fd = f2;
-                break;
-            }
-            undo_yields(r, mark);
-            build_cands(r, j, 0);
-            if (d == r->lo[k])
-                break;
-            d = r->lo[k]; /* the GPUs did not sit where j can use them: all k can give */
-        }
-    }
-    return TIDE_OK;
+    tide__elastic_why_add(d, "%s dp %d -> %d (%ld -> %ld GPUs, bounds %d-%d, priority %d)",
+                          tide_elastic_rule_name(d->rule), d->old_dp, d->new_dp, d->old_dp * g,
+                          d->new_dp * g, jb->min_gpus, jb->max_gpus, jb->priority);
 }
 
 /* ---- one job's decision -------------------------------------------------------------------- */
@@ -735,14 +527,14 @@ static tide_status reach(run *r, size_t j, tide_layout_t **nl, int32_t *pre, siz
 {
     int cur = r->cur[j], want = r->hi[j];
     *nl = NULL;
-    build_cands(r, j, 0);
-    int fd = feasible(r, j, want);
+    tide__elastic_build_cands(r, j, 0);
+    int fd = tide__elastic_feasible(r, j, want);
     if (fd < want)
-        TIDE_CHECK(take_from_lower(r, j, want, &fd));
+        TIDE_CHECK(tide__elastic_take_from_lower(r, j, want, &fd));
     if (fd < (cur > 0 ? cur + 1 : r->lo[j]))
         return TIDE_OK;
     TIDE_CHECK(trim_cands(r, j, fd));
-    if (place(r, j, fd, r->cand, r->n_cand, nl, pre, n_pre) != TIDE_OK)
+    if (tide__elastic_place(r, j, fd, r->cand, r->n_cand, nl, pre, n_pre) != TIDE_OK)
         *nl = NULL; /* what the candidates hold on paper and placement disagree: no change */
     return TIDE_OK;
 }
@@ -761,7 +553,7 @@ static tide_status grow(run *r, size_t j)
     if (nl == NULL)
         goto undo;
     memset(&est, 0, sizeof est);
-    estimate(r, j, nl, &est);
+    tide__elastic_estimate(r, j, nl, &est);
     double down = est.downtime_s, gain = gain_s(r, j, r->cur[j], nl->dp);
     for (size_t i = mark; i < r->plan->n; i++)
         down += r->plan->d[i].downtime_s;
@@ -771,27 +563,28 @@ static tide_status grow(run *r, size_t j)
                    : jb->failed_from_dp > r->cur[j] ? TIDE_ELASTIC_REGROW
                                                     : TIDE_ELASTIC_GROW;
     int waits = r->plan->n > mark;
-    TIDE_CHECK_GOTO(emit(r, j, rule, &nl, pre, n_pre, &d), rc, out);
+    TIDE_CHECK_GOTO(tide__elastic_emit(r, j, rule, &nl, pre, n_pre, &d), rc, out);
     d->waits = waits;
     d->downtime_s = est.downtime_s;
     d->bytes_sent = est.bytes_sent;
     d->max_send = est.max_send;
     d->gain_s = isinf(gain) ? -1.0 : gain;
-    why_head(r, j, d);
-    why_add(d, ": +%zu GPUs (", d->n_gained);
-    why_hosts(r, d, d->gained, d->n_gained);
-    why_add(d, "; %zu idle, %zu joining, %zu offline work preempted, %zu from lower priorities)",
-            d->from_idle, d->from_joining, d->from_offline, d->from_jobs);
+    tide__elastic_why_head(r, j, d);
+    tide__elastic_why_add(d, ": +%zu GPUs (", d->n_gained);
+    tide__elastic_why_hosts(r, d, d->gained, d->n_gained);
+    tide__elastic_why_add(
+        d, "; %zu idle, %zu joining, %zu offline work preempted, %zu from lower priorities)",
+        d->from_idle, d->from_joining, d->from_offline, d->from_jobs);
     if (jb->layout != NULL && isinf(gain))
-        why_add(d, "; est. %.2f s down (%llu bytes), remaining steps unknown", d->downtime_s,
-                (unsigned long long)d->bytes_sent);
+        tide__elastic_why_add(d, "; est. %.2f s down (%llu bytes), remaining steps unknown",
+                              d->downtime_s, (unsigned long long)d->bytes_sent);
     else if (jb->layout != NULL)
-        why_add(d, "; est. %.2f s down (%llu bytes) vs %.0f s saved over %lld steps",
-                d->downtime_s, (unsigned long long)d->bytes_sent, gain,
-                (long long)jb->steps_left);
+        tide__elastic_why_add(d, "; est. %.2f s down (%llu bytes) vs %.0f s saved over %lld steps",
+                              d->downtime_s, (unsigned long long)d->bytes_sent, gain,
+                              (long long)jb->steps_left);
     goto out;
 undo:
-    undo_yields(r, mark);
+    tide__elastic_undo_yields(r, mark);
 out:
     tide_layout_destroy(&nl);
     tide_free(pre);
@@ -806,8 +599,8 @@ out:
 static tide_status hold_back(run *r, size_t j)
 {
     const tide_elastic_job *jb = &r->jobs[j];
-    build_cands(r, j, 0);
-    int fd = feasible(r, j, r->hi[j]);
+    tide__elastic_build_cands(r, j, 0);
+    int fd = tide__elastic_feasible(r, j, r->hi[j]);
     if (fd <= r->cur[j])
         return TIDE_OK;
     host_key *k = tide_malloc((r->n_cand ? r->n_cand : 1) * sizeof *k);
@@ -818,8 +611,8 @@ static tide_status hold_back(run *r, size_t j)
     for (size_t i = 0; i < r->n_cand; i++)
         if (r->cand[i].cls != TIDE_PW_MEMBER)
             k[n++] = (host_key){(int32_t)i, r->cand[i].host, 0, r->cand[i].cls};
-    score_by_host(k, n, 1);
-    qsort(k, n, sizeof *k, cmp_score);
+    tide__elastic_score_by_host(k, n, 1);
+    qsort(k, n, sizeof *k, tide__elastic_cmp_score);
     long need = (long)(fd - r->cur[j]) * jb->tp * jb->pp;
     for (size_t i = 0, start = 0; i < n && need > 0; i++) {
         if (i + 1 < n && k[i + 1].host == k[i].host)
@@ -840,8 +633,8 @@ static tide_status to_bounds(run *r, size_t j)
     size_t n_pre = 0;
     tide_layout_t *nl = NULL;
     tide_elastic_decision *d = NULL;
-    build_cands(r, j, 1);
-    int fd = feasible(r, j, r->hi[j]);
+    tide__elastic_build_cands(r, j, 1);
+    int fd = tide__elastic_feasible(r, j, r->hi[j]);
     if (fd < r->lo[j])
         return TIDE_OK; /* its own GPUs hold no layout in its bounds: recovery's business */
     int32_t *pre = tide_malloc((r->n_cand ? r->n_cand : 1) * sizeof *pre);
@@ -849,15 +642,15 @@ static tide_status to_bounds(run *r, size_t j)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory shrinking job %lld",
                            (long long)r->jobs[j].id);
     tide_status rc = TIDE_OK;
-    if (place(r, j, fd, r->cand, r->n_cand, &nl, pre, &n_pre) == TIDE_OK) {
-        rc = emit(r, j, TIDE_ELASTIC_BOUNDS, &nl, pre, n_pre, &d);
+    if (tide__elastic_place(r, j, fd, r->cand, r->n_cand, &nl, pre, &n_pre) == TIDE_OK) {
+        rc = tide__elastic_emit(r, j, TIDE_ELASTIC_BOUNDS, &nl, pre, n_pre, &d);
         if (rc == TIDE_OK) {
-            estimate(r, j, d->layout, d);
-            why_head(r, j, d);
-            why_add(d, ": -%zu GPUs (", d->n_released);
-            why_hosts(r, d, d->released, d->n_released);
-            why_add(d, "); est. %.2f s down (%llu bytes)", d->downtime_s,
-                    (unsigned long long)d->bytes_sent);
+            tide__elastic_estimate(r, j, d->layout, d);
+            tide__elastic_why_head(r, j, d);
+            tide__elastic_why_add(d, ": -%zu GPUs (", d->n_released);
+            tide__elastic_why_hosts(r, d, d->released, d->n_released);
+            tide__elastic_why_add(d, "); est. %.2f s down (%llu bytes)", d->downtime_s,
+                                  (unsigned long long)d->bytes_sent);
         }
     }
     tide_layout_destroy(&nl);
@@ -865,7 +658,8 @@ static tide_status to_bounds(run *r, size_t j)
     return rc;
 }
 
-/* ---- a run ------------------------------------------------------------------------------------ */
+/* ---- a run ------------------------------------------------------------------------------------
+ */
 
 /* Sorting record of the run's order: highest priority first, then the oldest (lowest id). */
 typedef struct order_key {
@@ -904,7 +698,7 @@ static tide_status load_jobs(run *r)
         r->cur[j] = l->dp;
         r->lay[j] = l;
         for (size_t i = 0; i < tide_layout_size(l); i++) {
-            int32_t g = gpu_of(r, jb, l->worker[i]);
+            int32_t g = tide__elastic_gpu_of(r, jb, l->worker[i]);
             if (g < 0)
                 return tide_errorf(TIDE_ERR_INVALID, "job %lld: rank %d of its layout has no GPU",
                                    (long long)jb->id, l->worker[i]);
@@ -935,8 +729,8 @@ static tide_status check_inputs(const tide_elastic_cfg *cfg, const tide_elastic_
         return tide_errorf(TIDE_ERR_INVALID, "%zu GPUs; at most %d", n_gpus, INT32_MAX);
     for (size_t g = 0; g < n_gpus; g++)
         if (gpus[g].host < 0 || gpus[g].state < TIDE_EG_FREE || gpus[g].state > TIDE_EG_DOWN)
-            return tide_errorf(TIDE_ERR_INVALID, "GPU %zu: host %d or state %d is out of range",
-                               g, gpus[g].host, gpus[g].state);
+            return tide_errorf(TIDE_ERR_INVALID, "GPU %zu: host %d or state %d is out of range", g,
+                               gpus[g].host, gpus[g].state);
     return TIDE_OK;
 }
 
@@ -977,8 +771,7 @@ static tide_status run_alloc(run *r)
     r->cand_gpu = tide_malloc(ng * sizeof *r->cand_gpu);
     if (!r->owner || !r->avail || !r->hold_for || !r->from_job || !r->stamp || !r->lo || !r->hi ||
         !r->cur || !r->lay || !r->frozen || !r->changed || !r->order || !r->cand || !r->cand_gpu)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a policy run over %zu GPUs",
-                           r->ng);
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for a policy run over %zu GPUs", r->ng);
     for (size_t g = 0; g < r->ng; g++) {
         r->owner[g] = -1;
         r->hold_for[g] = HOLD_NONE;
@@ -1001,7 +794,12 @@ tide_status tide_elastic_decide(const tide_elastic_cfg *cfg, const tide_elastic_
                                 double now_s, tide_elastic_plan *plan)
 {
     TIDE_CHECK(check_inputs(cfg, gpus, n_gpus));
-    run r = {.cfg = cfg, .jobs = jobs, .nj = n_jobs, .gpus = gpus, .ng = n_gpus, .now = now_s,
+    run r = {.cfg = cfg,
+             .jobs = jobs,
+             .nj = n_jobs,
+             .gpus = gpus,
+             .ng = n_gpus,
+             .now = now_s,
              .plan = plan};
     size_t base = plan->n;
     r.base = base;
@@ -1014,7 +812,7 @@ tide_status tide_elastic_decide(const tide_elastic_cfg *cfg, const tide_elastic_
             continue;
         if (jobs[j].layout != NULL && r.cur[j] > r.hi[j])
             rc = to_bounds(&r, j);
-        else if (jobs[j].layout != NULL && r.cur[j] < r.hi[j] && limited(&r, j))
+        else if (jobs[j].layout != NULL && r.cur[j] < r.hi[j] && tide__elastic_limited(&r, j))
             rc = hold_back(&r, j);
         else if (jobs[j].layout == NULL || r.cur[j] < r.hi[j])
             rc = grow(&r, j);

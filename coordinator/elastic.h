@@ -15,7 +15,8 @@
  *   - a grow toward the size failures shrank a job from is a re-grow: it happens as
  *     soon as the capacity is back, under the same rate limit as any other grow.
  * Rate limits: a job is changed by the policy at most once per min_interval_s (its
- * failures' recoveries are not policy changes and do not count), and it grows only
+ * failures' recoveries are not policy changes and do not count; a job with no layout
+ * starts whenever it can; a lowered maximum applies at once), and it grows only
  * when the time the grow saves over its remaining steps beats gain_margin times the
  * predicted downtime (the dry-run estimate: the reshard plan's busiest worker over the
  * link, plus a fixed switch cost). A pinned job, a job an operator resized (the
@@ -69,35 +70,35 @@ typedef struct tide_elastic_gpu {
 /* One online job as the policy sees it. Pointers are borrowed for the call. */
 typedef struct tide_elastic_job {
     int64_t id;
-    int32_t priority;                /* TIDE_ELASTIC_PRIORITY_MIN..MAX; higher wins */
-    int32_t min_gpus, max_gpus;      /* bounds: dp * tp * pp stays inside [min, max] */
-    int tp, pp, micro, num_layers;   /* the job's other degrees, micro-batches and layers */
-    const tide_fit_rule *fit;        /* what its program can run (may be NULL) */
-    size_t n_fit;                    /* rules in fit */
-    const tide_layout_t *layout;     /* current layout, worker ids are job ranks; NULL: the
-                                        job has not started */
-    const tide_collection_t *coll;   /* its tensors, for placement and the estimate (NULL:
-                                        a stand-in and state_bytes) */
-    uint64_t state_bytes;            /* one replica of its state (bytes), when coll is NULL */
-    const int32_t *rank_gpu;         /* GPU of each job rank (n_ranks entries, -1: none);
-                                        NULL: rank r is GPU r, any GPU */
+    int32_t priority;              /* TIDE_ELASTIC_PRIORITY_MIN..MAX; higher wins */
+    int32_t min_gpus, max_gpus;    /* bounds: dp * tp * pp stays inside [min, max] */
+    int tp, pp, micro, num_layers; /* the job's other degrees, micro-batches and layers */
+    const tide_fit_rule *fit;      /* what its program can run (may be NULL) */
+    size_t n_fit;                  /* rules in fit */
+    const tide_layout_t *layout;   /* current layout, worker ids are job ranks; NULL: the
+                                      job has not started */
+    const tide_collection_t *coll; /* its tensors, for placement and the estimate (NULL:
+                                      a stand-in and state_bytes) */
+    uint64_t state_bytes;          /* one replica of its state (bytes), when coll is NULL */
+    const int32_t *rank_gpu;       /* GPU of each job rank (n_ranks entries, -1: none);
+                                      NULL: rank r is GPU r, any GPU */
     size_t n_ranks;
-    int64_t steps_left;              /* steps to go; <= 0: unknown (the gain is not checked) */
-    double step_s;                   /* seconds per step at its current layout; <= 0: unknown */
-    double last_change_s;            /* time of its last policy change; < 0: none */
-    int32_t failed_from_dp;          /* dp before failures shrank it, 0: none */
-    int32_t pinned;                  /* 1: the policy never changes it */
-    int32_t operator_hold;           /* 1: an operator's resize is in force */
-    int32_t busy;                    /* 1: inside a reconfiguration or recovery */
+    int64_t steps_left;     /* steps to go; <= 0: unknown (the gain is not checked) */
+    double step_s;          /* seconds per step at its current layout; <= 0: unknown */
+    double last_change_s;   /* time of its last policy change; < 0: none */
+    int32_t failed_from_dp; /* dp before failures shrank it, 0: none */
+    int32_t pinned;         /* 1: the policy never changes it */
+    int32_t operator_hold;  /* 1: an operator's resize is in force */
+    int32_t busy;           /* 1: inside a reconfiguration or recovery */
 } tide_elastic_job;
 
 /* The policy's settings (tide_elastic_cfg_default gives tided's defaults). */
 typedef struct tide_elastic_cfg {
-    double min_interval_s;  /* least time between two policy changes of one job (s) */
-    double gain_margin;     /* a grow needs saved time > margin x predicted downtime */
-    double switch_s;        /* fixed cost of a switch: agreement, communicators (s) */
+    double min_interval_s;   /* least time between two policy changes of one job (s) */
+    double gain_margin;      /* a grow needs saved time > margin x predicted downtime */
+    double switch_s;         /* fixed cost of a switch: agreement, communicators (s) */
     double link_bytes_per_s; /* per-worker reshard bandwidth (bytes/s), > 0 */
-    double scaling;         /* share of linear speed-up a larger dp gives, (0, 1] */
+    double scaling;          /* share of linear speed-up a larger dp gives, (0, 1] */
 } tide_elastic_cfg;
 
 typedef enum tide_elastic_rule {
@@ -110,27 +111,31 @@ typedef enum tide_elastic_rule {
 
 /* One change the policy decided, with its reason. */
 typedef struct tide_elastic_decision {
-    int64_t job;            /* the job's id */
-    size_t index;           /* its index in the jobs array */
-    int32_t rule;           /* tide_elastic_rule */
-    int old_dp, new_dp;     /* old_dp 0 for START */
-    tide_layout_t *layout;  /* the new layout (owned; worker ids are job ranks) */
-    int32_t *preempt;       /* job ranks whose GPU runs offline work to preempt (owned) */
+    int64_t job;           /* the job's id */
+    size_t index;          /* its index in the jobs array */
+    int32_t rule;          /* tide_elastic_rule */
+    int old_dp, new_dp;    /* old_dp 0 for START */
+    tide_layout_t *layout; /* the new layout (owned; worker ids are job ranks) */
+    int32_t *preempt;      /* job ranks whose GPU runs offline work to preempt (owned) */
     size_t n_preempt;
-    int32_t *gained;        /* GPUs it takes, ascending (owned) */
+    int32_t *gained; /* GPUs it takes, ascending (owned) */
     size_t n_gained;
-    int32_t *released;      /* GPUs it gives up, ascending (owned) */
+    int32_t *released; /* GPUs it gives up, ascending (owned) */
     size_t n_released;
     size_t from_idle, from_joining, from_offline, from_jobs; /* gained, by source */
-    int64_t for_job;        /* YIELD: the job the GPUs go to; else -1 */
-    int32_t waits;          /* 1: start only after every YIELD with for_job == job committed */
-    double downtime_s;      /* predicted downtime (0 for START) */
-    double gain_s;          /* predicted time saved over the remaining steps (grows) */
-    uint64_t bytes_sent, max_send; /* the plan estimate behind downtime_s */
+    int64_t for_job;                /* YIELD: the job the GPUs go to; else -1 */
+    int32_t waits;                  /* 1: start only after the plan's earlier YIELDs committed */
+    double downtime_s;              /* predicted downtime (0 for START) */
+    double gain_s;                  /* predicted time saved over the remaining steps (grows) */
+    uint64_t bytes_sent, max_send;  /* the plan estimate behind downtime_s */
     char why[TIDE_ELASTIC_WHY_MAX]; /* the reason as text for the event */
 } tide_elastic_decision;
 
-/* A run's decisions, in the order to start them (yields before the grow they serve). */
+/*
+ * A run's decisions, in the order to start them: yields before the grow they serve; a job
+ * that yields to several higher jobs has one YIELD per beneficiary in a row, each from the
+ * layout of the one before (old_dp is the previous one's new_dp).
+ */
 typedef struct tide_elastic_plan {
     tide_elastic_decision *d;
     size_t n;

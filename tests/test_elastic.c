@@ -136,8 +136,14 @@ static int dp_of(const cluster *c, size_t j)
 
 Test(elastic, bad_bounds_are_refused_with_the_reason)
 {
-    tide_elastic_job j = {.id = 1, .priority = 5, .min_gpus = 12, .max_gpus = 8, .tp = 1,
-                          .pp = 1, .micro = 1, .num_layers = 4};
+    tide_elastic_job j = {.id = 1,
+                          .priority = 5,
+                          .min_gpus = 12,
+                          .max_gpus = 8,
+                          .tp = 1,
+                          .pp = 1,
+                          .micro = 1,
+                          .num_layers = 4};
     cr_assert_eq(tide_elastic_check(&j, NULL, NULL), TIDE_ERR_INVALID);
     cr_assert(strstr(tide_last_error(), "min 12 GPUs is above max 8"), "%s", tide_last_error());
     j.min_gpus = 4;
@@ -537,15 +543,13 @@ static void check_decision(const cluster *c, const tide_elastic_cfg *cfg,
     cr_assert_eq(tide_elastic_check(jb, &lo, &hi), TIDE_OK);
     cr_assert_eq(tide_layout_validate(d->layout, NULL), TIDE_OK, "%s", tide_last_error());
     cr_assert(d->layout->tp == jb->tp && d->layout->pp == jb->pp);
-    cr_assert_eq(tide_fit_check(jb->fit, jb->n_fit, d->new_dp, jb->tp, jb->pp, jb->micro),
-                 TIDE_OK);
+    cr_assert_eq(tide_fit_check(jb->fit, jb->n_fit, d->new_dp, jb->tp, jb->pp, jb->micro), TIDE_OK);
     cr_assert(d->new_dp >= lo && d->new_dp <= hi, "dp %d outside %d-%d: %s", d->new_dp, lo, hi,
               d->why);
     cr_assert_eq(groups_across(c, d->layout), 0, "%s", d->why);
     /* a bounds change is the operator's; a job with nothing starts when it can */
     cr_assert(d->rule == TIDE_ELASTIC_BOUNDS || d->rule == TIDE_ELASTIC_START ||
-                  jb->last_change_s < 0 ||
-                  now - jb->last_change_s >= cfg->min_interval_s,
+                  jb->last_change_s < 0 || now - jb->last_change_s >= cfg->min_interval_s,
               "job %lld changed inside its interval: %s", (long long)d->job, d->why);
     cr_assert(strlen(d->why) > 10);
     const tide_elastic_decision *before = NULL; /* the job's previous decision in the run */
@@ -571,8 +575,8 @@ static void check_decision(const cluster *c, const tide_elastic_cfg *cfg,
         double down = d->downtime_s;
         for (size_t k = 0; k < i; k++)
             down += p->d[k].for_job == d->job ? p->d[k].downtime_s : 0;
-        cr_assert(jb->layout == NULL || d->gain_s < 0 || d->gain_s > cfg->gain_margin * down,
-                  "%s", d->why);
+        cr_assert(jb->layout == NULL || d->gain_s < 0 || d->gain_s > cfg->gain_margin * down, "%s",
+                  d->why);
     }
 }
 

@@ -554,9 +554,12 @@ static tide_status grow(run *r, size_t j)
         goto undo;
     memset(&est, 0, sizeof est);
     tide__elastic_estimate(r, j, nl, &est);
+    /* the yields' downtime weighs by their GPUs against the grown job's: GPU-seconds lost
+       against GPU-seconds gained */
     double down = est.downtime_s, gain = gain_s(r, j, r->cur[j], nl->dp);
     for (size_t i = mark; i < r->plan->n; i++)
-        down += r->plan->d[i].downtime_s;
+        down += r->plan->d[i].downtime_s * (double)tide_layout_size(r->plan->d[i].layout) /
+                (double)tide_layout_size(nl);
     if (jb->layout != NULL && gain <= r->cfg->gain_margin * down)
         goto undo;
     int32_t rule = jb->layout == NULL               ? TIDE_ELASTIC_START

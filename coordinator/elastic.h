@@ -19,7 +19,8 @@
  * starts whenever it can; a lowered maximum applies at once), and it grows only
  * when the time the grow saves over its remaining steps beats gain_margin times the
  * predicted downtime (the dry-run estimate: the reshard plan's busiest worker over the
- * link, plus a fixed switch cost). A pinned job, a job an operator resized (the
+ * link, plus a fixed switch cost), the downtime of the jobs that yield to it weighed by
+ * their GPUs against its own (GPU-seconds lost against GPU-seconds gained). A pinned job, a job an operator resized (the
  * operator's size is in force), and a job inside a reconfiguration are never touched.
  * Capacity a rate-limited higher-priority job could take is held back from lower
  * ones in the same run, so that they do not grow only to yield it soon after.

@@ -574,7 +574,10 @@ static void check_decision(const cluster *c, const tide_elastic_cfg *cfg,
         cr_assert_eq(d->rule == TIDE_ELASTIC_START, jb->layout == NULL);
         double down = d->downtime_s;
         for (size_t k = 0; k < i; k++)
-            down += p->d[k].for_job == d->job ? p->d[k].downtime_s : 0;
+            down += p->d[k].for_job == d->job
+                        ? p->d[k].downtime_s * (double)tide_layout_size(p->d[k].layout) /
+                              (double)tide_layout_size(d->layout)
+                        : 0;
         cr_assert(jb->layout == NULL || d->gain_s < 0 || d->gain_s > cfg->gain_margin * down, "%s",
                   d->why);
     }

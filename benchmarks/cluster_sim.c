@@ -73,6 +73,7 @@
 
 typedef struct sim_cfg {
     long long hosts, gpus, days, tick_s, seed, flaky, pretrain_jobs;
+    int expect_ahead;
     double fail_gpu_h, host_share, repair_h, flap_up_min, flap_down_min, restart_s, ckpt_min;
     double switch_s, link_gbs, scaling, interval_s, margin, policy_s, offline_share;
     double offline_loss_s, restart_interval_s;
@@ -854,6 +855,8 @@ static int parse(sim_cfg *c, int argc, char **argv)
          "offline work arriving, as a share of the cluster", 0, 0},
         {"offline-loss-s", NULL, TIDE_OPT_DOUBLE, &c->offline_loss_s, "300",
          "offline work lost per preemption (s)", 0, 0},
+        {"expect-ahead", NULL, TIDE_OPT_BOOL, &c->expect_ahead, "0",
+         "exit 3 unless tide's goodput is above both others' (for the test suite)", 0, 0},
         {"out", NULL, TIDE_OPT_STRING, &c->out, "bench-out/cluster_sim.json", "results file", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -960,6 +963,12 @@ int main(int argc, char **argv)
     }
     simulate(&s);
     report(&s, (double)(tide_now_ns() - t0) / 1e9);
+    double tide = goodput(&s.w[WAY_TIDE].lg);
+    int ahead = tide > goodput(&s.w[WAY_RST].lg) && tide > goodput(&s.w[WAY_STAT].lg);
     teardown(&s);
+    if (s.c.expect_ahead && !ahead) {
+        fprintf(stderr, PROG ": tide's goodput is not above both others'\n");
+        return 3;
+    }
     return 0;
 }

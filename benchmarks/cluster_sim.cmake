@@ -10,6 +10,6 @@ if(TARGET tide_coord)
   add_test(NAME cluster_sim_day
            COMMAND cluster_sim --hosts 300 --days 1 --pretrain-jobs 1 --expect-ahead
                    --out ${PROJECT_BINARY_DIR}/bench-out/cluster_sim_day.json)
-  set_tests_properties(cluster_sim_day PROPERTIES LABELS unit TIMEOUT 120
+  set_tests_properties(cluster_sim_day PROPERTIES LABELS unit TIMEOUT 240
                                                   ENVIRONMENT "${TIDE_TEST_ENV}")
 endif()

@@ -444,7 +444,8 @@ tide_status tide__elastic_emit(run *r, size_t j, int32_t rule, tide_layout_t **n
         plan_truncate(r->plan, r->plan->n - 1);
         TIDE_FAIL_GOTO(rc, out, TIDE_ERR_NOMEM, "out of memory recording a decision");
     }
-    memcpy(d->preempt, pre, n_pre * sizeof *pre);
+    if (n_pre > 0)
+        memcpy(d->preempt, pre, n_pre * sizeof *pre);
     d->n_preempt = n_pre;
     d->n_gained = set_minus(nw, nn, ow, on, d->gained);
     d->n_released = set_minus(ow, on, nw, nn, d->released);

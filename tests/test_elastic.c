@@ -765,3 +765,43 @@ Test(elastic, flapping_hosts_do_not_make_a_job_thrash)
     cr_assert_gt(regrows, 0);
     cr_assert_gt(yields, 0);
 }
+
+Test(elastic, jobs_see_gpus_through_their_own_ranks)
+{
+    /* tided's view: each job's layout names its own ranks; a higher job's pool launched on
+       host 2 reaches only that host's GPUs, which the lower job holds */
+    cluster c;
+    cluster_init(&c, 3, 4);
+    size_t a = add_job(&c, 1, 10, 4, 12, 1, 1);
+    size_t b = add_job(&c, 2, 50, 4, 4, 1, 1);
+    static const int32_t a_gpu[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    static const int32_t b_gpu[5] = {8, 9, 10, 11, -1}; /* rank 4 has no GPU */
+    c.job[a].rank_gpu = a_gpu;
+    c.job[a].n_ranks = 12;
+    c.job[b].rank_gpu = b_gpu;
+    c.job[b].n_ranks = 5;
+    set_layout(&c, a, 12, range(0, 12));
+    tide_elastic_cfg cfg = cfg_fast();
+    tide_elastic_plan p = {0};
+    decide(&c, &cfg, 1000, &p);
+    cr_assert_eq(p.n, 2);
+    cr_assert_eq(p.d[0].job, 1);
+    cr_assert_eq(p.d[0].n_released, 4);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_eq(p.d[0].released[i], 8 + (int32_t)i, "A gives up host 2, what B reaches");
+    cr_assert_eq(p.d[1].job, 2);
+    int32_t ranks[4];
+    memcpy(ranks, p.d[1].layout->worker, sizeof ranks);
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert(ranks[i] >= 0 && ranks[i] < 4, "B's layout names B's ranks (%d)", ranks[i]);
+        cr_assert_eq(p.d[1].gained[i], 8 + (int32_t)i);
+    }
+    /* a rank of a layout with no GPU is refused */
+    set_layout(&c, b, 1, range(0, 1));
+    c.layout[b]->worker[0] = 4;
+    cr_assert_eq(tide_elastic_decide(&cfg, c.job, c.nj, c.gpu, c.ng, 1000, &p), TIDE_ERR_INVALID);
+    cr_assert(strstr(tide_last_error(), "rank 4 of its layout has no GPU"), "%s",
+              tide_last_error());
+    tide_elastic_plan_clear(&p);
+    cluster_free(&c);
+}

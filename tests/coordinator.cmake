@@ -44,3 +44,7 @@ printf 'void b(void)\\n{\\n    a();\\n}\\n' > $d/b.c && \
 ! ${tide_cycles} $d > /dev/null")
   set_tests_properties(coordinator_call_cycles PROPERTIES LABELS unit TIMEOUT 60)
 endif()
+# The elastic policy: scenarios and randomised properties (coordinator/elastic).
+if(TARGET tide_coord)
+  tide_add_unit_test(test_elastic SOURCES test_elastic.c LIBS tide_coord TIMEOUT 60)
+endif()

@@ -257,232 +257,316 @@ static tide_status decode_struct(const tide__schema *s, const msgpack_object *ma
 /* The field's name for an error message, formatted only when one is needed: this runs for every
  * field of every message. */
 #define fn (tide__field_name(c, f->key, fnbuf, sizeof fnbuf))
-static tide_status decode_field(const tide__field *f, const msgpack_object *o, void *base,
+static tide_status decode_k_int(const tide__field *f, const msgpack_object *o, void *base,
                                 tide__ctx *c)
+{
+    char fnbuf[160];
+    int neg;
+    int64_t i;
+    uint64_t u;
+    if (obj_int(o, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u))
+        return fail_int(c, f, fn, o);
+    tide__int_store(f, base, neg, i, u);
+    return TIDE_OK;
+}
+
+static tide_status decode_k_double(const tide__field *f, const msgpack_object *o, void *base,
+                                   tide__ctx *c)
+{
+    (void)base;
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    double d;
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+        d = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        d = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        d = (double)o->via.i64;
+    else
+        return tide__fail(c, "%s must be a number in [%g, %g] (got %s)", fn, f->dmin, f->dmax,
+                          obj_type_name(o->type));
+    if (!isfinite(d) || d < f->dmin || d > f->dmax)
+        return tide__fail(c, "%s must be a finite number in [%g, %g], got %g", fn, f->dmin, f->dmax,
+                          d);
+    memcpy(p, &d, sizeof d);
+    return TIDE_OK;
+}
+
+static tide_status decode_k_bool(const tide__field *f, const msgpack_object *o, void *base,
+                                 tide__ctx *c)
+{
+    (void)base;
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type != MSGPACK_OBJECT_BOOLEAN)
+        return tide__fail(c, "%s must be a boolean (got %s)", fn, obj_type_name(o->type));
+    int v = o->via.boolean ? 1 : 0;
+    memcpy(p, &v, sizeof v);
+    return TIDE_OK;
+}
+
+static tide_status decode_k_str(const tide__field *f, const msgpack_object *o, void *base,
+                                tide__ctx *c)
+{
+    (void)base;
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type != MSGPACK_OBJECT_STR)
+        return tide__fail(c, "%s must be a string (got %s)", fn, obj_type_name(o->type));
+    TIDE_CHECK(tide__check_str(c, f, o->via.str.ptr, o->via.str.size, f->size - 1, f->key));
+    memcpy(p, o->via.str.ptr, o->via.str.size);
+    p[o->via.str.size] = '\0';
+    return TIDE_OK;
+}
+
+static tide_status decode_k_enum(const tide__field *f, const msgpack_object *o, void *base,
+                                 tide__ctx *c)
+{
+    (void)base;
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type == MSGPACK_OBJECT_STR) {
+        for (int v = 0; v < f->n_names; v++) {
+            if (key_is(o, f->names[v])) {
+                memcpy(p, &v, sizeof v);
+                return TIDE_OK;
+            }
+        }
+    }
+    char opts[160] = "";
+    for (int v = 0; v < f->n_names; v++) {
+        size_t len = strlen(opts);
+        snprintf(opts + len, sizeof opts - len, "%s\"%s\"", v ? ", " : "", f->names[v]);
+    }
+    if (o->type == MSGPACK_OBJECT_STR) {
+        char got[64];
+        return tide__fail(c, "%s must be one of %s, got \"%s\"", fn, opts,
+                          printable(o->via.str.ptr, o->via.str.size, got, sizeof got));
+    }
+    return tide__fail(c, "%s must be one of %s (got %s)", fn, opts, obj_type_name(o->type));
+}
+
+static tide_status decode_k_i32_array(const tide__field *f, const msgpack_object *o, void *base,
+                                      tide__ctx *c)
 {
     char fnbuf[160];
     char *p = (char *)base + f->off;
     int neg;
     int64_t i;
     uint64_t u;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return tide__fail(c, "%s must be an array of integers (got %s)", fn,
+                          obj_type_name(o->type));
+    uint32_t n = o->via.array.size;
+    if (f->expect) {
+        uint32_t want;
+        TIDE_CHECK(f->expect(base, c, &want));
+        if (n != want)
+            return tide__fail(c, "%s must have %u entries, got %u", fn, want, n);
+    } else if (n > f->cmax) {
+        return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+    }
+    int32_t *a = NULL;
+    if (n > 0) {
+        a = tide_malloc((size_t)n * sizeof *a);
+        if (a == NULL)
+            return nomem(c, fn, n);
+    }
+    memcpy(p, &a, sizeof a);
+    if (f->count_off != TIDE__NO_OFF)
+        tide__store_count(base, f->count_off, n);
+    for (uint32_t k = 0; k < n; k++) {
+        const msgpack_object *e = &o->via.array.ptr[k];
+        if (obj_int(e, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u)) {
+            char efn[176];
+            snprintf(efn, sizeof efn, "field '%s%s[%u]'", c->path, f->key, k);
+            return fail_int(c, f, efn, e);
+        }
+        a[k] = neg ? (int32_t)i : (int32_t)u;
+    }
+    return TIDE_OK;
+}
+
+static tide_status decode_k_i64_fixed(const tide__field *f, const msgpack_object *o, void *base,
+                                      tide__ctx *c)
+{
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    int neg;
+    int64_t i;
+    uint64_t u;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return tide__fail(c, "%s must be an array of integers (got %s)", fn,
+                          obj_type_name(o->type));
+    uint32_t n = o->via.array.size;
+    if (n < f->cmin || n > f->cmax)
+        return tide__fail(c, "%s must have %u to %u entries, got %u", fn, f->cmin, f->cmax, n);
+    int64_t *a = (int64_t *)(void *)p;
+    for (uint32_t k = 0; k < n; k++) {
+        const msgpack_object *e = &o->via.array.ptr[k];
+        if (obj_int(e, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u)) {
+            char efn[176];
+            snprintf(efn, sizeof efn, "field '%s%s[%u]'", c->path, f->key, k);
+            return fail_int(c, f, efn, e);
+        }
+        a[k] = neg ? i : (int64_t)u;
+    }
+    tide__store_count(base, f->count_off, n);
+    return TIDE_OK;
+}
+
+static tide_status decode_k_str_array(const tide__field *f, const msgpack_object *o, void *base,
+                                      tide__ctx *c)
+{
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return tide__fail(c, "%s must be an array of strings (got %s)", fn, obj_type_name(o->type));
+    uint32_t n = o->via.array.size;
+    if (n > f->cmax)
+        return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+    char **a = NULL;
+    if (n > 0) {
+        a = tide_calloc(n, sizeof *a);
+        if (a == NULL)
+            return nomem(c, fn, n);
+    }
+    memcpy(p, &a, sizeof a);
+    tide__store_count(base, f->count_off, n);
+    for (uint32_t k = 0; k < n; k++) {
+        const msgpack_object *e = &o->via.array.ptr[k];
+        char key[48];
+        snprintf(key, sizeof key, "%s[%u]", f->key, k);
+        if (e->type != MSGPACK_OBJECT_STR)
+            return tide__fail(c, "field '%s%s' must be a string (got %s)", c->path, key,
+                              obj_type_name(e->type));
+        TIDE_CHECK(tide__check_str(c, f, e->via.str.ptr, e->via.str.size, f->size, key));
+        a[k] = tide_malloc((size_t)e->via.str.size + 1);
+        if (a[k] == NULL)
+            return nomem(c, fn, n);
+        memcpy(a[k], e->via.str.ptr, e->via.str.size);
+        a[k][e->via.str.size] = '\0';
+    }
+    return TIDE_OK;
+}
+
+static tide_status decode_k_u64_bin(const tide__field *f, const msgpack_object *o, void *base,
+                                    tide__ctx *c)
+{
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type != MSGPACK_OBJECT_BIN)
+        return tide__fail(c, "%s must be binary, 8 bytes per entry (got %s)", fn,
+                          obj_type_name(o->type));
+    uint32_t size = o->via.bin.size;
+    if (size % 8 != 0)
+        return tide__fail(c, "%s has %u bytes, not a whole number of 8-byte entries", fn, size);
+    uint32_t n = size / 8;
+    if (n > f->cmax)
+        return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+    uint64_t *a = NULL;
+    if (n > 0) {
+        a = tide_malloc((size_t)n * sizeof *a);
+        if (a == NULL)
+            return nomem(c, fn, n);
+    }
+    memcpy(p, &a, sizeof a);
+    tide__store_count(base, f->count_off, n);
+    const uint8_t *b = (const uint8_t *)o->via.bin.ptr;
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t v = 0;
+        for (int j = 7; j >= 0; j--)
+            v = (v << 8) | b[(size_t)k * 8 + (size_t)j];
+        a[k] = v;
+    }
+    return TIDE_OK;
+}
+
+static tide_status decode_k_struct(const tide__field *f, const msgpack_object *o, void *base,
+                                   tide__ctx *c)
+{
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    int has = 1;
+    if ((f->flags & TIDE__F_NULLABLE) && o->type == MSGPACK_OBJECT_NIL) {
+        has = 0;
+    } else if (o->type != MSGPACK_OBJECT_MAP) {
+        return tide__fail(c, "%s must be a map%s (got %s)", fn,
+                          (f->flags & TIDE__F_NULLABLE) ? " or nil" : "", obj_type_name(o->type));
+    }
+    if (f->flags & TIDE__F_NULLABLE)
+        memcpy((char *)base + f->has_off, &has, sizeof has);
+    if (!has)
+        return TIDE_OK;
+    size_t plen = strlen(c->path);
+    snprintf(c->path + plen, sizeof c->path - plen, "%s.", f->key);
+    tide_status rc = decode_struct(f->sub, o, p, c, 0);
+    c->path[plen] = '\0';
+    return rc;
+}
+
+static tide_status decode_k_struct_array(const tide__field *f, const msgpack_object *o, void *base,
+                                         tide__ctx *c)
+{
+    char fnbuf[160];
+    char *p = (char *)base + f->off;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return tide__fail(c, "%s must be an array of maps (got %s)", fn, obj_type_name(o->type));
+    uint32_t n = o->via.array.size;
+    if (n > f->cmax)
+        return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+    char *a = NULL;
+    if (n > 0) {
+        a = tide_calloc(n, f->sub->size);
+        if (a == NULL)
+            return nomem(c, fn, n);
+    }
+    memcpy(p, &a, sizeof a);
+    tide__store_count(base, f->count_off, n); /* zeroed elements: safe to free if we fail */
+    size_t plen = strlen(c->path);
+    tide_status rc = TIDE_OK;
+    for (uint32_t k = 0; k < n && rc == TIDE_OK; k++) {
+        const msgpack_object *e = &o->via.array.ptr[k];
+        tide__path_index(c, plen, f->key, k);
+        if (e->type != MSGPACK_OBJECT_MAP) {
+            c->path[plen] = '\0';
+            return tide__fail(c, "field '%s%s[%u]' must be a map (got %s)", c->path, f->key, k,
+                              obj_type_name(e->type));
+        }
+        rc = decode_struct(f->sub, e, a + (size_t)k * f->sub->size, c, 0);
+    }
+    c->path[plen] = '\0';
+    return rc;
+}
+
+static tide_status decode_field(const tide__field *f, const msgpack_object *o, void *base,
+                                tide__ctx *c)
+{
+    char fnbuf[160];
     switch (f->kind) {
     case TIDE__K_INT:
-        if (obj_int(o, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u))
-            return fail_int(c, f, fn, o);
-        tide__int_store(f, base, neg, i, u);
-        return TIDE_OK;
-    case TIDE__K_DOUBLE: {
-        double d;
-        if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
-            d = o->via.f64;
-        else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            d = (double)o->via.u64;
-        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-            d = (double)o->via.i64;
-        else
-            return tide__fail(c, "%s must be a number in [%g, %g] (got %s)", fn, f->dmin, f->dmax,
-                              obj_type_name(o->type));
-        if (!isfinite(d) || d < f->dmin || d > f->dmax)
-            return tide__fail(c, "%s must be a finite number in [%g, %g], got %g", fn, f->dmin,
-                              f->dmax, d);
-        memcpy(p, &d, sizeof d);
-        return TIDE_OK;
-    }
-    case TIDE__K_BOOL: {
-        if (o->type != MSGPACK_OBJECT_BOOLEAN)
-            return tide__fail(c, "%s must be a boolean (got %s)", fn, obj_type_name(o->type));
-        int v = o->via.boolean ? 1 : 0;
-        memcpy(p, &v, sizeof v);
-        return TIDE_OK;
-    }
+        return decode_k_int(f, o, base, c);
+    case TIDE__K_DOUBLE:
+        return decode_k_double(f, o, base, c);
+    case TIDE__K_BOOL:
+        return decode_k_bool(f, o, base, c);
     case TIDE__K_STR:
-        if (o->type != MSGPACK_OBJECT_STR)
-            return tide__fail(c, "%s must be a string (got %s)", fn, obj_type_name(o->type));
-        TIDE_CHECK(tide__check_str(c, f, o->via.str.ptr, o->via.str.size, f->size - 1, f->key));
-        memcpy(p, o->via.str.ptr, o->via.str.size);
-        p[o->via.str.size] = '\0';
-        return TIDE_OK;
-    case TIDE__K_ENUM: {
-        if (o->type == MSGPACK_OBJECT_STR) {
-            for (int v = 0; v < f->n_names; v++) {
-                if (key_is(o, f->names[v])) {
-                    memcpy(p, &v, sizeof v);
-                    return TIDE_OK;
-                }
-            }
-        }
-        char opts[160] = "";
-        for (int v = 0; v < f->n_names; v++) {
-            size_t len = strlen(opts);
-            snprintf(opts + len, sizeof opts - len, "%s\"%s\"", v ? ", " : "", f->names[v]);
-        }
-        if (o->type == MSGPACK_OBJECT_STR) {
-            char got[64];
-            return tide__fail(c, "%s must be one of %s, got \"%s\"", fn, opts,
-                              printable(o->via.str.ptr, o->via.str.size, got, sizeof got));
-        }
-        return tide__fail(c, "%s must be one of %s (got %s)", fn, opts, obj_type_name(o->type));
-    }
-    case TIDE__K_I32_ARRAY: {
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            return tide__fail(c, "%s must be an array of integers (got %s)", fn,
-                              obj_type_name(o->type));
-        uint32_t n = o->via.array.size;
-        if (f->expect) {
-            uint32_t want;
-            TIDE_CHECK(f->expect(base, c, &want));
-            if (n != want)
-                return tide__fail(c, "%s must have %u entries, got %u", fn, want, n);
-        } else if (n > f->cmax) {
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        }
-        int32_t *a = NULL;
-        if (n > 0) {
-            a = tide_malloc((size_t)n * sizeof *a);
-            if (a == NULL)
-                return nomem(c, fn, n);
-        }
-        memcpy(p, &a, sizeof a);
-        if (f->count_off != TIDE__NO_OFF)
-            tide__store_count(base, f->count_off, n);
-        for (uint32_t k = 0; k < n; k++) {
-            const msgpack_object *e = &o->via.array.ptr[k];
-            if (obj_int(e, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u)) {
-                char efn[176];
-                snprintf(efn, sizeof efn, "field '%s%s[%u]'", c->path, f->key, k);
-                return fail_int(c, f, efn, e);
-            }
-            a[k] = neg ? (int32_t)i : (int32_t)u;
-        }
-        return TIDE_OK;
-    }
-    case TIDE__K_I64_FIXED: {
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            return tide__fail(c, "%s must be an array of integers (got %s)", fn,
-                              obj_type_name(o->type));
-        uint32_t n = o->via.array.size;
-        if (n < f->cmin || n > f->cmax)
-            return tide__fail(c, "%s must have %u to %u entries, got %u", fn, f->cmin, f->cmax, n);
-        int64_t *a = (int64_t *)(void *)p;
-        for (uint32_t k = 0; k < n; k++) {
-            const msgpack_object *e = &o->via.array.ptr[k];
-            if (obj_int(e, &neg, &i, &u) != 0 || !tide__int_in_range(f, neg, i, u)) {
-                char efn[176];
-                snprintf(efn, sizeof efn, "field '%s%s[%u]'", c->path, f->key, k);
-                return fail_int(c, f, efn, e);
-            }
-            a[k] = neg ? i : (int64_t)u;
-        }
-        tide__store_count(base, f->count_off, n);
-        return TIDE_OK;
-    }
-    case TIDE__K_STR_ARRAY: {
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            return tide__fail(c, "%s must be an array of strings (got %s)", fn,
-                              obj_type_name(o->type));
-        uint32_t n = o->via.array.size;
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        char **a = NULL;
-        if (n > 0) {
-            a = tide_calloc(n, sizeof *a);
-            if (a == NULL)
-                return nomem(c, fn, n);
-        }
-        memcpy(p, &a, sizeof a);
-        tide__store_count(base, f->count_off, n);
-        for (uint32_t k = 0; k < n; k++) {
-            const msgpack_object *e = &o->via.array.ptr[k];
-            char key[48];
-            snprintf(key, sizeof key, "%s[%u]", f->key, k);
-            if (e->type != MSGPACK_OBJECT_STR)
-                return tide__fail(c, "field '%s%s' must be a string (got %s)", c->path, key,
-                                  obj_type_name(e->type));
-            TIDE_CHECK(tide__check_str(c, f, e->via.str.ptr, e->via.str.size, f->size, key));
-            a[k] = tide_malloc((size_t)e->via.str.size + 1);
-            if (a[k] == NULL)
-                return nomem(c, fn, n);
-            memcpy(a[k], e->via.str.ptr, e->via.str.size);
-            a[k][e->via.str.size] = '\0';
-        }
-        return TIDE_OK;
-    }
-    case TIDE__K_U64_BIN: {
-        if (o->type != MSGPACK_OBJECT_BIN)
-            return tide__fail(c, "%s must be binary, 8 bytes per entry (got %s)", fn,
-                              obj_type_name(o->type));
-        uint32_t size = o->via.bin.size;
-        if (size % 8 != 0)
-            return tide__fail(c, "%s has %u bytes, not a whole number of 8-byte entries", fn, size);
-        uint32_t n = size / 8;
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        uint64_t *a = NULL;
-        if (n > 0) {
-            a = tide_malloc((size_t)n * sizeof *a);
-            if (a == NULL)
-                return nomem(c, fn, n);
-        }
-        memcpy(p, &a, sizeof a);
-        tide__store_count(base, f->count_off, n);
-        const uint8_t *b = (const uint8_t *)o->via.bin.ptr;
-        for (uint32_t k = 0; k < n; k++) {
-            uint64_t v = 0;
-            for (int j = 7; j >= 0; j--)
-                v = (v << 8) | b[(size_t)k * 8 + (size_t)j];
-            a[k] = v;
-        }
-        return TIDE_OK;
-    }
-    case TIDE__K_STRUCT: {
-        int has = 1;
-        if ((f->flags & TIDE__F_NULLABLE) && o->type == MSGPACK_OBJECT_NIL) {
-            has = 0;
-        } else if (o->type != MSGPACK_OBJECT_MAP) {
-            return tide__fail(c, "%s must be a map%s (got %s)", fn,
-                              (f->flags & TIDE__F_NULLABLE) ? " or nil" : "",
-                              obj_type_name(o->type));
-        }
-        if (f->flags & TIDE__F_NULLABLE)
-            memcpy((char *)base + f->has_off, &has, sizeof has);
-        if (!has)
-            return TIDE_OK;
-        size_t plen = strlen(c->path);
-        snprintf(c->path + plen, sizeof c->path - plen, "%s.", f->key);
-        tide_status rc = decode_struct(f->sub, o, p, c, 0);
-        c->path[plen] = '\0';
-        return rc;
-    }
-    case TIDE__K_STRUCT_ARRAY: {
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            return tide__fail(c, "%s must be an array of maps (got %s)", fn,
-                              obj_type_name(o->type));
-        uint32_t n = o->via.array.size;
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        char *a = NULL;
-        if (n > 0) {
-            a = tide_calloc(n, f->sub->size);
-            if (a == NULL)
-                return nomem(c, fn, n);
-        }
-        memcpy(p, &a, sizeof a);
-        tide__store_count(base, f->count_off, n); /* zeroed elements: safe to free if we fail */
-        size_t plen = strlen(c->path);
-        tide_status rc = TIDE_OK;
-        for (uint32_t k = 0; k < n && rc == TIDE_OK; k++) {
-            const msgpack_object *e = &o->via.array.ptr[k];
-            tide__path_index(c, plen, f->key, k);
-            if (e->type != MSGPACK_OBJECT_MAP) {
-                c->path[plen] = '\0';
-                return tide__fail(c, "field '%s%s[%u]' must be a map (got %s)", c->path, f->key, k,
-                                  obj_type_name(e->type));
-            }
-            rc = decode_struct(f->sub, e, a + (size_t)k * f->sub->size, c, 0);
-        }
-        c->path[plen] = '\0';
-        return rc;
-    }
+        return decode_k_str(f, o, base, c);
+    case TIDE__K_ENUM:
+        return decode_k_enum(f, o, base, c);
+    case TIDE__K_I32_ARRAY:
+        return decode_k_i32_array(f, o, base, c);
+    case TIDE__K_I64_FIXED:
+        return decode_k_i64_fixed(f, o, base, c);
+    case TIDE__K_STR_ARRAY:
+        return decode_k_str_array(f, o, base, c);
+    case TIDE__K_U64_BIN:
+        return decode_k_u64_bin(f, o, base, c);
+    case TIDE__K_STRUCT:
+        return decode_k_struct(f, o, base, c);
+    case TIDE__K_STRUCT_ARRAY:
+        return decode_k_struct_array(f, o, base, c);
     }
     return tide__fail(c, "%s has an unknown kind", fn);
 }

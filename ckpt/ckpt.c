@@ -28,48 +28,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-void tide__ckpt_shard_name(int p, int d, int t, const char *ext, char *buf, size_t len)
-{
-    snprintf(buf, len, "shard-p%d-d%d-t%d.%s", p, d, t, ext);
-}
-
-tide_status tide__ckpt_write_all(int fd, const void *buf, uint64_t n, const char *path)
-{
-    const char *q = buf;
-    while (n > 0) {
-        ssize_t k = write(fd, q, n > (1u << 30) ? (1u << 30) : (size_t)n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return tide_errorf(TIDE_ERR_IO, "writing %s: %s", path,
-                               k == 0 ? "no progress" : tide__ckpt_strerror(errno));
-        q += k;
-        n -= (uint64_t)k;
-    }
-    return TIDE_OK;
-}
-
-tide_status tide__ckpt_read_at(int fd, void *buf, uint64_t n, uint64_t off, const char *path)
-{
-    char *q = buf;
-    while (n > 0) {
-        ssize_t k = pread(fd, q, n > (1u << 30) ? (1u << 30) : (size_t)n, (off_t)off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return tide_errorf(TIDE_ERR_IO, "reading %s: %s", path, tide__ckpt_strerror(errno));
-        if (k == 0)
-            return tide_errorf(TIDE_ERR_INVALID,
-                               "%s is truncated: it ends at byte %" PRIu64
-                               " where the manifest needs %" PRIu64 " more",
-                               path, off, n);
-        q += k;
-        n -= (uint64_t)k;
-        off += (uint64_t)k;
-    }
-    return TIDE_OK;
-}
-
 tide__ckpt_bound tide__ckpt_bound_in(int timeout_ms)
 {
     tide__ckpt_bound b = {UINT64_MAX, 0};
@@ -89,52 +47,6 @@ static tide_status check_bound(tide__ckpt_bound b, const char *doing)
                            "disk; TIDE_CKPT_TIMEOUT_MS); the checkpoint stays incomplete",
                            doing, b.ms);
     return TIDE_OK;
-}
-
-uint64_t tide__ckpt_hash(const void *buf, uint64_t n)
-{
-    return (uint64_t)XXH3_64bits(buf, (size_t)n);
-}
-
-void tide__ckpt_fault(const char *point)
-{
-    tide__fault_point("ckpt", point, 0);
-}
-
-/* ---- who writes what ------------------------------------------------------------------------ */
-
-int tide_ckpt_saves(const tide_layout_t *l, const tide_collection_t *c, size_t i, int p, int d,
-                    int t)
-{
-    const tide_tensor_desc *desc = tide_collection_tensor(c, i);
-    if (desc->dp != TIDE_DP_SHARDED && d != 0)
-        return 0;
-    if (desc->tp != TIDE_TP_SPLIT && t != 0)
-        return 0;
-    if (desc->layer == TIDE_LAYER_ALL && p != 0)
-        return 0;
-    return tide_shard_bytes(l, c, i, p, d, t) > 0;
-}
-
-uint64_t tide__ckpt_tensor_offset(const tide_layout_t *l, const tide_collection_t *c, size_t i,
-                                  int p, int d, int t)
-{
-    uint64_t off = 0;
-    for (size_t j = 0; j < i; j++)
-        if (tide_ckpt_saves(l, c, j, p, d, t))
-            off += tide_shard_bytes(l, c, j, p, d, t);
-    return off;
-}
-
-uint64_t tide_ckpt_shard_size(const tide_layout_t *l, const tide_collection_t *c, int p, int d,
-                              int t)
-{
-    return tide__ckpt_tensor_offset(l, c, tide_collection_size(c), p, d, t);
-}
-
-void tide_ckpt_step_dir(const char *root, int64_t step, char *buf, size_t len)
-{
-    snprintf(buf, len, "%s/step-%012" PRId64, root, step);
 }
 
 /* ---- writing a shard ------------------------------------------------------------------- */

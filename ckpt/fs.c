@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "ckpt/ckpt_int.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 
 #define SUBSYS "ckpt"
@@ -343,4 +345,48 @@ tide_status tide__ckpt_write_atomic(int dir, const char *path, const char *name,
         return rc;
     }
     return tide__ckpt_fsync_dir(dir, path);
+}
+
+/* ---- raw reads and writes -------------------------------------------------------------- */
+
+tide_status tide__ckpt_write_all(int fd, const void *buf, uint64_t n, const char *path)
+{
+    const char *q = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, q, n > (1u << 30) ? (1u << 30) : (size_t)n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return tide_errorf(TIDE_ERR_IO, "writing %s: %s", path,
+                               k == 0 ? "no progress" : tide__ckpt_strerror(errno));
+        q += k;
+        n -= (uint64_t)k;
+    }
+    return TIDE_OK;
+}
+
+tide_status tide__ckpt_read_at(int fd, void *buf, uint64_t n, uint64_t off, const char *path)
+{
+    char *q = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, q, n > (1u << 30) ? (1u << 30) : (size_t)n, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return tide_errorf(TIDE_ERR_IO, "reading %s: %s", path, tide__ckpt_strerror(errno));
+        if (k == 0)
+            return tide_errorf(TIDE_ERR_INVALID,
+                               "%s is truncated: it ends at byte %" PRIu64
+                               " where the manifest needs %" PRIu64 " more",
+                               path, off, n);
+        q += k;
+        n -= (uint64_t)k;
+        off += (uint64_t)k;
+    }
+    return TIDE_OK;
+}
+
+void tide__ckpt_fault(const char *point)
+{
+    tide__fault_point("ckpt", point, 0);
 }

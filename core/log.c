@@ -21,22 +21,15 @@ static void *sink_ctx;
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
 
-tide_status tide_log_parse_level(const char *text, tide_log_level *out)
+int tide__log_level_of(const char *text)
 {
     if (text == NULL)
-        return tide_errorf(TIDE_ERR_INVALID, "log level missing");
+        return -1;
     for (int i = 0; i < 4; i++) {
-        if (strcasecmp(text, names[i]) == 0) {
-            *out = (tide_log_level)i;
-            return TIDE_OK;
-        }
+        if (strcasecmp(text, names[i]) == 0)
+            return i;
     }
-    if (strcasecmp(text, "warning") == 0) {
-        *out = TIDE_LOG_WARN;
-        return TIDE_OK;
-    }
-    return tide_errorf(TIDE_ERR_INVALID,
-                       "unknown log level '%s' (use error, warn, info or debug)", text);
+    return strcasecmp(text, "warning") == 0 ? (int)TIDE_LOG_WARN : -1;
 }
 
 void tide_log_set_level(tide_log_level l)
@@ -51,10 +44,11 @@ tide_log_level tide_log_get_level(void)
         return (tide_log_level)l;
     tide_log_level parsed = TIDE_LOG_WARN;
     const char *env = getenv("TIDE_LOG");
-    if (env != NULL && env[0] != '\0' && tide_log_parse_level(env, &parsed) != TIDE_OK) {
+    int l_env = env != NULL && env[0] != '\0' ? tide__log_level_of(env) : (int)TIDE_LOG_WARN;
+    if (l_env < 0)
         fprintf(stderr, "tide: ignoring TIDE_LOG=%s (use error, warn, info or debug)\n", env);
-        parsed = TIDE_LOG_WARN;
-    }
+    else
+        parsed = (tide_log_level)l_env;
     int expected = -1;
     atomic_compare_exchange_strong(&level, &expected, (int)parsed);
     return (tide_log_level)atomic_load(&level);

@@ -27,8 +27,13 @@ typedef enum tide_log_level {
 /* Receives each formatted line (no trailing newline); called with the logger lock held. */
 typedef void (*tide_log_sink_fn)(void *ctx, tide_log_level level, const char *line);
 
-/* Parses "error"/"warn"/"info"/"debug" (case-insensitive) into *out; any thread. */
+/* Parses "error"/"warn"/"info"/"debug" (case-insensitive) into *out, or fails with a
+   message naming them (core/opts.c: the logger itself sets no error details); any thread. */
 tide_status tide_log_parse_level(const char *text, tide_log_level *out);
+
+/* The level "error"/"warn"/"warning"/"info"/"debug" names (case-insensitive), or -1;
+   no error details; any thread. */
+int tide__log_level_of(const char *text);
 
 /* Sets the process-wide level; any thread. */
 void tide_log_set_level(tide_log_level level);

@@ -193,3 +193,15 @@ void tide_opts_log(const char *subsys, const tide_opt *opts)
         TIDE_INFO(subsys, "setting %s = %s", o->name, buf);
     }
 }
+
+tide_status tide_log_parse_level(const char *text, tide_log_level *out)
+{
+    if (text == NULL)
+        return tide_errorf(TIDE_ERR_INVALID, "log level missing");
+    int l = tide__log_level_of(text);
+    if (l < 0)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "unknown log level '%s' (use error, warn, info or debug)", text);
+    *out = (tide_log_level)l;
+    return TIDE_OK;
+}

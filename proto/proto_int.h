@@ -161,6 +161,9 @@ const char *tide__int_expect(const tide__field *f, char *buf, size_t len);
 /* Stores an in-range integer into the field at base + f->off (by size and sign). */
 void tide__int_store(const tide__field *f, void *base, int neg, int64_t i, uint64_t u);
 
+/* Reads a stored integer field back as (neg, i, u); any thread. */
+void tide__int_load(const tide__field *f, const void *base, int *neg, int64_t *i, uint64_t *u);
+
 /* Checks bytes [0, n) against a charset and length rules; 0 ok, else fails via c. */
 tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, size_t n,
                             size_t max_len, const char *key);

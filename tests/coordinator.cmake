@@ -31,13 +31,13 @@ if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_ml
                    ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_flood_job "mpi" 240)
 endif()
-# The coordinator's files call each other one way only, never in a cycle
-# (scripts/call_cycles.py, which must also see the two-file cycle made up here).
+# The product's files call each other one way only, never in a cycle, within a folder or
+# across folders (scripts/call_cycles.py, which must also see the two-file cycle made up here).
 find_program(TIDE_PYTHON3 python3)
 if(TIDE_PYTHON3)
   set(tide_cycles "${TIDE_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/call_cycles.py")
   add_test(NAME coordinator_call_cycles
-           COMMAND bash -c "${tide_cycles} ${PROJECT_SOURCE_DIR}/coordinator || exit 1; \
+           COMMAND bash -c "cd ${PROJECT_SOURCE_DIR} && ${tide_cycles} core ckpt reshard collectives proto worker coordinator || exit 1; \
 d=$(mktemp -d) && trap 'rm -rf $d' EXIT && \
 printf 'void a(void)\\n{\\n    b();\\n}\\n' > $d/a.c && \
 printf 'void b(void)\\n{\\n    a();\\n}\\n' > $d/b.c && \

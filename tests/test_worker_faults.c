@@ -40,12 +40,13 @@
  *             switch to the recovery (built at its switch step, as a recovery is) and
  *             train.
  *   prepabort 3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3) while rank 1 stalls in
- *             a step for 4 s; tided (resize timeout 2 s) aborts the generation after every
+ *             a step for 8 s; tided (resize timeout 4 s) aborts the generation after every
  *             rank built its communicators ahead (5 of them: the switch's, all, tp, dp,
  *             pp). Nothing may be left of them once the ranks go on in (dp 3): every
  *             rank holds exactly the old layout's 4 communicators a few steps later (the
  *             ASan build checks that nothing leaks). A second resize to the same layout
- *             then switches with communicators built ahead (stats.prepared).
+ *             then switches with communicators built ahead (stats.prepared) within the same 4 s: a
+ *             loaded machine builds the 5 ahead in 1.5 s, and the second switch needs it.
  *   trim      3 ranks, the runtime owning the buffers, (dp 3) -> (dp 2): the rank that
  *             leaves gives its pool memory back to the system at the end of its switch,
  *             which must come after its done (tided commits the generation only once
@@ -78,7 +79,7 @@
 #define FAIL_STEP 3 /* deadcomm: the step whose allreduce fails; build: the resize */
 #define MAX_STEPS 400
 
-#define STALL_MS    4000 /* prepabort: rank 1's stalled step */
+#define STALL_MS    8000 /* prepabort: rank 1's stalled step, well past the resize timeout */
 #define NOFINISH_AT 6    /* nofinish: the members stop after this many steps */
 
 /* The fault of a scenario: what the wrapper injects, and the checks that follow. */
@@ -642,7 +643,7 @@ int main(int argc, char **argv)
                                "--miss-limit",
                                "15",
                                "--resize-timeout-ms",
-                               g_mode == FAULT_PREPABORT ? "2000" : "30000",
+                               g_mode == FAULT_PREPABORT ? "4000" : "30000",
                                NULL};
         if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], flags, NULL) != 0)
             g_coord.endpoint[0] = '\0';

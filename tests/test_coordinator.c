@@ -1063,11 +1063,12 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(o->priority, -4);
     tide_store_event_t *ev = NULL;
     size_t n = 0;
-    cr_assert_eq(tide_store_events(s, 0, 0, 100, &ev, &n), TIDE_OK);
+    tide_store_event_query_t all = {.limit = 100};
+    cr_assert_eq(tide_store_query_events(s, &all, &ev, &n), TIDE_OK);
     cr_assert_eq(n, 1);
     cr_assert_str_eq(ev[0].kind, "resize_started");
     cr_assert_str_eq(ev[0].detail, "to 2");
-    tide_free(ev);
+    tide_store_events_free(&ev, n);
     tide_store_close(&s);
     tide_coord_state_destroy(&st);
 
@@ -1491,10 +1492,12 @@ static void expect_fixture_state(tide_store_t *s, tide_coord_state_t *st)
     cr_expect_str_eq(a[0].tail, "Traceback: boom\n");
     tide_free(a);
     tide_store_event_t *ev = NULL;
-    cr_assert_eq(tide_store_events(s, 0, 0, 10, &ev, &n), TIDE_OK);
+    tide_store_event_query_t all = {.limit = 10};
+    cr_assert_eq(tide_store_query_events(s, &all, &ev, &n), TIDE_OK);
     cr_assert_eq(n, 2);
     cr_expect_str_eq(ev[0].detail, "to dp 1");
-    tide_free(ev);
+    cr_expect_eq(ev[0].fields.n_workers, 0); /* schema 1 events have no fields */
+    tide_store_events_free(&ev, n);
 }
 
 /* The type of column col of job "train" in the state file at path, as SQLite says. */

@@ -125,17 +125,26 @@ static const command_t commands[] = {
        0, 0},
       OPT_END}},
     {"events",
-     "events [--since 10m] [--after ID] [--limit N] [--json]",
-     "the event history, oldest first",
+     "events [--job J] [--type KIND] [--since 10m] [--until T] [--tail N] [--follow] [--json]",
+     "the event history, newest first (--json: one object per line, oldest first)",
      tidectl__cmd_events,
      0,
      0,
-     {{"since", NULL, TIDE_OPT_STRING, V(since), NULL,
+     {{"job", NULL, TIDE_OPT_STRING, V(job), NULL, "only this job's events", 0, 0},
+      {"type", NULL, TIDE_OPT_STRING, V(type), NULL,
+       "only events of this kind; * and ? match any text or character: 'resize*'", 0, 0},
+      {"since", NULL, TIDE_OPT_STRING, V(since), NULL,
        "only events from then on: 10m, 2h, 1d, 2024-05-01 12:00, or epoch ms", 0, 0},
+      {"until", NULL, TIDE_OPT_STRING, V(until), NULL,
+       "only events before then (same forms as --since)", 0, 0},
       {"after", NULL, TIDE_OPT_INT, V(after), "0", "only events with a larger id", 0,
        9223372036854775807LL},
-      {"limit", NULL, TIDE_OPT_INT, V(limit), "100", "at most this many events", 1,
+      {"tail", NULL, TIDE_OPT_INT, V(tail), "0", "the newest N events (default 100)", 0,
        TIDE_PROTO_EVENTS_MAX},
+      {"limit", NULL, TIDE_OPT_INT, V(limit), "100", "the same as --tail", 1,
+       TIDE_PROTO_EVENTS_MAX},
+      {"follow", NULL, TIDE_OPT_BOOL, V(follow), "0",
+       "then print new events as they come, oldest first, until interrupted", 0, 0},
       OPT_END}},
     {"logs",
      "logs JOB [--attempt N | --all] [--json]",
@@ -251,11 +260,11 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
     /* one option table: global flags + this command's, value pointers into s */
     settings_t s;
     memset(&s, 0, sizeof s);
-    tide_opt table[N_GLOBAL + 8 + 1];
+    tide_opt table[N_GLOBAL + 10 + 1];
     size_t n = 0;
     for (size_t i = 0; i < N_GLOBAL; i++)
         table[n++] = global_opts[i];
-    for (size_t i = 0; i < 8 && cmd->opts[i].name; i++)
+    for (size_t i = 0; i < 10 && cmd->opts[i].name; i++)
         table[n++] = cmd->opts[i];
     table[n] = (tide_opt)OPT_END;
     for (size_t i = 0; i < n; i++)

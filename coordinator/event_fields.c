@@ -12,14 +12,16 @@ void tide_event_fields_init(tide_proto_event_fields_t *f)
 }
 
 void tide_event_fields_layout(tide_proto_event_fields_t *f, const tide_layout_t *to,
-                              const tide_layout_t *from)
+                              const tide_layout_t *ids, const tide_layout_t *from)
 {
     if (to != NULL) {
         f->dp = to->dp;
         f->tp = to->tp;
         f->pp = to->pp;
-        f->workers = to->worker;
-        f->n_workers = (uint32_t)tide_layout_size(to);
+    }
+    if (ids != NULL && to != NULL && tide_layout_size(ids) == tide_layout_size(to)) {
+        f->workers = ids->worker;
+        f->n_workers = (uint32_t)tide_layout_size(ids);
     }
     if (from != NULL) {
         f->from_dp = from->dp;

@@ -19,9 +19,11 @@ extern "C" {
 void tide_event_fields_init(tide_proto_event_fields_t *f);
 
 /* Sets f's layout after (to) and before (from; either may be NULL): degrees, and the
-   workers as to's map in coordinate order. f borrows to's map: use f while to lives. */
+   workers as ids's map in coordinate order: to with tided's worker ids in place of job
+   ranks (tide__layout_worker_ids; NULL: no workers). f borrows ids's map: use f while ids
+   lives. */
 void tide_event_fields_layout(tide_proto_event_fields_t *f, const tide_layout_t *to,
-                              const tide_layout_t *from);
+                              const tide_layout_t *ids, const tide_layout_t *from);
 
 /* Sets f's one worker (*id, borrowed: keep it alive while f is used) and w's host. */
 void tide_event_fields_worker(tide_proto_event_fields_t *f, const int32_t *id,

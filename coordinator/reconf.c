@@ -370,12 +370,15 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
     tide_proto_event_fields_t f;
     tide_event_fields_init(&f);
     f.gen = gen;
-    tide_event_fields_layout(&f, r->layout, j->layout);
+    tide_layout_t *ids = NULL;
+    (void)tide__layout_worker_ids(s, j, r->layout, &ids); /* none: the event without them */
+    tide_event_fields_layout(&f, r->layout, ids, j->layout);
     tide_event_fields_reason(&f, reason);
     tide__event_f(s, j->name, recover ? "recovery_started" : "resize_started", &f,
                   "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
                   (unsigned long long)gen, tide_layout_format(j->layout, from, sizeof from),
                   tide_layout_format(r->layout, to, sizeof to), reason, r->n_parts, n_preempt);
+    tide_layout_destroy(&ids);
     if (r->join_pool >= 0) {
         const tide_coord_job_pool *jp = &j->pools[r->join_pool];
         tide__event(s, j->name, "join_started",
@@ -476,7 +479,9 @@ static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t d
     tide_proto_event_fields_t f;
     tide_event_fields_init(&f);
     f.gen = r->gen;
-    tide_event_fields_layout(&f, r->layout, j->layout);
+    tide_layout_t *ids = NULL;
+    (void)tide__layout_worker_ids(s, j, r->layout, &ids); /* none: the event without them */
+    tide_event_fields_layout(&f, r->layout, ids, j->layout);
     tide_event_fields_reason(&f, r->reason);
     f.ms = (double)dur / 1e6;
     f.step = r->switch_step;
@@ -490,13 +495,15 @@ static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t d
                       (unsigned long long)r->gen, desc, (long long)r->ckpt_step, r->ckpt,
                       (long long)(r->switch_step - r->ckpt_step), (long long)r->switch_step, f.ms,
                       r->reason);
-        return;
+    } else {
+        f.bytes = r->bytes_moved;
+        tide__event_f(
+            s, j->name, r->recover ? "recovered" : "resized", &f,
+            "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
+            (unsigned long long)r->gen, desc, (long long)r->switch_step, f.ms,
+            (unsigned long long)r->bytes_moved, r->reason);
     }
-    f.bytes = r->bytes_moved;
-    tide__event_f(s, j->name, r->recover ? "recovered" : "resized", &f,
-                  "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
-                  (unsigned long long)r->gen, desc, (long long)r->switch_step, f.ms,
-                  (unsigned long long)r->bytes_moved, r->reason);
+    tide_layout_destroy(&ids);
 }
 
 void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
@@ -607,7 +614,7 @@ void tide__reconf_abandon(tide_server_t *s, tide_coord_job_t *j, const char *rea
     tide_proto_event_fields_t f;
     tide_event_fields_init(&f);
     f.gen = r->gen;
-    tide_event_fields_layout(&f, r->layout, j->layout);
+    tide_event_fields_layout(&f, r->layout, NULL, j->layout);
     tide_event_fields_reason(&f, reason);
     if (r->join_pool >= 0 && r->join_pool < j->n_pools)
         tide__event_f(s, j->name, "resize_aborted", &f,

@@ -146,6 +146,18 @@ static const command_t commands[] = {
       {"follow", NULL, TIDE_OPT_BOOL, V(follow), "0",
        "then print new events as they come, oldest first, until interrupted", 0, 0},
       OPT_END}},
+    {"timeline",
+     "timeline JOB [-o FILE.svg] [--since T]",
+     "a picture of a job's history: a row per GPU, its layouts, resizes, failures, "
+     "checkpoints and the offline work on its GPUs (SVG)",
+     tidectl__cmd_timeline,
+     1,
+     1,
+     {{"output", NULL, TIDE_OPT_STRING, V(output), NULL,
+       "write the SVG to this file (-o FILE; default: standard output)", 0, 0},
+      {"since", NULL, TIDE_OPT_STRING, V(since), NULL,
+       "only from then on: 10m, 2h, 1d, 2024-05-01 12:00, or epoch ms (default: all)", 0, 0},
+      OPT_END}},
     {"logs",
      "logs JOB [--attempt N | --all] [--json]",
      "an offline command's output (stdout and stderr), by attempt: the latest by default",
@@ -257,6 +269,10 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
         fprintf(err, " (tidectl --help explains them)\n");
         return TIDECTL_EXIT_USAGE;
     }
+    /* -o is --output's short form (the one short flag tidectl takes) */
+    for (int i = ci + 1; i < argc; i++)
+        if (strcmp(argv[i], "-o") == 0)
+            argv[i] = (char *)"--output";
     /* one option table: global flags + this command's, value pointers into s */
     settings_t s;
     memset(&s, 0, sizeof s);

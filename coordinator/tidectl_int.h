@@ -79,8 +79,9 @@ typedef struct conn {
    at most --timeout-ms per request. */
 typedef int tidectl__cmd_fn(settings_t *s, int argc, char **argv, FILE *out, FILE *err);
 tidectl__cmd_fn tidectl__cmd_status, tidectl__cmd_jobs, tidectl__cmd_logs,
-    tidectl__cmd_top;                /* tidectl_queries.c */
-tidectl__cmd_fn tidectl__cmd_events; /* tidectl_events.c */
+    tidectl__cmd_top;                  /* tidectl_queries.c */
+tidectl__cmd_fn tidectl__cmd_events;   /* tidectl_events.c */
+tidectl__cmd_fn tidectl__cmd_timeline; /* tidectl_timeline.c */
 tidectl__cmd_fn tidectl__cmd_resize, tidectl__cmd_submit, tidectl__cmd_cancel, tidectl__cmd_drain,
     tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
 

@@ -234,6 +234,8 @@ static tide_status other_event(tide_timeline_t *t, const tide_proto_event_row_t 
 static int cmp_rows(const void *a, const void *b)
 {
     const row_t *x = a, *y = b;
+    if ((x->host[0] == '\0') != (y->host[0] == '\0'))
+        return x->host[0] == '\0' ? 1 : -1; /* workers tided forgot: last */
     int c = strcmp(x->host, y->host);
     if (c != 0)
         return c;

@@ -147,14 +147,16 @@ static const command_t commands[] = {
        "then print new events as they come, oldest first, until interrupted", 0, 0},
       OPT_END}},
     {"timeline",
-     "timeline JOB [-o FILE.svg] [--since T]",
+     "timeline JOB [-o FILE.svg|FILE.json] [--since T]",
      "a picture of a job's history: a row per GPU, its layouts, resizes, failures, "
      "checkpoints and the offline work on its GPUs (SVG)",
      tidectl__cmd_timeline,
      1,
      1,
      {{"output", NULL, TIDE_OPT_STRING, V(output), NULL,
-       "write the SVG to this file (-o FILE; default: standard output)", 0, 0},
+       "write the SVG to this file (-o FILE; default: standard output); FILE.json: a "
+       "Chrome trace of the same (Perfetto, chrome://tracing)",
+       0, 0},
       {"since", NULL, TIDE_OPT_STRING, V(since), NULL,
        "only from then on: 10m, 2h, 1d, 2024-05-01 12:00, or epoch ms (default: all)", 0, 0},
       OPT_END}},

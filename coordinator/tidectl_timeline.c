@@ -1,7 +1,8 @@
 /*
  * tidectl timeline: reads a job's history from tided (every event since --since, page by
  * page, and the worker table for hosts and devices) and writes its picture
- * (coordinator/timeline.h) as SVG to -o FILE or stdout. Workload: a few requests of up to
+ * (coordinator/timeline.h) as SVG to -o FILE or stdout, or as a Chrome trace (Perfetto)
+ * when FILE ends in .json. Workload: a few requests of up to
  * TIDE_PROTO_EVENTS_MAX events each.
  */
 #include <errno.h>
@@ -90,7 +91,10 @@ static int draw(settings_t *s, const char *job, const events_t *e,
         tide_timeline_destroy(&t);
         return TIDECTL_EXIT_LOCAL;
     }
-    tide_status rc = tide_timeline_svg(t, f);
+    /* FILE.json: the same data as a Chrome trace, for Perfetto */
+    size_t n = s->output ? strlen(s->output) : 0;
+    int trace = n > 5 && strcmp(s->output + n - 5, ".json") == 0;
+    tide_status rc = trace ? tide_timeline_trace(t, f) : tide_timeline_svg(t, f);
     if (f != out && fclose(f) != 0 && rc == TIDE_OK)
         rc = tide_errorf(TIDE_ERR_IO, "closing %s: %s", s->output, strerror(errno));
     if (rc != TIDE_OK) {

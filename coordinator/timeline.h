@@ -43,6 +43,11 @@ tide_status tide_timeline_build(tide_timeline_t **out, const char *job,
 /* Writes t as a self-contained SVG document to out; TIDE_ERR_IO when writing fails. */
 tide_status tide_timeline_svg(const tide_timeline_t *t, FILE *out);
 
+/* Writes t as a Chrome trace (Trace Event Format JSON: Perfetto, chrome://tracing): a
+   process per host, a thread per GPU, an event per segment and mark; TIDE_ERR_IO when
+   writing fails. */
+tide_status tide_timeline_trace(const tide_timeline_t *t, FILE *out);
+
 /* Rows, segments and marks of t, for a one-line summary. */
 void tide_timeline_counts(const tide_timeline_t *t, size_t *rows, size_t *segs, size_t *marks);
 

@@ -580,6 +580,19 @@ Test(tidectl_timeline, failures_recoveries_and_checkpoints_are_drawn)
     cr_expect_eq(count_in(svg, "data-gen=\"9\""), 0, "drawn after the end: %s", svg);
     cr_expect(strstr(svg, "data-end-ms=\"6000\""), "the job's end ends it: %s", svg);
     free(svg);
+    /* the same as a Chrome trace: the recovery's downtime a duration in microseconds */
+    f = open_memstream(&svg, &len);
+    cr_assert_eq(tide_timeline_trace(t, f), TIDE_OK);
+    fclose(f);
+    cr_expect(strstr(svg, "\"ph\":\"X\",\"dur\":500000,\"cat\":\"recovery\",\"pid\":0,\"tid\":0,"
+                          "\"ts\":2100000,\"args\":{\"gen\":2,"),
+              "%s", svg);
+    cr_expect(strstr(svg, "\"name\":\"GPU 0 (worker 12)\""), "%s", svg);
+    cr_expect(strstr(svg,
+                     "{\"ph\":\"X\",\"name\":\"failed\",\"cat\":\"failed\",\"pid\":1,\"tid\":12,"
+                     "\"ts\":2000000,\"dur\":3000000}"),
+              "%s", svg);
+    free(svg);
     tide_timeline_destroy(&t);
     cr_expect_null(t);
     cr_expect_eq(tide_timeline_build(&t, "nobody", e, n, gpus, 2, 9000), TIDE_ERR_NOT_FOUND);

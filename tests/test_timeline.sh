@@ -7,7 +7,7 @@
 # coordinates, both ending or starting where the resize mark says, the backfill on the 4
 # idle GPUs after the resize and the bubble work on members. And the queries: --job and
 # --type select the resize's two events with their typed fields, --follow prints the
-# offline assignments as they happen.
+# offline assignments as they happen. The Chrome trace (-o FILE.json) holds the same.
 # usage: test_timeline.sh BUILD_DIR PYTHON3 MPIRUN [MPIRUN FLAGS...]
 set -euo pipefail
 B=$1
@@ -105,6 +105,7 @@ table=$(ctl events --tail 3)
 
 note "tidectl timeline tl -o tl.svg"
 ctl timeline tl -o "$WORK/tl.svg" || fail "tidectl timeline"
-"$PY" "$HERE/timeline_check.py" "$WORK/tl.svg" || fail "the picture: see above"
+ctl timeline tl -o "$WORK/tl.json" || fail "tidectl timeline -o FILE.json"
+"$PY" "$HERE/timeline_check.py" "$WORK/tl.svg" "$WORK/tl.json" || fail "the picture: see above"
 echo "PASS: timeline of a resized job with backfill and bubble work checked element by element;" \
   "event queries by job, type, tail and follow"

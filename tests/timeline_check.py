@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks the SVG `tidectl timeline` drew of test_timeline.sh's job, element by element:
-usage: timeline_check.py FILE.svg. The job ran generation 1 as (dp 2, tp 2, pp 2) on 8
+usage: timeline_check.py FILE.svg [FILE.json] (the same job's Chrome trace, which must
+hold the same segments and marks). The job ran generation 1 as (dp 2, tp 2, pp 2) on 8
 GPUs, was resized to generation 2 (dp 1, tp 2, pp 2), then offline commands eval-1..4 ran
 on the 4 GPUs it left idle and the plugin job fill-1 in the members' pipeline bubbles."""
 import sys
@@ -77,6 +78,20 @@ check(bubble and all(s[0] in members and s[3].get("data-job") == "fill-1" for s 
       "bubble work: %s (members %s)" % ([s[:3] for s in bubble], sorted(members)))
 check(not segs("failed") and not [m for m in marks if "failure" in classes(m)],
       "a failure drawn where none happened")
+
+if len(sys.argv) > 2:
+    import json
+    with open(sys.argv[2]) as f:
+        tr = json.load(f)
+    evs = tr["traceEvents"]
+    threads = {e["tid"] for e in evs if e.get("ph") == "M" and e["name"] == "thread_name"}
+    check(threads == set(workers), "trace threads %s, rows %s" % (sorted(threads), workers))
+    for kind, drawn in (("online", online), ("offline", offline), ("bubble", bubble)):
+        n = sum(1 for e in evs if e.get("ph") == "X" and e.get("cat") == kind)
+        check(n == len(drawn), "trace: %d %s events, the picture %d" % (n, kind, len(drawn)))
+    rz = [e for e in evs if e.get("cat") == "resize"]
+    check(len(rz) == 1 and rz[0]["dur"] == (r_t1 - r_t0) * 1000 and rz[0]["args"]["gen"] == 2,
+          "trace resize: %s" % rz)
 
 if errors:
     print("timeline_check: %s:\n  %s" % (sys.argv[1], "\n  ".join(errors)))

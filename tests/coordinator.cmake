@@ -55,5 +55,5 @@ if(TIDE_PYTHON3 AND TARGET tided AND TARGET tidectl AND TARGET train_mlp
   add_test(NAME test_timeline
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_timeline.sh ${PROJECT_BINARY_DIR}
                    ${TIDE_PYTHON3} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
-  _tide_test_props(test_timeline "mpi" 300)
+  _tide_test_props(test_timeline "mpi" 420)
 endif()

@@ -77,7 +77,8 @@ note "backfill: 4 offline commands for the idle GPUs, a plugin in the members' b
 for i in 1 2 3 4; do ctl submit --offline --name "eval-$i" -- sleep 2 >/dev/null; done
 ctl submit --offline --name fill-1 --plugin tide_task_matmul --bubbles -- --n 64 \
   --rounds 1000000 --rows 2 >/dev/null
-for _ in $(seq 600); do
+# bubbles are measured over a few steps first; a loaded machine takes its time
+for _ in $(seq 1500); do
   ev=$(ctl events --json --type offline_assigned --tail 100)
   [ "$(grep -c '"job":"eval-' <<<"$ev")" -ge 4 ] && grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" &&
     break

@@ -2,9 +2,10 @@
  * tidectl: the operator CLI for tided. One command per run: it connects a
  * ZeroMQ DEALER socket to tided (CURVE when --key is given), sends one proto
  * request, waits up to --timeout-ms for the reply and prints it as an aligned
- * table or, with --json, as one JSON document. `top` repeats status + jobs
- * every --interval ms; `keygen` writes CURVE key files locally (format in
- * core/keyfile.h and the README, read by tided --auth).
+ * table or, with --json, as one JSON document (events: one object per line).
+ * `top` repeats status + jobs every --interval ms; `timeline` draws a job's
+ * history; `keygen` writes CURVE key files locally (format in core/keyfile.h and
+ * the README, read by tided --auth).
  *
  * Exit codes (scripts rely on them): 0 ok; 1 refused by tided (its message
  * printed) or CURVE rejected; 2 bad usage, nothing sent; 3 cannot reach tided;

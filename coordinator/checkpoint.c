@@ -43,8 +43,13 @@ void tide__on_saved(tide_server_t *s, const tide_msg_t *msg, const void *raw, si
                           m->step > (uint64_t)INT64_MAX ? "step out of range" : tide_last_error());
         return;
     }
-    tide__event(s, j->name, "checkpoint_saved", "step %llu saved in %.900s by worker %d",
-                (unsigned long long)m->step, m->dir, w->id);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = j->generation;
+    f.step = (int64_t)m->step;
+    tide_event_fields_worker(&f, &w->id, w);
+    tide__event_f(s, j->name, "checkpoint_saved", &f, "step %llu saved in %.900s by worker %d",
+                  (unsigned long long)m->step, m->dir, w->id);
     tide__save_job(s, j);
 }
 

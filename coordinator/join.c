@@ -77,8 +77,15 @@ static void start_first(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *l,
     j->generation = j->gen_issued = 1;
     j->state = TIDE_JS_RUNNING;
     char desc[256];
-    tide__event(s, j->name, "layout", "generation 1: %s on %zu workers",
-                tide_layout_format(j->layout, desc, sizeof desc), need);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = 1;
+    tide_layout_t *ids = NULL;
+    (void)tide__layout_worker_ids(s, j, j->layout, &ids); /* none: the event without them */
+    tide_event_fields_layout(&f, j->layout, ids, NULL);
+    tide__event_f(s, j->name, "layout", &f, "generation 1: %s on %zu workers",
+                  tide_layout_format(j->layout, desc, sizeof desc), need);
+    tide_layout_destroy(&ids);
     tide__save_job(s, j);
     for (size_t i = 0; i < need; i++) {
         tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);

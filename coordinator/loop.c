@@ -228,16 +228,35 @@ void tide__save_worker_removed(tide_server_t *s, int32_t id)
         store_result(s->core, tide_store_del_worker(s->core->store, id, s->st->next_worker_id));
 }
 
-void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
+/* The one writer of events: a sentence, and the typed fields when there are some. */
+static void event_v(tide_server_t *s, const char *job, const char *kind,
+                    const tide_proto_event_fields_t *f, const char *fmt, va_list ap)
+    TIDE_PRINTF(5, 0);
+static void event_v(tide_server_t *s, const char *job, const char *kind,
+                    const tide_proto_event_fields_t *f, const char *fmt, va_list ap)
 {
     char detail[1024];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
     if (store_ready(s->core))
         store_result(s->core,
-                     tide_store_event(s->core->store, tide_wall_ms(), job, kind, "%s", detail));
+                     tide_store_event_fields(s->core->store, tide_wall_ms(), job, kind, f, detail));
+}
+
+void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    event_v(s, job, kind, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void tide__event_f(tide_server_t *s, const char *job, const char *kind,
+                   const tide_proto_event_fields_t *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    event_v(s, job, kind, f, fmt, ap);
+    va_end(ap);
 }
 
 tide_store_t *tide__store(tide_server_t *s)

@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "coordinator/auth.h"
 #include "coordinator/server.h"
+#include "coordinator/event_fields.h"
 #include "coordinator/state.h"
 #include "coordinator/store.h"
 #include "proto/proto.h"
@@ -127,6 +128,10 @@ void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tid
 /* Appends an event (job "" for none) to the state file's history. */
 void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
     TIDE_PRINTF(4, 5);
+
+/* tide__event with typed fields (borrowed; NULL: none) besides the sentence. */
+void tide__event_f(tide_server_t *s, const char *job, const char *kind,
+                   const tide_proto_event_fields_t *f, const char *fmt, ...) TIDE_PRINTF(5, 6);
 
 /* Saves w's durable fields. */
 void tide__save_worker(tide_server_t *s, const tide_coord_worker_t *w);

@@ -14,6 +14,11 @@
 void tide__offline_requeue(tide_server_t *s, tide_coord_job_t *j, int32_t w_id, int failed,
                            const char *why)
 {
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    if (w_id >= 0)
+        tide_event_fields_worker(&f, &w_id, tide_coord_worker_get(s->st, w_id));
+    tide_event_fields_reason(&f, why);
     j->worker = -1;
     if (failed) {
         j->failures++;
@@ -21,22 +26,22 @@ void tide__offline_requeue(tide_server_t *s, tide_coord_job_t *j, int32_t w_id, 
     }
     if (failed && j->failures >= j->max_attempts) {
         j->state = TIDE_JS_FAILED;
-        tide__event(s, j->name, "offline_failed", "%s; gave up after %d failed attempts", why,
-                    j->failures);
+        tide__event_f(s, j->name, "offline_failed", &f, "%s; gave up after %d failed attempts", why,
+                      j->failures);
     } else if (failed) {
         int64_t ms = tide_policy_retry_backoff_ms(s->cfg.retry_backoff_ms, j->failures);
         j->state = TIDE_JS_QUEUED;
         j->retry_at_ns = s->now_ns + (uint64_t)ms * 1000000ull;
         tide__reschedule_at(s, j->retry_at_ns);
-        tide__event(s, j->name, "offline_requeued",
-                    "%s; failure %d of %d: retried in %lld ms, on another worker than %d when "
-                    "one is free",
-                    why, j->failures, j->max_attempts, (long long)ms, w_id);
+        tide__event_f(s, j->name, "offline_requeued", &f,
+                      "%s; failure %d of %d: retried in %lld ms, on another worker than %d when "
+                      "one is free",
+                      why, j->failures, j->max_attempts, (long long)ms, w_id);
     } else {
         j->state = TIDE_JS_QUEUED;
-        tide__event(s, j->name, "offline_requeued",
-                    "%s; requeued, not counted as a failure (%d of %d failures)", why, j->failures,
-                    j->max_attempts);
+        tide__event_f(s, j->name, "offline_requeued", &f,
+                      "%s; requeued, not counted as a failure (%d of %d failures)", why,
+                      j->failures, j->max_attempts);
     }
     tide__save_job(s, j);
     tide__reschedule(s);
@@ -62,9 +67,13 @@ void tide__preempt_for(tide_server_t *s, const tide_coord_job_t *j, tide_coord_w
     s->st->counters.preemptions++;
     oj->state = TIDE_JS_QUEUED;
     oj->worker = -1;
-    tide__event(s, oj->name, "preempted",
-                "worker %d given to job %s generation %llu; requeued after attempt %d", w->id,
-                j->name, (unsigned long long)gen, oj->attempts);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = gen;
+    tide_event_fields_worker(&f, &w->id, w);
+    tide__event_f(s, oj->name, "preempted", &f,
+                  "worker %d given to job %s generation %llu; requeued after attempt %d", w->id,
+                  j->name, (unsigned long long)gen, oj->attempts);
     tide__save_job(s, oj);
     w->offline_job = 0;
     w->state = TIDE_WS_IDLE;
@@ -85,9 +94,13 @@ static void assign(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w
     w->offline_job = j->id;
     if (w->state == TIDE_WS_IDLE)
         w->state = TIDE_WS_OFFLINE;
-    tide__event(s, j->name, "offline_assigned", "attempt %d on worker %d (%s device %d)%s",
-                j->attempts, w->id, w->host, w->device,
-                w->state == TIDE_WS_ONLINE ? " inside pipeline bubbles" : "");
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    tide_event_fields_worker(&f, &w->id, w);
+    f.bubbles = w->state == TIDE_WS_ONLINE;
+    tide__event_f(s, j->name, "offline_assigned", &f, "attempt %d on worker %d (%s device %d)%s",
+                  j->attempts, w->id, w->host, w->device,
+                  f.bubbles ? " inside pipeline bubbles" : "");
     tide__save_job(s, j);
     tide__save_worker(s, w);
     tide_msg_t m;

@@ -289,7 +289,14 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
 {
     tide_store_event_t *ev = NULL;
     size_t n = 0;
-    tide_status rc = tide_store_events(tide__store(s), q->since_id, q->since_ms, q->limit, &ev, &n);
+    tide_store_event_query_t sq = {.since_id = q->since_id,
+                                   .since_ms = q->since_ms,
+                                   .until_ms = q->until_ms,
+                                   .job = q->job,
+                                   .kind = q->kind,
+                                   .limit = q->limit,
+                                   .newest = q->newest};
+    tide_status rc = tide_store_query_events(tide__store(s), &sq, &ev, &n);
     if (rc != TIDE_OK) {
         tide__reply_error(s, rc, "%s", tide_last_error());
         return;
@@ -298,7 +305,7 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
     tide_msg_init(&m, TIDE_MSG_EVENTS_REPLY);
     tide_proto_event_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
     if (rows == NULL) {
-        tide_free(ev);
+        tide_store_events_free(&ev, n);
         tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu events", n);
         return;
     }
@@ -308,12 +315,13 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
         snprintf(rows[i].job, sizeof rows[i].job, "%s", ev[i].job);
         snprintf(rows[i].kind, sizeof rows[i].kind, "%s", ev[i].kind);
         snprintf(rows[i].detail, sizeof rows[i].detail, "%s", ev[i].detail);
+        rows[i].fields = ev[i].fields; /* borrowed from ev until the reply is encoded */
     }
     m.u.events_reply.rows = rows;
     m.u.events_reply.n_rows = (uint32_t)n;
     tide__reply(s, &m);
     tide_free(rows);
-    tide_free(ev);
+    tide_store_events_free(&ev, n);
 }
 
 static void handle_logs(tide_server_t *s, const tide_proto_logs_t *q)

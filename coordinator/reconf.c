@@ -367,10 +367,18 @@ tide_status tide__reconf_start(tide_server_t *s, tide_coord_job_t *j, tide_layou
         }
     }
     char from[200], to[200];
-    tide__event(s, j->name, recover ? "recovery_started" : "resize_started",
-                "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
-                (unsigned long long)gen, tide_layout_format(j->layout, from, sizeof from),
-                tide_layout_format(r->layout, to, sizeof to), reason, r->n_parts, n_preempt);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = gen;
+    tide_layout_t *ids = NULL;
+    (void)tide__layout_worker_ids(s, j, r->layout, &ids); /* none: the event without them */
+    tide_event_fields_layout(&f, r->layout, ids, j->layout);
+    tide_event_fields_reason(&f, reason);
+    tide__event_f(s, j->name, recover ? "recovery_started" : "resize_started", &f,
+                  "generation %llu: %s -> %s (%s); %zu participants, %zu offline jobs preempted",
+                  (unsigned long long)gen, tide_layout_format(j->layout, from, sizeof from),
+                  tide_layout_format(r->layout, to, sizeof to), reason, r->n_parts, n_preempt);
+    tide_layout_destroy(&ids);
     if (r->join_pool >= 0) {
         const tide_coord_job_pool *jp = &j->pools[r->join_pool];
         tide__event(s, j->name, "join_started",
@@ -462,6 +470,42 @@ void tide__on_prepare_ack(tide_server_t *s, const tide_msg_t *msg, const void *r
     tide__reconf_resend(s, j, 0);
 }
 
+/* The event of j's pending reconfiguration committing after dur ns, while j->layout is
+   still the layout before it. */
+static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t dur)
+{
+    const tide_reconf_t *r = j->reconf;
+    char desc[200];
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = r->gen;
+    tide_layout_t *ids = NULL;
+    (void)tide__layout_worker_ids(s, j, r->layout, &ids); /* none: the event without them */
+    tide_event_fields_layout(&f, r->layout, ids, j->layout);
+    tide_event_fields_reason(&f, r->reason);
+    f.ms = (double)dur / 1e6;
+    f.step = r->switch_step;
+    tide_layout_format(r->layout, desc, sizeof desc);
+    if (r->ckpt[0] != '\0') {
+        f.step = r->ckpt_step;
+        f.steps_lost = r->switch_step > r->ckpt_step ? r->switch_step - r->ckpt_step : 0;
+        tide__event_f(s, j->name, "rolled_back", &f,
+                      "generation %llu committed: %s from the checkpoint of step %lld (%s); steps "
+                      "lost: %lld (the job had completed %lld), %.1f ms (%s)",
+                      (unsigned long long)r->gen, desc, (long long)r->ckpt_step, r->ckpt,
+                      (long long)(r->switch_step - r->ckpt_step), (long long)r->switch_step, f.ms,
+                      r->reason);
+    } else {
+        f.bytes = r->bytes_moved;
+        tide__event_f(
+            s, j->name, r->recover ? "recovered" : "resized", &f,
+            "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
+            (unsigned long long)r->gen, desc, (long long)r->switch_step, f.ms,
+            (unsigned long long)r->bytes_moved, r->reason);
+    }
+    tide_layout_destroy(&ids);
+}
+
 void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
 {
     tide_reconf_t *r = j->reconf;
@@ -515,30 +559,15 @@ void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
         if (w != NULL && !tide_coord_worker_gone(w))
             tide__send_release(s, j, w);
     }
+    commit_event(s, j, dur);
     tide_layout_destroy(&j->layout);
     j->layout = r->layout;
     r->layout = NULL;
     j->generation = r->gen;
-    char desc[200];
-    if (r->ckpt[0] != '\0') {
-        /* the state went back to the checkpoint: so did the job's step */
-        j->step = r->ckpt_step;
-        tide__event(s, j->name, "rolled_back",
-                    "generation %llu committed: %s from the checkpoint of step %lld (%s); steps "
-                    "lost: %lld (the job had completed %lld), %.1f ms (%s)",
-                    (unsigned long long)j->generation,
-                    tide_layout_format(j->layout, desc, sizeof desc), (long long)r->ckpt_step,
-                    r->ckpt, (long long)(r->switch_step - r->ckpt_step), (long long)r->switch_step,
-                    (double)dur / 1e6, r->reason);
-    } else {
-        if (r->switch_step > j->step)
-            j->step = r->switch_step;
-        tide__event(s, j->name, r->recover ? "recovered" : "resized",
-                    "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
-                    (unsigned long long)j->generation,
-                    tide_layout_format(j->layout, desc, sizeof desc), (long long)r->switch_step,
-                    (double)dur / 1e6, (unsigned long long)r->bytes_moved, r->reason);
-    }
+    if (r->ckpt[0] != '\0')
+        j->step = r->ckpt_step; /* the state went back to the checkpoint: so did the step */
+    else if (r->switch_step > j->step)
+        j->step = r->switch_step;
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);
@@ -582,16 +611,21 @@ void tide__reconf_abandon(tide_server_t *s, tide_coord_job_t *j, const char *rea
         }
     }
     s->st->counters.resizes_aborted++;
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = r->gen;
+    tide_event_fields_layout(&f, r->layout, NULL, j->layout);
+    tide_event_fields_reason(&f, reason);
     if (r->join_pool >= 0 && r->join_pool < j->n_pools)
-        tide__event(s, j->name, "resize_aborted",
-                    "generation %llu abandoned: %s; pool %s stays unconnected and generation %llu "
-                    "goes on",
-                    (unsigned long long)r->gen, reason, j->pools[r->join_pool].name,
-                    (unsigned long long)j->generation);
+        tide__event_f(s, j->name, "resize_aborted", &f,
+                      "generation %llu abandoned: %s; pool %s stays unconnected and generation "
+                      "%llu goes on",
+                      (unsigned long long)r->gen, reason, j->pools[r->join_pool].name,
+                      (unsigned long long)j->generation);
     else
-        tide__event(s, j->name, "resize_aborted",
-                    "generation %llu abandoned: %s; generation %llu stays",
-                    (unsigned long long)r->gen, reason, (unsigned long long)j->generation);
+        tide__event_f(s, j->name, "resize_aborted", &f,
+                      "generation %llu abandoned: %s; generation %llu stays",
+                      (unsigned long long)r->gen, reason, (unsigned long long)j->generation);
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
     tide__save_job(s, j);

@@ -39,8 +39,12 @@ int64_t tide__worker_down(tide_server_t *s, tide_coord_worker_t *w, const char *
         w->fenced_job = held->id;
     w->state = left ? TIDE_WS_LEFT : TIDE_WS_FAILED;
     w->gone_ms = tide_wall_ms();
-    tide__event(s, "", kind, "worker %d (%s rank %d on %s device %d): %s", w->id, w->pool, w->rank,
-                w->host, w->device, reason);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    tide_event_fields_worker(&f, &w->id, w);
+    tide_event_fields_reason(&f, reason);
+    tide__event_f(s, "", kind, &f, "worker %d (%s rank %d on %s device %d): %s", w->id, w->pool,
+                  w->rank, w->host, w->device, reason);
     if (w->offline_job != 0) {
         tide_coord_job_t *oj = tide_coord_job_get(s->st, w->offline_job);
         w->offline_job = 0;
@@ -252,7 +256,11 @@ static void stall(tide_server_t *s, tide_coord_job_t *j, const char *reason, tid
     char detail[TIDE_PROTO_TEXT_MAX + 1];
     snprintf(detail, sizeof detail, "%s", tide_last_error());
     j->state = TIDE_JS_STALLED;
-    tide__event(s, j->name, "stalled", "%s: %s", reason, detail);
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = j->generation;
+    tide_event_fields_reason(&f, reason);
+    tide__event_f(s, j->name, "stalled", &f, "%s: %s", reason, detail);
     tide__save_job(s, j);
     /* Lost state never comes back (more workers would not help): the survivors are told to
        stop instead of waiting for an operator. */

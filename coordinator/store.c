@@ -1,7 +1,7 @@
 /*
  * coordinator/store: SQLite persistence for tided (see store.h): the file, its
- * checks, transactions, workers, events and offline attempts; a job's row is
- * store_jobs.c's. Statements are prepared once; the event table refuses UPDATE
+ * checks, transactions, workers and offline attempts; a job's row is store_jobs.c's,
+ * the events store_events.c's. Statements are prepared once; the event table refuses UPDATE
  * and DELETE through triggers, so history is append-only even for someone with
  * the sqlite3 shell who forgets.
  *
@@ -14,7 +14,6 @@
  * inside an unindexed value is the one damage that can pass.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -65,7 +64,7 @@ static const char *const schema =
     " rc_ckpt_step INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
-    " kind TEXT NOT NULL, detail TEXT NOT NULL);"
+    " kind TEXT NOT NULL, detail TEXT NOT NULL, fields BLOB);"
     "CREATE INDEX IF NOT EXISTS events_time ON events(time_ms);"
     "CREATE TABLE IF NOT EXISTS offline_attempts("
     " job INTEGER NOT NULL, attempt INTEGER NOT NULL, worker INTEGER, host TEXT, log TEXT,"
@@ -92,9 +91,7 @@ static const char *const sql[ST__COUNT] = {
         " rc_ckpt, rc_ckpt_step) VALUES(?1,"
         "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
         "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40)",
-    [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
-    [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
-                  " time_ms >= ?2 ORDER BY id LIMIT ?3",
+    /* the event statements are event_sql's */
     [ST_ATTEMPT] = "INSERT OR REPLACE INTO offline_attempts(job, attempt, worker, host, log, state,"
                    " exit_code, time_ms, tail) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
     [ST_ATTEMPTS] = "SELECT job, attempt, worker, host, log, state, exit_code, time_ms, tail FROM"
@@ -137,6 +134,66 @@ tide_status tide__store_step_done(tide_store_t *s, int which, const char *what)
     if (rc != SQLITE_DONE)
         return tide__store_db_error(s, rc, what);
     return TIDE_OK;
+}
+
+/* The event statements: with the fields column, and without it for a file written before
+   events had fields (until tide_store_load adds the column; their rows read as no fields).
+   The filters of tide_store_query_events: 0 or '' for none. */
+#define EVENTS_WHERE                                                                               \
+    " FROM events WHERE id > ?1 AND time_ms >= ?2 AND (?3 = 0 OR time_ms < ?3) AND"                \
+    " (?4 = '' OR job = ?4) AND (?5 = '' OR kind GLOB ?5)"
+static const char *const event_sql[2][3] = {
+    {"INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
+     "SELECT id, time_ms, job, kind, detail, NULL" EVENTS_WHERE " ORDER BY id LIMIT ?6",
+     "SELECT id, time_ms, job, kind, detail, NULL" EVENTS_WHERE " ORDER BY id DESC LIMIT ?6"},
+    {"INSERT INTO events(time_ms, job, kind, detail, fields) VALUES(?1,?2,?3,?4,?5)",
+     "SELECT id, time_ms, job, kind, detail, fields" EVENTS_WHERE " ORDER BY id LIMIT ?6",
+     "SELECT id, time_ms, job, kind, detail, fields" EVENTS_WHERE " ORDER BY id DESC LIMIT ?6"},
+};
+static const int event_st[3] = {ST_EVENT, ST_EVENTS, TIDE__ST_EVENTS_NEWEST};
+
+/* (Re)prepares the event statements for whether the file has the fields column. */
+static tide_status prepare_events(tide_store_t *s)
+{
+    for (int i = 0; i < 3; i++) {
+        sqlite3_finalize(s->st[event_st[i]]);
+        s->st[event_st[i]] = NULL;
+        const char *text = event_sql[s->ev_fields][i];
+        int src = sqlite3_prepare_v3(s->db, text, -1, SQLITE_PREPARE_PERSISTENT,
+                                     &s->st[event_st[i]], NULL);
+        if (src != SQLITE_OK)
+            return tide_errorf(TIDE_ERR_INTERNAL, "state file %s: preparing '%.40s': %s", s->path,
+                               text, sqlite3_errmsg(s->db));
+    }
+    return TIDE_OK;
+}
+
+/* 1 when table has column name (names are ours, never a user's). */
+static int has_column(tide_store_t *s, const char *table, const char *name, int *have)
+{
+    char q[160];
+    snprintf(q, sizeof q, "SELECT 1 FROM pragma_table_info('%s') WHERE name = '%s'", table, name);
+    sqlite3_stmt *st = NULL;
+    int src = sqlite3_prepare_v2(s->db, q, -1, &st, NULL);
+    *have = src == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    return src;
+}
+
+tide_status tide__store_add_event_fields(tide_store_t *s)
+{
+    if (s->ev_fields)
+        return TIDE_OK;
+    TIDE_CHECK(tide_store_begin(s));
+    tide_status rc = exec(s, "ALTER TABLE events ADD COLUMN fields BLOB", "adding event fields");
+    if (rc == TIDE_OK)
+        rc = tide_store_commit(s);
+    if (rc != TIDE_OK) {
+        tide_store_rollback(s);
+        return rc;
+    }
+    s->ev_fields = 1;
+    return prepare_events(s);
 }
 
 /*
@@ -424,7 +481,14 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
     }
     TIDE_CHECK_GOTO(exec(s, "COMMIT", "creating tables"), rc, fail);
     TIDE_CHECK_GOTO(read_schema(s), rc, fail);
+    src = has_column(s, "events", "fields", &s->ev_fields);
+    if (src != SQLITE_OK)
+        TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO, "state file %s: reading the event table: %s", path,
+                       sqlite3_errmsg(s->db));
+    TIDE_CHECK_GOTO(prepare_events(s), rc, fail);
     for (int i = 0; i < ST__COUNT; i++) {
+        if (sql[i] == NULL)
+            continue; /* an event statement: prepared above */
         src = sqlite3_prepare_v3(s->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL);
         if (src != SQLITE_OK)
             TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_INTERNAL, "state file %s: preparing '%.40s': %s",
@@ -526,25 +590,6 @@ tide_status tide_store_del_worker(tide_store_t *s, int32_t id, int32_t next_id)
     return tide__store_step_done(s, ST_NEXT_ID, "recording the worker ids handed out");
 }
 
-tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, const char *kind,
-                             const char *fmt, ...)
-{
-    TIDE_CHECK(tide__store_need_txn(s, "event"));
-    char detail[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
-    sqlite3_stmt *st = s->st[ST_EVENT];
-    sqlite3_bind_int64(st, 1, time_ms);
-    sqlite3_bind_text(st, 2, job ? job : "", -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, kind, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 4, detail, -1, SQLITE_TRANSIENT);
-    TIDE_INFO("event", "%s%s%s: %s", job && job[0] ? job : "", job && job[0] ? " " : "", kind,
-              detail);
-    return tide__store_step_done(s, ST_EVENT, "appending an event");
-}
-
 void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src)
 {
     snprintf(dst, cap, "%s", src ? (const char *)src : "");
@@ -611,42 +656,6 @@ out:
     return rc;
 }
 
-tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,
-                              tide_store_event_t **rows, size_t *n)
-{
-    *rows = NULL;
-    *n = 0;
-    if (limit == 0)
-        return TIDE_OK;
-    tide_store_event_t *r = tide_calloc(limit, sizeof *r);
-    if (r == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory reading %u events", limit);
-    sqlite3_stmt *q = s->st[ST_EVENTS];
-    sqlite3_bind_int64(q, 1, (sqlite3_int64)(since_id > INT64_MAX ? INT64_MAX : since_id));
-    sqlite3_bind_int64(q, 2, since_ms);
-    sqlite3_bind_int64(q, 3, limit);
-    size_t k = 0;
-    int src;
-    while (k < limit && (src = sqlite3_step(q)) == SQLITE_ROW) {
-        r[k].id = (uint64_t)sqlite3_column_int64(q, 0);
-        r[k].time_ms = sqlite3_column_int64(q, 1);
-        tide__store_copy_text(r[k].job, sizeof r[k].job, sqlite3_column_text(q, 2));
-        tide__store_copy_text(r[k].kind, sizeof r[k].kind, sqlite3_column_text(q, 3));
-        tide__store_copy_text(r[k].detail, sizeof r[k].detail, sqlite3_column_text(q, 4));
-        k++;
-    }
-    if (k < limit && src != SQLITE_DONE) {
-        tide_status rc = tide__store_db_error(s, src, "reading events");
-        sqlite3_reset(q);
-        tide_free(r);
-        return rc;
-    }
-    sqlite3_reset(q);
-    *rows = r;
-    *n = k;
-    return TIDE_OK;
-}
-
 tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *a)
 {
     TIDE_CHECK(tide__store_need_txn(s, "put_attempt"));
@@ -706,20 +715,5 @@ tide_status tide_store_attempts(tide_store_t *s, int64_t job, int32_t attempt, u
     sqlite3_reset(q);
     *rows = r;
     *n = k;
-    return TIDE_OK;
-}
-
-tide_status tide_store_event_count(tide_store_t *s, uint64_t *out)
-{
-    sqlite3_stmt *q = NULL;
-    int src = sqlite3_prepare_v2(s->db, "SELECT count(*) FROM events", -1, &q, NULL);
-    if (src == SQLITE_OK)
-        src = sqlite3_step(q);
-    if (src != SQLITE_ROW) {
-        sqlite3_finalize(q);
-        return tide__store_db_error(s, src, "counting events");
-    }
-    *out = (uint64_t)sqlite3_column_int64(q, 0);
-    sqlite3_finalize(q);
     return TIDE_OK;
 }

@@ -22,6 +22,7 @@
 #include <tide/status.h>
 #include "core/error.h"
 #include "coordinator/state.h"
+#include "proto/proto.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +37,19 @@ typedef struct tide_store_event {
     char job[TIDE_COORD_NAME_MAX];
     char kind[TIDE_COORD_NAME_MAX];
     char detail[1024];
+    tide_proto_event_fields_t fields; /* owned (workers); all empty for an older event */
 } tide_store_event_t;
+
+/* Which events tide_store_query_events reads (0 or "" for no filter on that part). */
+typedef struct tide_store_event_query {
+    uint64_t since_id; /* id > since_id */
+    int64_t since_ms;  /* time_ms >= since_ms */
+    int64_t until_ms;  /* time_ms < until_ms, 0: no end */
+    const char *job;   /* this job only, "" or NULL: any */
+    const char *kind;  /* kinds matching this glob ("resize*"), "" or NULL: any */
+    uint32_t limit;    /* at most this many */
+    int newest;        /* 1: the newest `limit`, newest first; 0: the oldest, oldest first */
+} tide_store_event_query_t;
 
 /* One attempt of an offline command job, as its worker last reported it. */
 typedef struct tide_store_attempt {
@@ -89,6 +102,12 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j);
 tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, const char *kind,
                              const char *fmt, ...) TIDE_PRINTF(5, 6);
 
+/* tide_store_event with typed fields (NULL: none), stored as an event_fields record beside
+   the sentence `detail`; needs a transaction. */
+tide_status tide_store_event_fields(tide_store_t *s, int64_t time_ms, const char *job,
+                                    const char *kind, const tide_proto_event_fields_t *fields,
+                                    const char *detail);
+
 /*
  * Loads every worker and job into st (which must be empty). Volatile fields
  * start at zero; callers set last_seen_ns. Pending reconfigurations come back
@@ -100,11 +119,15 @@ tide_status tide_store_event(tide_store_t *s, int64_t time_ms, const char *job, 
 tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st);
 
 /*
- * Events with id > since_id and time_ms >= since_ms, oldest first, at most
- * limit; *rows is tide_malloc'd (caller frees with tide_free).
+ * The events q selects, in q's order; *rows is tide_malloc'd and owns each row's fields
+ * (free with tide_store_events_free). An event whose stored fields do not decode comes
+ * back with empty fields (its sentence still says what happened). Blocks on file I/O.
  */
-tide_status tide_store_events(tide_store_t *s, uint64_t since_id, int64_t since_ms, uint32_t limit,
-                              tide_store_event_t **rows, size_t *n);
+tide_status tide_store_query_events(tide_store_t *s, const tide_store_event_query_t *q,
+                                    tide_store_event_t **rows, size_t *n);
+
+/* Frees rows of tide_store_query_events and sets *rows_p to NULL; NULL is fine. */
+void tide_store_events_free(tide_store_event_t **rows_p, size_t n);
 
 /* Writes (insert or replace) one attempt's report; needs an open transaction. */
 tide_status tide_store_put_attempt(tide_store_t *s, const tide_store_attempt_t *a);

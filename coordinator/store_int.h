@@ -18,6 +18,7 @@ enum {
     TIDE__ST_JOB,
     TIDE__ST_EVENT,
     TIDE__ST_EVENTS,
+    TIDE__ST_EVENTS_NEWEST,
     TIDE__ST_ATTEMPT,
     TIDE__ST_ATTEMPTS,
     TIDE__ST_BEGIN,
@@ -30,7 +31,8 @@ struct tide_store {
     sqlite3 *db;
     sqlite3_stmt *st[TIDE__ST_COUNT];
     int in_txn;
-    int schema; /* the file's state schema: 2, or 1 until tide_store_load migrates it */
+    int schema;    /* the file's state schema: 2, or 1 until tide_store_load migrates it */
+    int ev_fields; /* the event table has its fields column (tide_store_load adds it) */
     char path[512];
 };
 
@@ -42,6 +44,10 @@ tide_status tide__store_step_done(tide_store_t *s, int which, const char *what);
 
 /* TIDE_ERR_INTERNAL unless a transaction is open (every write needs one). */
 tide_status tide__store_need_txn(tide_store_t *s, const char *what);
+
+/* Adds the event table's fields column to a file written before events had fields (one
+   transaction), and prepares the event statements again; no-op when it has it. */
+tide_status tide__store_add_event_fields(tide_store_t *s);
 
 /* Copies a column's text (NULL: "") into dst of cap bytes, truncating. */
 void tide__store_copy_text(char *dst, size_t cap, const unsigned char *src);

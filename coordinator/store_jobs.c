@@ -532,5 +532,5 @@ tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
         return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
     TIDE_CHECK(tide__store_load_workers(s, st));
     TIDE_CHECK(load_jobs(s, st));
-    return TIDE_OK;
+    return tide__store_add_event_fields(s);
 }

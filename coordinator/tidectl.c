@@ -2,9 +2,10 @@
  * tidectl: the operator CLI for tided. One command per run: it connects a
  * ZeroMQ DEALER socket to tided (CURVE when --key is given), sends one proto
  * request, waits up to --timeout-ms for the reply and prints it as an aligned
- * table or, with --json, as one JSON document. `top` repeats status + jobs
- * every --interval ms; `keygen` writes CURVE key files locally (format in
- * core/keyfile.h and the README, read by tided --auth).
+ * table or, with --json, as one JSON document (events: one object per line).
+ * `top` repeats status + jobs every --interval ms; `timeline` draws a job's
+ * history; `keygen` writes CURVE key files locally (format in core/keyfile.h and
+ * the README, read by tided --auth).
  *
  * Exit codes (scripts rely on them): 0 ok; 1 refused by tided (its message
  * printed) or CURVE rejected; 2 bad usage, nothing sent; 3 cannot reach tided;
@@ -125,17 +126,40 @@ static const command_t commands[] = {
        0, 0},
       OPT_END}},
     {"events",
-     "events [--since 10m] [--after ID] [--limit N] [--json]",
-     "the event history, oldest first",
+     "events [--job J] [--type KIND] [--since 10m] [--until T] [--tail N] [--follow] [--json]",
+     "the event history, newest first (--json: one object per line, oldest first)",
      tidectl__cmd_events,
      0,
      0,
-     {{"since", NULL, TIDE_OPT_STRING, V(since), NULL,
+     {{"job", NULL, TIDE_OPT_STRING, V(job), NULL, "only this job's events", 0, 0},
+      {"type", NULL, TIDE_OPT_STRING, V(type), NULL,
+       "only events of this kind; * and ? match any text or character: 'resize*'", 0, 0},
+      {"since", NULL, TIDE_OPT_STRING, V(since), NULL,
        "only events from then on: 10m, 2h, 1d, 2024-05-01 12:00, or epoch ms", 0, 0},
+      {"until", NULL, TIDE_OPT_STRING, V(until), NULL,
+       "only events before then (same forms as --since)", 0, 0},
       {"after", NULL, TIDE_OPT_INT, V(after), "0", "only events with a larger id", 0,
        9223372036854775807LL},
-      {"limit", NULL, TIDE_OPT_INT, V(limit), "100", "at most this many events", 1,
+      {"tail", NULL, TIDE_OPT_INT, V(tail), "0", "the newest N events (default 100)", 0,
        TIDE_PROTO_EVENTS_MAX},
+      {"limit", NULL, TIDE_OPT_INT, V(limit), "100", "the same as --tail", 1,
+       TIDE_PROTO_EVENTS_MAX},
+      {"follow", NULL, TIDE_OPT_BOOL, V(follow), "0",
+       "then print new events as they come, oldest first, until interrupted", 0, 0},
+      OPT_END}},
+    {"timeline",
+     "timeline JOB [-o FILE.svg|FILE.json] [--since T]",
+     "a picture of a job's history: a row per GPU, its layouts, resizes, failures, "
+     "checkpoints and the offline work on its GPUs (SVG)",
+     tidectl__cmd_timeline,
+     1,
+     1,
+     {{"output", NULL, TIDE_OPT_STRING, V(output), NULL,
+       "write the SVG to this file (-o FILE; default: standard output); FILE.json: a "
+       "Chrome trace of the same (Perfetto, chrome://tracing)",
+       0, 0},
+      {"since", NULL, TIDE_OPT_STRING, V(since), NULL,
+       "only from then on: 10m, 2h, 1d, 2024-05-01 12:00, or epoch ms (default: all)", 0, 0},
       OPT_END}},
     {"logs",
      "logs JOB [--attempt N | --all] [--json]",
@@ -248,14 +272,18 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
         fprintf(err, " (tidectl --help explains them)\n");
         return TIDECTL_EXIT_USAGE;
     }
+    /* -o is --output's short form (the one short flag tidectl takes) */
+    for (int i = ci + 1; i < argc; i++)
+        if (strcmp(argv[i], "-o") == 0)
+            argv[i] = (char *)"--output";
     /* one option table: global flags + this command's, value pointers into s */
     settings_t s;
     memset(&s, 0, sizeof s);
-    tide_opt table[N_GLOBAL + 8 + 1];
+    tide_opt table[N_GLOBAL + 10 + 1];
     size_t n = 0;
     for (size_t i = 0; i < N_GLOBAL; i++)
         table[n++] = global_opts[i];
-    for (size_t i = 0; i < 8 && cmd->opts[i].name; i++)
+    for (size_t i = 0; i < 10 && cmd->opts[i].name; i++)
         table[n++] = cmd->opts[i];
     table[n] = (tide_opt)OPT_END;
     for (size_t i = 0; i < n; i++)

@@ -49,7 +49,8 @@ const char *tidectl_fmt_bytes(uint64_t bytes, char *buf, size_t len);
  * path is taken as the public key itself when secret is NULL. */
 tide_status tidectl_read_key(const char *path_or_z85, char *pub, char *secret);
 
-/* Printers for replies: aligned tables, or one JSON document when json != 0. */
+/* Printers for replies: aligned tables, or one JSON document when json != 0 (events: one
+   JSON object per line, each row in the reply's order). */
 void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int json);
 void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json);
 void tidectl_print_events(FILE *out, const tide_proto_events_reply_t *r, int json);

@@ -40,10 +40,15 @@ typedef struct settings {
     const char *mem_cap;
     const char *plugin;
     int bubbles;
-    /* events */
+    /* events, timeline */
     const char *since;
+    const char *until;
     long long after;
     long long limit;
+    long long tail;
+    const char *type;
+    int follow;
+    const char *output;
     /* logs */
     long long attempt;
     int all;
@@ -73,8 +78,10 @@ typedef struct conn {
    TIDECTL_EXIT_* code, having printed its result on out or its reason on err. Blocks for
    at most --timeout-ms per request. */
 typedef int tidectl__cmd_fn(settings_t *s, int argc, char **argv, FILE *out, FILE *err);
-tidectl__cmd_fn tidectl__cmd_status, tidectl__cmd_jobs, tidectl__cmd_events, tidectl__cmd_logs,
-    tidectl__cmd_top; /* tidectl_queries.c */
+tidectl__cmd_fn tidectl__cmd_status, tidectl__cmd_jobs, tidectl__cmd_logs,
+    tidectl__cmd_top;                  /* tidectl_queries.c */
+tidectl__cmd_fn tidectl__cmd_events;   /* tidectl_events.c */
+tidectl__cmd_fn tidectl__cmd_timeline; /* tidectl_timeline.c */
 tidectl__cmd_fn tidectl__cmd_resize, tidectl__cmd_submit, tidectl__cmd_cancel, tidectl__cmd_drain,
     tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
 
@@ -108,6 +115,9 @@ const char *tidectl__term_str(const char *s, size_t max, char *buf, size_t len);
 
 /* ms since the epoch as local "YYYY-MM-DD HH:MM:SS.mmm" into buf; returns buf. */
 const char *tidectl__fmt_time(int64_t ms, char *buf, size_t len);
+
+/* One event as one JSON object on one line: its sentence and the typed fields that apply. */
+void tidectl__event_json(FILE *out, const tide_proto_event_row_t *e);
 
 /* s as a JSON string, or null when s is empty. */
 void tidectl__json_str_or_null(FILE *out, const char *s);

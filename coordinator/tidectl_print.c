@@ -360,22 +360,60 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
 
 /* ---- events ---------------------------------------------------------------------------------- */
 
+/* "key":value for the typed fields of e that apply (none: nothing). */
+static void event_fields_json(FILE *out, const tide_proto_event_fields_t *f)
+{
+    if (f->gen)
+        fprintf(out, ",\"gen\":%llu", (unsigned long long)f->gen);
+    if (f->dp)
+        fprintf(out, ",\"dp\":%d,\"tp\":%d,\"pp\":%d", f->dp, f->tp, f->pp);
+    if (f->from_dp)
+        fprintf(out, ",\"from_dp\":%d,\"from_tp\":%d,\"from_pp\":%d", f->from_dp, f->from_tp,
+                f->from_pp);
+    if (f->n_workers) {
+        fputs(",\"workers\":[", out);
+        for (uint32_t i = 0; i < f->n_workers; i++)
+            fprintf(out, "%s%d", i ? "," : "", f->workers[i]);
+        fputc(']', out);
+    }
+    if (f->host[0]) {
+        fputs(",\"host\":", out);
+        tidectl_json_str(out, f->host);
+    }
+    if (f->step >= 0)
+        fprintf(out, ",\"step\":%lld", (long long)f->step);
+    if (f->steps_lost)
+        fprintf(out, ",\"steps_lost\":%lld", (long long)f->steps_lost);
+    if (f->bytes)
+        fprintf(out, ",\"bytes\":%llu", (unsigned long long)f->bytes);
+    if (f->ms > 0)
+        fprintf(out, ",\"ms\":%.3f", f->ms);
+    if (f->bubbles)
+        fputs(",\"bubbles\":true", out);
+    if (f->reason[0]) {
+        fputs(",\"reason\":", out);
+        tidectl_json_str(out, f->reason);
+    }
+}
+
+void tidectl__event_json(FILE *out, const tide_proto_event_row_t *e)
+{
+    fprintf(out, "{\"id\":%llu,\"time_ms\":%lld,\"job\":", (unsigned long long)e->id,
+            (long long)e->time_ms);
+    tidectl__json_str_or_null(out, e->job);
+    fputs(",\"kind\":", out);
+    tidectl_json_str(out, e->kind);
+    fputs(",\"detail\":", out);
+    tidectl_json_str(out, e->detail);
+    event_fields_json(out, &e->fields);
+    fputs("}\n", out);
+}
+
 void tidectl_print_events(FILE *out, const tide_proto_events_reply_t *r, int json)
 {
     if (json) {
-        fputs("{\"events\":[", out);
-        for (uint32_t i = 0; i < r->n_rows; i++) {
-            const tide_proto_event_row_t *e = &r->rows[i];
-            fprintf(out, "%s{\"id\":%llu,\"time_ms\":%lld,\"job\":", i ? "," : "",
-                    (unsigned long long)e->id, (long long)e->time_ms);
-            tidectl__json_str_or_null(out, e->job);
-            fputs(",\"kind\":", out);
-            tidectl_json_str(out, e->kind);
-            fputs(",\"detail\":", out);
-            tidectl_json_str(out, e->detail);
-            fputc('}', out);
-        }
-        fputs("]}\n", out);
+        for (uint32_t i = 0; i < r->n_rows; i++)
+            tidectl__event_json(out, &r->rows[i]);
         return;
     }
     if (r->n_rows == 0) {

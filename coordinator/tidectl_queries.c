@@ -1,6 +1,6 @@
 /*
- * tidectl's commands that read: status, jobs, events, logs and top. Each asks tided and
- * prints the reply (tidectl_print.c); logs prints an attempt's file itself when it is on
+ * tidectl's commands that read: status, jobs, logs and top (events: tidectl_events.c). Each asks
+ * tided and prints the reply (tidectl_print.c); logs prints an attempt's file itself when it is on
  * this host.
  */
 #include <fcntl.h>
@@ -40,23 +40,6 @@ int tidectl__cmd_jobs(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     int rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_JOBS_REPLY, err);
     if (rc == TIDECTL_EXIT_OK) {
         tidectl_print_jobs(out, &rep.u.jobs_reply, s->json);
-        tide_msg_clear(&rep);
-    }
-    return rc;
-}
-
-int tidectl__cmd_events(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
-{
-    tide_msg_t req, rep;
-    tide_msg_init(&req, TIDE_MSG_EVENTS);
-    req.u.events.since_id = (uint64_t)s->after;
-    req.u.events.limit = (uint32_t)s->limit;
-    if (s->since &&
-        tidectl_parse_since(s->since, tide_wall_ms(), &req.u.events.since_ms) != TIDE_OK)
-        return tidectl__usage_error(err, "events", "%s", tide_last_error());
-    int rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_EVENTS_REPLY, err);
-    if (rc == TIDECTL_EXIT_OK) {
-        tidectl_print_events(out, &rep.u.events_reply, s->json);
         tide_msg_clear(&rep);
     }
     return rc;

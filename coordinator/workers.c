@@ -513,8 +513,11 @@ void tide__on_offline_status(tide_server_t *s, const tide_msg_t *msg, const void
         if (m->state == TIDE_JOB_DONE) {
             j->state = TIDE_JS_DONE;
             j->worker = -1;
-            tide__event(s, j->name, "offline_done", "finished on worker %d (attempt %d)", w->id,
-                        j->attempts);
+            tide_proto_event_fields_t f;
+            tide_event_fields_init(&f);
+            tide_event_fields_worker(&f, &w->id, w);
+            tide__event_f(s, j->name, "offline_done", &f, "finished on worker %d (attempt %d)",
+                          w->id, j->attempts);
             tide__save_job(s, j);
         } else {
             snprintf(why, sizeof why, "attempt %d on worker %d ended %s (exit code %d)",

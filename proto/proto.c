@@ -5,6 +5,7 @@
  * failures are injectable). Workload: one small message per heartbeat on each
  * worker, ~10^4 encodes/s of replies at most in tided.
  */
+#include <ctype.h>
 #include <math.h>
 #include <msgpack.h>
 #include <stdarg.h>
@@ -833,11 +834,71 @@ static const tide__field checkpoint_fields[] = {
     F_TEXT(tide_proto_checkpoint_t, dir, "dir"),
 };
 
+/* A kind filter is a kind name that may hold the glob characters '*' and '?'. */
+static tide_status check_events(const void *base, tide__ctx *c)
+{
+    const tide_proto_events_t *m = base;
+    for (const char *k = m->kind; *k; k++)
+        if (!(isalnum((unsigned char)*k) || strchr("._:-*?", *k) != NULL))
+            return tide__fail(c,
+                              "field 'kind' may hold only [A-Za-z0-9._:-] and the globs "
+                              "'*' and '?', got '%c'",
+                              *k);
+    if (m->until_ms != 0 && m->until_ms <= m->since_ms)
+        return tide__fail(c, "field 'until_ms' = %lld must be after 'since_ms' = %lld (or 0)",
+                          (long long)m->until_ms, (long long)m->since_ms);
+    return TIDE_OK;
+}
+
 static const tide__field events_fields[] = {
     F_U64(tide_proto_events_t, since_id, "since_id"),
     F_INT(tide_proto_events_t, since_ms, "since_ms", 0, INT64_MAX),
+    F_INT(tide_proto_events_t, until_ms, "until_ms", 0, INT64_MAX),
     F_INT(tide_proto_events_t, limit, "limit", 1, TIDE_PROTO_EVENTS_MAX),
+    F_JOB_EMPTY(tide_proto_events_t, job),
+    F_STR(tide_proto_events_t, kind, "kind", TIDE__CS_HOST, 0),
+    F_BOOL(tide_proto_events_t, newest, "newest"),
 };
+
+static tide_status check_event_fields(const void *base, tide__ctx *c)
+{
+    const tide_proto_event_fields_t *m = base;
+    if ((m->dp == 0) != (m->tp == 0) || (m->dp == 0) != (m->pp == 0))
+        return tide__fail(c, "fields '%sdp', 'tp' and 'pp' must all be 0 or all be set", c->path);
+    if ((m->from_dp == 0) != (m->from_tp == 0) || (m->from_dp == 0) != (m->from_pp == 0))
+        return tide__fail(c,
+                          "fields '%sfrom_dp', 'from_tp' and 'from_pp' must all be 0 or all "
+                          "be set",
+                          c->path);
+    return TIDE_OK;
+}
+
+static const tide__field event_fields_fields[] = {
+    F_U64(tide_proto_event_fields_t, gen, "gen"),
+    F_INT(tide_proto_event_fields_t, dp, "dp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_event_fields_t, tp, "tp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_event_fields_t, pp, "pp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_event_fields_t, from_dp, "from_dp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_event_fields_t, from_tp, "from_tp", 0, TIDE_PROTO_DEGREE_MAX),
+    F_INT(tide_proto_event_fields_t, from_pp, "from_pp", 0, TIDE_PROTO_DEGREE_MAX),
+    {.key = "workers",
+     .kind = TIDE__K_I32_ARRAY,
+     .off = offsetof(tide_proto_event_fields_t, workers),
+     .min = 0,
+     .max = INT32_MAX,
+     .count_off = offsetof(tide_proto_event_fields_t, n_workers),
+     .cmax = TIDE_PROTO_WORKERS_MAX},
+    F_STR(tide_proto_event_fields_t, host, "host", TIDE__CS_HOST, 0),
+    F_INT(tide_proto_event_fields_t, step, "step", -1, INT64_MAX),
+    F_INT(tide_proto_event_fields_t, steps_lost, "steps_lost", 0, INT64_MAX),
+    F_U64(tide_proto_event_fields_t, bytes, "bytes"),
+    F_MS(tide_proto_event_fields_t, ms, "ms"),
+    F_BOOL(tide_proto_event_fields_t, bubbles, "bubbles"),
+    F_STR(tide_proto_event_fields_t, reason, "reason", TIDE__CS_LINE, 0),
+};
+const tide__schema tide__event_fields_schema = {event_fields_fields, NELEM(event_fields_fields),
+                                                sizeof(tide_proto_event_fields_t), 1,
+                                                check_event_fields};
 
 static const tide__field event_row_fields[] = {
     F_U64(tide_proto_event_row_t, id, "id"),
@@ -845,9 +906,14 @@ static const tide__field event_row_fields[] = {
     F_JOB_EMPTY(tide_proto_event_row_t, job),
     F_STR(tide_proto_event_row_t, kind, "kind", TIDE__CS_NAME, 1),
     F_TEXT(tide_proto_event_row_t, detail, "detail"),
+    {.key = "fields",
+     .kind = TIDE__K_STRUCT,
+     .off = offsetof(tide_proto_event_row_t, fields),
+     .count_off = TIDE__NO_OFF,
+     .sub = &tide__event_fields_schema},
 };
 static const tide__schema event_row_schema = {event_row_fields, NELEM(event_row_fields),
-                                              sizeof(tide_proto_event_row_t), 0, NULL};
+                                              sizeof(tide_proto_event_row_t), 1, NULL};
 
 static const tide__field events_reply_fields[] = {
     {.key = "rows",
@@ -941,7 +1007,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
     [TIDE_MSG_CHECKPOINT] = SCHEMA(checkpoint_fields, tide_proto_checkpoint_t, 0, check_checkpoint),
-    [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, NULL),
+    [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, check_events),
     [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
     [TIDE_MSG_LOGS] = SCHEMA(logs_fields, tide_proto_logs_t, 0, NULL),
     [TIDE_MSG_LOGS_REPLY] = SCHEMA(logs_reply_fields, tide_proto_logs_reply_t, 1, NULL),
@@ -1017,6 +1083,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_JOB_ARGV:
     case TIDE_MSG_CKPT_MANIFEST:
     case TIDE_MSG_CKPT_SUM:
+    case TIDE_MSG_EVENT_FIELDS:
         return TIDE_ROLE_RECORD;
     default:
         return TIDE_ROLE_COORDINATOR;

@@ -614,12 +614,47 @@ typedef struct tide_proto_drain {
     int32_t worker; /* "worker" */
 } tide_proto_drain_t;
 
-/* "events" tidectl -> tided: events with id > since_id and time >= since_ms, oldest first. */
+/*
+ * "events" tidectl -> tided: the events with id > since_id, since_ms <= time < until_ms
+ * (until_ms 0: no end), of job `job` ("": any) and of a kind matching `kind` ("": any; a
+ * glob: "resize*", "offline_?ailed"). newest = 1: the newest `limit` of them, newest first;
+ * 0: the oldest `limit`, oldest first (a cursor: since_id = the last id seen).
+ */
 typedef struct tide_proto_events {
-    uint64_t since_id; /* "since_id" */
-    int64_t since_ms;  /* "since_ms": >= 0 */
-    uint32_t limit;    /* "limit": [1, 10000] */
+    uint64_t since_id;                  /* "since_id" */
+    int64_t since_ms;                   /* "since_ms": >= 0 */
+    int64_t until_ms;                   /* "until_ms": >= 0, 0 = no end */
+    uint32_t limit;                     /* "limit": [1, 10000] */
+    char job[TIDE_PROTO_NAME_MAX + 1];  /* "job": "" for every job */
+    char kind[TIDE_PROTO_NAME_MAX + 1]; /* "kind": [A-Za-z0-9._:*?-], "" for every kind */
+    int newest;                         /* "newest": bool */
 } tide_proto_events_t;
+
+#define TIDE_PROTO_REASON_MAX 255 /* chars of an event's reason */
+
+/*
+ * An event's typed fields besides its sentence (each 0, -1 or "" when it does not apply):
+ * what a tool draws or filters on. For a layout (layout, resized, recovered, rolled_back,
+ * resize_started, recovery_started) workers is the new layout's map in coordinate order
+ * (index ((p * dp) + d) * tp + t) and dp/tp/pp its degrees, from_* the layout before; for
+ * an event about workers (worker_failed, offline_assigned, preempted, ...) the workers
+ * concerned, the first one's host in host. Also a record ("event_fields"): tided's state
+ * file keeps it beside the event's row.
+ */
+typedef struct tide_proto_event_fields {
+    uint64_t gen;                           /* "gen": the generation concerned, 0: none */
+    int dp, tp, pp;                         /* "dp","tp","pp": the layout after, 0: none */
+    int from_dp, from_tp, from_pp;          /* "from_dp",...: the layout before, 0: none */
+    int32_t *workers;                       /* "workers": owned, ids >= 0 */
+    uint32_t n_workers;                     /* <= TIDE_PROTO_WORKERS_MAX */
+    char host[TIDE_PROTO_HOST_MAX + 1];     /* "host": "" for none */
+    int64_t step;                           /* "step": the switch/checkpoint step, -1: none */
+    int64_t steps_lost;                     /* "steps_lost": >= 0 */
+    uint64_t bytes;                         /* "bytes": state moved */
+    double ms;                              /* "ms": how long it took (downtime), 0: none */
+    int bubbles;                            /* "bubbles": bool, offline work in bubbles */
+    char reason[TIDE_PROTO_REASON_MAX + 1]; /* "reason": one line, "" for none */
+} tide_proto_event_fields_t;
 
 typedef struct tide_proto_event_row {
     uint64_t id;                          /* "id": increasing */
@@ -627,6 +662,7 @@ typedef struct tide_proto_event_row {
     char job[TIDE_PROTO_NAME_MAX + 1];    /* "job": "" for cluster events */
     char kind[TIDE_PROTO_NAME_MAX + 1];   /* "kind": like a job name ("resize", "worker_failed") */
     char detail[TIDE_PROTO_TEXT_MAX + 1]; /* "detail" */
+    tide_proto_event_fields_t fields;     /* "fields" */
 } tide_proto_event_row_t;
 
 /* "events_reply": "rows" (array of event row maps). */
@@ -742,7 +778,8 @@ typedef struct tide_proto_error {
     X(JOB_CKPTS, "job_ckpts", job_ckpts)                                                           \
     X(JOB_ARGV, "job_argv", job_argv)                                                              \
     X(CKPT_MANIFEST, "ckpt_manifest", ckpt_manifest)                                               \
-    X(CKPT_SUM, "ckpt_sum", ckpt_sum)
+    X(CKPT_SUM, "ckpt_sum", ckpt_sum)                                                              \
+    X(EVENT_FIELDS, "event_fields", event_fields)
 
 typedef enum tide_msg_type {
     TIDE_MSG_NONE = 0, /* a cleared message; never on the wire */
@@ -825,6 +862,7 @@ typedef struct tide_msg {
         tide_proto_job_argv_t job_argv;
         tide_proto_ckpt_manifest_t ckpt_manifest;
         tide_proto_ckpt_sum_t ckpt_sum;
+        tide_proto_event_fields_t event_fields;
     } u;
 } tide_msg_t;
 

@@ -132,9 +132,10 @@ struct tide__ctx {
     }
 
 /* Sub-schemas shared by several messages and records (proto.c). */
-extern const tide__schema tide__layout_schema; /* tide_proto_layout_t */
-extern const tide__schema tide__tensor_schema; /* tide_proto_tensor_t */
-extern const tide__schema tide__fit_schema;    /* tide_proto_fit_t */
+extern const tide__schema tide__layout_schema;       /* tide_proto_layout_t */
+extern const tide__schema tide__tensor_schema;       /* tide_proto_tensor_t */
+extern const tide__schema tide__fit_schema;          /* tide_proto_fit_t */
+extern const tide__schema tide__event_fields_schema; /* tide_proto_event_fields_t */
 extern const char *const tide__degree_names[4];
 
 /* Schema of a record type (proto_record.c), NULL for any other type. */

@@ -215,6 +215,8 @@ static const tide__schema record_schemas[TIDE_MSG__COUNT] = {
 
 const tide__schema *tide__record_schema(tide_msg_type_t type)
 {
+    if (type == TIDE_MSG_EVENT_FIELDS) /* shared with the events reply's rows (proto.c) */
+        return &tide__event_fields_schema;
     if ((int)type <= (int)TIDE_MSG_NONE || (int)type >= (int)TIDE_MSG__COUNT ||
         record_schemas[type].size == 0)
         return NULL;

@@ -8,8 +8,10 @@
 # idle with offline command jobs (`tidectl submit --offline`), fills the pipeline
 # bubbles of the layout's members with offline plugin steps (`--plugin tide_task_matmul
 # --bubbles`), and ends with the loss curve of this run next to a run of the same model
-# that was never resized (bubble filling included, the losses are the same).
-# Everything it started is stopped on exit. About 2 minutes once built.
+# that was never resized (bubble filling included, the losses are the same), and the
+# job's timeline (`tidectl timeline`): demo-out/timeline.svg, the README's picture
+# (docs/demo-timeline.svg is a copy). Everything it started is stopped on exit. About 2
+# minutes once built.
 #
 # `demo.sh --hosts N` (N >= 2, root: network namespaces) instead runs the job on N hosts
 # of a cluster made on this machine (scripts/cluster.sh, 1 Gbit/s links): CURVE keys from
@@ -146,7 +148,7 @@ if [ "$HOSTS" -ge 2 ]; then
     launch "h$i:4" 4 "$OUT/train-h$i"
     MORE_PIDS="$MORE_PIDS $!"
     for _ in $(seq 600); do
-      [ "$(ctl events 2>/dev/null | grep -c pool_joined)" -ge $((i - 1)) ] && break
+      [ "$(ctl events --type pool_joined --tail 1000 2>/dev/null | grep -c pool_joined)" -ge $((i - 1)) ] && break
       sleep 0.1
     done
     ctl resize "$JOB" --dp "$i" --tp 4 >/dev/null
@@ -179,7 +181,7 @@ if [ "$HOSTS" -ge 2 ]; then
   launch "$SPARE:4" 4 "$OUT/train-$SPARE"
   MORE_PIDS="$MORE_PIDS $!"
   for _ in $(seq 600); do
-    [ "$(ctl events 2>/dev/null | grep -c pool_joined)" -ge "$HOSTS" ] && break
+    [ "$(ctl events --type pool_joined --tail 1000 2>/dev/null | grep -c pool_joined)" -ge "$HOSTS" ] && break
     sleep 0.1
   done
   sleep 1
@@ -190,8 +192,10 @@ if [ "$HOSTS" -ge 2 ]; then
   sleep 3
   ctl status
   say "tidectl events: the lost host, the recovery, the join and the grow"
-  ctl events | grep "worker_failed\|recover\|pool_\|join_\|resized" | tail -12 || true
+  ctl events --tail 1000 | grep "worker_failed\|recover\|pool_\|join_\|resized" | head -12 || true
   grep "generation\|joined" "$OUT/train.log" || true
+  say "tidectl timeline $JOB -o $OUT/timeline.svg (a row per GPU, grouped by host)"
+  ctl timeline "$JOB" -o "$OUT/timeline.svg"
   say "done: tided, the job and the $((HOSTS + 1)) hosts are stopped on exit"
   exit 0
 fi
@@ -288,6 +292,9 @@ say "waiting for train_mlp to finish its $STEPS steps"
 wait "$TRAIN_PID" || { echo "demo: train_mlp failed; see $OUT/train.err"; TRAIN_PID=""; exit 1; }
 TRAIN_PID=""
 show_train
+
+say "tidectl timeline $JOB -o $OUT/timeline.svg (a row per GPU: layouts, resizes, backfill)"
+ctl timeline "$JOB" -o "$OUT/timeline.svg"
 
 # ---- the never-resized run and the loss table ---------------------------------------------
 say "reference: the same model never resized (standalone mpirun -np 8 train_mlp --dp 2 --tp 2 --pp 2)"

@@ -48,3 +48,12 @@ endif()
 if(TARGET tide_coord)
   tide_add_unit_test(test_elastic SOURCES test_elastic.c LIBS tide_coord TIMEOUT 60)
 endif()
+# tidectl timeline and the event queries on a real resized job with backfill
+# (test_timeline.sh; the picture read back by timeline_check.py).
+if(TIDE_PYTHON3 AND TARGET tided AND TARGET tidectl AND TARGET train_mlp
+   AND TARGET tide_task_matmul)
+  add_test(NAME test_timeline
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_timeline.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_PYTHON3} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_timeline "mpi" 420)
+endif()

@@ -188,7 +188,7 @@ mh_grow_setup() {
 # ---- waiting on a job that grows (test_multihost_grow, test_multihost_regrow) ----
 
 # job_events JOB: the job's events as JSON rows, one per line
-job_events() { ctl ops events --json | tr '{' '\n' | grep "\"job\":\"$1\"" || true; }
+job_events() { ctl ops events --job "$1" --limit 10000 --json | tr '{' '\n' | grep "\"job\":\"$1\"" || true; }
 
 # wait_event JOB KIND [N] [SECS]: until the job has N events of KIND
 wait_event() {

@@ -18,4 +18,8 @@ if(TARGET tidectl_cli)
   target_compile_definitions(test_tidectl PRIVATE TIDECTL_NO_MAIN=1)
   set_tests_properties(test_tidectl PROPERTIES FAIL_REGULAR_EXPRESSION
                        "ERROR: (Address|Leak)Sanitizer|runtime error:")
+  # tidectl timeline's picture and trace (coordinator/timeline*.c) from a synthetic history
+  tide_add_unit_test(test_timeline_draw SOURCES test_timeline.c LIBS tidectl_cli TIMEOUT 60)
+  set_tests_properties(test_timeline_draw PROPERTIES FAIL_REGULAR_EXPRESSION
+                       "ERROR: (Address|Leak)Sanitizer|runtime error:")
 endif()

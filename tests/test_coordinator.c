@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "coordinator/event_fields.h"
 #include "coordinator/policy.h"
 #include "coordinator/state.h"
 #include "coordinator/store.h"
@@ -1063,11 +1064,12 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(o->priority, -4);
     tide_store_event_t *ev = NULL;
     size_t n = 0;
-    cr_assert_eq(tide_store_events(s, 0, 0, 100, &ev, &n), TIDE_OK);
+    tide_store_event_query_t all = {.limit = 100};
+    cr_assert_eq(tide_store_query_events(s, &all, &ev, &n), TIDE_OK);
     cr_assert_eq(n, 1);
     cr_assert_str_eq(ev[0].kind, "resize_started");
     cr_assert_str_eq(ev[0].detail, "to 2");
-    tide_free(ev);
+    tide_store_events_free(&ev, n);
     tide_store_close(&s);
     tide_coord_state_destroy(&st);
 
@@ -1491,10 +1493,12 @@ static void expect_fixture_state(tide_store_t *s, tide_coord_state_t *st)
     cr_expect_str_eq(a[0].tail, "Traceback: boom\n");
     tide_free(a);
     tide_store_event_t *ev = NULL;
-    cr_assert_eq(tide_store_events(s, 0, 0, 10, &ev, &n), TIDE_OK);
+    tide_store_event_query_t all = {.limit = 10};
+    cr_assert_eq(tide_store_query_events(s, &all, &ev, &n), TIDE_OK);
     cr_assert_eq(n, 2);
     cr_expect_str_eq(ev[0].detail, "to dp 1");
-    tide_free(ev);
+    cr_expect_eq(ev[0].fields.n_workers, 0); /* schema 1 events have no fields */
+    tide_store_events_free(&ev, n);
 }
 
 /* The type of column col of job "train" in the state file at path, as SQLite says. */
@@ -1597,6 +1601,75 @@ Test(store, damaged_schema_1_texts_are_refused_naming_the_job)
         free(after);
         rm_db(path);
     }
+}
+
+/* The events query filters by job, kind (a glob) and time, newest or oldest first, and an
+   event's typed fields come back as they were written. */
+Test(store, events_filter_by_job_kind_and_time_with_their_fields)
+{
+    char path[64];
+    tmp_path(path, sizeof path);
+    tide_store_t *s = NULL;
+    cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    int32_t map[4] = {5, 6, 7, 8};
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    f.gen = 2;
+    f.dp = 2, f.tp = 2, f.pp = 1;
+    f.from_dp = 4, f.from_tp = 1, f.from_pp = 1;
+    f.workers = map;
+    f.n_workers = 4;
+    f.bytes = 4096;
+    f.ms = 12.5;
+    f.step = 40;
+    tide_event_fields_reason(&f, "operator\nresize");
+    cr_assert_eq(tide_store_event(s, 1000, "a", "layout", "gen 1"), TIDE_OK);
+    cr_assert_eq(tide_store_event_fields(s, 2000, "a", "resized", &f, "gen 2"), TIDE_OK);
+    cr_assert_eq(tide_store_event(s, 3000, "b", "resize_started", "b gen 2"), TIDE_OK);
+    cr_assert_eq(tide_store_event(s, 4000, "", "worker_failed", "w 3"), TIDE_OK);
+    cr_assert_eq(tide_store_event(s, 5000, "a", "resize_started", "gen 3"), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
+    tide_store_event_t *ev = NULL;
+    size_t n = 0;
+    /* newest first, limited: the tail */
+    tide_store_event_query_t q = {.limit = 2, .newest = 1};
+    cr_assert_eq(tide_store_query_events(s, &q, &ev, &n), TIDE_OK);
+    cr_assert_eq(n, 2);
+    cr_expect(ev[0].time_ms == 5000 && ev[1].time_ms == 4000);
+    tide_store_events_free(&ev, n);
+    /* one job, kinds by glob */
+    q = (tide_store_event_query_t){.limit = 10, .job = "a", .kind = "resize*"};
+    cr_assert_eq(tide_store_query_events(s, &q, &ev, &n), TIDE_OK);
+    cr_assert_eq(n, 2);
+    cr_expect_str_eq(ev[0].detail, "gen 2");
+    cr_expect_str_eq(ev[1].detail, "gen 3");
+    const tide_proto_event_fields_t *g = &ev[0].fields;
+    cr_expect(g->gen == 2 && g->dp == 2 && g->tp == 2 && g->pp == 1 && g->from_dp == 4);
+    cr_assert_eq(g->n_workers, 4);
+    cr_expect(g->workers[0] == 5 && g->workers[3] == 8);
+    cr_expect(g->bytes == 4096 && g->ms == 12.5 && g->step == 40);
+    cr_expect_str_eq(g->reason, "operator?resize");
+    cr_expect(ev[1].fields.n_workers == 0 && ev[1].fields.step == -1, "no fields: none");
+    tide_store_events_free(&ev, n);
+    /* a time range [since, until) and an id cursor */
+    q = (tide_store_event_query_t){.limit = 10, .since_ms = 2000, .until_ms = 5000};
+    cr_assert_eq(tide_store_query_events(s, &q, &ev, &n), TIDE_OK);
+    cr_assert_eq(n, 3);
+    cr_expect(ev[0].time_ms == 2000 && ev[2].time_ms == 4000);
+    uint64_t third = ev[1].id;
+    tide_store_events_free(&ev, n);
+    q = (tide_store_event_query_t){.limit = 10, .since_id = third, .kind = "worker_?ailed"};
+    cr_assert_eq(tide_store_query_events(s, &q, &ev, &n), TIDE_OK);
+    cr_assert_eq(n, 1);
+    cr_expect_str_eq(ev[0].detail, "w 3");
+    tide_store_events_free(&ev, n);
+    q = (tide_store_event_query_t){.limit = 10, .job = "nobody"};
+    cr_assert_eq(tide_store_query_events(s, &q, &ev, &n), TIDE_OK);
+    cr_expect_eq(n, 0);
+    tide_store_events_free(&ev, n);
+    tide_store_close(&s);
+    rm_db(path);
 }
 
 Test(store, garbage_file_is_refused)

@@ -343,7 +343,7 @@ static int tidectl_json(const char *tidectl, const char *endpoint, const char *c
     return coord_tidectl(tidectl, endpoint, args, out, cap);
 }
 
-/* `tidectl --json events` for every event of this short test (tidectl lists the first 100
+/* `tidectl --json events` for every event of this short test (tidectl lists the newest 100
    unless told otherwise), into out; its exit status. */
 static int tidectl_events(const char *tidectl, const char *endpoint, char *out, size_t cap)
 {

@@ -74,7 +74,7 @@ wait "$JOB_PID" || { cat "$WORK/job.log" >&2; fail "the job failed under the flo
 JOB_PID=""
 grep -q "$STEPS steps done in 1 generation" "$WORK/job.log" ||
   { cat "$WORK/job.log" >&2; fail "the job did not train to the end in its first generation"; }
-ev=$("$TIDECTL" --endpoint "$EP" --timeout-ms 10000 events --json)
+ev=$("$TIDECTL" --endpoint "$EP" --timeout-ms 10000 events --limit 10000 --json)
 if grep -q '"kind":"worker_failed"' <<<"$ev"; then
   echo "$ev" >&2
   fail "tided declared a healthy worker failed during the flood"

@@ -72,7 +72,7 @@ check_ids() {
   done <<<"$ids"
 }
 check_ids "at the start"
-ev=$(ctl ops events --json)
+ev=$(ctl ops events --limit 10000 --json)
 met=$(curl -s "http://$MH_METRICS/metrics") || fail "no metrics at $MH_METRICS"
 while read -r r w h d; do
   grep -q "\"worker_registered\",\"detail\":\"worker $w: [^ ]* rank $r/4 on $h cpu $d " <<<"$ev" ||
@@ -172,7 +172,7 @@ st=$(ctl ops status --json)
 grep -q "{\"worker\":$w0,\"host\":\"$h0\",[^}]*\"state\":\"draining\"" <<<"$st" ||
   { echo "$st"; fail "status does not show worker $w0 on $h0 draining"; }
 [ "$(grep -o '"state":"draining"' <<<"$st" | wc -l)" -eq 1 ] || { echo "$st"; fail "more than one worker drains"; }
-ctl ops events --json | grep -q "\"kind\":\"drain\",\"detail\":\"worker $w0 drains: job $JOB moves off it\"" ||
+ctl ops events --limit 10000 --json | grep -q "\"kind\":\"drain\",\"detail\":\"worker $w0 drains: job $JOB moves off it\"" ||
   fail "no drain event naming worker $w0"
 # (the job lets go of the worker when tided commits generation 4, just after the ranks)
 for _ in $(seq 100); do

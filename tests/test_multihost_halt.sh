@@ -59,7 +59,7 @@ MH_PIDS=""
 # tided's reason; at least one (MPI_Abort of the first may end the others first)
 nh=$(grep -c "^train_mlp: rank [0-9]*: training: no live worker holds the data: tided halted job $JOB: .*no live worker holds" "$MH_TMP/job.log" || true)
 [ "$nh" -ge 1 ] || fail "no survivor stopped with the halt status and tided's reason"
-ev=$(ctl ops events --json)
+ev=$(ctl ops events --limit 10000 --json)
 grep -q "\"job\":\"$JOB\",\"kind\":\"stalled\",\"detail\":\"[^\"]*no live worker holds [^\"]*restart it from a checkpoint" <<<"$ev" ||
   { echo "$ev"; fail "no stalled event for $JOB naming the lost state and the way out"; }
 ! grep -q "\"job\":\"$JOB\",\"kind\":\"recovery_started\"" <<<"$ev" ||

@@ -70,7 +70,7 @@ wait $MH_PIDS 2>/dev/null || true
 MH_PIDS=""
 echo "$status"
 # failed: exactly h2's four, by missed heartbeats; h1's four left at the end (bye)
-ev=$(ctl ops events --json)
+ev=$(ctl ops events --limit 10000 --json)
 nf2=$({ grep -o '"kind":"worker_failed","detail":"worker [0-9]* ([^)]* on h2 ' <<<"$ev" || true; } | wc -l)
 nf1=$({ grep -o '"kind":"worker_failed","detail":"worker [0-9]* ([^)]* on h1 ' <<<"$ev" || true; } | wc -l)
 nl1=$({ grep -o '"kind":"worker_left","detail":"worker [0-9]* ([^)]* on h1 ' <<<"$ev" || true; } | wc -l)

@@ -61,7 +61,7 @@ newest_ckpt() {
 # file's last line is the last step done, counted from 0), well before the next one
 ck=0 step=0
 for _ in $(seq 600); do
-  ev=$(ctl ops events --json 2>/dev/null || true)
+  ev=$(ctl ops events --limit 10000 --json 2>/dev/null || true)
   ck=$(newest_ckpt)
   step=$(awk 'END { print $1 + 0 }' "$MH_TMP/tide.loss" 2>/dev/null || echo 0)
   [ "$ck" -gt $EVERY ] && [ "$step" -ge $((ck + 1)) ] && [ "$step" -le $((ck + 2)) ] && break
@@ -90,7 +90,7 @@ MH_PIDS=""
 grep -q "^train_mlp: $STEPS steps done in 2 generations; final loss " "$MH_TMP/job.log" ||
   fail "the survivors did not train to the end in 2 generations"
 
-ev=$(ctl ops events --json)
+ev=$(ctl ops events --limit 10000 --json)
 ev_obj() { # ev_obj KIND: the job's events KIND, one line each
   grep -o "\"time_ms\":[0-9]*,\"job\":\"$JOB\",\"kind\":\"$1\",\"detail\":\"[^\"]*\"" <<<"$ev" || true
 }

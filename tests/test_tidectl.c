@@ -339,6 +339,14 @@ static void answer_events(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
     strcpy(e[1].job, "llm");
     strcpy(e[1].kind, "resize");
     strcpy(e[1].detail, "dp 2 -> 4 \"fast\"");
+    e[0].fields.step = e[1].fields.step = -1;
+    e[1].fields.gen = 7;
+    e[1].fields.dp = 4, e[1].fields.tp = 1, e[1].fields.pp = 1;
+    e[1].fields.workers = tide_calloc(4, sizeof(int32_t));
+    for (int i = 0; i < 4; i++)
+        e[1].fields.workers[i] = 10 + i;
+    e[1].fields.n_workers = 4;
+    e[1].fields.ms = 8.25;
 }
 
 /* ---- pure pieces
@@ -715,6 +723,38 @@ Test(tidectl_cli, events_since_is_sent_as_wall_clock_ms)
     cr_expect(strstr(r.out, "worker_failed"), "%s", r.out);
     run_free(&r);
     fake_stop(&f);
+}
+
+/* The filters go to tided as typed fields; the table is newest first (tided's order), the
+   JSON one object per line, oldest first, with the typed fields that apply. */
+Test(tidectl_cli, events_filters_are_sent_and_json_is_lines_oldest_first)
+{
+    fake_t f;
+    fake_start(&f, FAKE_REPLY, answer_events, NULL, 0, 0);
+    run_t r =
+        run_cli("--endpoint", f.endpoint, "--json", "events", "--job", "llm", "--type", "resize*",
+                "--since", "1700000000000", "--until", "1700000001000", "--tail", "7", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_assert_eq(f.last.type, TIDE_MSG_EVENTS);
+    cr_expect_str_eq(f.last.u.events.job, "llm");
+    cr_expect_str_eq(f.last.u.events.kind, "resize*");
+    cr_expect_eq(f.last.u.events.since_ms, 1700000000000);
+    cr_expect_eq(f.last.u.events.until_ms, 1700000001000);
+    cr_expect_eq(f.last.u.events.limit, 7u);
+    cr_expect(f.last.u.events.newest);
+    /* the fake answers rows 41, 42 as if newest first: printed 42 then 41, one per line */
+    const char *a = strstr(r.out, "{\"id\":42,");
+    const char *b = strstr(r.out, "{\"id\":41,");
+    cr_expect(a != NULL && b != NULL && a < b, "%s", r.out);
+    cr_expect(strstr(r.out, "\"gen\":7,\"dp\":4,\"tp\":1,\"pp\":1,\"workers\":[10,11,12,13]"), "%s",
+              r.out);
+    cr_expect(strstr(r.out, "\"ms\":8.250}\n"), "%s", r.out);
+    cr_expect(b[-1] == '\n', "one object per line: %s", r.out);
+    run_free(&r);
+    fake_stop(&f);
+    expect_usage(run_cli("events", "--type", "resize started", NULL), "--type 'resize started'");
+    expect_usage(run_cli("events", "--since", "1700000001000", "--until", "1700000000000", NULL),
+                 "--until must be later");
 }
 
 Test(tidectl_cli, top_refreshes_count_times)

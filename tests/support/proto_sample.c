@@ -112,6 +112,40 @@ static tide_status layout(rng_t *r, tide_proto_layout_t *l, uint64_t gen)
     return TIDE_OK;
 }
 
+/* Random typed fields of an event (the events reply's rows and the event_fields record). */
+static tide_status event_fields_fill(rng_t *r, tide_proto_event_fields_t *f)
+{
+    memset(f, 0, sizeof *f);
+    f->gen = urange(r, 0, UINT64_MAX);
+    if (next(r) & 1) {
+        f->dp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+        f->tp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+        f->pp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+    }
+    if (next(r) & 1) {
+        f->from_dp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+        f->from_tp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+        f->from_pp = (int)urange(r, 1, TIDE_PROTO_DEGREE_MAX);
+    }
+    uint32_t n = (uint32_t)urange(r, 0, 6);
+    if (n > 0) {
+        f->workers = tide_malloc(n * sizeof *f->workers);
+        if (f->workers == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "out of memory sampling event workers");
+        for (uint32_t i = 0; i < n; i++)
+            f->workers[i] = (int32_t)urange(r, 0, INT32_MAX);
+    }
+    f->n_workers = n;
+    rstr(r, f->host, 0, TIDE_PROTO_HOST_MAX, 1);
+    f->step = irange(r, -1, INT64_MAX);
+    f->steps_lost = irange(r, 0, INT64_MAX);
+    f->bytes = urange(r, 0, UINT64_MAX);
+    f->ms = drange(r, 0.0, TIDE_PROTO_MS_MAX);
+    f->bubbles = (int)(next(r) & 1);
+    rstr(r, f->reason, 0, TIDE_PROTO_REASON_MAX, 3);
+    return TIDE_OK;
+}
+
 static tide_status argv_fill(rng_t *r, char ***argv, uint32_t *argc, uint32_t min)
 {
     uint32_t n = (uint32_t)urange(r, min, 5);
@@ -249,6 +283,8 @@ static tide_status fill_record(rng_t *r, tide_msg_t *m)
     }
     case TIDE_MSG_JOB_FIT:
         return fit_fill(r, &m->u.job_fit.fit, &m->u.job_fit.n_fit, 3);
+    case TIDE_MSG_EVENT_FIELDS:
+        return event_fields_fill(r, &m->u.event_fields);
     case TIDE_MSG_JOB_CKPTS: {
         tide_proto_job_ckpts_t *x = &m->u.job_ckpts;
         uint32_t n = (uint32_t)urange(r, 0, TIDE_PROTO_CKPTS_MAX);
@@ -705,6 +741,14 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.events.since_id = urange(r, 0, UINT64_MAX);
         m->u.events.since_ms = irange(r, 0, INT64_MAX);
         m->u.events.limit = (uint32_t)urange(r, 1, TIDE_PROTO_EVENTS_MAX);
+        m->u.events.until_ms = (next(r) & 1) || m->u.events.since_ms == INT64_MAX
+                                   ? 0
+                                   : irange(r, m->u.events.since_ms + 1, INT64_MAX);
+        NAME0(r, m->u.events.job);
+        NAME0(r, m->u.events.kind);
+        if (m->u.events.kind[0] != '\0' && (next(r) & 1))
+            m->u.events.kind[0] = '*';
+        m->u.events.newest = (int)(next(r) & 1);
         return TIDE_OK;
     case TIDE_MSG_EVENTS_REPLY: {
         tide_proto_events_reply_t *x = &m->u.events_reply;
@@ -720,6 +764,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             NAME0(r, e->job);
             NAME(r, e->kind);
             TEXT(r, e->detail);
+            TIDE_CHECK(event_fields_fill(r, &e->fields));
         }
         return TIDE_OK;
     }

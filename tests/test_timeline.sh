@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# tidectl timeline and the event queries against a real job: train_mlp --tide on 8 ranks
+# (dp 2, tp 2, pp 2) is resized to (dp 1, tp 2, pp 2), which leaves 4 GPUs idle; offline
+# command jobs backfill them and an offline plugin fills the pipeline bubbles of the
+# members. Checked, by reading the SVG's elements back (tests/timeline_check.py): a row per
+# GPU of the job, generation 1 on all 8 and generation 2 on the 4 members with their
+# coordinates, both ending or starting where the resize mark says, the backfill on the 4
+# idle GPUs after the resize and the bubble work on members. And the queries: --job and
+# --type select the resize's two events with their typed fields, --follow prints the
+# offline assignments as they happen. The Chrome trace (-o FILE.json) holds the same.
+# usage: test_timeline.sh BUILD_DIR PYTHON3 MPIRUN [MPIRUN FLAGS...]
+set -euo pipefail
+B=$1
+PY=$2
+shift 2
+MPIRUN=("$@")
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TIDED="$B/coordinator/tided"
+TIDECTL="$B/coordinator/tidectl"
+TRAIN="$B/examples/train_mlp"
+WORK=$(mktemp -d /tmp/tide-timeline.XXXXXX)
+TIDED_PID="" JOB_PID="" FOLLOW_PID=""
+fail() {
+  echo "FAIL: $*" >&2
+  for f in tided.log job.log; do echo "--- $f" >&2; tail -20 "$WORK/$f" >&2 || true; done
+  exit 1
+}
+note() { echo "-- $*"; }
+cleanup() {
+  local p
+  for p in $FOLLOW_PID $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
+  for p in $FOLLOW_PID $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
+  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_mpi_yield_when_idle=1
+export TIDE_PLUGIN_DIR="$B/examples" TIDE_TASK_DIR="$WORK"
+
+"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
+  --state "$WORK/state.db" >"$WORK/tided.log" 2>&1 &
+TIDED_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
+[ -s "$WORK/endpoint" ] || fail "tided did not start"
+EP=$(cat "$WORK/endpoint")
+ctl() { "$TIDECTL" --endpoint "$EP" --timeout-ms 20000 "$@"; }
+
+note "train_mlp --tide on 8 ranks (dp 2, tp 2, pp 2)"
+"${MPIRUN[@]}" -np 8 "$TRAIN" --tide --endpoint "$EP" --job tl --dp 2 --tp 2 --pp 2 \
+  --layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16 --micro-batches 4 \
+  --seed 5 --lr 0.003 --steps 100000 --pace-ms 50 --print-every 1000 >"$WORK/job.log" 2>&1 &
+JOB_PID=$!
+# job_is GEN: the job runs generation GEN
+job_is() {
+  local row
+  row=$(ctl jobs --json | grep -o '{"name":"tl"[^}]*}' || true)
+  grep -q '"state":"running"' <<<"$row" && grep -q "\"gen\":$1[,}]" <<<"$row"
+}
+wait_gen() {
+  for _ in $(seq 1200); do
+    kill -0 "$JOB_PID" 2>/dev/null || fail "train_mlp exited"
+    job_is "$1" && return 0
+    sleep 0.1
+  done
+  fail "job tl did not run generation $1: $(ctl jobs --json)"
+}
+wait_gen 1
+sleep 2
+note "resize to (dp 1, tp 2, pp 2)"
+ctl resize tl --dp 1 --tp 2 --pp 2 >/dev/null
+wait_gen 2
+sleep 1
+
+ctl events --follow --json --type 'offline_*' >"$WORK/follow.jsonl" 2>"$WORK/follow.err" &
+FOLLOW_PID=$!
+note "backfill: 4 offline commands for the idle GPUs, a plugin in the members' bubbles"
+for i in 1 2 3 4; do ctl submit --offline --name "eval-$i" -- sleep 2 >/dev/null; done
+ctl submit --offline --name fill-1 --plugin tide_task_matmul --bubbles -- --n 64 \
+  --rounds 1000000 --rows 2 >/dev/null
+# bubbles are measured over a few steps first; a loaded machine takes its time
+for _ in $(seq 1500); do
+  ev=$(ctl events --json --type offline_assigned --tail 100)
+  [ "$(grep -c '"job":"eval-' <<<"$ev")" -ge 4 ] && grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" &&
+    break
+  sleep 0.1
+done
+grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" || fail "the plugin never ran in bubbles: $ev"
+sleep 3 # the commands end (offline_done) and the plugin fills some bubbles
+kill "$FOLLOW_PID"
+wait "$FOLLOW_PID" 2>/dev/null || true
+FOLLOW_PID=""
+
+note "event queries"
+rs=$(ctl events --job tl --type 'resize*' --json)
+[ "$(wc -l <<<"$rs")" -eq 2 ] || fail "--job tl --type 'resize*' gave: $rs"
+head -1 <<<"$rs" | grep -q '"kind":"resize_started".*"gen":2,"dp":1,"tp":2,"pp":2,"from_dp":2' ||
+  fail "resize_started without its typed fields: $rs"
+tail -1 <<<"$rs" | grep -q '"kind":"resized".*"gen":2,.*"workers":\[[0-9,]*\],.*"ms":' ||
+  fail "resized without its typed fields: $rs"
+ctl events --job nobody --json | grep -q . && fail "--job nobody listed events"
+n=$(grep -c '"kind":"offline_assigned"' "$WORK/follow.jsonl" || true)
+[ "$n" -ge 5 ] || fail "--follow printed $n offline_assigned events: $(cat "$WORK/follow.jsonl" "$WORK/follow.err")"
+grep -v '"kind":"offline_' "$WORK/follow.jsonl" && fail "--follow --type 'offline_*' printed other kinds"
+table=$(ctl events --tail 3)
+[ "$(wc -l <<<"$table")" -eq 4 ] || fail "--tail 3: $table"
+
+note "tidectl timeline tl -o tl.svg"
+ctl timeline tl -o "$WORK/tl.svg" || fail "tidectl timeline"
+ctl timeline tl -o "$WORK/tl.json" || fail "tidectl timeline -o FILE.json"
+"$PY" "$HERE/timeline_check.py" "$WORK/tl.svg" "$WORK/tl.json" || fail "the picture: see above"
+echo "PASS: timeline of a resized job with backfill and bubble work checked element by element;" \
+  "event queries by job, type, tail and follow"

@@ -107,6 +107,9 @@ typedef struct tide_coord_worker {
     int fence_told;         /* the worker_fenced event was recorded (once per tided process) */
     int32_t seen_prev, seen_next; /* 1 + id of its neighbours in the state's seen list, 0: none */
     int in_seen;                  /* on the seen list (see tide_coord_worker_seen) */
+    uint64_t step_since_ns;       /* tided's monotonic ns its step in progress began (from
+                                     its heartbeat; 0: outside a step), for stall.c */
+    double step_ms_avg;           /* its recent step time, ms (moving average; 0: none yet) */
 } tide_coord_worker_t;
 
 #define TIDE_RECONF_REASON_MAX 640 /* bytes of a reconfiguration's reason, NUL included */
@@ -199,6 +202,9 @@ typedef struct tide_coord_job {
     tide_coord_ckpt *ckpts; /* complete checkpoints reported, oldest first (owned; NULL: none) */
     int n_ckpts;            /* entries in ckpts, [0, TIDE_COORD_CKPTS_MAX] */
     tide_reconf_t *reconf;  /* pending reconfiguration or NULL */
+    int stall_told;         /* volatile: a stalled step was reported (stall.c), at... */
+    uint64_t stall_gen;     /* ...this generation */
+    int64_t stall_step;     /* ...and this step: reported once until either moves */
     int32_t joins;          /* volatile: workers that joined it, counted as they join (recounted at
                                load): its first layout is not tried before enough did */
     /* offline */

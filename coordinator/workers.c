@@ -13,6 +13,7 @@
 #include "coordinator/reconf.h"
 #include "coordinator/recovery.h"
 #include "coordinator/sender.h"
+#include "coordinator/stall.h"
 #include "coordinator/workers.h"
 
 /* ---- register -------------------------------------------------------------------------------- */
@@ -223,6 +224,8 @@ static void apply_heartbeat(tide_server_t *s, tide_coord_worker_t *w,
             j->step = w->step;
         if (j != NULL && m->step_ms > 0)
             j->throughput = 1000.0 / m->step_ms;
+        if (j != NULL)
+            tide__stall_heartbeat(s, w, m->in_step_ms, m->step_ms);
     }
 }
 

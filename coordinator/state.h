@@ -191,7 +191,9 @@ typedef struct tide_coord_job {
     uint64_t generation;   /* committed generation */
     uint64_t gen_issued;   /* largest generation ever issued (aborted ones are never reused) */
     int64_t step;          /* steps completed, from heartbeats */
-    double throughput;     /* steps/s reported by the job's workers */
+    double throughput;     /* steps per wall-clock second between step boundaries (workers.c) */
+    uint64_t speed_t0_ns;  /* volatile: start of the window throughput is measured over, */
+    int64_t speed_step0;   /* and the job's step then */
     int req_dp, req_tp, req_pp, req_micro; /* initial layout asked for by join */
     int num_layers;                        /* layers of the model (from join) */
     uint64_t total_bytes;                  /* one replica of the job's state, bytes (from join) */

@@ -808,13 +808,16 @@ Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .f
 
     void *admin = conn(5000);
     tide_msg_t m, r;
-    const char *empty_arg[] = {""};
-    for (int c = 1; c < 2; c++) { /* argc 0 is refused by the encoder already */
+    /* argc 0 is refused by the encoder already; a program name of whitespace only would
+       fail every attempt (no exec can start it) */
+    const char *blanks[] = {"", " ", "\t \n", "   "};
+    for (int c = 0; c < 4; c++) {
+        const char *argv[] = {blanks[c], "arg"};
         tide_msg_init(&m, TIDE_MSG_SUBMIT);
         snprintf(m.u.submit.name, sizeof m.u.submit.name, "empty%d", c);
         m.u.submit.kind = TIDE_JOB_COMMAND;
-        m.u.submit.argv = c ? (char **)empty_arg : NULL;
-        m.u.submit.argc = (uint32_t)c;
+        m.u.submit.argv = (char **)argv;
+        m.u.submit.argc = c == 3 ? 2 : 1;
         cr_assert_eq(coord_call(admin, &m, &r), 0);
         cr_assert_eq(r.type, TIDE_MSG_ERROR, "an empty command was accepted (case %d)", c);
         cr_assert_eq(r.u.error.code, TIDE_ERR_INVALID);

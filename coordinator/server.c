@@ -111,6 +111,7 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->max_client_workers = 65536;
     cfg->stall_ms = 30000; /* a cut link seen well inside a minute, a slow step not */
     cfg->stall_factor = 10;
+    cfg->max_client_mb = 64; /* above a 32 MiB frame and its framing */
     cfg->status_page = 16384; /* 16384 rows of the longest names stay far below a message's
                                  32 MiB */
 }

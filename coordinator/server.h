@@ -55,6 +55,8 @@ typedef struct tide_server_config {
                                stall_factor x the job's recent step time) is stalled, ms;
                                0: not watched */
     int stall_factor;       /* see stall_ms */
+    int64_t max_client_mb;  /* MiB one connection may have sent past its last message read
+                               (libzmq holds them); 0: not watched */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

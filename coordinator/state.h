@@ -243,6 +243,7 @@ typedef struct tide_coord_counters {
     uint64_t denied;
     uint64_t heartbeats;     /* one per worker heartbeat, also those inside host heartbeats */
     uint64_t heartbeat_msgs; /* messages carrying heartbeats (heartbeat, host_heartbeat) */
+    uint64_t clients_cut;    /* connections cut for what libzmq held of them (intake.c) */
 } tide_coord_counters;
 
 typedef struct tide_coord_state {

@@ -47,6 +47,7 @@ struct settings {
     long long status_page;
     long long stall_ms;
     long long stall_factor;
+    long long max_client_mb;
     double link_gbps;
     int sync_full;
 };
@@ -112,6 +113,10 @@ static int read_settings(struct settings *s, int argc, char **argv)
          0, 86400000},
         {"stall-factor", "TIDE_STALL_FACTOR", TIDE_OPT_INT, &s->stall_factor, "10",
          "see --stall-ms", 1, 100000},
+        {"max-client-mb", "TIDE_MAX_CLIENT_MB", TIDE_OPT_INT, &s->max_client_mb, "64",
+         "MiB one connection may have sent past its last complete message (or make tided's "
+         "memory grow by while it sends one) before it is cut (0: not watched)",
+         0, 1048576},
         {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s->ompi_server, NULL,
          "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
          "launched with (mpirun --ompi-server); shown by tidectl status",
@@ -162,6 +167,7 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->status_page = (int)s->status_page;
     cfg->stall_ms = s->stall_ms;
     cfg->stall_factor = (int)s->stall_factor;
+    cfg->max_client_mb = s->max_client_mb;
     cfg->link_bytes_per_s = s->link_gbps * 1e9 / 8.0;
 }
 

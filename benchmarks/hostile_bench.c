@@ -39,9 +39,44 @@ typedef struct job {
 
 typedef struct hostile {
     shared *sh;
-    int kind; /* 0 status flood, 1 malformed, 2 multipart */
+    int kind; /* 0 status flood, 1 malformed, 2 multipart, 3 multipart amplification */
     long sent;
 } hostile;
+
+#define AMP_FRAME_BYTES (256u << 10) /* one buffer every frame of an amplifying message shares */
+#define AMP_FRAMES      2048         /* frames of one such message: 512 MiB for its receiver */
+
+/* Sends one frame without blocking (a DEALER whose connection tided cut has no peer until
+   it reconnects); 0 when sent, -1 when the run ended first. */
+static int send_frame(hostile *h, void *s, zmq_msg_t *m, int more)
+{
+    while (!atomic_load(&h->sh->stop)) {
+        if (zmq_msg_send(m, s, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) >= 0)
+            return 0;
+        tide_sleep_ms(1);
+    }
+    return -1;
+}
+
+/* One multipart message of AMP_FRAMES frames that all share one buffer: this client holds
+   one copy, a receiver that keeps the message until its last frame holds every frame.
+   libzmq sends nothing of a message before its last frame, so the receiver gets it as one
+   burst at the link's speed; one message per 100 ms keeps this process from queueing
+   many of them. */
+static int amplify(hostile *h, void *s, zmq_msg_t *frame)
+{
+    for (int f = 0; f < AMP_FRAMES; f++) {
+        zmq_msg_t c;
+        zmq_msg_init(&c);
+        zmq_msg_copy(&c, frame); /* shares frame's buffer: no copy on this side */
+        if (send_frame(h, s, &c, f + 1 < AMP_FRAMES) != 0) {
+            zmq_msg_close(&c);
+            return -1;
+        }
+    }
+    tide_sleep_ms(100);
+    return 0;
+}
 
 static void *beat(void *arg)
 {
@@ -88,9 +123,14 @@ static void *flood(void *arg)
     tide_msg_init(&m, TIDE_MSG_STATUS);
     tide_proto_encode(&m, &enc);
     static const char junk[] = "\x93\x01\x02garbage-garbage-garbage";
+    zmq_msg_t frame;
+    zmq_msg_init_size(&frame, AMP_FRAME_BYTES);
+    memset(zmq_msg_data(&frame), 0x5a, AMP_FRAME_BYTES);
     while (!atomic_load(&h->sh->stop)) {
         int rc;
-        if (h->kind == 0) {
+        if (h->kind == 3) {
+            rc = amplify(h, s, &frame);
+        } else if (h->kind == 0) {
             rc = zmq_send(s, enc.data, enc.len, ZMQ_DONTWAIT);
         } else if (h->kind == 1) {
             rc = zmq_send(s, junk, sizeof junk - 1, ZMQ_DONTWAIT);
@@ -104,6 +144,7 @@ static void *flood(void *arg)
         else
             tide_sleep_ms(1);
     }
+    zmq_msg_close(&frame);
     tide_proto_buf_destroy(&enc);
     zmq_close(s);
     return NULL;
@@ -131,13 +172,16 @@ static void *register_table(void *ctx, const char *endpoint, long long table)
    seconds; *out gets what each sent (caller frees). The hostile clients have a ZeroMQ
    context (I/O thread) of their own, as separate processes would: a job's heartbeats
    from this process must not wait behind their sends. */
-static void run_floods(shared *hsh, int nh, long long seconds, hostile **out)
+static long long g_amplify = 1; /* --amplify: connections of kind 3, besides the nh */
+
+static void run_floods(shared *hsh, int *nh_io, long long seconds, hostile **out)
 {
+    int nh = *nh_io + (int)g_amplify;
     hostile *h = calloc((size_t)nh, sizeof *h);
     pthread_t *ht = calloc((size_t)nh, sizeof *ht);
     for (int i = 0; i < nh; i++) {
         h[i].sh = hsh;
-        h[i].kind = i % 3;
+        h[i].kind = i < *nh_io ? i % 3 : 3;
         pthread_create(&ht[i], NULL, flood, &h[i]);
     }
     tide_sleep_ms((uint64_t)seconds * 1000);
@@ -146,6 +190,7 @@ static void run_floods(shared *hsh, int nh, long long seconds, hostile **out)
         pthread_join(ht[i], NULL);
     free(ht);
     *out = h;
+    *nh_io = nh;
 }
 
 static long proc_kib(pid_t pid, const char *key)
@@ -175,7 +220,7 @@ static int flood_running(const char *endpoint, pid_t pid, long long table, long 
     int nh = (int)per_kind * 3;
     shared hsh = {.ctx = zmq_ctx_new(), .endpoint = endpoint};
     hostile *h = NULL;
-    run_floods(&hsh, nh, seconds, &h);
+    run_floods(&hsh, &nh, seconds, &h);
     /* tided still answers, once it worked through what was queued */
     void *admin = coord_connect(ctx, endpoint, NULL, NULL, NULL, 30000);
     tide_msg_t m, r;
@@ -184,7 +229,7 @@ static int flood_running(const char *endpoint, pid_t pid, long long table, long 
     if (answered)
         tide_msg_clear(&r);
     long peak = pid > 0 ? proc_kib(pid, "VmHWM:") : 0;
-    long sent[3] = {0, 0, 0};
+    long sent[4] = {0, 0, 0, 0};
     for (int i = 0; i < nh; i++)
         sent[h[i].kind] += h[i].sent;
     printf("hostile_bench: %d hostile connections for %lld s against the tided at %s\n", nh,
@@ -193,6 +238,7 @@ static int flood_running(const char *endpoint, pid_t pid, long long table, long 
     printf("%-34s %12ld\n", "status requests sent", sent[0]);
     printf("%-34s %12ld\n", "malformed messages sent", sent[1]);
     printf("%-34s %12ld\n", "64-frame multipart messages sent", sent[2]);
+    printf("%-34s %12ld\n", "512 MiB one-buffer multiparts sent", sent[3]);
     printf("%-34s %12ld\n", "tided RSS before flood (KiB)", rss_before);
     printf("%-34s %12ld\n", "tided peak RSS (KiB)", peak);
     printf("%-34s %12s\n", "tided answered after the flood", answered ? "yes" : "NO");
@@ -201,9 +247,9 @@ static int flood_running(const char *endpoint, pid_t pid, long long table, long 
         fprintf(f,
                 "{\"bench\":\"hostile_bench\",\"mode\":\"running\",\"table\":%lld,"
                 "\"hostile_connections\":%d,\"seconds\":%lld,\"status_sent\":%ld,"
-                "\"malformed_sent\":%ld,\"multipart_sent\":%ld,\"tided_rss_before_kib\":%ld,"
+                "\"malformed_sent\":%ld,\"multipart_sent\":%ld,\"amplifying_sent\":%ld,\"tided_rss_before_kib\":%ld,"
                 "\"tided_peak_rss_kib\":%ld,\"answered\":%d}\n",
-                table, nh, seconds, sent[0], sent[1], sent[2], rss_before, peak, answered);
+                table, nh, seconds, sent[0], sent[1], sent[2], sent[3], rss_before, peak, answered);
         fclose(f);
         printf("wrote %s\n", out);
     }
@@ -225,6 +271,10 @@ int main(int argc, char **argv)
         {"table", NULL, TIDE_OPT_INT, &table, "2000", "other workers in tided's table", 0, 60000},
         {"seconds", NULL, TIDE_OPT_INT, &seconds, "10", "flood duration", 1, 600},
         {"clients", NULL, TIDE_OPT_INT, &per_kind, "2", "hostile connections per kind", 1, 64},
+        {"amplify", NULL, TIDE_OPT_INT, &g_amplify, "1",
+         "connections sending 512 MiB multipart messages of one shared 256 KiB frame (memory "
+         "amplification: the sender holds one copy)",
+         0, 16},
         {"out", NULL, TIDE_OPT_STRING, &out, "bench-out/hostile_bench.json", "results file", 0, 0},
         {"endpoint", NULL, TIDE_OPT_STRING, &endpoint, NULL,
          "flood this running tided (with --tided-pid) instead of starting one", 0, 0},
@@ -282,7 +332,7 @@ int main(int argc, char **argv)
     int nh = (int)per_kind * 3;
     shared hsh = {.ctx = zmq_ctx_new(), .endpoint = p.endpoint};
     hostile *h = NULL;
-    run_floods(&hsh, nh, seconds, &h);
+    run_floods(&hsh, &nh, seconds, &h);
     tide_sleep_ms(1000); /* heartbeats go on while tided drains what was queued */
     atomic_store(&sh.stop, 1);
     pthread_join(bt, NULL);
@@ -300,7 +350,7 @@ int main(int argc, char **argv)
                 failed++;
     tide_msg_clear(&r);
     long peak = proc_kib(p.pid, "VmHWM:");
-    long sent[3] = {0, 0, 0};
+    long sent[4] = {0, 0, 0, 0};
     for (int i = 0; i < nh; i++)
         sent[h[i].kind] += h[i].sent;
     printf("hostile_bench: %d job workers (failure after 300 ms of silence), %lld other "
@@ -310,6 +360,7 @@ int main(int argc, char **argv)
     printf("%-34s %12ld\n", "status requests sent", sent[0]);
     printf("%-34s %12ld\n", "malformed messages sent", sent[1]);
     printf("%-34s %12ld\n", "64-frame multipart messages sent", sent[2]);
+    printf("%-34s %12ld\n", "512 MiB one-buffer multiparts sent", sent[3]);
     printf("%-34s %12ld\n", "healthy workers declared failed", failed);
     printf("%-34s %12ld\n", "errors sent to job workers", j.failed_replies);
     printf("%-34s %12.0f\n", "harness max heartbeat gap (ms)", j.max_gap_ns / 1e6);
@@ -320,10 +371,10 @@ int main(int argc, char **argv)
         fprintf(f,
                 "{\"bench\":\"hostile_bench\",\"job_workers\":%d,\"table\":%lld,"
                 "\"hostile_connections\":%d,\"seconds\":%lld,\"status_sent\":%ld,"
-                "\"malformed_sent\":%ld,\"multipart_sent\":%ld,\"healthy_failed\":%ld,"
+                "\"malformed_sent\":%ld,\"multipart_sent\":%ld,\"amplifying_sent\":%ld,\"healthy_failed\":%ld,"
                 "\"worker_errors\":%ld,\"harness_max_gap_ms\":%.1f,\"tided_rss_before_kib\":%ld,"
                 "\"tided_peak_rss_kib\":%ld}\n",
-                j.n, table, nh, seconds, sent[0], sent[1], sent[2], failed, j.failed_replies,
+                j.n, table, nh, seconds, sent[0], sent[1], sent[2], sent[3], failed, j.failed_replies,
                 j.max_gap_ns / 1e6, rss_before, peak);
         fclose(f);
         printf("wrote %s\n", out);

@@ -25,7 +25,8 @@ void tide__on_saved(tide_server_t *s, const tide_msg_t *msg, const void *raw, si
     if (w == NULL)
         return;
     tide_coord_job_t *j = tide_coord_job_by_name(s->st, m->job);
-    if (j == NULL || j->kind != TIDE_CJOB_ONLINE || w->job != j->id) {
+    /* w->joined: a rank reports the requests its job ended before after the job released it */
+    if (j == NULL || j->kind != TIDE_CJOB_ONLINE || (w->job != j->id && w->joined != j->id)) {
         tide__reply_error(s, TIDE_ERR_NOT_FOUND, "saved: worker %d runs no online job named %s",
                           w->id, m->job);
         return;

@@ -288,6 +288,7 @@ static tide_coord_job_t *relaunch(tide_server_t *s, tide_coord_job_t *j,
     j->step = 0;
     j->joins = 0;
     j->throughput = 0;
+    j->speed_t0_ns = 0;
     keep_join(j, m, raw, len);
     char fit[TIDE_FIT_RULES_MAX * (TIDE_FIT_WHAT_MAX + 32)];
     tide__event(s, j->name, "job_created",

@@ -32,6 +32,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "coordinator/intake.h"
 #include "coordinator/loop.h"
 #include "coordinator/outbox.h"
 
@@ -81,6 +82,8 @@ struct tide__core {
     void *zctx;
     void *router;
     void *zap; /* REP socket on inproc://zeromq.zap.01 when auth is on */
+    tide__intake *intake; /* what each connection's unread bytes cost (NULL: not watched) */
+    int intake_at;        /* its monitor's item in this iteration's poll array, or -1 */
     tide__auth auth;
     tide_store_t *store;
     tide_status fatal;  /* a store failure of the batch: nothing of it is sent (see readonly) */
@@ -496,6 +499,7 @@ static int recv_one(tide_server_t *s)
     int nf = 0, extra = 0;
     if (!read_frames(s, f, &nf, &extra))
         return 0;
+    tide__intake_read(s->core->intake, zmq_msg_get(&f[nf - 1], ZMQ_SRCFD), nf + extra);
     zmq_msg_t *payload = identify(s, f, nf, extra);
     if (payload == NULL) {
         s->st->counters.bad_requests++;
@@ -695,6 +699,9 @@ tide_status tide__core_bind(tide_server_t *s)
         return tide_errorf(TIDE_ERR_IO,
                            "cannot bind %s: %s (is another tided running? pick another --endpoint)",
                            cfg->endpoint, zmq_strerror(errno));
+    /* before the endpoint file says where to connect: every connection is watched */
+    TIDE_CHECK(tide__intake_new(&c->intake, c->zctx, c->router,
+                                (uint64_t)(cfg->max_client_mb > 0 ? cfg->max_client_mb : 0) << 20));
     size_t eplen = sizeof c->endpoint;
     if (zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &eplen) != 0)
         snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg->endpoint);
@@ -715,6 +722,7 @@ void tide__core_destroy(tide_server_t *s)
         return;
     tide__outbox_clear(&c->ob);
     tide_free(c->peers);
+    tide__intake_destroy(&c->intake);
     if (c->router)
         zmq_close(c->router);
     if (c->zap)
@@ -754,6 +762,11 @@ static int poll_items(tide_server_t *s, zmq_pollitem_t *items, int *zap_at)
         *zap_at = n;
         items[n++] = (zmq_pollitem_t){c->zap, 0, ZMQ_POLLIN, 0};
     }
+    c->intake_at = -1;
+    if (tide__intake_socket(c->intake) != NULL) {
+        c->intake_at = n;
+        items[n++] = (zmq_pollitem_t){tide__intake_socket(c->intake), 0, ZMQ_POLLIN, 0};
+    }
     for (int i = 0; i < c->n_sources; i++) {
         source *src = &c->sources[i];
         src->at = n;
@@ -771,6 +784,8 @@ static long poll_timeout(const tide__core *c)
         return 0;
     if (c->ob.n_backlog > 0 && timeout > 2)
         return 2; /* a client's full queue may have room again: see outbox.c */
+    if (c->intake != NULL && timeout > 20)
+        return 20; /* an unfinished message wakes nothing: its connection is checked anyway */
     return timeout;
 }
 
@@ -844,11 +859,14 @@ tide_status tide__core_run(tide_server_t *s)
         s->now_ns = tide_now_ns();
         if (zap_at >= 0 && (items[zap_at].revents & ZMQ_POLLIN))
             tide__auth_zap(c->zap, &c->auth, &s->st->counters.denied);
+        if (c->intake_at >= 0 && (items[c->intake_at].revents & ZMQ_POLLIN))
+            tide__intake_events(c->intake);
         int handled = read_pass(s, items[0].revents & ZMQ_POLLIN);
         full = handled > 0 && c->drained_ns < s->now_ns;
         pass_ns = handled > 0 ? s->now_ns : 0;
         s->now_ns = tide_now_ns();
         run_ticks(s);
+        s->st->counters.clients_cut += tide__intake_check(c->intake, s->now_ns);
         if (c->want_schedule && c->fatal == TIDE_OK)
             run_schedule(s);
         finish_batch(s);

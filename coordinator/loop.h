@@ -66,6 +66,9 @@ struct tide_server {
         uint64_t next_forget_ns; /* next retention pass over departed workers */
         size_t forget_at;        /* where that pass goes on in the worker table */
     } live;                      /* liveness.c */
+    struct {
+        uint64_t next_ns; /* next check of running jobs for stalled steps */
+    } stall;              /* stall.c */
     tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
 };
 

@@ -292,7 +292,9 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "# HELP tide_bad_requests_total Malformed or unexpected messages answered with an error.\n"
         "# TYPE tide_bad_requests_total counter\ntide_bad_requests_total %llu\n"
         "# HELP tide_denied_total Requests or connections refused by authentication.\n"
-        "# TYPE tide_denied_total counter\ntide_denied_total %llu\n",
+        "# TYPE tide_denied_total counter\ntide_denied_total %llu\n"
+        "# HELP tide_clients_cut_total Connections cut for the bytes libzmq held of them "
+        "(--max-client-mb).\n# TYPE tide_clients_cut_total counter\ntide_clients_cut_total %llu\n",
         (unsigned long long)c->resizes_committed, (unsigned long long)c->resizes_aborted,
         (unsigned long long)c->recoveries, (double)c->resize_ns_sum / 1e9,
         (unsigned long long)c->resizes_committed, (double)c->resize_ns_max / 1e9,
@@ -300,7 +302,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         (double)s->bubbles.filled_ns / 1e9, (unsigned long long)c->preemptions,
         (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
         (unsigned long long)c->heartbeat_msgs, (unsigned long long)c->bad_requests,
-        (unsigned long long)c->denied);
+        (unsigned long long)c->denied, (unsigned long long)c->clients_cut);
     put(&t,
         "# HELP tide_busy_refusals_total Requests refused because their client used its share "
         "of a pass.\n# TYPE tide_busy_refusals_total counter\ntide_busy_refusals_total %llu\n"

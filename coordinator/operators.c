@@ -13,6 +13,17 @@
 #include "coordinator/policy.h"
 #include "coordinator/reconf.h"
 
+/* 1 when a program name is NULL, empty or only whitespace: no exec can start it, and each
+   attempt would fail and burn one of the job's retries. */
+static int blank(const char *prog)
+{
+    if (prog == NULL)
+        return 1;
+    while (*prog == ' ' || (*prog >= '\t' && *prog <= '\r'))
+        prog++;
+    return *prog == '\0';
+}
+
 static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
 {
     if (tide_coord_job_by_name(s->st, m->name) != NULL) {
@@ -28,8 +39,7 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
                           "offline work (kind command or plugin)");
         return;
     }
-    if (m->kind == TIDE_JOB_COMMAND &&
-        (m->argc == 0 || m->argv[0] == NULL || m->argv[0][0] == '\0')) {
+    if (m->kind == TIDE_JOB_COMMAND && (m->argc == 0 || blank(m->argv[0]))) {
         tide__reply_error(s, TIDE_ERR_INVALID,
                           "offline job %s has an empty command: give the program and its "
                           "arguments (tidectl submit --offline -- PROGRAM ARGS...)",

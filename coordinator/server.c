@@ -34,6 +34,7 @@
 #include "coordinator/reconf.h"
 #include "coordinator/recovery.h"
 #include "coordinator/resize.h"
+#include "coordinator/stall.h"
 #include "coordinator/workers.h"
 
 /* READONLY: served while the state file cannot be written; BEAT: a heartbeat message. */
@@ -85,6 +86,7 @@ static void wire(tide_server_t *s)
     tide__on_tick(s, tide__liveness_tick);
     tide__on_tick(s, tide__recovery_tick);
     tide__on_tick(s, tide__retention_tick);
+    tide__on_tick(s, tide__stall_tick);
     /* a scheduling pass: stalled jobs take what they can before offline work does */
     tide__on_schedule(s, tide__recovery_retry_stalled);
     tide__on_schedule(s, tide__offline_backfill);
@@ -107,6 +109,9 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->batch_ms = 2;
     cfg->retention_ms = 3600000;
     cfg->max_client_workers = 65536;
+    cfg->stall_ms = 30000; /* a cut link seen well inside a minute, a slow step not */
+    cfg->stall_factor = 10;
+    cfg->max_client_mb = 64; /* above a 32 MiB frame and its framing */
     cfg->status_page = 16384; /* 16384 rows of the longest names stay far below a message's
                                  32 MiB */
 }

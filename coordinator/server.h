@@ -51,6 +51,12 @@ typedef struct tide_server_config {
                                key; without: one connection), and the ranks one pool may
                                declare */
     int status_page;        /* rows of one status reply at most (tidectl follows the pages) */
+    int64_t stall_ms;       /* a step a rank has been inside longer than this (and than
+                               stall_factor x the job's recent step time) is stalled, ms;
+                               0: not watched */
+    int stall_factor;       /* see stall_ms */
+    int64_t max_client_mb;  /* MiB one connection may have sent past its last message read
+                               (libzmq holds them); 0: not watched */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

@@ -107,6 +107,9 @@ typedef struct tide_coord_worker {
     int fence_told;         /* the worker_fenced event was recorded (once per tided process) */
     int32_t seen_prev, seen_next; /* 1 + id of its neighbours in the state's seen list, 0: none */
     int in_seen;                  /* on the seen list (see tide_coord_worker_seen) */
+    uint64_t step_since_ns;       /* tided's monotonic ns its step in progress began (from
+                                     its heartbeat; 0: outside a step), for stall.c */
+    double step_ms_avg;           /* its recent step time, ms (moving average; 0: none yet) */
 } tide_coord_worker_t;
 
 #define TIDE_RECONF_REASON_MAX 640 /* bytes of a reconfiguration's reason, NUL included */
@@ -188,7 +191,9 @@ typedef struct tide_coord_job {
     uint64_t generation;   /* committed generation */
     uint64_t gen_issued;   /* largest generation ever issued (aborted ones are never reused) */
     int64_t step;          /* steps completed, from heartbeats */
-    double throughput;     /* steps/s reported by the job's workers */
+    double throughput;     /* steps per wall-clock second between step boundaries (workers.c) */
+    uint64_t speed_t0_ns;  /* volatile: start of the window throughput is measured over, */
+    int64_t speed_step0;   /* and the job's step then */
     int req_dp, req_tp, req_pp, req_micro; /* initial layout asked for by join */
     int num_layers;                        /* layers of the model (from join) */
     uint64_t total_bytes;                  /* one replica of the job's state, bytes (from join) */
@@ -199,6 +204,9 @@ typedef struct tide_coord_job {
     tide_coord_ckpt *ckpts; /* complete checkpoints reported, oldest first (owned; NULL: none) */
     int n_ckpts;            /* entries in ckpts, [0, TIDE_COORD_CKPTS_MAX] */
     tide_reconf_t *reconf;  /* pending reconfiguration or NULL */
+    int stall_told;         /* volatile: a stalled step was reported (stall.c), at... */
+    uint64_t stall_gen;     /* ...this generation */
+    int64_t stall_step;     /* ...and this step: reported once until either moves */
     int32_t joins;          /* volatile: workers that joined it, counted as they join (recounted at
                                load): its first layout is not tried before enough did */
     /* offline */
@@ -235,6 +243,7 @@ typedef struct tide_coord_counters {
     uint64_t denied;
     uint64_t heartbeats;     /* one per worker heartbeat, also those inside host heartbeats */
     uint64_t heartbeat_msgs; /* messages carrying heartbeats (heartbeat, host_heartbeat) */
+    uint64_t clients_cut;    /* connections cut for what libzmq held of them (intake.c) */
 } tide_coord_counters;
 
 typedef struct tide_coord_state {

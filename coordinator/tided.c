@@ -45,6 +45,9 @@ struct settings {
     long long retention_ms;
     long long max_client_workers;
     long long status_page;
+    long long stall_ms;
+    long long stall_factor;
+    long long max_client_mb;
     double link_gbps;
     int sync_full;
 };
@@ -103,6 +106,17 @@ static int read_settings(struct settings *s, int argc, char **argv)
         {"status-page", "TIDE_STATUS_PAGE", TIDE_OPT_INT, &s->status_page, "16384",
          "rows of one status reply at most; longer listings come in pages (tidectl follows them)",
          1, 65536},
+        {"stall-ms", "TIDE_STALL_MS", TIDE_OPT_INT, &s->stall_ms, "30000",
+         "a step a rank has been inside longer than this and than --stall-factor x the job's "
+         "recent step time is stalled: a `stalled` event, and a job spread over hosts goes on "
+         "on the host holding most of it (0: not watched)",
+         0, 86400000},
+        {"stall-factor", "TIDE_STALL_FACTOR", TIDE_OPT_INT, &s->stall_factor, "10",
+         "see --stall-ms", 1, 100000},
+        {"max-client-mb", "TIDE_MAX_CLIENT_MB", TIDE_OPT_INT, &s->max_client_mb, "64",
+         "MiB one connection may have sent past its last complete message (or make tided's "
+         "memory grow by while it sends one) before it is cut (0: not watched)",
+         0, 1048576},
         {"ompi-server", "TIDE_OMPI_SERVER", TIDE_OPT_STRING, &s->ompi_server, NULL,
          "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
          "launched with (mpirun --ompi-server); shown by tidectl status",
@@ -151,6 +165,9 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->retention_ms = s->retention_ms;
     cfg->max_client_workers = (int)s->max_client_workers;
     cfg->status_page = (int)s->status_page;
+    cfg->stall_ms = s->stall_ms;
+    cfg->stall_factor = (int)s->stall_factor;
+    cfg->max_client_mb = s->max_client_mb;
     cfg->link_bytes_per_s = s->link_gbps * 1e9 / 8.0;
 }
 

@@ -13,6 +13,7 @@
 #include "coordinator/reconf.h"
 #include "coordinator/recovery.h"
 #include "coordinator/sender.h"
+#include "coordinator/stall.h"
 #include "coordinator/workers.h"
 
 /* ---- register -------------------------------------------------------------------------------- */
@@ -190,6 +191,27 @@ void tide__on_register(tide_server_t *s, const tide_msg_t *msg, const void *raw,
 
 /* ---- heartbeats ------------------------------------------------------------------------------ */
 
+/* j's speed as its user sees it: steps per wall-clock second between step boundaries, what
+ * the program does between steps (data loading, logging, pacing) included, measured over
+ * windows of at least two heartbeat periods as j's furthest step advances. The workers' own
+ * step_ms counts only time inside steps: 100-400 times the real speed for a loop that
+ * loads data, and `tidectl checkpoint` picked steps the job never reached from it. */
+static void job_speed(tide_server_t *s, tide_coord_job_t *j)
+{
+    uint64_t window = 2ull * (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
+    if (j->speed_t0_ns == 0 || j->step < j->speed_step0) { /* a rollback restarts it */
+        j->speed_t0_ns = s->now_ns;
+        j->speed_step0 = j->step;
+        return;
+    }
+    if (s->now_ns - j->speed_t0_ns < window)
+        return;
+    double rate = (double)(j->step - j->speed_step0) * 1e9 / (double)(s->now_ns - j->speed_t0_ns);
+    j->throughput = j->throughput > 0 ? 0.5 * j->throughput + 0.5 * rate : rate;
+    j->speed_t0_ns = s->now_ns;
+    j->speed_step0 = j->step;
+}
+
 /* What a heartbeat of live worker w reports: steps, generation, bubble and busy time. */
 static void apply_heartbeat(tide_server_t *s, tide_coord_worker_t *w,
                             const tide_proto_heartbeat_t *m)
@@ -221,8 +243,10 @@ static void apply_heartbeat(tide_server_t *s, tide_coord_worker_t *w,
         tide_coord_job_t *j = tide_coord_job_get(s->st, w->job);
         if (j != NULL && m->gen == j->generation && w->step > j->step)
             j->step = w->step;
-        if (j != NULL && m->step_ms > 0)
-            j->throughput = 1000.0 / m->step_ms;
+        if (j != NULL)
+            job_speed(s, j);
+        if (j != NULL)
+            tide__stall_heartbeat(s, w, m->in_step_ms, m->step_ms);
     }
 }
 

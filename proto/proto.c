@@ -237,6 +237,7 @@ static const tide__field heartbeat_fields[] = {
     F_MS(tide_proto_heartbeat_t, bubble_ms, "bubble_ms"),
     F_MS(tide_proto_heartbeat_t, filled_ms, "filled_ms"),
     F_MS(tide_proto_heartbeat_t, step_ms, "step_ms"),
+    F_MS_OPT(tide_proto_heartbeat_t, in_step_ms, "in_step_ms"),
 };
 
 static const tide__schema heartbeat_schema = {heartbeat_fields, NELEM(heartbeat_fields),
@@ -1507,10 +1508,24 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
     return -1;
 }
 
+/* 1 when field f of base is optional and 0: it is left out (peers of before it decode the
+   message, and a heartbeat stays small). Optional fields are doubles. */
+static int left_out(const tide__field *f, const void *base)
+{
+    double v;
+    if (!(f->flags & TIDE__F_OPTIONAL))
+        return 0;
+    memcpy(&v, (const char *)base + f->off, sizeof v);
+    return v == 0.0;
+}
+
 static int encode_struct(const tide__schema *s, const void *base, msgpack_packer *pk, int top,
                          const char *type_name)
 {
-    if (msgpack_pack_map(pk, s->n_fields + (top ? 2 : 0)) != 0)
+    size_t n = s->n_fields;
+    for (size_t k = 0; k < s->n_fields; k++)
+        n -= (size_t)left_out(&s->fields[k], base);
+    if (msgpack_pack_map(pk, n + (top ? 2 : 0)) != 0)
         return -1;
     if (top) {
         if (pack_key(pk, "v") != 0 || msgpack_pack_uint64(pk, TIDE_PROTO_VERSION) != 0 ||
@@ -1518,6 +1533,8 @@ static int encode_struct(const tide__schema *s, const void *base, msgpack_packer
             return -1;
     }
     for (size_t k = 0; k < s->n_fields; k++) {
+        if (left_out(&s->fields[k], base))
+            continue;
         if (pack_key(pk, s->fields[k].key) != 0 || encode_field(&s->fields[k], base, pk) != 0)
             return -1;
     }

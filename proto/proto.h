@@ -197,6 +197,8 @@ typedef struct tide_proto_heartbeat {
     double bubble_ms; /* "bubble_ms": pipeline idle windows inside steps, ms */
     double filled_ms; /* "filled_ms": part of bubble_ms spent in offline task steps, ms */
     double step_ms;   /* "step_ms": mean step time, ms (0 when no step ran) */
+    double in_step_ms; /* "in_step_ms" (optional, 0 when absent): how long the step the rank
+                          is inside has run, ms (0 outside a step): a stalled collective */
 } tide_proto_heartbeat_t;
 
 /*

@@ -599,6 +599,8 @@ static tide_status decode_struct(const tide__schema *s, const msgpack_object *ma
     }
     /* Schema order, not wire order: counts implied by earlier fields (pp before stages). */
     for (size_t f = 0; f < s->n_fields; f++) {
+        if (vals[f] == NULL && (s->fields[f].flags & TIDE__F_OPTIONAL))
+            continue; /* a peer of before the field: it stays 0 */
         if (vals[f] == NULL)
             return tide__fail(c, "missing field '%s%s'", c->path, s->fields[f].key);
         TIDE_CHECK(decode_field(&s->fields[f], vals[f], base, c));

@@ -38,6 +38,7 @@ enum {
 
 #define TIDE__F_UNSIGNED 1u
 #define TIDE__F_NULLABLE 2u
+#define TIDE__F_OPTIONAL 4u /* a double that may be absent (0): sent only when not 0 */
 #define TIDE__NO_OFF     ((size_t)-1)
 
 typedef struct tide__ctx tide__ctx;
@@ -101,6 +102,11 @@ struct tide__ctx {
         .count_off = TIDE__NO_OFF                                                                  \
     }
 #define F_MS(T, m, k) F_DBL(T, m, k, 0.0, TIDE_PROTO_MS_MAX)
+#define F_MS_OPT(T, m, k)                                                                          \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_DOUBLE, .flags = TIDE__F_OPTIONAL, .off = offsetof(T, m),      \
+        .dmin = 0.0, .dmax = TIDE_PROTO_MS_MAX, .count_off = TIDE__NO_OFF                          \
+    }
 #define F_BOOL(T, m, k)                                                                            \
     {                                                                                              \
         .key = (k), .kind = TIDE__K_BOOL, .off = offsetof(T, m), .count_off = TIDE__NO_OFF         \

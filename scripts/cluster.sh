@@ -16,6 +16,10 @@
 #   cluster.sh revive-host HOST [--name NAME]     HOST comes back after kill-host, as after a
 #                                                 power cycle: nothing of it runs, its link,
 #                                                 address and uplink rate are as at `up`
+#   cluster.sh cut HOST HOST [--name NAME]        the data path between two hosts goes silent:
+#                                                 each drops what it sends the other (no RST,
+#                                                 no error), both still reach the machine
+#   cluster.sh heal HOST HOST [--name NAME]       undoes cut
 #   cluster.sh check                              exit 0 if this machine can make one, else
 #                                                 print why and exit 77
 #   cluster.sh gc                                 remove clusters whose --owner PID is gone
@@ -87,6 +91,18 @@ case "${1:-}" in
   *) [ -n "$NAME" ] || die "which cluster? give --name NAME (or source its env file: TIDE_CLUSTER_NAME)"
      names ;;
 esac
+
+# link_path cut|heal HOST INDEX: HOST's packets to host INDEX are dropped (cut) or flow (heal).
+# A neighbour entry pointing at a MAC nobody has: the bridge floods those frames and every
+# host drops them, so the path behaves as a pulled cable (no netem in this kernel).
+link_path() {
+  local to="${TIDE_CLUSTER_ADDR%.254}.$3"
+  if [ "$1" = cut ]; then
+    ip netns exec "$(ns "$2")" ip neigh replace "$to" lladdr 02:00:00:00:de:ad dev eth0 nud permanent
+  else
+    ip netns exec "$(ns "$2")" ip neigh del "$to" dev eth0 2>/dev/null || true
+  fi
+}
 
 load() {
   [ -f "$DIR/env" ] || die "no cluster '$NAME' (no $DIR/env)"
@@ -280,6 +296,13 @@ case "$cmd" in
     ip link set "$(veth tcv "${BASH_REMATCH[1]}")" down
     pids=$(ip netns pids "$(ns "$1")")
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true ;;
+  cut | heal)
+    load
+    [ $# -eq 2 ] && [[ "$1" =~ ^h([0-9]+)$ ]] && a=${BASH_REMATCH[1]} &&
+      [[ "$2" =~ ^h([0-9]+)$ ]] && b=${BASH_REMATCH[1]} && [ "$a" != "$b" ] ||
+      die "$cmd HOST HOST: two of h1..hN"
+    link_path "$cmd" "$1" "$b"
+    link_path "$cmd" "$2" "$a" ;;
   revive-host)
     load
     [ $# -eq 1 ] || die "revive-host HOST"
@@ -297,5 +320,5 @@ case "$cmd" in
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "cluster.sh: cannot make a cluster here: $why"; exit 77; fi ;;
-  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
 esac

@@ -31,6 +31,13 @@ if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_ml
                    ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_flood_job "mpi" 240)
 endif()
+# What `tidectl jobs` shows as a job's speed, and a checkpoint request scheduled from it
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp)
+  add_test(NAME test_job_speed
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_job_speed.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_job_speed "mpi" 180)
+endif()
 # The product's files call each other one way only, never in a cycle, within a folder or
 # across folders (scripts/call_cycles.py, which must also see the two-file cycle made up here).
 find_program(TIDE_PYTHON3 python3)

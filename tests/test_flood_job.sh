@@ -3,7 +3,8 @@
 # against a tided that declares a worker failed after 500 ms of silence (heartbeats every
 # 100 ms), while hostile_bench --endpoint floods that tided from 6 connections at full
 # speed (expensive status requests over a 2,000-worker table, malformed messages, 64-frame
-# multipart messages, never reading a reply) for most of the run.
+# multipart messages, never reading a reply; 3 more each sending 512 MiB multipart messages
+# of one shared 256 KiB frame, which tided cuts at --max-client-mb) for most of the run.
 # Checked: no worker of the job is ever declared failed (no worker_failed event, one
 # generation from the first step to the last), the job trains to the end with every loss
 # and its whole final state bit-identical to the same run without tided, tided answers
@@ -65,7 +66,7 @@ done
   { cat "$WORK/job.log" >&2; fail "the job did not reach step 5"; }
 
 note "6 hostile connections flood tided for 6 s while the job trains"
-"$HOSTILE" --endpoint "$EP" --tided-pid "$TIDED_PID" --seconds 6 --table 2000 --clients 2 \
+"$HOSTILE" --endpoint "$EP" --tided-pid "$TIDED_PID" --seconds 6 --table 2000 --clients 2 --amplify 3 \
   --out "$WORK/hostile.json" | tee "$WORK/hostile.log" || fail "hostile_bench: tided did not answer"
 step=$(awk 'END { print $1 + 0 }' "$WORK/tide.loss")
 [ "$step" -lt $STEPS ] || fail "the job finished before the flood ended: lengthen it (--pace-ms)"

@@ -538,6 +538,31 @@ Test(proto_roundtrip, heartbeat_is_small_and_exact)
     tide_free(bytes);
 }
 
+/* in_step_ms (a step in progress, for stall detection) is optional: left out when 0, so a
+   heartbeat of a peer that does not send it decodes (as 0), and carried exactly when set. */
+Test(proto_roundtrip, heartbeat_in_step_is_optional)
+{
+    tide_msg_t m = heartbeat(), d;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_expect(memmem(bytes, len, "in_step_ms", 10) == NULL, "0 is not sent");
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.heartbeat.in_step_ms, 0.0);
+    tide_free(bytes);
+    m.u.heartbeat.in_step_ms = 42000.5;
+    bytes = encode_copy(&m, &len);
+    cr_expect(memmem(bytes, len, "in_step_ms", 10) != NULL);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.heartbeat.in_step_ms, 42000.5);
+    cr_expect_eq(d.u.heartbeat.step_ms, 310.0);
+    tide_free(bytes);
+    m.u.heartbeat.in_step_ms = -1.0;
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_expect_neq(tide_proto_encode(&m, &b), TIDE_OK, "a negative duration is refused");
+    tide_proto_buf_destroy(&b);
+}
+
 /* The previous generation of layout_msg(): gen 4, dp 2 over 24 layers on the given
    arrays (the caller's: no clear). */
 static tide_proto_layout_t prev_layout(int *stages, int32_t *workers)

@@ -308,7 +308,6 @@ static tide_t *rt_new(tide_coll_pool_t *pool, int rank, int size, const tide_col
     tide_options_init(&t->opts);
     t->opts.switch_timeout_ms = 20000;
     t->opts.register_timeout_ms = 5000;
-    t->save_step = -1;
     t->plugin_grace = -1;
     tide_msg_init(&t->pending, TIDE_MSG_NONE);
     tide_msg_init(&t->plugin, TIDE_MSG_NONE);

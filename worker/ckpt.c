@@ -182,21 +182,39 @@ tide_status tide_checkpoint_wait(tide_t *t)
     return tide_ckpt_saver_wait(t->ckpt->saver);
 }
 
-/* A checkpoint tided asked for (tidectl checkpoint): taken at its step; one this rank
-   has passed already is reported as missed. */
-static void requested_save(tide_t *t)
+/* Tells tided that its request for step under root failed with rc (the reason in
+   tide_last_error()). */
+static void request_failed(tide_t *t, int64_t step, const char *root, tide_status rc)
 {
-    /* t->save_root and save_step: tided's request, taken with its intents (step.c) */
-    int64_t step = -1;
-    if (t->save_step < 0 || !t->view.member || t->view.step < t->save_step)
+    tide_ckpt_save_req req = {.root = root, .step = step};
+    report_saved(t, &req, root, rc);
+}
+
+void tide__ckpt_request(tide_t *t, int64_t step, const char *root)
+{
+    for (int i = 0; i < t->n_saves; i++)
+        if (t->saves[i].step == step && strcmp(t->saves[i].root, root) == 0)
+            return; /* asked again (tided resends nothing, but an operator may) */
+    if (t->n_saves == TIDE__SAVES_MAX) {
+        tide_errorf(TIDE_ERR_BUSY,
+                    "rank %d has %d checkpoint requests pending already: ask again once one "
+                    "is saved",
+                    t->rank, TIDE__SAVES_MAX);
+        request_failed(t, step, root, TIDE_ERR_BUSY);
         return;
-    step = t->save_step;
-    t->save_step = -1;
+    }
+    snprintf(t->saves[t->n_saves].root, sizeof t->saves[0].root, "%s", root);
+    t->saves[t->n_saves++].step = step;
+}
+
+/* Request i, due at this step: taken (once per root), or reported missed when this rank
+   has passed its step already. */
+static void take_request(tide_t *t, int64_t step, const char *root)
+{
     if (t->view.step == step) {
-        if (t->ckpt != NULL && t->ckpt->last_step == step &&
-            strcmp(t->ckpt->root, t->save_root) == 0)
-            return; /* the periodic save of this step took it already */
-        if (tide_checkpoint(t, t->save_root) != TIDE_OK)
+        if (t->ckpt != NULL && t->ckpt->last_step == step && strcmp(t->ckpt->root, root) == 0)
+            return; /* the periodic save (or an earlier request) of this step took it already */
+        if (tide_checkpoint(t, root) != TIDE_OK)
             TIDE_ERROR(SUBSYS, "rank %d: requested checkpoint of step %lld not taken: %s", t->rank,
                        (long long)step, tide_last_error());
         return;
@@ -205,8 +223,41 @@ static void requested_save(tide_t *t)
                 "rank %d heard of the request at step %lld, after the step it asked for: ask "
                 "again (tidectl checkpoint)",
                 t->rank, (long long)t->view.step);
-    tide_ckpt_save_req req = {.root = t->save_root, .step = step};
-    report_saved(t, &req, t->save_root, TIDE_ERR_STALE);
+    request_failed(t, step, root, TIDE_ERR_STALE);
+}
+
+/* The checkpoints tided asked for (tidectl checkpoint) that are due: each taken at its step,
+   in the order asked; one this rank has passed already is reported as missed. */
+static void requested_save(tide_t *t)
+{
+    if (!t->view.member)
+        return;
+    int kept = 0;
+    for (int i = 0; i < t->n_saves; i++) {
+        if (t->view.step < t->saves[i].step) {
+            t->saves[kept++] = t->saves[i];
+            continue;
+        }
+        char root[sizeof t->saves[0].root];
+        memcpy(root, t->saves[i].root, sizeof root);
+        take_request(t, t->saves[i].step, root);
+    }
+    t->n_saves = kept;
+}
+
+/* The requests still pending when the rank leaves: the job ended before their steps. The
+   layout's first member says so for all (tided gets one event per request). */
+static void requests_unreached(tide_t *t)
+{
+    int first = t->layout != NULL && tide_layout_size(t->layout) > 0 &&
+                t->layout->worker[0] == t->rank && t->ctl != NULL;
+    for (int i = 0; first && i < t->n_saves; i++) {
+        tide_errorf(TIDE_ERR_STALE,
+                    "the job ended at step %lld, before step %lld: the checkpoint was not taken",
+                    (long long)t->view.step, (long long)t->saves[i].step);
+        request_failed(t, t->saves[i].step, t->saves[i].root, TIDE_ERR_STALE);
+    }
+    t->n_saves = 0;
 }
 
 void tide__ckpt_step_end(tide_t *t)
@@ -232,6 +283,7 @@ void tide__ckpt_rolled_back(tide_t *t, int64_t step)
 
 void tide__ckpt_destroy(tide_t *t)
 {
+    requests_unreached(t);
     if (t->ckpt == NULL)
         return;
     if (t->ckpt->saver != NULL && tide_ckpt_saver_wait(t->ckpt->saver) != TIDE_OK)

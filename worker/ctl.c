@@ -45,6 +45,15 @@ static void take_beat(tide__ctl_t *ctl, tide__beat *b)
     b->filled_ns = __atomic_exchange_n(&p->filled_ns, 0, __ATOMIC_RELAXED);
     b->step_ns = __atomic_exchange_n(&p->step_ns, 0, __ATOMIC_RELAXED);
     b->steps = __atomic_exchange_n(&p->steps, 0, __ATOMIC_RELAXED);
+    uint64_t since = __atomic_load_n(&p->step_since_ns, __ATOMIC_RELAXED), now = tide_now_ns();
+    b->in_step_ns = since != 0 && now > since ? now - since : 0;
+}
+
+/* ms of a duration in ns, within what a heartbeat may carry. */
+static double beat_ms(uint64_t ns)
+{
+    double ms = (double)ns / 1e6;
+    return ms > TIDE_PROTO_MS_MAX ? TIDE_PROTO_MS_MAX : ms;
 }
 
 /* Renews the lease from `sent` (monotonic ns), when a heartbeat carrying this rank's was
@@ -100,6 +109,7 @@ static void send_heartbeat(tide__ctl_t *ctl)
     m.u.heartbeat.bubble_ms = (double)b.bubble_ns / 1e6;
     m.u.heartbeat.filled_ms = (double)b.filled_ns / 1e6;
     m.u.heartbeat.step_ms = b.steps ? (double)b.step_ns / 1e6 / b.steps : 0.0;
+    m.u.heartbeat.in_step_ms = beat_ms(b.in_step_ns);
     int hb = ctl->hb_ms > 0 ? ctl->hb_ms : 1000;
     pthread_mutex_unlock(&ctl->mu);
     if (m.u.heartbeat.idle_ms > TIDE_PROTO_MS_MAX)

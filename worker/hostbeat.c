@@ -48,7 +48,8 @@ typedef struct slot {
     /* written by whoever sent a heartbeat carrying this slot */
     uint64_t sent_seq; /* the seq it carried */
     uint64_t sent_ns;  /* monotonic ns it was sent at */
-    uint64_t pad[3];   /* one slot per 128 bytes: ranks do not share cache lines */
+    uint64_t in_step;  /* ns the owner's step in progress had run at its last publish */
+    uint64_t pad[2];   /* one slot per 128 bytes: ranks do not share cache lines */
 } slot;
 
 typedef struct segment {
@@ -195,6 +196,7 @@ void tide__hostbeat_publish(tide__hostbeat_t *h, const tide__beat *b, uint64_t n
     st(&s->worker, (uint64_t)b->worker + 1);
     st(&s->step, b->step);
     st(&s->gen, b->gen);
+    st(&s->in_step, b->in_step_ns);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     st(&s->seq, seq + 2);
     st(&s->beat_ns, now);
@@ -229,6 +231,7 @@ static int claim(slot *s, tide_proto_heartbeat_t *b, uint64_t *seq_out, int forc
         if (!force && s1 <= ld(&s->sent_seq))
             return 0; /* nothing published since the last heartbeat sent for it */
         uint64_t worker = ld(&s->worker), step = ld(&s->step), gen = ld(&s->gen);
+        uint64_t in_step = ld(&s->in_step);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (ld(&s->seq) != s1 || worker == 0)
             continue;
@@ -243,6 +246,9 @@ static int claim(slot *s, tide_proto_heartbeat_t *b, uint64_t *seq_out, int forc
         b->step_ms = steps ? (double)ns / 1e6 / (double)steps : 0.0;
         if (b->idle_ms > TIDE_PROTO_MS_MAX)
             b->idle_ms = TIDE_PROTO_MS_MAX;
+        b->in_step_ms = (double)in_step / 1e6;
+        if (b->in_step_ms > TIDE_PROTO_MS_MAX)
+            b->in_step_ms = TIDE_PROTO_MS_MAX;
         *seq_out = s1;
         return 1;
     }

@@ -126,10 +126,9 @@ void tide__inbox_apply(void *ctx, tide_msg_t *m)
         break;
     case TIDE_MSG_SAVE:
         if (m->u.save.step <= (uint64_t)INT64_MAX) {
-            snprintf(t->save_root, sizeof t->save_root, "%s", m->u.save.dir);
-            t->save_step = (int64_t)m->u.save.step;
             TIDE_INFO(SUBSYS, "tided asks for a checkpoint of step %llu under %s",
                       (unsigned long long)m->u.save.step, m->u.save.dir);
+            tide__ckpt_request(t, (int64_t)m->u.save.step, m->u.save.dir);
         }
         break;
     case TIDE_MSG_JOB_END:

@@ -157,6 +157,7 @@ static int act(tide_t *t, tide__begin d, uint64_t begin_ns, tide_step_action *ac
     if (d == TIDE__BEGIN_RUN || d == TIDE__BEGIN_FINISH) {
         t->view.step = a->completed;
         t->step_t0 = tide_now_ns();
+        __atomic_store_n(&t->progress.step_since_ns, t->step_t0, __ATOMIC_RELAXED);
         *action = d == TIDE__BEGIN_RUN ? TIDE_STEP_RUN : TIDE_STEP_FINISH;
         if (d == TIDE__BEGIN_RUN)
             t->bubble_k = 0;
@@ -275,6 +276,7 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
 {
     if (t == NULL || t->ctl == NULL)
         return tide_errorf(TIDE_ERR_INVALID, "tide_step_end: no runtime");
+    __atomic_store_n(&t->progress.step_since_ns, 0, __ATOMIC_RELAXED);
     end_ctx x = {t, step_rc, 0};
     tide__mailbox_drain(t->intents, tide__inbox_apply, t, end_step, &x);
     if (x.r != 0)

@@ -209,7 +209,6 @@ tide_status tide_new(tide_t **out, const tide_options *opts, MPI_Comm world)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory creating the tide runtime");
     t->opts = *opts;
     t->end_comm = MPI_COMM_NULL;
-    t->save_step = -1;
     t->plugin_grace = -1;
     tide_msg_init(&t->pending, TIDE_MSG_NONE);
     tide_msg_init(&t->plugin, TIDE_MSG_NONE);

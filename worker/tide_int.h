@@ -55,6 +55,8 @@ tide_status tide__intent_from_msg(tide__intent *in, uint64_t gen, const tide_pro
 /* Frees what the intent owns and zeroes it; safe on a zeroed intent. Any thread. */
 void tide__intent_clear(tide__intent *in);
 
+#define TIDE__SAVES_MAX 8 /* checkpoint requests of tided a rank keeps pending */
+
 struct tide {
     tide_options opts;
     int rank, size;
@@ -132,9 +134,17 @@ struct tide {
     /* the current layout's groups */
     tide_coll_comm_t *c_all, *c_tp, *c_dp, *c_pp;
     struct tide__ckpt *ckpt; /* checkpoint saver and periodic setting (ckpt.c); NULL: none */
-    char save_root[TIDE_PROTO_TEXT_MAX + 1]; /* a checkpoint tided asked for: its root, */
-    int64_t save_step;                       /* and step (-1: none pending) */
+    struct {
+        char root[TIDE_PROTO_TEXT_MAX + 1];
+        int64_t step;
+    } saves[TIDE__SAVES_MAX]; /* checkpoints tided asked for, in the order asked (ckpt.c) */
+    int n_saves;
 };
+
+/* Queues tided's request for a checkpoint of step under root (training thread, with its
+   intents); a request queued already is not queued twice, one past TIDE__SAVES_MAX pending
+   is reported failed to tided (never dropped silently). */
+void tide__ckpt_request(tide_t *t, int64_t step, const char *root);
 
 /* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
    TIDE_ERR_INVALID naming who, the tensor and both kinds. Any thread. */

@@ -275,6 +275,8 @@ typedef struct tide__progress {
     int member, in_step, can_finish, deferred, building;
     uint64_t idle_ns, bubble_ns, filled_ns, step_ns; /* since the last heartbeat (__atomic) */
     uint32_t steps;
+    uint64_t step_since_ns; /* monotonic ns the step in progress began, 0 outside a step
+                               (__atomic): how long a collective has hung, for tided */
 } tide__progress;
 
 /* Copies a's state into p (the mailbox's lock held; training thread). */
@@ -367,7 +369,8 @@ typedef struct tide__beat {
     int32_t worker; /* tided's worker id */
     uint64_t step, gen;
     uint64_t idle_ns, bubble_ns, filled_ns, step_ns;
-    uint32_t steps; /* steps the step_ns covers */
+    uint32_t steps;      /* steps the step_ns covers */
+    uint64_t in_step_ns; /* how long the step in progress has run (0: none) */
 } tide__beat;
 
 /* Takes this rank's slot off the host (the leader stops carrying it), unmaps, frees

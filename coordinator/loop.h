@@ -65,6 +65,9 @@ struct tide_server {
         uint64_t next_forget_ns; /* next retention pass over departed workers */
         size_t forget_at;        /* where that pass goes on in the worker table */
     } live;                      /* liveness.c */
+    struct {
+        uint64_t last_pass_ns; /* when the policy last ran */
+    } elastic;                 /* elastic_tided.c */
     tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
 };
 

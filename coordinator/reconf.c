@@ -534,10 +534,12 @@ void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
         if (r->switch_step > j->step)
             j->step = r->switch_step;
         tide__event(s, j->name, r->recover ? "recovered" : "resized",
-                    "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
+                    "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved, "
+                    "longest worker switch %.1f ms (%s)",
                     (unsigned long long)j->generation,
                     tide_layout_format(j->layout, desc, sizeof desc), (long long)r->switch_step,
-                    (double)dur / 1e6, (unsigned long long)r->bytes_moved, r->reason);
+                    (double)dur / 1e6, (unsigned long long)r->bytes_moved, r->switch_ms_max,
+                    r->reason);
     }
     tide_reconf_destroy(&j->reconf);
     j->state = TIDE_JS_RUNNING;
@@ -545,11 +547,15 @@ void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
     tide__reschedule(s);
 }
 
-void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes)
+void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes,
+                       double ms)
 {
     tide_reconf_t *r = j->reconf;
-    if (!r->acked[idx])
+    if (!r->acked[idx]) {
         r->bytes_moved += bytes;
+        if (ms > r->switch_ms_max)
+            r->switch_ms_max = ms;
+    }
     r->acked[idx] = 1;
     if (all_acked(r)) {
         tide__reconf_commit(s, j);

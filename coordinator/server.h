@@ -51,6 +51,8 @@ typedef struct tide_server_config {
                                key; without: one connection), and the ranks one pool may
                                declare */
     int status_page;        /* rows of one status reply at most (tidectl follows the pages) */
+    int64_t elastic_interval_ms; /* least time between two policy changes of one job, ms */
+    double elastic_margin;       /* a policy grow saves more than this x its downtime */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

@@ -69,6 +69,10 @@ enum {
     C_CKPTS,
     C_RC_CKPT,
     C_RC_CKPT_STEP,
+    C_EL_MIN,
+    C_EL_MAX,
+    C_EL_HOLD,
+    C_EL_STEPS,
 };
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -204,6 +208,10 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int64(st, C_GRACE + 1, j->grace_ms);
     sqlite3_bind_int(st, C_LAYERS + 1, j->num_layers);
     sqlite3_bind_int(st, C_FAILURES + 1, j->failures);
+    sqlite3_bind_int(st, C_EL_MIN + 1, j->el_min);
+    sqlite3_bind_int(st, C_EL_MAX + 1, j->el_max);
+    sqlite3_bind_int(st, C_EL_HOLD + 1, j->el_hold);
+    sqlite3_bind_int64(st, C_EL_STEPS + 1, j->el_steps);
     bind_blob(st, C_FIT, &b.fit);
     bind_blob(st, C_CKPTS, &b.ckpts);
     if (j->reconf) {
@@ -463,6 +471,12 @@ static tide_status read_scalars(tide_store_t *s, tide_coord_state_t *st, sqlite3
     j->grace_ms = sqlite3_column_int64(q, C_GRACE);
     j->num_layers = sqlite3_column_int(q, C_LAYERS);
     j->failures = sqlite3_column_int(q, C_FAILURES);
+    j->el_min = sqlite3_column_int(q, C_EL_MIN); /* NULL in older files: 0, not managed */
+    j->el_max = sqlite3_column_int(q, C_EL_MAX);
+    j->el_hold = sqlite3_column_int(q, C_EL_HOLD);
+    if (j->el_hold < TIDE_EL_FREE || j->el_hold > TIDE_EL_OPERATOR)
+        j->el_hold = TIDE_EL_PINNED; /* not ours: leave the job alone */
+    j->el_steps = sqlite3_column_int64(q, C_EL_STEPS);
     return TIDE_OK;
 }
 
@@ -503,7 +517,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
         " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step FROM jobs ORDER BY id",
+        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step, el_min, el_max, el_hold, el_steps FROM jobs"
+        " ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return tide__store_db_error(s, src, "loading jobs");

@@ -190,8 +190,20 @@ static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t
         int p = tide_coord_job_locate(j, r, &pr);
         const tide_coord_worker_t *w = p >= 0 && !j->pools[p].left ? tide__job_worker(s, j, r)
                                                                    : NULL;
-        rg[r] = w != NULL ? v->worker_gpu[w->id] : -1;
+        /* a rank whose process is gone or drained can take nothing, though its GPU may be
+           free again (a new launch on a host that came back); -2: not yet known a member */
+        int usable = w != NULL && !tide_coord_worker_gone(w) && w->state != TIDE_WS_DRAINING;
+        rg[r] = w == NULL ? -1 : usable ? v->worker_gpu[w->id] : -2 - v->worker_gpu[w->id];
     }
+    /* the layout's members keep their GPU whatever their state: the policy must know what
+       the job holds (a job with a member gone is recovering, and left alone) */
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+        int32_t r = j->layout->worker[i];
+        if (r >= 0 && r < world && rg[r] <= -2)
+            rg[r] = -2 - rg[r];
+    }
+    for (int32_t r = 0; r < world; r++)
+        rg[r] = rg[r] <= -2 ? -1 : rg[r];
     TIDE_CHECK(tide__job_collection(j, &v->coll[k]));
     e->layout = j->layout;
     e->coll = v->coll[k];

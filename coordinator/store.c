@@ -62,7 +62,7 @@ static const char *const schema =
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout BLOB, rc_reason TEXT, num_layers INTEGER,"
     " rc_switched INTEGER, failures INTEGER, fit BLOB, ckpts BLOB, rc_ckpt TEXT,"
-    " rc_ckpt_step INTEGER, el_min INTEGER, el_max INTEGER, el_hold INTEGER, el_steps INTEGER);"
+    " rc_ckpt_step INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL);"
@@ -89,9 +89,9 @@ static const char *const sql[ST__COUNT] = {
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
         " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit, ckpts,"
-        " rc_ckpt, rc_ckpt_step, el_min, el_max, el_hold, el_steps) VALUES(?1,"
+        " rc_ckpt, rc_ckpt_step) VALUES(?1,"
         "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
-        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40,?41,?42,?43,?44)",
+        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40)",
     [ST_EVENT] = "INSERT INTO events(time_ms, job, kind, detail) VALUES(?1,?2,?3,?4)",
     [ST_EVENTS] = "SELECT id, time_ms, job, kind, detail FROM events WHERE id > ?1 AND"
                   " time_ms >= ?2 ORDER BY id LIMIT ?3",
@@ -157,10 +157,6 @@ static tide_status add_columns(tide_store_t *s)
         {"jobs", "ckpts", "TEXT"},
         {"jobs", "rc_ckpt", "TEXT"},
         {"jobs", "rc_ckpt_step", "INTEGER"},
-        {"jobs", "el_min", "INTEGER"},
-        {"jobs", "el_max", "INTEGER"},
-        {"jobs", "el_hold", "INTEGER"},
-        {"jobs", "el_steps", "INTEGER"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];

@@ -31,6 +31,7 @@ struct tide_store {
     sqlite3_stmt *st[TIDE__ST_COUNT];
     int in_txn;
     int schema; /* the file's state schema: 2, or 1 until tide_store_load migrates it */
+    int el_table; /* the file has the job_elastic table (store_jobs.c) */
     char path[512];
 };
 

@@ -258,6 +258,20 @@ Test(elastic_tided, bad_declarations_are_refused_and_change_nothing, .init = set
     }
     cr_assert_eq(events("elastic_bounds", out, sizeof out), 0, "%s", out);
     cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "a layout was sent");
+    /* good ones survive a kill -9 of tided */
+    const char *const good[][6] = {{"bounds", "train", "2", "2", "--steps=500", NULL},
+                                   {"priority", "train", "7", NULL},
+                                   {"pin", "train", NULL}};
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_eq(ctl(out, sizeof out, good[i]), 0, "%s", out);
+    cr_assert(strstr(out, "train: bounds 2-2 GPUs, priority 7, pinned"), "%s", out);
+    coord_stop(&proc, SIGKILL);
+    start();
+    const char *const unpin[] = {"unpin", "train", NULL};
+    cr_assert_eq(ctl(out, sizeof out, unpin), 0, "%s", out);
+    cr_assert(strstr(out, "train: bounds 2-2 GPUs, priority 7, free"), "%s", out);
+    wait_events("elastic_bounds", 4, out, sizeof out);
+    cr_assert(strstr(out, "500 steps in all"), "%s", out);
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
 }

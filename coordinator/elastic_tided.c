@@ -56,12 +56,16 @@ static int managed(const tide_coord_job_t *j)
            j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED;
 }
 
-static const tide_coord_state_t *cmp_st; /* qsort has no context argument */
+/* A worker's GPU as a sort key: workers on one (host, device) share it. */
+typedef struct gpu_key {
+    const char *host;
+    int32_t device;
+    int32_t id; /* worker id */
+} gpu_key;
 
-static int cmp_worker_gpu(const void *a, const void *b)
+static int cmp_gpu_key(const void *a, const void *b)
 {
-    const tide_coord_worker_t *x = &cmp_st->workers[*(const int32_t *)a];
-    const tide_coord_worker_t *y = &cmp_st->workers[*(const int32_t *)b];
+    const gpu_key *x = a, *y = b;
     int c = strcmp(x->host, y->host);
     if (c != 0)
         return c;
@@ -92,37 +96,35 @@ static int worker_view(tide_server_t *s, const tide_coord_worker_t *w, int *join
 static tide_status build_gpus(tide_server_t *s, view *v)
 {
     tide_coord_state_t *st = s->st;
-    size_t n = 0;
-    int32_t *ids = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *ids);
-    v->worker_gpu = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *v->worker_gpu);
-    v->gpu = tide_calloc(st->n_workers ? st->n_workers : 1, sizeof *v->gpu);
-    v->gpu_worker = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof *v->gpu_worker);
-    if (ids == NULL || v->worker_gpu == NULL || v->gpu == NULL || v->gpu_worker == NULL) {
-        tide_free(ids);
+    size_t n = 0, cap = st->n_workers ? st->n_workers : 1;
+    gpu_key *k = tide_malloc(cap * sizeof *k);
+    v->worker_gpu = tide_malloc(cap * sizeof *v->worker_gpu);
+    v->gpu = tide_calloc(cap, sizeof *v->gpu);
+    v->gpu_worker = tide_malloc(cap * sizeof *v->gpu_worker);
+    if (k == NULL || v->worker_gpu == NULL || v->gpu == NULL || v->gpu_worker == NULL) {
+        tide_free(k);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory viewing %zu workers", st->n_workers);
     }
     for (size_t i = 0; i < st->n_workers; i++) {
         v->worker_gpu[i] = -1;
         if (st->workers[i].pool[0] != '\0')
-            ids[n++] = (int32_t)i;
+            k[n++] = (gpu_key){st->workers[i].host, st->workers[i].device, (int32_t)i};
     }
-    cmp_st = st;
-    qsort(ids, n, sizeof *ids, cmp_worker_gpu);
+    qsort(k, n, sizeof *k, cmp_gpu_key);
     int32_t host = -1;
     int strongest = V_DOWN;
     for (size_t i = 0; i < n; i++) {
-        const tide_coord_worker_t *w = &st->workers[ids[i]];
-        int new_host = i == 0 || strcmp(w->host, st->workers[ids[i - 1]].host) != 0;
-        if (new_host || w->device != st->workers[ids[i - 1]].device) {
+        int new_host = i == 0 || strcmp(k[i].host, k[i - 1].host) != 0;
+        if (new_host || k[i].device != k[i - 1].device) {
             host += new_host;
-            v->gpu_worker[v->n_gpu] = ids[i];
+            v->gpu_worker[v->n_gpu] = k[i].id;
             v->gpu[v->n_gpu++] = (tide_elastic_gpu){host, TIDE_EG_DOWN, 0, 0};
             strongest = V_DOWN;
         }
         tide_elastic_gpu *g = &v->gpu[v->n_gpu - 1];
         int joining = 0;
         int32_t prio = 0;
-        int how = worker_view(s, w, &joining, &prio);
+        int how = worker_view(s, &st->workers[k[i].id], &joining, &prio);
         if (how > strongest) {
             static const int32_t as[] = {TIDE_EG_DOWN, TIDE_EG_FREE, TIDE_EG_OFFLINE, TIDE_EG_HELD};
             strongest = how;
@@ -130,9 +132,9 @@ static tide_status build_gpus(tide_server_t *s, view *v)
             g->offline_priority = prio;
         }
         g->joining |= joining;
-        v->worker_gpu[ids[i]] = (int32_t)(v->n_gpu - 1);
+        v->worker_gpu[k[i].id] = (int32_t)(v->n_gpu - 1);
     }
-    tide_free(ids);
+    tide_free(k);
     return TIDE_OK;
 }
 
@@ -300,8 +302,14 @@ void tide__elastic_pass(tide_server_t *s)
     if (rc == TIDE_OK)
         rc = tide_elastic_decide(&cfg, v.jobs, v.n_jobs, v.gpu, v.n_gpu,
                                  (double)s->now_ns / 1e9, &plan);
-    if (rc != TIDE_OK)
-        TIDE_INFO("elastic", "no policy run: %s", tide_last_error());
+    if (rc != TIDE_OK && strncmp(s->elastic.failed, tide_last_error(),
+                                 sizeof s->elastic.failed - 1) != 0) {
+        /* an event once per reason, not once a second */
+        snprintf(s->elastic.failed, sizeof s->elastic.failed, "%s", tide_last_error());
+        tide__event(s, "", "elastic_failed", "the policy cannot run: %s", s->elastic.failed);
+    }
+    if (rc == TIDE_OK)
+        s->elastic.failed[0] = '\0';
     for (size_t i = 0; rc == TIDE_OK && i < plan.n; i++) {
         tide_elastic_decision *d = &plan.d[i];
         /* a grow that waits for yields starts in the pass after they committed */

@@ -157,6 +157,28 @@ static void note_recoveries(tide_coord_job_t *j)
     j->el_seen_dp = dp;
 }
 
+#define RATE_SAMPLE_NS 2000000000ull /* a step-time sample spans at least this */
+
+/*
+ * Samples j's speed as its user sees it: wall time between step boundaries (what the
+ * heartbeats' step time leaves out: waits, pacing, the data loader), averaged over the
+ * last samples of at least RATE_SAMPLE_NS each.
+ */
+static void sample_speed(tide_coord_job_t *j, uint64_t now_ns)
+{
+    if (j->el_obs_ns == 0 || j->step < j->el_obs_step) {
+        j->el_obs_ns = now_ns;
+        j->el_obs_step = j->step;
+        return;
+    }
+    if (now_ns - j->el_obs_ns < RATE_SAMPLE_NS || j->step == j->el_obs_step)
+        return;
+    double s = (double)(now_ns - j->el_obs_ns) / 1e9 / (double)(j->step - j->el_obs_step);
+    j->el_step_s = j->el_step_s > 0 ? 0.5 * j->el_step_s + 0.5 * s : s;
+    j->el_obs_ns = now_ns;
+    j->el_obs_step = j->step;
+}
+
 /* j's declaration for the policy (tp, pp and the rest from its layout); nothing owned. */
 static tide_elastic_job declared(const tide_coord_job_t *j, const tide_layout_t *l)
 {
@@ -212,7 +234,8 @@ static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t
     e->rank_gpu = rg;
     e->n_ranks = (size_t)world;
     e->steps_left = j->el_steps > 0 ? (j->el_steps > j->step ? j->el_steps - j->step : 1) : 0;
-    e->step_s = j->throughput > 0 ? 1.0 / j->throughput : 0.0;
+    sample_speed(j, s->now_ns);
+    e->step_s = j->el_step_s; /* unknown at first: no gain check until it is measured */
     e->last_change_s = j->el_last_ns ? (double)j->el_last_ns / 1e9 : -1.0;
     e->failed_from_dp = j->el_failed_from;
     e->pinned = j->el_hold == TIDE_EL_PINNED;

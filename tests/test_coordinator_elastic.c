@@ -309,7 +309,7 @@ Test(elastic_tided, a_job_grows_by_itself_is_pinned_and_an_operator_wins, .init 
     /* an operator's resize wins over the bounds and holds the job; --wait prints the end */
     char path[400];
     snprintf(path, sizeof path, "%s/wait.out", proc.dir);
-    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", NULL};
+    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", "--wait-ms", "30000", NULL};
     pid_t pid = ctl_spawn(path, resize);
     cr_assert_eq(switch_all(w, 4, 0, &dp), 4);
     cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 0, "%s", out);
@@ -335,7 +335,7 @@ Test(elastic_tided, resize_wait_exits_6_with_the_reason_when_the_switch_aborts, 
     char out[8192], path[400];
     int dp = 0;
     snprintf(path, sizeof path, "%s/wait.out", proc.dir);
-    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", NULL};
+    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", "--wait-ms", "30000", NULL};
     pid_t pid = ctl_spawn(path, resize);
     cr_assert_eq(switch_all(w, 2, TIDE_ERR_NOMEM, &dp), 4);
     cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 6, "%s", out);

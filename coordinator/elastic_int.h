@@ -1,7 +1,7 @@
 /*
  * coordinator/elastic_int: what the elastic policy's files share (elastic.c: a run, one
- * job's decision, the working copy; elastic_yield.c: lower priorities giving GPUs to a
- * higher one). Nothing outside coordinator/elastic*.c includes it.
+ * job's decision; elastic_yield.c: lower priorities giving GPUs to a higher one;
+ * elastic_run.c: the working copy and what both use). Nothing outside coordinator/elastic*.c includes it.
  */
 #ifndef TIDE_COORD_ELASTIC_INT_H
 #define TIDE_COORD_ELASTIC_INT_H
@@ -47,6 +47,10 @@ typedef struct host_key {
     int64_t tie;   /* then smaller first */
 } host_key;
 
+/* Drops the decisions of plan from index mark on. */
+void tide__elastic_plan_truncate(tide_elastic_plan *plan, size_t mark);
+/* Trims j's candidates to those a layout of dp takes first (a few hosts more than needed). */
+tide_status tide__elastic_trim_cands(run *r, size_t j, int dp);
 /* The GPU of job rank `rank` of job j, -1 when it has none. */
 int32_t tide__elastic_gpu_of(const run *r, const tide_elastic_job *j, int32_t rank);
 /* Ranks job j has (its rank_gpu's entries, or every GPU). */

@@ -69,6 +69,10 @@ struct tide_server {
     struct {
         uint64_t next_ns; /* next check of running jobs for stalled steps */
     } stall;              /* stall.c */
+    struct {
+        uint64_t last_pass_ns; /* when the policy last ran */
+        char failed[160];      /* why its last run failed ("": it did not), told once */
+    } elastic;                 /* elastic_tided.c */
     tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
 };
 

@@ -499,9 +499,10 @@ static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t d
         f.bytes = r->bytes_moved;
         tide__event_f(
             s, j->name, r->recover ? "recovered" : "resized", &f,
-            "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved (%s)",
+            "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved, longest "
+            "worker switch %.1f ms (%s)",
             (unsigned long long)r->gen, desc, (long long)r->switch_step, f.ms,
-            (unsigned long long)r->bytes_moved, r->reason);
+            (unsigned long long)r->bytes_moved, r->switch_ms_max, r->reason);
     }
     tide_layout_destroy(&ids);
 }
@@ -574,11 +575,15 @@ void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
     tide__reschedule(s);
 }
 
-void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes)
+void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes,
+                       double ms)
 {
     tide_reconf_t *r = j->reconf;
-    if (!r->acked[idx])
+    if (!r->acked[idx]) {
         r->bytes_moved += bytes;
+        if (ms > r->switch_ms_max)
+            r->switch_ms_max = ms;
+    }
     r->acked[idx] = 1;
     if (all_acked(r)) {
         tide__reconf_commit(s, j);

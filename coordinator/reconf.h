@@ -36,7 +36,8 @@ tide_coord_job_t *tide__reconf_report(tide_server_t *s, tide_coord_worker_t *w, 
 /* Participant idx of j's pending reconfiguration reported done (in the commit phase) and
    sent bytes: when every live participant is done, the generation is committed; else,
    from now on, it can no longer be abandoned. */
-void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes);
+void tide__reconf_done(tide_server_t *s, tide_coord_job_t *j, long idx, uint64_t bytes,
+                       double ms);
 
 /* Commits j's pending generation over its live participants (workers, pools, layout,
    step, event); no reconfiguration is pending after. */

@@ -400,7 +400,7 @@ void tide__on_done(tide_server_t *s, const tide_msg_t *msg, const void *raw, siz
             fall_back(s, j, why);
         return;
     }
-    tide__reconf_done(s, j, i, m->bytes_moved);
+    tide__reconf_done(s, j, i, m->bytes_moved, m->ms);
 }
 
 void tide__recovery_retry_stalled(tide_server_t *s)

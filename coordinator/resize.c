@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "coordinator/elastic_tided.h"
 #include "coordinator/members.h"
 #include "coordinator/policy.h"
 #include "coordinator/reconf.h"
@@ -282,4 +283,5 @@ void tide__on_resize(tide_server_t *s, const tide_msg_t *msg, const void *raw, s
         return;
     }
     j->reconf->planned_bytes = rr->bytes_sent;
+    tide__elastic_operator_resized(s, j);
 }

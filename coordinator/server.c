@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "coordinator/checkpoint.h"
+#include "coordinator/elastic_tided.h"
 #include "coordinator/join.h"
 #include "coordinator/liveness.h"
 #include "coordinator/loop.h"
@@ -71,6 +72,7 @@ static const struct {
     {TIDE_MSG_SUBMIT, tide__on_submit, 0},
     {TIDE_MSG_CANCEL, tide__on_cancel, 0},
     {TIDE_MSG_DRAIN, tide__on_drain, 0},
+    {TIDE_MSG_ELASTIC, tide__on_elastic, 0},
     {TIDE_MSG_CHECKPOINT, tide__on_checkpoint, 0},
 };
 
@@ -87,8 +89,10 @@ static void wire(tide_server_t *s)
     tide__on_tick(s, tide__recovery_tick);
     tide__on_tick(s, tide__retention_tick);
     tide__on_tick(s, tide__stall_tick);
+    tide__on_tick(s, tide__elastic_tick);
     /* a scheduling pass: stalled jobs take what they can before offline work does */
     tide__on_schedule(s, tide__recovery_retry_stalled);
+    tide__on_schedule(s, tide__elastic_pass); /* online jobs take GPUs before offline work */
     tide__on_schedule(s, tide__offline_backfill);
 }
 
@@ -103,6 +107,8 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->resize_timeout_ms = 120000;
     cfg->grace_ms = 10000;
     cfg->link_bytes_per_s = 10e9;
+    cfg->elastic_interval_ms = 300000;
+    cfg->elastic_margin = 2.0;
     cfg->max_attempts = 3;
     cfg->retry_backoff_ms = 1000;
     cfg->join_grace_ms = 30000;

@@ -57,6 +57,8 @@ typedef struct tide_server_config {
     int stall_factor;       /* see stall_ms */
     int64_t max_client_mb;  /* MiB one connection may have sent past its last message read
                                (libzmq holds them); 0: not watched */
+    int64_t elastic_interval_ms; /* least time between two policy changes of one job, ms */
+    double elastic_margin;       /* a policy grow saves more than this x its downtime */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

@@ -159,6 +159,7 @@ typedef struct tide_reconf {
     int32_t *leave; /* live job ranks of the released pools, sorted (owned) */
     size_t n_leave;
     uint64_t bytes_moved; /* bytes participants reported sending */
+    double switch_ms_max; /* longest switch a participant reported (its training pause), ms */
     /* a recovery whose lost state no survivor holds: every member loads the job's last
        complete checkpoint (its directory, "" for any other generation) */
     char ckpt[TIDE_COORD_CKPT_DIR_MAX];
@@ -177,6 +178,13 @@ typedef struct tide_coord_job_pool {
     uint64_t left; /* the committed generation that released the pool (its launch left the
                       job: never placed or connected again); 0 while it has not left */
 } tide_coord_job_pool;
+
+/* Why the elastic policy leaves an online job alone (tide_coord_job_t.el_hold). */
+enum {
+    TIDE_EL_FREE = 0,     /* the policy may change it (within its bounds) */
+    TIDE_EL_PINNED = 1,   /* tidectl pin: never touched until unpinned */
+    TIDE_EL_OPERATOR = 2, /* an operator's resize is in force until tidectl bounds or unpin */
+};
 
 typedef struct tide_coord_job {
     int64_t id;
@@ -209,6 +217,19 @@ typedef struct tide_coord_job {
     int64_t stall_step;     /* ...and this step: reported once until either moves */
     int32_t joins;          /* volatile: workers that joined it, counted as they join (recounted at
                                load): its first layout is not tried before enough did */
+    /* online, elastic (coordinator/elastic.h; priority below is its priority too) */
+    int32_t el_min, el_max; /* bounds in GPUs; 0/0: the policy does not manage the job */
+    int32_t el_hold;        /* TIDE_EL_* : why the policy leaves it alone */
+    int64_t el_steps;       /* steps it runs in all (tidectl bounds --steps), 0: unknown */
+    uint64_t el_last_ns;    /* volatile: monotonic ns of the policy's last change, 0: none */
+    uint64_t el_gen;        /* volatile: the generation the policy's change issued, 0: none */
+    uint64_t el_seen_gen;   /* volatile: the committed generation the policy last looked at */
+    int32_t el_seen_dp;     /* volatile: its dp then */
+    int32_t el_failed_from; /* volatile: dp before recoveries shrank it, 0: none */
+    double el_step_s;       /* volatile: wall seconds per step between step boundaries as tided
+                               saw them (switches included), 0: not measured yet */
+    int64_t el_obs_step;    /* volatile: the step and the monotonic ns of the last sample */
+    uint64_t el_obs_ns;
     /* offline */
     int32_t priority; /* higher runs first */
     tide_offline_kind okind;

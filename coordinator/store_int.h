@@ -33,6 +33,7 @@ struct tide_store {
     int in_txn;
     int schema;    /* the file's state schema: 2, or 1 until tide_store_load migrates it */
     int ev_fields; /* the event table has its fields column (tide_store_load adds it) */
+    int el_table;  /* the file has the job_elastic table (store_jobs.c) */
     char path[512];
 };
 

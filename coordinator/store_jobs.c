@@ -73,6 +73,91 @@ enum {
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
+/* ---- elastic declarations ------------------------------------------------------------------ */
+
+/* A job's elastic declaration (coordinator/elastic_tided.h: bounds, pin, steps) lives in a
+   table of its own, made when a job first has one: a state file is read, and written, as
+   before until an operator declares bounds (the jobs table keeps schema 2's columns). */
+#define EL_TABLE                                                                                   \
+    "CREATE TABLE IF NOT EXISTS job_elastic(job INTEGER PRIMARY KEY, min_gpus INTEGER NOT NULL,"  \
+    " max_gpus INTEGER NOT NULL, hold INTEGER NOT NULL, steps INTEGER NOT NULL)"
+
+static tide_status put_elastic(tide_store_t *s, const tide_coord_job_t *j)
+{
+    if (!s->el_table && j->el_min == 0 && j->el_max == 0 && j->el_hold == 0 && j->el_steps == 0)
+        return TIDE_OK;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_exec(s->db, EL_TABLE, NULL, NULL, NULL); /* a rollback may have undone it */
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(s->db,
+                                "INSERT OR REPLACE INTO job_elastic(job, min_gpus, max_gpus, hold,"
+                                " steps) VALUES(?1, ?2, ?3, ?4, ?5)",
+                                -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        s->el_table = 1;
+        sqlite3_bind_int64(st, 1, j->id);
+        sqlite3_bind_int(st, 2, j->el_min);
+        sqlite3_bind_int(st, 3, j->el_max);
+        sqlite3_bind_int(st, 4, j->el_hold);
+        sqlite3_bind_int64(st, 5, j->el_steps);
+        rc = sqlite3_step(st);
+        rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_OK ? TIDE_OK : tide__store_db_error(s, rc, "saving a job's bounds");
+}
+
+/* One row of job_elastic into its job (rows of jobs that are gone are ignored). */
+static tide_status read_elastic(tide_store_t *s, tide_coord_state_t *st, sqlite3_stmt *q)
+{
+    tide_coord_job_t *j = tide_coord_job_get(st, sqlite3_column_int64(q, 0));
+    if (j == NULL)
+        return TIDE_OK;
+    int64_t lo = sqlite3_column_int64(q, 1), hi = sqlite3_column_int64(q, 2);
+    int64_t hold = sqlite3_column_int64(q, 3), steps = sqlite3_column_int64(q, 4);
+    if (lo < 0 || hi > (1 << 20) || lo > hi || (lo == 0) != (hi == 0) || hold < TIDE_EL_FREE ||
+        hold > TIDE_EL_OPERATOR || steps < 0)
+        return tide_errorf(TIDE_ERR_PROTOCOL,
+                           "state file %s: job %s: its bounds are damaged (%lld-%lld GPUs, hold "
+                           "%lld, %lld steps)",
+                           s->path, j->name, (long long)lo, (long long)hi, (long long)hold,
+                           (long long)steps);
+    j->el_min = (int32_t)lo;
+    j->el_max = (int32_t)hi;
+    j->el_hold = (int32_t)hold;
+    j->el_steps = steps;
+    return TIDE_OK;
+}
+
+/* Every job's elastic declaration, when the file has any. */
+static tide_status load_elastic(tide_store_t *s, tide_coord_state_t *st)
+{
+    sqlite3_stmt *q = NULL;
+    int src = sqlite3_prepare_v2(s->db,
+                                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
+                                 " name = 'job_elastic'",
+                                 -1, &q, NULL);
+    if (src == SQLITE_OK)
+        src = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (src == SQLITE_DONE)
+        return TIDE_OK; /* no job ever declared bounds */
+    if (src != SQLITE_ROW)
+        return tide__store_db_error(s, src, "looking for jobs' bounds");
+    s->el_table = 1;
+    src = sqlite3_prepare_v2(s->db, "SELECT job, min_gpus, max_gpus, hold, steps FROM job_elastic",
+                             -1, &q, NULL);
+    if (src != SQLITE_OK)
+        return tide__store_db_error(s, src, "loading jobs' bounds");
+    tide_status rc = TIDE_OK;
+    while (rc == TIDE_OK && (src = sqlite3_step(q)) == SQLITE_ROW)
+        rc = read_elastic(s, st, q);
+    if (rc == TIDE_OK && src != SQLITE_DONE)
+        rc = tide__store_db_error(s, src, "loading jobs' bounds");
+    sqlite3_finalize(q);
+    return rc;
+}
+
 /* One encoded record per structured part of a job. */
 typedef struct job_blobs {
     tide_proto_buf_t pools, layout, rc_layout, fit, ckpts, argv;
@@ -221,7 +306,7 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     }
     rc = tide__store_step_done(s, TIDE__ST_JOB, "saving a job");
     blobs_destroy(&b);
-    return rc;
+    return rc == TIDE_OK ? put_elastic(s, j) : rc;
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
@@ -532,5 +617,6 @@ tide_status tide_store_load(tide_store_t *s, tide_coord_state_t *st)
         return tide_errorf(TIDE_ERR_INVALID, "store: load into a non-empty state");
     TIDE_CHECK(tide__store_load_workers(s, st));
     TIDE_CHECK(load_jobs(s, st));
+    TIDE_CHECK(load_elastic(s, st));
     return tide__store_add_event_fields(s);
 }

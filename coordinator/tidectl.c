@@ -35,7 +35,7 @@ typedef struct command {
     const char *summary;
     tidectl__cmd_fn *run;
     int nargs_min, nargs_max; /* positional arguments after the command name */
-    tide_opt opts[10];        /* command flags (value pointers patched per run) */
+    tide_opt opts[12];        /* command flags (value pointers patched per run) */
 } command_t;
 
 /* ---- command table and main ------------------------------------------------------------------ */
@@ -66,7 +66,8 @@ static const command_t commands[] = {
      {OPT_END}},
     {"resize",
      "resize JOB [--dp N] [--tp N] [--pp N] [--micro-batches N] [--stages 0-11,12-23] "
-     "[--dry-run] [--placement P] [--allow-tp-across-hosts] (what is not given stays as it is)",
+     "[--dry-run] [--placement P] [--allow-tp-across-hosts] [--wait [--wait-ms MS]] (what is "
+     "not given stays as it is)",
      "switch a running job to a new layout (or, with --dry-run, show the reshard plan)",
      tidectl__cmd_resize,
      1,
@@ -88,7 +89,37 @@ static const command_t commands[] = {
        "let a TP group span hosts (its collectives then cross the network); without it a "
        "layout whose TP groups do not fit inside hosts is refused",
        0, 0},
+      {"wait", NULL, TIDE_OPT_BOOL, V(wait), "0",
+       "block until the switch commits (print its downtime and bytes moved) or aborts (exit 6 "
+       "with the reason)",
+       0, 0},
+      {"wait-ms", NULL, TIDE_OPT_INT, V(wait_ms), "600000", "give up waiting after this long", 1,
+       86400000},
       OPT_END}},
+    {"bounds",
+     "bounds JOB MIN MAX [--steps N]",
+     "let tided resize a running job by itself between MIN and MAX GPUs (its elastic policy: "
+     "grows onto idle or joining GPUs, yields to higher priorities, regrows after failures); "
+     "hands back a job an operator's resize held",
+     tidectl__cmd_bounds,
+     3,
+     3,
+     {{"steps", NULL, TIDE_OPT_INT, V(steps), "-1",
+       "steps the job runs in all: a grow must save more than its downtime over the steps left "
+       "(-1: as before, 0: unknown, no such check)",
+       -1, 9223372036854775807LL},
+      OPT_END}},
+    {"priority",
+     "priority JOB P",
+     "a job's priority for the elastic policy, 0-100 (higher takes GPUs from lower)",
+     tidectl__cmd_priority,
+     2,
+     2,
+     {OPT_END}},
+    {"pin", "pin JOB", "the elastic policy never resizes the job", tidectl__cmd_pin, 1, 1,
+     {OPT_END}},
+    {"unpin", "unpin JOB", "the elastic policy may resize the job again", tidectl__cmd_unpin, 1, 1,
+     {OPT_END}},
     {"submit",
      "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--bubbles] "
      "[--plugin NAME] -- CMD ARGS...",
@@ -228,8 +259,9 @@ static void print_usage(FILE *f)
         fputc('\n', f);
     }
     fprintf(f, "\nexit codes: 0 ok; 1 refused by tided (message printed); 2 bad usage; "
-               "3 cannot reach tided;\n            4 timed out waiting for the reply; 5 keygen "
-               "could not write its files\n"
+               "3 cannot reach tided;\n            4 timed out waiting for the reply (or --wait for "
+               "the switch); 5 keygen could not write its files;\n            6 --wait: the "
+               "switch was aborted (reason printed)\n"
                "'tidectl COMMAND --help' shows a command's options.\n");
 }
 
@@ -279,11 +311,11 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
     /* one option table: global flags + this command's, value pointers into s */
     settings_t s;
     memset(&s, 0, sizeof s);
-    tide_opt table[N_GLOBAL + 10 + 1];
+    tide_opt table[N_GLOBAL + 11 + 1];
     size_t n = 0;
     for (size_t i = 0; i < N_GLOBAL; i++)
         table[n++] = global_opts[i];
-    for (size_t i = 0; i < 10 && cmd->opts[i].name; i++)
+    for (size_t i = 0; i < 11 && cmd->opts[i].name; i++)
         table[n++] = cmd->opts[i];
     table[n] = (tide_opt)OPT_END;
     for (size_t i = 0; i < n; i++)

@@ -23,6 +23,7 @@ enum {
     TIDECTL_EXIT_UNREACHABLE = 3, /* no connection to tided within --timeout-ms */
     TIDECTL_EXIT_TIMEOUT = 4,     /* connected, but no reply within --timeout-ms */
     TIDECTL_EXIT_LOCAL = 5,       /* keygen could not write its files */
+    TIDECTL_EXIT_ABORTED = 6,     /* --wait: the switch was aborted (its reason printed) */
 };
 
 /* Runs tidectl with argv (argv[0] is the program name); output to out, messages to err.

@@ -86,6 +86,11 @@ int tidectl__cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *e
     tide_msg_clear(&req);
     if (rc == TIDECTL_EXIT_OK) {
         tidectl_print_resize(out, &rep.u.resize_reply, s->json);
+        if (s->wait && !rep.u.resize_reply.dry_run) {
+            fflush(out);
+            rc = tidectl__wait_switch(s, rep.u.resize_reply.job, rep.u.resize_reply.layout.gen,
+                                      out, err);
+        }
         tide_msg_clear(&rep);
     }
     return rc;

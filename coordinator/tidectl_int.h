@@ -33,6 +33,10 @@ typedef struct settings {
     const char *placement;
     const char *dir; /* checkpoint: the root to save under */
     int allow_tp_across_hosts;
+    int wait;          /* block until the switch started commits or aborts */
+    long long wait_ms; /* for at most this long */
+    /* bounds */
+    long long steps;
     /* submit */
     int offline;
     const char *name;
@@ -84,6 +88,13 @@ tidectl__cmd_fn tidectl__cmd_events;   /* tidectl_events.c */
 tidectl__cmd_fn tidectl__cmd_timeline; /* tidectl_timeline.c */
 tidectl__cmd_fn tidectl__cmd_resize, tidectl__cmd_submit, tidectl__cmd_cancel, tidectl__cmd_drain,
     tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
+tidectl__cmd_fn tidectl__cmd_bounds, tidectl__cmd_priority, tidectl__cmd_pin,
+    tidectl__cmd_unpin; /* tidectl_elastic.c */
+
+/* Follows tided's events until generation gen of job commits (prints its downtime and bytes
+   moved; 0) or aborts (its reason on err; TIDECTL_EXIT_ABORTED); TIDECTL_EXIT_TIMEOUT after
+   s->wait_ms. Blocks. */
+int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err);
 
 /* ---- connection (tidectl_conn.c) ------------------------------------------------------------- */
 

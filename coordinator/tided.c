@@ -49,6 +49,8 @@ struct settings {
     long long stall_factor;
     long long max_client_mb;
     double link_gbps;
+    long long elastic_interval_ms;
+    double elastic_margin;
     int sync_full;
 };
 
@@ -123,6 +125,15 @@ static int read_settings(struct settings *s, int argc, char **argv)
          0, 0},
         {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s->link_gbps, "80",
          "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
+        {"elastic-interval-ms", "TIDE_ELASTIC_INTERVAL_MS", TIDE_OPT_INT, &s->elastic_interval_ms,
+         "300000",
+         "least time between two automatic resizes of one job (tidectl bounds); failures' "
+         "recoveries do not count",
+         0, 86400000},
+        {"elastic-margin", "TIDE_ELASTIC_MARGIN", TIDE_OPT_DOUBLE, &s->elastic_margin, "2",
+         "an automatic grow needs the time it saves over the job's remaining steps to beat "
+         "this many times its predicted downtime",
+         0, 0},
         {"log", "TIDE_LOG", TIDE_OPT_STRING, &s->log, "warn", "log level: error, warn, info, debug",
          0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
@@ -133,6 +144,10 @@ static int read_settings(struct settings *s, int argc, char **argv)
     tide_log_level level;
     if (tide_log_parse_level(s->log, &level) != TIDE_OK) {
         fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
+    if (!(s->elastic_margin >= 0 && s->elastic_margin <= 1e6)) {
+        fprintf(stderr, "tided: --elastic-margin must be in [0, 1e6]\n");
         return 2;
     }
     if (!(s->link_gbps > 0)) {
@@ -169,6 +184,8 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->stall_factor = (int)s->stall_factor;
     cfg->max_client_mb = s->max_client_mb;
     cfg->link_bytes_per_s = s->link_gbps * 1e9 / 8.0;
+    cfg->elastic_interval_ms = s->elastic_interval_ms;
+    cfg->elastic_margin = s->elastic_margin;
 }
 
 /* SIGINT and SIGTERM stop the loop; SIGPIPE and SIGXFSZ are errors of the call, not death. */

@@ -822,6 +822,23 @@ static const tide__field submit_fields[] = {
 static const tide__field cancel_fields[] = {F_JOB(tide_proto_cancel_t, job)};
 static const tide__field drain_fields[] = {F_WORKER(tide_proto_drain_t, worker)};
 
+static tide_status check_elastic(const void *base, tide__ctx *c)
+{
+    const tide_proto_elastic_t *m = base;
+    if ((m->min_gpus == 0) != (m->max_gpus == 0))
+        return tide__fail(c, "fields 'min' and 'max' are both 0 (unchanged) or both set");
+    return TIDE_OK;
+}
+
+static const tide__field elastic_fields[] = {
+    F_JOB(tide_proto_elastic_t, job),
+    F_INT(tide_proto_elastic_t, min_gpus, "min", 0, 1 << 20),
+    F_INT(tide_proto_elastic_t, max_gpus, "max", 0, 1 << 20),
+    F_INT(tide_proto_elastic_t, priority, "priority", -1, 100),
+    F_INT(tide_proto_elastic_t, pin, "pin", -1, 1),
+    F_INT(tide_proto_elastic_t, steps, "steps", -1, INT64_MAX),
+};
+
 static tide_status check_checkpoint(const void *base, tide__ctx *c)
 {
     const tide_proto_checkpoint_t *m = base;
@@ -1007,6 +1024,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_SUBMIT] = SCHEMA(submit_fields, tide_proto_submit_t, 1, check_submit),
     [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
+    [TIDE_MSG_ELASTIC] = SCHEMA(elastic_fields, tide_proto_elastic_t, 0, check_elastic),
     [TIDE_MSG_CHECKPOINT] = SCHEMA(checkpoint_fields, tide_proto_checkpoint_t, 0, check_checkpoint),
     [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, check_events),
     [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
@@ -1073,6 +1091,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_SUBMIT:
     case TIDE_MSG_CANCEL:
     case TIDE_MSG_DRAIN:
+    case TIDE_MSG_ELASTIC:
     case TIDE_MSG_CHECKPOINT:
     case TIDE_MSG_EVENTS:
     case TIDE_MSG_LOGS: /* a command's output may hold anything: admins only */

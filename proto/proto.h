@@ -617,6 +617,21 @@ typedef struct tide_proto_drain {
 } tide_proto_drain_t;
 
 /*
+ * "elastic" tidectl -> tided: change an online job's elastic declaration (coordinator/
+ * elastic.h): its bounds (min_gpus..max_gpus, both 0: unchanged), its priority (-1:
+ * unchanged), its pin (1 pin, 0 unpin, -1 unchanged) and the steps it will run in all
+ * (for the policy's gain estimate; -1: unchanged, 0: unknown).
+ */
+typedef struct tide_proto_elastic {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int32_t min_gpus;                  /* "min": [0, 2^20] */
+    int32_t max_gpus;                  /* "max": [0, 2^20] */
+    int32_t priority;                  /* "priority": [-1, 100] */
+    int32_t pin;                       /* "pin": [-1, 1] */
+    int64_t steps;                     /* "steps": [-1, INT64_MAX] */
+} tide_proto_elastic_t;
+
+/*
  * "events" tidectl -> tided: the events with id > since_id, since_ms <= time < until_ms
  * (until_ms 0: no end), of job `job` ("": any) and of a kind matching `kind` ("": any; a
  * glob: "resize*", "offline_?ailed"). newest = 1: the newest `limit` of them, newest first;
@@ -767,6 +782,7 @@ typedef struct tide_proto_error {
     X(SUBMIT, "submit", submit)                                                                    \
     X(CANCEL, "cancel", cancel)                                                                    \
     X(DRAIN, "drain", drain)                                                                       \
+    X(ELASTIC, "elastic", elastic)                                                                 \
     X(CHECKPOINT, "checkpoint", checkpoint)                                                        \
     X(EVENTS, "events", events)                                                                    \
     X(EVENTS_REPLY, "events_reply", events_reply)                                                  \
@@ -850,6 +866,7 @@ typedef struct tide_msg {
         tide_proto_submit_t submit;
         tide_proto_cancel_t cancel;
         tide_proto_drain_t drain;
+        tide_proto_elastic_t elastic;
         tide_proto_checkpoint_t checkpoint;
         tide_proto_events_t events;
         tide_proto_events_reply_t events_reply;

@@ -16,6 +16,12 @@ if(TARGET tided)
                              TIDED_PATH="$<TARGET_FILE:tided>"
                              TIDECTL_PATH="$<TARGET_FILE:tidectl>")
   add_dependencies(test_coordinator_server tided tidectl)
+  tide_add_unit_test(test_coordinator_elastic SOURCES test_coordinator_elastic.c
+                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 120)
+  target_compile_definitions(test_coordinator_elastic PRIVATE
+                             TIDED_PATH="$<TARGET_FILE:tided>"
+                             TIDECTL_PATH="$<TARGET_FILE:tidectl>")
+  add_dependencies(test_coordinator_elastic tided tidectl)
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_reliability SOURCES test_reliability.c

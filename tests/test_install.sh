@@ -174,11 +174,17 @@ REF=$(fingerprint "$WORK/ref.log")
   >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
 wait_for "$WORK/job.log" '^quickstart: step 10$' 60
-"${CTL[@]}" resize q --dp 1 >"$WORK/resize1.log" 2>&1 || fail "tidectl resize q --dp 1"
-wait_for "$WORK/job.log" 'generation 2 dp 1' 60
+# as the README types it: --wait returns at the commit, so status right after shows it
+"${CTL[@]}" resize q --dp 1 --wait >"$WORK/resize1.log" 2>&1 ||
+  fail "tidectl resize q --dp 1 --wait: $(cat "$WORK/resize1.log")"
+grep -q 'generation 2 committed after step [0-9]*: downtime .* ms .* bytes moved' "$WORK/resize1.log" ||
+  fail "resize --wait printed no commit: $(cat "$WORK/resize1.log")"
 "${CTL[@]}" status >"$WORK/status.log" 2>&1 || fail "tidectl status"
 grep -q 'idle' "$WORK/status.log" || fail "after dp 2 -> 1, tidectl status shows no idle worker"
-"${CTL[@]}" resize q --dp 2 >"$WORK/resize2.log" 2>&1 || fail "tidectl resize q --dp 2"
+wait_for "$WORK/job.log" 'generation 2 dp 1' 60
+"${CTL[@]}" resize q --dp 2 --wait >"$WORK/resize2.log" 2>&1 ||
+  fail "tidectl resize q --dp 2 --wait: $(cat "$WORK/resize2.log")"
+grep -q 'generation 3 committed' "$WORK/resize2.log" || fail "no commit: $(cat "$WORK/resize2.log")"
 wait_for "$WORK/job.log" 'generation 3 dp 2' 60
 wait "$JOB_PID" || fail "the elastic run failed"
 JOB_PID=""

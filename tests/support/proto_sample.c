@@ -730,6 +730,14 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
     case TIDE_MSG_DRAIN:
         m->u.drain.worker = worker_id(r);
         return TIDE_OK;
+    case TIDE_MSG_ELASTIC:
+        NAME(r, m->u.elastic.job);
+        m->u.elastic.min_gpus = (int32_t)(next(r) % 5);
+        m->u.elastic.max_gpus = m->u.elastic.min_gpus ? m->u.elastic.min_gpus + (int32_t)(next(r) % 9) : 0;
+        m->u.elastic.priority = (int32_t)(next(r) % 102) - 1;
+        m->u.elastic.pin = (int32_t)(next(r) % 3) - 1;
+        m->u.elastic.steps = (int64_t)(next(r) % 100000) - 1;
+        return TIDE_OK;
     case TIDE_MSG_CHECKPOINT:
         NAME(r, m->u.checkpoint.job);
         if (next(r) & 1) {

@@ -1,0 +1,210 @@
+/*
+ * tidectl's elastic commands (bounds, priority, pin, unpin: the "elastic" request) and
+ * --wait: following tided's events until a switch it started commits or aborts.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/tidectl_int.h"
+#include "core/clock.h"
+
+#define WAIT_POLL_MS   100      /* between two looks at the events */
+#define WAIT_LOOKBACK  600000   /* ms of history searched for the switch's end (clock skew) */
+#define WAIT_PAGE_ROWS 1000     /* events per request */
+
+/* Sends req ("elastic") and prints tided's answer. */
+static int send_elastic(settings_t *s, tide_msg_t *req, FILE *out, FILE *err)
+{
+    tide_msg_t rep;
+    int rc = tidectl__call_once(s, req, &rep, TIDE_MSG_OK, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    char name[TIDE_PROTO_NAME_MAX + 2], msg[TIDE_PROTO_TEXT_MAX + 2];
+    if (s->json) {
+        fputs("{\"job\":", out);
+        tidectl__json_str_or_null(out, rep.u.ok.job);
+        fputs(",\"message\":", out);
+        tidectl_json_str(out, rep.u.ok.message);
+        fputs("}\n", out);
+    } else {
+        fprintf(out, "%s: %s\n", tidectl__term_str(rep.u.ok.job, sizeof name - 1, name, sizeof name),
+                tidectl__term_str(rep.u.ok.message, sizeof msg - 1, msg, sizeof msg));
+    }
+    tide_msg_clear(&rep);
+    return TIDECTL_EXIT_OK;
+}
+
+/* An "elastic" request for JOB changing nothing yet; a usage error for cmd on a bad name. */
+static int elastic_req(FILE *err, const char *cmd, const char *job, tide_msg_t *req)
+{
+    tide_msg_init(req, TIDE_MSG_ELASTIC);
+    req->u.elastic.priority = -1;
+    req->u.elastic.pin = -1;
+    req->u.elastic.steps = -1;
+    return tidectl__copy_job(err, cmd, "JOB", job, req->u.elastic.job);
+}
+
+/* A decimal integer in [lo, hi] from arg into *v; else a usage error for cmd. */
+static int int_arg(FILE *err, const char *cmd, const char *what, const char *arg, long long lo,
+                   long long hi, long long *v)
+{
+    char *end;
+    long long x = strtoll(arg, &end, 10);
+    if (end == arg || *end != '\0' || x < lo || x > hi)
+        return tidectl__usage_error(err, cmd, "%s must be an integer in %lld-%lld, not '%s'", what,
+                                    lo, hi, arg);
+    *v = x;
+    return TIDECTL_EXIT_OK;
+}
+
+int tidectl__cmd_bounds(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    tide_msg_t req;
+    long long lo = 0, hi = 0;
+    int rc = elastic_req(err, "bounds", argv[0], &req);
+    if (rc == TIDECTL_EXIT_OK)
+        rc = int_arg(err, "bounds", "MIN", argv[1], 1, 1 << 20, &lo);
+    if (rc == TIDECTL_EXIT_OK)
+        rc = int_arg(err, "bounds", "MAX", argv[2], 1, 1 << 20, &hi);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    req.u.elastic.min_gpus = (int32_t)lo;
+    req.u.elastic.max_gpus = (int32_t)hi;
+    req.u.elastic.steps = s->steps;
+    return send_elastic(s, &req, out, err);
+}
+
+int tidectl__cmd_priority(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    tide_msg_t req;
+    long long p = 0;
+    int rc = elastic_req(err, "priority", argv[0], &req);
+    if (rc == TIDECTL_EXIT_OK)
+        rc = int_arg(err, "priority", "P", argv[1], 0, 100, &p);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    req.u.elastic.priority = (int32_t)p;
+    return send_elastic(s, &req, out, err);
+}
+
+static int pin(settings_t *s, const char *cmd, const char *job, int on, FILE *out, FILE *err)
+{
+    tide_msg_t req;
+    int rc = elastic_req(err, cmd, job, &req);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    req.u.elastic.pin = on;
+    return send_elastic(s, &req, out, err);
+}
+
+int tidectl__cmd_pin(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    return pin(s, "pin", argv[0], 1, out, err);
+}
+
+int tidectl__cmd_unpin(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    return pin(s, "unpin", argv[0], 0, out, err);
+}
+
+/* ---- --wait -------------------------------------------------------------------------------- */
+
+/* 1 when row ends generation gen of job: its commit ("resized", "recovered", "rolled_back")
+   or its abort ("resize_aborted"). */
+static int ends(const tide_proto_event_row_t *row, const char *job, uint64_t gen)
+{
+    static const char *const kinds[] = {"resized", "recovered", "rolled_back", "resize_aborted"};
+    char head[48];
+    if (strcmp(row->job, job) != 0)
+        return 0;
+    snprintf(head, sizeof head, "generation %" PRIu64 " ", gen);
+    if (strncmp(row->detail, head, strlen(head)) != 0)
+        return 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(row->kind, kinds[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* Prints the end of the switch (downtime, bytes) from its event; the exit code. */
+static int print_end(settings_t *s, const tide_proto_event_row_t *row, uint64_t gen, FILE *out,
+                     FILE *err)
+{
+    char d[TIDE_PROTO_TEXT_MAX + 2];
+    tidectl__term_str(row->detail, sizeof d - 1, d, sizeof d);
+    if (strcmp(row->kind, "resize_aborted") == 0) {
+        const char *why = strstr(d, "abandoned: ");
+        fprintf(err, "tidectl: generation %" PRIu64 " aborted: %s\n", gen, why ? why + 11 : d);
+        return TIDECTL_EXIT_ABORTED;
+    }
+    double total = 0, longest = -1;
+    unsigned long long bytes = 0;
+    long long step = 0;
+    const char *p = strstr(d, " from step ");
+    if (p != NULL)
+        sscanf(p, " from step %lld, %lf ms, %llu bytes moved, longest worker switch %lf ms", &step,
+               &total, &bytes, &longest);
+    if (s->json) {
+        fprintf(out,
+                "{\"generation\":%" PRIu64 ",\"committed\":true,\"step\":%lld,\"ms\":%.1f,"
+                "\"downtime_ms\":%.1f,\"bytes_moved\":%llu,\"event\":",
+                gen, step, total, longest, bytes);
+        tidectl_json_str(out, row->detail);
+        fputs("}\n", out);
+    } else {
+        fprintf(out,
+                "generation %" PRIu64 " committed after step %lld: downtime %.1f ms (the longest "
+                "worker switch), %.1f ms from start to commit, %llu bytes moved\n",
+                gen, step, longest, total, bytes);
+    }
+    return TIDECTL_EXIT_OK;
+}
+
+int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)
+{
+    conn_t c;
+    int rc = tidectl__conn_open(&c, s, err);
+    uint64_t since_id = 0;
+    int64_t since_ms = tide_wall_ms() - WAIT_LOOKBACK;
+    uint64_t deadline = tide_now_ns() + (uint64_t)s->wait_ms * 1000000ull;
+    while (rc == TIDECTL_EXIT_OK) {
+        tide_msg_t req, rep;
+        tide_msg_init(&req, TIDE_MSG_EVENTS);
+        req.u.events.since_id = since_id;
+        req.u.events.since_ms = since_ms > 0 ? since_ms : 0;
+        req.u.events.limit = WAIT_PAGE_ROWS;
+        tide_msg_init(&rep, TIDE_MSG_NONE);
+        rc = tidectl__conn_call(&c, &req, &rep, err);
+        if (rc == TIDECTL_EXIT_OK && rep.type != TIDE_MSG_EVENTS_REPLY) {
+            fprintf(err, "tidectl: waiting for generation %" PRIu64 ": %s\n", gen,
+                    rep.type == TIDE_MSG_ERROR ? rep.u.error.message : "unexpected reply");
+            rc = TIDECTL_EXIT_REFUSED;
+        }
+        const tide_proto_events_reply_t *er = &rep.u.events_reply;
+        for (uint32_t i = 0; rc == TIDECTL_EXIT_OK && i < er->n_rows; i++) {
+            since_id = er->rows[i].id;
+            if (ends(&er->rows[i], job, gen)) {
+                rc = print_end(s, &er->rows[i], gen, out, err);
+                tide_msg_clear(&rep);
+                tidectl__conn_close(&c);
+                return rc;
+            }
+        }
+        int full = rc == TIDECTL_EXIT_OK && er->n_rows == WAIT_PAGE_ROWS;
+        tide_msg_clear(&rep);
+        if (rc == TIDECTL_EXIT_OK && !full && tide_now_ns() > deadline) {
+            fprintf(err, "tidectl: generation %" PRIu64 " of %s neither committed nor aborted "
+                    "within %lld ms (tidectl events shows where it is)\n", gen, job, s->wait_ms);
+            rc = TIDECTL_EXIT_TIMEOUT;
+        } else if (rc == TIDECTL_EXIT_OK && !full) {
+            tide_sleep_ms(WAIT_POLL_MS);
+        }
+    }
+    tidectl__conn_close(&c);
+    return rc;
+}

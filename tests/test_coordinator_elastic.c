@@ -1,0 +1,346 @@
+/*
+ * Integration tests of the elastic policy inside tided (coordinator/elastic_tided.c): the
+ * real tided and tidectl binaries, fake workers over DEALER sockets. Bad declarations are
+ * refused with their reason and change nothing; a job with bounds grows onto its idle ranks
+ * by itself, with an event that says why; a pinned job is left alone and unpinning lets the
+ * policy shrink it to a lowered maximum; an operator's resize wins and holds the job;
+ * `tidectl resize --wait` prints the switch's downtime and bytes, and exits 6 with the
+ * reason when the switch aborts. A few seconds.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/coord_harness.h"
+
+extern char **environ;
+
+typedef struct fake {
+    void *sock;
+    int32_t id;
+} fake;
+
+static void *ctx;
+static coord_proc proc;
+
+static void setup(void)
+{
+    ctx = zmq_ctx_new();
+    cr_assert_eq(coord_tmpdir(&proc), 0);
+}
+
+static void teardown(void)
+{
+    coord_stop(&proc, SIGKILL);
+    zmq_ctx_destroy(ctx);
+    coord_cleanup(&proc);
+}
+
+static void start(void)
+{
+    /* fakes send no heartbeats: none is failed while a test runs */
+    static const char *const extra[] = {"--elastic-interval-ms", "0", "--heartbeat-ms", "20000",
+                                        NULL};
+    int st = 0;
+    cr_assert_eq(coord_start(&proc, TIDED_PATH, extra, &st), 0, "tided did not start (%d)", st);
+}
+
+static int no_message(fake *w, tide_msg_type_t t, int ms);
+
+static void expect_type(void *sock, tide_msg_type_t t, tide_msg_t *out)
+{
+    cr_assert_eq(coord_recv_type(sock, t, out), 0, "no '%s' arrived", tide_msg_type_name(t));
+}
+
+/* Four ranks of pool "pool-a", two per host, joined to job "train" at (dp 1, tp 2): two of
+   them (a host's) hold it and get its layout, the other two are idle. */
+static void launch(fake *w)
+{
+    tide_msg_t m, r;
+    for (int i = 0; i < 4; i++) {
+        w[i].sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+        cr_assert_not_null(w[i].sock);
+        coord_mk_register(&m, "pool-a", i, 4, i < 2 ? "host0" : "host1", i % 2, 1000 + i);
+        cr_assert_eq(coord_call(w[i].sock, &m, &r), 0);
+        cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+        w[i].id = r.u.register_ok.worker;
+    }
+    for (int i = 0; i < 4; i++) {
+        tide_msg_init(&m, TIDE_MSG_JOIN);
+        m.u.join.worker = w[i].id;
+        snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+        m.u.join.total_bytes = 1 << 20;
+        m.u.join.num_layers = 4;
+        m.u.join.dp = 1;
+        m.u.join.tp = 2;
+        m.u.join.pp = 1;
+        m.u.join.micro_batches = 1;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+    int got = 0;
+    for (int t = 0; t < 100 && got < 2; t++) {
+        zmq_pollitem_t it[4];
+        for (int i = 0; i < 4; i++)
+            it[i] = (zmq_pollitem_t){w[i].sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(it, 4, 50) <= 0)
+            continue;
+        for (int i = 0; i < 4; i++)
+            if ((it[i].revents & ZMQ_POLLIN) && coord_recv(w[i].sock, &r) == 0) {
+                got += r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.dp == 1;
+                tide_msg_clear(&r);
+            }
+    }
+    cr_assert_eq(got, 2, "the first layout reached %d members", got);
+}
+
+/* 1 when no message of type t reaches any of the 4 fakes within ms. */
+static int no_message(fake *w, tide_msg_type_t t, int ms)
+{
+    uint64_t until = tide_now_ns() + (uint64_t)ms * 1000000ull;
+    for (uint64_t now = tide_now_ns(); now < until; now = tide_now_ns()) {
+        zmq_pollitem_t it[4];
+        for (int i = 0; i < 4; i++)
+            it[i] = (zmq_pollitem_t){w[i].sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(it, 4, (long)((until - now) / 1000000ull) + 1) <= 0)
+            continue;
+        for (int i = 0; i < 4; i++) {
+            tide_msg_t r;
+            if (!(it[i].revents & ZMQ_POLLIN) || coord_recv(w[i].sock, &r) != 0)
+                continue;
+            int hit = r.type == t;
+            tide_msg_clear(&r);
+            if (hit)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* tidectl ARGS... against tided: its exit status, stdout and stderr into out. */
+static int ctl(char *out, size_t cap, const char *const *args)
+{
+    return coord_tidectl_io(TIDECTL_PATH, proc.endpoint, args, out, cap, 1);
+}
+
+/* Starts tidectl ARGS... in the background, its output into the file path. */
+static pid_t ctl_spawn(const char *path, const char *const *args)
+{
+    const char *argv[32] = {TIDECTL_PATH, "--endpoint", proc.endpoint};
+    size_t n = 3;
+    for (size_t i = 0; args[i] != NULL && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = 0;
+    cr_assert_eq(posix_spawn(&pid, TIDECTL_PATH, &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+/* Waits for pid; its exit status, its output (the file path) into out. */
+static int ctl_reap(pid_t pid, const char *path, char *out, size_t cap)
+{
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Every fake that gets generation gen's layout within ms acks it and reports done (status
+   rc, 1000 bytes, 5 ms); the number of fakes that took part, the layout's dp in *dp. */
+static int switch_all(fake *w, uint64_t gen, int rc, int *dp)
+{
+    tide_msg_t m, r;
+    int part[4] = {0}, n = 0;
+    for (int i = 0; i < 4; i++) {
+        if (coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r) != 0)
+            continue;
+        cr_assert_eq(r.u.layout.layout.gen, gen);
+        *dp = r.u.layout.layout.dp;
+        tide_msg_clear(&r);
+        expect_type(w[i].sock, TIDE_MSG_PREPARE, &r);
+        tide_msg_clear(&r);
+        tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
+        m.u.prepare_ack.worker = w[i].id;
+        snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "train");
+        m.u.prepare_ack.gen = gen;
+        m.u.prepare_ack.step = 10 * gen;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+        part[i] = 1;
+        n++;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (!part[i])
+            continue;
+        if (rc == 0) {
+            expect_type(w[i].sock, TIDE_MSG_COMMIT, &r);
+            tide_msg_clear(&r);
+        }
+        tide_msg_init(&m, TIDE_MSG_DONE);
+        m.u.done.worker = w[i].id;
+        snprintf(m.u.done.job, sizeof m.u.done.job, "train");
+        m.u.done.gen = gen;
+        m.u.done.status = rc;
+        m.u.done.bytes_moved = 1000;
+        m.u.done.ms = 5.0 + i;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+        if (rc != 0)
+            break; /* one failure aborts the switch */
+    }
+    return n;
+}
+
+/* The details of every event of kind, joined by '\n', into out; their number. */
+static int events(const char *kind, char *out, size_t cap)
+{
+    tide_msg_t m, r;
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    tide_msg_init(&m, TIDE_MSG_EVENTS);
+    m.u.events.limit = 1000;
+    cr_assert_eq(coord_call(admin, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_EVENTS_REPLY);
+    int n = 0;
+    size_t k = 0;
+    out[0] = '\0';
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows; i++) {
+        if (strcmp(r.u.events_reply.rows[i].kind, kind) != 0)
+            continue;
+        n++;
+        k += (size_t)snprintf(out + k, k < cap ? cap - k : 0, "%s\n",
+                              r.u.events_reply.rows[i].detail);
+        k = k < cap ? k : cap - 1;
+    }
+    tide_msg_clear(&r);
+    zmq_close(admin);
+    return n;
+}
+
+/* Polls until `kind` has n events (up to 5 s); their details into out. */
+static void wait_events(const char *kind, int n, char *out, size_t cap)
+{
+    for (int t = 0; t < 250 && events(kind, out, cap) < n; t++)
+        tide_sleep_ms(20);
+    cr_assert_eq(events(kind, out, cap), n, "%d '%s' events expected: %s", n, kind, out);
+}
+
+Test(elastic_tided, bad_declarations_are_refused_and_change_nothing, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4];
+    launch(w);
+    char out[8192];
+    static const struct {
+        const char *args[6];
+        int code;
+        const char *why;
+    } bad[] = {
+        {{"bounds", "nosuch", "1", "2", NULL}, 1, "no online job named nosuch"},
+        {{"pin", "nosuch", NULL}, 1, "no online job named nosuch"},
+        {{"bounds", "train", "4", "2", NULL}, 1, "min 4 GPUs is above max 2"},
+        {{"bounds", "train", "3", "3", NULL}, 1, "no layout of 3-3 GPUs exists"},
+        {{"bounds", "train", "0", "2", NULL}, 2, "MIN must be an integer in 1-"},
+        {{"priority", "train", "101", NULL}, 2, "P must be an integer in 0-100"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int code = ctl(out, sizeof out, bad[i].args);
+        cr_assert_eq(code, bad[i].code, "case %zu: exit %d: %s", i, code, out);
+        cr_assert(strstr(out, bad[i].why), "case %zu: %s", i, out);
+    }
+    cr_assert_eq(events("elastic_bounds", out, sizeof out), 0, "%s", out);
+    cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "a layout was sent");
+    /* good ones survive a kill -9 of tided */
+    const char *const good[][6] = {{"bounds", "train", "2", "2", "--steps=500", NULL},
+                                   {"priority", "train", "7", NULL},
+                                   {"pin", "train", NULL}};
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_eq(ctl(out, sizeof out, good[i]), 0, "%s", out);
+    cr_assert(strstr(out, "train: bounds 2-2 GPUs, priority 7, pinned"), "%s", out);
+    coord_stop(&proc, SIGKILL);
+    start();
+    const char *const unpin[] = {"unpin", "train", NULL};
+    cr_assert_eq(ctl(out, sizeof out, unpin), 0, "%s", out);
+    cr_assert(strstr(out, "train: bounds 2-2 GPUs, priority 7, free"), "%s", out);
+    wait_events("elastic_bounds", 4, out, sizeof out);
+    cr_assert(strstr(out, "500 steps in all"), "%s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
+Test(elastic_tided, a_job_grows_by_itself_is_pinned_and_an_operator_wins, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4];
+    launch(w);
+    char out[8192];
+    int dp = 0;
+    /* bounds: the policy grows the job onto its idle ranks, with the reason */
+    const char *const bounds[] = {"bounds", "train", "2", "4", NULL};
+    cr_assert_eq(ctl(out, sizeof out, bounds), 0, "%s", out);
+    cr_assert(strstr(out, "bounds 2-4 GPUs"), "%s", out);
+    cr_assert_eq(switch_all(w, 2, 0, &dp), 4);
+    cr_assert_eq(dp, 2);
+    wait_events("resized", 1, out, sizeof out);
+    wait_events("elastic", 1, out, sizeof out);
+    cr_assert(strstr(out, "generation 2: grow dp 1 -> 2"), "%s", out);
+    cr_assert(strstr(out, "takes host1:0,1, gives up none"), "the GPUs taken: %s", out);
+    /* pinned: a lowered maximum is not applied */
+    const char *const pin[] = {"pin", "train", NULL}, *const unpin[] = {"unpin", "train", NULL};
+    const char *const lower[] = {"bounds", "train", "2", "2", NULL};
+    cr_assert_eq(ctl(out, sizeof out, pin), 0, "%s", out);
+    cr_assert_eq(ctl(out, sizeof out, lower), 0, "%s", out);
+    cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "a pinned job moved"); /* timer runs too */
+    /* unpinned: the policy shrinks it to its maximum */
+    cr_assert_eq(ctl(out, sizeof out, unpin), 0, "%s", out);
+    cr_assert_eq(switch_all(w, 3, 0, &dp), 4);
+    cr_assert_eq(dp, 1);
+    wait_events("elastic", 2, out, sizeof out);
+    cr_assert(strstr(out, "generation 3: bounds dp 2 -> 1"), "%s", out);
+    /* an operator's resize wins over the bounds and holds the job; --wait prints the end */
+    char path[400];
+    snprintf(path, sizeof path, "%s/wait.out", proc.dir);
+    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", "--wait-ms", "30000", NULL};
+    pid_t pid = ctl_spawn(path, resize);
+    cr_assert_eq(switch_all(w, 4, 0, &dp), 4);
+    cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "generation 4 committed after step 41: downtime 8.0 ms"), "%s", out);
+    cr_assert(strstr(out, "4000 bytes moved"), "%s", out);
+    wait_events("elastic_hold", 1, out, sizeof out);
+    cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "a held job moved");
+    /* declaring bounds again hands it back: the policy shrinks it to its maximum */
+    cr_assert_eq(ctl(out, sizeof out, lower), 0, "%s", out);
+    cr_assert_eq(switch_all(w, 5, 0, &dp), 4);
+    cr_assert_eq(dp, 1);
+    wait_events("elastic", 3, out, sizeof out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
+Test(elastic_tided, resize_wait_exits_6_with_the_reason_when_the_switch_aborts, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4];
+    launch(w);
+    char out[8192], path[400];
+    int dp = 0;
+    snprintf(path, sizeof path, "%s/wait.out", proc.dir);
+    const char *const resize[] = {"resize", "train", "--dp", "2", "--wait", "--wait-ms", "30000", NULL};
+    pid_t pid = ctl_spawn(path, resize);
+    cr_assert_eq(switch_all(w, 2, TIDE_ERR_NOMEM, &dp), 4);
+    cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 6, "%s", out);
+    cr_assert(strstr(out, "generation 2 aborted: worker"), "%s", out);
+    cr_assert(strstr(out, "could not switch"), "%s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}

@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/opts.h"
+#include "core/version.h"
 
 #define PATH_LEN 4096
 
@@ -139,7 +140,12 @@ static int cmd_convert(int argc, char **argv)
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0, help = 0;
-    if (tide_opts_parse(opts, argc, argv, &npos, &help) != TIDE_OK || help || npos != 2) {
+    tide_status prc = tide_opts_parse(opts, argc, argv, &npos, &help);
+    if (prc == TIDE_OK && help == TIDE_OPTS_VERSION) {
+        tide_version_print(stdout, "tide-ckpt");
+        return 0;
+    }
+    if (prc != TIDE_OK || help || npos != 2) {
         if (!help)
             fprintf(stderr, "tide-ckpt convert: %s\n",
                     npos != 2 ? "needs DIR and OUT" : tide_last_error());
@@ -192,6 +198,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: tide-ckpt info DIR\n"
                "       tide-ckpt verify DIR\n"
                "       tide-ckpt convert DIR OUT --dp N --tp N --pp N [--stages 0-1,2-3]\n"
+               "       tide-ckpt --version\n"
                "DIR: a checkpoint directory or a root of step-N directories (newest complete)\n");
 }
 
@@ -199,6 +206,10 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         usage(stdout);
+        return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+        tide_version_print(stdout, "tide-ckpt");
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "info") == 0)

@@ -23,6 +23,7 @@
 #include "coordinator/tidectl_int.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "core/version.h"
 
 #define OPT_END                                                                                    \
     {                                                                                              \
@@ -230,7 +231,7 @@ static void print_usage(FILE *f)
     fprintf(f, "\nexit codes: 0 ok; 1 refused by tided (message printed); 2 bad usage; "
                "3 cannot reach tided;\n            4 timed out waiting for the reply; 5 keygen "
                "could not write its files\n"
-               "'tidectl COMMAND --help' shows a command's options.\n");
+               "'tidectl COMMAND --help' shows a command's options; --version the version.\n");
 }
 
 /* Index of the command word: the first argument that is neither a flag nor a flag's value. */
@@ -239,7 +240,12 @@ static int find_command(int argc, char **argv, int *help)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            *help = 1;
+            *help = TIDE_OPTS_HELP;
+            continue;
+        }
+        if (strcmp(a, "--version") == 0) {
+            if (*help != TIDE_OPTS_HELP)
+                *help = TIDE_OPTS_VERSION;
             continue;
         }
         if (strncmp(a, "--", 2) != 0)
@@ -257,6 +263,10 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
 {
     int help = 0;
     int ci = find_command(argc, argv, &help);
+    if (ci < 0 && help == TIDE_OPTS_VERSION) {
+        tide_version_print(out, "tidectl");
+        return TIDECTL_EXIT_OK;
+    }
     if (ci < 0) {
         print_usage(help ? out : err);
         return help ? TIDECTL_EXIT_OK : TIDECTL_EXIT_USAGE;
@@ -292,6 +302,10 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
     if (tide_opts_parse(table, argc, argv, &npos, &help) != TIDE_OK) {
         fprintf(err, "tidectl %s: %s\n", cmd->name, tide_last_error());
         return TIDECTL_EXIT_USAGE;
+    }
+    if (help == TIDE_OPTS_VERSION) {
+        tide_version_print(out, "tidectl");
+        return TIDECTL_EXIT_OK;
     }
     if (help) {
         char syn[256];

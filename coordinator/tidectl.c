@@ -214,8 +214,12 @@ static void print_usage(FILE *f)
 {
     fprintf(f, "usage: tidectl [--endpoint E] [--timeout-ms MS] [--key F --server-key F] [--json] "
                "COMMAND ...\n\ncommands:\n");
+    int width = 0; /* names and summaries apart by two spaces at least (help2man reads them) */
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        if ((int)strlen(commands[i].name) > width)
+            width = (int)strlen(commands[i].name);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-*s  %s\n", width, commands[i].name, commands[i].summary);
     fprintf(f, "\nglobal options:\n");
     for (size_t i = 0; i < N_GLOBAL; i++) {
         char flag[40];

@@ -18,6 +18,6 @@ endif()
 if(TARGET tided AND TARGET tidectl AND TARGET tide-ckpt)
   add_test(NAME test_dist
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_dist.sh ${PROJECT_BINARY_DIR}
-                   ${PROJECT_SOURCE_DIR} ${PROJECT_VERSION})
+                   ${PROJECT_SOURCE_DIR} ${PROJECT_VERSION} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_dist "install" 120)
 endif()

@@ -9,9 +9,11 @@
 #     tided puts its state under $STATE_DIRECTORY when neither --state nor TIDE_STATE is
 #     given (the current directory otherwise, --state over both);
 #   - tide.pc names MPI through pkg-config (Requires) and carries no absolute path.
-#   usage: test_dist.sh BUILD_DIR SOURCE_DIR PROJECT_VERSION
+#   usage: test_dist.sh BUILD_DIR SOURCE_DIR PROJECT_VERSION MPIRUN [MPIRUN FLAGS...]
 set -euo pipefail
 BUILD=$1 SRC=$2 VERSION=$3
+shift 3
+MPIRUN=("$@")
 WORK=$(mktemp -d /tmp/tide-dist.XXXXXX)
 TIDED_PID=""
 cleanup() {
@@ -29,23 +31,24 @@ cmake --install "$BUILD" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1 ||
 P="$WORK/prefix"
 
 # --version
-version_of() { # PROGRAM NAME [ENV...]
-  local out
-  out=$("$1" --version) || fail "$2 --version exited with $?"
-  [ "$(wc -l <<<"$out")" -eq 1 ] || fail "$2 --version printed more than one line: $out"
+version_of() { # NAME PROGRAM [LAUNCHER...]: PROGRAM --version run under LAUNCHER
+  local name=$1 prog=$2 out
+  shift 2
+  out=$("$@" "$prog" --version) || fail "$name --version exited with $?"
+  [ "$(wc -l <<<"$out")" -eq 1 ] || fail "$name --version printed more than one line: $out"
   case "$out" in
-    "$2 (tide) $VERSION"*) ;;
-    *) fail "$2 --version printed '$out', not '$2 (tide) $VERSION...'" ;;
+    "$name (tide) $VERSION"*) ;;
+    *) fail "$name --version printed '$out', not '$name (tide) $VERSION...'" ;;
   esac
 }
-version_of "$P/bin/tided" tided
-version_of "$P/bin/tidectl" tidectl
-version_of "$P/bin/tide-ckpt" tide-ckpt
-version_of "$(find "$P" -name tide-offline-run -type f | head -n 1)" tide-offline-run
+version_of tided "$P/bin/tided"
+version_of tidectl "$P/bin/tidectl"
+version_of tide-ckpt "$P/bin/tide-ckpt"
+version_of tide-offline-run "$(find "$P" -name tide-offline-run -type f | head -n 1)"
 out=$("$P/bin/tidectl" status --version) && [[ "$out" == "tidectl (tide) $VERSION"* ]] ||
   fail "tidectl status --version printed '$out'"
-if [ -x "$BUILD/examples/train_mlp" ]; then # an MPI program: a singleton, no mpirun
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 version_of "$BUILD/examples/train_mlp" train_mlp
+if [ -x "$BUILD/examples/train_mlp" ]; then # an MPI program: printed by rank 0 alone
+  version_of train_mlp "$BUILD/examples/train_mlp" "${MPIRUN[@]}" -np 2
 fi
 
 # man pages

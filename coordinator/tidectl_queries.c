@@ -112,10 +112,14 @@ static void print_attempt(FILE *out, const char *job, const tide_proto_attempt_r
         fputs(a->tail, out);
         if (a->tail[strlen(a->tail) - 1] != '\n')
             fputc('\n', out);
-        fprintf(out,
-                "[tidectl: the last %zu bytes, as the worker reported them at the end; the "
-                "whole output is in %s on %s]\n",
-                strlen(a->tail), a->log[0] ? a->log : "no file", a->host);
+        if (a->log[0] == '\0') /* a plugin's attempt, or a command that never started */
+            fprintf(out, "[tidectl: as the worker on %s reported it at the end; no output file]\n",
+                    a->host);
+        else
+            fprintf(out,
+                    "[tidectl: the last %zu bytes, as the worker reported them at the end; the "
+                    "whole output is in %s on %s]\n",
+                    strlen(a->tail), a->log, a->host);
     } else if (a->state == TIDE_JOB_RUNNING) {
         fprintf(out, "[tidectl: no end reported yet; the output so far is in %s on %s]\n",
                 a->log[0] ? a->log : "no file", a->host);

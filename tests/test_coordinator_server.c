@@ -1389,6 +1389,12 @@ Test(tided, only_failures_use_up_attempts_and_retries_back_off_elsewhere, .init 
     cr_assert_eq(ev->attempts, 4);
     tide_msg_clear(&r);
     cr_assert_eq(count_events(admin, "offline_failed"), 1);
+    /* the event says why, from the last line the attempt wrote (a loader's error, say) */
+    char detail[1024];
+    cr_assert(event_detail(admin, "offline_failed", detail, sizeof detail));
+    cr_expect(strstr(detail, "attempt 4 on worker ") != NULL &&
+                  strstr(detail, "ended failed (exit code 2): boom again; gave up") != NULL,
+              "%s", detail);
     cr_assert_neq(next_assign(w, 3, 5, &att, 800), 3, "a failed job is not run again");
     zmq_close(admin);
     for (int i = 0; i < 5; i++)

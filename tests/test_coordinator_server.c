@@ -734,8 +734,14 @@ Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = te
     for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r.u.status_reply.rows[i];
         cr_assert_str_eq(g->job, "", "worker %d still shows job %s", g->worker, g->job);
-        if (g->worker == w[1].id)
+        if (g->worker == w[1].id) {
             cr_assert_eq(g->state, TIDE_WORKER_IDLE);
+            /* which process the row is: its launch, its rank there, its pid on host0 */
+            cr_assert_str_eq(g->pool, POOL);
+            cr_assert_eq(g->pool_rank, 1);
+            cr_assert_eq(g->pid, 1001);
+            cr_assert_str_eq(g->host, "host0");
+        }
     }
     tide_msg_clear(&r);
     /* no layout or prepare reaches the survivor: the next message it sees is its bye's ok */

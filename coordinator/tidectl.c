@@ -46,8 +46,9 @@ typedef struct command {
 
 static const command_t commands[] = {
     {"status",
-     "status [--all] [--job JOB] [--json]",
-     "table of GPUs: host, device, state, job, role, step, bubble %",
+     "status [--all] [--job JOB] [-o wide] [--watch [--interval MS] [--count N]] [--json]",
+     "table of GPUs: host, device, state, job, role, step, bubble %; -o wide adds each "
+     "worker's pool, rank in it and process id",
      tidectl__cmd_status,
      0,
      0,
@@ -57,6 +58,15 @@ static const command_t commands[] = {
        "only this job's workers: the ranks of its launches (online), the worker running it "
        "(offline)",
        0, 0},
+      {"output", NULL, TIDE_OPT_STRING, V(output), NULL,
+       "wide: also POOL, RANK (MPI rank in the pool) and PID, the process on HOST (-o wide)", 0,
+       0},
+      {"watch", NULL, TIDE_OPT_BOOL, V(watch), "0",
+       "redraw every --interval ms until Ctrl-C (--json: one line per refresh)", 0, 0},
+      {"interval", NULL, TIDE_OPT_INT, V(interval_ms), "1000", "with --watch: refresh period in ms",
+       50, 3600000},
+      {"count", NULL, TIDE_OPT_INT, V(count), "0",
+       "with --watch: stop after N refreshes (0: until Ctrl-C)", 0, 1000000000},
       OPT_END}},
     {"jobs",
      "jobs [--json]",
@@ -238,6 +248,16 @@ static void print_usage(FILE *f)
                "'tidectl COMMAND --help' shows a command's options; --version the version.\n");
 }
 
+/* `-o FORMAT`, kubectl's spelling that operators type by habit, is --output FORMAT (up to a
+   "--", after which the arguments are a command's). */
+static void long_output_flag(int argc, char **argv)
+{
+    static char output[] = "--output";
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "-o") == 0)
+            argv[i] = output;
+}
+
 /* Index of the command word: the first argument that is neither a flag nor a flag's value. */
 static int find_command(int argc, char **argv, int *help)
 {
@@ -266,6 +286,7 @@ static int find_command(int argc, char **argv, int *help)
 int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
 {
     int help = 0;
+    long_output_flag(argc, argv);
     int ci = find_command(argc, argv, &help);
     if (ci < 0 && help == TIDE_OPTS_VERSION) {
         tide_version_print(out, "tidectl");

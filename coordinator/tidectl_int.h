@@ -60,6 +60,8 @@ typedef struct settings {
     int force;
     /* status */
     const char *job;
+    const char *output; /* "wide" or NULL */
+    int watch;
 } settings_t;
 
 /* One DEALER socket to tided, with a monitor that tells why a call failed. */

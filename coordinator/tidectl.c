@@ -248,16 +248,6 @@ static void print_usage(FILE *f)
                "'tidectl COMMAND --help' shows a command's options; --version the version.\n");
 }
 
-/* `-o FORMAT`, kubectl's spelling that operators type by habit, is --output FORMAT (up to a
-   "--", after which the arguments are a command's). */
-static void long_output_flag(int argc, char **argv)
-{
-    static char output[] = "--output";
-    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
-        if (strcmp(argv[i], "-o") == 0)
-            argv[i] = output;
-}
-
 /* Index of the command word: the first argument that is neither a flag nor a flag's value. */
 static int find_command(int argc, char **argv, int *help)
 {
@@ -286,7 +276,6 @@ static int find_command(int argc, char **argv, int *help)
 int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
 {
     int help = 0;
-    long_output_flag(argc, argv);
     int ci = find_command(argc, argv, &help);
     if (ci < 0 && help == TIDE_OPTS_VERSION) {
         tide_version_print(out, "tidectl");

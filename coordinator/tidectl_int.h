@@ -60,8 +60,7 @@ typedef struct settings {
     int force;
     /* status */
     const char *job;
-    const char *output; /* "wide" or NULL */
-    int watch;
+    int watch; /* status --watch (status -o wide sets `output` above) */
 } settings_t;
 
 /* One DEALER socket to tided, with a monitor that tells why a call failed. */

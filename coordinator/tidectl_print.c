@@ -210,9 +210,6 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
             const tide_proto_gpu_row_t *g = &r->rows[i];
             fprintf(out, "%s{\"worker\":%d,\"host\":", i ? "," : "", g->worker);
             tidectl_json_str(out, g->host);
-            fprintf(out, ",\"pid\":%d,\"pool\":", g->pid);
-            tidectl__json_str_or_null(out, g->pool);
-            fprintf(out, ",\"pool_rank\":%d", g->pool_rank);
             fprintf(out,
                     ",\"device\":%d,\"kind\":\"%s\",\"state\":\"%s\",\"mem_bytes\":%llu,\"job\":",
                     g->device, tide_proto_device_kind_name(g->kind),
@@ -223,7 +220,11 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
                     "\"offline\":",
                     g->stage, g->dp_rank, g->tp_rank, (unsigned long long)g->step, g->bubble_pct);
             tidectl__json_str_or_null(out, g->offline);
-            fprintf(out, ",\"last_seen_ms\":%lld}", (long long)g->last_seen_ms);
+            /* keys added later go last: scripts match the earlier ones in order */
+            fprintf(out, ",\"last_seen_ms\":%lld,\"pid\":%d,\"pool\":", (long long)g->last_seen_ms,
+                    g->pid);
+            tidectl__json_str_or_null(out, g->pool);
+            fprintf(out, ",\"pool_rank\":%d}", g->pool_rank);
         }
         fputs("]}", out);
     }

@@ -75,6 +75,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "core/version.h"
 #include "reshard/reshard.h"
 
 #if defined(TIDE_HAVE_NCCL)
@@ -892,7 +893,9 @@ int main(int argc, char **argv)
     }
     tide_status rc = tide_opts_parse(opts, argc, argv, &npos, &help);
     if (rc != TIDE_OK || help) {
-        if (me == 0) {
+        if (me == 0 && rc == TIDE_OK && help == TIDE_OPTS_VERSION)
+            tide_version_print(stdout, "reshard_bench");
+        else if (me == 0) {
             if (rc != TIDE_OK)
                 fprintf(stderr, "reshard_bench: %s\n", tide_last_error());
             tide_opts_usage(stderr, "mpirun -np 8 reshard_bench", "[options]", opts);

@@ -458,9 +458,18 @@ void tide_ckpt_shard_info(const tide_ckpt_t *ck, size_t k, int *p, int *d, int *
 
 tide_status tide_ckpt_verify(const tide_ckpt_t *ck)
 {
+    return tide_ckpt_verify_progress(ck, NULL, NULL);
+}
+
+tide_status tide_ckpt_verify_progress(const tide_ckpt_t *ck, tide_ckpt_progress_fn progress,
+                                      void *arg)
+{
     uint8_t *buf = tide_malloc(ck->chunk);
     if (buf == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory verifying %s", ck->dir);
+    uint64_t total = 0, done = 0;
+    for (size_t k = 0; k < ck->n_shards; k++)
+        total += ck->shards[k].bytes;
     tide_status rc = TIDE_OK;
     for (size_t k = 0; k < ck->n_shards && rc == TIDE_OK; k++) {
         const tide__ckpt_shard *s = &ck->shards[k];
@@ -484,6 +493,9 @@ tide_status tide_ckpt_verify(const tide_ckpt_t *ck)
                                  "%s is corrupted: bytes %" PRIu64 "..%" PRIu64
                                  " do not match the manifest's checksum",
                                  path, off, off + n - 1);
+            done += n;
+            if (rc == TIDE_OK && progress != NULL)
+                progress(arg, done, total);
         }
         close(fd);
     }

@@ -150,6 +150,14 @@ void tide_ckpt_shard_info(const tide_ckpt_t *ck, size_t k, int *p, int *d, int *
  */
 tide_status tide_ckpt_verify(const tide_ckpt_t *ck);
 
+/* Told the bytes checked so far of all shards' total, after every chunk (a GiB shard is
+   many calls); on the verifying thread, between reads. */
+typedef void (*tide_ckpt_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/* tide_ckpt_verify, calling progress (when not NULL) with arg as it goes. */
+tide_status tide_ckpt_verify_progress(const tide_ckpt_t *ck, tide_ckpt_progress_fn progress,
+                                      void *arg);
+
 /*
  * Checks that c describes the same tensors as the checkpoint (names, dtypes, shapes,
  * rules, layers); TIDE_ERR_INVALID naming the first difference otherwise.

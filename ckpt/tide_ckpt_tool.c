@@ -10,6 +10,8 @@
  *
  * DIR is a checkpoint directory (it holds a MANIFEST) or a root of step-N directories
  * (the newest complete one is used). Exit status: 0 ok, 1 the checkpoint is bad, 2 usage.
+ * On a terminal, verify and convert redraw a progress line on stderr as they go (GiBs
+ * take minutes) and erase it at the end; into a pipe or a file they print nothing more.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,8 +24,61 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/opts.h"
+#include "core/version.h"
 
 #define PATH_LEN 4096
+
+#define PROGRESS_NS 100000000ull /* redraw at most 10 times a second */
+
+/* The progress line of one operation; off unless stderr is a terminal. */
+typedef struct progress {
+    int on, shown;
+    const char *what; /* "verify", "convert" */
+    uint64_t t0, last;
+} progress;
+
+static void progress_init(progress *p, const char *what)
+{
+    memset(p, 0, sizeof *p);
+    p->on = isatty(STDERR_FILENO);
+    p->what = what;
+    p->t0 = tide_now_ns();
+}
+
+/* Redraws "what: done of total (pct), rate" with extra after it, when the last redraw is
+   old enough or the work is done. */
+static void progress_show(progress *p, uint64_t done, uint64_t total, const char *extra)
+{
+    if (!p->on)
+        return;
+    uint64_t now = tide_now_ns();
+    if (p->shown && done < total && now - p->last < PROGRESS_NS)
+        return;
+    p->last = now;
+    p->shown = 1;
+    double unit = total >= (1ull << 30) ? 1073741824.0 : 1048576.0;
+    const char *uname = total >= (1ull << 30) ? "GiB" : "MiB";
+    double s = (double)(now - p->t0) * 1e-9;
+    fprintf(stderr, "\r\033[K%s: %.1f of %.1f %s (%.0f%%)%s, %.0f MiB/s", p->what,
+            (double)done / unit, (double)total / unit, uname,
+            total ? 100.0 * (double)done / (double)total : 100.0, extra ? extra : "",
+            s > 0 ? (double)done / 1048576.0 / s : 0.0);
+    fflush(stderr);
+}
+
+/* Erases the line, so that what follows reads as it would without a terminal. */
+static void progress_end(progress *p)
+{
+    if (p->shown) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+}
+
+static void verify_progress(void *arg, uint64_t done, uint64_t total)
+{
+    progress_show(arg, done, total, NULL);
+}
 
 static int fail(const char *what)
 {
@@ -88,7 +143,11 @@ static int cmd_verify(const char *arg)
     if (open_any(arg, &ck) != 0)
         return 1;
     uint64_t t0 = tide_now_ns();
-    if (tide_ckpt_verify(ck) != TIDE_OK) {
+    progress pr;
+    progress_init(&pr, "verify");
+    tide_status rc = tide_ckpt_verify_progress(ck, verify_progress, &pr);
+    progress_end(&pr);
+    if (rc != TIDE_OK) {
         tide_ckpt_close(&ck);
         return fail("verify");
     }
@@ -98,6 +157,17 @@ static int cmd_verify(const char *arg)
            (double)(tide_now_ns() - t0) * 1e-6);
     tide_ckpt_close(&ck);
     return 0;
+}
+
+/* Bytes of the shard of coordinate (p, d, t) of l. */
+static uint64_t coord_bytes(const tide_layout_t *l, const tide_collection_t *c, int p, int d,
+                            int t)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < tide_collection_size(c); i++)
+        if (tide_ckpt_saves(l, c, i, p, d, t))
+            b += tide_shard_bytes(l, c, i, p, d, t);
+    return b;
 }
 
 /* Loads coordinate (p, d, t) of l from ck into fresh host buffers and writes its shard. */
@@ -139,7 +209,12 @@ static int cmd_convert(int argc, char **argv)
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0, help = 0;
-    if (tide_opts_parse(opts, argc, argv, &npos, &help) != TIDE_OK || help || npos != 2) {
+    tide_status prc = tide_opts_parse(opts, argc, argv, &npos, &help);
+    if (prc == TIDE_OK && help == TIDE_OPTS_VERSION) {
+        tide_version_print(stdout, "tide-ckpt");
+        return 0;
+    }
+    if (prc != TIDE_OK || help || npos != 2) {
         if (!help)
             fprintf(stderr, "tide-ckpt convert: %s\n",
                     npos != 2 ? "needs DIR and OUT" : tide_last_error());
@@ -166,13 +241,32 @@ static int cmd_convert(int argc, char **argv)
         goto out;
     }
     tide_ckpt_step_dir(out_root, tide_ckpt_step(ck), dir, sizeof dir);
+    progress pr;
+    progress_init(&pr, "convert");
+    uint64_t total = 0, done = 0;
     for (int p = 0; p < l->pp; p++)
         for (int d = 0; d < l->dp; d++)
             for (int t = 0; t < l->tp; t++)
+                total += coord_bytes(l, c, p, d, t);
+    int n_shards = l->pp * l->dp * l->tp, k = 0;
+    for (int p = 0; p < l->pp; p++)
+        for (int d = 0; d < l->dp; d++)
+            for (int t = 0; t < l->tp; t++) {
+                char extra[64];
+                snprintf(extra, sizeof extra, ", shard %d of %d", k + 1, n_shards);
+                progress_show(&pr, done, total, extra);
                 if (convert_one(ck, l, p, d, t, dir, save_id) != TIDE_OK) {
+                    progress_end(&pr);
                     code = fail("convert");
                     goto out;
                 }
+                done += coord_bytes(l, c, p, d, t);
+                k++;
+            }
+    char fin[64];
+    snprintf(fin, sizeof fin, ", %d shards", n_shards);
+    progress_show(&pr, done, total, fin);
+    progress_end(&pr);
     if (tide_ckpt_publish(dir, l, c, tide_ckpt_step(ck), save_id, 0) != TIDE_OK) {
         code = fail("publish");
         goto out;
@@ -192,6 +286,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: tide-ckpt info DIR\n"
                "       tide-ckpt verify DIR\n"
                "       tide-ckpt convert DIR OUT --dp N --tp N --pp N [--stages 0-1,2-3]\n"
+               "       tide-ckpt --version\n"
                "DIR: a checkpoint directory or a root of step-N directories (newest complete)\n");
 }
 
@@ -199,6 +294,10 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         usage(stdout);
+        return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+        tide_version_print(stdout, "tide-ckpt");
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "info") == 0)

@@ -43,6 +43,23 @@ struct tide__metrics {
 static int poll_items(tide_server_t *s, zmq_pollitem_t *items, int max);
 static void handle(tide_server_t *s, const zmq_pollitem_t *items, int n);
 
+/* Upper bounds (s) of the resize duration buckets: a live switch takes tens of ms to a
+   few s, a recovery from a checkpoint or a slow plan longer, --resize-timeout-ms (120 s
+   by default) ends the rest. */
+static const double resize_bounds_s[TIDE_COORD_RESIZE_BUCKETS] = {
+    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+};
+
+void tide__metrics_resize_observe(tide_coord_counters *c, uint64_t dur_ns)
+{
+    for (int i = 0; i < TIDE_COORD_RESIZE_BUCKETS; i++)
+        if ((double)dur_ns <= resize_bounds_s[i] * 1e9) {
+            c->resize_le[i]++;
+            return;
+        }
+    /* beyond the last bound: only +Inf (the count) holds it */
+}
+
 tide_status tide__metrics_open(tide_server_t *s, const char *addr)
 {
     char host[64];
@@ -186,6 +203,24 @@ static const char *label(const char *v, char *buf, size_t len)
     return buf;
 }
 
+/* The histogram of committed resize durations (seconds). */
+static void put_resize_histogram(text *t, const tide_coord_counters *c)
+{
+    put(t, "# HELP tide_resize_duration_seconds Time from resize request to committed "
+           "generation.\n# TYPE tide_resize_duration_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < TIDE_COORD_RESIZE_BUCKETS; i++) {
+        cum += c->resize_le[i];
+        put(t, "tide_resize_duration_seconds_bucket{le=\"%g\"} %llu\n", resize_bounds_s[i],
+            (unsigned long long)cum);
+    }
+    put(t,
+        "tide_resize_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+        "tide_resize_duration_seconds_sum %.6f\ntide_resize_duration_seconds_count %llu\n",
+        (unsigned long long)c->resizes_committed, (double)c->resize_ns_sum / 1e9,
+        (unsigned long long)c->resizes_committed);
+}
+
 /* One series per registered worker, labelled worker="ID": tided's worker id, the one
    tidectl status, drain, events and libtide's tide_worker_id name. */
 static void put_workers(text *t, tide_coord_state_t *st)
@@ -267,13 +302,8 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "%llu\n"
         "# HELP tide_recoveries_total Recoveries started after lost workers.\n"
         "# TYPE tide_recoveries_total counter\ntide_recoveries_total %llu\n"
-        "# HELP tide_resize_duration_seconds Time from resize request to committed generation.\n"
-        "# TYPE tide_resize_duration_seconds summary\n"
-        "tide_resize_duration_seconds_sum %.6f\ntide_resize_duration_seconds_count %llu\n"
-        "# HELP tide_resize_duration_max_seconds Longest committed switch.\n"
-        "# TYPE tide_resize_duration_max_seconds gauge\ntide_resize_duration_max_seconds %.6f\n"
-        "# HELP tide_bytes_resharded_total Bytes moved by committed switches.\n"
-        "# TYPE tide_bytes_resharded_total counter\ntide_bytes_resharded_total %llu\n"
+        "# HELP tide_resharded_bytes_total Bytes moved by committed switches.\n"
+        "# TYPE tide_resharded_bytes_total counter\ntide_resharded_bytes_total %llu\n"
         "# HELP tide_bubble_seconds_total Pipeline bubble time reported by workers.\n"
         "# TYPE tide_bubble_seconds_total counter\ntide_bubble_seconds_total %.6f\n"
         "# HELP tide_bubble_filled_seconds_total Bubble time used by offline task steps (worker-"
@@ -296,13 +326,13 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "# HELP tide_clients_cut_total Connections cut for the bytes libzmq held of them "
         "(--max-client-mb).\n# TYPE tide_clients_cut_total counter\ntide_clients_cut_total %llu\n",
         (unsigned long long)c->resizes_committed, (unsigned long long)c->resizes_aborted,
-        (unsigned long long)c->recoveries, (double)c->resize_ns_sum / 1e9,
-        (unsigned long long)c->resizes_committed, (double)c->resize_ns_max / 1e9,
-        (unsigned long long)c->bytes_resharded, (double)s->bubbles.bubble_ns / 1e9,
-        (double)s->bubbles.filled_ns / 1e9, (unsigned long long)c->preemptions,
+        (unsigned long long)c->recoveries, (unsigned long long)c->bytes_resharded,
+        (double)s->bubbles.bubble_ns / 1e9, (double)s->bubbles.filled_ns / 1e9,
+        (unsigned long long)c->preemptions,
         (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
         (unsigned long long)c->heartbeat_msgs, (unsigned long long)c->bad_requests,
         (unsigned long long)c->denied, (unsigned long long)c->clients_cut);
+    put_resize_histogram(&t, c);
     put(&t,
         "# HELP tide_busy_refusals_total Requests refused because their client used its share "
         "of a pass.\n# TYPE tide_busy_refusals_total counter\ntide_busy_refusals_total %llu\n"

@@ -16,4 +16,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len);
 /* Closes the listener and its clients; frees s->metrics (NULL is fine). */
 void tide__metrics_close(tide_server_t *s);
 
+/* Counts a committed resize of dur ns in the duration histogram's bucket. Loop thread. */
+void tide__metrics_resize_observe(tide_coord_counters *c, uint64_t dur_ns);
+
 #endif /* TIDE_COORD_METRICS_H */

@@ -143,6 +143,9 @@ static void status_row(tide_server_t *s, const tide_coord_worker_t *w, int64_t w
 {
     r->worker = w->id;
     copy_name(r->host, sizeof r->host, w->host[0] ? w->host : "?");
+    r->pid = w->pid > 0 ? w->pid : 0;
+    copy_name(r->pool, sizeof r->pool, w->pool);
+    r->pool_rank = w->rank;
     r->device = w->device < 0 ? 0 : w->device;
     r->kind = w->kind ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
     r->state = (tide_proto_worker_state_t)w->state;

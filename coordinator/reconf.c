@@ -55,6 +55,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "coordinator/members.h"
+#include "coordinator/metrics.h"
 #include "coordinator/offline.h"
 #include "coordinator/policy.h"
 #include "coordinator/reconf.h"
@@ -532,6 +533,7 @@ void tide__reconf_commit(tide_server_t *s, tide_coord_job_t *j)
     c->resize_ns_sum += dur;
     if (dur > c->resize_ns_max)
         c->resize_ns_max = dur;
+    tide__metrics_resize_observe(c, dur);
     c->bytes_resharded += r->bytes_moved > r->planned_bytes ? r->bytes_moved : r->planned_bytes;
     if (r->join_pool >= 0 && r->join_pool < j->n_pools) {
         tide_coord_job_pool *jp = &j->pools[r->join_pool];

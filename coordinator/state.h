@@ -250,6 +250,9 @@ typedef struct tide_coord_job {
     uint64_t retry_at_ns; /* monotonic: not offered to a worker before (backoff), 0: now */
 } tide_coord_job_t;
 
+/* Buckets of the resize duration histogram; their bounds are in coordinator/metrics.c. */
+#define TIDE_COORD_RESIZE_BUCKETS 12
+
 /* Counters exported as metrics; monotonically increasing unless noted. */
 typedef struct tide_coord_counters {
     uint64_t resizes_committed;
@@ -257,6 +260,8 @@ typedef struct tide_coord_counters {
     uint64_t recoveries;
     uint64_t resize_ns_sum;   /* ns, summed over committed resizes */
     uint64_t resize_ns_max;   /* ns, largest single resize */
+    uint64_t resize_le[TIDE_COORD_RESIZE_BUCKETS]; /* committed resizes per duration bucket
+                                                      (not cumulative; beyond the last: none) */
     uint64_t bytes_resharded; /* bytes, planned bytes_sent of committed resizes */
     uint64_t preemptions;
     uint64_t requests;

@@ -23,6 +23,7 @@
 #include "coordinator/tidectl_int.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "core/version.h"
 
 #define OPT_END                                                                                    \
     {                                                                                              \
@@ -45,8 +46,9 @@ typedef struct command {
 
 static const command_t commands[] = {
     {"status",
-     "status [--all] [--job JOB] [--json]",
-     "table of GPUs: host, device, state, job, role, step, bubble %",
+     "status [--all] [--job JOB] [-o wide] [--watch [--interval MS] [--count N]] [--json]",
+     "table of GPUs: host, device, state, job, role, step, bubble %; -o wide adds each "
+     "worker's pool, rank in it and process id",
      tidectl__cmd_status,
      0,
      0,
@@ -56,6 +58,15 @@ static const command_t commands[] = {
        "only this job's workers: the ranks of its launches (online), the worker running it "
        "(offline)",
        0, 0},
+      {"output", NULL, TIDE_OPT_STRING, V(output), NULL,
+       "wide: also POOL, RANK (MPI rank in the pool) and PID, the process on HOST (-o wide)", 0,
+       0},
+      {"watch", NULL, TIDE_OPT_BOOL, V(watch), "0",
+       "redraw every --interval ms until Ctrl-C (--json: one line per refresh)", 0, 0},
+      {"interval", NULL, TIDE_OPT_INT, V(interval_ms), "1000", "with --watch: refresh period in ms",
+       50, 3600000},
+      {"count", NULL, TIDE_OPT_INT, V(count), "0",
+       "with --watch: stop after N refreshes (0: until Ctrl-C)", 0, 1000000000},
       OPT_END}},
     {"jobs",
      "jobs [--json]",
@@ -244,8 +255,12 @@ static void print_usage(FILE *f)
 {
     fprintf(f, "usage: tidectl [--endpoint E] [--timeout-ms MS] [--key F --server-key F] [--json] "
                "COMMAND ...\n\ncommands:\n");
+    int width = 0; /* names and summaries apart by two spaces at least (help2man reads them) */
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        if ((int)strlen(commands[i].name) > width)
+            width = (int)strlen(commands[i].name);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-*s  %s\n", width, commands[i].name, commands[i].summary);
     fprintf(f, "\nglobal options:\n");
     for (size_t i = 0; i < N_GLOBAL; i++) {
         char flag[40];
@@ -262,7 +277,7 @@ static void print_usage(FILE *f)
                "3 cannot reach tided;\n            4 timed out waiting for the reply (or --wait for "
                "the switch); 5 keygen could not write its files;\n            6 --wait: the "
                "switch was aborted (reason printed)\n"
-               "'tidectl COMMAND --help' shows a command's options.\n");
+               "'tidectl COMMAND --help' shows a command's options; --version the version.\n");
 }
 
 /* Index of the command word: the first argument that is neither a flag nor a flag's value. */
@@ -271,7 +286,12 @@ static int find_command(int argc, char **argv, int *help)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            *help = 1;
+            *help = TIDE_OPTS_HELP;
+            continue;
+        }
+        if (strcmp(a, "--version") == 0) {
+            if (*help != TIDE_OPTS_HELP)
+                *help = TIDE_OPTS_VERSION;
             continue;
         }
         if (strncmp(a, "--", 2) != 0)
@@ -289,6 +309,10 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
 {
     int help = 0;
     int ci = find_command(argc, argv, &help);
+    if (ci < 0 && help == TIDE_OPTS_VERSION) {
+        tide_version_print(out, "tidectl");
+        return TIDECTL_EXIT_OK;
+    }
     if (ci < 0) {
         print_usage(help ? out : err);
         return help ? TIDECTL_EXIT_OK : TIDECTL_EXIT_USAGE;
@@ -324,6 +348,10 @@ int tidectl_main(int argc, char **argv, FILE *out, FILE *err)
     if (tide_opts_parse(table, argc, argv, &npos, &help) != TIDE_OK) {
         fprintf(err, "tidectl %s: %s\n", cmd->name, tide_last_error());
         return TIDECTL_EXIT_USAGE;
+    }
+    if (help == TIDE_OPTS_VERSION) {
+        tide_version_print(out, "tidectl");
+        return TIDECTL_EXIT_OK;
     }
     if (help) {
         char syn[256];

@@ -50,9 +50,14 @@ const char *tidectl_fmt_bytes(uint64_t bytes, char *buf, size_t len);
  * path is taken as the public key itself when secret is NULL. */
 tide_status tidectl_read_key(const char *path_or_z85, char *pub, char *secret);
 
+/* How tidectl_print_status prints: the table, one JSON document, or the table with each
+   worker's pool, pool rank and process id (-o wide). */
+enum { TIDECTL_TABLE = 0, TIDECTL_JSON = 1, TIDECTL_WIDE = 2 };
+
 /* Printers for replies: aligned tables, or one JSON document when json != 0 (events: one
-   JSON object per line, each row in the reply's order). */
-void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int json);
+   JSON object per line, each row in the reply's order; status: format, one of
+   TIDECTL_TABLE, TIDECTL_JSON, TIDECTL_WIDE). */
+void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int format);
 void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json);
 void tidectl_print_events(FILE *out, const tide_proto_events_reply_t *r, int json);
 void tidectl_print_resize(FILE *out, const tide_proto_resize_reply_t *r, int json);

@@ -64,6 +64,7 @@ typedef struct settings {
     int force;
     /* status */
     const char *job;
+    int watch; /* status --watch (status -o wide sets `output` above) */
 } settings_t;
 
 /* One DEALER socket to tided, with a monitor that tells why a call failed. */

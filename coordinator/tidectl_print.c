@@ -220,24 +220,32 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
                     "\"offline\":",
                     g->stage, g->dp_rank, g->tp_rank, (unsigned long long)g->step, g->bubble_pct);
             tidectl__json_str_or_null(out, g->offline);
-            fprintf(out, ",\"last_seen_ms\":%lld}", (long long)g->last_seen_ms);
+            /* keys added later go last: scripts match the earlier ones in order */
+            fprintf(out, ",\"last_seen_ms\":%lld,\"pid\":%d,\"pool\":", (long long)g->last_seen_ms,
+                    g->pid);
+            tidectl__json_str_or_null(out, g->pool);
+            fprintf(out, ",\"pool_rank\":%d}", g->pool_rank);
         }
         fputs("]}", out);
     }
 }
 
-void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int json)
+void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int format)
 {
-    if (json) {
+    if (format == TIDECTL_JSON) {
         tidectl__status_json(out, r);
         fputc('\n', out);
         return;
     }
-    static const char *const head[] = {"WORKER", "HOST", "DEV",     "KIND",   "STATE",   "JOB",
-                                       "ROLE",   "STEP", "BUBBLE%", "MEMORY", "OFFLINE", "SEEN"};
-    static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1};
+    /* wide: the columns that map a row to a process (which mpirun launch, which of its
+       ranks, which pid on HOST) after the usual ones */
+    static const char *const head[] = {"WORKER", "HOST",    "DEV",    "KIND",    "STATE",
+                                       "JOB",    "ROLE",    "STEP",   "BUBBLE%", "MEMORY",
+                                       "OFFLINE", "SEEN",   "POOL",   "RANK",    "PID"};
+    static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 1};
+    int wide = format == TIDECTL_WIDE;
     table_t t;
-    table_init(&t, 12, head, right);
+    table_init(&t, wide ? 15 : 12, head, right);
     int count[TIDE_WORKER_LEFT + 1] = {0};
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r->rows[i];
@@ -270,6 +278,14 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
                      fmt_ms((double)(r->time_ms - g->last_seen_ms), ago, sizeof ago));
         } else {
             snprintf(c[11], CELL, "-");
+        }
+        if (wide) {
+            tidectl__term_str(g->pool[0] ? g->pool : "-", 40, c[12], CELL);
+            snprintf(c[13], CELL, "%d", g->pool_rank);
+            if (g->pid > 0)
+                snprintf(c[14], CELL, "%d", g->pid);
+            else
+                snprintf(c[14], CELL, "-");
         }
     }
     fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed", r->n_rows,

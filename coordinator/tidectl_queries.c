@@ -11,6 +11,31 @@
 #include "coordinator/tidectl_int.h"
 #include "core/clock.h"
 
+/* One status listing printed in format; with --watch, a header above it (and on a
+   terminal the screen cleared first), round i of the refreshes. */
+static int status_once(settings_t *s, conn_t *c, const char *job, int format, long long i,
+                       FILE *out, FILE *err)
+{
+    tide_msg_t rep;
+    int rc = tidectl__fetch_status(c, s->all, job, &rep, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    if (s->watch && format != TIDECTL_JSON) {
+        char when[48];
+        if (isatty(fileno(out)))
+            fputs("\033[H\033[2J", out);
+        else if (i > 0)
+            fputc('\n', out);
+        fprintf(out, "tidectl status  %s  (%s, every %lld ms)\n\n",
+                tidectl__fmt_time(rep.u.status_reply.time_ms, when, sizeof when), s->endpoint,
+                s->interval_ms);
+    }
+    tidectl_print_status(out, &rep.u.status_reply, format);
+    fflush(out);
+    tide_msg_clear(&rep);
+    return TIDECTL_EXIT_OK;
+}
+
 int tidectl__cmd_status(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
     char job[TIDE_PROTO_NAME_MAX + 1] = "";
@@ -19,17 +44,27 @@ int tidectl__cmd_status(settings_t *s, int argc, char **argv, FILE *out, FILE *e
         if (vrc != TIDECTL_EXIT_OK)
             return vrc;
     }
+    int format = s->json ? TIDECTL_JSON : TIDECTL_TABLE;
+    if (s->output != NULL && strcmp(s->output, "wide") == 0 && !s->json)
+        format = TIDECTL_WIDE;
+    else if (s->output != NULL && strcmp(s->output, "wide") != 0)
+        return tidectl__usage_error(err, "status", "-o/--output takes 'wide', not '%s'",
+                                    s->output);
+    if (!s->watch && s->count != 0)
+        return tidectl__usage_error(err, "status", "--count needs --watch");
     conn_t c;
     int rc = tidectl__conn_open(&c, s, err);
     if (rc != TIDECTL_EXIT_OK)
         return rc;
-    tide_msg_t rep;
-    rc = tidectl__fetch_status(&c, s->all, job, &rep, err);
-    tidectl__conn_close(&c);
-    if (rc == TIDECTL_EXIT_OK) {
-        tidectl_print_status(out, &rep.u.status_reply, s->json);
-        tide_msg_clear(&rep);
+    for (long long i = 0; rc == TIDECTL_EXIT_OK && (!s->watch || s->count == 0 || i < s->count);
+         i++) {
+        if (i > 0)
+            tide_sleep_ms((uint64_t)s->interval_ms);
+        rc = status_once(s, &c, job, format, i, out, err);
+        if (!s->watch)
+            break;
     }
+    tidectl__conn_close(&c);
     return rc;
 }
 
@@ -112,10 +147,14 @@ static void print_attempt(FILE *out, const char *job, const tide_proto_attempt_r
         fputs(a->tail, out);
         if (a->tail[strlen(a->tail) - 1] != '\n')
             fputc('\n', out);
-        fprintf(out,
-                "[tidectl: the last %zu bytes, as the worker reported them at the end; the "
-                "whole output is in %s on %s]\n",
-                strlen(a->tail), a->log[0] ? a->log : "no file", a->host);
+        if (a->log[0] == '\0') /* a plugin's attempt, or a command that never started */
+            fprintf(out, "[tidectl: as the worker on %s reported it at the end; no output file]\n",
+                    a->host);
+        else
+            fprintf(out,
+                    "[tidectl: the last %zu bytes, as the worker reported them at the end; the "
+                    "whole output is in %s on %s]\n",
+                    strlen(a->tail), a->log, a->host);
     } else if (a->state == TIDE_JOB_RUNNING) {
         fprintf(out, "[tidectl: no end reported yet; the output so far is in %s on %s]\n",
                 a->log[0] ? a->log : "no file", a->host);

@@ -52,7 +52,28 @@ struct settings {
     long long elastic_interval_ms;
     double elastic_margin;
     int sync_full;
+    char state_buf[4096]; /* the default --state under systemd (default_state) */
 };
+
+/* The state file when --state and TIDE_STATE are absent: the service's state directory
+   (systemd sets $STATE_DIRECTORY from StateDirectory=, a colon-separated list whose first
+   entry is ours; dist/tided.service), else the current directory as always. *out points
+   to buf or to static text. Main thread. */
+static tide_status default_state(char *buf, size_t len, const char **out)
+{
+    const char *dirs = getenv("STATE_DIRECTORY");
+    if (dirs == NULL || dirs[0] == '\0' || dirs[0] == ':') {
+        *out = "./tide-state.db";
+        return TIDE_OK;
+    }
+    size_t n = strcspn(dirs, ":");
+    int w = snprintf(buf, len, "%.*s/state.db", (int)n, dirs);
+    if (w < 0 || (size_t)w >= len)
+        return tide_errorf(TIDE_ERR_INVALID, "$STATE_DIRECTORY is longer than a path (%zu bytes)",
+                           n);
+    *out = buf;
+    return TIDE_OK;
+}
 
 /* Reads the flags (TIDE_* defaults) into *s, checks and logs them; -1 to go on, else the
  * exit code (help printed: 0; bad settings: 2). */
@@ -63,8 +84,11 @@ static int read_settings(struct settings *s, int argc, char **argv)
          "ZeroMQ endpoint to bind (non-loopback needs --auth; port * picks a free one)", 0, 0},
         {"endpoint-file", "TIDE_ENDPOINT_FILE", TIDE_OPT_STRING, &s->endpoint_file, NULL,
          "write the bound endpoint to this file once listening", 0, 0},
-        {"state", "TIDE_STATE", TIDE_OPT_STRING, &s->state, "./tide-state.db",
-         "SQLite state file (WAL mode)", 0, 0},
+        {"state", "TIDE_STATE", TIDE_OPT_STRING, &s->state, NULL,
+         "SQLite state file (WAL mode); when not given: $STATE_DIRECTORY/state.db under "
+         "systemd (StateDirectory=tide: /var/lib/tide/state.db), else ./tide-state.db in the "
+         "current directory",
+         0, 0},
         {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s->sync_full, "1",
          "fsync every commit (survives power loss); --no-sync-full survives tided crashes only", 0,
          0},
@@ -155,6 +179,11 @@ static int read_settings(struct settings *s, int argc, char **argv)
         return 2;
     }
     tide_log_set_level(level);
+    if (s->state == NULL &&
+        default_state(s->state_buf, sizeof s->state_buf, &s->state) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
     tide_opts_log("tided", opts);
     return -1;
 }

@@ -485,6 +485,26 @@ static void save_attempt(tide_server_t *s, const tide_coord_job_t *j, const tide
     tide_free(a);
 }
 
+/* The last line of an attempt's output that says something, as one line of printable
+   text (other bytes as '?', cut at len - 1): why a failed attempt failed, for its event
+   (a loader's or exec's error is the last thing the attempt wrote). 0 when none. */
+static int last_line(const char *tail, char *out, size_t len)
+{
+    size_t end = strlen(tail);
+    while (end > 0 && (unsigned char)tail[end - 1] <= ' ')
+        end--;
+    size_t start = end;
+    while (start > 0 && tail[start - 1] != '\n')
+        start--;
+    size_t n = 0;
+    for (size_t i = start; i < end && n + 1 < len; i++) {
+        unsigned char c = (unsigned char)tail[i];
+        out[n++] = c >= ' ' && c < 0x7f ? (char)c : '?';
+    }
+    out[n] = '\0';
+    return n > 0;
+}
+
 void tide__on_offline_status(tide_server_t *s, const tide_msg_t *msg, const void *raw, size_t len)
 {
     (void)raw;
@@ -533,7 +553,7 @@ void tide__on_offline_status(tide_server_t *s, const tide_msg_t *msg, const void
         return;
     }
     if (j->state == TIDE_JS_ASSIGNED && j->worker == w->id) {
-        char why[160];
+        char why[600], last[320];
         if (m->state == TIDE_JOB_DONE) {
             j->state = TIDE_JS_DONE;
             j->worker = -1;
@@ -544,8 +564,11 @@ void tide__on_offline_status(tide_server_t *s, const tide_msg_t *msg, const void
                           w->id, j->attempts);
             tide__save_job(s, j);
         } else {
-            snprintf(why, sizeof why, "attempt %d on worker %d ended %s (exit code %d)",
-                     j->attempts, w->id, tide_proto_job_state_name(m->state), m->exit_code);
+            last[0] = '\0';
+            int said = m->state == TIDE_JOB_FAILED && last_line(m->tail, last, sizeof last);
+            snprintf(why, sizeof why, "attempt %d on worker %d ended %s (exit code %d)%s%s",
+                     j->attempts, w->id, tide_proto_job_state_name(m->state), m->exit_code,
+                     said ? ": " : "", last);
             tide__offline_requeue(s, j, w->id, m->state == TIDE_JOB_FAILED, why);
         }
     }

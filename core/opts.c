@@ -7,6 +7,7 @@
 #include "error.h"
 #include "log.h"
 #include "opts.h"
+#include "version.h"
 
 static tide_status parse_bool(const char *text, int *out)
 {
@@ -87,7 +88,12 @@ tide_status tide_opts_parse(const tide_opt *opts, int argc, char **argv, int *np
         char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             if (help)
-                *help = 1;
+                *help = TIDE_OPTS_HELP;
+            continue;
+        }
+        if (strcmp(arg, "--version") == 0) {
+            if (help && *help != TIDE_OPTS_HELP)
+                *help = TIDE_OPTS_VERSION;
             continue;
         }
         if (strcmp(arg, "--") == 0) {
@@ -140,6 +146,10 @@ int tide_opts_main(const tide_opt *opts, int argc, char **argv, const char *prog
         fprintf(stderr, "%s: %s\n", prog, tide_last_error());
         return 2;
     }
+    if (help == TIDE_OPTS_VERSION) {
+        tide_version_print(stdout, prog);
+        return 0;
+    }
     if (help) {
         tide_opts_usage(stdout, prog, "[options]", opts);
         return 0;
@@ -181,6 +191,7 @@ void tide_opts_usage(FILE *out, const char *prog, const char *synopsis, const ti
         fputc('\n', out);
     }
     fprintf(out, "  %-24s %s\n", "-h, --help", "show this help and exit");
+    fprintf(out, "  %-24s %s\n", "--version", "show the version and exit");
 }
 
 void tide_opts_log(const char *subsys, const tide_opt *opts)

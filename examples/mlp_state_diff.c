@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/opts.h"
+#include "core/version.h"
 #include "examples/mlp_statefile.h"
 
 int main(int argc, char **argv)
@@ -26,6 +27,10 @@ int main(int argc, char **argv)
         rc = tide_errorf(TIDE_ERR_INVALID, "expected two state files, got %d arguments", npos);
     if (rc == TIDE_OK && rtol < 0.0)
         rc = tide_errorf(TIDE_ERR_INVALID, "--rtol must be >= 0");
+    if (rc == TIDE_OK && help == TIDE_OPTS_VERSION) {
+        tide_version_print(stdout, "mlp_state_diff");
+        return 0;
+    }
     if (rc != TIDE_OK || help) {
         if (rc != TIDE_OK)
             fprintf(stderr, "mlp_state_diff: %s\n", tide_last_error());

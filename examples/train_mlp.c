@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "core/version.h"
 #include "examples/mlp.h"
 #include "examples/mlp_ckpt.h"
 #include "examples/mlp_mpi.h"
@@ -736,7 +737,9 @@ int main(int argc, char **argv)
     if (rc == TIDE_OK && ckpt_every > 0 && ckpt_save == NULL)
         rc = tide_errorf(TIDE_ERR_INVALID, "--ckpt-every needs --ckpt-save ROOT");
     if (rc != TIDE_OK || help) {
-        if (g_rank == 0) {
+        if (g_rank == 0 && rc == TIDE_OK && help == TIDE_OPTS_VERSION)
+            tide_version_print(stdout, "train_mlp");
+        else if (g_rank == 0) {
             if (rc != TIDE_OK)
                 fprintf(stderr, "train_mlp: %s\n", tide_last_error());
             tide_opts_usage(rc != TIDE_OK ? stderr : stdout, "train_mlp",

@@ -668,6 +668,9 @@ static const tide__field bubble_fields[] = {
 static const tide__field gpu_row_fields[] = {
     F_WORKER(tide_proto_gpu_row_t, worker),
     F_STR(tide_proto_gpu_row_t, host, "host", TIDE__CS_HOST, 1),
+    F_INT(tide_proto_gpu_row_t, pid, "pid", 0, INT32_MAX),
+    F_STR(tide_proto_gpu_row_t, pool, "pool", TIDE__CS_NAME, 0),
+    F_INT(tide_proto_gpu_row_t, pool_rank, "pool_rank", 0, TIDE_PROTO_WORKERS_MAX - 1),
     F_INT(tide_proto_gpu_row_t, device, "device", 0, TIDE_PROTO_DEVICE_MAX),
     F_ENUM(tide_proto_gpu_row_t, kind, "kind", device_kind_names),
     F_ENUM(tide_proto_gpu_row_t, state, "state", worker_state_names),

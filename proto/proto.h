@@ -502,6 +502,10 @@ typedef struct tide_proto_status {
 typedef struct tide_proto_gpu_row {
     int32_t worker;                        /* "worker" */
     char host[TIDE_PROTO_HOST_MAX + 1];    /* "host" */
+    int32_t pid;                           /* "pid": its process on host, [0, INT32_MAX], 0
+                                              when tided does not know it */
+    char pool[TIDE_PROTO_NAME_MAX + 1];    /* "pool": its launch (register's pool), or "" */
+    int32_t pool_rank;                     /* "pool_rank": its MPI rank in the pool */
     int device;                            /* "device" */
     tide_proto_device_kind_t kind;         /* "kind" */
     tide_proto_worker_state_t state;       /* "state" */

@@ -38,3 +38,13 @@ endif()
 if(TARGET tide_ckpt)
   tide_add_unit_test(test_ckpt_staging SOURCES test_ckpt_staging.c LIBS tide_ckpt)
 endif()
+
+# tide-ckpt verify / convert: a progress line on a terminal (script(1)), nothing more into
+# files (test_ckpt_progress).
+if(TARGET tide-ckpt AND TARGET train_mlp)
+  add_test(NAME test_ckpt_progress
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt_progress.sh
+                   $<TARGET_FILE:train_mlp> $<TARGET_FILE:tide-ckpt> ${TIDE_MPIEXEC}
+                   ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_ckpt_progress "mpi" 120)
+endif()

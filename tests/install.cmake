@@ -12,3 +12,12 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl)
   set_property(TEST test_install APPEND PROPERTY ENVIRONMENT
                "EXTRA_CFLAGS=${_tide_install_cflags}")
 endif()
+
+# The conventions of a system package: --version, man pages, tided's systemd unit and
+# state directory, tide.pc through pkg-config (tests/test_dist.sh).
+if(TARGET tided AND TARGET tidectl AND TARGET tide-ckpt)
+  add_test(NAME test_dist
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_dist.sh ${PROJECT_BINARY_DIR}
+                   ${PROJECT_SOURCE_DIR} ${PROJECT_VERSION} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_dist "install" 120)
+endif()

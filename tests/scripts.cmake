@@ -67,3 +67,10 @@ if(TIDE_HAVE_NCCL AND TARGET tided AND TARGET train_mlp AND TIDE_BUILD_BENCHMARK
                        PASS_REGULAR_EXPRESSION "test_gpu_bundle\\(check\\): passed"
                        FAIL_REGULAR_EXPRESSION "FAILED: ")
 endif()
+
+# benchmarks/report over canned results (tests/data/bench): the HTML page, its four
+# gnuplot plots and the numbers in them (tests/test_bench_report.sh; skipped without
+# gnuplot).
+add_test(NAME test_bench_report
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_report.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_bench_report PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)

@@ -734,8 +734,14 @@ Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = te
     for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r.u.status_reply.rows[i];
         cr_assert_str_eq(g->job, "", "worker %d still shows job %s", g->worker, g->job);
-        if (g->worker == w[1].id)
+        if (g->worker == w[1].id) {
             cr_assert_eq(g->state, TIDE_WORKER_IDLE);
+            /* which process the row is: its launch, its rank there, its pid on host0 */
+            cr_assert_str_eq(g->pool, POOL);
+            cr_assert_eq(g->pool_rank, 1);
+            cr_assert_eq(g->pid, 1001);
+            cr_assert_str_eq(g->host, "host0");
+        }
     }
     tide_msg_clear(&r);
     /* no layout or prepare reaches the survivor: the next message it sees is its bye's ok */
@@ -1143,7 +1149,22 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
     cr_assert_eq(sample(text, "tide_resize_duration_seconds_count"), 1);
     double dur = sample(text, "tide_resize_duration_seconds_sum");
     cr_assert(dur > 0 && dur < 10, "resize duration %f s", dur);
-    cr_assert_eq(sample(text, "tide_bytes_resharded_total"), 6000, "bytes the workers moved");
+    cr_assert_eq(sample(text, "tide_resharded_bytes_total"), 6000, "bytes the workers moved");
+    /* the duration is a histogram: cumulative buckets up to +Inf, which is the count */
+    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"+Inf\"}"), 1);
+    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"300\"}"), 1);
+    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"10\"}"), 1,
+                 "a resize of %f s", dur);
+    double prev = 0;
+    int buckets = 0;
+    for (const char *p = strstr(text, "tide_resize_duration_seconds_bucket{"); p != NULL;
+         p = strstr(p + 1, "tide_resize_duration_seconds_bucket{")) {
+        double v = strtod(strchr(p, ' ') + 1, NULL);
+        cr_assert_geq(v, prev, "buckets are cumulative: %.40s", p);
+        prev = v;
+        buckets++;
+    }
+    cr_assert_geq(buckets, 5);
     cr_assert_eq(sample(text, "tide_preemptions_total"), 1);
     cr_assert_geq(sample(text, "tide_heartbeats_total"), 0);
     /* the exposition format: every sample's family was declared by # TYPE before it */
@@ -1152,7 +1173,20 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "# TYPE ", 7) == 0) {
             cr_assert_lt(nfam, 128);
-            sscanf(line + 7, "%95s", fam[nfam++]);
+            char type[32] = "";
+            sscanf(line + 7, "%95s %31s", fam[nfam], type);
+            /* Prometheus naming: a counter ends in _total, a unit is the name's suffix
+               (before _total), never in its middle */
+            const char *f = fam[nfam++];
+            size_t fl = strlen(f);
+            if (strcmp(type, "counter") == 0)
+                cr_assert(fl > 6 && strcmp(f + fl - 6, "_total") == 0, "counter %s", f);
+            for (const char *unit = "_seconds"; unit; unit = unit[1] == 's' ? "_bytes" : NULL) {
+                const char *at = strstr(f, unit);
+                size_t ul = strlen(unit);
+                cr_assert(at == NULL || at[ul] == '\0' || strcmp(at + ul, "_total") == 0,
+                          "%s: the unit %s is not the name's suffix", f, unit);
+            }
             continue;
         }
         if (line[0] == '#')
@@ -1166,7 +1200,7 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
             size_t k = strlen(fam[f]);
             declared |= strncmp(name, fam[f], k) == 0 &&
                         (name[k] == '\0' || strcmp(name + k, "_sum") == 0 ||
-                         strcmp(name + k, "_count") == 0);
+                         strcmp(name + k, "_count") == 0 || strcmp(name + k, "_bucket") == 0);
         }
         cr_assert(declared, "sample %s has no # TYPE line", name);
     }
@@ -1361,6 +1395,12 @@ Test(tided, only_failures_use_up_attempts_and_retries_back_off_elsewhere, .init 
     cr_assert_eq(ev->attempts, 4);
     tide_msg_clear(&r);
     cr_assert_eq(count_events(admin, "offline_failed"), 1);
+    /* the event says why, from the last line the attempt wrote (a loader's error, say) */
+    char detail[1024];
+    cr_assert(event_detail(admin, "offline_failed", detail, sizeof detail));
+    cr_expect(strstr(detail, "attempt 4 on worker ") != NULL &&
+                  strstr(detail, "ended failed (exit code 2): boom again; gave up") != NULL,
+              "%s", detail);
     cr_assert_neq(next_assign(w, 3, 5, &att, 800), 3, "a failed job is not run again");
     zmq_close(admin);
     for (int i = 0; i < 5; i++)

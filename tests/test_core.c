@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/opts.h"
 #include "core/sort.h"
+#include "core/version.h"
 
 /* ---- status ---------------------------------------------------------------- */
 
@@ -317,7 +318,33 @@ Test(core_opts, bad_flags_are_refused_with_the_flag_named)
     int help = 0;
     char *h[] = {"prog", "--help", NULL};
     cr_expect_eq(tide_opts_parse(opts, 2, h, NULL, &help), TIDE_OK);
-    cr_expect_eq(help, 1);
+    cr_expect_eq(help, TIDE_OPTS_HELP);
+    /* --version anywhere, and --help over it whatever the order */
+    char *v[] = {"prog", "--port", "7", "--version", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 4, v, NULL, &help), TIDE_OK);
+    cr_expect_eq(help, TIDE_OPTS_VERSION);
+    char *hv[] = {"prog", "--help", "--version", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 3, hv, NULL, &help), TIDE_OK);
+    cr_expect_eq(help, TIDE_OPTS_HELP);
+    char *vh[] = {"prog", "--version", "-h", NULL};
+    cr_expect_eq(tide_opts_parse(opts, 3, vh, NULL, &help), TIDE_OK);
+    cr_expect_eq(help, TIDE_OPTS_HELP);
+}
+
+/* The version names the project's version first (help2man and users read it so). */
+Test(core_opts, version_prints_the_program_and_the_build_version)
+{
+    const char *ver = tide_build_version();
+    cr_assert(strncmp(ver, TIDE_TEST_PROJECT_VERSION, strlen(TIDE_TEST_PROJECT_VERSION)) == 0,
+              "version '%s' does not start with %s", ver, TIDE_TEST_PROJECT_VERSION);
+    char buf[256];
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    cr_assert_not_null(f);
+    tide_version_print(f, "prog");
+    fclose(f);
+    char want[256];
+    snprintf(want, sizeof want, "prog (tide) %s\n", ver);
+    cr_expect_str_eq(buf, want);
 }
 
 /* A program without positional arguments: go on, --help (exit 0), or a refusal (exit 2)
@@ -337,6 +364,8 @@ Test(core_opts, a_program_goes_on_or_exits_with_the_right_status, .init = cr_red
     char *stray[] = {"prog", "--port", "7", "extra", NULL};
     cr_expect_eq(tide_opts_main(opts, 4, stray, "prog"), 2);
     cr_expect(strstr(tide_last_error(), "extra") != NULL, "%s", tide_last_error());
+    char *v[] = {"prog", "--version", NULL};
+    cr_expect_eq(tide_opts_main(opts, 2, v, "prog"), 0);
 }
 
 /* Wrapping the previous detail in a new one is the usual way to add context. */

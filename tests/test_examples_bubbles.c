@@ -8,7 +8,9 @@
  * go through tide_bubble_wait. Once the job has run a few steps, a controller thread on
  * rank 0 queues offline plugin jobs with `tidectl submit --offline --plugin ... --bubbles`:
  * "probe" (PROBE) writes the environment the runtime gave it, "mm" runs to its end,
- * "spin" (too long to finish) is cancelled with `tidectl cancel` while it fills bubbles.
+ * "spin" (too long to finish) is cancelled with `tidectl cancel` while it fills bubbles,
+ * and "nosuch" names a plugin no worker has: its failure shows the loader's error in
+ * `tidectl logs` and in its event.
  * The ranks run on devices 3 and 5 (tide_options.device), so that a plugin told 0, -1
  * or its rank is caught: "probe" must have been given env.device == tide_device(t) of
  * the rank that ran it, gpu 0 and no stream (host memory).
@@ -91,6 +93,50 @@ static int wait_state(ctl_state *cs, const char *job, const char *want, int ms)
     return -1;
 }
 
+/* tidectl ARGS' output into out; 0 when it exited 0 and out holds every string of want. */
+static int tidectl_shows(ctl_state *cs, const char *const *args, const char *const *want,
+                         char *out, size_t cap)
+{
+    if (coord_tidectl(cs->tidectl, cs->endpoint, args, out, cap) != 0)
+        return -1;
+    for (; *want != NULL; want++)
+        if (strstr(out, *want) == NULL)
+            return -1;
+    return 0;
+}
+
+/* A plugin no worker has: its one attempt (--max-attempts 1) fails, and the loader's error
+   is where an operator looks, `tidectl logs` and the attempt's event, not only in the
+   training job's stderr. */
+static int missing_plugin_is_explained(ctl_state *cs)
+{
+    const char *sub[] = {"submit", "--offline", "--name",           "nosuch",
+                         "--bubbles", "--plugin", "tide_no_such_task", NULL};
+    if (coord_tidectl(cs->tidectl, cs->endpoint, sub, NULL, 0) != 0) {
+        snprintf(cs->why, sizeof cs->why, "tidectl submit nosuch failed");
+        return -1;
+    }
+    if (wait_state(cs, "nosuch", "failed", 30000) != 0)
+        return -1;
+    static char out[1 << 16];
+    const char *logs[] = {"logs", "nosuch", NULL};
+    const char *in_logs[] = {"failed, exit code 127", "cannot load plugin tide_no_such_task",
+                             "libtide_no_such_task.so", NULL};
+    if (tidectl_shows(cs, logs, in_logs, out, sizeof out) != 0) {
+        snprintf(cs->why, sizeof cs->why, "tidectl logs nosuch lacks the loader's error: %.400s",
+                 out);
+        return -1;
+    }
+    const char *events[] = {"events", "--json", NULL};
+    const char *in_event[] = {"(exit code 127): [tide: cannot load plugin tide_no_such_task",
+                              NULL};
+    if (tidectl_shows(cs, events, in_event, out, sizeof out) != 0) {
+        snprintf(cs->why, sizeof cs->why, "the failed attempt's event lacks the loader's error");
+        return -1;
+    }
+    return 0;
+}
+
 static void *controller(void *arg)
 {
     ctl_state *cs = arg;
@@ -133,6 +179,10 @@ static void *controller(void *arg)
     const char *cancel[] = {"cancel", "spin", NULL};
     if (coord_tidectl(cs->tidectl, cs->endpoint, cancel, NULL, 0) != 0 ||
         wait_state(cs, "spin", "cancelled", 30000) != 0) {
+        cs->error = 1;
+        return NULL;
+    }
+    if (missing_plugin_is_explained(cs) != 0) {
         cs->error = 1;
         return NULL;
     }
@@ -257,7 +307,8 @@ int main(int argc, char **argv)
     static ctl_state cs;
     if (is_root) {
         /* before MPI_Init: fork is safe here */
-        const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "100", NULL};
+        const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "100",
+                               "--max-attempts", "1",   NULL};
         if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, argv[1], extra, NULL) != 0) {
             fprintf(stderr, "test_examples_bubbles: tided did not start\n");
             return 1;

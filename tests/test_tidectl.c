@@ -226,6 +226,9 @@ static void answer_status(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
     tide_proto_gpu_row_t *g = rep->u.status_reply.rows;
     g[0].worker = 0;
     strcpy(g[0].host, "node-a");
+    g[0].pid = 4242;
+    strcpy(g[0].pool, "launch-7");
+    g[0].pool_rank = 1;
     g[0].kind = TIDE_DEVICE_GPU;
     g[0].state = TIDE_WORKER_ONLINE;
     g[0].mem_bytes = 80ull << 30;
@@ -238,6 +241,7 @@ static void answer_status(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
     g[0].last_seen_ms = 1700000000600;
     g[1].worker = 17;
     strcpy(g[1].host, "a-much-longer-host-name.example");
+    g[1].pool_rank = 3; /* pid 0 and pool "": tided does not know them */
     g[1].device = 3;
     g[1].kind = TIDE_DEVICE_GPU;
     g[1].state = TIDE_WORKER_IDLE;
@@ -473,6 +477,56 @@ Test(tidectl_format, status_table_is_aligned)
     tide_msg_clear(&rep);
 }
 
+/* -o wide: the columns that say which process a row is (pool, rank in it, pid on HOST),
+   after the usual ones, aligned like them; the plain table stays as it was. JSON always
+   carries them. */
+Test(tidectl_format, status_wide_maps_rows_to_processes)
+{
+    tide_msg_t rep, req;
+    tide_msg_init(&req, TIDE_MSG_STATUS);
+    answer_status(&req, &rep, NULL);
+    char *s;
+    size_t len;
+    FILE *f = open_memstream(&s, &len);
+    tidectl_print_status(f, &rep.u.status_reply, TIDECTL_WIDE);
+    fclose(f);
+    cr_expect_eq(col_of(s, "HOST"), col_of(s, "node-a"), "%s", s);
+    cr_expect_eq(col_of(s, "POOL"), col_of(s, "launch-7"), "%s", s);
+    cr_expect_gt(col_of(s, "POOL"), col_of(s, "SEEN"), "after the usual columns: %s", s);
+    cr_expect_eq(col_of(s, "PID") + (long)strlen("PID"), col_of(s, "4242") + 4,
+                 "numbers right-aligned under their header:\n%s", s);
+    /* the second row: rank 3 of no known pool, no known pid */
+    const char *row2 = strstr(s, "a-much-longer-host-name.example");
+    cr_assert_not_null(row2, "%s", s);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(row2, "\n"), row2);
+    const char *last[3] = {"", "", ""}; /* its POOL, RANK and PID cells */
+    for (char *tok = strtok(line, " "); tok != NULL; tok = strtok(NULL, " ")) {
+        last[0] = last[1];
+        last[1] = last[2];
+        last[2] = tok;
+    }
+    cr_expect(strcmp(last[0], "-") == 0 && strcmp(last[1], "3") == 0 && strcmp(last[2], "-") == 0,
+              "POOL RANK PID of the second row: '%s' '%s' '%s'", last[0], last[1], last[2]);
+    cr_expect_null(strstr(s, " \n"), "%s", s);
+    free(s);
+    f = open_memstream(&s, &len);
+    tidectl_print_status(f, &rep.u.status_reply, TIDECTL_TABLE);
+    fclose(f);
+    cr_expect_null(strstr(s, "PID"), "the plain table has no PID column: %s", s);
+    cr_expect_null(strstr(s, "launch-7"), "%s", s);
+    free(s);
+    f = open_memstream(&s, &len);
+    tidectl_print_status(f, &rep.u.status_reply, TIDECTL_JSON);
+    fclose(f);
+    /* the keys that came first stay first, in their order (scripts grep for them) */
+    cr_expect(strstr(s, "{\"worker\":0,\"host\":\"node-a\",\"device\":0,"), "%s", s);
+    cr_expect(strstr(s, "\"pid\":4242,\"pool\":\"launch-7\",\"pool_rank\":1}"), "%s", s);
+    cr_expect(strstr(s, "\"pid\":0,\"pool\":null,\"pool_rank\":3}"), "%s", s);
+    free(s);
+    tide_msg_clear(&rep);
+}
+
 Test(tidectl_format, events_keep_details_on_one_line)
 {
     tide_msg_t rep;
@@ -527,6 +581,8 @@ Test(tidectl_cli, usage_errors_exit_2)
     expect_usage(run_cli("checkpoint", "llm", "--dir", "", NULL), "--dir must be a path of 1 to");
     expect_usage(run_cli("status", "extra", NULL), "takes no arguments");
     expect_usage(run_cli("status", "--frob", NULL), "unknown option '--frob'");
+    expect_usage(run_cli("status", "-o", "tall", NULL), "-o/--output takes 'wide', not 'tall'");
+    expect_usage(run_cli("status", "--count", "2", NULL), "--count needs --watch");
     expect_usage(run_cli("submit", "--", "python", NULL), "add --offline");
     expect_usage(run_cli("submit", "--offline", NULL), "give the command after '--'");
     expect_usage(run_cli("submit", "--offline", "--mem-cap", "lots", "--", "x", NULL),
@@ -779,6 +835,50 @@ Test(tidectl_cli, top_refreshes_count_times)
         lines += *p == '\n';
     cr_expect_eq(lines, 2, "one JSON document per line:\n%s", r.out);
     cr_expect_eq(strncmp(r.out, "{\"status\":{\"time_ms\":", 21), 0, "%s", r.out);
+    run_free(&r);
+    fake_stop(&f);
+}
+
+/* status -o wide asks tided once and prints the process columns; --watch redraws every
+   --interval ms, --count times here, one JSON line per refresh with --json. */
+Test(tidectl_cli, status_wide_and_watch)
+{
+    fake_t f;
+    fake_start(&f, FAKE_REPLY, answer_status, NULL, 0, 0);
+    run_t r = run_cli("--endpoint", f.endpoint, "status", "-o", "wide", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "PID") && strstr(r.out, "4242") && strstr(r.out, "launch-7"), "%s",
+              r.out);
+    run_free(&r);
+    r = run_cli("--endpoint", f.endpoint, "status", "--output=wide", NULL);
+    cr_expect(r.rc == 0 && strstr(r.out, "4242"), "%s%s", r.out, r.err);
+    run_free(&r);
+    fake_stop(&f);
+    cr_expect_eq(f.requests, 2);
+    fake_start(&f, FAKE_REPLY, answer_status, NULL, 0, 0);
+    r = run_cli("--endpoint", f.endpoint, "status", "--watch", "--count", "3", "--interval", "50",
+                NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    int frames = 0;
+    for (const char *p = r.out; (p = strstr(p, "tidectl status  ")) != NULL; p++)
+        frames++;
+    cr_expect_eq(frames, 3, "%s", r.out);
+    int tables = 0;
+    for (const char *p = r.out; (p = strstr(p, "2 GPUs: ")) != NULL; p++)
+        tables++;
+    cr_expect_eq(tables, 3, "%s", r.out);
+    run_free(&r);
+    fake_stop(&f);
+    cr_expect_eq(f.requests, 3, "one status request per refresh");
+    fake_start(&f, FAKE_REPLY, answer_status, NULL, 0, 0);
+    r = run_cli("--endpoint", f.endpoint, "--json", "status", "--watch", "--count", "2",
+                "--interval", "50", NULL);
+    cr_expect_eq(r.rc, 0, "%s", r.err);
+    int lines = 0;
+    for (const char *p = r.out; *p; p++)
+        lines += *p == '\n';
+    cr_expect_eq(lines, 2, "one JSON document per line:\n%s", r.out);
+    cr_expect_eq(strncmp(r.out, "{\"time_ms\":", 11), 0, "%s", r.out);
     run_free(&r);
     fake_stop(&f);
 }

@@ -18,7 +18,7 @@
 #define SUBSYS "worker"
 
 void tide__task_report(tide_t *t, const char *job, uint32_t attempt, tide_proto_job_state_t st,
-                       int code, double prog)
+                       int code, double prog, const char *why)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_OFFLINE_STATUS);
@@ -28,6 +28,7 @@ void tide__task_report(tide_t *t, const char *job, uint32_t attempt, tide_proto_
     m.u.offline_status.state = st;
     m.u.offline_status.exit_code = code < -255 ? -255 : code > 255 ? 255 : code;
     m.u.offline_status.progress = prog < 0 ? 0 : prog > 1 ? 1 : prog;
+    snprintf(m.u.offline_status.tail, sizeof m.u.offline_status.tail, "%s", why);
     if (tide__ctl_send(t->ctl, &m) != TIDE_OK)
         TIDE_WARN(SUBSYS, "could not report offline job %s: %s", job, tide_last_error());
 }
@@ -67,7 +68,7 @@ static void on_assign(tide_t *t, tide_msg_t *m)
         TIDE_WARN(SUBSYS, "plugin job %s assigned while %s waits: refused", m->u.offline_assign.job,
                   t->plugin_job);
         tide__task_report(t, m->u.offline_assign.job, m->u.offline_assign.attempt,
-                          TIDE_JOB_PREEMPTED, -15, 0);
+                          TIDE_JOB_PREEMPTED, -15, 0, "");
         return;
     }
     snprintf(t->plugin_job, sizeof t->plugin_job, "%s", m->u.offline_assign.job);
@@ -94,7 +95,7 @@ static void on_preempt(tide_t *t, const tide_proto_preempt_t *p)
     t->plugin_job[0] = '\0';
     t->plugin_grace = -1;
     tide__ctl_plugin_done(t->ctl, p->job);
-    tide__task_report(t, p->job, attempt, TIDE_JOB_PREEMPTED, -15, 0);
+    tide__task_report(t, p->job, attempt, TIDE_JOB_PREEMPTED, -15, 0, "");
 }
 
 void tide__inbox_apply(void *ctx, tide_msg_t *m)

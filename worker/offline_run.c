@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/version.h"
+
 #define EXIT_SETUP   125
 #define REAP_WAIT_MS 5000 /* bound on the wait for killed processes to go */
 
@@ -260,6 +262,7 @@ static int usage(const char *why)
             "tide-offline-run: %s\n"
             "usage: tide-offline-run --parent PID --grace MS --log FILE --cap BYTES "
             "[--cgroup DIR] -- PROGRAM [ARGS...]\n"
+            "       tide-offline-run --version\n"
             "(started by libtide for offline command jobs; not meant to be run by hand)\n",
             why);
     return EXIT_SETUP;
@@ -530,6 +533,10 @@ int main(int argc, char **argv)
     memset(&r, 0, sizeof r);
     r.log_fd = -1;
     r.grace_ms = -1;
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        tide_version_print(stdout, "tide-offline-run");
+        return 0;
+    }
     int code = parse(&r, argc, argv);
     if (code != 0)
         return code;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <stdarg.h>
 
 #include <tide/tide_task.h>
 
@@ -103,8 +104,25 @@ struct tide__task {
     uint64_t steps;
     tide_proto_job_state_t end; /* how it ended (reported by tide__task_stop) */
     int end_code;
+    char why[TIDE_PROTO_TEXT_MAX + 1]; /* why it failed: the attempt's reported output (a
+                                          plugin has no log file of its own) */
     tide_coll_stream_t stream; /* the task's low-priority stream (NULL for host workers) */
 };
+
+/* Ends k as failed with code: the reason goes to this process's log and, as the
+   attempt's output, to tided (tidectl logs, the attempt's event). */
+static void task_fail(tide__task *k, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void task_fail(tide__task *k, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->why, sizeof k->why, fmt, ap);
+    va_end(ap);
+    TIDE_WARN(SUBSYS, "offline job %s: %s", k->job, k->why);
+    k->end = TIDE_JOB_FAILED;
+    k->end_code = code;
+}
 
 /* Loads the job of assignment m (taken over) and reports it running; NULL when it
    cannot load or init (reported failed). */
@@ -114,7 +132,7 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     if (k == NULL) {
         TIDE_WARN(SUBSYS, "offline job %s: out of memory loading it", m->u.offline_assign.job);
         tide__task_report(t, m->u.offline_assign.job, m->u.offline_assign.attempt, TIDE_JOB_FAILED,
-                          12, 0);
+                          12, 0, "[tide: out of memory loading the plugin]\n");
         tide_msg_clear(m);
         return NULL;
     }
@@ -125,33 +143,29 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     k->h = open_plugin(a->plugin);
     k->end = TIDE_JOB_FAILED;
     if (k->h == NULL) {
-        TIDE_WARN(SUBSYS, "offline job %s: cannot load plugin %s: %s", k->job, a->plugin,
-                  dlerror());
-        k->end_code = 127;
+        const char *e = dlerror();
+        task_fail(k, 127, "[tide: cannot load plugin %s: %s]\n", a->plugin, e ? e : "not found");
         goto fail;
     }
     tide_task_v1_get_fn get = (tide_task_v1_get_fn)(uintptr_t)dlsym(k->h, "tide_task_v1_get");
     k->ops = get ? get() : NULL;
     if (k->ops == NULL || k->ops->version != TIDE_TASK_ABI_VERSION || k->ops->init == NULL ||
         k->ops->step == NULL) {
-        TIDE_WARN(SUBSYS, "offline job %s: %s does not export a version %d tide_task_v1_get",
-                  k->job, a->plugin, TIDE_TASK_ABI_VERSION);
+        task_fail(k, 126, "[tide: plugin %s does not export a version %d tide_task_v1_get]\n",
+                  a->plugin, TIDE_TASK_ABI_VERSION);
         k->ops = NULL;
-        k->end_code = 126;
         goto fail;
     }
     /* the main thread runs the task: its device is bound already (tide_new) */
     if (tide_coll_stream_new_low(t->be, t->device, &k->stream) != TIDE_OK) {
-        TIDE_WARN(SUBSYS, "offline job %s: no stream for it: %s", k->job, tide_last_error());
-        k->end_code = 1;
+        task_fail(k, 1, "[tide: no stream for plugin %s: %s]\n", a->plugin, tide_last_error());
         k->ops = NULL; /* never initialised: no fini */
         goto fail;
     }
     tide_task_env env = {k->job,     t->device,  t->be->mem_kind == TIDE_MEM_DEVICE,
                          a->mem_cap, a->attempt, k->stream};
     if (k->ops->init(&k->state, (int)a->argc, a->argv, &env) != TIDE_OK) {
-        TIDE_WARN(SUBSYS, "offline job %s: init failed: %s", k->job, tide_last_error());
-        k->end_code = 1;
+        task_fail(k, 1, "[tide: plugin %s: init failed: %s]\n", a->plugin, tide_last_error());
         k->state = NULL;
         k->ops = NULL; /* no fini for a state init did not create */
         goto fail;
@@ -159,7 +173,7 @@ static tide__task *task_load(tide_t *t, tide_msg_t *m)
     if (a->attempt > 1)
         restore_blob(k->ops, k->state, k->job);
     k->end = TIDE_JOB_RUNNING;
-    tide__task_report(t, k->job, a->attempt, TIDE_JOB_RUNNING, 0, 0);
+    tide__task_report(t, k->job, a->attempt, TIDE_JOB_RUNNING, 0, 0, "");
     return k;
 fail:
     tide__task_stop(t, &k, 0);
@@ -174,9 +188,8 @@ static int task_step(tide_t *t, tide__task *k)
     tide_status rc = k->ops->step(k->state, &done, &k->progress);
     k->steps++;
     if (rc != TIDE_OK) {
-        TIDE_WARN(SUBSYS, "offline job %s: step failed: %s", k->job, tide_strerror(rc));
-        k->end = TIDE_JOB_FAILED;
-        k->end_code = 1;
+        task_fail(k, 1, "[tide: step %llu failed: %s: %s]\n", (unsigned long long)k->steps,
+                  tide_strerror(rc), tide_last_error());
         return 1;
     }
     if (done) {
@@ -213,10 +226,10 @@ void tide__task_stop(tide_t *t, tide__task **k_p, int preempted)
     tide__ctl_plugin_done(t->ctl, k->job);
     if (k->end != TIDE_JOB_RUNNING)
         tide__task_report(t, k->job, k->m.u.offline_assign.attempt, k->end, k->end_code,
-                          k->progress);
+                          k->progress, k->end == TIDE_JOB_FAILED ? k->why : "");
     else
         tide__task_report(t, k->job, k->m.u.offline_assign.attempt, TIDE_JOB_FAILED, 1,
-                          k->progress); /* stopped without a cause */
+                          k->progress, "[tide: stopped without a cause]\n");
     tide_msg_clear(&k->m);
     tide_free(k);
     *k_p = NULL;

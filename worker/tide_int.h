@@ -187,9 +187,10 @@ void tide__rebase(tide_t *t);
    thread. */
 void tide__run_plugin(tide_t *t);
 
-/* Reports an offline plugin job's attempt to tided (state, exit code, progress 0..1). */
+/* Reports an offline plugin job's attempt to tided (state, exit code, progress 0..1, and
+   why it failed: the attempt's output for tidectl logs, "" when none). Main thread. */
 void tide__task_report(tide_t *t, const char *job, uint32_t attempt, tide_proto_job_state_t st,
-                       int code, double prog);
+                       int code, double prog, const char *why);
 
 /* A loaded offline plugin job (task.c). */
 typedef struct tide__task tide__task;

@@ -631,6 +631,9 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             g->worker = id;
             id += (int32_t)urange(r, 1, 1000);
             HOST(r, g->host);
+            g->pid = (int32_t)irange(r, 0, INT32_MAX);
+            NAME0(r, g->pool);
+            g->pool_rank = (int32_t)irange(r, 0, TIDE_PROTO_WORKERS_MAX - 1);
             g->device = (int)urange(r, 0, TIDE_PROTO_DEVICE_MAX);
             g->kind = (tide_proto_device_kind_t)urange(r, 0, 1);
             g->state = (tide_proto_worker_state_t)urange(r, 0, TIDE_WORKER_LEFT);

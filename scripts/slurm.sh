@@ -150,18 +150,20 @@ up() {
   [ ! -e "$D" ] || die "Slurm already runs on cluster '$NAME' ($D): slurm.sh down first"
   [[ "$CPUS" =~ ^[1-9][0-9]{0,3}$ ]] || die "--cpus $CPUS: 1..9999"
   [[ "$GRACE" =~ ^[0-9]{1,5}$ ]] || die "--grace $GRACE: seconds"
-  mkdir -p "$D/state" "$D/log" "$D/munge"
-  chmod 700 "$D/munge"
+  # the socket's folder open to every user (jobs run as their owners), the key's to root
+  mkdir -p "$D/state" "$D/log" "$D/munge" "$D/munge-key"
+  chmod 755 "$D/munge"
+  chmod 700 "$D/munge-key"
   for h in $TIDE_CLUSTER_HOSTS; do mkdir -p "$D/spool/$h"; done
   trap 'down' ERR
   : >"$D/namespaces"
   write_conf
   # munge: a fresh key; --force because its folder is not one munged knows
-  head -c 1024 /dev/urandom >"$D/munge/munge.key"
-  chmod 400 "$D/munge/munge.key"
-  munged --force --socket="$D/munge/sock" --key-file="$D/munge/munge.key" \
+  head -c 1024 /dev/urandom >"$D/munge-key/munge.key"
+  chmod 400 "$D/munge-key/munge.key"
+  munged --force --socket="$D/munge/sock" --key-file="$D/munge-key/munge.key" \
     --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" \
-    --seed-file="$D/munge/seed" ||
+    --seed-file="$D/munge-key/seed" ||
     die "munged did not start: $(tail -3 "$D/log/munged.log" 2>/dev/null)"
   wait_pidfile "$D/munge/munged.pid" >/dev/null || die "munged did not start"
   unshare --mount --uts --propagation private sh -c \

@@ -68,3 +68,7 @@ endif()
 if(TARGET tide_coord)
   tide_add_unit_test(test_child SOURCES test_child.c LIBS tide_coord TIMEOUT 60)
 endif()
+# coordinator/slurm: the Slurm provider against fake Slurm commands.
+if(TARGET tide_coord)
+  tide_add_unit_test(test_slurm_provider SOURCES test_slurm_provider.c LIBS tide_coord TIMEOUT 60)
+endif()

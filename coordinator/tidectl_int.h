@@ -60,6 +60,8 @@ typedef struct settings {
     int force;
     /* status */
     const char *job;
+    /* grow */
+    long long nodes;
 } settings_t;
 
 /* One DEALER socket to tided, with a monitor that tells why a call failed. */
@@ -83,7 +85,7 @@ tidectl__cmd_fn tidectl__cmd_status, tidectl__cmd_jobs, tidectl__cmd_logs,
 tidectl__cmd_fn tidectl__cmd_events;   /* tidectl_events.c */
 tidectl__cmd_fn tidectl__cmd_timeline; /* tidectl_timeline.c */
 tidectl__cmd_fn tidectl__cmd_resize, tidectl__cmd_submit, tidectl__cmd_cancel, tidectl__cmd_drain,
-    tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
+    tidectl__cmd_grow, tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
 
 /* ---- connection (tidectl_conn.c) ------------------------------------------------------------- */
 

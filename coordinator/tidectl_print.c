@@ -220,7 +220,9 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
                     "\"offline\":",
                     g->stage, g->dp_rank, g->tp_rank, (unsigned long long)g->step, g->bubble_pct);
             tidectl__json_str_or_null(out, g->offline);
-            fprintf(out, ",\"last_seen_ms\":%lld}", (long long)g->last_seen_ms);
+            fprintf(out, ",\"last_seen_ms\":%lld,\"alloc\":", (long long)g->last_seen_ms);
+            tidectl__json_str_or_null(out, g->alloc);
+            fputc('}', out);
         }
         fputs("]}", out);
     }
@@ -233,11 +235,15 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
         fputc('\n', out);
         return;
     }
-    static const char *const head[] = {"WORKER", "HOST", "DEV",     "KIND",   "STATE",   "JOB",
-                                       "ROLE",   "STEP", "BUBBLE%", "MEMORY", "OFFLINE", "SEEN"};
-    static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1};
+    static const char *const head[] = {"WORKER", "HOST",   "DEV",     "KIND", "STATE",
+                                       "JOB",    "ROLE",   "STEP",    "BUBBLE%", "MEMORY",
+                                       "OFFLINE", "SEEN", "ALLOC"};
+    static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0};
+    int allocs = 0; /* the ALLOC column only when some launch runs in a scheduler's allocation */
+    for (uint32_t i = 0; i < r->n_rows; i++)
+        allocs |= r->rows[i].alloc[0] != '\0';
     table_t t;
-    table_init(&t, 12, head, right);
+    table_init(&t, allocs ? 13 : 12, head, right);
     int count[TIDE_WORKER_LEFT + 1] = {0};
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r->rows[i];
@@ -271,6 +277,8 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int jso
         } else {
             snprintf(c[11], CELL, "-");
         }
+        if (allocs)
+            tidectl__term_str(g->alloc[0] ? g->alloc : "-", 40, c[12], CELL);
     }
     fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed", r->n_rows,
             count[TIDE_WORKER_ONLINE], count[TIDE_WORKER_OFFLINE], count[TIDE_WORKER_IDLE],
@@ -303,10 +311,12 @@ void tidectl__jobs_json(FILE *out, const tide_proto_jobs_reply_t *r)
             fprintf(out,
                     ",\"kind\":\"%s\",\"state\":\"%s\",\"gen\":%llu,\"dp\":%d,\"tp\":%d,\"pp\":%d,"
                     "\"workers\":%u,\"step\":%llu,\"throughput\":%.6g,\"priority\":%d,"
-                    "\"attempts\":%u}",
+                    "\"attempts\":%u,\"allocs\":",
                     tide_proto_job_kind_name(j->kind), tide_proto_job_state_name(j->state),
                     (unsigned long long)j->gen, j->dp, j->tp, j->pp, j->workers,
                     (unsigned long long)j->step, j->throughput, j->priority, j->attempts);
+            tidectl__json_str_or_null(out, j->allocs);
+            fputc('}', out);
         }
         fputs("]}", out);
     }
@@ -325,10 +335,14 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
         return;
     }
     static const char *const head[] = {"JOB",     "KIND", "STATE",   "GEN",      "LAYOUT",
-                                       "WORKERS", "STEP", "STEPS/S", "PRIORITY", "ATTEMPTS"};
-    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1};
+                                       "WORKERS", "STEP", "STEPS/S", "PRIORITY", "ATTEMPTS",
+                                       "ALLOCATIONS"};
+    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0};
+    int allocs = 0; /* the ALLOCATIONS column only when some job has one */
+    for (uint32_t i = 0; i < r->n_rows; i++)
+        allocs |= r->rows[i].allocs[0] != '\0';
     table_t t;
-    table_init(&t, 10, head, right);
+    table_init(&t, allocs ? 11 : 10, head, right);
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_job_row_t *j = &r->rows[i];
         char(*c)[CELL] = table_row(&t);
@@ -354,6 +368,8 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
             snprintf(c[9], CELL, "%u", j->attempts);
         }
         snprintf(c[5], CELL, "%u", j->workers);
+        if (allocs)
+            tidectl__term_str(j->allocs[0] ? j->allocs : "-", CELL - 1, c[10], CELL);
     }
     table_print(&t, out);
 }

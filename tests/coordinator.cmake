@@ -72,3 +72,7 @@ endif()
 if(TARGET tide_coord)
   tide_add_unit_test(test_slurm_provider SOURCES test_slurm_provider.c LIBS tide_coord TIMEOUT 60)
 endif()
+# coordinator/allocs: the pools' scheduler allocations, in memory and in the state file.
+if(TARGET tide_coord)
+  tide_add_unit_test(test_allocs SOURCES test_allocs.c LIBS tide_coord PkgConfig::SQLITE3 TIMEOUT 30)
+endif()

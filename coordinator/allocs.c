@@ -1,8 +1,10 @@
 /*
  * coordinator/allocs: pools' scheduler allocations (see allocs.h). An open-addressing
  * hash of pool names with tombstones, grown past half full; rows in the state file's
- * pool_allocs table (created with the others by store.c), read and written with
- * statements prepared per call: a write happens once per launch, not per message.
+ * pool_allocs table, read and written with statements prepared per call (a write happens
+ * once per launch, not per message). The table is made by the first write, not when the
+ * file is opened: a file tided refuses to start from stays untouched, and a file of
+ * before the table needs no migration (no table: no allocations).
  */
 #include "coordinator/allocs.h"
 
@@ -180,6 +182,12 @@ tide_status tide_store_put_alloc(tide_store_t *s, const char *pool, const tide_p
     TIDE_CHECK(tide__store_need_txn(s, "put_alloc"));
     sqlite3_stmt *q;
     TIDE_CHECK(prepare(s,
+                       "CREATE TABLE IF NOT EXISTS pool_allocs(pool TEXT PRIMARY KEY,"
+                       " sched TEXT NOT NULL, id TEXT NOT NULL, nodes TEXT, node TEXT, gpus TEXT,"
+                       " partition TEXT, restarts INTEGER)",
+                       &q, "making the pools' allocation table"));
+    TIDE_CHECK(step_write(s, q, "making the pools' allocation table"));
+    TIDE_CHECK(prepare(s,
                        "INSERT OR REPLACE INTO pool_allocs(pool, sched, id, nodes, node, gpus,"
                        " partition, restarts) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
                        &q, "saving a pool's allocation"));
@@ -194,9 +202,24 @@ tide_status tide_store_put_alloc(tide_store_t *s, const char *pool, const tide_p
     return step_write(s, q, "saving a pool's allocation");
 }
 
+/* 1 when the file has the pool_allocs table. */
+static int has_table(tide_store_t *s)
+{
+    sqlite3_stmt *q = NULL;
+    int have = sqlite3_prepare_v2(s->db,
+                                  "SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
+                                  " name = 'pool_allocs'",
+                                  -1, &q, NULL) == SQLITE_OK &&
+               sqlite3_step(q) == SQLITE_ROW;
+    sqlite3_finalize(q);
+    return have;
+}
+
 tide_status tide_store_del_alloc(tide_store_t *s, const char *pool)
 {
     TIDE_CHECK(tide__store_need_txn(s, "del_alloc"));
+    if (!has_table(s))
+        return TIDE_OK;
     sqlite3_stmt *q;
     TIDE_CHECK(prepare(s, "DELETE FROM pool_allocs WHERE pool = ?1", &q,
                        "forgetting a pool's allocation"));
@@ -233,6 +256,8 @@ static int read_row(sqlite3_stmt *q, char *pool, tide_proto_alloc_t *a)
 
 tide_status tide_store_load_allocs(tide_store_t *s, tide_allocs_t *t)
 {
+    if (!has_table(s))
+        return TIDE_OK;
     sqlite3_stmt *q;
     TIDE_CHECK(prepare(s,
                        "SELECT pool, sched, id, nodes, node, gpus, partition, restarts"

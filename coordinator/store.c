@@ -69,10 +69,6 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS offline_attempts("
     " job INTEGER NOT NULL, attempt INTEGER NOT NULL, worker INTEGER, host TEXT, log TEXT,"
     " state INTEGER, exit_code INTEGER, time_ms INTEGER, tail BLOB, PRIMARY KEY(job, attempt));"
-    /* a pool's scheduler allocation (coordinator/allocs.c); a table of its own, so that
-       files of before it need no migration */
-    "CREATE TABLE IF NOT EXISTS pool_allocs(pool TEXT PRIMARY KEY, sched TEXT NOT NULL,"
-    " id TEXT NOT NULL, nodes TEXT, node TEXT, gpus TEXT, partition TEXT, restarts INTEGER);"
     "CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events"
     " BEGIN SELECT RAISE(ABORT, 'the event table is append-only'); END;"
     "CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events"

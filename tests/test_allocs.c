@@ -98,6 +98,13 @@ Test(allocs, state_file_round_trip)
     tide_store_t *s = NULL;
     cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
     tide_proto_alloc_t a = slurm("42", "h2"), b = slurm("43_1", "h3");
+    tide_allocs_t *t = NULL;
+    cr_assert_eq(tide_allocs_new(&t), TIDE_OK);
+    cr_expect_eq(tide_store_load_allocs(s, t), TIDE_OK, "a file of before the table: none");
+    cr_expect_eq(tide_allocs_count(t), 0u);
+    cr_assert_eq(tide_store_begin(s), TIDE_OK);
+    cr_expect_eq(tide_store_del_alloc(s, "p1"), TIDE_OK);
+    cr_assert_eq(tide_store_commit(s), TIDE_OK);
     cr_expect_eq(tide_store_put_alloc(s, "p1", &a), TIDE_ERR_INTERNAL, "a write needs a transaction");
     cr_assert_eq(tide_store_begin(s), TIDE_OK);
     cr_assert_eq(tide_store_put_alloc(s, "p1", &a), TIDE_OK, "%s", tide_last_error());
@@ -115,8 +122,6 @@ Test(allocs, state_file_round_trip)
     sqlite3_close(db);
 
     cr_assert_eq(tide_store_open(&s, path, 0), TIDE_OK, "%s", tide_last_error());
-    tide_allocs_t *t = NULL;
-    cr_assert_eq(tide_allocs_new(&t), TIDE_OK);
     cr_assert_eq(tide_store_load_allocs(s, t), TIDE_OK, "%s", tide_last_error());
     cr_expect_eq(tide_allocs_count(t), 2u);
     const tide_proto_alloc_t *r = tide_allocs_get(t, "p1");

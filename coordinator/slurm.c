@@ -159,6 +159,8 @@ static const char *reason_text(const char *r)
         return "not before its begin time: Slurm holds a requeued job about two minutes";
     if (strcmp(r, "PartitionNodeLimit") == 0)
         return "more nodes than the partition allows";
+    if (strcmp(r, "PartitionConfig") == 0)
+        return "more nodes (or other resources) than the partition has";
     if (strcmp(r, "PartitionTimeLimit") == 0)
         return "a longer time limit than the partition allows";
     if (strcmp(r, "ReqNodeNotAvail") == 0)

@@ -23,6 +23,9 @@
 # starts it again, and its pools join the job again. A Slurm job that ends by itself is
 # never requeued, so without this a preempted allocation that left in time would be gone.
 # SIGTERM (a cancel, the end of the grace time) is passed on to every pool.
+# Shrinking gives nodes back: a pool that exits 0 while others still run (tide released
+# it) has its node taken out of the allocation (`scontrol update NodeList=`), so the node
+# goes idle; the batch script's own node stays until the allocation ends.
 # Exit status: 0 when every pool exited 0, else the first failing pool's status.
 set -uo pipefail
 
@@ -35,7 +38,7 @@ while [ $# -gt 0 ]; do
     --ranks-per-node=*) K=${1#*=}; shift ;;
     --no-requeue) REQUEUE=0; shift ;;
     --) shift; break ;;
-    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (mpirun's flags and the program come after --)" ;;
   esac
 done
@@ -57,6 +60,7 @@ if [ "${SLURM_GPUS_ON_NODE:-0}" -gt 0 ] 2>/dev/null; then GRES=(--gres "gpu:$SLU
 
 LEAVING=0
 PIDS=()
+declare -A NODE_OF # pool pid -> its node
 # the notice reaches the pools through their srun (which passes SIGUSR1 to mpirun, which
 # passes it to the ranks); a second notice is passed on too (harmless: a pool leaves once)
 on_usr1() {
@@ -80,16 +84,43 @@ for n in $NODES; do
   srun --nodes 1 --ntasks 1 --nodelist "$n" --mpi=none --kill-on-bad-exit=0 "${GRES[@]}" \
     mpirun --host "$n:$K" -np "$K" "${args[@]}" &
   PIDS+=($!)
+  NODE_OF[$!]=$n
 done
 echo "tide-slurm-pools: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}): a pool of $K ranks on each of $(echo $NODES)"
 
-# wait for every step; `wait PID` returns early when a trapped signal arrives, so ask again
+# give_back NODE: a pool that tide released (it exited 0 while others still run) leaves its
+# node idle in the allocation: the allocation shrinks to the nodes still in use, so Slurm
+# can give NODE to other jobs. The batch script's own node (SLURMD_NODENAME) stays: the
+# allocation cannot lose it, and it is given back when the allocation ends.
+give_back() {
+  local left=() p
+  for p in "${PIDS[@]}"; do left+=("${NODE_OF[$p]}"); done
+  if [ "$1" = "${SLURMD_NODENAME:-}" ]; then
+    echo "tide-slurm-pools: the pool on $1 ended; $1 runs this batch script, so it stays in job $SLURM_JOB_ID until the job ends"
+    return
+  fi
+  local keep
+  keep=$(printf '%s\n' "${SLURMD_NODENAME:-}" "${left[@]}" | sed '/^$/d' | sort -u | paste -sd,)
+  if scontrol update JobId="$SLURM_JOB_ID" NodeList="$keep"; then
+    echo "tide-slurm-pools: the pool on $1 ended (tide released it, or the job ended); $1 given back (job $SLURM_JOB_ID keeps $keep)"
+  else
+    echo "tide-slurm-pools: the pool on $1 ended; giving $1 back failed (scontrol update JobId=$SLURM_JOB_ID NodeList=$keep)"
+  fi
+}
+
+# wait for every pool, each as it ends; `wait -n` returns early when a trapped signal
+# arrives (no pid then), so ask again
 RC=0
-for p in "${PIDS[@]}"; do
-  while kill -0 "$p" 2>/dev/null; do wait "$p"; done
-  wait "$p" # its own status (bash keeps it once reaped)
+while [ ${#PIDS[@]} -gt 0 ]; do
+  done_pid=""
+  wait -n -p done_pid "${PIDS[@]}"
   rc=$?
+  [ -n "${done_pid:-}" ] || continue # a trapped signal, not a pool
+  rest=()
+  for p in "${PIDS[@]}"; do [ "$p" = "$done_pid" ] || rest+=("$p"); done
+  PIDS=(${rest[@]+"${rest[@]}"})
   if [ "$rc" -ne 0 ] && [ "$RC" -eq 0 ]; then RC=$rc; fi
+  if [ "$rc" -eq 0 ] && [ "$LEAVING" -eq 0 ] && [ ${#PIDS[@]} -gt 0 ]; then give_back "${NODE_OF[$done_pid]}"; fi
 done
 if [ "$LEAVING" -eq 1 ] && [ "$REQUEUE" -eq 1 ]; then
   echo "tide-slurm-pools: every pool left; requeueing job $SLURM_JOB_ID so that it joins again when it restarts"

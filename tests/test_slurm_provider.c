@@ -29,14 +29,32 @@ static void sink(void *ctx, const char *job, const char *kind, const char *detai
         snprintf(events[n_events++], sizeof events[0], "%s %s: %s", job, kind, detail);
 }
 
+/* Writes the fake's file `name` whole at once (a rename): a fake command that reads it
+ * meanwhile sees the old text or the new, never an empty file. */
 static void put(const char *name, const char *text)
 {
-    char path[128];
+    char path[128], tmp[140];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
     cr_assert_not_null(f);
     fputs(text, f);
-    fclose(f);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(rename(tmp, path), 0);
+}
+
+/* squeue runs the fake made so far (lines of $D/calls naming it). */
+static int squeue_calls(void)
+{
+    char path[128], line[512];
+    snprintf(path, sizeof path, "%s/calls", dir);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        n += strncmp(line, "squeue", 6) == 0;
+    if (f != NULL)
+        fclose(f);
+    return n;
 }
 
 static void script(const char *name, const char *body)
@@ -81,6 +99,21 @@ static tide_provider_t slurm_with(uint64_t pending_ms)
     tide_provider_t p;
     cr_assert_eq(tide_provider_slurm(&p, &cfg, sink, NULL), TIDE_OK);
     return p;
+}
+
+/* Ticks p until a poll that began after this call has been judged, so that the provider
+ * has seen the fake's present text whatever the machine's load: three more squeue runs
+ * (the one in flight may have read the earlier text; polls run one at a time, so the third
+ * starts after the second's output was judged). Fails after 10 s. */
+static void settle(tide_provider_t *p)
+{
+    int want = squeue_calls() + 3;
+    uint64_t end = tide_now_ns() + 10000000000ull;
+    while (squeue_calls() < want) {
+        cr_assert(tide_now_ns() < end, "squeue was not run three times in 10 s");
+        p->ops->tick(p->self, tide_now_ns());
+        tide_sleep_ms(2);
+    }
 }
 
 /* Ticks p until an event containing `what` arrived (fails after 10 s); its index. */
@@ -213,10 +246,7 @@ Test(slurm_provider, a_watched_allocation_leaves_and_comes_back)
     put("queue.out", "21|RUNNING|None|h3|2026-01-01T00:00:00\n");
     p.ops->watch(p.self, "mlp", "21");
     p.ops->watch(p.self, "mlp", "21"); /* once */
-    for (int i = 0; i < 20; i++) {
-        p.ops->tick(p.self, tide_now_ns());
-        tide_sleep_ms(2);
-    }
+    settle(&p);
     cr_assert_eq(n_events, 0, "a running allocation giving its nodes back was reported");
     char why[256];
     p.ops->describe(p.self, "mlp", why, sizeof why);
@@ -230,20 +260,14 @@ Test(slurm_provider, a_watched_allocation_leaves_and_comes_back)
     n_events = 0;
     put("queue.out", "22|RUNNING|None|h3|2026-01-01T00:00:00\n");
     p.ops->watch(p.self, "mlp", "22");
-    for (int i = 0; i < 20; i++) {
-        p.ops->tick(p.self, tide_now_ns());
-        tide_sleep_ms(2);
-    }
+    settle(&p);
     put("queue.out", "22|RUNNING|None|h1|2026-01-01T00:09:00\n");
     until(&p, "Slurm job 22 started again on h1");
 
     /* ended instead of requeued */
     put("queue.out", "23|RUNNING|None|h3|2026-01-01T00:00:00\n");
     p.ops->watch(p.self, "mlp", "23");
-    for (int i = 0; i < 20; i++) {
-        p.ops->tick(p.self, tide_now_ns());
-        tide_sleep_ms(2);
-    }
+    settle(&p);
     put("queue.out", "23|COMPLETED|None|h3|2026-01-01T00:00:00\n");
     until(&p, "allocation_ended: Slurm job 23 is COMPLETED instead of requeued");
     /* forgotten by Slurm */

@@ -28,6 +28,7 @@ TIDE_BUILD=$1 TIDE_SRC=$2
 # shellcheck source=slurm_lib.sh
 . "$TIDE_SRC/tests/slurm_lib.sh"
 SL_TIDED_ARGS=(--slurm-pending-ms 6000)
+SL_STEPS=1000 # paced 60 ms: the job outlives the grow, the refusals and the shrinks under ASan and load
 sl_setup 3
 JOB=g1
 

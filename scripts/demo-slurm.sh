@@ -41,13 +41,14 @@ show() {
   echo "\$ $*"
   "$@"
 }
-# events JOB KIND...: the job's events of those kinds, as text
+# events JOB KIND...: the job's events of those kinds, as text, oldest first (tidectl
+# events lists the newest first)
 events() {
   local job=$1
   shift
   ctl ops events --limit 1000 | awk -v j="$job" -v k="$*" '
     BEGIN { n = split(k, ks, " "); for (i = 1; i <= n; i++) want[ks[i]] = 1 }
-    $0 ~ " " j " " { for (f = 1; f <= NF; f++) if ($f in want) { print; next } }'
+    $0 ~ " " j " " { for (f = 1; f <= NF; f++) if ($f in want) { print; next } }' | tac
 }
 
 echo "== a Slurm cluster of 3 nodes (partitions low, preemptible with a 30 s grace, and high)"

@@ -34,6 +34,7 @@
 #include "core/log.h"
 #include "coordinator/intake.h"
 #include "coordinator/loop.h"
+#include "coordinator/allocs.h"
 #include "coordinator/outbox.h"
 
 #define BATCH        2048 /* requests per loop iteration before timers and the commit */
@@ -223,6 +224,18 @@ void tide__save_attempt(tide_server_t *s, const tide_store_attempt_t *a)
 {
     if (store_ready(s->core))
         store_result(s->core, tide_store_put_attempt(s->core->store, a));
+}
+
+void tide__save_alloc(tide_server_t *s, const char *pool, const tide_proto_alloc_t *a)
+{
+    if (store_ready(s->core))
+        store_result(s->core, tide_store_put_alloc(s->core->store, pool, a));
+}
+
+void tide__save_alloc_removed(tide_server_t *s, const char *pool)
+{
+    if (store_ready(s->core))
+        store_result(s->core, tide_store_del_alloc(s->core->store, pool));
 }
 
 void tide__save_worker_removed(tide_server_t *s, int32_t id)

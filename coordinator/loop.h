@@ -41,6 +41,8 @@ typedef struct tide__request {
 
 typedef struct tide__core tide__core;       /* loop.c's own: sockets, outbox, store, timers */
 typedef struct tide__metrics tide__metrics; /* metrics.c's own: the HTTP listener */
+typedef struct tide__alloc tide__alloc;     /* allocations.c's own: pools' allocations, the
+                                               provider of nodes, pending leaves */
 
 /* What the handler modules share. Fields are read and written on the loop thread only. */
 struct tide_server {
@@ -74,6 +76,7 @@ struct tide_server {
         char failed[160];      /* why its last run failed ("": it did not), told once */
     } elastic;                 /* elastic_tided.c */
     tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
+    tide__alloc *alloc;          /* allocations.c */
 };
 
 /* ---- registration (server.c, before the loop runs) --------------------------------------- */
@@ -151,6 +154,12 @@ void tide__save_attempt(tide_server_t *s, const tide_store_attempt_t *a);
 
 /* Deletes the row of worker id, which was just removed from the state. */
 void tide__save_worker_removed(tide_server_t *s, int32_t id);
+
+/* Saves pool's scheduler allocation a (allocs.h). */
+void tide__save_alloc(tide_server_t *s, const char *pool, const tide_proto_alloc_t *a);
+
+/* Deletes pool's allocation row. */
+void tide__save_alloc_removed(tide_server_t *s, const char *pool);
 
 /* The state file, for reads only (events, attempt logs): changes go through tide__save_*. */
 tide_store_t *tide__store(tide_server_t *s);

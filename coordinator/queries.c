@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "coordinator/allocations.h"
 #include "coordinator/members.h"
 #include "coordinator/queries.h"
 
@@ -161,6 +162,7 @@ static void status_row(tide_server_t *s, const tide_coord_worker_t *w, int64_t w
     const tide_coord_job_t *j = w->job ? tide_coord_job_get(s->st, w->job) : NULL;
     if (j != NULL)
         copy_name(r->job, sizeof r->job, j->name);
+    tide__alloc_label(s, w, r->alloc, sizeof r->alloc);
 }
 
 /* Sets the (stage, dp, tp) coordinates of the rows[0..k) that hold some in an online job's
@@ -276,6 +278,7 @@ static void handle_jobs(tide_server_t *s)
             }
             r->step = j->step > 0 ? (uint64_t)j->step : 0;
             r->throughput = j->throughput;
+            tide__alloc_job_text(s, j, r->allocs, sizeof r->allocs);
         } else {
             r->kind = j->okind == TIDE_OFFLINE_PLUGIN ? TIDE_JOB_PLUGIN : TIDE_JOB_COMMAND;
             r->workers = j->state == TIDE_JS_ASSIGNED ? 1 : 0;

@@ -14,8 +14,10 @@
  *   queries.c     status, jobs, events, logs
  *   operators.c   submit, cancel, drain
  *   resize.c      resize
+ *   allocations.c grow, leave (pools as scheduler allocations)
  * and the hooks: liveness.c (failure scan, retention), recovery.c (switch deadlines,
  * stalled jobs), offline.c (backfill), reconf.c and liveness.c (state reloaded),
+ * allocations.c (leaves, growing onto joined allocations, the provider's commands),
  * metrics.c (its HTTP listener).
  */
 #include <string.h>
@@ -23,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "coordinator/allocations.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/elastic_tided.h"
 #include "coordinator/join.h"
@@ -57,6 +60,7 @@ static const struct {
     {TIDE_MSG_LIVENESS, tide__on_liveness, RO},
     {TIDE_MSG_OFFLINE_STATUS, tide__on_offline_status, 0},
     {TIDE_MSG_JOIN, tide__on_join, 0},
+    {TIDE_MSG_LEAVE, tide__on_leave, 0},
     /* workers in a switch */
     {TIDE_MSG_PREPARE_ACK, tide__on_prepare_ack, 0},
     {TIDE_MSG_DONE, tide__on_done, 0},
@@ -74,6 +78,7 @@ static const struct {
     {TIDE_MSG_DRAIN, tide__on_drain, 0},
     {TIDE_MSG_ELASTIC, tide__on_elastic, 0},
     {TIDE_MSG_CHECKPOINT, tide__on_checkpoint, 0},
+    {TIDE_MSG_GROW, tide__on_grow, 0},
 };
 
 /* Registers every handler and hook; the order of hooks of one kind is the order they run. */
@@ -84,12 +89,15 @@ static void wire(tide_server_t *s)
     /* state (re)loaded: workers first, then the switches that name them */
     tide__on_load(s, tide__liveness_reload);
     tide__on_load(s, tide__reconf_reload);
+    tide__on_load(s, tide__alloc_load);
     /* every tick: who went silent, then the switches waiting on them, then retention */
     tide__on_tick(s, tide__liveness_tick);
     tide__on_tick(s, tide__recovery_tick);
     tide__on_tick(s, tide__retention_tick);
     tide__on_tick(s, tide__stall_tick);
     tide__on_tick(s, tide__elastic_tick);
+    /* then allocations: leaves, growing onto joined pools, the provider's commands */
+    tide__on_tick(s, tide__alloc_tick);
     /* a scheduling pass: stalled jobs take what they can before offline work does */
     tide__on_schedule(s, tide__recovery_retry_stalled);
     tide__on_schedule(s, tide__elastic_pass); /* online jobs take GPUs before offline work */
@@ -120,6 +128,7 @@ void tide_server_config_defaults(tide_server_config *cfg)
     cfg->max_client_mb = 64; /* above a 32 MiB frame and its framing */
     cfg->status_page = 16384; /* 16384 rows of the longest names stay far below a message's
                                  32 MiB */
+    cfg->slurm_poll_ms = 2000;
 }
 
 static int endpoint_is_local(const char *ep)
@@ -182,6 +191,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     s->cfg = *cfg;
     TIDE_CHECK_GOTO(check_config(cfg), rc, fail);
     TIDE_CHECK_GOTO(tide__core_new(s), rc, fail);
+    TIDE_CHECK_GOTO(tide__alloc_open(s), rc, fail);
     wire(s);
     TIDE_CHECK_GOTO(tide__core_load(s), rc, fail);
     size_t pending = 0;
@@ -221,6 +231,7 @@ void tide_server_destroy(tide_server_t **self_p)
         return;
     tide_server_t *s = *self_p;
     tide__metrics_close(s);
+    tide__alloc_close(s);
     tide__core_destroy(s);
     tide_coord_state_destroy(&s->st);
     tide_free(s);

@@ -59,6 +59,12 @@ typedef struct tide_server_config {
                                (libzmq holds them); 0: not watched */
     int64_t elastic_interval_ms; /* least time between two policy changes of one job, ms */
     double elastic_margin;       /* a policy grow saves more than this x its downtime */
+    int provider_slurm;     /* nodes come from Slurm (--provider slurm): grow submits
+                               allocations, pools of allocations are grown onto */
+    const char *slurm_bin;  /* folder of sbatch, scontrol, squeue, scancel; NULL: PATH */
+    int64_t slurm_poll_ms;  /* how often an awaited allocation is asked about, ms */
+    int64_t slurm_pending_ms; /* an allocation still pending after this long is cancelled
+                                 (0: it waits as long as Slurm keeps it), ms */
 } tide_server_config;
 
 /* Fills cfg with the defaults tided documents. */

@@ -218,6 +218,18 @@ int tidectl__cmd_drain(settings_t *s, int argc, char **argv, FILE *out, FILE *er
     return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "draining") : rc;
 }
 
+int tidectl__cmd_grow(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    (void)argc;
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_GROW);
+    int rc = tidectl__copy_job(err, "grow", "JOB", argv[0], req.u.grow.job);
+    req.u.grow.nodes = (int)s->nodes;
+    if (rc == TIDECTL_EXIT_OK)
+        rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_OK, err);
+    return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "growing") : rc;
+}
+
 int tidectl__cmd_checkpoint(settings_t *s, int argc, char **argv, FILE *out, FILE *err)
 {
     (void)argc;

@@ -65,6 +65,8 @@ typedef struct settings {
     /* status */
     const char *job;
     int watch; /* status --watch (status -o wide sets `output` above) */
+    /* grow */
+    long long nodes;
 } settings_t;
 
 /* One DEALER socket to tided, with a monitor that tells why a call failed. */
@@ -88,7 +90,7 @@ tidectl__cmd_fn tidectl__cmd_status, tidectl__cmd_jobs, tidectl__cmd_logs,
 tidectl__cmd_fn tidectl__cmd_events;   /* tidectl_events.c */
 tidectl__cmd_fn tidectl__cmd_timeline; /* tidectl_timeline.c */
 tidectl__cmd_fn tidectl__cmd_resize, tidectl__cmd_submit, tidectl__cmd_cancel, tidectl__cmd_drain,
-    tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
+    tidectl__cmd_grow, tidectl__cmd_checkpoint, tidectl__cmd_keygen; /* tidectl_actions.c */
 tidectl__cmd_fn tidectl__cmd_bounds, tidectl__cmd_priority, tidectl__cmd_pin,
     tidectl__cmd_unpin; /* tidectl_elastic.c */
 

@@ -224,7 +224,9 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
             fprintf(out, ",\"last_seen_ms\":%lld,\"pid\":%d,\"pool\":", (long long)g->last_seen_ms,
                     g->pid);
             tidectl__json_str_or_null(out, g->pool);
-            fprintf(out, ",\"pool_rank\":%d}", g->pool_rank);
+            fprintf(out, ",\"pool_rank\":%d,\"alloc\":", g->pool_rank);
+            tidectl__json_str_or_null(out, g->alloc);
+            fputc('}', out);
         }
         fputs("]}", out);
     }
@@ -237,15 +239,32 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int for
         fputc('\n', out);
         return;
     }
-    /* wide: the columns that map a row to a process (which mpirun launch, which of its
-       ranks, which pid on HOST) after the usual ones */
-    static const char *const head[] = {"WORKER", "HOST",    "DEV",    "KIND",    "STATE",
-                                       "JOB",    "ROLE",    "STEP",   "BUBBLE%", "MEMORY",
-                                       "OFFLINE", "SEEN",   "POOL",   "RANK",    "PID"};
-    static const int right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 1};
-    int wide = format == TIDECTL_WIDE;
+    /* ALLOC only when some launch runs in a scheduler's allocation; wide: the columns that
+       map a row to a process (which mpirun launch, which of its ranks, which pid on HOST) */
+    static const char *const usual[] = {"WORKER", "HOST", "DEV",     "KIND",   "STATE",   "JOB",
+                                        "ROLE",   "STEP", "BUBBLE%", "MEMORY", "OFFLINE", "SEEN"};
+    static const int usual_right[] = {1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1};
+    const char *head[MAX_COLS];
+    int right[MAX_COLS], n = 12;
+    memcpy(head, usual, sizeof usual);
+    memcpy(right, usual_right, sizeof usual_right);
+    int allocs = 0, wide = format == TIDECTL_WIDE;
+    for (uint32_t i = 0; i < r->n_rows; i++)
+        allocs |= r->rows[i].alloc[0] != '\0';
+    int at_alloc = allocs ? n++ : -1, at_pool = wide ? n : -1;
+    if (allocs) {
+        head[at_alloc] = "ALLOC";
+        right[at_alloc] = 0;
+    }
+    if (wide) {
+        static const char *const w[] = {"POOL", "RANK", "PID"};
+        for (int k = 0; k < 3; k++, n++) {
+            head[n] = w[k];
+            right[n] = k > 0;
+        }
+    }
     table_t t;
-    table_init(&t, wide ? 15 : 12, head, right);
+    table_init(&t, n, head, right);
     int count[TIDE_WORKER_LEFT + 1] = {0};
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_gpu_row_t *g = &r->rows[i];
@@ -279,13 +298,15 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int for
         } else {
             snprintf(c[11], CELL, "-");
         }
+        if (allocs)
+            tidectl__term_str(g->alloc[0] ? g->alloc : "-", 40, c[at_alloc], CELL);
         if (wide) {
-            tidectl__term_str(g->pool[0] ? g->pool : "-", 40, c[12], CELL);
-            snprintf(c[13], CELL, "%d", g->pool_rank);
+            tidectl__term_str(g->pool[0] ? g->pool : "-", 40, c[at_pool], CELL);
+            snprintf(c[at_pool + 1], CELL, "%d", g->pool_rank);
             if (g->pid > 0)
-                snprintf(c[14], CELL, "%d", g->pid);
+                snprintf(c[at_pool + 2], CELL, "%d", g->pid);
             else
-                snprintf(c[14], CELL, "-");
+                snprintf(c[at_pool + 2], CELL, "-");
         }
     }
     fprintf(out, "%u GPUs: %d online, %d offline work, %d idle, %d draining, %d failed", r->n_rows,
@@ -319,10 +340,12 @@ void tidectl__jobs_json(FILE *out, const tide_proto_jobs_reply_t *r)
             fprintf(out,
                     ",\"kind\":\"%s\",\"state\":\"%s\",\"gen\":%llu,\"dp\":%d,\"tp\":%d,\"pp\":%d,"
                     "\"workers\":%u,\"step\":%llu,\"throughput\":%.6g,\"priority\":%d,"
-                    "\"attempts\":%u}",
+                    "\"attempts\":%u,\"allocs\":",
                     tide_proto_job_kind_name(j->kind), tide_proto_job_state_name(j->state),
                     (unsigned long long)j->gen, j->dp, j->tp, j->pp, j->workers,
                     (unsigned long long)j->step, j->throughput, j->priority, j->attempts);
+            tidectl__json_str_or_null(out, j->allocs);
+            fputc('}', out);
         }
         fputs("]}", out);
     }
@@ -341,10 +364,14 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
         return;
     }
     static const char *const head[] = {"JOB",     "KIND", "STATE",   "GEN",      "LAYOUT",
-                                       "WORKERS", "STEP", "STEPS/S", "PRIORITY", "ATTEMPTS"};
-    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1};
+                                       "WORKERS", "STEP", "STEPS/S", "PRIORITY", "ATTEMPTS",
+                                       "ALLOCATIONS"};
+    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0};
+    int allocs = 0; /* the ALLOCATIONS column only when some job has one */
+    for (uint32_t i = 0; i < r->n_rows; i++)
+        allocs |= r->rows[i].allocs[0] != '\0';
     table_t t;
-    table_init(&t, 10, head, right);
+    table_init(&t, allocs ? 11 : 10, head, right);
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_job_row_t *j = &r->rows[i];
         char(*c)[CELL] = table_row(&t);
@@ -370,6 +397,8 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
             snprintf(c[9], CELL, "%u", j->attempts);
         }
         snprintf(c[5], CELL, "%u", j->workers);
+        if (allocs)
+            tidectl__term_str(j->allocs[0] ? j->allocs : "-", CELL - 1, c[10], CELL);
     }
     table_print(&t, out);
 }

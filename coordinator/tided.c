@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/opts.h"
+#include "coordinator/provider.h"
 #include "coordinator/server.h"
 
 static tide_server_t *running;
@@ -34,6 +35,10 @@ struct settings {
     const char *ompi_server;
     const char *auth;
     const char *log;
+    const char *provider;
+    const char *slurm_bin;
+    long long slurm_poll_ms;
+    long long slurm_pending_ms;
     long long heartbeat_ms;
     long long miss_limit;
     long long resize_timeout_ms;
@@ -147,6 +152,19 @@ static int read_settings(struct settings *s, int argc, char **argv)
          "ompi-server URI (e.g. file:/run/ompi.uri) that every pool of a job that grows is "
          "launched with (mpirun --ompi-server); shown by tidectl status",
          0, 0},
+        {"provider", "TIDE_PROVIDER", TIDE_OPT_STRING, &s->provider, "none",
+         "where a job's nodes come from: none (launches an operator starts), or slurm (tidectl "
+         "grow submits the job's batch script again; pools of a job's allocations are grown "
+         "onto as they join)",
+         0, 0},
+        {"slurm-bin", "TIDE_SLURM_BIN", TIDE_OPT_STRING, &s->slurm_bin, NULL,
+         "folder of sbatch, scontrol, squeue and scancel (default: PATH)", 0, 0},
+        {"slurm-poll-ms", "TIDE_SLURM_POLL_MS", TIDE_OPT_INT, &s->slurm_poll_ms, "2000",
+         "how often squeue is asked about allocations tided waits for", 100, 3600000},
+        {"slurm-pending-ms", "TIDE_SLURM_PENDING_MS", TIDE_OPT_INT, &s->slurm_pending_ms, "0",
+         "an allocation tidectl grow asked for that is still pending after this long is cancelled "
+         "(0: it waits as long as Slurm keeps it; a limit it can never pass cancels it at once)",
+         0, 604800000LL},
         {"link-gbps", "TIDE_LINK_GBPS", TIDE_OPT_DOUBLE, &s->link_gbps, "80",
          "per-worker link speed (Gbit/s) for --dry-run time estimates", 0, 0},
         {"elastic-interval-ms", "TIDE_ELASTIC_INTERVAL_MS", TIDE_OPT_INT, &s->elastic_interval_ms,
@@ -172,6 +190,11 @@ static int read_settings(struct settings *s, int argc, char **argv)
     }
     if (!(s->elastic_margin >= 0 && s->elastic_margin <= 1e6)) {
         fprintf(stderr, "tided: --elastic-margin must be in [0, 1e6]\n");
+        return 2;
+    }
+    int slurm = 0;
+    if (tide_provider_parse(s->provider, &slurm) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
         return 2;
     }
     if (!(s->link_gbps > 0)) {
@@ -215,6 +238,10 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->link_bytes_per_s = s->link_gbps * 1e9 / 8.0;
     cfg->elastic_interval_ms = s->elastic_interval_ms;
     cfg->elastic_margin = s->elastic_margin;
+    (void)tide_provider_parse(s->provider, &cfg->provider_slurm); /* checked by read_settings */
+    cfg->slurm_bin = s->slurm_bin;
+    cfg->slurm_poll_ms = s->slurm_poll_ms;
+    cfg->slurm_pending_ms = s->slurm_pending_ms;
 }
 
 /* SIGINT and SIGTERM stop the loop; SIGPIPE and SIGXFSZ are errors of the call, not death. */

@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "coordinator/allocations.h"
 #include "coordinator/members.h"
 #include "coordinator/offline.h"
 #include "coordinator/reconf.h"
@@ -170,6 +171,7 @@ void tide__on_register(tide_server_t *s, const tide_msg_t *msg, const void *raw,
         snprintf(w->owner, sizeof w->owner, "%s", s->req.who);
     tide__touch(s, w);
     tide__save_worker(s, w);
+    tide__alloc_register(s, w, &m->alloc);
     tide_msg_t r;
     tide_msg_init(&r, TIDE_MSG_REGISTER_OK);
     r.u.register_ok.worker = w->id;

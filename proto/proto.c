@@ -192,6 +192,43 @@ static const tide__field tensor_fields[] = {
 const tide__schema tide__tensor_schema = {tensor_fields, NELEM(tensor_fields),
                                           sizeof(tide_proto_tensor_t), 0, check_tensor};
 
+/* A scheduler's allocation: none (every field empty) or Slurm's, with its job id. */
+static tide_status check_alloc(const void *base, tide__ctx *c)
+{
+    const tide_proto_alloc_t *a = base;
+    char fn[160];
+    if (a->sched[0] == '\0') {
+        if (a->id[0] || a->nodes[0] || a->node[0] || a->gpus[0] || a->partition[0] ||
+            a->restarts)
+            return tide__fail(c, "%s is empty (no scheduler) but other fields are set",
+                              tide__field_name(c, "sched", fn, sizeof fn));
+        return TIDE_OK;
+    }
+    if (strcmp(a->sched, "slurm") != 0)
+        return tide__fail(c, "%s = '%s' is not one of: \"\", slurm",
+                          tide__field_name(c, "sched", fn, sizeof fn), a->sched);
+    size_t n = strlen(a->id);
+    int ok = n > 0 && a->id[0] != '_';
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (a->id[i] >= '0' && a->id[i] <= '9') || a->id[i] == '_';
+    if (!ok)
+        return tide__fail(c, "%s = '%s' is no Slurm job id (digits and '_')",
+                          tide__field_name(c, "id", fn, sizeof fn), a->id);
+    return TIDE_OK;
+}
+
+static const tide__field alloc_fields[] = {
+    F_STR(tide_proto_alloc_t, sched, "sched", TIDE__CS_NAME, 0),
+    F_STR(tide_proto_alloc_t, id, "id", TIDE__CS_NAME, 0),
+    F_STR(tide_proto_alloc_t, nodes, "nodes", TIDE__CS_HOST, 0),
+    F_STR(tide_proto_alloc_t, node, "node", TIDE__CS_HOST, 0),
+    F_STR(tide_proto_alloc_t, gpus, "gpus", TIDE__CS_HOST, 0),
+    F_STR(tide_proto_alloc_t, partition, "partition", TIDE__CS_HOST, 0),
+    F_INT(tide_proto_alloc_t, restarts, "restarts", 0, INT32_MAX),
+};
+static const tide__schema alloc_schema = {alloc_fields, NELEM(alloc_fields),
+                                          sizeof(tide_proto_alloc_t), 0, check_alloc};
+
 /* ---- worker <-> tided schemas ------------------------------------------------------------------
  */
 
@@ -212,6 +249,11 @@ static const tide__field register_fields[] = {
     F_U64(tide_proto_register_t, mem_bytes, "mem"),
     F_ENUM(tide_proto_register_t, kind, "kind", device_kind_names),
     F_INT(tide_proto_register_t, pid, "pid", 1, INT32_MAX),
+    {.key = "alloc",
+     .kind = TIDE__K_STRUCT,
+     .off = offsetof(tide_proto_register_t, alloc),
+     .count_off = TIDE__NO_OFF,
+     .sub = &alloc_schema},
 };
 
 static tide_status check_register_ok(const void *base, tide__ctx *c)
@@ -602,6 +644,11 @@ static const tide__field failure_fields[] = {
     F_TEXT(tide_proto_failure_t, reason, "reason"),
 };
 
+static const tide__field leave_fields[] = {
+    F_WORKER(tide_proto_leave_t, worker),
+    F_TEXT(tide_proto_leave_t, reason, "reason"),
+};
+
 /* Offline work: command jobs carry argv and no plugin; plugin jobs carry a plugin name. */
 static tide_status check_offline(tide__ctx *c, tide_proto_job_kind_t kind, const char *plugin,
                                  uint32_t argc)
@@ -683,6 +730,7 @@ static const tide__field gpu_row_fields[] = {
     F_DBL(tide_proto_gpu_row_t, bubble_pct, "bubble_pct", 0.0, 100.0),
     F_STR(tide_proto_gpu_row_t, offline, "offline", TIDE__CS_NAME, 0),
     F_INT(tide_proto_gpu_row_t, last_seen_ms, "last_seen_ms", 0, INT64_MAX),
+    F_STR(tide_proto_gpu_row_t, alloc, "alloc", TIDE__CS_LINE, 0),
 };
 static const tide__schema gpu_row_schema = {gpu_row_fields, NELEM(gpu_row_fields),
                                             sizeof(tide_proto_gpu_row_t), 0, NULL};
@@ -746,6 +794,7 @@ static const tide__field job_row_fields[] = {
     F_DBL(tide_proto_job_row_t, throughput, "throughput", 0.0, 1e12),
     F_INT(tide_proto_job_row_t, priority, "priority", -1000, 1000),
     F_INT(tide_proto_job_row_t, attempts, "attempts", 0, UINT32_MAX),
+    F_STR(tide_proto_job_row_t, allocs, "allocs", TIDE__CS_LINE, 0),
 };
 static const tide__schema job_row_schema = {job_row_fields, NELEM(job_row_fields),
                                             sizeof(tide_proto_job_row_t), 0, NULL};
@@ -840,6 +889,11 @@ static const tide__field elastic_fields[] = {
     F_INT(tide_proto_elastic_t, priority, "priority", -1, 100),
     F_INT(tide_proto_elastic_t, pin, "pin", -1, 1),
     F_INT(tide_proto_elastic_t, steps, "steps", -1, INT64_MAX),
+};
+
+static const tide__field grow_fields[] = {
+    F_JOB(tide_proto_grow_t, job),
+    F_INT(tide_proto_grow_t, nodes, "nodes", 1, 4096),
 };
 
 static tide_status check_checkpoint(const void *base, tide__ctx *c)
@@ -1012,6 +1066,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_LIVENESS_REPLY] =
         SCHEMA(liveness_reply_fields, tide_proto_liveness_reply_t, 1, check_liveness_reply),
     [TIDE_MSG_FAILURE] = SCHEMA(failure_fields, tide_proto_failure_t, 0, NULL),
+    [TIDE_MSG_LEAVE] = SCHEMA(leave_fields, tide_proto_leave_t, 0, NULL),
     [TIDE_MSG_OFFLINE_ASSIGN] =
         SCHEMA(offline_assign_fields, tide_proto_offline_assign_t, 1, check_offline_assign),
     [TIDE_MSG_PREEMPT] = SCHEMA(preempt_fields, tide_proto_preempt_t, 0, NULL),
@@ -1028,6 +1083,9 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
     [TIDE_MSG_ELASTIC] = SCHEMA(elastic_fields, tide_proto_elastic_t, 0, check_elastic),
+};
+
+    [TIDE_MSG_GROW] = SCHEMA(grow_fields, tide_proto_grow_t, 0, NULL),
     [TIDE_MSG_CHECKPOINT] = SCHEMA(checkpoint_fields, tide_proto_checkpoint_t, 0, check_checkpoint),
     [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, check_events),
     [TIDE_MSG_EVENTS_REPLY] = SCHEMA(events_reply_fields, tide_proto_events_reply_t, 1, NULL),
@@ -1083,6 +1141,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_DONE:
     case TIDE_MSG_SAVED:
     case TIDE_MSG_FAILURE:
+    case TIDE_MSG_LEAVE:
     case TIDE_MSG_OFFLINE_STATUS:
     case TIDE_MSG_BUBBLE:
     case TIDE_MSG_LIVENESS: /* a switch's exact question about its own job's ranks */
@@ -1095,6 +1154,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_CANCEL:
     case TIDE_MSG_DRAIN:
     case TIDE_MSG_ELASTIC:
+    case TIDE_MSG_GROW:
     case TIDE_MSG_CHECKPOINT:
     case TIDE_MSG_EVENTS:
     case TIDE_MSG_LOGS: /* a command's output may hold anything: admins only */

@@ -165,6 +165,27 @@ typedef struct tide_proto_fit {
     char what[TIDE_PROTO_FIT_WHAT_MAX + 1]; /* "what" */
 } tide_proto_fit_t;
 
+/*
+ * A launch's allocation with a batch scheduler, as its worker read it from its environment
+ * at registration (Slurm: SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME,
+ * SLURM_STEP_GPUS or SLURM_JOB_GPUS, SLURM_JOB_PARTITION, SLURM_RESTART_COUNT). Wire: map
+ * {"sched","id","nodes","node","gpus","partition","restarts"}. sched "" (no scheduler):
+ * every other field empty or 0. sched "slurm": id 1..31 chars of [0-9_] (not starting
+ * with '_'); the others may be "" where Slurm did not say. nodes, node, gpus, partition:
+ * printable ASCII without spaces.
+ */
+#define TIDE_PROTO_ALLOC_ID_MAX 31  /* chars of a scheduler's job id */
+#define TIDE_PROTO_GPUS_MAX     255 /* chars of a GPU list ("0,1,2,3") */
+typedef struct tide_proto_alloc {
+    char sched[16];                          /* "sched": "" or "slurm" */
+    char id[TIDE_PROTO_ALLOC_ID_MAX + 1];    /* "id" */
+    char nodes[TIDE_PROTO_TEXT_MAX + 1];     /* "nodes": the allocation's (Slurm hostlist) */
+    char node[TIDE_PROTO_HOST_MAX + 1];      /* "node": this launch's node, as Slurm names it */
+    char gpus[TIDE_PROTO_GPUS_MAX + 1];      /* "gpus": GPUs Slurm gave the launch */
+    char partition[TIDE_PROTO_NAME_MAX + 1]; /* "partition" */
+    int restarts;                            /* "restarts": times requeued, [0, INT32_MAX] */
+} tide_proto_alloc_t;
+
 /* ---- worker <-> tided ------------------------------------------------------------------- */
 
 /* "register" worker -> tided: a pool process announces its device. */
@@ -177,6 +198,7 @@ typedef struct tide_proto_register {
     uint64_t mem_bytes;                 /* "mem": device memory, bytes */
     tide_proto_device_kind_t kind;      /* "kind": "cpu" | "gpu" */
     int pid;                            /* "pid": [1, INT32_MAX] */
+    tide_proto_alloc_t alloc;           /* "alloc": the launch's scheduler allocation */
 } tide_proto_register_t;
 
 /* "register_ok" tided -> worker. fail_ms is how long tided waits for a message from the
@@ -432,6 +454,15 @@ typedef struct tide_proto_failure {
     char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
 } tide_proto_failure_t;
 
+/* "leave" worker -> tided: the worker's launch must give its node back soon (its scheduler
+   signalled a preemption or a time limit): tided shrinks the job off the launch as a
+   planned change and releases it. Every rank of the launch may send it; once per launch
+   counts. */
+typedef struct tide_proto_leave {
+    int32_t worker;                       /* "worker" */
+    char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason": for events ("SIGUSR1 from Slurm") */
+} tide_proto_leave_t;
+
 /*
  * "offline_assign" tided -> worker: run offline job `job` on this worker. Command jobs
  * carry argv (1..256 entries, each 1..4095 bytes, no NUL) and an empty plugin; plugin
@@ -516,6 +547,8 @@ typedef struct tide_proto_gpu_row {
     double bubble_pct;                     /* "bubble_pct": [0, 100], of recent intervals */
     char offline[TIDE_PROTO_NAME_MAX + 1]; /* "offline": offline job, "" when none */
     int64_t last_seen_ms;                  /* "last_seen_ms": wall clock of last heartbeat */
+    char alloc[64]; /* "alloc": its launch's allocation, "slurm 12", "" when none (printable
+                       ASCII, spaces allowed) */
 } tide_proto_gpu_row_t;
 
 /* "status_reply": "time_ms" (tided's wall clock), "rows" (array of row maps, ascending
@@ -544,6 +577,9 @@ typedef struct tide_proto_job_row {
     double throughput;                  /* "throughput": steps/s, >= 0 */
     int priority;                       /* "priority": [-1000, 1000] */
     uint32_t attempts;                  /* "attempts" */
+    char allocs[TIDE_PROTO_TEXT_MAX + 1]; /* "allocs": the scheduler allocations its launches
+                                             run in and those it waits for ("slurm 12 h[1-2];
+                                             slurm 14 pending (Resources)"), "" when none */
 } tide_proto_job_row_t;
 
 /* "jobs_reply": "rows" (array of job row maps). */
@@ -614,6 +650,13 @@ typedef struct tide_proto_checkpoint {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
     char dir[TIDE_PROTO_TEXT_MAX + 1]; /* "dir": absolute, or "" */
 } tide_proto_checkpoint_t;
+
+/* "grow" tidectl -> tided: ask tided's provider of nodes (Slurm) for `nodes` more nodes for
+   online job `job`; their launches join the job when the scheduler starts them. */
+typedef struct tide_proto_grow {
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    int nodes;                         /* "nodes": [1, 4096] */
+} tide_proto_grow_t;
 
 /* "drain" tidectl -> tided: move work off a worker and give it no more. */
 typedef struct tide_proto_drain {
@@ -773,6 +816,7 @@ typedef struct tide_proto_error {
     X(LIVENESS, "liveness", liveness)                                                              \
     X(LIVENESS_REPLY, "liveness_reply", liveness_reply)                                            \
     X(FAILURE, "failure", failure)                                                                 \
+    X(LEAVE, "leave", leave)                                                                       \
     X(OFFLINE_ASSIGN, "offline_assign", offline_assign)                                            \
     X(PREEMPT, "preempt", preempt)                                                                 \
     X(OFFLINE_STATUS, "offline_status", offline_status)                                            \
@@ -787,6 +831,7 @@ typedef struct tide_proto_error {
     X(CANCEL, "cancel", cancel)                                                                    \
     X(DRAIN, "drain", drain)                                                                       \
     X(ELASTIC, "elastic", elastic)                                                                 \
+    X(GROW, "grow", grow)                                                                          \
     X(CHECKPOINT, "checkpoint", checkpoint)                                                        \
     X(EVENTS, "events", events)                                                                    \
     X(EVENTS_REPLY, "events_reply", events_reply)                                                  \
@@ -857,6 +902,7 @@ typedef struct tide_msg {
         tide_proto_liveness_t liveness;
         tide_proto_liveness_reply_t liveness_reply;
         tide_proto_failure_t failure;
+        tide_proto_leave_t leave;
         tide_proto_offline_assign_t offline_assign;
         tide_proto_preempt_t preempt;
         tide_proto_offline_status_t offline_status;
@@ -871,6 +917,7 @@ typedef struct tide_msg {
         tide_proto_cancel_t cancel;
         tide_proto_drain_t drain;
         tide_proto_elastic_t elastic;
+        tide_proto_grow_t grow;
         tide_proto_checkpoint_t checkpoint;
         tide_proto_events_t events;
         tide_proto_events_reply_t events_reply;

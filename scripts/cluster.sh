@@ -161,6 +161,10 @@ down() {
     # shellcheck disable=SC1090
     . "$DIR/env"
   fi
+  # a Slurm on the hosts (scripts/slurm.sh): its controller and munged run outside them
+  if [ -d "$DIR/slurm" ]; then
+    bash "$(dirname "${BASH_SOURCE[0]}")/slurm.sh" down --name "$NAME" || true
+  fi
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^tide-$NAME-h[0-9]+$" || true); do
     # every process of the host first, so nothing keeps the namespace alive
     for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done

@@ -10,6 +10,7 @@ PACKAGES=(
   libcriterion-dev libopenblas-dev libxxhash-dev
   procps curl shellcheck
   iproute2 util-linux  # scripts/cluster.sh: ip netns, tc, unshare
+  slurmctld slurmd slurm-client munge  # scripts/slurm.sh: a Slurm cluster on those hosts
   python3-torch python3-mpi4py python3-pip python3-setuptools python3-wheel python3-pytest
   fortunes-min  # examples/train_gpt.py's text: English quotations, read from disk
   help2man man-db systemd  # man pages made from --help, `man`, systemd-analyze verify

@@ -70,3 +70,15 @@ if(TIDE_PYTHON3 AND TARGET tided AND TARGET tidectl AND TARGET train_mlp
                    ${TIDE_PYTHON3} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_timeline "mpi" 420)
 endif()
+# coordinator/child: the commands tided runs beside its loop (the Slurm provider's).
+if(TARGET tide_coord)
+  tide_add_unit_test(test_child SOURCES test_child.c LIBS tide_coord TIMEOUT 60)
+endif()
+# coordinator/slurm: the Slurm provider against fake Slurm commands.
+if(TARGET tide_coord)
+  tide_add_unit_test(test_slurm_provider SOURCES test_slurm_provider.c LIBS tide_coord TIMEOUT 60)
+endif()
+# coordinator/allocs: the pools' scheduler allocations, in memory and in the state file.
+if(TARGET tide_coord)
+  tide_add_unit_test(test_allocs SOURCES test_allocs.c LIBS tide_coord PkgConfig::SQLITE3 TIMEOUT 30)
+endif()

@@ -58,6 +58,10 @@ nm -D --defined-only "$PLUGIN" | grep -q ' tide_task_v1_get$' ||
   fail "the installed plugin does not export tide_task_v1_get"
 PLUGIN_SRC="$P/share/tide/examples/task_matmul/task_matmul.c"
 [ -f "$PLUGIN_SRC" ] || fail "the plugin example's source is not installed"
+# running under Slurm: the per-node launcher on PATH beside tided, and a batch script
+[ -x "$P/bin/tide-slurm-pools" ] || fail "bin/tide-slurm-pools is not installed"
+"$P/bin/tide-slurm-pools" --help | grep -q "one tide pool per" || fail "tide-slurm-pools --help"
+[ -f "$P/share/tide/examples/slurm/train_mlp.sbatch" ] || fail "the Slurm batch example is not installed"
 
 # 1. find_package(tide)
 cmake -S "$EX" -B "$WORK/qs-cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \

@@ -67,7 +67,7 @@ check_ids() {
   local js r w h d
   js=$(ctl ops status --json)
   while read -r r w h d; do
-    grep -q "{\"worker\":$w,\"host\":\"$h\",\"device\":$d,[^}]*\"pool_rank\":$r}" <<<"$js" ||
+    grep -q "{\"worker\":$w,\"host\":\"$h\",\"device\":$d,[^}]*\"pool_rank\":$r[,}]" <<<"$js" ||
       { echo "$js"; fail "$1: rank $r printed worker $w on $h device $d; tidectl status differs"; }
   done <<<"$ids"
 }

@@ -1254,6 +1254,55 @@ Test(proto_refuse, strings)
     refuse_edit(&r, OP_SET, "rank", VUINT(2), "field 'rank' = 2 must be below field 'size' = 2");
 }
 
+Test(proto_roundtrip, a_launch_in_a_slurm_allocation_and_the_bad_forms)
+{
+    tide_msg_t r, d;
+    tide_msg_init(&r, TIDE_MSG_REGISTER);
+    strcpy(r.u.reg.pool, "p1");
+    r.u.reg.size = 2;
+    strcpy(r.u.reg.host, "h3");
+    r.u.reg.pid = 99;
+    strcpy(r.u.reg.alloc.sched, "slurm");
+    strcpy(r.u.reg.alloc.id, "1234_5");
+    strcpy(r.u.reg.alloc.nodes, "h[1-3],gpu[01-04]");
+    strcpy(r.u.reg.alloc.node, "h3");
+    strcpy(r.u.reg.alloc.gpus, "0,1");
+    strcpy(r.u.reg.alloc.partition, "low");
+    r.u.reg.alloc.restarts = 2;
+    size_t len;
+    uint8_t *bytes = encode_copy(&r, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(d.u.reg.alloc.id, "1234_5");
+    cr_expect_str_eq(d.u.reg.alloc.nodes, "h[1-3],gpu[01-04]");
+    cr_expect_eq(d.u.reg.alloc.restarts, 2);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    refuse_edit(&r, OP_SET, "alloc.sched", VSTR("pbs"), "field 'alloc.sched' = 'pbs' is not one of");
+    refuse_edit(&r, OP_SET, "alloc.id", VSTR("12a"), "field 'alloc.id' = '12a' is no Slurm job id");
+    refuse_edit(&r, OP_SET, "alloc.id", VSTR(""), "is no Slurm job id");
+    refuse_edit(&r, OP_SET, "alloc.nodes", VSTR("h1 h2"), "printable ASCII without spaces");
+    refuse_edit(&r, OP_SET, "alloc.restarts", VINT(-1), "field 'alloc.restarts'");
+    refuse_edit(&r, OP_SET, "alloc.sched", VSTR(""),
+                "field 'alloc.sched' is empty (no scheduler) but other fields are set");
+    refuse_edit(&r, OP_DROP, "alloc", VINT(0), "missing field 'alloc'");
+    /* no scheduler: every field empty */
+    memset(&r.u.reg.alloc, 0, sizeof r.u.reg.alloc);
+    bytes = encode_copy(&r, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_str_eq(d.u.reg.alloc.sched, "");
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    /* grow and leave */
+    tide_msg_t g;
+    tide_msg_init(&g, TIDE_MSG_GROW);
+    strcpy(g.u.grow.job, "mlp");
+    g.u.grow.nodes = 1;
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_GROW), TIDE_ROLE_ADMIN);
+    cr_expect_eq(tide_msg_type_role(TIDE_MSG_LEAVE), TIDE_ROLE_WORKER);
+    refuse_edit(&g, OP_SET, "nodes", VINT(0), "field 'nodes' must be an integer in [1, 4096]");
+    refuse_edit(&g, OP_SET, "nodes", VINT(4097), "field 'nodes' must be an integer in [1, 4096]");
+}
+
 Test(proto_refuse, arrays_over_their_limits)
 {
     tide_msg_t s;

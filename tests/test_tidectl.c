@@ -521,8 +521,50 @@ Test(tidectl_format, status_wide_maps_rows_to_processes)
     fclose(f);
     /* the keys that came first stay first, in their order (scripts grep for them) */
     cr_expect(strstr(s, "{\"worker\":0,\"host\":\"node-a\",\"device\":0,"), "%s", s);
-    cr_expect(strstr(s, "\"pid\":4242,\"pool\":\"launch-7\",\"pool_rank\":1}"), "%s", s);
-    cr_expect(strstr(s, "\"pid\":0,\"pool\":null,\"pool_rank\":3}"), "%s", s);
+    cr_expect(strstr(s, "\"pid\":4242,\"pool\":\"launch-7\",\"pool_rank\":1,\"alloc\":null}"), "%s",
+              s);
+    cr_expect(strstr(s, "\"pid\":0,\"pool\":null,\"pool_rank\":3,\"alloc\":null}"), "%s", s);
+    free(s);
+    tide_msg_clear(&rep);
+}
+
+Test(tidectl_format, allocations_get_a_column_only_when_there_are_some)
+{
+    tide_msg_t rep, req;
+    tide_msg_init(&req, TIDE_MSG_STATUS);
+    answer_status(&req, &rep, NULL);
+    strcpy(rep.u.status_reply.rows[0].alloc, "slurm 12");
+    char *s;
+    size_t len;
+    FILE *f = open_memstream(&s, &len);
+    tidectl_print_status(f, &rep.u.status_reply, TIDECTL_TABLE);
+    fclose(f);
+    cr_expect_eq(col_of(s, "ALLOC"), col_of(s, "slurm 12"), "%s", s);
+    cr_expect_null(strstr(s, " \n"), "%s", s);
+    free(s);
+    f = open_memstream(&s, &len);
+    tidectl_print_status(f, &rep.u.status_reply, TIDECTL_JSON);
+    fclose(f);
+    cr_expect(strstr(s, "\"alloc\":\"slurm 12\"}") && strstr(s, "\"alloc\":null}"), "%s", s);
+    free(s);
+    tide_msg_clear(&rep);
+    tide_msg_init(&req, TIDE_MSG_JOBS);
+    answer_status(&req, &rep, NULL);
+    f = open_memstream(&s, &len);
+    tidectl_print_jobs(f, &rep.u.jobs_reply, 0);
+    fclose(f);
+    cr_expect_null(strstr(s, "ALLOCATIONS"), "a column for nothing: %s", s);
+    free(s);
+    strcpy(rep.u.jobs_reply.rows[0].allocs, "slurm 12 h[1-2]; slurm 14 pending (Resources)");
+    f = open_memstream(&s, &len);
+    tidectl_print_jobs(f, &rep.u.jobs_reply, 0);
+    fclose(f);
+    cr_expect_eq(col_of(s, "ALLOCATIONS"), col_of(s, "slurm 12 h[1-2]; slurm 14 pending"), "%s", s);
+    free(s);
+    f = open_memstream(&s, &len);
+    tidectl_print_jobs(f, &rep.u.jobs_reply, 1);
+    fclose(f);
+    cr_expect(strstr(s, "\"allocs\":\"slurm 12 h[1-2]; slurm 14 pending (Resources)\"}"), "%s", s);
     free(s);
     tide_msg_clear(&rep);
 }
@@ -577,6 +619,8 @@ Test(tidectl_cli, usage_errors_exit_2)
                          "best", NULL),
                  "placement 'best' is not one of: default, optimal");
     expect_usage(run_cli("drain", "gpu3", NULL), "WORKER must be a worker id");
+    expect_usage(run_cli("grow", NULL), "usage: tidectl grow JOB");
+    expect_usage(run_cli("grow", "llm", "--nodes", "0", NULL), "--nodes: 0 is outside [1, 4096]");
     expect_usage(run_cli("checkpoint", NULL), "usage: tidectl checkpoint JOB");
     expect_usage(run_cli("checkpoint", "llm", "--dir", "", NULL), "--dir must be a path of 1 to");
     expect_usage(run_cli("status", "extra", NULL), "takes no arguments");

@@ -56,3 +56,5 @@ if(TARGET tided)
                      PASS "test_worker_hostbeat: passed"
                      FAIL "FAILED|ERROR: (Address|Leak)Sanitizer|runtime error:")
 endif()
+# worker/sched: a launch's Slurm allocation from its environment, and its leave signal.
+tide_add_unit_test(test_sched SOURCES test_sched.c LIBS tide_worker TIMEOUT 30)

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 #include "core/keyfile.h"
 #include "core/log.h"
 #include "worker/ctl_int.h"
+#include "worker/sched.h"
 
 /* ---- helpers (background thread) ------------------------------------------------------ */
 
@@ -282,6 +284,31 @@ static void leave_tick(tide__ctl_t *ctl)
     }
 }
 
+/* The scheduler signalled that it takes this launch's node back: tided is asked to shrink
+   the job off the launch (once per arrival; every rank of the launch asks, tided counts
+   one). Not before registration: the arrival waits for it. */
+static void leave_signal_tick(tide__ctl_t *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    int32_t id = ctl->worker_id;
+    int ok = ctl->registered && !ctl->fenced && !ctl->bye;
+    pthread_mutex_unlock(&ctl->mu);
+    if (ctl->leave_signo == 0 || !ok || !tide__sched_signal_take(&ctl->leave_seen))
+        return;
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_LEAVE);
+    m.u.leave.worker = id;
+    snprintf(m.u.leave.reason, sizeof m.u.leave.reason,
+             "signal %d (TIDE_LEAVE_SIGNAL) from its scheduler, which takes the node back",
+             ctl->leave_signo);
+    if (ctl->leave_signo == SIGUSR1)
+        snprintf(m.u.leave.reason, sizeof m.u.leave.reason,
+                 "SIGUSR1 from Slurm (its --signal notice): the node is taken back soon");
+    TIDE_INFO(SUBSYS, "worker %d: %s; asking tided to shrink the job off this launch", id,
+              m.u.leave.reason);
+    tide__ctl_send_now(ctl, &m);
+}
+
 /* How long the next poll may wait (ms): until the next heartbeat or registration, 20 ms
    while a command runs, 2 ms while an ack waits for the preparation. */
 static long poll_timeout(tide__ctl_t *ctl, int registered)
@@ -328,6 +355,7 @@ static void *run(void *arg)
             tide__ctl_child_tick(ctl);
         tide__ctl_prep_tick(ctl);
         send_saved(ctl);
+        leave_signal_tick(ctl);
         uint64_t now = tide_now_ns();
         pthread_mutex_lock(&ctl->mu);
         registered = ctl->registered;
@@ -606,9 +634,15 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg)
     probe.u.reg = cfg->reg;
     if (tide_msg_validate(&probe) != TIDE_OK)
         return tide_errorf(TIDE_ERR_INVALID, "cannot register: %s", tide_last_error());
+    int signo = 0;
+    TIDE_CHECK(tide__sched_signal_parse(getenv("TIDE_LEAVE_SIGNAL"), &signo));
     tide__ctl_t *ctl = NULL;
     TIDE_CHECK(ctl_alloc(&ctl, cfg));
-    tide_status rc = tide__mailbox_new(&ctl->replies);
+    tide_status rc = tide__sched_signal_catch(signo, &ctl->leave_seen);
+    if (rc == TIDE_OK)
+        ctl->leave_signo = signo; /* released by destroy */
+    if (rc == TIDE_OK)
+        rc = tide__mailbox_new(&ctl->replies);
     if (rc == TIDE_OK)
         rc = open_sockets(ctl, cfg);
     if (rc == TIDE_OK && pthread_create(&ctl->thread, NULL, run, ctl) != 0)
@@ -674,6 +708,7 @@ void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye)
         stop_thread(ctl, say_bye);
     if (ctl->child.pid > 0)
         tide__ctl_child_stop(ctl); /* the thread never ran the stop (it failed) */
+    tide__sched_signal_release(ctl->leave_signo);
     if (ctl->mon)
         zmq_close(ctl->mon);
     if (ctl->dealer)

@@ -74,6 +74,10 @@ struct tide__ctl {
                       cannot route messages to it */
     int bye;       /* destroy sent (or is sending) bye: this rank is off the host's heartbeats
                       and registers no more */
+    /* the scheduler's notice that it takes the node back (TIDE_LEAVE_SIGNAL, worker/sched.h):
+       set before the thread starts, then the background thread's */
+    int leave_signo;       /* 0: none caught */
+    unsigned leave_seen;   /* arrivals of it already told to tided */
     /* --- background thread only --- */
     tide__ctl_pending pend;
     uint64_t seen_gen; /* the newest generation announced (never reused) */

@@ -18,6 +18,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "worker/sched.h"
 #include "worker/tide_int.h"
 
 #define SUBSYS "worker"
@@ -145,6 +146,7 @@ static void registration(tide_t *t, const tide_options *opts, const char *pool, 
     cc->reg.kind = t->be->mem_kind == TIDE_MEM_DEVICE ? TIDE_DEVICE_GPU : TIDE_DEVICE_CPU;
     cc->reg.mem_bytes = worker_mem(t, opts, n_local);
     cc->reg.pid = (int)getpid();
+    tide__sched_alloc(&cc->reg.alloc); /* the Slurm allocation it runs in, if any */
     cc->host = t->host;
     cc->intents = t->intents;
     cc->progress = &t->progress;

@@ -6,6 +6,7 @@
  * Values hit their limits often (0, maxima, longest strings) because that is
  * where encoders and decoders break. Arrays stay small to keep tests fast.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -320,6 +321,24 @@ static tide_status fill_record(rng_t *r, tide_msg_t *m)
     }
 }
 
+/* An allocation: none half of the time, else Slurm's. */
+static void sample_alloc(rng_t *r, tide_proto_alloc_t *a)
+{
+    memset(a, 0, sizeof *a);
+    if (next(r) & 1)
+        return;
+    snprintf(a->sched, sizeof a->sched, "slurm");
+    size_t n = (size_t)urange(r, 1, TIDE_PROTO_ALLOC_ID_MAX);
+    for (size_t i = 0; i < n; i++)
+        a->id[i] = i > 0 && (next(r) & 7) == 0 ? '_' : (char)('0' + next(r) % 10);
+    a->id[n] = '\0';
+    rstr(r, a->nodes, 0, TIDE_PROTO_TEXT_MAX, 1);
+    rstr(r, a->node, 0, TIDE_PROTO_HOST_MAX, 1);
+    rstr(r, a->gpus, 0, TIDE_PROTO_GPUS_MAX, 1);
+    rstr(r, a->partition, 0, TIDE_PROTO_NAME_MAX, 1);
+    a->restarts = (int)urange(r, 0, INT32_MAX);
+}
+
 static tide_status fill(rng_t *r, tide_msg_t *m)
 {
     switch (m->type) {
@@ -333,6 +352,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->mem_bytes = urange(r, 0, UINT64_MAX);
         x->kind = (tide_proto_device_kind_t)urange(r, 0, 1);
         x->pid = (int)urange(r, 1, INT32_MAX);
+        sample_alloc(r, &x->alloc);
         return TIDE_OK;
     }
     case TIDE_MSG_REGISTER_OK:
@@ -565,6 +585,10 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         TEXT(r, x->reason);
         return TIDE_OK;
     }
+    case TIDE_MSG_LEAVE:
+        m->u.leave.worker = worker_id(r);
+        TEXT(r, m->u.leave.reason);
+        return TIDE_OK;
     case TIDE_MSG_OFFLINE_ASSIGN: {
         tide_proto_offline_assign_t *x = &m->u.offline_assign;
         NAME(r, x->job);
@@ -646,6 +670,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             g->bubble_pct = drange(r, 0, 100);
             NAME0(r, g->offline);
             g->last_seen_ms = irange(r, 0, INT64_MAX);
+            rstr(r, g->alloc, 0, sizeof g->alloc - 1, 3);
         }
         x->total = n + (uint32_t)urange(r, 0, 100000);
         x->next = n > 0 && (next(r) & 1) ? id : -1;
@@ -672,6 +697,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             j->throughput = drange(r, 0, 1e6);
             j->priority = (int)irange(r, -1000, 1000);
             j->attempts = (uint32_t)urange(r, 0, UINT32_MAX);
+            rstr(r, j->allocs, 0, TIDE_PROTO_TEXT_MAX, 3);
         }
         return TIDE_OK;
     }
@@ -740,6 +766,9 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.elastic.priority = (int32_t)(next(r) % 102) - 1;
         m->u.elastic.pin = (int32_t)(next(r) % 3) - 1;
         m->u.elastic.steps = (int64_t)(next(r) % 100000) - 1;
+    case TIDE_MSG_GROW:
+        NAME(r, m->u.grow.job);
+        m->u.grow.nodes = (int)urange(r, 1, 4096);
         return TIDE_OK;
     case TIDE_MSG_CHECKPOINT:
         NAME(r, m->u.checkpoint.job);

@@ -1083,8 +1083,6 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_CANCEL] = SCHEMA(cancel_fields, tide_proto_cancel_t, 0, NULL),
     [TIDE_MSG_DRAIN] = SCHEMA(drain_fields, tide_proto_drain_t, 0, NULL),
     [TIDE_MSG_ELASTIC] = SCHEMA(elastic_fields, tide_proto_elastic_t, 0, check_elastic),
-};
-
     [TIDE_MSG_GROW] = SCHEMA(grow_fields, tide_proto_grow_t, 0, NULL),
     [TIDE_MSG_CHECKPOINT] = SCHEMA(checkpoint_fields, tide_proto_checkpoint_t, 0, check_checkpoint),
     [TIDE_MSG_EVENTS] = SCHEMA(events_fields, tide_proto_events_t, 0, check_events),

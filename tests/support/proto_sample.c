@@ -766,6 +766,7 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         m->u.elastic.priority = (int32_t)(next(r) % 102) - 1;
         m->u.elastic.pin = (int32_t)(next(r) % 3) - 1;
         m->u.elastic.steps = (int64_t)(next(r) % 100000) - 1;
+        return TIDE_OK;
     case TIDE_MSG_GROW:
         NAME(r, m->u.grow.job);
         m->u.grow.nodes = (int)urange(r, 1, 4096);

@@ -17,6 +17,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "proto/proto_reshard.h"
 #include "worker/tide_int.h"
 
 #define SUBSYS "worker"
@@ -50,25 +51,9 @@ static int job_name_ok(const char *s)
 
 static tide_status send_join(tide_t *t, const tide_join_req *req)
 {
-    size_t n = tide_collection_size(req->collection);
-    if (n > TIDE_PROTO_TENSORS_MAX)
-        return tide_errorf(TIDE_ERR_RANGE, "the collection has %zu tensors; tided takes %u", n,
-                           TIDE_PROTO_TENSORS_MAX);
-    tide_proto_tensor_t *ts = tide_calloc(n ? n : 1, sizeof *ts);
-    if (ts == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory describing %zu tensors", n);
-    for (size_t i = 0; i < n; i++) {
-        const tide_tensor_desc *d = tide_collection_tensor(req->collection, i);
-        snprintf(ts[i].name, sizeof ts[i].name, "%s", d->name);
-        ts[i].dtype = (int)d->dtype;
-        ts[i].ndim = d->ndim;
-        memcpy(ts[i].shape, d->shape, sizeof ts[i].shape);
-        ts[i].layer = d->layer;
-        ts[i].tp = (int)d->tp;
-        ts[i].tp_dim = d->tp == TIDE_TP_SPLIT ? d->tp_dim : 0;
-        ts[i].tp_segments = d->tp_segments;
-        ts[i].dp = (int)d->dp;
-    }
+    tide_proto_tensor_t *ts = NULL;
+    uint32_t n = 0;
+    TIDE_CHECK(tide_proto_tensors_from(req->collection, &ts, &n));
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_JOIN);
     tide_proto_join_t *j = &m.u.join;
@@ -81,17 +66,11 @@ static tide_status send_join(tide_t *t, const tide_join_req *req)
     j->pp = req->pp;
     j->micro_batches = req->micro_batches;
     j->tensors = ts;
-    j->n_tensors = (uint32_t)n;
+    j->n_tensors = n;
     /* checked by tide_join (tide_fit_check): at most TIDE_FIT_RULES_MAX, each well formed */
     tide_proto_fit_t fit[TIDE_FIT_RULES_MAX];
-    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX &&
-                       TIDE_PROTO_FIT_WHAT_MAX + 1 == TIDE_FIT_WHAT_MAX,
-                   "proto carries every fit rule libtide takes");
-    for (int i = 0; i < req->n_fit; i++) {
-        fit[i].degree = (int)req->fit[i].degree;
-        fit[i].n = req->fit[i].n;
-        memcpy(fit[i].what, req->fit[i].what, sizeof fit[i].what);
-    }
+    _Static_assert(TIDE_PROTO_FIT_MAX == TIDE_FIT_RULES_MAX, "proto carries every fit rule");
+    tide_proto_fit_from(fit, req->fit, (uint32_t)req->n_fit);
     j->fit = req->n_fit > 0 ? fit : NULL;
     j->n_fit = (uint32_t)req->n_fit;
     tide_status rc = tide__ctl_send(t->ctl, &m);

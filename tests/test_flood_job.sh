@@ -5,7 +5,7 @@
 # speed (expensive status requests over a 2,000-worker table, malformed messages, 64-frame
 # multipart messages, never reading a reply; 3 more each sending 512 MiB multipart messages
 # of one shared 256 KiB frame, which tided cuts at --max-client-mb) for most of the run.
-# Checked: no worker of the job is ever declared failed (no worker_failed event, one
+# Checked: no worker of the job is ever declared failed (no worker_failed event for one, one
 # generation from the first step to the last), the job trains to the end with every loss
 # and its whole final state bit-identical to the same run without tided, tided answers
 # after the flood, and its peak memory stays under 256 MiB (printed).
@@ -76,9 +76,11 @@ JOB_PID=""
 grep -q "$STEPS steps done in 1 generation" "$WORK/job.log" ||
   { cat "$WORK/job.log" >&2; fail "the job did not train to the end in its first generation"; }
 ev=$("$TIDECTL" --endpoint "$EP" --timeout-ms 10000 events --limit 10000 --json)
-if grep -q '"kind":"worker_failed"' <<<"$ev"; then
+# the job's workers only: hostile_bench's 2,000 simulated ones ("bulk rank N") heartbeat from
+# the flooding process itself, which may starve them of CPU on a loaded machine
+if grep '"kind":"worker_failed"' <<<"$ev" | grep -vq '(bulk rank '; then
   echo "$ev" >&2
-  fail "tided declared a healthy worker failed during the flood"
+  fail "tided declared a healthy worker of the job failed during the flood"
 fi
 cmp -s "$WORK/tide.loss" "$WORK/ref.loss" || {
   diff "$WORK/tide.loss" "$WORK/ref.loss" | head >&2

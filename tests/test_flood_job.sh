@@ -66,8 +66,20 @@ done
   { cat "$WORK/job.log" >&2; fail "the job did not reach step 5"; }
 
 note "6 hostile connections flood tided for 6 s while the job trains"
+hrc=0
 "$HOSTILE" --endpoint "$EP" --tided-pid "$TIDED_PID" --seconds 6 --table 2000 --clients 2 --amplify 3 \
-  --out "$WORK/hostile.json" | tee "$WORK/hostile.log" || fail "hostile_bench: tided did not answer"
+  --out "$WORK/hostile.json" >"$WORK/hostile.log" 2>&1 || hrc=$?
+cat "$WORK/hostile.log"
+[ "$hrc" -ne 1 ] || fail "hostile_bench: tided did not answer"
+peak=""
+if [ "$hrc" -ne 0 ]; then
+  # the attacker itself died: libzmq asserts in a client whose connection tided cut in the
+  # middle of a message (seen under ASan). tided's side is what this test checks.
+  echo "hostile_bench ended with status $hrc (not tided's doing); asking tided directly"
+  "$TIDECTL" --endpoint "$EP" --timeout-ms 30000 jobs >/dev/null ||
+    fail "tided did not answer after the flood"
+  peak=$(awk '/^VmHWM:/ { print $2 }' "/proc/$TIDED_PID/status")
+fi
 step=$(awk 'END { print $1 + 0 }' "$WORK/tide.loss")
 [ "$step" -lt $STEPS ] || fail "the job finished before the flood ended: lengthen it (--pace-ms)"
 
@@ -88,7 +100,7 @@ cmp -s "$WORK/tide.loss" "$WORK/ref.loss" || {
 }
 "$STATE_DIFF" "$WORK/tide.state" "$WORK/ref.state" ||
   fail "the final state differs from the run without tided"
-peak=$(sed -n 's/.*"tided_peak_rss_kib":\([0-9]*\).*/\1/p' "$WORK/hostile.json")
+[ -n "$peak" ] || peak=$(sed -n 's/.*"tided_peak_rss_kib":\([0-9]*\).*/\1/p' "$WORK/hostile.json")
 [ -n "$peak" ] && [ "$peak" -gt 0 ] || fail "no peak memory of tided in $WORK/hostile.json"
 [ "$peak" -lt $((256 * 1024)) ] || fail "tided's peak memory was $peak KiB under the flood"
 echo "PASS: $STEPS steps under a 6 s flood (the flood ended at step $step), no worker failed," \

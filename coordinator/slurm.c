@@ -368,7 +368,8 @@ static int judge(slurm *p, entry *e, char *const f[5], uint64_t now)
         start_cancel(p, e);
         return 1;
     }
-    if (strcmp(reason, e->reason) != 0) {
+    /* "None" is Slurm's reason before its scheduler first looks at the job: no reason yet */
+    if (strcmp(reason, "None") != 0 && strcmp(reason, e->reason) != 0) {
         snprintf(e->reason, sizeof e->reason, "%s", reason);
         event(p, e->job, "allocation_pending", "Slurm job %s for job %s waits: %s (%s)", e->id,
               e->job, reason, reason_text(reason));

@@ -8,8 +8,8 @@
  * them, or one whose unfinished message saw tided's resident memory grow by that much
  * (frames of a few bytes cost libzmq 64 each), or one that sent a message of more than
  * TIDE__INTAKE_FRAMES_MAX frames, is cut (shutdown: libzmq drops its unfinished message
- * and the client reconnects). Event-loop thread only; a check costs one getsockopt per
- * open connection.
+ * and the client reconnects). Event-loop thread only; a sweep costs one getsockopt per
+ * open connection, and runs when tided's resident memory grew or once a second.
  */
 #ifndef TIDE_COORD_INTAKE_H
 #define TIDE_COORD_INTAKE_H

@@ -20,8 +20,9 @@
 /* A sweep of every connection costs one getsockopt each: at 10,000 workers, one every
    20 ms took 65% of a core. libzmq holds a client's unread bytes in tided's memory, so a
    sweep is needed only once resident memory grew (by GROWN_SHARE of the limit since the
-   last sweep), and at least every SWEEP_NS whatever it did. */
-#define SWEEP_NS   1000000000ull
+   last sweep), and at least every SWEEP_NS whatever it did (memory libzmq reuses from
+   tided's own free heap costs nothing new, so that sweep need not be quick). */
+#define SWEEP_NS   5000000000ull
 #define GROWN_SHARE 4
 #define SMALL_BYTES (64u << 10) /* an unfinished message this small is never cut for memory */
 

@@ -9,7 +9,7 @@
  * (frames of a few bytes cost libzmq 64 each), or one that sent a message of more than
  * TIDE__INTAKE_FRAMES_MAX frames, is cut (shutdown: libzmq drops its unfinished message
  * and the client reconnects). Event-loop thread only; a sweep costs one getsockopt per
- * open connection, and runs when tided's resident memory grew or once a second.
+ * open connection, and runs when tided's resident memory grew or every 5 s.
  */
 #ifndef TIDE_COORD_INTAKE_H
 #define TIDE_COORD_INTAKE_H

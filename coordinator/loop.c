@@ -712,7 +712,8 @@ tide_status tide__core_load(tide_server_t *s)
 {
     tide__core *c = s->core;
     TIDE_CHECK(tide_coord_state_new(&s->st));
-    TIDE_CHECK(tide_store_open(&c->store, s->cfg.state_path, s->cfg.sync_full));
+    TIDE_CHECK(tide_store_open_ex(&c->store, s->cfg.state_path, s->cfg.sync_full,
+                                  s->cfg.accept_state_loss));
     TIDE_CHECK(tide_store_load(c->store, s->st));
     s->now_ns = tide_now_ns();
     run_hooks(s, &c->load);

@@ -450,8 +450,35 @@ typedef enum damage {
     DMG_DB_FLIP,
     DMG_DB_TRUNC,
     DMG_DB_EMPTY,
-    DMG_DB_GONE
+    DMG_DB_GONE,
+    DMG_WAL_LAST_FLIP, /* a byte of the last frame's page: SQLite drops that commit silently */
+    DMG_WAL_GONE,      /* the database copied without its WAL while tided had it open */
+    DMG_WAL_GONE_ALONE /* the same, copied without the sidecar (state.db.seq) too */
 } damage;
+
+/* The commit count tided's sidecar (state.db.seq) holds, or -1 when it cannot be read. */
+static long long sidecar_seq(void)
+{
+    char p[400];
+    snprintf(p, sizeof p, "%s.seq", proc.state);
+    FILE *f = fopen(p, "r");
+    long long v = -1;
+    if (f != NULL && fscanf(f, "%lld", &v) != 1)
+        v = -1;
+    if (f != NULL)
+        fclose(f);
+    return v;
+}
+
+static void set_sidecar(long long v)
+{
+    char p[400];
+    snprintf(p, sizeof p, "%s.seq", proc.state);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "%020lld\n", v);
+    fclose(f);
+}
 
 /* Applies d to copies of the saved db/wal bytes in proc.state(-wal). */
 static void damage_files(damage d, const uint8_t *db, size_t db_len, const uint8_t *wal,
@@ -478,6 +505,14 @@ static void damage_files(damage d, const uint8_t *db, size_t db_len, const uint8
         break;
     case DMG_WAL_TORN: /* a crash in the middle of the last write */
         bl -= pg / 2;
+        break;
+    case DMG_WAL_LAST_FLIP:
+        cr_assert_gt(bl, 32 + 3 * (24 + pg), "the WAL holds too few frames to damage");
+        b[bl - pg + 100] ^= 0x5a;
+        break;
+    case DMG_WAL_GONE:
+    case DMG_WAL_GONE_ALONE:
+        bl = 0;
         break;
     case DMG_DB_FLIP: /* bytes of the second page's b-tree header */
         cr_assert_gt(al, 2 * 4096);
@@ -521,10 +556,14 @@ Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fi
     size_t db_kl, wal_kl, db_cl, wal_cl = 0;
     cr_assert_eq(read_file(proc.state, &db_k, &db_kl), 0);
     cr_assert_eq(read_file(walp, &wal_k, &wal_kl), 0, "kill -9 should leave a WAL");
+    long long seq_k = sidecar_seq();
+    cr_assert_gt(seq_k, 40, "the sidecar counts %lld commits", seq_k);
     char log[8192];
     cr_assert_eq(start_logged(log, sizeof log), 0, "intact state refused: %s", log);
     coord_stop(&proc, SIGTERM);
     cr_assert_eq(read_file(proc.state, &db_c, &db_cl), 0);
+    long long seq_c = sidecar_seq();
+    cr_assert_geq(seq_c, seq_k);
     struct {
         damage d;
         int killed; /* the kill -9 snapshot (else the clean one) */
@@ -539,10 +578,21 @@ Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fi
         {DMG_DB_EMPTY, 0, 0, "empty (0 bytes)"},
         {DMG_DB_EMPTY, 1, 0, "write-ahead log"},
         {DMG_DB_GONE, 1, 0, "write-ahead log"},
+        {DMG_WAL_LAST_FLIP, 1, 0, "the last 1 are missing"},
+        {DMG_WAL_GONE, 1, 0, "write-ahead log"},
+        {DMG_WAL_GONE_ALONE, 1, 0, "did not stop cleanly, and its write-ahead log"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         damage_files(cases[k].d, cases[k].killed ? db_k : db_c, cases[k].killed ? db_kl : db_cl,
                      cases[k].killed ? wal_k : wal_c, cases[k].killed ? wal_kl : wal_cl);
+        /* what tided had acknowledged then; a torn last write was a commit in flight, never
+           acknowledged */
+        set_sidecar((cases[k].killed ? seq_k : seq_c) - (cases[k].d == DMG_WAL_TORN));
+        if (cases[k].d == DMG_WAL_GONE_ALONE) {
+            char p[400];
+            snprintf(p, sizeof p, "%s.seq", proc.state);
+            unlink(p);
+        }
         uint8_t *before = NULL, *after = NULL;
         size_t bl = 0, al = 0;
         int had = read_file(proc.state, &before, &bl) == 0;
@@ -568,6 +618,16 @@ Test(reliability, damaged_state_files_are_refused_never_used, .init = setup, .fi
         free(before);
         free(after);
     }
+    /* the operator may accept the loss: tided starts from what the file holds */
+    damage_files(DMG_WAL_LAST_FLIP, db_k, db_kl, wal_k, wal_kl);
+    set_sidecar(seq_k);
+    const char *accept[] = {"--accept-state-loss", NULL};
+    int st = 0;
+    cr_assert_eq(coord_start(&proc, TIDED_PATH, accept, &st), 0,
+                 "--accept-state-loss did not start (status %d)", st);
+    coord_stop(&proc, SIGTERM);
+    cr_assert_eq(start_logged(log, sizeof log), 0, "a file accepted once is refused again: %s",
+                 log);
     free(db_k);
     free(wal_k);
     free(db_c);

@@ -129,6 +129,47 @@ static int count_events(void *admin, const char *kind)
     return n;
 }
 
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* The value of the metric line starting with name (followed by a space), or -1. */
+static long scrape(int port, const char *name)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "cannot connect to metrics");
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    static char text[1 << 17];
+    size_t got = 0;
+    ssize_t k;
+    while (got < sizeof text - 1 && (k = recv(fd, text + got, sizeof text - 1 - got, 0)) > 0)
+        got += (size_t)k;
+    close(fd);
+    text[got] = '\0';
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(text, key);
+    return at != NULL ? strtol(at + strlen(key), NULL, 10) : -1;
+}
+
 /* Fills the file system of path with a file `fill` until it has no room left. */
 static void fill_disk(const char *fill)
 {
@@ -216,7 +257,10 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
         cr_skip_test("needs root to mount a small tmpfs");
     }
     snprintf(proc.state, sizeof proc.state, "%s/state.db", disk);
-    const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "3", NULL};
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "3", "--metrics", addr, NULL};
     int st = 0;
     cr_assert_eq(coord_start(&proc, TIDED_PATH, extra, &st), 0, "tided did not start (%d)", st);
     w1_dead = 0;
@@ -253,6 +297,8 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
     cr_assert_gt(degraded_ms(admin, w[1].id, &ws), 0, "status does not say degraded");
     cr_assert_eq(ws, TIDE_WORKER_FAILED, "the silent rank is not failed");
     cr_assert_geq(count_events(admin, "worker_failed"), 1);
+    cr_assert_eq(scrape(port, "tide_state_degraded"), 1);
+    cr_assert_gt(scrape(port, "tide_state_held_writes"), 0);
     uint64_t gen = 0, step = 0;
     int running = 0;
     for (int i = 0; i < 50 && gen != 2; i++) {
@@ -283,6 +329,8 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
         restored = degraded_ms(admin, w[1].id, NULL) == 0;
     }
     cr_assert(restored, "still degraded 5 s after the space was freed");
+    cr_assert_eq(scrape(port, "tide_state_degraded"), 0);
+    cr_assert_eq(scrape(port, "tide_state_degraded_total"), 1);
     cr_assert_eq(count_events(admin, "state_restored"), 1);
     cr_assert_geq(count_events(admin, "recovered"), 1, "the held events were not written");
     tide_msg_init(&m, TIDE_MSG_CHECKPOINT);

@@ -159,8 +159,10 @@ void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tid
 
 void tide__reply(tide_server_t *s, const tide_msg_t *msg)
 {
+    /* an error changed nothing: it stays what it says if the batch cannot be saved */
+    int change = s->core->op_change && msg->type != TIDE_MSG_ERROR;
     tide__outbox_push(&s->core->ob, s->req.rid, s->req.rid_len, s->req.delim,
-                      s->core->op_change ? TIDE__OUT_CHANGE : TIDE__OUT_REPLY, msg);
+                      change ? TIDE__OUT_CHANGE : TIDE__OUT_REPLY, msg);
 }
 
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)

@@ -324,7 +324,7 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int for
         fprintf(out,
                 "state: DEGRADED for %.0f s: tided cannot write its state file; it keeps "
                 "detecting and recovering failures in memory and refuses operators' changes "
-                "until it can (tidectl events --kind 'state_*' says why)\n",
+                "until it can (tidectl events --type 'state_*' says why)\n",
                 r->state_degraded_ms / 1000.0);
     if (r->n_rows == 0) {
         tide_free(t.cells);

@@ -260,7 +260,7 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
     int port = free_port();
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "3", "--metrics", addr, NULL};
+    const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "5", "--metrics", addr, NULL};
     int st = 0;
     cr_assert_eq(coord_start(&proc, TIDED_PATH, extra, &st), 0, "tided did not start (%d)", st);
     w1_dead = 0;

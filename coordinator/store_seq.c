@@ -155,7 +155,13 @@ tide_status tide__store_seq_bump(tide_store_t *s)
 {
     sqlite3_stmt *q = s->st[TIDE__ST_SEQ];
     sqlite3_bind_int64(q, 1, s->seq + 1);
-    return tide__store_step_done(s, TIDE__ST_SEQ, "counting the commit");
+    int src = sqlite3_step(q);
+    sqlite3_reset(q);
+    sqlite3_clear_bindings(q);
+    if (src == SQLITE_DONE)
+        return TIDE_OK;
+    return tide_errorf(src == SQLITE_BUSY ? TIDE_ERR_BUSY : TIDE_ERR_IO,
+                       "state file %s: counting the commit: %s", s->path, sqlite3_errmsg(s->db));
 }
 
 void tide__store_seq_committed(tide_store_t *s)

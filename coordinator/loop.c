@@ -32,6 +32,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "coordinator/health.h"
 #include "coordinator/intake.h"
 #include "coordinator/loop.h"
 #include "coordinator/allocs.h"
@@ -87,8 +88,10 @@ struct tide__core {
     int intake_at;        /* its monitor's item in this iteration's poll array, or -1 */
     tide__auth auth;
     tide_store_t *store;
-    tide_status fatal;  /* a store failure of the batch: nothing of it is sent (see readonly) */
-    char readonly[512]; /* non-empty: the state file failed; only reads are served, why */
+    tide_status fatal;  /* a store failure of the batch: it ends degraded (finish_batch) */
+    char fail_why[512]; /* that failure's message */
+    tide__health health; /* whether the state file takes writes; what is not on it yet */
+    int op_change;       /* the request being handled is an operator's change (serve) */
     tide__outbox ob;
     handler handlers[TIDE_MSG__COUNT];
     hooks tick, schedule, load;
@@ -156,7 +159,10 @@ void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tid
 
 void tide__reply(tide_server_t *s, const tide_msg_t *msg)
 {
-    tide__outbox_push(&s->core->ob, s->req.rid, s->req.rid_len, s->req.delim, 1, msg);
+    /* an error changed nothing: it stays what it says if the batch cannot be saved */
+    int change = s->core->op_change && msg->type != TIDE_MSG_ERROR;
+    tide__outbox_push(&s->core->ob, s->req.rid, s->req.rid_len, s->req.delim,
+                      change ? TIDE__OUT_CHANGE : TIDE__OUT_REPLY, msg);
 }
 
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
@@ -187,14 +193,25 @@ void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
 
 /* ---- durable changes ------------------------------------------------------------------------- */
 
-static int store_ready(tide__core *c)
+/* Notes the batch's first store failure (tide_last_error says why). */
+static void store_failed(tide__core *c, tide_status rc)
 {
     if (c->fatal != TIDE_OK)
+        return;
+    c->fatal = rc;
+    snprintf(c->fail_why, sizeof c->fail_why, "%s", tide_last_error());
+    TIDE_ERROR("store", "%s", c->fail_why);
+}
+
+/* 1 when this batch's writes go to the store: it is healthy and the batch has not failed
+ * (otherwise memory alone holds the change, written back when the file takes it). */
+static int store_ready(tide__core *c)
+{
+    if (c->fatal != TIDE_OK || c->health.degraded)
         return 0;
     tide_status rc = tide_store_begin(c->store);
     if (rc != TIDE_OK) {
-        c->fatal = rc;
-        TIDE_ERROR("store", "%s", tide_last_error());
+        store_failed(c, rc);
         return 0;
     }
     return 1;
@@ -202,10 +219,8 @@ static int store_ready(tide__core *c)
 
 static void store_result(tide__core *c, tide_status rc)
 {
-    if (rc != TIDE_OK && c->fatal == TIDE_OK) {
-        c->fatal = rc;
-        TIDE_ERROR("store", "%s", tide_last_error());
-    }
+    if (rc != TIDE_OK)
+        store_failed(c, rc);
 }
 
 void tide__save_worker(tide_server_t *s, const tide_coord_worker_t *w)
@@ -222,18 +237,21 @@ void tide__save_job(tide_server_t *s, const tide_coord_job_t *j)
 
 void tide__save_attempt(tide_server_t *s, const tide_store_attempt_t *a)
 {
+    tide__health_attempt(&s->core->health, a);
     if (store_ready(s->core))
         store_result(s->core, tide_store_put_attempt(s->core->store, a));
 }
 
 void tide__save_alloc(tide_server_t *s, const char *pool, const tide_proto_alloc_t *a)
 {
+    tide__health_alloc(&s->core->health, pool, a);
     if (store_ready(s->core))
         store_result(s->core, tide_store_put_alloc(s->core->store, pool, a));
 }
 
 void tide__save_alloc_removed(tide_server_t *s, const char *pool)
 {
+    tide__health_alloc(&s->core->health, pool, NULL);
     if (store_ready(s->core))
         store_result(s->core, tide_store_del_alloc(s->core->store, pool));
 }
@@ -253,9 +271,11 @@ static void event_v(tide_server_t *s, const char *job, const char *kind,
 {
     char detail[1024];
     vsnprintf(detail, sizeof detail, fmt, ap);
+    int64_t now_ms = tide_wall_ms();
+    tide__health_event(&s->core->health, now_ms, job, kind, f, detail);
     if (store_ready(s->core))
         store_result(s->core,
-                     tide_store_event_fields(s->core->store, tide_wall_ms(), job, kind, f, detail));
+                     tide_store_event_fields(s->core->store, now_ms, job, kind, f, detail));
 }
 
 void tide__event(tide_server_t *s, const char *job, const char *kind, const char *fmt, ...)
@@ -278,6 +298,11 @@ void tide__event_f(tide_server_t *s, const char *job, const char *kind,
 tide_store_t *tide__store(tide_server_t *s)
 {
     return s->core->store;
+}
+
+const tide__health *tide__health_of(const tide_server_t *s)
+{
+    return &s->core->health;
 }
 
 /* ---- timers ---------------------------------------------------------------------------------- */
@@ -402,20 +427,42 @@ static int is_operator_request(tide_msg_type_t t)
     return role == TIDE_ROLE_ADMIN || role == TIDE_ROLE_READER;
 }
 
-/* Dispatches m unless the state file cannot take it or its client already used its
- * budget of this pass. */
+static void serve_budgeted(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len);
+
+/* An operator's request that changes what a restart must find (resize, submit, bounds...):
+ * acknowledged only once it is on disk, so refused while the state file takes nothing. */
+static int is_operator_change(const handler *h, tide_msg_type_t t)
+{
+    return tide_msg_type_role(t) == TIDE_ROLE_ADMIN &&
+           (h == NULL || !(h->flags & TIDE__H_READONLY));
+}
+
+/* Dispatches m unless it is an operator's change the state file cannot take now, or its
+ * client already used its budget of this pass. Workers are always served: liveness and
+ * recovery never wait for the disk. */
 static void serve(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len)
 {
     tide__core *c = s->core;
     const handler *h = handler_of(c, m->type);
-    if (c->readonly[0] != '\0' && (h == NULL || !(h->flags & TIDE__H_READONLY))) {
+    int change = is_operator_change(h, m->type);
+    if (change && c->health.degraded) {
         tide__reply_error(s, TIDE_ERR_IO,
-                          "tided cannot save changes to its state file (%s): it serves status, "
-                          "jobs and events only. Free disk space or fix the file system, then "
-                          "restart tided; running jobs keep training",
-                          c->readonly);
+                          "tided cannot persist its state: %s; nothing was changed. Try again "
+                          "when the file system of %s has room (tidectl status says when tided "
+                          "persists again); running jobs keep training and failures are still "
+                          "recovered",
+                          c->health.why, s->cfg.state_path);
         return;
     }
+    c->op_change = change;
+    serve_budgeted(s, m, raw, len);
+    c->op_change = 0;
+}
+
+/* serve's second half: operator requests within their client's budget of this pass. */
+static void serve_budgeted(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len)
+{
+    tide__core *c = s->core;
     if (!is_operator_request(m->type)) {
         dispatch(s, m, raw, len);
         return;
@@ -541,72 +588,109 @@ static int recv_one(tide_server_t *s)
     return 1;
 }
 
-/* ---- the batch's end: commit, or read-only mode ---------------------------------------------- */
+/* ---- the batch's end: commit, or degraded ------------------------------------------------- */
 
 /*
- * The state file failed (disk full, I/O error): the batch is rolled back, the memory state
- * reloaded from what is saved, each request of the batch answered with the error, and
- * tided goes on serving reads only (never acknowledging a change it could not save)
- * until it is restarted.
+ * The batch's writes failed (disk full, I/O error): its transaction is rolled back but
+ * memory keeps every decision (workers failed, recoveries started: their commands go out),
+ * the journal keeps its events, and tided is degraded until try_persist writes the whole
+ * in-memory truth back. An operator's change of this batch is in force in memory but not
+ * on disk, so its acknowledgement is replaced by an error that says so.
  */
-static void enter_readonly(tide_server_t *s)
+static void enter_degraded(tide_server_t *s)
 {
     tide__core *c = s->core;
-    snprintf(c->readonly, sizeof c->readonly, "%s", tide_last_error());
     tide_store_rollback(c->store);
-    tide_coord_state_t *fresh = NULL;
-    if (tide_coord_state_new(&fresh) != TIDE_OK || tide_store_load(c->store, fresh) != TIDE_OK) {
-        tide_coord_state_destroy(&fresh);
-        tide__outbox_drop(&c->ob);
-        return; /* c->fatal stays set: the loop ends */
-    }
-    /* connections survive the reload: replies to later reads need no re-register */
-    for (size_t i = 0; i < fresh->n_workers && i < s->st->n_workers; i++) {
-        tide_coord_worker_t *nw = &fresh->workers[i], *ow = &s->st->workers[i];
-        if (nw->id == ow->id) {
-            memcpy(nw->rid, ow->rid, ow->rid_len);
-            nw->rid_len = ow->rid_len;
-            nw->delim = ow->delim;
-        }
-    }
-    tide_coord_state_destroy(&s->st);
-    s->st = fresh;
-    run_hooks(s, &c->load);
+    c->fatal = TIDE_OK;
+    if (!tide__health_failed(&c->health, c->fail_why, s->now_ns, tide_wall_ms()))
+        return;
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    tide_event_fields_reason(&f, c->fail_why);
+    tide__event_f(s, "", "state_degraded", &f,
+                  "tided cannot persist its state to %s: %s; it goes on deciding in memory "
+                  "(failures are still detected and recovered), refuses operators' changes, "
+                  "and writes everything back when the file takes writes again",
+                  s->cfg.state_path, c->fail_why);
     tide_msg_t err;
     tide_msg_init(&err, TIDE_MSG_ERROR);
     err.u.error.code = TIDE_ERR_IO;
     snprintf(err.u.error.message, sizeof err.u.error.message,
-             "tided could not save this change (%s); nothing of it was applied. tided now "
-             "serves status, jobs and events only: free disk space or fix the state file's "
-             "file system, then restart tided",
-             c->readonly);
-    tide__outbox_replies_to(&c->ob, &err);
-    c->fatal = TIDE_OK;
+             "tided cannot persist its state: %s. This change is in force while tided runs but "
+             "is not on disk: a tided restart before the file system of %s has room loses it",
+             c->fail_why, s->cfg.state_path);
+    tide__outbox_refuse_changes(&c->ob, &err);
     TIDE_ERROR("store",
-               "the state file cannot be written (%s): the last batch was rolled back and "
-               "tided serves reads only until it is restarted",
-               c->readonly);
+               "the state file cannot be written (%s): tided is degraded; it keeps deciding in "
+               "memory and retries every %llu ms",
+               c->fail_why, (unsigned long long)(TIDE__RETRY_NS / 1000000ull));
 }
 
-/* Commits the batch, then sends its replies; a failed commit sends only errors. */
+/* Writes every worker and job as memory holds them, then the journal, in the open
+ * transaction: what a restart must find. */
+static tide_status write_back(tide_server_t *s)
+{
+    tide__core *c = s->core;
+    tide_coord_state_t *st = s->st;
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const tide_coord_worker_t *w = tide_coord_worker_get(st, (int32_t)i);
+        TIDE_CHECK(w != NULL ? tide_store_put_worker(c->store, w)
+                             : tide_store_del_worker(c->store, (int32_t)i, st->next_worker_id));
+    }
+    for (size_t i = 0; i < st->n_jobs; i++)
+        TIDE_CHECK(tide_store_put_job(c->store, st->jobs[i]));
+    TIDE_CHECK(tide__health_replay(&c->health, c->store));
+    double secs = (double)(s->now_ns - c->health.since_ns) / 1e9;
+    char detail[1024];
+    snprintf(detail, sizeof detail,
+             "tided persists its state to %s again after %.1f s: %zu workers, %zu jobs and "
+             "%zu held writes written back%s",
+             s->cfg.state_path, secs, st->n_workers, st->n_jobs, c->health.n,
+             c->health.dropped ? " (the oldest held writes were dropped: the journal was full)"
+                               : "");
+    return tide_store_event_fields(c->store, tide_wall_ms(), "", "state_restored", NULL, detail);
+}
+
+/* While degraded, once per TIDE__RETRY_NS (or now when force): writes the in-memory truth
+ * back in one transaction; healthy again when it commits. */
+static void try_persist(tide_server_t *s, int force)
+{
+    tide__core *c = s->core;
+    if (!c->health.degraded || (!force && s->now_ns < c->health.retry_ns))
+        return;
+    tide_status rc = tide_store_begin(c->store);
+    if (rc == TIDE_OK)
+        rc = write_back(s);
+    if (rc == TIDE_OK)
+        rc = tide_store_commit(c->store);
+    if (rc != TIDE_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tide_last_error());
+        tide_store_rollback(c->store);
+        tide__health_failed(&c->health, why, s->now_ns, tide_wall_ms());
+        TIDE_WARN_LIMITED("store", "still cannot persist the state: %s", why);
+        return;
+    }
+    TIDE_INFO("store", "the state file takes writes again: tided's state is persisted");
+    tide__health_committed(&c->health);
+    tide__health_restored(&c->health);
+}
+
+/* Commits the batch, then sends its replies; a failed commit leaves tided degraded. */
 static void finish_batch(tide_server_t *s)
 {
     tide__core *c = s->core;
-    if (c->readonly[0] != '\0') {
-        tide__outbox_flush(&c->ob);
-        return;
-    }
-    if (c->fatal == TIDE_OK) {
+    if (c->fatal == TIDE_OK && !c->health.degraded) {
         tide_status rc = tide_store_commit(c->store);
         if (rc != TIDE_OK)
-            c->fatal = rc;
+            store_failed(c, rc);
+        else
+            tide__health_committed(&c->health);
     }
-    if (c->fatal != TIDE_OK) {
-        enter_readonly(s);
-        if (c->fatal != TIDE_OK)
-            return;
-    }
+    if (c->fatal != TIDE_OK)
+        enter_degraded(s);
     tide__outbox_flush(&c->ob);
+    try_persist(s, 0);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
@@ -621,6 +705,7 @@ tide_status tide__core_new(tide_server_t *s)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory starting tided");
     }
     tide__outbox_init(&c->ob);
+    tide__health_init(&c->health);
     s->core = c;
     return TIDE_OK;
 }
@@ -629,7 +714,8 @@ tide_status tide__core_load(tide_server_t *s)
 {
     tide__core *c = s->core;
     TIDE_CHECK(tide_coord_state_new(&s->st));
-    TIDE_CHECK(tide_store_open(&c->store, s->cfg.state_path, s->cfg.sync_full));
+    TIDE_CHECK(tide_store_open_ex(&c->store, s->cfg.state_path, s->cfg.sync_full,
+                                  s->cfg.accept_state_loss));
     TIDE_CHECK(tide_store_load(c->store, s->st));
     s->now_ns = tide_now_ns();
     run_hooks(s, &c->load);
@@ -734,6 +820,7 @@ void tide__core_destroy(tide_server_t *s)
     if (c == NULL)
         return;
     tide__outbox_clear(&c->ob);
+    tide__health_clear(&c->health);
     tide_free(c->peers);
     tide__intake_destroy(&c->intake);
     if (c->router)
@@ -832,10 +919,6 @@ static void run_ticks(tide_server_t *s)
 {
     tide__core *c = s->core;
     uint64_t every = tide__tick_ns(s);
-    if (c->readonly[0] != '\0') {
-        c->want_schedule = 0; /* no decision can be saved: none is taken */
-        c->next_tick_ns = s->now_ns + every;
-    }
     if (s->now_ns < c->next_tick_ns)
         return;
     c->tick_soon = 0;
@@ -886,10 +969,14 @@ tide_status tide__core_run(tide_server_t *s)
         for (int i = 0; i < c->n_sources; i++)
             c->sources[i].handle(s, items + c->sources[i].at, c->sources[i].n);
     }
-    if (c->fatal == TIDE_OK)
-        finish_batch(s);
-    TIDE_INFO("server", "stopped%s", c->fatal ? " after a state file error" : "");
-    if (c->fatal == TIDE_OK && c->readonly[0] != '\0')
-        return tide_errorf(TIDE_ERR_IO, "stopped in read-only mode: %s", c->readonly);
-    return c->fatal;
+    finish_batch(s);
+    try_persist(s, 1); /* a last try: what a restart finds */
+    if (c->health.degraded) {
+        TIDE_ERROR("server", "stopped degraded: changes since the state file failed (%s) are "
+                             "not on disk", c->health.why);
+        return tide_errorf(TIDE_ERR_IO, "stopped with its state not persisted: %s",
+                           c->health.why);
+    }
+    TIDE_INFO("server", "stopped");
+    return TIDE_OK;
 }

@@ -25,6 +25,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/server.h"
 #include "coordinator/event_fields.h"
+#include "coordinator/health.h"
 #include "coordinator/state.h"
 #include "coordinator/store.h"
 #include "proto/proto.h"
@@ -94,7 +95,8 @@ typedef int (*tide__poll_fill_fn)(tide_server_t *s, zmq_pollitem_t *items, int m
 typedef void (*tide__poll_handle_fn)(tide_server_t *s, const zmq_pollitem_t *items, int n);
 
 enum {
-    TIDE__H_READONLY = 1, /* served while the state file cannot be written (reads, liveness) */
+    TIDE__H_READONLY = 1, /* an operator's read: served while the state file cannot be written
+                             (an operator's request without it is a change, then refused) */
     TIDE__H_BEAT = 2,     /* counted as a heartbeat message, not as a request */
 };
 
@@ -103,15 +105,14 @@ enum {
 void tide__on_message(tide_server_t *s, tide_msg_type_t type, tide__msg_fn fn, unsigned flags);
 
 /* Runs fn every tick (a quarter heartbeat period, at least 20 ms), in registration order,
- * while the state file can be written. */
+ * also while the state file cannot be written (decisions then live in memory). */
 void tide__on_tick(tide_server_t *s, tide__hook_fn fn);
 
 /* Runs fn in the scheduling pass: after a batch in which a handler called tide__reschedule
  * (or a time given to tide__reschedule_at came), in registration order, before the commit. */
 void tide__on_schedule(tide_server_t *s, tide__hook_fn fn);
 
-/* Runs fn after the state was loaded from the state file (at start, and after a failed
- * commit reloaded it), in registration order. */
+/* Runs fn after the state was loaded from the state file at start, in registration order. */
 void tide__on_load(tide_server_t *s, tide__hook_fn fn);
 
 /* Polls the source's items next to the ROUTER socket. */
@@ -163,6 +164,9 @@ void tide__save_alloc_removed(tide_server_t *s, const char *pool);
 
 /* The state file, for reads only (events, attempt logs): changes go through tide__save_*. */
 tide_store_t *tide__store(tide_server_t *s);
+
+/* Whether the state file takes writes (degraded, why, since) and the writes it holds. */
+const tide__health *tide__health_of(const tide_server_t *s);
 
 /* ---- timers and passes ----------------------------------------------------------------------- */
 

@@ -342,6 +342,16 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         "# HELP tide_backlogged_clients Clients whose replies wait in tided's backlog.\n"
         "# TYPE tide_backlogged_clients gauge\ntide_backlogged_clients %zu\n",
         (unsigned long long)ls.refused_busy, (unsigned long long)ls.dropped_out, ls.n_backlog);
+    const tide__health *h = tide__health_of(s);
+    put(&t,
+        "# HELP tide_state_degraded 1 while tided cannot write its state file (it decides in "
+        "memory and refuses operators' changes), else 0.\n# TYPE tide_state_degraded gauge\n"
+        "tide_state_degraded %d\n"
+        "# HELP tide_state_degraded_total Times the state file stopped taking writes.\n"
+        "# TYPE tide_state_degraded_total counter\ntide_state_degraded_total %llu\n"
+        "# HELP tide_state_held_writes Writes (events, attempt reports) held in memory for the "
+        "state file.\n# TYPE tide_state_held_writes gauge\ntide_state_held_writes %zu\n",
+        h->degraded, (unsigned long long)h->episodes, h->degraded ? h->n : (size_t)0);
     if (t.oom) {
         tide_free(t.p);
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory rendering metrics");

@@ -197,3 +197,16 @@ void tide__outbox_replies_to(tide__outbox *ob, const tide_msg_t *err)
     }
     ob->n_out = k;
 }
+
+void tide__outbox_refuse_changes(tide__outbox *ob, const tide_msg_t *err)
+{
+    for (size_t i = 0; i < ob->n_out; i++) {
+        tide__out *o = &ob->out[i];
+        if (o->reply != TIDE__OUT_CHANGE || tide_proto_encode(err, &ob->buf) != TIDE_OK)
+            continue;
+        ob->bytes -= o->len;
+        tide_free(o->data);
+        o->data = tide_proto_buf_release(&ob->buf, &o->len);
+        ob->bytes += o->len;
+    }
+}

@@ -16,12 +16,19 @@
 #define TIDE__BACKLOG_PEERS 64         /* clients whose full queues tided holds messages for */
 #define TIDE__BACKLOG_BYTES (4u << 20) /* bytes held for one such client */
 
+/* What an outbox entry is. */
+enum {
+    TIDE__OUT_COMMAND = 0, /* a command tided sends on its own */
+    TIDE__OUT_REPLY = 1,   /* the answer to a request */
+    TIDE__OUT_CHANGE = 2,  /* the answer to an operator's change (acknowledged once on disk) */
+};
+
 /* A reply or command waiting for the batch's commit. */
 typedef struct tide__out {
     unsigned char rid[TIDE_COORD_RID_MAX];
     size_t rid_len;
     int delim;
-    int reply;     /* the answer to a request (else a command tided sends on its own) */
+    int reply;     /* TIDE__OUT_*: the answer to a request, or a command tided sends */
     uint8_t *data; /* encoded message (tide_malloc) */
     size_t len;
 } tide__out;
@@ -68,5 +75,9 @@ void tide__outbox_drop(tide__outbox *o);
 /* Replaces the batch's replies by err and drops its commands (they belong to a change that
  * did not happen). */
 void tide__outbox_replies_to(tide__outbox *o, const tide_msg_t *err);
+
+/* Replaces the batch's answers to operators' changes (TIDE__OUT_CHANGE) by err; replies to
+ * workers and commands stay (the batch's decisions hold in memory). */
+void tide__outbox_refuse_changes(tide__outbox *o, const tide_msg_t *err);
 
 #endif /* TIDE_COORD_OUTBOX_H */

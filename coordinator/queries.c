@@ -211,6 +211,9 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
     m.u.status_reply.time_ms = tide_wall_ms();
     snprintf(m.u.status_reply.ompi_server, sizeof m.u.status_reply.ompi_server, "%s",
              s->cfg.ompi_server ? s->cfg.ompi_server : "");
+    const tide__health *h = tide__health_of(s);
+    if (h->degraded) /* never 0 while degraded: 0 says healthy */
+        m.u.status_reply.state_degraded_ms = (double)(tide_now_ns() - h->since_ns) / 1e6 + 1e-3;
     size_t total = 0, n = 0;
     for (size_t k = 0; k < ls.n_iter; k++) {
         const tide_coord_worker_t *w = listing_at(s, &ls, k);
@@ -291,6 +294,57 @@ static void handle_jobs(tide_server_t *s)
     tide_free(rows);
 }
 
+/* Moves row src (its fields' workers too) to dst. */
+static void move_event(tide_store_event_t *dst, tide_store_event_t *src)
+{
+    *dst = *src;
+    src->fields.workers = NULL;
+    src->fields.n_workers = 0;
+}
+
+/* While the state file takes no writes, the events since then are held in memory (with no
+ * id yet): they are newer than every stored one, so they come last oldest first, first
+ * newest first, within q's limit. A follower (since_id) sees them once they are stored. */
+static tide_status add_held_events(tide_server_t *s, const tide_store_event_query_t *q,
+                                   tide_store_event_t **ev, size_t *n)
+{
+    const tide__health *h = tide__health_of(s);
+    if (!h->degraded || q->since_id != 0)
+        return TIDE_OK;
+    tide_store_event_t *held = NULL;
+    size_t n_held = 0;
+    tide_status rc = tide__health_events(h, q, &held, &n_held);
+    size_t limit = q->limit, take, keep; /* held rows and stored rows in the answer */
+    if (q->newest) {
+        take = n_held < limit ? n_held : limit;
+        keep = *n < limit - take ? *n : limit - take;
+    } else {
+        keep = *n < limit ? *n : limit;
+        take = n_held < limit - keep ? n_held : limit - keep;
+    }
+    tide_store_event_t *all = rc == TIDE_OK ? tide_calloc(keep + take + 1, sizeof *all) : NULL;
+    if (rc == TIDE_OK && all == NULL)
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %zu events", keep + take);
+    if (rc != TIDE_OK) {
+        tide_store_events_free(&held, n_held);
+        return rc;
+    }
+    size_t k = 0;
+    if (q->newest) /* the newest held ones, newest first, then the stored ones */
+        for (size_t i = 0; i < take; i++)
+            move_event(&all[k++], &held[n_held - 1 - i]);
+    for (size_t i = 0; i < keep; i++)
+        move_event(&all[k++], &(*ev)[i]);
+    if (!q->newest) /* the stored ones, then the oldest held ones */
+        for (size_t i = 0; i < take; i++)
+            move_event(&all[k++], &held[i]);
+    tide_store_events_free(&held, n_held);
+    tide_store_events_free(ev, *n);
+    *ev = all;
+    *n = k;
+    return TIDE_OK;
+}
+
 static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
 {
     tide_store_event_t *ev = NULL;
@@ -303,7 +357,10 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
                                    .limit = q->limit,
                                    .newest = q->newest};
     tide_status rc = tide_store_query_events(tide__store(s), &sq, &ev, &n);
+    if (rc == TIDE_OK)
+        rc = add_held_events(s, &sq, &ev, &n);
     if (rc != TIDE_OK) {
+        tide_store_events_free(&ev, n);
         tide__reply_error(s, rc, "%s", tide_last_error());
         return;
     }

@@ -70,7 +70,7 @@ static const struct {
     {TIDE_MSG_STATUS, tide__on_status, RO},
     {TIDE_MSG_JOBS, tide__on_jobs, RO},
     {TIDE_MSG_EVENTS, tide__on_events, RO},
-    {TIDE_MSG_LOGS, tide__on_logs, 0},
+    {TIDE_MSG_LOGS, tide__on_logs, RO},
     /* operators: changes */
     {TIDE_MSG_RESIZE, tide__on_resize, 0},
     {TIDE_MSG_SUBMIT, tide__on_submit, 0},

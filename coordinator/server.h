@@ -33,6 +33,7 @@ typedef struct tide_server_config {
     int64_t heartbeat_ms; /* expected worker heartbeat period, ms */
     int miss_limit;       /* missed heartbeats before a worker is failed */
     int sync_full;        /* SQLite synchronous=FULL (else NORMAL) */
+    int accept_state_loss; /* start from a state file that lost acknowledged commits */
     int64_t resize_timeout_ms; /* a reconfiguration not done by then falls back, ms */
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */

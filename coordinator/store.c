@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -100,6 +101,7 @@ static const char *const sql[ST__COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
+    [TIDE__ST_SEQ] = "INSERT OR REPLACE INTO meta(key, value) VALUES('commit_seq', ?1)",
 };
 
 tide_status tide__store_db_error(tide_store_t *s, int code, const char *what)
@@ -339,13 +341,14 @@ out:
 }
 
 /* Refuses a state file that existed and lost its content (see the file comment). */
-static tide_status check_existing(const char *path, int *existed)
+static tide_status check_existing(const char *path, int *existed, int *wal_existed)
 {
     struct stat db, wal;
     char walp[600];
     snprintf(walp, sizeof walp, "%s-wal", path);
     int have_db = stat(path, &db) == 0;
-    int have_wal = stat(walp, &wal) == 0 && wal.st_size > 0;
+    *wal_existed = stat(walp, &wal) == 0;
+    int have_wal = *wal_existed && wal.st_size > 0;
     *existed = have_db && db.st_size > 0;
     if (!have_db && errno != ENOENT)
         return tide_errorf(TIDE_ERR_IO, "cannot read state file %s: %s", path, strerror(errno));
@@ -419,19 +422,30 @@ static tide_status read_schema(tide_store_t *s)
 
 tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
 {
+    return tide_store_open_ex(out, path, sync_full, 0);
+}
+
+tide_status tide_store_open_ex(tide_store_t **out, const char *path, int sync_full,
+                               int accept_loss)
+{
     tide_status rc = TIDE_OK;
     tide_store_t *s = tide_calloc(1, sizeof *s);
     if (s == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory opening the state file");
     snprintf(s->path, sizeof s->path, "%s", path);
-    int existed = 0;
-    TIDE_CHECK_GOTO(check_existing(path, &existed), rc, fail);
+    s->sync_full = sync_full;
+    s->seq_fd = -1;
+    int existed = 0, wal_existed = 0;
+    TIDE_CHECK_GOTO(check_existing(path, &existed, &wal_existed), rc, fail);
     int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
     if (src != SQLITE_OK)
         TIDE_FAIL_GOTO(rc, fail, TIDE_ERR_IO,
                        "cannot open state file %s: %s (check the --state path and permissions)",
                        path, s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
     sqlite3_extended_result_codes(s->db, 0);
+    /* a file refused below, or never written (tide__store_seq_start), is left as it came:
+       its WAL is not checkpointed into it at close */
+    sqlite3_db_config(s->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
     /* Exclusive locking: the first transaction takes the lock for the life of the
      * connection, so a second tided on the same file fails at once. */
     TIDE_CHECK_GOTO(exec(s, "PRAGMA locking_mode=EXCLUSIVE", "locking mode"), rc, fail);
@@ -460,6 +474,7 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
     }
     if (existed)
         TIDE_CHECK_GOTO(check_integrity(s), rc, fail);
+    TIDE_CHECK_GOTO(tide__store_seq_check(s, existed, wal_existed, accept_loss), rc, fail);
     TIDE_CHECK_GOTO(
         exec(s, sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", "synchronous"),
         rc, fail);
@@ -498,6 +513,11 @@ tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full)
     return TIDE_OK;
 fail:
     tide_store_close(&s);
+    if (existed && !wal_existed) { /* a refused file is left as it was: no WAL of ours */
+        char walp[600];
+        snprintf(walp, sizeof walp, "%s-wal", path);
+        unlink(walp);
+    }
     return rc;
 }
 
@@ -508,6 +528,7 @@ void tide_store_close(tide_store_t **self_p)
     tide_store_t *s = *self_p;
     if (s->in_txn)
         tide_store_rollback(s);
+    tide__store_seq_close(s);
     for (int i = 0; i < ST__COUNT; i++)
         sqlite3_finalize(s->st[i]);
     sqlite3_close(s->db);
@@ -519,6 +540,8 @@ tide_status tide_store_begin(tide_store_t *s)
 {
     if (s->in_txn)
         return TIDE_OK;
+    if (s->seq_fd < 0)
+        TIDE_CHECK(tide__store_seq_start(s)); /* the first write: the file is in use now */
     TIDE_CHECK(tide__store_step_done(s, ST_BEGIN, "begin"));
     s->in_txn = 1;
     return TIDE_OK;
@@ -533,12 +556,15 @@ tide_status tide_store_commit(tide_store_t *s)
 {
     if (!s->in_txn)
         return TIDE_OK;
-    tide_status rc = tide__store_step_done(s, ST_COMMIT, "commit");
+    tide_status rc = tide__store_seq_bump(s);
+    if (rc == TIDE_OK)
+        rc = tide__store_step_done(s, ST_COMMIT, "commit");
     if (rc != TIDE_OK) {
         tide_store_rollback(s);
         return rc;
     }
     s->in_txn = 0;
+    tide__store_seq_committed(s);
     return TIDE_OK;
 }
 

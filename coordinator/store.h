@@ -72,6 +72,11 @@ typedef struct tide_store_attempt {
  */
 tide_status tide_store_open(tide_store_t **out, const char *path, int sync_full);
 
+/* tide_store_open; accept_loss 1 starts from a file that lost acknowledged commits (its
+   WAL missing or damaged at its end: store_seq.c) with a warning instead of refusing it. */
+tide_status tide_store_open_ex(tide_store_t **out, const char *path, int sync_full,
+                               int accept_loss);
+
 /* Closes the file (rolling back an open transaction) and sets *self_p to NULL; NULL is fine. */
 void tide_store_close(tide_store_t **self_p);
 

@@ -307,6 +307,7 @@ int tidectl__fetch_status(conn_t *c, int all, const char *job, tide_msg_t *out, 
         acc->time_ms = pg->time_ms;
         acc->total = pg->total;
         memcpy(acc->ompi_server, pg->ompi_server, sizeof acc->ompi_server);
+        acc->state_degraded_ms = pg->state_degraded_ms;
         int32_t next = pg->next;
         tide_msg_clear(&rep);
         if (next < 0)

@@ -205,6 +205,8 @@ void tidectl__status_json(FILE *out, const tide_proto_status_reply_t *r)
     {
         fprintf(out, "{\"time_ms\":%lld,\"ompi_server\":", (long long)r->time_ms);
         tidectl_json_str(out, r->ompi_server);
+        if (r->state_degraded_ms > 0) /* only while degraded: older readers see what they knew */
+            fprintf(out, ",\"state_degraded_ms\":%.0f", r->state_degraded_ms);
         fprintf(out, ",\"gpus\":[");
         for (uint32_t i = 0; i < r->n_rows; i++) {
             const tide_proto_gpu_row_t *g = &r->rows[i];
@@ -318,6 +320,12 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int for
     if (r->ompi_server[0] != '\0')
         fprintf(out, "pools join running jobs through ompi-server %s (mpirun --ompi-server)\n",
                 r->ompi_server);
+    if (r->state_degraded_ms > 0)
+        fprintf(out,
+                "state: DEGRADED for %.0f s: tided cannot write its state file; it keeps "
+                "detecting and recovering failures in memory and refuses operators' changes "
+                "until it can (tidectl events --type 'state_*' says why)\n",
+                r->state_degraded_ms / 1000.0);
     if (r->n_rows == 0) {
         tide_free(t.cells);
         fprintf(out, "no workers registered yet (start a pool with mpirun; it registers itself)\n");

@@ -57,6 +57,7 @@ struct settings {
     long long elastic_interval_ms;
     double elastic_margin;
     int sync_full;
+    int accept_state_loss;
     char state_buf[4096]; /* the default --state under systemd (default_state) */
 };
 
@@ -97,6 +98,11 @@ static int read_settings(struct settings *s, int argc, char **argv)
         {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s->sync_full, "1",
          "fsync every commit (survives power loss); --no-sync-full survives tided crashes only", 0,
          0},
+        {"accept-state-loss", "TIDE_ACCEPT_STATE_LOSS", TIDE_OPT_BOOL, &s->accept_state_loss,
+         "0",
+         "start from a state file that lost acknowledged commits (its write-ahead log missing "
+         "or damaged at its end) instead of refusing it; what those commits held is then unknown",
+         0, 0},
         {"metrics", "TIDE_METRICS", TIDE_OPT_STRING, &s->metrics, NULL,
          "serve Prometheus metrics on HOST:PORT (e.g. 127.0.0.1:9400)", 0, 0},
         {"auth", "TIDE_AUTH", TIDE_OPT_STRING, &s->auth, NULL,
@@ -223,6 +229,7 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->heartbeat_ms = s->heartbeat_ms;
     cfg->miss_limit = (int)s->miss_limit;
     cfg->sync_full = s->sync_full;
+    cfg->accept_state_loss = s->accept_state_loss;
     cfg->resize_timeout_ms = s->resize_timeout_ms;
     cfg->grace_ms = s->grace_ms;
     cfg->max_attempts = (int)s->max_attempts;

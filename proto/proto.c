@@ -779,6 +779,7 @@ static const tide__field status_reply_fields[] = {
      .sub = &gpu_row_schema},
     F_INT(tide_proto_status_reply_t, total, "total", 0, INT32_MAX),
     F_INT(tide_proto_status_reply_t, next, "next", -1, INT32_MAX),
+    F_MS_OPT(tide_proto_status_reply_t, state_degraded_ms, "state_degraded_ms"),
 };
 
 static const tide__field job_row_fields[] = {

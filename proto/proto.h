@@ -563,6 +563,9 @@ typedef struct tide_proto_status_reply {
     uint32_t n_rows; /* <= TIDE_PROTO_ROWS_MAX, <= total; >= 1 unless next is -1 */
     uint32_t total;  /* "total": [0, INT32_MAX] */
     int32_t next;    /* "next": [-1, INT32_MAX], above every row's worker id */
+    double state_degraded_ms; /* "state_degraded_ms": how long tided has been unable to write
+                                 its state file (degraded: it decides in memory and refuses
+                                 operators' changes); 0, left out: it can */
 } tide_proto_status_reply_t;
 
 /* One job row of a jobs reply. Online-only fields are 0 for offline jobs and vice versa. */

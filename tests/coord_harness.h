@@ -180,7 +180,7 @@ static inline int coord_stop(coord_proc *p, int sig)
 /* Removes the temporary directory's files. */
 static inline void coord_cleanup(coord_proc *p)
 {
-    const char *names[] = {"state.db",     "state.db-wal", "state.db-shm", "endpoint", "server.key",
+    const char *names[] = {"state.db",     "state.db-wal", "state.db-shm", "state.db.seq", "endpoint", "server.key",
                            "server.pub",   "admin.key",    "admin.pub",    "w.key",    "w.pub",
                            "stranger.key", "w2.pub",       "r.pub",        NULL};
     char path[512];

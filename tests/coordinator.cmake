@@ -28,6 +28,12 @@ if(TARGET tided)
                      LIBS tide_proto PkgConfig::ZMQ Threads::Threads TIMEOUT 120)
   target_compile_definitions(test_reliability PRIVATE TIDED_PATH="$<TARGET_FILE:tided>")
   add_dependencies(test_reliability tided)
+  # tided on a small tmpfs that fills: degraded, recovering, persisted again (needs root)
+  tide_add_unit_test(test_state_disk SOURCES test_state_disk.c
+                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 90)
+  target_compile_definitions(test_state_disk PRIVATE TIDED_PATH="$<TARGET_FILE:tided>"
+                                                     TIDECTL_PATH="$<TARGET_FILE:tidectl>")
+  add_dependencies(test_state_disk tided tidectl)
 endif()
 # A real training job under a hostile flood (test_flood_job.sh): no healthy worker failed.
 if(TIDE_BUILD_BENCHMARKS AND TARGET tided AND TARGET tidectl AND TARGET train_mlp

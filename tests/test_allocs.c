@@ -133,6 +133,6 @@ Test(allocs, state_file_round_trip)
     tide_allocs_destroy(&t);
     tide_store_close(&s);
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -f %s %s-wal %s-shm", path, path, path);
+    snprintf(cmd, sizeof cmd, "rm -f %s %s-wal %s-shm %s.seq", path, path, path, path);
     cr_expect_eq(system(cmd), 0);
 }

@@ -891,6 +891,8 @@ static void rm_db(const char *p)
     unlink(b);
     snprintf(b, sizeof b, "%s-shm", p);
     unlink(b);
+    snprintf(b, sizeof b, "%s.seq", p);
+    unlink(b);
 }
 
 Test(state, job_pools_keep_a_pool_that_left)

@@ -246,7 +246,7 @@ void tide__on_grow(tide_server_t *s, const tide_msg_t *msg, const void *raw, siz
     if (al == NULL && a->slurm) {
         tide__reply_error(s, TIDE_ERR_INVALID,
                           "job %s runs in no Slurm allocation (its pools registered none): launch "
-                          "it with sbatch to grow it by allocations (README, Running under Slurm)",
+                          "it with sbatch to grow it by allocations (docs/slurm.md)",
                           j->name);
         return;
     }

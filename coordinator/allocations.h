@@ -1,6 +1,6 @@
 /*
- * coordinator/allocations: a job's pools as scheduler allocations (README, "Running under
- * Slurm"). tided records the allocation each pool registered from (allocs.h) and shows it
+ * coordinator/allocations: a job's pools as scheduler allocations (docs/slurm.md,
+ * "Running under Slurm"). tided records the allocation each pool registered from (allocs.h) and shows it
  * (status, jobs); with a provider of nodes (provider.h: --provider slurm) it grows a job
  * by asking for an allocation (`tidectl grow`), grows the job onto each pool of its
  * allocations as the pool joins (one pool per switch), and cancels what an ended job still

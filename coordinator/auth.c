@@ -1,6 +1,6 @@
 /*
  * coordinator/auth: CURVE keys for tided --auth DIR (files read by
- * core/keyfile, format in the README: server.key holds tided's pair, each
+ * core/keyfile, format in docs/operator.md: server.key holds tided's pair, each
  * <name>.pub an allowed client key and its role) and the ZAP
  * handler that admits only those keys. ZAP requests arrive on an inproc REP
  * socket served from the main event loop; the role travels to every message

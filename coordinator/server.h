@@ -29,7 +29,7 @@ typedef struct tide_server_config {
     const char *endpoint_file; /* if set, the bound endpoint is written there (for port *) */
     const char *state_path;    /* SQLite state file */
     const char *metrics;       /* HOST:PORT for Prometheus text, or NULL/"" for none */
-    const char *auth_dir; /* CURVE key directory (core/keyfile.h; README "Key files"), or NULL */
+    const char *auth_dir; /* CURVE key directory (core/keyfile.h; docs/operator.md "Key files"), or NULL */
     int64_t heartbeat_ms; /* expected worker heartbeat period, ms */
     int miss_limit;       /* missed heartbeats before a worker is failed */
     int sync_full;        /* SQLite synchronous=FULL (else NORMAL) */

@@ -5,7 +5,7 @@
  * table or, with --json, as one JSON document (events: one object per line).
  * `top` repeats status + jobs every --interval ms; `timeline` draws a job's
  * history; `keygen` writes CURVE key files locally (format in core/keyfile.h and
- * the README, read by tided --auth).
+ * docs/operator.md, read by tided --auth).
  *
  * Exit codes (scripts rely on them): 0 ok; 1 refused by tided (its message
  * printed) or CURVE rejected; 2 bad usage, nothing sent; 3 cannot reach tided;

@@ -1,6 +1,6 @@
 /*
  * core/keyfile: CURVE key files, one reader and one writer for every program
- * (format in keyfile.h and the README). Three hand-written parsers of this file
+ * (format in keyfile.h and docs/operator.md). Three hand-written parsers of this file
  * once drifted apart and broke every multi-host job; keep it the only one.
  * Files are tiny: read whole, parsed line by line, written through a temporary
  * file renamed into place.

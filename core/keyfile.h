@@ -1,7 +1,7 @@
 /*
  * core/keyfile: the one reader and writer of tide's CURVE key files, shared by
  * tided (--auth DIR), tidectl (--key, --server-key, keygen) and libtide
- * (TIDE_KEY, TIDE_SERVER_KEY). Format (README, "Key files"): UTF-8 text lines
+ * (TIDE_KEY, TIDE_SERVER_KEY). Format (docs/operator.md, "Key files"): UTF-8 text lines
  * "name = value"; blank lines and lines starting with '#' are ignored; names
  * are public, secret (40-character Z85 keys) and role (admin, worker, reader;
  * absent in server files); unknown names are ignored so the format can grow,

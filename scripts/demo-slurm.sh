@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tide under Slurm in about three minutes (README, "Running under Slurm"; root: it makes a
+# tide under Slurm in about three minutes (docs/slurm.md; root: it makes a
 # 3-host namespace cluster with scripts/cluster.sh and a Slurm cluster on it with
 # scripts/slurm.sh, both removed on exit). The job's side runs as user nobody, as on a
 # real cluster: tided --provider slurm, its ompi-server, sbatch and everything the batch

@@ -17,7 +17,7 @@
 # of a cluster made on this machine (scripts/cluster.sh, 1 Gbit/s links): CURVE keys from
 # `tidectl keygen`, tided --auth on the bridge address, train_mlp --tide launched on h1
 # and then on each further host by an mpirun of its own that joins the running job
-# (README "Growing a job"), tensor parallelism inside each host and data parallelism
+# (docs/multihost.md, "Growing a job"), tensor parallelism inside each host and data parallelism
 # across them, `tidectl status` showing the hosts, and a resize whose --dry-run says how
 # many bytes cross hosts. Then host hN is lost (the job recovers onto the others) and a
 # launch on a spare host h(N+1), started later, joins the job, which grows back onto it.
@@ -120,7 +120,7 @@ if [ "$HOSTS" -ge 2 ]; then
       --tp 4 "${MODEL[@]}" --steps 100000 --pace-ms 100 --print-every 20 >"$3.log" 2>"$3.err" &
   }
   # one launch per host, each joining the job started on h1 (Open MPI 4.1 connects
-  # launches only through mpirun's own host: README "Growing a job")
+  # launches only through mpirun's own host: docs/multihost.md, "Growing a job")
   say "on h1: mpirun --host h1:4 train_mlp --tide --dp 1 --tp 4 (log $OUT/train.log)"
   launch "h1:4" 4 "$OUT/train"
   TRAIN_PID=$!

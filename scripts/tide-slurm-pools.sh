@@ -2,7 +2,7 @@
 # tide-slurm-pools: run inside a Slurm batch job (or salloc) to launch one tide pool per
 # allocated node: an srun step per node, each running one mpirun whose ranks all sit on
 # that node. tide joins and releases launches one at a time, and Open MPI 4.1 connects
-# only launches whose ranks run on their mpirun's own host (README, "Growing a job"), so
+# only launches whose ranks run on their mpirun's own host (docs/multihost.md, "Growing a job"), so
 # an allocation of N nodes is N pools that join and leave the job independently.
 #
 #   tide-slurm-pools [--ranks-per-node K] [--no-requeue] -- MPIRUN_ARGS... PROGRAM ARGS...

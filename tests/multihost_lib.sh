@@ -167,7 +167,7 @@ mh_free_port() {
   fail "no free port found"
 }
 
-# mh_grow_setup: what a job that grows needs (README, "Growing a job"): an ompi-server
+# mh_grow_setup: what a job that grows needs (docs/multihost.md, "Growing a job"): an ompi-server
 # beside tided, tided restarted to name it, and GROW_MPI: mpirun's flags for every launch
 # of such a job (the ompi-server, recovery, tided's endpoint and the pool key).
 mh_grow_setup() {

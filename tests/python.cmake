@@ -62,7 +62,7 @@ if(TARGET tide AND TARGET tided AND TARGET tidectl AND NOT TIDE_SANITIZE)
                  "TIDE_TEST_DEVICE=cuda" "TIDE_TEST_HAVE_NCCL=${TIDE_HAVE_NCCL}")
   endforeach()
   # `cmake --install` of tide and its Python package into a clean prefix, imported with the
-  # README's line, found without TIDE_LIB
+  # docs/pytorch.md's line, found without TIDE_LIB
   add_test(NAME test_python_install
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_python_install.sh ${PROJECT_SOURCE_DIR}
                    ${PROJECT_BINARY_DIR} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})

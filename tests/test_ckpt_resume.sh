@@ -332,7 +332,7 @@ WRAP
     { echo "$ev"; fail "the publisher did not give up on the missing shard within its bound"; }
   echo "step rate: $ok steps/s with a working checkpoint disk, $full steps/s with a full one" \
     "($ok_n and $full_n steps in $round rounds of 3 s each; 40 steps/s paced)"
-  # Rates are the benchmark's business (the README's failure model carries the figures);
+  # Rates are the benchmark's business (docs/failure-model.md carries the figures);
   # the test asks what a user relies on: the loop does not wait for a disk that cannot
   # take its shards. A save that blocked the loop shows as a rate near 0 (old main: 0),
   # a busy machine as a few tens of percent either way, so half the working rate passes.

@@ -50,7 +50,7 @@ note "the never-resized reference run (dp 1, tp 2) on h1"
 # launch has its own loss file (its rank 0 empties it at start), the job one checkpoint.
 # LAUNCH_TRAIN: the program (default train_mlp; TRAIN_FAULTS for one with the fault hook).
 # mpirun runs on the pool's host: Open MPI 4.1 connects only launches whose every rank
-# runs on mpirun's own host (see README, "Growing a job"; test_multihost_regrow).
+# runs on mpirun's own host (see docs/multihost.md, "Growing a job"; test_multihost_regrow).
 launch() {
   local job=$1 host=$2 tag=$3
   shift 3

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Growing whatever the launches span, on 3 hosts of scripts/cluster.sh (tided with CURVE
 # keys, an ompi-server, every mpirun on a host of its launch). Open MPI 4.1 connects only
-# launches whose every rank runs on its mpirun's host (README, "Growing a job"). Parts:
+# launches whose every rank runs on its mpirun's host (docs/multihost.md, "Growing a job"). Parts:
 #   span    a job whose first launch spans h1 and h2 (mpirun on h1, an orted on h2) and a
 #           pool launched later on h3: the resize onto it is refused within seconds with
 #           the reason (no mpirun crashes, as Open MPI's own lookup of that launch would);

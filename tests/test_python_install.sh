@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package installed as a user installs it, against an installed tide.
-# 0. the README's way: `cmake --install` puts the package under the prefix, and the
-#    README's one `export PYTHONPATH=...` line (taken from README.md, /opt/tide replaced by
+# 0. the documented way (docs/pytorch.md): `cmake --install` puts the package under the
+#    prefix, and the page's one `export PYTHONPATH=...` line (taken from it, /opt/tide replaced by
 #    the test's prefix) makes it importable; the installed train_gpt.py then trains a few
 #    steps against the installed tided, and tide.torch imports;
 # and with pip, offline:
@@ -120,18 +120,18 @@ with tide.Runtime(MPI.COMM_WORLD) as rt:
     print("JOB step %d allreduce %.1f device %s" % (rt.view.step, float(g.sum()), rt.device))
 print("LIB", tide.library_path(), tide.__file__)
 EOF
-# 0. the README's line, in a shell that has nothing else of tide (no pip, no PATH)
-line=$(grep -m1 '^export PYTHONPATH=/opt/tide/' "$SRC/README.md")
-[ -n "$line" ] || fail "README.md has no 'export PYTHONPATH=/opt/tide/...' line"
+# 0. docs/pytorch.md's line, in a shell that has nothing else of tide (no pip, no PATH)
+line=$(grep -m1 '^export PYTHONPATH=/opt/tide/' "$SRC/docs/pytorch.md")
+[ -n "$line" ] || fail "docs/pytorch.md has no 'export PYTHONPATH=/opt/tide/...' line"
 line=${line//\/opt\/tide/$P}
 [ -f "$P/share/tide/examples/python/train_gpt.py" ] || fail "train_gpt.py is not installed"
 (cd "$WORK" && env PATH="$BASE_PATH" TIDE_ENDPOINT="$(cat "$WORK/endpoint")" bash -c "$line
   \"\$0\" -c 'import tide, tide.torch; print(\"LIB\", tide.library_path(), tide.__file__)' &&
   ${MPIRUN[*]} -np 1 \"\$0\" $P/share/tide/examples/python/train_gpt.py --job readme --steps 3 \
     --layers 2 --hidden 16 --heads 2 --seq 8 --global-batch 4" "$PY") >"$WORK/readme.log" 2>&1 ||
-  fail "the README's PYTHONPATH line ($line) and the installed train_gpt.py"
+  fail "docs/pytorch.md's PYTHONPATH line ($line) and the installed train_gpt.py"
 grep -q '^train_gpt: step 0 loss' "$WORK/readme.log" || fail "the installed train_gpt.py did not train"
-in_prefix "$WORK/readme.log" "the README's PYTHONPATH line"
+in_prefix "$WORK/readme.log" "docs/pytorch.md's PYTHONPATH line"
 (cd "$WORK" && env PATH="$P/bin:$BASE_PATH" PYTHONPATH="$WORK/site" TIDE_ENDPOINT="$(cat "$WORK/endpoint")" \
   "${MPIRUN[@]}" -np 1 "$PY" "$WORK/job.py") >"$WORK/path.log" 2>&1 ||
   fail "a one-rank job with the prefix's bin on PATH"
@@ -159,6 +159,6 @@ import tide
 print("LIB", tide.library_path(), tide.__file__)') >"$WORK/inprefix.log" 2>&1 ||
   fail "import of the package installed with --prefix"
 in_prefix "$WORK/inprefix.log" "pip install --prefix"
-echo "test_python_install: the README's PYTHONPATH line made the cmake-installed package" \
+echo "test_python_install: docs/pytorch.md's PYTHONPATH line made the cmake-installed package" \
   "importable (train_gpt trained); pip-installed tide found the installed libtide without" \
   "TIDE_LIB (PATH, pkg-config, TIDE_PREFIX, package prefix); one-rank job: $(grep '^JOB' "$WORK/path.log")"

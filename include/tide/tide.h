@@ -155,7 +155,7 @@ TIDE_API int32_t tide_worker_id(const tide_t *t);
 
 /* This rank's job rank: the ids a layout's worker map holds (tide_view.layout->worker[]).
    Its rank in the world given to tide_new, plus, when its launch joined a running job
-   (see "Growing a job" in the README), the job ranks of the launches before it. -1 for
+   (see "Growing a job" in docs/multihost.md), the job ranks of the launches before it. -1 for
    NULL. Any thread. */
 TIDE_API int tide_pool_rank(const tide_t *t);
 
@@ -505,7 +505,7 @@ TIDE_API tide_status tide_copy_from_host(const tide_t *t, void *dst, const void 
  * Saves the registered buffers as the checkpoint of step tide_view_get(t)->step under
  * root (root/step-<012 step>/: one shard file per coordinate that is the one writer of
  * some bytes, and a manifest the layout's first member publishes once every shard is on
- * disk; README section "Checkpoints", installed as share/doc/tide/README.md). Call it on
+ * disk; docs/checkpoints.md, installed as share/doc/tide/docs/checkpoints.md). Call it on
  * every member at the same step boundary: after tide_step_end, before the next
  * tide_step_begin, or after a tide_step_begin that returned TIDE_STEP_RECONFIGURE and
  * before tide_reshard (the old layout's state at the switch step); inside a step it fails

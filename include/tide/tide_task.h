@@ -1,6 +1,6 @@
 /*
- * tide_task: the offline task plugin interface. Documented in tide's README, section
- * "Offline work" (installed as share/doc/tide/README.md); a complete plugin is
+ * tide_task: the offline task plugin interface. Documented in tide's docs/offline.md
+ * (installed as share/doc/tide/docs/offline.md); a complete plugin is
  * share/tide/examples/task_matmul/task_matmul.c, built as lib/tide/libtide_task_matmul.so.
  *
  * A plugin is a shared object that libtide loads with dlopen when tided assigns a

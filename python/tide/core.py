@@ -738,7 +738,7 @@ class Runtime:
 
     def checkpoint(self, root: str) -> None:
         """Saves the registered state as the checkpoint of the view's step under root
-        (root/step-N/, README "Checkpoints"), at a step boundary on every member;
+        (root/step-N/, docs/checkpoints.md), at a step boundary on every member;
         asynchronous: returns once this rank's part is copied (tide_checkpoint)."""
         t = self._live()
         if not isinstance(root, str) or not root or "\0" in root:

@@ -414,8 +414,8 @@ class Elastic:
 
     def checkpoint(self, root: str) -> None:
         """Saves the state (model, optimizer, extra) under root at the end of the current
-        step (inside steps(); at once outside it), asynchronously: ROOT/step-N/ (README
-        "Checkpoints"). Loadable into any layout: Elastic(..., resume=root)."""
+        step (inside steps(); at once outside it), asynchronously: ROOT/step-N/
+        (docs/checkpoints.md). Loadable into any layout: Elastic(..., resume=root)."""
         if not isinstance(root, str) or not root:
             raise _invalid("root must be a non-empty str")
         if self._in_step:

@@ -55,6 +55,14 @@ cmp -s "$WORK/a/cluster_sim.png" "$WORK/b/cluster_sim.png" ||
 # the page it made, made again from its own data/
 "$PY" "$REPORT" --in "$WORK/a/data" --out "$WORK/a" >"$WORK/c.log" 2>&1 || { cat "$WORK/c.log" >&2; fail "report --in OUT/data --out OUT"; }
 grep -qF '>15909.6<' "$PAGE" || fail "the page made again from data/ lost its numbers"
+# the load a --run recorded (data/report_run.json) is on the page, and kept with the data
+echo '{"bench": "report_run", "cpus": 2, "start": "2026-12-03 17:00", "end": "2026-12-03 17:09",
+ "load_start": [7.5, 6.25, 5.0], "load_end": [9.0, 8.0, 7.0]}' >"$WORK/in2/report_run.json"
+"$PY" "$REPORT" --in "$WORK/in2" --out "$WORK/d" >"$WORK/d.log" 2>&1 || { cat "$WORK/d.log" >&2; fail "report (load)"; }
+grep -qF 'load average (1, 5, 15 min) 7.50, 6.25, 5.00 at the start, 9.00, 8.00, 7.00 at the end' \
+  "$WORK/d/index.html" || fail "the page does not show the load the run recorded"
+cmp -s "$WORK/in2/report_run.json" "$WORK/d/data/report_run.json" || fail "data/report_run.json not kept"
+grep -q 'load average' "$PAGE" && fail "a page made without --run claims a load average"
 # bad input: a clear refusal, exit 2
 mkdir -p "$WORK/bad"
 echo '{"bench": "resize_bench", ' >"$WORK/bad/broken.json"

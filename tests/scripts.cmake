@@ -74,3 +74,14 @@ endif()
 add_test(NAME test_bench_report
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_report.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(test_bench_report PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
+
+# Every tidectl and tided command the README and the operator's pages show, and every
+# flag docs/operator.md names, exists in the built programs' --help
+# (tests/test_docs_commands.py; no tided is started).
+if(TARGET tided AND TARGET tidectl)
+  add_test(NAME test_docs_commands
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_docs_commands.py
+                   ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  set_tests_properties(test_docs_commands PROPERTIES LABELS unit TIMEOUT 60
+                       PASS_REGULAR_EXPRESSION "test_docs_commands: passed")
+endif()

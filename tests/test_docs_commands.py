@@ -4,10 +4,10 @@
 Usage: test_docs_commands.py SRC_DIR BUILD_DIR
 
 In README.md and the pages an operator types from (docs/operator.md, elastic.md,
-slurm.md, multihost.md, checkpoints.md, offline.md), every `tidectl ...` and `tided ...`
-command, in a shell block or in inline code, is checked against the built programs'
---help: the tidectl command exists, and each --flag given to it (or to tided) is one its
-help lists. In docs/operator.md, which documents tided's and tidectl's settings in prose
+slurm.md, multihost.md, checkpoints.md, offline.md), every `tidectl ...`, `tided ...`,
+`tide-ckpt ...` and `train_mlp ...` command, in a shell block or in inline code, is
+checked against the built programs' --help: the tidectl or tide-ckpt command exists, and
+each --flag given is one its help lists. In docs/operator.md, which documents tided's and tidectl's settings in prose
 too, every --flag of its prose must also be one that tided, tidectl (any command) or
 train_mlp lists, or one of the few of mpirun's that it names. A flag renamed or
 removed in the code therefore fails here until the page says what the program does.
@@ -23,6 +23,7 @@ PAGES = ("README.md", "docs/operator.md", "docs/elastic.md", "docs/slurm.md",
 GLOBAL_WITH_VALUE = {"--endpoint", "--timeout-ms", "--key", "--server-key", "--log"}
 # mpirun's own options, as docs/operator.md's prose names them
 MPIRUN_FLAGS = {"--enable-recovery", "--mca", "--host", "--oversubscribe"}
+PROGRAMS = {"tided", "tidectl", "tide-ckpt", "train_mlp"}
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-o)(?![\w-])")
 
 
@@ -58,22 +59,42 @@ def main():
     ctl_global = options(top)
     srv = options(helptext(tided, "--help"))
     every = set(srv) | ctl_global | set().union(*ctl.values())
-    if os.access(train_mlp, os.X_OK):
-        every |= options(helptext(train_mlp, "--help"))
+    mlp = options(helptext(train_mlp, "--help")) if os.access(train_mlp, os.X_OK) else None
+    every |= mlp or set()
+    ckpt_help = helptext(os.path.join(build, "ckpt", "tide-ckpt"), "--help")
+    ckpt_cmds = set(re.findall(r"tide-ckpt ([a-z]+) ", ckpt_help))
+    ckpt = set(FLAG.findall(ckpt_help))
 
     errors, checked = [], 0
 
     def check_segment(page, where, seg):
         nonlocal checked
         words = seg.split()
-        if not words:
+        # a program of tide's anywhere in the segment: mpirun ... train_mlp --tide ...
+        at = [i for i, w in enumerate(words) if os.path.basename(w) in PROGRAMS]
+        if not at:
             return
+        words = words[at[0]:]
+        seg = " ".join(words)
         prog = os.path.basename(words[0])
         if prog == "tided":
             for f in FLAG.findall(seg):
                 checked += 1
                 if f not in srv:
                     errors.append("%s:%s: tided %s: not in tided --help" % (page, where, f))
+        elif prog == "train_mlp" and mlp is not None:
+            for f in FLAG.findall(seg):
+                checked += 1
+                if f not in mlp:
+                    errors.append("%s:%s: train_mlp %s: not in train_mlp --help" % (page, where, f))
+        elif prog == "tide-ckpt":
+            if len(words) > 1 and words[1] not in ckpt_cmds:
+                errors.append("%s:%s: tide-ckpt %s: no such command (tide-ckpt --help)"
+                              % (page, where, words[1]))
+            for f in FLAG.findall(seg):
+                checked += 1
+                if f not in ckpt:
+                    errors.append("%s:%s: tide-ckpt %s: not in tide-ckpt --help" % (page, where, f))
         elif prog == "tidectl":
             i, cmd = 1, None
             while i < len(words):

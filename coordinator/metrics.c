@@ -1,6 +1,7 @@
 /*
  * coordinator/metrics: Prometheus text exposition over a minimal HTTP/1.0
- * listener (--metrics HOST:PORT) served from tided's event loop: non-blocking
+ * listener (--metrics HOST:PORT) served from tided's event loop, beside the live
+ * cluster page (/ and /api/cluster, page.c): non-blocking
  * sockets polled by zmq_poll next to the ROUTER socket, one response per
  * connection, then close. Workload: a scrape every few seconds; a response is
  * a few KB plus one line per online job and three per worker (~1.5 MB at 10^4).
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "coordinator/metrics.h"
+#include "coordinator/page.h"
 
 #define HTTP_TIMEOUT_NS (5ull * 1000000000ull)
 #define CLIENTS         16   /* scrapers served at once */
@@ -99,7 +101,8 @@ tide_status tide__metrics_open(tide_server_t *s, const char *addr)
     for (int i = 0; i < CLIENTS; i++)
         s->metrics->http[i].fd = -1;
     tide__on_poll(s, poll_items, handle);
-    TIDE_INFO("metrics", "Prometheus metrics on http://%s/metrics", addr);
+    TIDE_INFO("metrics", "Prometheus metrics on http://%s/metrics, the cluster page on http://%s/",
+              addr, addr);
     if (strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0)
         TIDE_WARN("metrics",
                   "--metrics %s is reachable from other hosts and has no authentication: "
@@ -361,24 +364,60 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
     return TIDE_OK;
 }
 
-static void respond(tide_server_t *s, http_client *h)
+/* 1 when the request's target is path (a query string after it is ignored). */
+static int target_is(const char *target, const char *path)
 {
-    int is_get = strncmp(h->req, "GET ", 4) == 0;
+    size_t n = strlen(path);
+    return strncmp(target, path, n) == 0 &&
+           (target[n] == ' ' || target[n] == '?' || target[n] == '\r' || target[n] == '\n');
+}
+
+/* The page: its own script and style only, its data from this address, nothing else
+   loaded, never framed, never cached. */
+#define PAGE_HEADERS                                                                          \
+    "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; style-src "    \
+    "'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'\r\n"        \
+    "X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n"
+
+/* The response to h's request: GET /metrics, GET / (the cluster page), GET /api/cluster
+   (its data); anything else 404, other methods 405, a head that filled the buffer 431. */
+static void respond(tide_server_t *s, http_client *h, int complete)
+{
     char *body = NULL;
     size_t blen = 0;
-    const char *status = "200 OK";
-    if (!is_get) {
+    const char *status = "200 OK", *type = "text/plain; charset=utf-8", *extra = "";
+    const char *target = h->req + 4;
+    tide_status rc = TIDE_OK;
+    if (!complete) {
+        status = "431 Request Header Fields Too Large";
+    } else if (strncmp(h->req, "GET ", 4) != 0) {
         status = "405 Method Not Allowed";
-    } else if (strncmp(h->req + 4, "/metrics ", 9) != 0 && strncmp(h->req + 4, "/ ", 2) != 0) {
+        extra = "Allow: GET\r\n";
+    } else if (target_is(target, "/metrics")) {
+        type = "text/plain; version=0.0.4";
+        rc = tide__metrics_render(s, &body, &blen);
+    } else if (target_is(target, "/api/cluster")) {
+        type = "application/json";
+        extra = "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n";
+        rc = tide__page_cluster_json(s, &body, &blen);
+    } else if (target_is(target, "/")) {
+        type = "text/html; charset=utf-8";
+        extra = PAGE_HEADERS;
+        blen = tide__page_html_len;
+    } else {
         status = "404 Not Found";
-    } else if (tide__metrics_render(s, &body, &blen) != TIDE_OK) {
-        status = "500 Internal Server Error";
     }
-    char head[256];
+    if (rc != TIDE_OK) {
+        status = "500 Internal Server Error";
+        blen = 0;
+    }
+    const void *src = body != NULL ? (const void *)body
+                      : blen ? (const void *)tide__page_html : (const void *)"";
+    char head[640];
     int hn = snprintf(head, sizeof head,
-                      "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                      status, blen);
+                      "HTTP/1.0 %s\r\nContent-Type: %s\r\n%sContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n",
+                      status, type, extra, blen);
     h->resp = tide_malloc((size_t)hn + blen);
     if (h->resp == NULL) {
         tide_free(body);
@@ -387,7 +426,7 @@ static void respond(tide_server_t *s, http_client *h)
     }
     memcpy(h->resp, head, (size_t)hn);
     if (blen)
-        memcpy(h->resp + hn, body, blen);
+        memcpy(h->resp + hn, src, blen);
     h->resp_len = (size_t)hn + blen;
     h->resp_at = 0;
     tide_free(body);
@@ -440,9 +479,10 @@ static void handle(tide_server_t *s, const zmq_pollitem_t *items, int n)
                 }
                 h->req_len += (size_t)r;
                 h->req[h->req_len] = '\0';
-                if (strstr(h->req, "\r\n\r\n") != NULL || strstr(h->req, "\n\n") != NULL ||
-                    h->req_len == sizeof h->req - 1)
-                    respond(s, h);
+                int complete =
+                    strstr(h->req, "\r\n\r\n") != NULL || strstr(h->req, "\n\n") != NULL;
+                if (complete || h->req_len == sizeof h->req - 1)
+                    respond(s, h, complete);
             } else {
                 ssize_t w = write(h->fd, h->resp + h->resp_at, h->resp_len - h->resp_at);
                 if (w < 0 && (errno == EAGAIN || errno == EINTR))

@@ -114,28 +114,25 @@ static const tide_coord_worker_t *listing_at(const tide_server_t *s, const listi
     return &s->st->workers[ls->ids != NULL ? (size_t)ls->ids[k] : k];
 }
 
-/* The listing q asks for; 0 after an error reply. */
-static int listing_of(tide_server_t *s, const tide_proto_status_t *q, listing *ls)
+/* The listing q asks for (ls->ids is the caller's to free). */
+static tide_status listing_of(tide_server_t *s, const tide_proto_status_t *q, listing *ls)
 {
     memset(ls, 0, sizeof *ls);
     ls->n_iter = s->st->n_workers;
     if (q->job[0] != '\0') {
         ls->job = tide_coord_job_by_name(s->st, q->job);
-        if (ls->job == NULL) {
-            tide__reply_error(s, TIDE_ERR_NOT_FOUND, "no job named %s", q->job);
-            return 0;
-        }
-        if (job_worker_ids(s, ls->job, &ls->ids, &ls->n_iter) != TIDE_OK) {
-            tide__reply_error(s, TIDE_ERR_NOMEM, "%s", tide_last_error());
-            return 0;
-        }
+        if (ls->job == NULL)
+            return tide_errorf(TIDE_ERR_NOT_FOUND, "no job named %s", q->job);
+        tide_status rc = job_worker_ids(s, ls->job, &ls->ids, &ls->n_iter);
+        if (rc != TIDE_OK)
+            return rc;
     }
     ls->page = s->cfg.status_page > 0 ? (size_t)s->cfg.status_page : TIDE_PROTO_ROWS_MAX;
     if (ls->page > TIDE_PROTO_ROWS_MAX)
         ls->page = TIDE_PROTO_ROWS_MAX;
     if (q->limit > 0 && q->limit < ls->page)
         ls->page = q->limit;
-    return 1;
+    return TIDE_OK;
 }
 
 /* Fills r with w's row (its coordinates left at -1). */
@@ -203,17 +200,30 @@ static void status_coordinates(tide_server_t *s, const listing *ls, tide_proto_g
  */
 static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
 {
-    listing ls;
-    if (!listing_of(s, q, &ls))
-        return;
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_STATUS_REPLY);
-    m.u.status_reply.time_ms = tide_wall_ms();
-    snprintf(m.u.status_reply.ompi_server, sizeof m.u.status_reply.ompi_server, "%s",
+    tide_status rc = tide__status_page(s, q, &m.u.status_reply);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
+        return;
+    }
+    tide__reply(s, &m);
+    tide_free(m.u.status_reply.rows);
+}
+
+tide_status tide__status_page(tide_server_t *s, const tide_proto_status_t *q,
+                              tide_proto_status_reply_t *out)
+{
+    listing ls;
+    tide_status rc = listing_of(s, q, &ls);
+    if (rc != TIDE_OK)
+        return rc;
+    out->time_ms = tide_wall_ms();
+    snprintf(out->ompi_server, sizeof out->ompi_server, "%s",
              s->cfg.ompi_server ? s->cfg.ompi_server : "");
     const tide__health *h = tide__health_of(s);
     if (h->degraded) /* never 0 while degraded: 0 says healthy */
-        m.u.status_reply.state_degraded_ms = (double)(tide_now_ns() - h->since_ns) / 1e6 + 1e-3;
+        out->state_degraded_ms = (double)(tide_now_ns() - h->since_ns) / 1e6 + 1e-3;
     size_t total = 0, n = 0;
     for (size_t k = 0; k < ls.n_iter; k++) {
         const tide_coord_worker_t *w = listing_at(s, &ls, k);
@@ -225,9 +235,8 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
     tide_proto_gpu_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
     if (rows == NULL) {
         tide_free(ls.ids);
-        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory building a status page of %zu workers",
-                          n);
-        return;
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory building a status page of %zu workers",
+                           n);
     }
     size_t k = 0;
     int32_t next = -1;
@@ -244,26 +253,34 @@ static void handle_status(tide_server_t *s, const tide_proto_status_t *q)
         status_row(s, w, wall, &rows[k++]);
     }
     status_coordinates(s, &ls, rows, k);
-    m.u.status_reply.rows = rows;
-    m.u.status_reply.n_rows = (uint32_t)k;
-    m.u.status_reply.total = (uint32_t)total;
-    m.u.status_reply.next = next;
-    tide__reply(s, &m);
-    tide_free(rows);
+    out->rows = rows;
+    out->n_rows = (uint32_t)k;
+    out->total = (uint32_t)total;
+    out->next = next;
     tide_free(ls.ids);
+    return TIDE_OK;
 }
 
 static void handle_jobs(tide_server_t *s)
 {
-    tide_coord_state_t *st = s->st;
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_JOBS_REPLY);
-    size_t n = st->n_jobs > TIDE_PROTO_ROWS_MAX ? TIDE_PROTO_ROWS_MAX : st->n_jobs;
-    tide_proto_job_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
-    if (rows == NULL) {
-        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu jobs", n);
+    tide_status rc = tide__jobs_rows(s, &m.u.jobs_reply);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
         return;
     }
+    tide__reply(s, &m);
+    tide_free(m.u.jobs_reply.rows);
+}
+
+tide_status tide__jobs_rows(tide_server_t *s, tide_proto_jobs_reply_t *out)
+{
+    tide_coord_state_t *st = s->st;
+    size_t n = st->n_jobs > TIDE_PROTO_ROWS_MAX ? TIDE_PROTO_ROWS_MAX : st->n_jobs;
+    tide_proto_job_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    if (rows == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %zu jobs", n);
     for (size_t i = 0; i < n; i++) {
         const tide_coord_job_t *j = st->jobs[i];
         tide_proto_job_row_t *r = &rows[i];
@@ -288,10 +305,9 @@ static void handle_jobs(tide_server_t *s)
             r->attempts = (uint32_t)j->attempts;
         }
     }
-    m.u.jobs_reply.rows = rows;
-    m.u.jobs_reply.n_rows = (uint32_t)n;
-    tide__reply(s, &m);
-    tide_free(rows);
+    out->rows = rows;
+    out->n_rows = (uint32_t)n;
+    return TIDE_OK;
 }
 
 /* Moves row src (its fields' workers too) to dst. */
@@ -347,8 +363,25 @@ static tide_status add_held_events(tide_server_t *s, const tide_store_event_quer
 
 static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
 {
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_EVENTS_REPLY);
     tide_store_event_t *ev = NULL;
     size_t n = 0;
+    tide_status rc = tide__event_rows(s, q, &m.u.events_reply, &ev, &n);
+    if (rc != TIDE_OK) {
+        tide__reply_error(s, rc, "%s", tide_last_error());
+        return;
+    }
+    tide__reply(s, &m);
+    tide_free(m.u.events_reply.rows);
+    tide_store_events_free(&ev, n);
+}
+
+tide_status tide__event_rows(tide_server_t *s, const tide_proto_events_t *q,
+                             tide_proto_events_reply_t *out, tide_store_event_t **ev, size_t *n)
+{
+    *ev = NULL;
+    *n = 0;
     tide_store_event_query_t sq = {.since_id = q->since_id,
                                    .since_ms = q->since_ms,
                                    .until_ms = q->until_ms,
@@ -356,35 +389,33 @@ static void handle_events(tide_server_t *s, const tide_proto_events_t *q)
                                    .kind = q->kind,
                                    .limit = q->limit,
                                    .newest = q->newest};
-    tide_status rc = tide_store_query_events(tide__store(s), &sq, &ev, &n);
+    tide_status rc = tide_store_query_events(tide__store(s), &sq, ev, n);
     if (rc == TIDE_OK)
-        rc = add_held_events(s, &sq, &ev, &n);
+        rc = add_held_events(s, &sq, ev, n);
     if (rc != TIDE_OK) {
-        tide_store_events_free(&ev, n);
-        tide__reply_error(s, rc, "%s", tide_last_error());
-        return;
+        tide_store_events_free(ev, *n);
+        *n = 0;
+        return rc;
     }
-    tide_msg_t m;
-    tide_msg_init(&m, TIDE_MSG_EVENTS_REPLY);
-    tide_proto_event_row_t *rows = tide_calloc(n ? n : 1, sizeof *rows);
+    tide_proto_event_row_t *rows = tide_calloc(*n ? *n : 1, sizeof *rows);
     if (rows == NULL) {
-        tide_store_events_free(&ev, n);
-        tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory listing %zu events", n);
-        return;
+        size_t k = *n;
+        tide_store_events_free(ev, k);
+        *n = 0;
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory listing %zu events", k);
     }
-    for (size_t i = 0; i < n; i++) {
-        rows[i].id = ev[i].id;
-        rows[i].time_ms = ev[i].time_ms;
-        snprintf(rows[i].job, sizeof rows[i].job, "%s", ev[i].job);
-        snprintf(rows[i].kind, sizeof rows[i].kind, "%s", ev[i].kind);
-        snprintf(rows[i].detail, sizeof rows[i].detail, "%s", ev[i].detail);
-        rows[i].fields = ev[i].fields; /* borrowed from ev until the reply is encoded */
+    for (size_t i = 0; i < *n; i++) {
+        const tide_store_event_t *e = &(*ev)[i];
+        rows[i].id = e->id;
+        rows[i].time_ms = e->time_ms;
+        snprintf(rows[i].job, sizeof rows[i].job, "%s", e->job);
+        snprintf(rows[i].kind, sizeof rows[i].kind, "%s", e->kind);
+        snprintf(rows[i].detail, sizeof rows[i].detail, "%s", e->detail);
+        rows[i].fields = e->fields; /* borrowed from *ev until the caller frees it */
     }
-    m.u.events_reply.rows = rows;
-    m.u.events_reply.n_rows = (uint32_t)n;
-    tide__reply(s, &m);
-    tide_free(rows);
-    tide_store_events_free(&ev, n);
+    out->rows = rows;
+    out->n_rows = (uint32_t)*n;
+    return TIDE_OK;
 }
 
 static void handle_logs(tide_server_t *s, const tide_proto_logs_t *q)

@@ -14,6 +14,7 @@ PACKAGES=(
   python3-torch python3-mpi4py python3-pip python3-setuptools python3-wheel python3-pytest
   fortunes-min  # examples/train_gpt.py's text: English quotations, read from disk
   help2man man-db systemd  # man pages made from --help, `man`, systemd-analyze verify
+  chromium                 # tests/test_page.sh: tided's cluster page in a headless browser
   gnuplot-nox              # benchmarks/report: the plots
 )
 

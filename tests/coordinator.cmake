@@ -76,6 +76,14 @@ if(TIDE_PYTHON3 AND TARGET tided AND TARGET tidectl AND TARGET train_mlp
                    ${TIDE_PYTHON3} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_timeline "mpi" 420)
 endif()
+# tided's live cluster page in headless chromium against a real job resized with tidectl
+# (test_page.sh; skips where chromium is absent, CI installs it).
+if(TIDE_PYTHON3 AND TARGET tided AND TARGET tidectl AND TARGET train_mlp)
+  add_test(NAME test_page
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_page.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_PYTHON3} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_page "mpi" 240)
+endif()
 # coordinator/child: the commands tided runs beside its loop (the Slurm provider's).
 if(TARGET tide_coord)
   tide_add_unit_test(test_child SOURCES test_child.c LIBS tide_coord TIMEOUT 60)

@@ -19,11 +19,16 @@ static tide_proto_job_state_t job_state_wire(const tide_coord_job_t *j)
 {
     switch (j->state) {
     case TIDE_JS_RUNNING:
+        /* stall.c told a stalled step (on one host: nothing fenced, no recovery): stalled
+           until a step completes or a new generation starts, as stall.c re-arms */
+        if (j->kind == TIDE_CJOB_ONLINE && j->stall_told && j->stall_gen == j->generation &&
+            j->stall_step == j->step)
+            return TIDE_JOB_STALLED;
         return TIDE_JOB_RUNNING;
     case TIDE_JS_RESIZING:
         return (j->reconf && j->reconf->recover) ? TIDE_JOB_RECOVERING : TIDE_JOB_RESIZING;
     case TIDE_JS_STALLED:
-        return TIDE_JOB_RECOVERING;
+        return TIDE_JOB_STALLED; /* what the stalled event said: waiting, not recovering */
     case TIDE_JS_QUEUED:
         return (j->kind == TIDE_CJOB_OFFLINE && j->attempts > 0) ? TIDE_JOB_PREEMPTED
                                                                  : TIDE_JOB_QUEUED;

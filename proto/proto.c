@@ -25,8 +25,9 @@ static const char *const device_kind_names[] = {"cpu", "gpu"};
 static const char *const worker_state_names[] = {"idle",   "online",   "offline",
                                                  "failed", "draining", "left"};
 static const char *const job_kind_names[] = {"online", "command", "plugin"};
-static const char *const job_state_names[] = {"queued",    "running", "resizing", "recovering",
-                                              "preempted", "done",    "failed",   "cancelled"};
+static const char *const job_state_names[] = {"queued",    "running", "resizing",  "recovering",
+                                              "preempted", "done",    "failed",    "cancelled",
+                                              "stalled"};
 static const char *const placement_names[] = {"default", "optimal"};
 const char *const tide__degree_names[4] = {"dp", "tp", "pp", "dp_micro"}; /* tide_degree */
 

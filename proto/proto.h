@@ -107,6 +107,8 @@ typedef enum tide_proto_job_state {
     TIDE_JOB_DONE = 5,       /* "done" */
     TIDE_JOB_FAILED = 6,     /* "failed" */
     TIDE_JOB_CANCELLED = 7,  /* "cancelled" */
+    TIDE_JOB_STALLED = 8,    /* "stalled": cannot recover (or resize) until something changes;
+                                its stalled event says what */
 } tide_proto_job_state_t;
 
 typedef enum tide_proto_placement {

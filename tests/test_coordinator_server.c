@@ -687,6 +687,72 @@ static int is_done(const tide_proto_job_row_t *r)
     return r->state == TIDE_JOB_DONE;
 }
 
+static int is_stalled(const tide_proto_job_row_t *r)
+{
+    return r->state == TIDE_JOB_STALLED;
+}
+
+static int is_running_again(const tide_proto_job_row_t *r)
+{
+    return r->state == TIDE_JOB_RUNNING && r->step == 8;
+}
+
+/* f's heartbeat: step steps done, the next one running for in_step_ms. */
+static void heartbeat_in_step(fake *f, uint64_t step, double in_step_ms)
+{
+    tide_msg_t m;
+    coord_mk_heartbeat(&m, f->id, step, 1);
+    m.u.heartbeat.in_step_ms = in_step_ms;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+}
+
+/* Both ranks' heartbeats say step 8 has run 5 s on one host, past the stall bound
+   (max(--stall-ms, 10 x the 100 ms step time) = 1 s): the stalled event, and the jobs
+   listing says "stalled", not running (nothing to fence on one host, so no recovery); a
+   step done ends the stall. */
+Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init = setup,
+     .fini = teardown)
+{
+    const char *extra[] = {"--stall-ms", "500", NULL};
+    start(extra);
+    fake w[2];
+    tide_msg_t r;
+    for (int i = 0; i < 2; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 2);
+        fake_join(&w[i], 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        tide_msg_clear(&r);
+    }
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    tide_proto_job_row_t row;
+    for (int tries = 0; tries < 40; tries++) {
+        for (int i = 0; i < 2; i++)
+            heartbeat_in_step(&w[i], 7, 5000);
+        tide_sleep_ms(100);
+        tide_msg_t m;
+        tide_msg_init(&m, TIDE_MSG_JOBS);
+        admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);
+        row = *find_job(&r, "train");
+        tide_msg_clear(&r);
+        if (is_stalled(&row))
+            break;
+    }
+    cr_assert_eq(row.state, TIDE_JOB_STALLED, "the job is listed '%s'",
+                 tide_proto_job_state_name(row.state));
+    cr_assert_eq(count_events(admin, "stalled"), 1);
+    cr_assert_eq(count_events(admin, "recovery_started"), 0, "one host: nothing fenced");
+    for (int i = 0; i < 2; i++)
+        heartbeat_in_step(&w[i], 8, 0);
+    row = wait_job(admin, is_running_again);
+    cr_assert_eq(row.state, TIDE_JOB_RUNNING, "a step done ends the stall");
+    for (int i = 0; i < 2; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+}
+
 Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = teardown)
 {
     start(NULL);

@@ -64,9 +64,9 @@ grep -q "\"job\":\"$JOB\",\"kind\":\"stalled\",\"detail\":\"[^\"]*no live worker
   { echo "$ev"; fail "no stalled event for $JOB naming the lost state and the way out"; }
 ! grep -q "\"job\":\"$JOB\",\"kind\":\"recovery_started\"" <<<"$ev" ||
   { echo "$ev"; fail "tided started a recovery that no survivor can fill"; }
-# (tidectl jobs shows a stalled job as "recovering"; it stays at its generation)
+# (tidectl jobs shows the job "stalled"; it stays at its generation)
 jobs=$(ctl ops jobs --json)
-grep -q "{\"name\":\"$JOB\",\"kind\":\"online\",\"state\":\"recovering\",\"gen\":1," <<<"$jobs" ||
+grep -q "{\"name\":\"$JOB\",\"kind\":\"online\",\"state\":\"stalled\",\"gen\":1," <<<"$jobs" ||
   { echo "$jobs"; fail "$JOB is not stalled at generation 1"; }
 grep -q "\"job\":\"$JOB\",\"kind\":\"stalled\",\"detail\":\"[^\"]*however many workers join: no live worker holds [^\"]*needed by any worker that replaces worker [0-9]" <<<"$ev" ||
   { echo "$ev"; fail "the stalled event does not say that more workers would not help"; }

@@ -782,7 +782,8 @@ Test(reliability, job_with_all_ranks_gone_can_be_cancelled_and_relaunched, .init
         }
         /* both ranks vanish */
         tide_proto_job_state_t js = wait_not_running(admin, job);
-        cr_assert_eq(js, TIDE_JOB_RECOVERING, "round %d: state %d", round, (int)js);
+        cr_assert(js == TIDE_JOB_RECOVERING || js == TIDE_JOB_STALLED, "round %d: state %s", round,
+                  tide_proto_job_state_name(js));
         tide_sleep_ms(600); /* both are past the failure timeout (150 ms) by now */
         if (round == 0) {
             tide_msg_init(&m, TIDE_MSG_CANCEL);

@@ -31,6 +31,7 @@
 #include "coordinator/join.h"
 #include "coordinator/liveness.h"
 #include "coordinator/loop.h"
+#include "coordinator/http.h"
 #include "coordinator/metrics.h"
 #include "coordinator/offline.h"
 #include "coordinator/operators.h"
@@ -201,7 +202,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
               cfg->state_path, s->st->n_workers, s->st->n_jobs, pending);
     TIDE_CHECK_GOTO(tide__core_bind(s), rc, fail);
     if (cfg->metrics != NULL && cfg->metrics[0] != '\0')
-        TIDE_CHECK_GOTO(tide__metrics_open(s, cfg->metrics), rc, fail);
+        TIDE_CHECK_GOTO(tide__http_open(s, cfg->metrics), rc, fail);
     TIDE_INFO("server", "listening on %s%s", tide__core_endpoint(s), s->auth_on ? " (CURVE)" : "");
     *out = s;
     return TIDE_OK;
@@ -230,7 +231,7 @@ void tide_server_destroy(tide_server_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_server_t *s = *self_p;
-    tide__metrics_close(s);
+    tide__http_close(s);
     tide__alloc_close(s);
     tide__core_destroy(s);
     tide_coord_state_destroy(&s->st);

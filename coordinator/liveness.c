@@ -18,7 +18,8 @@
  * participant: when a whole cluster goes silent, one pass would queue failures x members
  * messages (gigabytes at 10^5 workers). So a pass fails workers only while its outbox
  * holds less than SCAN_OUT_BYTES and sets scan_more: the next pass, right after this
- * one's messages went out, goes on. */
+ * one's messages went out, goes on. The pass is one burst of failures (recovery.h): the
+ * recoveries start at its end, one per job. */
 static void scan_failures(tide_server_t *s, uint64_t now)
 {
     uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
@@ -26,10 +27,13 @@ static void scan_failures(tide_server_t *s, uint64_t now)
     int32_t ids[16];
     size_t n = sizeof ids / sizeof ids[0];
     s->live.scan_more = 0;
+    /* one burst: a host's workers go silent together, and each job recovers once from all
+       of them at the end, not once per worker (each aborting the one before) */
+    tide__failures_begin(s);
     while (n == sizeof ids / sizeof ids[0]) {
         if (tide__outbox_bytes(s) >= SCAN_OUT_BYTES) {
             s->live.scan_more = 1;
-            return;
+            break;
         }
         n = tide_coord_workers_expired(s->st, now, limit, ids, sizeof ids / sizeof ids[0]);
         for (size_t i = 0; i < n; i++) {
@@ -41,6 +45,7 @@ static void scan_failures(tide_server_t *s, uint64_t now)
             tide__worker_failed(s, w, why);
         }
     }
+    tide__failures_end(s);
 }
 
 void tide__liveness_tick(tide_server_t *s)

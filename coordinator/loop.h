@@ -41,7 +41,7 @@ typedef struct tide__request {
 } tide__request;
 
 typedef struct tide__core tide__core;       /* loop.c's own: sockets, outbox, store, timers */
-typedef struct tide__metrics tide__metrics; /* metrics.c's own: the HTTP listener */
+typedef struct tide__metrics tide__metrics; /* http.c's own: the HTTP listener */
 typedef struct tide__alloc tide__alloc;     /* allocations.c's own: pools' allocations, the
                                                provider of nodes, pending leaves */
 
@@ -73,10 +73,15 @@ struct tide_server {
         uint64_t next_ns; /* next check of running jobs for stalled steps */
     } stall;              /* stall.c */
     struct {
+        int depth;              /* tide__failures_begin minus end: > 0, failures wait */
+        struct tide__lost *lost; /* the online jobs' workers failed meanwhile */
+        size_t n, cap;
+    } burst;                    /* recovery.c */
+    struct {
         uint64_t last_pass_ns; /* when the policy last ran */
         char failed[160];      /* why its last run failed ("": it did not), told once */
     } elastic;                 /* elastic_tided.c */
-    tide__metrics *metrics;      /* metrics.c; NULL without --metrics */
+    tide__metrics *metrics;      /* http.c; NULL without --metrics */
     tide__alloc *alloc;          /* allocations.c */
 };
 

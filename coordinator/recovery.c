@@ -23,6 +23,8 @@
 
 static void recover(tide_server_t *s, tide_coord_job_t *j, const char *reason);
 static void participant_failed(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w);
+static void fall_back(tide_server_t *s, tide_coord_job_t *j, const char *reason);
+static void keep_switched(tide_server_t *s, tide_coord_job_t *j, const char *reason);
 
 /* ---- a worker is lost ------------------------------------------------------------------------ */
 
@@ -76,12 +78,112 @@ void tide__job_lost_worker(tide_server_t *s, tide_coord_job_t *j, tide_coord_wor
         recover(s, j, reason);
 }
 
+/* A worker of an online job failed inside a burst (tide__failures_begin). */
+typedef struct tide__lost {
+    int64_t job;
+    int32_t worker;
+    char *reason; /* tide_malloc'd */
+} tide__lost;
+
+/* Keeps w's failure for the burst's end; 0 when there is no memory for it. */
+static int burst_keep(tide_server_t *s, int64_t jid, const tide_coord_worker_t *w,
+                      const char *reason)
+{
+    if (s->burst.n == s->burst.cap) {
+        size_t cap = s->burst.cap ? 2 * s->burst.cap : 16;
+        tide__lost *v = tide_reallocarray(s->burst.lost, cap, sizeof *v);
+        if (v == NULL)
+            return 0;
+        s->burst.lost = v;
+        s->burst.cap = cap;
+    }
+    char *why = tide_strdup(reason);
+    if (why == NULL)
+        return 0;
+    s->burst.lost[s->burst.n++] = (tide__lost){jid, w->id, why};
+    return 1;
+}
+
 void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason)
 {
     if (tide_coord_worker_gone(w))
         return;
     int64_t jid = tide__worker_down(s, w, "worker_failed", reason);
+    if (jid != 0 && s->burst.depth > 0 && burst_keep(s, jid, w, reason))
+        return;
     tide__job_lost_worker(s, jid ? tide_coord_job_get(s->st, jid) : NULL, w, reason);
+}
+
+void tide__failures_begin(tide_server_t *s)
+{
+    s->burst.depth++;
+}
+
+/* Job j lost the workers of v[0..n) at once (n >= 2): its pending switch falls back (or is
+ * kept, when participants switched) once, or j recovers once, without all of them. */
+static void lost_together(tide_server_t *s, tide_coord_job_t *j, const tide__lost *v, size_t n)
+{
+    char ids[160], why[TIDE_RECONF_REASON_MAX];
+    size_t at = 0;
+    int parts = 0, members = 0;
+    ids[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        tide_coord_worker_t *w = tide_coord_worker_get(s->st, v[i].worker);
+        int32_t jr = w != NULL ? tide_coord_job_rank(j, w) : -1;
+        if (jr < 0)
+            continue;
+        long k = j->reconf != NULL ? tide_reconf_find(j->reconf, jr) : -1;
+        if (k >= 0) {
+            j->reconf->gone[k] = 1;
+            parts++;
+        } else if (j->layout != NULL && tide_coord_layout_has(j->layout, jr)) {
+            members++;
+        } else {
+            continue;
+        }
+        if (at < sizeof ids - 16)
+            at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? ", " : "", w->id);
+    }
+    if (parts > 0) {
+        snprintf(why, sizeof why, "participant workers %s failed during the switch", ids);
+        if (j->reconf->phase == TIDE_RP_COMMIT && j->reconf->switched)
+            keep_switched(s, j, why);
+        else
+            fall_back(s, j, why);
+    } else if (members > 0) {
+        snprintf(why, sizeof why, "workers %s failed at once: %s", ids, v[0].reason);
+        recover(s, j, why);
+    }
+}
+
+void tide__failures_end(tide_server_t *s)
+{
+    if (--s->burst.depth > 0)
+        return;
+    tide__lost *v = s->burst.lost;
+    size_t n = s->burst.n;
+    s->burst.lost = NULL;
+    s->burst.n = s->burst.cap = 0;
+    /* grouped by job in place, keeping the order of failures inside a job */
+    for (size_t i = 0; i < n;) {
+        size_t end = i + 1;
+        for (size_t k = i + 1; k < n; k++)
+            if (v[k].job == v[i].job) {
+                tide__lost t = v[k];
+                memmove(&v[end + 1], &v[end], (k - end) * sizeof *v);
+                v[end++] = t;
+            }
+        tide_coord_job_t *j = tide_coord_job_get(s->st, v[i].job);
+        tide_coord_worker_t *w = tide_coord_worker_get(s->st, v[i].worker);
+        if (end - i == 1 && w != NULL)
+            tide__job_lost_worker(s, j, w, v[i].reason); /* exactly as outside a burst */
+        else if (j != NULL && j->kind == TIDE_CJOB_ONLINE)
+            lost_together(s, j, &v[i], end - i);
+        i = end;
+    }
+    for (size_t i = 0; i < n; i++)
+        tide_free(v[i].reason);
+    tide_free(v);
 }
 
 /* ---- fallback -------------------------------------------------------------------------------- */

@@ -33,6 +33,13 @@ void tide__job_lost_worker(tide_server_t *s, tide_coord_job_t *j, tide_coord_wor
  * tide__worker_down, then tide__job_lost_worker. */
 void tide__worker_failed(tide_server_t *s, tide_coord_worker_t *w, const char *reason);
 
+/* A burst of failures (a host's workers silent together, a partition's side fenced):
+ * from tide__failures_begin to the matching tide__failures_end, tide__worker_failed marks
+ * workers failed at once but leaves their jobs alone; at the end each job recovers (or
+ * falls back) once, from all its losses. Nests; loop thread. */
+void tide__failures_begin(tide_server_t *s);
+void tide__failures_end(tide_server_t *s);
+
 /* "done" from a participant of a switch: success counts toward the commit (reconf.c); a
  * participant that could not switch makes the switch fall back, or fails (when others
  * switched already); a checkpoint that would not load is dropped and the next one tried. */

@@ -122,7 +122,7 @@ static void name_hosts(const hosts *h, char *buf, size_t cap)
 }
 
 /* Fails j's members on every host but h->name[keep] (they are fenced by it), each with
-   why; recovery of j follows from each failure. */
+   why; j recovers once, after all of them. */
 static void fence_others(tide_server_t *s, tide_coord_job_t *j, const hosts *h, size_t keep,
                          const char *why)
 {
@@ -141,13 +141,15 @@ static void fence_others(tide_server_t *s, tide_coord_job_t *j, const hosts *h, 
             strcmp(w->host, h->name[keep]) != 0)
             ranks[m++] = j->layout->worker[i];
     }
-    /* the recovery each failure starts replaces j's layout: the ranks were taken first */
+    /* one burst: the job recovers once, from all the fenced ranks (recovery.h) */
+    tide__failures_begin(s);
     for (size_t i = 0; i < m; i++) {
         tide_coord_job_t *jj = tide_coord_job_get(s->st, id);
         tide_coord_worker_t *w = jj != NULL ? tide__job_worker(s, jj, ranks[i]) : NULL;
         if (w != NULL && w->job == id)
             tide__worker_failed(s, w, why);
     }
+    tide__failures_end(s);
     tide_free(ranks);
 }
 

@@ -2761,3 +2761,53 @@ Test(tided, checkpoint_requests_and_reports, .init = setup, .fini = teardown)
     tide_msg_clear(&r);
     zmq_close(admin);
 }
+
+/* A host lost with both its members of a dp 4 job: their last heartbeats came in one host
+   heartbeat, so they go silent together. One failure is one recovery: a single
+   recovery_started over the two survivors, no switch started and aborted in between. */
+Test(tided, a_lost_host_is_one_recovery, .init = setup, .fini = teardown)
+{
+    const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "3", NULL};
+    start(extra);
+    fake w[4];
+    tide_msg_t r;
+    for (int i = 0; i < 4; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, 4); /* ranks 2 and 3 on host1 */
+        fake_join(&w[i], 4);
+    }
+    for (int i = 0; i < 4; i++) {
+        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
+        cr_assert_eq(r.u.layout.layout.dp, 4);
+        tide_msg_clear(&r);
+    }
+    int32_t host1[2] = {w[2].id, w[3].id};
+    host_heartbeat(&w[2], host1, 2);
+    int ms = 50;
+    zmq_setsockopt(w[0].sock, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    int got = 0;
+    for (int t = 0; t < 100 && !got; t++) {
+        heartbeat(&w[0]);
+        heartbeat(&w[1]);
+        if (coord_recv(w[0].sock, &r) != 0)
+            continue;
+        if (r.type == TIDE_MSG_LAYOUT && r.u.layout.recover) {
+            got = 1;
+            cr_assert_eq(r.u.layout.layout.dp, 2, "recovery over the two survivors");
+        }
+        tide_msg_clear(&r);
+    }
+    cr_assert(got, "no recovery layout after host1 went silent");
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    cr_assert_eq(count_events(admin, "worker_failed"), 2);
+    cr_assert_eq(count_events(admin, "recovery_started"), 1, "one host lost, one recovery");
+    cr_assert_eq(count_events(admin, "resize_aborted"), 0);
+    char detail[1024];
+    cr_assert(event_detail(admin, "recovery_started", detail, sizeof detail));
+    char both[64];
+    snprintf(both, sizeof both, "workers %d, %d failed at once", w[2].id, w[3].id);
+    cr_assert(strstr(detail, both) != NULL, "recovery_started: %s", detail);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(admin);
+}

@@ -728,7 +728,7 @@ Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init =
     }
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     tide_proto_job_row_t row;
-    for (int tries = 0; tries < 40; tries++) {
+    for (int tries = 0; tries < 150; tries++) { /* the stall check runs once a second */
         for (int i = 0; i < 2; i++)
             heartbeat_in_step(&w[i], 7, 5000);
         tide_sleep_ms(100);

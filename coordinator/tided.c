@@ -104,7 +104,9 @@ static int read_settings(struct settings *s, int argc, char **argv)
          "or damaged at its end) instead of refusing it; what those commits held is then unknown",
          0, 0},
         {"metrics", "TIDE_METRICS", TIDE_OPT_STRING, &s->metrics, NULL,
-         "serve Prometheus metrics on HOST:PORT (e.g. 127.0.0.1:9400)", 0, 0},
+         "serve Prometheus metrics (/metrics) and the live cluster page (/) on HOST:PORT (e.g. "
+         "127.0.0.1:9400)",
+         0, 0},
         {"auth", "TIDE_AUTH", TIDE_OPT_STRING, &s->auth, NULL,
          "directory of CURVE keys and roles (enables CURVE)", 0, 0},
         {"heartbeat-ms", "TIDE_HEARTBEAT_MS", TIDE_OPT_INT, &s->heartbeat_ms, "1000",

@@ -681,6 +681,8 @@ static const tide__field offline_assign_fields[] = {
     F_BOOL(tide_proto_offline_assign_t, bubbles, "bubbles"),
     F_INT(tide_proto_offline_assign_t, attempt, "attempt", 1, UINT32_MAX),
     F_INT(tide_proto_offline_assign_t, grace_ms, "grace_ms", 0, 600000),
+    F_INT_OPT(tide_proto_offline_assign_t, max_memory, "max_memory", 0, UINT64_MAX),
+    F_INT_OPT(tide_proto_offline_assign_t, max_procs, "max_procs", 0, TIDE_PROTO_PROCS_MAX),
 };
 
 static const tide__field preempt_fields[] = {
@@ -871,6 +873,8 @@ static const tide__field submit_fields[] = {
     F_INT(tide_proto_submit_t, priority, "priority", -1000, 1000),
     F_U64(tide_proto_submit_t, mem_cap, "mem_cap"),
     F_BOOL(tide_proto_submit_t, bubbles, "bubbles"),
+    F_INT_OPT(tide_proto_submit_t, max_memory, "max_memory", 0, UINT64_MAX),
+    F_INT_OPT(tide_proto_submit_t, max_procs, "max_procs", 0, TIDE_PROTO_PROCS_MAX),
 };
 
 static const tide__field cancel_fields[] = {F_JOB(tide_proto_cancel_t, job)};
@@ -1591,14 +1595,19 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
 }
 
 /* 1 when field f of base is optional and 0: it is left out (peers of before it decode the
-   message, and a heartbeat stays small). Optional fields are doubles. */
+   message, and a heartbeat stays small). Optional fields are doubles or integers. */
 static int left_out(const tide__field *f, const void *base)
 {
-    double v;
     if (!(f->flags & TIDE__F_OPTIONAL))
         return 0;
-    memcpy(&v, (const char *)base + f->off, sizeof v);
-    return v == 0.0;
+    const char *p = (const char *)base + f->off;
+    if (f->kind == TIDE__K_DOUBLE) {
+        double v;
+        memcpy(&v, p, sizeof v);
+        return v == 0.0;
+    }
+    static const char zero[sizeof(uint64_t)];
+    return f->size <= sizeof zero && memcmp(p, zero, f->size) == 0;
 }
 
 static int encode_struct(const tide__schema *s, const void *base, msgpack_packer *pk, int top,

@@ -64,6 +64,7 @@ extern "C" {
 #define TIDE_PROTO_FIT_N_MAX       (INT64_C(1) << 62) /* a fit rule's n */
 #define TIDE_PROTO_DIMS_MAX        4                  /* tensor rank */
 #define TIDE_PROTO_ARGV_MAX        256                /* argv entries of an offline command */
+#define TIDE_PROTO_PROCS_MAX       4194304 /* max_procs of an offline command (pid_max's limit) */
 #define TIDE_PROTO_ARG_MAX         4095               /* bytes of one argv entry */
 #define TIDE_PROTO_ROWS_MAX        (1u << 16)         /* rows of a status or jobs reply */
 #define TIDE_PROTO_HOST_BEATS_MAX  1024               /* heartbeats in one host_heartbeat */
@@ -482,6 +483,10 @@ typedef struct tide_proto_offline_assign {
     uint32_t attempt; /* "attempt": 1 for the first run */
     int grace_ms;     /* "grace_ms": [0, 600000], SIGTERM -> SIGKILL when the worker stops
                          the command itself (it leaves or dies) */
+    uint64_t max_memory; /* "max_memory": host memory of a command's attempt, bytes; 0 (left
+                            out, as older tided sends it): no limit */
+    uint32_t max_procs;  /* "max_procs": [0, TIDE_PROTO_PROCS_MAX] processes of a command's
+                            attempt; 0 (left out): no limit */
 } tide_proto_offline_assign_t;
 
 /* "preempt" tided -> worker: stop offline job `job` within grace_ms. */
@@ -641,6 +646,10 @@ typedef struct tide_proto_submit {
     int priority;     /* "priority": [-1000, 1000] */
     uint64_t mem_cap; /* "mem_cap": bytes, 0 = no cap */
     int bubbles;      /* "bubbles": bool */
+    uint64_t max_memory; /* "max_memory": host memory per attempt, bytes; 0 (left out, as
+                            older tidectl sends it): tided's --offline-max-memory */
+    uint32_t max_procs;  /* "max_procs": processes per attempt; 0 (left out): tided's
+                            --offline-max-procs */
 } tide_proto_submit_t;
 
 /* "cancel" tidectl -> tided: cancel a job (offline: stop it; online: refused by policy). */

@@ -38,7 +38,7 @@ enum {
 
 #define TIDE__F_UNSIGNED 1u
 #define TIDE__F_NULLABLE 2u
-#define TIDE__F_OPTIONAL 4u /* a double that may be absent (0): sent only when not 0 */
+#define TIDE__F_OPTIONAL 4u /* a double or integer that may be absent (0): sent only when not 0 */
 #define TIDE__NO_OFF     ((size_t)-1)
 
 typedef struct tide__ctx tide__ctx;
@@ -93,6 +93,13 @@ struct tide__ctx {
         .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi), .count_off = TIDE__NO_OFF          \
     }
 #define F_U64(T, m, k)    F_INT(T, m, k, 0, UINT64_MAX)
+/* An integer a peer of before it does not send (read as 0) and that is sent only when not 0. */
+#define F_INT_OPT(T, m, k, lo, hi)                                                                 \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m) | TIDE__F_OPTIONAL,            \
+        .off = offsetof(T, m), .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi),             \
+        .count_off = TIDE__NO_OFF                                                                  \
+    }
 #define F_WORKER(T, m)    F_INT(T, m, "worker", 0, INT32_MAX)
 #define F_GEN(T, m)       F_U64(T, m, "gen")
 #define F_DEGREE(T, m, k) F_INT(T, m, k, 1, TIDE_PROTO_DEGREE_MAX)

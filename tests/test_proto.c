@@ -563,6 +563,40 @@ Test(proto_roundtrip, heartbeat_in_step_is_optional)
     tide_proto_buf_destroy(&b);
 }
 
+/* An offline job's host limits (max_memory, max_procs) are optional: left out when 0, so a
+   submit or an assignment from a peer of before them decodes (no limit), and carried
+   exactly when set; a process count beyond pid_max's is refused. */
+Test(proto_roundtrip, offline_limits_are_optional)
+{
+    static char *argv[] = {"sleep", "1"};
+    tide_msg_t m, d;
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "sweep");
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_expect(memmem(bytes, len, "max_memory", 10) == NULL, "0 is not sent");
+    cr_expect(memmem(bytes, len, "max_procs", 9) == NULL, "0 is not sent");
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect(d.u.submit.max_memory == 0 && d.u.submit.max_procs == 0);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    m.u.submit.max_memory = 256ull << 20;
+    m.u.submit.max_procs = 20;
+    bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect(d.u.submit.max_memory == 256ull << 20 && d.u.submit.max_procs == 20);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    m.u.submit.max_procs = TIDE_PROTO_PROCS_MAX + 1;
+    tide_proto_buf_t b;
+    tide_proto_buf_init(&b);
+    cr_expect_neq(tide_proto_encode(&m, &b), TIDE_OK, "a process count beyond pid_max's");
+    tide_proto_buf_destroy(&b);
+}
+
 /* The previous generation of layout_msg(): gen 4, dp 2 over 24 layers on the given
    arrays (the caller's: no clear). */
 static tide_proto_layout_t prev_layout(int *stages, int32_t *workers)

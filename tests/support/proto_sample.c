@@ -601,6 +601,8 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->bubbles = (int)(next(r) & 1);
         x->attempt = (uint32_t)urange(r, 1, UINT32_MAX);
         x->grace_ms = (int)urange(r, 0, 600000);
+        x->max_memory = (next(r) & 1) ? urange(r, 0, UINT64_MAX) : 0;
+        x->max_procs = (next(r) & 1) ? (uint32_t)urange(r, 0, TIDE_PROTO_PROCS_MAX) : 0;
         return TIDE_OK;
     }
     case TIDE_MSG_PREEMPT:
@@ -751,6 +753,8 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->priority = (int)irange(r, -1000, 1000);
         x->mem_cap = urange(r, 0, UINT64_MAX);
         x->bubbles = (int)(next(r) & 1);
+        x->max_memory = (next(r) & 1) ? urange(r, 0, UINT64_MAX) : 0;
+        x->max_procs = (next(r) & 1) ? (uint32_t)urange(r, 0, TIDE_PROTO_PROCS_MAX) : 0;
         return TIDE_OK;
     }
     case TIDE_MSG_CANCEL:

@@ -865,7 +865,7 @@ static void tmp_dir(char *out, size_t len)
 static tide__child_cfg child_cfg(const char *job, char **argv, uint32_t argc, const char *log,
                                  int grace_ms, const char *cgroup)
 {
-    tide__child_cfg c = {job, argv, argc, NULL, 0, log, 1 << 20, grace_ms, cgroup};
+    tide__child_cfg c = {job, argv, argc, NULL, 0, log, 1 << 20, grace_ms, cgroup, 0, 0};
     return c;
 }
 

@@ -171,8 +171,9 @@ void tide__ctl_on_assign(tide__ctl_t *ctl, tide_msg_t *m)
         snprintf(cg, sizeof cg, "%s/tide-%d-%s-%u", ctl->cg_parent, (int)getpid(), a->job,
                  a->attempt);
     if (rc == TIDE_OK) {
-        tide__child_cfg cc = {a->job,       a->argv,     a->argc,          env, n_env, log,
-                              ctl->log_cap, a->grace_ms, cg[0] ? cg : NULL};
+        tide__child_cfg cc = {a->job,       a->argv,     a->argc,           env,
+                              n_env,        log,         ctl->log_cap,      a->grace_ms,
+                              cg[0] ? cg : NULL, a->max_memory, a->max_procs};
         rc = tide__child_spawn(&ctl->child, &cc);
     }
     if (rc != TIDE_OK) {

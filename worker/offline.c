@@ -230,13 +230,13 @@ tide_status tide__child_spawn(tide__child *c, const tide__child_cfg *cfg)
     size_t n_environ = 0;
     while (environ != NULL && environ[n_environ] != NULL)
         n_environ++;
-    enum { N_FIXED = 13 };
+    enum { N_FIXED = 17 };
     char **av = tide_calloc((size_t)cfg->argc + N_FIXED + 1, sizeof *av);
     char **ev = tide_calloc(n_environ + cfg->n_env + 1, sizeof *ev);
     tide_status rc = TIDE_OK;
     posix_spawnattr_t attr;
     int attr_ok = 0;
-    char parent[32], grace[32], cap[32];
+    char parent[32], grace[32], cap[32], mem[32], procs[32];
     if (av == NULL || ev == NULL) {
         rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory starting offline job %s", job);
         goto out;
@@ -260,6 +260,16 @@ tide_status tide__child_spawn(tide__child *c, const tide__child_cfg *cfg)
     if (c->cgroup[0] != '\0') {
         av[a++] = "--cgroup";
         av[a++] = c->cgroup;
+    }
+    if (cfg->max_memory != 0) {
+        snprintf(mem, sizeof mem, "%llu", (unsigned long long)cfg->max_memory);
+        av[a++] = "--max-memory";
+        av[a++] = mem;
+    }
+    if (cfg->max_procs != 0) {
+        snprintf(procs, sizeof procs, "%u", cfg->max_procs);
+        av[a++] = "--max-procs";
+        av[a++] = procs;
     }
     av[a++] = "--";
     for (uint32_t i = 0; i < cfg->argc; i++)

@@ -16,7 +16,10 @@
  *     the attempt, and SIGKILL follows after --grace ms, or at once on SIGUSR1; when the
  *     command ends, whatever it left behind is killed;
  *   - the command's stdout and stderr go to --log FILE, at most --cap bytes, then one
- *     marker line and the rest is discarded (never into the worker's own output).
+ *     marker line and the rest is discarded (never into the worker's own output);
+ *   - --max-memory BYTES and --max-procs N bound the attempt (offline_limits.h): in its
+ *     cgroup when the controllers are there, else as the command's rlimits; the log says
+ *     which at the start and, when the command failed under one, names it at the end.
  *
  * It exits with the command's exit status, or dies of the signal that killed the
  * command, so the worker sees what the command did. 125: it could not run the attempt
@@ -41,6 +44,7 @@
 #include <unistd.h>
 
 #include "core/version.h"
+#include "worker/offline_limits.h"
 
 #define EXIT_SETUP   125
 #define REAP_WAIT_MS 5000 /* bound on the wait for killed processes to go */
@@ -52,6 +56,7 @@ typedef struct run {
     uint64_t cap;      /* bytes of output kept */
     const char *cgdir; /* cgroup v2 directory of the attempt, or NULL */
     int cg_ok;         /* the command was moved into cgdir */
+    tide__limits lim;  /* --max-memory, --max-procs and how they are applied */
     char **argv;       /* the command */
     pid_t cmd;
     int log_fd;
@@ -261,7 +266,7 @@ static int usage(const char *why)
     fprintf(stderr,
             "tide-offline-run: %s\n"
             "usage: tide-offline-run --parent PID --grace MS --log FILE --cap BYTES "
-            "[--cgroup DIR] -- PROGRAM [ARGS...]\n"
+            "[--cgroup DIR] [--max-memory BYTES] [--max-procs N] -- PROGRAM [ARGS...]\n"
             "       tide-offline-run --version\n"
             "(started by libtide for offline command jobs; not meant to be run by hand)\n",
             why);
@@ -276,11 +281,18 @@ static void exec_command(run *r, int out_fd, int go_fd)
     sigprocmask(SIG_SETMASK, &none, NULL);
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* this keeper killed: the command goes too */
-    char c;
+    char c = 0;
     while (read(go_fd, &c, 1) < 0 && errno == EINTR) {
-        /* the keeper moves it into the cgroup first */
+        /* the keeper moves it into the cgroup first, and says which limits it holds */
     }
     close(go_fd);
+    r->lim.cg_memory = (c & 1) != 0;
+    r->lim.cg_pids = (c & 2) != 0;
+    char why[256];
+    if (tide__limits_rlimits(&r->lim, why, sizeof why) != 0) {
+        dprintf(out_fd, "[tide: cannot apply the attempt's limits: %s; not started]\n", why);
+        _exit(127); /* never run unbounded what was asked to be bounded */
+    }
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0)
         dup2(null, 0);
@@ -316,6 +328,10 @@ static int parse(run *r, int argc, char **argv)
             r->log = v;
         else if (strcmp(a, "--cgroup") == 0)
             r->cgdir = v;
+        else if (strcmp(a, "--max-memory") == 0)
+            r->lim.memory = strtoull(v, &end, 10);
+        else if (strcmp(a, "--max-procs") == 0)
+            r->lim.procs = strtoull(v, &end, 10);
         else
             return usage("unknown flag");
         if (end != NULL && (*end != '\0' || end == v))
@@ -393,13 +409,19 @@ static int start(run *r)
         snprintf(pid, sizeof pid, "%d", (int)r->cmd);
         if (write_file(r->cgdir, "cgroup.procs", pid) == 0) {
             r->cg_ok = 1;
+            tide__limits_cgroup(&r->lim, r->cgdir);
         } else {
             log_line(r, "[tide: cannot join cgroup %s (%s): contained by a subreaper only]\n",
                      r->cgdir, strerror(errno));
             rmdir(r->cgdir);
         }
     }
-    if (write(go[1], "g", 1) < 0) {
+    char lim[512];
+    tide__limits_describe(&r->lim, geteuid() == 0, lim, sizeof lim);
+    if (lim[0] != '\0')
+        log_line(r, "[tide: limits of this attempt: %s]\n", lim);
+    char go_byte = (char)('@' | (r->lim.cg_memory ? 1 : 0) | (r->lim.cg_pids ? 2 : 0));
+    if (write(go[1], &go_byte, 1) < 0) {
         /* the command died already: its status says so */
     }
     close(go[1]);
@@ -504,12 +526,17 @@ static void watch_attempt(run *r, watch *w, int sfd)
     }
 }
 
-/* Ends as the command ended: its exit code, or its signal raised on the keeper itself. */
-static int finish(run *r, int status)
+/* Ends as the command ended: its exit code, or its signal raised on the keeper itself.
+   A limit that ended the attempt is the log's last line: the attempt's event quotes it. */
+static int finish(run *r, int status, int stopped)
 {
     if (r->dropped > 0)
         log_line(r, "[tide: %llu bytes of output discarded in all]\n",
                  (unsigned long long)r->dropped);
+    char why[640];
+    if (!stopped && tide__limits_verdict(&r->lim, r->cg_ok ? r->cgdir : NULL, status, why,
+                                         sizeof why))
+        log_line(r, "[tide: %s]\n", why);
     close(r->log_fd);
     if (r->cg_ok && rmdir(r->cgdir) != 0 && errno != ENOENT)
         fprintf(stderr, "tide-offline-run: cannot remove cgroup %s: %s\n", r->cgdir,
@@ -550,5 +577,5 @@ int main(int argc, char **argv)
     if (w.out < 0)
         return EXIT_SETUP;
     watch_attempt(&r, &w, sfd);
-    return finish(&r, w.status);
+    return finish(&r, w.status, w.term);
 }

@@ -317,6 +317,8 @@ typedef struct tide__child_cfg {
     uint64_t log_cap;     /* bytes of output kept; the rest is discarded after a marker */
     int grace_ms;         /* SIGTERM -> SIGKILL when the worker dies */
     const char *cgroup;   /* cgroup v2 directory to create for the attempt, or NULL */
+    uint64_t max_memory;  /* host memory of the attempt, bytes; 0: no limit */
+    uint32_t max_procs;   /* processes of the attempt; 0: no limit */
 } tide__child_cfg;
 
 /* Starts cfg's command through its keeper (TIDE__SHIM_NAME, found by tide__offline_shim)

@@ -116,6 +116,8 @@ static void assign(tide_server_t *s, tide_coord_job_t *j, tide_coord_worker_t *w
     a->bubbles = j->bubbles;
     a->attempt = (uint32_t)j->attempts;
     a->grace_ms = (int)(j->grace_ms > 600000 ? 600000 : j->grace_ms < 0 ? 0 : j->grace_ms);
+    a->max_memory = j->max_memory;
+    a->max_procs = j->max_procs > TIDE_PROTO_PROCS_MAX ? TIDE_PROTO_PROCS_MAX : j->max_procs;
     tide__send_worker(s, w, &m);
 }
 

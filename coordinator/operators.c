@@ -46,6 +46,13 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
                           m->name);
         return;
     }
+    if (m->kind == TIDE_JOB_PLUGIN && (m->max_memory != 0 || m->max_procs != 0)) {
+        tide__reply_error(s, TIDE_ERR_INVALID,
+                          "offline job %s: a memory or process limit applies to a command job; "
+                          "a plugin runs inside the worker's own process",
+                          m->name);
+        return;
+    }
     tide_coord_job_t *j = NULL;
     tide_status rc = tide_coord_job_add(s->st, 0, TIDE_CJOB_OFFLINE, &j);
     if (rc != TIDE_OK) {
@@ -62,6 +69,11 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
     j->bubbles = m->bubbles;
     j->max_attempts = s->cfg.max_attempts;
     j->grace_ms = s->cfg.grace_ms;
+    if (j->okind == TIDE_OFFLINE_COMMAND) {
+        /* a plugin runs inside the worker's process: these limits are a command's */
+        j->max_memory = m->max_memory ? m->max_memory : s->cfg.offline_max_memory;
+        j->max_procs = m->max_procs ? m->max_procs : s->cfg.offline_max_procs;
+    }
     j->argv = tide_calloc(m->argc ? m->argc : 1, sizeof *j->argv);
     for (uint32_t i = 0; j->argv != NULL && i < m->argc; i++) {
         j->argv[i] = tide_strdup(m->argv[i]);
@@ -75,9 +87,13 @@ static void handle_submit(tide_server_t *s, const tide_proto_submit_t *m)
         tide__reply_error(s, TIDE_ERR_NOMEM, "out of memory queueing job %s", m->name);
         return;
     }
-    tide__event(s, j->name, "submitted", "%s job, priority %d%s: %s%s%s",
+    char limits[96] = "";
+    if (j->max_memory != 0 || j->max_procs != 0)
+        snprintf(limits, sizeof limits, ", limits: memory %llu bytes, %u processes (0: none)",
+                 (unsigned long long)j->max_memory, j->max_procs);
+    tide__event(s, j->name, "submitted", "%s job, priority %d%s%s: %s%s%s",
                 tide_proto_job_kind_name(m->kind), j->priority, j->bubbles ? ", bubbles" : "",
-                j->plugin, j->plugin[0] ? " " : "", j->argc ? j->argv[0] : "");
+                limits, j->plugin, j->plugin[0] ? " " : "", j->argc ? j->argv[0] : "");
     tide__save_job(s, j);
     tide__reply_ok(s, j->name, "queued offline job %s with priority %d", j->name, j->priority);
     tide__reschedule(s);

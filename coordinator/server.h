@@ -38,6 +38,10 @@ typedef struct tide_server_config {
     int64_t grace_ms;          /* SIGTERM -> SIGKILL grace given to preempted offline work, ms */
     double link_bytes_per_s;   /* per-worker link speed assumed by --dry-run estimates */
     int max_attempts;          /* failed offline attempts before the job is marked failed */
+    uint64_t offline_max_memory; /* host memory of an offline command's attempt when its submit
+                                    gives none, bytes; 0: no limit */
+    uint32_t offline_max_procs;  /* processes of an offline command's attempt when its submit
+                                    gives none; 0: no limit */
     int64_t retry_backoff_ms;  /* a failed attempt's retry waits this, doubled per failure
                                   (at most 60 s), ms */
     int64_t join_grace_ms;     /* a worker that registered and joined no job is offered

@@ -245,6 +245,8 @@ typedef struct tide_coord_job {
     int32_t max_attempts; /* give up after this many failures */
     int32_t worker;       /* coordinator worker id running it, -1 when none */
     int64_t grace_ms;     /* SIGTERM -> SIGKILL grace on preemption */
+    uint64_t max_memory;  /* host memory of a command's attempt, bytes; 0: no limit */
+    uint32_t max_procs;   /* processes of a command's attempt; 0: no limit */
     /* offline, volatile (a restart forgets them) */
     int32_t last_failed;  /* worker of the last failed attempt (tried last), -1 when none */
     uint64_t retry_at_ns; /* monotonic: not offered to a worker before (backoff), 0: now */

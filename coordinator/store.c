@@ -62,7 +62,7 @@ static const char *const schema =
     " rc_gen INTEGER, rc_recover INTEGER, rc_phase INTEGER, rc_switch INTEGER,"
     " rc_started_ms INTEGER, rc_layout BLOB, rc_reason TEXT, num_layers INTEGER,"
     " rc_switched INTEGER, failures INTEGER, fit BLOB, ckpts BLOB, rc_ckpt TEXT,"
-    " rc_ckpt_step INTEGER);"
+    " rc_ckpt_step INTEGER, max_memory INTEGER, max_procs INTEGER);"
     "CREATE TABLE IF NOT EXISTS events("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, job TEXT NOT NULL,"
     " kind TEXT NOT NULL, detail TEXT NOT NULL, fields BLOB);"
@@ -89,9 +89,9 @@ static const char *const sql[ST__COUNT] = {
         " join_blob, priority, okind, plugin, argv, mem_cap, bubbles, attempts,"
         " max_attempts, worker, grace_ms, rc_gen, rc_recover, rc_phase, rc_switch,"
         " rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched, failures, fit, ckpts,"
-        " rc_ckpt, rc_ckpt_step) VALUES(?1,"
+        " rc_ckpt, rc_ckpt_step, max_memory, max_procs) VALUES(?1,"
         "?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,"
-        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40)",
+        "?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37,?38,?39,?40,?41,?42)",
     /* the event statements are event_sql's */
     [ST_ATTEMPT] = "INSERT OR REPLACE INTO offline_attempts(job, attempt, worker, host, log, state,"
                    " exit_code, time_ms, tail) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
@@ -216,6 +216,8 @@ static tide_status add_columns(tide_store_t *s)
         {"jobs", "ckpts", "TEXT"},
         {"jobs", "rc_ckpt", "TEXT"},
         {"jobs", "rc_ckpt_step", "INTEGER"},
+        {"jobs", "max_memory", "INTEGER"}, /* an offline command's limits: empty is none */
+        {"jobs", "max_procs", "INTEGER"},
     };
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         char q[160];

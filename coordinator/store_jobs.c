@@ -69,6 +69,8 @@ enum {
     C_CKPTS,
     C_RC_CKPT,
     C_RC_CKPT_STEP,
+    C_MAX_MEMORY,
+    C_MAX_PROCS,
 };
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -287,6 +289,8 @@ tide_status tide_store_put_job(tide_store_t *s, const tide_coord_job_t *j)
     sqlite3_bind_int(st, C_MAX_ATTEMPTS + 1, j->max_attempts);
     sqlite3_bind_int(st, C_WORKER + 1, j->worker);
     sqlite3_bind_int64(st, C_GRACE + 1, j->grace_ms);
+    sqlite3_bind_int64(st, C_MAX_MEMORY + 1, (sqlite3_int64)j->max_memory);
+    sqlite3_bind_int64(st, C_MAX_PROCS + 1, j->max_procs);
     sqlite3_bind_int(st, C_LAYERS + 1, j->num_layers);
     sqlite3_bind_int(st, C_FAILURES + 1, j->failures);
     bind_blob(st, C_FIT, &b.fit);
@@ -546,6 +550,8 @@ static tide_status read_scalars(tide_store_t *s, tide_coord_state_t *st, sqlite3
     j->max_attempts = sqlite3_column_int(q, C_MAX_ATTEMPTS);
     j->worker = sqlite3_column_int(q, C_WORKER);
     j->grace_ms = sqlite3_column_int64(q, C_GRACE);
+    j->max_memory = (uint64_t)sqlite3_column_int64(q, C_MAX_MEMORY); /* NULL (before): 0 */
+    j->max_procs = (uint32_t)sqlite3_column_int64(q, C_MAX_PROCS);
     j->num_layers = sqlite3_column_int(q, C_LAYERS);
     j->failures = sqlite3_column_int(q, C_FAILURES);
     return TIDE_OK;
@@ -588,7 +594,8 @@ static tide_status load_jobs(tide_store_t *s, tide_coord_state_t *st)
         " req_dp, req_tp, req_pp, req_micro, total_bytes, join_blob, priority, okind, plugin,"
         " argv, mem_cap, bubbles, attempts, max_attempts, worker, grace_ms, rc_gen, rc_recover,"
         " rc_phase, rc_switch, rc_started_ms, rc_layout, rc_reason, num_layers, rc_switched,"
-        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step FROM jobs ORDER BY id",
+        " failures, fit, ckpts, rc_ckpt, rc_ckpt_step, max_memory, max_procs FROM jobs"
+        " ORDER BY id",
         -1, &q, NULL);
     if (src != SQLITE_OK)
         return tide__store_db_error(s, src, "loading jobs");

@@ -132,8 +132,8 @@ static const command_t commands[] = {
     {"unpin", "unpin JOB", "the elastic policy may resize the job again", tidectl__cmd_unpin, 1, 1,
      {OPT_END}},
     {"submit",
-     "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--bubbles] "
-     "[--plugin NAME] -- CMD ARGS...",
+     "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--max-memory 4G] "
+     "[--max-procs N] [--bubbles] [--plugin NAME] -- CMD ARGS...",
      "queue offline work for idle GPUs (a command, or a task plugin)",
      tidectl__cmd_submit,
      0,
@@ -142,6 +142,13 @@ static const command_t commands[] = {
       {"name", NULL, TIDE_OPT_STRING, V(name), NULL, "job name (default: CMD-TIME-PID)", 0, 0},
       {"priority", NULL, TIDE_OPT_INT, V(priority), "0", "higher runs first", -1000, 1000},
       {"mem-cap", NULL, TIDE_OPT_STRING, V(mem_cap), NULL, "device memory cap, e.g. 16G", 0, 0},
+      {"max-memory", NULL, TIDE_OPT_STRING, V(max_memory), NULL,
+       "host memory each attempt of the command may use, e.g. 512M, 4G (default: tided's "
+       "--offline-max-memory)",
+       0, 0},
+      {"max-procs", NULL, TIDE_OPT_INT, V(max_procs), "0",
+       "processes each attempt of the command may run (default: tided's --offline-max-procs)",
+       0, TIDE_PROTO_PROCS_MAX},
       {"plugin", NULL, TIDE_OPT_STRING, V(plugin), NULL,
        "run the named task plugin instead of a command", 0, 0},
       {"bubbles", NULL, TIDE_OPT_BOOL, V(bubbles), "0",

@@ -152,6 +152,17 @@ int tidectl__cmd_submit(settings_t *s, int argc, char **argv, FILE *out, FILE *e
     m->bubbles = s->bubbles;
     if (s->mem_cap && tidectl_parse_bytes(s->mem_cap, &m->mem_cap) != TIDE_OK)
         return tidectl__usage_error(err, "submit", "--mem-cap %s", tide_last_error());
+    if (s->max_memory && tidectl_parse_bytes(s->max_memory, &m->max_memory) != TIDE_OK)
+        return tidectl__usage_error(err, "submit", "--max-memory %s", tide_last_error());
+    if (s->max_memory && m->max_memory < (1ull << 20))
+        return tidectl__usage_error(err, "submit",
+                                    "--max-memory %s is under 1 MiB: no program starts in that",
+                                    s->max_memory);
+    m->max_procs = (uint32_t)s->max_procs;
+    if (s->plugin && (m->max_memory != 0 || m->max_procs != 0))
+        return tidectl__usage_error(err, "submit",
+                                    "--max-memory and --max-procs limit a command; a plugin runs "
+                                    "inside the worker's own process");
     int rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_OK, err);
     if (rc == TIDECTL_EXIT_OK) {
         const char *name = rep.u.ok.job[0] ? rep.u.ok.job : m->name;

@@ -42,6 +42,8 @@ typedef struct settings {
     const char *name;
     long long priority;
     const char *mem_cap;
+    const char *max_memory;
+    long long max_procs;
     const char *plugin;
     int bubbles;
     /* events, timeline */

@@ -15,6 +15,7 @@
 #include "core/opts.h"
 #include "coordinator/provider.h"
 #include "coordinator/server.h"
+#include "coordinator/tidectl.h"
 
 static tide_server_t *running;
 static volatile sig_atomic_t stop_asked; /* a signal came, maybe before the loop ran */
@@ -44,6 +45,9 @@ struct settings {
     long long resize_timeout_ms;
     long long grace_ms;
     long long max_attempts;
+    const char *offline_max_memory;
+    long long offline_max_procs;
+    uint64_t offline_max_memory_bytes;
     long long retry_backoff_ms;
     long long join_grace_ms;
     long long batch_ms;
@@ -121,6 +125,17 @@ static int read_settings(struct settings *s, int argc, char **argv)
          "failed runs of an offline job before it is marked failed (preemptions and workers "
          "leaving do not count)",
          1, 1000},
+        {"offline-max-memory", "TIDE_OFFLINE_MAX_MEMORY", TIDE_OPT_STRING,
+         &s->offline_max_memory, "0",
+         "host memory an offline command's attempt may use when tidectl submit gives no "
+         "--max-memory (512M, 4G, bytes; 0: no limit): a cgroup v2 memory.max when the worker "
+         "can make one, else RLIMIT_AS",
+         0, 0},
+        {"offline-max-procs", "TIDE_OFFLINE_MAX_PROCS", TIDE_OPT_INT, &s->offline_max_procs, "0",
+         "processes an offline command's attempt may run when tidectl submit gives no "
+         "--max-procs (0: no limit): a cgroup v2 pids.max, else RLIMIT_NPROC (per user, not "
+         "binding root)",
+         0, TIDE_PROTO_PROCS_MAX},
         {"retry-backoff-ms", "TIDE_RETRY_BACKOFF_MS", TIDE_OPT_INT, &s->retry_backoff_ms, "1000",
          "wait before retrying a failed offline job, doubled per failure up to 60 s; the retry "
          "prefers another worker",
@@ -205,6 +220,10 @@ static int read_settings(struct settings *s, int argc, char **argv)
         fprintf(stderr, "tided: %s\n", tide_last_error());
         return 2;
     }
+    if (tidectl_parse_bytes(s->offline_max_memory, &s->offline_max_memory_bytes) != TIDE_OK) {
+        fprintf(stderr, "tided: --offline-max-memory: %s\n", tide_last_error());
+        return 2;
+    }
     if (!(s->link_gbps > 0)) {
         fprintf(stderr, "tided: --link-gbps must be > 0\n");
         return 2;
@@ -235,6 +254,8 @@ static void config_of(const struct settings *s, tide_server_config *cfg)
     cfg->resize_timeout_ms = s->resize_timeout_ms;
     cfg->grace_ms = s->grace_ms;
     cfg->max_attempts = (int)s->max_attempts;
+    cfg->offline_max_memory = s->offline_max_memory_bytes;
+    cfg->offline_max_procs = (uint32_t)s->offline_max_procs;
     cfg->retry_backoff_ms = s->retry_backoff_ms;
     cfg->join_grace_ms = s->join_grace_ms;
     cfg->batch_ms = s->batch_ms;

@@ -3,6 +3,10 @@
 # resizes a toy job through the real tided, and one of the failures around communicators.
 tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto
                    PkgConfig::ZMQ TIMEOUT 60)
+# An offline command's memory and process limits (tests/test_offline_limits.c): the rlimits
+# and cgroup files the keeper sets, and attempts allocating or forking past their limit.
+tide_add_unit_test(test_offline_limits SOURCES test_offline_limits.c LIBS tide_worker
+                   TIMEOUT 60)
 # The layout switch's phases one by one (tests/test_worker_switch.c): a runtime put
 # together by hand on 2 ranks, a recording port instead of tided, failures injected
 # between every two phases; no tided needed.

@@ -20,12 +20,13 @@
 
 #define MIB ((uint64_t)1024 * 1024)
 
-/* Writes text into dir/name when the file exists; 0 on success. */
+/* Writes text into dir/name when the file exists; 0 on success (O_TRUNC as a shell's
+   "echo > memory.max": the cgroup file system ignores it, a plain file stays exact). */
 static int put(const char *dir, const char *name, const char *text)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
     if (fd < 0)
         return -1;
     ssize_t n = write(fd, text, strlen(text));

@@ -1019,6 +1019,8 @@ Test(store, round_trip_and_reload)
     o->argv[1] = tide_strdup("eval.py");
     o->argc = 2;
     o->priority = -4;
+    o->max_memory = 5ull << 30;
+    o->max_procs = 64;
     cr_assert_eq(tide_store_put_worker(s, w), TIDE_ERR_INTERNAL); /* needs a transaction */
     cr_assert_eq(tide_store_begin(s), TIDE_OK);
     cr_assert_eq(tide_store_put_worker(s, w), TIDE_OK);
@@ -1064,6 +1066,7 @@ Test(store, round_trip_and_reload)
     cr_assert_eq(o->argc, 2);
     cr_assert_str_eq(o->argv[1], "eval.py");
     cr_assert_eq(o->priority, -4);
+    cr_assert(o->max_memory == 5ull << 30 && o->max_procs == 64, "the limits survive a restart");
     tide_store_event_t *ev = NULL;
     size_t n = 0;
     tide_store_event_query_t all = {.limit = 100};
@@ -1487,6 +1490,7 @@ static void expect_fixture_state(tide_store_t *s, tide_coord_state_t *st)
     cr_expect(j->state == TIDE_JS_ASSIGNED && j->priority == -4 && j->mem_cap == 1ull << 33 &&
               j->bubbles == 1 && j->attempts == 2 && j->failures == 1 && j->max_attempts == 5 &&
               j->worker == 6 && j->grace_ms == 2500);
+    cr_expect(j->max_memory == 0 && j->max_procs == 0, "a job of before the limits has none");
     tide_store_attempt_t *a = NULL;
     size_t n = 0;
     cr_assert_eq(tide_store_attempts(s, 4, 0, 10, &a, &n), TIDE_OK);

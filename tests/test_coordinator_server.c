@@ -1592,6 +1592,60 @@ Test(tided, tidectl_logs_shows_each_attempts_output, .init = setup, .fini = tear
     zmq_close(t.sock);
 }
 
+/* An offline command's limits: tidectl's --max-procs and tided's --offline-max-memory
+   default travel in the assignment; the failure the keeper blames on a limit (its log's
+   last line) is what the attempt's event and tidectl logs say; a bad default stops tided. */
+Test(tided, offline_limits_reach_the_worker_and_the_event, .init = setup, .fini = teardown)
+{
+    const char *bad[] = {"--offline-max-memory", "lots", NULL};
+    int st = 0;
+    cr_assert_neq(coord_start(&proc, TIDED_PATH, bad, &st), 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
+    const char *extra[] = {"--heartbeat-ms", "10000", "--offline-max-memory", "1G", NULL};
+    start(extra);
+    char here[256] = "";
+    gethostname(here, sizeof here - 1);
+    fake a, t;
+    tide_msg_t m, r;
+    fake_connect(&t, 5000);
+    fake_connect(&a, 5000);
+    coord_mk_register(&m, "pool-m", 0, 2, here, 0, 4100);
+    cr_assert_eq(coord_call(t.sock, &m, &r), 0);
+    t.id = r.u.register_ok.worker;
+    coord_mk_register(&m, "pool-m", 1, 2, here, 1, 4101);
+    cr_assert_eq(coord_call(a.sock, &m, &r), 0);
+    a.id = r.u.register_ok.worker;
+    fake_join(&t, 1);
+    fake_join(&a, 1);
+    char out[65536];
+    const char *plugin[] = {"submit", "--offline", "--plugin", "p", "--max-procs", "3", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, plugin), 2, "refused by tidectl: %s", out);
+    const char *sub[] = {"submit", "--offline", "--name", "hog", "--max-procs", "20", "--",
+                         "sh", "-c", "x", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, sub), 0, "%s", out);
+    cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0);
+    cr_expect_eq(r.u.offline_assign.max_memory, 1ull << 30, "tided's default");
+    cr_expect_eq(r.u.offline_assign.max_procs, 20u, "the submit's own");
+    uint32_t att = r.u.offline_assign.attempt;
+    tide_msg_clear(&r);
+    const char *why = "[tide: the command failed (exit 1) under memory limit 1024 MiB (RLIMIT_AS: "
+                      "an allocation beyond it fails); its own last words above say whether a "
+                      "limit refused it]\n";
+    report_attempt(&a, "hog", att, TIDE_JOB_FAILED, 1, "", why);
+    cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OK, &r), 0);
+    tide_msg_clear(&r);
+    const char *logs[] = {"logs", "hog", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, logs), 0);
+    cr_expect(strstr(out, "memory limit 1024 MiB (RLIMIT_AS") != NULL, "%s", out);
+    const char *events[] = {"events", "--json", NULL};
+    cr_assert_eq(tidectl(out, sizeof out, events), 0);
+    const char *ev = strstr(out, "\"kind\":\"offline_requeued\"");
+    cr_assert_not_null(ev, "%s", out);
+    cr_expect(strstr(out, "memory limit 1024 MiB (RLIMIT_AS") != NULL, "the event says: %s", out);
+    zmq_close(a.sock);
+    zmq_close(t.sock);
+}
+
 /* ---- the worker table: left, retention, pages, the register cap, liveness ---------------- */
 
 /* One status page from `from` (limit rows, 0: tided's page), with or without the workers

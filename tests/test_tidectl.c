@@ -631,6 +631,16 @@ Test(tidectl_cli, usage_errors_exit_2)
     expect_usage(run_cli("submit", "--offline", NULL), "give the command after '--'");
     expect_usage(run_cli("submit", "--offline", "--mem-cap", "lots", "--", "x", NULL),
                  "--mem-cap 'lots' is not a byte count");
+    expect_usage(run_cli("submit", "--offline", "--max-memory", "lots", "--", "x", NULL),
+                 "--max-memory 'lots' is not a byte count");
+    expect_usage(run_cli("submit", "--offline", "--max-memory", "100K", "--", "x", NULL),
+                 "--max-memory 100K is under 1 MiB");
+    expect_usage(run_cli("submit", "--offline", "--max-procs", "-1", "--", "x", NULL),
+                 "--max-procs");
+    expect_usage(run_cli("submit", "--offline", "--max-procs", "many", "--", "x", NULL),
+                 "--max-procs");
+    expect_usage(run_cli("submit", "--offline", "--plugin", "p", "--max-procs", "4", NULL),
+                 "a plugin runs inside the worker's own process");
     expect_usage(run_cli("events", "--since", "later", NULL), "--since 'later'");
     expect_usage(run_cli("--key", "/nonexistent.key", "status", NULL), "both --key");
     expect_usage(
@@ -749,7 +759,8 @@ Test(tidectl_cli, submit_passes_argv_after_double_dash)
     fake_start(&f, FAKE_REPLY, answer_ok, NULL, 0, 0);
     run_t r =
         run_cli("--endpoint", f.endpoint, "submit", "--offline", "--name", "sweep-1", "--priority",
-                "-5", "--mem-cap", "16G", "--", "python", "train.py", "--lr", "3e-4", "-v", NULL);
+                "-5", "--mem-cap", "16G", "--max-memory", "512M", "--max-procs", "20", "--",
+                "python", "train.py", "--lr", "3e-4", "-v", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);
     cr_assert_eq(f.last.type, TIDE_MSG_SUBMIT);
     const tide_proto_submit_t *m = &f.last.u.submit;
@@ -757,6 +768,7 @@ Test(tidectl_cli, submit_passes_argv_after_double_dash)
     cr_expect_eq(m->kind, TIDE_JOB_COMMAND);
     cr_expect_eq(m->priority, -5);
     cr_expect_eq(m->mem_cap, 16ull << 30);
+    cr_expect(m->max_memory == 512ull << 20 && m->max_procs == 20, "the attempt's limits");
     cr_assert_eq(m->argc, 5u);
     cr_expect_str_eq(m->argv[0], "python");
     cr_expect_str_eq(m->argv[2], "--lr");
@@ -767,6 +779,8 @@ Test(tidectl_cli, submit_passes_argv_after_double_dash)
     r = run_cli("--endpoint", f.endpoint, "submit", "--offline", "--", "/usr/bin/stress-ng", NULL);
     cr_expect_eq(r.rc, 0, "%s", r.err);
     cr_expect_eq(strncmp(f.last.u.submit.name, "stress-ng-", 10), 0, "%s", f.last.u.submit.name);
+    cr_expect(f.last.u.submit.max_memory == 0 && f.last.u.submit.max_procs == 0,
+              "no limits given: tided's defaults apply");
     run_free(&r);
     /* a relative root is made absolute here: the workers resolve nothing */
     r = run_cli("--endpoint", f.endpoint, "checkpoint", "llm", "--dir", "ck/llm", NULL);

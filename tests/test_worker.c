@@ -1227,6 +1227,47 @@ Test(ctl, offline_command_reported_and_preempted)
     fake_close(&f);
 }
 
+/* The assignment's max_memory reaches the attempt through the worker: a command allocating
+   past it fails, and the report's tail (what tided's event and tidectl logs show) names the
+   limit last. */
+Test(ctl, offline_command_past_its_memory_limit_is_reported)
+{
+    char dir[64];
+    tmp_dir(dir, sizeof dir);
+    setenv("TIDE_LOG_DIR", dir, 1);
+    setenv("TIDE_OFFLINE_CGROUP", "0", 1); /* the rlimit path, wherever this runs */
+    fake f;
+    fake_open(&f);
+    tide__ctl_t *ctl = start_ctl(&f);
+    char *argv[] = {"awk", "BEGIN{s=\"x\"; while (length(s) < 67108864) s = s s; print \"grew\"}"};
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_OFFLINE_ASSIGN);
+    snprintf(m.u.offline_assign.job, sizeof m.u.offline_assign.job, "hog");
+    m.u.offline_assign.kind = TIDE_JOB_COMMAND;
+    m.u.offline_assign.argv = argv;
+    m.u.offline_assign.argc = 2;
+    m.u.offline_assign.attempt = 1;
+    m.u.offline_assign.grace_ms = 1000;
+    m.u.offline_assign.max_memory = 32ull << 20;
+    fake_send(&f, &m);
+    tide_msg_t st;
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 3000);
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_RUNNING);
+    tide_msg_clear(&st);
+    fake_expect(&f, TIDE_MSG_OFFLINE_STATUS, &st, 30000);
+    const char *tail = st.u.offline_status.tail;
+    cr_assert_eq(st.u.offline_status.state, TIDE_JOB_FAILED, "%s", tail);
+    cr_expect(strstr(tail, "grew") == NULL, "%s", tail);
+    const char *last = strstr(tail, "[tide: the command failed");
+    cr_assert_not_null(last, "%s", tail);
+    cr_expect(strstr(last, "memory limit 32 MiB (RLIMIT_AS") != NULL, "%s", last);
+    tide_msg_clear(&st);
+    unsetenv("TIDE_OFFLINE_CGROUP");
+    tide__ctl_destroy(&ctl, 0);
+    trainer_close();
+    fake_close(&f);
+}
+
 /* What an offline command of a worker on local device 2 sees (CUDA_VISIBLE_DEVICES=4,5,6,7
    in the worker's environment), as its output's tail reports it. */
 static char *command_sees(int kind)

@@ -93,7 +93,9 @@ void tide__limits_describe(const tide__limits *l, int root, char *out, size_t le
     if (l->memory != 0) {
         bytes_text(l->memory, b, sizeof b);
         snprintf(mem, sizeof mem, "memory %s (%s)", b,
-                 l->cg_memory ? "cgroup memory.max" : "RLIMIT_AS: per process address space");
+                 l->cg_memory ? "cgroup memory.max"
+                              : "RLIMIT_AS: per process address space, which a CUDA program "
+                                "reserves far beyond what it uses");
     }
     if (l->procs != 0)
         snprintf(procs, sizeof procs, "%sprocesses %" PRIu64 " (%s)", mem[0] ? ", " : "",

@@ -117,18 +117,15 @@ Test(limits, cgroup_detection_and_verdict)
     put_file(with, "memory.events", "oom_kill 0\n");
     put_file(with, "pids.events", "max 3\n");
     cr_assert_eq(tide__limits_verdict(&l, with, 2 << 8, out, sizeof out), 1);
-    cr_expect(strstr(out, "process limit 20 reached (cgroup pids.max: 3 fork") != NULL, "%s",
-              out);
+    cr_expect(strstr(out, "process limit 20 reached (cgroup pids.max: 3 fork") != NULL, "%s", out);
     put_file(with, "pids.events", "max 0\n");
-    cr_expect_eq(tide__limits_verdict(&l, with, 0, out, sizeof out), 0, "nothing counted: %s",
-                 out);
+    cr_expect_eq(tide__limits_verdict(&l, with, 0, out, sizeof out), 0, "nothing counted: %s", out);
 
     tide__limits r = {.memory = 64ull << 20, .procs = 20};
     tide__limits_cgroup(&r, without);
     cr_expect(!r.cg_memory && !r.cg_pids, "no controller files: rlimits");
     tide__limits_describe(&r, 1, out, sizeof out);
-    cr_expect(strstr(out, "RLIMIT_AS") != NULL && strstr(out, "NOT enforced") != NULL, "%s",
-              out);
+    cr_expect(strstr(out, "RLIMIT_AS") != NULL && strstr(out, "NOT enforced") != NULL, "%s", out);
     tide__limits_describe(&r, 0, out, sizeof out);
     cr_expect(strstr(out, "NOT enforced") == NULL, "%s", out);
     cr_expect_eq(tide__limits_verdict(&r, NULL, 0, out, sizeof out), 0, "exit 0: no verdict");
@@ -171,8 +168,8 @@ Test(limits, attempt_beyond_its_memory_limit)
     const char *out = slurp(dir, "m.log");
     cr_assert_neq(code, 0, "the allocation beyond the limit failed: %s", out);
     cr_expect(strstr(out, "grew") == NULL, "%s", out);
-    cr_expect(strstr(out, "[tide: limits of this attempt: memory 32 MiB (RLIMIT_AS") != NULL,
-              "%s", out);
+    cr_expect(strstr(out, "[tide: limits of this attempt: memory 32 MiB (RLIMIT_AS") != NULL, "%s",
+              out);
     const char *last = strstr(out, "[tide: the command failed");
     cr_assert_not_null(last, "%s", out);
     cr_expect(strstr(last, "memory limit 32 MiB (RLIMIT_AS") != NULL, "%s", last);
@@ -181,8 +178,7 @@ Test(limits, attempt_beyond_its_memory_limit)
     code = run_attempt("m2", argv, 2, log, 512ull << 20, 0);
     out = slurp(dir, "m.log");
     cr_expect_eq(code, 0, "%s", out);
-    cr_expect(strstr(out, "grew") != NULL && strstr(out, "the command failed") == NULL, "%s",
-              out);
+    cr_expect(strstr(out, "grew") != NULL && strstr(out, "the command failed") == NULL, "%s", out);
 }
 
 /* An attempt forking past --max-procs (a bounded loop of 50 sleeps) is refused its forks
@@ -195,8 +191,8 @@ Test(limits, attempt_beyond_its_process_limit)
     tmp_dir(dir, sizeof dir);
     snprintf(log, sizeof log, "%s/p.log", dir);
     const char *loop = "i=0; while [ $i -lt 50 ]; do sleep 2 & i=$((i+1)); done; wait; echo all";
-    char *as_nobody[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                         "/bin/sh", "-c",          (char *)loop};
+    char *as_nobody[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh",
+                         "-c",      (char *)loop};
     char *as_self[] = {"/bin/sh", "-c", (char *)loop};
     int root = geteuid() == 0;
     if (root && access("/usr/bin/setpriv", X_OK) != 0 && access("/bin/setpriv", X_OK) != 0)

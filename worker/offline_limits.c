@@ -98,8 +98,7 @@ void tide__limits_describe(const tide__limits *l, int root, char *out, size_t le
                                 "reserves far beyond what it uses");
     }
     if (l->procs != 0)
-        snprintf(procs, sizeof procs, "%sprocesses %" PRIu64 " (%s)", mem[0] ? ", " : "",
-                 l->procs,
+        snprintf(procs, sizeof procs, "%sprocesses %" PRIu64 " (%s)", mem[0] ? ", " : "", l->procs,
                  l->cg_pids ? "cgroup pids.max"
                  : root     ? "RLIMIT_NPROC: counted per user; NOT enforced while the command "
                               "runs as root, binds once it runs as another user"
@@ -131,21 +130,23 @@ static void status_text(int status, char *out, size_t len)
         snprintf(out, len, "exit %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
-int tide__limits_verdict(const tide__limits *l, const char *dir, int status, char *out,
-                         size_t len)
+int tide__limits_verdict(const tide__limits *l, const char *dir, int status, char *out, size_t len)
 {
     char b[48], how[96];
     uint64_t oom = dir != NULL && l->cg_memory ? event_count(dir, "memory.events", "oom_kill") : 0;
     uint64_t forks = dir != NULL && l->cg_pids ? event_count(dir, "pids.events", "max") : 0;
     bytes_text(l->memory, b, sizeof b);
     if (oom > 0) {
-        snprintf(out, len, "killed: memory limit %s (cgroup memory.max: %" PRIu64
-                 " OOM kill(s) in the attempt)", b, oom);
+        snprintf(out, len,
+                 "killed: memory limit %s (cgroup memory.max: %" PRIu64
+                 " OOM kill(s) in the attempt)",
+                 b, oom);
         return 1;
     }
     if (forks > 0) {
-        snprintf(out, len, "process limit %" PRIu64 " reached (cgroup pids.max: %" PRIu64
-                 " fork(s) refused)", l->procs, forks);
+        snprintf(out, len,
+                 "process limit %" PRIu64 " reached (cgroup pids.max: %" PRIu64 " fork(s) refused)",
+                 l->procs, forks);
         return 1;
     }
     int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -155,13 +156,14 @@ int tide__limits_verdict(const tide__limits *l, const char *dir, int status, cha
     status_text(status, how, sizeof how);
     char mem[160] = "", procs[160] = "";
     if (rl_mem)
-        snprintf(mem, sizeof mem, "memory limit %s (RLIMIT_AS: an allocation beyond it fails)",
-                 b);
+        snprintf(mem, sizeof mem, "memory limit %s (RLIMIT_AS: an allocation beyond it fails)", b);
     if (rl_procs)
         snprintf(procs, sizeof procs,
                  "%sprocess limit %" PRIu64 " (RLIMIT_NPROC: a fork beyond it fails)",
                  rl_mem ? "; " : "", l->procs);
-    snprintf(out, len, "the command failed (%s) under %s%s; its own last words above say "
-             "whether a limit refused it", how, mem, procs);
+    snprintf(out, len,
+             "the command failed (%s) under %s%s; its own last words above say "
+             "whether a limit refused it",
+             how, mem, procs);
     return 1;
 }

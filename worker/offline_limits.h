@@ -38,7 +38,6 @@ void tide__limits_describe(const tide__limits *l, int root, char *out, size_t le
    limit ended it or may have (cgroup: memory.events oom_kill, pids.events max; rlimits: the
    command failed while one was in force, which is how an allocation or fork refused by an
    rlimit shows), else 0. Reads the cgroup's files; any thread. */
-int tide__limits_verdict(const tide__limits *l, const char *dir, int status, char *out,
-                         size_t len);
+int tide__limits_verdict(const tide__limits *l, const char *dir, int status, char *out, size_t len);
 
 #endif

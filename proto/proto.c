@@ -337,6 +337,9 @@ static tide_status check_join(const void *base, tide__ctx *c)
     TIDE_CHECK(check_degrees(c, m->dp, m->tp, m->pp));
     if (m->pp > m->num_layers)
         return tide__fail(c, "field 'pp' = %d exceeds field 'layers' = %d", m->pp, m->num_layers);
+    if ((m->min_gpus == 0) != (m->max_gpus == 0))
+        return tide__fail(c, "fields 'min' = %d and 'max' = %d are both 0 (no bounds) or both set",
+                          m->min_gpus, m->max_gpus);
     for (uint32_t i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].layer >= m->num_layers)
             return tide__fail(c, "field 'tensors[%u].layer' = %d must be below layers = %d", i,
@@ -365,6 +368,9 @@ static const tide__field join_fields[] = {
      .count_off = offsetof(tide_proto_join_t, n_fit),
      .cmax = TIDE_PROTO_FIT_MAX,
      .sub = &tide__fit_schema},
+    F_INT_OPT(tide_proto_join_t, min_gpus, "min", 0, 1 << 20),
+    F_INT_OPT(tide_proto_join_t, max_gpus, "max", 0, 1 << 20),
+    F_INT_OPT(tide_proto_join_t, priority, "priority", 0, 100),
 };
 
 static int cmp_i32(const void *a, const void *b)
@@ -796,6 +802,9 @@ static const tide__field job_row_fields[] = {
     F_INT(tide_proto_job_row_t, priority, "priority", -1000, 1000),
     F_INT(tide_proto_job_row_t, attempts, "attempts", 0, UINT32_MAX),
     F_STR(tide_proto_job_row_t, allocs, "allocs", TIDE__CS_LINE, 0),
+    F_INT_OPT(tide_proto_job_row_t, min_gpus, "min", 0, 1 << 20),
+    F_INT_OPT(tide_proto_job_row_t, max_gpus, "max", 0, 1 << 20),
+    F_INT_OPT(tide_proto_job_row_t, hold, "hold", 0, 2),
 };
 static const tide__schema job_row_schema = {job_row_fields, NELEM(job_row_fields),
                                             sizeof(tide_proto_job_row_t), 0, NULL};
@@ -971,6 +980,7 @@ static const tide__field event_fields_fields[] = {
     F_MS(tide_proto_event_fields_t, ms, "ms"),
     F_BOOL(tide_proto_event_fields_t, bubbles, "bubbles"),
     F_STR(tide_proto_event_fields_t, reason, "reason", TIDE__CS_LINE, 0),
+    F_MS_OPT(tide_proto_event_fields_t, downtime_ms, "downtime_ms"),
 };
 const tide__schema tide__event_fields_schema = {event_fields_fields, NELEM(event_fields_fields),
                                                 sizeof(tide_proto_event_fields_t), 1,
@@ -1031,6 +1041,7 @@ static const tide__field logs_reply_fields[] = {
 static const tide__field ok_fields[] = {
     F_JOB_EMPTY(tide_proto_ok_t, job),
     F_TEXT(tide_proto_ok_t, message, "message"),
+    F_INT_OPT(tide_proto_ok_t, gen, "gen", 0, UINT64_MAX),
 };
 
 static const tide__field error_fields[] = {
@@ -1590,13 +1601,23 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
 }
 
 /* 1 when field f of base is optional and 0: it is left out (peers of before it decode the
-   message, and a heartbeat stays small). Optional fields are doubles. */
+   message, and a heartbeat stays small). Optional fields are doubles or ints. */
 static int left_out(const tide__field *f, const void *base)
 {
-    double v;
     if (!(f->flags & TIDE__F_OPTIONAL))
         return 0;
-    memcpy(&v, (const char *)base + f->off, sizeof v);
+    const char *at = (const char *)base + f->off;
+    if (f->kind == TIDE__K_INT) {
+        int64_t i = 0;
+        int32_t i4 = 0;
+        if (f->size == 4)
+            memcpy(&i4, at, sizeof i4);
+        else
+            memcpy(&i, at, sizeof i);
+        return f->size == 4 ? i4 == 0 : i == 0;
+    }
+    double v;
+    memcpy(&v, at, sizeof v);
     return v == 0.0;
 }
 

@@ -38,7 +38,7 @@ enum {
 
 #define TIDE__F_UNSIGNED 1u
 #define TIDE__F_NULLABLE 2u
-#define TIDE__F_OPTIONAL 4u /* a double that may be absent (0): sent only when not 0 */
+#define TIDE__F_OPTIONAL 4u /* a double or int that may be absent (0): sent only when not 0 */
 #define TIDE__NO_OFF     ((size_t)-1)
 
 typedef struct tide__ctx tide__ctx;
@@ -106,6 +106,13 @@ struct tide__ctx {
     {                                                                                              \
         .key = (k), .kind = TIDE__K_DOUBLE, .flags = TIDE__F_OPTIONAL, .off = offsetof(T, m),      \
         .dmin = 0.0, .dmax = TIDE_PROTO_MS_MAX, .count_off = TIDE__NO_OFF                          \
+    }
+/* An int added to a message after peers that lack it: absent decodes as 0, 0 is not sent. */
+#define F_INT_OPT(T, m, k, lo, hi)                                                                 \
+    {                                                                                              \
+        .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m) | TIDE__F_OPTIONAL,            \
+        .off = offsetof(T, m), .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi),             \
+        .count_off = TIDE__NO_OFF                                                                  \
     }
 #define F_BOOL(T, m, k)                                                                            \
     {                                                                                              \

@@ -498,6 +498,7 @@ static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t d
                       r->reason);
     } else {
         f.bytes = r->bytes_moved;
+        f.downtime_ms = r->switch_ms_max;
         tide__event_f(
             s, j->name, r->recover ? "recovered" : "resized", &f,
             "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved, longest "

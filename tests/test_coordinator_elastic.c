@@ -413,12 +413,23 @@ Test(elastic_tided, bounds_declared_at_launch_apply_and_tidectl_wins_later, .ini
     cr_assert_eq(dp, 2);
     wait_events("elastic", 1, out, sizeof out);
     cr_assert(strstr(out, "generation 2: grow dp 1 -> 2"), "%s", out);
-    /* tidectl's later declaration wins: the policy shrinks the job to its new maximum */
-    const char *const lower[] = {"bounds", "train", "2", "2", NULL};
-    cr_assert_eq(ctl(out, sizeof out, lower), 0, "%s", out);
-    cr_assert(strstr(out, "bounds 2-2 GPUs, priority 5"), "%s", out);
+    /* tidectl's later declaration wins: the policy shrinks the job to its new maximum, and
+       --wait follows that switch to its commit */
+    char path[400];
+    snprintf(path, sizeof path, "%s/wait.out", proc.dir);
+    const char *const lower[] = {"bounds", "train", "2", "2", "--wait", "--wait-ms", "30000", NULL};
+    pid_t pid = ctl_spawn(path, lower);
     cr_assert_eq(switch_all(w, 3, 0, &dp), 4);
     cr_assert_eq(dp, 1);
+    cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "bounds 2-2 GPUs, priority 5, free; the policy starts generation 3"),
+              "%s", out);
+    cr_assert(strstr(out, "generation 3 committed after step 31: downtime 8.0 ms"), "%s", out);
+    cr_assert(strstr(out, "4000 bytes moved"), "%s", out);
+    /* nothing to change: --wait says so and returns */
+    const char *const prio[] = {"priority", "train", "6", "--wait", NULL};
+    cr_assert_eq(ctl(out, sizeof out, prio), 0, "%s", out);
+    cr_assert(strstr(out, "no switch started: nothing to wait for"), "%s", out);
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
 }

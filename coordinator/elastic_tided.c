@@ -315,7 +315,9 @@ static void start(tide_server_t *s, const view *v, tide_coord_job_t *j, tide_ela
                       (unsigned long long)j->el_gen, d->why, took, gave);
         return;
     }
+    j->el_keep_pools = d->rule == TIDE_ELASTIC_YIELD;
     tide_status rc = tide__reconf_start(s, j, l, d->preempt, d->n_preempt, 0, reason, NULL);
+    j->el_keep_pools = 0;
     if (rc != TIDE_OK) {
         tide__event(s, j->name, "elastic_failed", "%s not started: %s (decided: %s)", reason,
                     tide_last_error(), d->why);

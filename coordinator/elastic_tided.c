@@ -12,6 +12,8 @@
 #include "core/log.h"
 #include "coordinator/elastic.h"
 #include "coordinator/elastic_tided.h"
+#include "coordinator/event_fields.h"
+#include "coordinator/join.h"
 #include "coordinator/members.h"
 #include "coordinator/reconf.h"
 
@@ -49,11 +51,17 @@ static void view_clear(view *v)
     memset(v, 0, sizeof *v);
 }
 
-/* The job online j is managed: bounds declared, a layout, not ended. */
+/* The job online j is managed: bounds declared, not ended, and a layout, or every rank
+   of its launch joined while its first layout waits for the policy (a START). */
 static int managed(const tide_coord_job_t *j)
 {
-    return j->kind == TIDE_CJOB_ONLINE && j->el_max > 0 && j->layout != NULL &&
-           j->state != TIDE_JS_DONE && j->state != TIDE_JS_CANCELLED;
+    if (j->kind != TIDE_CJOB_ONLINE || j->el_max <= 0 || j->state == TIDE_JS_DONE ||
+        j->state == TIDE_JS_CANCELLED)
+        return 0;
+    if (j->layout != NULL)
+        return 1;
+    return j->el_first_waits && j->state == TIDE_JS_QUEUED && j->n_pools == 1 &&
+           j->joins >= j->pools[0].size;
 }
 
 /* A worker's GPU as a sort key: workers on one (host, device) share it. */
@@ -145,7 +153,7 @@ static tide_status build_gpus(tide_server_t *s, view *v)
  */
 static void note_recoveries(tide_coord_job_t *j)
 {
-    if (j->generation == j->el_seen_gen)
+    if (j->layout == NULL || j->generation == j->el_seen_gen)
         return;
     int dp = j->layout->dp;
     if (j->el_seen_gen != 0 && j->generation != j->el_gen && dp < j->el_seen_dp &&
@@ -221,7 +229,7 @@ static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t
     }
     /* the layout's members keep their GPU whatever their state: the policy must know what
        the job holds (a job with a member gone is recovering, and left alone) */
-    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+    for (size_t i = 0; j->layout != NULL && i < tide_layout_size(j->layout); i++) {
         int32_t r = j->layout->worker[i];
         if (r >= 0 && r < world && rg[r] <= -2)
             rg[r] = -2 - rg[r];
@@ -240,7 +248,7 @@ static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t
     e->failed_from_dp = j->el_failed_from;
     e->pinned = j->el_hold == TIDE_EL_PINNED;
     e->operator_hold = j->el_hold == TIDE_EL_OPERATOR;
-    e->busy = j->reconf != NULL || j->state != TIDE_JS_RUNNING;
+    e->busy = j->reconf != NULL || (j->layout != NULL && j->state != TIDE_JS_RUNNING);
     v->job[k] = j;
     v->n_jobs = k + 1;
     return TIDE_OK;
@@ -294,7 +302,22 @@ static void start(tide_server_t *s, const view *v, tide_coord_job_t *j, tide_ela
              d->old_dp, d->new_dp);
     tide_layout_t *l = d->layout;
     d->layout = NULL; /* the switch owns it, or freed it */
+    tide_proto_event_fields_t f;
+    tide_event_fields_init(&f);
+    tide_event_fields_reason(&f, tide_elastic_rule_name(d->rule));
+    if (j->layout == NULL) { /* START: the first layout, as a join would have placed it */
+        tide_event_fields_layout(&f, l, NULL, NULL);
+        j->el_first_waits = 0;
+        tide__join_start_first(s, j, l, d->preempt, d->n_preempt);
+        j->el_last_ns = s->now_ns;
+        j->el_gen = f.gen = j->generation;
+        tide__event_f(s, j->name, "elastic", &f, "generation %llu: %s; takes %s, gives up %s",
+                      (unsigned long long)j->el_gen, d->why, took, gave);
+        return;
+    }
+    j->el_keep_pools = d->rule == TIDE_ELASTIC_YIELD;
     tide_status rc = tide__reconf_start(s, j, l, d->preempt, d->n_preempt, 0, reason, NULL);
+    j->el_keep_pools = 0;
     if (rc != TIDE_OK) {
         tide__event(s, j->name, "elastic_failed", "%s not started: %s (decided: %s)", reason,
                     tide_last_error(), d->why);
@@ -303,8 +326,10 @@ static void start(tide_server_t *s, const view *v, tide_coord_job_t *j, tide_ela
     j->el_last_ns = s->now_ns;
     j->el_gen = j->reconf->gen;
     j->reconf->planned_bytes = d->bytes_sent;
-    tide__event(s, j->name, "elastic", "generation %llu: %s; takes %s, gives up %s",
-                (unsigned long long)j->el_gen, d->why, took, gave);
+    f.gen = j->el_gen;
+    tide_event_fields_layout(&f, j->reconf->layout, NULL, j->layout);
+    tide__event_f(s, j->name, "elastic", &f, "generation %llu: %s; takes %s, gives up %s",
+                  (unsigned long long)j->el_gen, d->why, took, gave);
 }
 
 void tide__elastic_pass(tide_server_t *s)
@@ -419,7 +444,15 @@ void tide__on_elastic(tide_server_t *s, const tide_msg_t *msg, const void *raw, 
                 "bounds %d-%d GPUs, priority %d, %s, %lld steps in all (0: unknown), by %s",
                 j->el_min, j->el_max, j->priority, holds[j->el_hold], (long long)j->el_steps,
                 s->req.who);
-    tide__reply_ok(s, j->name, "bounds %d-%d GPUs, priority %d, %s", j->el_min, j->el_max,
-                   j->priority, holds[j->el_hold]);
+    /* the policy's answer now, so that the reply names the switch it starts (--wait) */
+    uint64_t before = j->gen_issued;
+    tide__elastic_pass(s);
+    uint64_t gen = j->reconf != NULL && j->gen_issued > before ? j->gen_issued : 0;
+    char started[96] = "";
+    if (gen != 0)
+        snprintf(started, sizeof started, "; the policy starts generation %llu",
+                 (unsigned long long)gen);
+    tide__reply_ok_gen(s, j->name, gen, "bounds %d-%d GPUs, priority %d, %s%s", j->el_min,
+                       j->el_max, j->priority, holds[j->el_hold], started);
     tide__reschedule(s);
 }

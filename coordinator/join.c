@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "coordinator/elastic.h"
 #include "coordinator/join.h"
 #include "coordinator/members.h"
 #include "coordinator/offline.h"
@@ -67,8 +68,8 @@ static void refuse_first(tide_server_t *s, tide_coord_job_t *j, const tide_polic
 
 /* Job j runs its first layout l (ownership moves in): the offline work on pre[] is
  * preempted, generation 1 committed, its members told their layout. */
-static void start_first(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *l, const int32_t *pre,
-                        size_t n_pre)
+void tide__join_start_first(tide_server_t *s, tide_coord_job_t *j, tide_layout_t *l,
+                            const int32_t *pre, size_t n_pre)
 {
     size_t need = tide_layout_size(l);
     j->layout = l;
@@ -133,7 +134,7 @@ static int try_first_layout(tide_server_t *s, tide_coord_job_t *j)
     else if (verdict == TIDE_FIRST_REFUSE)
         refuse_first(s, j, cand, n, fit);
     else if (verdict == TIDE_FIRST_PLACED)
-        start_first(s, j, l, pre, n_pre);
+        tide__join_start_first(s, j, l, pre, n_pre);
     if (verdict == TIDE_FIRST_PLACED)
         l = NULL;
 out:
@@ -155,6 +156,71 @@ static tide_status join_fits(const tide_proto_join_t *m)
                            "run: %s",
                            m->dp, m->tp, m->pp, tide_last_error());
     return TIDE_OK;
+}
+
+/* The elastic declaration join m makes at launch, checked as tidectl bounds checks one
+   (tide_elastic_check); TIDE_OK when it declares no bounds (a priority alone is in range:
+   the decoder saw to it). */
+static tide_status join_bounds_ok(const tide_proto_join_t *m)
+{
+    if (m->max_gpus == 0)
+        return TIDE_OK;
+    tide_fit_rule fit[TIDE_FIT_RULES_MAX];
+    tide_proto_fit_to(fit, m->fit, m->n_fit);
+    tide_elastic_job e;
+    memset(&e, 0, sizeof e);
+    e.priority = m->priority;
+    e.min_gpus = m->min_gpus;
+    e.max_gpus = m->max_gpus;
+    e.tp = m->tp;
+    e.pp = m->pp;
+    e.micro = m->micro_batches;
+    e.num_layers = m->num_layers;
+    e.fit = fit;
+    e.n_fit = m->n_fit;
+    if (tide_elastic_check(&e, NULL, NULL) != TIDE_OK)
+        return tide_errorf(TIDE_ERR_INVALID, "its bounds %d-%d GPUs: %s", m->min_gpus, m->max_gpus,
+                           tide_last_error());
+    return TIDE_OK;
+}
+
+/* 1 when job j (bounds declared, no layout yet) must wait for the elastic policy to place
+ * its first layout (elastic_tided.c, rule START, with yields of lower priorities): worker
+ * w, which just joined it, or one before it sits on a GPU a member of another job holds.
+ * Sets j->el_first_waits. */
+static int first_waits(tide_server_t *s, tide_coord_job_t *j, const tide_coord_worker_t *w)
+{
+    if (j->el_max <= 0 || j->layout != NULL)
+        return 0;
+    const tide_coord_state_t *st = s->st;
+    for (size_t i = 0; !j->el_first_waits && i < st->n_workers; i++) {
+        const tide_coord_worker_t *o = &st->workers[i];
+        /* another job's member on the same GPU: the policy decides who runs there */
+        j->el_first_waits = o->pool[0] != '\0' && o->job != 0 && o->job != j->id &&
+                            !tide_coord_worker_gone(o) && o->device == w->device &&
+                            strcmp(o->host, w->host) == 0;
+    }
+    return j->el_first_waits;
+}
+
+/* Applies the bounds and priority join m declares to job j, which it just made (or runs
+   again with none of its own): what tidectl bounds and priority would set, and their
+   event. A job's later joins change nothing (tidectl's changes stand). */
+static void declare_at_launch(tide_server_t *s, tide_coord_job_t *j, const tide_coord_worker_t *w,
+                              const tide_proto_join_t *m)
+{
+    if (m->max_gpus == 0 && m->priority == 0)
+        return;
+    if (m->max_gpus > 0) {
+        j->el_min = m->min_gpus;
+        j->el_max = m->max_gpus;
+        j->el_hold = TIDE_EL_FREE;
+    }
+    j->priority = m->priority;
+    tide__event(s, j->name, "elastic_bounds",
+                "bounds %d-%d GPUs, priority %d, free, %lld steps in all (0: unknown), declared "
+                "at launch by pool %s",
+                j->el_min, j->el_max, j->priority, (long long)j->el_steps, w->pool);
 }
 
 static void keep_join(tide_coord_job_t *j, const tide_proto_join_t *m, const void *raw, size_t len)
@@ -214,6 +280,8 @@ static int refuse_first_layout(tide_server_t *s, const tide_coord_worker_t *w,
     tide_layout_destroy(&probe);
     if (rc == TIDE_OK)
         rc = join_fits(m); /* the program's own rules, before a job is made of it */
+    if (rc == TIDE_OK)
+        rc = join_bounds_ok(m);
     if (rc != TIDE_OK) {
         tide__reply_error(s, rc, "job %s cannot start: %s", m->job, tide_last_error());
         return 1;
@@ -257,6 +325,7 @@ static tide_coord_job_t *new_job(tide_server_t *s, const tide_coord_worker_t *w,
                 "layout (dp %d, tp %d, pp %d); fit: %s",
                 w->pool, j->num_layers, (unsigned long long)j->total_bytes, m->n_tensors, m->dp,
                 m->tp, m->pp, tide_fit_format(j->fit, (size_t)j->n_fit, fit, sizeof fit));
+    declare_at_launch(s, j, w, m);
     tide__save_job(s, j);
     return j;
 }
@@ -296,6 +365,8 @@ static tide_coord_job_t *relaunch(tide_server_t *s, tide_coord_job_t *j,
                 "(dp %d, tp %d, pp %d); fit: %s",
                 j->name, w->pool, j->num_layers, m->n_tensors, m->dp, m->tp, m->pp,
                 tide_fit_format(j->fit, (size_t)j->n_fit, fit, sizeof fit));
+    if (j->el_max == 0) /* bounds an operator gave the job before stand */
+        declare_at_launch(s, j, w, m);
     tide__save_job(s, j);
     return j;
 }
@@ -366,6 +437,16 @@ void tide__on_join(tide_server_t *s, const tide_msg_t *msg, const void *raw, siz
         w->joined = j->id;
         j->joins++;
         tide__save_worker(s, w);
+    }
+    if (j->layout == NULL && first_waits(s, j, w)) {
+        /* GPUs of its ranks run a job of its own or lower priority: the elastic policy
+           places it when they are given up (elastic_tided.c) */
+        tide__reply_ok(s, j->name,
+                       "joined job %s; the GPUs of its ranks are held by other jobs: its "
+                       "first layout waits for the elastic policy",
+                       j->name);
+        tide__reschedule(s);
+        return;
     }
     if (j->layout == NULL) {
         if (try_first_layout(s, j))

@@ -179,16 +179,31 @@ tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fm
     return code;
 }
 
-void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
+static void reply_ok_v(tide_server_t *s, const char *job, uint64_t gen, const char *fmt,
+                       va_list ap)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_OK);
     snprintf(m.u.ok.job, sizeof m.u.ok.job, "%s", job ? job : "");
+    vsnprintf(m.u.ok.message, sizeof m.u.ok.message, fmt, ap);
+    m.u.ok.gen = gen;
+    tide__reply(s, &m);
+}
+
+void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m.u.ok.message, sizeof m.u.ok.message, fmt, ap);
+    reply_ok_v(s, job, 0, fmt, ap);
     va_end(ap);
-    tide__reply(s, &m);
+}
+
+void tide__reply_ok_gen(tide_server_t *s, const char *job, uint64_t gen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_ok_v(s, job, gen, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- durable changes ------------------------------------------------------------------------- */

@@ -135,6 +135,11 @@ tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fm
 /* Queues an ok reply naming job ("" for none) with a message. */
 void tide__reply_ok(tide_server_t *s, const char *job, const char *fmt, ...) TIDE_PRINTF(3, 4);
 
+/* tide__reply_ok naming the generation of the switch the request started (tidectl --wait
+ * follows it to its commit or abort). */
+void tide__reply_ok_gen(tide_server_t *s, const char *job, uint64_t gen, const char *fmt, ...)
+    TIDE_PRINTF(4, 5);
+
 /* Queues msg for worker w's current connection (dropped when it has none: senders
  * retransmit). */
 void tide__send_worker(tide_server_t *s, const tide_coord_worker_t *w, const tide_msg_t *msg);

@@ -181,8 +181,9 @@ static void drain_member(tide_server_t *s, tide_coord_worker_t *w, tide_coord_jo
         return;
     }
     tide__event(s, j->name, "drain", "worker %d drains: job %s moves off it", w->id, j->name);
-    tide__reply_ok(s, j->name, "worker %d draining; job %s switches to generation %llu without it",
-                   w->id, j->name, (unsigned long long)j->gen_issued);
+    tide__reply_ok_gen(s, j->name, j->gen_issued,
+                       "worker %d draining; job %s switches to generation %llu without it", w->id,
+                       j->name, (unsigned long long)j->gen_issued);
 }
 
 /* 1 when drain request for w was answered here (refused, or a member's switch started);

@@ -303,6 +303,9 @@ tide_status tide__jobs_rows(tide_server_t *s, tide_proto_jobs_reply_t *out)
             }
             r->step = j->step > 0 ? (uint64_t)j->step : 0;
             r->throughput = j->throughput;
+            r->min_gpus = j->el_min;
+            r->max_gpus = j->el_max;
+            r->hold = j->el_hold;
             tide__alloc_job_text(s, j, r->allocs, sizeof r->allocs);
         } else {
             r->kind = j->okind == TIDE_OFFLINE_PLUGIN ? TIDE_JOB_PLUGIN : TIDE_JOB_COMMAND;

@@ -258,6 +258,10 @@ tide_status tide__reconf_setup_leave(tide_server_t *s, tide_coord_job_t *j)
        and releases none: its connected side is collective over every connected pool. */
     if (r == NULL || r->recover || r->join_pool >= 0)
         return TIDE_OK;
+    /* A job that yields GPUs to a higher priority keeps its launches too: their ranks wait
+       idle and the job grows back onto them when the GPUs are free again. */
+    if (j->el_keep_pools)
+        return TIDE_OK;
     uint32_t mask = 0;
     for (int p = 0; p < j->n_pools; p++)
         if (j->pools[p].connected && !j->pools[p].left && !pool_in_layout(j, p, r->layout))
@@ -498,6 +502,7 @@ static void commit_event(tide_server_t *s, const tide_coord_job_t *j, uint64_t d
                       r->reason);
     } else {
         f.bytes = r->bytes_moved;
+        f.downtime_ms = r->switch_ms_max;
         tide__event_f(
             s, j->name, r->recover ? "recovered" : "resized", &f,
             "generation %llu committed: %s from step %lld, %.1f ms, %llu bytes moved, longest "

@@ -226,6 +226,10 @@ typedef struct tide_coord_job {
     uint64_t el_seen_gen;   /* volatile: the committed generation the policy last looked at */
     int32_t el_seen_dp;     /* volatile: its dp then */
     int32_t el_failed_from; /* volatile: dp before recoveries shrank it, 0: none */
+    int32_t el_first_waits; /* volatile: 1 while its first layout waits for the policy (GPUs of
+                               its ranks held by other jobs when they joined) */
+    int32_t el_keep_pools;  /* volatile: 1 while the policy starts a yield: the switch releases
+                               no pool (reconf.c), its idle ranks are what the job grows back onto */
     double el_step_s;       /* volatile: wall seconds per step between step boundaries as tided
                                saw them (switches included), 0: not measured yet */
     int64_t el_obs_step;    /* volatile: the step and the monotonic ns of the last sample */

@@ -30,6 +30,17 @@
         NULL, NULL, 0, NULL, NULL, NULL, 0, 0                                                      \
     }
 
+/* --wait and --wait-ms of a verb that starts a switch (what: which one) */
+#define WAIT_OPTS(what)                                                                            \
+    {"wait", NULL, TIDE_OPT_BOOL, V(wait), "0",                                                    \
+     "block until " what " commits (print its downtime and bytes moved) or aborts (exit 6 with "  \
+     "the reason)",                                                                                \
+     0, 0},                                                                                        \
+    {                                                                                              \
+        "wait-ms", NULL, TIDE_OPT_INT, V(wait_ms), "600000", "give up waiting after this long", 1, \
+            86400000                                                                               \
+    }
+
 typedef struct command {
     const char *name;
     const char *synopsis;
@@ -100,15 +111,10 @@ static const command_t commands[] = {
        "let a TP group span hosts (its collectives then cross the network); without it a "
        "layout whose TP groups do not fit inside hosts is refused",
        0, 0},
-      {"wait", NULL, TIDE_OPT_BOOL, V(wait), "0",
-       "block until the switch commits (print its downtime and bytes moved) or aborts (exit 6 "
-       "with the reason)",
-       0, 0},
-      {"wait-ms", NULL, TIDE_OPT_INT, V(wait_ms), "600000", "give up waiting after this long", 1,
-       86400000},
+      WAIT_OPTS("the switch"),
       OPT_END}},
     {"bounds",
-     "bounds JOB MIN MAX [--steps N]",
+     "bounds JOB MIN MAX [--steps N] [--wait [--wait-ms MS]]",
      "let tided resize a running job by itself between MIN and MAX GPUs (its elastic policy: "
      "grows onto idle or joining GPUs, yields to higher priorities, regrows after failures); "
      "hands back a job an operator's resize held",
@@ -119,18 +125,20 @@ static const command_t commands[] = {
        "steps the job runs in all: a grow must save more than its downtime over the steps left "
        "(-1: as before, 0: unknown, no such check)",
        -1, 9223372036854775807LL},
+      WAIT_OPTS("the switch the policy starts at once (none: nothing to wait for)"),
       OPT_END}},
     {"priority",
-     "priority JOB P",
+     "priority JOB P [--wait [--wait-ms MS]]",
      "a job's priority for the elastic policy, 0-100 (higher takes GPUs from lower)",
      tidectl__cmd_priority,
      2,
      2,
-     {OPT_END}},
+     {WAIT_OPTS("the switch the policy starts at once (none: nothing to wait for)"), OPT_END}},
     {"pin", "pin JOB", "the elastic policy never resizes the job", tidectl__cmd_pin, 1, 1,
      {OPT_END}},
-    {"unpin", "unpin JOB", "the elastic policy may resize the job again", tidectl__cmd_unpin, 1, 1,
-     {OPT_END}},
+    {"unpin", "unpin JOB [--wait [--wait-ms MS]]", "the elastic policy may resize the job again",
+     tidectl__cmd_unpin, 1, 1,
+     {WAIT_OPTS("the switch the policy starts at once (none: nothing to wait for)"), OPT_END}},
     {"submit",
      "submit --offline [--name N] [--priority P] [--mem-cap 16G] [--max-memory 4G] "
      "[--max-procs N] [--bubbles] [--plugin NAME] -- CMD ARGS...",
@@ -156,12 +164,12 @@ static const command_t commands[] = {
       OPT_END}},
     {"cancel", "cancel JOB", "cancel a job", tidectl__cmd_cancel, 1, 1, {OPT_END}},
     {"drain",
-     "drain WORKER",
+     "drain WORKER [--wait [--wait-ms MS]]",
      "move work off a worker and give it no more",
      tidectl__cmd_drain,
      1,
      1,
-     {OPT_END}},
+     {WAIT_OPTS("the job's switch off the worker (none: nothing to wait for)"), OPT_END}},
     {"grow",
      "grow JOB --nodes N",
      "ask tided's provider of nodes (tided --provider slurm) for N more nodes: the job's batch "

@@ -226,7 +226,13 @@ int tidectl__cmd_drain(settings_t *s, int argc, char **argv, FILE *out, FILE *er
     tide_msg_init(&req, TIDE_MSG_DRAIN);
     req.u.drain.worker = (int32_t)w;
     int rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_OK, err);
-    return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "draining") : rc;
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    char job[TIDE_PROTO_NAME_MAX + 1];
+    uint64_t gen = rep.u.ok.gen;
+    snprintf(job, sizeof job, "%s", rep.u.ok.job);
+    rc = print_ok(s, &rep, out, "draining");
+    return rc == TIDECTL_EXIT_OK ? tidectl__wait_started(s, job, gen, out, err) : rc;
 }
 
 int tidectl__cmd_grow(settings_t *s, int argc, char **argv, FILE *out, FILE *err)

@@ -31,8 +31,9 @@ static int send_elastic(settings_t *s, tide_msg_t *req, FILE *out, FILE *err)
         fprintf(out, "%s: %s\n", tidectl__term_str(rep.u.ok.job, sizeof name - 1, name, sizeof name),
                 tidectl__term_str(rep.u.ok.message, sizeof msg - 1, msg, sizeof msg));
     }
+    rc = tidectl__wait_started(s, rep.u.ok.job, rep.u.ok.gen, out, err);
     tide_msg_clear(&rep);
-    return TIDECTL_EXIT_OK;
+    return rc;
 }
 
 /* An "elastic" request for JOB changing nothing yet; a usage error for cmd on a bad name. */
@@ -115,15 +116,11 @@ int tidectl__cmd_unpin(settings_t *s, int argc, char **argv, FILE *out, FILE *er
 /* ---- --wait -------------------------------------------------------------------------------- */
 
 /* 1 when row ends generation gen of job: its commit ("resized", "recovered", "rolled_back")
-   or its abort ("resize_aborted"). */
+   or its abort ("resize_aborted"), known by the event's typed fields, not its wording. */
 static int ends(const tide_proto_event_row_t *row, const char *job, uint64_t gen)
 {
     static const char *const kinds[] = {"resized", "recovered", "rolled_back", "resize_aborted"};
-    char head[48];
-    if (strcmp(row->job, job) != 0)
-        return 0;
-    snprintf(head, sizeof head, "generation %" PRIu64 " ", gen);
-    if (strncmp(row->detail, head, strlen(head)) != 0)
+    if (strcmp(row->job, job) != 0 || row->fields.gen != gen)
         return 0;
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (strcmp(row->kind, kinds[i]) == 0)
@@ -131,38 +128,47 @@ static int ends(const tide_proto_event_row_t *row, const char *job, uint64_t gen
     return 0;
 }
 
-/* Prints the end of the switch (downtime, bytes) from its event; the exit code. */
+/* Prints the end of the switch (downtime, bytes) from its event's typed fields; the exit
+   code. */
 static int print_end(settings_t *s, const tide_proto_event_row_t *row, uint64_t gen, FILE *out,
                      FILE *err)
 {
-    char d[TIDE_PROTO_TEXT_MAX + 2];
-    tidectl__term_str(row->detail, sizeof d - 1, d, sizeof d);
+    const tide_proto_event_fields_t *f = &row->fields;
+    char why[TIDE_PROTO_TEXT_MAX + 2];
     if (strcmp(row->kind, "resize_aborted") == 0) {
-        const char *why = strstr(d, "abandoned: ");
-        fprintf(err, "tidectl: generation %" PRIu64 " aborted: %s\n", gen, why ? why + 11 : d);
+        tidectl__term_str(f->reason[0] ? f->reason : row->detail, sizeof why - 1, why,
+                          sizeof why);
+        fprintf(err, "tidectl: generation %" PRIu64 " aborted: %s\n", gen, why);
         return TIDECTL_EXIT_ABORTED;
     }
-    double total = 0, longest = -1;
-    unsigned long long bytes = 0;
-    long long step = 0;
-    const char *p = strstr(d, " from step ");
-    if (p != NULL)
-        sscanf(p, " from step %lld, %lf ms, %llu bytes moved, longest worker switch %lf ms", &step,
-               &total, &bytes, &longest);
+    long long step = f->step;
     if (s->json) {
         fprintf(out,
-                "{\"generation\":%" PRIu64 ",\"committed\":true,\"step\":%lld,\"ms\":%.1f,"
-                "\"downtime_ms\":%.1f,\"bytes_moved\":%llu,\"event\":",
-                gen, step, total, longest, bytes);
+                "{\"generation\":%" PRIu64 ",\"committed\":true,\"kind\":\"%s\",\"step\":%lld,"
+                "\"ms\":%.1f,\"downtime_ms\":%.1f,\"bytes_moved\":%llu,\"event\":",
+                gen, row->kind, step, f->ms, f->downtime_ms, (unsigned long long)f->bytes);
         tidectl_json_str(out, row->detail);
         fputs("}\n", out);
     } else {
         fprintf(out,
                 "generation %" PRIu64 " committed after step %lld: downtime %.1f ms (the longest "
                 "worker switch), %.1f ms from start to commit, %llu bytes moved\n",
-                gen, step, longest, total, bytes);
+                gen, step, f->downtime_ms, f->ms, (unsigned long long)f->bytes);
     }
     return TIDECTL_EXIT_OK;
+}
+
+int tidectl__wait_started(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)
+{
+    if (!s->wait)
+        return TIDECTL_EXIT_OK;
+    if (gen == 0) {
+        if (!s->json)
+            fprintf(out, "no switch started: nothing to wait for\n");
+        return TIDECTL_EXIT_OK;
+    }
+    fflush(out);
+    return tidectl__wait_switch(s, job, gen, out, err);
 }
 
 int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)

@@ -101,6 +101,11 @@ tidectl__cmd_fn tidectl__cmd_bounds, tidectl__cmd_priority, tidectl__cmd_pin,
    s->wait_ms. Blocks. */
 int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err);
 
+/* --wait after a request tided answered with ok: follows the switch it started (gen; 0:
+   none, said on out) with tidectl__wait_switch; TIDECTL_EXIT_OK at once without --wait.
+   Blocks. */
+int tidectl__wait_started(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err);
+
 /* ---- connection (tidectl_conn.c) ------------------------------------------------------------- */
 
 /* Opens the DEALER socket to s->endpoint (CURVE with s->key); an exit code, the reason

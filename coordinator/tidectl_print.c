@@ -336,6 +336,23 @@ void tidectl_print_status(FILE *out, const tide_proto_status_reply_t *r, int for
 
 /* ---- jobs ------------------------------------------------------------------------------------ */
 
+/* What keeps the elastic policy off a job (tide_proto_job_row_t.hold), as a word. */
+static const char *hold_name(int32_t hold)
+{
+    return hold == 1 ? "pinned" : hold == 2 ? "operator" : "free";
+}
+
+/* An online job's BOUNDS cell: "4-12", "-" without bounds, with " pinned" or " held" (an
+   operator's resize in force) when the policy leaves it alone. */
+static void bounds_cell(const tide_proto_job_row_t *j, char *out, size_t cap)
+{
+    const char *why = j->hold == 1 ? " pinned" : j->hold == 2 ? " held" : "";
+    if (j->max_gpus > 0)
+        snprintf(out, cap, "%d-%d%s", j->min_gpus, j->max_gpus, why);
+    else
+        snprintf(out, cap, "-%s", why);
+}
+
 /* The jobs reply as one JSON object, no newline. */
 void tidectl__jobs_json(FILE *out, const tide_proto_jobs_reply_t *r)
 {
@@ -348,10 +365,14 @@ void tidectl__jobs_json(FILE *out, const tide_proto_jobs_reply_t *r)
             fprintf(out,
                     ",\"kind\":\"%s\",\"state\":\"%s\",\"gen\":%llu,\"dp\":%d,\"tp\":%d,\"pp\":%d,"
                     "\"workers\":%u,\"step\":%llu,\"throughput\":%.6g,\"priority\":%d,"
-                    "\"attempts\":%u,\"allocs\":",
+                    "\"attempts\":%u,",
                     tide_proto_job_kind_name(j->kind), tide_proto_job_state_name(j->state),
                     (unsigned long long)j->gen, j->dp, j->tp, j->pp, j->workers,
                     (unsigned long long)j->step, j->throughput, j->priority, j->attempts);
+            if (j->kind == TIDE_JOB_ONLINE)
+                fprintf(out, "\"min_gpus\":%d,\"max_gpus\":%d,\"hold\":\"%s\",", j->min_gpus,
+                        j->max_gpus, hold_name(j->hold));
+            fputs("\"allocs\":", out);
             tidectl__json_str_or_null(out, j->allocs);
             fputc('}', out);
         }
@@ -371,15 +392,15 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
                      "--offline queues offline work)\n");
         return;
     }
-    static const char *const head[] = {"JOB",     "KIND", "STATE",   "GEN",      "LAYOUT",
-                                       "WORKERS", "STEP", "STEPS/S", "PRIORITY", "ATTEMPTS",
-                                       "ALLOCATIONS"};
-    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0};
+    static const char *const head[] = {"JOB",     "KIND",     "STATE",  "GEN",
+                                       "LAYOUT",  "WORKERS",  "STEP",   "STEPS/S",
+                                       "PRIORITY", "ATTEMPTS", "BOUNDS", "ALLOCATIONS"};
+    static const int right[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0, 0};
     int allocs = 0; /* the ALLOCATIONS column only when some job has one */
     for (uint32_t i = 0; i < r->n_rows; i++)
         allocs |= r->rows[i].allocs[0] != '\0';
     table_t t;
-    table_init(&t, allocs ? 11 : 10, head, right);
+    table_init(&t, allocs ? 12 : 11, head, right);
     for (uint32_t i = 0; i < r->n_rows; i++) {
         const tide_proto_job_row_t *j = &r->rows[i];
         char(*c)[CELL] = table_row(&t);
@@ -394,8 +415,9 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
             snprintf(c[4], CELL, "dp%d tp%d pp%d", j->dp, j->tp, j->pp);
             snprintf(c[6], CELL, "%llu", (unsigned long long)j->step);
             snprintf(c[7], CELL, "%.2f", j->throughput);
-            snprintf(c[8], CELL, "-");
+            snprintf(c[8], CELL, "%d", j->priority);
             snprintf(c[9], CELL, "-");
+            bounds_cell(j, c[10], CELL);
         } else {
             snprintf(c[3], CELL, "-");
             snprintf(c[4], CELL, "-");
@@ -403,10 +425,11 @@ void tidectl_print_jobs(FILE *out, const tide_proto_jobs_reply_t *r, int json)
             snprintf(c[7], CELL, "-");
             snprintf(c[8], CELL, "%d", j->priority);
             snprintf(c[9], CELL, "%u", j->attempts);
+            snprintf(c[10], CELL, "-");
         }
         snprintf(c[5], CELL, "%u", j->workers);
         if (allocs)
-            tidectl__term_str(j->allocs[0] ? j->allocs : "-", CELL - 1, c[10], CELL);
+            tidectl__term_str(j->allocs[0] ? j->allocs : "-", CELL - 1, c[11], CELL);
     }
     table_print(&t, out);
 }
@@ -441,6 +464,8 @@ static void event_fields_json(FILE *out, const tide_proto_event_fields_t *f)
         fprintf(out, ",\"bytes\":%llu", (unsigned long long)f->bytes);
     if (f->ms > 0)
         fprintf(out, ",\"ms\":%.3f", f->ms);
+    if (f->downtime_ms > 0)
+        fprintf(out, ",\"downtime_ms\":%.3f", f->downtime_ms);
     if (f->bubbles)
         fputs(",\"bubbles\":true", out);
     if (f->reason[0]) {

@@ -530,13 +530,23 @@ static void summarize_bubbles(const tide_t *t, MPI_Comm comm)
     }
 }
 
-static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const char *job, int dp,
+/* --tide: the job's name and what it declares at launch (tide_options). */
+typedef struct job_decl {
+    const char *name;
+    int min_gpus, max_gpus, priority; /* 0: none */
+} job_decl;
+
+static int run_tide(const tide_mlp_config *cfg, const char *endpoint, const job_decl *jd, int dp,
                     int tp, int pp, int micro, tide_mlp_device dev, output *o, const ckpt_cfg *ck)
 {
+    const char *job = jd->name;
     tide_options opt;
     tide_options_init(&opt);
     if (endpoint != NULL)
         opt.endpoint = endpoint;
+    opt.min_gpus = jd->min_gpus; /* the flags' defaults are the same TIDE_* variables */
+    opt.max_gpus = jd->max_gpus;
+    opt.priority = jd->priority;
     if (dev == TIDE_MLP_CUDA && getenv("TIDE_BACKEND") == NULL)
         opt.backend = "nccl"; /* device buffers need the device backend */
     tide_collection_t *coll = NULL;
@@ -648,7 +658,7 @@ int main(int argc, char **argv)
     long long layers, hidden, ffn, vocab, seq, batch, micro, steps, seed, dp, tp, pp, every,
         pace_ms;
     double lr;
-    long long ckpt_every, ckpt_keep;
+    long long ckpt_every, ckpt_keep, min_gpus, max_gpus, priority;
     int zero1 = 0, tide = 0, prepare = 1, ckpt_async = 1;
     const char *stages = NULL, *device = NULL, *loss_out = NULL, *log_level = NULL,
                *trace_out = NULL, *state_out = NULL, *endpoint = NULL, *job = NULL,
@@ -660,6 +670,14 @@ int main(int argc, char **argv)
          "--tide: tided's endpoint (default tcp://127.0.0.1:5555)", 0, 0},
         {"job", "TIDE_MLP_JOB", TIDE_OPT_STRING, &job, "train_mlp", "--tide: online job name", 0,
          0},
+        {"min-gpus", "TIDE_MIN_GPUS", TIDE_OPT_INT, &min_gpus, "0",
+         "--tide: the fewest GPUs the job runs on; with --max-gpus, tided grows and shrinks it "
+         "between them by itself (tidectl bounds; 0: no bounds)",
+         0, 1 << 20},
+        {"max-gpus", "TIDE_MAX_GPUS", TIDE_OPT_INT, &max_gpus, "0",
+         "--tide: the most GPUs the job takes (0: no bounds)", 0, 1 << 20},
+        {"priority", "TIDE_PRIORITY", TIDE_OPT_INT, &priority, "0",
+         "--tide: the job's priority; a higher one takes GPUs from lower ones", 0, 100},
         {"layers", "TIDE_MLP_LAYERS", TIDE_OPT_INT, &layers, "4", "MLP blocks", 1, 100000},
         {"hidden", "TIDE_MLP_HIDDEN", TIDE_OPT_INT, &hidden, "64", "model width", 1, 1 << 20},
         {"ffn", "TIDE_MLP_FFN", TIDE_OPT_INT, &ffn, "256", "fc1 output width", 1, 1 << 22},
@@ -816,8 +834,9 @@ int main(int argc, char **argv)
     ckpt_cfg ck = {ckpt_save, ckpt_load, ckpt_every, ckpt_keep, ckpt_async, 0, NULL, 0, 0.0};
     ck.nonce = tide_now_ns() ^ (uint64_t)getpid() << 20; /* a crashed run's files are not ours */
     MPI_Bcast(&ck.nonce, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    job_decl jd = {job, (int)min_gpus, (int)max_gpus, (int)priority};
     int code =
-        tide ? run_tide(&cfg, endpoint, job, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o, &ck)
+        tide ? run_tide(&cfg, endpoint, &jd, (int)dp, (int)tp, (int)pp, (int)micro, dev, &o, &ck)
              : run_standalone(&cfg, layout, dev, &o, &ck);
     if (!tide) /* --tide: ranks may have died; members agreed on code in summarize */
         MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -25,9 +25,9 @@ static const char *const device_kind_names[] = {"cpu", "gpu"};
 static const char *const worker_state_names[] = {"idle",   "online",   "offline",
                                                  "failed", "draining", "left"};
 static const char *const job_kind_names[] = {"online", "command", "plugin"};
-static const char *const job_state_names[] = {"queued",    "running", "resizing",  "recovering",
-                                              "preempted", "done",    "failed",    "cancelled",
-                                              "stalled"};
+static const char *const job_state_names[] = {"queued",     "running",   "resizing",
+                                              "recovering", "preempted", "done",
+                                              "failed",     "cancelled", "stalled"};
 static const char *const placement_names[] = {"default", "optimal"};
 const char *const tide__degree_names[4] = {"dp", "tp", "pp", "dp_micro"}; /* tide_degree */
 
@@ -199,8 +199,7 @@ static tide_status check_alloc(const void *base, tide__ctx *c)
     const tide_proto_alloc_t *a = base;
     char fn[160];
     if (a->sched[0] == '\0') {
-        if (a->id[0] || a->nodes[0] || a->node[0] || a->gpus[0] || a->partition[0] ||
-            a->restarts)
+        if (a->id[0] || a->nodes[0] || a->node[0] || a->gpus[0] || a->partition[0] || a->restarts)
             return tide__fail(c, "%s is empty (no scheduler) but other fields are set",
                               tide__field_name(c, "sched", fn, sizeof fn));
         return TIDE_OK;
@@ -338,6 +337,10 @@ static tide_status check_join(const void *base, tide__ctx *c)
     TIDE_CHECK(check_degrees(c, m->dp, m->tp, m->pp));
     if (m->pp > m->num_layers)
         return tide__fail(c, "field 'pp' = %d exceeds field 'layers' = %d", m->pp, m->num_layers);
+    if ((m->min_gpus == 0) != (m->max_gpus == 0))
+        return tide__fail(
+            c, "fields 'min' = %d and 'max' = %d must both be 0 (no bounds) or both be set",
+            m->min_gpus, m->max_gpus);
     for (uint32_t i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].layer >= m->num_layers)
             return tide__fail(c, "field 'tensors[%u].layer' = %d must be below layers = %d", i,
@@ -366,6 +369,9 @@ static const tide__field join_fields[] = {
      .count_off = offsetof(tide_proto_join_t, n_fit),
      .cmax = TIDE_PROTO_FIT_MAX,
      .sub = &tide__fit_schema},
+    F_INT_OPT(tide_proto_join_t, min_gpus, "min", 0, 1 << 20),
+    F_INT_OPT(tide_proto_join_t, max_gpus, "max", 0, 1 << 20),
+    F_INT_OPT(tide_proto_join_t, priority, "priority", 0, 100),
 };
 
 static int cmp_i32(const void *a, const void *b)
@@ -799,6 +805,9 @@ static const tide__field job_row_fields[] = {
     F_INT(tide_proto_job_row_t, priority, "priority", -1000, 1000),
     F_INT(tide_proto_job_row_t, attempts, "attempts", 0, UINT32_MAX),
     F_STR(tide_proto_job_row_t, allocs, "allocs", TIDE__CS_LINE, 0),
+    F_INT_OPT(tide_proto_job_row_t, min_gpus, "min", 0, 1 << 20),
+    F_INT_OPT(tide_proto_job_row_t, max_gpus, "max", 0, 1 << 20),
+    F_INT_OPT(tide_proto_job_row_t, hold, "hold", 0, 2),
 };
 static const tide__schema job_row_schema = {job_row_fields, NELEM(job_row_fields),
                                             sizeof(tide_proto_job_row_t), 0, NULL};
@@ -976,6 +985,7 @@ static const tide__field event_fields_fields[] = {
     F_MS(tide_proto_event_fields_t, ms, "ms"),
     F_BOOL(tide_proto_event_fields_t, bubbles, "bubbles"),
     F_STR(tide_proto_event_fields_t, reason, "reason", TIDE__CS_LINE, 0),
+    F_MS_OPT(tide_proto_event_fields_t, downtime_ms, "downtime_ms"),
 };
 const tide__schema tide__event_fields_schema = {event_fields_fields, NELEM(event_fields_fields),
                                                 sizeof(tide_proto_event_fields_t), 1,
@@ -1036,6 +1046,7 @@ static const tide__field logs_reply_fields[] = {
 static const tide__field ok_fields[] = {
     F_JOB_EMPTY(tide_proto_ok_t, job),
     F_TEXT(tide_proto_ok_t, message, "message"),
+    F_INT_OPT(tide_proto_ok_t, gen, "gen", 0, UINT64_MAX),
 };
 
 static const tide__field error_fields[] = {

@@ -253,7 +253,10 @@ typedef struct tide_proto_bye {
  * be empty (tided can then estimate moves only from total_bytes). Requested initial
  * degrees: dp*tp*pp <= 2^20, pp <= num_layers. fit: what layouts the program can run
  * (0..32 rules; [] when it declared none); that the requested degrees keep them is
- * tided's check, not the decoder's (a refusal then names the rule).
+ * tided's check, not the decoder's (a refusal then names the rule). min, max, priority:
+ * the job's elastic declaration made at launch (coordinator/elastic.h), optional (left
+ * out when 0, absent from workers of before them: no bounds, priority 0); min and max
+ * are both 0 or both set; that a layout of the job meets them is tided's check.
  */
 typedef struct tide_proto_join {
     int32_t worker;                    /* "worker" */
@@ -266,6 +269,8 @@ typedef struct tide_proto_join {
     uint32_t n_tensors;                /* <= TIDE_PROTO_TENSORS_MAX */
     tide_proto_fit_t *fit;             /* "fit": array of fit rule maps; owned */
     uint32_t n_fit;                    /* <= TIDE_PROTO_FIT_MAX */
+    int32_t min_gpus, max_gpus;        /* "min","max": bounds in GPUs, [0, 2^20]; 0: none */
+    int32_t priority;                  /* "priority": [0, 100]; 0 when not declared */
 } tide_proto_join_t;
 
 /*
@@ -587,6 +592,10 @@ typedef struct tide_proto_job_row {
     double throughput;                  /* "throughput": steps/s, >= 0 */
     int priority;                       /* "priority": [-1000, 1000] */
     uint32_t attempts;                  /* "attempts" */
+    int32_t min_gpus, max_gpus;         /* "min","max" (optional, online): elastic bounds in
+                                           GPUs, 0 when the job has none */
+    int32_t hold;                       /* "hold" (optional, online): why the policy leaves it
+                                           alone: 0 free, 1 pinned, 2 an operator's resize */
     char allocs[TIDE_PROTO_TEXT_MAX + 1]; /* "allocs": the scheduler allocations its launches
                                              run in and those it waits for ("slurm 12 h[1-2];
                                              slurm 14 pending (Resources)"), "" when none */
@@ -730,6 +739,8 @@ typedef struct tide_proto_event_fields {
     int64_t steps_lost;                     /* "steps_lost": >= 0 */
     uint64_t bytes;                         /* "bytes": state moved */
     double ms;                              /* "ms": how long it took (downtime), 0: none */
+    double downtime_ms; /* "downtime_ms" (optional, 0 when absent): a committed switch's
+                           longest worker switch, the training time it cost, ms */
     int bubbles;                            /* "bubbles": bool, offline work in bubbles */
     char reason[TIDE_PROTO_REASON_MAX + 1]; /* "reason": one line, "" for none */
 } tide_proto_event_fields_t;
@@ -792,6 +803,8 @@ typedef struct tide_proto_logs_reply {
 typedef struct tide_proto_ok {
     char job[TIDE_PROTO_NAME_MAX + 1];     /* "job": the job concerned, "" when none */
     char message[TIDE_PROTO_TEXT_MAX + 1]; /* "message": for humans, may be "" */
+    uint64_t gen; /* "gen" (optional, 0 when absent): the generation of the switch the
+                     request started (drain, bounds...), for tidectl --wait */
 } tide_proto_ok_t;
 
 /* "error" tided -> anyone: a request was refused. */

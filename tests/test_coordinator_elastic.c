@@ -5,7 +5,8 @@
  * by itself, with an event that says why; a pinned job is left alone and unpinning lets the
  * policy shrink it to a lowered maximum; an operator's resize wins and holds the job;
  * `tidectl resize --wait` prints the switch's downtime and bytes, and exits 6 with the
- * reason when the switch aborts. A few seconds.
+ * reason when the switch aborts; bounds and priority declared by the join that makes a job
+ * are checked as tidectl's and applied. A few seconds.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -54,15 +55,17 @@ static void expect_type(void *sock, tide_msg_type_t t, tide_msg_t *out)
     cr_assert_eq(coord_recv_type(sock, t, out), 0, "no '%s' arrived", tide_msg_type_name(t));
 }
 
-/* Four ranks of pool "pool-a", two per host, joined to job "train" at (dp 1, tp 2): two of
-   them (a host's) hold it and get its layout, the other two are idle. */
-static void launch(fake *w)
+/* Four ranks of pool `pool`, two per host, registered; their joins to job "train" at
+   (dp 1, tp 2) sent, declaring bounds min-max GPUs and priority prio (0: none). */
+static void join_declared(fake *w, const char *pool, int32_t min, int32_t max, int32_t prio)
 {
+    static int launches; /* each launch its own processes */
+    int pid0 = 1000 + 10 * launches++;
     tide_msg_t m, r;
     for (int i = 0; i < 4; i++) {
         w[i].sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
         cr_assert_not_null(w[i].sock);
-        coord_mk_register(&m, "pool-a", i, 4, i < 2 ? "host0" : "host1", i % 2, 1000 + i);
+        coord_mk_register(&m, pool, i, 4, i < 2 ? "host0" : "host1", i % 2, pid0 + i);
         cr_assert_eq(coord_call(w[i].sock, &m, &r), 0);
         cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
         w[i].id = r.u.register_ok.worker;
@@ -77,22 +80,44 @@ static void launch(fake *w)
         m.u.join.tp = 2;
         m.u.join.pp = 1;
         m.u.join.micro_batches = 1;
+        m.u.join.min_gpus = min;
+        m.u.join.max_gpus = max;
+        m.u.join.priority = prio;
         cr_assert_eq(coord_send(w[i].sock, &m), 0);
     }
-    int got = 0;
-    for (int t = 0; t < 100 && got < 2; t++) {
+}
+
+/* The first layout of job "train" reaches two of the four fakes (a host's): they hold it,
+   the other two are told they wait idle. Reads each fake only up to that answer, so that
+   a switch the policy starts at once stays for switch_all. */
+static void first_layout(fake *w)
+{
+    tide_msg_t r;
+    int got = 0, done[4] = {0}, n_done = 0;
+    for (int t = 0; t < 200 && n_done < 4; t++) {
         zmq_pollitem_t it[4];
         for (int i = 0; i < 4; i++)
-            it[i] = (zmq_pollitem_t){w[i].sock, 0, ZMQ_POLLIN, 0};
+            it[i] = (zmq_pollitem_t){w[i].sock, 0, done[i] ? 0 : ZMQ_POLLIN, 0};
         if (zmq_poll(it, 4, 50) <= 0)
             continue;
-        for (int i = 0; i < 4; i++)
-            if ((it[i].revents & ZMQ_POLLIN) && coord_recv(w[i].sock, &r) == 0) {
-                got += r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.dp == 1;
-                tide_msg_clear(&r);
-            }
+        for (int i = 0; i < 4; i++) {
+            if (done[i] || !(it[i].revents & ZMQ_POLLIN) || coord_recv(w[i].sock, &r) != 0)
+                continue;
+            int member = r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.dp == 1;
+            done[i] = member || (r.type == TIDE_MSG_OK && strstr(r.u.ok.message, "waiting idle"));
+            got += member;
+            n_done += done[i];
+            tide_msg_clear(&r);
+        }
     }
     cr_assert_eq(got, 2, "the first layout reached %d members", got);
+}
+
+/* join_declared with no bounds and priority, then its first layout. */
+static void launch(fake *w)
+{
+    join_declared(w, "pool-a", 0, 0, 0);
+    first_layout(w);
 }
 
 /* 1 when no message of type t reaches any of the 4 fakes within ms. */
@@ -341,6 +366,70 @@ Test(elastic_tided, resize_wait_exits_6_with_the_reason_when_the_switch_aborts, 
     cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 6, "%s", out);
     cr_assert(strstr(out, "generation 2 aborted: worker"), "%s", out);
     cr_assert(strstr(out, "could not switch"), "%s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+}
+
+/* Bounds and priority declared by the join that makes the job: bad ones refuse every
+   rank's join with tided's reason and make no job; good ones are the job's (its event, the
+   policy grows it by itself) until tidectl bounds changes them. */
+Test(elastic_tided, bounds_declared_at_launch_apply_and_tidectl_wins_later, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4];
+    char out[8192];
+    join_declared(w, "pool-x", 4, 2, 5);
+    for (int i = 0; i < 4; i++) {
+        tide_msg_t r;
+        expect_type(w[i].sock, TIDE_MSG_ERROR, &r);
+        cr_assert(strstr(r.u.error.message, "job train cannot start: its bounds 4-2 GPUs: "
+                                            "min 4 GPUs is above max 2"),
+                  "%s", r.u.error.message);
+        tide_msg_clear(&r);
+        zmq_close(w[i].sock);
+    }
+    const char *const jobs[] = {"jobs", NULL};
+    cr_assert_eq(ctl(out, sizeof out, jobs), 0, "%s", out);
+    cr_assert_null(strstr(out, "train"), "a refused join made a job: %s", out);
+    cr_assert_eq(events("job_created", out, sizeof out), 0, "%s", out);
+    /* tp 2: 3 GPUs is no layout, as tidectl bounds says */
+    join_declared(w, "pool-y", 3, 3, 0);
+    for (int i = 0; i < 4; i++) {
+        tide_msg_t r;
+        expect_type(w[i].sock, TIDE_MSG_ERROR, &r);
+        cr_assert(strstr(r.u.error.message, "no layout of 3-3 GPUs exists"), "%s",
+                  r.u.error.message);
+        tide_msg_clear(&r);
+        zmq_close(w[i].sock);
+    }
+    join_declared(w, "pool-a", 2, 4, 5);
+    first_layout(w);
+    wait_events("elastic_bounds", 1, out, sizeof out);
+    cr_assert(strstr(out, "bounds 2-4 GPUs, priority 5, free"), "%s", out);
+    cr_assert(strstr(out, "declared at launch by pool pool-a"), "%s", out);
+    int dp = 0;
+    cr_assert_eq(switch_all(w, 2, 0, &dp), 4);
+    cr_assert_eq(dp, 2);
+    wait_events("elastic", 1, out, sizeof out);
+    cr_assert(strstr(out, "generation 2: grow dp 1 -> 2"), "%s", out);
+    /* tidectl's later declaration wins: the policy shrinks the job to its new maximum, and
+       --wait follows that switch to its commit */
+    char path[400];
+    snprintf(path, sizeof path, "%s/wait.out", proc.dir);
+    const char *const lower[] = {"bounds", "train", "2", "2", "--wait", "--wait-ms", "30000", NULL};
+    pid_t pid = ctl_spawn(path, lower);
+    cr_assert_eq(switch_all(w, 3, 0, &dp), 4);
+    cr_assert_eq(dp, 1);
+    cr_assert_eq(ctl_reap(pid, path, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "bounds 2-2 GPUs, priority 5, free; the policy starts generation 3"),
+              "%s", out);
+    cr_assert(strstr(out, "generation 3 committed after step 31: downtime 8.0 ms"), "%s", out);
+    cr_assert(strstr(out, "4000 bytes moved"), "%s", out);
+    /* nothing to change: --wait says so and returns */
+    const char *const prio[] = {"priority", "train", "6", "--wait", NULL};
+    cr_assert_eq(ctl(out, sizeof out, prio), 0, "%s", out);
+    cr_assert(strstr(out, "no switch started: nothing to wait for"), "%s", out);
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
 }

@@ -714,6 +714,57 @@ static tide_msg_t join_msg(tide_proto_fit_t *fit, uint32_t n_fit)
     return m;
 }
 
+/* Bounds and priority declared at launch are optional: a join without them (a worker of
+   before them) is the bytes it was and decodes as none; with them they travel exactly;
+   one bound without the other, or out of range, is refused. */
+Test(proto_roundtrip, join_bounds_and_priority_are_optional)
+{
+    tide_msg_t m = join_msg(NULL, 0), d;
+    size_t len;
+    uint8_t *bytes = encode_copy(&m, &len);
+    cr_expect(memmem(bytes, len, "priority", 8) == NULL, "0 is not sent");
+    cr_expect(memmem(bytes, len, "\xa3max", 4) == NULL, "0 is not sent");
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    cr_expect_eq(d.u.join.min_gpus, 0);
+    cr_expect_eq(d.u.join.max_gpus, 0);
+    cr_expect_eq(d.u.join.priority, 0);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    m.u.join.min_gpus = 4;
+    m.u.join.max_gpus = 12;
+    m.u.join.priority = 100;
+    bytes = encode_copy(&m, &len);
+    cr_assert_eq(tide_proto_decode(bytes, len, &d), TIDE_OK, "%s", tide_last_error());
+    char why[128];
+    cr_assert(same_msg(&m, &d, why, sizeof why), "%s", why);
+    cr_expect_eq(d.u.join.min_gpus, 4);
+    cr_expect_eq(d.u.join.max_gpus, 12);
+    cr_expect_eq(d.u.join.priority, 100);
+    tide_msg_clear(&d);
+    tide_free(bytes);
+    struct {
+        int32_t min, max, prio;
+        const char *why;
+    } bad[] = {
+        {4, 0, 0, "fields 'min' = 4 and 'max' = 0 must both be 0 (no bounds) or both be set"},
+        {0, 4, 0, "fields 'min' = 0 and 'max' = 4 must both be 0 (no bounds) or both be set"},
+        {1, 4, 101, "priority"},
+        {-1, 4, 0, "min"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tide_msg_t b = join_msg(NULL, 0);
+        b.u.join.min_gpus = bad[i].min;
+        b.u.join.max_gpus = bad[i].max;
+        b.u.join.priority = bad[i].prio;
+        tide_proto_buf_t buf;
+        tide_proto_buf_init(&buf);
+        cr_expect_neq(tide_proto_encode(&b, &buf), TIDE_OK, "case %zu encoded", i);
+        cr_expect(strstr(tide_last_error(), bad[i].why) != NULL, "case %zu: %s", i,
+                  tide_last_error());
+        tide_proto_buf_destroy(&buf);
+    }
+}
+
 /* What a program can run travels with its join, exactly, and nothing malformed passes:
    the rules decide which layouts tided refuses, so a damaged rule must not read as a
    weaker one. */

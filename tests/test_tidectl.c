@@ -212,6 +212,10 @@ static void answer_status(const tide_msg_t *req, tide_msg_t *rep, fake_t *f)
         j[0].workers = 4;
         j[0].step = 1200;
         j[0].throughput = 3.25;
+        j[0].priority = 7;
+        j[0].min_gpus = 4;
+        j[0].max_gpus = 12;
+        j[0].hold = 1;
         strcpy(j[1].name, "sweep");
         j[1].kind = TIDE_JOB_COMMAND;
         j[1].state = TIDE_JOB_QUEUED;
@@ -684,6 +688,16 @@ Test(tidectl_cli, status_and_jobs)
     cr_expect(strstr(r.out, "dp2 tp1 pp2"), "%s", r.out);
     cr_expect_eq(col_of(r.out, "PRIORITY") + (long)strlen("PRIORITY"), col_of(r.out, "-5") + 2,
                  "numbers right-aligned under their header:\n%s", r.out);
+    /* an online job's elastic declaration: its priority and bounds, and why the policy
+       leaves it alone */
+    cr_expect_eq(col_of(r.out, "PRIORITY") + (long)strlen("PRIORITY"), col_of(r.out, " 7 ") + 2,
+                 "%s", r.out);
+    cr_expect_eq(col_of(r.out, "BOUNDS"), col_of(r.out, "4-12 pinned"), "%s", r.out);
+    run_free(&r);
+    r = run_cli("jobs", "--json", "--endpoint", f.endpoint, NULL);
+    cr_expect(strstr(r.out, "\"priority\":7,\"attempts\":0,\"min_gpus\":4,\"max_gpus\":12,"
+                            "\"hold\":\"pinned\",\"allocs\":null}"),
+              "%s", r.out);
     run_free(&r);
     fake_stop(&f);
     cr_expect_eq(f.bad_frames, 0, "requests use the [\"\"][payload] envelope");

@@ -27,6 +27,9 @@
     X(tide_options, staging_cap)                                                                   \
     X(tide_options, mem_strict)                                                                    \
     X(tide_options, heartbeat_aggregate)                                                           \
+    X(tide_options, min_gpus)                                                                      \
+    X(tide_options, max_gpus)                                                                      \
+    X(tide_options, priority)                                                                      \
     X(tide_join_req, job)                                                                          \
     X(tide_join_req, collection)                                                                   \
     X(tide_join_req, dp)                                                                           \

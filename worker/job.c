@@ -49,6 +49,29 @@ static int job_name_ok(const char *s)
     return 1;
 }
 
+/* The job's elastic declaration (tide_options), checked for what the wire can carry;
+   whether a layout of the job meets the bounds is tided's check (tidectl bounds makes the
+   same), so that both refuse alike. */
+static tide_status decl_ok(const char *job, const tide_options *o)
+{
+    const int gpus_max = 1 << 20;
+    if (o->min_gpus < 0 || o->min_gpus > gpus_max || o->max_gpus < 0 || o->max_gpus > gpus_max)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: bounds %d-%d GPUs (TIDE_MIN_GPUS, TIDE_MAX_GPUS): each must "
+                           "be in 1..%d",
+                           job, o->min_gpus, o->max_gpus, gpus_max);
+    if ((o->min_gpus == 0) != (o->max_gpus == 0))
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: bounds need both a minimum and a maximum (min_gpus %d, "
+                           "max_gpus %d: TIDE_MIN_GPUS, TIDE_MAX_GPUS)",
+                           job, o->min_gpus, o->max_gpus);
+    if (o->priority < 0 || o->priority > 100)
+        return tide_errorf(TIDE_ERR_INVALID,
+                           "job %s: priority %d (TIDE_PRIORITY) is outside 0..100", job,
+                           o->priority);
+    return TIDE_OK;
+}
+
 static tide_status send_join(tide_t *t, const tide_join_req *req)
 {
     tide_proto_tensor_t *ts = NULL;
@@ -73,6 +96,12 @@ static tide_status send_join(tide_t *t, const tide_join_req *req)
     tide_proto_fit_from(fit, req->fit, (uint32_t)req->n_fit);
     j->fit = req->n_fit > 0 ? fit : NULL;
     j->n_fit = (uint32_t)req->n_fit;
+    j->min_gpus = t->opts.min_gpus;
+    j->max_gpus = t->opts.max_gpus;
+    j->priority = t->opts.priority;
+    if (t->rank == 0 && (j->max_gpus > 0 || j->priority > 0))
+        TIDE_INFO(SUBSYS, "job %s declares bounds %d-%d GPUs, priority %d", req->job, j->min_gpus,
+                  j->max_gpus, j->priority);
     tide_status rc = tide__ctl_send(t->ctl, &m);
     tide_free(ts);
     return rc;
@@ -329,6 +358,8 @@ tide_status tide_join(tide_t *t, const tide_join_req *req)
     tide_msg_t first;
     tide_msg_init(&first, TIDE_MSG_NONE);
     tide_status rc = join_req_ok(req);
+    if (rc == TIDE_OK)
+        rc = decl_ok(req->job, &t->opts);
     if (rc == TIDE_OK) {
         tide__ctl_set_job(t->ctl, req->job);
         tide__agree_change(t, start_state, (void *)&req->start_step);

@@ -61,6 +61,9 @@ void tide_options_init(tide_options *o)
     o->staging_cap = (uint64_t)env_int("TIDE_STAGING_CAP", 0);
     o->mem_strict = env_int("TIDE_MEM_STRICT", 0) != 0;
     o->heartbeat_aggregate = env_int("TIDE_HEARTBEAT_AGGREGATE", 1) != 0;
+    o->min_gpus = (int)env_int("TIDE_MIN_GPUS", 0);
+    o->max_gpus = (int)env_int("TIDE_MAX_GPUS", 0);
+    o->priority = (int)env_int("TIDE_PRIORITY", 0);
 }
 
 /* ---- pool ---------------------------------------------------------------------------------- */

@@ -125,6 +125,13 @@ typedef struct tide_options {
     int heartbeat_aggregate; /* TIDE_HEARTBEAT_AGGREGATE: 1: the ranks of a host send one heartbeat
                                 message per period together (through shared memory and the lowest
                                 local rank running); 0: each rank sends its own; 1 */
+    /* The job's elastic declaration, sent with tide_join (what `tidectl bounds` and `tidectl
+       priority` set later): tided's policy grows and shrinks the job between min_gpus and
+       max_gpus GPUs (dp x tp x pp) by itself. Applied by the join that makes the job; both
+       bounds or neither. */
+    int min_gpus; /* TIDE_MIN_GPUS: fewest GPUs, [1, 2^20]; 0: no bounds */
+    int max_gpus; /* TIDE_MAX_GPUS: most GPUs, >= min_gpus; 0: no bounds */
+    int priority; /* TIDE_PRIORITY: [0, 100], a higher one takes GPUs from lower ones; 0 */
 } tide_options;
 
 /* Fills o with the defaults above, overridden by the TIDE_* variables that are set. */
@@ -226,7 +233,14 @@ typedef struct tide_join_req {
  * recovery or drain picks the largest dp that keeps them all (leaving the other
  * survivors idle, for offline work), so the program never gets a layout it cannot run.
  * A request whose own first layout breaks them fails with TIDE_ERR_INVALID naming the
- * rule, before tided is asked. Declare every number the program splits by a degree:
+ * rule, before tided is asked.
+ *
+ * The join that makes the job declares its elastic bounds and priority
+ * (tide_options.min_gpus, max_gpus, priority); a pool launched later for a running job
+ * changes neither, and `tidectl bounds`, `priority` and `pin` change them afterwards.
+ * Bounds no layout of the job can meet (tp x pp GPUs a replica, the fit rules) fail the
+ * join with TIDE_ERR_INVALID and tided's reason ("min 12 GPUs is above max 8"), and no
+ * job is made. Declare every number the program splits by a degree:
  * what the collection shows (tp dividing split dimensions, pp up to the layers, stages
  * covering them) is checked for every layout anyway.
  */

@@ -46,7 +46,8 @@ class Options(Structure):
                 ("mem_bytes", c_uint64), ("register_timeout_ms", c_int),
                 ("join_timeout_ms", c_int), ("switch_timeout_ms", c_int),
                 ("staging_cap", c_uint64), ("mem_strict", c_int),
-                ("heartbeat_aggregate", c_int)]
+                ("heartbeat_aggregate", c_int), ("min_gpus", c_int), ("max_gpus", c_int),
+                ("priority", c_int)]
 
 
 FIT_WHAT_MAX = 96

@@ -498,12 +498,14 @@ class Runtime:
     """One rank's tide runtime (tide_t): a context manager; close() leaves the pool.
 
     Collective over comm (default MPI.COMM_WORLD); blocks until every rank registered with
-    tided. Keyword settings override the TIDE_* environment defaults. Every method must be
+    tided. Keyword settings override the TIDE_* environment defaults (tide_options in
+    tide.h); min_gpus, max_gpus and priority declare the job's elastic bounds and priority
+    with its join (TIDE_MIN_GPUS, TIDE_MAX_GPUS, TIDE_PRIORITY). Every method must be
     called from the thread that created the runtime."""
 
     _ENDPOINTS = ("endpoint", "key_file", "server_key", "pool", "backend")
     _INTS = ("device", "mem_bytes", "register_timeout_ms", "join_timeout_ms",
-             "switch_timeout_ms", "staging_cap")
+             "switch_timeout_ms", "staging_cap", "min_gpus", "max_gpus", "priority")
 
     def __init__(self, comm: Any = None, **settings: Any) -> None:
         self._t = c_void_p()
@@ -523,8 +525,11 @@ class Runtime:
                 keep.append(v.encode())
                 setattr(o, k, keep[-1])
             elif k in self._INTS:
-                if not _is_int(v) or v < (-1 if k == "device" else 0) or v >= 1 << 62:
-                    raise _invalid("%s must be a non-negative int, got %r" % (k, v))
+                hi = {"min_gpus": 1 << 20, "max_gpus": 1 << 20,
+                      "priority": 100}.get(k, (1 << 62) - 1)
+                if not _is_int(v) or v < (-1 if k == "device" else 0) or v > hi:
+                    raise _invalid("%s must be an int in %d..%d, got %r"
+                                   % (k, -1 if k == "device" else 0, hi, v))
                 setattr(o, k, v)
             else:
                 raise _invalid("unknown setting %r (known: %s)" % (k, ", ".join(self._ENDPOINTS + self._INTS)))

@@ -124,6 +124,9 @@ def test_runtime_settings(tided):
     ck.expect("Runtime endpoint type", lambda: tide.Runtime(MPI.COMM_WORLD, endpoint=5), I, "endpoint")
     ck.expect("Runtime timeout", lambda: tide.Runtime(MPI.COMM_WORLD, join_timeout_ms=-3), I, "join_timeout_ms")
     ck.expect("Runtime device", lambda: tide.Runtime(MPI.COMM_WORLD, device=-2), I, "device")
+    ck.expect("Runtime priority", lambda: tide.Runtime(MPI.COMM_WORLD, priority=101), I,
+              "priority must be an int in 0..100")
+    ck.expect("Runtime min_gpus", lambda: tide.Runtime(MPI.COMM_WORLD, min_gpus=-1), I, "min_gpus")
     ck.expect("Runtime no tided", lambda: tide.Runtime(MPI.COMM_WORLD, endpoint="tcp://127.0.0.1:1",
                                                      register_timeout_ms=300), Status.ERR_TIMEOUT, "tide_new")
     ck.done()
@@ -345,8 +348,11 @@ def test_abi(tided):
 
     ck.ok("abi of the binding", L.check_abi(L.lib()) is None)
     vf, of = list(L.ViewS._fields_), list(L.Options._fields_)
-    abi_refused("field missing", of[:-1], "tide_options",
-                "tide_options has %d fields in the library, %d in" % (len(of), len(of) - 1))
+    # tide_view's last int (pp_next) sits in padding: only the count tells it is missing
+    abi_refused("field missing", vf[:-1], "tide_view",
+                "tide_view has %d fields in the library, %d in" % (len(vf), len(vf) - 1))
+    abi_refused("field missing at the end", of[:-1], "tide_options",
+                "tide_options is %d bytes in the library" % ctypes.sizeof(L.Options))
     abi_refused("fields swapped", [vf[1], vf[0]] + vf[2:], "tide_view",
                 "tide_view.layout is at offset 8 in the library, 0 in")
     abi_refused("field retyped", vf[:2] + [("member", ctypes.c_int64)] + vf[3:], "tide_view",
@@ -356,12 +362,12 @@ def test_abi(tided):
     # loading checks them: a binding whose mirror drifted never gets the library
     saved = (L._lib, L.STRUCTS)
     L._lib = None
-    L.STRUCTS = (type("Drifted", (ctypes.Structure,), {"_c_name_": "tide_options", "_fields_": of[:-1]}),)
+    L.STRUCTS = (type("Drifted", (ctypes.Structure,), {"_c_name_": "tide_view", "_fields_": vf[:-1]}),)
     try:
         L.lib()
         ck.ok("load refuses a drifted mirror", False)
     except L.AbiError as e:
-        ck.ok("load refuses a drifted mirror", "tide_options has" in str(e))
+        ck.ok("load refuses a drifted mirror", "tide_view has" in str(e))
     finally:
         L._lib, L.STRUCTS = saved
     ck.done()

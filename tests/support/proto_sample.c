@@ -142,6 +142,7 @@ static tide_status event_fields_fill(rng_t *r, tide_proto_event_fields_t *f)
     f->steps_lost = irange(r, 0, INT64_MAX);
     f->bytes = urange(r, 0, UINT64_MAX);
     f->ms = drange(r, 0.0, TIDE_PROTO_MS_MAX);
+    f->downtime_ms = (next(r) & 1) ? drange(r, 0.0, TIDE_PROTO_MS_MAX) : 0.0;
     f->bubbles = (int)(next(r) & 1);
     rstr(r, f->reason, 0, TIDE_PROTO_REASON_MAX, 3);
     return TIDE_OK;
@@ -400,6 +401,11 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         x->n_tensors = n;
         for (uint32_t i = 0; i < n; i++)
             tensor(r, &x->tensors[i], x->num_layers);
+        if (next(r) & 1) { /* bounds and priority declared at launch, or left out */
+            x->min_gpus = (int32_t)urange(r, 1, 64);
+            x->max_gpus = (int32_t)urange(r, 1, 1 << 20);
+            x->priority = (int32_t)urange(r, 0, 100);
+        }
         return fit_fill(r, &x->fit, &x->n_fit, 2);
     }
     case TIDE_MSG_LAYOUT: {
@@ -700,6 +706,11 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
             j->priority = (int)irange(r, -1000, 1000);
             j->attempts = (uint32_t)urange(r, 0, UINT32_MAX);
             rstr(r, j->allocs, 0, TIDE_PROTO_TEXT_MAX, 3);
+            if (next(r) & 1) { /* elastic bounds, or none (left out) */
+                j->min_gpus = (int32_t)urange(r, 1, 1 << 20);
+                j->max_gpus = (int32_t)urange(r, 1, 1 << 20);
+            }
+            j->hold = (int32_t)urange(r, 0, 2);
         }
         return TIDE_OK;
     }

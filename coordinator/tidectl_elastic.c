@@ -5,13 +5,14 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coordinator/tidectl_int.h"
 #include "core/clock.h"
 
-#define WAIT_POLL_MS   100      /* between two looks at the events */
-#define WAIT_LOOKBACK  600000   /* ms of history searched for the switch's end (clock skew) */
-#define WAIT_PAGE_ROWS 1000     /* events per request */
+#define WAIT_POLL_MS   100    /* between two looks at the events */
+#define WAIT_LOOKBACK  600000 /* ms of history searched for the switch's end (clock skew) */
+#define WAIT_PAGE_ROWS 1000   /* events per request */
 
 /* Sends req ("elastic") and prints tided's answer. */
 static int send_elastic(settings_t *s, tide_msg_t *req, FILE *out, FILE *err)
@@ -28,7 +29,8 @@ static int send_elastic(settings_t *s, tide_msg_t *req, FILE *out, FILE *err)
         tidectl_json_str(out, rep.u.ok.message);
         fputs("}\n", out);
     } else {
-        fprintf(out, "%s: %s\n", tidectl__term_str(rep.u.ok.job, sizeof name - 1, name, sizeof name),
+        fprintf(out, "%s: %s\n",
+                tidectl__term_str(rep.u.ok.job, sizeof name - 1, name, sizeof name),
                 tidectl__term_str(rep.u.ok.message, sizeof msg - 1, msg, sizeof msg));
     }
     rc = tidectl__wait_started(s, rep.u.ok.job, rep.u.ok.gen, out, err);
@@ -136,8 +138,7 @@ static int print_end(settings_t *s, const tide_proto_event_row_t *row, uint64_t 
     const tide_proto_event_fields_t *f = &row->fields;
     char why[TIDE_PROTO_TEXT_MAX + 2];
     if (strcmp(row->kind, "resize_aborted") == 0) {
-        tidectl__term_str(f->reason[0] ? f->reason : row->detail, sizeof why - 1, why,
-                          sizeof why);
+        tidectl__term_str(f->reason[0] ? f->reason : row->detail, sizeof why - 1, why, sizeof why);
         fprintf(err, "tidectl: generation %" PRIu64 " aborted: %s\n", gen, why);
         return TIDECTL_EXIT_ABORTED;
     }
@@ -171,13 +172,39 @@ int tidectl__wait_started(settings_t *s, const char *job, uint64_t gen, FILE *ou
     return tidectl__wait_switch(s, job, gen, out, err);
 }
 
+/* The progress line of a wait on a terminal (stderr): the time waited and the job's last
+   event, rewritten in place; nothing when stderr is not a terminal. */
+typedef struct progress {
+    int on;
+    uint64_t t0;
+    char last[48];
+} progress;
+
+static void progress_show(progress *p, const char *job, uint64_t gen, FILE *err)
+{
+    if (!p->on)
+        return;
+    fprintf(err, "\r\033[Ktidectl: waiting for generation %" PRIu64 " of %s: %.1f s%s%s", gen, job,
+            (double)(tide_now_ns() - p->t0) / 1e9, p->last[0] ? ", last event " : "", p->last);
+    fflush(err);
+}
+
+static void progress_end(progress *p, FILE *err)
+{
+    if (p->on)
+        fputs("\r\033[K", err);
+}
+
 int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)
 {
+    progress pr = {.on = isatty(fileno(err)) && !s->json, .t0 = tide_now_ns()};
     conn_t c;
     int rc = tidectl__conn_open(&c, s, err);
     uint64_t since_id = 0;
     int64_t since_ms = tide_wall_ms() - WAIT_LOOKBACK;
     uint64_t deadline = tide_now_ns() + (uint64_t)s->wait_ms * 1000000ull;
+    if (rc == TIDECTL_EXIT_OK)
+        progress_show(&pr, job, gen, err);
     while (rc == TIDECTL_EXIT_OK) {
         tide_msg_t req, rep;
         tide_msg_init(&req, TIDE_MSG_EVENTS);
@@ -187,6 +214,7 @@ int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out
         tide_msg_init(&rep, TIDE_MSG_NONE);
         rc = tidectl__conn_call(&c, &req, &rep, err);
         if (rc == TIDECTL_EXIT_OK && rep.type != TIDE_MSG_EVENTS_REPLY) {
+            progress_end(&pr, err);
             fprintf(err, "tidectl: waiting for generation %" PRIu64 ": %s\n", gen,
                     rep.type == TIDE_MSG_ERROR ? rep.u.error.message : "unexpected reply");
             rc = TIDECTL_EXIT_REFUSED;
@@ -194,7 +222,10 @@ int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out
         const tide_proto_events_reply_t *er = &rep.u.events_reply;
         for (uint32_t i = 0; rc == TIDECTL_EXIT_OK && i < er->n_rows; i++) {
             since_id = er->rows[i].id;
+            if (strcmp(er->rows[i].job, job) == 0)
+                snprintf(pr.last, sizeof pr.last, "%.47s", er->rows[i].kind);
             if (ends(&er->rows[i], job, gen)) {
+                progress_end(&pr, err);
                 rc = print_end(s, &er->rows[i], gen, out, err);
                 tide_msg_clear(&rep);
                 tidectl__conn_close(&c);
@@ -204,13 +235,18 @@ int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out
         int full = rc == TIDECTL_EXIT_OK && er->n_rows == WAIT_PAGE_ROWS;
         tide_msg_clear(&rep);
         if (rc == TIDECTL_EXIT_OK && !full && tide_now_ns() > deadline) {
-            fprintf(err, "tidectl: generation %" PRIu64 " of %s neither committed nor aborted "
-                    "within %lld ms (tidectl events shows where it is)\n", gen, job, s->wait_ms);
+            progress_end(&pr, err);
+            fprintf(err,
+                    "tidectl: generation %" PRIu64 " of %s neither committed nor aborted "
+                    "within %lld ms (tidectl events shows where it is)\n",
+                    gen, job, s->wait_ms);
             rc = TIDECTL_EXIT_TIMEOUT;
         } else if (rc == TIDECTL_EXIT_OK && !full) {
+            progress_show(&pr, job, gen, err);
             tide_sleep_ms(WAIT_POLL_MS);
         }
     }
+    progress_end(&pr, err);
     tidectl__conn_close(&c);
     return rc;
 }

@@ -88,7 +88,10 @@ grep -q 'data-kind="layout"\|data-kind="job_created"' "$WORK/gen1.html" ||
   fail "the page lists no event of the job"
 
 note "tidectl resize pg --dp 1 --pp 2 --wait"
-ctl resize pg --dp 1 --tp 1 --pp 2 --wait >"$WORK/resize.out" || fail "resize: $(cat "$WORK/resize.out")"
+ctl resize pg --dp 1 --tp 1 --pp 2 --wait >"$WORK/resize.out" 2>"$WORK/resize.err" ||
+  fail "resize: $(cat "$WORK/resize.out" "$WORK/resize.err")"
+! grep -q "waiting for generation" "$WORK/resize.err" ||
+  fail "--wait wrote a progress line where stderr is not a terminal: $(cat "$WORK/resize.err")"
 note "the page in chromium: generation 2"
 dom "$WORK/gen2.html"
 row=$(job_row "$WORK/gen2.html")
@@ -118,5 +121,12 @@ code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
 [ "$(code "$URL/metrics")" = 200 ] || fail "/metrics is gone"
 csp=$(curl -s -D - -o /dev/null "$URL/" | tr -d '\r' | grep -i '^content-security-policy:') || fail "no CSP header"
 grep -q "default-src 'none'" <<<"$csp" || fail "CSP allows loads: $csp"
+note "tidectl resize --wait on a terminal: a progress line, cleared at the end"
+script -qec "$TIDECTL --endpoint $EP --timeout-ms 20000 resize pg --dp 2 --tp 1 --pp 2 --wait" \
+  /dev/null >"$WORK/tty.out" 2>&1 || fail "resize on a terminal: $(cat "$WORK/tty.out")"
+grep -q "waiting for generation 3 of pg: [0-9.]* s" "$WORK/tty.out" ||
+  fail "no progress line on a terminal: $(cat -v "$WORK/tty.out")"
+grep -q "generation 3 committed after step" "$WORK/tty.out" ||
+  fail "no commit line on a terminal: $(cat -v "$WORK/tty.out")"
 echo "PASS: chromium showed pg at (dp 2, pp 2) on 4 GPUs, then at (dp 1, pp 2) on 2 after" \
   "tidectl resize --wait, with 2 GPUs idle and the resized event first"

@@ -87,6 +87,41 @@ static tide_status default_state(char *buf, size_t len, const char **out)
 
 /* Reads the flags (TIDE_* defaults) into *s, checks and logs them; -1 to go on, else the
  * exit code (help printed: 0; bad settings: 2). */
+/* Checks what the option table cannot (log level, provider, sizes, the default state
+   file) and applies the log level; -1 when s is good, else the exit code (2). */
+static int check_settings(struct settings *s)
+{
+    tide_log_level level;
+    if (tide_log_parse_level(s->log, &level) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
+    if (!(s->elastic_margin >= 0 && s->elastic_margin <= 1e6)) {
+        fprintf(stderr, "tided: --elastic-margin must be in [0, 1e6]\n");
+        return 2;
+    }
+    int slurm = 0;
+    if (tide_provider_parse(s->provider, &slurm) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
+    if (tidectl_parse_bytes(s->offline_max_memory, &s->offline_max_memory_bytes) != TIDE_OK) {
+        fprintf(stderr, "tided: --offline-max-memory: %s\n", tide_last_error());
+        return 2;
+    }
+    if (!(s->link_gbps > 0)) {
+        fprintf(stderr, "tided: --link-gbps must be > 0\n");
+        return 2;
+    }
+    tide_log_set_level(level);
+    if (s->state == NULL &&
+        default_state(s->state_buf, sizeof s->state_buf, &s->state) != TIDE_OK) {
+        fprintf(stderr, "tided: %s\n", tide_last_error());
+        return 2;
+    }
+    return -1;
+}
+
 static int read_settings(struct settings *s, int argc, char **argv)
 {
     const tide_opt opts[] = {
@@ -102,8 +137,7 @@ static int read_settings(struct settings *s, int argc, char **argv)
         {"sync-full", "TIDE_SYNC_FULL", TIDE_OPT_BOOL, &s->sync_full, "1",
          "fsync every commit (survives power loss); --no-sync-full survives tided crashes only", 0,
          0},
-        {"accept-state-loss", "TIDE_ACCEPT_STATE_LOSS", TIDE_OPT_BOOL, &s->accept_state_loss,
-         "0",
+        {"accept-state-loss", "TIDE_ACCEPT_STATE_LOSS", TIDE_OPT_BOOL, &s->accept_state_loss, "0",
          "start from a state file that lost acknowledged commits (its write-ahead log missing "
          "or damaged at its end) instead of refusing it; what those commits held is then unknown",
          0, 0},
@@ -125,8 +159,8 @@ static int read_settings(struct settings *s, int argc, char **argv)
          "failed runs of an offline job before it is marked failed (preemptions and workers "
          "leaving do not count)",
          1, 1000},
-        {"offline-max-memory", "TIDE_OFFLINE_MAX_MEMORY", TIDE_OPT_STRING,
-         &s->offline_max_memory, "0",
+        {"offline-max-memory", "TIDE_OFFLINE_MAX_MEMORY", TIDE_OPT_STRING, &s->offline_max_memory,
+         "0",
          "host memory an offline command's attempt may use when tidectl submit gives no "
          "--max-memory (512M, 4G, bytes; 0: no limit): a cgroup v2 memory.max when the worker "
          "can make one, else RLIMIT_AS",
@@ -206,34 +240,9 @@ static int read_settings(struct settings *s, int argc, char **argv)
     int code = tide_opts_main(opts, argc, argv, "tided");
     if (code >= 0)
         return code;
-    tide_log_level level;
-    if (tide_log_parse_level(s->log, &level) != TIDE_OK) {
-        fprintf(stderr, "tided: %s\n", tide_last_error());
-        return 2;
-    }
-    if (!(s->elastic_margin >= 0 && s->elastic_margin <= 1e6)) {
-        fprintf(stderr, "tided: --elastic-margin must be in [0, 1e6]\n");
-        return 2;
-    }
-    int slurm = 0;
-    if (tide_provider_parse(s->provider, &slurm) != TIDE_OK) {
-        fprintf(stderr, "tided: %s\n", tide_last_error());
-        return 2;
-    }
-    if (tidectl_parse_bytes(s->offline_max_memory, &s->offline_max_memory_bytes) != TIDE_OK) {
-        fprintf(stderr, "tided: --offline-max-memory: %s\n", tide_last_error());
-        return 2;
-    }
-    if (!(s->link_gbps > 0)) {
-        fprintf(stderr, "tided: --link-gbps must be > 0\n");
-        return 2;
-    }
-    tide_log_set_level(level);
-    if (s->state == NULL &&
-        default_state(s->state_buf, sizeof s->state_buf, &s->state) != TIDE_OK) {
-        fprintf(stderr, "tided: %s\n", tide_last_error());
-        return 2;
-    }
+    code = check_settings(s);
+    if (code >= 0)
+        return code;
     tide_opts_log("tided", opts);
     return -1;
 }

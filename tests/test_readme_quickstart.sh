@@ -17,7 +17,9 @@ set -euo pipefail
 SRC=$(cd "$1" && pwd -P)
 BUILD=$(cd "$2" && pwd -P)
 # under the build, not /tmp: the block gets a /tmp of its own, which hides the one here
-WORK=$(mktemp -d "$BUILD/readme-quickstart.XXXXXX")
+# Not under /tmp (nor the build, which may be): the block's namespace mounts its own /tmp
+# over it, which would hide the installed prefix and the block itself (CI's clone is there).
+WORK=$(mktemp -d /var/tmp/tide-readme-quickstart.XXXXXX)
 fail() {
   echo "FAILED: test_readme_quickstart: $*" >&2
   [ -f "$WORK/run.log" ] && sed 's/^/  | /' "$WORK/run.log" >&2

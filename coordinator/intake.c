@@ -16,13 +16,15 @@
 #include "core/log.h"
 #include "coordinator/intake.h"
 
-#define CHECK_NS   20000000ull  /* 20 ms between checks: a loopback client sends ~20 MB */
+#define CHECK_NS 20000000ull /* 20 ms between checks: a loopback client sends ~20 MB */
 /* A sweep of every connection costs one getsockopt each: at 10,000 workers, one every
    20 ms took 65% of a core. libzmq holds a client's unread bytes in tided's memory, so a
    sweep is needed only once resident memory grew (by GROWN_SHARE of the limit since the
    last sweep), and at least every SWEEP_NS whatever it did (memory libzmq reuses from
-   tided's own free heap costs nothing new, so that sweep need not be quick). */
-#define SWEEP_NS   5000000000ull
+   tided's own free heap costs nothing new, so that sweep need not be quick). A sweep that
+   finds an unfinished message of more than SMALL_BYTES sweeps again at the next check, so
+   an arriving large message is followed every 20 ms until it ends or is cut. */
+#define SWEEP_NS    5000000000ull
 #define GROWN_SHARE 4
 #define SMALL_BYTES (64u << 10) /* an unfinished message this small is never cut for memory */
 
@@ -34,10 +36,10 @@ typedef struct conn {
 } conn;
 
 struct tide__intake {
-    void *mon;       /* PAIR socket receiving the router's monitor events */
-    conn *c;         /* indexed by fd */
-    size_t cap;      /* entries in c */
-    uint64_t limit;  /* bytes */
+    void *mon;      /* PAIR socket receiving the router's monitor events */
+    conn *c;        /* indexed by fd */
+    size_t cap;     /* entries in c */
+    uint64_t limit; /* bytes */
     uint64_t next_ns, cut;
     uint64_t sweep_ns; /* the next sweep whatever the memory does */
     long rss_sweep;    /* resident bytes at the last sweep */
@@ -59,8 +61,8 @@ tide_status tide__intake_new(tide__intake **out, void *zctx, void *router, uint6
     if (in->mon != NULL)
         zmq_setsockopt(in->mon, ZMQ_LINGER, &linger, sizeof linger);
     if (in->mon == NULL ||
-        zmq_socket_monitor(router, ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
-                                           ZMQ_EVENT_CLOSED) != 0 ||
+        zmq_socket_monitor(router, ep,
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED) != 0 ||
         zmq_connect(in->mon, ep) != 0) {
         tide_status rc = tide_errorf(TIDE_ERR_IO, "cannot watch tided's connections: %s",
                                      zmq_strerror(zmq_errno()));
@@ -107,6 +109,19 @@ static conn *conn_of(tide__intake *in, int fd)
     return &in->c[fd];
 }
 
+/* tided's resident bytes now (0 when /proc cannot say). */
+static long rss_bytes(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return 0;
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = 0;
+    fclose(f);
+    return rss * sysconf(_SC_PAGESIZE);
+}
+
 void tide__intake_events(tide__intake *in)
 {
     for (;;) {
@@ -126,24 +141,11 @@ void tide__intake_events(tide__intake *in)
             memcpy(&fd, (const char *)zmq_msg_data(&ev) + 2, 4);
         }
         conn *c = conn_of(in, fd);
-        if (c != NULL) /* a new connection on a reused fd starts afresh */
-            *c = (conn){.open = kind == ZMQ_EVENT_ACCEPTED, .read = 1};
+        if (c != NULL) /* a new connection on a reused fd starts afresh, counted from now */
+            *c = (conn){.open = kind == ZMQ_EVENT_ACCEPTED, .rss_base = rss_bytes()};
         zmq_msg_close(&addr);
         zmq_msg_close(&ev);
     }
-}
-
-/* tided's resident bytes now (0 when /proc cannot say). */
-static long rss_bytes(void)
-{
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f == NULL)
-        return 0;
-    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
-        rss = 0;
-    fclose(f);
-    return rss * sysconf(_SC_PAGESIZE);
 }
 
 /* Cuts connection fd: libzmq's read fails, it drops what it holds of the unfinished
@@ -172,8 +174,9 @@ void tide__intake_read(tide__intake *in, int fd, int frames)
 }
 
 /* Checks connection fd: unread bytes past the limit, or an unfinished message while
-   tided's memory grew by the limit. */
-static void check_one(tide__intake *in, int fd, long rss)
+   tided's memory grew by the limit. 1 when fd has an unfinished message of more than
+   SMALL_BYTES that was not cut. */
+static int check_one(tide__intake *in, int fd, long rss)
 {
     conn *c = &in->c[fd];
     struct tcp_info ti;
@@ -181,13 +184,13 @@ static void check_one(tide__intake *in, int fd, long rss)
     memset(&ti, 0, sizeof ti);
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
         len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
-        return; /* not TCP (ipc://), or a kernel that does not count: not watched */
+        return 0; /* not TCP (ipc://), or a kernel that does not count: not watched */
     uint64_t rx = ti.tcpi_bytes_received;
     if (c->read || rx < c->base) {
         c->base = rx;
         c->rss_base = rss;
         c->read = 0;
-        return;
+        return 0;
     }
     uint64_t unread = rx - c->base;
     if (unread == 0)
@@ -195,14 +198,19 @@ static void check_one(tide__intake *in, int fd, long rss)
     long grown = rss - c->rss_base;
     char why[200];
     if (unread > in->limit)
-        snprintf(why, sizeof why, "%llu bytes sent past its last complete message, more than "
-                 "--max-client-mb allows", (unsigned long long)unread);
+        snprintf(why, sizeof why,
+                 "%llu bytes sent past its last complete message, more than "
+                 "--max-client-mb allows",
+                 (unsigned long long)unread);
     else if (unread > SMALL_BYTES && grown > 0 && (uint64_t)grown > in->limit)
-        snprintf(why, sizeof why, "tided's memory grew by %ld MiB while it sent an unfinished "
-                 "message (%llu bytes so far)", grown >> 20, (unsigned long long)unread);
+        snprintf(why, sizeof why,
+                 "tided's memory grew by %ld MiB while it sent an unfinished "
+                 "message (%llu bytes so far)",
+                 grown >> 20, (unsigned long long)unread);
     else
-        return;
+        return unread > SMALL_BYTES; /* an unfinished message in flight: look again soon */
     cut(in, fd, why);
+    return 0;
 }
 
 uint64_t tide__intake_check(tide__intake *in, uint64_t now_ns)
@@ -211,14 +219,19 @@ uint64_t tide__intake_check(tide__intake *in, uint64_t now_ns)
         return 0;
     in->next_ns = now_ns + CHECK_NS;
     long rss = rss_bytes();
+    if (rss < in->rss_sweep) /* growth counts from the lowest point since the last sweep: */
+        in->rss_sweep = rss; /* after a cut gave memory back, a new attack grows from there */
     if (now_ns < in->sweep_ns && rss - in->rss_sweep < (long)(in->limit / GROWN_SHARE))
         return 0;
     in->sweep_ns = now_ns + SWEEP_NS;
     in->rss_sweep = rss;
     uint64_t before = in->cut;
+    int in_flight = 0;
     for (size_t fd = 0; fd < in->cap; fd++)
         if (in->c[fd].open)
-            check_one(in, (int)fd, rss);
+            in_flight |= check_one(in, (int)fd, rss);
+    if (in_flight) /* a large message arriving: every check sweeps until it ends or is cut */
+        in->sweep_ns = now_ns;
     if (in->cut > before)
         malloc_trim(0); /* what libzmq freed goes back to the system, not only to malloc */
     return in->cut - before;

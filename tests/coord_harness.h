@@ -8,13 +8,16 @@
 #ifndef TIDE_TESTS_COORD_HARNESS_H
 #define TIDE_TESTS_COORD_HARNESS_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +35,23 @@ typedef struct coord_proc {
     char state[320];
     char epfile[320];
 } coord_proc;
+
+/* A loopback TCP port free right now (the kernel picks it); -1 when none can be had. */
+static inline int coord_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    int ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+             getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+    close(fd);
+    return ok ? ntohs(sa.sin_port) : -1;
+}
 
 /* Creates a fresh temporary directory for one tided instance. */
 static inline int coord_tmpdir(coord_proc *p)
@@ -180,9 +200,9 @@ static inline int coord_stop(coord_proc *p, int sig)
 /* Removes the temporary directory's files. */
 static inline void coord_cleanup(coord_proc *p)
 {
-    const char *names[] = {"state.db",     "state.db-wal", "state.db-shm", "state.db.seq", "endpoint", "server.key",
-                           "server.pub",   "admin.key",    "admin.pub",    "w.key",    "w.pub",
-                           "stranger.key", "w2.pub",       "r.pub",        NULL};
+    const char *names[] = {"state.db",   "state.db-wal", "state.db-shm", "state.db.seq", "endpoint",
+                           "server.key", "server.pub",   "admin.key",    "admin.pub",    "w.key",
+                           "w.pub",      "stranger.key", "w2.pub",       "r.pub",        NULL};
     char path[512];
     for (int i = 0; names[i]; i++) {
         snprintf(path, sizeof path, "%s/%s", p->dir, names[i]);

@@ -1007,21 +1007,6 @@ Test(tided, dry_run_compares_the_chosen_map_with_the_rank_order, .init = setup, 
     zmq_close(admin);
 }
 
-/* A loopback port free right now (the kernel picks it). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* GET /metrics over plain TCP; the body into buf (NUL-terminated); returns its length. */
 static size_t scrape(int port, char *buf, size_t cap)
 {
@@ -1078,7 +1063,8 @@ static int is_gen2_running(const tide_proto_job_row_t *r)
  */
 Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--metrics", addr, NULL};
@@ -1160,7 +1146,8 @@ Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = tea
 
 Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--metrics", addr, NULL};
@@ -1620,8 +1607,8 @@ Test(tided, offline_limits_reach_the_worker_and_the_event, .init = setup, .fini 
     char out[65536];
     const char *plugin[] = {"submit", "--offline", "--plugin", "p", "--max-procs", "3", NULL};
     cr_assert_eq(tidectl(out, sizeof out, plugin), 2, "refused by tidectl: %s", out);
-    const char *sub[] = {"submit", "--offline", "--name", "hog", "--max-procs", "20", "--",
-                         "sh", "-c", "x", NULL};
+    const char *sub[] = {"submit", "--offline", "--name", "hog", "--max-procs", "20",
+                         "--",     "sh",        "-c",     "x",   NULL};
     cr_assert_eq(tidectl(out, sizeof out, sub), 0, "%s", out);
     cr_assert_eq(coord_recv_type(a.sock, TIDE_MSG_OFFLINE_ASSIGN, &r), 0);
     cr_expect_eq(r.u.offline_assign.max_memory, 1ull << 30, "tided's default");
@@ -1690,7 +1677,8 @@ static void heartbeat(fake *f)
    never handed out again, across a restart too. */
 Test(tided, left_workers_are_hidden_and_forgotten_after_retention, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--heartbeat-ms",
@@ -2417,7 +2405,8 @@ static void host_heartbeat(fake *f, const int32_t *ids, int n)
    (tided's offline assignment reaches it, not the leader). */
 Test(tided, host_heartbeats_count_each_rank_and_keep_each_route, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--heartbeat-ms",

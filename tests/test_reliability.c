@@ -845,27 +845,14 @@ static int tcp_connect(int port)
     return fd;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /*
  * More idle connections than tided has metrics slots (they connect and never send a
  * request) do not lock a scraper out; an offline job with an empty command is refused.
  */
 Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--metrics", addr, NULL};
@@ -909,7 +896,8 @@ Test(reliability, idle_metrics_connections_and_empty_commands, .init = setup, .f
 /* Metrics bound to a non-loopback address start with a warning saying what is exposed. */
 Test(reliability, metrics_on_a_public_address_warn, .init = setup, .fini = teardown)
 {
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "0.0.0.0:%d", port);
     char logpath[400];
@@ -970,8 +958,7 @@ Test(reliability, sigterm_right_after_start_is_a_clean_stop, .init = setup, .fin
  * speed, and slack), where before the check it held the messages whole; it answers another
  * client afterwards.
  */
-Test(reliability, multipart_amplification_is_cut, .init = setup, .fini = teardown,
-     .timeout = 120)
+Test(reliability, multipart_amplification_is_cut, .init = setup, .fini = teardown, .timeout = 120)
 {
     /* under AddressSanitizer freed memory waits in a quarantine: that is not tided's */
     const char *asan = getenv("ASAN_OPTIONS");

@@ -129,20 +129,6 @@ static int count_events(void *admin, const char *kind)
     return n;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* The value of the metric line starting with name (followed by a space), or -1. */
 static long scrape(int port, const char *name)
 {
@@ -221,7 +207,7 @@ static int recover_on(fake *w0)
         if (coord_recv(w0->sock, &r) != 0)
             continue;
         int type = r.type;
-        uint64_t gen = type == TIDE_MSG_PREPARE ? r.u.prepare.gen
+        uint64_t gen = type == TIDE_MSG_PREPARE  ? r.u.prepare.gen
                        : type == TIDE_MSG_COMMIT ? r.u.commit.gen
                                                  : 0;
         tide_msg_clear(&r);
@@ -257,7 +243,8 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
         cr_skip_test("needs root to mount a small tmpfs");
     }
     snprintf(proc.state, sizeof proc.state, "%s/state.db", disk);
-    int port = free_port();
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *extra[] = {"--heartbeat-ms", "200", "--miss-limit", "5", "--metrics", addr, NULL};
@@ -315,8 +302,8 @@ Test(state_disk, full_disk_keeps_recovering_and_persists_when_freed, .init = set
     cr_assert_eq(coord_tidectl(TIDECTL_PATH, proc.endpoint, status_args, out, sizeof out), 0);
     cr_assert_not_null(strstr(out, "state: DEGRADED"), "%s", out);
     const char *resize_args[] = {"resize", "train", "--dp", "1", NULL};
-    cr_assert_neq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, resize_args, out, sizeof out, 1),
-                  0, "a resize was acknowledged while nothing can be saved");
+    cr_assert_neq(coord_tidectl_io(TIDECTL_PATH, proc.endpoint, resize_args, out, sizeof out, 1), 0,
+                  "a resize was acknowledged while nothing can be saved");
     cr_assert_not_null(strstr(out, "cannot persist its state"), "%s", out);
     cr_assert_not_null(strstr(out, disk), "the refusal does not name the file system: %s", out);
 

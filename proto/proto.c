@@ -1194,7 +1194,9 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
 /* The field's name for an error message, formatted only when one is needed: this runs for every
  * field of every message. */
 #define fn (tide__field_name(c, f->key, fnbuf, sizeof fnbuf))
-static tide_status validate_field(const tide__field *f, const void *base, tide__ctx *c)
+
+/* A field of one value (int, double, bool, string, enum, nested struct). */
+static tide_status validate_scalar(const tide__field *f, const void *base, tide__ctx *c)
 {
     char fnbuf[160], want[96];
     const char *p = (const char *)base + f->off;
@@ -1238,53 +1240,6 @@ static tide_status validate_field(const tide__field *f, const void *base, tide__
             return tide__fail(c, "%s has no wire name for value %d", fn, v);
         return TIDE_OK;
     }
-    case TIDE__K_I32_ARRAY: {
-        uint32_t n;
-        if (f->expect)
-            TIDE_CHECK(f->expect(base, c, &n));
-        else
-            n = tide__load_count(base, f->count_off);
-        if (f->count_off != TIDE__NO_OFF && n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        const int32_t *a;
-        memcpy(&a, p, sizeof a);
-        if (n > 0 && a == NULL)
-            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
-        for (uint32_t k = 0; k < n; k++) {
-            if (!tide__int_in_range(f, a[k] < 0, a[k], a[k] < 0 ? 0 : (uint64_t)a[k]))
-                return tide__fail(c, "%s[%u] must be %s, got %d", fn, k,
-                                  tide__int_expect(f, want, sizeof want), a[k]);
-        }
-        return TIDE_OK;
-    }
-    case TIDE__K_I64_FIXED: {
-        uint32_t n = tide__load_count(base, f->count_off);
-        if (n < f->cmin || n > f->cmax)
-            return tide__fail(c, "%s must have %u to %u entries, got %u", fn, f->cmin, f->cmax, n);
-        const int64_t *a = (const int64_t *)(const void *)p;
-        for (uint32_t k = 0; k < n; k++)
-            if (a[k] < f->min)
-                return tide__fail(c, "%s[%u] must be %s, got %lld", fn, k,
-                                  tide__int_expect(f, want, sizeof want), (long long)a[k]);
-        return TIDE_OK;
-    }
-    case TIDE__K_STR_ARRAY: {
-        uint32_t n = tide__load_count(base, f->count_off);
-        char *const *a;
-        memcpy(&a, p, sizeof a);
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        if (n > 0 && a == NULL)
-            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
-        for (uint32_t k = 0; k < n; k++) {
-            char key[48];
-            snprintf(key, sizeof key, "%s[%u]", f->key, k);
-            if (a[k] == NULL)
-                return tide__fail(c, "field '%s%s' is NULL", c->path, key);
-            TIDE_CHECK(tide__check_str(c, f, a[k], strnlen(a[k], f->size + 1), f->size, key));
-        }
-        return TIDE_OK;
-    }
     case TIDE__K_STRUCT: {
         if (f->flags & TIDE__F_NULLABLE) {
             int has;
@@ -1298,38 +1253,108 @@ static tide_status validate_field(const tide__field *f, const void *base, tide__
         c->path[plen] = '\0';
         return rc;
     }
-    case TIDE__K_U64_BIN: {
-        uint32_t n = tide__load_count(base, f->count_off);
-        const uint64_t *a;
-        memcpy(&a, p, sizeof a);
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        if (n > 0 && a == NULL)
-            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+    default:
+        return tide__fail(c, "%s has an unknown kind", fn);
+    }
+}
+
+/* An array's count within its limit and its pointer set when it has entries; *out: the
+ * pointer (borrowed). */
+static tide_status array_head(const tide__field *f, const void *base, uint32_t n,
+                              const void **out, tide__ctx *c)
+{
+    char fnbuf[160];
+    memcpy(out, (const char *)base + f->off, sizeof *out);
+    if (n > f->cmax)
+        return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
+    if (n > 0 && *out == NULL)
+        return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+    return TIDE_OK;
+}
+
+/* A field of several values (int32s, fixed int64s, strings, uint64 bins, structs). */
+static tide_status validate_array(const tide__field *f, const void *base, tide__ctx *c)
+{
+    char fnbuf[160], want[96];
+    uint32_t n = 0;
+    const void *v;
+    switch (f->kind) {
+    case TIDE__K_I32_ARRAY: {
+        if (f->expect)
+            TIDE_CHECK(f->expect(base, c, &n));
+        else
+            n = tide__load_count(base, f->count_off);
+        if (f->count_off != TIDE__NO_OFF) {
+            TIDE_CHECK(array_head(f, base, n, &v, c));
+        } else { /* a count another field sets (expect) has no limit of its own */
+            memcpy(&v, (const char *)base + f->off, sizeof v);
+            if (n > 0 && v == NULL)
+                return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
+        }
+        const int32_t *a = v;
+        for (uint32_t k = 0; k < n; k++) {
+            if (!tide__int_in_range(f, a[k] < 0, a[k], a[k] < 0 ? 0 : (uint64_t)a[k]))
+                return tide__fail(c, "%s[%u] must be %s, got %d", fn, k,
+                                  tide__int_expect(f, want, sizeof want), a[k]);
+        }
         return TIDE_OK;
     }
-    case TIDE__K_STRUCT_ARRAY: {
-        uint32_t n = tide__load_count(base, f->count_off);
-        const char *a;
-        memcpy(&a, p, sizeof a);
-        if (n > f->cmax)
-            return tide__fail(c, "%s has %u entries, more than the limit of %u", fn, n, f->cmax);
-        if (n > 0 && a == NULL)
-            return tide__fail(c, "%s is NULL but needs %u entries", fn, n);
-        size_t plen = strlen(c->path);
+    case TIDE__K_I64_FIXED: {
+        n = tide__load_count(base, f->count_off);
+        if (n < f->cmin || n > f->cmax)
+            return tide__fail(c, "%s must have %u to %u entries, got %u", fn, f->cmin, f->cmax, n);
+        const int64_t *a = (const int64_t *)(const void *)((const char *)base + f->off);
+        for (uint32_t k = 0; k < n; k++)
+            if (a[k] < f->min)
+                return tide__fail(c, "%s[%u] must be %s, got %lld", fn, k,
+                                  tide__int_expect(f, want, sizeof want), (long long)a[k]);
+        return TIDE_OK;
+    }
+    case TIDE__K_STR_ARRAY: {
+        n = tide__load_count(base, f->count_off);
+        TIDE_CHECK(array_head(f, base, n, &v, c));
+        char *const *a = v;
         for (uint32_t k = 0; k < n; k++) {
+            char key[48];
+            snprintf(key, sizeof key, "%s[%u]", f->key, k);
+            if (a[k] == NULL)
+                return tide__fail(c, "field '%s%s' is NULL", c->path, key);
+            TIDE_CHECK(tide__check_str(c, f, a[k], strnlen(a[k], f->size + 1), f->size, key));
+        }
+        return TIDE_OK;
+    }
+    case TIDE__K_U64_BIN:
+        return array_head(f, base, tide__load_count(base, f->count_off), &v, c);
+    case TIDE__K_STRUCT_ARRAY: {
+        n = tide__load_count(base, f->count_off);
+        TIDE_CHECK(array_head(f, base, n, &v, c));
+        const char *a = v;
+        size_t plen = strlen(c->path);
+        tide_status rc = TIDE_OK;
+        for (uint32_t k = 0; k < n && rc == TIDE_OK; k++) {
             tide__path_index(c, plen, f->key, k);
-            tide_status rc = tide__validate_struct(f->sub, a + (size_t)k * f->sub->size, c);
-            if (rc != TIDE_OK) {
-                c->path[plen] = '\0';
-                return rc;
-            }
+            rc = tide__validate_struct(f->sub, a + (size_t)k * f->sub->size, c);
         }
         c->path[plen] = '\0';
-        return TIDE_OK;
+        return rc;
     }
+    default:
+        return tide__fail(c, "%s has an unknown kind", fn);
     }
-    return tide__fail(c, "%s has an unknown kind", fn);
+}
+
+static tide_status validate_field(const tide__field *f, const void *base, tide__ctx *c)
+{
+    switch (f->kind) {
+    case TIDE__K_I32_ARRAY:
+    case TIDE__K_I64_FIXED:
+    case TIDE__K_STR_ARRAY:
+    case TIDE__K_U64_BIN:
+    case TIDE__K_STRUCT_ARRAY:
+        return validate_array(f, base, c);
+    default:
+        return validate_scalar(f, base, c);
+    }
 }
 #undef fn
 
@@ -1498,34 +1523,11 @@ static int pack_key(msgpack_packer *pk, const char *key)
 static int encode_struct(const tide__schema *s, const void *base, msgpack_packer *pk, int top,
                          const char *type_name);
 
-static int encode_field(const tide__field *f, const void *base, msgpack_packer *pk)
+/* A field of several values: an array, or uint64s as one bin. 0, or -1 when the packer failed. */
+static int encode_array(const tide__field *f, const void *base, msgpack_packer *pk)
 {
     const char *p = (const char *)base + f->off;
     switch (f->kind) {
-    case TIDE__K_INT: {
-        int neg;
-        int64_t i;
-        uint64_t u;
-        tide__int_load(f, base, &neg, &i, &u);
-        return neg ? msgpack_pack_int64(pk, i) : msgpack_pack_uint64(pk, u);
-    }
-    case TIDE__K_DOUBLE: {
-        double d;
-        memcpy(&d, p, sizeof d);
-        return msgpack_pack_double(pk, d);
-    }
-    case TIDE__K_BOOL: {
-        int v;
-        memcpy(&v, p, sizeof v);
-        return v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    }
-    case TIDE__K_STR:
-        return pack_str(pk, p, strlen(p));
-    case TIDE__K_ENUM: {
-        int v;
-        memcpy(&v, p, sizeof v);
-        return pack_key(pk, f->names[v]);
-    }
     case TIDE__K_I32_ARRAY: {
         uint32_t n;
         if (f->expect) {
@@ -1582,14 +1584,6 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
         }
         return 0;
     }
-    case TIDE__K_STRUCT:
-        if (f->flags & TIDE__F_NULLABLE) {
-            int has;
-            memcpy(&has, (const char *)base + f->has_off, sizeof has);
-            if (!has)
-                return msgpack_pack_nil(pk);
-        }
-        return encode_struct(f->sub, p, pk, 0, NULL);
     case TIDE__K_STRUCT_ARRAY: {
         uint32_t n = tide__load_count(base, f->count_off);
         const char *a;
@@ -1601,8 +1595,50 @@ static int encode_field(const tide__field *f, const void *base, msgpack_packer *
                 return -1;
         return 0;
     }
+    default:
+        return -1;
     }
-    return -1;
+}
+
+static int encode_field(const tide__field *f, const void *base, msgpack_packer *pk)
+{
+    const char *p = (const char *)base + f->off;
+    switch (f->kind) {
+    case TIDE__K_INT: {
+        int neg;
+        int64_t i;
+        uint64_t u;
+        tide__int_load(f, base, &neg, &i, &u);
+        return neg ? msgpack_pack_int64(pk, i) : msgpack_pack_uint64(pk, u);
+    }
+    case TIDE__K_DOUBLE: {
+        double d;
+        memcpy(&d, p, sizeof d);
+        return msgpack_pack_double(pk, d);
+    }
+    case TIDE__K_BOOL: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        return v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    }
+    case TIDE__K_STR:
+        return pack_str(pk, p, strlen(p));
+    case TIDE__K_ENUM: {
+        int v;
+        memcpy(&v, p, sizeof v);
+        return pack_key(pk, f->names[v]);
+    }
+    case TIDE__K_STRUCT:
+        if (f->flags & TIDE__F_NULLABLE) {
+            int has;
+            memcpy(&has, (const char *)base + f->has_off, sizeof has);
+            if (!has)
+                return msgpack_pack_nil(pk);
+        }
+        return encode_struct(f->sub, p, pk, 0, NULL);
+    default:
+        return encode_array(f, base, pk);
+    }
 }
 
 /* 1 when field f of base is optional and 0: it is left out (peers of before it decode the

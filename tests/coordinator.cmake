@@ -11,7 +11,7 @@ if(TARGET tide_coord)
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c
-                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 60)
+                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 240)
   target_compile_definitions(test_coordinator_server PRIVATE
                              TIDED_PATH="$<TARGET_FILE:tided>"
                              TIDECTL_PATH="$<TARGET_FILE:tidectl>")

@@ -139,6 +139,33 @@ static void put_workers(text *t, tide_coord_state_t *st)
                 (long long)st->workers[i].step);
 }
 
+/* The jobs by kind and state, and each online job's generation and step. */
+static void put_jobs(text *t, const tide_coord_state_t *st)
+{
+    size_t jobs[2][8] = {{0}};
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if ((unsigned)st->jobs[i]->state < 8)
+            jobs[st->jobs[i]->kind == TIDE_CJOB_ONLINE ? 0 : 1][st->jobs[i]->state]++;
+    put(t, "# HELP tide_jobs Jobs by kind and state.\n# TYPE tide_jobs gauge\n");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 8; i++)
+            if (jobs[k][i])
+                put(t, "tide_jobs{kind=\"%s\",state=\"%s\"} %zu\n", k ? "offline" : "online",
+                    tide_jstate_name((tide_jstate)i), jobs[k][i]);
+    put(t, "# HELP tide_job_generation Committed layout generation of each online job.\n"
+           "# TYPE tide_job_generation gauge\n");
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
+            put(t, "tide_job_generation{job=\"%s\"} %llu\n", st->jobs[i]->name,
+                (unsigned long long)st->jobs[i]->generation);
+    put(t, "# HELP tide_job_step Steps completed by each online job.\n"
+           "# TYPE tide_job_step gauge\n");
+    for (size_t i = 0; i < st->n_jobs; i++)
+        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
+            put(t, "tide_job_step{job=\"%s\"} %lld\n", st->jobs[i]->name,
+                (long long)st->jobs[i]->step);
+}
+
 tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
 {
     tide_coord_state_t *st = s->st;
@@ -155,28 +182,7 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
     for (int i = 0; i <= TIDE_WS_LEFT; i++)
         put(&t, "tide_gpus{state=\"%s\"} %zu\n", tide_wstate_name((tide_wstate)i), by_state[i]);
     put_workers(&t, st);
-    size_t jobs[2][8] = {{0}};
-    for (size_t i = 0; i < st->n_jobs; i++)
-        if ((unsigned)st->jobs[i]->state < 8)
-            jobs[st->jobs[i]->kind == TIDE_CJOB_ONLINE ? 0 : 1][st->jobs[i]->state]++;
-    put(&t, "# HELP tide_jobs Jobs by kind and state.\n# TYPE tide_jobs gauge\n");
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 8; i++)
-            if (jobs[k][i])
-                put(&t, "tide_jobs{kind=\"%s\",state=\"%s\"} %zu\n", k ? "offline" : "online",
-                    tide_jstate_name((tide_jstate)i), jobs[k][i]);
-    put(&t, "# HELP tide_job_generation Committed layout generation of each online job.\n"
-            "# TYPE tide_job_generation gauge\n");
-    for (size_t i = 0; i < st->n_jobs; i++)
-        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
-            put(&t, "tide_job_generation{job=\"%s\"} %llu\n", st->jobs[i]->name,
-                (unsigned long long)st->jobs[i]->generation);
-    put(&t, "# HELP tide_job_step Steps completed by each online job.\n"
-            "# TYPE tide_job_step gauge\n");
-    for (size_t i = 0; i < st->n_jobs; i++)
-        if (st->jobs[i]->kind == TIDE_CJOB_ONLINE)
-            put(&t, "tide_job_step{job=\"%s\"} %lld\n", st->jobs[i]->name,
-                (long long)st->jobs[i]->step);
+    put_jobs(&t, st);
     const tide_coord_counters *c = &st->counters;
     put(&t,
         "# HELP tide_resizes_total Layout switches by result.\n# TYPE tide_resizes_total counter\n"
@@ -210,10 +216,10 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
         (unsigned long long)c->resizes_committed, (unsigned long long)c->resizes_aborted,
         (unsigned long long)c->recoveries, (unsigned long long)c->bytes_resharded,
         (double)s->bubbles.bubble_ns / 1e9, (double)s->bubbles.filled_ns / 1e9,
-        (unsigned long long)c->preemptions,
-        (unsigned long long)c->requests, (unsigned long long)c->heartbeats,
-        (unsigned long long)c->heartbeat_msgs, (unsigned long long)c->bad_requests,
-        (unsigned long long)c->denied, (unsigned long long)c->clients_cut);
+        (unsigned long long)c->preemptions, (unsigned long long)c->requests,
+        (unsigned long long)c->heartbeats, (unsigned long long)c->heartbeat_msgs,
+        (unsigned long long)c->bad_requests, (unsigned long long)c->denied,
+        (unsigned long long)c->clients_cut);
     put_resize_histogram(&t, c);
     put(&t,
         "# HELP tide_busy_refusals_total Requests refused because their client used its share "
@@ -242,4 +248,3 @@ tide_status tide__metrics_render(tide_server_t *s, char **out, size_t *len)
     *len = t.len;
     return TIDE_OK;
 }
-

@@ -1260,8 +1260,8 @@ static tide_status validate_scalar(const tide__field *f, const void *base, tide_
 
 /* An array's count within its limit and its pointer set when it has entries; *out: the
  * pointer (borrowed). */
-static tide_status array_head(const tide__field *f, const void *base, uint32_t n,
-                              const void **out, tide__ctx *c)
+static tide_status array_head(const tide__field *f, const void *base, uint32_t n, const void **out,
+                              tide__ctx *c)
 {
     char fnbuf[160];
     memcpy(out, (const char *)base + f->off, sizeof *out);

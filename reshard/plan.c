@@ -1129,37 +1129,30 @@ static tide_status sort_act(planner *pl)
     return TIDE_OK;
 }
 
-static tide_status balance(planner *pl)
+/* The members of each active node (a node holding volume), ascending rank (= ascending
+ * worker id), and the planner's per-member arrays; *max_m: the most members of one node. */
+static tide_status gather_members(planner *pl, uint32_t *max_m)
 {
-    tide_status rc = TIDE_OK;
     const tide_layout_t *o = pl->o;
     size_t n_act = 0, n_mem = 0;
-    uint32_t max_m = 1;
+    *max_m = 1;
     for (size_t id = 0; id < pl->n_nodes; id++) {
         if (pl->vol[id] == 0)
             continue;
         n_act++;
         n_mem += pl->alive_cnt[id];
-        if (pl->alive_cnt[id] > max_m)
-            max_m = pl->alive_cnt[id];
+        if (pl->alive_cnt[id] > *max_m)
+            *max_m = pl->alive_cnt[id];
     }
     pl->ns = pl_calloc(pl, pl->n_nodes, sizeof *pl->ns);
-    TIDE_CHECK_ALLOC_GOTO(pl->ns, rc, out);
     pl->act = pl_calloc(pl, n_act, sizeof *pl->act);
-    TIDE_CHECK_ALLOC_GOTO(pl->act, rc, out);
     pl->mem = pl_calloc(pl, n_mem, sizeof *pl->mem);
-    TIDE_CHECK_ALLOC_GOTO(pl->mem, rc, out);
     pl->quota = pl_calloc(pl, n_mem, sizeof *pl->quota);
-    TIDE_CHECK_ALLOC_GOTO(pl->quota, rc, out);
     pl->snd = pl_calloc(pl, n_mem, sizeof *pl->snd);
-    TIDE_CHECK_ALLOC_GOTO(pl->snd, rc, out);
     pl->sq = pl_calloc(pl, n_mem, sizeof *pl->sq);
-    TIDE_CHECK_ALLOC_GOTO(pl->sq, rc, out);
-    uint64_t *lchg = NULL, *pstep = NULL; /* step a rank's load last moved; a node's last pour */
-    level *tmp = pl_calloc(pl, max_m, sizeof *tmp);
-    TIDE_CHECK_ALLOC_GOTO(tmp, rc, out);
-
-    /* Members of each active node, ascending rank (= ascending worker id). */
+    if (pl->ns == NULL || pl->act == NULL || pl->mem == NULL || pl->quota == NULL ||
+        pl->snd == NULL || pl->sq == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for %zu holder nodes", n_act);
     size_t at = 0;
     for (size_t id = 0; id < pl->n_nodes; id++) {
         if (pl->vol[id] == 0)
@@ -1182,16 +1175,24 @@ static tide_status balance(planner *pl)
         ns->m_n = (uint32_t)(at - ns->m_off);
         tide_sort_u32(pl->mem + ns->m_off, ns->m_n);
     }
-    TIDE_CHECK_GOTO(sort_act(pl), rc, out_tmp);
+    return sort_act(pl);
+}
 
-    /* Pass 0 pours smallest nodes first; later passes re-pour each node given the others.
-     * A node none of whose members' loads moved since its last pour would pour the same
-     * quotas again (pour depends only on those loads), so it is skipped: the quotas are
-     * the same as re-pouring every node, at a fraction of the sorting. */
-    lchg = pl_calloc(pl, pl->nr ? pl->nr : 1, sizeof *lchg);
-    TIDE_CHECK_ALLOC_GOTO(lchg, rc, out_tmp);
-    pstep = pl_calloc(pl, pl->n_act ? pl->n_act : 1, sizeof *pstep);
-    TIDE_CHECK_ALLOC_GOTO(pstep, rc, out_tmp);
+/* Pass 0 pours smallest nodes first; later passes re-pour each node given the others.
+ * A node none of whose members' loads moved since its last pour would pour the same
+ * quotas again (pour depends only on those loads), so it is skipped: the quotas are
+ * the same as re-pouring every node, at a fraction of the sorting. */
+static tide_status pour_passes(planner *pl, uint32_t max_m)
+{
+    tide_status rc = TIDE_OK;
+    level *tmp = pl_calloc(pl, max_m, sizeof *tmp);
+    /* the step a rank's load last moved; a node's last pour */
+    uint64_t *lchg = pl_calloc(pl, pl->nr ? pl->nr : 1, sizeof *lchg);
+    uint64_t *pstep = pl_calloc(pl, pl->n_act ? pl->n_act : 1, sizeof *pstep);
+    if (tmp == NULL || lchg == NULL || pstep == NULL) {
+        rc = tide_errorf(TIDE_ERR_NOMEM, "out of memory balancing %zu holder nodes", pl->n_act);
+        goto out;
+    }
     uint64_t step = 0;
     for (int pass = 0; pass <= MAX_BALANCE_PASSES; pass++) {
         int changed = 0;
@@ -1221,9 +1222,17 @@ static tide_status balance(planner *pl)
         if (!changed || pass == MAX_BALANCE_PASSES)
             break;
     }
+out:
+    tide_free(tmp);
+    tide_free(lchg);
+    tide_free(pstep);
+    return rc;
+}
 
-    /* Senders: members with a positive quota, ascending worker id. */
-    at = 0;
+/* Senders: members with a positive quota, ascending worker id. */
+static void list_senders(planner *pl)
+{
+    size_t at = 0;
     for (size_t k = 0; k < pl->n_act; k++) {
         node_state *ns = &pl->ns[pl->act[k]];
         ns->s_off = (uint32_t)at;
@@ -1237,12 +1246,15 @@ static tide_status balance(planner *pl)
         }
         ns->s_n = (uint32_t)(at - ns->s_off);
     }
-out_tmp:
-    tide_free(tmp);
-    tide_free(lchg);
-    tide_free(pstep);
-out:
-    return rc;
+}
+
+static tide_status balance(planner *pl)
+{
+    uint32_t max_m;
+    TIDE_CHECK(gather_members(pl, &max_m));
+    TIDE_CHECK(pour_passes(pl, max_m));
+    list_senders(pl);
+    return TIDE_OK;
 }
 
 /* Ceil(a / b) with b > 0. */

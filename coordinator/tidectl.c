@@ -171,14 +171,17 @@ static const command_t commands[] = {
      1,
      {WAIT_OPTS("the job's switch off the worker (none: nothing to wait for)"), OPT_END}},
     {"grow",
-     "grow JOB --nodes N",
+     "grow JOB --nodes N [--wait [--wait-ms MS]]",
      "ask tided's provider of nodes (tided --provider slurm) for N more nodes: the job's batch "
      "script is submitted again, and its pools join the job when Slurm starts them; tidectl "
      "events says when they are pending, start or are refused",
      tidectl__cmd_grow,
      1,
      1,
-     {{"nodes", NULL, TIDE_OPT_INT, V(nodes), "1", "nodes to add", 1, 4096}, OPT_END}},
+     {{"nodes", NULL, TIDE_OPT_INT, V(nodes), "1", "nodes to add", 1, 4096},
+      WAIT_OPTS("the switch onto the new nodes (or the refusal or end of the allocation asked "
+                "for)"),
+      OPT_END}},
     {"checkpoint",
      "checkpoint JOB [--dir ROOT] [--json]",
      "have a running job save a checkpoint (asynchronously, at a step its ranks have not "

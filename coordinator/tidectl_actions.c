@@ -88,8 +88,8 @@ int tidectl__cmd_resize(settings_t *s, int argc, char **argv, FILE *out, FILE *e
         tidectl_print_resize(out, &rep.u.resize_reply, s->json);
         if (s->wait && !rep.u.resize_reply.dry_run) {
             fflush(out);
-            rc = tidectl__wait_switch(s, rep.u.resize_reply.job, rep.u.resize_reply.layout.gen,
-                                      out, err);
+            rc = tidectl__wait_switch(s, rep.u.resize_reply.job, rep.u.resize_reply.layout.gen, out,
+                                      err);
         }
         tide_msg_clear(&rep);
     }
@@ -242,9 +242,16 @@ int tidectl__cmd_grow(settings_t *s, int argc, char **argv, FILE *out, FILE *err
     tide_msg_init(&req, TIDE_MSG_GROW);
     int rc = tidectl__copy_job(err, "grow", "JOB", argv[0], req.u.grow.job);
     req.u.grow.nodes = (int)s->nodes;
+    uint64_t since_id = 0; /* --wait: what happens after the request, not an earlier grow's end */
+    if (rc == TIDECTL_EXIT_OK && s->wait)
+        rc = tidectl__newest_event(s, &since_id, err);
     if (rc == TIDECTL_EXIT_OK)
         rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_OK, err);
-    return rc == TIDECTL_EXIT_OK ? print_ok(s, &rep, out, "growing") : rc;
+    if (rc == TIDECTL_EXIT_OK)
+        rc = print_ok(s, &rep, out, "growing");
+    return rc == TIDECTL_EXIT_OK && s->wait
+               ? tidectl__wait_grow(s, req.u.grow.job, since_id, out, err)
+               : rc;
 }
 
 int tidectl__cmd_checkpoint(settings_t *s, int argc, char **argv, FILE *out, FILE *err)

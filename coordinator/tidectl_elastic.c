@@ -180,11 +180,11 @@ typedef struct progress {
     char last[48];
 } progress;
 
-static void progress_show(progress *p, const char *job, uint64_t gen, FILE *err)
+static void progress_show(progress *p, const char *what, FILE *err)
 {
     if (!p->on)
         return;
-    fprintf(err, "\r\033[Ktidectl: waiting for generation %" PRIu64 " of %s: %.1f s%s%s", gen, job,
+    fprintf(err, "\r\033[Ktidectl: waiting for %s: %.1f s%s%s", what,
             (double)(tide_now_ns() - p->t0) / 1e9, p->last[0] ? ", last event " : "", p->last);
     fflush(err);
 }
@@ -195,16 +195,27 @@ static void progress_end(progress *p, FILE *err)
         fputs("\r\033[K", err);
 }
 
-int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)
+/* What a wait waits for: the job, its words for messages, and the row that ends it. */
+typedef struct waiter {
+    const char *job;
+    char what[TIDE_PROTO_NAME_MAX + 64]; /* "generation 3 of mlp" */
+    uint64_t gen;                        /* the switch waited for (wait_switch) */
+    /* -1 when row does not end the wait; else the exit code, its end printed */
+    int (*end)(settings_t *s, const struct waiter *w, const tide_proto_event_row_t *row, FILE *out,
+               FILE *err);
+} waiter;
+
+/* Follows tided's events after event since_id (0: the last WAIT_LOOKBACK ms) until w's end
+   or s->wait_ms. Blocks. */
+static int follow(settings_t *s, const waiter *w, uint64_t since_id, FILE *out, FILE *err)
 {
     progress pr = {.on = isatty(fileno(err)) && !s->json, .t0 = tide_now_ns()};
     conn_t c;
     int rc = tidectl__conn_open(&c, s, err);
-    uint64_t since_id = 0;
-    int64_t since_ms = tide_wall_ms() - WAIT_LOOKBACK;
+    int64_t since_ms = since_id ? 0 : tide_wall_ms() - WAIT_LOOKBACK;
     uint64_t deadline = tide_now_ns() + (uint64_t)s->wait_ms * 1000000ull;
     if (rc == TIDECTL_EXIT_OK)
-        progress_show(&pr, job, gen, err);
+        progress_show(&pr, w->what, err);
     while (rc == TIDECTL_EXIT_OK) {
         tide_msg_t req, rep;
         tide_msg_init(&req, TIDE_MSG_EVENTS);
@@ -215,21 +226,22 @@ int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out
         rc = tidectl__conn_call(&c, &req, &rep, err);
         if (rc == TIDECTL_EXIT_OK && rep.type != TIDE_MSG_EVENTS_REPLY) {
             progress_end(&pr, err);
-            fprintf(err, "tidectl: waiting for generation %" PRIu64 ": %s\n", gen,
+            fprintf(err, "tidectl: waiting for %s: %s\n", w->what,
                     rep.type == TIDE_MSG_ERROR ? rep.u.error.message : "unexpected reply");
             rc = TIDECTL_EXIT_REFUSED;
         }
         const tide_proto_events_reply_t *er = &rep.u.events_reply;
         for (uint32_t i = 0; rc == TIDECTL_EXIT_OK && i < er->n_rows; i++) {
             since_id = er->rows[i].id;
-            if (strcmp(er->rows[i].job, job) == 0)
-                snprintf(pr.last, sizeof pr.last, "%.47s", er->rows[i].kind);
-            if (ends(&er->rows[i], job, gen)) {
-                progress_end(&pr, err);
-                rc = print_end(s, &er->rows[i], gen, out, err);
+            if (strcmp(er->rows[i].job, w->job) != 0)
+                continue;
+            snprintf(pr.last, sizeof pr.last, "%.47s", er->rows[i].kind);
+            progress_end(&pr, err);
+            int end = w->end(s, w, &er->rows[i], out, err);
+            if (end >= 0) {
                 tide_msg_clear(&rep);
                 tidectl__conn_close(&c);
-                return rc;
+                return end;
             }
         }
         int full = rc == TIDECTL_EXIT_OK && er->n_rows == WAIT_PAGE_ROWS;
@@ -237,16 +249,79 @@ int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out
         if (rc == TIDECTL_EXIT_OK && !full && tide_now_ns() > deadline) {
             progress_end(&pr, err);
             fprintf(err,
-                    "tidectl: generation %" PRIu64 " of %s neither committed nor aborted "
-                    "within %lld ms (tidectl events shows where it is)\n",
-                    gen, job, s->wait_ms);
+                    "tidectl: %s did not end within %lld ms (tidectl events shows where it is)\n",
+                    w->what, s->wait_ms);
             rc = TIDECTL_EXIT_TIMEOUT;
         } else if (rc == TIDECTL_EXIT_OK && !full) {
-            progress_show(&pr, job, gen, err);
+            progress_show(&pr, w->what, err);
             tide_sleep_ms(WAIT_POLL_MS);
         }
     }
     progress_end(&pr, err);
     tidectl__conn_close(&c);
     return rc;
+}
+
+static int switch_end(settings_t *s, const waiter *w, const tide_proto_event_row_t *row, FILE *out,
+                      FILE *err)
+{
+    return ends(row, w->job, w->gen) ? print_end(s, row, w->gen, out, err) : -1;
+}
+
+int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err)
+{
+    waiter w = {.job = job, .gen = gen, .end = switch_end};
+    snprintf(w.what, sizeof w.what, "generation %" PRIu64 " of %s", gen, job);
+    return follow(s, &w, 0, out, err);
+}
+
+/* ---- grow --wait ----------------------------------------------------------------------------- */
+
+static int workers_of(int dp, int tp, int pp)
+{
+    return dp * (tp > 0 ? tp : 1) * (pp > 0 ? pp : 1);
+}
+
+/* A grow ends when a switch of the job to more workers commits or aborts, or when what
+   tided asked of its provider ends without one (refused, skipped, cancelled, ended). */
+static int grow_end(settings_t *s, const waiter *w, const tide_proto_event_row_t *row, FILE *out,
+                    FILE *err)
+{
+    static const char *const failed[] = {"grow_refused", "grow_skipped", "allocation_cancelled",
+                                         "allocation_ended"};
+    const tide_proto_event_fields_t *f = &row->fields;
+    int grows = workers_of(f->dp, f->tp, f->pp) > workers_of(f->from_dp, f->from_tp, f->from_pp);
+    if ((strcmp(row->kind, "resized") == 0 || strcmp(row->kind, "resize_aborted") == 0) && grows)
+        return print_end(s, row, f->gen, out, err);
+    for (size_t i = 0; i < sizeof failed / sizeof failed[0]; i++) {
+        if (strcmp(row->kind, failed[i]) != 0)
+            continue;
+        char why[TIDE_PROTO_TEXT_MAX + 2];
+        tidectl__term_str(f->reason[0] ? f->reason : row->detail, sizeof why - 1, why, sizeof why);
+        fprintf(err, "tidectl: %s ended without growing (%s): %s\n", w->what, row->kind, why);
+        return TIDECTL_EXIT_ABORTED;
+    }
+    return -1;
+}
+
+int tidectl__wait_grow(settings_t *s, const char *job, uint64_t since_id, FILE *out, FILE *err)
+{
+    waiter w = {.job = job, .end = grow_end};
+    snprintf(w.what, sizeof w.what, "the grow of %s", job);
+    fflush(out);
+    return follow(s, &w, since_id, out, err);
+}
+
+int tidectl__newest_event(settings_t *s, uint64_t *id, FILE *err)
+{
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_EVENTS);
+    req.u.events.newest = 1;
+    req.u.events.limit = 1;
+    int rc = tidectl__call_once(s, &req, &rep, TIDE_MSG_EVENTS_REPLY, err);
+    if (rc != TIDECTL_EXIT_OK)
+        return rc;
+    *id = rep.u.events_reply.n_rows > 0 ? rep.u.events_reply.rows[0].id : 0;
+    tide_msg_clear(&rep);
+    return TIDECTL_EXIT_OK;
 }

@@ -101,6 +101,16 @@ tidectl__cmd_fn tidectl__cmd_bounds, tidectl__cmd_priority, tidectl__cmd_pin,
    s->wait_ms. Blocks. */
 int tidectl__wait_switch(settings_t *s, const char *job, uint64_t gen, FILE *out, FILE *err);
 
+/* grow --wait: follows the job's events after event since_id until a switch to more workers
+   commits (its downtime and bytes; 0) or aborts, or what tided asked of its provider ends
+   without one (refused, skipped, cancelled: the reason on err; both TIDECTL_EXIT_ABORTED);
+   TIDECTL_EXIT_TIMEOUT after s->wait_ms. Blocks. */
+int tidectl__wait_grow(settings_t *s, const char *job, uint64_t since_id, FILE *out, FILE *err);
+
+/* The id of tided's newest event (0: none yet) into *id, for a wait that must not take an
+   older event for its end. Blocks for one request. */
+int tidectl__newest_event(settings_t *s, uint64_t *id, FILE *err);
+
 /* --wait after a request tided answered with ok: follows the switch it started (gen; 0:
    none, said on out) with tidectl__wait_switch; TIDECTL_EXIT_OK at once without --wait.
    Blocks. */

@@ -7,10 +7,10 @@
 #           (tide-slurm-pools): the first pool starts the job, the second joins and tided
 #           grows the job onto it (dp 2 over h1 and h2); tidectl status and jobs name the
 #           Slurm job of every worker.
-#   grow    `tidectl grow JOB --nodes 1`: tided submits the batch script again (sbatch
+#   grow    `tidectl grow JOB --nodes 1 --wait`: tided submits the batch script again (sbatch
 #           -N 1), Slurm starts it on the free node, its pool joins and tided grows the job
 #           onto it (dp 3); printed: the time from the command to the commit.
-#   refuse  `tidectl grow JOB --nodes 5` (3 nodes in the partition): refused with an event
+#   refuse  `tidectl grow JOB --nodes 5 --wait` (3 nodes in the partition): exit 6, and an event
 #           naming the partition limit (Slurm says PartitionConfig or PartitionNodeLimit), the
 #           allocation cancelled, nothing waits; `--nodes
 #           2` with no free node: an event says it waits for free nodes, and tided cancels
@@ -59,10 +59,13 @@ for p in $(pgrep -x train_mlp); do
 done
 [ "$n" -eq 2 ] || fail "$n ranks of the job found, not 2"
 
-note "grow: tidectl grow $JOB --nodes 1"
+note "grow: tidectl grow $JOB --nodes 1 --wait"
 t0=$(date +%s%3N)
-ctl ops grow $JOB --nodes 1
-wait_event $JOB allocation_submitted 1 30
+# --wait blocks until the switch onto the new allocation's pool commits
+ctl ops grow $JOB --nodes 1 --wait --wait-ms 180000 >"$MH_TMP/grow.out" ||
+  fail "tidectl grow --wait failed: $(cat "$MH_TMP/grow.out")"
+grep -q "^generation [0-9]* committed after step" "$MH_TMP/grow.out" ||
+  fail "tidectl grow --wait did not print the commit: $(cat "$MH_TMP/grow.out")"
 B=$(job_events $JOB | grep '"kind":"allocation_submitted"' | sed -n 's/.*Slurm job \([0-9]*\):.*/\1/p' | head -1)
 [ -n "$B" ] || fail "no Slurm job id in the submission event"
 wait_event $JOB allocation_started 1 60
@@ -72,8 +75,12 @@ echo "grow onto a new Slurm allocation ($B): $((t1 - t0)) ms from tidectl grow t
 sl_wait_hosts $JOB "h1 h2 h3 " 60
 [ "$(squeue -h -j "$B" -o %u)" = "$SL_USER" ] || fail "tided's allocation is not $SL_USER's"
 
-note "refuse: more nodes than the partition has"
-ctl ops grow $JOB --nodes 5
+note "refuse: more nodes than the partition has (--wait: exit 6 with Slurm's reason)"
+rc=0
+ctl ops grow $JOB --nodes 5 --wait --wait-ms 60000 >/dev/null 2>"$MH_TMP/err" || rc=$?
+[ "$rc" -eq 6 ] || fail "tidectl grow --wait of a refused grow exited $rc, not 6: $(cat "$MH_TMP/err")"
+grep -q "ended without growing (grow_refused).*Partition" "$MH_TMP/err" ||
+  fail "tidectl grow --wait does not say why: $(cat "$MH_TMP/err")"
 wait_event $JOB grow_refused 1 30
 job_events $JOB | grep '"kind":"grow_refused"' | grep -q "Partition\(NodeLimit\|Config\) (more nodes" ||
   fail "the refusal does not name the partition limit: $(job_events $JOB | grep grow_refused)"

@@ -19,16 +19,32 @@
  *     sequentially (the disk's own speed), the page cache dropped for those files
  *     (posix_fadvise DONTNEED after fsync) before every measurement. Goal: >= 0.8.
  *
+ *  3. Step rate with a full checkpoint disk: a train_mlp --tide job under tided, dp 2 with
+ *     ZeRO-1 (each rank writes a shard), paced to --disk-pace-ms a step as a job whose
+ *     steps run on devices, saving asynchronously every --disk-every steps, three ways
+ *     interleaved, each the median of --disk-reps runs: no saves, saves to a working
+ *     disk, and saves where rank 1's checkpoint root is a 2 MiB tmpfs full to the last
+ *     byte (rank 1 in a mount namespace of its own: `unshare -m`, so it needs root; the
+ *     part prints "skipped" otherwise). Rank 1's shards fail with ENOSPC and the
+ *     publisher gives up waiting for them after TIDE_CKPT_TIMEOUT_MS (--disk-timeout-ms).
+ *     The rate is steps per second from step start to step start in the job's
+ *     --trace-out, as the user sees it (whatever the saves take from the loop included).
+ *     Goal: full / working >= 0.90.
+ *
  *   build/benchmarks/ckpt_bench [--reps 3] [--steps 100] [--every 5] [--hidden 512] [--ranks 1]
- *                               [--load-hidden 768] [--work DIR] [--out PATH]
+ *                               [--load-hidden 768] [--disk-reps 3] [--disk-steps 120]
+ *                               [--disk-every 10] [--disk-only] [--work DIR] [--out PATH]
  * Prints a table and writes bench-out/ckpt_bench.json.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "benchmarks/bench_out.h"
@@ -38,6 +54,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/opts.h"
+#include "tests/coord_harness.h"
 
 #define PROG "ckpt_bench"
 
@@ -289,10 +306,294 @@ static int make_checkpoint(const char *root, long long hidden, tide_collection_t
     return rc;
 }
 
+/* ---- 3. step rate with a full checkpoint disk ----------------------------------------- */
+
+typedef struct disk_args {
+    const char *work, *endpoint, *wrap;
+    long long steps, every, hidden, pace_ms, timeout_ms;
+} disk_args;
+
+enum { DISK_NONE, DISK_OK, DISK_FULL, DISK_MODES };
+static const char *const disk_mode_name[DISK_MODES] = {"none", "working", "full"};
+
+/* Writes the rank wrapper: rank 1 runs in a mount namespace of its own where a 2 MiB
+   tmpfs full to the last byte lies over the checkpoint root ($CKB_FULL_ROOT, set for the
+   full-disk runs only); every rank of every mode goes through it alike. */
+static int write_wrapper(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        perror(PROG ": the rank wrapper");
+        return -1;
+    }
+    fputs("#!/bin/sh\n"
+          "if [ -n \"${CKB_FULL_ROOT:-}\" ] && [ \"${OMPI_COMM_WORLD_RANK:-}\" = 1 ]; then\n"
+          "  exec unshare -m --propagation private sh -c 'mount -t tmpfs -o size=2m "
+          "ckpt-bench-full \"$0\" || exit 99\n"
+          "    dd if=/dev/zero of=\"$0/fill\" bs=64k > /dev/null 2>&1\n"
+          "    exec \"$@\"' \"$CKB_FULL_ROOT\" \"$@\"\n"
+          "fi\n"
+          "exec \"$@\"\n",
+          f);
+    fclose(f);
+    return chmod(path, 0755);
+}
+
+/* Whether this process may mount a tmpfs in a mount namespace of its own (root, and
+   mounts not refused by a container); *why gets the reason when not. */
+static int can_mount_tmpfs(const char *work, const char **why)
+{
+    if (geteuid() != 0) {
+        *why = "not root";
+        return 0;
+    }
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/probe' && unshare -m --propagation private sh -c "
+             "'mount -t tmpfs -o size=64k ckpt-bench-probe \"%s/probe\"' > /dev/null 2>&1",
+             work, work);
+    if (system(cmd) != 0) {
+        *why = "unshare -m with a tmpfs mount was refused";
+        return 0;
+    }
+    return 1;
+}
+
+/* Steps per second from step start to step start in a --trace-out file, over the steps
+   from `skip` on (the first ones pay for warm-up): what the user sees, saves included. */
+static double trace_rate(const char *path, long long skip, long long *n_out)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    char line[512];
+    long long step, gen, n = 0;
+    long long t0, t1, first = -1, last = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "step %lld gen %lld start_us %lld end_us %lld", &step, &gen, &t0, &t1) !=
+                4 ||
+            step < skip)
+            continue;
+        if (first < 0)
+            first = t0;
+        last = t0;
+        n++;
+    }
+    fclose(f);
+    *n_out = n;
+    return n > 1 && last > first ? (double)(n - 1) / ((double)(last - first) * 1e-6) : -1;
+}
+
+/* Whether a full-disk run's log shows why it exited non-zero: its saves failed, as
+   reported at the end (tide_checkpoint_wait), after its steps were trained. */
+static int failed_on_disk(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    char line[2048];
+    int yes = 0;
+    while (f != NULL && !yes && fgets(line, sizeof line, f) != NULL)
+        yes = strstr(line, "No space left on device") != NULL ||
+              strstr(line, "was not written within") != NULL;
+    if (f != NULL)
+        fclose(f);
+    return yes;
+}
+
+/* One --tide job of a->steps steps, dp 2 with ZeRO-1 (each rank writes a shard), paced
+   to a->pace_ms a step, in mode DISK_*; *rate gets its steps/s. */
+static int disk_once(const disk_args *a, int mode, int rep, double *rate)
+{
+    char root[1024], log[1024], trace[1024], job[64];
+    snprintf(root, sizeof root, "%s/disk-%d-%d", a->work, mode, rep);
+    snprintf(log, sizeof log, "%s/disk-%d-%d.log", a->work, mode, rep);
+    snprintf(trace, sizeof trace, "%s/disk-%d-%d.trace", a->work, mode, rep);
+    snprintf(job, sizeof job, "ckpt-bench-%s-%d", disk_mode_name[mode], rep);
+    mkdir(root, 0755);
+    bench_cmd c;
+    bench_mpirun(&c, MPIRUN_PATH, 2);
+    bench_add(&c, "-x");
+    bench_add(&c, "CKB_FULL_ROOT");
+    bench_add(&c, "-x");
+    bench_add(&c, "TIDE_CKPT_TIMEOUT_MS");
+    bench_add(&c, a->wrap);
+    bench_add(&c, TRAIN_MLP_PATH);
+    bench_add(&c, "--tide");
+    bench_add(&c, "--endpoint");
+    bench_add(&c, a->endpoint);
+    bench_add(&c, "--job");
+    bench_add(&c, job);
+    bench_addf(&c, "--dp", 2);
+    bench_add(&c, "--zero1");
+    bench_addf(&c, "--layers", 4);
+    bench_addf(&c, "--hidden", a->hidden);
+    bench_addf(&c, "--ffn", 2 * a->hidden);
+    bench_addf(&c, "--seq", 8);
+    bench_addf(&c, "--global-batch", 16);
+    bench_addf(&c, "--micro-batches", 2);
+    bench_addf(&c, "--steps", a->steps);
+    bench_addf(&c, "--pace-ms", a->pace_ms);
+    bench_addf(&c, "--print-every", 1000000);
+    bench_add(&c, "--trace-out");
+    bench_add(&c, trace);
+    if (mode != DISK_NONE) {
+        bench_add(&c, "--ckpt-save");
+        bench_add(&c, root);
+        bench_addf(&c, "--ckpt-every", a->every);
+        bench_addf(&c, "--ckpt-keep", 2);
+    }
+    char tmo[32];
+    snprintf(tmo, sizeof tmo, "%lld", a->timeout_ms);
+    setenv("TIDE_CKPT_TIMEOUT_MS", tmo, 1);
+    setenv("CKB_FULL_ROOT", mode == DISK_FULL ? root : "", 1);
+    pid_t pid = bench_spawn_logged(PROG, c.argv, log);
+    unsetenv("CKB_FULL_ROOT");
+    unsetenv("TIDE_CKPT_TIMEOUT_MS");
+    if (pid < 0)
+        return -1;
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    long long n = 0;
+    *rate = trace_rate(trace, 5, &n);
+    if (!ok && mode == DISK_FULL && n >= a->steps - 5 && failed_on_disk(log))
+        ok = 1; /* trained every step; the failed saves reported at the end */
+    if (!ok || *rate <= 0) {
+        fprintf(stderr, "%s: the %s-disk run failed (status %d, %lld steps traced); the end of %s:\n",
+                PROG, disk_mode_name[mode], st, n, log);
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "tail -15 '%s' >&2", log);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(could not show %s)\n", log);
+        return -1;
+    }
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "%s: could not remove %s\n", PROG, root);
+    return 0;
+}
+
+typedef struct disk_result {
+    const char *skipped; /* why part 3 did not run (NULL: it ran) */
+    double rate[DISK_MODES]; /* median steps/s */
+    double ratio;            /* full / working */
+} disk_result;
+
+/* Part 3: tided, then the three modes interleaved a->reps times (so that the machine's
+   load weighs on each alike); medians into *r. */
+static int disk_part(disk_args *a, long long reps, disk_result *r)
+{
+    memset(r, 0, sizeof *r);
+    char wrap[1024];
+    snprintf(wrap, sizeof wrap, "%s/rank-wrap.sh", a->work);
+    a->wrap = wrap;
+    if (!can_mount_tmpfs(a->work, &r->skipped))
+        return 0;
+    if (write_wrapper(wrap) != 0)
+        return -1;
+    coord_proc cp;
+    const char *const flags[] = {"--heartbeat-ms", "100", "--miss-limit", "50", NULL};
+    /* tided's log (its warnings about a starved CPU on a busy machine) into a file */
+    char tlog[1024];
+    snprintf(tlog, sizeof tlog, "%s/tided.log", a->work);
+    fflush(stderr);
+    int saved = dup(2), lfd = open(tlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (lfd >= 0)
+        dup2(lfd, 2);
+    int started = coord_tmpdir(&cp) == 0 && coord_start(&cp, TIDED_PATH, flags, NULL) == 0;
+    if (saved >= 0) {
+        dup2(saved, 2);
+        close(saved);
+    }
+    if (lfd >= 0)
+        close(lfd);
+    if (!started) {
+        fprintf(stderr, "%s: tided did not start (%s; its log: %s)\n", PROG, TIDED_PATH, tlog);
+        return -1;
+    }
+    a->endpoint = cp.endpoint;
+    double *v[DISK_MODES];
+    for (int m = 0; m < DISK_MODES; m++)
+        v[m] = tide_calloc((size_t)reps, sizeof(double));
+    int rc = 0;
+    for (long long k = 0; k < reps && rc == 0; k++)
+        for (int m = 0; m < DISK_MODES && rc == 0; m++)
+            rc = disk_once(a, m, (int)k, &v[m][k]);
+    for (int m = 0; m < DISK_MODES; m++) {
+        if (rc == 0)
+            r->rate[m] = median(v[m], (int)reps);
+        tide_free(v[m]);
+    }
+    r->ratio = r->rate[DISK_OK] > 0 ? r->rate[DISK_FULL] / r->rate[DISK_OK] : 0;
+    coord_stop(&cp, SIGTERM);
+    coord_cleanup(&cp);
+    return rc;
+}
+
+static void disk_print(const disk_args *a, const disk_result *r)
+{
+    printf("\n%-44s %12s\n", "step rate, a full checkpoint disk", "steps/s");
+    if (r->skipped != NULL) {
+        printf("skipped: needs root for a tmpfs (%s)\n", r->skipped);
+        return;
+    }
+    printf("%-44s %12.2f\n", "no checkpoints", r->rate[DISK_NONE]);
+    printf("%-44s %12.2f\n", "saves to a working disk", r->rate[DISK_OK]);
+    printf("%-44s %12.2f\n", "saves to a full disk (rank 1's)", r->rate[DISK_FULL]);
+    printf("%-44s %12.3f  (goal >= 0.90: %s)\n", "full / working", r->ratio,
+           r->ratio >= 0.90 ? "met" : "missed");
+    printf("train_mlp --tide dp 2 --zero1, hidden %lld, paced to %lld ms (%.0f steps/s), %lld "
+           "steps, a save every %lld, TIDE_CKPT_TIMEOUT_MS=%lld\n",
+           a->hidden, a->pace_ms, 1000.0 / (double)a->pace_ms, a->steps, a->every, a->timeout_ms);
+}
+
+static void disk_json(FILE *f, const disk_args *a, long long reps, const disk_result *r)
+{
+    if (r->skipped != NULL) {
+        fprintf(f, "  \"disk\": {\"skipped\": \"needs root for a tmpfs: %s\"}", r->skipped);
+        return;
+    }
+    fprintf(f,
+            "  \"disk\": {\"ranks\": 2, \"hidden\": %lld, \"steps\": %lld, \"every\": %lld, "
+            "\"pace_ms\": %lld, \"timeout_ms\": %lld, \"reps\": %lld,\n    \"steps_per_s_none\": "
+            "%.4f, \"steps_per_s_working\": %.4f, \"steps_per_s_full\": %.4f,\n    "
+            "\"full_over_working\": %.4f, \"goal\": 0.90, \"goal_met\": %s}",
+            a->hidden, a->steps, a->every, a->pace_ms, a->timeout_ms, reps, r->rate[DISK_NONE],
+            r->rate[DISK_OK], r->rate[DISK_FULL], r->ratio, r->ratio >= 0.90 ? "true" : "false");
+}
+
+/* --disk-only: part 3 alone, its table and a results file holding it; removes rm_work
+   (NULL: keeps it). Returns the exit code. */
+static int disk_alone(disk_args *a, long long reps, const char *out, const char *rm_work)
+{
+    disk_result r;
+    printf("%s: step rate with a full checkpoint disk, %lld reps; %ld cores\n", PROG, reps,
+           sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+    if (disk_part(a, reps, &r) != 0)
+        return 1;
+    disk_print(a, &r);
+    FILE *f = bench_out_open(PROG, out);
+    if (f != NULL) {
+        fprintf(f, "{\n  \"bench\": \"ckpt_bench\",\n");
+        disk_json(f, a, reps, &r);
+        fprintf(f, "\n}\n");
+        fclose(f);
+        printf("numbers written to %s\n", out);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rm_work);
+    if (rm_work != NULL && system(cmd) != 0)
+        fprintf(stderr, "%s: could not remove %s\n", PROG, rm_work);
+    return f != NULL ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    long long reps, steps, every, hidden, load_hidden, ranks;
-    int keep_work = 0;
+    long long reps, steps, every, hidden, load_hidden, ranks, disk_reps;
+    int keep_work = 0, disk_only = 0;
+    disk_args da = {NULL, NULL, NULL, 0, 0, 0, 0, 0};
     const char *work = NULL, *out = NULL;
     const tide_opt opts[] = {
         {"reps", NULL, TIDE_OPT_INT, &reps, "3", "runs per configuration (median)", 1, 100},
@@ -307,6 +608,17 @@ int main(int argc, char **argv)
          0, 0},
         {"out", NULL, TIDE_OPT_STRING, &out, "bench-out/ckpt_bench.json", "results file", 0, 0},
         {"keep-work", NULL, TIDE_OPT_BOOL, &keep_work, "0", "keep the scratch folder", 0, 0},
+        {"disk-reps", NULL, TIDE_OPT_INT, &disk_reps, "3", "part 3: runs per mode (median)", 1, 100},
+        {"disk-steps", NULL, TIDE_OPT_INT, &da.steps, "120", "part 3: steps per run", 20, 1 << 20},
+        {"disk-every", NULL, TIDE_OPT_INT, &da.every, "10", "part 3: steps between saves", 1,
+         1 << 20},
+        {"disk-hidden", NULL, TIDE_OPT_INT, &da.hidden, "128", "part 3: train_mlp width", 8,
+         1 << 16},
+        {"disk-pace-ms", NULL, TIDE_OPT_INT, &da.pace_ms, "25", "part 3: ms a step (--pace-ms)", 1,
+         10000},
+        {"disk-timeout-ms", NULL, TIDE_OPT_INT, &da.timeout_ms, "2000",
+         "part 3: TIDE_CKPT_TIMEOUT_MS, the bound of a save", 1, 1 << 30},
+        {"disk-only", NULL, TIDE_OPT_BOOL, &disk_only, "0", "run part 3 alone", 0, 0},
         {NULL, NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int code = tide_opts_main(opts, argc, argv, PROG);
@@ -322,6 +634,10 @@ int main(int argc, char **argv)
         work = wbuf;
     } else
         mkdir(work, 0755);
+
+    da.work = work;
+    if (disk_only)
+        return disk_alone(&da, disk_reps, out, keep_work ? NULL : work);
 
     /* 1. training cost */
     train_args ta = {work, steps, every, hidden, 4 * hidden, 8, ranks};
@@ -394,6 +710,11 @@ int main(int argc, char **argv)
         tide_layout_destroy(&l);
     }
 
+    /* 3. step rate with a full checkpoint disk */
+    disk_result dr;
+    if (disk_part(&da, disk_reps, &dr) != 0)
+        return 1;
+
     printf("\n%-44s %12s %12s\n", "training cost per checkpoint", "loop s", "per ckpt ms");
     printf("%-44s %12.3f %12s\n", "no checkpoints", l0, "-");
     printf("%-44s %12.3f %12.1f\n", "synchronous saves", l1, cost_sync * 1e3);
@@ -411,6 +732,7 @@ int main(int argc, char **argv)
                load_gbs[k] / seq_gbs[k]);
     }
     printf("state %.0f MiB; goal: load / seq >= 0.8\n", (double)state / 1048576.0);
+    disk_print(&da, &dr);
 
     FILE *f = bench_out_open(PROG, out);
     if (f != NULL) {
@@ -431,7 +753,9 @@ int main(int argc, char **argv)
                     "%.4f}%s\n",
                     to[k].dp, to[k].tp, to[k].pp, seq_gbs[k], load_gbs[k], load_gbs[k] / seq_gbs[k],
                     k == 0 ? "," : "");
-        fprintf(f, "  }\n}\n");
+        fprintf(f, "  },\n");
+        disk_json(f, &da, disk_reps, &dr);
+        fprintf(f, "\n}\n");
         fclose(f);
         printf("numbers written to %s\n", out);
     }

@@ -58,6 +58,15 @@
 
 #define PROG "ckpt_bench"
 
+/* Removes a scratch folder (rm -rf), saying so when it cannot. */
+static void remove_tree(const char *path)
+{
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "%s: could not remove %s\n", PROG, path);
+}
+
 static double median(double *v, int n)
 {
     for (int i = 1; i < n; i++)
@@ -123,10 +132,7 @@ static int train_once(const train_args *a, int mode, int rep, double *loop_s, do
         fprintf(stderr, "%s: no timing lines in %s\n", PROG, log);
         return -1;
     }
-    char cmd[1100];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0)
-        fprintf(stderr, "%s: could not remove %s\n", PROG, root);
+    remove_tree(root);
     return 0;
 }
 
@@ -467,10 +473,7 @@ static int disk_once(const disk_args *a, int mode, int rep, double *rate)
             fprintf(stderr, "(could not show %s)\n", log);
         return -1;
     }
-    char cmd[1100];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0)
-        fprintf(stderr, "%s: could not remove %s\n", PROG, root);
+    remove_tree(root);
     return 0;
 }
 
@@ -582,10 +585,8 @@ static int disk_alone(disk_args *a, long long reps, const char *out, const char 
         fclose(f);
         printf("numbers written to %s\n", out);
     }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rm_work);
-    if (rm_work != NULL && system(cmd) != 0)
-        fprintf(stderr, "%s: could not remove %s\n", PROG, rm_work);
+    if (rm_work != NULL)
+        remove_tree(rm_work);
     return f != NULL ? 0 : 1;
 }
 
@@ -765,9 +766,7 @@ int main(int argc, char **argv)
         tide_free(loop[m]);
         tide_free(blocked[m]);
     }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
-    if (!keep_work && system(cmd) != 0)
-        fprintf(stderr, "%s: could not remove %s\n", PROG, work);
+    if (!keep_work)
+        remove_tree(work);
     return 0;
 }

@@ -7,6 +7,15 @@ tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto
 # and cgroup files the keeper sets, and attempts allocating or forking past their limit.
 tide_add_unit_test(test_offline_limits SOURCES test_offline_limits.c LIBS tide_worker
                    TIMEOUT 60)
+# The same limits end to end (test_offline_limits_job.sh): commands allocating and forking
+# past them on the spare rank of a real train_mlp --tide job; what tidectl shows, the
+# retries, nothing left running, and the training job untouched.
+if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET mlp_state_diff)
+  add_test(NAME test_offline_limits_job
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_offline_limits_job.sh
+                   ${PROJECT_BINARY_DIR} ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_offline_limits_job "mpi" 180)
+endif()
 # The layout switch's phases one by one (tests/test_worker_switch.c): a runtime put
 # together by hand on 2 ranks, a recording port instead of tided, failures injected
 # between every two phases; no tided needed.

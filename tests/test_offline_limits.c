@@ -209,3 +209,31 @@ Test(limits, attempt_beyond_its_process_limit)
     cr_assert_not_null(last, "%s", out);
     cr_expect(strstr(last, "process limit 10 (RLIMIT_NPROC") != NULL, "%s", last);
 }
+
+/* A command whose last output has no newline (a progress line redrawn with \r, a process
+   killed mid-line): the keeper's verdict still is a line of its own, the log's last, so
+   that the attempt's event, which quotes the last line, starts with it. */
+Test(limits, verdict_on_a_line_of_its_own)
+{
+    setenv("TIDE_OFFLINE_CGROUP", "0", 1);
+    char dir[64], log[128];
+    tmp_dir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/n.log", dir);
+    char *argv[] = {"/bin/sh", "-c", "printf 'step 1\\rstep 2\\rstep 3'; exit 3"};
+    int code = run_attempt("n", argv, 3, log, 256ull << 20, 0);
+    const char *out = slurp(dir, "n.log");
+    cr_assert_eq(code, 3, "%s", out);
+    cr_expect(strstr(out, "\rstep 3\n[tide: the command failed (exit 3) under memory limit "
+                          "256 MiB") != NULL,
+              "%s", out);
+    const char *last = strrchr(out, '\r'); /* the progress line ends where the verdict starts */
+    cr_assert_not_null(last);
+    cr_expect_eq(strchr(last, '\n')[1], '[', "%s", out);
+    cr_expect_eq(out[strlen(out) - 1], '\n', "%s", out);
+    /* output ending in a newline gets no empty line before the verdict */
+    char *lines[] = {"/bin/sh", "-c", "echo done; exit 4"};
+    code = run_attempt("n2", lines, 3, log, 256ull << 20, 0);
+    out = slurp(dir, "n.log");
+    cr_assert_eq(code, 4, "%s", out);
+    cr_expect(strstr(out, "done\n[tide: the command failed (exit 4)") != NULL, "%s", out);
+}

@@ -2,12 +2,15 @@
 # Offline commands that hit their limits beside a real training job: train_mlp --tide on 3
 # ranks (dp 2: one rank spare, which takes offline work) against a tided with
 # --max-attempts 2 and --offline-max-memory 1G. Two command jobs run on the spare rank:
-# "mem" (tidectl submit --max-memory 64M) grows a string to 128 MiB, "procs" (--max-procs
-# 10) starts 50 background sleeps. Checked, as an operator and the training job see it:
+# "mem" (tidectl submit --max-memory 64M) grows a string to 128 MiB, redrawing a progress
+# line (\r, no newline), "procs" (--max-procs 10) starts 50 background sleeps. Checked,
+# as an operator and the training job see it:
 #   - each attempt's log (tidectl logs, --attempt, --all) starts with the limits in force
-#     (the submit's own over tided's default) and ends with the line naming the limit;
-#   - the events: attempt 1 offline_requeued with that line and "failure 1 of 2", attempt
-#     2 offline_failed "gave up after 2 failed attempts"; tidectl jobs: failed, 2 attempts;
+#     (the submit's own over tided's default) and ends with the line naming the limit, a
+#     line of its own even after the unfinished progress line;
+#   - the events: attempt 1 offline_requeued with that line (its reason too) and "failure 1
+#     of 2" after the backoff, attempt 2 offline_failed "gave up after 2 failed attempts";
+#     tidectl jobs: failed, 2 attempts;
 #   - nothing of the commands (keeper, awk, sleeps) runs once the job is failed, the
 #     spare worker is idle again and runs the next offline job (under tided's default);
 #   - the training job is untouched: one generation, no failure, recovery, resize or stall
@@ -91,8 +94,13 @@ wait_state() {
 
 submitted_at=$(last_step)
 note "mem: --max-memory 64M, grows a string to 128 MiB; procs: --max-procs 10, forks 50"
-ctl submit --offline --name mem --max-memory 64M -- awk -v "tag=$MARK" \
-  'BEGIN { s = "x"; while (length(s) < 134217728) s = s s; print "grew" }' >/dev/null
+# awk's own message discarded: the progress line is its last output, unfinished, as a
+# process killed mid-line leaves it
+GROW='BEGIN { s = "x"; while (length(s) < 134217728) {
+                s = s s; printf "\rgrown to %d bytes", length(s); fflush() }
+              print "grew" }'
+ctl submit --offline --name mem --max-memory 64M -- /bin/sh -c \
+  'exec awk -v "tag=$0" "$1" 2>/dev/null' "$MARK" "$GROW" >/dev/null
 LOOP="i=0; while [ \$i -lt 50 ]; do sleep 60 & i=\$((i+1)); done; wait; echo all $MARK"
 if [ "$(id -u)" -eq 0 ]; then
   command -v setpriv >/dev/null || fail "root without setpriv: RLIMIT_NPROC cannot bind"
@@ -115,7 +123,7 @@ check_job() {
   kinds=$(grep -o '"kind":"[a-z_]*"' <<<"$ev" | tr '\n' ' ')
   [ "$kinds" = '"kind":"submitted" "kind":"offline_assigned" "kind":"offline_requeued" "kind":"offline_assigned" "kind":"offline_failed" ' ] ||
     fail "$name: events $kinds: $ev"
-  grep '"kind":"offline_requeued"' <<<"$ev" | grep -q "attempt 1 on worker .* ended failed.*$limit.*failure 1 of 2: retried in 200 ms" ||
+  grep '"kind":"offline_requeued"' <<<"$ev" | grep -q "attempt 1 on worker [0-9]* ended failed (exit code -\?[0-9]*): \[tide: [^\"]*$limit.*failure 1 of 2: retried in 200 ms" ||
     fail "$name: the requeue does not name the limit ($limit) and the retry: $ev"
   grep '"kind":"offline_requeued"' <<<"$ev" | grep -q "\"reason\":\"[^\"]*$limit" ||
     fail "$name: the requeue's reason field lost the limit ($limit): $ev"
@@ -125,7 +133,7 @@ check_job() {
     sed 's/"time_ms":\([0-9]*\).*/\1/' | tail -2 | tr '\n' ' ')
   [ "$(awk '{ print $2 - $1 }' <<<"$t")" -ge 200 ] ||
     fail "$name: retried $(awk '{ print $2 - $1 }' <<<"$t") ms after the failure: $ev"
-  grep '"kind":"offline_failed"' <<<"$ev" | grep -q "attempt 2 on worker .*$limit.*gave up after 2 failed attempts" ||
+  grep '"kind":"offline_failed"' <<<"$ev" | grep -q "attempt 2 on worker [0-9]* ended failed (exit code -\?[0-9]*): \[tide: [^\"]*$limit.*gave up after 2 failed attempts" ||
     fail "$name: the final failure does not name the limit ($limit): $ev"
   row=$(job_row "$name")
   grep -q '"state":"failed".*"attempts":2,' <<<"$row" || fail "$name: tidectl jobs: $row"
@@ -146,6 +154,7 @@ check_job procs "process limit 10"
 grep -q "^\[tide: limits of this attempt: memory 64 MiB (" "$WORK/mem.log1" ||
   fail "mem: --max-memory 64M is not what applied: $(cat "$WORK/mem.log1")"
 grep -q "grew" "$WORK/mem.log1" "$WORK/mem.log2" && fail "mem grew past its limit"
+grep -q "grown to 16777216 bytes" "$WORK/mem.log1" || fail "mem: no progress: $(cat "$WORK/mem.log1")"
 grep -q "^\[tide: limits of this attempt: memory 1024 MiB (.*processes 10 (" "$WORK/procs.log1" ||
   fail "procs: tided's default memory and --max-procs 10 do not both apply: $(cat "$WORK/procs.log1")"
 grep -qi "fork" "$WORK/procs.log1" || fail "procs: no fork was refused: $(cat "$WORK/procs.log1")"

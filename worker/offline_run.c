@@ -60,6 +60,7 @@ typedef struct run {
     char **argv;       /* the command */
     pid_t cmd;
     int log_fd;
+    int mid_line; /* the log's last byte is not a newline: the command's line is unfinished */
     uint64_t written, dropped;
 } run;
 
@@ -72,21 +73,28 @@ static uint64_t now_ms(void)
 
 static void log_line(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* A line of the keeper's own in the log (not counted against the cap). */
+/* A line of the keeper's own in the log (not counted against the cap), on a line of its
+   own: after output without a final newline (a progress bar redrawn with \r, a process
+   killed mid-line) it would extend the command's line, and the attempt's event, which
+   quotes the last line, would show the command's text and may lose the keeper's. */
 static void log_line(run *r, const char *fmt, ...)
 {
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    int n = vsnprintf(buf + 1, sizeof buf - 1, fmt, ap);
     va_end(ap);
     if (n < 0 || r->log_fd < 0)
         return;
-    if ((size_t)n >= sizeof buf)
-        n = (int)sizeof buf - 1;
-    if (write(r->log_fd, buf, (size_t)n) < 0) {
+    if ((size_t)n >= sizeof buf - 1)
+        n = (int)sizeof buf - 2;
+    int nl = r->mid_line && buf[1] != '\n';
+    buf[0] = '\n';
+    if (n > 0 && write(r->log_fd, buf + !nl, (size_t)n + (size_t)nl) < 0) {
         /* nowhere else to say it */
     }
+    if (n > 0)
+        r->mid_line = buf[n] != '\n';
 }
 
 static int write_file(const char *dir, const char *name, const char *text)
@@ -238,8 +246,10 @@ static void take_output(run *r, const char *buf, size_t n)
         size_t room = (size_t)(r->cap - r->written);
         size_t k = n < room ? n : room;
         ssize_t w = write(r->log_fd, buf, k);
-        if (w > 0)
+        if (w > 0) {
             r->written += (uint64_t)w;
+            r->mid_line = buf[w - 1] != '\n';
+        }
         buf += k;
         n -= k;
         if (n > 0 && r->written >= r->cap)

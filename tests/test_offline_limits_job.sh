@@ -47,7 +47,7 @@ trap cleanup EXIT
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 export TIDE_LOG_DIR="$WORK/logs"
-MARK="offlimit-$$-$RANDOM" # in every command line of the offline work: found by pgrep -f
+MARK="offlimit-$$-$RANDOM" # in the offline commands' command lines: found by pgrep -f
 
 MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
        --micro-batches 2 --seed 29 --lr 0.003 --dp 2 --print-every 1000)
@@ -80,7 +80,7 @@ for _ in $(seq 600); do
 done
 [ "$(last_step)" -ge 3 ] || fail "the job did not reach step 3"
 
-# job_state NAME: the job's row in tidectl jobs --json ("" when not listed)
+# job_row NAME: the job's row in tidectl jobs --json ("" when not listed)
 job_row() { ctl jobs --json | grep -o "{\"name\":\"$1\"[^}]*}" || true; }
 wait_state() {
   local row=""
@@ -101,7 +101,8 @@ GROW='BEGIN { s = "x"; while (length(s) < 134217728) {
               print "grew" }'
 ctl submit --offline --name mem --max-memory 64M -- /bin/sh -c \
   'exec awk -v "tag=$0" "$1" 2>/dev/null' "$MARK" "$GROW" >/dev/null
-LOOP="i=0; while [ \$i -lt 50 ]; do sleep 60 & i=\$((i+1)); done; wait; echo all $MARK"
+SLEEP="60.$$" # a duration of its own: the sleeps' command line, found by pgrep -f
+LOOP="i=0; while [ \$i -lt 50 ]; do sleep $SLEEP & i=\$((i+1)); done; wait; echo all $MARK"
 if [ "$(id -u)" -eq 0 ]; then
   command -v setpriv >/dev/null || fail "root without setpriv: RLIMIT_NPROC cannot bind"
   ctl submit --offline --name procs --max-procs 10 -- setpriv --reuid=65534 --regid=65534 \
@@ -113,7 +114,7 @@ wait_state mem failed
 wait_state procs failed
 ended_at=$(last_step)
 # the keepers are gone before their worker reports, so nothing may be left by now
-left=$(pgrep -af -- "$MARK|$WORK/logs" || true)
+left=$(pgrep -af -- "$MARK|$WORK/logs|sleep $SLEEP" || true)
 [ -z "$left" ] || fail "processes of the failed attempts still run: $left"
 
 # check_job NAME LIMIT: the events, jobs row and logs of a job failed twice by LIMIT
@@ -191,10 +192,13 @@ wait "$JOB_PID" || fail "train_mlp failed"
 JOB_PID=""
 grep -q "$STEPS steps done in 1 generation" "$WORK/job.log" ||
   fail "the job did not train to the end in its first generation"
-ev=$(ctl events --limit 10000 --json)
-bad=$(grep -E '"kind":"(worker_failed|recovery[a-z_]*|resize[a-z_]*|resized|stalled|rollback[a-z_]*)"' \
-  <<<"$ev" || true)
-[ -z "$bad" ] || fail "the training job was disturbed: $bad"
+# its events: created, its one layout, ended; no failure, recovery, resize or stall
+ev=$(ctl events --job tl --json)
+bad=$(grep -vE '"kind":"(job_created|layout|job_ended)"' <<<"$ev" || true)
+[ -z "$bad" ] && [ "$(grep -c '"kind":"layout"' <<<"$ev")" -eq 1 ] ||
+  fail "the training job was disturbed: $ev"
+bad=$(ctl events --limit 10000 --json | grep -E '"kind":"worker_(failed|fenced)"' || true)
+[ -z "$bad" ] || fail "a worker failed: $bad"
 cmp -s "$WORK/tide.loss" "$WORK/ref.loss" || {
   diff "$WORK/tide.loss" "$WORK/ref.loss" | head >&2
   fail "the losses differ from the run without tided"

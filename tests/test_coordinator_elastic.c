@@ -433,3 +433,73 @@ Test(elastic_tided, bounds_declared_at_launch_apply_and_tidectl_wins_later, .ini
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
 }
+
+/* Registers ranks [0, n) of pool `pool` (size n) on `host`, and sends the joins of ranks
+   [0, k) to job "train" at (dp 1, tp 2) with no declaration. */
+static void register_pool(fake *w, const char *pool, int n, const char *host, int k)
+{
+    tide_msg_t m, r;
+    for (int i = 0; i < n; i++) {
+        w[i].sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+        cr_assert_not_null(w[i].sock);
+        coord_mk_register(&m, pool, i, n, host, i, 2000 + i);
+        cr_assert_eq(coord_call(w[i].sock, &m, &r), 0);
+        cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+        w[i].id = r.u.register_ok.worker;
+    }
+    for (int i = 0; i < k; i++) {
+        tide_msg_init(&m, TIDE_MSG_JOIN);
+        m.u.join.worker = w[i].id;
+        snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+        m.u.join.total_bytes = 1 << 20;
+        m.u.join.num_layers = 4;
+        m.u.join.dp = 1;
+        m.u.join.tp = 2;
+        m.u.join.pp = 1;
+        m.u.join.micro_batches = 1;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+}
+
+/* A launch of several ranks joins a running job one rank at a time (4 GPUs per host): the
+   policy grows the job onto that pool only once every rank of it joined (connecting a pool
+   is collective over its ranks), not onto ranks that registered but have not joined yet. */
+Test(elastic_tided, a_grow_waits_until_every_rank_of_a_joining_pool_joined, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4], b[2];
+    char out[8192];
+    int dp = 0;
+    join_declared(w, "pool-a", 2, 8, 5);
+    first_layout(w);
+    cr_assert_eq(switch_all(w, 2, 0, &dp), 4);
+    cr_assert_eq(dp, 2); /* pool-a's 4 GPUs all in the layout */
+    wait_events("elastic", 1, out, sizeof out);
+    /* pool-b: both ranks registered on host2, only its rank 0 joined */
+    register_pool(b, "pool-b", 2, "host2", 1);
+    wait_events("pool_joined", 1, out, sizeof out);
+    cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "the job grew onto a half-joined pool");
+    cr_assert_eq(events("elastic_failed", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(events("elastic", out, sizeof out), 1, "%s", out);
+    /* its rank 1 joins: the policy grows the job onto the whole pool */
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = b[1].id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = 1;
+    m.u.join.tp = 2;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(b[1].sock, &m), 0);
+    wait_events("elastic", 2, out, sizeof out);
+    cr_assert(strstr(out, "generation 3: grow dp 2 -> 3"), "%s", out);
+    cr_assert(strstr(out, "takes host2:0,1, gives up none"), "%s", out);
+    cr_assert_eq(events("elastic_failed", out, sizeof out), 0, "%s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    for (int i = 0; i < 2; i++)
+        zmq_close(b[i].sock);
+}

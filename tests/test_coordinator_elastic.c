@@ -6,7 +6,9 @@
  * policy shrink it to a lowered maximum; an operator's resize wins and holds the job;
  * `tidectl resize --wait` prints the switch's downtime and bytes, and exits 6 with the
  * reason when the switch aborts; bounds and priority declared by the join that makes a job
- * are checked as tidectl's and applied. A few seconds.
+ * are checked as tidectl's and applied; a pool of several ranks is grown onto only once
+ * all of them joined; a job's idle rank on a GPU another job holds gets no offline work.
+ * A few seconds.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -502,4 +504,57 @@ Test(elastic_tided, a_grow_waits_until_every_rank_of_a_joining_pool_joined, .ini
         zmq_close(w[i].sock);
     for (int i = 0; i < 2; i++)
         zmq_close(b[i].sock);
+}
+
+/* One rank of pool `pool` on (host, device) registered and joined to job `job` at dp 1; its
+   first layout received. */
+static void join_one(fake *f, const char *pool, const char *job, const char *host, int device)
+{
+    tide_msg_t m, r;
+    f->sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    cr_assert_not_null(f->sock);
+    coord_mk_register(&m, pool, 0, 1, host, device, 3000 + device);
+    cr_assert_eq(coord_call(f->sock, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+    f->id = r.u.register_ok.worker;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = f->id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "%s", job);
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = m.u.join.tp = m.u.join.pp = m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+    expect_type(f->sock, TIDE_MSG_LAYOUT, &r);
+    tide_msg_clear(&r);
+}
+
+/* A job's idle rank on a GPU that a member of another job holds (a job yields GPUs to a
+   higher-priority one launched there and keeps its ranks) gets no offline work: only the
+   idle rank whose GPU nobody holds does. */
+Test(elastic_tided, offline_work_skips_idle_ranks_on_gpus_another_job_holds, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4], b, c;
+    char out[8192];
+    launch(w); /* "train": one host's two GPUs in its layout, the other host's two idle */
+    join_one(&b, "pool-b", "b", "host0", 0); /* whichever host is idle, its GPU 0 is held */
+    join_one(&c, "pool-c", "c", "host1", 0);
+    for (int i = 0; i < 2; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "off%d", i);
+        const char *const submit[] = {"submit", "--offline", "--name", name, "--", "true", NULL};
+        cr_assert_eq(ctl(out, sizeof out, submit), 0, "%s", out);
+    }
+    wait_events("offline_assigned", 1, out, sizeof out);
+    tide_sleep_ms(1000);
+    cr_assert_eq(events("offline_assigned", out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "device 1)"), "offline work on a GPU another job holds: %s", out);
+    const char *const jobs[] = {"jobs", NULL};
+    cr_assert_eq(ctl(out, sizeof out, jobs), 0, "%s", out);
+    cr_assert(strstr(out, "queued"), "the second offline job waits: %s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(b.sock);
+    zmq_close(c.sock);
 }

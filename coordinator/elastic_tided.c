@@ -206,10 +206,37 @@ static tide_elastic_job declared(const tide_coord_job_t *j, const tide_layout_t 
     return e;
 }
 
+/*
+ * Marks in whole[p] each pool p of j that may be placed on: a connected one, or one that is
+ * joining and whose every rank joined j (its connection is collective over all its ranks;
+ * a launch of several ranks per host joins a rank at a time, and its ranks register before
+ * they join).
+ */
+static void whole_pools(tide_server_t *s, const tide_coord_job_t *j, uint8_t *whole)
+{
+    int32_t joined[TIDE_COORD_JOB_POOLS_MAX] = {0};
+    int any = 0;
+    for (int p = 0; p < j->n_pools; p++) {
+        whole[p] = (uint8_t)(j->pools[p].connected != 0);
+        any |= !whole[p];
+    }
+    for (size_t i = 0; any && i < s->st->n_workers; i++) {
+        const tide_coord_worker_t *w = &s->st->workers[i];
+        int p = w->pool[0] != '\0' && w->joined == j->id ? tide_coord_job_pool_find(j, w->pool)
+                                                          : -1;
+        if (p >= 0 && !tide_coord_worker_gone(w))
+            joined[p]++;
+    }
+    for (int p = 0; any && p < j->n_pools; p++)
+        whole[p] |= (uint8_t)(joined[p] >= j->pools[p].size);
+}
+
 /* Fills view entry k from managed job j: its declaration, its ranks' GPUs, its state. */
 static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t *j)
 {
     note_recoveries(j);
+    uint8_t whole[TIDE_COORD_JOB_POOLS_MAX];
+    whole_pools(s, j, whole);
     tide_elastic_job *e = &v->jobs[k];
     *e = declared(j, j->layout);
     int32_t world = tide_coord_job_world(j, 0);
@@ -220,8 +247,8 @@ static tide_status add_job(tide_server_t *s, view *v, size_t k, tide_coord_job_t
     for (int32_t r = 0; r < world; r++) {
         int32_t pr = 0;
         int p = tide_coord_job_locate(j, r, &pr);
-        const tide_coord_worker_t *w = p >= 0 && !j->pools[p].left ? tide__job_worker(s, j, r)
-                                                                   : NULL;
+        const tide_coord_worker_t *w =
+            p >= 0 && !j->pools[p].left && whole[p] ? tide__job_worker(s, j, r) : NULL;
         /* a rank whose process is gone or drained can take nothing, though its GPU may be
            free again (a new launch on a host that came back); -2: not yet known a member */
         int usable = w != NULL && !tide_coord_worker_gone(w) && w->state != TIDE_WS_DRAINING;

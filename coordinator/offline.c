@@ -4,6 +4,7 @@
  * assignments and preemptions.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -146,6 +147,57 @@ static int ready_for_offline(tide_server_t *s, const tide_coord_worker_t *w, uin
     return 0;
 }
 
+/* A GPU (host, device) that a member of online job `job` holds. */
+typedef struct held_gpu {
+    const char *host;
+    int32_t device;
+    int64_t job;
+} held_gpu;
+
+static int cmp_held(const void *a, const void *b)
+{
+    const held_gpu *x = a, *y = b;
+    int c = strcmp(x->host, y->host);
+    return c != 0 ? c : (x->device > y->device) - (x->device < y->device);
+}
+
+/* The GPUs members of online jobs hold, sorted, into *out (caller frees); NULL and 0 when
+   out of memory (nothing is then held back). */
+static size_t held_gpus(const tide_coord_state_t *st, held_gpu **out)
+{
+    size_t n = 0;
+    *out = tide_malloc((st->n_workers ? st->n_workers : 1) * sizeof **out);
+    for (size_t i = 0; *out != NULL && i < st->n_workers; i++) {
+        const tide_coord_worker_t *o = &st->workers[i];
+        if (o->pool[0] != '\0' && o->job != 0 && !tide_coord_worker_gone(o))
+            (*out)[n++] = (held_gpu){o->host, o->device, o->job};
+    }
+    if (n > 1)
+        qsort(*out, n, sizeof **out, cmp_held);
+    return n;
+}
+
+/*
+ * 1 when idle worker w, a rank of a job it joined, sits on a GPU a member of another job
+ * holds: a job's launch keeps its ranks when the job yields their GPUs to a higher-priority
+ * job launched there (elastic rule yield), and those GPUs are not idle.
+ */
+static int gpu_taken(const held_gpu *h, size_t n, const tide_coord_worker_t *w)
+{
+    if (w->joined == 0 || n == 0)
+        return 0;
+    held_gpu key = {w->host, w->device, 0};
+    const held_gpu *p = bsearch(&key, h, n, sizeof *h, cmp_held);
+    if (p == NULL)
+        return 0;
+    while (p > h && cmp_held(p - 1, &key) == 0)
+        p--;
+    for (; p < h + n && cmp_held(p, &key) == 0; p++)
+        if (p->job != w->joined)
+            return 1;
+    return 0;
+}
+
 /* Queued offline jobs ready to run now into q (room for every job); their count. The
  * earliest retry still backing off goes into *wake. */
 static size_t queued_jobs(tide_server_t *s, tide_policy_offline *q, uint64_t *wake)
@@ -205,7 +257,9 @@ static void fill_bubbles(tide_server_t *s)
 void tide__offline_backfill(tide_server_t *s)
 {
     tide_coord_state_t *st = s->st;
-    size_t ni = 0, n_pairs = 0;
+    size_t ni = 0, n_pairs = 0, n_held = 0;
+    held_gpu *held = NULL;
+    int looked = 0; /* held: built once, for the first joined rank that may take work */
     uint64_t wake = 0;
     size_t nq = queued_jobs(s, NULL, &wake);
     if (nq == 0) {
@@ -220,10 +274,17 @@ void tide__offline_backfill(tide_server_t *s)
     nq = queued_jobs(s, q, &wake);
     for (size_t i = 0; i < st->n_workers; i++) {
         const tide_coord_worker_t *w = &st->workers[i];
-        /* connected since tided started, holding nothing, not reserved by a resize, and
-           past the moment between registering and its job's first layout */
-        if (w->pool[0] && w->state == TIDE_WS_IDLE && w->job == 0 && w->offline_job == 0 &&
-            w->rid_len > 0 && ready_for_offline(s, w, &wake))
+        /* connected since tided started, holding nothing, not reserved by a resize, past
+           the moment between registering and its job's first layout, on a GPU no other
+           job's member holds */
+        if (!w->pool[0] || w->state != TIDE_WS_IDLE || w->job != 0 || w->offline_job != 0 ||
+            w->rid_len == 0 || !ready_for_offline(s, w, &wake))
+            continue;
+        if (!looked && w->joined != 0) {
+            n_held = held_gpus(st, &held);
+            looked = 1;
+        }
+        if (!gpu_taken(held, n_held, w))
             idle[ni++] = (tide_policy_idle){w->id, w->memory};
     }
     tide__reschedule_at(s, wake);
@@ -236,4 +297,5 @@ out:
     tide_free(q);
     tide_free(idle);
     tide_free(pairs);
+    tide_free(held);
 }

@@ -26,4 +26,5 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp AND TARGET test_examples
   tide_add_multihost_test(test_multihost_partition TIMEOUT 300)
   tide_add_multihost_test(test_multihost_elastic TIMEOUT 420)
   tide_add_multihost_test(test_multihost_priority TIMEOUT 300)
+  tide_add_multihost_test(test_multihost_elastic4 TIMEOUT 480)
 endif()

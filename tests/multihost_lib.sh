@@ -223,3 +223,20 @@ wait_step() {
   done
   fail "step $2 not reached (at $s)"
 }
+
+# ---- the elastic policy's decisions (test_multihost_priority, test_multihost_elastic4) ----
+
+# decision JOB N RULE WHAT [SECS]: JOB's Nth "elastic" event has the typed reason RULE and
+# says WHAT (waits up to SECS, 60, for it)
+decision() {
+  local ev
+  wait_event "$1" elastic "$2" "${5:-60}"
+  ev=$(job_events "$1" | grep '"kind":"elastic"' | sed -n "$2"p)
+  grep -q "\"reason\":\"$3\"" <<<"$ev" || fail "$1's elastic decision $2 is not rule $3: $ev"
+  grep -q "$4" <<<"$ev" || fail "$1's elastic decision $2 does not say '$4': $ev"
+}
+
+# event_ms JOB KIND N: the time (ms) of JOB's Nth event of KIND
+event_ms() {
+  job_events "$1" | grep "\"kind\":\"$2\"" | sed -n "$3"p | sed -n 's/.*"time_ms":\([0-9]*\).*/\1/p'
+}

@@ -6,7 +6,9 @@
  * policy shrink it to a lowered maximum; an operator's resize wins and holds the job;
  * `tidectl resize --wait` prints the switch's downtime and bytes, and exits 6 with the
  * reason when the switch aborts; bounds and priority declared by the join that makes a job
- * are checked as tidectl's and applied. A few seconds.
+ * are checked as tidectl's and applied; a pool of several ranks is grown onto only once
+ * all of them joined; a job's idle rank on a GPU another job holds gets no offline work.
+ * A few seconds.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -432,4 +434,127 @@ Test(elastic_tided, bounds_declared_at_launch_apply_and_tidectl_wins_later, .ini
     cr_assert(strstr(out, "no switch started: nothing to wait for"), "%s", out);
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
+}
+
+/* Registers ranks [0, n) of pool `pool` (size n) on `host`, and sends the joins of ranks
+   [0, k) to job "train" at (dp 1, tp 2) with no declaration. */
+static void register_pool(fake *w, const char *pool, int n, const char *host, int k)
+{
+    tide_msg_t m, r;
+    for (int i = 0; i < n; i++) {
+        w[i].sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+        cr_assert_not_null(w[i].sock);
+        coord_mk_register(&m, pool, i, n, host, i, 2000 + i);
+        cr_assert_eq(coord_call(w[i].sock, &m, &r), 0);
+        cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+        w[i].id = r.u.register_ok.worker;
+    }
+    for (int i = 0; i < k; i++) {
+        tide_msg_init(&m, TIDE_MSG_JOIN);
+        m.u.join.worker = w[i].id;
+        snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+        m.u.join.total_bytes = 1 << 20;
+        m.u.join.num_layers = 4;
+        m.u.join.dp = 1;
+        m.u.join.tp = 2;
+        m.u.join.pp = 1;
+        m.u.join.micro_batches = 1;
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+}
+
+/* A launch of several ranks joins a running job one rank at a time (4 GPUs per host): the
+   policy grows the job onto that pool only once every rank of it joined (connecting a pool
+   is collective over its ranks), not onto ranks that registered but have not joined yet. */
+Test(elastic_tided, a_grow_waits_until_every_rank_of_a_joining_pool_joined, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4], b[2];
+    char out[8192];
+    int dp = 0;
+    join_declared(w, "pool-a", 2, 8, 5);
+    first_layout(w);
+    cr_assert_eq(switch_all(w, 2, 0, &dp), 4);
+    cr_assert_eq(dp, 2); /* pool-a's 4 GPUs all in the layout */
+    wait_events("elastic", 1, out, sizeof out);
+    /* pool-b: both ranks registered on host2, only its rank 0 joined */
+    register_pool(b, "pool-b", 2, "host2", 1);
+    wait_events("pool_joined", 1, out, sizeof out);
+    cr_assert(no_message(w, TIDE_MSG_LAYOUT, 1500), "the job grew onto a half-joined pool");
+    cr_assert_eq(events("elastic_failed", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(events("elastic", out, sizeof out), 1, "%s", out);
+    /* its rank 1 joins: the policy grows the job onto the whole pool */
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = b[1].id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "train");
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = 1;
+    m.u.join.tp = 2;
+    m.u.join.pp = 1;
+    m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(b[1].sock, &m), 0);
+    wait_events("elastic", 2, out, sizeof out);
+    cr_assert(strstr(out, "generation 3: grow dp 2 -> 3"), "%s", out);
+    cr_assert(strstr(out, "takes host2:0,1, gives up none"), "%s", out);
+    cr_assert_eq(events("elastic_failed", out, sizeof out), 0, "%s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    for (int i = 0; i < 2; i++)
+        zmq_close(b[i].sock);
+}
+
+/* One rank of pool `pool` on (host, device) registered and joined to job `job` at dp 1; its
+   first layout received. */
+static void join_one(fake *f, const char *pool, const char *job, const char *host, int device)
+{
+    tide_msg_t m, r;
+    f->sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
+    cr_assert_not_null(f->sock);
+    coord_mk_register(&m, pool, 0, 1, host, device, 3000 + device);
+    cr_assert_eq(coord_call(f->sock, &m, &r), 0);
+    cr_assert_eq(r.type, TIDE_MSG_REGISTER_OK);
+    f->id = r.u.register_ok.worker;
+    tide_msg_init(&m, TIDE_MSG_JOIN);
+    m.u.join.worker = f->id;
+    snprintf(m.u.join.job, sizeof m.u.join.job, "%s", job);
+    m.u.join.total_bytes = 1 << 20;
+    m.u.join.num_layers = 4;
+    m.u.join.dp = m.u.join.tp = m.u.join.pp = m.u.join.micro_batches = 1;
+    cr_assert_eq(coord_send(f->sock, &m), 0);
+    expect_type(f->sock, TIDE_MSG_LAYOUT, &r);
+    tide_msg_clear(&r);
+}
+
+/* A job's idle rank on a GPU that a member of another job holds (a job yields GPUs to a
+   higher-priority one launched there and keeps its ranks) gets no offline work: only the
+   idle rank whose GPU nobody holds does. */
+Test(elastic_tided, offline_work_skips_idle_ranks_on_gpus_another_job_holds, .init = setup,
+     .fini = teardown)
+{
+    start();
+    fake w[4], b, c;
+    char out[8192];
+    launch(w); /* "train": one host's two GPUs in its layout, the other host's two idle */
+    join_one(&b, "pool-b", "b", "host0", 0); /* whichever host is idle, its GPU 0 is held */
+    join_one(&c, "pool-c", "c", "host1", 0);
+    for (int i = 0; i < 2; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "off%d", i);
+        const char *const submit[] = {"submit", "--offline", "--name", name, "--", "true", NULL};
+        cr_assert_eq(ctl(out, sizeof out, submit), 0, "%s", out);
+    }
+    wait_events("offline_assigned", 1, out, sizeof out);
+    tide_sleep_ms(1000);
+    cr_assert_eq(events("offline_assigned", out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "device 1)"), "offline work on a GPU another job holds: %s", out);
+    const char *const jobs[] = {"jobs", NULL};
+    cr_assert_eq(ctl(out, sizeof out, jobs), 0, "%s", out);
+    cr_assert(strstr(out, "queued"), "the second offline job waits: %s", out);
+    for (int i = 0; i < 4; i++)
+        zmq_close(w[i].sock);
+    zmq_close(b.sock);
+    zmq_close(c.sock);
 }

@@ -43,15 +43,6 @@ launch() {
   MH_PIDS="$MH_PIDS $LAUNCHED"
 }
 
-# decision JOB N RULE WHAT: JOB's Nth "elastic" event has the typed reason RULE and says WHAT
-decision() {
-  local ev
-  wait_event "$1" elastic "$2" 60
-  ev=$(job_events "$1" | grep '"kind":"elastic"' | sed -n "$2"p)
-  grep -q "\"reason\":\"$3\"" <<<"$ev" || fail "$1's elastic decision $2 is not rule $3: $ev"
-  grep -q "$4" <<<"$ev" || fail "$1's elastic decision $2 does not say '$4': $ev"
-}
-
 note "bad bounds declared at launch: the join is refused with tided's reason, no job made"
 # (mpirun --enable-recovery exits 0 whatever its rank did: the rank's own words count)
 bash "$CLUSTER" exec h1 --name "$MH_NAME" "${GROW_MPI[@]}" --host h1:1 -np 1 "$TRAIN" --tide \

@@ -256,6 +256,47 @@ static inline int coord_send(void *sock, const tide_msg_t *m)
     return rc;
 }
 
+/*
+ * Sockets a test opened and has not closed, for a fixture's teardown: a failed assertion
+ * leaves a test before its own zmq_close calls, and zmq_ctx_destroy then waits for those
+ * sockets forever (the test hangs until ctest's timeout instead of failing). A test file
+ * opts in with
+ *   #define coord_connect(...) coord_tracked(coord_connect(__VA_ARGS__))
+ *   #define zmq_close(sock)    coord_close_tracked(sock)
+ * after this header (a macro is not expanded again inside its own expansion), and calls
+ * coord_close_all() before zmq_ctx_destroy.
+ */
+static void *coord_socks[256];
+static int coord_n_socks;
+
+static inline void *coord_tracked(void *sock)
+{
+    if (sock != NULL && coord_n_socks < (int)(sizeof coord_socks / sizeof coord_socks[0]))
+        coord_socks[coord_n_socks++] = sock;
+    return sock;
+}
+
+static inline int coord_close_tracked(void *sock)
+{
+    for (int i = 0; i < coord_n_socks; i++)
+        if (coord_socks[i] == sock) {
+            coord_socks[i] = coord_socks[--coord_n_socks];
+            break;
+        }
+    return zmq_close(sock);
+}
+
+/* Closes (linger 0) what the test left open. */
+static inline void coord_close_all(void)
+{
+    int linger = 0;
+    while (coord_n_socks > 0) {
+        void *s = coord_socks[--coord_n_socks];
+        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(s);
+    }
+}
+
 /* Receives one message (within the socket's timeout); 0 ok, -1 timeout or bad message. */
 static inline int coord_recv(void *sock, tide_msg_t *out)
 {

@@ -62,6 +62,19 @@ PLUGIN_SRC="$P/share/tide/examples/task_matmul/task_matmul.c"
 [ -x "$P/bin/tide-slurm-pools" ] || fail "bin/tide-slurm-pools is not installed"
 "$P/bin/tide-slurm-pools" --help | grep -q "one tide pool per" || fail "tide-slurm-pools --help"
 [ -f "$P/share/tide/examples/slurm/train_mlp.sbatch" ] || fail "the Slurm batch example is not installed"
+# tide-mpirun, where it is built (Open MPI 4.x): mpirun with libtide-mpirun.so loaded,
+# the launch marked for libtide (OMPI_TIDE_DAEMON_URIS=1 in its ranks), and the ranks
+# themselves run without the library
+if [ -f "$BUILD/worker/libtide-mpirun.so" ]; then
+  [ -x "$P/bin/tide-mpirun" ] || fail "bin/tide-mpirun is not installed"
+  renv=$("$P/bin/tide-mpirun" "${MPIRUN[@]:1}" -np 1 env 2>"$WORK/tide-mpirun.log") ||
+    fail "tide-mpirun -np 1 env: $(tail -3 "$WORK/tide-mpirun.log")"
+  grep -qx "OMPI_TIDE_DAEMON_URIS=1" <<<"$renv" || fail "tide-mpirun did not mark its launch"
+  ! grep -q "^LD_PRELOAD=.*libtide-mpirun" <<<"$renv" ||
+    fail "a rank started by tide-mpirun inherited libtide-mpirun.so"
+  renv=$("${MPIRUN[@]}" -np 1 env) || fail "mpirun -np 1 env"
+  ! grep -q "OMPI_TIDE_DAEMON_URIS" <<<"$renv" || fail "a plain mpirun's launch is marked"
+fi
 
 # 1. find_package(tide)
 cmake -S "$EX" -B "$WORK/qs-cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \

@@ -10,10 +10,11 @@
  * for this.
  *
  * What Open MPI 4.1's runtime (ORTE) can connect decides two things here (see
- * survey_side). A launch whose ranks run on a host other than its mpirun's cannot be
- * connected at all: the join refuses it before any port is opened. And a daemon (one
- * mpirun per launch) learns another launch only when one of its own ranks takes part in
- * accept/connect, so on the job's side one rank per launch accepts, not only the first.
+ * survey_side). A launch whose ranks run on a host other than its mpirun's can be
+ * connected only when tide-mpirun started it (worker/mpirun_uris.c): the join refuses
+ * any other before a port is opened. And a daemon (mpirun, or an orted on another host)
+ * learns another launch only when one of its own ranks takes part in accept/connect, so
+ * on each side one rank per daemon accepts or connects, not only the first.
  *
  * MPI_Comm_accept and MPI_Comm_connect never return when the other side dies before
  * connecting (Open MPI 4.1 has no timeout for them), so the whole connection runs on a
@@ -147,10 +148,20 @@ static int side_comm(jconn *j, MPI_Comm *side)
    address of each of its nodes' daemons (orte/orted/pmix/pmix_server_register_fns.c).
    Open MPI 4.1 records that address only for mpirun itself, so every orted's is NULL, and
    the daemon that looks such a launch up crashes parsing it (orte_rml_base_parse_uris:
-   strdup(NULL), pmix_server_dyn.c's _cnlk): a launch can be connected only when all of
-   its ranks run on mpirun's own host. Nor does a daemon serve a launch it has not looked
-   up: the addresses MPI_Intercomm_create asks it for (the direct modex) wait forever, so
-   a rank of every launch of the job's side must take part in the accept. */
+   strdup(NULL), pmix_server_dyn.c's _cnlk). tide-mpirun (worker/mpirun_uris.c) fills
+   those addresses in and marks its launch (OMPI_TIDE_DAEMON_URIS=1 in every rank): such
+   a launch connects whatever hosts it spans; any other only when all of its ranks run on
+   mpirun's own host. Nor does a daemon serve a launch it has not looked up: the
+   addresses MPI_Intercomm_create asks it for (the direct modex) wait forever, so a rank
+   under every daemon of each side takes part in the accept or the connect. */
+
+/* 1 when this process's launch was started by tide-mpirun: its record in ompi-server
+   holds every daemon's address. */
+static int launch_has_daemon_uris(void)
+{
+    const char *m = getenv("OMPI_TIDE_DAEMON_URIS");
+    return m != NULL && strcmp(m, "1") == 0;
+}
 
 /* The ORTE daemon hosting this process ("JOB.VPID" of OMPI_MCA_orte_local_daemon_uri, set
    by mpirun for each rank; vpid 0 is mpirun itself); 0.0 outside ORTE, where nothing is
@@ -165,9 +176,9 @@ static void my_daemon(uint32_t *job, uint32_t *vpid)
     *vpid = b;
 }
 
-/* The launch leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the
+/* The daemon leaders of the gathered side (all: [n] of {refusal, daemon job, vpid}): the
    first side rank of each daemon, into ranks; their count. */
-static int launch_leaders(const uint32_t *all, int n, int *ranks)
+static int daemon_leaders(const uint32_t *all, int n, int *ranks)
 {
     int k = 0;
     for (int c = 0; c < n; c++) {
@@ -180,7 +191,7 @@ static int launch_leaders(const uint32_t *all, int n, int *ranks)
     return k;
 }
 
-/* The communicator of the k launch leaders (side ranks) of side, into *out. */
+/* The communicator of the k daemon leaders (side ranks) of side, into *out. */
 static int leaders_comm(jconn *j, MPI_Comm side, const int *ranks, int k, MPI_Comm *out)
 {
     MPI_Group sg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
@@ -200,10 +211,10 @@ static int leaders_comm(jconn *j, MPI_Comm side, const int *ranks, int k, MPI_Co
 
 /* Every rank of the side says which daemon hosts it (a collective over side: on the
    joining side it also makes sure the pool is whole before its first rank connects). A
-   side with a rank under an orted is refused (-1, TIDE_ERR_ABORTED with the reason in j)
-   before any port is opened or connected to, so no daemon ever looks it up. On the job's
-   side, *leaders is then the communicator of the launch leaders (MPI_COMM_NULL on other
-   ranks; side rank 0, the first rank, leads its launch). */
+   side with a rank under an orted of a launch not started by tide-mpirun is refused (-1,
+   TIDE_ERR_ABORTED with the reason in j) before any port is opened or connected to, so
+   no daemon ever looks it up. Otherwise *leaders is the communicator of the side's daemon
+   leaders (MPI_COMM_NULL on other ranks; side rank 0, the first rank, leads its daemon). */
 static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
 {
     *leaders = MPI_COMM_NULL;
@@ -212,7 +223,8 @@ static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
     MPI_Comm_rank(side, &me);
     uint32_t mine[3];
     my_daemon(&mine[1], &mine[2]);
-    mine[0] = mine[2] == 0 ? UINT32_MAX : (uint32_t)j->jrank; /* a rank under an orted */
+    /* a rank under an orted of a launch whose record lacks the orteds' addresses */
+    mine[0] = mine[2] == 0 || launch_has_daemon_uris() ? UINT32_MAX : (uint32_t)j->jrank;
     uint32_t *all = tide_malloc((size_t)n * sizeof mine);
     int *ranks = tide_malloc((size_t)n * sizeof *ranks);
     int err = MPI_SUCCESS, bad = -1, k = 0, lead = 0;
@@ -229,8 +241,8 @@ static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
     for (int c = 0; err == MPI_SUCCESS && c < n; c++)
         if (all[3 * c] != UINT32_MAX && (bad < 0 || all[3 * c] < all[3 * bad]))
             bad = c;
-    if (err == MPI_SUCCESS && bad < 0 && j->accept) {
-        k = launch_leaders(all, n, ranks);
+    if (err == MPI_SUCCESS && bad < 0) {
+        k = daemon_leaders(all, n, ranks);
         for (int c = 0; c < k; c++)
             lead |= ranks[c] == me;
         if (lead)
@@ -249,16 +261,17 @@ static int survey_side(jconn *j, MPI_Comm side, MPI_Comm *leaders)
     snprintf(j->why, sizeof j->why,
              "job rank %u runs on another host than its launch's mpirun: Open MPI 4.1 "
              "cannot connect such a launch (no contact address for its orted daemons); "
-             "start one mpirun per host, on that host",
+             "start every launch of the job with tide-mpirun, or one mpirun per host",
              (unsigned)bad_rank);
     pthread_mutex_unlock(&j->mu);
     return -1;
 }
 
-/* The job's launch leaders (leaders: the first rank leads) accept through the port the
-   first rank opens, the joining pool's first rank connects (over MPI_COMM_SELF), and they
-   merge into *pair (the leaders first, the joining rank last); *i1 is their
-   intercommunicator. 0, or -1 with the reason in j (nothing left to free). */
+/* The job's daemon leaders (leaders: the first rank leads) accept through the port the
+   first rank opens, the joining pool's daemon leaders connect to it, and they merge into
+   *pair (the job's leaders first, its first rank at 0; the joining pool's after them, its
+   first rank first); *i1 is their intercommunicator. 0, or -1 with the reason in j
+   (nothing left to free). */
 static int pair_first(jconn *j, MPI_Comm leaders, MPI_Comm *i1, MPI_Comm *pair)
 {
     int err;
@@ -276,6 +289,9 @@ static int pair_first(jconn *j, MPI_Comm leaders, MPI_Comm *i1, MPI_Comm *pair)
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
         err = MPI_Comm_accept(port, MPI_INFO_NULL, 0, leaders, i1);
+    } else if (!j->root) { /* another daemon's leader of the joining pool */
+        char none[1] = "";
+        err = MPI_Comm_connect(none, MPI_INFO_NULL, 0, leaders, i1);
     } else {
         pthread_mutex_lock(&j->mu);
         while (!j->port_ready && !j->abandoned)
@@ -284,7 +300,7 @@ static int pair_first(jconn *j, MPI_Comm leaders, MPI_Comm *i1, MPI_Comm *pair)
         pthread_mutex_unlock(&j->mu);
         if (!go) /* never connected: the other side's first rank waits alone */
             return -1;
-        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, i1);
+        err = MPI_Comm_connect(j->port, MPI_INFO_NULL, 0, leaders, i1);
     }
     if (err != MPI_SUCCESS)
         return mpi_fail(j, err, j->accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
@@ -342,14 +358,13 @@ static int make_pool(jconn *j, MPI_Comm merged)
     return 0;
 }
 
-/* The connection, on its own thread. Only the joining pool's first rank and one rank per
-   launch of the job's side (survey_side) meet through the port: the fewest that make
-   every daemon learn the other launch. The others wait in MPI_Intercomm_create for their
-   first rank, which holds nothing, while a rank waiting inside MPI_Comm_accept or
-   MPI_Comm_connect holds that call's state until it returns. Then the two sides merge,
-   and the job's pool is made over the merged processes. Once started it runs to the end,
-   abandoned or not, so that no peer is left inside it; an abandoned result is freed by
-   the last to let go. */
+/* The connection, on its own thread. Only one rank per daemon of each side (survey_side)
+   meets through the port: the fewest that make every daemon learn the other launch. The
+   others wait in MPI_Intercomm_create for their first rank, which holds nothing, while a
+   rank waiting inside MPI_Comm_accept or MPI_Comm_connect holds that call's state until
+   it returns. Then the two sides merge, and the job's pool is made over the merged
+   processes. Once started it runs to the end, abandoned or not, so that no peer is left
+   inside it; an abandoned result is freed by the last to let go. */
 static int connect_run(jconn *j)
 {
     MPI_Comm side = MPI_COMM_NULL, pair = MPI_COMM_NULL, inter = MPI_COMM_NULL;
@@ -370,22 +385,20 @@ static int connect_run(jconn *j)
         MPI_Comm_free(&side);
         return -1;
     }
-    int paired = 0;
-    if (j->root || leaders != MPI_COMM_NULL)
+    int paired = 0, nlead = 0;
+    if (leaders != MPI_COMM_NULL) {
+        MPI_Comm_size(leaders, &nlead);
         paired = pair_first(j, leaders, &i1, &pair) == 0 ? 1 : -1;
-    if (leaders != MPI_COMM_NULL)
         MPI_Comm_free(&leaders);
+    }
     if (paired < 0) {
         MPI_Comm_free(&side);
         return -1;
     }
-    /* the first ranks are paired: both sides meet (the other's first rank in pair: the
-       job's is first, the joining pool's last) */
-    int psize = 0;
-    if (pair != MPI_COMM_NULL)
-        MPI_Comm_size(pair, &psize);
-    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL,
-                                   j->accept ? psize - 1 : 0, j->tag + 2, &inter);
+    /* the leaders are paired: both sides meet (the other's first rank in pair: the job's
+       at 0, the joining pool's right after the job's nlead leaders) */
+    int err = MPI_Intercomm_create(side, 0, j->root ? pair : MPI_COMM_NULL, j->accept ? nlead : 0,
+                                   j->tag + 2, &inter);
     if (pair != MPI_COMM_NULL)
         MPI_Comm_free(&pair);
     if (i1 != MPI_COMM_NULL)

@@ -119,8 +119,8 @@ if [ "$HOSTS" -ge 2 ]; then
       -x TIDE_SERVER_KEY="$KEYS/server.pub" "$TRAIN" --tide --job "$JOB" --dp "$(($2 / 4))" \
       --tp 4 "${MODEL[@]}" --steps 100000 --pace-ms 100 --print-every 20 >"$3.log" 2>"$3.err" &
   }
-  # one launch per host, each joining the job started on h1 (Open MPI 4.1 connects
-  # launches only through mpirun's own host: docs/multihost.md, "Growing a job")
+  # one launch per host, each joining the job started on h1 (a launch across hosts joins
+  # or is joined only when tide-mpirun started it: docs/multihost.md, "Growing a job")
   say "on h1: mpirun --host h1:4 train_mlp --tide --dp 1 --tp 4 (log $OUT/train.log)"
   launch "h1:4" 4 "$OUT/train"
   TRAIN_PID=$!

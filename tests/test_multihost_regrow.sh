@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Growing whatever the launches span, on 3 hosts of scripts/cluster.sh (tided with CURVE
-# keys, an ompi-server, every mpirun on a host of its launch). Open MPI 4.1 connects only
-# launches whose every rank runs on its mpirun's host (docs/multihost.md, "Growing a job"). Parts:
-#   span    a job whose first launch spans h1 and h2 (mpirun on h1, an orted on h2) and a
-#           pool launched later on h3: the resize onto it is refused within seconds with
-#           the reason (no mpirun crashes, as Open MPI's own lookup of that launch would);
-#           the job trains on under its first layout, its losses equal the never-resized
-#           run's, and the pool is still alive. Then the other way round: a job on h1 and a
-#           pool spanning h2 and h3: refused the same way, the job trains on.
+# keys, an ompi-server). Parts:
+#   span    launches started by tide-mpirun (docs/multihost.md, "Growing a job"): job s1's
+#           first launch spans h1 and h2 (mpirun on h1, an orted on h2); it grows onto a
+#           launch on h3, then onto one across h1 and h2 (dp 2 -> 4 -> 8). Job s2's first
+#           launch spans h1, h2 and h3 and it grows onto a launch across h2 and h3 (dp 4
+#           -> 8). Each grow commits, no daemon crashes, and the losses equal the
+#           never-resized run's. Then a launch by a plain mpirun across h1 and h2 (job s3):
+#           Open MPI 4.1 cannot connect it, and the resize onto a pool on h3 is refused
+#           within seconds with the reason (naming tide-mpirun); the job trains on under
+#           its first layout with the never-resized run's losses, the pool still alive.
 #   twice   a job launched on h1 grows onto a launch on h2 and then onto one on h3 (one
 #           mpirun per host: the job spans three hosts); h2 is lost (kill-host) and the
 #           job recovers over h1 and h3; h2 comes back (revive-host), a pool launched there
@@ -33,13 +35,16 @@ note "the never-resized reference run (dp 1) on h1"
   --loss-out "$MH_TMP/ref.loss" --state-out "$MH_TMP/ref.state" --print-every 1000 \
   >"$MH_TMP/ref.log" 2>&1 || { cat "$MH_TMP/ref.log" >&2; fail "reference run"; }
 
-# launch JOB TAG MPIHOST HOSTS NP DP: NP ranks of the job on HOSTS ("h1:1,h2:1"), mpirun on
-# MPIHOST (background, LAUNCHED its pid); its own loss and state files (TAG), first layout
-# (dp DP); steps paced so that the job still trains when the test acts.
+# [MPIRUN=tide] launch JOB TAG MPIHOST HOSTS NP DP: NP ranks of the job on HOSTS
+# ("h1:1,h2:1"), mpirun (tide-mpirun with MPIRUN=tide) on MPIHOST (background, LAUNCHED
+# its pid); its own loss and state files (TAG), first layout (dp DP); steps paced so that
+# the job still trains when the test acts.
 launch() {
   local job=$1 tag=$2 mpihost=$3 hosts=$4 np=$5 dp=$6
+  local mpi=("${GROW_MPI[@]}")
+  [ "${MPIRUN:-plain}" = tide ] && mpi[0]=$TIDE_BUILD/worker/tide-mpirun
   bash "$CLUSTER" exec "$mpihost" --name "$MH_NAME" \
-    "${GROW_MPI[@]}" --host "$hosts" -np "$np" "$TRAIN" --tide --job "$job" "${MODEL[@]}" \
+    "${mpi[@]}" --host "$hosts" -np "$np" "$TRAIN" --tide --job "$job" "${MODEL[@]}" \
     --dp "$dp" --steps $STEPS --pace-ms 60 --print-every 1000 \
     --loss-out "$MH_TMP/$job-$tag.loss" --state-out "$MH_TMP/$job-$tag.state" \
     >"$MH_TMP/$job-$tag.log" 2>&1 &
@@ -89,7 +94,7 @@ refused() {
     grep -q "runs on another host than its launch's mpirun" "$log" && break
     sleep 0.1
   done
-  grep -q "runs on another host than its launch's mpirun" "$log" ||
+  grep -q "runs on another host than its launch's mpirun.*tide-mpirun" "$log" ||
     fail "$job: no reason in $log: $(tail -5 "$log")"
   ! grep -l "Segmentation fault\|orte_rml_base_parse_uris" "$MH_TMP"/"$job"-*.log ||
     fail "$job: a daemon crashed"
@@ -97,47 +102,88 @@ refused() {
 }
 
 # ---- span --------------------------------------------------------------------------------
+# gone: every rank of the launches stopped has left tided's table
+gone() {
+  for _ in $(seq 300); do
+    [ "$(ctl ops status | grep -c ' \(online\|idle\) ')" -eq 0 ] && return 0
+    sleep 0.1
+  done
+  fail "ranks of stopped launches are still registered: $(ctl ops status)"
+}
+
+# grown JOB N DP LOG...: the job's Nth grow committed (dp DP) and no daemon crashed
+grown() {
+  local job=$1 n=$2 dp=$3
+  grow "$job" "$n" "$dp"
+  ! grep -l "Segmentation fault\|orte_rml_base_parse_uris" "$MH_TMP"/"$job"-*.log ||
+    fail "$job: a daemon crashed"
+  job_events "$job" | grep '"kind":"resized"' | sed -n "$n"p | grep -q "\"dp\":$dp," ||
+    fail "$job: grow $n did not commit (dp $dp): $(job_events "$job" | grep resized)"
+}
+
 if [[ " ${TIDE_TEST_PARTS:-span twice} " == *" span "* ]]; then
-note "span: job s1 (dp 2) launched across h1 and h2; a pool on h3"
-launch s1 p1 h1 h1:1,h2:1 2 2
+note "span: job s1 (dp 2) launched by tide-mpirun across h1 and h2; grows onto a launch on" \
+  "h3, then onto one across h1 and h2"
+MPIRUN=tide launch s1 p1 h1 h1:1,h2:1 2 2
 P1=$LAUNCHED
 wait_busy 2 60
 wait_step "$MH_TMP/s1-p1.loss" 10
-launch s1 p2 h3 h3:2 2 2
+MPIRUN=tide launch s1 p2 h3 h3:2 2 2
 P2=$LAUNCHED
 wait_event s1 pool_joined 1
 wait_idle 2
-t0=$(date +%s%3N)
-ctl ops resize s1 --dp 4 >/dev/null
-refused s1 "$t0" "$MH_TMP/s1-p1.log"
+grown s1 1 4
+MPIRUN=tide launch s1 p3 h1 h1:2,h2:2 4 2
+P3=$LAUNCHED
+wait_event s1 pool_joined 2
+wait_idle 4
+grown s1 2 8
 s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s1-p1.loss")
 wait_step "$MH_TMP/s1-p1.loss" $((s_ab + 10))
-kill -0 "$P2" 2>/dev/null || fail "the refused pool's launch died: $(tail -5 "$MH_TMP/s1-p2.log")"
-compare_losses "$MH_TMP/s1-p1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
+cat "$MH_TMP"/s1-p*.loss >"$MH_TMP/s1.loss"
+compare_losses "$MH_TMP/s1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
   fail "s1's losses differ from the never-resized run"
-stop "$P1" "$P2"
+stop "$P1" "$P2" "$P3"
+gone
 
-note "span: job s2 (dp 1) on h1; a pool launched across h2 and h3"
-launch s2 p1 h1 h1:1 1 1
+note "span: job s2 (dp 4) launched by tide-mpirun across h1, h2 and h3; grows onto a" \
+  "launch across h2 and h3"
+MPIRUN=tide launch s2 p1 h1 h1:1,h2:1,h3:2 4 4
 P1=$LAUNCHED
-wait_busy 1 60
+wait_busy 4 60
 wait_step "$MH_TMP/s2-p1.loss" 10
-launch s2 p2 h2 h2:1,h3:1 2 1
+MPIRUN=tide launch s2 p2 h2 h2:2,h3:2 4 4
 P2=$LAUNCHED
 wait_event s2 pool_joined 1
-wait_idle 2
-t0=$(date +%s%3N)
-ctl ops resize s2 --dp 2 >/dev/null
-refused s2 "$t0" "$MH_TMP/s2-p2.log"
+wait_idle 4
+grown s2 1 8
 s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s2-p1.loss")
 wait_step "$MH_TMP/s2-p1.loss" $((s_ab + 10))
-compare_losses "$MH_TMP/s2-p1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
+cat "$MH_TMP"/s2-p*.loss >"$MH_TMP/s2.loss"
+compare_losses "$MH_TMP/s2.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
   fail "s2's losses differ from the never-resized run"
 stop "$P1" "$P2"
-for _ in $(seq 300); do
-  [ "$(ctl ops status | grep -c ' \(online\|idle\) ')" -eq 0 ] && break
-  sleep 0.1
-done
+gone
+
+note "span: job s3 (dp 2) launched by a plain mpirun across h1 and h2; a pool on h3"
+launch s3 p1 h1 h1:1,h2:1 2 2
+P1=$LAUNCHED
+wait_busy 2 60
+wait_step "$MH_TMP/s3-p1.loss" 10
+launch s3 p2 h3 h3:2 2 2
+P2=$LAUNCHED
+wait_event s3 pool_joined 1
+wait_idle 2
+t0=$(date +%s%3N)
+ctl ops resize s3 --dp 4 >/dev/null
+refused s3 "$t0" "$MH_TMP/s3-p1.log"
+s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s3-p1.loss")
+wait_step "$MH_TMP/s3-p1.loss" $((s_ab + 10))
+kill -0 "$P2" 2>/dev/null || fail "the refused pool's launch died: $(tail -5 "$MH_TMP/s3-p2.log")"
+compare_losses "$MH_TMP/s3-p1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
+  fail "s3's losses differ from the never-resized run"
+stop "$P1" "$P2"
+gone
 fi
 
 # ---- twice -------------------------------------------------------------------------------
@@ -203,5 +249,6 @@ compare_states "${state:-$MH_TMP/g1-a.state}" "$MH_TMP/ref.state" 1e-4
 echo "twice: grew onto h2 and h3, lost h2, grew onto it again after it came back; $k steps" \
   "and the final state match the never-resized run"
 fi
-echo "PASS: launches that span hosts are refused cleanly; one launch per host grows," \
-  "twice, and again onto a host that came back"
+echo "PASS: launches by tide-mpirun that span two and three hosts grow and are grown onto;" \
+  "a plain mpirun's spanning launch is refused cleanly; one launch per host grows, twice," \
+  "and again onto a host that came back"

@@ -23,6 +23,7 @@
     } while (0)
 
 static int failures;
+static double worst; /* the largest max diff / scale of any compare, printed at the end */
 
 static void expect(int ok, const char *fmt, const char *name, double a, double b)
 {
@@ -46,6 +47,7 @@ static void compare(const char *what, const char *name, const float *a, const fl
     char label[160];
     snprintf(label, sizeof label, "%s %s", what, name);
     expect(md <= tol * ma + 1e-7, "%s: max diff %.3g vs scale %.3g", label, md, ma);
+    worst = fmax(worst, md / fmax(ma, 1e-30));
 }
 
 static void run(const tide_mlp_config *cfg, int micro)
@@ -108,6 +110,15 @@ int main(void)
     CHECK(tide_mlp_select_device(TIDE_MLP_CUDA, 0));
     tide_mlp_config cfg;
     tide_mlp_config_default(&cfg);
+    /* Adam with its usual eps (1e-8) moves an element by about lr at the first update
+       whatever the size of its gradient (m_hat / sqrt(v_hat) is +-1), so an element whose
+       gradient is within rounding of zero steps +lr on one device and -lr on the other:
+       the first H200 run saw such elements up to 7e-3 of their tensor's scale apart after
+       three updates while every gradient matched within 1e-4. With eps 1e-3 the update is
+       smooth in the gradient, and the parameters after the steps compare the devices'
+       arithmetic, not the sign of rounding noise. The trajectories at the default eps are
+       gpu-check's train-* steps (losses against the cpu run). */
+    cfg.eps = 1e-3;
     run(&cfg, 2);
     cfg.layers = 2;
     cfg.hidden = 384;
@@ -117,9 +128,12 @@ int main(void)
     cfg.global_batch = 8;
     run(&cfg, 2);
     if (failures) {
-        fprintf(stderr, "test_examples_gpu: %d check(s) failed\n", failures);
+        fprintf(stderr, "test_examples_gpu: %d check(s) failed (largest max diff / scale %.3g)\n",
+                failures, worst);
         return 1;
     }
-    printf("test_examples_gpu: CUDA forward/backward match the CPU path: passed\n");
+    printf("test_examples_gpu: CUDA forward/backward and 3 Adam steps match the CPU path "
+           "(largest max diff / scale %.3g): passed\n",
+           worst);
     return 0;
 }

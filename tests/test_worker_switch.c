@@ -52,6 +52,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "mpi_test.h"
+#include "worker/retire.h"
 #include "worker/switch_int.h"
 
 #define LAYERS 2
@@ -64,7 +65,7 @@ static tide__gens_t *g_gens; /* the generations' abort words (the control thread
 
 static tide_coll_backend_v1 rec;
 static const tide_coll_backend_v1 *under;
-static int n_live; /* communicators alive in this process */
+static _Atomic int n_live; /* communicators alive in this process (the retirer's thread too) */
 
 static tide_status rec_create(tide_coll_pool_t *pool, const tide_coll_comm_params *p,
                               tide_coll_comm_t **out)
@@ -209,6 +210,58 @@ static void dev_register(void)
     dev.copy_host = dev_copy_host;
     dev.stream_sync = dev_sync;
     MT_OK(tide_coll_backend_register(&dev));
+}
+
+/* A device stand-in whose destroys can be held back (the gate), so that a test sees the
+   old layout's communicators outlive the switch that replaced them (retire.h): it
+   records which thread binds the device and destroys, and reads each communicator's abort
+   state as it goes (its generation word must still be there: ASan would see it freed). */
+static tide_coll_backend_v1 ret;
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_closed, off_main_destroys, off_main_binds, main_destroys, bound_device = -1;
+
+static tide_status ret_bind(int device)
+{
+    pthread_mutex_lock(&gate_mu);
+    if (!is_main) {
+        off_main_binds++;
+        bound_device = device;
+    }
+    pthread_mutex_unlock(&gate_mu);
+    return TIDE_OK;
+}
+
+static void ret_destroy(tide_coll_comm_t *c)
+{
+    (void)tide_coll_comm_aborted(c); /* reads the word it watches */
+    pthread_mutex_lock(&gate_mu);
+    if (is_main) {
+        main_destroys++;
+    } else {
+        off_main_destroys++;
+        while (gate_closed)
+            pthread_cond_wait(&gate_cv, &gate_mu);
+    }
+    pthread_mutex_unlock(&gate_mu);
+    rec_destroy(c);
+}
+
+static void ret_register(void)
+{
+    ret = rec;
+    ret.name = "swret";
+    ret.device_bind = ret_bind;
+    ret.comm_destroy = ret_destroy;
+    MT_OK(tide_coll_backend_register(&ret));
+}
+
+static void gate(int closed)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = closed;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
 }
 
 /* ---- the toy state ------------------------------------------------------------------------ */
@@ -782,8 +835,8 @@ static void test_streams(const tide_collection_t *coll)
     MT_ASSERT(st.prepared, "the switch took what the preparation built");
     shards(coll, &t->view, t->bufs, 4, 0, "streams: after the prepared switch");
     MT_ASSERT(main_calls > 0 && main_own == main_calls,
-              "the switch's device work ran on libtide's own stream (%d of %d calls; %s)",
-              main_own, main_calls, first_bad);
+              "the switch's device work ran on libtide's own stream (%d of %d calls; %s)", main_own,
+              main_calls, first_bad);
     /* back, built at the switch step: the groups' splits agree in host memory */
     for (size_t i = 0; i < t->n_tensors; i++)
         tide__free_buffer(t, old[i]);
@@ -1017,6 +1070,56 @@ static void test_release(const tide_collection_t *coll)
     release_once(coll, 3);
 }
 
+/* On a device backend the old layout's communicators are destroyed on the retirer's
+   thread (bound to the rank's device) after the switch returned: with their destroys held
+   back, the switch commits, the new groups work, and the 4 old groups are still alive
+   (the switch communicator went when the new all was split off it; built ahead, it would
+   go with the old groups); let go, they are destroyed off the training thread, and
+   nothing leaks when the runtime ends. A switch that replaces nothing it
+   could retire (join, release, a dead member) destroys inline as before (the other
+   tests, whose backend is a host one). */
+static void test_retire(const tide_collection_t *coll)
+{
+    tide_layout_t *dp2 = layout(2, 1, 1, W01), *tp2 = layout(1, 2, 1, W01);
+    g_backend = "swret";
+    tide_t *t = rt_new(world_pool(), g_rank, g_size, coll, dp2, 1, 5, 0);
+    g_backend = "swrec";
+    t->retire = tide__retire_new(t->be, 3);
+    MT_ASSERT(t->retire != NULL, "retire: no retirer");
+    port_rec p = {.t = t, .completed = 5};
+    void **nb = new_buffers(t, tp2, 2);
+    void **old = tide_calloc(t->n_tensors, sizeof *old);
+    memcpy(old, t->bufs, t->n_tensors * sizeof *old);
+    tide__intent in = intent(2, dp2, tp2, 1);
+    tide_reshard_stats st;
+    gate(1);
+    MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, &st));
+    MT_ASSERT(p.commits == 1 && t->view.generation == 2, "retire: the switch did not commit");
+    MT_ASSERT(n_live == 8,
+              "retire: %d communicators alive while the old ones are held back (4 new + 4 "
+              "old expected)",
+              (int)n_live);
+    shards(coll, &t->view, t->bufs, 5, 0, "retire: after the switch");
+    groups_work(t, "retire: while the old groups are being destroyed");
+    gate(0);
+    tide__retire_wait(t->retire);
+    MT_ASSERT(n_live == 4, "retire: %d communicators alive once retired (4 expected)", (int)n_live);
+    MT_ASSERT(off_main_destroys == 4 && main_destroys == 1,
+              "retire: %d destroys on the retirer's thread, %d on the training thread (4, 1)",
+              off_main_destroys, main_destroys);
+    MT_ASSERT(off_main_binds == 1 && bound_device == 3,
+              "retire: the retirer bound device %d %d times (3, once)", bound_device,
+              off_main_binds);
+    for (size_t i = 0; i < t->n_tensors; i++)
+        tide__free_buffer(t, old[i]);
+    tide_free(old);
+    tide_free(nb);
+    rt_destroy(&t);
+    MT_ASSERT(n_live == 0, "retire: %d communicators leaked", (int)n_live);
+    tide_layout_destroy(&dp2);
+    tide_layout_destroy(&tp2);
+}
+
 int main(int argc, char **argv)
 {
     int level = 0;
@@ -1027,6 +1130,7 @@ int main(int argc, char **argv)
     MT_OK(tide__gens_new(&g_gens));
     rec_register();
     dev_register();
+    ret_register();
     is_main = 1;
     tide_collection_t *coll = make_collection(0);
     char root[256];
@@ -1035,9 +1139,9 @@ int main(int argc, char **argv)
     struct {
         const char *name;
         void (*run)(const tide_collection_t *);
-    } tests[] = {{"plain", test_plain},     {"undo", test_undo}, {"aborted", test_aborted},
-                 {"streams", test_streams}, {"dead", test_dead}, {"join", test_join},
-                 {"release", test_release}};
+    } tests[] = {{"plain", test_plain},     {"undo", test_undo},    {"aborted", test_aborted},
+                 {"streams", test_streams}, {"dead", test_dead},    {"join", test_join},
+                 {"release", test_release}, {"retire", test_retire}};
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (only != NULL && strcmp(only, tests[i].name) != 0)

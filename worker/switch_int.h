@@ -70,8 +70,8 @@ typedef struct tide__switch {
     tide_t *t;
     tide__switch_port port;
     tide__intent in;
-    const tide__gen_t *word; /* in.gen's abort word (borrowed): every communicator of the
-                                switch watches it */
+    tide__gen_t *word; /* in.gen's abort word (borrowed): every communicator of the switch
+                          watches it (the retirer takes a reference of its own) */
     int committed;
     tide_view nv;          /* this rank's place in in.next */
     void *const *new_bufs; /* the program's new buffers (NULL: none, or in place) */
@@ -108,7 +108,7 @@ typedef struct tide__switch {
 /* Starts transaction tx of t for intent *in (moved in: *in is left cleared), whose
    generation's abort word is word (borrowed for the transaction), with port, and the
    program's new buffers (checked by the caller). Never fails. */
-void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, const tide__gen_t *word,
+void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, tide__gen_t *word,
                         const tide__switch_port *port, void *const *new_bufs);
 
 /* The phases, in order. Each returns TIDE_OK or the failure (its detail set); a

@@ -20,6 +20,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "worker/retire.h"
 #include "worker/switch_int.h"
 
 #define SUBSYS "worker"
@@ -31,7 +32,7 @@ static double ms_since(uint64_t t0)
 
 /* ---- the transaction ------------------------------------------------------------------ */
 
-void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, const tide__gen_t *word,
+void tide__switch_begin(tide__switch *tx, tide_t *t, tide__intent *in, tide__gen_t *word,
                         const tide__switch_port *port, void *const *new_bufs)
 {
     memset(tx, 0, sizeof *tx);
@@ -563,7 +564,17 @@ static void teardown(tide__switch *tx)
     for (int i = 0; tx->lost && i < 4; i++)
         if (tx->old_c[i] != NULL)
             tide_coll_comm_abort(tx->old_c[i]);
-    tide__destroy_comms(tx->old_c, 5);
+    if (t->retire != NULL && !tx->lost && !tx->joined && !tx->released) {
+        /* nothing uses them after the commit: destroyed while training goes on. The old
+           groups watch the old generation's word, the switch communicator the new one's */
+        tide__gen_t *words[5] = {t->run_word, t->run_word, t->run_word, t->run_word, tx->word};
+        tide__retire_give(t->retire, tx->old_c, words, 5);
+    } else {
+        /* aborted ones go at once (their kernels may wait on the dead member), and the
+           pool below outlives every communicator made over it */
+        tide__retire_wait(t->retire);
+        tide__destroy_comms(tx->old_c, 5);
+    }
     if (tx->joined || tx->released) { /* the old layout's groups are gone: so can their pool */
         tide_coll_pool_destroy(&tx->old_pool);
         MPI_Comm_free(&tx->old_end);

@@ -18,6 +18,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "worker/retire.h"
 #include "worker/sched.h"
 #include "worker/tide_int.h"
 
@@ -187,6 +188,10 @@ static tide_status open_shared(tide_t *t)
 {
     TIDE_CHECK(tide__mailbox_new(&t->intents));
     TIDE_CHECK(tide__gens_new(&t->gens));
+    /* a device backend's communicators take long to destroy: not on the training thread
+       (without the retirer, a switch destroys them itself) */
+    if (t->be->device_bind != NULL)
+        t->retire = tide__retire_new(t->be, t->device);
     return tide__prep_new(&t->prep, t->gens);
 }
 
@@ -306,7 +311,8 @@ static void stop_threads(tide_t *t, int fenced)
         tide__gens_kill_above(t->gens, t->agree.gen);
     tide__ctl_destroy(&t->ctl, !fenced);
     tide__prep_destroy(&t->prep);
-    tide__hostbeat_close(&t->host); /* the control thread that published is gone */
+    tide__retire_destroy(&t->retire); /* the replaced layouts' communicators are gone */
+    tide__hostbeat_close(&t->host);   /* the control thread that published is gone */
 }
 
 void tide_destroy(tide_t **self_p)

@@ -73,6 +73,8 @@ struct tide {
     tide__progress progress;
     tide__gens_t *gens;
     tide__prep_t *prep;
+    struct tide__retire *retire; /* the replaced layouts' communicators, destroyed off this
+                                    thread (retire.h); NULL on a host backend */
     tide__hostbeat_t *host; /* heartbeats through the host's leader, or NULL (owned; the ctl
                                borrows it) */
     int32_t *coord_ids;     /* tided's worker id of each pool rank */

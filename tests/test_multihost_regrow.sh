@@ -111,7 +111,7 @@ gone() {
   fail "ranks of stopped launches are still registered: $(ctl ops status)"
 }
 
-# grown JOB N DP LOG...: the job's Nth grow committed (dp DP) and no daemon crashed
+# grown JOB N DP: the job's Nth grow committed (dp DP) and no daemon crashed
 grown() {
   local job=$1 n=$2 dp=$3
   grow "$job" "$n" "$dp"
@@ -121,67 +121,68 @@ grown() {
     fail "$job: grow $n did not commit (dp $dp): $(job_events "$job" | grep resized)"
 }
 
+# [MPIRUN=tide] first JOB HOSTS NP DP: the job's first launch (mpirun on h1), training
+# (P1 its pid)
+first() {
+  launch "$1" p1 h1 "$2" "$3" "$4"
+  P1=$LAUNCHED
+  wait_busy "$3" 60
+  wait_step "$MH_TMP/$1-p1.loss" 10
+}
+
+# [MPIRUN=tide] joins JOB TAG MPIHOST HOSTS NP DP N IDLE: a launch of the job (given the
+# first layout's dp) that joins it as its Nth pool, IDLE ranks idle once it did (LAUNCHED
+# its pid)
+joins() {
+  launch "$1" "$2" "$3" "$4" "$5" "$6"
+  wait_event "$1" pool_joined "$7"
+  wait_idle "$8"
+}
+
+# trains_on JOB: 10 more steps of the job, and every loss of its launches equal to the
+# never-resized run's
+trains_on() {
+  local s
+  s=$(awk 'END { print $1 + 0 }' "$MH_TMP/$1-p1.loss")
+  wait_step "$MH_TMP/$1-p1.loss" $((s + 10))
+  cat "$MH_TMP/$1"-p*.loss >"$MH_TMP/$1.loss"
+  compare_losses "$MH_TMP/$1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
+    fail "$1's losses differ from the never-resized run"
+}
+
 if [[ " ${TIDE_TEST_PARTS:-span twice} " == *" span "* ]]; then
 note "span: job s1 (dp 2) launched by tide-mpirun across h1 and h2; grows onto a launch on" \
   "h3, then onto one across h1 and h2"
-MPIRUN=tide launch s1 p1 h1 h1:1,h2:1 2 2
-P1=$LAUNCHED
-wait_busy 2 60
-wait_step "$MH_TMP/s1-p1.loss" 10
-MPIRUN=tide launch s1 p2 h3 h3:2 2 2
+MPIRUN=tide first s1 h1:1,h2:1 2 2
+MPIRUN=tide joins s1 p2 h3 h3:2 2 2 1 2
 P2=$LAUNCHED
-wait_event s1 pool_joined 1
-wait_idle 2
 grown s1 1 4
-MPIRUN=tide launch s1 p3 h1 h1:2,h2:2 4 2
+MPIRUN=tide joins s1 p3 h1 h1:2,h2:2 4 2 2 4
 P3=$LAUNCHED
-wait_event s1 pool_joined 2
-wait_idle 4
 grown s1 2 8
-s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s1-p1.loss")
-wait_step "$MH_TMP/s1-p1.loss" $((s_ab + 10))
-cat "$MH_TMP"/s1-p*.loss >"$MH_TMP/s1.loss"
-compare_losses "$MH_TMP/s1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
-  fail "s1's losses differ from the never-resized run"
+trains_on s1
 stop "$P1" "$P2" "$P3"
 gone
 
 note "span: job s2 (dp 4) launched by tide-mpirun across h1, h2 and h3; grows onto a" \
   "launch across h2 and h3"
-MPIRUN=tide launch s2 p1 h1 h1:1,h2:1,h3:2 4 4
-P1=$LAUNCHED
-wait_busy 4 60
-wait_step "$MH_TMP/s2-p1.loss" 10
-MPIRUN=tide launch s2 p2 h2 h2:2,h3:2 4 4
+MPIRUN=tide first s2 h1:1,h2:1,h3:2 4 4
+MPIRUN=tide joins s2 p2 h2 h2:2,h3:2 4 4 1 4
 P2=$LAUNCHED
-wait_event s2 pool_joined 1
-wait_idle 4
 grown s2 1 8
-s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s2-p1.loss")
-wait_step "$MH_TMP/s2-p1.loss" $((s_ab + 10))
-cat "$MH_TMP"/s2-p*.loss >"$MH_TMP/s2.loss"
-compare_losses "$MH_TMP/s2.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
-  fail "s2's losses differ from the never-resized run"
+trains_on s2
 stop "$P1" "$P2"
 gone
 
 note "span: job s3 (dp 2) launched by a plain mpirun across h1 and h2; a pool on h3"
-launch s3 p1 h1 h1:1,h2:1 2 2
-P1=$LAUNCHED
-wait_busy 2 60
-wait_step "$MH_TMP/s3-p1.loss" 10
-launch s3 p2 h3 h3:2 2 2
+first s3 h1:1,h2:1 2 2
+joins s3 p2 h3 h3:2 2 2 1 2
 P2=$LAUNCHED
-wait_event s3 pool_joined 1
-wait_idle 2
 t0=$(date +%s%3N)
 ctl ops resize s3 --dp 4 >/dev/null
 refused s3 "$t0" "$MH_TMP/s3-p1.log"
-s_ab=$(awk 'END { print $1 + 0 }' "$MH_TMP/s3-p1.loss")
-wait_step "$MH_TMP/s3-p1.loss" $((s_ab + 10))
 kill -0 "$P2" 2>/dev/null || fail "the refused pool's launch died: $(tail -5 "$MH_TMP/s3-p2.log")"
-compare_losses "$MH_TMP/s3-p1.loss" "$MH_TMP/ref.loss" 1e-5 >/dev/null ||
-  fail "s3's losses differ from the never-resized run"
+trains_on s3
 stop "$P1" "$P2"
 gone
 fi

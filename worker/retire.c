@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "worker/retire.h"
 
@@ -60,16 +61,17 @@ static void *retire_main(void *arg)
     return NULL;
 }
 
-tide__retire_t *tide__retire_new(const tide_coll_backend_v1 *be, int device)
+tide_status tide__retire_new(tide__retire_t **out, const tide_coll_backend_v1 *be, int device)
 {
     tide__retire_t *r = tide_calloc(1, sizeof *r);
+    *out = r;
     if (r == NULL)
-        return NULL;
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the communicators' retirer");
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->be = be;
     r->device = device;
-    return r;
+    return TIDE_OK;
 }
 
 /* Starts the thread if it is not running; 0 when it runs. r->mu held. */

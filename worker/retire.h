@@ -23,9 +23,9 @@
 typedef struct tide__retire tide__retire_t;
 
 /* A retirer for communicators of backend be on device (its thread starts at the first
-   hand-over). *out owned by the caller (tide__retire_destroy); NULL on no memory, when
-   callers destroy inline. Any thread. */
-tide__retire_t *tide__retire_new(const tide_coll_backend_v1 *be, int device);
+   hand-over) into *out, owned by the caller (tide__retire_destroy); TIDE_ERR_NOMEM and
+   *out NULL when out of memory (callers then destroy inline). Any thread. */
+tide_status tide__retire_new(tide__retire_t **out, const tide_coll_backend_v1 *be, int device);
 
 /* Takes the n communicators of c that are not NULL (nulling them) and destroys them on the
    retirer's thread, in order; words[i] is the generation word c[i] watches (NULL: none),

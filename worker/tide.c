@@ -190,8 +190,9 @@ static tide_status open_shared(tide_t *t)
     TIDE_CHECK(tide__gens_new(&t->gens));
     /* a device backend's communicators take long to destroy: not on the training thread
        (without the retirer, a switch destroys them itself) */
-    if (t->be->device_bind != NULL)
-        t->retire = tide__retire_new(t->be, t->device);
+    if (t->be->device_bind != NULL && tide__retire_new(&t->retire, t->be, t->device) != TIDE_OK)
+        TIDE_WARN(SUBSYS, "%s: switches destroy their old communicators themselves",
+                  tide_last_error());
     return tide__prep_new(&t->prep, t->gens);
 }
 

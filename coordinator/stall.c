@@ -64,7 +64,13 @@ static size_t host_of(hosts *h, const char *name, int32_t rank)
     return i;
 }
 
-/* The live members of running job j by host, the job's bound, and which are past it. */
+/* The live members of running job j by host, the job's bound, and which are stuck: inside
+   a step that has run past half the bound. The event fires once one has run past the
+   whole bound (tide__stall_tick); by then a hung collective holds every member, but the
+   others entered it a little later or last told their step a heartbeat ago, and a check
+   once a second would name only the first (test_multihost_partition saw "h1 (4 ranks, 1
+   stalled) and h2 (4 ranks, 0 stalled)" under load). A healthy step never runs half the
+   bound: it is at least --stall-factor (10) times the slowest member's recent steps. */
 static void survey(tide_server_t *s, const tide_coord_job_t *j, hosts *h)
 {
     memset(h, 0, sizeof *h);
@@ -84,7 +90,7 @@ static void survey(tide_server_t *s, const tide_coord_job_t *j, hosts *h)
             continue;
         size_t k = host_of(h, w->host, j->layout->worker[i]);
         double in_ms = w->step_since_ns ? (double)(s->now_ns - w->step_since_ns) / 1e6 : 0;
-        int stuck = in_ms > h->bound_ms;
+        int stuck = in_ms > h->bound_ms / 2;
         h->n_stuck += stuck;
         if (in_ms > h->longest_ms)
             h->longest_ms = in_ms;
@@ -113,8 +119,10 @@ static void name_hosts(const hosts *h, char *buf, size_t cap)
     buf[0] = '\0';
     for (size_t i = 0; i < h->n && at < cap; i++) {
         int k = snprintf(buf + at, cap - at, "%s%s (%d ranks, %d stalled)",
-                         i == 0 ? "" : i + 1 == h->n && h->more == 0 ? " and " : ", ", h->name[i],
-                         h->members[i], h->stuck[i]);
+                         i == 0                          ? ""
+                         : i + 1 == h->n && h->more == 0 ? " and "
+                                                         : ", ",
+                         h->name[i], h->members[i], h->stuck[i]);
         at += k > 0 ? (size_t)k : 0;
     }
     if (h->more > 0 && at < cap)
@@ -163,18 +171,18 @@ static void stalled(tide_server_t *s, tide_coord_job_t *j, const hosts *h)
     j->stall_step = j->step;
     if (h->n + h->more < 2) {
         tide__event(s, j->name, "stalled",
-                    "step %lld has run %.0f ms on %d ranks, past the stall bound of %.0f ms, "
-                    "while every rank reaches tided; all on %s: nothing to fence (a rank's "
-                    "program or device hangs, or a link inside the host)",
-                    (long long)j->step + 1, h->longest_ms, h->n_stuck, h->bound_ms, where);
+                    "step %lld has run %.0f ms, past the stall bound of %.0f ms, with %d ranks "
+                    "inside it while every rank reaches tided; all on %s: nothing to fence (a "
+                    "rank's program or device hangs, or a link inside the host)",
+                    (long long)j->step + 1, h->longest_ms, h->bound_ms, h->n_stuck, where);
         return;
     }
     size_t keep = keeper(h);
     tide__event(s, j->name, "stalled",
-                "step %lld has run %.0f ms on %d ranks, past the stall bound of %.0f ms, while "
-                "every rank reaches tided: hosts %s cannot reach each other; the job goes on "
-                "on %s (the most of it), the other hosts' ranks are fenced",
-                (long long)j->step + 1, h->longest_ms, h->n_stuck, h->bound_ms, where,
+                "step %lld has run %.0f ms, past the stall bound of %.0f ms, with %d ranks inside "
+                "it while every rank reaches tided: hosts %s cannot reach each other; the job "
+                "goes on on %s (the most of it), the other hosts' ranks are fenced",
+                (long long)j->step + 1, h->longest_ms, h->bound_ms, h->n_stuck, where,
                 h->name[keep]);
     snprintf(why, sizeof why,
              "fenced: job %s's step %lld stalled %.0f ms (bound %.0f ms) across hosts %s; the "
@@ -197,7 +205,7 @@ void tide__stall_tick(tide_server_t *s)
             continue; /* told; a step done or a new generation re-arms it */
         hosts h;
         survey(s, j, &h);
-        if (h.n_stuck > 0)
+        if (h.longest_ms > h.bound_ms)
             stalled(s, j, &h);
     }
 }

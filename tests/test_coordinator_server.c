@@ -711,10 +711,11 @@ static void heartbeat_in_step(fake *f, uint64_t step, double in_step_ms)
     cr_assert_eq(coord_send(f->sock, &m), 0);
 }
 
-/* Both ranks' heartbeats say step 8 has run 5 s on one host, past the stall bound
-   (max(--stall-ms, 10 x the 100 ms step time) = 1 s): the stalled event, and the jobs
-   listing says "stalled", not running (nothing to fence on one host, so no recovery); a
-   step done ends the stall. */
+/* Rank 0's heartbeat says step 8 has run 5 s on one host, past the stall bound
+   (max(--stall-ms, 10 x the 100 ms step time) = 1 s), rank 1's 700 ms (it entered the
+   hung step later, or told it earlier): the stalled event names both ranks inside it, and
+   the jobs listing says "stalled", not running (nothing to fence on one host, so no
+   recovery); a step done ends the stall. */
 Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init = setup,
      .fini = teardown)
 {
@@ -735,7 +736,7 @@ Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init =
     tide_proto_job_row_t row;
     for (int tries = 0; tries < 150; tries++) { /* the stall check runs once a second */
         for (int i = 0; i < 2; i++)
-            heartbeat_in_step(&w[i], 7, 5000);
+            heartbeat_in_step(&w[i], 7, i == 0 ? 5000 : 700);
         tide_sleep_ms(100);
         tide_msg_t m;
         tide_msg_init(&m, TIDE_MSG_JOBS);
@@ -748,6 +749,11 @@ Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init =
     cr_assert_eq(row.state, TIDE_JOB_STALLED, "the job is listed '%s'",
                  tide_proto_job_state_name(row.state));
     cr_assert_eq(count_events(admin, "stalled"), 1);
+    char detail[1024];
+    cr_assert(event_detail(admin, "stalled", detail, sizeof detail));
+    cr_assert(strstr(detail, "with 2 ranks inside it") != NULL &&
+                  strstr(detail, "(2 ranks, 2 stalled)") != NULL,
+              "both ranks inside the hung step are named: %s", detail);
     cr_assert_eq(count_events(admin, "recovery_started"), 0, "one host: nothing fenced");
     for (int i = 0; i < 2; i++)
         heartbeat_in_step(&w[i], 8, 0);
@@ -1600,7 +1606,8 @@ Test(tided, offline_limits_reach_the_worker_and_the_event, .init = setup, .fini 
     fake a, t;
     tide_msg_t m, r;
     fake_connect(&t, 5000);
-    fake_connect(&a, 20000); /* the assignment comes after a tidectl run: slow on a loaded machine */
+    fake_connect(&a,
+                 20000); /* the assignment comes after a tidectl run: slow on a loaded machine */
     coord_mk_register(&m, "pool-m", 0, 2, here, 0, 4100);
     cr_assert_eq(coord_call(t.sock, &m, &r), 0);
     t.id = r.u.register_ok.worker;

@@ -580,6 +580,15 @@ static void **new_buffers(tide_t *t, const tide_layout_t *next, uint64_t gen)
     return b;
 }
 
+/* After a switch to the program's buffers nb: the buffers it replaced (old, one per
+   tensor) go back, and nb's table goes (the runtime holds its buffers now). */
+static void free_replaced(const tide_t *t, void *const *old, void **nb)
+{
+    for (size_t i = 0; i < t->n_tensors; i++)
+        tide__free_buffer(t, old[i]);
+    tide_free(nb);
+}
+
 /* What a failed switch must leave: the old layout (the same object, the same contents),
    pool, communicators (the same, alive, working) and buffers (the same, bit for bit). */
 typedef struct snapshot {
@@ -646,8 +655,7 @@ static void test_plain(const tide_collection_t *coll)
     tide_layout_t *dp2 = layout(2, 1, 1, W01), *tp2 = layout(1, 2, 1, W01);
     tide_t *t = rt_new(world_pool(), g_rank, g_size, coll, dp2, 1, 5, 0);
     port_rec p = {.t = t, .completed = 5};
-    void **nb = new_buffers(t, tp2, 2);
-    void **old = tide_calloc(t->n_tensors, sizeof *old);
+    void **nb = new_buffers(t, tp2, 2), *old[8];
     memcpy(old, t->bufs, t->n_tensors * sizeof *old);
     tide__intent in = intent(2, dp2, tp2, 1);
     tide_reshard_stats st;
@@ -664,10 +672,7 @@ static void test_plain(const tide_collection_t *coll)
     MT_ASSERT(n_live == 4, "plain: %d communicators alive after the switch (4 expected)", n_live);
     MT_ASSERT(st.total_ms > 0 && st.bytes_sent + st.bytes_local > 0, "plain: no statistics");
     groups_work(t, "plain: after the switch");
-    for (size_t i = 0; i < t->n_tensors; i++)
-        tide__free_buffer(t, old[i]);
-    tide_free(old);
-    tide_free(nb);
+    free_replaced(t, old, nb);
     rt_destroy(&t);
     MT_ASSERT(n_live == 0, "plain: %d communicators leaked", n_live);
     tide_layout_destroy(&dp2);
@@ -838,9 +843,7 @@ static void test_streams(const tide_collection_t *coll)
               "the switch's device work ran on libtide's own stream (%d of %d calls; %s)", main_own,
               main_calls, first_bad);
     /* back, built at the switch step: the groups' splits agree in host memory */
-    for (size_t i = 0; i < t->n_tensors; i++)
-        tide__free_buffer(t, old[i]);
-    tide_free(nb);
+    free_replaced(t, old, nb);
     nb = new_buffers(t, dp2, 61);
     memcpy(old, t->bufs, t->n_tensors * sizeof *old);
     t->multi = 0;
@@ -854,9 +857,7 @@ static void test_streams(const tide_collection_t *coll)
               "the switch's device work ran on libtide's own stream (%d of %d; %s)", main_own,
               main_calls, first_bad);
     MT_ASSERT(__atomic_load_n(&other_calls, __ATOMIC_RELAXED) == 0, "%s", first_bad);
-    for (size_t i = 0; i < t->n_tensors; i++)
-        tide__free_buffer(t, old[i]);
-    tide_free(nb);
+    free_replaced(t, old, nb);
     rt_destroy(&t);
     g_backend = "swrec";
     MT_ASSERT(n_live == 0, "streams: %d communicators leaked", n_live);
@@ -962,9 +963,7 @@ static void test_dead(const tide_collection_t *unused)
         MT_OK(run_switch(t, &in, &p, nb, -1, TIDE_OK, NULL));
         MT_ASSERT(p.liveness == 1, "dead: tided was asked %d times", p.liveness);
         shards(coll, &t->view, t->bufs, 2, 0, "dead: after the switch");
-        for (size_t i = 0; i < t->n_tensors; i++)
-            tide__free_buffer(t, old[i]);
-        tide_free(nb);
+        free_replaced(t, old, nb);
     }
     rt_destroy(&t);
     tide_layout_destroy(&dp2);
@@ -1086,8 +1085,7 @@ static void test_retire(const tide_collection_t *coll)
     g_backend = "swrec";
     MT_OK(tide__retire_new(&t->retire, t->be, 3));
     port_rec p = {.t = t, .completed = 5};
-    void **nb = new_buffers(t, tp2, 2);
-    void **old = tide_calloc(t->n_tensors, sizeof *old);
+    void **nb = new_buffers(t, tp2, 2), *old[8];
     memcpy(old, t->bufs, t->n_tensors * sizeof *old);
     tide__intent in = intent(2, dp2, tp2, 1);
     tide_reshard_stats st;
@@ -1109,10 +1107,7 @@ static void test_retire(const tide_collection_t *coll)
     MT_ASSERT(off_main_binds == 1 && bound_device == 3,
               "retire: the retirer bound device %d %d times (3, once)", bound_device,
               off_main_binds);
-    for (size_t i = 0; i < t->n_tensors; i++)
-        tide__free_buffer(t, old[i]);
-    tide_free(old);
-    tide_free(nb);
+    free_replaced(t, old, nb);
     rt_destroy(&t);
     MT_ASSERT(n_live == 0, "retire: %d communicators leaked", (int)n_live);
     tide_layout_destroy(&dp2);

@@ -34,6 +34,7 @@
 #include "orte/util/proc_info.h"
 
 #define MARK "OMPI_TIDE_DAEMON_URIS"
+#define SELF "libtide-mpirun.so" /* how LD_PRELOAD names this library */
 
 /* The wrapped function, as orte/orted/pmix/pmix_server.h declares it; exported, so that
    mpirun's calls to it (through libopen-rte's PLT) reach this one first. */
@@ -53,9 +54,7 @@ static void leave_preload(void)
     size_t n = 0;
     for (const char *p = pre; *p != '\0';) {
         size_t len = strcspn(p, ": ");
-        int ours = len >= strlen("libtide-mpirun.so") &&
-                   memmem(p, len, "libtide-mpirun.so", strlen("libtide-mpirun.so")) != NULL;
-        if (len > 0 && !ours) {
+        if (len > 0 && memmem(p, len, SELF, strlen(SELF)) == NULL) {
             if (n > 0)
                 out[n++] = ':';
             memcpy(out + n, p, len);

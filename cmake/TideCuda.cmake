@@ -1,7 +1,7 @@
 # Finds the CUDA toolkit and NCCL in the standard CUDA location (or CUDAToolkit_ROOT).
 # Sets TIDE_HAVE_CUDA (and TIDE_HAVE_NCCL) and, when found, the imported targets
-# CUDA::cudart, CUDA::cublas and tide::nccl. Without them the build goes on with
-# host-memory support only and says so once.
+# CUDA::cudart, CUDA::cublas (examples/mlp_cuda.cu opens it at run time instead of linking it)
+# and tide::nccl. Without them the build goes on with host-memory support only and says so once.
 set(TIDE_HAVE_CUDA OFF)
 set(TIDE_HAVE_NCCL OFF)
 set(TIDE_CUDA_REASON "disabled by TIDE_CUDA=OFF")

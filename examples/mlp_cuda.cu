@@ -9,11 +9,20 @@
  * one thread per column looping over rows, so they are deterministic. Only the
  * embedding gradient uses atomics (rows of the same token). CUDA and cuBLAS codes are
  * translated to tide_status here and nowhere else.
+ *
+ * cuBLAS is loaded with dlopen on the first gemm, not linked: initialising it costs about
+ * 0.5 CPU-s per process start (1.5 under AddressSanitizer) even when no device exists,
+ * and every process of a CPU job on a CUDA build of tide (each rank, each tool linking
+ * libtide) would pay it. cublas_v2.h is still included for its types and constants.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "examples/mlp_int.h"
@@ -24,6 +33,16 @@
 #define GELU_C  0.044715f
 
 static cublasHandle_t g_blas;
+
+/* The four cuBLAS entry points the gemm uses, resolved by tide__mlp_cuda_blas_load(). */
+static struct {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+    const char *(*status_string)(cublasStatus_t);
+    cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const float *, const float *, int, const float *, int, const float *,
+                            float *, int);
+} g_cublas;
 
 static tide_status cuda_fail(cudaError_t e, const char *what)
 {
@@ -109,20 +128,72 @@ static tide_status d_sync(void)
 
 /* ---- gemm ----------------------------------------------------------------------------- */
 
+#define CUBLAS_SONAME_(major) "libcublas.so." #major
+#define CUBLAS_SONAME(major)  CUBLAS_SONAME_(major)
+
+/* Opens cuBLAS by its soname (LD_LIBRARY_PATH, this object's RUNPATH, the system's
+ * paths), else from the folder the loaded CUDA runtime came from, where the toolkit
+ * keeps it. */
+static void *blas_open(char *why, size_t why_len)
+{
+    const char *name = CUBLAS_SONAME(CUBLAS_VER_MAJOR);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL)
+        return h;
+    snprintf(why, why_len, "%s", dlerror());
+    Dl_info info;
+    if (dladdr((void *)cudaGetDeviceCount, &info) == 0 || info.dli_fname == NULL)
+        return NULL;
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    snprintf(path, sizeof path, "%s/%s", dirname(dir), name);
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        snprintf(why + strlen(why), why_len - strlen(why), "; %s", dlerror());
+    return h;
+}
+
+tide_status tide__mlp_cuda_blas_load(void)
+{
+    if (g_cublas.sgemm != NULL)
+        return TIDE_OK;
+    char why[1024] = "";
+    void *h = blas_open(why, sizeof why);
+    if (h == NULL)
+        return tide_errorf(TIDE_ERR_BACKEND, "cannot load cuBLAS (%s): %s",
+                           CUBLAS_SONAME(CUBLAS_VER_MAJOR), why);
+    /* the _v2 names are what cublas_v2.h maps cublasCreate and cublasSgemm to */
+    void *create = dlsym(h, "cublasCreate_v2"), *mode = dlsym(h, "cublasSetMathMode");
+    void *str = dlsym(h, "cublasGetStatusString"), *sgemm = dlsym(h, "cublasSgemm_v2");
+    if (create == NULL || mode == NULL || str == NULL || sgemm == NULL) {
+        dlclose(h);
+        return tide_errorf(TIDE_ERR_BACKEND,
+                           "%s lacks cublasCreate_v2, cublasSetMathMode, cublasGetStatusString "
+                           "or cublasSgemm_v2",
+                           CUBLAS_SONAME(CUBLAS_VER_MAJOR));
+    }
+    g_cublas.create = reinterpret_cast<decltype(g_cublas.create)>(create);
+    g_cublas.set_math_mode = reinterpret_cast<decltype(g_cublas.set_math_mode)>(mode);
+    g_cublas.status_string = reinterpret_cast<decltype(g_cublas.status_string)>(str);
+    g_cublas.sgemm = reinterpret_cast<decltype(g_cublas.sgemm)>(sgemm);
+    return TIDE_OK; /* h stays open for the life of the process */
+}
+
 static tide_status blas_handle(void)
 {
     if (g_blas != NULL)
         return TIDE_OK;
-    cublasStatus_t s = cublasCreate(&g_blas);
+    TIDE_CHECK(tide__mlp_cuda_blas_load());
+    cublasStatus_t s = g_cublas.create(&g_blas);
     if (s != CUBLAS_STATUS_SUCCESS) {
         g_blas = NULL;
-        return tide_errorf(TIDE_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(s));
+        return tide_errorf(TIDE_ERR_BACKEND, "cublasCreate failed: %s", g_cublas.status_string(s));
     }
     /* Plain f32 FMA math: TF32 tensor cores would differ from the host by ~1e-3. */
-    s = cublasSetMathMode(g_blas, CUBLAS_PEDANTIC_MATH);
+    s = g_cublas.set_math_mode(g_blas, CUBLAS_PEDANTIC_MATH);
     if (s != CUBLAS_STATUS_SUCCESS)
         return tide_errorf(TIDE_ERR_BACKEND, "cublasSetMathMode failed: %s",
-                           cublasGetStatusString(s));
+                           g_cublas.status_string(s));
     return TIDE_OK;
 }
 
@@ -136,12 +207,12 @@ static tide_status d_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float
                            (long long)m, (long long)n, (long long)k);
     TIDE_CHECK(blas_handle());
     /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
-    cublasStatus_t s = cublasSgemm(
+    cublasStatus_t s = g_cublas.sgemm(
         g_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
         (int)k, &alpha, b, tb ? (int)k : (int)n, a, ta ? (int)m : (int)k, &beta, c, (int)n);
     if (s != CUBLAS_STATUS_SUCCESS)
         return tide_errorf(TIDE_ERR_BACKEND, "cublasSgemm(%lld, %lld, %lld) failed: %s",
-                           (long long)m, (long long)n, (long long)k, cublasGetStatusString(s));
+                           (long long)m, (long long)n, (long long)k, g_cublas.status_string(s));
     return TIDE_OK;
 }
 

@@ -362,6 +362,11 @@ const mlp_ops *tide__mlp_cuda_ops(void)
 {
     return NULL;
 }
+
+tide_status tide__mlp_cuda_blas_load(void)
+{
+    return tide_errorf(TIDE_ERR_UNSUPPORTED, "this build has no CUDA support");
+}
 #endif
 
 #ifndef TIDE_MLP_HAVE_CUDA

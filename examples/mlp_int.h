@@ -86,6 +86,11 @@ extern const mlp_ops tide__mlp_host_ops;
 /* The CUDA backend (NULL when built without CUDA); first use creates the cuBLAS handle. */
 const mlp_ops *tide__mlp_cuda_ops(void);
 
+/* Opens cuBLAS (not linked: the CUDA backend's first gemm calls this) and resolves what
+ * the gemm uses; needs no device. TIDE_ERR_BACKEND naming the library when it cannot,
+ * TIDE_ERR_UNSUPPORTED in a build without CUDA. Idempotent; training thread. */
+tide_status tide__mlp_cuda_blas_load(void);
+
 /* The backend for device; TIDE_ERR_UNSUPPORTED when this build lacks it. */
 tide_status tide__mlp_ops_for(tide_mlp_device device, const mlp_ops **out);
 

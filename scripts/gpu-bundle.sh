@@ -196,7 +196,12 @@ while read -r name arrow path _; do
 done < <(find "$OUT/build" "$OUT/ompi" -type f -exec sh -c 'head -c 4 "$1" | grep -q ELF' sh {} \; \
   -print | while read -r f; do ldd "$f" 2>/dev/null; done)
 [ -z "$unresolved" ] || die "these libraries are loaded but not found here:$unresolved"
-sort -o "$OUT/cuda-libs" "$OUT/cuda-libs"
+# cuBLAS is opened with dlopen at the first GPU gemm (examples/mlp_cuda.cu), so ldd does
+# not list it: its soname is a string in the programs that do
+for so in $(find "$OUT/build" -type f -exec grep -aoh 'libcublas\.so\.[0-9][0-9]*' {} + | sort -u); do
+  printf '%s\n' "$so" "${so/libcublas/libcublasLt}" >>"$OUT/cuda-libs" # and what it loads
+done
+sort -u -o "$OUT/cuda-libs" "$OUT/cuda-libs"
 
 # the gpu tests, their paths made relative to the bundle for gpu-check (@TIDE_BUNDLE@)
 MPIEXEC=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")

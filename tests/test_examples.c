@@ -758,3 +758,33 @@ Test(examples, state_file_round_trip_and_compare)
     rmdir(dir);
     tide_collection_destroy(&c);
 }
+
+/* "libcublas" mapped into this process (/proc/self/maps), -1 when that cannot be read. */
+static int cublas_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL)
+        return -1;
+    char line[4096];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f) != NULL)
+        found = strstr(line, "/libcublas") != NULL;
+    fclose(f);
+    return found;
+}
+
+/* A CPU job on a CUDA build must not pay cuBLAS's initialisation (about 0.5 CPU-s per
+ * process): cuBLAS is opened by the CUDA backend's first gemm, and opening it needs no
+ * device, so the loading path is checked here too. */
+Test(examples, cublas_is_opened_at_first_use_not_at_start)
+{
+    cr_assert_eq(cublas_mapped(), 0, "cuBLAS is loaded before any GPU gemm");
+    tide_status st = tide__mlp_cuda_blas_load();
+    if (!tide_mlp_have_cuda()) {
+        cr_assert_eq(st, TIDE_ERR_UNSUPPORTED);
+        return;
+    }
+    cr_assert_eq(st, TIDE_OK, "%s", tide_last_error());
+    cr_assert_eq(cublas_mapped(), 1, "the load returned OK but cuBLAS is not mapped");
+    cr_assert_eq(tide__mlp_cuda_blas_load(), TIDE_OK, "a second load");
+}

@@ -47,6 +47,8 @@ if [ "$MODE" = make ]; then
   [ "$kib" -lt $((48 * 1024)) ] || fail "the bundle is $((kib / 1024)) MiB, not under 48 MiB"
   grep -qx 'libnccl.so.2' "$B/cuda-libs" && grep -qx 'libcudart.so.13' "$B/cuda-libs" ||
     fail "cuda-libs does not name NCCL and the CUDA runtime: $(cat "$B/cuda-libs")"
+  grep -qx 'libcublas.so.13' "$B/cuda-libs" ||
+    fail "cuda-libs does not name cuBLAS, which train_mlp opens at its first GPU gemm: $(cat "$B/cuda-libs")"
   for l in libnccl libcudart libcublas; do
     [ -z "$(find "$B" -name "$l.so*")" ] || fail "the bundle carries $l, which the GPU machine has"
   done

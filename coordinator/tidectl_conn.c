@@ -142,6 +142,55 @@ static int handshake_exit(const conn_t *c, FILE *err)
     return TIDECTL_EXIT_REFUSED;
 }
 
+/* The deadline passed: says whether tided was never reached (3) or did not answer (4). */
+static int deadline_exit(const conn_t *c, FILE *err)
+{
+    if (c->connected) {
+        fprintf(err,
+                "tidectl: timed out after %d ms waiting for tided at %s: it accepted the "
+                "connection but did not answer (busy or stuck? check its log, or raise "
+                "--timeout-ms)\n",
+                c->timeout_ms, c->endpoint);
+        return TIDECTL_EXIT_TIMEOUT;
+    }
+    fprintf(err,
+            "tidectl: cannot reach tided at %s (%s within %d ms): is tided running? check "
+            "--endpoint or TIDE_ENDPOINT\n",
+            c->endpoint, c->refused ? "connection refused" : "no connection", c->timeout_ms);
+    return TIDECTL_EXIT_UNREACHABLE;
+}
+
+/*
+ * Queues [empty delimiter][payload], the REQ-compatible envelope tided mirrors back. A
+ * DEALER whose handshake already failed has no pipe and refuses the frame (EAGAIN): that
+ * happens when the I/O thread runs the whole handshake before this thread sends, so it
+ * waits for the monitor's verdict or a pipe, until the deadline, instead of failing.
+ */
+static int conn_send(conn_t *c, const tide_proto_buf_t *b, uint64_t deadline, FILE *err)
+{
+    for (;;) {
+        if (zmq_send(c->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+            if (zmq_send(c->sock, b->data, b->len, ZMQ_DONTWAIT) >= 0)
+                return TIDECTL_EXIT_OK;
+            break;
+        }
+        if (zmq_errno() != EAGAIN)
+            break;
+        conn_events(c);
+        if (c->handshake_failed)
+            return handshake_exit(c, err);
+        uint64_t now = tide_now_ns();
+        if (now >= deadline)
+            return deadline_exit(c, err);
+        zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLOUT, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
+        long wait_ms = (long)((deadline - now + 999999) / 1000000);
+        if (zmq_poll(items, c->mon ? 2 : 1, wait_ms) < 0 && zmq_errno() != EINTR)
+            break;
+    }
+    fprintf(err, "tidectl: cannot queue the request: %s\n", zmq_strerror(zmq_errno()));
+    return TIDECTL_EXIT_UNREACHABLE;
+}
+
 /*
  * Sends req and waits for one reply into *rep (owned by the caller afterwards). Returns
  * 0 with any decoded reply (the caller checks for "error"), else an exit code with the
@@ -157,15 +206,11 @@ int tidectl__conn_call(conn_t *c, const tide_msg_t *req, tide_msg_t *rep, FILE *
         tide_proto_buf_destroy(&b);
         return TIDECTL_EXIT_USAGE;
     }
-    /* [empty delimiter][payload]: the REQ-compatible envelope tided mirrors back */
-    if (zmq_send(c->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(c->sock, b.data, b.len, ZMQ_DONTWAIT) < 0) {
-        fprintf(err, "tidectl: cannot queue the request: %s\n", zmq_strerror(zmq_errno()));
-        tide_proto_buf_destroy(&b);
-        return TIDECTL_EXIT_UNREACHABLE;
-    }
-    tide_proto_buf_destroy(&b);
     uint64_t deadline = tide_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    int src = conn_send(c, &b, deadline, err);
+    tide_proto_buf_destroy(&b);
+    if (src != TIDECTL_EXIT_OK)
+        return src;
     for (;;) {
         conn_events(c);
         if (c->handshake_failed)
@@ -204,19 +249,7 @@ int tidectl__conn_call(conn_t *c, const tide_msg_t *req, tide_msg_t *rep, FILE *
         }
         return TIDECTL_EXIT_OK;
     }
-    if (c->connected) {
-        fprintf(err,
-                "tidectl: timed out after %d ms waiting for tided at %s: it accepted the "
-                "connection but did not answer (busy or stuck? check its log, or raise "
-                "--timeout-ms)\n",
-                c->timeout_ms, c->endpoint);
-        return TIDECTL_EXIT_TIMEOUT;
-    }
-    fprintf(err,
-            "tidectl: cannot reach tided at %s (%s within %d ms): is tided running? check "
-            "--endpoint or TIDE_ENDPOINT\n",
-            c->endpoint, c->refused ? "connection refused" : "no connection", c->timeout_ms);
-    return TIDECTL_EXIT_UNREACHABLE;
+    return deadline_exit(c, err);
 }
 
 /* One request, one reply: prints tided's error (exit 1) or hands the reply over. */

@@ -16,8 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "coordinator/tidectl.h"
+#include "coordinator/tidectl_int.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
@@ -1123,6 +1127,92 @@ Test(tidectl_keys, key_refused_by_zap_exits_1_quickly)
     run_free(&r);
     fake_stop(&f);
     remove_keys();
+}
+
+/* A stand-in CURVE server that greets at once and never hangs up, so the client itself
+ * finds the mechanism mismatch (ZMTP greeting: signature, version 3.0, "CURVE", server). */
+typedef struct {
+    int listen_fd;
+    pthread_t thread;
+    char endpoint[64];
+} greeter_t;
+
+static void *greeter_main(void *arg)
+{
+    greeter_t *g = arg;
+    int fd = accept(g->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    unsigned char greeting[64] = {0xff, 0,   0,   0,   0,   0,   0, 0, 1, /* signature */
+                                  0x7f, 3,   0,                          /* version 3.0 */
+                                  'C',  'U', 'R', 'V', 'E'};
+    greeting[32] = 1; /* as-server */
+    if (write(fd, greeting, sizeof greeting) != (ssize_t)sizeof greeting) {
+        close(fd);
+        return NULL;
+    }
+    char sink[256];
+    while (read(fd, sink, sizeof sink) > 0) /* until the client closes */
+        ;
+    close(fd);
+    return NULL;
+}
+
+static void greeter_start(greeter_t *g)
+{
+    g->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(g->listen_fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(g->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(g->listen_fd, 1), 0);
+    socklen_t len = sizeof a;
+    getsockname(g->listen_fd, (struct sockaddr *)&a, &len);
+    snprintf(g->endpoint, sizeof g->endpoint, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    pthread_create(&g->thread, NULL, greeter_main, g);
+}
+
+static void greeter_stop(greeter_t *g)
+{
+    pthread_join(g->thread, NULL);
+    close(g->listen_fd);
+}
+
+/* Under load the I/O thread can run the whole failed handshake before tidectl sends: the
+ * socket then has no pipe and refuses the request frame, which must still read as "use
+ * keys", not as an unreachable tided (a loaded CI run printed "cannot queue the request"). */
+Test(tidectl_keys, handshake_failed_before_the_send_is_still_told_to_use_keys)
+{
+    greeter_t g;
+    greeter_start(&g);
+    settings_t s = {.endpoint = g.endpoint, .timeout_ms = 3000};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *err = open_memstream(&text, &len);
+    conn_t c;
+    cr_assert_eq(tidectl__conn_open(&c, &s, err), TIDECTL_EXIT_OK);
+    /* the handshake fails meanwhile; each ZMQ_EVENTS query lets the socket take one more
+     * round of the teardown (term request, term, pipe gone), as a descheduled tidectl's
+     * first zmq_send can on a loaded machine */
+    for (int i = 0; i < 4; i++) {
+        usleep(100 * 1000);
+        int events;
+        size_t elen = sizeof events;
+        zmq_getsockopt(c.sock, ZMQ_EVENTS, &events, &elen);
+    }
+    tide_msg_t req, rep;
+    tide_msg_init(&req, TIDE_MSG_STATUS);
+    uint64_t t0 = tide_now_ns();
+    int rc = tidectl__conn_call(&c, &req, &rep, err);
+    double ms = (double)(tide_now_ns() - t0) / 1e6;
+    tide_msg_clear(&req);
+    tide_msg_clear(&rep);
+    tidectl__conn_close(&c);
+    fclose(err);
+    cr_expect_eq(rc, TIDECTL_EXIT_REFUSED, "%s", text);
+    cr_expect(strstr(text, "requires CURVE"), "%s", text);
+    cr_expect_lt(ms, 2500.0, "the failed handshake is reported without waiting out the timeout");
+    free(text);
+    greeter_stop(&g);
 }
 
 Test(tidectl_keys, plain_client_to_curve_server_is_told_to_use_keys)

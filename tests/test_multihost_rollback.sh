@@ -19,7 +19,7 @@
 # the steps lost, and the time from the kill to the rolled_back event.
 # (mpirun never exits once a daemon is lost: the test stops it when the survivors are gone.)
 # TIDE_TEST_KILL_LAG=SECONDS waits that long between choosing the moment and killing the
-# host, as a loaded machine does (0.2 lets the job pass the next checkpoint first).
+# host, as a loaded machine does (1 let the job pass the next checkpoint first here; 0.2 did not).
 # usage: test_multihost_rollback.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 TIDE_BUILD=$1 TIDE_SRC=$2

@@ -51,7 +51,10 @@ MARK="offlimit-$$-$RANDOM" # in the offline commands' command lines: found by pg
 
 MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
        --micro-batches 2 --seed 29 --lr 0.003 --dp 2 --print-every 1000)
-STEPS=300
+# Long enough that the offline work and the spare worker's next job end while it trains:
+# beside the ASan pass and two busy loops they once took the job from step 3 past step 300
+# (the 300 it had then). TIDE_TEST_STEPS shortens it to see that failure named.
+STEPS=${TIDE_TEST_STEPS:-600}
 
 note "the reference run without tided (dp 2)"
 "${MPIRUN[@]}" -np 2 "$TRAIN" "${MODEL[@]}" --steps $STEPS --loss-out "$WORK/ref.loss" \
@@ -150,6 +153,18 @@ check_job() {
   [ "$(ctl logs "$name" --all | grep -c "$limit")" -ge 2 ] || fail "tidectl logs $name --all"
   echo "$name: $(tail -1 "$WORK/$name.log2")"
 }
+# worker_row W: worker W's row in tidectl status --json. The job's workers leave when it
+# ends, so a missing row is the job that ended too early, said so (set -e would end the
+# test silently at the assignment).
+worker_row() {
+  local row
+  row=$(ctl status --json | grep -o "{\"worker\":$1,[^}]*}" || true)
+  [ -n "$row" ] && { echo "$row"; return 0; }
+  [ "$(last_step)" -ge $((STEPS - 1)) ] ||
+    fail "worker $1 is not in tidectl status (step $(last_step)): $(ctl status); $(ctl jobs)"
+  fail "the job ended (step $(last_step) of $STEPS) before the checks of its spare worker $1;" \
+    "the offline work ran from step $submitted_at to $ended_at: lengthen it (--steps)"
+}
 check_job mem "memory limit 64 MiB"
 check_job procs "process limit 10"
 grep -q "^\[tide: limits of this attempt: memory 64 MiB (" "$WORK/mem.log1" ||
@@ -165,7 +180,7 @@ W=$(ctl events --job mem --type offline_assigned --json | grep -o '"workers":\[[
 [ "$(wc -l <<<"$W")" -eq 1 ] || fail "mem ran on workers $W: only one is spare"
 W=${W#\"workers\":[}
 W=${W%]}
-gpu=$(ctl status --json | grep -o "{\"worker\":$W,[^}]*}")
+gpu=$(worker_row "$W")
 grep -q '"state":"idle".*"offline":null' <<<"$gpu" || fail "worker $W after the failures: $gpu"
 
 note "the spare worker $W takes the next offline job"
@@ -177,7 +192,7 @@ ctl logs next >"$WORK/next.log" || fail "tidectl logs next"
 grep -q "^next $MARK" "$WORK/next.log" && grep -q "limits of this attempt: memory 1024 MiB" \
   "$WORK/next.log" || fail "next's log: $(cat "$WORK/next.log")"
 for _ in $(seq 100); do
-  gpu=$(ctl status --json | grep -o "{\"worker\":$W,[^}]*}")
+  gpu=$(worker_row "$W")
   grep -q '"state":"idle".*"offline":null' <<<"$gpu" && break
   sleep 0.1
 done

@@ -11,6 +11,8 @@
 #   slurm.sh down [--name NAME]             stop every daemon and every process they started
 #                                           (jobs, steps, their tasks); nothing is left
 #   slurm.sh status [--name NAME]           the daemons' pids, sinfo and squeue
+#   slurm.sh procs [--name NAME] [FILE]     the pids still in the cluster's namespaces
+#                                           (FILE: a copy of its namespaces file, for after down)
 #   slurm.sh check                          exit 0 if Slurm can run here, else print why, 77
 #
 # Why each daemon runs as it does (Slurm 22.05, Debian 12):
@@ -22,8 +24,11 @@
 #   tide-coordinator and, with CommunicationParameters=NoCtldInAddrAny, listens on the
 #   bridge address only, so clusters made at once never share a port.
 # - One munged with its socket in the folder serves every daemon and client (AuthInfo).
-# The namespaces die with their last process: `down` kills every process of them (recorded
-# at `up` by namespace inode), so no mount and no process outlives the cluster.
+# The namespaces die with their last process: `down` kills every process of them, so no
+# mount and no process outlives the cluster. A namespace's inode is reused as soon as it
+# is freed (by another cluster's `up`, any `ip netns exec`), so a process counts as the
+# cluster's only when its mount and UTS inodes are a pair recorded at `up` and its
+# /etc/hosts is bound from this cluster's /etc/netns folder.
 # Commands after `up` act on the cluster whose env file the shell sourced, else --name.
 set -euo pipefail
 
@@ -122,9 +127,10 @@ PartitionName=high Nodes=$nodes MaxTime=INFINITE State=UP PriorityTier=10 Preemp
 EOF
 }
 
-# record_ns PID FILE: the mount namespace of PID (a daemon; its inode) appended to FILE
+# record_ns PID FILE: the mount and UTS namespaces of PID (a daemon; their inodes)
+# appended to FILE as one line
 record_ns() {
-  stat -L -c %i "/proc/$1/ns/mnt" >>"$2"
+  stat -L -c %i "/proc/$1/ns/mnt" "/proc/$1/ns/uts" | paste -sd ' ' >>"$2"
 }
 
 # wait_pidfile FILE WHAT: the pid a daemon wrote to FILE once it runs
@@ -201,12 +207,19 @@ EOF
   echo "$D/env"
 }
 
-# ns_pids FILE: every process in one of the mount namespaces listed in FILE
-# (one stat over /proc: a loaded machine runs thousands of processes)
+# ns_pids FILE: every process of cluster $NAME in one of the namespaces listed in FILE
+# (one stat over /proc: a loaded machine runs thousands of processes; then the few whose
+# mount inode matches are checked against the UTS inode and the /etc/netns bind)
 ns_pids() {
+  local p uts
   [ -s "$1" ] || return 0
   stat -L -c '%i %n' /proc/[0-9]*/ns/mnt 2>/dev/null |
-    awk 'NR == FNR { want[$1] = 1; next } ($1 in want) { split($2, a, "/"); print a[3] }' "$1" - || true
+    awk 'NR == FNR { want[$1] = $2; next } ($1 in want) { split($2, a, "/"); print a[3], want[$1] }' "$1" - |
+    while read -r p uts; do
+      [ "$(stat -L -c %i "/proc/$p/ns/uts" 2>/dev/null)" = "$uts" ] || continue
+      grep -qF " /etc/netns/tide-$NAME-" "/proc/$p/mountinfo" 2>/dev/null || continue
+      echo "$p"
+    done || true
 }
 
 # pid_of FILE WHAT: the pid in FILE when that process still runs WHAT
@@ -260,8 +273,9 @@ case "$cmd" in
   up) names; up ;;
   down) down ;;
   status) status ;;
+  procs) names; ns_pids "${1:-$D/namespaces}" ;;
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "slurm.sh: Slurm cannot run here: $why"; exit 77; fi ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+  *) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
 esac

@@ -4,8 +4,9 @@
 # host's name and address); both partitions exist with their priorities; a batch job
 # launches one mpirun per node through scripts/tide-slurm-pools.sh (each mpirun's ranks
 # on its own node, in the allocation); `down` while a job runs leaves no process of
-# Slurm's (daemons, slurmstepd, tasks), no munged, no mount and no folder behind, and a
-# second `up`/`down` on the same cluster works. tide-slurm-pools refuses to run outside
+# Slurm's (daemons, slurmstepd, tasks), no munged, no mount and no folder behind, a
+# namespace made after `down` with one of the freed inodes is not taken for Slurm's, and
+# a second `up`/`down` on the same cluster works. tide-slurm-pools refuses to run outside
 # an allocation.
 # usage: test_slurm_cluster.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -65,13 +66,27 @@ id=$(sbatch --parsable -N 3 --wrap 'srun sleep 300')
 sl_wait_state "$id" RUNNING 30
 for _ in $(seq 100); do [ "$(pgrep -c -f '^sleep 300$' || true)" -ge 3 ] && break; sleep 0.1; done
 pids=$(cat "$SD/slurmctld.pid" "$SD/munge/munged.pid" "$SD"/spool/h*/slurmd.pid)
-nss=$(cat "$SD/namespaces")
+cp "$SD/namespaces" "$MH_TMP/namespaces"
+[ -n "$(bash "$SLURM_SH" procs --name "$MH_NAME")" ] || fail "slurm.sh procs names no process while a job runs"
 t0=$(date +%s%3N)
 bash "$SLURM_SH" down --name "$MH_NAME"
 echo "Slurm down in $(($(date +%s%3N) - t0)) ms"
 for p in $pids; do ! kill -0 "$p" 2>/dev/null || fail "daemon $p still runs"; done
-left=$(stat -L -c '%i %n' /proc/[0-9]*/ns/mnt 2>/dev/null | grep -wF "$nss" || true)
+left=$(bash "$SLURM_SH" procs --name "$MH_NAME" "$MH_TMP/namespaces")
 [ -z "$left" ] || fail "processes left in Slurm's namespaces: $left"
+# The freed inodes go to the next namespaces made (a test beside this one, an `ip netns
+# exec`): processes there are not Slurm's, and down would kill them if they were named.
+unshare --mount --uts --propagation private sleep 60 &
+other=$!
+for _ in $(seq 50); do
+  [ "$(stat -L -c %i /proc/$other/ns/mnt)" != "$(stat -L -c %i /proc/self/ns/mnt)" ] && break
+  sleep 0.1
+done
+reused=$(grep -c "^$(stat -L -c %i /proc/$other/ns/mnt) " "$MH_TMP/namespaces" || true)
+left=$(bash "$SLURM_SH" procs --name "$MH_NAME" "$MH_TMP/namespaces")
+kill "$other"
+wait "$other" 2>/dev/null || true
+[ -z "$left" ] || fail "a namespace made after down (inode reused: $reused) is named Slurm's: $left"
 ! pgrep -f "$SD" >/dev/null || fail "a process still names $SD: $(pgrep -af "$SD")"
 ! grep -q "$SD" /proc/self/mountinfo || fail "a mount of $SD is left"
 [ ! -e "$SD" ] || fail "$SD is left"

@@ -199,6 +199,9 @@ wait_event() {
     sleep 0.1
   done
   job_events "$1" >&2
+  # a worker's reason reaches tided as a code only ("could not switch: timed out"): the
+  # stage it stopped at is in its launch's log
+  grep -H "could not\|timed out\|abandon\|error" "$MH_TMP"/*.log 2>/dev/null | tail -n 20 >&2 || true
   fail "job $1: no $2 event (${3:-1} wanted)"
 }
 

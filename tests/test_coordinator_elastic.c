@@ -187,8 +187,11 @@ static int ctl_reap(pid_t pid, const char *path, char *out, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* Every fake that gets generation gen's layout within ms acks it and reports done (status
-   rc, 1000 bytes, 5 ms); the number of fakes that took part, the layout's dp in *dp. */
+/* Every fake that gets generation gen's layout within ms acks it and, once the commit
+   came, reports done (status rc, 1000 bytes, 5 ms); the number of fakes that took part,
+   the layout's dp in *dp. As a worker does, none reports before its commit: the acks come
+   on four sockets, and a done that tided reads before the last ack is refused ("before its
+   commit"), which left a failed switch unreported until the switch timeout. */
 static int switch_all(fake *w, uint64_t gen, int rc, int *dp)
 {
     tide_msg_t m, r;
@@ -213,10 +216,8 @@ static int switch_all(fake *w, uint64_t gen, int rc, int *dp)
     for (int i = 0; i < 4; i++) {
         if (!part[i])
             continue;
-        if (rc == 0) {
-            expect_type(w[i].sock, TIDE_MSG_COMMIT, &r);
-            tide_msg_clear(&r);
-        }
+        expect_type(w[i].sock, TIDE_MSG_COMMIT, &r);
+        tide_msg_clear(&r);
         tide_msg_init(&m, TIDE_MSG_DONE);
         m.u.done.worker = w[i].id;
         snprintf(m.u.done.job, sizeof m.u.done.job, "train");

@@ -563,9 +563,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
                now, and on a loaded machine the commit would then come before the build
                began, the others would be in their switch when the victim dies (build's
                case, not this one). */
-            uint64_t t0 = tide_now_ns();
-            while (tide_now_ns() - t0 < 30ull * 1000000000ull)
-                tide_sleep_ms(10);
+            tide_sleep_ms(30000);
             MT_FAIL("rank %d: no build ahead began within 30 s of the resize", g_rank);
         }
         if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {

@@ -13,8 +13,26 @@
    no survivor can serve) or failed on it (an event). */
 void tide__on_saved(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len);
 
-/* "checkpoint" from tidectl: asks the members of the job's layout to save at a step they
-   have not reached yet; replies ok naming it, or an error. */
+/* "checkpoint" from tidectl: proposes a step to the job's ranks (policy.h) and answers
+   once they agreed on one none of its members had reached (ok naming it), or with an error
+   (refused, or no step agreed: see tide__on_save_ack). The answer comes later, from another
+   request's handler or the tick. */
 void tide__on_checkpoint(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len);
+
+/* "save_ack" from a worker: the steps it had completed when it heard a proposal. Once every
+   live member answered: GO when none had reached the step, else the request is proposed
+   again further on (at most TIDE__CKREQ_ROUNDS times), else it fails. */
+void tide__on_save_ack(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len);
+
+/* Tick hook: a request whose members did not all answer within TIDE__CKREQ_WAIT_MS, or
+   whose job stopped training, fails (error answer, checkpoint_failed event, DROP). */
+void tide__ckpt_tick(tide_server_t *s);
+
+/* Frees the requests being agreed (their operators get no answer); at tided's end. */
+void tide__ckpt_close(tide_server_t *s);
+
+#define TIDE__CKREQ_MAX     8    /* requests being agreed at once, over all jobs */
+#define TIDE__CKREQ_ROUNDS  4    /* proposals of one request before it fails */
+#define TIDE__CKREQ_WAIT_MS 3000 /* a proposal's answers, at most (tidectl waits 5 s) */
 
 #endif /* TIDE_COORD_CHECKPOINT_H */

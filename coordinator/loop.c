@@ -165,6 +165,11 @@ void tide__reply(tide_server_t *s, const tide_msg_t *msg)
                       change ? TIDE__OUT_CHANGE : TIDE__OUT_REPLY, msg);
 }
 
+void tide__reply_to(tide_server_t *s, const tide__request *to, const tide_msg_t *msg)
+{
+    tide__outbox_push(&s->core->ob, to->rid, to->rid_len, to->delim, TIDE__OUT_REPLY, msg);
+}
+
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)
 {
     tide_msg_t m;

@@ -81,6 +81,7 @@ struct tide_server {
         uint64_t last_pass_ns; /* when the policy last ran */
         char failed[160];      /* why its last run failed ("": it did not), told once */
     } elastic;                 /* elastic_tided.c */
+    struct tide__ckreqs *ckreqs; /* checkpoint.c: operators' requests being agreed; NULL: none yet */
     tide__metrics *metrics;      /* http.c; NULL without --metrics */
     tide__alloc *alloc;          /* allocations.c */
 };
@@ -127,6 +128,10 @@ void tide__on_poll(tide_server_t *s, tide__poll_fill_fn fill, tide__poll_handle_
 
 /* Queues msg as the reply to the request being handled (sent after the batch commits). */
 void tide__reply(tide_server_t *s, const tide_msg_t *msg);
+
+/* Queues msg as the answer to an earlier request, whose sender *to was copied from s->req
+ * when it was handled (dropped when that connection is gone). */
+void tide__reply_to(tide_server_t *s, const tide__request *to, const tide_msg_t *msg);
 
 /* Queues an error reply {code, message} for the request being handled; returns code. */
 tide_status tide__reply_error(tide_server_t *s, tide_status code, const char *fmt, ...)

@@ -67,6 +67,7 @@ static const struct {
     {TIDE_MSG_DONE, tide__on_done, 0},
     {TIDE_MSG_JOIN_PORT, tide__on_join_port, 0},
     {TIDE_MSG_SAVED, tide__on_saved, 0},
+    {TIDE_MSG_SAVE_ACK, tide__on_save_ack, 0},
     /* operators: reads */
     {TIDE_MSG_STATUS, tide__on_status, RO},
     {TIDE_MSG_JOBS, tide__on_jobs, RO},
@@ -97,6 +98,7 @@ static void wire(tide_server_t *s)
     tide__on_tick(s, tide__retention_tick);
     tide__on_tick(s, tide__stall_tick);
     tide__on_tick(s, tide__elastic_tick);
+    tide__on_tick(s, tide__ckpt_tick);
     /* then allocations: leaves, growing onto joined pools, the provider's commands */
     tide__on_tick(s, tide__alloc_tick);
     /* a scheduling pass: stalled jobs take what they can before offline work does */
@@ -233,6 +235,7 @@ void tide_server_destroy(tide_server_t **self_p)
     tide_server_t *s = *self_p;
     tide__http_close(s);
     tide__alloc_close(s);
+    tide__ckpt_close(s);
     tide__core_destroy(s);
     tide_coord_state_destroy(&s->st);
     tide_free(s);

@@ -547,6 +547,17 @@ static const tide__field save_fields[] = {
     F_JOB(tide_proto_save_t, job),
     F_STR(tide_proto_save_t, dir, "dir", TIDE__CS_TEXT, 1),
     F_U64(tide_proto_save_t, step, "step"),
+    F_INT_OPT(tide_proto_save_t, id, "id", 0, UINT64_MAX),
+    F_INT_OPT(tide_proto_save_t, phase, "phase", TIDE_PROTO_SAVE_PROPOSE, TIDE_PROTO_SAVE_DROP),
+};
+
+static const tide__field save_ack_fields[] = {
+    F_WORKER(tide_proto_save_ack_t, worker),
+    F_JOB(tide_proto_save_ack_t, job),
+    F_INT(tide_proto_save_ack_t, id, "id", 1, UINT64_MAX),
+    F_U64(tide_proto_save_ack_t, step, "step"),
+    F_U64(tide_proto_save_ack_t, done, "done"),
+    F_BOOL(tide_proto_save_ack_t, member, "member"),
 };
 
 static tide_status check_saved(const void *base, tide__ctx *c)
@@ -1077,6 +1088,7 @@ static const tide__schema msg_schemas[TIDE_MSG__COUNT] = {
     [TIDE_MSG_HALT] = SCHEMA(halt_fields, tide_proto_halt_t, 0, NULL),
     [TIDE_MSG_SAVE] = SCHEMA(save_fields, tide_proto_save_t, 0, NULL),
     [TIDE_MSG_SAVED] = SCHEMA(saved_fields, tide_proto_saved_t, 0, check_saved),
+    [TIDE_MSG_SAVE_ACK] = SCHEMA(save_ack_fields, tide_proto_save_ack_t, 0, NULL),
     [TIDE_MSG_DONE] = SCHEMA(done_fields, tide_proto_done_t, 0, NULL),
     [TIDE_MSG_FENCED] = SCHEMA(fenced_fields, tide_proto_fenced_t, 0, NULL),
     [TIDE_MSG_LIVENESS] = SCHEMA(liveness_fields, tide_proto_liveness_t, 1, check_liveness),
@@ -1155,6 +1167,7 @@ tide_msg_role_t tide_msg_type_role(tide_msg_type_t type)
     case TIDE_MSG_PREPARE_ACK:
     case TIDE_MSG_DONE:
     case TIDE_MSG_SAVED:
+    case TIDE_MSG_SAVE_ACK:
     case TIDE_MSG_FAILURE:
     case TIDE_MSG_LEAVE:
     case TIDE_MSG_OFFLINE_STATUS:

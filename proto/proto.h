@@ -388,15 +388,39 @@ typedef struct tide_proto_halt {
     char reason[TIDE_PROTO_TEXT_MAX + 1]; /* "reason" */
 } tide_proto_halt_t;
 
-/* "save" tided -> worker: every member of job `job`'s layout checkpoints its registered
-   buffers under root `dir` at the step boundary where it has completed `step` steps (as
-   tide_checkpoint there), then goes on training (`tidectl checkpoint`). A member that is
-   already past that step when it hears it saves nothing and reports "saved" with an error. */
+/* "save" tided -> worker: an operator's checkpoint request (`tidectl checkpoint`), agreed
+   in two phases so that no member can have passed its step. PROPOSE: request `id` asks
+   every rank of job `job` to save its registered buffers under root `dir` at the step
+   boundary where it has completed `step` steps; each answers "save_ack" at once with the
+   steps it has completed, and a member that reaches that boundary before tided's decision
+   waits there for it (bounded). GO: every member acked before reaching `step`: each saves
+   there (as tide_checkpoint) and trains on. DROP: tided gave the request up (a member had
+   passed the step and tided proposes again with a new id, or a member never answered). A
+   rank that hears GO after passing the step reports "saved" with an error. */
+enum {
+    TIDE_PROTO_SAVE_PROPOSE = 0, /* left out on the wire */
+    TIDE_PROTO_SAVE_GO = 1,
+    TIDE_PROTO_SAVE_DROP = 2,
+};
 typedef struct tide_proto_save {
     char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
     char dir[TIDE_PROTO_TEXT_MAX + 1]; /* "dir": the checkpoint root, 1.. chars */
     uint64_t step;                     /* "step": steps completed by the saved state */
+    uint64_t id;                       /* "id": the request, unique per tided run; 0 is none */
+    uint32_t phase;                    /* "phase": TIDE_PROTO_SAVE_* */
 } tide_proto_save_t;
+
+/* "save_ack" worker -> tided: this rank heard PROPOSE `id` (for `step`) of job `job` having
+   completed `done` steps, as a member of the job's layout (`member`) or not. It can save at
+   `step` only when done < step (it checks for requests at each boundary after this one). */
+typedef struct tide_proto_save_ack {
+    int32_t worker;                    /* "worker" */
+    char job[TIDE_PROTO_NAME_MAX + 1]; /* "job" */
+    uint64_t id;                       /* "id" */
+    uint64_t step;                     /* "step": the proposed step, echoed */
+    uint64_t done;                     /* "done": steps completed when it heard the proposal */
+    int member;                        /* "member" */
+} tide_proto_save_ack_t;
 
 /* "saved" worker -> tided: a checkpoint of job `job` with `step` steps ended: code 0: it is
    complete in directory `dir` (ROOT/step-<012 step>; sent by its publisher, the layout's
@@ -873,7 +897,8 @@ typedef struct tide_proto_error {
     X(JOB_ARGV, "job_argv", job_argv)                                                              \
     X(CKPT_MANIFEST, "ckpt_manifest", ckpt_manifest)                                               \
     X(CKPT_SUM, "ckpt_sum", ckpt_sum)                                                              \
-    X(EVENT_FIELDS, "event_fields", event_fields)
+    X(EVENT_FIELDS, "event_fields", event_fields)                                                  \
+    X(SAVE_ACK, "save_ack", save_ack)
 
 typedef enum tide_msg_type {
     TIDE_MSG_NONE = 0, /* a cleared message; never on the wire */
@@ -924,6 +949,7 @@ typedef struct tide_msg {
         tide_proto_halt_t halt;
         tide_proto_save_t save;
         tide_proto_saved_t saved;
+        tide_proto_save_ack_t save_ack;
         tide_proto_done_t done;
         tide_proto_fenced_t fenced;
         tide_proto_liveness_t liveness;

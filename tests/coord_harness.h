@@ -312,6 +312,17 @@ static inline int coord_recv(void *sock, tide_msg_t *out)
     return rc == TIDE_OK ? 0 : -1;
 }
 
+/* Receives one message arriving within ms; 0 ok, -1 none (or a bad one). */
+static inline int coord_recv_within(void *sock, tide_msg_t *out, int ms)
+{
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, ms) <= 0) {
+        tide_msg_init(out, TIDE_MSG_NONE);
+        return -1;
+    }
+    return coord_recv(sock, out);
+}
+
 /* Receives until a message of type t arrives (others are dropped); 0 ok, -1 timeout. */
 static inline int coord_recv_type(void *sock, tide_msg_type_t t, tide_msg_t *out)
 {

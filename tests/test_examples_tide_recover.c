@@ -318,11 +318,13 @@ bad:
 static coord_proc g_coord;
 
 /* failure after 15 missed heartbeats of 100 ms: detected within ~1.5 s, with room for a
-   starved heartbeat thread on an oversubscribed machine */
+   starved heartbeat thread on an oversubscribed machine. ckpt-request (no failure) beats
+   once a second: tided's view of the job's step lags it by many steps, as on a loaded
+   machine, and the step it proposes first may be one the ranks have passed already. */
 static void start_tided(const char *exe)
 {
-    const char *flags[] = {"--heartbeat-ms", "100", "--miss-limit", "15", "--resize-timeout-ms",
-                           "30000",          NULL};
+    const char *flags[] = {"--heartbeat-ms", g.request ? "1000" : "100", "--miss-limit", "15",
+                           "--resize-timeout-ms", "30000", NULL};
     if (coord_tmpdir(&g_coord) != 0 || coord_start(&g_coord, exe, flags, NULL) != 0)
         g_coord.endpoint[0] = '\0'; /* every rank sees no endpoint and fails */
 }

@@ -190,27 +190,70 @@ static void request_failed(tide_t *t, int64_t step, const char *root, tide_statu
     report_saved(t, &req, root, rc);
 }
 
-void tide__ckpt_request(tide_t *t, int64_t step, const char *root)
+static int find_request(const tide_t *t, uint64_t id)
 {
     for (int i = 0; i < t->n_saves; i++)
-        if (t->saves[i].step == step && strcmp(t->saves[i].root, root) == 0)
+        if (id != 0 && t->saves[i].id == id)
+            return i;
+    return -1;
+}
+
+static void remove_request(tide_t *t, int i)
+{
+    memmove(&t->saves[i], &t->saves[i + 1], (size_t)(t->n_saves - i - 1) * sizeof t->saves[0]);
+    t->n_saves--;
+}
+
+void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m)
+{
+    int64_t step = (int64_t)m->step;
+    int i = find_request(t, m->id);
+    if (m->phase == TIDE_PROTO_SAVE_DROP) {
+        if (i >= 0)
+            remove_request(t, i);
+        return;
+    }
+    int go = m->phase == TIDE_PROTO_SAVE_GO || m->id == 0;
+    if (i >= 0) { /* a decision, or a proposal resent */
+        t->saves[i].go |= go;
+        if (go)
+            TIDE_INFO(SUBSYS, "rank %d saves the checkpoint of step %lld under %s", t->rank,
+                      (long long)step, m->dir);
+        return;
+    }
+    for (int k = 0; k < t->n_saves; k++)
+        if (t->saves[k].step == step && strcmp(t->saves[k].root, m->dir) == 0 && t->saves[k].go &&
+            go)
             return; /* asked again (tided resends nothing, but an operator may) */
     if (t->n_saves == TIDE__SAVES_MAX) {
         tide_errorf(TIDE_ERR_BUSY,
                     "rank %d has %d checkpoint requests pending already: ask again once one "
                     "is saved",
                     t->rank, TIDE__SAVES_MAX);
-        request_failed(t, step, root, TIDE_ERR_BUSY);
+        request_failed(t, step, m->dir, TIDE_ERR_BUSY);
         return;
     }
-    snprintf(t->saves[t->n_saves].root, sizeof t->saves[0].root, "%s", root);
-    t->saves[t->n_saves++].step = step;
+    if (go)
+        TIDE_INFO(SUBSYS, "tided asks for a checkpoint of step %lld under %s", (long long)step,
+                  m->dir);
+    snprintf(t->saves[t->n_saves].root, sizeof t->saves[0].root, "%s", m->dir);
+    t->saves[t->n_saves].step = step;
+    t->saves[t->n_saves].id = m->id;
+    t->saves[t->n_saves].go = go;
+    t->saves[t->n_saves].heard_ns = tide_now_ns();
+    t->n_saves++;
 }
 
 /* Request i, due at this step: taken (once per root), or reported missed when this rank
-   has passed its step already. */
-static void take_request(tide_t *t, int64_t step, const char *root)
+   has passed its step already. A proposal passed before tided decided it is forgotten:
+   this rank's answer came too late for it, so tided proposes again or gives it up. */
+static void take_request(tide_t *t, int64_t step, const char *root, int go)
 {
+    if (!go) {
+        TIDE_INFO(SUBSYS, "rank %d: the proposal of step %lld was not decided before it: dropped",
+                  t->rank, (long long)step);
+        return;
+    }
     if (t->view.step == step) {
         if (t->ckpt != NULL && t->ckpt->last_step == step && strcmp(t->ckpt->root, root) == 0)
             return; /* the periodic save (or an earlier request) of this step took it already */
@@ -226,23 +269,58 @@ static void take_request(tide_t *t, int64_t step, const char *root)
     request_failed(t, step, root, TIDE_ERR_STALE);
 }
 
+/* This rank is at the step of proposal `id`, which tided has not decided: it waits here
+   (its answer said it had not reached the step, so tided may decide GO) for the decision,
+   at most until TIDE__SAVE_DECIDE_MS after it heard the proposal (tided restarted, or lost
+   it), applying tided's messages meanwhile. */
+static void await_decision(tide_t *t, uint64_t id)
+{
+    for (int logged = 0;;) {
+        int i = find_request(t, id);
+        if (i < 0 || t->saves[i].go)
+            return;
+        uint64_t until = t->saves[i].heard_ns + (uint64_t)TIDE__SAVE_DECIDE_MS * 1000000ull;
+        if (tide_now_ns() >= until || t->fenced || t->halt_code != 0) {
+            tide_errorf(TIDE_ERR_TIMEOUT,
+                        "rank %d reached step %lld and tided had not decided the checkpoint "
+                        "proposed for it within %d ms: not taken",
+                        t->rank, (long long)t->saves[i].step, TIDE__SAVE_DECIDE_MS);
+            TIDE_WARN(SUBSYS, "%s", tide_last_error());
+            request_failed(t, t->saves[i].step, t->saves[i].root, TIDE_ERR_TIMEOUT);
+            remove_request(t, i);
+            return;
+        }
+        if (!logged++)
+            TIDE_INFO(SUBSYS, "rank %d waits at step %lld for tided's decision on a checkpoint",
+                      t->rank, (long long)t->saves[i].step);
+        tide__mailbox_wait(t->intents, 20);
+        tide__drain(t);
+    }
+}
+
 /* The checkpoints tided asked for (tidectl checkpoint) that are due: each taken at its step,
    in the order asked; one this rank has passed already is reported as missed. */
 static void requested_save(tide_t *t)
 {
     if (!t->view.member)
         return;
-    int kept = 0;
-    for (int i = 0; i < t->n_saves; i++) {
-        if (t->view.step < t->saves[i].step) {
-            t->saves[kept++] = t->saves[i];
+    for (;;) {
+        int i = 0;
+        while (i < t->n_saves && t->view.step < t->saves[i].step)
+            i++;
+        if (i == t->n_saves)
+            return;
+        if (!t->saves[i].go && t->saves[i].step == t->view.step) {
+            await_decision(t, t->saves[i].id); /* the list may have changed: look again */
             continue;
         }
         char root[sizeof t->saves[0].root];
         memcpy(root, t->saves[i].root, sizeof root);
-        take_request(t, t->saves[i].step, root);
+        int64_t step = t->saves[i].step;
+        int go = t->saves[i].go;
+        remove_request(t, i);
+        take_request(t, step, root, go);
     }
-    t->n_saves = kept;
 }
 
 /* The requests still pending when the rank leaves: the job ended before their steps. The
@@ -252,6 +330,8 @@ static void requests_unreached(tide_t *t)
     int first = t->layout != NULL && tide_layout_size(t->layout) > 0 &&
                 t->layout->worker[0] == t->rank && t->ctl != NULL;
     for (int i = 0; first && i < t->n_saves; i++) {
+        if (!t->saves[i].go)
+            continue; /* tided answers its operator itself when the job ends first */
         tide_errorf(TIDE_ERR_STALE,
                     "the job ended at step %lld, before step %lld: the checkpoint was not taken",
                     (long long)t->view.step, (long long)t->saves[i].step);

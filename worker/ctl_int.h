@@ -136,6 +136,11 @@ int tide__ctl_holding(const tide__ctl_t *ctl);
 /* Sends the pending generation's ack (after an offline child stopped). */
 void tide__ctl_send_ack(tide__ctl_t *ctl, uint64_t gen, int64_t step);
 
+/* Answers checkpoint proposal `id` (for step) of this rank's job: done steps completed when
+   it heard it, as a member or not (control thread). */
+void tide__ctl_send_save_ack(tide__ctl_t *ctl, uint64_t id, uint64_t step, int64_t done,
+                             int member);
+
 /* ---- ctl_offline.c: offline command jobs (and plugin ones handed to the training thread) */
 
 void tide__ctl_on_assign(tide__ctl_t *ctl, tide_msg_t *m);

@@ -130,3 +130,18 @@ void tide__ctl_send_ack(tide__ctl_t *ctl, uint64_t gen, int64_t step)
     TIDE_INFO(SUBSYS, "prepare_ack generation %llu at step %lld", (unsigned long long)gen,
               (long long)step);
 }
+
+void tide__ctl_send_save_ack(tide__ctl_t *ctl, uint64_t id, uint64_t step, int64_t done, int member)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_SAVE_ACK);
+    pthread_mutex_lock(&ctl->mu);
+    m.u.save_ack.worker = ctl->worker_id;
+    snprintf(m.u.save_ack.job, sizeof m.u.save_ack.job, "%s", ctl->job);
+    pthread_mutex_unlock(&ctl->mu);
+    m.u.save_ack.id = id;
+    m.u.save_ack.step = step;
+    m.u.save_ack.done = done > 0 ? (uint64_t)done : 0;
+    m.u.save_ack.member = member;
+    tide__ctl_send_now(ctl, &m);
+}

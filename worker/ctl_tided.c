@@ -355,12 +355,51 @@ static void on_halt(tide__ctl_t *ctl, tide_msg_t *m)
     tide__mailbox_push(ctl->intents, m);
 }
 
-/* A message the training thread takes as it is (a checkpoint request, the job's end, the
-   release of this rank's pool) when it is this rank's job's. */
+/* A message the training thread takes as it is (the job's end, the release of this rank's
+   pool) when it is this rank's job's. */
 static void pass_on(tide__ctl_t *ctl, tide_msg_t *m, const char *job)
 {
     if (my_job(ctl, job))
         tide__mailbox_push(ctl->intents, m);
+}
+
+/* ---- checkpoint requests ---------------------------------------------------------------- */
+
+typedef struct save_ctx {
+    tide__ctl_t *ctl;
+    tide_msg_t *m;
+    int64_t done;
+    int member;
+} save_ctx;
+
+/* Inside the mailbox's lock: the proposal is queued for the training thread, which checks
+   its requests at each boundary after the steps it has completed now (tide__ckpt_step_end
+   runs after the drain of tide_step_end). */
+static int queue_proposal(void *arg, tide_msg_t *out)
+{
+    save_ctx *x = arg;
+    x->done = __atomic_load_n(&x->ctl->progress->completed, __ATOMIC_RELAXED);
+    x->member = x->ctl->progress->member;
+    *out = *x->m;
+    tide_msg_init(x->m, TIDE_MSG_NONE);
+    return 1;
+}
+
+/* tided's checkpoint request: a proposal is answered at once with the steps completed
+   (tided agrees on a step no member has reached); a decision goes to the training thread. */
+static void on_save(tide__ctl_t *ctl, tide_msg_t *m)
+{
+    if (!my_job(ctl, m->u.save.job))
+        return;
+    if (m->u.save.phase != TIDE_PROTO_SAVE_PROPOSE || m->u.save.id == 0) {
+        tide__mailbox_push(ctl->intents, m);
+        return;
+    }
+    uint64_t id = m->u.save.id, step = m->u.save.step;
+    save_ctx x = {ctl, m, 0, 0};
+    if (tide__mailbox_push_with(ctl->intents, queue_proposal, &x) != TIDE_OK)
+        return; /* out of memory: no answer, and tided gives the request up */
+    tide__ctl_send_save_ack(ctl, id, step, x.done, x.member);
 }
 
 /* ---- the connection --------------------------------------------------------------------- */
@@ -437,7 +476,7 @@ void tide__ctl_on_tided(tide__ctl_t *ctl, tide_msg_t *m)
         on_halt(ctl, m);
         break;
     case TIDE_MSG_SAVE:
-        pass_on(ctl, m, m->u.save.job);
+        on_save(ctl, m);
         break;
     case TIDE_MSG_JOB_END:
         pass_on(ctl, m, m->u.job_end.job);

@@ -126,11 +126,8 @@ void tide__inbox_apply(void *ctx, tide_msg_t *m)
         snprintf(t->fence_why, sizeof t->fence_why, "%s", m->u.fenced.reason);
         break;
     case TIDE_MSG_SAVE:
-        if (m->u.save.step <= (uint64_t)INT64_MAX) {
-            TIDE_INFO(SUBSYS, "tided asks for a checkpoint of step %llu under %s",
-                      (unsigned long long)m->u.save.step, m->u.save.dir);
-            tide__ckpt_request(t, (int64_t)m->u.save.step, m->u.save.dir);
-        }
+        if (m->u.save.step <= (uint64_t)INT64_MAX)
+            tide__ckpt_request(t, &m->u.save);
         break;
     case TIDE_MSG_JOB_END:
         t->job_ended = 1;

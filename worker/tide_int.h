@@ -56,6 +56,9 @@ tide_status tide__intent_from_msg(tide__intent *in, uint64_t gen, const tide_pro
 void tide__intent_clear(tide__intent *in);
 
 #define TIDE__SAVES_MAX 8 /* checkpoint requests of tided a rank keeps pending */
+/* A member at the step of a proposal tided has not decided waits this long for it (tided
+   decides within TIDE__CKREQ_WAIT_MS of proposing, coordinator/checkpoint.h), ms */
+#define TIDE__SAVE_DECIDE_MS 5000
 
 struct tide {
     tide_options opts;
@@ -139,14 +142,18 @@ struct tide {
     struct {
         char root[TIDE_PROTO_TEXT_MAX + 1];
         int64_t step;
+        uint64_t id;       /* tided's request (0: from a tided that proposes nothing) */
+        int go;            /* tided decided it (else a proposal waiting for its decision) */
+        uint64_t heard_ns; /* monotonic ns this thread took the proposal */
     } saves[TIDE__SAVES_MAX]; /* checkpoints tided asked for, in the order asked (ckpt.c) */
     int n_saves;
 };
 
-/* Queues tided's request for a checkpoint of step under root (training thread, with its
-   intents); a request queued already is not queued twice, one past TIDE__SAVES_MAX pending
-   is reported failed to tided (never dropped silently). */
-void tide__ckpt_request(tide_t *t, int64_t step, const char *root);
+/* Applies tided's "save" (training thread, with its intents): a proposal is queued, GO
+   marks it decided (or queues it), DROP forgets it; a request queued already is not queued
+   twice, one past TIDE__SAVES_MAX pending is reported failed to tided (never dropped
+   silently). */
+void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m);
 
 /* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
    TIDE_ERR_INVALID naming who, the tensor and both kinds. Any thread. */

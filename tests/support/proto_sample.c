@@ -570,6 +570,16 @@ static tide_status fill(rng_t *r, tide_msg_t *m)
         NAME(r, m->u.save.job);
         rstr(r, m->u.save.dir, 1, TIDE_PROTO_TEXT_MAX, 2);
         m->u.save.step = urange(r, 0, UINT64_MAX);
+        m->u.save.id = urange(r, 0, UINT64_MAX);
+        m->u.save.phase = (uint32_t)urange(r, TIDE_PROTO_SAVE_PROPOSE, TIDE_PROTO_SAVE_DROP);
+        return TIDE_OK;
+    case TIDE_MSG_SAVE_ACK:
+        m->u.save_ack.worker = worker_id(r);
+        NAME(r, m->u.save_ack.job);
+        m->u.save_ack.id = urange(r, 1, UINT64_MAX);
+        m->u.save_ack.step = urange(r, 0, UINT64_MAX);
+        m->u.save_ack.done = urange(r, 0, UINT64_MAX);
+        m->u.save_ack.member = (int)urange(r, 0, 1);
         return TIDE_OK;
     case TIDE_MSG_SAVED: {
         tide_proto_saved_t *x = &m->u.saved;

@@ -330,8 +330,6 @@ static void requests_unreached(tide_t *t)
     int first = t->layout != NULL && tide_layout_size(t->layout) > 0 &&
                 t->layout->worker[0] == t->rank && t->ctl != NULL;
     for (int i = 0; first && i < t->n_saves; i++) {
-        if (!t->saves[i].go)
-            continue; /* tided answers its operator itself when the job ends first */
         tide_errorf(TIDE_ERR_STALE,
                     "the job ended at step %lld, before step %lld: the checkpoint was not taken",
                     (long long)t->view.step, (long long)t->saves[i].step);

@@ -194,36 +194,35 @@ static int count_events(void *admin, const char *kind)
     return n;
 }
 
-/* The first event of kind (its detail into out), 0 when none. */
-/* 1 when an event of kind has a detail holding text. */
-static int event_with(void *admin, const char *kind, const char *text)
+/* The first event of kind whose detail holds text ("" for any): its detail into out
+   (NULL: not wanted); 0 when none. */
+static int find_event(void *admin, const char *kind, const char *text, char *out, size_t cap)
 {
     tide_msg_t m, r;
     tide_msg_init(&m, TIDE_MSG_EVENTS);
     m.u.events.limit = 1000;
     admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
     int found = 0;
-    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++)
-        found = strcmp(r.u.events_reply.rows[i].kind, kind) == 0 &&
-                strstr(r.u.events_reply.rows[i].detail, text) != NULL;
+    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++) {
+        const tide_proto_event_row_t *e = &r.u.events_reply.rows[i];
+        found = strcmp(e->kind, kind) == 0 && strstr(e->detail, text) != NULL;
+        if (found && out != NULL)
+            snprintf(out, cap, "%s", e->detail);
+    }
     tide_msg_clear(&r);
     return found;
 }
 
+/* The first event of kind (its detail into out), 0 when none. */
 static int event_detail(void *admin, const char *kind, char *out, size_t cap)
 {
-    tide_msg_t m, r;
-    tide_msg_init(&m, TIDE_MSG_EVENTS);
-    m.u.events.limit = 1000;
-    admin_call(admin, &m, &r, TIDE_MSG_EVENTS_REPLY);
-    int found = 0;
-    for (uint32_t i = 0; i < r.u.events_reply.n_rows && !found; i++)
-        if (strcmp(r.u.events_reply.rows[i].kind, kind) == 0) {
-            snprintf(out, cap, "%s", r.u.events_reply.rows[i].detail);
-            found = 1;
-        }
-    tide_msg_clear(&r);
-    return found;
+    return find_event(admin, kind, "", out, cap);
+}
+
+/* 1 when an event of kind has a detail holding text. */
+static int event_with(void *admin, const char *kind, const char *text)
+{
+    return find_event(admin, kind, text, NULL, 0);
 }
 
 Test(tided, resize_offline_preemption_and_kill9_restart_mid_switch, .init = setup, .fini = teardown)

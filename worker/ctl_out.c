@@ -116,14 +116,20 @@ void tide__ctl_to_main(tide__ctl_t *ctl, tide_msg_t *m)
         tide_msg_clear(m);
 }
 
+/* This rank's worker id and job, as an answer to tided names them. */
+static void sender_fields(tide__ctl_t *ctl, int32_t *worker, char *job, size_t cap)
+{
+    pthread_mutex_lock(&ctl->mu);
+    *worker = ctl->worker_id;
+    snprintf(job, cap, "%s", ctl->job);
+    pthread_mutex_unlock(&ctl->mu);
+}
+
 void tide__ctl_send_ack(tide__ctl_t *ctl, uint64_t gen, int64_t step)
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_PREPARE_ACK);
-    pthread_mutex_lock(&ctl->mu);
-    m.u.prepare_ack.worker = ctl->worker_id;
-    snprintf(m.u.prepare_ack.job, sizeof m.u.prepare_ack.job, "%s", ctl->job);
-    pthread_mutex_unlock(&ctl->mu);
+    sender_fields(ctl, &m.u.prepare_ack.worker, m.u.prepare_ack.job, sizeof m.u.prepare_ack.job);
     m.u.prepare_ack.gen = gen;
     m.u.prepare_ack.step = step > 0 ? (uint64_t)step : 0;
     tide__ctl_send_now(ctl, &m);
@@ -135,10 +141,7 @@ void tide__ctl_send_save_ack(tide__ctl_t *ctl, uint64_t id, uint64_t step, int64
 {
     tide_msg_t m;
     tide_msg_init(&m, TIDE_MSG_SAVE_ACK);
-    pthread_mutex_lock(&ctl->mu);
-    m.u.save_ack.worker = ctl->worker_id;
-    snprintf(m.u.save_ack.job, sizeof m.u.save_ack.job, "%s", ctl->job);
-    pthread_mutex_unlock(&ctl->mu);
+    sender_fields(ctl, &m.u.save_ack.worker, m.u.save_ack.job, sizeof m.u.save_ack.job);
     m.u.save_ack.id = id;
     m.u.save_ack.step = step;
     m.u.save_ack.done = done > 0 ? (uint64_t)done : 0;

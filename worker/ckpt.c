@@ -241,6 +241,7 @@ void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m)
     t->saves[t->n_saves].id = m->id;
     t->saves[t->n_saves].go = go;
     t->saves[t->n_saves].heard_ns = tide_now_ns();
+    t->saves[t->n_saves].waited = 0;
     t->n_saves++;
 }
 
@@ -269,16 +270,13 @@ static void take_request(tide_t *t, int64_t step, const char *root, int go)
     request_failed(t, step, root, TIDE_ERR_STALE);
 }
 
-/* This rank is at the step of proposal `id`, which tided has not decided: it waits here
-   (its answer said it had not reached the step, so tided may decide GO) for the decision,
-   at most until TIDE__SAVE_DECIDE_MS after it heard the proposal (tided restarted, or lost
-   it), applying tided's messages meanwhile. */
-static void await_decision(tide_t *t, uint64_t id)
+int tide__ckpt_undecided(tide_t *t)
 {
-    for (int logged = 0;;) {
-        int i = find_request(t, id);
-        if (i < 0 || t->saves[i].go)
-            return;
+    if (!t->view.member)
+        return 0;
+    for (int i = 0; i < t->n_saves; i++) {
+        if (t->saves[i].go || t->saves[i].step != t->view.step)
+            continue;
         uint64_t until = t->saves[i].heard_ns + (uint64_t)TIDE__SAVE_DECIDE_MS * 1000000ull;
         if (tide_now_ns() >= until || t->fenced || t->halt_code != 0) {
             tide_errorf(TIDE_ERR_TIMEOUT,
@@ -287,19 +285,20 @@ static void await_decision(tide_t *t, uint64_t id)
                         t->rank, (long long)t->saves[i].step, TIDE__SAVE_DECIDE_MS);
             TIDE_WARN(SUBSYS, "%s", tide_last_error());
             request_failed(t, t->saves[i].step, t->saves[i].root, TIDE_ERR_TIMEOUT);
-            remove_request(t, i);
-            return;
+            remove_request(t, i--);
+            continue;
         }
-        if (!logged++)
+        if (!t->saves[i].waited++)
             TIDE_INFO(SUBSYS, "rank %d waits at step %lld for tided's decision on a checkpoint",
                       t->rank, (long long)t->saves[i].step);
-        tide__mailbox_wait(t->intents, 20);
-        tide__drain(t);
+        return 1;
     }
+    return 0;
 }
 
 /* The checkpoints tided asked for (tidectl checkpoint) that are due: each taken at its step,
-   in the order asked; one this rank has passed already is reported as missed. */
+   in the order asked; one this rank has passed already is reported as missed (tide_step_end
+   waited for tided's decisions on those of this step first, tide__ckpt_undecided). */
 static void requested_save(tide_t *t)
 {
     if (!t->view.member)
@@ -310,10 +309,6 @@ static void requested_save(tide_t *t)
             i++;
         if (i == t->n_saves)
             return;
-        if (!t->saves[i].go && t->saves[i].step == t->view.step) {
-            await_decision(t, t->saves[i].id); /* the list may have changed: look again */
-            continue;
-        }
         char root[sizeof t->saves[0].root];
         memcpy(root, t->saves[i].root, sizeof root);
         int64_t step = t->saves[i].step;

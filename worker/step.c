@@ -286,6 +286,10 @@ tide_status tide_step_end(tide_t *t, tide_status step_rc)
     if (step_rc == TIDE_OK) {
         __atomic_add_fetch(&t->progress.step_ns, tide_now_ns() - t->step_t0, __ATOMIC_RELAXED);
         __atomic_add_fetch(&t->progress.steps, 1, __ATOMIC_RELAXED);
+        while (tide__ckpt_undecided(t)) { /* a checkpoint proposed for this boundary */
+            tide__mailbox_wait(t->intents, 20);
+            tide__drain(t);
+        }
         tide__ckpt_step_end(t);
     } else {
         TIDE_WARN(SUBSYS, "rank %d: step %lld failed (%s); not counted", t->rank,

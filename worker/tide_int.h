@@ -145,6 +145,7 @@ struct tide {
         uint64_t id;       /* tided's request (0: from a tided that proposes nothing) */
         int go;            /* tided decided it (else a proposal waiting for its decision) */
         uint64_t heard_ns; /* monotonic ns this thread took the proposal */
+        int waited;        /* tide__ckpt_undecided found it undecided at its step */
     } saves[TIDE__SAVES_MAX]; /* checkpoints tided asked for, in the order asked (ckpt.c) */
     int n_saves;
 };
@@ -154,6 +155,12 @@ struct tide {
    twice, one past TIDE__SAVES_MAX pending is reported failed to tided (never dropped
    silently). */
 void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m);
+
+/* 1 while a member is at the step of a proposal tided has not decided yet (its answer said
+   it had not reached the step, so tided may decide GO): tide_step_end applies tided's
+   messages until it is decided, at most TIDE__SAVE_DECIDE_MS after this rank heard it
+   (then it is reported failed and forgotten: tided restarted, or lost it). Main thread. */
+int tide__ckpt_undecided(tide_t *t);
 
 /* TIDE_OK when buf (bytes of tensor i) is memory of the rank's backend; otherwise
    TIDE_ERR_INVALID naming who, the tensor and both kinds. Any thread. */

@@ -34,12 +34,12 @@
  *   prepdie   3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3): rank 2 dies as its
  *             preparation thread starts building the new layout's communicators ahead of
  *             the switch, while the others' preparation threads wait for it in the
- *             handshake (it stays inside its step meanwhile, so its ack, and the commit,
- *             never come however slow the machine). tided aborts the generation and
- *             recovers over the survivors: the abort must end their builds (no switch step
- *             may wait for a build, the watchdog fails any tide_step_begin or tide_reshard
- *             past 40 s), and they switch to the recovery (built at its switch step, as a
- *             recovery is) and train.
+ *             handshake (it asks for the resize from inside a step and stays there, so its
+ *             ack, and the commit, never come however slow the machine). tided aborts the
+ *             generation and recovers over the survivors: the abort must end their builds
+ *             (no switch step may wait for a build, the watchdog fails any tide_step_begin
+ *             or tide_reshard past 40 s), and they switch to the recovery (built at its
+ *             switch step, as a recovery is) and train.
  *   prepabort 3 ranks on MPI_THREAD_MULTIPLE, (dp 3) -> (dp 1, tp 3) while rank 1 stalls in
  *             a step for 8 s; tided (resize timeout 4 s) aborts the generation after every
  *             rank built its communicators ahead (5 of them: the switch's, all, tp, dp,
@@ -548,7 +548,12 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             break;
         }
         int resizes = g_mode == FAULT_BUILD || g_mode == FAULT_PREPDIE || g_mode == FAULT_PREPABORT;
-        if (resizes && g_rank == 0 && !resized && v->generation == 1 && s == FAIL_STEP) {
+        /* prepdie: the victim asks, from inside the step it then stays in, so that tided's
+           prepare can reach it only there; asked by another rank, it could reach the victim
+           before the end of its step before, which releases the held ack, and on a loaded
+           machine the commit then comes before its build ahead begins (build's case) */
+        int resizer = g_mode == FAULT_PREPDIE ? g_victim : 0;
+        if (resizes && g_rank == resizer && !resized && v->generation == 1 && s == FAIL_STEP) {
             resize(endpoint, &g_sc.resize[0]);
             resized = 1;
         }
@@ -558,11 +563,11 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
         }
         if (g_mode == FAULT_PREPDIE && v->generation == 1 && s == FAIL_STEP &&
             g_rank == g_victim) {
-            /* The victim stays inside this step until its preparation thread dies building
-               ahead: an ack held for a build also goes out at the end of the step running
-               now, and on a loaded machine the commit would then come before the build
-               began, the others would be in their switch when the victim dies (build's
-               case, not this one). */
+            /* The victim stays inside this step, where it asked for the resize, until its
+               preparation thread dies building ahead: an ack held for a build also goes out
+               at the end of the step running now, and on a loaded machine the commit would
+               then come before the build began, the others would be in their switch when
+               the victim dies (build's case, not this one). */
             tide_sleep_ms(30000);
             MT_FAIL("rank %d: no build ahead began within 30 s of the resize", g_rank);
         }

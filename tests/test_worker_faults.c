@@ -451,6 +451,101 @@ typedef struct result {
 } result;
 #define RESULT_N 12
 
+/* TIDE_STEP_RECONFIGURE: the switch to the next layout, its shards checked before and
+   after; *bufs become the new layout's (unless the runtime owns them). */
+static void reconfigure(tide_t *t, const tide_collection_t *coll, int owned, void ***bufs,
+                        result *res)
+{
+    const tide_view *nv = tide_view_next(t);
+    const tide_view *v = tide_view_get(t);
+    int64_t s = nv->step;
+    uint64_t g = nv->generation;
+    if (v->member)
+        shards(coll, v, owned ? tide_buffers(t) : *bufs, s, 0, "before the switch");
+    void **nb = NULL;
+    if (!owned)
+        MT_OK(tide_alloc_buffers(t, nv, &nb));
+    g_leaving = v->member && !nv->member;
+    uint64_t t0 = tide_now_ns();
+    g_in_switch = 1;
+    g_splits = g_switch_destroys = 0;
+    __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
+    tide_reshard_stats st;
+    memset(&st, 0, sizeof st);
+    tide_status rc = tide_reshard(t, owned ? NULL : nb, &st);
+    __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
+    g_in_switch = 0;
+    double secs = (double)(tide_now_ns() - t0) / 1e9;
+    if (rc != TIDE_OK) {
+        MT_ASSERT(g_mode == FAULT_BUILD && g == 2, "the switch to generation %llu failed: %s (%s)",
+                  (unsigned long long)g, tide_status_name(rc), tide_last_error());
+        MT_ASSERT(rc == TIDE_ERR_ABORTED && secs < 25.0,
+                  "a switch whose participant died while its groups were built must "
+                  "fail with TIDE_ERR_ABORTED once tided aborts it; it gave %s after "
+                  "%.1f s (switch timeout 60 s): %s",
+                  tide_status_name(rc), secs, tide_last_error());
+        res->aborted++;
+        tide_free_buffers(t, &nb);
+        return;
+    }
+    v = tide_view_get(t);
+    MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
+    if (v->member)
+        shards(coll, v, owned ? tide_buffers(t) : nb, s, 0, "after the switch");
+    tide_free_buffers(t, bufs);
+    *bufs = nb;
+    if (g_leaving)
+        res->trim_seen = g_trim_seen;
+    res->prepared += st.prepared;
+    res->switches++;
+    res->last_gen = (int64_t)g;
+    res->switch_at = s;
+}
+
+/* The scenario's faults of step s on generation v: the resizes it asks for, the victim's
+   stall, the failed allreduce. */
+static void step_faults(const char *endpoint, const tide_view *v, int64_t s, result *res,
+                        int *resized, int *faulted)
+{
+    int resizes = g_mode == FAULT_BUILD || g_mode == FAULT_PREPDIE || g_mode == FAULT_PREPABORT;
+    /* prepdie: the victim asks, from inside the step it then stays in, so that tided's
+       prepare can reach it only there; asked by another rank, it could reach the victim
+       before the end of its step before, which releases the held ack, and on a loaded
+       machine the commit then comes before its build ahead begins (build's case) */
+    int resizer = g_mode == FAULT_PREPDIE ? g_victim : 0;
+    if (resizes && g_rank == resizer && !*resized && v->generation == 1 && s == FAIL_STEP) {
+        resize(endpoint, &g_sc.resize[0]);
+        *resized = 1;
+    }
+    if (g_mode == FAULT_TRIM && g_rank == 0 && !*resized && s == FAIL_STEP) {
+        resize(endpoint, &g_sc.resize[0]); /* one rank leaves */
+        *resized = 1;
+    }
+    if (g_mode == FAULT_PREPDIE && v->generation == 1 && s == FAIL_STEP && g_rank == g_victim) {
+        /* it stays inside this step (why: at its resize above) until its preparation
+           thread dies building ahead */
+        tide_sleep_ms(30000);
+        MT_FAIL("rank %d: no build ahead began within 30 s of the resize", g_rank);
+    }
+    if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
+        /* the ack goes out once the build ahead is done, but the step (and the others'
+           in its allreduce) ends only after tided's resize deadline: it aborts */
+        tide_sleep_ms(STALL_MS);
+    }
+    if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
+        /* the aborted generation's communicators built ahead are gone by now */
+        res->live_after = __atomic_load_n(&g_live, __ATOMIC_RELAXED);
+        res->prep_made = __atomic_load_n(&g_prep_made, __ATOMIC_RELAXED);
+    }
+    if (g_mode == FAULT_PREPABORT && g_rank == 0 && *resized == 1 && v->generation == 1 &&
+        s == FAIL_STEP + 5) {
+        resize(endpoint, &g_sc.resize[1]); /* the same again: switches, built ahead */
+        *resized = 2;
+    }
+    if (g_mode == FAULT_DEADCOMM && s == FAIL_STEP && !*faulted)
+        g_fail_allreduce = *faulted = 1;
+}
+
 static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, result *res)
 {
     const tide_view *v = tide_view_get(t);
@@ -491,51 +586,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             break;
         }
         if (a == TIDE_STEP_RECONFIGURE) {
-            const tide_view *nv = tide_view_next(t);
-            v = tide_view_get(t);
-            int64_t s = nv->step;
-            uint64_t g = nv->generation;
-            if (v->member)
-                shards(coll, v, owned ? tide_buffers(t) : bufs, s, 0, "before the switch");
-            void **nb = NULL;
-            if (!owned)
-                MT_OK(tide_alloc_buffers(t, nv, &nb));
-            g_leaving = v->member && !nv->member;
-            uint64_t t0 = tide_now_ns();
-            g_in_switch = 1;
-            g_splits = g_switch_destroys = 0;
-            __atomic_store_n(&g_switch_t0, t0, __ATOMIC_RELAXED);
-            tide_reshard_stats st;
-            memset(&st, 0, sizeof st);
-            rc = tide_reshard(t, owned ? NULL : nb, &st);
-            __atomic_store_n(&g_switch_t0, 0, __ATOMIC_RELAXED);
-            g_in_switch = 0;
-            double secs = (double)(tide_now_ns() - t0) / 1e9;
-            if (rc != TIDE_OK) {
-                MT_ASSERT(g_mode == FAULT_BUILD && g == 2,
-                          "the switch to generation %llu failed: %s (%s)", (unsigned long long)g,
-                          tide_status_name(rc), tide_last_error());
-                MT_ASSERT(rc == TIDE_ERR_ABORTED && secs < 25.0,
-                          "a switch whose participant died while its groups were built must "
-                          "fail with TIDE_ERR_ABORTED once tided aborts it; it gave %s after "
-                          "%.1f s (switch timeout 60 s): %s",
-                          tide_status_name(rc), secs, tide_last_error());
-                res->aborted++;
-                tide_free_buffers(t, &nb);
-                continue;
-            }
-            v = tide_view_get(t);
-            MT_ASSERT(v->generation == g && v->step == s, "view after the switch");
-            if (v->member)
-                shards(coll, v, owned ? tide_buffers(t) : nb, s, 0, "after the switch");
-            tide_free_buffers(t, &bufs);
-            bufs = nb;
-            if (g_leaving)
-                res->trim_seen = g_trim_seen;
-            res->prepared += st.prepared;
-            res->switches++;
-            res->last_gen = (int64_t)g;
-            res->switch_at = s;
+            reconfigure(t, coll, owned, &bufs, res);
             continue;
         }
         v = tide_view_get(t);
@@ -547,47 +598,7 @@ static void run(tide_t *t, const tide_collection_t *coll, const char *endpoint, 
             MT_OK(tide_finish(t));
             break;
         }
-        int resizes = g_mode == FAULT_BUILD || g_mode == FAULT_PREPDIE || g_mode == FAULT_PREPABORT;
-        /* prepdie: the victim asks, from inside the step it then stays in, so that tided's
-           prepare can reach it only there; asked by another rank, it could reach the victim
-           before the end of its step before, which releases the held ack, and on a loaded
-           machine the commit then comes before its build ahead begins (build's case) */
-        int resizer = g_mode == FAULT_PREPDIE ? g_victim : 0;
-        if (resizes && g_rank == resizer && !resized && v->generation == 1 && s == FAIL_STEP) {
-            resize(endpoint, &g_sc.resize[0]);
-            resized = 1;
-        }
-        if (g_mode == FAULT_TRIM && g_rank == 0 && !resized && s == FAIL_STEP) {
-            resize(endpoint, &g_sc.resize[0]); /* one rank leaves */
-            resized = 1;
-        }
-        if (g_mode == FAULT_PREPDIE && v->generation == 1 && s == FAIL_STEP &&
-            g_rank == g_victim) {
-            /* The victim stays inside this step, where it asked for the resize, until its
-               preparation thread dies building ahead: an ack held for a build also goes out
-               at the end of the step running now, and on a loaded machine the commit would
-               then come before the build began, the others would be in their switch when
-               the victim dies (build's case, not this one). */
-            tide_sleep_ms(30000);
-            MT_FAIL("rank %d: no build ahead began within 30 s of the resize", g_rank);
-        }
-        if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP && g_rank == 1) {
-            /* the ack goes out once the build ahead is done, but the step (and the others'
-               in its allreduce) ends only after tided's resize deadline: it aborts */
-            tide_sleep_ms(STALL_MS);
-        }
-        if (g_mode == FAULT_PREPABORT && v->generation == 1 && s == FAIL_STEP + 3) {
-            /* the aborted generation's communicators built ahead are gone by now */
-            res->live_after = __atomic_load_n(&g_live, __ATOMIC_RELAXED);
-            res->prep_made = __atomic_load_n(&g_prep_made, __ATOMIC_RELAXED);
-        }
-        if (g_mode == FAULT_PREPABORT && g_rank == 0 && resized == 1 && v->generation == 1 &&
-            s == FAIL_STEP + 5) {
-            resize(endpoint, &g_sc.resize[1]); /* the same again: switches, built ahead */
-            resized = 2;
-        }
-        if (g_mode == FAULT_DEADCOMM && s == FAIL_STEP && !faulted)
-            g_fail_allreduce = faulted = 1;
+        step_faults(endpoint, v, s, res, &resized, &faulted);
         double mine = (double)s, hi = 0;
         rc = tide_coll_allreduce(v->all, &mine, &hi, 1, TIDE_F64, TIDE_RED_MAX, NULL);
         /* build: the steps after the failed switch run on the old layout, the dead rank's

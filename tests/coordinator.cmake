@@ -49,6 +49,11 @@ if(TARGET tided AND TARGET tidectl AND TARGET train_mlp)
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_job_speed.sh ${PROJECT_BINARY_DIR}
                    ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
   _tide_test_props(test_job_speed "mpi" 180)
+  # Checkpoint requests held by an idle rank, then a resize that makes it a member
+  add_test(NAME test_ckpt_idle
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt_idle.sh ${PROJECT_BINARY_DIR}
+                   ${TIDE_MPIEXEC} ${TIDE_MPIEXEC_FLAGS})
+  _tide_test_props(test_ckpt_idle "mpi" 180)
 endif()
 # The product's files call each other one way only, never in a cycle, within a folder or
 # across folders (scripts/call_cycles.py, which must also see the two-file cycle made up here).

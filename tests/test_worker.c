@@ -1567,3 +1567,64 @@ Test(ctl, a_member_stopped_past_its_lease_fences_itself)
     trainer_close();
     fake_close(&f);
 }
+
+/* ---- checkpoint requests on an idle rank ------------------------------------------------------
+ */
+
+/* tided's decided request (GO) of a checkpoint of `step`, as the training thread applies it. */
+static void save_go(tide_t *t, uint64_t id, int64_t step)
+{
+    tide_proto_save_t m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.job, sizeof m.job, "jobA");
+    snprintf(m.dir, sizeof m.dir, "/ckpt");
+    m.step = (uint64_t)step;
+    m.id = id;
+    m.phase = TIDE_PROTO_SAVE_GO;
+    tide__ckpt_request(t, &m);
+}
+
+/* tided sends its checkpoint requests to every rank of the job, idle ones too (a resize may
+   make them members by the request's step). An idle rank keeps what it hears without
+   complaint, and once a switch makes it a member, the requests whose steps the members of
+   then took are forgotten, not reported as missed: tided would turn such a report into a
+   checkpoint_failed event for a checkpoint the job took. A member reports one it missed. */
+Test(ckpt_requests, an_idle_rank_promoted_past_a_request_reports_nothing)
+{
+    fake f;
+    fake_open(&f);
+    tide_t *t = calloc(1, sizeof *t);
+    cr_assert_not_null(t);
+    t->ctl = start_ctl(&f);
+    t->rank = 3;
+    snprintf(t->job, sizeof t->job, "jobA");
+    t->view.member = 0;
+    for (int i = 0; i < TIDE__SAVES_MAX + 3; i++) /* more than a member may hold */
+        save_go(t, 100 + (uint64_t)i, 2 + i);
+    save_go(t, 200, 40);
+    cr_assert_eq(t->n_saves, TIDE__SAVES_MAX, "an idle rank keeps the newest requests");
+    tide__ckpt_switched(t, 9); /* promoted at the boundary of step 9 */
+    cr_assert_eq(t->n_saves, 4, "the requests past the switch stay: steps 10, 11, 12, 40");
+    cr_assert_eq(t->saves[0].step, 10, "%lld", (long long)t->saves[0].step);
+    t->view.member = 1;
+    t->view.step = 10; /* its first step end as a member takes step 10's (no buffers here) */
+    tide__ckpt_step_end(t);
+    cr_assert_eq(t->n_saves, 3);
+    t->n_saves = 0;
+    /* a member that hears of a request after its step reports it; this is the first
+       report tided gets (the control thread sends them in order) */
+    save_go(t, 300, 7);
+    tide__ckpt_step_end(t);
+    tide_msg_t m;
+    fake_expect(&f, TIDE_MSG_SAVED, &m, 3000);
+    cr_assert_eq(m.u.saved.step, 7, "tided heard of step %llu first",
+                 (unsigned long long)m.u.saved.step);
+    cr_assert_eq(m.u.saved.code, TIDE_ERR_STALE);
+    cr_assert(strstr(m.u.saved.reason, "after the step it asked for") != NULL, "%s",
+              m.u.saved.reason);
+    tide_msg_clear(&m);
+    tide__ctl_destroy(&t->ctl, 0);
+    free(t);
+    trainer_close();
+    fake_close(&f);
+}

@@ -225,6 +225,13 @@ void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m)
         if (t->saves[k].step == step && strcmp(t->saves[k].root, m->dir) == 0 && t->saves[k].go &&
             go)
             return; /* asked again (tided resends nothing, but an operator may) */
+    if (t->n_saves == TIDE__SAVES_MAX && !t->view.member) {
+        /* an idle rank keeps requests only in case a resize makes it a member by their
+           steps; the members answer for the job, so the oldest gives way silently */
+        TIDE_INFO(SUBSYS, "idle rank %d forgets the checkpoint request of step %lld", t->rank,
+                  (long long)t->saves[0].step);
+        remove_request(t, 0);
+    }
     if (t->n_saves == TIDE__SAVES_MAX) {
         tide_errorf(TIDE_ERR_BUSY,
                     "rank %d has %d checkpoint requests pending already: ask again once one "
@@ -344,6 +351,20 @@ void tide__ckpt_step_end(tide_t *t)
     if (tide_checkpoint(t, k->root) != TIDE_OK)
         TIDE_ERROR(SUBSYS, "rank %d: periodic checkpoint of step %lld not taken: %s", t->rank,
                    (long long)t->view.step, tide_last_error());
+}
+
+void tide__ckpt_switched(tide_t *t, int64_t step)
+{
+    /* a member took (or reported) every request up to the boundary at its step ends; what
+       is left of them was an idle rank's, decided by the members of then */
+    for (int i = 0; i < t->n_saves; i++)
+        if (t->saves[i].step <= step) {
+            TIDE_INFO(SUBSYS,
+                      "rank %d switches at step %lld: the checkpoint request of step %lld was "
+                      "the members' of then",
+                      t->rank, (long long)step, (long long)t->saves[i].step);
+            remove_request(t, i--);
+        }
 }
 
 void tide__ckpt_rolled_back(tide_t *t, int64_t step)

@@ -104,11 +104,13 @@ static void rt_load_failed(void *ctx, const tide_proto_saved_t *m)
 typedef struct switched_ctx {
     int rollback;
     int64_t rb_step, step;
+    int64_t at; /* the boundary switched at (before a rollback's step) */
 } switched_ctx;
 
 static void switched(tide_t *t, void *ctx)
 {
     switched_ctx *x = ctx;
+    x->at = t->agree.p_switch;
     tide__agree_switched(&t->agree);
     if (x->rollback)
         t->agree.completed = x->rb_step; /* the state is the checkpoint's: so is the step */
@@ -127,8 +129,9 @@ static tide_status rt_commit(void *ctx, uint64_t gen, int rollback, int64_t rb_s
                            "tided aborted generation %llu while this rank switched",
                            (unsigned long long)gen);
     install(arg);
-    switched_ctx x = {rollback, rb_step, 0};
+    switched_ctx x = {rollback, rb_step, 0, 0};
     tide__agree_change(t, switched, &x);
+    tide__ckpt_switched(t, x.at);
     if (rollback)
         tide__ckpt_rolled_back(t, rb_step);
     *step = x.step;

@@ -152,8 +152,8 @@ struct tide {
 
 /* Applies tided's "save" (training thread, with its intents): a proposal is queued, GO
    marks it decided (or queues it), DROP forgets it; a request queued already is not queued
-   twice, one past TIDE__SAVES_MAX pending is reported failed to tided (never dropped
-   silently). */
+   twice; on a member, one past TIDE__SAVES_MAX pending is reported failed to tided (never
+   dropped silently), on an idle rank the oldest gives way (the members answer). */
 void tide__ckpt_request(tide_t *t, const tide_proto_save_t *m);
 
 /* 1 while a member is at the step of a proposal tided has not decided yet (its answer said
@@ -169,11 +169,15 @@ tide_status tide__check_buf(const tide_t *t, const char *who, size_t i, const vo
 /* ckpt.c: a periodic checkpoint when one is due (end of a counted step; main thread). */
 void tide__ckpt_step_end(tide_t *t);
 
-/* ckpt.c: waits for the save being written, then frees the checkpoint state. */
+/* A switch committed at the boundary of `step`: the requests of that step and before,
+   which only a rank idle until now still holds, are forgotten (main thread). */
+void tide__ckpt_switched(tide_t *t, int64_t step);
+
 /* A rollback switch loaded the checkpoint of `step`: periodic saves of the steps after it
    are taken again (lock held or not; main thread). */
 void tide__ckpt_rolled_back(tide_t *t, int64_t step);
 
+/* ckpt.c: waits for the save being written, then frees the checkpoint state. */
 void tide__ckpt_destroy(tide_t *t);
 
 /* ---- inbox.c: tided's intents ---- */

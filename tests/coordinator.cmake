@@ -10,18 +10,18 @@ if(TARGET tide_coord)
                      TIMEOUT 30)
 endif()
 if(TARGET tided)
-  tide_add_unit_test(test_coordinator_server SOURCES test_coordinator_server.c
-                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 240)
-  target_compile_definitions(test_coordinator_server PRIVATE
-                             TIDED_PATH="$<TARGET_FILE:tided>"
-                             TIDECTL_PATH="$<TARGET_FILE:tidectl>")
-  add_dependencies(test_coordinator_server tided tidectl)
-  tide_add_unit_test(test_coordinator_elastic SOURCES test_coordinator_elastic.c
-                     LIBS tide_proto PkgConfig::ZMQ TIMEOUT 120)
-  target_compile_definitions(test_coordinator_elastic PRIVATE
-                             TIDED_PATH="$<TARGET_FILE:tided>"
-                             TIDECTL_PATH="$<TARGET_FILE:tidectl>")
-  add_dependencies(test_coordinator_elastic tided tidectl)
+  # tided's parts, one process (and one tided per test) each; tests/tided_fixture.h
+  foreach(part server:240 offline:120 workers:120 hosts:120 ckpt:60 elastic:120)
+    string(REPLACE ":" ";" part "${part}")
+    list(GET part 0 name)
+    list(GET part 1 timeout)
+    tide_add_unit_test(test_coordinator_${name} SOURCES test_coordinator_${name}.c
+                       LIBS tide_proto PkgConfig::ZMQ TIMEOUT ${timeout})
+    target_compile_definitions(test_coordinator_${name} PRIVATE
+                               TIDED_PATH="$<TARGET_FILE:tided>"
+                               TIDECTL_PATH="$<TARGET_FILE:tidectl>")
+    add_dependencies(test_coordinator_${name} tided tidectl)
+  endforeach()
 endif()
 if(TARGET tided)
   tide_add_unit_test(test_reliability SOURCES test_reliability.c

@@ -128,7 +128,8 @@ shape() {
 }
 
 # revive HOST: HOST back after kill-host. Whatever kill-host left (a process that started
-# inside the namespace since) is killed first: a host that comes back runs nothing. Its
+# inside the namespace since) is killed first: a host that comes back runs nothing, and
+# holds no connection of its dead processes and sends nothing they queued. Its
 # address, link and uplink rate are set again as `up` and `shape` made them (a namespace
 # keeps them across kill-host, but an operator may have changed them meanwhile); the
 # bridge's end of its link comes up last, so that nothing reaches it half configured.
@@ -147,6 +148,18 @@ revive() {
   local pids
   pids=$(ip netns pids "$s")
   [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+  # A power cycle leaves nothing of the dead processes behind; a namespace keeps two
+  # things that would deliver what they had sent once the link is up, as if they still
+  # spoke (to tided, to the MPI daemons and ranks of the other hosts): the segments
+  # queued for the silent link (waiting on its neighbour entries: taking the link down
+  # drops them), and their connections, which linger as orphans (FIN-WAIT-1 with their
+  # unsent data) and retransmit (`ss -K` ends them).
+  ip netns exec "$s" ip link set eth0 down
+  ip netns exec "$s" ss -K -t -a >/dev/null 2>&1 || true
+  local left
+  left=$(ip netns exec "$s" ss -H -t -a state connected state syn-recv exclude time-wait 2>/dev/null | wc -l)
+  [ "$left" -eq 0 ] ||
+    die "revive-host: $left TCP connections of $1's dead processes survive (ss -K needs a kernel with CONFIG_INET_DIAG_DESTROY); they would deliver what those processes sent once its link is up"
   ip netns exec "$s" ip link set lo up
   ip netns exec "$s" ip addr replace "${TIDE_CLUSTER_ADDR%.254}.$i/24" dev eth0
   ip netns exec "$s" ip link set eth0 up

@@ -9,7 +9,8 @@
 # host), and a host's shaped uplink sets what a byte between hosts costs: `shape 200mbit`
 # holds rank-to-rank MPI between hosts under 40 MB/s (25 MB/s and the token bucket's burst)
 # whatever the load, while shared memory inside a host is only CPU-bound, and `shape off`
-# lifts the link past 60 MB/s.
+# lifts the link past 60 MB/s. A host lost with kill-host and brought back with
+# revive-host is as after a power cycle: what its dead processes had queued never arrives.
 # usage: test_multihost_cluster.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 TIDE_BUILD=$1 TIDE_SRC=$2
@@ -105,4 +106,54 @@ echo "unshaped: $line"
 r2=$(field remote_mbs "$line")
 awk -v r2="$r2" 'BEGIN { exit !(r2 > 60) }' ||
   fail "shape off left the link at $r2 MB/s (shaped: $r MB/s, 200mbit is 25 MB/s)"
-echo "PASS: concurrent clusters get their own names, subnets and interfaces; down removes only its own; MPI sees one node per host, and a shaped link costs what its rate says"
+
+note "a host lost and revived is as after a power cycle: its dead processes say nothing more"
+# A sender on h2 writes to a listener on the machine every 20 ms; kill-host silences the
+# link and kills it with bytes unacknowledged. Once revive-host brought h2 back, nothing of
+# the dead sender may arrive (a rebooted host has no socket left to retransmit from).
+cat >"$T/pc.py" <<'PY'
+import socket, sys, time
+if sys.argv[1] == "listen":
+    s = socket.socket()
+    s.bind((sys.argv[2], 0))
+    s.listen()
+    open(sys.argv[3], "w").write(str(s.getsockname()[1]))
+    c, _ = s.accept()
+    c.settimeout(1.0)
+    out = open(sys.argv[4], "w", buffering=1)
+    end = time.time() + float(sys.argv[5])
+    while time.time() < end:
+        try:
+            d = c.recv(65536)
+        except socket.timeout:
+            continue
+        out.write("%.3f %d\n" % (time.time(), len(d)))
+        if not d:
+            break
+else:
+    c = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    while True:
+        c.send(b"x" * 512)
+        time.sleep(0.02)
+PY
+env2=$(cat "$T/env2")
+addr=$(. "$env2"; echo "$TIDE_CLUSTER_ADDR")
+/usr/bin/python3 "$T/pc.py" listen "$addr" "$T/pc.port" "$T/pc.recv" 30 &
+PC=$!
+for _ in $(seq 100); do [ -s "$T/pc.port" ] && break; sleep 0.05; done
+(. "$env2"; bash "$CLUSTER" exec h2 /usr/bin/python3 "$T/pc.py" send "$addr" "$(cat "$T/pc.port")") &
+SENDER=$!
+for _ in $(seq 100); do [ "$(wc -l 2>/dev/null <"$T/pc.recv" || echo 0)" -ge 5 ] && break; sleep 0.05; done
+[ "$(wc -l <"$T/pc.recv")" -ge 5 ] || fail "the sender on h2 did not reach the machine"
+(. "$env2"; bash "$CLUSTER" kill-host h2)
+wait "$SENDER" 2>/dev/null || true # killed with h2
+sleep 1 # the dead sender's kernel retransmits into the silent link
+(. "$env2"; bash "$CLUSTER" revive-host h2)
+back=$(date +%s.%N)
+sleep 6 # past the retransmission timers (1.5 to 3.5 s here)
+kill "$PC" 2>/dev/null || true
+wait "$PC" 2>/dev/null || true
+late=$(awk -v t="$back" '$1 > t' "$T/pc.recv")
+[ -z "$late" ] || fail "after revive-host the dead sender still delivered: $late"
+echo "power cycle: $(wc -l <"$T/pc.recv") reads before the loss, none after the revive"
+echo "PASS: concurrent clusters get their own names, subnets and interfaces; down removes only its own; MPI sees one node per host, a shaped link costs what its rate says, and a revived host is as after a power cycle"

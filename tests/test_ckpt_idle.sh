@@ -12,31 +12,17 @@ set -euo pipefail
 B=$1
 shift
 MPIRUN=("$@")
-WORK=$(mktemp -d /tmp/tide-ckidle.XXXXXX)
-TIDED_PID=""
-JOB_PID=""
-fail() { echo "FAIL: $*" >&2; exit 1; }
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-
-"$B/coordinator/tided" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" --heartbeat-ms 100 --miss-limit 30 >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || { cat "$WORK/tided.log" >&2; fail "tided did not start"; }
-EP=$(cat "$WORK/endpoint")
-ctl() { "$B/coordinator/tidectl" --endpoint "$EP" --timeout-ms 10000 "$@"; }
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+tl_setup tide-ckidle
+tl_tided_start "$B"
 
 STEPS=400
 "${MPIRUN[@]}" -np 3 -x TIDE_ENDPOINT="$EP" "$B/examples/train_mlp" --tide --job idle --layers 2 \
   --hidden 16 --ffn 32 --vocab 16 --seq 4 --global-batch 6 --micro-batches 1 --dp 2 \
   --steps $STEPS --pace-ms 50 --print-every 1000 --loss-out "$WORK/tide.loss" >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 steps() { awk 'END { print NR + 0 }' "$WORK/tide.loss" 2>/dev/null || echo 0; }
 for _ in $(seq 600); do [ "$(steps)" -ge 3 ] && break; sleep 0.05; done
 [ "$(steps)" -ge 3 ] || { cat "$WORK/job.log" >&2; fail "the job did not reach step 3"; }
@@ -63,7 +49,6 @@ grep -q '"state":"running","gen":2,"dp":3,' <<<"$row" || { ctl events; fail "the
 at=$(steps)
 [ "$at" -lt $((STEPS - 20)) ] || fail "the resize came at step $at of $STEPS: too late to see the promoted rank's steps"
 wait $JOB_PID || { cat "$WORK/job.log" >&2; fail "the job failed"; }
-JOB_PID=""
 sleep 0.5
 ev=$(ctl events --json)
 for a in "${asked[@]}"; do

@@ -10,34 +10,18 @@ set -euo pipefail
 B=$1
 shift
 MPIRUN=("$@")
-TIDED="$B/coordinator/tided"
-TIDECTL="$B/coordinator/tidectl"
 TRAIN="$B/examples/train_mlp"
-WORK=$(mktemp -d /tmp/tide-speed.XXXXXX)
-TIDED_PID=""
-JOB_PID=""
-fail() { echo "FAIL: $*" >&2; exit 1; }
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-
-"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" --heartbeat-ms 100 --miss-limit 30 >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || { cat "$WORK/tided.log" >&2; fail "tided did not start"; }
-EP=$(cat "$WORK/endpoint")
-ctl() { "$TIDECTL" --endpoint "$EP" --timeout-ms 5000 "$@"; }
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+tl_setup tide-speed
+tl_tided_start "$B"
 
 STEPS=100
 "${MPIRUN[@]}" -np 2 -x TIDE_ENDPOINT="$EP" "$TRAIN" --tide --job speed --layers 2 --hidden 16 \
   --ffn 32 --vocab 16 --seq 4 --global-batch 4 --micro-batches 1 --dp 2 --steps $STEPS \
   --pace-ms 100 --print-every 1000 --loss-out "$WORK/tide.loss" >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 steps() { awk 'END { print NR + 0 }' "$WORK/tide.loss" 2>/dev/null || echo 0; }
 for _ in $(seq 600); do [ "$(steps)" -ge 10 ] && break; sleep 0.05; done
 [ "$(steps)" -ge 10 ] || { cat "$WORK/job.log" >&2; fail "the job did not reach step 10"; }
@@ -66,7 +50,6 @@ for _ in $(seq 600); do [ "$(steps)" -ge $((STEPS - 4)) ] && break; sleep 0.02; 
 late=$(ctl checkpoint speed --dir "$WORK/ckpt-late" 2>&1 | grep -o 'saves the checkpoint of step [0-9]*' |
   grep -o '[0-9]*$' || true)
 wait $JOB_PID || { cat "$WORK/job.log" >&2; fail "the job failed"; }
-JOB_PID=""
 sleep 0.5 # the last reports reach tided
 ev=$(ctl events --json)
 for a in "${asked[@]}"; do

@@ -5,9 +5,13 @@
 #                       test runs against the build it belongs to, not a fresh one);
 #   quickstart:run      run line by line (bash -e -x), its only change /opt/tide -> the
 #                       prefix installed here, with HOME, /tmp and the network its own: a
-#                       private mount namespace with a fresh /tmp, a network namespace
-#                       (so its fixed ports 5555 and 9400 meet nobody else's) and a pid
-#                       namespace (tided and the job it started end with it).
+#                       private mount namespace with a fresh /tmp and /dev/shm, a network
+#                       namespace (so its fixed ports 5555 and 9400 meet nobody else's) and
+#                       a pid namespace (tided and the job it started end with it). The pid
+#                       namespace numbers every run's processes alike, and Open MPI names
+#                       its shared-memory segments in /dev/shm by host and mpirun's pid:
+#                       two runs at once (two test suites on one machine) shared them, and
+#                       both jobs crashed or hung, until each got a /dev/shm of its own.
 # Then what the block's comments say must be in what each command printed: the resize
 # commits with its downtime and bytes, rank 1 idle, job q at generation 2 and dp 1, the
 # second resize, the last steps and the fingerprint, and the events newest first.
@@ -61,6 +65,7 @@ timeout -k 5 150 env HOME="$WORK/home" \
   unshare --net --mount --pid --fork --kill-child --mount-proc bash -c '
   ip link set lo up || exit 1
   mount --make-rprivate / && mount --bind "$1" /tmp || exit 1
+  mount -t tmpfs -o mode=1777 tide-shm /dev/shm || exit 1
   cd "$HOME" && exec bash -e -x "$2"' readme "$WORK/tmp" "$WORK/run-here.sh" \
   </dev/null >"$WORK/run.log" 2>&1
 rc=$?

@@ -3,7 +3,8 @@
  * first member reports each complete checkpoint ("saved"); tided keeps the newest few
  * (durably, with the job) so that a recovery whose lost state no survivor holds rolls the
  * job back to the last one (recovery.c) instead of halting it. `tidectl checkpoint JOB`
- * has the members save at a step none of them has reached yet, agreed in two phases
+ * has the members save at a step none of them has reached yet and no other request of the
+ * job holds (a rank's saver takes two saves of one boundary at most), agreed in two phases
  * ("save" PROPOSE, "save_ack" from every rank with the steps it had completed, then GO, or
  * a new proposal further on): tided's own view of the job's step comes from heartbeats
  * and lags it, by more than the margin it adds when the machine is loaded or the job's
@@ -147,8 +148,22 @@ static int64_t furthest_step(tide_server_t *s, const tide_coord_job_t *j, size_t
     return step;
 }
 
-/* Proposes r (a new id) at a step past `from` and past what tided heard of: the members
-   of j's layout are asked for their answers again. TIDE_ERR_NOMEM with nothing sent. */
+/* The furthest step another request of j was agreed at or is proposed at: two requests at
+   one step would both reach a rank's saver at one boundary, and it holds two saves at once
+   (the one being written and one behind it), so a third of that step would be refused. */
+static int64_t step_taken(const tide_server_t *s, const tide_coord_job_t *j, const ckreq *r)
+{
+    int64_t taken = j->ckpt_agreed;
+    const struct tide__ckreqs *c = s->ckreqs;
+    for (size_t i = 0; i < c->n; i++)
+        if (&c->q[i] != r && c->q[i].job == (uint64_t)j->id && c->q[i].step > taken)
+            taken = c->q[i].step;
+    return taken;
+}
+
+/* Proposes r (a new id) at a step past `from`, past what tided heard of and past the steps
+   of j's other requests: the members of j's layout are asked for their answers again.
+   TIDE_ERR_NOMEM with nothing sent. */
 static tide_status propose(tide_server_t *s, const tide_coord_job_t *j, ckreq *r, int64_t from)
 {
     size_t n = 0;
@@ -177,6 +192,9 @@ static tide_status propose(tide_server_t *s, const tide_coord_job_t *j, ckreq *r
     r->round++;
     r->step = tide_policy_ckpt_step(from > furthest ? from : furthest, j->throughput,
                                     s->cfg.heartbeat_ms);
+    int64_t taken = step_taken(s, j, r);
+    if (r->step <= taken)
+        r->step = taken + 1;
     r->deadline_ns = s->now_ns + (uint64_t)TIDE__CKREQ_WAIT_MS * 1000000ull;
     send_save(s, j, r, TIDE_PROTO_SAVE_PROPOSE);
     TIDE_INFO("ckpt",
@@ -235,6 +253,8 @@ static int decide(tide_server_t *s, size_t i, tide_coord_job_t *j)
         return 1;
     }
     send_save(s, j, r, TIDE_PROTO_SAVE_GO);
+    if (r->step > j->ckpt_agreed)
+        j->ckpt_agreed = r->step;
     tide__event(s, j->name, "checkpoint_requested",
                 "a checkpoint of step %lld under %.900s asked of its %zu members",
                 (long long)r->step, r->root, r->n);

@@ -211,6 +211,8 @@ typedef struct tide_coord_job {
     int n_fit;                             /* rules in fit; 0: any layout the collection allows */
     tide_coord_ckpt *ckpts; /* complete checkpoints reported, oldest first (owned; NULL: none) */
     int n_ckpts;            /* entries in ckpts, [0, TIDE_COORD_CKPTS_MAX] */
+    int64_t ckpt_agreed;    /* volatile: the furthest step a checkpoint request was agreed at
+                               (checkpoint.c): the next one is asked at a step of its own */
     tide_reconf_t *reconf;  /* pending reconfiguration or NULL */
     int stall_told;         /* volatile: a stalled step was reported (stall.c), at... */
     uint64_t stall_gen;     /* ...this generation */

@@ -243,6 +243,60 @@ Test(tided, checkpoint_request_moves_past_a_step_a_member_passed, .init = setup,
     zmq_close(admin);
 }
 
+/* Requests asked faster than tided hears of the job's steps (its view stays at step 10
+   here) each get a step of their own: after one was agreed, and while another is being
+   agreed. Three at one step once reached the ranks' savers at one boundary, and the third
+   was refused BUSY though tidectl had acknowledged it. */
+Test(tided, checkpoint_requests_in_a_row_get_steps_of_their_own, .init = setup, .fini = teardown)
+{
+    start(NULL);
+    fake w[2];
+    tide_msg_t m, r;
+    train_on(w, 2, 2);
+    for (int i = 0; i < 2; i++) {
+        coord_mk_heartbeat(&m, w[i].id, 10, 1);
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+    }
+    void *admin[2];
+    for (int a = 0; a < 2; a++)
+        admin[a] = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    uint64_t agreed[4] = {0};
+    for (int k = 0; k < 2; k++) { /* one after another: each agreed before the next */
+        mk_checkpoint(&m, "train", k ? "/ck/b" : "/ck/a");
+        cr_assert_eq(coord_send(admin[0], &m), 0);
+        uint64_t id = 0;
+        expect_save(w, TIDE_PROTO_SAVE_PROPOSE, &id, &agreed[k]);
+        for (int i = 0; i < 2; i++)
+            ack_save(&w[i], id, agreed[k], 10);
+        expect_save(w, TIDE_PROTO_SAVE_GO, &id, &agreed[k]);
+        admin_reply(admin[0], &r, TIDE_MSG_OK);
+        tide_msg_clear(&r);
+    }
+    cr_expect_gt(agreed[1], agreed[0], "a second request agreed at step %llu, the first at %llu",
+                 (unsigned long long)agreed[1], (unsigned long long)agreed[0]);
+    /* two at once, on two connections: neither is agreed when the other is proposed */
+    uint64_t id[2] = {0, 0};
+    for (int a = 0; a < 2; a++) {
+        mk_checkpoint(&m, "train", a ? "/ck/d" : "/ck/c");
+        cr_assert_eq(coord_send(admin[a], &m), 0);
+        expect_save(w, TIDE_PROTO_SAVE_PROPOSE, &id[a], &agreed[2 + a]);
+    }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 2; i++)
+            ack_save(&w[i], id[a], agreed[2 + a], 10);
+    for (int a = 0; a < 2; a++) {
+        expect_save(w, TIDE_PROTO_SAVE_GO, &id[a], &agreed[2 + a]);
+        admin_reply(admin[a], &r, TIDE_MSG_OK);
+        tide_msg_clear(&r);
+    }
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < k; l++)
+            cr_expect_neq(agreed[k], agreed[l], "requests %d and %d both agreed at step %llu", l, k,
+                          (unsigned long long)agreed[k]);
+    for (int a = 0; a < 2; a++)
+        zmq_close(admin[a]);
+}
+
 /* A host lost with both its members of a dp 4 job: their last heartbeats came in one host
    heartbeat, so they go silent together. One failure is one recovery: a single
    recovery_started over the two survivors, no switch started and aborted in between. */

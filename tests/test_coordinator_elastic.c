@@ -27,6 +27,8 @@ extern char **environ;
 typedef struct fake {
     void *sock;
     int32_t id;
+    int held;       /* 1: first_layout read the layout of the policy's first switch for it */
+    tide_msg_t msg; /* that layout, for switch_all */
 } fake;
 
 static void *ctx;
@@ -70,6 +72,7 @@ static void join_declared(fake *w, const char *pool, int32_t min, int32_t max, i
     int pid0 = 1000 + 10 * launches++;
     tide_msg_t m, r;
     for (int i = 0; i < 4; i++) {
+        memset(&w[i], 0, sizeof w[i]);
         w[i].sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
         cr_assert_not_null(w[i].sock);
         coord_mk_register(&m, pool, i, 4, i < 2 ? "host0" : "host1", i % 2, pid0 + i);
@@ -96,24 +99,40 @@ static void join_declared(fake *w, const char *pool, int32_t min, int32_t max, i
 
 /* The first layout of job "train" reaches two of the four fakes (a host's): they hold it,
    the other two are told they wait idle. Reads each fake only up to that answer, so that
-   a switch the policy starts at once stays for switch_all. */
+   a switch the policy starts at once stays for switch_all. A rank that joined before the
+   layout could be placed (its host's other rank had not joined yet) is only told the job
+   waits for workers, and may hear of the policy's first switch next: that layout is kept
+   for switch_all (fake.msg), the prepare behind it left unread. */
 static void first_layout(fake *w)
 {
     tide_msg_t r;
-    int got = 0, done[4] = {0}, n_done = 0;
-    for (int t = 0; t < 200 && n_done < 4; t++) {
+    int got = 0, state[4] = {0}; /* 0: no answer yet, 1: "waiting for" workers, 2: final */
+    for (int t = 0; t < 200; t++) {
+        int settled = got == 2;
+        for (int i = 0; i < 4; i++)
+            settled = settled && state[i] > 0;
+        if (settled)
+            break;
         zmq_pollitem_t it[4];
         for (int i = 0; i < 4; i++)
-            it[i] = (zmq_pollitem_t){w[i].sock, 0, done[i] ? 0 : ZMQ_POLLIN, 0};
+            it[i] = (zmq_pollitem_t){w[i].sock, 0, state[i] == 2 ? 0 : ZMQ_POLLIN, 0};
         if (zmq_poll(it, 4, 50) <= 0)
             continue;
         for (int i = 0; i < 4; i++) {
-            if (done[i] || !(it[i].revents & ZMQ_POLLIN) || coord_recv(w[i].sock, &r) != 0)
+            if (state[i] == 2 || !(it[i].revents & ZMQ_POLLIN) || coord_recv(w[i].sock, &r) != 0)
                 continue;
-            int member = r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.dp == 1;
-            done[i] = member || (r.type == TIDE_MSG_OK && strstr(r.u.ok.message, "waiting idle"));
+            if (r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.gen > 1) {
+                w[i].msg = r; /* the policy's switch, for switch_all */
+                w[i].held = 1;
+                state[i] = 2;
+                continue;
+            }
+            int member = r.type == TIDE_MSG_LAYOUT && r.u.layout.layout.gen == 1;
+            if (member || (r.type == TIDE_MSG_OK && strstr(r.u.ok.message, "waiting idle")))
+                state[i] = 2;
+            else if (r.type == TIDE_MSG_OK && strstr(r.u.ok.message, "waiting for"))
+                state[i] = 1;
             got += member;
-            n_done += done[i];
             tide_msg_clear(&r);
         }
     }
@@ -197,7 +216,10 @@ static int switch_all(fake *w, uint64_t gen, int rc, int *dp)
     tide_msg_t m, r;
     int part[4] = {0}, n = 0;
     for (int i = 0; i < 4; i++) {
-        if (coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r) != 0)
+        if (w[i].held) {
+            r = w[i].msg;
+            w[i].held = 0;
+        } else if (coord_recv_type(w[i].sock, TIDE_MSG_LAYOUT, &r) != 0)
             continue;
         cr_assert_eq(r.u.layout.layout.gen, gen);
         *dp = r.u.layout.layout.dp;

@@ -11,7 +11,8 @@ if(TARGET tide_coord)
 endif()
 if(TARGET tided)
   # tided's parts, one process (and one tided per test) each; tests/tided_fixture.h
-  foreach(part server:240 offline:120 workers:120 hosts:120 ckpt:60 elastic:120)
+  foreach(part server:180 offline:120 workers:120 hosts:120 ckpt:60 auth:60 metrics:60
+               elastic:120)
     string(REPLACE ":" ";" part "${part}")
     list(GET part 0 name)
     list(GET part 1 timeout)

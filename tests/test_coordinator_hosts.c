@@ -92,14 +92,7 @@ Test(tided, host_heartbeats_count_each_rank_and_keep_each_route, .init = setup, 
     admin_call(admin, &m, &r, TIDE_MSG_OK);
     tide_msg_clear(&r);
     host_heartbeat(&w[0], three, 3);
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    submit_sleep(admin, "eval", 0);
     expect_type(w[1].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
     tide_msg_clear(&r);
     /* strictness on the wire reaches tided too: a malformed one is answered, not acted on */
@@ -139,7 +132,7 @@ Test(tided, status_of_one_job_lists_only_its_workers, .init = setup, .fini = tea
     const char *extra[] = {"--status-page", "2", "--join-grace-ms", "0", NULL};
     start(extra);
     fake a[3], b[2], c;
-    tide_msg_t m, r;
+    tide_msg_t r;
     for (int i = 0; i < 3; i++) {
         fake_connect(&a[i], 3000);
         fake_register_in(&a[i], "pool-a", i, 3, "host0");
@@ -163,14 +156,7 @@ Test(tided, status_of_one_job_lists_only_its_workers, .init = setup, .fini = tea
         tide_msg_clear(&r);
     }
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    submit_sleep(admin, "eval", 0);
     expect_type(c.sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
     tide_msg_clear(&r);
     /* job ja: its three workers over two pages, each with its coordinate */

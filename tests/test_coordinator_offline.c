@@ -11,15 +11,8 @@ Test(tided, no_offline_work_between_registration_and_the_first_layout, .init = s
 {
     start(NULL);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
-    tide_msg_t m, r;
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    tide_msg_t r;
+    submit_sleep(admin, "eval", 0);
     fake w[4];
     for (int i = 0; i < 4; i++) {
         fake_connect(&w[i], 400);
@@ -129,14 +122,7 @@ Test(tided, only_failures_use_up_attempts_and_retries_back_off_elsewhere, .init 
         tide_msg_clear(&r);
     }
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    submit_sleep(admin, "eval", 0);
     uint32_t att = 0;
     cr_assert_eq(next_assign(w, 2, 5, &att, 3000), 2);
     cr_assert_eq(att, 1);

@@ -2,14 +2,14 @@
  * Integration tests for tided (tests/tided_fixture.h: the real binary, fake workers and
  * tidectl over DEALER sockets): registration, first layout, offline backfill and
  * preemption, the resize protocol (prepare / ack / commit / done), kill -9 and restart
- * in the middle of a switch, failure detection and recovery, malformed input, CURVE
- * authentication (roles, worker ids bound to the key that registered them), job end on
+ * in the middle of a switch, failure detection and recovery, malformed input, job end on
  * bye, a generation kept after a participant switched, --dry-run bytes under the chosen
- * map and the default rank order, and the Prometheus text scraped over HTTP. The other
+ * map and the default rank order, and workers named by tided's id everywhere. The other
  * parts of tided have files of their own: test_coordinator_offline.c (offline attempts,
  * logs, limits), _workers.c (the worker table, liveness, fit rules, pools), _hosts.c
  * (host heartbeats, one job's status, placement inside hosts, a lost host), _ckpt.c
- * (checkpoint requests and reports).
+ * (checkpoint requests and reports), _auth.c (CURVE roles and keys), _metrics.c (the
+ * Prometheus text).
  */
 #include "tests/tided_fixture.h"
 
@@ -40,15 +40,7 @@ Test(tided, resize_offline_preemption_and_kill9_restart_mid_switch, .init = setu
     }
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 5000);
     /* offline work goes to the lowest idle worker */
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    m.u.submit.priority = 3;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    submit_sleep(admin, "eval", 3);
     expect_type(w[2].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
     cr_assert_str_eq(r.u.offline_assign.job, "eval");
     cr_assert_eq(r.u.offline_assign.attempt, 1);
@@ -349,158 +341,6 @@ Test(tided, malformed_input_gets_errors_while_others_are_served, .init = setup, 
     cr_assert_eq(waitpid(proc.pid, NULL, WNOHANG), 0, "tided must still run");
     zmq_close(bad);
     zmq_close(good);
-}
-
-static void write_key(const char *dir, const char *name, const char *pub, const char *sec,
-                      const char *role)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "# test key\npublic = %s\n", pub);
-    if (sec)
-        fprintf(f, "secret = %s\n", sec);
-    if (role)
-        fprintf(f, "role = %s\n", role);
-    fclose(f);
-}
-
-Test(tided, curve_roles_and_unknown_keys, .init = setup, .fini = teardown)
-{
-    char sp[41], ss[41], ap[41], as[41], wp[41], ws[41], xp[41], xs[41], vp[41], vs[41];
-    char rp[41], rs[41];
-    cr_assert_eq(zmq_curve_keypair(sp, ss), 0);
-    zmq_curve_keypair(rp, rs);
-    write_key(proc.dir, "r.pub", rp, NULL, "reader");
-    zmq_curve_keypair(ap, as);
-    zmq_curve_keypair(wp, ws);
-    zmq_curve_keypair(xp, xs);
-    zmq_curve_keypair(vp, vs);
-    write_key(proc.dir, "w2.pub", vp, NULL, "worker");
-    write_key(proc.dir, "server.key", sp, ss, NULL);
-    write_key(proc.dir, "admin.pub", ap, NULL, "admin");
-    write_key(proc.dir, "w.pub", wp, NULL, "worker");
-    write_key(proc.dir, "stranger.key", xp, xs, "admin"); /* a .key, not allowed */
-    const char *extra[] = {"--auth", proc.dir, NULL};
-    start(extra);
-    tide_msg_t m, r;
-    void *admin = coord_connect(ctx, proc.endpoint, ap, as, sp, 3000);
-    void *worker = coord_connect(ctx, proc.endpoint, wp, ws, sp, 3000);
-    void *stranger = coord_connect(ctx, proc.endpoint, xp, xs, sp, 700);
-    tide_msg_init(&m, TIDE_MSG_STATUS);
-    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
-    tide_msg_clear(&r);
-    coord_mk_register(&m, POOL, 0, 1, "host0", 0, 42);
-    admin_call(worker, &m, &r, TIDE_MSG_REGISTER_OK);
-    int32_t id0 = r.u.register_ok.worker;
-    tide_msg_clear(&r);
-    /* another worker key may not speak for that worker id, nor take its (pool, rank) over */
-    void *other = coord_connect(ctx, proc.endpoint, vp, vs, sp, 3000);
-    coord_mk_heartbeat(&m, id0, 5, 1);
-    admin_call(other, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    tide_msg_init(&m, TIDE_MSG_BYE);
-    m.u.bye.worker = id0;
-    admin_call(other, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    coord_mk_register(&m, POOL, 0, 1, "host9", 0, 43);
-    admin_call(other, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    /* ... nor add ranks to the pool that key registered */
-    coord_mk_register(&m, POOL, 1, 2, "host9", 0, 44);
-    admin_call(other, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    cr_assert(strstr(r.u.error.message, "registered with another key"), "%s", r.u.error.message);
-    tide_msg_clear(&r);
-    /* a reader key reads status and jobs, and may neither register nor act */
-    void *reader = coord_connect(ctx, proc.endpoint, rp, rs, sp, 3000);
-    tide_msg_init(&m, TIDE_MSG_JOBS);
-    admin_call(reader, &m, &r, TIDE_MSG_JOBS_REPLY);
-    tide_msg_clear(&r);
-    coord_mk_register(&m, "reader-pool", 0, 1, "host8", 0, 45);
-    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    cr_assert(strstr(r.u.error.message, "needs a worker or admin key"), "%s", r.u.error.message);
-    tide_msg_clear(&r);
-    coord_mk_heartbeat(&m, id0, 7, 1);
-    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    tide_msg_init(&m, TIDE_MSG_DRAIN);
-    m.u.drain.worker = id0;
-    admin_call(reader, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    cr_assert(strstr(r.u.error.message, "needs an admin key"), "%s", r.u.error.message);
-    tide_msg_clear(&r);
-    zmq_close(reader);
-    /* every key may read status and jobs (libtide learns failed peers from status) ... */
-    tide_msg_init(&m, TIDE_MSG_STATUS);
-    admin_call(other, &m, &r, TIDE_MSG_STATUS_REPLY);
-    cr_assert_eq(r.u.status_reply.n_rows, 1);
-    cr_assert_eq(r.u.status_reply.rows[0].state, TIDE_WORKER_IDLE, "the bye was not acted on");
-    cr_assert_eq(r.u.status_reply.rows[0].step, 0, "the heartbeat was not acted on");
-    cr_assert_str_eq(r.u.status_reply.rows[0].host, "host0", "the register was not acted on");
-    tide_msg_clear(&r);
-    tide_msg_init(&m, TIDE_MSG_JOBS);
-    admin_call(worker, &m, &r, TIDE_MSG_JOBS_REPLY);
-    tide_msg_clear(&r);
-    /* ... but the event history is for admins */
-    tide_msg_init(&m, TIDE_MSG_EVENTS);
-    m.u.events.limit = 10;
-    admin_call(worker, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    /* the owner's own heartbeat counts */
-    coord_mk_heartbeat(&m, id0, 9, 1);
-    cr_assert_eq(coord_send(worker, &m), 0);
-    for (int tries = 0; tries < 100; tries++) {
-        tide_msg_init(&m, TIDE_MSG_STATUS);
-        admin_call(worker, &m, &r, TIDE_MSG_STATUS_REPLY);
-        uint64_t step = r.u.status_reply.rows[0].step;
-        tide_msg_clear(&r);
-        if (step == 9)
-            break;
-        cr_assert_lt(tries, 99, "the owner's heartbeat was not taken");
-        tide_sleep_ms(10);
-    }
-    zmq_close(other);
-    /* a worker key may not resize or submit: refused, nothing done */
-    tide_msg_init(&m, TIDE_MSG_DRAIN);
-    m.u.drain.worker = 0;
-    admin_call(worker, &m, &r, TIDE_MSG_ERROR);
-    cr_assert_eq(r.u.error.code, TIDE_ERR_DENIED);
-    tide_msg_clear(&r);
-    tide_msg_init(&m, TIDE_MSG_STATUS);
-    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
-    cr_assert_eq(r.u.status_reply.n_rows, 1);
-    cr_assert_eq(r.u.status_reply.rows[0].state, TIDE_WORKER_IDLE, "the drain was not acted on");
-    tide_msg_clear(&r);
-    /* a key that is not in the directory never gets an answer */
-    tide_msg_init(&m, TIDE_MSG_STATUS);
-    coord_send(stranger, &m);
-    cr_assert_neq(coord_recv(stranger, &r), 0, "an unknown key was served");
-    /* plain (non-CURVE) clients are refused too */
-    void *plain = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 700);
-    coord_send(plain, &m);
-    cr_assert_neq(coord_recv(plain, &r), 0, "a plain client was served");
-    admin_call(admin, &m, &r, TIDE_MSG_STATUS_REPLY);
-    tide_msg_clear(&r);
-    zmq_close(admin);
-    zmq_close(worker);
-    zmq_close(stranger);
-    zmq_close(plain);
-}
-
-Test(tided, non_loopback_bind_without_auth_is_refused, .init = setup, .fini = teardown)
-{
-    const char *extra[] = {"--endpoint", "tcp://0.0.0.0:*", NULL};
-    int st = 0;
-    cr_assert_neq(coord_start(&proc, TIDED_PATH, extra, &st), 0);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
 }
 
 static int is_done(const tide_proto_job_row_t *r)
@@ -921,126 +761,3 @@ Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = tea
     for (int i = 0; i < 4; i++)
         zmq_close(w[i].sock);
 }
-
-Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
-{
-    int port = coord_free_port();
-    cr_assert_gt(port, 0, "no free loopback port");
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *extra[] = {"--metrics", addr, NULL};
-    start(extra);
-    fake w[3];
-    tide_msg_t m, r;
-    for (int i = 0; i < 3; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 3);
-        fake_join(&w[i], 2);
-    }
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
-    expect_type(w[2].sock, TIDE_MSG_OK, &r);
-    tide_msg_clear(&r);
-    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
-    expect_type(w[2].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);
-    tide_msg_clear(&r);
-    static char text[1 << 16];
-    scrape(port, text, sizeof text);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"online\"}"), 2);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"offline\"}"), 1);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"idle\"}"), 0);
-    cr_assert_eq(sample(text, "tide_preemptions_total"), 0);
-    /* grow onto the worker running offline work: one preemption, one committed switch */
-    mk_resize(&m, 3, 0);
-    admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);
-    tide_msg_clear(&r);
-    for (int i = 0; i < 3; i++)
-        ack_prepare(&w[i], 2, 4);
-    for (int i = 0; i < 3; i++)
-        commit_done(&w[i], 2, 1000 * (uint64_t)(i + 1));
-    cr_assert_eq(wait_job(admin, is_gen2_running).gen, 2);
-    scrape(port, text, sizeof text);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"online\"}"), 3);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"offline\"}"), 0);
-    cr_assert_eq(sample(text, "tide_gpus{state=\"failed\"}"), 0);
-    cr_assert_eq(sample(text, "tide_jobs{kind=\"online\",state=\"running\"}"), 1);
-    cr_assert_eq(sample(text, "tide_jobs{kind=\"offline\",state=\"queued\"}"), 1);
-    cr_assert_eq(sample(text, "tide_job_generation{job=\"train\"}"), 2);
-    cr_assert_eq(sample(text, "tide_resizes_total{result=\"committed\"}"), 1);
-    cr_assert_eq(sample(text, "tide_resize_duration_seconds_count"), 1);
-    double dur = sample(text, "tide_resize_duration_seconds_sum");
-    cr_assert(dur > 0 && dur < 10, "resize duration %f s", dur);
-    cr_assert_eq(sample(text, "tide_resharded_bytes_total"), 6000, "bytes the workers moved");
-    /* the duration is a histogram: cumulative buckets up to +Inf, which is the count */
-    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"+Inf\"}"), 1);
-    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"300\"}"), 1);
-    cr_assert_eq(sample(text, "tide_resize_duration_seconds_bucket{le=\"10\"}"), 1,
-                 "a resize of %f s", dur);
-    double prev = 0;
-    int buckets = 0;
-    for (const char *p = strstr(text, "tide_resize_duration_seconds_bucket{"); p != NULL;
-         p = strstr(p + 1, "tide_resize_duration_seconds_bucket{")) {
-        double v = strtod(strchr(p, ' ') + 1, NULL);
-        cr_assert_geq(v, prev, "buckets are cumulative: %.40s", p);
-        prev = v;
-        buckets++;
-    }
-    cr_assert_geq(buckets, 5);
-    cr_assert_eq(sample(text, "tide_preemptions_total"), 1);
-    cr_assert_geq(sample(text, "tide_heartbeats_total"), 0);
-    /* the exposition format: every sample's family was declared by # TYPE before it */
-    char fam[128][96];
-    int nfam = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        if (strncmp(line, "# TYPE ", 7) == 0) {
-            cr_assert_lt(nfam, 128);
-            char type[32] = "";
-            sscanf(line + 7, "%95s %31s", fam[nfam], type);
-            /* Prometheus naming: a counter ends in _total, a unit is the name's suffix
-               (before _total), never in its middle */
-            const char *f = fam[nfam++];
-            size_t fl = strlen(f);
-            if (strcmp(type, "counter") == 0)
-                cr_assert(fl > 6 && strcmp(f + fl - 6, "_total") == 0, "counter %s", f);
-            for (const char *unit = "_seconds"; unit; unit = unit[1] == 's' ? "_bytes" : NULL) {
-                const char *at = strstr(f, unit);
-                size_t ul = strlen(unit);
-                cr_assert(at == NULL || at[ul] == '\0' || strcmp(at + ul, "_total") == 0,
-                          "%s: the unit %s is not the name's suffix", f, unit);
-            }
-            continue;
-        }
-        if (line[0] == '#')
-            continue;
-        char name[160];
-        double v;
-        cr_assert_eq(sscanf(line, "%159s %lf", name, &v), 2, "bad sample line '%s'", line);
-        name[strcspn(name, "{")] = '\0';
-        int declared = 0;
-        for (int f = 0; f < nfam; f++) {
-            size_t k = strlen(fam[f]);
-            declared |= strncmp(name, fam[f], k) == 0 &&
-                        (name[k] == '\0' || strcmp(name + k, "_sum") == 0 ||
-                         strcmp(name + k, "_count") == 0 || strcmp(name + k, "_bucket") == 0);
-        }
-        cr_assert(declared, "sample %s has no # TYPE line", name);
-    }
-    cr_assert_gt(nfam, 8);
-    for (int i = 0; i < 3; i++)
-        zmq_close(w[i].sock);
-    zmq_close(admin);
-}
-
-/* Workers of a freshly launched job register first and join a moment later; offline
-   work queued meanwhile must not go to them: the job would have to preempt it to start.
-   Once the first layout is placed, the ranks it left spare get the work. */

@@ -586,15 +586,7 @@ Test(tided, a_joined_pool_left_out_of_a_resize_is_released, .init = setup, .fini
     cr_assert_eq(count_events(admin, "release_started"), 1);
     cr_assert_eq(count_events(admin, "pool_left"), 1);
     /* its ranks are finishing: no offline work goes to them */
-    tide_msg_init(&m, TIDE_MSG_SUBMIT);
-    snprintf(m.u.submit.name, sizeof m.u.submit.name, "eval");
-    m.u.submit.kind = TIDE_JOB_COMMAND;
-    char *argv[2] = {"sleep", "100"};
-    m.u.submit.argv = argv;
-    m.u.submit.argc = 2;
-    m.u.submit.priority = 3;
-    admin_call(admin, &m, &r, TIDE_MSG_OK);
-    tide_msg_clear(&r);
+    submit_sleep(admin, "eval", 3);
     tide_sleep_ms(300);
     tide_msg_init(&m, TIDE_MSG_JOBS);
     admin_call(admin, &m, &r, TIDE_MSG_JOBS_REPLY);

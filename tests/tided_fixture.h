@@ -180,6 +180,22 @@ static inline tide_proto_job_row_t wait_job(void *admin, int (*pred)(const tide_
     return row;
 }
 
+/* An admin submits offline command job name (`sleep 100`) at priority, and tided accepts it.
+   Blocks for the answer; the test's thread. */
+static inline void submit_sleep(void *admin, const char *name, int32_t priority)
+{
+    tide_msg_t m, r;
+    tide_msg_init(&m, TIDE_MSG_SUBMIT);
+    snprintf(m.u.submit.name, sizeof m.u.submit.name, "%s", name);
+    m.u.submit.kind = TIDE_JOB_COMMAND;
+    char *argv[2] = {"sleep", "100"};
+    m.u.submit.argv = argv;
+    m.u.submit.argc = 2;
+    m.u.submit.priority = priority;
+    admin_call(admin, &m, &r, TIDE_MSG_OK);
+    tide_msg_clear(&r);
+}
+
 /* Number of events of kind (all events since the start). */
 static inline int count_events(void *admin, const char *kind)
 {

@@ -15,17 +15,7 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
     start(extra);
     fake w[3];
     tide_msg_t m, r;
-    for (int i = 0; i < 3; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 3);
-        fake_join(&w[i], 2);
-    }
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
-    expect_type(w[2].sock, TIDE_MSG_OK, &r);
-    tide_msg_clear(&r);
+    launch_train(w, 3, 2);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     submit_sleep(admin, "eval", 0);
     expect_type(w[2].sock, TIDE_MSG_OFFLINE_ASSIGN, &r);

@@ -379,15 +379,7 @@ Test(tided, a_stalled_step_lists_the_job_stalled_until_a_step_completes, .init =
     start(extra);
     fake w[2];
     tide_msg_t r;
-    for (int i = 0; i < 2; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 2);
-        fake_join(&w[i], 2);
-    }
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
+    launch_train(w, 2, 2);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     tide_proto_job_row_t row;
     for (int tries = 0; tries < 150; tries++) { /* the stall check runs once a second */
@@ -425,17 +417,7 @@ Test(tided, bye_without_a_pending_switch_ends_the_job, .init = setup, .fini = te
     start(NULL);
     fake w[3];
     tide_msg_t m, r;
-    for (int i = 0; i < 3; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 3);
-        fake_join(&w[i], 2);
-    }
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
-    expect_type(w[2].sock, TIDE_MSG_OK, &r);
-    tide_msg_clear(&r);
+    launch_train(w, 3, 2);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     /* the program finished: rank 0 says bye first, after 17 steps that no heartbeat told */
     tide_msg_init(&m, TIDE_MSG_BYE);
@@ -505,17 +487,7 @@ Test(tided, failure_after_a_done_keeps_the_generation_and_recovers_from_it, .ini
     start(NULL);
     fake w[3];
     tide_msg_t m, r;
-    for (int i = 0; i < 3; i++) {
-        fake_connect(&w[i], 3000);
-        fake_register(&w[i], i, 3);
-        fake_join(&w[i], 2);
-    }
-    for (int i = 0; i < 2; i++) {
-        expect_type(w[i].sock, TIDE_MSG_LAYOUT, &r);
-        tide_msg_clear(&r);
-    }
-    expect_type(w[2].sock, TIDE_MSG_OK, &r);
-    tide_msg_clear(&r);
+    launch_train(w, 3, 2);
     void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
     mk_resize(&m, 3, 0);
     admin_call(admin, &m, &r, TIDE_MSG_RESIZE_REPLY);

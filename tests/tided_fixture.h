@@ -90,6 +90,23 @@ static inline void expect_type(void *sock, tide_msg_type_t t, tide_msg_t *out)
     cr_assert_eq(coord_recv_type(sock, t, out), 0, "no '%s' arrived", tide_msg_type_name(t));
 }
 
+/* n fakes connect and register (ranks 0..n-1 of one pool) and join "train" at dp, one after
+   another: the first dp hold its first layout, the others are told they wait idle. Blocks;
+   the test's thread. */
+static inline void launch_train(fake *w, int n, int dp)
+{
+    tide_msg_t r;
+    for (int i = 0; i < n; i++) {
+        fake_connect(&w[i], 3000);
+        fake_register(&w[i], i, n);
+        fake_join(&w[i], dp);
+    }
+    for (int i = 0; i < n; i++) {
+        expect_type(w[i].sock, i < dp ? TIDE_MSG_LAYOUT : TIDE_MSG_OK, &r);
+        tide_msg_clear(&r);
+    }
+}
+
 /* Joins job "train" (dp 1) and waits for its first layout: f trains and every worker that
    joins after it is spare. Joins sent back to back on separate sockets reach tided in
    either order, and the first one processed takes the layout. */

@@ -977,6 +977,41 @@ Test(child, exit_codes_env_and_no_mpi_variables)
     cr_expect_eq(tide__offline_env_keep("CUDA_VISIBLE_DEVICES=1"), 1);
 }
 
+/* Whether process pid ignores signal sig (its SigIgn mask in /proc). */
+static int ignores(int pid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "SigIgn: %llx", &mask) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return (mask & (1ull << (sig - 1))) != 0;
+}
+
+/* Whether a child of process pid (the offline supervisor: its child is the command)
+   ignores signal sig within ms. */
+static int wait_child_ignores(int pid, int sig, int ms)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
+    for (int waited = 0; waited < ms; waited += 10) {
+        FILE *f = fopen(path, "r");
+        int child = 0, found = 0;
+        while (f != NULL && !found && fscanf(f, "%d", &child) == 1)
+            found = ignores(child, sig);
+        if (f != NULL)
+            fclose(f);
+        if (found)
+            return 1;
+        tide_sleep_ms(10);
+    }
+    return 0;
+}
+
 Test(child, preempt_sigterm_then_sigkill_after_grace)
 {
     char dir[64], log[128];
@@ -994,7 +1029,8 @@ Test(child, preempt_sigterm_then_sigkill_after_grace)
     char *stubborn[] = {"/bin/sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"};
     cfg = child_cfg("s", stubborn, 3, log, 1000, NULL);
     cr_assert_eq(tide__child_spawn(&c, &cfg), TIDE_OK);
-    tide_sleep_ms(100); /* let the shell install its trap */
+    /* the shell installed its trap (a fixed 100 ms was too short for a loaded ASan run) */
+    cr_assert(wait_child_ignores(c.pid, SIGTERM, 10000), "the shell never ignored SIGTERM");
     uint64_t t0 = tide_now_ns();
     tide__child_preempt(&c, 300, t0);
     int code = wait_child(&c, 3000);
@@ -1138,41 +1174,6 @@ static void send_assign(fake *f, const char *job, char **argv, uint32_t argc, in
     m.u.offline_assign.attempt = 2;
     m.u.offline_assign.grace_ms = grace_ms;
     fake_send(f, &m);
-}
-
-/* Whether process pid ignores signal sig (its SigIgn mask in /proc). */
-static int ignores(int pid, int sig)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    unsigned long long mask = 0;
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "SigIgn: %llx", &mask) == 1)
-            break;
-    if (f != NULL)
-        fclose(f);
-    return (mask & (1ull << (sig - 1))) != 0;
-}
-
-/* Whether a child of process pid (the offline supervisor: its child is the command)
-   ignores signal sig within ms. */
-static int wait_child_ignores(int pid, int sig, int ms)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
-    for (int waited = 0; waited < ms; waited += 10) {
-        FILE *f = fopen(path, "r");
-        int child = 0, found = 0;
-        while (f != NULL && !found && fscanf(f, "%d", &child) == 1)
-            found = ignores(child, sig);
-        if (f != NULL)
-            fclose(f);
-        if (found)
-            return 1;
-        tide_sleep_ms(10);
-    }
-    return 0;
 }
 
 Test(ctl, offline_command_reported_and_preempted)

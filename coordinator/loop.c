@@ -824,9 +824,15 @@ tide_status tide__core_bind(tide_server_t *s)
     size_t eplen = sizeof c->endpoint;
     if (zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &eplen) != 0)
         snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg->endpoint);
-    if (cfg->endpoint_file != NULL && cfg->endpoint_file[0] != '\0')
-        TIDE_CHECK(write_endpoint_file(cfg->endpoint_file, c->endpoint));
     return TIDE_OK;
+}
+
+tide_status tide__core_announce(tide_server_t *s)
+{
+    const char *path = s->cfg.endpoint_file;
+    if (path == NULL || path[0] == '\0')
+        return TIDE_OK;
+    return write_endpoint_file(path, s->core->endpoint);
 }
 
 const char *tide__core_endpoint(const tide_server_t *s)

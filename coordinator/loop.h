@@ -221,8 +221,12 @@ tide_status tide__core_new(tide_server_t *s);
 /* Opens the state file, loads the state into s->st and runs the load hooks. */
 tide_status tide__core_load(tide_server_t *s);
 
-/* Loads the keys (auth_dir), binds the ROUTER socket, writes the endpoint file. */
+/* Loads the keys (auth_dir), binds the ROUTER socket. */
 tide_status tide__core_bind(tide_server_t *s);
+
+/* Writes the endpoint file (cfg.endpoint_file, when set): called once every listener is
+   open, since scripts and tests take the file as "tided serves". Startup thread. */
+tide_status tide__core_announce(tide_server_t *s);
 
 /* The endpoint bound (port resolved); valid as long as s. */
 const char *tide__core_endpoint(const tide_server_t *s);

@@ -205,6 +205,7 @@ tide_status tide_server_new(tide_server_t **out, const tide_server_config *cfg)
     TIDE_CHECK_GOTO(tide__core_bind(s), rc, fail);
     if (cfg->metrics != NULL && cfg->metrics[0] != '\0')
         TIDE_CHECK_GOTO(tide__http_open(s, cfg->metrics), rc, fail);
+    TIDE_CHECK_GOTO(tide__core_announce(s), rc, fail); /* last: the file says tided serves */
     TIDE_INFO("server", "listening on %s%s", tide__core_endpoint(s), s->auth_on ? " (CURVE)" : "");
     *out = s;
     return TIDE_OK;

@@ -128,7 +128,7 @@ static int read_settings(struct settings *s, int argc, char **argv)
         {"endpoint", "TIDE_ENDPOINT", TIDE_OPT_STRING, &s->endpoint, "tcp://127.0.0.1:5555",
          "ZeroMQ endpoint to bind (non-loopback needs --auth; port * picks a free one)", 0, 0},
         {"endpoint-file", "TIDE_ENDPOINT_FILE", TIDE_OPT_STRING, &s->endpoint_file, NULL,
-         "write the bound endpoint to this file once listening", 0, 0},
+         "write the bound endpoint to this file once every listener (--metrics too) is open", 0, 0},
         {"state", "TIDE_STATE", TIDE_OPT_STRING, &s->state, NULL,
          "SQLite state file (WAL mode); when not given: $STATE_DIRECTORY/state.db under "
          "systemd (StateDirectory=tide: /var/lib/tide/state.db), else ./tide-state.db in the "

@@ -110,3 +110,30 @@ Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardo
 /* Workers of a freshly launched job register first and join a moment later; offline
    work queued meanwhile must not go to them: the job would have to preempt it to start.
    Once the first layout is placed, the ranks it left spare get the work. */
+
+/* The endpoint file says tided serves, so it appears only once every listener is open: a
+   metrics address another process listens on makes tided exit with the reason and leave
+   no endpoint file. (Written before the metrics listener, it let a scraper connect too
+   early under load, and named a tided that then exited.) */
+Test(tided, the_endpoint_file_appears_only_once_metrics_listen, .init = setup, .fini = teardown)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(fd, 1), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+    const char *extra[] = {"--metrics", addr, NULL};
+    int st = 0;
+    cr_assert_neq(coord_start(&proc, TIDED_PATH, extra, &st), 0,
+                  "tided announced itself with its metrics address held by another process");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "tided's status %d", st);
+    cr_assert_neq(access(proc.epfile, F_OK), 0, "tided left an endpoint file behind");
+    close(fd);
+}

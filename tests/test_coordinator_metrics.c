@@ -7,12 +7,7 @@
 
 Test(tided, metrics_are_served_as_prometheus_text, .init = setup, .fini = teardown)
 {
-    int port = coord_free_port();
-    cr_assert_gt(port, 0, "no free loopback port");
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *extra[] = {"--metrics", addr, NULL};
-    start(extra);
+    int port = start_with_metrics();
     fake w[3];
     tide_msg_t m, r;
     launch_train(w, 3, 2);

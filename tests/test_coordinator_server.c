@@ -653,12 +653,7 @@ Test(tided, dry_run_compares_the_chosen_map_with_the_rank_order, .init = setup, 
  */
 Test(tided, workers_are_named_by_tided_id_everywhere, .init = setup, .fini = teardown)
 {
-    int port = coord_free_port();
-    cr_assert_gt(port, 0, "no free loopback port");
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *extra[] = {"--metrics", addr, NULL};
-    start(extra);
+    int port = start_with_metrics();
     fake w[4];
     tide_msg_t m, r;
     for (int i = 3; i >= 0; i--) {

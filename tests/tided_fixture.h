@@ -54,6 +54,18 @@ static inline void start(const char *const *extra)
                  st);
 }
 
+/* start() with --metrics on a free loopback port; the port. */
+static inline int start_with_metrics(void)
+{
+    int port = coord_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *extra[] = {"--metrics", addr, NULL};
+    start(extra);
+    return port;
+}
+
 static inline void fake_connect(fake *f, int timeout_ms)
 {
     f->sock = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, timeout_ms);

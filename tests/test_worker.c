@@ -1629,3 +1629,69 @@ Test(ckpt_requests, an_idle_rank_promoted_past_a_request_reports_nothing)
     trainer_close();
     fake_close(&f);
 }
+
+/* tided's checkpoint proposal of `step` (id), as the fake sends it. */
+static void send_proposal(fake *f, uint64_t id, uint64_t step)
+{
+    tide_msg_t m;
+    tide_msg_init(&m, TIDE_MSG_SAVE);
+    snprintf(m.u.save.job, sizeof m.u.save.job, "jobA");
+    snprintf(m.u.save.dir, sizeof m.u.save.dir, "/ckpt-late");
+    m.u.save.step = step;
+    m.u.save.id = id;
+    m.u.save.phase = TIDE_PROTO_SAVE_PROPOSE;
+    fake_send(f, &m);
+}
+
+/* A request that reaches a job's first member after its last step's drain (test_job_speed
+   once lost one so, under load): the control thread answered it, so tided agreed its step,
+   and the rank must say the job ended first when it leaves. A proposal read after that last
+   drain goes unanswered: tided gives it up when the rank leaves, instead of agreeing a step
+   nobody will take or report. */
+Test(ckpt_requests, a_request_heard_after_the_last_step_is_reported_when_the_rank_leaves)
+{
+    fake f;
+    fake_open(&f);
+    tide_t *t = calloc(1, sizeof *t);
+    cr_assert_not_null(t);
+    t->ctl = start_ctl(&f);
+    tide__ctl_set_job(t->ctl, "jobA");
+    t->intents = tr.intents;
+    t->rank = 3;
+    snprintf(t->job, sizeof t->job, "jobA");
+    cr_assert_eq(tide_layout_new(&t->layout, 2, 1, 1, 2, 1), TIDE_OK);
+    t->layout->worker[0] = 3; /* the layout's first member: it speaks for the job */
+    t->view.member = 1;
+    t->view.step = 100;
+    tide__agree_first(&tr.a, 1, 1);
+    tr.a.completed = 100;
+    tide__progress_set(&tr.progress, &tr.a);
+
+    send_proposal(&f, 7, 106);
+    tide_msg_t m;
+    fake_expect(&f, TIDE_MSG_SAVE_ACK, &m, 3000);
+    cr_assert_eq(m.u.save_ack.id, 7);
+    cr_assert_eq(m.u.save_ack.done, 100, "the rank had completed 100 steps");
+    tide_msg_clear(&m);
+    /* what tide_destroy does first: the last drain, then the requests left are reported */
+    tide__drain_last(t);
+    cr_assert_eq(t->n_saves, 1, "the answered proposal is heard");
+    tide__ckpt_destroy(t);
+    fake_expect(&f, TIDE_MSG_SAVED, &m, 3000);
+    cr_assert_eq(m.u.saved.step, 106);
+    cr_assert_eq(m.u.saved.code, TIDE_ERR_STALE);
+    cr_assert(strstr(m.u.saved.reason, "the job ended at step 100, before step 106") != NULL,
+              "%s", m.u.saved.reason);
+    tide_msg_clear(&m);
+
+    send_proposal(&f, 8, 107);
+    cr_assert_eq(fake_sees(&f, TIDE_MSG_SAVE_ACK, 500), 0,
+                 "a leaving rank answered a proposal it will neither take nor report");
+    tide_msg_t left;
+    cr_assert_neq(tide__mailbox_pop(tr.intents, &left, 0), TIDE_OK, "nothing queued after it");
+    tide__ctl_destroy(&t->ctl, 0);
+    tide_layout_destroy(&t->layout);
+    free(t);
+    trainer_close();
+    fake_close(&f);
+}

@@ -45,6 +45,8 @@ struct tide__ctl {
     tide__gens_t *gens;       /* the generations' abort words */
     tide__prep_t *prep;       /* the preparation of announced generations (NULL: none) */
     tide__mailbox_t *replies; /* answers to the training thread's own requests (owned) */
+    int proposals_closed;     /* under intents' lock: the training thread drained for the
+                                 last time; checkpoint proposals go unanswered */
     /* --- under mu --- */
     int stop;
     int leave; /* destroy began: stop the offline command (SIGTERM, grace), take no more */

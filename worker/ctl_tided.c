@@ -370,6 +370,7 @@ typedef struct save_ctx {
     tide_msg_t *m;
     int64_t done;
     int member;
+    int closed; /* the training thread drained for the last time: no answer */
 } save_ctx;
 
 /* Inside the mailbox's lock: the proposal is queued for the training thread, which checks
@@ -378,6 +379,10 @@ typedef struct save_ctx {
 static int queue_proposal(void *arg, tide_msg_t *out)
 {
     save_ctx *x = arg;
+    if (x->ctl->proposals_closed) {
+        x->closed = 1;
+        return 0;
+    }
     x->done = __atomic_load_n(&x->ctl->progress->completed, __ATOMIC_RELAXED);
     x->member = x->ctl->progress->member;
     *out = *x->m;
@@ -396,10 +401,25 @@ static void on_save(tide__ctl_t *ctl, tide_msg_t *m)
         return;
     }
     uint64_t id = m->u.save.id, step = m->u.save.step;
-    save_ctx x = {ctl, m, 0, 0};
+    save_ctx x = {ctl, m, 0, 0, 0};
     if (tide__mailbox_push_with(ctl->intents, queue_proposal, &x) != TIDE_OK)
         return; /* out of memory: no answer, and tided gives the request up */
+    if (x.closed) {
+        TIDE_INFO(SUBSYS, "the rank is leaving: checkpoint proposal %llu (step %llu) unanswered",
+                  (unsigned long long)id, (unsigned long long)step);
+        return;
+    }
     tide__ctl_send_save_ack(ctl, id, step, x.done, x.member);
+}
+
+static void close_proposals(void *arg)
+{
+    ((tide__ctl_t *)arg)->proposals_closed = 1;
+}
+
+void tide__ctl_close_proposals(tide__ctl_t *ctl)
+{
+    tide__mailbox_locked(ctl->intents, close_proposals, ctl);
 }
 
 /* ---- the connection --------------------------------------------------------------------- */

@@ -160,6 +160,14 @@ void tide__drain(tide_t *t)
     tide__mailbox_drain(t->intents, tide__inbox_apply, t, publish, t);
 }
 
+void tide__drain_last(tide_t *t)
+{
+    if (t->ctl != NULL)
+        tide__ctl_close_proposals(t->ctl);
+    if (t->intents != NULL)
+        tide__drain(t);
+}
+
 typedef struct change_ctx {
     tide_t *t;
     void (*fn)(tide_t *t, void *ctx);

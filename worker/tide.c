@@ -321,6 +321,7 @@ void tide_destroy(tide_t **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     tide_t *t = *self_p;
+    tide__drain_last(t);   /* a request sent during the last step is heard and reported */
     tide__ckpt_destroy(t); /* the last checkpoint is written before the rank leaves */
     if (t->ctl != NULL)
         tide__task_stop(t, &t->btask, 1); /* a bubble task goes back to tided's queue */

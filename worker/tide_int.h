@@ -190,6 +190,12 @@ void tide__inbox_apply(void *ctx, tide_msg_t *msg);
    publishes the agreement's progress. Training thread. */
 void tide__drain(tide_t *t);
 
+/* The rank ran its last step: the checkpoint requests tided sent until now are applied
+   (tide__ckpt_destroy reports those the job ended before), and proposals read after it go
+   unanswered, so none is agreed that this rank would neither take nor report. Training
+   thread, once, before tide__ckpt_destroy. */
+void tide__drain_last(tide_t *t);
+
 /* Runs fn(t, ctx) inside the intents mailbox's lock, then publishes the agreement's
    progress: every change of t->agree the control thread answers from goes through it.
    Training thread. */

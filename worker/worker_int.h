@@ -451,6 +451,11 @@ tide_status tide__ctl_new(tide__ctl_t **out, const tide__ctl_config *cfg);
 /* Stops offline work and the thread; sends bye when say_bye. *self_p = NULL. */
 void tide__ctl_destroy(tide__ctl_t **self_p, int say_bye);
 
+/* The training thread drains tided's intents for the last time after this: checkpoint
+   proposals read from now on are neither queued nor answered (the rank will not reach
+   their steps; tided gives them up when it leaves). Training thread, before that drain. */
+void tide__ctl_close_proposals(tide__ctl_t *ctl);
+
 /* Coordinator worker id from register_ok. Any thread. */
 int32_t tide__ctl_worker_id(tide__ctl_t *ctl);
 

@@ -74,18 +74,23 @@ sleep 1
 ctl events --follow --json --type 'offline_*' >"$WORK/follow.jsonl" 2>"$WORK/follow.err" &
 FOLLOW_PID=$!
 note "backfill: 4 offline commands for the idle GPUs, a plugin in the members' bubbles"
-for i in 1 2 3 4; do ctl submit --offline --name "eval-$i" -- sleep 2 >/dev/null; done
+# the commands hold the 4 idle GPUs until the end: a plugin job may take an idle GPU as
+# well as bubbles, and on a loaded machine a command that ended before the bubbles were
+# measured left it one (ci60: fill-1 on an idle GPU, eval-4 where eval-1 had run)
+for i in 1 2 3 4; do ctl submit --offline --name "eval-$i" -- sleep 600 >/dev/null; done
 ctl submit --offline --name fill-1 --plugin tide_task_matmul --bubbles -- --n 64 \
   --rounds 1000000 --rows 2 >/dev/null
-# bubbles are measured over a few steps first; a loaded machine takes its time
-for _ in $(seq 1500); do
+# bubbles are measured over a few steps first; a loaded machine takes its time (each
+# tidectl call too: the wait is bounded in seconds, not in calls)
+deadline=$((SECONDS + 150))
+while [ $SECONDS -lt $deadline ]; do
   ev=$(ctl events --json --type offline_assigned --tail 100)
   [ "$(grep -c '"job":"eval-' <<<"$ev")" -ge 4 ] && grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" &&
     break
   sleep 0.1
 done
 grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" || fail "the plugin never ran in bubbles: $ev"
-sleep 3 # the commands end (offline_done) and the plugin fills some bubbles
+sleep 3 # the plugin fills some bubbles
 kill "$FOLLOW_PID"
 wait "$FOLLOW_PID" 2>/dev/null || true
 FOLLOW_PID=""

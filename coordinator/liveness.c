@@ -2,14 +2,55 @@
  * coordinator/liveness: failure detection and retention (see liveness.h).
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "core/clock.h"
 #include "core/log.h"
 #include "coordinator/liveness.h"
+#include "coordinator/members.h"
 #include "coordinator/recovery.h"
 
 #define FORGET_SLICE   8192u       /* worker slots the retention pass looks at per second */
 #define SCAN_OUT_BYTES (64u << 20) /* outbox bytes past which the failure scan waits a pass */
+#define MATES_MAX      64u         /* (job, host) pairs a scan fails host-mates for */
+
+/* The (job, host) pairs a scan failed a member of: each is looked at once. */
+typedef struct mates {
+    int64_t job[MATES_MAX];
+    const char *host[MATES_MAX];
+    size_t n;
+} mates;
+
+/* The members of job jid on w's host that are silent for at least `near` fail with w, in
+ * the same burst: a host's workers stop together, but their last messages can lie a
+ * heartbeat or more apart (one rank's own report after the host's beat), and a member
+ * found silent a scan later would abort the recovery the others started (ci60,
+ * test_multihost_lost: two recoveries and an abort for one host). O(members) once per job
+ * and host in a scan; past MATES_MAX pairs (a whole cluster silent) the scans alone
+ * decide. */
+static void fail_host_mates(tide_server_t *s, mates *seen, const tide_coord_worker_t *w,
+                            int64_t jid, uint64_t now, uint64_t near)
+{
+    tide_coord_job_t *j = jid != 0 ? tide_coord_job_get(s->st, jid) : NULL;
+    if (j == NULL || j->kind != TIDE_CJOB_ONLINE || j->layout == NULL || seen->n == MATES_MAX)
+        return;
+    for (size_t i = 0; i < seen->n; i++)
+        if (seen->job[i] == jid && strcmp(seen->host[i], w->host) == 0)
+            return;
+    seen->job[seen->n] = jid;
+    seen->host[seen->n++] = w->host;
+    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+        tide_coord_worker_t *m = tide__job_worker(s, j, j->layout->worker[i]);
+        if (m == NULL || m == w || tide_coord_worker_gone(m) || strcmp(m->host, w->host) != 0 ||
+            now <= m->last_seen_ns || now - m->last_seen_ns < near)
+            continue;
+        char why[160];
+        snprintf(why, sizeof why,
+                 "no message for %llu ms, on host %.64s where worker %d failed at the same time",
+                 (unsigned long long)((now - m->last_seen_ns) / 1000000ull), w->host, w->id);
+        tide__worker_failed(s, m, why);
+    }
+}
 
 /* Declares failed the workers silent for miss_limit heartbeats at now: read off the front
  * of the seen list (workers by last message), so a scan costs the expired workers, not
@@ -19,13 +60,16 @@
  * messages (gigabytes at 10^5 workers). So a pass fails workers only while its outbox
  * holds less than SCAN_OUT_BYTES and sets scan_more: the next pass, right after this
  * one's messages went out, goes on. The pass is one burst of failures (recovery.h): the
- * recoveries start at its end, one per job. */
+ * recoveries start at its end, one per job. A failed member's host-mates in its job that
+ * are nearly as silent fail in the same burst (fail_host_mates). */
 static void scan_failures(tide_server_t *s, uint64_t now)
 {
     uint64_t hb = (uint64_t)s->cfg.heartbeat_ms * 1000000ull;
     uint64_t limit = hb * (uint64_t)(s->cfg.miss_limit > 0 ? s->cfg.miss_limit : 1);
+    uint64_t near = limit - limit / 10; /* 90%: a host-mate of a failed worker fails too */
     int32_t ids[16];
     size_t n = sizeof ids / sizeof ids[0];
+    mates seen = {.n = 0};
     s->live.scan_more = 0;
     /* one burst: a host's workers go silent together, and each job recovers once from all
        of them at the end, not once per worker (each aborting the one before) */
@@ -42,7 +86,9 @@ static void scan_failures(tide_server_t *s, uint64_t now)
             snprintf(why, sizeof why, "no message for %llu ms (%d heartbeats of %lld ms missed)",
                      (unsigned long long)((now - w->last_seen_ns) / 1000000ull), s->cfg.miss_limit,
                      (long long)s->cfg.heartbeat_ms);
+            int64_t jid = w->job;
             tide__worker_failed(s, w, why);
+            fail_host_mates(s, &seen, w, jid, now, near);
         }
     }
     tide__failures_end(s);

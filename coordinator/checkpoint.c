@@ -8,7 +8,10 @@
  * ("save" PROPOSE, "save_ack" from every rank with the steps it had completed, then GO, or
  * a new proposal further on): tided's own view of the job's step comes from heartbeats
  * and lags it, by more than the margin it adds when the machine is loaded or the job's
- * speed is not known yet. Event loop thread; O(members) per request and per answer.
+ * speed is not known yet. A job's ranks hold at most TIDE_PROTO_SAVES_MAX requests until
+ * their steps, so tided counts those it agreed that a member has not completed and refuses
+ * the operator past that bound rather than acknowledge a save a rank would refuse. Event
+ * loop thread; O(members) per answer, O(agreed x members) per request.
  */
 #include <stdio.h>
 #include <string.h>
@@ -90,10 +93,20 @@ typedef struct ckreq {
     int64_t *done;        /* steps each had completed when it heard; -1: no answer yet */
 } ckreq;
 
+/* A request agreed (GO sent) at a step a live member of its job may not have completed:
+   every rank holds it until it completes that step (worker/ckpt.c), and a rank holds
+   TIDE_PROTO_SAVES_MAX requests at most, those being agreed included. */
+typedef struct ckagreed {
+    uint64_t job;
+    int64_t step;
+} ckagreed;
+
 struct tide__ckreqs {
     ckreq q[TIDE__CKREQ_MAX];
     size_t n;
     uint64_t next_id;
+    ckagreed *agreed; /* n_agreed of cap_agreed; forgotten once reached (forget_reached) */
+    size_t n_agreed, cap_agreed;
 };
 
 static void ckreq_free(ckreq *r)
@@ -130,22 +143,79 @@ static void send_save(tide_server_t *s, const tide_coord_job_t *j, const ckreq *
     }
 }
 
-/* The furthest step tided heard of from j's members, and how many live members it has. */
-static int64_t furthest_step(tide_server_t *s, const tide_coord_job_t *j, size_t *members)
+/* The furthest step tided heard of from j's members, how many live members it has and
+   (slowest, may be NULL) the fewest steps one of them completed (j->step when none). */
+static int64_t furthest_step(tide_server_t *s, const tide_coord_job_t *j, size_t *members,
+                             int64_t *slowest)
 {
-    int64_t step = j->step;
+    int64_t step = j->step, least = INT64_MAX;
     size_t n = 0;
-    for (size_t i = 0; i < tide_layout_size(j->layout); i++) {
+    for (size_t i = 0; j->layout != NULL && i < tide_layout_size(j->layout); i++) {
         const tide_coord_worker_t *w = tide__job_worker(s, j, j->layout->worker[i]);
         if (w != NULL && !tide_coord_worker_gone(w) && w->job == j->id) {
             n++;
             if (w->step > step)
                 step = w->step;
+            if (w->step < least)
+                least = w->step;
         }
     }
     if (members != NULL)
         *members = n;
+    if (slowest != NULL)
+        *slowest = n > 0 ? least : j->step;
     return step;
+}
+
+/* Forgets the agreed requests every live member of their job completed the step of (as
+   far as heartbeats tell: late, so never too early), and those of jobs no longer
+   training. */
+static void forget_reached(tide_server_t *s)
+{
+    struct tide__ckreqs *c = s->ckreqs;
+    for (size_t i = 0; i < c->n_agreed;) {
+        const tide_coord_job_t *j = tide_coord_job_get(s->st, c->agreed[i].job);
+        int64_t slowest = 0;
+        int live = j != NULL && j->kind == TIDE_CJOB_ONLINE && j->layout != NULL &&
+                   (j->state == TIDE_JS_RUNNING || j->state == TIDE_JS_RESIZING ||
+                    j->state == TIDE_JS_STALLED);
+        if (live)
+            furthest_step(s, j, NULL, &slowest);
+        if (!live || slowest >= c->agreed[i].step)
+            c->agreed[i] = c->agreed[--c->n_agreed];
+        else
+            i++;
+    }
+}
+
+/* The requests of j its ranks may hold now: those being agreed and those agreed at a step
+   not all its members completed. */
+static size_t held(tide_server_t *s, const tide_coord_job_t *j)
+{
+    forget_reached(s);
+    const struct tide__ckreqs *c = s->ckreqs;
+    size_t n = 0;
+    for (size_t i = 0; i < c->n; i++)
+        n += c->q[i].job == (uint64_t)j->id;
+    for (size_t i = 0; i < c->n_agreed; i++)
+        n += c->agreed[i].job == (uint64_t)j->id;
+    return n;
+}
+
+/* Remembers that j's ranks hold a request agreed at step. TIDE_ERR_NOMEM. */
+static tide_status remember_agreed(tide_server_t *s, const tide_coord_job_t *j, int64_t step)
+{
+    struct tide__ckreqs *c = s->ckreqs;
+    if (c->n_agreed == c->cap_agreed) {
+        size_t cap = c->cap_agreed ? 2 * c->cap_agreed : TIDE_PROTO_SAVES_MAX;
+        ckagreed *a = tide_reallocarray(c->agreed, cap, sizeof *a);
+        if (a == NULL)
+            return tide_errorf(TIDE_ERR_NOMEM, "no memory to track %zu agreed checkpoints", cap);
+        c->agreed = a;
+        c->cap_agreed = cap;
+    }
+    c->agreed[c->n_agreed++] = (ckagreed){.job = (uint64_t)j->id, .step = step};
+    return TIDE_OK;
 }
 
 /* The furthest step another request of j was agreed at or is proposed at: two requests at
@@ -167,7 +237,7 @@ static int64_t step_taken(const tide_server_t *s, const tide_coord_job_t *j, con
 static tide_status propose(tide_server_t *s, const tide_coord_job_t *j, ckreq *r, int64_t from)
 {
     size_t n = 0;
-    int64_t furthest = furthest_step(s, j, &n);
+    int64_t furthest = furthest_step(s, j, &n, NULL);
     int32_t *member = tide_calloc(n ? n : 1, sizeof *member);
     int64_t *done = tide_calloc(n ? n : 1, sizeof *done);
     if (member == NULL || done == NULL) {
@@ -250,6 +320,10 @@ static int decide(tide_server_t *s, size_t i, tide_coord_job_t *j)
                  "outrun tided's messages): %s; ask again",
                  j->name, why);
         fail_request(s, i, j, TIDE_ERR_BUSY, full);
+        return 1;
+    }
+    if (remember_agreed(s, j, r->step) != TIDE_OK) {
+        fail_request(s, i, j, TIDE_ERR_NOMEM, tide_last_error());
         return 1;
     }
     send_save(s, j, r, TIDE_PROTO_SAVE_GO);
@@ -340,6 +414,7 @@ void tide__ckpt_close(tide_server_t *s)
         return;
     for (size_t i = 0; i < s->ckreqs->n; i++)
         ckreq_free(&s->ckreqs->q[i]);
+    tide_free(s->ckreqs->agreed);
     tide_free(s->ckreqs);
     s->ckreqs = NULL;
 }
@@ -380,6 +455,15 @@ void tide__on_checkpoint(tide_server_t *s, const tide_msg_t *msg, const void *ra
                           "%d checkpoint requests are being agreed with their jobs' ranks "
                           "already: ask again in a few seconds",
                           TIDE__CKREQ_MAX);
+        return;
+    }
+    size_t pending = held(s, j);
+    if (pending >= TIDE_PROTO_SAVES_MAX) {
+        tide__reply_error(s, TIDE_ERR_BUSY,
+                          "job %s's ranks hold %zu checkpoint requests for steps they have not "
+                          "completed already (%d at most): ask again once one is saved "
+                          "(`tidectl events` says checkpoint_saved)",
+                          j->name, pending, TIDE_PROTO_SAVES_MAX);
         return;
     }
     ckreq *r = &c->q[c->n];

@@ -15,8 +15,10 @@ void tide__on_saved(tide_server_t *s, const tide_msg_t *m, const void *raw, size
 
 /* "checkpoint" from tidectl: proposes a step to the job's ranks (policy.h) and answers
    once they agreed on one none of its members had reached (ok naming it), or with an error
-   (refused, or no step agreed: see tide__on_save_ack). The answer comes later, from another
-   request's handler or the tick. */
+   (refused, or no step agreed: see tide__on_save_ack). Refused BUSY while the job's ranks
+   hold TIDE_PROTO_SAVES_MAX requests whose steps they have not all completed (a rank would
+   refuse the next after the operator was told it is scheduled). The answer comes later,
+   from another request's handler or the tick. */
 void tide__on_checkpoint(tide_server_t *s, const tide_msg_t *m, const void *raw, size_t len);
 
 /* "save_ack" from a worker: the steps it had completed when it heard a proposal. Once every

@@ -397,6 +397,7 @@ typedef struct tide_proto_halt {
    there (as tide_checkpoint) and trains on. DROP: tided gave the request up (a member had
    passed the step and tided proposes again with a new id, or a member never answered). A
    rank that hears GO after passing the step reports "saved" with an error. */
+#define TIDE_PROTO_SAVES_MAX 8 /* requests a rank holds until their steps (tided asks no more) */
 enum {
     TIDE_PROTO_SAVE_PROPOSE = 0, /* left out on the wire */
     TIDE_PROTO_SAVE_GO = 1,

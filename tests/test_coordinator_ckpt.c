@@ -297,6 +297,82 @@ Test(tided, checkpoint_requests_in_a_row_get_steps_of_their_own, .init = setup, 
         zmq_close(admin[a]);
 }
 
-/* A host lost with both its members of a dp 4 job: their last heartbeats came in one host
-   heartbeat, so they go silent together. One failure is one recovery: a single
-   recovery_started over the two survivors, no switch started and aborted in between. */
+/* Waits until tided's status lists worker id at `step` (its heartbeat was handled). */
+static void wait_worker_step(void *admin, int32_t id, uint64_t step)
+{
+    for (int k = 0; k < 400; k++) {
+        tide_msg_t r;
+        status_page(admin, 0, 0, 0, &r);
+        int at = 0;
+        for (uint32_t i = 0; i < r.u.status_reply.n_rows; i++)
+            at |= r.u.status_reply.rows[i].worker == id && r.u.status_reply.rows[i].step == step;
+        tide_msg_clear(&r);
+        if (at)
+            return;
+        usleep(10000);
+    }
+    cr_assert_fail("tided never listed worker %d at step %llu", id, (unsigned long long)step);
+}
+
+/* A rank holds TIDE_PROTO_SAVES_MAX requests until their steps: tided agrees no more for
+   a job while its ranks hold that many (the operator gets BUSY and nothing reaches the
+   ranks) and takes requests again once every member completed the step of one. It once
+   acknowledged a ninth to the operator ("saves the checkpoint of step 22") that every
+   rank then refused, each failure an event after the acknowledgement. */
+Test(tided, checkpoint_requests_past_what_the_ranks_hold_are_refused, .init = setup,
+     .fini = teardown)
+{
+    start(NULL);
+    fake w[2];
+    tide_msg_t m, r;
+    train_on(w, 2, 2);
+    void *admin = coord_connect(ctx, proc.endpoint, NULL, NULL, NULL, 3000);
+    for (int i = 0; i < 2; i++) {
+        coord_mk_heartbeat(&m, w[i].id, 10, 1);
+        cr_assert_eq(coord_send(w[i].sock, &m), 0);
+        wait_worker_step(admin, w[i].id, 10);
+    }
+    uint64_t first = 0;
+    for (int k = 0; k < TIDE_PROTO_SAVES_MAX; k++) {
+        char dir[32];
+        snprintf(dir, sizeof dir, "/ck/%d", k);
+        mk_checkpoint(&m, "train", dir);
+        cr_assert_eq(coord_send(admin, &m), 0);
+        uint64_t id = 0, step = 0;
+        expect_save(w, TIDE_PROTO_SAVE_PROPOSE, &id, &step);
+        for (int i = 0; i < 2; i++)
+            ack_save(&w[i], id, step, 10);
+        expect_save(w, TIDE_PROTO_SAVE_GO, &id, &step);
+        admin_reply(admin, &r, TIDE_MSG_OK);
+        tide_msg_clear(&r);
+        if (k == 0)
+            first = step;
+    }
+    mk_checkpoint(&m, "train", "/ck/over");
+    cr_assert_eq(coord_send(admin, &m), 0);
+    admin_reply(admin, &r, TIDE_MSG_ERROR);
+    cr_expect_eq(r.u.error.code, TIDE_ERR_BUSY);
+    cr_expect(strstr(r.u.error.message, "hold 8 checkpoint requests") != NULL, "%s",
+              r.u.error.message);
+    tide_msg_clear(&r);
+    cr_expect_neq(coord_recv_within(w[0].sock, &r, 300), 0, "a refused request reached a rank");
+
+    /* one member completed the first request's step: the other still holds it */
+    coord_mk_heartbeat(&m, w[0].id, first, 1);
+    cr_assert_eq(coord_send(w[0].sock, &m), 0);
+    wait_worker_step(admin, w[0].id, first);
+    mk_checkpoint(&m, "train", "/ck/over");
+    cr_assert_eq(coord_send(admin, &m), 0);
+    admin_reply(admin, &r, TIDE_MSG_ERROR);
+    tide_msg_clear(&r);
+
+    /* both did: a new request is proposed */
+    coord_mk_heartbeat(&m, w[1].id, first, 1);
+    cr_assert_eq(coord_send(w[1].sock, &m), 0);
+    wait_worker_step(admin, w[1].id, first);
+    uint64_t id = 0, step = 0;
+    mk_checkpoint(&m, "train", "/ck/over");
+    cr_assert_eq(coord_send(admin, &m), 0);
+    expect_save(w, TIDE_PROTO_SAVE_PROPOSE, &id, &step);
+    zmq_close(admin);
+}

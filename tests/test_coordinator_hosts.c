@@ -309,8 +309,9 @@ Test(tided, a_first_layout_that_cannot_fit_inside_hosts_is_refused, .init = setu
     }
 }
 
-/* Sends a "saved" report from f (code 0: complete in dir). */
-
+/* A host lost with both its members of a dp 4 job: their last heartbeats came in one host
+   heartbeat, so they go silent together. One failure is one recovery: a single
+   recovery_started over the two survivors, no switch started and aborted in between. */
 Test(tided, a_lost_host_is_one_recovery, .init = setup, .fini = teardown)
 {
     const char *extra[] = {"--heartbeat-ms", "100", "--miss-limit", "3", NULL};

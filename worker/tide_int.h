@@ -55,7 +55,7 @@ tide_status tide__intent_from_msg(tide__intent *in, uint64_t gen, const tide_pro
 /* Frees what the intent owns and zeroes it; safe on a zeroed intent. Any thread. */
 void tide__intent_clear(tide__intent *in);
 
-#define TIDE__SAVES_MAX 8 /* checkpoint requests of tided a rank keeps pending */
+#define TIDE__SAVES_MAX TIDE_PROTO_SAVES_MAX /* requests of tided a rank keeps pending */
 /* A member at the step of a proposal tided has not decided waits this long for it (tided
    decides within TIDE__CKREQ_WAIT_MS of proposing, coordinator/checkpoint.h), ms */
 #define TIDE__SAVE_DECIDE_MS 5000

@@ -7,7 +7,8 @@
  * previous checkpoint loadable; retention; the asynchronous saver snapshots. Under a
  * root, nothing follows a link: planted links (a step directory, a shard, a manifest)
  * leave their targets untouched, special files are refused without blocking, pruning
- * leaves what tide did not write, and a checkpoint's step comes from its manifest. A
+ * leaves what tide did not write, a root other users can write to is named in a warning,
+ * and a checkpoint's step comes from its manifest. A
  * failed shard stops the publisher at once; a save is bounded in time; the saver never
  * makes its caller wait (tide_ckpt_saver_offer).
  */
@@ -27,6 +28,7 @@
 #include "ckpt/ckpt_int.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "proto/proto.h"
 
 static tide_collection_t *model(int zero1)
@@ -583,6 +585,63 @@ Test(ckpt, fs_helpers_follow_no_link_and_open_no_special_file)
     cr_assert(!tide__ckpt_known_name("shard-p1-d0-t3.bin.bak") &&
               !tide__ckpt_known_name("notes.txt") && !tide__ckpt_known_name("shard-p-1-d0-t0.bin"));
     close(root);
+}
+
+/* The warnings a test's sink received, one line after another. */
+typedef struct warned {
+    char text[4096];
+    size_t len;
+} warned;
+
+static void keep_warning(void *ctx, tide_log_level level, const char *line)
+{
+    warned *w = ctx;
+    if (level == TIDE_LOG_WARN)
+        w->len += (size_t)snprintf(w->text + w->len, sizeof w->text - w->len, "%s\n", line);
+}
+
+/* Opens the checkpoint root under g_root named name with mode (chmod'ed, umask aside) and
+   returns what the logger warned meanwhile, in w. */
+static void open_root_with_mode(const char *name, mode_t mode, warned *w)
+{
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", g_root, name);
+    cr_assert_eq(mkdir(p, 0700), 0);
+    cr_assert_eq(chmod(p, mode), 0);
+    memset(w, 0, sizeof *w);
+    tide_log_set_sink(keep_warning, w);
+    int fd = -1;
+    tide_status rc = tide__ckpt_open_root(p, 0, &fd);
+    tide_log_set_sink(NULL, NULL);
+    cr_assert_eq(rc, TIDE_OK, "%s", tide_last_error());
+    close(fd);
+}
+
+Test(ckpt, a_root_other_users_can_write_is_named_in_a_warning)
+{
+    warned w;
+    tide_log_set_level(TIDE_LOG_WARN);
+    open_root_with_mode("mine", 0755, &w);
+    cr_expect_eq(w.len, 0, "a root only this user writes to was warned about: %s", w.text);
+    open_root_with_mode("shared", 0777, &w);
+    cr_expect(strstr(w.text, "/shared is writable by other users (mode 0777") != NULL,
+              "no warning naming the shared root: '%s'", w.text);
+    open_root_with_mode("group", 0775, &w);
+    cr_expect(strstr(w.text, "/group is writable by other users (mode 0775") != NULL,
+              "no warning naming the group-writable root: '%s'", w.text);
+    /* the sticky bit (as /tmp has) keeps others from removing what this user wrote */
+    open_root_with_mode("sticky", 01777, &w);
+    cr_expect_eq(w.len, 0, "a sticky root was warned about: %s", w.text);
+    /* once per root: a job opens its root at every save */
+    char p[400];
+    snprintf(p, sizeof p, "%s/shared", g_root);
+    memset(&w, 0, sizeof w);
+    tide_log_set_sink(keep_warning, &w);
+    int fd = -1;
+    cr_assert_eq(tide__ckpt_open_root(p, 0, &fd), TIDE_OK, "%s", tide_last_error());
+    tide_log_set_sink(NULL, NULL);
+    close(fd);
+    cr_expect_eq(w.len, 0, "the shared root was warned about twice: %s", w.text);
 }
 
 Test(ckpt, saves_follow_no_planted_link)

@@ -1,7 +1,11 @@
 # worker/ (libtide) tests: unit tests of the runtime pieces (mailbox, step agreement,
-# control client against a fake tided, offline runner), an MPI integration test that
-# resizes a toy job through the real tided, and one of the failures around communicators.
-tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto
+# bubble decisions), of the control client against a fake tided (test_worker_ctl.c) and of
+# the offline runner (test_worker_child.c), an MPI integration test that resizes a toy job
+# through the real tided, and one of the failures around communicators.
+tide_add_unit_test(test_worker SOURCES test_worker.c LIBS tide_worker tide_proto TIMEOUT 60)
+tide_add_unit_test(test_worker_ctl SOURCES test_worker_ctl.c LIBS tide_worker tide_proto
+                   PkgConfig::ZMQ TIMEOUT 60)
+tide_add_unit_test(test_worker_child SOURCES test_worker_child.c LIBS tide_worker tide_proto
                    PkgConfig::ZMQ TIMEOUT 60)
 # An offline command's memory and process limits (tests/test_offline_limits.c): the rlimits
 # and cgroup files the keeper sets, and attempts allocating or forking past their limit.

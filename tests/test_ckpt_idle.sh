@@ -57,7 +57,7 @@ done
 grep -q '"state":"running","gen":2,"dp":3,' <<<"$row" || { ctl events; fail "the job is not running on dp 3: $row"; }
 at=$(steps)
 [ "$at" -lt $((STEPS - 20)) ] || fail "the resize came at step $at of $STEPS: too late to see the promoted rank's steps"
-wait $JOB_PID || { cat "$WORK/job.log" >&2; fail "the job failed"; }
+tl_wait "$JOB_PID" || { cat "$WORK/job.log" >&2; fail "the job failed"; }
 sleep 0.5
 ev=$(ctl events --json)
 for a in "${asked[@]}"; do

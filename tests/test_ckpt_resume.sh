@@ -42,28 +42,14 @@ set -euo pipefail
 PART=$1 TRAIN=$2 TOOL=$3 TIDED=$4 TIDECTL=$5
 shift 5
 MPI=("$@")
-W=$(mktemp -d /tmp/tide-ckpt-e2e-XXXXXX)
-TIDED_PID= JOB_PID=
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+tl_setup tide-ckpt-e2e
 COMMON=(--layers 6 --print-every 100)
-fail() { echo "FAIL: $*"; exit 1; }
 
-start_tided() {
-  "$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$W/endpoint" --state "$W/state.db" \
-    --heartbeat-ms 100 "$@" > "$W/tided.log" 2>&1 &
-  TIDED_PID=$!
-  for _ in $(seq 100); do [ -s "$W/endpoint" ] && break; sleep 0.1; done
-  [ -s "$W/endpoint" ] || fail "tided did not start"
-  E=$(cat "$W/endpoint")
-}
+start_tided() { tl_tided "$TIDED" "$TIDECTL" --heartbeat-ms 100 "$@"; }
 
-events() { "$TIDECTL" --endpoint "$E" --timeout-ms 10000 events --limit 10000 --json; }
+events() { ctl events --limit 10000 --json; }
 
 # Each checkpoint_failed event of job $1 (one per line). Whole outputs are captured before
 # a grep -q reads them: a writer cut off by grep's early exit would fail the pipeline.
@@ -82,97 +68,92 @@ has_event() {
 
 part_resume() {
   "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 2 --tp 2 --pp 2 --steps 8 --ckpt-every 4 \
-    --ckpt-save "$W/R" > "$W/a.log" 2>&1 || { cat "$W/a.log"; fail "first run"; }
-  [ -f "$W/R/step-000000000004/MANIFEST" ] && [ -f "$W/R/step-000000000008/MANIFEST" ] ||
-    fail "checkpoints 4 and 8 not published: $(ls -R "$W/R")"
+    --ckpt-save "$WORK/R" > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "first run"; }
+  [ -f "$WORK/R/step-000000000004/MANIFEST" ] && [ -f "$WORK/R/step-000000000008/MANIFEST" ] ||
+    fail "checkpoints 4 and 8 not published: $(ls -R "$WORK/R")"
 
   # 2. a crash in the middle of a save
   if TIDE_CKPT_FAULT=shards:1 "${MPI[@]}" -x TIDE_CKPT_FAULT -np 8 "$TRAIN" "${COMMON[@]}" \
-    --dp 2 --tp 2 --pp 2 --steps 12 --ckpt-every 2 --no-ckpt-async --resume "$W/R" \
-    --ckpt-save "$W/R" > "$W/crash.log" 2>&1; then
-    cat "$W/crash.log"; fail "the run with an injected crash succeeded"
+    --dp 2 --tp 2 --pp 2 --steps 12 --ckpt-every 2 --no-ckpt-async --resume "$WORK/R" \
+    --ckpt-save "$WORK/R" > "$WORK/crash.log" 2>&1; then
+    cat "$WORK/crash.log"; fail "the run with an injected crash succeeded"
   fi
-  grep -q "TIDE_CKPT_FAULT=shards:1: exiting" "$W/crash.log" || { cat "$W/crash.log"; fail "no crash"; }
-  [ -d "$W/R/step-000000000010" ] || fail "the crashed save left no trace (was it reached?)"
-  [ ! -f "$W/R/step-000000000010/MANIFEST" ] || fail "the crashed save was published"
-  "$TOOL" info "$W/R" > "$W/info.log" || fail "tide-ckpt info"
-  grep -q "step 8$" "$W/info.log" || { cat "$W/info.log"; fail "newest is not step 8"; }
+  grep -q "TIDE_CKPT_FAULT=shards:1: exiting" "$WORK/crash.log" || { cat "$WORK/crash.log"; fail "no crash"; }
+  [ -d "$WORK/R/step-000000000010" ] || fail "the crashed save left no trace (was it reached?)"
+  [ ! -f "$WORK/R/step-000000000010/MANIFEST" ] || fail "the crashed save was published"
+  "$TOOL" info "$WORK/R" > "$WORK/info.log" || fail "tide-ckpt info"
+  grep -q "step 8$" "$WORK/info.log" || { cat "$WORK/info.log"; fail "newest is not step 8"; }
 
   # 3. verify, convert, and the same layout loaded by a job
-  "$TOOL" verify "$W/R" || fail "verify"
-  "$TOOL" convert "$W/R" "$W/C" --dp 1 --tp 2 --pp 4 --stages 0-0,1-2,3-3,4-5 || fail "convert"
-  "$TOOL" verify "$W/C" || fail "verify of the converted checkpoint"
+  "$TOOL" verify "$WORK/R" || fail "verify"
+  "$TOOL" convert "$WORK/R" "$WORK/C" --dp 1 --tp 2 --pp 4 --stages 0-0,1-2,3-3,4-5 || fail "convert"
+  "$TOOL" verify "$WORK/C" || fail "verify of the converted checkpoint"
   NEW=(--dp 1 --tp 2 --pp 4 --stages 0-0,1-2,3-3,4-5)
-  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" "${NEW[@]}" --steps 8 --resume "$W/R" \
-    --ckpt-save "$W/L" > "$W/l.log" 2>&1 || { cat "$W/l.log"; fail "resave in the new layout"; }
+  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" "${NEW[@]}" --steps 8 --resume "$WORK/R" \
+    --ckpt-save "$WORK/L" > "$WORK/l.log" 2>&1 || { cat "$WORK/l.log"; fail "resave in the new layout"; }
   n=0
-  for f in "$W/C/step-000000000008"/shard-*.bin; do
-    cmp "$f" "$W/L/step-000000000008/$(basename "$f")" || fail "$(basename "$f") differs"
+  for f in "$WORK/C/step-000000000008"/shard-*.bin; do
+    cmp "$f" "$WORK/L/step-000000000008/$(basename "$f")" || fail "$(basename "$f") differs"
     n=$((n + 1))
   done
   [ "$n" -eq 8 ] || fail "expected 8 shard files in (1, 2, 4), found $n"
   for src in R C; do
-    "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" "${NEW[@]}" --steps 12 --resume "$W/$src" \
-      --loss-out "$W/loss-$src.txt" > "$W/r-$src.log" 2>&1 || { cat "$W/r-$src.log"; fail "resume $src"; }
-    grep -q "resumed at step 8" "$W/r-$src.log" || fail "resume $src did not start at step 8"
+    "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" "${NEW[@]}" --steps 12 --resume "$WORK/$src" \
+      --loss-out "$WORK/loss-$src.txt" > "$WORK/r-$src.log" 2>&1 || { cat "$WORK/r-$src.log"; fail "resume $src"; }
+    grep -q "resumed at step 8" "$WORK/r-$src.log" || fail "resume $src did not start at step 8"
   done
-  cmp "$W/loss-R.txt" "$W/loss-C.txt" || fail "losses after convert differ from a direct load"
-  [ "$(wc -l < "$W/loss-R.txt")" -eq 4 ] || fail "expected 4 resumed steps"
+  cmp "$WORK/loss-R.txt" "$WORK/loss-C.txt" || fail "losses after convert differ from a direct load"
+  [ "$(wc -l < "$WORK/loss-R.txt")" -eq 4 ] || fail "expected 4 resumed steps"
 
   # 4. a corrupted shard: refused naming the file; the run falls back to step 4
-  shard="$W/R/step-000000000008/shard-p1-d0-t1.bin"
+  shard="$WORK/R/step-000000000008/shard-p1-d0-t1.bin"
   printf '\x5a' | dd of="$shard" bs=1 seek=4096 conv=notrunc status=none
-  if "$TOOL" verify "$W/R" > "$W/v.log" 2>&1; then fail "verify passed a flipped byte"; fi
-  grep -q "shard-p1-d0-t1.bin is corrupted" "$W/v.log" || { cat "$W/v.log"; fail "verify message"; }
-  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 4 --tp 1 --pp 2 --steps 6 --resume "$W/R" \
-    > "$W/fb.log" 2>&1 || { cat "$W/fb.log"; fail "fallback run"; }
-  grep -q "shard-p1-d0-t1.bin is corrupted" "$W/fb.log" || { cat "$W/fb.log"; fail "no refusal"; }
-  grep -q "resumed at step 4" "$W/fb.log" || { cat "$W/fb.log"; fail "no fallback to step 4"; }
+  if "$TOOL" verify "$WORK/R" > "$WORK/v.log" 2>&1; then fail "verify passed a flipped byte"; fi
+  grep -q "shard-p1-d0-t1.bin is corrupted" "$WORK/v.log" || { cat "$WORK/v.log"; fail "verify message"; }
+  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 4 --tp 1 --pp 2 --steps 6 --resume "$WORK/R" \
+    > "$WORK/fb.log" 2>&1 || { cat "$WORK/fb.log"; fail "fallback run"; }
+  grep -q "shard-p1-d0-t1.bin is corrupted" "$WORK/fb.log" || { cat "$WORK/fb.log"; fail "no refusal"; }
+  grep -q "resumed at step 4" "$WORK/fb.log" || { cat "$WORK/fb.log"; fail "no fallback to step 4"; }
 
   # 5. elastic mode
-  "$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$W/endpoint" --state "$W/state.db" \
-    --heartbeat-ms 100 --miss-limit 50 > "$W/tided.log" 2>&1 &
-  TIDED_PID=$!
-  for _ in $(seq 100); do [ -s "$W/endpoint" ] && break; sleep 0.1; done
-  [ -s "$W/endpoint" ] || fail "tided did not start"
-  E=$(cat "$W/endpoint")
-  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$E" --job ck1 --dp 2 --tp 2 --pp 2 \
-    --steps 7 --ckpt-every 3 --ckpt-save "$W/T" > "$W/t.log" 2>&1 || { cat "$W/t.log"; fail "--tide run"; }
+  start_tided --miss-limit 50
+  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$EP" --job ck1 --dp 2 --tp 2 --pp 2 \
+    --steps 7 --ckpt-every 3 --ckpt-save "$WORK/T" > "$WORK/t.log" 2>&1 || { cat "$WORK/t.log"; fail "--tide run"; }
   for s in 3 6 7; do
-    [ -f "$W/T/step-00000000000$s/MANIFEST" ] || { ls -R "$W/T"; fail "--tide: step $s not published"; }
+    [ -f "$WORK/T/step-00000000000$s/MANIFEST" ] || { ls -R "$WORK/T"; fail "--tide: step $s not published"; }
   done
-  "$TOOL" verify "$W/T/step-000000000006" || fail "verify of libtide's checkpoint"
-  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$E" --job ck2 --dp 1 --tp 4 --pp 2 \
-    --steps 10 --resume "$W/T" > "$W/t2.log" 2>&1 || { cat "$W/t2.log"; fail "--tide resume"; }
-  grep -q "resumed at step 7" "$W/t2.log" || { cat "$W/t2.log"; fail "--tide resume step"; }
-  grep -q "10 steps done" "$W/t2.log" || { cat "$W/t2.log"; fail "--tide resumed run did not finish"; }
+  "$TOOL" verify "$WORK/T/step-000000000006" || fail "verify of libtide's checkpoint"
+  "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --tide --endpoint "$EP" --job ck2 --dp 1 --tp 4 --pp 2 \
+    --steps 10 --resume "$WORK/T" > "$WORK/t2.log" 2>&1 || { cat "$WORK/t2.log"; fail "--tide resume"; }
+  grep -q "resumed at step 7" "$WORK/t2.log" || { cat "$WORK/t2.log"; fail "--tide resume step"; }
+  grep -q "10 steps done" "$WORK/t2.log" || { cat "$WORK/t2.log"; fail "--tide resumed run did not finish"; }
   "${MPI[@]}" -np 8 "$TRAIN" "${COMMON[@]}" --dp 4 --tp 1 --pp 2 --steps 9 \
-    --resume "$W/T/step-000000000006" > "$W/t3.log" 2>&1 || { cat "$W/t3.log"; fail "standalone resume"; }
-  grep -q "resumed at step 6" "$W/t3.log" || { cat "$W/t3.log"; fail "standalone resume step"; }
+    --resume "$WORK/T/step-000000000006" > "$WORK/t3.log" 2>&1 || { cat "$WORK/t3.log"; fail "standalone resume"; }
+  grep -q "resumed at step 6" "$WORK/t3.log" || { cat "$WORK/t3.log"; fail "standalone resume step"; }
 }
 
 # A step directory's name under root $1 for step $2.
 sdir() { printf '%s/step-%012d' "$1" "$2"; }
 
 part_links() {
-  local R=$W/R V=$W/victim
-  mkdir -p "$R" "$V/dir" "$W/elsewhere"
+  local R=$WORK/R V=$WORK/victim
+  mkdir -p "$R" "$V/dir" "$WORK/elsewhere"
   printf 'theirs' > "$V/dir/MANIFEST"
   printf 'theirs' > "$V/dir/shard-p0-d0-t0.bin"
   printf 'precious' > "$V/file"
   ln -s "$V/dir" "$(sdir "$R" 1)"
-  ln -s "$W/elsewhere" "$(sdir "$R" 4)"
+  ln -s "$WORK/elsewhere" "$(sdir "$R" 4)"
   mkdir "$(sdir "$R" 6)"
   ln -s "$V/file" "$(sdir "$R" 6)/shard-p0-d0-t1.bin"
   start_tided --miss-limit 50
   local L=(--dp 1 --tp 2 --pp 1)
-  "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --tide --endpoint "$E" --job links \
-    --steps 6 --ckpt-every 2 --ckpt-keep 2 --ckpt-save "$R" > "$W/links.log" 2>&1 ||
-    { cat "$W/links.log"; fail "the run in a root with planted links"; }
+  "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --tide --endpoint "$EP" --job links \
+    --steps 6 --ckpt-every 2 --ckpt-keep 2 --ckpt-save "$R" > "$WORK/links.log" 2>&1 ||
+    { cat "$WORK/links.log"; fail "the run in a root with planted links"; }
   [ "$(cat "$V/dir/MANIFEST")$(cat "$V/dir/shard-p0-d0-t0.bin")" = theirstheirs ] ||
     fail "pruning emptied the directory a link named like a step points to: $(ls -la "$V/dir")"
   [ "$(cat "$V/file")" = precious ] || fail "a save wrote through a link named like a shard"
-  [ -z "$(ls -A "$W/elsewhere")" ] || fail "the save of step 4 went through a linked step directory"
+  [ -z "$(ls -A "$WORK/elsewhere")" ] || fail "the save of step 4 went through a linked step directory"
   [ -L "$(sdir "$R" 1)" ] && [ -L "$(sdir "$R" 4)" ] || fail "planted links were removed"
   [ -f "$(sdir "$R" 6)/shard-p0-d0-t1.bin" ] && [ ! -L "$(sdir "$R" 6)/shard-p0-d0-t1.bin" ] ||
     fail "step 6's shard is not a regular file"
@@ -186,33 +167,33 @@ part_links() {
   grep -q "rank [01]: " <<<"$ev" || { echo "$ev"; fail "the failed save does not name its rank"; }
 
   # 2. a link named like a newer step: neither --resume nor tide-ckpt follows it
-  cp -a "$(sdir "$R" 6)" "$W/copy"
-  ln -s "$W/copy" "$(sdir "$R" 99)"
+  cp -a "$(sdir "$R" 6)" "$WORK/copy"
+  ln -s "$WORK/copy" "$(sdir "$R" 99)"
   "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --steps 8 --resume "$R" \
-    > "$W/r-link.log" 2>&1 || { cat "$W/r-link.log"; fail "resume next to a linked step"; }
-  grep -q "resumed at step 6 from $(sdir "$R" 6)" "$W/r-link.log" ||
-    { cat "$W/r-link.log"; fail "--resume followed a link named like step 99"; }
-  if "$TOOL" info "$(sdir "$R" 99)" > "$W/i-link.log" 2>&1; then fail "tide-ckpt followed a link"; fi
-  grep -q "is a symbolic link" "$W/i-link.log" || { cat "$W/i-link.log"; fail "tide-ckpt's message"; }
+    > "$WORK/r-link.log" 2>&1 || { cat "$WORK/r-link.log"; fail "resume next to a linked step"; }
+  grep -q "resumed at step 6 from $(sdir "$R" 6)" "$WORK/r-link.log" ||
+    { cat "$WORK/r-link.log"; fail "--resume followed a link named like step 99"; }
+  if "$TOOL" info "$(sdir "$R" 99)" > "$WORK/i-link.log" 2>&1; then fail "tide-ckpt followed a link"; fi
+  grep -q "is a symbolic link" "$WORK/i-link.log" || { cat "$WORK/i-link.log"; fail "tide-ckpt's message"; }
 
   # 3. a directory restored under another step's name resumes at its manifest's step
-  local N=$W/renamed
+  local N=$WORK/renamed
   mkdir "$N"
   cp -a "$(sdir "$R" 6)" "$(sdir "$N" 16)"
-  "$TOOL" info "$N" > "$W/i-ren.log" || fail "tide-ckpt info of a renamed checkpoint"
-  grep -q "step 6$" "$W/i-ren.log" || { cat "$W/i-ren.log"; fail "tide-ckpt info: not step 6"; }
+  "$TOOL" info "$N" > "$WORK/i-ren.log" || fail "tide-ckpt info of a renamed checkpoint"
+  grep -q "step 6$" "$WORK/i-ren.log" || { cat "$WORK/i-ren.log"; fail "tide-ckpt info: not step 6"; }
   "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --steps 10 --resume "$N" \
-    --loss-out "$W/renamed.loss" > "$W/r-ren.log" 2>&1 || { cat "$W/r-ren.log"; fail "resume renamed"; }
-  grep -q "resumed at step 6 from" "$W/r-ren.log" || { cat "$W/r-ren.log"; fail "standalone resume step"; }
-  [ "$(wc -l < "$W/renamed.loss")" -eq 4 ] || fail "expected steps 6..9 after a renamed checkpoint"
-  "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --tide --endpoint "$E" --job renamed \
-    --steps 10 --resume "$N" --loss-out "$W/renamed-t.loss" > "$W/r-ren-t.log" 2>&1 ||
-    { cat "$W/r-ren-t.log"; fail "--tide resume renamed"; }
-  grep -q "resumed at step 6 from" "$W/r-ren-t.log" || { cat "$W/r-ren-t.log"; fail "--tide resume step"; }
-  cmp "$W/renamed.loss" "$W/renamed-t.loss" || fail "--tide resumed a renamed checkpoint elsewhere"
+    --loss-out "$WORK/renamed.loss" > "$WORK/r-ren.log" 2>&1 || { cat "$WORK/r-ren.log"; fail "resume renamed"; }
+  grep -q "resumed at step 6 from" "$WORK/r-ren.log" || { cat "$WORK/r-ren.log"; fail "standalone resume step"; }
+  [ "$(wc -l < "$WORK/renamed.loss")" -eq 4 ] || fail "expected steps 6..9 after a renamed checkpoint"
+  "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --tide --endpoint "$EP" --job renamed \
+    --steps 10 --resume "$N" --loss-out "$WORK/renamed-t.loss" > "$WORK/r-ren-t.log" 2>&1 ||
+    { cat "$WORK/r-ren-t.log"; fail "--tide resume renamed"; }
+  grep -q "resumed at step 6 from" "$WORK/r-ren-t.log" || { cat "$WORK/r-ren-t.log"; fail "--tide resume step"; }
+  cmp "$WORK/renamed.loss" "$WORK/renamed-t.loss" || fail "--tide resumed a renamed checkpoint elsewhere"
 
   # 4. FIFOs where a manifest and a shard are expected: refused at once, never read
-  local F=$W/fifo S=$W/fifo-shard rc=0
+  local F=$WORK/fifo S=$WORK/fifo-shard rc=0
   mkdir "$F" "$S"
   cp -a "$(sdir "$R" 6)" "$(sdir "$F" 6)"
   rm "$(sdir "$F" 6)/MANIFEST"
@@ -220,20 +201,20 @@ part_links() {
   cp -a "$(sdir "$R" 6)" "$(sdir "$S" 6)"
   rm "$(sdir "$S" 6)/shard-p0-d0-t1.bin"
   mkfifo "$(sdir "$S" 6)/shard-p0-d0-t1.bin"
-  timeout -k 5 30 "$TOOL" verify "$(sdir "$F" 6)" > "$W/v-fifo.log" 2>&1 || rc=$?
-  [ "$rc" -eq 1 ] || { cat "$W/v-fifo.log"; fail "tide-ckpt verify of a FIFO manifest: exit $rc"; }
-  grep -q "MANIFEST is a FIFO, not a regular file" "$W/v-fifo.log" || { cat "$W/v-fifo.log"; fail "message"; }
+  timeout -k 5 30 "$TOOL" verify "$(sdir "$F" 6)" > "$WORK/v-fifo.log" 2>&1 || rc=$?
+  [ "$rc" -eq 1 ] || { cat "$WORK/v-fifo.log"; fail "tide-ckpt verify of a FIFO manifest: exit $rc"; }
+  grep -q "MANIFEST is a FIFO, not a regular file" "$WORK/v-fifo.log" || { cat "$WORK/v-fifo.log"; fail "message"; }
   rc=0
-  timeout -k 5 30 "$TOOL" verify "$S" > "$W/v-fifo2.log" 2>&1 || rc=$?
-  [ "$rc" -eq 1 ] || { cat "$W/v-fifo2.log"; fail "tide-ckpt verify of a FIFO shard: exit $rc"; }
-  grep -q "shard-p0-d0-t1.bin is a FIFO" "$W/v-fifo2.log" || { cat "$W/v-fifo2.log"; fail "message"; }
+  timeout -k 5 30 "$TOOL" verify "$S" > "$WORK/v-fifo2.log" 2>&1 || rc=$?
+  [ "$rc" -eq 1 ] || { cat "$WORK/v-fifo2.log"; fail "tide-ckpt verify of a FIFO shard: exit $rc"; }
+  grep -q "shard-p0-d0-t1.bin is a FIFO" "$WORK/v-fifo2.log" || { cat "$WORK/v-fifo2.log"; fail "message"; }
   for root in "$F" "$S"; do
     rc=0
     timeout -k 5 60 "${MPI[@]}" -np 2 "$TRAIN" "${COMMON[@]}" "${L[@]}" --steps 8 \
-      --resume "$root" > "$W/r-fifo.log" 2>&1 || rc=$?
+      --resume "$root" > "$WORK/r-fifo.log" 2>&1 || rc=$?
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] ||
-      { cat "$W/r-fifo.log"; fail "--resume $root: exit $rc (0: resumed; 124: blocked)"; }
-    grep -q "is a FIFO, not a regular file" "$W/r-fifo.log" || { cat "$W/r-fifo.log"; fail "--resume message"; }
+      { cat "$WORK/r-fifo.log"; fail "--resume $root: exit $rc (0: resumed; 124: blocked)"; }
+    grep -q "is a FIFO, not a regular file" "$WORK/r-fifo.log" || { cat "$WORK/r-fifo.log"; fail "--resume message"; }
   done
 }
 
@@ -273,28 +254,29 @@ now_us() { date +%s%6N; }
 
 part_full() {
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (mount namespace, tmpfs)"; exit 77; }
-  local R=$W/R T=$W/trace
+  local R=$WORK/R T=$WORK/trace
   mkdir -p "$R"
-  cat > "$W/wrap" <<'WRAP'
+  cat > "$WORK/wrap" <<'WRAP'
 #!/usr/bin/env bash
 # rank 1 in a mount namespace of its own: the test mounts a full disk over the root there
 if [ "${OMPI_COMM_WORLD_RANK:-}" = 1 ]; then exec unshare -m --propagation private "$@"; fi
 exec "$@"
 WRAP
-  chmod +x "$W/wrap"
+  chmod +x "$WORK/wrap"
   start_tided --miss-limit 15
   TIDE_CKPT_TIMEOUT_MS=2000 "${MPI[@]}" -x TIDE_CKPT_TIMEOUT_MS --enable-recovery \
-    --mca async_mpi_finalize 1 -np 2 "$W/wrap" "$TRAIN" --layers 4 --hidden 32 --ffn 64 \
+    --mca async_mpi_finalize 1 -np 2 "$WORK/wrap" "$TRAIN" --layers 4 --hidden 32 --ffn 64 \
     --vocab 32 --seq 8 --global-batch 16 --micro-batches 2 --print-every 100 \
-    --dp 2 --zero1 --tide --endpoint "$E" --job full --steps 100000 --pace-ms 25 \
-    --ckpt-every 10 --ckpt-keep 2 --ckpt-save "$R" --trace-out "$T" > "$W/full.log" 2>&1 &
+    --dp 2 --zero1 --tide --endpoint "$EP" --job full --steps 100000 --pace-ms 25 \
+    --ckpt-every 10 --ckpt-keep 2 --ckpt-save "$R" --trace-out "$T" > "$WORK/full.log" 2>&1 &
   JOB_PID=$!
+  tl_track $JOB_PID
   local p1="" ev ok_n full_n
   for _ in $(seq 300); do
     p1=$(rank_pid "$JOB_PID" 1) && [ "$(last_step "$T")" -ge 60 ] && break
     sleep 0.1
   done
-  [ -n "$p1" ] && [ "$(last_step "$T")" -ge 60 ] || { cat "$W/full.log"; fail "the job did not start"; }
+  [ -n "$p1" ] && [ "$(last_step "$T")" -ge 60 ] || { cat "$WORK/full.log"; fail "the job did not start"; }
   for _ in $(seq 300); do
     has_event checkpoint_saved && break
     sleep 0.1
@@ -348,20 +330,19 @@ WRAP
     [ "$rb" -gt 0 ] && break
     sleep 0.1
   done
-  [ "$rb" -gt 0 ] || { events; cat "$W/full.log"; fail "no rollback after the kill"; }
+  [ "$rb" -gt 0 ] || { events; cat "$WORK/full.log"; fail "no rollback after the kill"; }
   for _ in $(seq 600); do
     saved=$(event_id checkpoint_saved)
     [ "$saved" -gt "$rb" ] && [ "$(gen_steps "$T" 2)" -ge 50 ] && break
     sleep 0.1
   done
-  [ "$(gen_steps "$T" 2)" -ge 50 ] || { cat "$W/full.log"; fail "the job did not train on after the rollback"; }
+  [ "$(gen_steps "$T" 2)" -ge 50 ] || { cat "$WORK/full.log"; fail "the job did not train on after the rollback"; }
   [ "$saved" -gt "$rb" ] || { events; fail "no checkpoint saved after the rollback"; }
-  grep -q "generation 2 from step" "$W/full.log" || { cat "$W/full.log"; fail "no switch to generation 2"; }
+  grep -q "generation 2 from step" "$WORK/full.log" || { cat "$WORK/full.log"; fail "no switch to generation 2"; }
   # the job would train 100000 steps: it ends with its last rank
   kill -KILL "$p0"
   timeout -k 5 60 tail --pid="$JOB_PID" -f /dev/null || fail "mpirun did not end with its ranks"
-  wait "$JOB_PID" || true
-  JOB_PID=
+  tl_wait "$JOB_PID" || true
 }
 
 case "$PART" in
@@ -371,8 +352,8 @@ full) part_full ;;
 *) fail "unknown part $PART" ;;
 esac
 # what the programs said under a sanitizer build stays in their logs: bring it out
-if grep -l "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$W"/*.log 2>/dev/null; then
-  grep -h -A30 "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$W"/*.log | head -120
+if grep -l "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$WORK"/*.log 2>/dev/null; then
+  grep -h -A30 "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$WORK"/*.log | head -120
   fail "a sanitizer report in the logs above"
 fi
 echo "PASS test_ckpt_resume $PART"

@@ -15,23 +15,13 @@ set -euo pipefail
 B=$1
 shift
 MPIRUN=("$@")
-TIDED="$B/coordinator/tided"
-TIDECTL="$B/coordinator/tidectl"
 TRAIN="$B/examples/train_mlp"
 STATE_DIFF="$B/examples/mlp_state_diff"
 HOSTILE="$B/benchmarks/hostile_bench"
-WORK=$(mktemp -d /tmp/tide-flood.XXXXXX)
-TIDED_PID=""
-JOB_PID=""
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+tl_setup tide-flood
 note() { echo "-- $*"; }
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
 
 MODEL=(--layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16
        --micro-batches 2 --seed 23 --lr 0.003 --dp 2 --tp 2 --print-every 1000)
@@ -46,18 +36,14 @@ note "the reference run without tided (dp 2, tp 2)"
 # 256 MiB before reuse, which a flood of millions of messages fills: that is the
 # sanitizer's memory, not tided's, so tided runs with a small one (plain builds ignore it).
 ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=8:thread_local_quarantine_size_kb=64" \
-"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" --heartbeat-ms 100 --miss-limit 15 >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || { cat "$WORK/tided.log" >&2; fail "tided did not start"; }
-EP=$(cat "$WORK/endpoint")
+  tl_tided "$B/coordinator/tided" "$B/coordinator/tidectl" --heartbeat-ms 100 --miss-limit 15
 
 note "train_mlp --tide on 4 ranks against tided at $EP"
 "${MPIRUN[@]}" -np 4 -x TIDE_ENDPOINT="$EP" "$TRAIN" --tide --job flood "${MODEL[@]}" \
   --steps $STEPS --pace-ms 80 --loss-out "$WORK/tide.loss" --state-out "$WORK/tide.state" \
   >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 for _ in $(seq 600); do
   [ "$(awk 'END { print $1 + 0 }' "$WORK/tide.loss" 2>/dev/null || echo 0)" -ge 5 ] && break
   kill -0 "$JOB_PID" 2>/dev/null || break
@@ -77,18 +63,17 @@ if [ "$hrc" -ne 0 ]; then
   # the attacker itself died: libzmq asserts in a client whose connection tided cut in the
   # middle of a message (seen under ASan). tided's side is what this test checks.
   echo "hostile_bench ended with status $hrc (not tided's doing); asking tided directly"
-  "$TIDECTL" --endpoint "$EP" --timeout-ms 30000 jobs >/dev/null ||
+  ctl jobs >/dev/null ||
     fail "tided did not answer after the flood"
   peak=$(awk '/^VmHWM:/ { print $2 }' "/proc/$TIDED_PID/status")
 fi
 step=$(awk 'END { print $1 + 0 }' "$WORK/tide.loss")
 [ "$step" -lt $STEPS ] || fail "the job finished before the flood ended: lengthen it (--pace-ms)"
 
-wait "$JOB_PID" || { cat "$WORK/job.log" >&2; fail "the job failed under the flood"; }
-JOB_PID=""
+tl_wait "$JOB_PID" || { cat "$WORK/job.log" >&2; fail "the job failed under the flood"; }
 grep -q "$STEPS steps done in 1 generation" "$WORK/job.log" ||
   { cat "$WORK/job.log" >&2; fail "the job did not train to the end in its first generation"; }
-ev=$("$TIDECTL" --endpoint "$EP" --timeout-ms 10000 events --limit 10000 --json)
+ev=$(ctl events --limit 10000 --json)
 # the job's workers only: hostile_bench's 2,000 simulated ones ("bulk rank N") heartbeat from
 # the flooding process itself, which may starve them of CPU on a loaded machine
 if grep '"kind":"worker_failed"' <<<"$ev" | grep -vq '(bulk rank '; then

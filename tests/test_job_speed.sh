@@ -49,7 +49,7 @@ done
 for _ in $(seq 600); do [ "$(steps)" -ge $((STEPS - 4)) ] && break; sleep 0.02; done
 late=$(ctl checkpoint speed --dir "$WORK/ckpt-late" 2>&1 | grep -o 'saves the checkpoint of step [0-9]*' |
   grep -o '[0-9]*$' || true)
-wait $JOB_PID || { cat "$WORK/job.log" >&2; fail "the job failed"; }
+tl_wait "$JOB_PID" || { cat "$WORK/job.log" >&2; fail "the job failed"; }
 sleep 0.5 # the last reports reach tided
 ev=$(ctl events --json)
 for a in "${asked[@]}"; do

@@ -25,25 +25,13 @@ set -euo pipefail
 B=$1
 shift
 MPIRUN=("$@")
-TIDED="$B/coordinator/tided"
-TIDECTL="$B/coordinator/tidectl"
 TRAIN="$B/examples/train_mlp"
 STATE_DIFF="$B/examples/mlp_state_diff"
-WORK=$(mktemp -d /tmp/tide-offlimit.XXXXXX)
-TIDED_PID="" JOB_PID=""
-fail() {
-  echo "FAIL: $*" >&2
-  for f in tided.log job.log; do echo "--- $f" >&2; tail -20 "$WORK/$f" >&2 || true; done
-  exit 1
-}
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+TL_LOGS="tided.log job.log"
+tl_setup tide-offlimit
 note() { echo "-- $*"; }
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 export TIDE_LOG_DIR="$WORK/logs"
@@ -61,14 +49,8 @@ note "the reference run without tided (dp 2)"
   --state-out "$WORK/ref.state" >"$WORK/ref.log" 2>&1 ||
   { cat "$WORK/ref.log" >&2; fail "reference run"; }
 
-"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" --max-attempts 2 --retry-backoff-ms 200 \
-  --offline-max-memory 1G >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || fail "tided did not start"
-EP=$(cat "$WORK/endpoint")
-ctl() { "$TIDECTL" --endpoint "$EP" --timeout-ms 20000 "$@"; }
+tl_tided "$B/coordinator/tided" "$B/coordinator/tidectl" --max-attempts 2 \
+  --retry-backoff-ms 200 --offline-max-memory 1G
 last_step() { awk 'END { print $1 + 0 }' "$WORK/tide.loss" 2>/dev/null || echo 0; }
 
 note "train_mlp --tide on 3 ranks (dp 2, one spare)"
@@ -76,6 +58,7 @@ note "train_mlp --tide on 3 ranks (dp 2, one spare)"
   --steps $STEPS --pace-ms 50 --loss-out "$WORK/tide.loss" --state-out "$WORK/tide.state" \
   >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 for _ in $(seq 600); do
   [ "$(last_step)" -ge 3 ] && break
   kill -0 "$JOB_PID" 2>/dev/null || fail "train_mlp exited"
@@ -203,8 +186,7 @@ note "the training job"
   fail "no step from $submitted_at to $ended_at while the offline work ran"
 [ "$ended_at" -lt $((STEPS - 20)) ] ||
   fail "the job reached step $ended_at before the offline work ended: lengthen it (--steps)"
-wait "$JOB_PID" || fail "train_mlp failed"
-JOB_PID=""
+tl_wait "$JOB_PID" || fail "train_mlp failed"
 grep -q "$STEPS steps done in 1 generation" "$WORK/job.log" ||
   fail "the job did not train to the end in its first generation"
 # its events: created, its one layout, ended; no failure, recovery, resize or stall

@@ -18,36 +18,19 @@ if [ -z "$CHROMIUM" ]; then
   echo "SKIP: chromium is not installed (apt-get install chromium; scripts/install-deps.sh does)"
   exit 77
 fi
-TIDED="$B/coordinator/tided"
 TIDECTL="$B/coordinator/tidectl"
 TRAIN="$B/examples/train_mlp"
-WORK=$(mktemp -d /tmp/tide-page.XXXXXX)
-TIDED_PID="" JOB_PID=""
-fail() {
-  echo "FAIL: $*" >&2
-  for f in tided.log job.log; do echo "--- $f" >&2; tail -20 "$WORK/$f" >&2 || true; done
-  exit 1
-}
+# shellcheck source=tided_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tided_lib.sh"
+TL_LOGS="tided.log job.log"
+tl_setup tide-page
 note() { echo "-- $*"; }
-cleanup() {
-  local p
-  for p in $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL="http://127.0.0.1:$PORT"
-"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" --metrics "127.0.0.1:$PORT" >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || fail "tided did not start"
-EP=$(cat "$WORK/endpoint")
-ctl() { "$TIDECTL" --endpoint "$EP" --timeout-ms 20000 "$@"; }
+tl_tided "$B/coordinator/tided" "$TIDECTL" --metrics "127.0.0.1:$PORT"
 
 # dom FILE: the page as chromium has it after ~3 s of (virtual) time: three polls
 dom() {
@@ -66,6 +49,7 @@ note "train_mlp --tide on 4 ranks (dp 2, pp 2)"
   --layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16 --micro-batches 4 \
   --seed 5 --lr 0.003 --steps 100000 --pace-ms 50 --print-every 1000 >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 for _ in $(seq 1200); do
   kill -0 "$JOB_PID" 2>/dev/null || fail "train_mlp exited"
   ctl jobs --json | grep -q '{"name":"pg","kind":"online","state":"running","gen":1,' && break

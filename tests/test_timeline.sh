@@ -15,41 +15,24 @@ PY=$2
 shift 2
 MPIRUN=("$@")
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TIDED="$B/coordinator/tided"
-TIDECTL="$B/coordinator/tidectl"
 TRAIN="$B/examples/train_mlp"
-WORK=$(mktemp -d /tmp/tide-timeline.XXXXXX)
-TIDED_PID="" JOB_PID="" FOLLOW_PID=""
-fail() {
-  echo "FAIL: $*" >&2
-  for f in tided.log job.log; do echo "--- $f" >&2; tail -20 "$WORK/$f" >&2 || true; done
-  exit 1
-}
+# shellcheck source=tided_lib.sh
+. "$HERE/tided_lib.sh"
+TL_LOGS="tided.log job.log"
+tl_setup tide-timeline
 note() { echo "-- $*"; }
-cleanup() {
-  local p
-  for p in $FOLLOW_PID $JOB_PID $TIDED_PID; do kill -9 "$p" 2>/dev/null || true; done
-  for p in $FOLLOW_PID $JOB_PID $TIDED_PID; do wait "$p" 2>/dev/null || true; done
-  if [ -z "${TIDE_TEST_KEEP:-}" ]; then rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 export TIDE_PLUGIN_DIR="$B/examples" TIDE_TASK_DIR="$WORK"
 
-"$TIDED" --endpoint 'tcp://127.0.0.1:*' --endpoint-file "$WORK/endpoint" \
-  --state "$WORK/state.db" >"$WORK/tided.log" 2>&1 &
-TIDED_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/endpoint" ] && break; sleep 0.1; done
-[ -s "$WORK/endpoint" ] || fail "tided did not start"
-EP=$(cat "$WORK/endpoint")
-ctl() { "$TIDECTL" --endpoint "$EP" --timeout-ms 20000 "$@"; }
+tl_tided "$B/coordinator/tided" "$B/coordinator/tidectl"
 
 note "train_mlp --tide on 8 ranks (dp 2, tp 2, pp 2)"
 "${MPIRUN[@]}" -np 8 "$TRAIN" --tide --endpoint "$EP" --job tl --dp 2 --tp 2 --pp 2 \
   --layers 4 --hidden 32 --ffn 64 --vocab 32 --seq 8 --global-batch 16 --micro-batches 4 \
   --seed 5 --lr 0.003 --steps 100000 --pace-ms 50 --print-every 1000 >"$WORK/job.log" 2>&1 &
 JOB_PID=$!
+tl_track $JOB_PID
 # job_is GEN: the job runs generation GEN
 job_is() {
   local row
@@ -73,6 +56,7 @@ sleep 1
 
 ctl events --follow --json --type 'offline_*' >"$WORK/follow.jsonl" 2>"$WORK/follow.err" &
 FOLLOW_PID=$!
+tl_track $FOLLOW_PID
 note "backfill: 4 offline commands for the idle GPUs, a plugin in the members' bubbles"
 # the commands hold the 4 idle GPUs until the end: a plugin job may take an idle GPU as
 # well as bubbles, and on a loaded machine a command that ended before the bubbles were
@@ -92,8 +76,7 @@ done
 grep -q '"job":"fill-1".*"bubbles":true' <<<"$ev" || fail "the plugin never ran in bubbles: $ev"
 sleep 3 # the plugin fills some bubbles
 kill "$FOLLOW_PID"
-wait "$FOLLOW_PID" 2>/dev/null || true
-FOLLOW_PID=""
+tl_wait "$FOLLOW_PID" 2>/dev/null || true
 
 note "event queries"
 rs=$(ctl events --job tl --type 'resize*' --json)

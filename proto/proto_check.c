@@ -1,7 +1,7 @@
 /*
  * proto_check: the checks every codec path shares (proto_int.h): the failure message with
- * the field's path, integer ranges and stores, names and strings. proto.c (validation,
- * encoding), proto_decode.c and proto_record.c call in here; nothing here calls back.
+ * the field's path, integer ranges and stores, names and strings. proto_msg.c (validation),
+ * proto_encode.c, proto_decode.c and the schemas' rules call in here; nothing here calls back.
  */
 #include <stdarg.h>
 #include <stdio.h>

@@ -3,6 +3,13 @@
  * schema (a table of fields: wire key, kind, offset in its C struct, range);
  * encode, decode, validate and free all walk the same tables, so the wire
  * format, the checks and the ownership rules cannot drift apart.
+ *
+ * The rooms, by who calls them: proto.c (the catalogue: a type's schema and role, the
+ * sub-schemas and rules several share); the schemas by who speaks them, proto_worker.c
+ * (workers <-> tided), proto_tidectl.c (tidectl <-> tided), proto_record.c (records on a
+ * disk); proto_names.c (wire strings, for printers); proto_encode.c (senders: encode and
+ * the byte buffer); proto_decode.c (receivers); proto_msg.c (validate, init, clear);
+ * proto_check.c (the checks all of them share).
  */
 #ifndef TIDE_PROTO_INT_H
 #define TIDE_PROTO_INT_H
@@ -92,7 +99,7 @@ struct tide__ctx {
         .key = (k), .kind = TIDE__K_INT, .flags = IS_UNSIGNED(T, m), .off = offsetof(T, m),        \
         .size = sizeof(MEMBER(T, m)), .min = (lo), .max = (hi), .count_off = TIDE__NO_OFF          \
     }
-#define F_U64(T, m, k)    F_INT(T, m, k, 0, UINT64_MAX)
+#define F_U64(T, m, k) F_INT(T, m, k, 0, UINT64_MAX)
 /* An integer a peer of before it does not send (read as 0) and that is sent only when not 0. */
 #define F_INT_OPT(T, m, k, lo, hi)                                                                 \
     {                                                                                              \
@@ -149,13 +156,37 @@ extern const tide__schema tide__layout_schema;       /* tide_proto_layout_t */
 extern const tide__schema tide__tensor_schema;       /* tide_proto_tensor_t */
 extern const tide__schema tide__fit_schema;          /* tide_proto_fit_t */
 extern const tide__schema tide__event_fields_schema; /* tide_proto_event_fields_t */
-extern const char *const tide__degree_names[4];
+
+/* Wire strings of the enums, indexed by value (proto_names.c): the schemas' F_ENUM tables.
+   Each size is its enum's last value + 1; proto_names.c checks each list holds that many. */
+extern const char *const tide__device_kind_names[TIDE_DEVICE_GPU + 1];
+extern const char *const tide__worker_state_names[TIDE_WORKER_LEFT + 1];
+extern const char *const tide__job_kind_names[TIDE_JOB_PLUGIN + 1];
+extern const char *const tide__job_state_names[TIDE_JOB_STALLED + 1];
+extern const char *const tide__placement_names[TIDE_PLACEMENT_OPTIMAL + 1];
+extern const char *const tide__degree_names[4]; /* tide_degree: dp, tp, pp, dp_micro */
+
+/* The message schemas of a room, indexed by type; an entry of size 0 is another room's type.
+   proto_worker.c: what workers and tided say; proto_tidectl.c: tidectl's requests, replies. */
+extern const tide__schema tide__worker_schemas[TIDE_MSG__COUNT];
+extern const tide__schema tide__tidectl_schemas[TIDE_MSG__COUNT];
 
 /* Schema of a record type (proto_record.c), NULL for any other type. */
 const tide__schema *tide__record_schema(tide_msg_type_t type);
 
-/* Per-type schema (NULL for TIDE_MSG_NONE); type in [0, TIDE_MSG__COUNT). */
+/* Per-type schema (NULL for TIDE_MSG_NONE): the rooms' tables, then the records' (proto.c);
+   type in [0, TIDE_MSG__COUNT). Pure; any thread. */
 const tide__schema *tide__msg_schema(tide_msg_type_t type);
+
+/* Cross-field rules several schemas share (proto.c): TIDE_OK, else fail via c. Pure; any
+   thread. */
+/* dp*tp*pp is at most TIDE_PROTO_WORKERS_MAX workers. */
+tide_status tide__check_degrees(tide__ctx *c, int dp, int tp, int pp);
+/* n stage boundaries s (NULL only when n = 0): s[0] = 0, strictly increasing. */
+tide_status tide__check_stages(tide__ctx *c, const int *s, uint32_t n);
+/* Offline work: a command job carries argv and no plugin, a plugin job a plugin name. */
+tide_status tide__check_offline(tide__ctx *c, tide_proto_job_kind_t kind, const char *plugin,
+                                uint32_t argc);
 
 /* Formats "<msg>: <text>" with ctx->code; returns ctx->code. */
 tide_status tide__fail(tide__ctx *c, const char *fmt, ...) TIDE_PRINTF(2, 3);
@@ -182,10 +213,12 @@ void tide__int_load(const tide__field *f, const void *base, int *neg, int64_t *i
 tide_status tide__check_str(tide__ctx *c, const tide__field *f, const char *s, size_t n,
                             size_t max_len, const char *key);
 
-/* Runs the schema's field checks on stored values (encode side) and its check(). */
+/* Runs the schema's field checks on stored values (encode side) and its check()
+   (proto_msg.c); reads base only. Any thread. */
 tide_status tide__validate_struct(const tide__schema *s, const void *base, tide__ctx *c);
 
-/* Frees what the struct owns; pointers become NULL and counts 0. */
+/* Frees what the struct owns (proto_msg.c); pointers become NULL and counts 0. Any thread
+   that owns base. */
 void tide__free_struct(const tide__schema *s, void *base);
 
 /* Loads a uint32 array count stored at base + off. */

@@ -1,7 +1,7 @@
 /*
  * proto <-> reshard conversions (proto_reshard.h). Field by field, no encoding: the bytes
- * on a wire or a disk are proto.c's business alone. Workload: one conversion per stored
- * or loaded layout, join or checkpoint manifest.
+ * on a wire or a disk are the codec's business alone (proto_encode.c, proto_decode.c).
+ * Workload: one conversion per stored or loaded layout, join or checkpoint manifest.
  */
 #include <string.h>
 

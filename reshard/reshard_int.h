@@ -1,6 +1,6 @@
 /*
  * reshard internals shared by the module's sources (collection.c, layout.c,
- * geometry.c, plan.c, place.c, fit.c). Nothing here is for other modules;
+ * geometry.c, plan*.c, place.c, fit.c). Nothing here is for other modules;
  * benchmarks and tests may read the planner's memory counter, and the plan checker of
  * the tests (tests/support/plan_check.c) reads the geometry.
  *

@@ -63,7 +63,7 @@ if [ "$hrc" -ne 0 ]; then
   # the attacker itself died: libzmq asserts in a client whose connection tided cut in the
   # middle of a message (seen under ASan). tided's side is what this test checks.
   echo "hostile_bench ended with status $hrc (not tided's doing); asking tided directly"
-  ctl jobs >/dev/null ||
+  "$TL_TIDECTL" --endpoint "$EP" --timeout-ms 30000 jobs >/dev/null ||
     fail "tided did not answer after the flood"
   peak=$(awk '/^VmHWM:/ { print $2 }' "/proc/$TIDED_PID/status")
 fi

@@ -1,10 +1,13 @@
 # ckpt/: the checkpoint format, loading into any layout, crash safety, the saver
-# (test_ckpt).
+# (test_ckpt), and what a root may hold (test_ckpt_root).
 if(TARGET tide_ckpt)
   tide_add_unit_test(test_ckpt SOURCES test_ckpt.c LIBS tide_ckpt tide_proto xxhash
                      tide_test_faults TIMEOUT 120)
   # checkpoints an earlier tide wrote (tests/data/README.md)
   target_compile_definitions(test_ckpt PRIVATE TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
+  # what a checkpoint root may hold: links, special files, other users (test_ckpt_root)
+  tide_add_unit_test(test_ckpt_root SOURCES test_ckpt_root.c LIBS tide_ckpt tide_proto xxhash
+                     TIMEOUT 120)
 endif()
 # train_mlp --resume / --ckpt-every, a crash injected mid-save, tide-ckpt verify/convert
 # (resume: train_mlp_faults, the program with the tests' fault hook, tests/support/faults.c);

@@ -30,14 +30,17 @@ endif()
 set(TIDE_MPIEXEC ${MPIEXEC_EXECUTABLE} CACHE STRING "mpirun used by tests")
 
 # Environment for every test: sanitizer options (Open MPI and libzmq keep some
-# allocations for the life of the process; see tests/lsan.supp).
+# allocations for the life of the process; see tests/lsan.supp). OpenBLAS starts its
+# thread pool when it is loaded, before main; ranks are processes and run BLAS on one
+# thread, so the pool is turned off (a program that exits at once, like a driver's
+# --list, otherwise races LeakSanitizer's exit check against a thread still starting).
 set(TIDE_TEST_ENV
     "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1"
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
     "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0"
     "OMPI_MCA_btl=self,vader,tcp" "OMPI_MCA_btl_vader_single_copy_mechanism=none"
     "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_mpi_yield_when_idle=1"
-    "TIDE_TEST_SKIP_RC=${TIDE_SKIP_RC}")
+    "OPENBLAS_NUM_THREADS=1" "TIDE_TEST_SKIP_RC=${TIDE_SKIP_RC}")
 
 function(_tide_test_props name labels timeout)
   math(EXPR timeout "${timeout} * ${TIDE_TEST_TIMEOUT_SCALE}")

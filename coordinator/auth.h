@@ -1,8 +1,8 @@
 /*
  * coordinator/auth: CURVE keys for tided --auth DIR and the ZAP handler that admits
- * only those keys (auth.c). The core loop (loop.c) loads the keys, serves ZAP requests
- * on its inproc REP socket and reads each message's role from its User-Id. Event-loop
- * thread only.
+ * only those keys (auth.c). The core loads the keys (loop_bind.c), serves ZAP requests
+ * on its inproc REP socket (loop.c) and reads each message's role from its User-Id
+ * (loop_serve.c). Event-loop thread only.
  */
 #ifndef TIDE_COORD_AUTH_H
 #define TIDE_COORD_AUTH_H

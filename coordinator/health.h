@@ -8,7 +8,8 @@
  * attempts' reports, pools' allocations: the journal, bounded), and times the next try to
  * write everything back (workers and jobs are written whole from memory; the journal is
  * replayed). While it is healthy the journal holds the current batch's writes only, so a
- * batch that fails keeps them. Part of the core (loop.c is its only writer); loop thread.
+ * batch that fails keeps them. Part of the core (loop_persist.c is its only writer); loop
+ * thread.
  */
 #ifndef TIDE_COORD_HEALTH_H
 #define TIDE_COORD_HEALTH_H

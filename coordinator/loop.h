@@ -40,7 +40,8 @@ typedef struct tide__request {
                         key ownership */
 } tide__request;
 
-typedef struct tide__core tide__core;       /* loop.c's own: sockets, outbox, store, timers */
+typedef struct tide__core tide__core;       /* the core's own (loop_int.h): sockets, outbox,
+                                               store, timers */
 typedef struct tide__metrics tide__metrics; /* http.c's own: the HTTP listener */
 typedef struct tide__alloc tide__alloc;     /* allocations.c's own: pools' allocations, the
                                                provider of nodes, pending leaves */
@@ -54,7 +55,7 @@ struct tide_server {
                                    time); handlers judge time by it */
     tide__request req;          /* the request being handled (meaningless in hooks) */
     volatile sig_atomic_t stop; /* tide_server_stop: the loop returns */
-    tide__core *core;           /* loop.c only */
+    tide__core *core;           /* the core's files only (loop*.c) */
     /* state each module keeps between requests; the module named writes it */
     struct {
         uint64_t bubble_ns; /* ns of pipeline bubbles workers reported (workers.c) */

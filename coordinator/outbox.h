@@ -2,7 +2,8 @@
  * coordinator/outbox: the messages a batch of tided's loop queues (replies and commands),
  * held until the batch's transaction commits, then sent over the ROUTER socket; and the
  * per-client backlogs that hold what a client's full ZeroMQ queue cannot take yet. Part
- * of the core (loop.c is its only user). Event-loop thread only.
+ * of the core (loop.c, loop_serve.c and loop_persist.c are its only users). Event-loop
+ * thread only.
  */
 #ifndef TIDE_COORD_OUTBOX_H
 #define TIDE_COORD_OUTBOX_H

@@ -1,5 +1,7 @@
-# proto/: message round trips, every refusal class, allocation-failure injection.
-tide_add_unit_test(test_proto SOURCES test_proto.c LIBS tide_proto tide_test_support TIMEOUT 60)
+# proto/: message round trips, every refusal class, the encoder and allocation-failure injection,
+# records; one executable of four sources sharing tests/proto_fixture.h.
+tide_add_unit_test(test_proto SOURCES test_proto.c test_proto_refuse.c test_proto_encode.c
+                   test_proto_record.c LIBS tide_proto tide_test_support TIMEOUT 60)
 # Criterion runs each test in a child whose LeakSanitizer exit code it ignores, so a
 # leak report alone would pass: fail on the report text instead.
 set_tests_properties(test_proto PROPERTIES FAIL_REGULAR_EXPRESSION

@@ -1,8 +1,11 @@
 # Coordinator tests: policy/state/store in-process (unit), and tided itself
 # started on a free loopback port with temporary state files (unit, a few s).
 if(TARGET tide_coord)
-  tide_add_unit_test(test_coordinator SOURCES test_coordinator.c LIBS tide_coord
-                     PkgConfig::SQLITE3 TIMEOUT 30)
+  # one executable of three sources: policy (test_coordinator.c), state and store
+  # (test_coord_state.c, test_coord_store.c; not test_coordinator_*.c, the names of
+  # executables of their own below)
+  tide_add_unit_test(test_coordinator SOURCES test_coordinator.c test_coord_state.c
+                     test_coord_store.c LIBS tide_coord PkgConfig::SQLITE3 TIMEOUT 30)
   # state files an older tided wrote (tests/data/README.md)
   target_compile_definitions(test_coordinator PRIVATE
                              TIDE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")

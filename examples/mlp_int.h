@@ -2,7 +2,7 @@
  * Internals of the train_mlp model: the compute backend table (host C/OpenBLAS and
  * CUDA/cuBLAS implement the same kernels), the model structure, the per-piece forward
  * and backward functions (embedding, one MLP block shard, final layernorm + head +
- * vocab-parallel cross-entropy) that the schedule in mlp_model.c strings together,
+ * vocab-parallel cross-entropy) that the schedule in mlp_schedule.c strings together,
  * and the synthetic data stream. Only examples/ and its tests include this.
  *
  * All matrices are dense row-major f32; sizes in elements unless marked bytes.
@@ -192,6 +192,12 @@ struct tide_mlp {
 tide_status tide__mlp_allreduce(tide_mlp_t *m, const tide_mlp_comm *comm, tide_mlp_group g,
                                 void *buf, size_t n, tide_dtype dtype, tide_mlp_redop op);
 
+/* Pipeline exchange of one [n, h] activation or gradient (see tide_mlp_comm.exchange;
+ * a side with peer 0 is skipped), staging to host memory when the comm needs it.
+ * Blocks until both sides are done; main thread. */
+tide_status tide__mlp_exchange(tide_mlp_t *m, const tide_mlp_comm *comm, int send_peer,
+                               const float *sbuf, int recv_peer, float *rbuf);
+
 /* Embedding of slot's tokens into out [n, h] (allreduced over tp). */
 tide_status tide__mlp_embed_fwd(tide_mlp_t *m, const tide_mlp_comm *comm, const int32_t *tok,
                                 float *out);
@@ -220,6 +226,10 @@ tide_status tide__mlp_head_bwd(tide_mlp_t *m, const tide_mlp_comm *comm, mlp_slo
 
 /* Index of the named tensor's parameter entry; -1 when it is not a parameter. */
 long tide__mlp_param_of(const tide_mlp_t *m, size_t tensor_index);
+
+/* Writes the host mirrors of the step and the data cursor into their tensors (backend
+ * copies, ordered before the next sync); needs an active model. Main thread. */
+tide_status tide__mlp_store_counters(tide_mlp_t *m);
 
 #ifdef __cplusplus
 }

@@ -68,7 +68,6 @@ static float *take(float **cur, int64_t n)
     return p;
 }
 
-/* Frees everything that depends on the layout; keeps cfg, coll, ops, params table. */
 /* Old big buffers kept for a later release (tide_mlp_adopt_defer). */
 struct tide_mlp_garbage {
     const mlp_ops *ops;
@@ -87,7 +86,8 @@ static void drop(const mlp_ops *ops, tide_mlp_garbage *g, void *p)
         ops->release(p);
 }
 
-/* Frees what m holds; the big buffers go to g when not NULL. */
+/* Frees everything that depends on the layout (keeps cfg, coll, ops, the params table);
+ * the big buffers go to g when not NULL. */
 static void teardown_into(tide_mlp_t *m, tide_mlp_garbage *g)
 {
     const mlp_ops *ops = m->ops;
@@ -152,29 +152,9 @@ static tide_status coord_of(const tide_layout_t *l, int32_t worker, int *p, int 
     return rc;
 }
 
-/*
- * Sets up m (torn down or fresh) for worker in l, adopting bufs (collection-sized array
- * of local buffers; NULL: allocate zero-filled ones). On failure the caller tears down;
- * entries of bufs stay the caller's until success (m->buf copies the pointers, and
- * tide_mlp_adopt clears them before tearing a failed setup down).
- */
-static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, void **bufs)
+/* Setup, phase 1: where worker sits in l and the sizes of its shard of the model. */
+static void setup_geometry(tide_mlp_t *m, const tide_layout_t *l)
 {
-    tide_status rc;
-    const mlp_ops *ops = m->ops;
-    TIDE_CHECK(check_layout(m, l));
-    TIDE_CHECK(tide_layout_copy(&m->layout, l));
-    int found = 0;
-    TIDE_CHECK(coord_of(l, worker, &m->p, &m->d, &m->t, &found));
-    m->buf = tide_calloc(m->ntensors, sizeof *m->buf);
-    m->bytes = tide_calloc(m->ntensors, sizeof *m->bytes);
-    if (m->buf == NULL || m->bytes == NULL)
-        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the tensor table");
-    if (!found) {
-        m->active = 0;
-        return TIDE_OK;
-    }
-    m->active = 1;
     m->first = m->p == 0;
     m->last = m->p == l->pp - 1;
     m->layer0 = l->stage_start[m->p];
@@ -186,7 +166,11 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
     m->micro = l->micro_batches;
     m->mb = m->cfg.global_batch / ((int64_t)l->dp * l->micro_batches);
     m->n = m->mb * m->cfg.seq;
+}
 
+/* Setup, phase 2: each tensor's local buffer, adopted from bufs or allocated zero-filled. */
+static tide_status setup_tensors(tide_mlp_t *m, const tide_layout_t *l, void **bufs)
+{
     for (size_t i = 0; i < m->ntensors; i++) {
         m->bytes[i] = tide_shard_bytes(l, m->coll, i, m->p, m->d, m->t);
         if (bufs != NULL) {
@@ -196,13 +180,15 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
                                    "adopted buffer of %s does not match the layout",
                                    tide_collection_tensor(m->coll, i)->name);
         } else {
-            rc = ops->alloc(m->bytes[i], &m->buf[i]);
-            if (rc != TIDE_OK)
-                return rc;
+            TIDE_CHECK(m->ops->alloc(m->bytes[i], &m->buf[i]));
         }
     }
+    return TIDE_OK;
+}
 
-    /* Gradients: one arena so that the dp allreduce is one call. */
+/* Setup, phase 3: the gradients, one arena so that the dp allreduce is one call. */
+static tide_status setup_grads(tide_mlp_t *m, const tide_layout_t *l)
+{
     int64_t total = 0;
     for (size_t k = 0; k < m->nparams; k++) {
         mlp_param *pr = &m->params[k];
@@ -218,13 +204,17 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
     }
     m->grad_elems = total;
     void *g = NULL;
-    TIDE_CHECK(ops->alloc((size_t)total * sizeof(float), &g));
+    TIDE_CHECK(m->ops->alloc((size_t)total * sizeof(float), &g));
     m->grads = g;
     float *cur = m->grads;
     for (size_t k = 0; k < m->nparams; k++)
         m->params[k].grad = m->params[k].n ? take(&cur, m->params[k].n) : NULL;
+    return TIDE_OK;
+}
 
-    /* Views. */
+/* Setup, phase 4: the named views into the parameter and gradient buffers. */
+static tide_status setup_views(tide_mlp_t *m)
+{
     char name[TIDE_NAME_MAX];
     m->blk = tide_calloc((size_t)m->nlayers, sizeof *m->blk);
     m->gblk = tide_calloc((size_t)m->nlayers, sizeof *m->gblk);
@@ -252,8 +242,13 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
     m->gfln_b = gbuf(m, "final_ln.bias");
     m->head = pbuf(m, "head.weight");
     m->ghead = gbuf(m, "head.weight");
+    return TIDE_OK;
+}
 
-    /* Activations of the micro-batches in flight: 1F1B keeps at most pp - p. */
+/* Setup, phase 5: the activations of the micro-batches in flight (1F1B keeps at most
+ * pp - p), one arena cut into slots. */
+static tide_status setup_slots(tide_mlp_t *m, const tide_layout_t *l)
+{
     const int64_t n = m->n, h = m->h, ft = m->ft, vt = m->vt;
     m->nslots = m->micro < l->pp - m->p ? m->micro : l->pp - m->p;
     int64_t per_layer = 2 * n * h + 2 * n + 2 * n * ft;
@@ -261,12 +256,12 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
                        (int64_t)m->nlayers * per_layer + n * h +
                        (m->last ? n * h + 2 * n + n * vt : 0);
     void *arena = NULL;
-    TIDE_CHECK(ops->alloc((size_t)(per_slot * m->nslots) * sizeof(float), &arena));
+    TIDE_CHECK(m->ops->alloc((size_t)(per_slot * m->nslots) * sizeof(float), &arena));
     m->slot_arena = arena;
     m->slots = tide_calloc((size_t)m->nslots, sizeof *m->slots);
     if (m->slots == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for pipeline slots");
-    cur = m->slot_arena;
+    float *cur = m->slot_arena;
     for (int s = 0; s < m->nslots; s++) {
         mlp_slot *sl = &m->slots[s];
         sl->tok = (int32_t *)(void *)take(&cur, n);
@@ -291,12 +286,19 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
             sl->logits = take(&cur, n * vt);
         }
     }
+    return TIDE_OK;
+}
 
-    /* Scratch; the f64 loss cell first so that it is 8-byte aligned. */
+/* Setup, phase 6: the step's scratch (the f64 loss cell first so that it is 8-byte
+ * aligned) and the host copies of a batch. */
+static tide_status setup_scratch(tide_mlp_t *m)
+{
+    const int64_t n = m->n, h = m->h, ft = m->ft;
     int64_t scratch = 2 /* f64 loss */ + 4 * n * h + n * ft + 3 * n + n;
-    TIDE_CHECK(ops->alloc((size_t)scratch * sizeof(float), &arena));
+    void *arena = NULL;
+    TIDE_CHECK(m->ops->alloc((size_t)scratch * sizeof(float), &arena));
     m->scratch = arena;
-    cur = arena;
+    float *cur = arena;
     m->s_loss = (double *)(void *)take(&cur, 2);
     m->s_z = take(&cur, n * h);
     m->s_d0 = take(&cur, n * h);
@@ -311,6 +313,36 @@ static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, 
     if (m->host_rowloss == NULL || m->host_tok == NULL || m->host_tgt == NULL)
         return tide_errorf(TIDE_ERR_NOMEM, "out of memory for host batch buffers");
     return TIDE_OK;
+}
+
+/*
+ * Sets up m (torn down or fresh) for worker in l, adopting bufs (collection-sized array
+ * of local buffers; NULL: allocate zero-filled ones). On failure the caller tears down;
+ * entries of bufs stay the caller's until success (m->buf copies the pointers, and
+ * tide_mlp_adopt clears them before tearing a failed setup down). A worker outside l
+ * gets the tensor table only (inactive).
+ */
+static tide_status setup(tide_mlp_t *m, const tide_layout_t *l, int32_t worker, void **bufs)
+{
+    TIDE_CHECK(check_layout(m, l));
+    TIDE_CHECK(tide_layout_copy(&m->layout, l));
+    int found = 0;
+    TIDE_CHECK(coord_of(l, worker, &m->p, &m->d, &m->t, &found));
+    m->buf = tide_calloc(m->ntensors, sizeof *m->buf);
+    m->bytes = tide_calloc(m->ntensors, sizeof *m->bytes);
+    if (m->buf == NULL || m->bytes == NULL)
+        return tide_errorf(TIDE_ERR_NOMEM, "out of memory for the tensor table");
+    if (!found) {
+        m->active = 0;
+        return TIDE_OK;
+    }
+    m->active = 1;
+    setup_geometry(m, l);
+    TIDE_CHECK(setup_tensors(m, l, bufs));
+    TIDE_CHECK(setup_grads(m, l));
+    TIDE_CHECK(setup_views(m));
+    TIDE_CHECK(setup_slots(m, l));
+    return setup_scratch(m);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */

@@ -3,7 +3,10 @@
 #
 # mpi: the same executable under mpirun -np 2, 4 and 8 (oversubscribed on small
 # machines; sizes are small so each run stays well under a minute).
-add_executable(test_collectives_conformance test_collectives_conformance.c)
+# One program in four sources (conf_fixture.h: what they share; main() in the first).
+set(tide_conformance_sources test_collectives_conformance.c test_conf_direct.c
+    test_conf_executor.c test_conf_exec_wrapped.c)
+add_executable(test_collectives_conformance ${tide_conformance_sources})
 target_link_libraries(test_collectives_conformance PRIVATE tide_collectives tide_core MPI::MPI_C)
 target_include_directories(test_collectives_conformance PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 if(TARGET tide_reshard)
@@ -31,7 +34,7 @@ tide_add_scenarios(TABLE ${CMAKE_CURRENT_SOURCE_DIR}/scenarios/test_collectives_
 # nccl: the same conformance source on one GPU (one-rank communicators, self
 # send/recv, the executor on device buffers); exits 77 (skipped) without a GPU.
 if(TIDE_HAVE_NCCL)
-  tide_add_gpu_test(test_collectives_conformance_nccl SOURCES test_collectives_conformance.c
+  tide_add_gpu_test(test_collectives_conformance_nccl SOURCES ${tide_conformance_sources}
                     LIBS tide_collectives MPI::MPI_C ARGS --backend nccl TIMEOUT 120)
   if(TARGET test_collectives_conformance_nccl AND TARGET tide_reshard)
     target_compile_definitions(test_collectives_conformance_nccl PRIVATE

@@ -13,9 +13,12 @@ set_tests_properties(test_proto_legacy PROPERTIES FAIL_REGULAR_EXPRESSION
 
 # tidectl (coordinator/tidectl*.c, owned with proto): parsing, formatting and the whole CLI
 # against a fake tided; tidectl.c is compiled in directly without its main(), the rest of
-# tidectl comes from its library.
+# tidectl comes from its library. One executable of three sources: the pure pieces
+# (test_tidectl.c), the CLI against the fake (test_tidectl_cli.c), keys and CURVE
+# (test_tidectl_keys.c), sharing tidectl_fixture.h.
 if(TARGET tidectl_cli)
-  tide_add_unit_test(test_tidectl SOURCES test_tidectl.c ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c
+  tide_add_unit_test(test_tidectl SOURCES test_tidectl.c test_tidectl_cli.c test_tidectl_keys.c
+                     ${PROJECT_SOURCE_DIR}/coordinator/tidectl.c
                      LIBS tidectl_cli Threads::Threads TIMEOUT 60)
   target_compile_definitions(test_tidectl PRIVATE TIDECTL_NO_MAIN=1)
   set_tests_properties(test_tidectl PROPERTIES FAIL_REGULAR_EXPRESSION

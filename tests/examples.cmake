@@ -62,7 +62,13 @@ if(TARGET tide_mlp)
     # keeps mpirun from tearing the job down when
     # the rank dies, async_mpi_finalize keeps MPI_Finalize from waiting for it (see
     # collectives.cmake); the pass line is printed after every check on every survivor.
-    add_executable(test_examples_tide_recover test_examples_tide_recover.c)
+    # one executable of five sources: the driver (test_examples_tide_recover.c; the table
+    # and main), the training hooks, what tided and tidectl report, the checkpoint scenarios
+    # and the resizes (tide_recover_*.c, sharing tide_recover_int.h; not
+    # test_examples_tide_*.c, which reads as an executable's name)
+    add_executable(test_examples_tide_recover test_examples_tide_recover.c tide_recover_hooks.c
+                                              tide_recover_tided.c tide_recover_ckpt.c
+                                              tide_recover_resize.c)
     target_link_libraries(test_examples_tide_recover PRIVATE tide_mlp_tide tide_proto
                                                              PkgConfig::ZMQ MPI::MPI_C
                                                              tide_test_support tide_core)

@@ -24,6 +24,7 @@
 
 #include <zmq.h>
 
+#include "tmp_tree.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "proto/proto.h"
@@ -197,18 +198,11 @@ static inline int coord_stop(coord_proc *p, int sig)
     return st;
 }
 
-/* Removes the temporary directory's files. */
+/* Removes the temporary directory and everything in it (tided's files and the test's). */
 static inline void coord_cleanup(coord_proc *p)
 {
-    const char *names[] = {"state.db",   "state.db-wal", "state.db-shm", "state.db.seq", "endpoint",
-                           "server.key", "server.pub",   "admin.key",    "admin.pub",    "w.key",
-                           "w.pub",      "stranger.key", "w2.pub",       "r.pub",        NULL};
-    char path[512];
-    for (int i = 0; names[i]; i++) {
-        snprintf(path, sizeof path, "%s/%s", p->dir, names[i]);
-        unlink(path);
-    }
-    rmdir(p->dir);
+    if (p->dir[0] != '\0')
+        tmp_tree_rm(p->dir);
 }
 
 /*

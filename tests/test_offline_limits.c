@@ -6,6 +6,7 @@
  * attempts that allocate or fork beyond their limit.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +20,12 @@
 #include "core/error.h"
 #include "worker/offline_limits.h"
 #include "worker/worker_int.h"
+#include "tests/tmp_tree.h"
 
+/* A fresh directory for one test's logs and marker files, removed when the test ends. */
 static void tmp_dir(char *out, size_t len)
 {
-    snprintf(out, len, "/tmp/tide-limits-XXXXXX");
-    cr_assert_not_null(mkdtemp(out));
+    cr_assert_eq(tmp_tree_new(out, len, "tide-limits"), 0, "mkdtemp: %s", strerror(errno));
 }
 
 static void put_file(const char *dir, const char *name, const char *text)

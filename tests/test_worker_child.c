@@ -7,6 +7,7 @@
  * leaving worker giving its command its grace.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "tests/ctl_fixture.h"
+#include "tests/tmp_tree.h"
 
 /* ---- the runner ----------------------------------------------------------------------------- */
 
@@ -30,11 +32,10 @@ static int wait_child(tide__child *c, int timeout_ms)
     return code;
 }
 
-/* A fresh directory for one test's logs and marker files. */
+/* A fresh directory for one test's logs and marker files, removed when the test ends. */
 static void tmp_dir(char *out, size_t len)
 {
-    snprintf(out, len, "/tmp/tide-child-XXXXXX");
-    cr_assert_not_null(mkdtemp(out));
+    cr_assert_eq(tmp_tree_new(out, len, "tide-child"), 0, "mkdtemp: %s", strerror(errno));
 }
 
 static tide__child_cfg child_cfg(const char *job, char **argv, uint32_t argc, const char *log,
